@@ -1,0 +1,1 @@
+"""Value backends: key rows, pooling, scatter and gather (numba, and a numpy twin)."""

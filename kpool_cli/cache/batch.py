@@ -1,0 +1,115 @@
+"""A decode's batch as llama_batch_allocr sees it: validation and the ubatch split
+(ENGINE.md §3).
+
+Owns: `validate` (llama_batch_allocr::init's checks against the cache) and
+`split_equal` (llama_batch_allocr::split_equal). Both are pure functions of the
+batch and the cache's pos_min/pos_max; a refusal is a returned message, never an
+exception, because llama_decode reports it with a return code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..trace.model import Token
+from .kv import KvCache
+
+
+@dataclass(frozen=True, slots=True)
+class Ubatch:
+    """Indices into the batch's tokens, in ubatch order, and the number of distinct
+    seq ids among them (`n_seqs_unq`)."""
+
+    tokens: tuple[int, ...]
+    n_seqs_unq: int
+
+
+def validate(tokens: tuple[Token, ...], cache: KvCache, *, mrope: bool, embd: bool) -> str | None:
+    """llama_batch_allocr::init, the checks that can refuse a batch. None = accepted.
+
+    The "no partial sequence sub-sets" and "no decreasing positions" checks of the
+    real code never fire as written (ENGINE.md §3), so they are not modelled: a
+    batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
+    n_seq_max = cache.config.n_seq_max
+    positions: dict[int, set[int]] = {}
+    for i, t in enumerate(tokens):
+        for s in t.seq:
+            if not 0 <= s < n_seq_max:
+                return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+            positions.setdefault(s, set()).add(t.pos)
+
+    for s in sorted(positions):
+        ps = positions[s]
+        y, y_max = min(ps), max(ps)
+        x = cache.seq_pos_max(s)
+        if mrope:
+            # M-RoPE: text needs X < Y, image embeddings X <= Y; no continuity check
+            if x >= 0 and (x > y if embd else x >= y):
+                rel = "<=" if embd else "<"
+                return (f"seq {s}: the cache's last position X = {x} and the batch's first "
+                        f"Y = {y} break X {rel} Y")
+            continue
+        if x >= 0 and y != x + 1:
+            return (f"seq {s}: the cache's last position is X = {x} but the batch starts at "
+                    f"Y = {y}; it is required that Y = X + 1")
+        if y_max - y + 1 > len(ps):
+            return f"seq {s}: positions {y}..{y_max} are not continuous"
+
+    coupled = sorted({(a, b) for t in tokens for a in t.seq for b in t.seq if a < b})
+    for a, b in coupled:
+        if (cache.seq_pos_min(a) != cache.seq_pos_min(b)
+                or cache.seq_pos_max(a) != cache.seq_pos_max(b)):
+            return (f"seq {a} is coupled to seq {b} in the batch, but they have diverged "
+                    f"(pos {cache.seq_pos_min(a)}..{cache.seq_pos_max(a)} vs "
+                    f"{cache.seq_pos_min(b)}..{cache.seq_pos_max(b)})")
+    return None
+
+
+def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
+                ) -> list[Ubatch] | str:
+    """llama_batch_allocr::split_equal until the batch is used up (ENGINE.md §3).
+
+    Each ubatch: collect the sequence sets of unused tokens (batch order) that overlap
+    none already collected (sequential: and whose first seq id is the previous one's
+    + 1), stopping once more than n_ubatch are collected; then take one more token of
+    every set per round while each still has one, stopping when another round would
+    pass n_ubatch tokens. Returns a message when the split is refused."""
+    sets = [frozenset(t.seq) for t in tokens]
+    if sequential and any(len(s) > 1 for s in sets):
+        return ("a sequential split (non-unified cache) does not support coupled sequences "
+                "in the batch")
+    by_set: dict[frozenset[int], list[int]] = {}
+    for i, ss in enumerate(sets):
+        by_set.setdefault(ss, []).append(i)
+    used = [False] * len(tokens)
+    cursor = {ss: 0 for ss in by_set}
+    out: list[Ubatch] = []
+    n_used = 0
+    while n_used < len(tokens):
+        cur: list[frozenset[int]] = []
+        last_first = -1
+        for i, ss in enumerate(sets):
+            if used[i] or any(ss & c for c in cur):
+                continue
+            if sequential and cur and tokens[i].seq[0] != last_first + 1:
+                continue
+            cur.append(ss)
+            last_first = tokens[i].seq[0]
+            if len(cur) > n_ubatch:
+                break
+        if not cur:
+            return "the batch could not be split"
+        per_set: list[list[int]] = [[] for _ in cur]
+        while all(cursor[ss] < len(by_set[ss]) for ss in cur):
+            for k, ss in enumerate(cur):
+                idx = by_set[ss][cursor[ss]]
+                cursor[ss] += 1
+                per_set[k].append(idx)
+                used[idx] = True
+                n_used += 1
+            if (len(per_set[0]) + 1) * len(cur) > n_ubatch:
+                break
+        order = tuple(i for lst in per_set for i in lst)
+        n_unq = len({s for i in order for s in tokens[i].seq})
+        out.append(Ubatch(order, n_unq))
+    return out

@@ -1,0 +1,289 @@
+"""One stream of cells, as llama.cpp's `llama_kv_cells` keeps it (ENGINE.md §2).
+
+Owns: per cell its `pos` (EMPTY_POS when empty), `ext`, its set of sequences and
+its key id (which write produced the row's key, 0 = a zeroed row); per sequence
+the ordered (pos, cell) pairs; `used` and `head`.
+
+Invariants (checked by `check_invariants`, which tests run after every op):
+- a cell is empty  <=>  pos == EMPTY_POS  <=>  it holds no sequence;
+- `seq_keys[s]` holds exactly the cells holding s, as sorted keys `pos << 32 | cell`
+  (so "ordered by pos, then cell", the order of the real `seq_pos` sets);
+- `used` is the number of non-empty cells.
+The per-sequence keys are a derived index: only `_index_rm` / `_index_add` touch them.
+
+Every mutator states its precondition and returns the cells whose *emptiness*
+changed, so the caller (the cache) can move `head` as llama_kv_cache does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EMPTY_POS = -1
+CELL_BITS = 32
+CELL_MASK = (1 << CELL_BITS) - 1
+
+
+def make_keys(pos: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """Sort keys of (pos, cell) pairs: ordered by pos, then cell."""
+    return (pos.astype(np.int64) << CELL_BITS) | cells.astype(np.int64)
+
+
+def key_pos(keys: np.ndarray) -> np.ndarray:
+    return keys >> CELL_BITS
+
+
+def key_cell(keys: np.ndarray) -> np.ndarray:
+    return keys & CELL_MASK
+
+
+class SortedKeys:
+    """A growable sorted int64 array; appends past the end are amortised O(1)."""
+
+    __slots__ = ("_a", "_n")
+
+    def __init__(self) -> None:
+        self._a = np.empty(16, dtype=np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def view(self) -> np.ndarray:
+        """The keys, sorted. A view: do not keep it across a mutation."""
+        return self._a[: self._n]
+
+    def add(self, keys: np.ndarray) -> None:
+        """Insert keys not already present."""
+        if keys.size == 0:
+            return
+        keys = np.sort(keys)
+        n = self._n
+        if n == 0 or keys[0] > self._a[n - 1]:
+            need = n + keys.size
+            if need > self._a.size:
+                grown = np.empty(max(need, 2 * self._a.size), dtype=np.int64)
+                grown[:n] = self._a[:n]
+                self._a = grown
+            self._a[n:need] = keys
+            self._n = need
+            return
+        merged = np.concatenate((self._a[:n], keys))
+        merged.sort(kind="stable")
+        self._a = np.concatenate((merged, np.empty(max(16, merged.size), dtype=np.int64)))
+        self._n = merged.size
+
+    def remove(self, keys: np.ndarray) -> None:
+        """Remove keys that are present (precondition: each key is present)."""
+        if keys.size == 0:
+            return
+        cur = self._a[: self._n]
+        idx = np.searchsorted(cur, keys)
+        assert np.all(cur[idx] == keys), "removing a key that is not in the set"
+        keep = np.ones(self._n, dtype=bool)
+        keep[idx] = False
+        rest = cur[keep]
+        self._a[: rest.size] = rest
+        self._n = rest.size
+
+    def range(self, p0: int, p1: int) -> np.ndarray:
+        """Keys with p0 <= pos < p1 (p0 >= 0, p1 > p0)."""
+        cur = self._a[: self._n]
+        lo = np.searchsorted(cur, np.int64(p0) << CELL_BITS)
+        hi = np.searchsorted(cur, np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)
+        return cur[lo:hi]
+
+
+class Stream:
+    """`kv_size` cells. `seq_ids` are the sequences this stream can hold: all of them
+    in a unified cache, only its own sequence in a non-unified one."""
+
+    def __init__(self, kv_size: int, seq_ids: list[int]) -> None:
+        self.kv_size = kv_size
+        self.seq_ids = list(seq_ids)
+        self._col = {s: i for i, s in enumerate(self.seq_ids)}
+        self.pos = np.full(kv_size, EMPTY_POS, dtype=np.int64)  # [kv_size]  | cell | pos or -1
+        self.ext = np.zeros((kv_size, 2), dtype=np.int64)  # [kv_size, 2] | cell | (x, y)
+        self.has = np.zeros((len(self.seq_ids), kv_size), dtype=bool)  # [n_col, kv] | seq col, cell
+        self.seq_count = np.zeros(kv_size, dtype=np.int32)  # [kv_size] | cell | sequences held
+        self.key_id = np.zeros(kv_size, dtype=np.int64)  # [kv_size] | cell | key write id
+        self.seq_keys: dict[int, SortedKeys] = {s: SortedKeys() for s in self.seq_ids}
+        self.used = 0
+        self.head = 0
+
+    # -- queries ---------------------------------------------------------------
+
+    def holds(self, s: int) -> bool:
+        return s in self._col
+
+    def cells_of(self, s: int) -> np.ndarray:
+        """Sorted keys (pos << 32 | cell) of s's cells."""
+        return self.seq_keys[s].view
+
+    def seq_pos_min(self, s: int) -> int:
+        """-1 when s holds no cell."""
+        k = self.seq_keys[s].view
+        return int(k[0] >> CELL_BITS) if k.size else -1
+
+    def seq_pos_max(self, s: int) -> int:
+        """-1 when s holds no cell."""
+        k = self.seq_keys[s].view
+        return int(k[-1] >> CELL_BITS) if k.size else -1
+
+    def seqs_at(self, cell: int) -> list[int]:
+        return [s for s in self.seq_ids if self.has[self._col[s], cell]]
+
+    # -- derived index, touched only here ---------------------------------------
+
+    def _index_rm(self, cells: np.ndarray) -> None:
+        """Drop every (pos, cell) pair of these cells from every sequence's keys."""
+        keys = make_keys(self.pos[cells], cells)
+        for s in self.seq_ids:
+            col = self.has[self._col[s], cells]
+            if col.any():
+                self.seq_keys[s].remove(keys[col])
+
+    def _index_add(self, cells: np.ndarray) -> None:
+        keys = make_keys(self.pos[cells], cells)
+        for s in self.seq_ids:
+            col = self.has[self._col[s], cells]
+            if col.any():
+                self.seq_keys[s].add(keys[col])
+
+    def _empty(self, cells: np.ndarray) -> None:
+        """Make these cells empty (their pairs are already out of the index)."""
+        self.pos[cells] = EMPTY_POS
+        self.ext[cells] = 0
+        self.has[:, cells] = False
+        self.seq_count[cells] = 0
+        self.used -= int(cells.size)
+
+    # -- mutators ----------------------------------------------------------------
+
+    def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,
+              seqs: list[tuple[int, ...]], key_ids: np.ndarray) -> None:
+        """A decode's placement: cells must be empty and distinct; each gets pos, ext,
+        its sequences and a fresh key id."""
+        assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
+        self.pos[cells] = pos
+        if ext is not None:
+            self.ext[cells] = ext
+        for c, ss in zip(cells.tolist(), seqs, strict=True):
+            for s in ss:
+                self.has[self._col[s], c] = True
+            self.seq_count[c] = len(ss)
+        self.key_id[cells] = key_ids
+        self.used += int(cells.size)
+        self._index_add(cells)
+
+    def seq_rm(self, s: int, p0: int, p1: int) -> np.ndarray:
+        """Drop s from its cells with p0 <= pos < p1 (p0 >= 0, p1 > p0 after the caller
+        resolves -1). Returns the cells that became empty, ascending."""
+        keys = self.seq_keys[s].range(p0, p1)
+        if keys.size == 0:
+            return np.empty(0, dtype=np.int64)
+        cells = np.sort(key_cell(keys))
+        self.seq_keys[s].remove(keys)
+        self.has[self._col[s], cells] = False
+        self.seq_count[cells] -= 1
+        freed = cells[self.seq_count[cells] == 0]
+        self._empty(freed)
+        return freed
+
+    def rm_range(self, p0: int, p1: int) -> np.ndarray:
+        """seq_rm(-1, p0, p1): empty every cell with p0 <= pos < p1. Returns them."""
+        cells = np.flatnonzero((self.pos >= p0) & (self.pos < p1) & (self.pos != EMPTY_POS))
+        self._index_rm(cells)
+        self._empty(cells)
+        return cells
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> np.ndarray:
+        """Unified copy: add dst to every cell of src with p0 <= pos < p1. Returns the
+        cells that gained dst."""
+        keys = self.seq_keys[src].range(p0, p1)
+        cells = key_cell(keys)
+        new = cells[~self.has[self._col[dst], cells]]
+        if new.size:
+            self.has[self._col[dst], new] = True
+            self.seq_count[new] += 1
+            self.seq_keys[dst].add(make_keys(self.pos[new], new))
+        return new
+
+    def seq_keep(self, s: int) -> np.ndarray:
+        """Every cell not holding s becomes empty; cells holding s keep only s.
+        Returns the cells that became empty."""
+        live = self.pos != EMPTY_POS
+        mine = self.has[self._col[s]]
+        freed = np.flatnonzero(live & ~mine)
+        shared = np.flatnonzero(mine & (self.seq_count > 1))
+        self._index_rm(freed)
+        self._empty(freed)
+        if shared.size:
+            keys = make_keys(self.pos[shared], shared)
+            for t in self.seq_ids:
+                if t != s:
+                    col = self.has[self._col[t], shared]
+                    if col.any():
+                        self.seq_keys[t].remove(keys[col])
+            self.has[:, shared] = False
+            self.has[self._col[s], shared] = True
+            self.seq_count[shared] = 1
+        return freed
+
+    def shift_pos(self, s: int, p0: int, p1: int, shift: int) -> np.ndarray:
+        """seq_add: pos += shift for s's cells with p0 <= pos < p1, for every sequence
+        of the cell (pos belongs to the cell). A cell whose pos drops below 0
+        becomes empty. Returns the cells that became empty, ascending."""
+        cells = np.sort(key_cell(self.seq_keys[s].range(p0, p1)))
+        if cells.size == 0:
+            return cells
+        self._index_rm(cells)
+        self.pos[cells] += shift
+        gone = self.pos[cells] < 0
+        freed = cells[gone]
+        self._empty(freed)
+        self._index_add(cells[~gone])
+        return freed
+
+    def div_pos(self, s: int, p0: int, p1: int, d: int) -> None:
+        """seq_div: pos //= d for s's cells with p0 <= pos < p1 (every sequence of the cell)."""
+        cells = key_cell(self.seq_keys[s].range(p0, p1))
+        if cells.size == 0:
+            return
+        self._index_rm(cells)
+        self.pos[cells] //= d
+        self._index_add(cells)
+
+    def reset(self) -> None:
+        """Every cell empty (clear, or the destination of a cross-stream copy)."""
+        cells = np.flatnonzero(self.pos != EMPTY_POS)
+        self._index_rm(cells)
+        self._empty(cells)
+
+    def copy_from(self, other: Stream, src: int, dst: int) -> None:
+        """Cross-stream seq_cp (non-unified): this stream (dst's) is reset, then src's
+        cells are copied at the same indices, holding only dst."""
+        self.reset()
+        cells = np.sort(key_cell(other.seq_keys[src].view))
+        self.pos[cells] = other.pos[cells]
+        self.ext[cells] = other.ext[cells]
+        self.has[self._col[dst], cells] = True
+        self.seq_count[cells] = 1
+        self.key_id[cells] = other.key_id[cells]
+        self.used = int(cells.size)
+        self._index_add(cells)
+        self.head = other.head
+
+    # -- checks --------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        empty = self.pos == EMPTY_POS
+        assert np.all(self.pos[~empty] >= 0), "negative pos in a live cell"
+        assert np.array_equal(self.seq_count, self.has.sum(axis=0)), "seq_count out of sync"
+        assert np.array_equal(empty, self.seq_count == 0), "empty cell with sequences"
+        assert self.used == int((~empty).sum()), "used out of sync"
+        for s in self.seq_ids:
+            cells = np.flatnonzero(self.has[self._col[s]])
+            want = np.sort(make_keys(self.pos[cells], cells))
+            assert np.array_equal(self.seq_keys[s].view, want), f"seq {s} index out of sync"

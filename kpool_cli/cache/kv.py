@@ -1,0 +1,273 @@
+"""The indexer KV cache: streams, edits, find_slot and state (ENGINE.md §2-3).
+
+Owns: the streams and their heads, the pending cross-stream copies, the state
+snapshots, and the key write counter.
+
+What it does not own: staleness (the engine's, ENGINE.md §4), pooled rows (the
+backend's). Every mutator returns the global rows whose *data* it changed, so the
+replay can tell the backend; it never prints and never raises for a refusal that
+llama.cpp reports with a return code: those come back as values.
+
+Conventions: `p0 < 0` means 0 and `p1 < 0` means "to the end", as in llama.cpp;
+seq < 0 means every sequence where the op allows it. Global row = strm * kv_size + cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..trace.model import CacheConfig
+from .cells import EMPTY_POS, Stream, key_cell
+
+POS_INF = (1 << 31) - 1  # llama.cpp: std::numeric_limits<llama_pos>::max()
+
+
+def resolve_range(p0: int, p1: int) -> tuple[int, int]:
+    """llama.cpp's `if (p0 < 0) p0 = 0; if (p1 < 0) p1 = max`."""
+    return max(p0, 0), (POS_INF if p1 < 0 else p1)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a ubatch's tokens go: per token its stream and stream-local cell."""
+
+    strm: np.ndarray  # [n_tokens] | token | stream
+    cells: np.ndarray  # [n_tokens] | token | cell
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """`state_write(s)`: s's cells in cell order (pos, ext, key id), and the global
+    rows they were read from (the backend saves those rows' pooled slots)."""
+
+    pos: np.ndarray
+    ext: np.ndarray
+    key_id: np.ndarray
+    rows: np.ndarray
+
+
+class KvCache:
+    """`n_stream` streams of `kv_size` cells (ENGINE.md §2)."""
+
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        self.kv_size = config.kv_size
+        if config.unified:
+            self.streams = [Stream(config.kv_size, list(range(config.n_seq_max)))]
+        else:
+            self.streams = [Stream(config.kv_size, [s]) for s in range(config.n_seq_max)]
+        self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream)
+        self.snapshots: dict[str, Snapshot] = {}
+        self.n_key_writes = 0  # the per-write counter: key ids are 1, 2, ...
+
+    # -- queries -------------------------------------------------------------------
+
+    def stream_of(self, s: int) -> int:
+        return 0 if self.config.unified else s
+
+    def stream(self, s: int) -> Stream:
+        return self.streams[self.stream_of(s)]
+
+    def seq_pos_min(self, s: int) -> int:
+        return self.stream(s).seq_pos_min(s)
+
+    def seq_pos_max(self, s: int) -> int:
+        return self.stream(s).seq_pos_max(s)
+
+    def seq_keys(self, s: int) -> np.ndarray:
+        """s's (pos, cell) pairs as sorted keys; cells are stream-local."""
+        return self.stream(s).cells_of(s)
+
+    def global_rows(self, s: int, cells: np.ndarray) -> np.ndarray:
+        return self.stream_of(s) * self.kv_size + cells
+
+    def _all_seqs(self) -> range:
+        return range(self.config.n_seq_max)
+
+    # -- edits (llama_kv_cache::seq_*) ---------------------------------------------
+
+    @staticmethod
+    def _lower_head(st: Stream, freed: np.ndarray) -> None:
+        """seq_rm / seq_keep / state drop: `head = min(head, first freed cell)`."""
+        if freed.size:
+            st.head = min(st.head, int(freed.min()))
+
+    def seq_rm(self, s: int, p0: int, p1: int) -> None:
+        lo, hi = resolve_range(p0, p1)
+        if lo >= hi:
+            return
+        if s < 0:
+            for st in self.streams:
+                self._lower_head(st, st.rm_range(lo, hi))
+            return
+        st = self.stream(s)
+        self._lower_head(st, st.seq_rm(s, lo, hi))
+
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Same stream: dst joins src's cells in range. Cross-stream (non-unified): the
+        metadata is copied now, the rows at the next decode that passes validation;
+        the caller has already refused a partial range (GGML_ASSERT is_full)."""
+        if src == dst:
+            return
+        s0, s1 = self.stream_of(src), self.stream_of(dst)
+        if s0 == s1:
+            lo, hi = resolve_range(p0, p1)
+            if lo < hi:
+                self.streams[s0].seq_cp(src, dst, lo, hi)
+            return
+        self.streams[s1].copy_from(self.streams[s0], src, dst)
+        self.pending_copies.append((s0, s1))
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        """The cross-stream row copies due now (llama_kv_cache::update)."""
+        out, self.pending_copies = self.pending_copies, []
+        return out
+
+    def seq_keep(self, s: int) -> None:
+        st = self.stream(s)
+        self._lower_head(st, st.seq_keep(s))
+
+    def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
+        """`head` = first freed cell, or 0 when none was freed; a zero shift or an empty
+        range returns before touching anything (llama_kv_cache::seq_add)."""
+        if shift == 0:
+            return
+        lo, hi = resolve_range(p0, p1)
+        if lo == hi:
+            return
+        st = self.stream(s)
+        freed = st.shift_pos(s, lo, hi, shift) if lo < hi else np.empty(0, np.int64)
+        st.head = int(freed.min()) if freed.size else 0
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        if d == 1:
+            return
+        lo, hi = resolve_range(p0, p1)
+        if lo < hi:
+            self.stream(s).div_pos(s, lo, hi, d)
+
+    def clear(self) -> None:
+        for st in self.streams:
+            st.reset()
+            st.head = 0
+        self.pending_copies.clear()
+
+    # -- find_slot / apply_ubatch (ENGINE.md §3) ---------------------------------------
+
+    def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
+             ) -> list[Placement] | None:
+        """Place every ubatch of a decode, each seeing the cells the earlier ones took
+        (llama_kv_cache::prepare). None when one of them finds no room: the decode
+        fails whole. Each ubatch is (pos, seq sets, recorded cells or None)."""
+        empty = [st.pos == EMPTY_POS for st in self.streams]
+        used = [st.used for st in self.streams]
+        head = [st.head for st in self.streams]
+        out: list[Placement] = []
+        heads_before: list[list[int]] = []
+        for _pos, seqs, recorded in ubatches:
+            heads_before.append(list(head))
+            strm = np.array([self.stream_of(ss[0]) for ss in seqs], dtype=np.int64)
+            cells = np.empty(len(seqs), dtype=np.int64)
+            for k in np.unique(strm).tolist():
+                mine = np.flatnonzero(strm == k)
+                if recorded is not None:
+                    got = recorded[mine]
+                else:
+                    # non-unified: the head rule counts this stream's tokens only
+                    got = self._find_slot(empty[k], used[k], head[k], mine.size)
+                    if got is None:
+                        self._restore_heads_after_failed_prepare(out, heads_before)
+                        return None
+                cells[mine] = got
+                empty[k][got] = False
+                used[k] += int(got.size)
+                head[k] = int(got[-1]) + 1  # the last token's cell in placement order
+            out.append(Placement(strm, cells))
+        return out
+
+    def _restore_heads_after_failed_prepare(self, planned: list[Placement],
+                                            heads_before: list[list[int]]) -> None:
+        """llama_kv_cache::prepare undoes its simulation with `head = v_heads_old[s]`,
+        where s is the index in the ubatch's list of streams, not the stream itself:
+        stream strm[s] gets stream s's old head. Unified caches cannot tell; a
+        non-unified one keeps the wrong heads after a failed decode (real code, not
+        ENGINE.md: tests/test_cache.py::test_failed_prepare_head_quirk)."""
+        for p, old in zip(reversed(planned), reversed(heads_before[: len(planned)]),
+                          strict=True):
+            for idx, k in enumerate(np.unique(p.strm).tolist()):
+                self.streams[k].head = old[idx]
+
+    def _find_slot(self, empty: np.ndarray, used: int, head: int, n: int) -> np.ndarray | None:
+        """Non-contiguous find_slot: from `head` (or 0 when `head > used + 2 n`), take
+        the first n empty cells, wrapping once."""
+        size = empty.size
+        if n > size:
+            return None
+        if head > used + 2 * n:
+            head = 0
+        if head >= size:
+            head = 0
+        got = np.flatnonzero(empty[head:])[:n] + head
+        if got.size < n:
+            got = np.concatenate((got, np.flatnonzero(empty[:head])[: n - got.size]))
+        return got if got.size == n else None
+
+    def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
+              seqs: list[tuple[int, ...]]) -> np.ndarray:
+        """Write a planned ubatch (apply_ubatch): each cell gets its token and a new key
+        id; head = last cell used + 1, per stream. Returns the global rows written."""
+        for k in np.unique(placement.strm).tolist():
+            mine = np.flatnonzero(placement.strm == k)
+            st = self.streams[k]
+            ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + mine.size)
+            self.n_key_writes += int(mine.size)
+            st.write(placement.cells[mine], pos[mine], None if ext is None else ext[mine],
+                     [seqs[i] for i in mine.tolist()], ids)
+            st.head = int(placement.cells[mine][-1]) + 1
+        return placement.strm * self.kv_size + placement.cells
+
+    # -- state (llama_state_seq_*) ---------------------------------------------------
+
+    def state_write(self, s: int, slot: str) -> None:
+        st = self.stream(s)
+        cells = np.sort(key_cell(st.cells_of(s)))
+        self.snapshots[slot] = Snapshot(
+            st.pos[cells].copy(), st.ext[cells].copy(), st.key_id[cells].copy(),
+            self.global_rows(s, cells))
+
+    def state_read(self, s: int, slot: str) -> tuple[bool, np.ndarray]:
+        """Restore a snapshot into s: seq_rm(s), then find_slot for its cells, each
+        holding only s. Returns (ok, global rows restored in snapshot order). An empty
+        snapshot leaves s untouched; no room: s has been removed and ok is False (the
+        caller then drops s, as the hybrid memory does)."""
+        snap = self.snapshots[slot]
+        n = int(snap.pos.size)
+        if n == 0:
+            return True, np.empty(0, dtype=np.int64)
+        assert n <= self.kv_size, "a snapshot cannot outgrow the cache it came from"
+        self.seq_rm(s, -1, -1)
+        k = self.stream_of(s)
+        st = self.streams[k]
+        cells = self._find_slot(st.pos == EMPTY_POS, st.used, st.head, n)
+        if cells is None:
+            return False, np.empty(0, dtype=np.int64)
+        st.write(cells, snap.pos, snap.ext, [(s,)] * n, snap.key_id)
+        st.head = int(cells[-1]) + 1
+        return True, self.global_rows(s, cells)
+
+    def state_drop(self, s: int) -> np.ndarray:
+        """Every cell of s drops s; the cells that became empty have their rows zeroed.
+        Returns those global rows (s < 0 is the caller's `clear`)."""
+        st = self.stream(s)
+        freed = st.seq_rm(s, 0, POS_INF)
+        self._lower_head(st, freed)
+        st.key_id[freed] = 0
+        return self.global_rows(s, freed)
+
+    # -- checks -----------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        for st in self.streams:
+            st.check_invariants()

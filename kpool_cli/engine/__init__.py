@@ -1,0 +1,1 @@
+"""The k-pool engine: layout, marking, scatter plan, and engine versions."""

@@ -1,0 +1,233 @@
+"""The pool layout and its incremental update (ENGINE.md §5).
+
+Owns: per sequence its copy of the (pos, cell) pairs, its pools (start indices into
+those pairs), the rep row of each pool, `j_next` and `pos_min`, and (versions that
+track sharing) its `shared` flag; the layout's `n_pool_real` and `cache_safe`.
+
+Invariants:
+- a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
+  shared cell) and the layout keeps what it read, as llama.cpp's does; that gap is
+  layout drift (KP007), detected by `drift`, never repaired here;
+- pools are in increasing start order, so their first and rep positions are
+  strictly increasing (position mode) and pools never overlap;
+- `rep_rows[k]` = `strm * kv_size + cell` of pool k's last member.
+
+Pools are numbered globally in layout order: sequence 0's pools, then 1's, ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cache.cells import CELL_BITS, CELL_MASK
+from ..cache.kv import KvCache
+
+POS_CLEAN = (1 << 31) - 1  # llama.cpp's POS_CLEAN: no position of the sequence is stale
+
+
+class GrowArray:
+    """A growable int64 vector: appends amortised O(1), `view` is the live part."""
+
+    __slots__ = ("_a", "_n")
+
+    def __init__(self) -> None:
+        self._a = np.empty(16, dtype=np.int64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def view(self) -> np.ndarray:
+        return self._a[: self._n]
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self._n + values.size
+        if need > self._a.size:
+            grown = np.empty(max(need, 2 * self._a.size), dtype=np.int64)
+            grown[: self._n] = self._a[: self._n]
+            self._a = grown
+        self._a[self._n:need] = values
+        self._n = need
+
+    def assign(self, values: np.ndarray) -> None:
+        self._n = 0
+        self.extend(values)
+
+
+@dataclass(slots=True)
+class SeqLayout:
+    """One sequence's part of the layout (llama.cpp's kpool_layout::seq)."""
+
+    strm: int = 0
+    pos_min: int = 0
+    keys: GrowArray = field(default_factory=GrowArray)  # [n_cells] | j | pos << 32 | cell
+    pools: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | start index j
+    rep_rows: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | global rep row
+    j_next: int = 0
+    shared: bool = False
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self.keys.view >> CELL_BITS
+
+    @property
+    def cells(self) -> np.ndarray:
+        return self.keys.view & CELL_MASK
+
+    def first_pos(self) -> np.ndarray:
+        """[n_pools] the first member's pos of each pool."""
+        return self.keys.view[self.pools.view] >> CELL_BITS
+
+    def rep_pos(self, kpool: int) -> np.ndarray:
+        """[n_pools] the rep's (last member's) pos of each pool."""
+        return self.keys.view[self.pools.view + kpool - 1] >> CELL_BITS
+
+    def members(self, ks: np.ndarray, kpool: int, kv_size: int) -> np.ndarray:
+        """[len(ks), kpool] global rows of the members of pools ks."""
+        j = self.pools.view[ks][:, None] + np.arange(kpool)[None, :]
+        return self.strm * kv_size + (self.keys.view[j] & CELL_MASK)
+
+
+def scan_pools(pos: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
+               ) -> tuple[np.ndarray, int]:
+    """ENGINE.md §5 step 4, from `j_from` over a sequence's pair positions `pos`.
+
+    Returns (pool starts, j_next). The scan is llama.cpp's greedy loop; it is
+    computed at once because a start candidate can never fall inside an accepted
+    pool (its pos would be pos_j + i with 0 < i < kpool, so not a multiple of kpool
+    past pos_min), which makes the greedy scan accept exactly every candidate."""
+    n = pos.size
+    last = n - kpool  # the last j with j + kpool <= n
+    if last < j_from:
+        return np.empty(0, dtype=np.int64), j_from
+    if by_order:
+        starts = np.arange(j_from, last + 1, kpool, dtype=np.int64)
+        return starts, j_from + kpool * starts.size
+    seg = pos[j_from:]
+    t = np.arange(last - j_from + 1)
+    ok = (seg[t] - pos_min) % kpool == 0
+    if kpool > 1:
+        broken = np.concatenate(([0], np.cumsum(np.diff(seg) != 1)))
+        ok &= broken[t + kpool - 1] == broken[t]
+    starts = j_from + np.flatnonzero(ok).astype(np.int64)
+    j_next = max(int(starts[-1]) + kpool if starts.size else j_from, last + 1)
+    return starts, j_next
+
+
+class Layout:
+    """Every sequence's pools (llama.cpp's kpool_layout), updated once per ubatch."""
+
+    def __init__(self, n_seq_max: int, kpool: int, by_order: bool, kv_size: int) -> None:
+        self.kpool = kpool
+        self.by_order = by_order
+        self.kv_size = kv_size
+        self.seqs = [SeqLayout() for _ in range(n_seq_max)]
+        self.n_pool_real = 0
+        self.cache_safe = True
+
+    def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> int:
+        """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
+        rebuild it; then scan for new pools. Returns the cells the real engine scans
+        (pairs copied into the layout, plus the sharing scan of step 3)."""
+        kpool, unified = self.kpool, cache.config.unified
+        scanned = 0
+        self.n_pool_real = 0
+        self.cache_safe = True
+        for s, sq in enumerate(self.seqs):
+            sp = cache.seq_keys(s)
+            sq.strm = cache.stream_of(s)
+            n_kept = 0
+            clean = stale[s] == POS_CLEAN
+            # step 1: the append path
+            if clean and len(sq.keys) and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS):
+                n_kept = len(sq.keys)
+                tail = sp[np.searchsorted(sp, sq.keys.view[-1], side="right"):]
+                sq.keys.extend(tail)
+                scanned += tail.size
+            # step 2: rebuild when the count is off or the sequence is stale
+            if len(sq.keys) != sp.size or not clean:
+                sq.keys.assign(sp)
+                sq.pools.assign(np.empty(0, dtype=np.int64))
+                sq.rep_rows.assign(np.empty(0, dtype=np.int64))
+                sq.j_next = 0
+                sq.pos_min = int(sp[0] >> CELL_BITS) if sp.size else 0
+                sq.shared = False
+                n_kept = 0
+                scanned += sp.size
+            # step 3 (versions that track sharing, unified only)
+            if track_sharing and unified and not sq.shared and len(sq.keys) > n_kept:
+                cells = sq.cells[n_kept:]
+                counts = cache.streams[0].seq_count[cells]
+                hit = np.flatnonzero(counts > 1)
+                sq.shared = hit.size > 0
+                scanned += int(hit[0]) + 1 if hit.size else cells.size
+            # step 4: the pool scan
+            starts, sq.j_next = scan_pools(sq.pos, sq.j_next, sq.pos_min, kpool, self.by_order)
+            if starts.size:
+                sq.pools.extend(starts)
+                reps = sq.keys.view[starts + kpool - 1] & CELL_MASK
+                sq.rep_rows.extend(sq.strm * self.kv_size + reps)
+            self.n_pool_real += len(sq.pools)
+            self.cache_safe = self.cache_safe and not sq.shared
+        return scanned
+
+    # -- whole-layout views ------------------------------------------------------------
+
+    def pool_start(self) -> np.ndarray:
+        """[n_seq_max + 1] global index of each sequence's first pool (and the total)."""
+        counts = np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
+                             count=len(self.seqs))
+        return np.concatenate(([0], np.cumsum(counts)))
+
+    def pool_cells(self) -> np.ndarray:
+        """[n_pool_real] global rep row of every pool, in layout order (ENGINE.md §7)."""
+        parts = [sq.rep_rows.view for sq in self.seqs if len(sq.rep_rows)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
+                                                     tuple[int, int] | None] | None:
+        """ENGINE.md §8 KP007: where sequence s's pairs differ from a rebuild from its
+        cells, or None when they agree. Equal pairs imply equal pools: the pools are a
+        function of the pairs (and pos_min, which is the first pair's pos)."""
+        have = self.seqs[s].keys.view
+        want = cache.seq_keys(s)
+        if have.size == want.size and np.array_equal(have, want):
+            return None
+        n = min(have.size, want.size)
+        diff = np.flatnonzero(have[:n] != want[:n])
+        j = int(diff[0]) if diff.size else n
+
+        def pair(keys: np.ndarray) -> tuple[int, int] | None:
+            return (int(keys[j] >> CELL_BITS), int(keys[j] & CELL_MASK)) if j < keys.size else None
+
+        return j, pair(have), pair(want)
+
+    def locate(self, ips: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global pool indices -> (seq, k) arrays."""
+        start = self.pool_start()
+        seq = np.searchsorted(start, ips, side="right") - 1
+        return seq, ips - start[seq]
+
+    def members_of(self, ips: np.ndarray) -> np.ndarray:
+        """[len(ips), kpool] global member rows of the pools with global indices ips."""
+        seq, k = self.locate(ips)
+        out = np.empty((ips.size, self.kpool), dtype=np.int64)
+        for s in np.unique(seq).tolist():
+            sel = np.flatnonzero(seq == s)
+            out[sel] = self.seqs[s].members(k[sel], self.kpool, self.kv_size)
+        return out
+
+    def describe(self, ips: np.ndarray) -> list[tuple[int, int, int, int]]:
+        """(seq, k, first_pos, last_pos) of the pools with global indices ips."""
+        seq, k = self.locate(ips)
+        out = []
+        for s, kk in zip(seq.tolist(), k.tolist(), strict=True):
+            sq = self.seqs[s]
+            j = int(sq.pools.view[kk])
+            keys = sq.keys.view
+            out.append((s, kk, int(keys[j] >> CELL_BITS),
+                        int(keys[j + self.kpool - 1] >> CELL_BITS)))
+        return out

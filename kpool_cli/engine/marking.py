@@ -1,0 +1,133 @@
+"""Marking: which pools a ubatch re-pools, and the graph size of that list
+(ENGINE.md §6, llama.cpp's kpool_build_state).
+
+Owns: `mark` (a pure function of the layout, the ubatch and the stale snapshot),
+`n_new_graph` and `pad_bound`.
+
+The real engine marks through generation arrays (`is_new` per pool, and for
+rep-once `rep_gen` per global row) so that "marked in this ubatch" resets in O(1).
+Here the same decisions are made on whole arrays: candidates are listed in the
+engine's order (stale pools by sequence, then tokens in ubatch order with their
+seq ids in the order given) and the first candidate per pool (cache-safe) or per
+rep row (rep-once) wins, exactly as the generation test makes it win. The
+generation arrays' zero-fill is still counted, as host work, by `MarkingCost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache.cells import make_keys
+from .layout import POS_CLEAN, Layout
+
+
+class EngineAbort(Exception):
+    """A GGML_ASSERT the real engine would hit here (KP005); the replay stops."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marking:
+    marked: np.ndarray  # [n_new] | i | global pool index, ascending (layout order)
+    n_new: int
+    repool_all: bool  # cache-safe with a shared layout: every pool marked
+
+
+def _first_of_each(values: np.ndarray) -> np.ndarray:
+    """Indices of the first occurrence of each distinct value, in input order."""
+    if values.size == 0:
+        return np.empty(0, dtype=np.int64)
+    _, first = np.unique(values, return_index=True)
+    return np.sort(first)
+
+
+def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
+         token_cells: np.ndarray, stale_from: list[int] | None, *,
+         repool_all: bool, once_per_rep: bool) -> Marking:
+    """ENGINE.md §6 for one ubatch.
+
+    `pos`, `seqs`, `token_cells` (stream-local) describe the ubatch's tokens in order;
+    `stale_from` is the batch's stale snapshot on ubatch 0 of a batch, else None."""
+    kpool = layout.kpool
+    start = layout.pool_start()
+    n_pool = int(start[-1])
+    if repool_all:
+        return Marking(np.arange(n_pool, dtype=np.int64), n_pool, True)
+
+    candidates: list[np.ndarray] = []
+    # stale pools: every pool of s whose rep pos >= stale_from[s]
+    if stale_from is not None:
+        for s, sq in enumerate(layout.seqs):
+            if stale_from[s] == POS_CLEAN or not len(sq.pools):
+                continue
+            first = int(np.searchsorted(sq.rep_pos(kpool), stale_from[s], side="left"))
+            candidates.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
+
+    # touched pools: per token, per seq id in the order given
+    pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
+    pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
+    pair_ip = np.full(pair_tok.size, -1, dtype=np.int64)
+    for s in np.unique(pair_seq).tolist():
+        sel = np.flatnonzero(pair_seq == s)
+        sq = layout.seqs[s]
+        p = pos[pair_tok[sel]]
+        if layout.by_order:
+            # a token's rank among s's (pos, cell) pairs gives its pool: rank // kpool
+            keys = sq.keys.view
+            want = make_keys(p, token_cells[pair_tok[sel]])
+            rank = np.searchsorted(keys, want, side="left")
+            found = rank < keys.size
+            found[found] &= keys[rank[found]] == want[found]
+            if not found.all():
+                raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
+                                  "sequence's layout (by-order rank lookup)")
+            k = rank // kpool
+            ok = k < len(sq.pools)
+        else:
+            # the last pool whose first pos <= p, if p <= its rep pos
+            k = np.searchsorted(sq.first_pos(), p, side="right") - 1
+            ok = k >= 0
+            ok[ok] = p[ok] <= sq.rep_pos(kpool)[k[ok]]
+        pair_ip[sel[ok]] = start[s] + k[ok]
+    candidates.append(pair_ip[pair_ip >= 0])
+
+    cand = np.concatenate(candidates)
+    if once_per_rep:
+        # rep-once (PR #29994): the first pool marked with a given rep row wins
+        winners = cand[_first_of_each(layout.pool_cells()[cand])] if cand.size else cand
+    else:
+        winners = cand[_first_of_each(cand)]
+    marked = np.sort(winners)
+    return Marking(marked, int(marked.size), False)
+
+
+def pad_bound(n_pool_real: int) -> int:
+    """`kpool_pad`: the gathered pool count, always one unused slot past the real ones."""
+    return max(64, -(-(n_pool_real + 1) // 64) * 64)
+
+
+def n_new_graph(n_new: int, n_tokens: int, n_seqs_unq: int, n_pool_real: int,
+                kv_size: int, kpool: int, n_seq_max: int, repool_all: bool) -> int:
+    """ENGINE.md §6: the graph size of the new list, stable across decode steps."""
+    if repool_all:
+        return max(n_new, 1)
+    bound = n_tokens // kpool + n_seqs_unq
+    n_pool_max = kv_size // kpool * n_seq_max
+    return max(n_new, 1, min(bound, pad_bound(n_pool_real) - 1, n_pool_max))
+
+
+@dataclass(frozen=True, slots=True)
+class MarkingCost:
+    """Generation-array entries the real engine zero-fills for one ubatch: `is_new`
+    grows to n_pool_real (zeros for the growth); rep-once's `rep_gen` is sized to
+    kv_size * n_stream, zero-filled, on the first ubatch of every batch (the marking
+    state is created afresh per batch)."""
+
+    gen_zeroed: int
+
+    @staticmethod
+    def of(is_new_before: int, n_pool_real: int, first_of_batch: bool, once_per_rep: bool,
+           n_rows: int) -> MarkingCost:
+        grow = max(0, n_pool_real - is_new_before)
+        return MarkingCost(grow + (n_rows if once_per_rep and first_of_batch else 0))

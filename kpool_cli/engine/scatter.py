@@ -1,0 +1,99 @@
+"""The scatter plan of one ubatch (ENGINE.md §7, llama.cpp's set_input_kpool).
+
+Owns: `ScatterPlan` and `build_plan`: the gather list `pool_cells`, the scatter
+entries (members' global rows and the rep row each writes), padding entries, and
+what each token of the ubatch sees.
+
+Invariants: entries 0 .. n_new-1 are the marked pools in layout order; entries
+n_new .. n_new_g-1 are padding, each writing `rep` from `kpool` copies of that row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache.cells import CELL_BITS, make_keys
+from .layout import Layout
+from .marking import EngineAbort, pad_bound
+
+
+@dataclass(frozen=True, slots=True)
+class ScatterPlan:
+    pool_cells: np.ndarray  # [n_pool_real] | ip | global rep row of pool ip
+    entry_pool: np.ndarray  # [n_new_g] | e | global pool index, -1 for padding
+    entry_rows: np.ndarray  # [n_new_g, kpool] | e, member | global member rows
+    entry_rep: np.ndarray  # [n_new_g] | e | global row the entry writes
+    visible: np.ndarray  # [n_tokens] | i | pools of the token's first seq it sees
+    n_new: int
+    reps_sorted: int  # rep rows sorted to pick padding rows (0 when nothing is padded)
+
+    @property
+    def n_new_g(self) -> int:
+        return int(self.entry_rep.size)
+
+    @property
+    def pad(self) -> np.ndarray:
+        return self.entry_pool < 0
+
+
+def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool) -> np.ndarray:
+    """ENGINE.md §7: each padding entry takes its own row, the smallest global rows that
+    are no real pool's rep (a `row-zero` engine puts them all on row 0). Running out of
+    rows is a GGML_ASSERT."""
+    if row_zero:
+        return np.zeros(n_pad, dtype=np.int64)
+    span = n_pad + pool_cells.size
+    taken = np.zeros(span, dtype=bool)
+    taken[pool_cells[pool_cells < span]] = True
+    rows = np.flatnonzero(~taken)[:n_pad].astype(np.int64)
+    if rows.size < n_pad or (rows.size and rows[-1] >= n_rows):
+        raise EngineAbort("GGML_ASSERT(pad_cell < kv_size*n_stream): no row left for a "
+                          "padding entry")
+    return rows
+
+
+def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray,
+               seqs: list[tuple[int, ...]], token_cells: np.ndarray, n_rows: int,
+               row_zero_padding: bool) -> ScatterPlan:
+    kpool = layout.kpool
+    pool_cells = layout.pool_cells()
+
+    # the ubatch's first token, looked up by pos in its first seq's layout, serves the
+    # padded gathers; a drifted layout can miss it (GGML_ASSERT)
+    sq0 = layout.seqs[seqs[0][0]]
+    keys = sq0.keys.view
+    at = int(np.searchsorted(keys, np.int64(pos[0]) << CELL_BITS, side="left"))
+    if at >= keys.size or int(keys[at] >> CELL_BITS) != int(pos[0]):
+        raise EngineAbort(f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
+                          f"{int(pos[0])}) is not in its sequence's layout")
+
+    n_new = int(marked.size)
+    rows = np.empty((n_new_g, kpool), dtype=np.int64)
+    rep = np.empty(n_new_g, dtype=np.int64)
+    entry_pool = np.full(n_new_g, -1, dtype=np.int64)
+    entry_pool[:n_new] = marked
+    rows[:n_new] = layout.members_of(marked)
+    rep[:n_new] = pool_cells[marked]
+    reps_sorted = 0
+    if n_new_g > n_new:
+        reps_sorted = int(pool_cells.size)
+        pad = padding_rows(pool_cells, n_new_g - n_new, n_rows, row_zero_padding)
+        rep[n_new:] = pad
+        rows[n_new:] = pad[:, None]
+
+    # visibility: a token sees the pools of its first seq id whose rep pos <= its pos
+    # (by-order: the first (rank + 1) // kpool pools)
+    visible = np.empty(len(seqs), dtype=np.int64)
+    first = np.array([ss[0] for ss in seqs], dtype=np.int64)
+    for s in np.unique(first).tolist():
+        sel = np.flatnonzero(first == s)
+        sq = layout.seqs[s]
+        if layout.by_order:
+            rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
+            visible[sel] = np.minimum(len(sq.pools), (rank + 1) // kpool)
+        else:
+            visible[sel] = np.searchsorted(sq.rep_pos(kpool), pos[sel], side="right")
+    assert pad_bound(pool_cells.size) > pool_cells.size
+    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted)

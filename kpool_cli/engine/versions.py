@@ -1,0 +1,108 @@
+"""Engine versions: the policies that differ between releases of the k-pool engine,
+a registry of the known ones, and loading a user's own (`--engine pkg.mod:Name`).
+
+Owns: `EngineVersion` (a frozen record of policies), `CACHE_SAFE` (llama.cpp before
+PR #29994), `REP_ONCE` (PR #29994), `VERSIONS`, `load_version`.
+
+A third version is a few lines:
+
+    >>> from dataclasses import replace
+    >>> mine = replace(REP_ONCE, name="rep-once-no-dedup", mark_once_per_rep=False)
+    >>> mine.seq_cp_whole_only
+    True
+
+Every policy names the ENGINE.md section whose rule it switches.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, replace
+from typing import Literal
+
+PADDING_POLICIES = ("unused-rows", "row-zero")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineVersion:
+    name: str
+    description: str
+    # ENGINE.md §4: a partial seq_cp aborts (GGML_ASSERT `p0 <= 0 && p1 < 0`) instead of
+    # sharing part of a sequence
+    seq_cp_whole_only: bool
+    # ENGINE.md §4: seq_cp stales the source too, not only the destination
+    seq_cp_stales_src: bool
+    # ENGINE.md §4: seq_rm, state_read and state_drop stale every sequence while the
+    # layout is shared
+    restale_all_when_shared: bool
+    # ENGINE.md §5 step 3 and §6: track sharing per sequence; while any cell of the layout
+    # is shared, skip the stale/touched rules and re-pool every pool
+    repool_all_when_shared: bool
+    # ENGINE.md §6: mark a pool only if no pool with the same rep row was marked in this
+    # ubatch (the per-row generation array of PR #29994)
+    mark_once_per_rep: bool
+    # ENGINE.md §7: where padding entries write: each its own row that is no real pool's
+    # rep ("unused-rows"), or all of them row 0 ("row-zero", a naive engine)
+    padding: Literal["unused-rows", "row-zero"] = "unused-rows"
+
+    def __post_init__(self) -> None:
+        if self.padding not in PADDING_POLICIES:
+            raise ValueError(f"padding must be one of {PADDING_POLICIES}, not {self.padding!r}")
+
+
+CACHE_SAFE = EngineVersion(
+    name="cache-safe",
+    description="llama.cpp before PR #29994: re-pool every pool while cells are shared",
+    seq_cp_whole_only=False,
+    seq_cp_stales_src=True,
+    restale_all_when_shared=True,
+    repool_all_when_shared=True,
+    mark_once_per_rep=False,
+)
+
+REP_ONCE = EngineVersion(
+    name="rep-once",
+    description="llama.cpp PR #29994: whole-sequence seq_cp only, each rep row marked once",
+    seq_cp_whole_only=True,
+    seq_cp_stales_src=False,
+    restale_all_when_shared=False,
+    repool_all_when_shared=False,
+    mark_once_per_rep=True,
+)
+
+VERSIONS: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE)}
+DEFAULT_VERSION = REP_ONCE.name
+
+
+class VersionError(Exception):
+    """An engine name that is neither registered nor a loadable `module:Name`."""
+
+
+def load_version(spec: str) -> EngineVersion:
+    """A registered name, or `package.module:Name` naming an EngineVersion (or a
+    callable returning one, such as a subclass)."""
+    if spec in VERSIONS:
+        return VERSIONS[spec]
+    if ":" not in spec:
+        known = ", ".join(sorted(VERSIONS))
+        raise VersionError(f"unknown engine {spec!r}: known engines are {known}, "
+                           "or give package.module:Name")
+    mod_name, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:  # the user's module may fail in any way on import
+        raise VersionError(f"cannot import {mod_name!r} for engine {spec!r}: {e}") from e
+    obj = getattr(mod, attr, None)
+    if obj is None:
+        raise VersionError(f"module {mod_name!r} has no attribute {attr!r}")
+    if not isinstance(obj, EngineVersion) and callable(obj):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise VersionError(f"calling {spec} failed: {e}") from e
+    if not isinstance(obj, EngineVersion):
+        raise VersionError(f"{spec} is a {type(obj).__name__}, not a "
+                           "kpool_cli.engine.versions.EngineVersion")
+    if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
+        obj = replace(obj, name=f"{obj.name}@{spec}")
+    return obj

@@ -1,0 +1,80 @@
+"""What a replay yields: plain frozen records, the only thing views, writers, the
+diff and the checks see of the engine (DESIGN.md, "Data flow").
+
+Owns: `OpEvent`, `UbatchRecord`, `PoolInfo`, `ExpectResult`, and the shared
+vocabulary `STATUS_*`. Arrays in records are numpy arrays that nobody mutates
+after the record is yielded; rows are global rows (`strm * kv_size + cell`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .verdict.codes import Finding
+
+APPLIED, REJECTED, ABORTED = "applied", "rejected", "aborted"
+
+
+@dataclass(frozen=True, slots=True)
+class OpEvent:
+    """A non-decode op, or a decode refused before any ubatch ran."""
+
+    op: int
+    kind: str
+    status: str  # applied | rejected | aborted
+    stale: dict[int, int] = field(default_factory=dict)  # the stale positions it set
+    message: str = ""
+    findings: tuple[Finding, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    seq: int
+    k: int
+    first_pos: int
+    last_pos: int
+    cells: tuple[int, ...]  # global member rows
+    rep: int
+    new: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UbatchRecord:
+    index: int  # ubatch number in the whole replay
+    op: int  # index of the decode in the trace's ops
+    batch_ubatch: int  # position of this ubatch in its batch
+    token_pos: np.ndarray  # [n_tokens] | i | pos
+    token_seqs: tuple[tuple[int, ...], ...]  # [n_tokens] | i | seq ids, in the order given
+    token_rows: np.ndarray  # [n_tokens] | i | global row of the token's cell
+    token_ext: np.ndarray | None  # [n_tokens, 2] | i | (x, y), M-RoPE only
+    token_visible: np.ndarray  # [n_tokens] | i | pools of its first seq the token sees
+    stale_batch: dict[int, int]  # ubatch 0 of a batch: the stale snapshot it starts from
+    n_pool_real: int
+    n_new: int
+    n_new_g: int
+    pools: tuple[PoolInfo, ...]  # marked pools (or every pool, with pools="all")
+    scatter_rep: np.ndarray  # [n_new_g] | e | row entry e writes
+    scatter_rows: np.ndarray  # [n_new_g, kpool] | e, member | member rows it pools
+    scatter_pad: np.ndarray  # [n_new_g] | e | padding entry?
+    scatter_pool: np.ndarray  # [n_new_g] | e | global pool index, -1 for padding
+    cost: dict[str, int]
+    findings: tuple[Finding, ...]
+    aborted: bool = False
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.token_pos.size)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectResult:
+    """The outcome of an `expect` op of the trace (`kpool replay --check`)."""
+
+    op: int
+    ok: bool
+    message: str
+
+
+Record = OpEvent | UbatchRecord | ExpectResult

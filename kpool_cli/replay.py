@@ -1,0 +1,417 @@
+"""The replay loop: a trace's ops through the cache model, one engine version and
+(optionally) a value backend, as a stream of records (DESIGN.md, "Data flow").
+
+Owns: `replay(trace, version, ...)`, a generator that is a pure function of its
+inputs (so a process pool, or a cluster, can run one trace under one engine
+anywhere), and `Replayer`, the state it walks: the cache, the staleness of
+ENGINE.md §4 and the layout.
+
+Per decode: validate -> (pending stream copies) -> split -> find_slot for every
+ubatch -> per ubatch: write cells -> layout update -> marking -> scatter plan ->
+backend -> verdicts -> record. A refusal yields an event and changes nothing; an
+engine abort (KP005) yields its record or event and ends the replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .cache.batch import Ubatch, split_equal, validate
+from .cache.kv import KvCache
+from .engine.layout import POS_CLEAN, Layout
+from .engine.marking import EngineAbort, MarkingCost, mark, n_new_graph
+from .engine.scatter import ScatterPlan, build_plan
+from .engine.versions import EngineVersion
+from .records import ABORTED, APPLIED, REJECTED, ExpectResult, OpEvent, PoolInfo, UbatchRecord
+from .trace import model as m
+from .trace.load import Problem, TraceError
+from .verdict import static
+from .verdict.codes import Finding
+
+
+class Backend(Protocol):
+    """What the replay tells a value backend (kpool_cli.backend). Rows are global."""
+
+    def write_rows(self, rows: np.ndarray, key_ids: np.ndarray) -> None: ...
+    def zero_rows(self, rows: np.ndarray) -> None: ...
+    def copy_stream(self, src: int, dst: int) -> None: ...
+    def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
+    def restore(self, slot: str, rows: np.ndarray) -> None: ...
+    def clear(self) -> None: ...
+    def run_ubatch(self, layout: Layout, plan: ScatterPlan, token_rows: np.ndarray,
+                   token_seqs: tuple[tuple[int, ...], ...], token_pos: np.ndarray
+                   ) -> list[Finding]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpOutcome:
+    """What `expect` checks about the op before it."""
+
+    op: int
+    status: str
+    codes: frozenset[str]
+    ubatches: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]  # n_new, n_new_g, pools
+
+
+def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
+           pools_all: bool = False) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
+    """Replay `trace` under `version`. Raises TraceError for a trace that turns out
+    invalid only at replay time (a recorded cell that is not empty)."""
+    yield from Replayer(trace, version, backend, pools_all=pools_all).run()
+
+
+class Replayer:
+    def __init__(self, trace: m.Trace, version: EngineVersion, backend: Backend | None = None,
+                 *, pools_all: bool = False) -> None:
+        cfg = trace.cache
+        self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
+        self.cfg = cfg
+        self.cache = KvCache(cfg)
+        self.layout = Layout(cfg.n_seq_max, cfg.kpool, cfg.by_order, cfg.kv_size)
+        self.stale = [POS_CLEAN] * cfg.n_seq_max  # ENGINE.md §4
+        self.n_ubatch_done = 0
+        self.aborted = False
+        self._conflicts = static.AppearanceFilter()
+        self._drift = static.AppearanceFilter()
+        self._last: OpOutcome | None = None
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
+        for i, op in enumerate(self.trace.ops):
+            if isinstance(op, m.Expect):
+                res = self._expect(i, op)
+                if res is not None:
+                    yield res
+                continue
+            if self.aborted:
+                if isinstance(op, m.Note):
+                    continue
+                return
+            if isinstance(op, m.Note):
+                yield OpEvent(i, "note", APPLIED, {}, op.text)
+                continue
+            status, codes, ubs = APPLIED, set(), []
+            for r in self._decode(i, op) if isinstance(op, m.Decode) else (self._edit(i, op),):
+                yield r
+                codes.update(f.code for f in r.findings)
+                if isinstance(r, OpEvent):
+                    status = r.status
+                else:
+                    ubs.append((r.n_new, r.n_new_g,
+                                tuple((p.seq, p.k) for p in r.pools if p.new)))
+                    if r.aborted:
+                        status = ABORTED
+            self._last = OpOutcome(i, status, frozenset(codes), tuple(ubs))
+
+    # -- ENGINE.md §4: staleness --------------------------------------------------------
+
+    def _stale_set(self, s: int, p: int, changed: dict[int, int]) -> None:
+        p = max(p, 0)
+        for t in (range(self.cfg.n_seq_max) if s < 0 else (s,)):
+            self.stale[t] = min(self.stale[t], p)
+            changed[t] = self.stale[t]
+
+    def _stale_pos(self, s: int, p0: int) -> int:
+        """Taken before the edit: 0 when the edit reaches pos_min (or s < 0), else p0."""
+        return 0 if s < 0 or p0 <= self.cache.seq_pos_min(s) else p0
+
+    def _restale_if_shared(self, changed: dict[int, int]) -> None:
+        """cache-safe: seq_rm / state_read / state_drop re-derive sharing everywhere."""
+        if self.version.restale_all_when_shared and not self.layout.cache_safe:
+            self._stale_set(-1, 0, changed)
+
+    # -- edits ---------------------------------------------------------------------------
+
+    def _edit(self, i: int, op) -> OpEvent:
+        changed: dict[int, int] = {}
+        try:
+            message = self._apply_edit(op, changed)
+        except EngineAbort as e:
+            self.aborted = True
+            return OpEvent(i, op.kind, ABORTED, dict(changed), str(e),
+                           (Finding("KP005", str(e)),))
+        status = APPLIED
+        if message is not None:
+            status, message = REJECTED, message
+        return OpEvent(i, op.kind, status, dict(sorted(changed.items())), message or "")
+
+    def _apply_edit(self, op, changed: dict[int, int]) -> str | None:
+        cache, v, be = self.cache, self.version, self.backend
+        if isinstance(op, m.SeqRm):
+            stale = self._stale_pos(op.seq, op.p0)
+            cache.seq_rm(op.seq, op.p0, op.p1)
+            self._stale_set(op.seq, stale, changed)
+            self._restale_if_shared(changed)
+        elif isinstance(op, m.SeqCp):
+            if v.seq_cp_whole_only and not op.is_whole:
+                raise EngineAbort('GGML_ASSERT(p0 <= 0 && p1 < 0 && "partial seq_cp is not '
+                                  'supported")')
+            if cache.stream_of(op.src) != cache.stream_of(op.dst) and not self._is_full(op):
+                raise EngineAbort('GGML_ASSERT(is_full && "seq_cp() is only supported for full '
+                                  'KV buffers")')
+            cache.seq_cp(op.src, op.dst, op.p0, op.p1)
+            if v.seq_cp_stales_src:
+                self._stale_set(op.src, 0, changed)
+            self._stale_set(op.dst, 0, changed)
+        elif isinstance(op, m.SeqKeep):
+            cache.seq_keep(op.seq)
+            self._stale_set(-1, 0, changed)
+        elif isinstance(op, m.SeqAdd):
+            self._refuse_mrope("seq_add")
+            stale = self._stale_pos(op.seq, op.p0 + op.shift if op.shift < 0 else op.p0)
+            cache.seq_add(op.seq, op.p0, op.p1, op.shift)
+            self._stale_set(op.seq, stale, changed)
+        elif isinstance(op, m.SeqDiv):
+            self._refuse_mrope("seq_div")
+            cache.seq_div(op.seq, op.p0, op.p1, op.d)
+            self._stale_set(op.seq, 0, changed)
+        elif isinstance(op, m.Clear):
+            self._clear(changed)
+        elif isinstance(op, m.StateWrite):
+            cache.state_write(op.seq, op.slot)
+            if be:
+                be.snapshot(op.slot, cache.snapshots[op.slot].rows)
+        elif isinstance(op, m.StateRead):
+            ok, rows = cache.state_read(op.seq, op.slot)
+            if not ok:
+                # the hybrid memory catches the failed restore and drops the sequence
+                self._state_drop(op.seq, changed)
+                return (f"no room to restore slot {op.slot!r} into seq {op.seq}: "
+                        "the sequence was dropped")
+            if be and rows.size:
+                be.restore(op.slot, rows)
+            self._stale_set(op.seq, 0, changed)
+            self._restale_if_shared(changed)
+        elif isinstance(op, m.StateDrop):
+            self._state_drop(op.seq, changed)
+        else:  # pragma: no cover - the loader admits no other op
+            raise AssertionError(f"unhandled op {op!r}")
+        return None
+
+    def _is_full(self, op: m.SeqCp) -> bool:
+        """llama_kv_cache::seq_cp's cross-stream test, looser than PR #29994's assert:
+        a bound counts as partial only when it lies strictly inside (0, kv_size - 1)."""
+        size = self.cfg.kv_size
+        return not ((0 < op.p0 and op.p0 + 1 < size) or (0 < op.p1 and op.p1 + 1 < size))
+
+    def _refuse_mrope(self, what: str) -> None:
+        if self.cfg.by_order:
+            raise EngineAbort(f'GGML_ASSERT(n_pos_per_embd() == 1 && "{what}() is only '
+                              'supported for n_pos_per_embd() == 1") (M-RoPE)')
+
+    def _clear(self, changed: dict[int, int]) -> None:
+        self.cache.clear()
+        if self.backend:
+            self.backend.clear()
+        self._stale_set(-1, 0, changed)
+
+    def _state_drop(self, s: int, changed: dict[int, int]) -> None:
+        if s < 0:
+            self._clear(changed)
+            return
+        rows = self.cache.state_drop(s)
+        if self.backend and rows.size:
+            self.backend.zero_rows(rows)
+        self._stale_set(s, 0, changed)
+        self._restale_if_shared(changed)
+
+    # -- decode ----------------------------------------------------------------------------
+
+    def _reject(self, i: int, message: str) -> OpEvent:
+        return OpEvent(i, "decode", REJECTED, {}, message, (Finding("KP006", message),))
+
+    def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
+        cfg, cache = self.cfg, self.cache
+        tokens = op.tokens
+        msg = validate(tokens, cache, mrope=cfg.by_order, embd=op.is_embd)
+        if msg is not None:
+            yield self._reject(i, msg)
+            return
+        # llama_kv_cache::update runs the pending cross-stream copies once the batch is valid
+        for src, dst in cache.take_pending_copies():
+            if self.backend:
+                self.backend.copy_stream(src, dst)
+        if op.ubatches is not None:
+            if not cfg.unified and any(len(t.seq) > 1 for t in tokens):
+                yield self._reject(i, "a sequential split (non-unified cache) does not support "
+                                      "coupled sequences in the batch")
+                return
+            split = [Ubatch(ub, len({s for j in ub for s in tokens[j].seq}))
+                     for ub in op.ubatches]
+        else:
+            split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified)
+            if isinstance(split, str):
+                yield self._reject(i, split)
+                return
+        ubs = []
+        for ub in split:
+            tk = [tokens[j] for j in ub.tokens]
+            recorded = (np.array([t.cell for t in tk], dtype=np.int64)
+                        if tk[0].cell is not None else None)
+            ubs.append((np.array([t.pos for t in tk], dtype=np.int64),
+                        [t.seq for t in tk], recorded))
+        self._check_recorded_cells(op, ubs)
+        placements = cache.plan(ubs)
+        if placements is None:
+            yield self._reject(i, "find_slot found no free cell for a ubatch: the decode "
+                                  "fails and nothing is applied")
+            return
+
+        stale_batch = list(self.stale)
+        is_new_size = 0
+        for b, (ub, (pos, seqs, _), pl) in enumerate(zip(split, ubs, placements, strict=True)):
+            tk = [tokens[j] for j in ub.tokens]
+            ext = (np.array([t.ext or (0, 0) for t in tk], dtype=np.int64)
+                   if cfg.by_order else None)
+            rec = self._ubatch(i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size)
+            is_new_size = rec.n_pool_real
+            yield rec
+            if rec.aborted:
+                self.aborted = True
+                return
+            if b == 0:
+                # llama_memory_hybrid_idx_context::next: clean after the first ubatch
+                self.stale = [POS_CLEAN] * cfg.n_seq_max
+
+    def _check_recorded_cells(self, op: m.Decode, ubs) -> None:
+        """A recorded `cell` must be empty when its ubatch is placed (TRACE_FORMAT.md)."""
+        taken: set[tuple[int, int]] = set()
+        for _pos, seqs, recorded in ubs:
+            if recorded is None:
+                continue
+            for ss, c in zip(seqs, recorded.tolist(), strict=True):
+                k = self.cache.stream_of(ss[0])
+                if self.cache.streams[k].pos[c] != -1 or (k, c) in taken:
+                    raise TraceError([Problem(
+                        op.loc.file, op.loc.line, op.loc.column, "decode.cell",
+                        f"recorded cell {c} (stream {k}) is not empty when the decode runs")])
+                taken.add((k, c))
+
+    def _ubatch(self, i: int, b: int, ub: Ubatch, pos: np.ndarray, seqs, ext, pl,
+                stale_batch: list[int], is_new_size: int) -> UbatchRecord:
+        cfg, cache, layout, v = self.cfg, self.cache, self.layout, self.version
+        n_key = cache.n_key_writes
+        rows = cache.apply(pl, pos, ext, seqs)
+        if self.backend:
+            self.backend.write_rows(rows, np.arange(n_key + 1, n_key + 1 + rows.size))
+        scanned = layout.update(cache, self.stale, v.repool_all_when_shared)
+        repool_all = v.repool_all_when_shared and not layout.cache_safe
+        first = b == 0
+        findings: list[Finding] = []
+        plan = None
+        marked = np.empty(0, dtype=np.int64)
+        n_new = n_new_g = 0
+        try:
+            marking = mark(layout, pos, seqs, pl.cells, stale_batch if first else None,
+                           repool_all=repool_all, once_per_rep=v.mark_once_per_rep)
+            marked, n_new = marking.marked, marking.n_new
+            n_new_g = n_new_graph(n_new, pos.size, ub.n_seqs_unq, layout.n_pool_real,
+                                  cfg.kv_size, cfg.kpool, cfg.n_seq_max, repool_all)
+            plan = build_plan(layout, marked, n_new_g, pos, seqs, pl.cells, cfg.n_rows,
+                              v.padding == "row-zero")
+        except EngineAbort as e:
+            findings.append(Finding("KP005", str(e), seqs=(seqs[0][0],),
+                                    tokens=((int(pos[0]), seqs[0][0]),)))
+        findings.extend(self._layout_findings())
+        if plan is not None:
+            findings += static.scatter_race(layout, plan)
+            findings += static.pad_collision(layout, plan)
+            if self.backend:
+                findings += self.backend.run_ubatch(layout, plan, rows, tuple(seqs), pos)
+        index = self.n_ubatch_done
+        self.n_ubatch_done += 1
+        cost = {
+            "cells_scanned": scanned,
+            "pools_marked": n_new,
+            "rows_gathered": layout.n_pool_real,
+            "scatter_entries": n_new_g,
+            "gen_zeroed": MarkingCost.of(is_new_size if not first else 0, layout.n_pool_real,
+                                         first, v.mark_once_per_rep, cfg.n_rows).gen_zeroed,
+            "reps_sorted": plan.reps_sorted if plan is not None else 0,
+        }
+        empty = np.empty(0, dtype=np.int64)
+        return UbatchRecord(
+            index=index, op=i, batch_ubatch=b, token_pos=pos, token_seqs=tuple(seqs),
+            token_rows=rows, token_ext=ext,
+            token_visible=plan.visible if plan is not None else np.zeros(pos.size, np.int64),
+            stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
+                         if first else {}),
+            n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
+            pools=self._pool_infos(marked),
+            scatter_rep=plan.entry_rep if plan is not None else empty,
+            scatter_rows=plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool),
+            scatter_pad=plan.pad if plan is not None else empty.astype(bool),
+            scatter_pool=plan.entry_pool if plan is not None else empty,
+            cost=cost, findings=tuple(findings), aborted=plan is None,
+        )
+
+    def _layout_findings(self) -> list[Finding]:
+        """KP002 and KP007 where they appear (they persist until the layout changes)."""
+        out: list[Finding] = []
+        conflicts = static.rep_conflicts(self.layout)
+        fresh = self._conflicts.new(set(conflicts))
+        if fresh:
+            out.append(static.rep_conflict_finding({r: conflicts[r] for r in sorted(fresh)}))
+        drifts = {}
+        for s in range(self.cfg.n_seq_max):
+            f = static.layout_drift(self.layout, self.cache, s)
+            if f is not None:
+                drifts[s] = f
+        out += [drifts[s] for s in sorted(self._drift.new(set(drifts)))]
+        return out
+
+    def _pool_infos(self, marked: np.ndarray) -> tuple[PoolInfo, ...]:
+        layout = self.layout
+        ips = np.arange(layout.n_pool_real) if self.pools_all else marked
+        if ips.size == 0:
+            return ()
+        new = np.zeros(layout.n_pool_real, dtype=bool)
+        new[marked] = True
+        members = layout.members_of(ips)
+        reps = layout.pool_cells()[ips]
+        return tuple(
+            PoolInfo(s, k, f, last, tuple(mem), rep, bool(new[ip]))
+            for (s, k, f, last), mem, rep, ip in zip(
+                layout.describe(ips), members.tolist(), reps.tolist(), ips.tolist(),
+                strict=True)
+        )
+
+    # -- expect ---------------------------------------------------------------------------
+
+    def _expect(self, i: int, op: m.Expect) -> ExpectResult | None:
+        if op.engine is not None and op.engine != self.version.name:
+            return None
+        last = self._last
+        if last is None:
+            return ExpectResult(i, False, "no op ran before this expect")
+        problems = []
+        if op.status is not None and op.status != last.status:
+            problems.append(f"status is {last.status}, expected {op.status}")
+        if op.findings is not None and set(op.findings) != last.codes:
+            got = ", ".join(sorted(last.codes)) or "none"
+            problems.append(f"findings are {got}, expected {', '.join(op.findings) or 'none'}")
+        if op.n_new is not None or op.n_new_g is not None or op.pools is not None:
+            if not last.ubatches:
+                problems.append("the op ran no ubatch")
+            else:
+                try:
+                    n_new, n_new_g, pools = last.ubatches[op.ubatch]
+                except IndexError:
+                    problems.append(f"the op has no ubatch {op.ubatch}")
+                else:
+                    if op.n_new is not None and op.n_new != n_new:
+                        problems.append(f"n_new is {n_new}, expected {op.n_new}")
+                    if op.n_new_g is not None and op.n_new_g != n_new_g:
+                        problems.append(f"n_new_g is {n_new_g}, expected {op.n_new_g}")
+                    if op.pools is not None and tuple(op.pools) != pools:
+                        problems.append(f"marked pools are {list(pools)}, expected "
+                                        f"{[list(p) for p in op.pools]}")
+        where = f"op {last.op}"
+        if problems:
+            return ExpectResult(i, False, f"{where}: " + "; ".join(problems))
+        return ExpectResult(i, True, f"{where}: as expected")

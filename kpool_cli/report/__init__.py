@@ -1,0 +1,1 @@
+"""What a replay becomes for people and machines: tally, JSON report, text views."""

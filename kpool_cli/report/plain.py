@@ -1,0 +1,72 @@
+"""The plain text view of a replay: one line per ubatch with what it marked and
+scattered, its findings indented below, events in between, and a summary line.
+
+Owns: `write_plain`. Used when the output is not a terminal (pipes, files, CI
+logs): no colour, no markup, stable for grep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TextIO
+
+from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..trace.model import Trace
+from ..verdict.codes import Finding
+from .tally import Tally
+
+
+def _tokens(r: UbatchRecord) -> str:
+    by_seq: dict[tuple[int, ...], list[int]] = {}
+    for p, ss in zip(r.token_pos.tolist(), r.token_seqs, strict=True):
+        by_seq.setdefault(ss, []).append(p)
+    parts = []
+    for ss, ps in by_seq.items():
+        seq = ",".join(map(str, ss))
+        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1}"
+        parts.append(f"seq {seq} pos {span}" + (f" ({len(ps)})" if len(ps) > 1 else ""))
+    return "; ".join(parts)
+
+
+def _finding(f: Finding) -> str:
+    return f"    {f.code} {f.name} [{f.severity}]: {f.message}"
+
+
+def write_plain(out: TextIO, trace: Trace, engine: str,
+                records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
+                only_findings: bool = False) -> None:
+    cfg = trace.cache
+    out.write(f"trace {trace.path}" + (f" ({trace.name})" if trace.name else "")
+              + f" under {engine}\n")
+    out.write("  cache: " + ", ".join(f"{k} {v}" for k, v in cfg.as_dict().items()) + "\n")
+    for rec in records:
+        tally.add(rec)
+        if isinstance(rec, UbatchRecord):
+            if only_findings and not rec.findings:
+                continue
+            pools = " ".join(f"{p.seq}:{p.k}" for p in rec.pools if p.new) or "-"
+            stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale_batch.items())
+                     if rec.stale_batch else "")
+            out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {_tokens(rec)}"
+                      f"{stale}: n_new {rec.n_new}/{rec.n_new_g} of {rec.n_pool_real} "
+                      f"pools [{pools}] rows {rec.scatter_rep.tolist()}\n")
+            for f in rec.findings:
+                out.write(_finding(f) + "\n")
+        elif isinstance(rec, OpEvent):
+            if only_findings and not rec.findings:
+                continue
+            if rec.kind == "note":
+                out.write(f"  note: {rec.message}\n")
+                continue
+            stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale.items())
+                     if rec.stale else "")
+            msg = f": {rec.message}" if rec.message else ""
+            out.write(f"  op {rec.op} {rec.kind} {rec.status}{stale}{msg}\n")
+            for f in rec.findings:
+                out.write(_finding(f) + "\n")
+        else:
+            out.write(f"  expect (op {rec.op}): {'ok' if rec.ok else 'FAILED'}: {rec.message}\n")
+    s = tally.summary()
+    found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
+    out.write(f"  summary: {s['ubatches']} ubatches, {s['pools_marked']} pools marked "
+              f"({s['pools_per_token']} per token), {found}: {s['status'].upper()}\n")

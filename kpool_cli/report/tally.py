@@ -1,0 +1,77 @@
+"""The outcome of one replay: counts, status and exit code (as black's `Report`).
+
+Owns: `Tally`, fed every record of a replay; it decides `status` (pass, fail,
+aborted) under a failing severity, and the exit code of TRACE_FORMAT.md
+(0 pass, 1 findings at or above `--fail-on`, 2 is the CLI's, for bad input).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
+from ..verdict.codes import severity_rank
+
+FAIL_ON = ("error", "warning", "never")
+
+
+@dataclass
+class Tally:
+    fail_on: str = "error"
+    check: bool = False  # `--check`: a failed expectation fails the run
+    ubatches: int = 0
+    pools_marked: int = 0
+    tokens: int = 0
+    findings: Counter = field(default_factory=Counter)
+    failing: int = 0  # findings at or above fail_on
+    expect_failed: int = 0
+    expect_passed: int = 0
+    aborted: bool = False
+    cost: Counter = field(default_factory=Counter)
+
+    def add(self, rec: OpEvent | UbatchRecord | ExpectResult) -> None:
+        if isinstance(rec, ExpectResult):
+            if rec.ok:
+                self.expect_passed += 1
+            else:
+                self.expect_failed += 1
+            return
+        if isinstance(rec, UbatchRecord):
+            self.ubatches += 1
+            self.pools_marked += rec.n_new
+            self.tokens += rec.n_tokens
+            self.cost.update(rec.cost)
+            self.aborted |= rec.aborted
+        elif rec.status == ABORTED:
+            self.aborted = True
+        for f in rec.findings:
+            self.findings[f.code] += 1
+            if self.fail_on != "never" and severity_rank(f.severity) >= severity_rank(self.fail_on):
+                self.failing += 1
+
+    @property
+    def failed(self) -> bool:
+        return self.failing > 0 or (self.check and self.expect_failed > 0)
+
+    @property
+    def status(self) -> str:
+        if self.aborted:
+            return "aborted"
+        return "fail" if self.failed else "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def summary(self) -> dict:
+        return {
+            "ubatches": self.ubatches,
+            "tokens": self.tokens,
+            "findings": dict(sorted(self.findings.items())),
+            "pools_marked": self.pools_marked,
+            "pools_per_token": round(self.pools_marked / self.tokens, 4) if self.tokens else 0.0,
+            "expectations": {"passed": self.expect_passed, "failed": self.expect_failed},
+            "cost": dict(sorted(self.cost.items())),
+            "status": self.status,
+        }

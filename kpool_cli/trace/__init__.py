@@ -1,0 +1,1 @@
+"""The trace format v1: model, loader (located errors), writer and JSON Schemas."""

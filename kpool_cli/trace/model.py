@@ -1,0 +1,229 @@
+"""The trace format v1 as plain frozen data (TRACE_FORMAT.md, "Trace").
+
+Owns: `CacheConfig`, `Token` and one dataclass per op, plus `Trace`.
+
+Invariants (enforced by `trace.load`, assumed everywhere else):
+- every op carries the `Loc` of its YAML node, so any later complaint about it
+  (a recorded `cell` that is not empty at replay time) can name file, line, column;
+- ranges are already resolved: `p0 < 0` means 0 and `p1 < 0` means "to the end"
+  are kept as written (the engine, not the loader, gives them meaning, because the
+  staleness rules of ENGINE.md §4 look at the raw `p0`);
+- seq ids are in `[0, n_seq_max)` except where an op allows `-1` ("every sequence");
+- a `Decode` either lets the engine split (`ubatches is None`) or fixes the split,
+  in which case `ubatches` partitions `tokens` (indices into `tokens`, in order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Loc:
+    """Where a node of the trace starts: 1-based line and column."""
+
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+NOWHERE = Loc("<built>", 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The indexer cache's shape (ENGINE.md §2)."""
+
+    kv_size: int
+    kpool: int
+    n_seq_max: int = 1
+    unified: bool = True
+    by_order: bool = False
+    n_ubatch: int = 512
+    n_embd: int = 16
+
+    @property
+    def n_stream(self) -> int:
+        """Unified: one stream for every sequence; else stream s belongs to sequence s."""
+        return 1 if self.unified else self.n_seq_max
+
+    @property
+    def n_rows(self) -> int:
+        """Global rows: `strm * kv_size + cell`."""
+        return self.n_stream * self.kv_size
+
+    def as_dict(self) -> dict:
+        return {
+            "kv_size": self.kv_size,
+            "kpool": self.kpool,
+            "n_seq_max": self.n_seq_max,
+            "unified": self.unified,
+            "by_order": self.by_order,
+            "n_ubatch": self.n_ubatch,
+            "n_embd": self.n_embd,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of a decode: its pos, its sequence set (order kept: the first seq id
+    is the one the token reads through, ENGINE.md §7), an optional M-RoPE `ext`
+    and an optional recorded cell (stream-local)."""
+
+    pos: int
+    seq: tuple[int, ...]
+    ext: tuple[int, int] | None = None
+    cell: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Decode:
+    tokens: tuple[Token, ...]
+    ubatches: tuple[tuple[int, ...], ...] | None = None
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "decode"
+
+    @property
+    def is_embd(self) -> bool:
+        """A batch of embeddings (image tokens, ENGINE.md §3): any token carries `ext`."""
+        return any(t.ext is not None for t in self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class SeqRm:
+    seq: int
+    p0: int = -1
+    p1: int = -1
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "seq_rm"
+
+
+@dataclass(frozen=True, slots=True)
+class SeqCp:
+    src: int
+    dst: int
+    p0: int = -1
+    p1: int = -1
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "seq_cp"
+
+    @property
+    def is_whole(self) -> bool:
+        """What PR #29994 asserts: `p0 <= 0 && p1 < 0`."""
+        return self.p0 <= 0 and self.p1 < 0
+
+
+@dataclass(frozen=True, slots=True)
+class SeqKeep:
+    seq: int
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "seq_keep"
+
+
+@dataclass(frozen=True, slots=True)
+class SeqAdd:
+    seq: int
+    p0: int = -1
+    p1: int = -1
+    shift: int = 0
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "seq_add"
+
+
+@dataclass(frozen=True, slots=True)
+class SeqDiv:
+    seq: int
+    p0: int = -1
+    p1: int = -1
+    d: int = 1
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "seq_div"
+
+
+@dataclass(frozen=True, slots=True)
+class StateWrite:
+    seq: int
+    slot: str
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "state_write"
+
+
+@dataclass(frozen=True, slots=True)
+class StateRead:
+    seq: int
+    slot: str
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "state_read"
+
+
+@dataclass(frozen=True, slots=True)
+class StateDrop:
+    seq: int
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "state_drop"
+
+
+@dataclass(frozen=True, slots=True)
+class Clear:
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "clear"
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    text: str
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "note"
+
+
+OP_STATUSES = ("applied", "rejected", "aborted")
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    """Assertions on the previous op (for a decode: its ubatch `ubatch`, default the last).
+
+    `None` fields are not checked. `findings` is the exact set of codes the op raised
+    (all its ubatches, or its event). `pools` is the exact list of marked pools
+    `(seq, k)` of the chosen ubatch."""
+
+    engine: str | None = None
+    findings: tuple[str, ...] | None = None
+    n_new: int | None = None
+    n_new_g: int | None = None
+    pools: tuple[tuple[int, int], ...] | None = None
+    status: str | None = None
+    ubatch: int = -1
+    loc: Loc = field(default=NOWHERE, compare=False)
+    kind = "expect"
+
+
+Op = (
+    Decode | SeqRm | SeqCp | SeqKeep | SeqAdd | SeqDiv | StateWrite | StateRead | StateDrop
+    | Clear | Note | Expect
+)
+
+OP_TYPES: dict[str, type] = {
+    t.kind: t
+    for t in (
+        Decode, SeqRm, SeqCp, SeqKeep, SeqAdd, SeqDiv, StateWrite, StateRead, StateDrop,
+        Clear, Note, Expect,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    cache: CacheConfig
+    ops: tuple[Op, ...]
+    name: str = ""
+    description: str = ""
+    engine: str | None = None
+    seed: int = 0
+    path: str = "<built>"
+    sha256: str = ""

@@ -1,0 +1,1 @@
+"""Finding codes and the detectors that raise them."""

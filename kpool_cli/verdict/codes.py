@@ -1,0 +1,66 @@
+"""Finding codes (ENGINE.md §8) and the `Finding` record.
+
+Owns: the registry of codes. Codes are a public contract: never renumber one,
+never reuse a retired one. Severity decides the exit status (`--fail-on`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SEVERITIES = ("warning", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class Code:
+    code: str
+    name: str
+    severity: str
+    summary: str
+
+
+CODES: dict[str, Code] = {
+    c.code: c
+    for c in (
+        Code("KP001", "scatter-race", "error",
+             "two or more scatter entries of one ubatch write one row"),
+        Code("KP002", "rep-conflict", "error",
+             "one rep row is the rep of pools whose members differ"),
+        Code("KP003", "stale-read", "error",
+             "a token sees a pool whose row differs from the pooling of its current members"),
+        Code("KP004", "pad-collision", "error",
+             "a padding entry writes a row that some real pool reads"),
+        Code("KP005", "engine-abort", "error",
+             "the engine would abort here (GGML_ASSERT); the replay stops"),
+        Code("KP006", "decode-rejected", "warning",
+             "llama_decode would refuse the batch; nothing applied"),
+        Code("KP007", "layout-drift", "error",
+             "a sequence's incremental layout no longer matches a rebuild from its cells"),
+    )
+}
+
+
+def severity_rank(severity: str) -> int:
+    return SEVERITIES.index(severity)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One finding. `rows` are global rows, `pools` are (seq, k) pairs, `tokens` are
+    (pos, seq) of the tokens involved. `evidence` holds code-specific plain data."""
+
+    code: str
+    message: str
+    rows: tuple[int, ...] = ()
+    seqs: tuple[int, ...] = ()
+    tokens: tuple[tuple[int, int], ...] = ()
+    pools: tuple[tuple[int, int], ...] = ()
+    evidence: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def name(self) -> str:
+        return CODES[self.code].name
+
+    @property
+    def severity(self) -> str:
+        return CODES[self.code].severity
