@@ -127,6 +127,10 @@ class Layout:
         self.seqs = [SeqLayout() for _ in range(n_seq_max)]
         self.n_pool_real = 0
         self.cache_safe = True
+        # what the last update changed, per sequence: rebuilt from scratch, and the
+        # first pool index it added (== len(pools) when it added none)
+        self.rebuilt = [False] * n_seq_max
+        self.new_from = [0] * n_seq_max
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> int:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
@@ -139,6 +143,7 @@ class Layout:
         for s, sq in enumerate(self.seqs):
             sp = cache.seq_keys(s)
             sq.strm = cache.stream_of(s)
+            self.rebuilt[s] = False
             n_kept = 0
             clean = stale[s] == POS_CLEAN
             # step 1: the append path
@@ -157,6 +162,8 @@ class Layout:
                 sq.shared = False
                 n_kept = 0
                 scanned += sp.size
+                self.rebuilt[s] = True
+            self.new_from[s] = len(sq.pools)
             # step 3 (versions that track sharing, unified only)
             if track_sharing and unified and not sq.shared and len(sq.keys) > n_kept:
                 cells = sq.cells[n_kept:]

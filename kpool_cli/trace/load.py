@@ -556,7 +556,7 @@ class _Walker:
             self.problem(node, field, f"expected a mapping, got {_what(node)}")
             return None
         out: dict[str, Node] = {}
-        key_line: dict[str, int] = {}
+        key_at: dict[str, str] = {}
         for k, v in node.value:
             if not self.visit(k, field):
                 continue
@@ -569,11 +569,11 @@ class _Walker:
             elif name in out:
                 self.problem(
                     k, _join(field, name),
-                    f"duplicate key {name!r} (first on line {key_line[name]})",
+                    f"duplicate key {name!r} (first at {key_at[name]})",
                 )
             else:
                 out[name] = v
-                key_line[name] = k.start_mark.line + 1
+                key_at[name] = f"line {k.start_mark.line + 1}, column {k.start_mark.column + 1}"
         for name in required:
             if name not in out:
                 self.problem(node, _join(field, name), "required key missing")
@@ -596,12 +596,15 @@ class _Walker:
     # -- the trace
 
     def trace(self, root: Node, sha256: str) -> Trace | None:
+        if isinstance(root, MappingNode):  # the version first: a v2 trace gets one problem
+            for k, v in root.value:
+                if isinstance(k, ScalarNode) and k.tag == STR and k.value == "kpool_trace":
+                    self.version(v)
+                    break
         top = self.map_(root, "", TOP_KEYS, ("kpool_trace", "cache", "ops"))
         if top is None:
             return None
         before = len(self.problems)
-        if "kpool_trace" in top:
-            self.version(top["kpool_trace"])
         cache = self.cache(top["cache"]) if "cache" in top else None
         name = self.str_(top["name"], "name") if "name" in top else ""
         description = self.str_(top["description"], "description") if "description" in top else ""

@@ -17,6 +17,7 @@ produced. The canonical form:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import yaml
@@ -56,9 +57,23 @@ def dump_trace(trace: Trace) -> str:
         doc["engine"] = trace.engine
     doc["seed"] = trace.seed
     doc["ops"] = [{op.kind: _args(op)} for op in trace.ops]
+    # PyYAML writes a raw U+0085 (NEL) in a single-quoted scalar and reads it back as a
+    # line fold: escape every non-ASCII character instead when a string holds one.
+    allow_unicode = not any("\x85" in s for s in _strings(doc))
     return yaml.safe_dump(
-        doc, sort_keys=False, default_flow_style=None, allow_unicode=True, width=100
+        doc, sort_keys=False, default_flow_style=None, allow_unicode=allow_unicode, width=100
     )
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
 
 
 def _seq(seq: tuple[int, ...]) -> int | list[int]:

@@ -1,0 +1,74 @@
+"""Helpers shared by the engine tests.
+
+- `trace(yaml_text)`: a `Trace` from a (dedented) YAML string.
+- `run(trace_or_text, engine)`: every record of a replay, as a list.
+- `drive(trace_or_text, engine)`: the replay step by step: yields `(record, replayer)`
+  so a test can read `replayer.cache`, `replayer.layout` and `replayer.stale` right
+  after each record. Every step runs `replayer.cache.check_invariants()` first.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
+from kpool_cli.replay import Replayer
+from kpool_cli.trace.load import load_trace_text
+from kpool_cli.trace.model import Trace
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+ENGINES = ("rep-once", "cache-safe")
+
+
+def trace(yaml_text: str) -> Trace:
+    return load_trace_text(textwrap.dedent(yaml_text))
+
+
+def _as_trace(t: Trace | str) -> Trace:
+    return trace(t) if isinstance(t, str) else t
+
+
+def drive(t: Trace | str, engine: str = "rep-once"
+          ) -> Iterator[tuple[OpEvent | UbatchRecord | ExpectResult, Replayer]]:
+    """The replay ubatch by ubatch (and event by event), with the replayer's state.
+    The cache's invariants are checked after every record."""
+    rp = Replayer(_as_trace(t), VERSIONS[engine])
+    rp.cache.check_invariants()
+    for rec in rp.run():
+        rp.cache.check_invariants()
+        yield rec, rp
+
+
+def run(t: Trace | str, engine: str = "rep-once") -> list:
+    return [rec for rec, _ in drive(t, engine)]
+
+
+def ubatches(records: list) -> list[UbatchRecord]:
+    return [r for r in records if isinstance(r, UbatchRecord)]
+
+
+def events(records: list) -> list[OpEvent]:
+    return [r for r in records if isinstance(r, OpEvent)]
+
+
+def codes(records) -> set[str]:
+    if isinstance(records, UbatchRecord | OpEvent):
+        records = [records]
+    return {f.code for r in records if not isinstance(r, ExpectResult) for f in r.findings}
+
+
+def expects_ok(records: list) -> None:
+    bad = [r.message for r in records if isinstance(r, ExpectResult) and not r.ok]
+    assert not bad, bad
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    return request.param
