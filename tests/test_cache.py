@@ -1,0 +1,236 @@
+"""The cache model's unit rules (ENGINE.md §2-3), and the places where kpool follows
+the real llama.cpp code over ENGINE.md (docs/ENGINE-NOTES.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kpool_cli.cache.batch import split_equal, validate
+from kpool_cli.cache.kv import KvCache
+from kpool_cli.trace.model import CacheConfig, Token
+
+
+def cache(kv_size=16, n_seq_max=2, unified=True) -> KvCache:
+    return KvCache(CacheConfig(kv_size=kv_size, kpool=4, n_seq_max=n_seq_max, unified=unified))
+
+
+def decode(c: KvCache, seq: int, positions, ) -> np.ndarray:
+    pos = np.array(list(positions), dtype=np.int64)
+    seqs = [(seq,)] * pos.size
+    (pl,) = c.plan([(pos, seqs, None)])
+    rows = c.apply(pl, pos, None, seqs)
+    c.check_invariants()
+    return rows
+
+
+def test_s3_find_slot_takes_empty_cells_from_head_and_moves_head_past_the_last():
+    """ENGINE.md §3: scan from head, every empty cell; head = last cell used + 1."""
+    c = cache()
+    assert decode(c, 0, range(4)).tolist() == [0, 1, 2, 3]
+    assert c.streams[0].head == 4
+    c.seq_rm(0, 1, 3)  # frees cells 1, 2: head = min(head, 1)
+    assert c.streams[0].head == 1
+    # head (1) is not > used (2) + 2 * 2, so the scan starts at 1
+    assert decode(c, 1, range(2)).tolist() == [1, 2]
+    assert c.streams[0].head == 3
+
+
+def test_s3_find_slot_restarts_at_zero_when_head_is_far_past_used():
+    """ENGINE.md §3: head > used + 2 * n_tokens: start at 0."""
+    c = cache(kv_size=32)
+    decode(c, 0, range(12))
+    c.seq_rm(0, 0, 10)  # cells 0..9 free, head -> 0
+    st = c.streams[0]
+    st.head = 12  # as if the frees had happened elsewhere
+    # used = 2, n = 1: 12 > 2 + 2 -> restart at 0
+    assert decode(c, 0, [12]).tolist() == [0]
+
+
+def test_s3_find_slot_wraps_and_head_follows_placement_order():
+    """ENGINE.md §3 + docs/ENGINE-NOTES.md: after a wrap, head = the last token's cell
+    in placement order + 1, not the highest cell + 1."""
+    c = cache(kv_size=8, n_seq_max=2)
+    decode(c, 0, range(8))
+    c.seq_rm(0, 0, 2)  # cells 0, 1 free
+    st = c.streams[0]
+    st.head = 7
+    st.seq_rm(0, 6, 7)  # free cell 6 without moving head
+    # head 7 is not > used (5) + 2 * 3: the scan starts at 7, wraps to 0, 1 ... 6
+    rows = decode(c, 1, range(3))
+    assert rows.tolist() == [0, 1, 6]
+    assert st.head == 7
+    st.seq_rm(0, 7, 8)
+    st.seq_rm(1, 0, 3)
+    st.head = 6
+    # from 6: cells 6, 7, then wrap to 0
+    assert decode(c, 1, range(3)).tolist() == [6, 7, 0]
+    assert st.head == 1
+
+
+def test_s3_no_room_places_nothing():
+    """ENGINE.md §3: not enough empty cells: the whole decode fails."""
+    c = cache(kv_size=8)
+    decode(c, 0, range(6))
+    before = c.streams[0].pos.copy()
+    pos = np.arange(6, 9)
+    assert c.plan([(pos, [(0,)] * 3, None)]) is None
+    assert np.array_equal(c.streams[0].pos, before)
+
+
+def test_failed_prepare_head_quirk():
+    """docs/ENGINE-NOTES.md: llama_kv_cache::prepare restores `head = v_heads_old[s]`
+    with s the index in the ubatch's stream list: in a non-unified cache a failed
+    decode leaves stream 1 with stream 0's old head."""
+    c = cache(kv_size=8, n_seq_max=2, unified=False)
+    decode(c, 0, range(3))  # stream 0 head 3
+    decode(c, 1, range(6))  # stream 1 head 6
+    ub1 = (np.arange(6, 8), [(1,), (1,)], None)  # fits stream 1 (cells 6, 7)
+    ub2 = (np.arange(8, 11), [(1,)] * 3, None)  # no room left in stream 1
+    assert c.plan([ub1, ub2]) is None
+    # ubatch 1 touched only stream 1, at index 0 of its stream list: head <- stream 0's
+    assert c.streams[1].head == 3
+    assert c.streams[0].head == 3
+
+
+def test_s2_seq_add_head_rules():
+    """ENGINE.md §3 + docs/ENGINE-NOTES.md: seq_add sets head to the first freed cell,
+    else 0; a zero shift or an empty range leaves head alone."""
+    c = cache(kv_size=16)
+    decode(c, 0, range(6))
+    st = c.streams[0]
+    c.seq_add(0, 0, -1, 0)
+    assert st.head == 6
+    c.seq_add(0, 3, 3, 5)
+    assert st.head == 6
+    c.seq_add(0, 2, -1, 1)  # frees nothing
+    assert st.head == 0
+    st.head = 6
+    c.seq_add(0, 0, 2, -1)  # pos 0 -> -1: cell 0 empties
+    assert st.head == 0 and st.pos[0] == -1 and st.pos[1] == 0
+    c.check_invariants()
+
+
+def test_s2_seq_add_moves_a_shared_cell_for_every_sequence():
+    """ENGINE.md §2: pos belongs to the cell."""
+    c = cache()
+    decode(c, 0, range(4))
+    c.seq_cp(0, 1, -1, -1)
+    c.seq_add(0, 2, -1, 10)
+    assert c.seq_pos_max(1) == 13
+    c.check_invariants()
+
+
+def test_s2_seq_div_never_moves_head():
+    c = cache()
+    decode(c, 0, range(8))
+    st = c.streams[0]
+    st.head = 5
+    c.seq_div(0, 0, -1, 2)
+    assert st.head == 5
+    assert sorted(st.pos[:8].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    c.check_invariants()
+
+
+def test_s2_seq_keep_and_seq_rm_free_cells_and_lower_head():
+    c = cache()
+    decode(c, 0, range(4))
+    decode(c, 1, range(4))
+    c.seq_cp(0, 1, 0, 2)  # cells 0, 1 shared
+    c.seq_keep(1)
+    st = c.streams[0]
+    assert st.pos[2] == -1 and st.pos[3] == -1 and st.pos[0] == 0
+    assert st.seqs_at(0) == [1]
+    assert st.head == 2
+    c.check_invariants()
+
+
+def test_s2_unified_seq_cp_keeps_the_destinations_own_cells():
+    c = cache()
+    decode(c, 1, range(2))
+    decode(c, 0, range(4))
+    c.seq_cp(0, 1, 2, 4)
+    keys = c.seq_keys(1)
+    assert (keys >> 32).tolist() == [0, 1, 2, 3]
+    c.check_invariants()
+
+
+def test_s2_cross_stream_copy_ignores_the_range_and_copies_the_head():
+    c = cache(unified=False)
+    decode(c, 0, range(5))
+    c.seq_cp(0, 1, -1, -1)
+    assert (c.seq_keys(1) & 0xFFFFFFFF).tolist() == [0, 1, 2, 3, 4]
+    assert c.streams[1].head == c.streams[0].head == 5
+    assert c.take_pending_copies() == [(0, 1)]
+    c.check_invariants()
+
+
+def toks(*specs) -> tuple[Token, ...]:
+    return tuple(Token(pos=p, seq=tuple(s)) for p, s in specs)
+
+
+def test_s3_validation_y_equals_x_plus_one():
+    c = cache()
+    decode(c, 0, range(4))
+    assert validate(toks((4, [0])), c, mrope=False, embd=False) is None
+    assert "Y = X + 1" in validate(toks((5, [0])), c, mrope=False, embd=False)
+    # an empty sequence may start anywhere
+    assert validate(toks((7, [1])), c, mrope=False, embd=False) is None
+
+
+def test_continuity_counts_distinct_positions():
+    """docs/ENGINE-NOTES.md: [5, 5, 6] is continuous for llama.cpp (a std::set)."""
+    c = cache()
+    decode(c, 0, range(5))
+    assert validate(toks((5, [0]), (5, [0]), (6, [0])), c, mrope=False, embd=False) is None
+    assert "not continuous" in validate(toks((5, [0]), (7, [0])), c, mrope=False, embd=False)
+
+
+def test_s3_decreasing_positions_are_accepted_as_the_code_does():
+    c = cache()
+    decode(c, 0, range(8))
+    assert validate(toks((9, [0]), (8, [0])), c, mrope=False, embd=False) is None
+
+
+def test_s3_coupled_sequences_must_not_have_diverged():
+    c = cache()
+    decode(c, 0, range(4))
+    assert "diverged" in validate(toks((4, [0, 1])), c, mrope=False, embd=False)
+    c.seq_cp(0, 1, -1, -1)
+    assert validate(toks((4, [0, 1])), c, mrope=False, embd=False) is None
+
+
+@pytest.mark.parametrize(("embd", "start", "ok"), [
+    (False, 3, False), (False, 4, True), (True, 3, True), (True, 2, False)])
+def test_s3_mrope_checks_only_x_below_y(embd, start, ok):
+    """ENGINE.md §3: M-RoPE text needs X < Y, image embeddings X <= Y; no continuity."""
+    c = cache()
+    decode(c, 0, range(4))  # X = 3
+    got = validate(toks((start, [0]), (start + 5, [0])), c, mrope=True, embd=embd)
+    assert (got is None) == ok
+
+
+def test_s3_split_equal_100_plus_1():
+    """ENGINE.md §3: 100 tokens of seq 0 and 1 of seq 1: a 2-token ubatch, then 99."""
+    tokens = toks(*[(p, [0]) for p in range(100)], (0, [1]))
+    ubs = split_equal(tokens, 512, sequential=False)
+    assert [len(u.tokens) for u in ubs] == [2, 99]
+    assert ubs[0].tokens == (0, 100)
+    assert ubs[0].n_seqs_unq == 2
+
+
+def test_split_equal_first_round_is_unconditional():
+    """docs/ENGINE-NOTES.md: with more than n_ubatch sets the first round still runs."""
+    tokens = toks(*[(0, [s]) for s in range(4)])
+    ubs = split_equal(tokens, 2, sequential=False)
+    assert [len(u.tokens) for u in ubs] == [3, 1]
+
+
+def test_s3_sequential_split_refuses_coupled_sequences():
+    assert isinstance(split_equal(toks((0, [0, 1])), 8, sequential=True), str)
+
+
+def test_s3_sequential_split_takes_consecutive_seq_ids():
+    tokens = toks((0, [0]), (0, [2]), (0, [1]))
+    ubs = split_equal(tokens, 8, sequential=True)
+    assert [u.tokens for u in ubs] == [(0, 2), (1,)]
