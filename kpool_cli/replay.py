@@ -197,7 +197,7 @@ class Replayer:
         """llama_kv_cache::seq_cp's cross-stream test, looser than PR #29994's assert:
         a bound counts as partial only when it lies strictly inside (0, kv_size - 1)."""
         size = self.cfg.kv_size
-        return not ((0 < op.p0 and op.p0 + 1 < size) or (0 < op.p1 and op.p1 + 1 < size))
+        return not ((op.p0 > 0 and op.p0 + 1 < size) or (op.p1 > 0 and op.p1 + 1 < size))
 
     def _refuse_mrope(self, what: str) -> None:
         if self.cfg.by_order:
