@@ -470,6 +470,13 @@ def test_recursive_alias_and_deep_nesting() -> None:
     at(p, 1, 33, "<yaml>", "nested deeper than 32 levels")
 
 
+def test_a_huge_range_is_refused_unbuilt() -> None:
+    t0 = time.perf_counter()
+    p = only(BASE + "  - decode: {seq: 0, pos: 0..2000000000}\n")
+    assert time.perf_counter() - t0 < 1.0
+    at(p, 4, 27, "ops[0].decode.pos", "more than 4,194,304 tokens")
+
+
 def test_multiple_documents() -> None:
     p = only(BASE + "---\n" + BASE)
     at(p, 4, 1, "<document>", "second YAML document")
@@ -673,6 +680,14 @@ def test_dump_round_trips(t: Trace) -> None:
     assert dataclasses.replace(back, path=t.path, sha256=t.sha256) == t
     # and the canonical text validates against the published schema
     jsonschema.Draft202012Validator(trace_schema()).validate(yaml.safe_load(text))
+
+
+def test_dump_keeps_a_nel_character() -> None:
+    """PyYAML reads a raw U+0085 in a single-quoted scalar back as a line fold."""
+    t = Trace(CacheConfig(4, 2), (Clear(), Note("a\x85b")), name="caf\u00e9\x85")
+    back = load_trace_text(dump_trace(t))
+    assert back.ops == t.ops and back.name == t.name
+    assert "café" in dump_trace(dataclasses.replace(t, name="café", ops=()))
 
 
 # --- schemas ------------------------------------------------------------------------

@@ -81,15 +81,20 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
     by_set: dict[frozenset[int], list[int]] = {}
     for i, ss in enumerate(sets):
         by_set.setdefault(ss, []).append(i)
-    used = [False] * len(tokens)
     cursor = {ss: 0 for ss in by_set}
     out: list[Ubatch] = []
     n_used = 0
     while n_used < len(tokens):
         cur: list[frozenset[int]] = []
         last_first = -1
-        for i, ss in enumerate(sets):
-            if used[i] or any(ss & c for c in cur):
+        # Walking the unused tokens in batch order decides each distinct set at its first
+        # unused token: a set refused for overlapping a collected one overlaps it at every
+        # later token too (the collection only grows), and an identical set overlaps itself.
+        # So walk the sets by their first unused token instead of every token.
+        pending = sorted((by_set[ss][cursor[ss]], ss) for ss in by_set
+                         if cursor[ss] < len(by_set[ss]))
+        for i, ss in pending:
+            if any(ss & c for c in cur):
                 continue
             if sequential and cur and tokens[i].seq[0] != last_first + 1:
                 continue
@@ -105,7 +110,6 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
                 idx = by_set[ss][cursor[ss]]
                 cursor[ss] += 1
                 per_set[k].append(idx)
-                used[idx] = True
                 n_used += 1
             if (len(per_set[0]) + 1) * len(cur) > n_ubatch:
                 break

@@ -66,6 +66,7 @@ class SeqLayout:
     keys: GrowArray = field(default_factory=GrowArray)  # [n_cells] | j | pos << 32 | cell
     pools: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | start index j
     rep_rows: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | global rep row
+    rep_pos_: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | rep's pos
     j_next: int = 0
     shared: bool = False
 
@@ -82,8 +83,9 @@ class SeqLayout:
         return self.keys.view[self.pools.view] >> CELL_BITS
 
     def rep_pos(self, kpool: int) -> np.ndarray:
-        """[n_pools] the rep's (last member's) pos of each pool."""
-        return self.keys.view[self.pools.view + kpool - 1] >> CELL_BITS
+        """[n_pools] the rep's (last member's) pos of each pool (kept with the pools:
+        the pairs never change under a pool until the sequence is rebuilt)."""
+        return self.rep_pos_.view
 
     def members(self, ks: np.ndarray, kpool: int, kv_size: int) -> np.ndarray:
         """[len(ks), kpool] global rows of the members of pools ks."""
@@ -157,6 +159,7 @@ class Layout:
                 sq.keys.assign(sp)
                 sq.pools.assign(np.empty(0, dtype=np.int64))
                 sq.rep_rows.assign(np.empty(0, dtype=np.int64))
+                sq.rep_pos_.assign(np.empty(0, dtype=np.int64))
                 sq.j_next = 0
                 sq.pos_min = int(sp[0] >> CELL_BITS) if sp.size else 0
                 sq.shared = False
@@ -175,8 +178,9 @@ class Layout:
             starts, sq.j_next = scan_pools(sq.pos, sq.j_next, sq.pos_min, kpool, self.by_order)
             if starts.size:
                 sq.pools.extend(starts)
-                reps = sq.keys.view[starts + kpool - 1] & CELL_MASK
-                sq.rep_rows.extend(sq.strm * self.kv_size + reps)
+                reps = sq.keys.view[starts + kpool - 1]
+                sq.rep_rows.extend(sq.strm * self.kv_size + (reps & CELL_MASK))
+                sq.rep_pos_.extend(reps >> CELL_BITS)
             self.n_pool_real += len(sq.pools)
             self.cache_safe = self.cache_safe and not sq.shared
         return scanned

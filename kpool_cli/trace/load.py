@@ -96,7 +96,7 @@ __all__ = [
 MAX_BYTES = 64 * 1024 * 1024  # a larger document is refused unread
 MAX_NODE_VISITS = 1_000_000  # nodes, aliases expanded ("billion laughs" guard)
 MAX_PROBLEMS = 20  # problems collected before giving up
-MAX_TOKENS = 2**24  # tokens in a whole trace (enough to fill the largest stream)
+MAX_TOKENS = 2**22  # tokens in a whole trace (each one is a Token object: ~1 us, ~100 B)
 MAX_DEPTH = 32  # YAML nesting levels (a valid trace needs 9)
 
 KV_SIZE_MAX = 2**24

@@ -56,10 +56,10 @@ def pad_collision(layout: Layout, plan: ScatterPlan) -> list[Finding]:
     pad_rows = plan.entry_rep[plan.pad]
     if pad_rows.size == 0 or plan.pool_cells.size == 0:
         return []
-    hit = np.unique(pad_rows[np.isin(pad_rows, plan.pool_cells)])
-    if hit.size == 0:
+    readers = np.flatnonzero(np.isin(plan.pool_cells, pad_rows))  # few pad rows: a scan
+    if readers.size == 0:
         return []
-    readers = np.flatnonzero(np.isin(plan.pool_cells, hit))
+    hit = np.unique(plan.pool_cells[readers])
     seq, k = layout.locate(readers)
     return [Finding(
         "KP004",
