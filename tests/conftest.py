@@ -5,6 +5,9 @@
 - `drive(trace_or_text, engine)`: the replay step by step: yields `(record, replayer)`
   so a test can read `replayer.cache`, `replayer.layout` and `replayer.stale` right
   after each record. Every step runs `replayer.cache.check_invariants()` first.
+  Note: the replayer resets `stale` to CLEAN only when it resumes after a batch's
+  ubatch 0, so at a ubatch-0 record `replayer.stale` is still the batch's snapshot.
+- the `checked_drive` fixture hands out `drive` (same invariant check).
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ def codes(records) -> set[str]:
 def expects_ok(records: list) -> None:
     bad = [r.message for r in records if isinstance(r, ExpectResult) and not r.ok]
     assert not bad, bad
+
+
+@pytest.fixture
+def checked_drive():
+    """`drive`, which checks the cache's invariants after every record."""
+    return drive
 
 
 @pytest.fixture(params=ENGINES)
