@@ -37,8 +37,8 @@ def key_cell(keys: np.ndarray) -> np.ndarray:
     return keys & CELL_MASK
 
 
-class SortedKeys:
-    """A growable sorted int64 array; appends past the end are amortised O(1)."""
+class GrowArray:
+    """A growable int64 vector: appends amortised O(1), `view` is the live part."""
 
     __slots__ = ("_a", "_n")
 
@@ -51,28 +51,39 @@ class SortedKeys:
 
     @property
     def view(self) -> np.ndarray:
-        """The keys, sorted. A view: do not keep it across a mutation."""
+        """The live part. A view: do not keep it across a mutation."""
         return self._a[: self._n]
+
+    def extend(self, values: np.ndarray) -> None:
+        need = self._n + values.size
+        if need > self._a.size:
+            grown = np.empty(max(need, 2 * self._a.size), dtype=np.int64)
+            grown[: self._n] = self._a[: self._n]
+            self._a = grown
+        self._a[self._n:need] = values
+        self._n = need
+
+    def assign(self, values: np.ndarray) -> None:
+        self._n = 0
+        self.extend(values)
+
+
+class SortedKeys(GrowArray):
+    """A growable sorted int64 array; inserts past the end are amortised O(1)."""
+
+    __slots__ = ()
 
     def add(self, keys: np.ndarray) -> None:
         """Insert keys not already present."""
         if keys.size == 0:
             return
         keys = np.sort(keys)
-        n = self._n
-        if n == 0 or keys[0] > self._a[n - 1]:
-            need = n + keys.size
-            if need > self._a.size:
-                grown = np.empty(max(need, 2 * self._a.size), dtype=np.int64)
-                grown[:n] = self._a[:n]
-                self._a = grown
-            self._a[n:need] = keys
-            self._n = need
+        if self._n == 0 or keys[0] > self._a[self._n - 1]:
+            self.extend(keys)
             return
-        merged = np.concatenate((self._a[:n], keys))
+        merged = np.concatenate((self.view, keys))
         merged.sort(kind="stable")
-        self._a = np.concatenate((merged, np.empty(max(16, merged.size), dtype=np.int64)))
-        self._n = merged.size
+        self.assign(merged)
 
     def remove(self, keys: np.ndarray) -> None:
         """Remove keys that are present (precondition: each key is present)."""

@@ -21,40 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.cells import CELL_BITS, CELL_MASK
+from ..cache.cells import CELL_BITS, CELL_MASK, GrowArray
 from ..cache.kv import KvCache
 
 POS_CLEAN = (1 << 31) - 1  # llama.cpp's POS_CLEAN: no position of the sequence is stale
-
-
-class GrowArray:
-    """A growable int64 vector: appends amortised O(1), `view` is the live part."""
-
-    __slots__ = ("_a", "_n")
-
-    def __init__(self) -> None:
-        self._a = np.empty(16, dtype=np.int64)
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    @property
-    def view(self) -> np.ndarray:
-        return self._a[: self._n]
-
-    def extend(self, values: np.ndarray) -> None:
-        need = self._n + values.size
-        if need > self._a.size:
-            grown = np.empty(max(need, 2 * self._a.size), dtype=np.int64)
-            grown[: self._n] = self._a[: self._n]
-            self._a = grown
-        self._a[self._n:need] = values
-        self._n = need
-
-    def assign(self, values: np.ndarray) -> None:
-        self._n = 0
-        self.extend(values)
 
 
 @dataclass(slots=True)
