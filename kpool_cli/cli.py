@@ -19,6 +19,7 @@ from typing import TextIO
 import click
 
 from . import __version__
+from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
 from .report.json_report import write_report
@@ -85,8 +86,13 @@ def cli() -> None:
 @click.option("--check", is_flag=True,
               help="Fail (exit 1) when an `expect` of the trace does not hold.")
 @click.option("--only-findings", is_flag=True, help="Text: show only ubatches with findings.")
+@click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
+              show_default=True,
+              help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
+                   "twin, or none for the model-only replay.")
 def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: str | None,
-               fail_on: str, pools: str, check: bool, only_findings: bool) -> None:
+               fail_on: str, pools: str, check: bool, only_findings: bool,
+               backend: str) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -105,11 +111,13 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                 out.write("[\n")
             for n, (trace, version) in enumerate(runs):
                 tally = Tally(fail_on=fail_on, check=check)
-                records = replay(trace, version, pools_all=pools == "all")
+                records = replay(trace, version, make_backend(backend, trace),
+                                 pools_all=pools == "all")
                 if fmt == "json":
                     if n:
                         out.write(",\n")
-                    write_report(out, trace, version.name, None, records, tally)
+                    write_report(out, trace, version.name,
+                                 None if backend == "none" else backend, records, tally)
                 else:
                     write_plain(out, trace, version.name, records, tally, only_findings)
                 worst = max(worst, tally.exit_code)

@@ -1,8 +1,8 @@
 """What a replay yields: plain frozen records, the only thing views, writers, the
 diff and the checks see of the engine (DESIGN.md, "Data flow").
 
-Owns: `OpEvent`, `UbatchRecord`, `PoolInfo`, `ExpectResult`, and the shared
-vocabulary `STATUS_*`. Arrays in records are numpy arrays that nobody mutates
+Owns: `OpEvent`, `UbatchRecord`, `PoolInfo`, `CellMap`, `ExpectResult`, and the
+shared vocabulary `STATUS_*`. Arrays in records are numpy arrays that nobody mutates
 after the record is yielded; rows are global rows (`strm * kv_size + cell`).
 """
 
@@ -40,6 +40,19 @@ class PoolInfo:
     new: bool
 
 
+SEQ_EMPTY, SEQ_SHARED = -1, -2  # CellMap.seq codes besides a seq id
+
+
+@dataclass(frozen=True, slots=True)
+class CellMap:
+    """The cache's cells after a ubatch's layout update, per global row: the picture
+    llama.cpp's debug dump prints (ENGINE.md §2). Only with `replay(..., cell_map=True)`."""
+
+    kv_size: int  # cells per stream: row r is cell r % kv_size of stream r // kv_size
+    seq: np.ndarray  # [n_rows] int16 | row | SEQ_EMPTY, its one seq id, or SEQ_SHARED
+    rep_rows: np.ndarray  # [n_rep] int64 | i | distinct rep rows of the layout's pools, sorted
+
+
 @dataclass(frozen=True, slots=True)
 class UbatchRecord:
     index: int  # ubatch number in the whole replay
@@ -62,6 +75,7 @@ class UbatchRecord:
     cost: dict[str, int]
     findings: tuple[Finding, ...]
     aborted: bool = False
+    cell_map: CellMap | None = None  # the cells after this ubatch (replay(cell_map=True))
 
     @property
     def n_tokens(self) -> int:

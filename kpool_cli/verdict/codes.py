@@ -40,6 +40,10 @@ CODES: dict[str, Code] = {
 }
 
 
+# codes only a value backend can raise (a model-only replay does not look for them)
+VALUE_CODES = frozenset({"KP003"})
+
+
 def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 

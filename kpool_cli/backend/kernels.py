@@ -1,0 +1,231 @@
+"""The numba kernels of the value backend: key rows, pool, scatter, gather, check.
+
+Owns: every numba kernel of kpool (this is the only module that imports numba).
+Each kernel is a plain Python function jitted at module level with an explicit
+signature on C-contiguous arrays and `cache=True`; `reference.py` is its numpy
+twin, and the tests hold the two equal bit for bit. Kernels never validate: the
+wrappers in `store.py` set dtypes and contiguity.
+
+Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
+and no fused multiply-add; no transcendental function; float32 throughout).
+
+Parallelism (STYLE.md "What kpool should absorb" 10): `write_keys` and `pool`
+are written once and can be jitted twice, serially and with `parallel=True`. The
+parallel builds write by ownership only (each output row by one iteration), so
+their results do not depend on the thread count or order. Measured on the 2-core
+machine of the benchmark they do not pay (512 key rows: 135 us serial, 137 us
+parallel; 129 pool entries: 300 us vs 331 us; 65536 key rows: 18.3 ms vs 16.5 ms),
+so they are opt-in: `KPOOL_NUMBA_PARALLEL=1` builds them on first use and uses
+them above a work threshold; `PARALLEL_USED` records whether a run used them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+import numpy as np
+from numba import prange
+
+from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2, POW2
+
+NAME = "numba"
+
+_U27 = np.uint64(27)
+_U30 = np.uint64(30)
+_U31 = np.uint64(31)
+_U32 = np.uint64(32)
+_U40 = np.uint64(40)
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
+_NGATE = np.uint64(2 * GATE_MAX + 1)
+_POW2 = POW2
+_SCALE = KEY_SCALE
+
+# work (elements) above which the opt-in parallel builds are used
+PARALLEL_MIN_KEYS = 1 << 15
+PARALLEL_MIN_POOL = 1 << 16
+PARALLEL = os.environ.get("KPOOL_NUMBA_PARALLEL", "") not in ("", "0")
+PARALLEL_USED = {"write_keys": False, "pool": False}
+_parallel_builds: dict = {}
+
+
+def _parallel(name: str, fn, sig: str):
+    """The parallel build of `fn`, jitted (or loaded from numba's cache) on first use."""
+    if name not in _parallel_builds:
+        _parallel_builds[name] = numba.njit(sig, cache=True, parallel=True)(fn)
+    PARALLEL_USED[name] = True
+    return _parallel_builds[name]
+
+
+def _mix(x):
+    z = x + GOLDEN
+    z = (z ^ (z >> _U30)) * MIX1
+    z = (z ^ (z >> _U27)) * MIX2
+    return z ^ (z >> _U31)
+
+
+_mix_jit = numba.njit("u8(u8)", cache=True, inline="always")(_mix)
+
+
+def _write_keys(state, rows, key_ids, key, gate):
+    n_embd = key.shape[1]
+    for j in prange(rows.size):
+        r = rows[j]
+        kid = key_ids[j]
+        if kid == 0:
+            for d in range(n_embd):
+                key[r, d] = np.float32(0.0)
+                gate[r, d] = np.float32(0.0)
+            continue
+        base = _mix_jit(state ^ (np.uint64(kid) * KEY_MUL))
+        for d in range(n_embd):
+            dd = np.uint64(d)
+            hk = _mix_jit(base + (_U2 * dd + _U1) * GOLDEN)
+            hg = _mix_jit(base + (_U2 * dd + _U2) * GOLDEN)
+            key[r, d] = np.float32(np.int64(hk >> _U40) - np.int64(1 << 23)) * _SCALE
+            gate[r, d] = np.float32(np.int64((hg >> _U32) % _NGATE) - np.int64(GATE_MAX))
+
+
+_WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], f4[:, ::1])"
+_write_keys_serial = numba.njit(_WRITE_KEYS_SIG, cache=True)(_write_keys)
+
+
+def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
+               gate: np.ndarray) -> None:
+    """Write the key and gate rows of the writes `key_ids` into `rows`.
+
+    Parameters
+    ----------
+    state : uint64
+        `keys.seed_state(trace.seed)`.
+    rows : array of int64, shape (n,), C-contiguous
+        Global rows, distinct (each row written by one iteration).
+    key_ids : array of int64, shape (n,), C-contiguous
+        Key ids (0 = a zeroed row).
+    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+        Updated in place.
+    """
+    if PARALLEL and rows.size * key.shape[1] >= PARALLEL_MIN_KEYS:
+        _parallel("write_keys", _write_keys, _WRITE_KEYS_SIG)(state, rows, key_ids, key, gate)
+    else:
+        _write_keys_serial(state, rows, key_ids, key, gate)
+
+
+def _pool_into(key, gate, members, out):
+    n, kpool = members.shape
+    n_embd = key.shape[1]
+    for e in prange(n):
+        for d in range(n_embd):
+            mx = gate[members[e, 0], d]
+            for i in range(1, kpool):
+                g = gate[members[e, i], d]
+                if g > mx:
+                    mx = g
+            s = np.float32(0.0)
+            for i in range(kpool):
+                s += _POW2[np.int64(mx - gate[members[e, i], d])]
+            acc = np.float32(0.0)
+            for i in range(kpool):
+                m = members[e, i]
+                acc += (_POW2[np.int64(mx - gate[m, d])] / s) * key[m, d]
+            out[e, d] = acc
+
+
+_POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1])"
+_pool_serial = numba.njit(_POOL_SIG, cache=True)(_pool_into)
+
+
+def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Pooled values of the entries `members`.
+
+    Parameters
+    ----------
+    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    members : array of int64, shape (n, kpool), C-contiguous
+        Global member rows of each entry.
+
+    Returns
+    -------
+    array of float32, shape (n, n_embd)
+        Per dimension `sum_i w_i * key[members[e, i]]`, accumulated in member order.
+    """
+    out = np.empty((members.shape[0], key.shape[1]), dtype=np.float32)
+    if PARALLEL and members.shape[0] * members.shape[1] * key.shape[1] >= PARALLEL_MIN_POOL:
+        _parallel("pool", _pool_into, _POOL_SIG)(key, gate, members, out)
+    else:
+        _pool_serial(key, gate, members, out)
+    return out
+
+
+@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])", cache=True)
+def scatter(pooled, rows, values, src):
+    """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
+
+    Parameters
+    ----------
+    pooled : array of float32, shape (n_rows, n_embd), C-contiguous, updated in place
+    rows : array of int64, shape (m,), distinct
+    values : array of float32, shape (n, n_embd), C-contiguous
+    src : array of int64, shape (m,), indices into values
+
+    Serial: a ubatch writes at most a few hundred rows, too few for a thread launch
+    to pay (measured); with distinct rows a prange here would be race-free.
+    """
+    n_embd = pooled.shape[1]
+    for j in range(rows.size):
+        r = rows[j]
+        v = src[j]
+        for d in range(n_embd):
+            pooled[r, d] = values[v, d]
+
+
+@numba.njit("f4[:, ::1](f4[:, ::1], i8[::1])", cache=True)
+def gather(pooled, rows):
+    """`pooled[rows]`: array of float32, shape (m, n_embd) (ggml_get_rows)."""
+    n_embd = pooled.shape[1]
+    out = np.empty((rows.size, n_embd), dtype=np.float32)
+    for j in range(rows.size):
+        r = rows[j]
+        for d in range(n_embd):
+            out[j, d] = pooled[r, d]
+    return out
+
+
+@numba.njit("b1[::1](f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1])", cache=True)
+def pools_differ(key, gate, pooled, members, rows):
+    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
+
+    Parameters
+    ----------
+    key, gate, pooled : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    members : array of int64, shape (n, kpool), C-contiguous
+    rows : array of int64, shape (n,)
+
+    Returns
+    -------
+    array of bool, shape (n,)
+        The same arithmetic as `pool`, compared with `!=` per dimension.
+    """
+    n, kpool = members.shape
+    n_embd = key.shape[1]
+    out = np.zeros(n, dtype=np.bool_)
+    for e in range(n):
+        r = rows[e]
+        for d in range(n_embd):
+            mx = gate[members[e, 0], d]
+            for i in range(1, kpool):
+                g = gate[members[e, i], d]
+                if g > mx:
+                    mx = g
+            s = np.float32(0.0)
+            for i in range(kpool):
+                s += _POW2[np.int64(mx - gate[members[e, i], d])]
+            acc = np.float32(0.0)
+            for i in range(kpool):
+                m = members[e, i]
+                acc += (_POW2[np.int64(mx - gate[m, d])] / s) * key[m, d]
+            if acc != pooled[r, d]:
+                out[e] = True
+                break
+    return out

@@ -1,0 +1,103 @@
+"""The numpy twin of `kernels.py`: the same five kernels, in plain numpy.
+
+Owns nothing but functions. Each has the signature, the dtypes and the result of
+its numba twin, and the tests hold the two equal bit for bit (float32 arrays
+compared as uint32). The arithmetic order is the one `keys.py` fixes: an explicit
+loop over the kpool axis, vectorised over entries and dimensions, never `np.sum`.
+
+Wrappers (`store.py`) check dtypes and contiguity; these functions do not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .keys import POW2, key_rows_from_state
+
+NAME = "numpy"
+
+
+def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
+               gate: np.ndarray) -> None:
+    """Write the key and gate rows of the writes `key_ids` into `rows`.
+
+    Parameters
+    ----------
+    state : uint64
+        `keys.seed_state(trace.seed)`.
+    rows : array of int64, shape (n,)
+        Global rows, distinct.
+    key_ids : array of int64, shape (n,)
+        Key ids (0 = a zeroed row).
+    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+        Updated in place.
+    """
+    k, g = key_rows_from_state(state, key_ids, key.shape[1])
+    key[rows] = k
+    gate[rows] = g
+
+
+def _weights(g: np.ndarray) -> list[np.ndarray]:
+    """Base-2 gate softmax over axis 1 of g [n, kpool, n_embd] -> kpool arrays [n, n_embd]."""
+    mx = g.max(axis=1)  # exact: a max does not round
+    kpool = g.shape[1]
+    p = [POW2[(mx - g[:, i]).astype(np.int64)] for i in range(kpool)]
+    s = p[0]
+    for i in range(1, kpool):
+        s = s + p[i]
+    return [p[i] / s for i in range(kpool)]
+
+
+def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Pooled values of the entries `members`.
+
+    Parameters
+    ----------
+    key, gate : arrays of float32, shape (n_rows, n_embd)
+    members : array of int64, shape (n, kpool)
+        Global member rows of each entry.
+
+    Returns
+    -------
+    array of float32, shape (n, n_embd)
+        Per dimension `sum_i w_i * key[members[e, i]]`, accumulated in member order.
+    """
+    n, kpool = members.shape
+    out = np.zeros((n, key.shape[1]), dtype=np.float32)
+    if n == 0:
+        return out
+    w = _weights(gate[members])
+    for i in range(kpool):
+        out = out + w[i] * key[members[:, i]]
+    return out
+
+
+def scatter(pooled: np.ndarray, rows: np.ndarray, values: np.ndarray, src: np.ndarray) -> None:
+    """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
+
+    Parameters
+    ----------
+    pooled : array of float32, shape (n_rows, n_embd), updated in place
+    rows : array of int64, shape (m,), distinct
+    values : array of float32, shape (n, n_embd)
+    src : array of int64, shape (m,), indices into values
+    """
+    pooled[rows] = values[src]
+
+
+def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`pooled[rows]`: array of float32, shape (m, n_embd)."""
+    return pooled[rows]
+
+
+def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members: np.ndarray,
+                 rows: np.ndarray) -> np.ndarray:
+    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
+
+    Returns
+    -------
+    array of bool, shape (n,)
+    """
+    if rows.size == 0:
+        return np.zeros(0, dtype=bool)
+    return np.any(pooled[rows] != pool(key, gate, members), axis=1)
