@@ -103,6 +103,8 @@ class Layout:
         # first pool index it added (== len(pools) when it added none)
         self.rebuilt = [False] * n_seq_max
         self.new_from = [0] * n_seq_max
+        self._pool_start: np.ndarray | None = None
+        self._pool_cells: np.ndarray | None = None
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> int:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
@@ -110,6 +112,7 @@ class Layout:
         (pairs copied into the layout, plus the sharing scan of step 3)."""
         kpool, unified = self.kpool, cache.config.unified
         scanned = 0
+        self._pool_start = self._pool_cells = None
         self.n_pool_real = 0
         self.cache_safe = True
         for s, sq in enumerate(self.seqs):
@@ -157,16 +160,24 @@ class Layout:
 
     # -- whole-layout views ------------------------------------------------------------
 
+    # The whole-layout arrays below change only in `update`, which drops them; they
+    # are built on first use after it (several readers per ubatch share one build).
+
     def pool_start(self) -> np.ndarray:
         """[n_seq_max + 1] global index of each sequence's first pool (and the total)."""
-        counts = np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
-                             count=len(self.seqs))
-        return np.concatenate(([0], np.cumsum(counts)))
+        if self._pool_start is None:
+            counts = np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
+                                 count=len(self.seqs))
+            self._pool_start = np.concatenate(([0], np.cumsum(counts)))
+        return self._pool_start
 
     def pool_cells(self) -> np.ndarray:
         """[n_pool_real] global rep row of every pool, in layout order (ENGINE.md §7)."""
-        parts = [sq.rep_rows.view for sq in self.seqs if len(sq.rep_rows)]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        if self._pool_cells is None:
+            parts = [sq.rep_rows.view for sq in self.seqs if len(sq.rep_rows)]
+            self._pool_cells = (np.concatenate(parts) if parts
+                                else np.empty(0, dtype=np.int64))
+        return self._pool_cells
 
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:
