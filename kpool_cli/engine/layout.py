@@ -29,7 +29,9 @@ POS_CLEAN = (1 << 31) - 1  # llama.cpp's POS_CLEAN: no position of the sequence 
 
 @dataclass(slots=True)
 class SeqLayout:
-    """One sequence's part of the layout (llama.cpp's kpool_layout::seq)."""
+    """One sequence's part of the layout (llama.cpp's kpool_layout::seq). Beside the
+    real engine's `pools` it keeps, per pool, columns derived once when the pool is
+    found (the pairs under a pool never change until the sequence is rebuilt)."""
 
     strm: int = 0
     pos_min: int = 0
@@ -37,8 +39,27 @@ class SeqLayout:
     pools: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | start index j
     rep_rows: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | global rep row
     rep_pos_: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | rep's pos
+    first_pos_: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | first pos
     j_next: int = 0
     shared: bool = False
+
+    def rebuild(self, sp: np.ndarray) -> None:
+        """ENGINE.md §5 step 2: cells = sp, pools cleared, j_next = 0, pos_min = the
+        first pos (0 if empty), shared = False."""
+        self.keys.assign(sp)
+        for col in (self.pools, self.rep_rows, self.rep_pos_, self.first_pos_):
+            col.assign(np.empty(0, dtype=np.int64))
+        self.j_next = 0
+        self.pos_min = int(sp[0] >> CELL_BITS) if sp.size else 0
+        self.shared = False
+
+    def add_pools(self, starts: np.ndarray, kpool: int, kv_size: int) -> None:
+        keys = self.keys.view
+        reps = keys[starts + kpool - 1]
+        self.pools.extend(starts)
+        self.rep_rows.extend(self.strm * kv_size + (reps & CELL_MASK))
+        self.rep_pos_.extend(reps >> CELL_BITS)
+        self.first_pos_.extend(keys[starts] >> CELL_BITS)
 
     @property
     def pos(self) -> np.ndarray:
@@ -50,7 +71,7 @@ class SeqLayout:
 
     def first_pos(self) -> np.ndarray:
         """[n_pools] the first member's pos of each pool."""
-        return self.keys.view[self.pools.view] >> CELL_BITS
+        return self.first_pos_.view
 
     def rep_pos(self, kpool: int) -> np.ndarray:
         """[n_pools] the rep's (last member's) pos of each pool (kept with the pools:
@@ -63,22 +84,22 @@ class SeqLayout:
         return self.strm * kv_size + (self.keys.view[j] & CELL_MASK)
 
 
-def scan_pools(pos: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
+def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
                ) -> tuple[np.ndarray, int]:
-    """ENGINE.md §5 step 4, from `j_from` over a sequence's pair positions `pos`.
+    """ENGINE.md §5 step 4, from `j_from` over a sequence's pairs `keys`.
 
     Returns (pool starts, j_next). The scan is llama.cpp's greedy loop; it is
     computed at once because a start candidate can never fall inside an accepted
     pool (its pos would be pos_j + i with 0 < i < kpool, so not a multiple of kpool
     past pos_min), which makes the greedy scan accept exactly every candidate."""
-    n = pos.size
+    n = keys.size
     last = n - kpool  # the last j with j + kpool <= n
     if last < j_from:
         return np.empty(0, dtype=np.int64), j_from
     if by_order:
         starts = np.arange(j_from, last + 1, kpool, dtype=np.int64)
         return starts, j_from + kpool * starts.size
-    seg = pos[j_from:]
+    seg = keys[j_from:] >> CELL_BITS  # only the pairs the scan has not passed yet
     t = np.arange(last - j_from + 1)
     ok = (seg[t] - pos_min) % kpool == 0
     if kpool > 1:
@@ -129,13 +150,7 @@ class Layout:
                 scanned += tail.size
             # step 2: rebuild when the count is off or the sequence is stale
             if len(sq.keys) != sp.size or not clean:
-                sq.keys.assign(sp)
-                sq.pools.assign(np.empty(0, dtype=np.int64))
-                sq.rep_rows.assign(np.empty(0, dtype=np.int64))
-                sq.rep_pos_.assign(np.empty(0, dtype=np.int64))
-                sq.j_next = 0
-                sq.pos_min = int(sp[0] >> CELL_BITS) if sp.size else 0
-                sq.shared = False
+                sq.rebuild(sp)
                 n_kept = 0
                 scanned += sp.size
                 self.rebuilt[s] = True
@@ -148,12 +163,10 @@ class Layout:
                 sq.shared = hit.size > 0
                 scanned += int(hit[0]) + 1 if hit.size else cells.size
             # step 4: the pool scan
-            starts, sq.j_next = scan_pools(sq.pos, sq.j_next, sq.pos_min, kpool, self.by_order)
+            starts, sq.j_next = scan_pools(sq.keys.view, sq.j_next, sq.pos_min, kpool,
+                                           self.by_order)
             if starts.size:
-                sq.pools.extend(starts)
-                reps = sq.keys.view[starts + kpool - 1]
-                sq.rep_rows.extend(sq.strm * self.kv_size + (reps & CELL_MASK))
-                sq.rep_pos_.extend(reps >> CELL_BITS)
+                sq.add_pools(starts, kpool, self.kv_size)
             self.n_pool_real += len(sq.pools)
             self.cache_safe = self.cache_safe and not sq.shared
         return scanned
