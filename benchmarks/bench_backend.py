@@ -1,8 +1,8 @@
 """Benchmark of the value backends (the issue's "Performance" section).
 
 The trace: kv_size 131072, n_embd 128, kpool 4, one sequence; a 65536-token prefill
-in ubatches of 512 (given explicitly, so the engine's split does not dominate), then
-4096 one-token decodes. Each backend (and the model-only replay, `none`) runs the
+split by the engine into ubatches of n_ubatch = 512 (llama_batch_allocr's
+split_equal, as `kpool replay` does it), then 4096 one-token decodes. Each backend (and the model-only replay, `none`) runs the
 whole replay in a subprocess of its own, which reports wall time, tokens/s, peak
 RSS (ru_maxrss) and the time spent inside the backend's kernels (key rows, pool,
 scatter, check). Then the cold start of `kpool replay traces/shared-prefix-race.yaml`
@@ -29,9 +29,7 @@ def build_trace(prefill: int, decodes: int, ubatch: int = 512):
     from kpool_cli.trace import model as m
 
     cfg = m.CacheConfig(kv_size=131072, kpool=4, n_seq_max=1, n_ubatch=ubatch, n_embd=128)
-    tokens = tuple(m.Token(p, (0,)) for p in range(prefill))
-    split = tuple(tuple(range(i, min(i + ubatch, prefill))) for i in range(0, prefill, ubatch))
-    ops = [m.Decode(tokens, split)]
+    ops = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prefill)))]
     ops += [m.Decode((m.Token(p, (0,)),)) for p in range(prefill, prefill + decodes)]
     return m.Trace(cfg, tuple(ops), name="bench-backend", seed=1)
 
