@@ -2,7 +2,8 @@
 
 The trace: kv_size 131072, n_embd 128, kpool 4, one sequence; a 65536-token prefill
 split by the engine into ubatches of n_ubatch = 512 (llama_batch_allocr's
-split_equal, as `kpool replay` does it), then 4096 one-token decodes. Each backend (and the model-only replay, `none`) runs the
+split_equal, as `kpool replay` does it), then 4096 one-token decodes. Each backend
+(and the model-only replay, `none`) runs the
 whole replay in a subprocess of its own, which reports wall time, tokens/s, peak
 RSS (ru_maxrss) and the time spent inside the backend's kernels (key rows, pool,
 scatter, check). Then the cold start of `kpool replay traces/shared-prefix-race.yaml`

@@ -11,9 +11,7 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TextIO
 
 import click
@@ -22,8 +20,9 @@ from . import __version__
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
+from .report.files import written_whole
 from .report.json_report import write_report
-from .report.plain import write_plain
+from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Tally
 from .trace.load import TraceError, load_trace
 from .trace.schema import report_schema, trace_schema
@@ -38,22 +37,12 @@ def _fail(message: str) -> None:
 
 @contextlib.contextmanager
 def _output(path: str | None) -> Iterator[TextIO]:
-    """stdout, or a file that appears only when the run completes (written to a
-    temporary beside it, then renamed)."""
+    """stdout, or a file that appears only when the run completes."""
     if path is None or path == "-":
         yield sys.stdout
         return
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            yield f
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with written_whole(path) as f:
+        yield f
 
 
 def _version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
@@ -62,6 +51,13 @@ def _version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
     except VersionError as e:
         _fail(str(e))
         raise AssertionError from e  # unreachable: _fail exits
+
+
+def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple(parse_ubatch_range(v) for v in values)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,14 +81,31 @@ def cli() -> None:
               show_default=True, help="List the marked pools of each ubatch, or every pool.")
 @click.option("--check", is_flag=True,
               help="Fail (exit 1) when an `expect` of the trace does not hold.")
-@click.option("--only-findings", is_flag=True, help="Text: show only ubatches with findings.")
+@click.option("--ubatch", "ubatch", metavar="N|A..B", multiple=True, callback=_ubatch_ranges,
+              help="Text: show ubatch N, or ubatches A..B (half-open; A.. to the end). "
+                   "Repeatable.")
+@click.option("--seq", "seq", type=click.IntRange(min=0), multiple=True,
+              help="Text: show the ubatches that decode, re-pool or flag sequence S. "
+                   "Repeatable.")
+@click.option("--only-findings/--all-ubatches", "only_findings", default=None,
+              help="Text: show only ubatches and ops with findings [default: only past "
+                   "200 ubatches with no other navigation option].")
+@click.option("--color/--no-color", "color", default=None,
+              help="Colour the text view [default: on a terminal, unless NO_COLOR is set; "
+                   "FORCE_COLOR forces it].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
+@click.option("--html", "html", metavar="FILE",
+              help="Also save the rich view as HTML (atomically), e.g. for CI artifacts.")
+@click.option("--svg", "svg", metavar="FILE",
+              help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
                    "twin, or none for the model-only replay.")
 def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: str | None,
-               fail_on: str, pools: str, check: bool, only_findings: bool,
-               backend: str) -> None:
+               fail_on: str, pools: str, check: bool, ubatch: tuple[tuple[int, int], ...],
+               seq: tuple[int, ...], only_findings: bool | None, color: bool | None,
+               quiet: bool, html: str | None, svg: str | None, backend: str) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -104,28 +117,74 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
         except TraceError as e:
             _fail(f"invalid trace\n{e}")
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
+    if fmt == "json" and (html or svg):
+        _fail("--html and --svg save the text view: use them with --format text")
     worst = 0
     try:
         with _output(output) as out:
+            from .report.text import TextOutput, ticker_for, ticking
+
+            text = (TextOutput(out, color=color, quiet=quiet, html=html, svg=svg)
+                    if fmt == "text" else None)
             if fmt == "json" and len(runs) > 1:
                 out.write("[\n")
             for n, (trace, version) in enumerate(runs):
                 tally = Tally(fail_on=fail_on, check=check)
                 records = replay(trace, version, make_backend(backend, trace),
-                                 pools_all=pools == "all")
-                if fmt == "json":
+                                 pools_all=pools == "all", cell_map=bool(text and text.rich))
+                if text is None:
                     if n:
                         out.write(",\n")
+                    records = ticking(records, ticker_for(trace, quiet=quiet, color=color,
+                                                          shares_terminal=False))
                     write_report(out, trace, version.name,
                                  None if backend == "none" else backend, records, tally)
                 else:
-                    write_plain(out, trace, version.name, records, tally, only_findings)
+                    text.run(trace, version, None if backend == "none" else backend, records,
+                             tally, Selection.of(trace, ubatch, seq, only_findings),
+                             pools == "all")
                 worst = max(worst, tally.exit_code)
-            if fmt == "json":
+            if text is None:
                 out.write("\n]\n" if len(runs) > 1 else "\n")
+            else:
+                text.close()
     except TraceError as e:
         _fail(f"invalid trace\n{e}")
     sys.exit(worst)
+
+
+@cli.command("explain")
+@click.argument("code", required=False)
+@click.option("--list", "list_codes", is_flag=True, help="List every finding code.")
+@click.option("--color/--no-color", "color", default=None,
+              help="Colour [default: on a terminal, unless NO_COLOR is set].")
+def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
+    """What finding CODE (KP001, or its name: scatter-race) means, why it is harmful, a
+    minimal trace that triggers it, and how to fix the engine."""
+    from .report.terminal import Manners, make_console
+    from .report.view import print_code_list, print_explanation
+    from .verdict.codes import CODES
+    from .verdict.explain import EXPLANATIONS, explain_text, resolve
+
+    if list_codes == (code is not None):
+        _fail("give a CODE (kpool explain KP001) or --list")
+    manners = Manners.detect(sys.stdout, color=color)
+    rich = manners.is_terminal or manners.color
+    if list_codes:
+        if rich:
+            print_code_list(make_console(sys.stdout, manners))
+        else:
+            for c in CODES.values():
+                click.echo(f"{c.code}  {c.name:16} {c.severity:8} {c.summary}")
+        return
+    found = resolve(code or "")
+    if found is None:
+        _fail(f"unknown finding code {code!r}: known codes are {', '.join(CODES)} "
+              "(kpool explain --list)")
+    if rich:
+        print_explanation(make_console(sys.stdout, manners), EXPLANATIONS[found])
+    else:
+        click.echo(explain_text(found), nl=False)
 
 
 @cli.command("schema")
@@ -141,6 +200,88 @@ def engines_cmd() -> None:
     """List the registered engine versions."""
     for v in VERSIONS.values():
         click.echo(f"{v.name:12} {v.description}")
+
+
+@cli.command("diff")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--base", metavar="ENGINE",
+              help="Base engine for traces: cache-safe, rep-once or package.module:Name. "
+                   "Default: cache-safe.")
+@click.option("--head", metavar="ENGINE",
+              help="Head engine (the candidate) for traces. Default: rep-once.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Text for people (side by side on a terminal, plain "
+                                      "when piped), JSON for machines.")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write the diff to FILE (atomically) instead of stdout.")
+@click.option("--fail-on-change", is_flag=True,
+              help="Exit 1 on any behavioural difference (n_new, marked pools, scatter rows, "
+                   "findings, stale positions, statuses), not only on a regression. Cost "
+                   "counters never fail.")
+@click.option("--ignore", "ignore", metavar="CODES", multiple=True,
+              help="Finding codes or prefixes (KP005, KP00) whose appearance in head is "
+                   "shown but not a regression. Repeatable, or comma-separated.")
+@click.option("--force", is_flag=True,
+              help="Compare two reports even when they are not of the same trace (sha256).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Value backend for traces [default: none]. The diff compares engine "
+                   "decisions, which need no values; numba or numpy also compute KP001 "
+                   "values and KP003 (stale reads), at a cost.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replay traces on N processes.")
+def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
+             output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
+             backend: str | None, jobs: int) -> None:
+    """Compare two engine versions on TRACES, or two saved JSON reports.
+
+    \b
+      kpool diff traces/*.yaml                          cache-safe vs rep-once
+      kpool diff t.yaml --base rep-once --head mypkg.engine:Candidate
+      kpool diff a.json b.json                          two `kpool replay --format json` reports
+      kpool diff traces/*.yaml --head mypkg.engine:Candidate --format json -o diff.json || exit 1
+
+    Each trace is replayed under --base and --head and aligned ubatch by ubatch (by op
+    and position in the batch) until the runs part (one side aborts, or rejects a decode
+    the other applies). Shown: the differing ubatches and events side by side, findings
+    fixed and introduced, pools re-pooled and cells scanned base vs head.
+
+    \b
+    Exit status:
+      0  no regression (behaviour may differ; see --fail-on-change)
+      1  a regression: head has a finding base does not (or, with --fail-on-change,
+         any behavioural difference)
+      2  bad usage, an invalid trace, an unknown engine, mixing reports with traces,
+         or reports of different traces without --force
+    """
+    from .diff.compare import DiffResult, compare
+    from .diff.runs import DiffInputError, gather
+    from .report.diff_view import write_diff_json, write_diff_plain, write_diff_rich
+    from .report.terminal import Manners, make_console
+    from .verdict.codes import CODES
+
+    selectors = tuple(s.strip().upper() for item in ignore for s in item.split(",") if s.strip())
+    for s in selectors:
+        if not any(c.startswith(s) for c in CODES):
+            _fail(f"--ignore {s}: no finding code starts with it (codes: {', '.join(CODES)})")
+    try:
+        pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
+                                 force=force)
+    except DiffInputError as e:
+        _fail(str(e))
+        return
+    for w in warnings:
+        click.echo(f"kpool: warning: {w}", err=True)
+    result = DiffResult(tuple(compare(b, h) for b, h in pairs), fail_on_change, selectors)
+    with _output(output) as out:
+        if fmt == "json":
+            write_diff_json(out, result)
+        else:
+            manners = Manners.detect(out)
+            if manners.is_terminal or manners.color:
+                write_diff_rich(make_console(out, manners), result)
+            else:
+                write_diff_plain(out, result)
+    sys.exit(result.exit_code)
 
 
 def main() -> None:

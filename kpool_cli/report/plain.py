@@ -2,7 +2,8 @@
 scattered, its findings indented below, events in between, and a summary line.
 
 Owns: `write_plain`. Used when the output is not a terminal (pipes, files, CI
-logs): no colour, no markup, stable for grep.
+logs): no colour, no markup, stable for grep. What is shown is decided by
+`select.select` (the same navigation options as the rich view).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TextIO
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace.model import Trace
 from ..verdict.codes import Finding
+from .select import Selection, select
 from .tally import Tally
 
 
@@ -34,16 +36,26 @@ def _finding(f: Finding) -> str:
 
 def write_plain(out: TextIO, trace: Trace, engine: str,
                 records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
-                only_findings: bool = False) -> None:
+                only_findings: bool = False, *, selection: Selection | None = None,
+                pairs: Iterable[tuple[OpEvent | UbatchRecord | ExpectResult, bool]] | None = None
+                ) -> None:
+    """`records` filtered by `selection` (default: `only_findings` alone), or already
+    decided `pairs` from `select` (then `records` is ignored)."""
     cfg = trace.cache
+    selection = selection or Selection(only_findings=only_findings)
     out.write(f"trace {trace.path}" + (f" ({trace.name})" if trace.name else "")
               + f" under {engine}\n")
     out.write("  cache: " + ", ".join(f"{k} {v}" for k, v in cfg.as_dict().items()) + "\n")
-    for rec in records:
+    note = selection.describe()
+    if note:
+        out.write(f"  ({note})\n")
+    shown_ub = 0
+    for rec, shown in (pairs if pairs is not None else select(records, selection, trace)):
         tally.add(rec)
+        if not shown:
+            continue
         if isinstance(rec, UbatchRecord):
-            if only_findings and not rec.findings:
-                continue
+            shown_ub += 1
             pools = " ".join(f"{p.seq}:{p.k}" for p in rec.pools if p.new) or "-"
             stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale_batch.items())
                      if rec.stale_batch else "")
@@ -53,8 +65,6 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
         elif isinstance(rec, OpEvent):
-            if only_findings and not rec.findings:
-                continue
             if rec.kind == "note":
                 out.write(f"  note: {rec.message}\n")
                 continue
@@ -68,5 +78,6 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
             out.write(f"  expect (op {rec.op}): {'ok' if rec.ok else 'FAILED'}: {rec.message}\n")
     s = tally.summary()
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
-    out.write(f"  summary: {s['ubatches']} ubatches, {s['pools_marked']} pools marked "
+    part = f" ({shown_ub} shown)" if selection.filters else ""
+    out.write(f"  summary: {s['ubatches']} ubatches{part}, {s['pools_marked']} pools marked "
               f"({s['pools_per_token']} per token), {found}: {s['status'].upper()}\n")

@@ -1,7 +1,8 @@
 """Terminal manners, decided in one place (STYLE.md §4, hatch's `Terminal`).
 
-Owns: `Manners` (is the output a terminal, colour or not, width) and
-`make_console`, the only constructor of rich consoles in kpool. Consoles have
+Owns: `Manners` (is the output a terminal, colour or not, width),
+`make_console`, the only constructor of rich consoles in kpool, and `Ticker`, the
+delayed progress bar on stderr. Consoles have
 markup, emoji and highlighting off, so trace text (names, notes) can never be
 read as rich markup. Colour is tri-state: `--color/--no-color` wins, then
 NO_COLOR (any value: off), then FORCE_COLOR (on), then "is it a terminal".
@@ -9,12 +10,23 @@ NO_COLOR (any value: off), then FORCE_COLOR (on), then "is it a terminal".
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 import sys
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +66,79 @@ def make_console(file: TextIO | None, manners: Manners, *, record: bool = False)
         record=record,
         soft_wrap=False,
     )
+
+
+def stream_is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def stream_is_pipe(stream: TextIO) -> bool:
+    """A pipe (`| head`, `| less`), as opposed to a terminal or a file."""
+    try:
+        return stat.S_ISFIFO(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+class Ticker:
+    """A progress bar on stderr for long replays (issue "The rich view", point 5).
+
+    It appears only once `delay` seconds have passed without output on the terminal
+    (a replay that finishes sooner, or that prints as it goes, never shows one), is
+    erased when done, and refreshes from the caller's thread at most 10 times a
+    second, so it never writes while the view does. `hidden()` takes it off the
+    screen while the view prints to the same terminal. A disabled ticker (`console`
+    None: --quiet, stderr not a terminal, stdout a pipe) does nothing."""
+
+    def __init__(self, console: Console | None, total: int, label: str, *,
+                 delay: float = 1.0, shares_terminal: bool = False) -> None:
+        self.console, self.total, self.label = console, total, label
+        self.delay, self.shares_terminal = delay, shares_terminal
+        self.done = 0
+        self._quiet_since = time.monotonic()
+        self._last_refresh = 0.0
+        self._progress: Progress | None = None
+        self._task = None
+
+    def tick(self, n: int = 1) -> None:
+        self.done += n
+        if self.console is None:
+            return
+        now = time.monotonic()
+        if self._progress is None:
+            if now - self._quiet_since < self.delay:
+                return
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("ubatches"), TimeElapsedColumn(),
+                console=self.console, transient=True, auto_refresh=False,
+                redirect_stdout=False, redirect_stderr=False)
+            self._task = self._progress.add_task(self.label, total=max(self.total, self.done))
+            self._progress.start()
+        if now - self._last_refresh >= 0.1:
+            self._last_refresh = now
+            self._progress.update(self._task, completed=self.done,
+                                  total=max(self.total, self.done))
+            self._progress.refresh()
+
+    def _stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    @contextlib.contextmanager
+    def hidden(self) -> Iterator[None]:
+        """Around output to the terminal the bar shares: erase it, restart the clock."""
+        if self.shares_terminal:
+            self._stop()
+        try:
+            yield
+        finally:
+            if self.shares_terminal:
+                self._quiet_since = time.monotonic()
+
+    def close(self) -> None:
+        self._stop()

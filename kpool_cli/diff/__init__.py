@@ -1,0 +1,10 @@
+"""`kpool diff`: what one engine version does differently from another on the same work.
+
+- `summary`: one run (a live replay or a saved JSON report) normalised to plain data:
+  per-ubatch summaries and per-op events. Both sources end up as the same `RunSummary`.
+- `compare`: the pure comparison of two `RunSummary`s of one trace, a frozen `TraceDiff`,
+  and `DiffResult` (several traces), which owns the exit policy.
+- `runs`: the units of work (one trace under one engine, picklable) and reading reports.
+
+The views are in `kpool_cli.report.diff_view`.
+"""

@@ -1,0 +1,396 @@
+"""The comparison of two runs of one trace: a pure function of two `RunSummary`s.
+
+Owns: `compare(base, head) -> TraceDiff`, the frozen result records, and
+`DiffResult`, which gathers the diffs of several traces and owns the exit policy
+(as black's `Report`): 1 when head has a finding base does not (a regression), or
+with `fail_on_change` any behavioural difference; else 0. (2, bad input, is the CLI's.)
+
+Alignment. Both versions get the same ops of the same trace, and the cache model
+(cells, validation, split, find_slot) does not depend on the engine, so both runs
+see the same ubatches, op by op, until one side's op ends differently: one side
+aborts (KP005) or rejects a decode the other applies, or a decode splits
+differently. That op is where the runs *part*: from there on nothing is aligned,
+and findings are compared by code counts over the rest of each run.
+
+    >>> from kpool_cli.diff.summary import RunSummary, EventSummary
+    >>> ev = EventSummary(1, "seq_cp", "applied", ((1, 0),), ())
+    >>> run = RunSummary("t.yaml", "t", "0" * 64, "rep-once", None, (), (), (ev,))
+    >>> compare(run, run).changed
+    False
+
+Per aligned ubatch (keyed by (op, batch_ubatch)) or event (keyed by op), a finding
+code head has more often than base is *introduced* (a regression), one base has
+more often than head is *fixed*. Cost counters are compared and summed, never
+judged: a version may cost more and still be right.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from .summary import ENGINE_ABORT, EventSummary, RunSummary, UbatchSummary, op_status
+
+BASE, HEAD = "base", "head"
+
+
+@dataclass(frozen=True, slots=True)
+class FindingChange:
+    """A finding code gained (introduced) or lost (fixed) by head at one place."""
+
+    code: str
+    count: int  # how many more findings of `code` one side has there
+    where: str  # "op 3.0" (op 3, its ubatch 0), "op 1" (an event), or a list of places
+    aligned: bool  # False: after the runs part, compared by counts
+    rows: tuple[int, ...]  # the rows of those findings, on the side that has them
+
+
+@dataclass(frozen=True, slots=True)
+class UbatchDiff:
+    """An aligned pair of ubatches whose behaviour differs."""
+
+    op: int
+    batch_ubatch: int
+    base: UbatchSummary
+    head: UbatchSummary
+    fields: tuple[str, ...]  # which behavioural fields differ
+    only_base: tuple[tuple[int, int], ...]  # pools (seq, k) marked only in base
+    only_head: tuple[tuple[int, int], ...]
+    gained: tuple[str, ...]  # finding codes head has more of (with multiplicity)
+    lost: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"op {self.op}.{self.batch_ubatch}"
+
+
+@dataclass(frozen=True, slots=True)
+class EventDiff:
+    """An aligned pair of events (non-decode op or refused decode) that differ."""
+
+    op: int
+    kind: str
+    base: EventSummary
+    head: EventSummary
+    fields: tuple[str, ...]
+    gained: tuple[str, ...]
+    lost: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"op {self.op}"
+
+
+@dataclass(frozen=True, slots=True)
+class OpSide:
+    """Everything one run did at one op: its event (if any) and its ubatches."""
+
+    op: int
+    event: EventSummary | None
+    ubatches: tuple[UbatchSummary, ...]
+
+    @property
+    def status(self) -> str:
+        return op_status(self.event, self.ubatches)
+
+    @property
+    def kind(self) -> str:
+        return self.event.kind if self.event is not None else "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class Parting:
+    """The op where the runs stop being comparable ubatch by ubatch."""
+
+    op: int
+    kind: str
+    reason: str
+    base: OpSide | None  # None: that run has no record of the op (it ended before)
+    head: OpSide | None
+    base_after: int  # ubatches the run went on to after the parting op
+    head_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """One run as a whole."""
+
+    ubatches: int
+    pools_repooled: int  # sum of n_new
+    cost: tuple[tuple[str, int], ...]  # summed cost counters, sorted by name
+    findings: tuple[tuple[str, int], ...]  # code -> count, sorted
+    aborted: bool
+
+    def counter(self, name: str) -> int:
+        return dict(self.cost).get(name, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceDiff:
+    trace_path: str
+    trace_name: str
+    sha256: str
+    base_engine: str
+    head_engine: str
+    base_backend: str | None
+    head_backend: str | None
+    same_trace: bool  # False only when reports of different traces were forced together
+    entries: tuple[UbatchDiff | EventDiff, ...]  # differing aligned ubatches/events, op order
+    parting: Parting | None
+    fixed: tuple[FindingChange, ...]
+    introduced: tuple[FindingChange, ...]
+    base: Totals
+    head: Totals
+    aligned_ubatches: int
+    cost_only: int  # aligned ubatches that differ in cost counters only
+
+    @property
+    def changed(self) -> bool:
+        """Any behavioural difference (cost counters excluded)."""
+        return bool(self.entries) or self.parting is not None
+
+
+def ratio(base: int, head: int) -> float | None:
+    """head / base, None when base is 0 (rounded to 4 places)."""
+    return round(head / base, 4) if base else None
+
+
+# --- the comparison -----------------------------------------------------------------
+
+
+def _by_op(run: RunSummary) -> dict[int, OpSide]:
+    events = {e.op: e for e in run.events}
+    ubs: dict[int, list[UbatchSummary]] = {}
+    for u in run.ubatches:
+        ubs.setdefault(u.op, []).append(u)
+    return {op: OpSide(op, events.get(op), tuple(ubs.get(op, ())))
+            for op in sorted(set(events) | set(ubs))}
+
+
+def _totals(run: RunSummary) -> Totals:
+    cost: Counter = Counter()
+    findings: Counter = Counter()
+    aborted = False
+    for u in run.ubatches:
+        cost.update(dict(u.cost))
+        findings.update(code for code, _ in u.findings)
+    for e in run.events:
+        findings.update(code for code, _ in e.findings)
+    aborted = findings[ENGINE_ABORT] > 0
+    return Totals(len(run.ubatches), sum(u.n_new for u in run.ubatches),
+                  tuple(sorted(cost.items())), tuple(sorted(findings.items())), aborted)
+
+
+def _codes(findings) -> Counter:
+    return Counter(code for code, _ in findings)
+
+
+def _rows(findings, code: str) -> tuple[int, ...]:
+    return tuple(sorted({r for c, rows in findings if c == code for r in rows}))
+
+
+def _changes(where: str, base_f, head_f) -> tuple[list[FindingChange], list[FindingChange]]:
+    """(introduced, fixed) between the findings of two aligned places."""
+    b, h = _codes(base_f), _codes(head_f)
+    intro = [FindingChange(c, n, where, True, _rows(head_f, c)) for c, n in sorted((h - b).items())]
+    fixed = [FindingChange(c, n, where, True, _rows(base_f, c)) for c, n in sorted((b - h).items())]
+    return intro, fixed
+
+
+def _expand(codes: Counter) -> tuple[str, ...]:
+    return tuple(c for c, n in sorted(codes.items()) for _ in range(n))
+
+
+def _ubatch_fields(b: UbatchSummary, h: UbatchSummary) -> tuple[str, ...]:
+    pairs = (("tokens", b.tokens, h.tokens), ("stale", b.stale_batch, h.stale_batch),
+             ("n_pool_real", b.n_pool_real, h.n_pool_real), ("n_new", b.n_new, h.n_new),
+             ("n_new_g", b.n_new_g, h.n_new_g), ("pools", b.marked, h.marked),
+             ("scatter", b.scatter, h.scatter), ("findings", b.findings, h.findings))
+    return tuple(name for name, x, y in pairs if x != y)
+
+
+def _event_fields(b: EventSummary, h: EventSummary) -> tuple[str, ...]:
+    pairs = (("kind", b.kind, h.kind), ("status", b.status, h.status),
+             ("stale", b.stale, h.stale), ("findings", b.findings, h.findings))
+    return tuple(name for name, x, y in pairs if x != y)
+
+
+def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
+    """Why the runs cannot be aligned at this op, or None when they can."""
+    if b is None or h is None:
+        gone = BASE if b is None else HEAD
+        return f"{gone} has no record of this op (its run ended before it)"
+    if b.status != h.status:
+        def say(side: str, s: OpSide) -> str:
+            why = ""
+            if s.status == "aborted":
+                why = " (KP005)"
+            elif s.status == "rejected":
+                why = " (KP006)" if s.event and any(c == "KP006" for c, _ in s.event.findings) \
+                    else ""
+            return f"{side} {s.status}{why}"
+        return f"{say(BASE, b)}, {say(HEAD, h)}"
+    if (b.event is None) != (h.event is None) or b.kind != h.kind:
+        return "the op ran differently (an event on one side only)"
+    if [u.batch_ubatch for u in b.ubatches] != [u.batch_ubatch for u in h.ubatches]:
+        return (f"the decode splits into {len(b.ubatches)} ubatch(es) in base, "
+                f"{len(h.ubatches)} in head")
+    return None
+
+
+def _unaligned(parting_op: int, base_ops: dict[int, OpSide], head_ops: dict[int, OpSide]
+               ) -> tuple[list[FindingChange], list[FindingChange]]:
+    """(introduced, fixed) over everything from the parting op on, by code counts."""
+    def places(ops: dict[int, OpSide]) -> tuple[Counter, dict[str, list[str]], dict]:
+        counts: Counter = Counter()
+        where: dict[str, list[str]] = {}
+        found: dict[str, list] = {}
+        for op, side in ops.items():
+            if op < parting_op:
+                continue
+            items = []
+            if side.event is not None:
+                items.append((f"op {op}", side.event.findings))
+            items += [(f"op {op}.{u.batch_ubatch}", u.findings) for u in side.ubatches]
+            for label, fs in items:
+                for code, rows in fs:
+                    counts[code] += 1
+                    if label not in where.setdefault(code, []):
+                        where[code].append(label)
+                    found.setdefault(code, []).append((code, rows))
+        return counts, where, found
+
+    bc, bw, bf = places(base_ops)
+    hc, hw, hf = places(head_ops)
+
+    def label(w: list[str]) -> str:
+        return ", ".join(w[:4]) + (f" (+{len(w) - 4} more)" if len(w) > 4 else "")
+
+    intro = [FindingChange(c, n, label(hw[c]), False, _rows(hf[c], c))
+             for c, n in sorted((hc - bc).items())]
+    fixed = [FindingChange(c, n, label(bw[c]), False, _rows(bf[c], c))
+             for c, n in sorted((bc - hc).items())]
+    return intro, fixed
+
+
+def _either(a: str, b: str) -> str:
+    """One name for both sides: the common one, else `a vs b` (forced reports)."""
+    return a if a == b or not b else b if not a else f"{a} vs {b}"
+
+
+def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
+    """How `head` differs from `base` on the same trace. Pure; see the module doc."""
+    base_ops, head_ops = _by_op(base), _by_op(head)
+    entries: list[UbatchDiff | EventDiff] = []
+    introduced: list[FindingChange] = []
+    fixed: list[FindingChange] = []
+    parting: Parting | None = None
+    aligned = cost_only = 0
+    for op in sorted(set(base_ops) | set(head_ops)):
+        b, h = base_ops.get(op), head_ops.get(op)
+        reason = _part_reason(b, h)
+        if reason is not None:
+            parting = Parting(
+                op, (b or h).kind, reason, b, h,  # type: ignore[union-attr]
+                sum(len(s.ubatches) for o, s in base_ops.items() if o > op),
+                sum(len(s.ubatches) for o, s in head_ops.items() if o > op))
+            i, f = _unaligned(op, base_ops, head_ops)
+            introduced += i
+            fixed += f
+            break
+        assert b is not None and h is not None
+        if b.event is not None and h.event is not None:
+            fields = _event_fields(b.event, h.event)
+            i, f = _changes(f"op {op}", b.event.findings, h.event.findings)
+            introduced += i
+            fixed += f
+            if fields:
+                entries.append(EventDiff(op, b.event.kind, b.event, h.event, fields,
+                                         _expand(_codes(h.event.findings)
+                                                 - _codes(b.event.findings)),
+                                         _expand(_codes(b.event.findings)
+                                                 - _codes(h.event.findings))))
+        for ub, uh in zip(b.ubatches, h.ubatches, strict=True):
+            aligned += 1
+            fields = _ubatch_fields(ub, uh)
+            where = f"op {op}.{ub.batch_ubatch}"
+            i, f = _changes(where, ub.findings, uh.findings)
+            introduced += i
+            fixed += f
+            if not fields:
+                cost_only += ub.cost != uh.cost
+                continue
+            hb, hh = set(ub.marked), set(uh.marked)
+            entries.append(UbatchDiff(
+                op, ub.batch_ubatch, ub, uh, fields,
+                tuple(p for p in ub.marked if p not in hh),
+                tuple(p for p in uh.marked if p not in hb),
+                _expand(_codes(uh.findings) - _codes(ub.findings)),
+                _expand(_codes(ub.findings) - _codes(uh.findings))))
+    return TraceDiff(
+        trace_path=_either(base.trace_path, head.trace_path),
+        trace_name=_either(base.trace_name, head.trace_name),
+        sha256=base.sha256, base_engine=base.engine, head_engine=head.engine,
+        base_backend=base.backend, head_backend=head.backend,
+        same_trace=base.sha256 == head.sha256,
+        entries=tuple(entries), parting=parting, fixed=tuple(fixed),
+        introduced=tuple(introduced), base=_totals(base), head=_totals(head),
+        aligned_ubatches=aligned, cost_only=cost_only)
+
+
+# --- several traces and the exit policy ------------------------------------------------
+
+
+def code_matches(code: str, selectors: tuple[str, ...]) -> bool:
+    """A code matches a selector that is the code itself or a prefix (`KP`, `KP00`)."""
+    return any(code.startswith(s) for s in selectors)
+
+
+@dataclass(frozen=True, slots=True)
+class DiffResult:
+    """The diffs of every trace, and what they mean for CI."""
+
+    traces: tuple[TraceDiff, ...]
+    fail_on_change: bool = False
+    ignore: tuple[str, ...] = ()  # codes (or prefixes) whose gain is not a regression
+
+    @property
+    def regressions(self) -> tuple[tuple[TraceDiff, FindingChange], ...]:
+        return tuple((t, c) for t in self.traces for c in t.introduced
+                     if not code_matches(c.code, self.ignore))
+
+    @property
+    def changed(self) -> bool:
+        return any(t.changed for t in self.traces)
+
+    @property
+    def exit_code(self) -> int:
+        if self.regressions:
+            return 1
+        return 1 if self.fail_on_change and self.changed else 0
+
+    @property
+    def verdict(self) -> str:
+        """regression | changed | no differences (cost counters aside)."""
+        if self.regressions:
+            return "regression"
+        return "changed" if self.changed else "no differences"
+
+    def totals(self, side: str) -> Totals:
+        ts = [t.base if side == BASE else t.head for t in self.traces]
+        cost: Counter = Counter()
+        findings: Counter = Counter()
+        for t in ts:
+            cost.update(dict(t.cost))
+            findings.update(dict(t.findings))
+        return Totals(sum(t.ubatches for t in ts), sum(t.pools_repooled for t in ts),
+                      tuple(sorted(cost.items())), tuple(sorted(findings.items())),
+                      any(t.aborted for t in ts))
+
+    def changes(self, which: str) -> dict[str, int]:
+        """code -> count over every trace, of `introduced` or `fixed` findings."""
+        out: Counter = Counter()
+        for t in self.traces:
+            for c in (t.introduced if which == "introduced" else t.fixed):
+                out[c.code] += c.count
+        return dict(sorted(out.items()))

@@ -1,0 +1,545 @@
+"""The views of `kpool diff`: a side-by-side rich table for terminals, a plain text
+form for pipes and files, and JSON for machines. All three show the same thing:
+the differing ubatches and events of each trace (base | head), where the runs
+part, and a summary (findings fixed and introduced, pools re-pooled and cells
+scanned base vs head, the other cost counters, the verdict).
+
+Owns: `diff_json`, `write_diff_json`, `write_diff_plain`, `write_diff_rich`. Reads
+only `kpool_cli.diff.compare` results; never runs anything. Rich consoles come
+from `terminal.make_console` (markup off): styles are attached to `Text` spans,
+so trace text can never be read as markup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from .. import __version__
+from ..diff.compare import (
+    BASE,
+    HEAD,
+    DiffResult,
+    EventDiff,
+    FindingChange,
+    OpSide,
+    Parting,
+    Totals,
+    TraceDiff,
+    UbatchDiff,
+    ratio,
+)
+from ..diff.summary import EventSummary, UbatchSummary
+from ..verdict.codes import CODES
+
+# a line of a cell: (text, style) spans; the plain view drops the styles
+# code -> count
+Counter_t = dict[str, int]
+Span = tuple[str, str]
+Line = list[Span]
+
+GAINED, LOST, PART, DIM, BOLD = "bold red", "green", "bold yellow", "dim", "bold"
+MAX_TABLE_WIDTH = 150  # wider terminals leave the side-by-side columns this wide
+COST_COUNTERS = ("cells_scanned", "pools_marked", "rows_gathered", "scatter_entries",
+                 "gen_zeroed", "reps_sorted")
+
+
+# --- shared wording -------------------------------------------------------------------
+
+
+def _rows(rows: Iterable[int]) -> str:
+    """Rows in order, runs of 3+ consecutive rows as `a-b`: `3 7 11`, `0-2 4-6`."""
+    rows = list(rows)
+    out: list[str] = []
+    i = 0
+    while i < len(rows):
+        j = i
+        while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
+            j += 1
+        if j - i >= 2:
+            out.append(f"{rows[i]}-{rows[j]}")
+            i = j + 1
+        else:
+            out.append(str(rows[i]))
+            i += 1
+    return " ".join(out)
+
+
+def _pools(pools: Iterable[tuple[int, int]]) -> str:
+    return " ".join(f"{s}:{k}" for s, k in pools) or "-"
+
+
+def _stale(pairs: Iterable[tuple[int, int]]) -> str:
+    return " ".join(f"{s}@{p}" for s, p in pairs) or "-"
+
+
+def tokens_text(tokens: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
+    """`seq 0 pos 12; seq 1 pos 12..15 (3)`, one part per sequence set."""
+    by_seq: dict[tuple[int, ...], list[int]] = {}
+    for p, ss in tokens:
+        by_seq.setdefault(ss, []).append(p)
+    parts = []
+    for ss, ps in by_seq.items():
+        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1} ({len(ps)})"
+        parts.append(f"seq {','.join(map(str, ss))} pos {span}")
+    return "; ".join(parts)
+
+
+def _ratio_text(base: int, head: int) -> str:
+    r = ratio(base, head)
+    return f"{base} -> {head}" + (f" ({r:.2f}x)" if r is not None else "")
+
+
+def _finding_lines(findings, gained: Counter_t, lost: Counter_t, side: str) -> list[Line]:
+    """One line per finding; a finding the other side lacks is marked."""
+    out: list[Line] = []
+    extra = dict(gained if side == HEAD else lost)
+    for code, rows in findings:
+        name = CODES[code].name if code in CODES else ""
+        text = f"{code} {name}" + (f" rows {_rows(rows)}" if rows else "")
+        if extra.get(code, 0) > 0:
+            extra[code] -= 1
+            out.append([("NEW: ", GAINED), (text, GAINED)] if side == HEAD
+                       else [("fixed: ", LOST), (text, LOST)])
+        else:
+            out.append([(text, "")])
+    return out
+
+
+
+def _count(codes: tuple[str, ...]) -> Counter_t:
+    out: Counter_t = {}
+    for c in codes:
+        out[c] = out.get(c, 0) + 1
+    return out
+
+
+def _scatter_line(u: UbatchSummary) -> Line:
+    reps = [rep for rep, _, pad in u.scatter if not pad]
+    pads = [rep for rep, _, pad in u.scatter if pad]
+    text = "scatter" + (f" {_rows(reps)}" if reps else "")
+    if pads:
+        text += f"{',' if reps else ''} +{len(pads)} pad: {_rows(sorted(pads))}"
+    seen: set[int] = set()
+    race = any(r in seen or seen.add(r) for r in reps)  # type: ignore[func-returns-value]
+    return [(text, GAINED if race else "")]
+
+
+def ubatch_lines(u: UbatchSummary, d: UbatchDiff, side: str) -> list[Line]:
+    only = d.only_base if side == BASE else d.only_head
+    lines: list[Line] = [[(f"n_new {u.n_new}/{u.n_new_g} of {u.n_pool_real}",
+                           BOLD if {"n_new", "n_new_g", "n_pool_real"} & set(d.fields) else "")]]
+    marks: Line = [(f"marks {len(u.marked)}", "")]
+    if only:
+        marks.append((f", only here: {_pools(only)}", BOLD))
+    elif u.marked:
+        marks.append((", none only here", DIM))
+    lines.append(marks)
+    if "stale" in d.fields:
+        lines.append([(f"stale {_stale(u.stale_batch)}", "")])
+    if "scatter" in d.fields:
+        lines.append(_scatter_line(u))
+    if "tokens" in d.fields:
+        lines.append([(f"tokens {tokens_text(u.tokens)}", "")])
+    lines += _finding_lines(u.findings, _count(d.gained), _count(d.lost), side)
+    lines += _cost_lines(d.base.cost, d.head.cost, u.cost)
+    return lines
+
+
+# shown already as n_new and n_new_g
+_SHOWN = ("pools_marked", "scatter_entries")
+
+
+def _cost_lines(base_cost, head_cost, mine) -> list[Line]:
+    """The cost counters that differ between the two sides, one per line."""
+    b, h, m = dict(base_cost), dict(head_cost), dict(mine)
+    return [[(f"{k} {m.get(k, 0)}", DIM)] for k in COST_COUNTERS
+            if k not in _SHOWN and b.get(k, 0) != h.get(k, 0)]
+
+
+def event_lines(e: EventSummary, gained: Counter_t, lost: Counter_t, side: str) -> list[Line]:
+    lines: list[Line] = [[(e.status, BOLD if e.status != "applied" else "")]]
+    if e.message and e.status != "applied":
+        lines.append([(e.message, "")])
+    if e.stale or e.status == "applied":
+        lines.append([(f"stale {_stale(e.stale)}", "")])
+    lines += _finding_lines(e.findings, gained, lost, side)
+    return lines
+
+
+def opside_lines(s: OpSide | None, other: OpSide | None, side: str) -> list[Line]:
+    """What one run did at the parting op."""
+    if s is None:
+        return [[("(its run ended before this op)", DIM)]]
+    mine = [c for c, _ in (s.event.findings if s.event else ())]
+    mine += [c for u in s.ubatches for c, _ in u.findings]
+    theirs: list[str] = []
+    if other is not None:
+        theirs = [c for c, _ in (other.event.findings if other.event else ())]
+        theirs += [c for u in other.ubatches for c, _ in u.findings]
+    extra = _count(tuple(mine))
+    for c in theirs:
+        if c in extra:
+            extra[c] -= 1
+    gained = extra if side == HEAD else {}
+    lost = extra if side == BASE else {}
+    lines: list[Line] = []
+    if s.event is not None:
+        lines += event_lines(s.event, gained, lost, side)
+    for u in s.ubatches:
+        lines.append([(f"ubatch {u.index} (op {u.op}.{u.batch_ubatch}) n_new "
+                       f"{u.n_new}/{u.n_new_g} of {u.n_pool_real}", "")])
+        lines.append([(f"marks {_pools(u.marked)}", "")])
+        lines += _finding_lines(u.findings, gained, lost, side)
+    return lines
+
+
+def where_lines(entry: UbatchDiff | EventDiff | Parting) -> list[Line]:
+    if isinstance(entry, UbatchDiff):
+        idx = (f"ubatch {entry.base.index}" if entry.base.index == entry.head.index
+               else f"ubatch {entry.base.index}|{entry.head.index}")
+        return [[(entry.where, BOLD)], [(idx, DIM)], [(tokens_text(entry.base.tokens), "")]]
+    if isinstance(entry, EventDiff):
+        return [[(f"{entry.where} {entry.kind}", BOLD)]]
+    return [[(f"op {entry.op} {entry.kind}", PART)], [("the runs part here", PART)]]
+
+
+def entry_sides(entry: UbatchDiff | EventDiff | Parting) -> tuple[list[Line], list[Line]]:
+    if isinstance(entry, UbatchDiff):
+        return ubatch_lines(entry.base, entry, BASE), ubatch_lines(entry.head, entry, HEAD)
+    if isinstance(entry, EventDiff):
+        g, lo = _count(entry.gained), _count(entry.lost)
+        return event_lines(entry.base, g, lo, BASE), event_lines(entry.head, g, lo, HEAD)
+    return (opside_lines(entry.base, entry.head, BASE),
+            opside_lines(entry.head, entry.base, HEAD))
+
+
+def parting_note(t: TraceDiff) -> str:
+    p = t.parting
+    assert p is not None
+    return (f"the runs part at op {p.op} ({p.kind}): {p.reason}; after it base ran "
+            f"{p.base_after} more ubatch(es), head {p.head_after}: findings from op {p.op} "
+            "on are compared by code counts")
+
+
+def _changes_text(changes: tuple[FindingChange, ...], where: bool = True) -> str:
+    """`KP001 x2 (op 3.0, op 6.0)`, grouped by code (`KP001 x2` without `where`)."""
+    by: dict[str, tuple[int, list[str]]] = {}
+    for c in changes:
+        n, places = by.get(c.code, (0, []))
+        by[c.code] = (n + c.count, [*places, c.where])
+    return ", ".join(f"{code} x{n}" + (f" ({', '.join(w)})" if where else "")
+                     for code, (n, w) in by.items())
+
+
+def trace_title(t: TraceDiff) -> str:
+    name = f" ({t.trace_name})" if t.trace_name else ""
+    return f"{t.trace_path}{name}"
+
+
+def _shown(t: TraceDiff) -> bool:
+    """Has the trace anything to show side by side?"""
+    return t.changed or bool(t.fixed) or bool(t.introduced)
+
+
+def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
+                  ) -> list[Line]:
+    """What changed in one trace, one line per kind of change."""
+    lines: list[Line] = []
+    if t.fixed:
+        lines.append([(f"fixed {_changes_text(t.fixed, where)}", LOST)])
+    if t.introduced:
+        ignored = all(_ignored(c.code, ignore) for c in t.introduced)
+        lines.append([(f"introduced {_changes_text(t.introduced, where)}",
+                       PART if ignored else GAINED)]
+                     + ([(" (ignored)", PART)] if ignored else []))
+    if t.parting is not None:
+        lines.append([(f"parts at op {t.parting.op} ({t.parting.kind})", PART)])
+    n_ub = sum(isinstance(e, UbatchDiff) for e in t.entries)
+    n_ev = len(t.entries) - n_ub
+    what = [f"{n_ub}/{t.aligned_ubatches} ubatches"] if n_ub else []
+    what += [f"{n_ev} event{'s' if n_ev > 1 else ''}"] if n_ev else []
+    if what:
+        lines.append([(" and ".join(what) + " differ", "")])
+    if not lines:
+        same = t.base.cost == t.head.cost
+        lines.append([("no differences" if same else "same behaviour", DIM)])
+    return lines
+
+
+def _totals_lines(b: Totals, h: Totals) -> list[str]:
+    return [f"pools re-pooled {_ratio_text(b.pools_repooled, h.pools_repooled)}",
+            f"cells scanned {_ratio_text(b.counter('cells_scanned'), h.counter('cells_scanned'))}"]
+
+
+def verdict_text(r: DiffResult) -> tuple[str, str]:
+    if r.regressions:
+        parts = [f"{c.code} in {t.trace_name or t.trace_path} at {c.where}"
+                 for t, c in r.regressions]
+        return f"REGRESSION (exit 1): head introduces {'; '.join(parts)}", GAINED
+    ignored = "".join(f"; {c.code} introduced in {t.trace_name or t.trace_path} is ignored"
+                      for t in r.traces for c in t.introduced)
+    if r.changed:
+        if r.fail_on_change:
+            return f"behaviour changed (exit 1, --fail-on-change){ignored}", GAINED
+        return f"behaviour changed, no regression (exit 0){ignored}", LOST
+    if any(t.base.cost != t.head.cost for t in r.traces):
+        return "no behavioural differences; cost counters differ (exit 0)", LOST
+    return "no differences (exit 0)", LOST
+
+
+def _engines(r: DiffResult) -> tuple[str, str]:
+    def one(names: list[str]) -> str:
+        uniq = list(dict.fromkeys(names))
+        return uniq[0] if len(uniq) == 1 else "/".join(uniq)
+    return (one([t.base_engine for t in r.traces]) if r.traces else "?",
+            one([t.head_engine for t in r.traces]) if r.traces else "?")
+
+
+# --- JSON ------------------------------------------------------------------------------
+
+
+def _finding_json(findings) -> list[dict]:
+    return [{"code": c, "rows": list(rows)} for c, rows in findings]
+
+
+def _ubatch_side_json(u: UbatchSummary) -> dict:
+    return {
+        "index": u.index, "n_pool_real": u.n_pool_real, "n_new": u.n_new, "n_new_g": u.n_new_g,
+        "stale_batch": {str(s): p for s, p in u.stale_batch},
+        "pools": [list(p) for p in u.marked],
+        "scatter": [{"rep": rep, "cells": list(cells), "pad": pad}
+                    for rep, cells, pad in u.scatter],
+        "findings": _finding_json(u.findings), "cost": dict(u.cost),
+    }
+
+
+def _event_side_json(e: EventSummary) -> dict:
+    out = {"kind": e.kind, "status": e.status, "stale": {str(s): p for s, p in e.stale},
+           "findings": _finding_json(e.findings)}
+    if e.message:
+        out["message"] = e.message
+    return out
+
+
+def _opside_json(s: OpSide | None) -> dict | None:
+    if s is None:
+        return None
+    return {"status": s.status,
+            "event": _event_side_json(s.event) if s.event else None,
+            "ubatches": [{"batch_ubatch": u.batch_ubatch, **_ubatch_side_json(u)}
+                         for u in s.ubatches]}
+
+
+def _change_json(c: FindingChange) -> dict:
+    return {"code": c.code, "count": c.count, "where": c.where, "aligned": c.aligned,
+            "rows": list(c.rows)}
+
+
+def _totals_json(t: Totals) -> dict:
+    return {"ubatches": t.ubatches, "pools_repooled": t.pools_repooled,
+            "cost": dict(t.cost), "findings": dict(t.findings), "aborted": t.aborted}
+
+
+def _compare_json(b: Totals, h: Totals) -> dict:
+    out = {"pools_repooled": {"base": b.pools_repooled, "head": h.pools_repooled,
+                              "ratio": ratio(b.pools_repooled, h.pools_repooled)}}
+    for k in COST_COUNTERS:
+        out[k] = {"base": b.counter(k), "head": h.counter(k),
+                  "ratio": ratio(b.counter(k), h.counter(k))}
+    return out
+
+
+def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
+    entries = []
+    for e in t.entries:
+        if isinstance(e, UbatchDiff):
+            entries.append({
+                "type": "ubatch", "op": e.op, "batch_ubatch": e.batch_ubatch,
+                "tokens": [{"pos": p, "seq": list(ss)} for p, ss in e.base.tokens],
+                "differs": list(e.fields),
+                "pools_only_base": [list(p) for p in e.only_base],
+                "pools_only_head": [list(p) for p in e.only_head],
+                "findings_gained": list(e.gained), "findings_lost": list(e.lost),
+                "base": _ubatch_side_json(e.base), "head": _ubatch_side_json(e.head),
+            })
+        else:
+            entries.append({
+                "type": "event", "op": e.op, "kind": e.kind, "differs": list(e.fields),
+                "findings_gained": list(e.gained), "findings_lost": list(e.lost),
+                "base": _event_side_json(e.base), "head": _event_side_json(e.head),
+            })
+    p = t.parting
+    return {
+        "trace": {"path": t.trace_path, "name": t.trace_name, "sha256": t.sha256,
+                  "same_trace": t.same_trace},
+        "base": {"engine": t.base_engine, "backend": t.base_backend},
+        "head": {"engine": t.head_engine, "backend": t.head_backend},
+        "changed": t.changed,
+        "regression": any(not _ignored(c.code, ignore) for c in t.introduced),
+        "aligned_ubatches": t.aligned_ubatches,
+        "cost_only_ubatches": t.cost_only,
+        "differences": entries,
+        "parted": None if p is None else {
+            "op": p.op, "kind": p.kind, "reason": p.reason,
+            "base": _opside_json(p.base), "head": _opside_json(p.head),
+            "base_ubatches_after": p.base_after, "head_ubatches_after": p.head_after},
+        "findings_fixed": [_change_json(c) for c in t.fixed],
+        "findings_introduced": [_change_json(c) for c in t.introduced],
+        "totals": {"base": _totals_json(t.base), "head": _totals_json(t.head),
+                   "compare": _compare_json(t.base, t.head)},
+    }
+
+
+def _ignored(code: str, ignore: tuple[str, ...]) -> bool:
+    return any(code.startswith(s) for s in ignore)
+
+
+def diff_json(r: DiffResult) -> dict:
+    base, head = _engines(r)
+    b, h = r.totals(BASE), r.totals(HEAD)
+    return {
+        "kpool_diff": 1,
+        "tool": {"name": "kpool", "version": __version__},
+        "base": base, "head": head,
+        "fail_on_change": r.fail_on_change, "ignore": list(r.ignore),
+        "traces": [trace_json(t, r.ignore) for t in r.traces],
+        "summary": {
+            "traces": len(r.traces),
+            "changed": sum(t.changed for t in r.traces),
+            "findings_fixed": r.changes("fixed"),
+            "findings_introduced": r.changes("introduced"),
+            "regressions": [{"trace": t.trace_path, **_change_json(c)}
+                            for t, c in r.regressions],
+            "totals": {"base": _totals_json(b), "head": _totals_json(h),
+                       "compare": _compare_json(b, h)},
+            "verdict": r.verdict,
+            "exit_code": r.exit_code,
+        },
+    }
+
+
+def write_diff_json(out: TextIO, r: DiffResult) -> None:
+    out.write(json.dumps(diff_json(r), indent=2) + "\n")
+
+
+# --- plain text ------------------------------------------------------------------------
+
+
+def _plain(line: Line) -> str:
+    return "".join(t for t, _ in line)
+
+
+def write_diff_plain(out: TextIO, r: DiffResult) -> None:
+    """For pipes, files and CI logs: no colour, one block per differing place."""
+    base, head = _engines(r)
+    out.write(f"kpool diff: base {base} vs head {head}\n")
+    for t in r.traces:
+        if not _shown(t):
+            continue
+        out.write(f"\n{trace_title(t)}\n")
+        places: list[UbatchDiff | EventDiff | Parting] = list(t.entries)
+        if t.parting is not None:
+            places.append(t.parting)
+        for entry in places:
+            out.write("  " + "  ".join(_plain(x) for x in where_lines(entry)) + "\n")
+            b, h = entry_sides(entry)
+            for label, lines in ((f"base {t.base_engine}", b), (f"head {t.head_engine}", h)):
+                for k, line in enumerate(lines):
+                    out.write(f"    {label if k == 0 else '':<16} {_plain(line)}\n")
+        if t.parting is not None:
+            out.write(f"  {parting_note(t)}\n")
+    out.write(f"\nsummary: base {base} vs head {head}\n")
+    for t in r.traces:
+        out.write(f"  {trace_title(t)}: "
+                  + "; ".join(_plain(x) for x in trace_outcome(t, r.ignore))
+                  + "; " + ", ".join(_totals_lines(t.base, t.head)) + "\n")
+    b, h = r.totals(BASE), r.totals(HEAD)
+    out.write("  all traces: " + ", ".join(_totals_lines(b, h)) + "\n")
+    other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_COUNTERS
+             if k not in ("cells_scanned", "pools_marked")]
+    out.write("  host work: " + ", ".join(other) + "\n")
+    fixed, intro = r.changes("fixed"), r.changes("introduced")
+    out.write("  findings fixed: " + (", ".join(f"{c} x{n}" for c, n in fixed.items()) or "none")
+              + "; introduced: "
+              + (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none") + "\n")
+    out.write(verdict_text(r)[0] + "\n")
+
+
+# --- rich --------------------------------------------------------------------------------
+
+
+def _text(lines: list[Line]) -> Text:
+    out = Text()
+    for k, line in enumerate(lines):
+        if k:
+            out.append("\n")
+        for t, style in line:
+            out.append(t, style=style or None)
+    return out
+
+
+def write_diff_rich(console: Console, r: DiffResult) -> None:
+    """For terminals: per trace with differences a base | head table, then a summary."""
+    base, head = _engines(r)
+    console.print(Text.assemble(("kpool diff", BOLD), f": base {base} vs head {head}"))
+    for t in r.traces:
+        if not _shown(t):
+            continue
+        console.print()
+        console.print(Rule(Text(trace_title(t), style=BOLD), align="left"))
+        table = Table(show_header=True, header_style=BOLD, box=None, padding=(0, 1, 1, 1),
+                      width=min(console.width, MAX_TABLE_WIDTH))
+        table.add_column("where", ratio=2, overflow="fold")
+        table.add_column(f"base: {t.base_engine}", ratio=3, overflow="fold")
+        table.add_column(f"head: {t.head_engine}", ratio=3, overflow="fold")
+        places: list[UbatchDiff | EventDiff | Parting] = list(t.entries)
+        if t.parting is not None:
+            places.append(t.parting)
+        for entry in places:
+            b, h = entry_sides(entry)
+            table.add_row(_text(where_lines(entry)), _text(b), _text(h))
+        console.print(table)
+        if t.parting is not None:
+            console.print(Text(parting_note(t), style=PART))
+    console.print()
+    console.print(Rule(Text(f"summary: base {base} vs head {head}", style=BOLD),
+                       align="left"))
+    table = Table(show_header=True, header_style=BOLD, box=None, padding=(0, 1),
+                  expand=False)
+    table.add_column("trace", no_wrap=True, overflow="ellipsis",
+                     max_width=max(12, (console.width or 80) // 4))
+    table.add_column("outcome", overflow="fold")
+    table.add_column("pools re-pooled", overflow="fold")
+    table.add_column("cells scanned", overflow="fold")
+    for t in r.traces:
+        table.add_row(Text(t.trace_name or t.trace_path),
+                      _text(trace_outcome(t, r.ignore, where=False)),
+                      _ratio_text(t.base.pools_repooled, t.head.pools_repooled),
+                      _ratio_text(t.base.counter("cells_scanned"),
+                                  t.head.counter("cells_scanned")))
+    b, h = r.totals(BASE), r.totals(HEAD)
+    table.add_row(Text("all traces", style=BOLD), "",
+                  Text(_ratio_text(b.pools_repooled, h.pools_repooled), style=BOLD),
+                  Text(_ratio_text(b.counter("cells_scanned"), h.counter("cells_scanned")),
+                       style=BOLD))
+    console.print(table)
+    other = ", ".join(f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_COUNTERS
+                      if k not in ("cells_scanned", "pools_marked"))
+    fixed, intro = r.changes("fixed"), r.changes("introduced")
+    console.print(Group(
+        Text(f"host work: {other}", style=DIM),
+        Text.assemble(("findings fixed: ", ""),
+                      (", ".join(f"{c} x{n}" for c, n in fixed.items()) or "none", LOST),
+                      ("; introduced: ", ""),
+                      (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none",
+                       GAINED if intro else "")),
+    ))
+    text, style = verdict_text(r)
+    console.print(Text(text, style=style))

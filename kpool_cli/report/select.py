@@ -1,0 +1,167 @@
+"""Which records a text view shows: `--ubatch`, `--seq`, `--only-findings` (issue
+"The rich view", point 2). Shared by the plain and the rich view.
+
+Owns: `Selection` (the navigation options, parsed), `planned_ubatches` (how many
+ubatches a trace's decodes split into, known before the replay runs) and `select`,
+a pure function from the replay's records to `(record, shown)` pairs. Every record
+comes out exactly once, in order, so a `Tally` fed from the pairs counts the whole
+run whatever is shown.
+
+Rules (all the options given must hold):
+- a ubatch is shown when its index is in a `--ubatch` range; when it decodes a token
+  of a `--seq` sequence, re-pools one of its pools or has a finding naming it; and,
+  under `--only-findings`, when it has a finding;
+- an event (an edit, a note, a refused decode) is shown under `--only-findings` only
+  when it has a finding, under `--seq` only when it edits or stales that sequence,
+  and under `--ubatch` only when it lies between two shown ubatches;
+- an expectation is shown when the record before it was (a failed one always).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from ..cache.batch import split_equal
+from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..trace import model as m
+
+Record = OpEvent | UbatchRecord | ExpectResult
+
+AUTO_ONLY_FINDINGS = 200  # more planned ubatches than this: --only-findings by default
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:\.\.\s*(\d*)\s*)?$")
+
+
+def parse_ubatch_range(text: str) -> tuple[int, int]:
+    """`N` or `A..B` (half-open, as positions in a trace; `A..` runs to the end) ->
+    (first, end). Raises ValueError with a message for anything else.
+
+    >>> parse_ubatch_range("7"), parse_ubatch_range("3..5"), parse_ubatch_range("2..")[0]
+    ((7, 8), (3, 5), 2)
+    """
+    mt = _RANGE.match(text)
+    if mt is None:
+        raise ValueError(f"{text!r} is not a ubatch index N or a range A..B")
+    a = int(mt.group(1))
+    if "." not in text:
+        return a, a + 1
+    b = int(mt.group(2)) if mt.group(2) else 1 << 62
+    if b <= a:
+        raise ValueError(f"empty ubatch range {text!r} (A..B is half-open: B > A)")
+    return a, b
+
+
+def planned_ubatches(trace: m.Trace) -> int:
+    """The ubatches the trace's decodes split into (ENGINE.md §3), refused ones included:
+    an upper bound of what the replay yields, computed before it runs."""
+    n = 0
+    for op in trace.ops:
+        if not isinstance(op, m.Decode):
+            continue
+        if op.ubatches is not None:
+            n += len(op.ubatches)
+            continue
+        split = split_equal(op.tokens, trace.cache.n_ubatch, sequential=not trace.cache.unified)
+        n += 0 if isinstance(split, str) else len(split)
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    ubatches: tuple[tuple[int, int], ...] = ()  # half-open index ranges; () = every ubatch
+    seqs: frozenset[int] = frozenset()  # () = every sequence
+    only_findings: bool = False
+    auto: bool = False  # only_findings was chosen because the trace is long
+
+    @classmethod
+    def of(cls, trace: m.Trace, ubatches: tuple[tuple[int, int], ...] = (),
+           seqs: Iterable[int] = (), only_findings: bool | None = None) -> Selection:
+        """The options as given; `only_findings=None` (not given either way) turns
+        --only-findings on for a trace of more than AUTO_ONLY_FINDINGS ubatches when no
+        other navigation option is given."""
+        seqs = frozenset(seqs)
+        auto = (only_findings is None and not ubatches and not seqs
+                and planned_ubatches(trace) > AUTO_ONLY_FINDINGS)
+        return cls(tuple(ubatches), seqs, bool(only_findings) or auto, auto)
+
+    @property
+    def filters(self) -> bool:
+        return bool(self.ubatches or self.seqs or self.only_findings)
+
+    def describe(self) -> str:
+        """One line saying what is shown ("" when everything is)."""
+        parts = []
+        if self.ubatches:
+            parts.append("ubatches " + ", ".join(
+                str(a) if b == a + 1 else (f"{a}.." if b >= 1 << 62 else f"{a}..{b}")
+                for a, b in self.ubatches))
+        if self.seqs:
+            parts.append("seq " + ", ".join(map(str, sorted(self.seqs))))
+        if self.only_findings:
+            parts.append("only ubatches and ops with findings")
+        if not parts:
+            return ""
+        line = "showing " + "; ".join(parts)
+        if self.auto:
+            line += (f" (the default past {AUTO_ONLY_FINDINGS} ubatches: --all-ubatches shows "
+                     "every one, --ubatch A..B or --seq S picks)")
+        return line
+
+    # -- the rules ------------------------------------------------------------------
+
+    def _ubatch(self, r: UbatchRecord) -> bool:
+        if self.ubatches and not any(a <= r.index < b for a, b in self.ubatches):
+            return False
+        if self.seqs and not (
+                any(s in self.seqs for ss in r.token_seqs for s in ss)
+                or any(p.seq in self.seqs for p in r.pools if p.new)
+                or any(s in self.seqs for f in r.findings for s in f.seqs)):
+            return False
+        return not (self.only_findings and not r.findings)
+
+    def _event(self, e: OpEvent, trace: m.Trace) -> bool:
+        if self.only_findings and not e.findings:
+            return False
+        if self.seqs:
+            touched = set(e.stale) | _op_seqs(trace.ops[e.op])
+            if e.kind != "note" and not (touched & self.seqs or -1 in touched):
+                return False
+        return True
+
+
+def _op_seqs(op) -> set[int]:
+    """The sequences an op names (seq, src, dst, a decode's seq ids)."""
+    if isinstance(op, m.Decode):
+        return {s for t in op.tokens for s in t.seq}
+    return {getattr(op, a) for a in ("seq", "src", "dst") if hasattr(op, a)}
+
+
+def select(records: Iterable[Record], sel: Selection, trace: m.Trace
+           ) -> Iterator[tuple[Record, bool]]:
+    """Every record with whether the view shows it, in order. Under `--ubatch`, events
+    wait for the next ubatch to decide (shown only between two shown ubatches)."""
+    held: list[tuple[Record, bool, bool]] = []  # (event, shown if kept, always shown)
+    seen_shown = False
+    last_shown = True
+    for rec in records:
+        if isinstance(rec, UbatchRecord):
+            shown = sel._ubatch(rec)
+            keep = shown and seen_shown
+            yield from ((r, force or (s and keep)) for r, s, force in held)
+            held = []
+            seen_shown |= shown
+            last_shown = shown
+            yield rec, shown
+            continue
+        force = isinstance(rec, ExpectResult) and not rec.ok
+        if isinstance(rec, ExpectResult):
+            shown = last_shown or force
+        else:
+            shown = last_shown = sel._event(rec, trace)
+        if sel.ubatches and (held or not isinstance(rec, ExpectResult)):
+            held.append((rec, shown, force))  # an expect follows what it checks
+        else:
+            yield rec, shown
+    yield from ((r, force) for r, _, force in held)

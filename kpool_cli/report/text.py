@@ -1,0 +1,127 @@
+"""`kpool replay --format text`: which text view runs, where it goes, and the files
+and progress bar around it (issue "The rich view", points 4 and 5).
+
+Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
+otherwise, the recording console behind --html/--svg, written atomically at
+`close()`), and `ticker_for` / `ticking` (the delayed progress bar on stderr,
+never when stdout is a pipe, stderr is not a terminal, or with --quiet).
+
+Decisions:
+- stdout a terminal (and no --output file): the rich view, coloured unless
+  --no-color or NO_COLOR; with --html/--svg the same console records.
+- otherwise: the plain view (report/plain.py); with --html/--svg a second,
+  off-screen recording console renders the rich view for the files (coloured
+  unless --no-color or NO_COLOR) from the same single replay.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TextIO
+
+from ..engine.versions import EngineVersion
+from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..trace.model import Trace
+from .files import write_whole
+from .plain import write_plain
+from .select import Selection, planned_ubatches, select
+from .tally import Tally
+from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_terminal
+from .view import RichView
+
+Record = OpEvent | UbatchRecord | ExpectResult
+
+
+def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal: bool
+               ) -> Ticker:
+    """The progress bar of one replay (a disabled one when it must not show)."""
+    err = sys.stderr
+    show = not quiet and stream_is_terminal(err) and not stream_is_pipe(sys.stdout)
+    console = make_console(err, Manners.detect(err, color=color)) if show else None
+    return Ticker(console, planned_ubatches(trace), trace.name or trace.path,
+                  shares_terminal=shares_terminal)
+
+
+def ticking(records: Iterable[Record], ticker: Ticker) -> Iterator[Record]:
+    """`records`, ticking the bar at every ubatch; the bar is erased at the end."""
+    try:
+        for rec in records:
+            if isinstance(rec, UbatchRecord):
+                ticker.tick()
+            yield rec
+    finally:
+        ticker.close()
+
+
+class TextOutput:
+    def __init__(self, out: TextIO, *, color: bool | None = None, quiet: bool = False,
+                 html: str | None = None, svg: str | None = None,
+                 width: int | None = None) -> None:
+        self.out, self.color, self.quiet, self.html, self.svg = out, color, quiet, html, svg
+        self.on_terminal = out is sys.stdout and stream_is_terminal(out)
+        record = bool(html or svg)
+        self.console = None
+        self.recorder = None
+        if self.on_terminal:
+            self.console = make_console(out, Manners.detect(out, color=color, width=width),
+                                        record=record)
+            self.recorder = self.console if record else None
+        elif record:
+            shade = color if color is not None else "NO_COLOR" not in os.environ
+            self.recorder = make_console(io.StringIO(), Manners(False, shade, width),
+                                         record=True)
+
+    @property
+    def rich(self) -> bool:
+        """Does a rich view run (so records should carry cell maps)?"""
+        return self.recorder is not None or self.console is not None
+
+    def run(self, trace: Trace, version: EngineVersion, backend: str | None,
+            records: Iterable[Record], tally: Tally, selection: Selection,
+            pools_all: bool = False) -> None:
+        ticker = ticker_for(trace, quiet=self.quiet, color=self.color,
+                            shares_terminal=self.on_terminal)
+        pairs = select(ticking(records, ticker), selection, trace)
+        rich_console = self.console or self.recorder
+        view = (RichView(rich_console, trace, version, backend, selection, pools_all)
+                if rich_console is not None else None)
+        if view is not None:
+            with ticker.hidden():
+                view.start()
+        if self.console is not None:  # the rich view is the output
+            for rec, shown in pairs:
+                tally.add(rec)
+                if shown:
+                    with ticker.hidden():
+                        view.add(rec, shown)
+                else:
+                    view.add(rec, shown)
+            with ticker.hidden():
+                view.finish(tally)
+            return
+        if view is not None:  # plain output, rich view recorded for the files
+            pairs = _tee(pairs, view)
+        write_plain(self.out, trace, version.name, (), tally, selection=selection, pairs=pairs)
+        if view is not None:
+            view.finish(tally)
+
+    def close(self) -> None:
+        """Write --html / --svg (atomically) and flush the output, so a reader that
+        left (`| head`) is noticed here, not at interpreter exit."""
+        if self.recorder is not None:
+            if self.svg:
+                write_whole(self.svg, self.recorder.export_svg(
+                    title="kpool replay", clear=not self.html))
+            if self.html:
+                write_whole(self.html, self.recorder.export_html(clear=True))
+        self.out.flush()
+
+
+def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView
+         ) -> Iterator[tuple[Record, bool]]:
+    for rec, shown in pairs:
+        view.add(rec, shown)
+        yield rec, shown

@@ -1,0 +1,574 @@
+"""The rich view of a replay: what a developer reads in a terminal while chasing a
+cache bug (issue "The rich view"). With terminal.py, the only module that imports rich.
+
+Owns: `RichView` (fed `(record, shown)` pairs from `select.select`, it prints a
+header per trace, one block per shown ubatch, the events between them and a
+closing summary), `cell_map_lines` (the folded picture of the cache, as llama.cpp's
+debug dump draws it: ENGINE.md §2), and `print_explanation` / `print_code_list`
+for `kpool explain`.
+
+It sees only records and the Trace (DESIGN.md). It never decides what is shown
+(select.py does) and never owns a console (terminal.make_console does). Ranges
+are half-open `A..B`, as positions are written in traces. Everything styled also
+reads without colour: raced rows carry `!`, rep rows `^`, padding says `pad`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import MISSING, fields
+
+import numpy as np
+from rich import box
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from ..engine.versions import EngineVersion
+from ..records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, UbatchRecord
+from ..trace import model as m
+from ..verdict.codes import CODES, Finding
+from ..verdict.explain import EXPLANATIONS, Explanation
+from .select import Selection
+from .tally import Tally
+
+SEQ_STYLES = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "bright_green",
+              "bright_yellow", "bright_blue", "bright_magenta")
+SHARED_STYLE = "bold bright_white on red3"
+SEQ_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
+POOL_ROWS = 14  # pool table rows shown before folding (raced and flagged rows always are)
+TOKEN_RUNS = 6  # cell / pos runs listed per sequence before "..."
+GROUP = 16  # cells per group in the cell map
+
+
+def seq_char(s: int) -> str:
+    """The cell map's character for a cell of one sequence: 0-9, a-z, then `#`."""
+    return SEQ_CHARS[s] if 0 <= s < len(SEQ_CHARS) else "#"
+
+
+def seq_style(s: int) -> str:
+    return SEQ_STYLES[s % len(SEQ_STYLES)]
+
+
+def runs(values: list[int], limit: int = TOKEN_RUNS) -> str:
+    """Ints in the given order as runs: `0..4` (half-open, three or more in a row),
+    `3 x6` (repeats), else single values; at most `limit` runs, then `... (n)`.
+
+    >>> runs([0, 1, 2, 3, 9, 12, 13, 5, 5, 5])
+    '0..4 9 12 13 5 x3'
+    """
+    parts: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        step = values[i + 1] - values[i] if i + 1 < len(values) else None
+        if step in (0, 1):
+            while j + 1 < len(values) and values[j + 1] == values[j] + step:
+                j += 1
+        if j - i >= (1 if step == 0 else 2):
+            parts.append(f"{values[i]} x{j - i + 1}" if step == 0
+                         else f"{values[i]}..{values[j] + 1}")
+        else:
+            j = i
+            parts.append(str(values[i]))
+        i = j + 1
+    if len(parts) > limit:
+        return " ".join(parts[:limit]) + f" ... ({len(values)})"
+    return " ".join(parts)
+
+
+def span(first: int, last: int) -> str:
+    """An inclusive pos range as text: `7` or half-open `4..8`."""
+    return str(first) if first == last else f"{first}..{last + 1}"
+
+
+# -- the cell map --------------------------------------------------------------------------
+
+
+def cells_per_line(width: int, n_cells: int) -> int:
+    """The most cells (16, 32, ..., 256: llama.cpp's dump prints 256) a line of `width`
+    holds with its 8-column row label and a space every GROUP cells."""
+    best = GROUP
+    for n in (32, 64, 128, 256):
+        if 8 + n + n // GROUP - 1 <= width:
+            best = n
+    while best > GROUP and best // 2 >= n_cells:
+        best //= 2
+    return best
+
+
+def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] = frozenset(),
+                   written: np.ndarray | None = None) -> list[Text]:
+    """The cache as strips of one character per cell (`.` empty, the seq id, `M` shared),
+    each followed by a marker line under rep rows (`^`) and flagged rows (`!`) when it
+    has any. Runs of identical lines fold into one line saying how many: a 131072-cell
+    cache stays a few lines. Streams start on a new line and are labelled."""
+    n_rows = cm.seq.size
+    per = cells_per_line(width, cm.kv_size)
+    codes = cm.seq.astype(np.int64)
+    chars = np.full(n_rows, ord("."), dtype=np.uint8)
+    one = codes >= 0
+    lut = np.frombuffer((SEQ_CHARS + "#" * (256 - len(SEQ_CHARS))).encode(), dtype=np.uint8)
+    chars[one] = lut[np.minimum(codes[one], 255)]
+    chars[codes == SEQ_SHARED] = ord("M")
+    marks = np.full(n_rows, ord(" "), dtype=np.uint8)
+    marks[cm.rep_rows] = ord("^")
+    if flagged:
+        fl = np.fromiter((r for r in flagged if 0 <= r < n_rows), dtype=np.int64)
+        marks[fl] = ord("!")
+    is_written = np.zeros(n_rows, dtype=bool)
+    if written is not None and written.size:
+        is_written[written] = True
+    n_stream = n_rows // cm.kv_size
+    out: list[Text] = []
+    for strm in range(n_stream):
+        base = strm * cm.kv_size
+        if n_stream > 1:
+            out.append(Text(f"stream {strm} (rows {base}..{base + cm.kv_size})", style="dim"))
+        starts = list(range(base, base + cm.kv_size, per))
+        keys = [(chars[a:a + per].tobytes(), marks[a:a + per].tobytes(),
+                 bool(is_written[a:a + per].any())) for a in starts]
+        i = 0
+        while i < len(starts):
+            j = i
+            while j + 1 < len(starts) and keys[j + 1] == keys[i] and not keys[i][2]:
+                j += 1
+            a = starts[i]
+            end = min(starts[j] + per, base + cm.kv_size)
+            n_same = j - i + 1
+            empty = set(keys[i][0]) == {ord(".")} and not keys[i][1].strip()
+            if empty and n_same >= 2:
+                out.append(Text(f"{a:>6}  ... {n_same} lines of empty cells "
+                                f"(rows {a}..{end}) ...", style="dim"))
+            else:
+                out += _strip(cm, chars, marks, is_written, a, min(a + per, base + cm.kv_size))
+                if n_same >= 3:
+                    out.append(Text(f"{'':>6}  ... {n_same - 1} more lines like it "
+                                    f"(rows {a + per}..{end}) ...", style="dim"))
+                elif n_same == 2:
+                    b = a + per
+                    out += _strip(cm, chars, marks, is_written, b, min(b + per, end))
+            i = j + 1
+    return out
+
+
+def _strip(cm: CellMap, chars: np.ndarray, marks: np.ndarray, is_written: np.ndarray,
+           a: int, b: int) -> list[Text]:
+    line = Text(f"{a:>6}  ", style="dim")
+    mark = Text(" " * 8)
+    codes = cm.seq
+    for r in range(a, b):
+        if r > a and (r - a) % GROUP == 0:
+            line.append(" ")
+            mark.append(" ")
+        c = int(codes[r])
+        ch = chr(chars[r])
+        style = ("dim" if c == SEQ_EMPTY else SHARED_STYLE if c == SEQ_SHARED
+                 else seq_style(c))
+        mk = chr(marks[r])
+        if mk != " ":
+            style += " underline"
+        if is_written[r]:
+            style += " reverse"
+        line.append(ch, style=style)
+        mark.append(mk, style="bold red" if mk == "!" else "bold")
+    return [line, mark] if mark.plain.strip() else [line]
+
+
+# -- the view ------------------------------------------------------------------------------
+
+
+class RichView:
+    """One trace's replay, printed as it streams: `start()`, `add(record, shown)` for
+    every pair of `select.select`, `finish(tally)`."""
+
+    def __init__(self, console: Console, trace: m.Trace, version: EngineVersion,
+                 backend: str | None, selection: Selection, pools_all: bool = False) -> None:
+        self.console, self.trace, self.version = console, trace, version
+        self.backend, self.sel, self.pools_all = backend, selection, pools_all
+        self.shown_ubatches = 0
+        self.total_ubatches = 0
+        self.entries = 0
+        self.padding = 0
+        self._last_sig: tuple | None = None  # findings of the last ubatch printed in full
+        self._repeats: list[int] = []  # shown ubatches folded as repeats of it
+
+    @property
+    def width(self) -> int:
+        return self.console.width
+
+    def print(self, *things) -> None:
+        self.console.print(*things)
+
+    # -- header ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        t, cfg = self.trace, self.trace.cache
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column()
+        grid.add_row("trace", Text(t.path))
+        if t.description:
+            grid.add_row("", Text(_reflow(t.description), style="italic"))
+        grid.add_row("engine", Text.assemble((self.version.name, "bold"), " ",
+                                             (self.version.description, "dim")))
+        grid.add_row("backend", Text(self.backend or "none (model only: no KP003)"))
+        layout = [f"kv_size {cfg.kv_size}", f"kpool {cfg.kpool}", f"n_seq_max {cfg.n_seq_max}",
+                  "unified" if cfg.unified else f"non-unified ({cfg.n_stream} streams)",
+                  "pools by order (M-RoPE)" if cfg.by_order else "pools by position",
+                  f"n_ubatch {cfg.n_ubatch}", f"n_embd {cfg.n_embd}"]
+        grid.add_row("cache", Text(" · ".join(layout)))
+        legend = Text.assemble(
+            (".", "dim"), " empty  ", ("0-9a-z", "bold"), " seq  ",
+            ("M", SHARED_STYLE), " shared  ", ("^", "bold"), " rep row  ",
+            ("!", "bold red"), " flagged row  ", ("x", "reverse"), " new")
+        grid.add_row("cell map", legend)
+        title = Text.assemble(("kpool replay", "bold"), " · ", (t.name or t.path, "bold cyan"))
+        self.print(Panel(grid, title=title, title_align="left", box=box.ROUNDED,
+                         border_style="cyan"))
+        note = self.sel.describe()
+        if note:
+            self.print(Text(note, style="yellow"))
+
+    # -- records ---------------------------------------------------------------------
+
+    def add(self, rec: OpEvent | UbatchRecord | ExpectResult, shown: bool) -> None:
+        if isinstance(rec, UbatchRecord):
+            self.total_ubatches += 1
+            self.entries += rec.n_new_g
+            self.padding += int(rec.scatter_pad.sum())
+            if shown:
+                self.shown_ubatches += 1
+                sig = tuple((f.code, f.rows, f.seqs) for f in rec.findings)
+                if self.sel.only_findings and sig and sig == self._last_sig:
+                    self._repeats.append(rec.index)  # same findings again: one line for all
+                    return
+                self._flush_repeats()
+                self._last_sig = sig
+                self._ubatch(rec)
+            return
+        if shown:
+            self._flush_repeats()
+            self._last_sig = None
+        if shown and isinstance(rec, OpEvent):
+            self._event(rec)
+        elif shown:
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(no_wrap=True, style="dim")
+            grid.add_column()
+            ok = ("ok", "green") if rec.ok else ("FAILED", "bold red")
+            grid.add_row(f"op {rec.op}", Text.assemble(("expect ", "bold"), ok, " · ",
+                                                       rec.message))
+            self.print(grid)
+
+    def _flush_repeats(self) -> None:
+        if not self._repeats:
+            return
+        ix, self._repeats = self._repeats, []
+        codes = " ".join(dict.fromkeys(code for code, _, _ in self._last_sig or ()))
+        self.print(Text.assemble(
+            ("  ... ", "dim"), (f"{len(ix)} more ubatch{'es' if len(ix) > 1 else ''} ", "bold"),
+            (f"({runs(ix, 4)}) ", "dim"),
+            f"with the same {codes} on the same rows and sequences", ("", "dim")))
+
+    def _event(self, e: OpEvent) -> None:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True, style="dim")
+        grid.add_column()
+        if e.kind == "note":
+            grid.add_row("note", Text(e.message, style="italic"))
+            self.print(grid)
+            return
+        op = self.trace.ops[e.op]
+        status_style = {"applied": "green", "rejected": "bold yellow", "aborted": "bold red"}
+        line = Text.assemble((e.kind, "bold"), " ", _op_args(op), " · ",
+                             (e.status, status_style.get(e.status, "")))
+        if e.stale:
+            line.append(" · stale ")
+            line.append(_stale_text(e.stale))
+        if e.message and not e.findings:
+            line.append("\n" + e.message, style="dim")
+        grid.add_row(f"op {e.op}", line)
+        self.print(grid)
+        if e.findings:
+            self.print(self._findings_panel(e.findings, f"op {e.op} {e.kind}"))
+
+    def _ubatch(self, r: UbatchRecord) -> None:
+        raced = _raced_rows(r)
+        flagged = raced | {row for f in r.findings for row in f.rows}
+        style = ("red" if any(f.severity == "error" for f in r.findings)
+                 else "yellow" if r.findings else "bright_black")
+        title = Text.assemble((f"ubatch {r.index}", "bold"), " · ", f"op {r.op} decode",
+                              " · ", f"ubatch {r.batch_ubatch} of its batch",
+                              " · ", f"{r.n_tokens} token{'s' if r.n_tokens != 1 else ''}")
+        self.print(Rule(title, align="left", style=style))
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column()
+        grid.add_row("tokens", _tokens_text(r))
+        if r.batch_ubatch == 0:
+            stale = _stale_text(r.stale_batch) if r.stale_batch else Text("none", style="dim")
+        else:
+            stale = Text("- (only a batch's ubatch 0 re-pools stale pools)", style="dim")
+        grid.add_row("stale", stale)
+        n_pad = int(r.scatter_pad.sum())
+        pools = Text(f"{r.n_new} marked of {r.n_pool_real} · {r.n_new_g} scatter "
+                     f"entr{'ies' if r.n_new_g != 1 else 'y'}")
+        if n_pad:
+            pools.append(f" ({n_pad} padding)", style="dim")
+        if raced:
+            pools.append(f" · {len(raced)} row{'s' if len(raced) > 1 else ''} written twice+",
+                         style="bold red")
+        grid.add_row("pools", pools)
+        self.print(grid)
+        table = self._pool_table(r, raced, flagged)
+        if table is not None:
+            self.print(table)
+        if r.cell_map is not None:
+            for line in cell_map_lines(r.cell_map, self.width, flagged, r.token_rows):
+                self.print(line)
+        if r.findings:
+            self.print(self._findings_panel(r.findings, f"ubatch {r.index}"))
+
+    def _pool_table(self, r: UbatchRecord, raced: set[int], flagged: set[int]) -> Table | None:
+        """Every scatter entry (a marked pool, or padding), or with --pools all every pool."""
+        rows: list[tuple[list, str, bool]] = []  # cells, style, keep when folding
+        new = [p for p in r.pools if p.new]
+        count = Counter(r.scatter_rep.tolist())
+        listed = r.pools if self.pools_all else tuple(new)
+        codes_of: dict[int, set[str]] = {}
+        for f in r.findings:
+            for row in f.rows:
+                codes_of.setdefault(row, set()).add(f.code)
+
+        def note(row: int, base: str) -> str:
+            parts = [base] if base else []
+            if row in raced:
+                parts.append(f"x{count[row]} race")
+            parts += sorted(codes_of.get(row, set()) - ({"KP001"} if row in raced else set()))
+            return " ".join(parts)
+
+        for p in listed:
+            rep_hot = p.rep in raced
+            style = "red" if rep_hot else ("" if p.new else "dim")
+            if p.rep in flagged and not rep_hot:
+                style = "yellow"
+            rep = Text(str(p.rep), style="bold red" if p.rep in flagged else "")
+            cells = [Text(str(p.seq), style=seq_style(p.seq)), str(p.k),
+                     span(p.first_pos, p.last_pos), runs(list(p.cells)), rep,
+                     note(p.rep, "" if p.new else "kept")]
+            rows.append((cells, style, p.rep in flagged))
+        for e in np.flatnonzero(r.scatter_pad).tolist():
+            rep = int(r.scatter_rep[e])
+            hot = rep in raced or rep in flagged
+            members = r.scatter_rows[e].tolist()
+            cells = ["pad", "-", "-", runs(members),
+                     Text(str(rep), style="bold red" if hot else ""), note(rep, "padding")]
+            rows.append((cells, "red" if hot else "dim", hot))
+        if not rows:
+            return None
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
+                      header_style="bold")
+        for name, justify in (("seq", "right"), ("pool", "right"), ("pos", "left"),
+                              ("members", "left"), ("rep", "right"), ("", "left")):
+            table.add_column(name, justify=justify, overflow="fold")
+        shown = range(len(rows))
+        if not self.pools_all and len(rows) > POOL_ROWS:
+            # the first entries, the first flagged ones, the last two
+            flagged_at = [i for i, row in enumerate(rows) if row[2]]
+            shown = sorted({*range(POOL_ROWS // 2), *flagged_at[:POOL_ROWS // 4],
+                            len(rows) - 2, len(rows) - 1})
+        prev = -1
+        for i in shown:
+            if i > prev + 1:
+                gap = range(prev + 1, i)
+                n_flag = sum(rows[j][2] for j in gap)
+                table.add_row("...", "", "", f"{len(gap)} more", "", f"{n_flag} flagged"
+                              if n_flag else "", style="dim")
+            cells, style, _ = rows[i]
+            table.add_row(*cells, style=style)
+            prev = i
+        return table
+
+    def _findings_panel(self, findings: tuple[Finding, ...], where: str) -> Panel:
+        parts = []
+        for n, f in enumerate(findings):
+            if n:
+                parts.append(Text(""))
+            sev = "bold red" if f.severity == "error" else "bold yellow"
+            parts.append(Text.assemble((f.code, sev), " ", (f.name, "bold"), " ",
+                                       (f"[{f.severity}]", "dim")))
+            facts = []
+            if f.rows:
+                facts.append(("rows ", runs(list(f.rows), 10)))
+            if f.seqs:
+                facts.append(("seqs ", " ".join(map(str, f.seqs))))
+            if f.pools:
+                ps = [f"{s}:{k}" for s, k in f.pools]
+                facts.append(("pools ", " ".join(ps[:10]) + (" ..." if len(ps) > 10 else "")))
+            if f.tokens:
+                ts = [f"pos {p} seq {s}" for p, s in f.tokens]
+                facts.append(("tokens ", ", ".join(ts[:4]) + (" ..." if len(ts) > 4 else "")))
+            if facts:
+                line = Text()
+                for k, (label, value) in enumerate(facts):
+                    if k:
+                        line.append(" · ", style="dim")
+                    line.append(label, style="dim")
+                    line.append(value)
+                parts.append(Padding(line, (0, 0, 0, 2)))
+            parts.append(Padding(Text(f.message), (0, 0, 0, 2)))
+            exp = EXPLANATIONS.get(f.code)
+            if exp is not None:
+                parts.append(Padding(Text(f"why: {exp.oneline} (kpool explain {f.code})",
+                                          style="dim italic"), (0, 0, 0, 2)))
+        worst = "red" if any(f.severity == "error" for f in findings) else "yellow"
+        return Panel(Group(*parts), title=Text(f"findings · {where}", style=f"bold {worst}"),
+                     title_align="left", border_style=worst, box=box.ROUNDED)
+
+    # -- summary ---------------------------------------------------------------------
+
+    def finish(self, tally: Tally) -> None:
+        self._flush_repeats()
+        s = tally.summary()
+        table = Table(title=Text(f"summary · {self.trace.name or self.trace.path} under "
+                                 f"{self.version.name}", style="bold"),
+                      title_justify="left", box=box.ROUNDED, show_header=False,
+                      padding=(0, 1))
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column()
+        shown = (f" ({self.shown_ubatches} shown)" if self.shown_ubatches != s["ubatches"]
+                 else "")
+        table.add_row("ubatches", f"{s['ubatches']}{shown} · {s['tokens']} tokens")
+        table.add_row("pools marked", f"{s['pools_marked']} ({s['pools_per_token']} per token)"
+                      f" · {self.entries} scatter entries ({self.padding} padding)")
+        if s["findings"]:
+            for code, n in s["findings"].items():
+                c = CODES[code]
+                sev = "red" if c.severity == "error" else "yellow"
+                table.add_row(Text(code, style=f"bold {sev}"), Text.assemble(
+                    (f"{n} ", "bold"), c.name, (f" ({c.severity})", "dim")))
+        else:
+            table.add_row("findings", Text("none", style="green"))
+        ex = s["expectations"]
+        if ex["passed"] or ex["failed"]:
+            table.add_row("expectations", Text.assemble(
+                f"{ex['passed']} held", ", ",
+                (f"{ex['failed']} failed", "bold red" if ex["failed"] else "")))
+        status = s["status"]
+        style = {"pass": "bold green", "fail": "bold red", "aborted": "bold red"}[status]
+        table.add_row("status", Text(status.upper(), style=style))
+        self.print(table)
+
+
+# -- small renderers -----------------------------------------------------------------------
+
+
+def _raced_rows(r: UbatchRecord) -> set[int]:
+    if r.scatter_rep.size < 2:
+        return set()
+    uniq, counts = np.unique(r.scatter_rep, return_counts=True)
+    return set(uniq[counts > 1].tolist())
+
+
+def _stale_text(stale: dict[int, int]) -> Text:
+    out = Text()
+    for n, (s, p) in enumerate(sorted(stale.items())):
+        if n:
+            out.append(" · ", style="dim")
+        out.append(f"seq {s}", style=seq_style(s))
+        out.append(f" from pos {p}")
+    return out
+
+
+def _tokens_text(r: UbatchRecord) -> Text:
+    """Tokens by sequence set, in order of appearance: positions and their cells."""
+    groups: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
+    for p, ss, row in zip(r.token_pos.tolist(), r.token_seqs, r.token_rows.tolist(),
+                          strict=True):
+        ps, rows = groups.setdefault(ss, ([], []))
+        ps.append(p)
+        rows.append(row)
+    out = Text()
+    for n, (ss, (ps, rows)) in enumerate(groups.items()):
+        if n:
+            out.append("\n")
+        out.append(f"seq {','.join(map(str, ss))}",
+                   style=seq_style(ss[0]) + (" bold" if len(ss) > 1 else ""))
+        out.append(f"  pos {runs(ps)}")
+        out.append(f"  cells {runs(rows)}", style="dim")
+    return out
+
+
+def _reflow(text: str) -> str:
+    """Paragraphs of a YAML block (blank-line separated) as single lines."""
+    paras = [" ".join(p.split()) for p in text.strip().split("\n\n")]
+    return "\n".join(p for p in paras if p)
+
+
+def _op_args(op) -> str:
+    """An edit's arguments, defaults left out: `src 0 dst 1`, `seq 0 p0 4 p1 8 shift 1`."""
+    if isinstance(op, m.Decode):
+        return _tokens_brief(op)
+    parts = []
+    for f in fields(op):
+        if f.name == "loc":
+            continue
+        v = getattr(op, f.name)
+        if f.default is not MISSING and v == f.default:
+            continue
+        parts.append(f"{f.name} {v}")
+    if isinstance(op, m.SeqCp | m.SeqRm | m.SeqAdd | m.SeqDiv) and op.p0 < 0 and op.p1 < 0:
+        parts.append("(whole sequence)")
+    return " ".join(parts)
+
+
+def _tokens_brief(op: m.Decode) -> str:
+    by: dict[tuple[int, ...], list[int]] = {}
+    for t in op.tokens:
+        by.setdefault(t.seq, []).append(t.pos)
+    return "; ".join(f"seq {','.join(map(str, ss))} pos {runs(ps, 3)}" for ss, ps in by.items())
+
+
+# -- kpool explain -------------------------------------------------------------------------
+
+
+def print_explanation(console: Console, e: Explanation) -> None:
+    sev = "bold red" if e.severity == "error" else "bold yellow"
+    console.print(Text.assemble((e.code, sev), " ", (e.name, "bold"), " ",
+                                (f"({e.severity})", "dim")))
+    console.print(Text(f"  {e.oneline}.", style="italic"))
+    engine = (f"a plug-in engine: replace({e.engine.upper().replace('-', '_')}, {e.plugin})"
+              if e.plugin else e.engine)
+    values = ", with a value backend (the default)" if e.needs_values else ""
+    for head, body in (("What it does", e.what), ("Why is this bad?", e.why)):
+        console.print()
+        console.print(Text(head, style="bold underline"))
+        console.print(_para(body))
+    console.print()
+    console.print(Text(f"Example (under {engine}{values})", style="bold underline"))
+    console.print(Panel(Text(e.example), box=box.SIMPLE, padding=(0, 2), expand=False))
+    console.print(Text(f"  $ {e.command}", style="dim"))
+    console.print()
+    console.print(Text("How to fix the engine", style="bold underline"))
+    console.print(_para(e.fix))
+
+
+def _para(text: str) -> Padding:
+    """A docstring-style paragraph, re-flowed and indented (rich wraps it to the width)."""
+    return Padding(Text(" ".join(text.split())), (0, 0, 0, 2))
+
+
+def print_code_list(console: Console) -> None:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for name in ("code", "name", "severity", "what it flags"):
+        table.add_column(name)
+    for c in CODES.values():
+        sev = "red" if c.severity == "error" else "yellow"
+        table.add_row(Text(c.code, style=f"bold {sev}"), c.name, c.severity, c.summary)
+    console.print(table)
+    console.print(Text("kpool explain CODE for what it means, why it is harmful, a minimal "
+                       "trace and how to fix the engine.", style="dim"))

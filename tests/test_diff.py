@@ -1,0 +1,350 @@
+"""`kpool diff`: two engine versions (or two saved reports) on the same trace.
+
+The three exit paths (0 no regression, 1 regression or --fail-on-change, 2 bad
+input), the race of PR #29994 fixed by rep-once with its pool ratio, the runs
+parting where rep-once aborts, saved reports against live replays, and the views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from kpool_cli.cli import cli
+from kpool_cli.diff.compare import DiffResult, compare
+from kpool_cli.diff.runs import DiffInputError, Unit, gather, run_unit
+from kpool_cli.report.diff_view import diff_json, write_diff_plain, write_diff_rich
+from kpool_cli.report.terminal import Manners, make_console
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "traces").glob("*.yaml"))
+RACE = "traces/shared-prefix-race.yaml"
+PARTIAL = "traces/partial-copy.yaml"
+NON_UNIFIED = "traces/non-unified.yaml"
+PREFILL = "traces/prefill-decode.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(cli, ["diff", *args], catch_exceptions=False)
+    return r.exit_code, r.stdout, r.stderr
+
+
+def run_json(*args: str) -> tuple[int, dict]:
+    code, out, err = run(*args, "--format", "json")
+    assert code != 2, err
+    return code, json.loads(out)
+
+
+def save_report(path: Path, trace: str, engine: str) -> str:
+    r = CliRunner().invoke(cli, ["replay", trace, "--engine", engine, "--backend", "none",
+                                 "--format", "json", "-o", str(path)])
+    assert r.exit_code in (0, 1), r.stderr
+    return str(path)
+
+
+# --- exit 0 ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["cache-safe", "rep-once"])
+def test_a_version_against_itself_has_no_differences(engine):
+    code, out, _ = run(*TRACES, "--base", engine, "--head", engine)
+    assert code == 0
+    assert out.rstrip().endswith("no differences (exit 0)")
+    code, doc = run_json(*TRACES, "--base", engine, "--head", engine, "--fail-on-change")
+    assert code == 0
+    assert doc["summary"]["verdict"] == "no differences"
+    assert all(not t["changed"] and not t["differences"] for t in doc["traces"])
+
+
+def test_rep_once_fixes_the_race_on_shared_prefix_with_fewer_pools():
+    """ENGINE.md §6: cache-safe re-pools all 6 (then 8) pools while cells are shared and
+    scatters rows 3, 7, 11 twice (KP001); rep-once marks each rep once."""
+    code, doc = run_json(RACE)
+    assert code == 0
+    t = doc["traces"][0]
+    assert [(c["code"], c["where"], c["aligned"]) for c in t["findings_fixed"]] == [
+        ("KP001", "op 3.0", True), ("KP001", "op 6.0", True)]
+    assert t["findings_introduced"] == [] and t["parted"] is None
+    pools = t["totals"]["compare"]["pools_repooled"]
+    assert (pools["base"], pools["head"]) == (17, 8)
+    assert pools["ratio"] == pytest.approx(8 / 17, abs=1e-4)
+    cells = t["totals"]["compare"]["cells_scanned"]
+    assert cells["ratio"] == pytest.approx(cells["head"] / cells["base"], abs=1e-4)
+    ub = {(d["op"], d.get("batch_ubatch")): d for d in t["differences"]}
+    first = ub[(3, 0)]
+    assert first["pools_only_base"] == [[0, 0], [0, 1], [0, 2]]
+    assert first["pools_only_head"] == []
+    assert first["findings_lost"] == ["KP001"] and first["findings_gained"] == []
+    assert [e["rep"] for e in first["base"]["scatter"]] == [3, 7, 11, 3, 7, 11]
+    assert [e["rep"] for e in first["head"]["scatter"]] == [3, 7, 11]
+    # the seq_cp differs too: cache-safe stales the source as well (ENGINE.md §4)
+    assert ub[(1, None)]["base"]["stale"] == {"0": 0, "1": 0}
+    assert ub[(1, None)]["head"]["stale"] == {"1": 0}
+
+
+def test_behaviour_change_without_regression_exits_0_unless_fail_on_change():
+    assert run(NON_UNIFIED)[0] == 0
+    code, out, _ = run(NON_UNIFIED, "--fail-on-change")
+    assert code == 1
+    assert "behaviour changed (exit 1, --fail-on-change)" in out
+    # cost counters alone never fail: cache-safe's sharing scan reads more cells
+    code, doc = run_json(PREFILL, "--fail-on-change")
+    assert code == 0
+    t = doc["traces"][0]
+    assert not t["changed"] and t["cost_only_ubatches"] > 0
+    assert doc["summary"]["totals"]["compare"]["cells_scanned"]["ratio"] < 1
+
+
+# --- exit 1 ------------------------------------------------------------------------------
+
+
+def test_a_plugin_head_that_reintroduces_the_race_is_a_regression(tmp_path):
+    (tmp_path / "mymod.py").write_text(textwrap.dedent("""\
+        import dataclasses
+        from kpool_cli.engine.versions import CACHE_SAFE
+        Racy = dataclasses.replace(CACHE_SAFE, name="racy")
+        """))
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    r = subprocess.run([sys.executable, "-m", "kpool_cli", "diff", RACE, "--base", "rep-once",
+                        "--head", "mymod:Racy", "--format", "json"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["head"] == "racy"
+    assert [(g["code"], g["where"]) for g in doc["summary"]["regressions"]] == [
+        ("KP001", "op 3.0"), ("KP001", "op 6.0")]
+    assert doc["summary"]["verdict"] == "regression"
+    # the text view says so too, and --jobs runs the plug-in in worker processes
+    r = subprocess.run([sys.executable, "-m", "kpool_cli", "diff", RACE, PREFILL, "--base",
+                        "rep-once", "--head", "mymod:Racy", "--jobs", "2"],
+                       capture_output=True, text=True, cwd=ROOT, env=env)
+    assert r.returncode == 1, r.stderr
+    assert "REGRESSION (exit 1): head introduces KP001 in shared-prefix-race at op 3.0" in r.stdout
+    assert "NEW: KP001 scatter-race rows 3 7 11" in r.stdout
+
+
+def test_runs_part_where_rep_once_aborts_the_partial_copy():
+    """PR #29994 asserts on a partial seq_cp (KP005): the runs part at op 2; cache-safe's
+    later race (op 5) is compared by counts, as fixed; the abort is introduced."""
+    code, doc = run_json(PARTIAL)
+    assert code == 1
+    t = doc["traces"][0]
+    p = t["parted"]
+    assert (p["op"], p["kind"]) == (2, "seq_cp")
+    assert p["reason"] == "base applied, head aborted (KP005)"
+    assert p["base"]["status"] == "applied" and p["head"]["status"] == "aborted"
+    assert (p["base_ubatches_after"], p["head_ubatches_after"]) == (1, 0)
+    assert [(c["code"], c["where"], c["aligned"]) for c in t["findings_introduced"]] == [
+        ("KP005", "op 2", False)]
+    assert {c["code"]: c["where"] for c in t["findings_fixed"]} == {"KP001": "op 5.0",
+                                                                   "KP002": "op 5.0"}
+    assert t["differences"] == []  # ops 0 and 1 are the same in both
+    _, out, _ = run(PARTIAL)
+    assert "the runs part at op 2 (seq_cp)" in out
+
+
+def test_runs_part_inside_a_decode_when_one_side_aborts_a_ubatch():
+    """A head that aborts in a decode's ubatch (KP005 on the ubatch record): the runs part
+    at that decode, and the view shows both sides' ubatches of it."""
+    b = run_unit(Unit(RACE, "rep-once", "none"))
+    last = b.ubatches[-1]
+    aborted = dataclasses.replace(last, findings=(("KP005", ()),))
+    h = dataclasses.replace(b, engine="aborts", ubatches=(*b.ubatches[:-1], aborted))
+    d = compare(b, h)
+    assert d.parting is not None and d.parting.op == last.op
+    assert d.parting.reason == "base applied, head aborted (KP005)"
+    assert [(c.code, c.where, c.aligned) for c in d.introduced] == [
+        ("KP005", f"op {last.op}.0", False)]
+    buf = io.StringIO()
+    write_diff_plain(buf, DiffResult((d,)))
+    assert f"op {last.op} decode  the runs part here" in buf.getvalue()
+    assert "NEW: KP005 engine-abort" in buf.getvalue()
+
+
+def test_every_trace_rep_once_fixes_races_and_only_the_partial_copy_abort_is_new():
+    code, doc = run_json(*TRACES)
+    assert code == 1
+    assert [(g["trace"], g["code"]) for g in doc["summary"]["regressions"]] == [
+        (PARTIAL, "KP005")]
+    fixed = {t["trace"]["name"]: {c["code"] for c in t["findings_fixed"]}
+             for t in doc["traces"]}
+    assert fixed["shared-prefix-race"] == {"KP001"}
+    # the abort PR #29994 adds on purpose can be accepted explicitly
+    code, doc = run_json(*TRACES, "--ignore", "KP005")
+    assert code == 0 and doc["summary"]["regressions"] == []
+    assert doc["summary"]["findings_introduced"] == {"KP005": 1}
+
+
+# --- exit 2 ------------------------------------------------------------------------------
+
+
+def test_reports_of_different_traces_are_refused_unless_forced(tmp_path):
+    a = save_report(tmp_path / "a.json", RACE, "cache-safe")
+    b = save_report(tmp_path / "b.json", PARTIAL, "rep-once")
+    code, out, err = run(a, b)
+    assert code == 2 and out == ""
+    assert "are not reports of the same trace" in err and "--force" in err
+    code, _, err = run(a, b, "--force")
+    assert code in (0, 1)
+    assert "different traces" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (("traces/shared-prefix-race.yaml", "x.json"), "cannot mix JSON reports with traces"),
+    (("traces/nope.yaml",), "cannot read the trace"),
+    ((RACE, "--head", "no-such-engine"), "unknown engine 'no-such-engine'"),
+    ((RACE, "--head", "no_such_module:V"), "cannot import 'no_such_module'"),
+    ((RACE, "--ignore", "XY1"), "no finding code starts with it"),
+    (("a.json",), "compare exactly two reports"),
+])
+def test_bad_input_exits_2_with_a_message(args, message):
+    code, out, err = run(*args)
+    assert code == 2 and out == ""
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_report_options_for_traces_only_are_refused(tmp_path):
+    a = save_report(tmp_path / "a.json", RACE, "cache-safe")
+    code, _, err = run(a, a, "--head", "rep-once")
+    assert code == 2 and "--head applies to traces only" in err
+
+
+def test_a_file_that_is_not_a_report_exits_2(tmp_path):
+    a = save_report(tmp_path / "a.json", RACE, "cache-safe")
+    (tmp_path / "bad.json").write_text('{"kpool_report": 1, "trace": {"sha256": "x"}}')
+    code, _, err = run(a, str(tmp_path / "bad.json"))
+    assert code == 2 and "malformed report field" in err
+    (tmp_path / "nojson.json").write_text("{")
+    code, _, err = run(a, str(tmp_path / "nojson.json"))
+    assert code == 2 and "not JSON" in err
+
+
+# --- one comparison for both sources ------------------------------------------------------
+
+
+@pytest.mark.parametrize("trace", [RACE, PARTIAL, NON_UNIFIED])
+def test_saved_reports_and_live_replays_give_the_same_diff(tmp_path, trace):
+    a = save_report(tmp_path / "a.json", trace, "cache-safe")
+    b = save_report(tmp_path / "b.json", trace, "rep-once")
+    from_reports, _ = gather([a, b], base=None, head=None, backend=None)
+    live, _ = gather([trace], base="cache-safe", head="rep-once", backend="none")
+    assert from_reports == live  # the normalised runs are equal
+    r1 = DiffResult(tuple(compare(x, y) for x, y in from_reports))
+    r2 = DiffResult(tuple(compare(x, y) for x, y in live))
+    assert r1 == r2
+    assert run_json(a, b) == run_json(trace)
+
+
+def test_several_reports_in_one_file_pair_in_order(tmp_path):
+    def save(name: str, engine: str) -> str:
+        r = CliRunner().invoke(cli, ["replay", RACE, PARTIAL, "--engine", engine, "--backend",
+                                     "none", "--format", "json", "-o", str(tmp_path / name)])
+        assert r.exit_code in (0, 1)
+        return str(tmp_path / name)
+    code, doc = run_json(save("a.json", "cache-safe"), save("b.json", "rep-once"))
+    assert code == 1
+    assert [t["trace"]["path"] for t in doc["traces"]] == [RACE, PARTIAL]
+    assert doc == run_json(RACE, PARTIAL)[1]
+
+
+def test_jobs_give_the_same_result_as_one_process():
+    one, _ = gather(TRACES, base="cache-safe", head="rep-once", backend="none", jobs=1)
+    many, _ = gather(TRACES, base="cache-safe", head="rep-once", backend="none", jobs=3)
+    assert one == many
+
+
+def test_units_and_summaries_pickle():
+    unit = Unit(RACE, "rep-once", "none")
+    assert pickle.loads(pickle.dumps(unit)) == unit
+    summary = run_unit(unit)
+    assert pickle.loads(pickle.dumps(summary)) == summary
+
+
+def test_an_invalid_trace_found_by_a_unit_is_bad_input(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kpool_trace: 1\ncache: {kv_size: 0, kpool: 4}\nops: []\n")
+    with pytest.raises(DiffInputError, match="invalid trace"):
+        gather([str(bad)], base=None, head=None, backend=None)
+
+
+def test_compare_is_pure_and_symmetric_in_its_findings():
+    b = run_unit(Unit(RACE, "cache-safe", "none"))
+    h = run_unit(Unit(RACE, "rep-once", "none"))
+    d = compare(b, h)
+    assert d == compare(b, h)
+    back = compare(h, b)
+    assert [(c.code, c.where) for c in back.introduced] == [(c.code, c.where) for c in d.fixed]
+    assert [(c.code, c.where) for c in back.fixed] == [(c.code, c.where) for c in d.introduced]
+    assert len(back.entries) == len(d.entries)
+
+
+def test_the_value_backend_passes_through_and_adds_kp003():
+    """coupled-rep-conflict: with values, cache-safe's stale reads (KP003) are fixed at
+    op 3 and both versions still read row 5 wrong at op 7 (no regression)."""
+    code, doc = run_json("traces/coupled-rep-conflict.yaml", "--backend", "numpy")
+    assert code == 0
+    t = doc["traces"][0]
+    assert t["base"]["backend"] == t["head"]["backend"] == "numpy"
+    assert t["totals"]["head"]["findings"].get("KP003")
+    assert "KP003" in {c["code"] for c in t["findings_fixed"]}
+
+
+# --- the views ----------------------------------------------------------------------------
+
+
+def _result(*traces: str) -> DiffResult:
+    pairs, _ = gather(list(traces), base=None, head=None, backend="none")
+    return DiffResult(tuple(compare(b, h) for b, h in pairs))
+
+
+def test_json_output_is_valid_and_written_atomically(tmp_path):
+    out = tmp_path / "diff.json"
+    code, stdout, _ = run(*TRACES, "--format", "json", "-o", str(out))
+    assert code == 1 and stdout == ""
+    doc = json.loads(out.read_text())
+    assert doc["kpool_diff"] == 1
+    assert (doc["base"], doc["head"]) == ("cache-safe", "rep-once")
+    assert len(doc["traces"]) == len(TRACES)
+    assert doc["summary"]["exit_code"] == 1
+    assert json.loads(json.dumps(doc)) == doc
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_the_rich_view_fits_the_terminal(width):
+    buf = io.StringIO()
+    r = _result(*TRACES)
+    write_diff_rich(make_console(buf, Manners(True, False, width)), r)
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "base: cache-safe" in text and "head: rep-once" in text
+    assert "the runs part here" in text
+    assert "fixed: KP001 scatter-race" in text
+    assert "17 -> 8 (0.47x)" in text  # shared-prefix-race's pools re-pooled
+    assert "REGRESSION (exit 1)" in text
+
+
+def test_the_plain_view_lists_only_differing_ubatches():
+    buf = io.StringIO()
+    write_diff_plain(buf, _result(RACE, PREFILL))
+    text = buf.getvalue()
+    assert "op 3.0  ubatch 1  seq 0 pos 12; seq 1 pos 12" in text
+    assert "op 0.0" not in text  # the prefill ubatch is the same in both
+    assert "prefill-decode): same behaviour" in text
+    assert "pools re-pooled 17 -> 8 (0.47x)" in text
+    assert diff_json(_result(RACE))["summary"]["verdict"] == "changed"

@@ -1,0 +1,439 @@
+"""The text views (issue "The rich view"): the rich renderer on fixed-width consoles
+(snapshots under tests/snapshots/, regenerate with KPOOL_UPDATE_SNAPSHOTS=1), the
+navigation options, `kpool explain`, --svg/--html, and terminal manners (NO_COLOR,
+--no-color, pipes, `| head`, the >200-ubatch default)."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import re
+import select as os_select
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kpool_cli.backend.store import make_backend
+from kpool_cli.cli import cli
+from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, UbatchRecord
+from kpool_cli.replay import replay
+from kpool_cli.report.select import (
+    AUTO_ONLY_FINDINGS,
+    Selection,
+    parse_ubatch_range,
+    planned_ubatches,
+    select,
+)
+from kpool_cli.report.tally import Tally
+from kpool_cli.report.terminal import Manners, Ticker, make_console
+from kpool_cli.report.view import RichView, cell_map_lines, print_explanation
+from kpool_cli.trace.load import load_trace, load_trace_text
+from kpool_cli.verdict.codes import CODES
+from kpool_cli.verdict.explain import EXPLANATIONS, explain_text
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = sorted((ROOT / "traces").glob("*.yaml"))
+RACE = ROOT / "traces" / "shared-prefix-race.yaml"
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def render(path: Path | str, engine: str, width: int, *, backend: str = "none",
+           sel: Selection | None = None, pools_all: bool = False, trace=None) -> str:
+    """The rich view of a replay on a plain console of `width` columns."""
+    if trace is None:  # a path relative to the repository: snapshots do not depend on it
+        path = Path(path)
+        trace = load_trace_text(path.read_text(), str(path.relative_to(ROOT)))
+    version = VERSIONS[engine]
+    buf = io.StringIO()
+    console = make_console(buf, Manners(False, False, width))
+    sel = sel or Selection.of(trace)
+    view = RichView(console, trace, version, None if backend == "none" else backend, sel,
+                    pools_all)
+    tally = Tally()
+    records = replay(trace, version, make_backend(backend, trace), pools_all=pools_all,
+                     cell_map=True)
+    view.start()
+    for rec, shown in select(records, sel, trace):
+        tally.add(rec)
+        view.add(rec, shown)
+    view.finish(tally)
+    return buf.getvalue()
+
+
+def kpool(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpool_cli", *args], capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def in_terminal(*args: str, env: dict | None = None, cols: int = 80) -> str:
+    """`kpool ARGS` with stdout and stderr on a pseudo-terminal; everything it printed."""
+    master, slave = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    environ.update({"TERM": "xterm-256color", **(env or {})})
+    proc = subprocess.Popen([sys.executable, "-m", "kpool_cli", *args], stdout=slave,
+                            stderr=slave, stdin=subprocess.DEVNULL, cwd=ROOT, env=environ)
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = os_select.select([master], [], [], 30)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=30)
+    os.close(master)
+    return out.decode("utf-8", "replace")
+
+
+def long_trace(n: int, partial_copy_at_end: bool = True) -> str:
+    """Two slots decoding side by side for `n` one-token ubatches; rep-once aborts at
+    the end on a partial seq_cp (KP005), so only the last op has a finding."""
+    ops = ["  - decode: {seq: 0, pos: 0..8}", "  - seq_cp: {src: 0, dst: 1}"]
+    ops += [f"  - decode: {{tokens: [{{pos: {p}, seq: [0]}}, {{pos: {p}, seq: [1]}}]}}"
+            for p in range(8, 8 + n)]
+    if partial_copy_at_end:
+        ops.append("  - seq_cp: {src: 0, dst: 1, p0: 2, p1: 4}")
+    return ("kpool_trace: 1\nname: long\ncache: {kv_size: 1024, kpool: 4, n_seq_max: 2}\n"
+            "ops:\n" + "\n".join(ops) + "\n")
+
+
+# -- snapshots ---------------------------------------------------------------------------
+
+
+def check_snapshot(name: str, text: str) -> None:
+    assert not ANSI.search(text), "snapshots are plain text"
+    text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+    path = SNAPSHOTS / f"{name}.txt"
+    if os.environ.get("KPOOL_UPDATE_SNAPSHOTS") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    want = path.read_text(encoding="utf-8")
+    assert text == want, (f"the view of {name} changed: review it and rerun with "
+                          "KPOOL_UPDATE_SNAPSHOTS=1 if the change is intended")
+
+
+@pytest.mark.parametrize(("trace", "engine", "width"), [
+    ("shared-prefix-race", "cache-safe", 80),
+    ("shared-prefix-race", "rep-once", 80),
+    ("shared-prefix-race", "cache-safe", 200),
+    ("coupled-rep-conflict", "rep-once", 80),
+    ("non-unified", "rep-once", 80),
+    ("rejected-decodes", "rep-once", 80),
+    ("partial-copy", "cache-safe", 80),
+])
+def test_snapshot(trace, engine, width):
+    text = render(ROOT / "traces" / f"{trace}.yaml", engine, width)
+    check_snapshot(f"{trace}.{engine}.{width}", text)
+
+
+def test_the_race_view_shows_every_item():
+    text = render(RACE, "cache-safe", 80)
+    # trace header
+    assert "shared-prefix-race" in text and "cache-safe" in text and "kv_size 64" in text
+    # per ubatch: index, op, position in its batch, tokens by sequence with cells
+    assert "ubatch 1 · op 3 decode · ubatch 0 of its batch · 2 tokens" in text
+    assert "seq 0  pos 12  cells 12" in text and "seq 1  pos 12  cells 13" in text
+    # stale positions
+    assert "stale  seq 0 from pos 0 · seq 1 from pos 0" in text
+    # marked pools with rep rows, raced rows, padding
+    assert re.search(r"1\s+2\s+8\.\.12\s+8\.\.12\s+11\s+x2 race", text)
+    assert re.search(r"pad\s+-\s+-\s+0 x4\s+0\s+padding", text)
+    # cell map: shared cells, sequences, rep row and flagged row markers
+    assert "     0  MMMMMMMMMMMM01.. " in text
+    assert "           !   !   !" in text and "           ^   ^   ^" in text
+    # finding panel: code, name, rows, seqs, one line of why
+    assert "KP001 scatter-race [error]" in text and "rows 3 7 11 · seqs 0 1" in text
+    assert "why: set_rows splits entries" in text
+    # summary
+    assert re.search(r"ubatches\s+│ 3 · 20 tokens", text)
+    assert re.search(r"KP001\s+│ 2 scatter-race", text) and "FAIL" in text
+
+
+@pytest.mark.parametrize("engine", ["cache-safe", "rep-once"])
+@pytest.mark.parametrize("trace", TRACES, ids=[t.stem for t in TRACES])
+@pytest.mark.parametrize("width", [80, 200])
+def test_every_trace_fits_the_width(trace, engine, width):
+    text = render(trace, engine, width)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= width
+    assert "summary · " in text and not ANSI.search(text)
+    n = len([r for r in replay(load_trace(trace), VERSIONS[engine])
+             if isinstance(r, UbatchRecord)])
+    assert len(re.findall(r"^ubatch \d+ · ", text, re.M)) == n
+
+
+def test_value_findings_render_kp003():
+    text = render(ROOT / "traces" / "coupled-rep-conflict.yaml", "rep-once", 100,
+                  backend="numpy")
+    assert "KP003 stale-read [error]" in text and "tokens pos 4 seq 1" in text
+
+
+# -- the cell map ----------------------------------------------------------------------
+
+
+def test_cell_map_of_a_large_cache_folds_to_a_few_lines():
+    n = 131072
+    seq = np.full(n, SEQ_EMPTY, dtype=np.int16)
+    seq[:70000] = 0
+    seq[:64] = SEQ_SHARED
+    seq[70000:70010] = 37  # beyond z: '#'
+    cm = CellMap(n, seq, np.arange(3, 70000, 4))
+    lines = [t.plain for t in cell_map_lines(cm, 80)]
+    assert len(lines) <= 12, lines
+    assert all(len(line) <= 80 for line in lines)
+    assert lines[0].startswith("     0  MMMMMMMMMMMMMMMM")
+    assert any("more lines like it" in line for line in lines)
+    assert any("lines of empty cells (rows" in line and "..131072)" in line for line in lines)
+    assert any("##########" in line for line in lines)
+
+
+def test_cell_map_matches_the_cache(engine):
+    # ENGINE.md §2: one char per cell; unified: a shared prompt is 'M'
+    recs = [r for r in replay(load_trace(RACE), VERSIONS[engine], cell_map=True)
+            if isinstance(r, UbatchRecord)]
+    cm = recs[1].cell_map
+    assert cm is not None and cm.seq.size == 64
+    assert (cm.seq[:12] == SEQ_SHARED).all() and cm.seq[12] == 0 and cm.seq[13] == 1
+    assert (cm.seq[14:] == SEQ_EMPTY).all()
+    assert cm.rep_rows.tolist() == [3, 7, 11]
+    assert all(r.cell_map is None for r in replay(load_trace(RACE), VERSIONS[engine])
+               if isinstance(r, UbatchRecord))
+
+
+# -- navigation ------------------------------------------------------------------------
+
+
+def shown_ubatches(path, engine: str, sel: Selection) -> list[int]:
+    trace = load_trace(path)
+    return [r.index for r, shown in select(replay(trace, VERSIONS[engine]), sel, trace)
+            if shown and isinstance(r, UbatchRecord)]
+
+
+def test_parse_ubatch_range():
+    assert parse_ubatch_range("4") == (4, 5)
+    assert parse_ubatch_range("2..5") == (2, 5)
+    assert parse_ubatch_range("2..")[0] == 2
+    for bad in ("x", "5..2", "-1", "1..1"):
+        with pytest.raises(ValueError):
+            parse_ubatch_range(bad)
+
+
+def test_navigation_selects_exactly_the_requested_ubatches():
+    pd = ROOT / "traces" / "prefill-decode.yaml"  # 11 ubatches
+    assert shown_ubatches(pd, "rep-once", Selection(ubatches=((4, 5),))) == [4]
+    assert shown_ubatches(pd, "rep-once", Selection(ubatches=((2, 5), (9, 1 << 62)))) \
+        == [2, 3, 4, 9, 10]
+    state = ROOT / "traces" / "state-restore.yaml"
+    assert shown_ubatches(state, "rep-once", Selection(seqs=frozenset({2}))) == [1, 2, 3]
+    assert shown_ubatches(state, "rep-once", Selection(seqs=frozenset({0}))) == [0]
+    assert shown_ubatches(RACE, "cache-safe", Selection(only_findings=True)) == [1, 2]
+    assert shown_ubatches(RACE, "rep-once", Selection(only_findings=True)) == []
+
+
+def test_select_yields_every_record_once_in_order():
+    trace = load_trace(RACE)
+    recs = list(replay(trace, VERSIONS["cache-safe"]))
+    for sel in (Selection(), Selection(ubatches=((1, 2),)), Selection(only_findings=True),
+                Selection(seqs=frozenset({1}))):
+        out = [r for r, _ in select(iter(recs), sel, trace)]
+        assert out == recs
+
+
+def test_events_between_shown_ubatches_only():
+    trace = load_trace(RACE)
+    pairs = list(select(replay(trace, VERSIONS["rep-once"]), Selection(ubatches=((0, 2),)),
+                        trace))
+    kinds = [(type(r).__name__, getattr(r, "kind", ""), s) for r, s in pairs]
+    assert ("OpEvent", "seq_cp", True) in kinds and ("OpEvent", "note", True) in kinds
+    # the expectations after ubatch 2 (not shown) are not shown
+    assert [s for r, s in pairs if isinstance(r, ExpectResult)] == [True, False]
+
+
+def test_cli_navigation_in_the_plain_view():
+    r = CliRunner().invoke(cli, ["replay", str(ROOT / "traces" / "prefill-decode.yaml"),
+                                 "--ubatch", "3..5", "--backend", "none"])
+    assert re.findall(r"^  ubatch (\d+) ", r.stdout, re.M) == ["3", "4"]
+    assert "(showing ubatches 3..5)" in r.stdout and "11 ubatches (2 shown)" in r.stdout
+    r = CliRunner().invoke(cli, ["replay", str(RACE), "--engine", "cache-safe", "--seq", "1",
+                                 "--only-findings", "--backend", "none"])
+    assert re.findall(r"^  ubatch (\d+) ", r.stdout, re.M) == ["1", "2"]
+    r = CliRunner().invoke(cli, ["replay", str(RACE), "--ubatch", "nope"])
+    assert r.exit_code == 2 and "--ubatch" in r.stderr
+
+
+def test_more_than_200_ubatches_defaults_to_only_findings(tmp_path):
+    text = long_trace(AUTO_ONLY_FINDINGS + 10)
+    trace = load_trace_text(text)
+    assert planned_ubatches(trace) == AUTO_ONLY_FINDINGS + 11
+    sel = Selection.of(trace)
+    assert sel.only_findings and sel.auto
+    assert not Selection.of(trace, only_findings=False).only_findings
+    assert not Selection.of(trace, ubatches=((0, 3),)).only_findings
+    assert not Selection.of(load_trace_text(long_trace(10))).only_findings
+    view = render(None, "rep-once", 80, trace=trace)
+    assert "the default past 200 ubatches" in view
+    assert "KP005 engine-abort" in view and not re.search(r"^ubatch \d+ ", view, re.M)
+    path = tmp_path / "long.yaml"
+    path.write_text(text)
+    r = CliRunner().invoke(cli, ["replay", str(path), "--backend", "none"])
+    assert "the default past 200 ubatches" in r.stdout
+    assert "op 212 seq_cp aborted" in r.stdout and "  ubatch " not in r.stdout
+    r = CliRunner().invoke(cli, ["replay", str(path), "--backend", "none", "--all-ubatches"])
+    assert len(re.findall(r"^  ubatch ", r.stdout, re.M)) == AUTO_ONLY_FINDINGS + 11
+
+
+def test_repeated_findings_fold_under_only_findings():
+    trace = load_trace_text(long_trace(30, partial_copy_at_end=False))
+    text = render(None, "cache-safe", 80, trace=trace, sel=Selection(only_findings=True))
+    assert re.findall(r"^ubatch (\d+) ", text, re.M) == ["1"]  # the first race, in full
+    assert "29 more ubatches (2..31) with the same KP001" in text
+
+
+# -- explain ---------------------------------------------------------------------------
+
+
+def test_every_code_is_explained():
+    assert set(EXPLANATIONS) == set(CODES)
+
+
+@pytest.mark.parametrize("code", sorted(EXPLANATIONS))
+def test_the_explain_example_triggers_its_code(code):
+    e = EXPLANATIONS[code]
+    trace = load_trace_text(e.example)
+    version = VERSIONS[e.engine]
+    if e.plugin:
+        version = eval(f"replace(version, {e.plugin})", {"replace": replace, "version": version})
+    backend = make_backend("numpy", trace) if e.needs_values else None
+    found = {f.code for r in replay(trace, version, backend) if not isinstance(r, ExpectResult)
+             for f in r.findings}
+    assert code in found
+
+
+@pytest.mark.parametrize("code", sorted(EXPLANATIONS))
+def test_explain_text_has_the_ruff_headings(code):
+    text = explain_text(code)
+    for head in ("What it does", "Why is this bad?", "Example (under ",
+                 "How to fix the engine"):
+        assert head in text
+    r = CliRunner().invoke(cli, ["explain", code.lower()])
+    assert r.exit_code == 0 and r.stdout == text
+    buf = io.StringIO()
+    print_explanation(make_console(buf, Manners(False, False, 80)), EXPLANATIONS[code])
+    assert "How to fix the engine" in buf.getvalue()
+    assert max(len(x) for x in buf.getvalue().splitlines()) <= 80
+
+
+def test_explain_list_and_errors():
+    r = CliRunner().invoke(cli, ["explain", "--list"])
+    assert r.exit_code == 0 and all(c in r.stdout for c in CODES)
+    assert CliRunner().invoke(cli, ["explain", "scatter-race"]).stdout.startswith("KP001")
+    assert CliRunner().invoke(cli, ["explain", "KP999"]).exit_code == 2
+    assert CliRunner().invoke(cli, ["explain"]).exit_code == 2
+
+
+# -- files -----------------------------------------------------------------------------
+
+
+def test_svg_and_html_are_written_with_the_race_rows(tmp_path):
+    svg, html = tmp_path / "race.svg", tmp_path / "race.html"
+    r = kpool("replay", str(RACE), "--engine", "cache-safe", "--svg", str(svg),
+              "--html", str(html))
+    assert r.returncode == 1
+    assert r.stdout.startswith("trace ")  # piped: the plain view, as always
+    s = svg.read_text().replace("&#160;", " ")
+    assert s.startswith("<svg") and "KP001" in s and "3, 7, 11" in s and "x2 race" in s
+    h = html.read_text()
+    assert "<html" in h and "3, 7, 11" in h and "x2 race" in h
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_html_with_json_is_refused(tmp_path):
+    r = CliRunner().invoke(cli, ["replay", str(RACE), "--format", "json", "--svg",
+                                 str(tmp_path / "x.svg")])
+    assert r.exit_code == 2 and not (tmp_path / "x.svg").exists()
+
+
+# -- terminal manners ------------------------------------------------------------------
+
+
+def test_piped_output_is_plain_text():
+    r = kpool("replay", str(RACE), "--engine", "cache-safe")
+    assert r.returncode == 1 and not ANSI.search(r.stdout) and not ANSI.search(r.stderr)
+    assert r.stdout.startswith("trace ") and "╭" not in r.stdout
+
+
+def test_a_terminal_gets_the_rich_view_in_colour():
+    out = in_terminal("replay", str(RACE), "--engine", "cache-safe", "--backend", "none")
+    assert "\x1b[" in out and "findings · ubatch 1" in out
+
+
+@pytest.mark.parametrize(("args", "env"), [((), {"NO_COLOR": "1"}), (("--no-color",), {})])
+def test_no_color_and_dash_dash_no_color(args, env):
+    out = in_terminal("replay", str(RACE), "--engine", "cache-safe", "--backend", "none",
+                      *args, env=env)
+    assert "findings · ubatch 1" in out and "MMMMMMMMMMMM01" in out  # still the rich view
+    assert not ANSI.search(out)
+    assert max(len(x) for x in out.replace("\r", "").splitlines()) <= 80
+
+
+def test_head_exits_without_a_traceback(tmp_path):
+    path = tmp_path / "long.yaml"
+    path.write_text(long_trace(AUTO_ONLY_FINDINGS + 50))
+    args = " ".join([str(path)] * 4)
+    r = subprocess.run(f"{sys.executable} -m kpool_cli replay {args} --all-ubatches "
+                       "--backend none | head -1", shell=True, capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.stdout.startswith("trace ") and r.stdout.count("\n") == 1
+    assert "Traceback" not in r.stderr and "Exception" not in r.stderr and r.stderr == ""
+
+
+def test_ticker_shows_only_after_its_delay():
+    buf = io.StringIO()
+    console = make_console(buf, Manners(True, True, 80))
+    slow = Ticker(console, 10, "t", delay=60)
+    for _ in range(10):
+        slow.tick()
+    slow.close()
+    assert buf.getvalue() == ""
+    fast = Ticker(console, 10, "trace-name", delay=0)
+    fast.tick()
+    fast.close()
+    assert "trace-name" in buf.getvalue()
+    off = Ticker(None, 10, "t", delay=0)
+    off.tick()
+    off.close()
+    assert off.done == 1
+
+
+def test_quiet_and_piped_runs_print_nothing_on_stderr():
+    r = kpool("replay", str(RACE), "--quiet")
+    assert r.stderr == ""
+
+
+def test_plain_view_unchanged_for_scripts():
+    # the plain view still starts with the trace line and ends with the summary line
+    r = CliRunner().invoke(cli, ["replay", str(RACE), "--engine", "cache-safe",
+                                 "--backend", "none"])
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("trace ") and lines[-1].startswith("  summary: 3 ubatches")
+    assert textwrap.dedent(lines[-1]).endswith("FAIL")
