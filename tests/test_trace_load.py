@@ -467,7 +467,11 @@ def test_recursive_alias_and_deep_nesting() -> None:
     t0 = time.perf_counter()
     p = only("[" * 100_000)
     assert time.perf_counter() - t0 < 2.0
-    at(p, 1, 33, "<yaml>", "nested deeper than 32 levels")
+    # kpool's composer stops at 33 levels; libyaml's parser (when PyYAML has it) refuses
+    # past its own 1000 first, because it scans ahead of the composer
+    assert (p.file, p.line, p.field) == ("t.yaml", 1, "<yaml>"), str(p)
+    assert p.column in (33, 1001), str(p)
+    assert "nest" in p.message, str(p)
 
 
 def test_a_huge_range_is_refused_unbuilt() -> None:
