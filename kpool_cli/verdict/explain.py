@@ -274,7 +274,7 @@ def explain_text(code: str) -> str:
     return "\n".join([
         f"{e.code} {e.name} ({e.severity})",
         "",
-        f"  {e.oneline}.",
+        textwrap.fill(f"{e.oneline}.", 78, initial_indent="  ", subsequent_indent="  "),
         "",
         "What it does",
         ind(e.what, "  "),
@@ -282,7 +282,7 @@ def explain_text(code: str) -> str:
         "Why is this bad?",
         ind(e.why, "  "),
         "",
-        f"Example (under {engine}{values})",
+        textwrap.fill(f"Example (under {engine}{values})", 80, subsequent_indent="  "),
         ind(e.example, "    "),
         "",
         f"  $ {e.command}",
