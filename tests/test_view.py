@@ -437,3 +437,11 @@ def test_plain_view_unchanged_for_scripts():
     lines = r.stdout.splitlines()
     assert lines[0].startswith("trace ") and lines[-1].startswith("  summary: 3 ubatches")
     assert textwrap.dedent(lines[-1]).endswith("FAIL")
+
+
+@pytest.mark.parametrize("code", sorted(CODES))
+def test_explain_plain_text_fits_80_columns(code):
+    """Issue 4 point 5: 80 columns stay readable, `kpool explain` included."""
+    from kpool_cli.verdict.explain import explain_text
+
+    assert max(len(line) for line in explain_text(code).splitlines()) <= 80
