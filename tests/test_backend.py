@@ -340,3 +340,25 @@ def test_repooling_one_side_of_a_rep_conflict_stales_the_other() -> None:
     kp3 = findings(recs, "KP003")
     assert [f.tokens for f in kp3] == [((4, 0),)]
     assert "pool 1:0's value (written at ubatch 4)" in kp3[0].message
+
+
+def test_pool_bits_construction_matches_the_pow2_table():
+    """kernels._pool_entry builds 2**-(max - g) from float32 bits; keys.POW2 is the
+    table the numpy twin reads: they must be the same numbers for every gate gap."""
+    from kpool_cli.backend import kernels, reference
+    from kpool_cli.backend.keys import GATE_MAX
+
+    gaps = np.arange(2 * GATE_MAX + 1)
+    # one entry per gap: member 0 has gate GATE_MAX, member 1 has GATE_MAX - gap
+    n_embd = 1
+    key = np.ones((2 * gaps.size, n_embd), dtype=np.float32)
+    key[1::2] = 0.0  # the pooled value is member 0's weight: 1 / (1 + 2**-gap)
+    gate = np.empty_like(key)
+    gate[0::2, 0] = GATE_MAX
+    gate[1::2, 0] = GATE_MAX - gaps
+    members = np.arange(2 * gaps.size, dtype=np.int64).reshape(-1, 2)
+    a = kernels.pool(key, gate, members)
+    b = reference.pool(key, gate, members)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    p = (2.0 ** -gaps).astype(np.float32)  # exact
+    assert np.array_equal(a[:, 0], np.float32(1.0) / (np.float32(1.0) + p))

@@ -27,7 +27,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2, POW2
+from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
 
 NAME = "numba"
 
@@ -39,7 +39,6 @@ _U40 = np.uint64(40)
 _U1 = np.uint64(1)
 _U2 = np.uint64(2)
 _NGATE = np.uint64(2 * GATE_MAX + 1)
-_POW2 = POW2
 _SCALE = KEY_SCALE
 
 # work (elements) above which the opt-in parallel builds are used
@@ -112,24 +111,44 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         _write_keys_serial(state, rows, key_ids, key, gate)
 
 
+@numba.njit(cache=True, inline="always")
+def _pool_entry(key, gate, m, w, out):
+    """Pool one entry (member rows m) into out[:], using w [kpool, n_embd] as scratch.
+
+    Per dimension: the base-2 softmax of the gates (2**-(max - g) built from its
+    float32 bits, exactly the table `keys.POW2`), summed in member order, then the
+    weighted keys accumulated in member order: the operations, and their order, of
+    `reference.pool`. Loops run member-outer, dimension-inner with no table lookup,
+    so the dimension loops vectorise."""
+    kpool = m.size
+    n_embd = key.shape[1]
+    mx = gate[m[0]].copy()
+    for i in range(1, kpool):
+        g = gate[m[i]]
+        for d in range(n_embd):
+            mx[d] = max(mx[d], g[d])
+    bits = w.view(np.int32)
+    for i in range(kpool):
+        g = gate[m[i]]
+        for d in range(n_embd):
+            bits[i, d] = (np.int32(127) - np.int32(mx[d] - g[d])) << np.int32(23)
+    s = w[0].copy()
+    for i in range(1, kpool):
+        for d in range(n_embd):
+            s[d] += w[i, d]
+    for d in range(n_embd):
+        out[d] = np.float32(0.0)
+    for i in range(kpool):
+        k = key[m[i]]
+        for d in range(n_embd):
+            out[d] += (w[i, d] / s[d]) * k[d]
+
+
 def _pool_into(key, gate, members, out):
     n, kpool = members.shape
-    n_embd = key.shape[1]
     for e in prange(n):
-        for d in range(n_embd):
-            mx = gate[members[e, 0], d]
-            for i in range(1, kpool):
-                g = gate[members[e, i], d]
-                if g > mx:
-                    mx = g
-            s = np.float32(0.0)
-            for i in range(kpool):
-                s += _POW2[np.int64(mx - gate[members[e, i], d])]
-            acc = np.float32(0.0)
-            for i in range(kpool):
-                m = members[e, i]
-                acc += (_POW2[np.int64(mx - gate[m, d])] / s) * key[m, d]
-            out[e, d] = acc
+        w = np.empty((kpool, key.shape[1]), dtype=np.float32)
+        _pool_entry(key, gate, members[e], w, out[e])
 
 
 _POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1])"
@@ -210,22 +229,13 @@ def pools_differ(key, gate, pooled, members, rows):
     n, kpool = members.shape
     n_embd = key.shape[1]
     out = np.zeros(n, dtype=np.bool_)
+    w = np.empty((kpool, n_embd), dtype=np.float32)
+    want = np.empty(n_embd, dtype=np.float32)
     for e in range(n):
+        _pool_entry(key, gate, members[e], w, want)
         r = rows[e]
         for d in range(n_embd):
-            mx = gate[members[e, 0], d]
-            for i in range(1, kpool):
-                g = gate[members[e, i], d]
-                if g > mx:
-                    mx = g
-            s = np.float32(0.0)
-            for i in range(kpool):
-                s += _POW2[np.int64(mx - gate[members[e, i], d])]
-            acc = np.float32(0.0)
-            for i in range(kpool):
-                m = members[e, i]
-                acc += (_POW2[np.int64(mx - gate[m, d])] / s) * key[m, d]
-            if acc != pooled[r, d]:
+            if want[d] != pooled[r, d]:
                 out[e] = True
                 break
     return out
