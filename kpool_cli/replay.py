@@ -347,8 +347,8 @@ class Replayer:
             "pools_marked": n_new,
             "rows_gathered": layout.n_pool_real,
             "scatter_entries": n_new_g,
-            "gen_zeroed": MarkingCost.of(is_new_size if not first else 0, layout.n_pool_real,
-                                         first, v.mark_once_per_rep, cfg.n_rows).gen_zeroed,
+            "gen_zeroed": MarkingCost.of(is_new_size, layout.n_pool_real, first,
+                                         v.mark_once_per_rep, cfg.n_rows).gen_zeroed,
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
         empty = np.empty(0, dtype=np.int64)
