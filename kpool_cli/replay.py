@@ -23,7 +23,7 @@ import numpy as np
 from .cache.batch import Ubatch, split_equal, validate
 from .cache.kv import KvCache
 from .engine.layout import POS_CLEAN, Layout
-from .engine.marking import EngineAbort, MarkingCost, mark, n_new_graph
+from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan
 from .engine.versions import EngineVersion
 from .records import (
@@ -40,7 +40,7 @@ from .records import (
 )
 from .trace import model as m
 from .trace.load import Problem, TraceError
-from .verdict import static, values
+from .verdict import static
 from .verdict.codes import VALUE_CODES, Finding
 
 
@@ -53,9 +53,12 @@ class Backend(Protocol):
     def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
     def restore(self, slot: str, rows: np.ndarray) -> None: ...
     def clear(self) -> None: ...
-    def run_ubatch(self, layout: Layout, plan: ScatterPlan, token_rows: np.ndarray,
+    def run_ubatch(self, layout: Layout, plan: ScatterPlan, race: list[Finding],
                    token_seqs: tuple[tuple[int, ...], ...], token_pos: np.ndarray
-                   ) -> list[Finding]: ...
+                   ) -> list[Finding]:
+        """Pool, scatter and verify the ubatch; return `race` (the static KP001, if
+        any) with value evidence, then any KP003."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,10 +312,9 @@ class Replayer:
     def _ubatch(self, i: int, b: int, ub: Ubatch, pos: np.ndarray, seqs, ext, pl,
                 stale_batch: list[int], is_new_size: int) -> UbatchRecord:
         cfg, cache, layout, v = self.cfg, self.cache, self.layout, self.version
-        n_key = cache.n_key_writes
-        rows = cache.apply(pl, pos, ext, seqs)
+        rows, key_ids = cache.apply(pl, pos, ext, seqs)
         if self.backend:
-            self.backend.write_rows(rows, np.arange(n_key + 1, n_key + 1 + rows.size))
+            self.backend.write_rows(rows, key_ids)
         scanned = layout.update(cache, self.stale, v.repool_all_when_shared)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
@@ -334,12 +336,10 @@ class Replayer:
         findings.extend(self._layout_findings())
         if plan is not None:
             race = static.scatter_race(layout, plan)
-            pads = static.pad_collision(layout, plan)
             if self.backend:
-                # the value KP001 (verdict/values.py) replaces the static one; KP003 follows
-                race = values.merge(race, self.backend.run_ubatch(layout, plan, rows,
-                                                                  tuple(seqs), pos))
-            findings += race + pads
+                # the backend gives the race its values, and adds KP003
+                race = self.backend.run_ubatch(layout, plan, race, tuple(seqs), pos)
+            findings += race + static.pad_collision(layout, plan)
         index = self.n_ubatch_done
         self.n_ubatch_done += 1
         cost = {
@@ -347,8 +347,8 @@ class Replayer:
             "pools_marked": n_new,
             "rows_gathered": layout.n_pool_real,
             "scatter_entries": n_new_g,
-            "gen_zeroed": MarkingCost.of(is_new_size, layout.n_pool_real, first,
-                                         v.mark_once_per_rep, cfg.n_rows).gen_zeroed,
+            "gen_zeroed": gen_zeroed(is_new_size, layout.n_pool_real, first,
+                                     v.mark_once_per_rep, cfg.n_rows),
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
         empty = np.empty(0, dtype=np.int64)

@@ -19,7 +19,8 @@ def decode(c: KvCache, seq: int, positions, ) -> np.ndarray:
     pos = np.array(list(positions), dtype=np.int64)
     seqs = [(seq,)] * pos.size
     (pl,) = c.plan([(pos, seqs, None)])
-    rows = c.apply(pl, pos, None, seqs)
+    rows, key_ids = c.apply(pl, pos, None, seqs)
+    assert key_ids.tolist() == list(range(c.n_key_writes - pos.size + 1, c.n_key_writes + 1))
     c.check_invariants()
     return rows
 

@@ -34,7 +34,7 @@ import numpy as np
 from ..engine.layout import Layout
 from ..engine.scatter import ScatterPlan
 from ..trace.model import CacheConfig, Trace
-from ..verdict import static, values
+from ..verdict import values
 from ..verdict.codes import Finding
 from .keys import seed_state
 
@@ -204,17 +204,14 @@ class ValueBackend:
         self.alt.clear()
         self._all_dirty = True
 
-    def run_ubatch(self, layout: Layout, plan: ScatterPlan, token_rows: np.ndarray,
+    def run_ubatch(self, layout: Layout, plan: ScatterPlan, race: list[Finding],
                    token_seqs: tuple[tuple[int, ...], ...], token_pos: np.ndarray
                    ) -> list[Finding]:
         """Pool the new entries, scatter them, verify what changed, judge the readers.
-        Returns the value KP001 (when entries race) and KP003 (when a token reads a
-        bad pool)."""
-        findings: list[Finding] = []
+        Returns `race` (the static KP001 of the plan, if any) with value evidence, and
+        KP003 when a token reads a bad pool."""
         vals = self._scatter(layout, plan)
-        race = static.scatter_race(layout, plan)
-        if race:
-            findings.append(values.race_with_values(race[0], layout, plan, vals))
+        findings = [values.race_with_values(f, layout, plan, vals) for f in race]
         self._verify(layout)
         f = values.stale_reads(layout, plan, token_seqs, token_pos, self.bad, self.holds)
         if f is not None:

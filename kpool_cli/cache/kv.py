@@ -215,18 +215,19 @@ class KvCache:
         return got if got.size == n else None
 
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
-              seqs: list[tuple[int, ...]]) -> np.ndarray:
+              seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """Write a planned ubatch (apply_ubatch): each cell gets its token and a new key
-        id; head = last cell used + 1, per stream. Returns the global rows written."""
+        id (in token order); head = last cell used + 1, per stream. Returns the global
+        rows written and their key ids, per token."""
+        ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + pos.size)
+        self.n_key_writes += int(pos.size)
         for k in np.unique(placement.strm).tolist():
             mine = np.flatnonzero(placement.strm == k)
             st = self.streams[k]
-            ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + mine.size)
-            self.n_key_writes += int(mine.size)
             st.write(placement.cells[mine], pos[mine], None if ext is None else ext[mine],
-                     [seqs[i] for i in mine.tolist()], ids)
+                     [seqs[i] for i in mine.tolist()], ids[mine])
             st.head = int(placement.cells[mine][-1]) + 1
-        return placement.strm * self.kv_size + placement.cells
+        return placement.strm * self.kv_size + placement.cells, ids
 
     # -- state (llama_state_seq_*) ---------------------------------------------------
 

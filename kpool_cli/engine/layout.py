@@ -73,7 +73,7 @@ class SeqLayout:
         """[n_pools] the first member's pos of each pool."""
         return self.first_pos_.view
 
-    def rep_pos(self, kpool: int) -> np.ndarray:
+    def rep_pos(self) -> np.ndarray:
         """[n_pools] the rep's (last member's) pos of each pool (kept with the pools:
         the pairs never change under a pool until the sequence is rebuilt)."""
         return self.rep_pos_.view

@@ -10,7 +10,7 @@ Here the same decisions are made on whole arrays: candidates are listed in the
 engine's order (stale pools by sequence, then tokens in ubatch order with their
 seq ids in the order given) and the first candidate per pool (cache-safe) or per
 rep row (rep-once) wins, exactly as the generation test makes it win. The
-generation arrays' zero-fill is still counted, as host work, by `MarkingCost`.
+generation arrays' zero-fill is still counted, as host work, by `gen_zeroed`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
         for s, sq in enumerate(layout.seqs):
             if stale_from[s] == POS_CLEAN or not len(sq.pools):
                 continue
-            first = int(np.searchsorted(sq.rep_pos(kpool), stale_from[s], side="left"))
+            first = int(np.searchsorted(sq.rep_pos(), stale_from[s], side="left"))
             candidates.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
 
     # touched pools: per token, per seq id in the order given
@@ -88,7 +88,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
             # the last pool whose first pos <= p, if p <= its rep pos
             k = np.searchsorted(sq.first_pos(), p, side="right") - 1
             ok = k >= 0
-            ok[ok] = p[ok] <= sq.rep_pos(kpool)[k[ok]]
+            ok[ok] = p[ok] <= sq.rep_pos()[k[ok]]
         pair_ip[sel[ok]] = start[s] + k[ok]
     candidates.append(pair_ip[pair_ip >= 0])
 
@@ -117,17 +117,11 @@ def n_new_graph(n_new: int, n_tokens: int, n_seqs_unq: int, n_pool_real: int,
     return max(n_new, 1, min(bound, pad_bound(n_pool_real) - 1, n_pool_max))
 
 
-@dataclass(frozen=True, slots=True)
-class MarkingCost:
-    """Generation-array entries the real engine zero-fills for one ubatch: `is_new`
-    grows to n_pool_real (zeros for the growth); rep-once's `rep_gen` is sized to
-    kv_size * n_stream, zero-filled, on the first ubatch of every batch (the marking
-    state is created afresh per batch)."""
-
-    gen_zeroed: int
-
-    @staticmethod
-    def of(is_new_before: int, n_pool_real: int, first_of_batch: bool, once_per_rep: bool,
-           n_rows: int) -> MarkingCost:
-        grow = max(0, n_pool_real - is_new_before)
-        return MarkingCost(grow + (n_rows if once_per_rep and first_of_batch else 0))
+def gen_zeroed(is_new_before: int, n_pool_real: int, first_of_batch: bool,
+               once_per_rep: bool, n_rows: int) -> int:
+    """Generation-array entries the real engine zero-fills for one ubatch (ENGINE.md
+    §8): `is_new` grows to n_pool_real (zeros for the growth); rep-once's `rep_gen`
+    is sized to kv_size * n_stream, zero-filled, on the first ubatch of every batch
+    (the marking state is created afresh per batch)."""
+    grow = max(0, n_pool_real - is_new_before)
+    return grow + (n_rows if once_per_rep and first_of_batch else 0)

@@ -94,6 +94,6 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
             rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
             visible[sel] = np.minimum(len(sq.pools), (rank + 1) // kpool)
         else:
-            visible[sel] = np.searchsorted(sq.rep_pos(kpool), pos[sel], side="right")
+            visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
     assert pad_bound(pool_cells.size) > pool_cells.size
     return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted)

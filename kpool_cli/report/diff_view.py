@@ -37,6 +37,7 @@ from ..diff.compare import (
 )
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
+from .plain import tokens_text
 
 # a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count
@@ -77,18 +78,6 @@ def _pools(pools: Iterable[tuple[int, int]]) -> str:
 
 def _stale(pairs: Iterable[tuple[int, int]]) -> str:
     return " ".join(f"{s}@{p}" for s, p in pairs) or "-"
-
-
-def tokens_text(tokens: tuple[tuple[int, tuple[int, ...]], ...]) -> str:
-    """`seq 0 pos 12; seq 1 pos 12..15 (3)`, one part per sequence set."""
-    by_seq: dict[tuple[int, ...], list[int]] = {}
-    for p, ss in tokens:
-        by_seq.setdefault(ss, []).append(p)
-    parts = []
-    for ss, ps in by_seq.items():
-        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1} ({len(ps)})"
-        parts.append(f"seq {','.join(map(str, ss))} pos {span}")
-    return "; ".join(parts)
 
 
 def _ratio_text(base: int, head: int) -> str:

@@ -18,15 +18,16 @@ from .select import Selection, select
 from .tally import Tally
 
 
-def _tokens(r: UbatchRecord) -> str:
+def tokens_text(tokens: Iterable[tuple[int, tuple[int, ...]]]) -> str:
+    """`seq 0 pos 12; seq 1 pos 12..15 (3)`: (pos, seq set) pairs, one part per
+    sequence set in order of appearance, positions as a half-open span."""
     by_seq: dict[tuple[int, ...], list[int]] = {}
-    for p, ss in zip(r.token_pos.tolist(), r.token_seqs, strict=True):
+    for p, ss in tokens:
         by_seq.setdefault(ss, []).append(p)
     parts = []
     for ss, ps in by_seq.items():
-        seq = ",".join(map(str, ss))
-        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1}"
-        parts.append(f"seq {seq} pos {span}" + (f" ({len(ps)})" if len(ps) > 1 else ""))
+        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1} ({len(ps)})"
+        parts.append(f"seq {','.join(map(str, ss))} pos {span}")
     return "; ".join(parts)
 
 
@@ -59,7 +60,8 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
             pools = " ".join(f"{p.seq}:{p.k}" for p in rec.pools if p.new) or "-"
             stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale_batch.items())
                      if rec.stale_batch else "")
-            out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {_tokens(rec)}"
+            tokens = tokens_text(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))
+            out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {tokens}"
                       f"{stale}: n_new {rec.n_new}/{rec.n_new_g} of {rec.n_pool_real} "
                       f"pools [{pools}] rows {rec.scatter_rep.tolist()}\n")
             for f in rec.findings:

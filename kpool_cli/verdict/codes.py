@@ -48,8 +48,23 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 
 
+class CodeLookup:
+    """`name` and `severity` of a record's `code`, from the registry."""
+
+    __slots__ = ()
+    code: str
+
+    @property
+    def name(self) -> str:
+        return CODES[self.code].name
+
+    @property
+    def severity(self) -> str:
+        return CODES[self.code].severity
+
+
 @dataclass(frozen=True, slots=True)
-class Finding:
+class Finding(CodeLookup):
     """One finding. `rows` are global rows, `pools` are (seq, k) pairs, `tokens` are
     (pos, seq) of the tokens involved. `evidence` holds code-specific plain data."""
 
@@ -60,11 +75,3 @@ class Finding:
     tokens: tuple[tuple[int, int], ...] = ()
     pools: tuple[tuple[int, int], ...] = ()
     evidence: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def name(self) -> str:
-        return CODES[self.code].name
-
-    @property
-    def severity(self) -> str:
-        return CODES[self.code].severity

@@ -14,11 +14,11 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from .codes import CODES
+from .codes import CODES, CodeLookup
 
 
 @dataclass(frozen=True, slots=True)
-class Explanation:
+class Explanation(CodeLookup):
     code: str
     oneline: str  # why it matters, in one line (the rich view's finding panels)
     what: str
@@ -28,14 +28,6 @@ class Explanation:
     fix: str
     plugin: str = ""  # replace(<engine>, ...) arguments when the example needs a plug-in
     needs_values: bool = False  # the example needs a value backend (not --backend none)
-
-    @property
-    def name(self) -> str:
-        return CODES[self.code].name
-
-    @property
-    def severity(self) -> str:
-        return CODES[self.code].severity
 
     @property
     def command(self) -> str:

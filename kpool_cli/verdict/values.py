@@ -1,8 +1,7 @@
 """Verdicts that need values (ENGINE.md §8): KP001 with value evidence, KP003.
 
 Owns: pure functions from a layout, a scatter plan and arrays the value backend
-computed to findings, and `merge`, which puts a backend's findings in place of
-the static ones (the value KP001 replaces `static.scatter_race`'s).
+computed to findings (the value KP001 enriches `static.scatter_race`'s).
 
 Racing writes have no defined winner (set_rows splits entries across threads), so
 no verdict here depends on which racing entry the backend stored: a raced row is
@@ -132,10 +131,3 @@ def stale_reads(layout: Layout, plan: ScatterPlan, token_seqs: tuple[tuple[int, 
                    seqs=tuple(sorted(reach)), tokens=tokens, pools=tuple(pools),
                    evidence={"reader": list(tokens[0]), "pool": [s0, k0], "row": row0,
                              "holds": holds(row0, s0, k0)})
-
-
-def merge(race: list[Finding], backend: list[Finding]) -> list[Finding]:
-    """The static KP001 (`race`) replaced by the backend's value KP001 when there is
-    one, followed by the backend's other findings."""
-    value_race = [f for f in backend if f.code == "KP001"]
-    return (value_race or race) + [f for f in backend if f.code != "KP001"]
