@@ -1,3 +1,17 @@
-from .cli import main
+"""`python -m kpool_cli`: the `kpool` command.
+
+Python puts the current directory first on `sys.path` under `-m`; the installed
+`kpool` script does not. Drop it, so a plug-in engine (`--engine module:Name`) is
+looked up the same way however kpool is started: never from whatever directory
+the command happens to run in.
+"""
+
+import os
+import sys
+
+if sys.path and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
+
+from kpool_cli.cli import main
 
 main()

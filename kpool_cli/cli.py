@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import TextIO
@@ -20,10 +21,11 @@ from . import __version__
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
-from .report.files import written_whole
+from .report.files import OutputError, check_outputs, written_whole
 from .report.json_report import write_report
 from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Tally
+from .report.wording import visible
 from .trace.load import TraceError, load_trace
 from .trace.schema import report_schema, trace_schema
 
@@ -31,8 +33,23 @@ EXIT_BAD_INPUT = 2
 
 
 def _fail(message: str) -> None:
-    click.echo(f"kpool: {message}", err=True)
+    click.echo(f"kpool: {visible(message, keep_newlines=True)}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _invalid(e: TraceError) -> None:
+    """Exit 2 for an invalid trace: every problem on its own line, made visible (a
+    path or a quoted value cannot carry a line break or an escape sequence)."""
+    _fail("invalid trace\n" + "\n".join(visible(str(p)) for p in e.problems)
+          + (f"\n(stopped after {len(e.problems)} problems)" if e.truncated else ""))
+
+
+def _refuse_outputs(inputs: tuple[str, ...], **outputs: str | None) -> None:
+    """Exit 2, before any work, for an output that would destroy an input or a non-file."""
+    try:
+        check_outputs(inputs, [(f"--{k}", v) for k, v in outputs.items()])
+    except OutputError as e:
+        _fail(str(e))
 
 
 @contextlib.contextmanager
@@ -60,7 +77,26 @@ def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int]
         raise click.BadParameter(str(e)) from e
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _ReaderLeft(Exception):
+    """stdout's reader left (a BrokenPipeError), carried past click, which would turn
+    it into exit 1."""
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C, carried past click, which would print a blank line and `Aborted!`."""
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _ReaderLeft from None
+        except KeyboardInterrupt:
+            raise _Interrupted from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kpool")
 def cli() -> None:
     """Replay and inspect traces of llama.cpp's k-pool indexer cache."""
@@ -110,46 +146,58 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
     --check), 2 bad usage or an invalid trace."""
+    _refuse_outputs(traces, output=output, svg=svg, html=html)
+    if fmt == "json" and (html or svg):
+        _fail("--html and --svg save the text view: use them with --format text")
     loaded = []
     for path in traces:
         try:
             loaded.append(load_trace(path))
         except TraceError as e:
-            _fail(f"invalid trace\n{e}")
+            _invalid(e)
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
-    if fmt == "json" and (html or svg):
-        _fail("--html and --svg save the text view: use them with --format text")
     worst = 0
+    invalid: TraceError | None = None
     try:
         with _output(output) as out:
             from .report.text import TextOutput, ticker_for, ticking
 
             text = (TextOutput(out, color=color, quiet=quiet, html=html, svg=svg)
                     if fmt == "text" else None)
-            if fmt == "json" and len(runs) > 1:
+            if text is None and len(runs) > 1:
                 out.write("[\n")
             for n, (trace, version) in enumerate(runs):
                 tally = Tally(fail_on=fail_on, check=check)
                 records = replay(trace, version, make_backend(backend, trace),
                                  pools_all=pools == "all", cell_map=bool(text and text.rich))
-                if text is None:
-                    if n:
-                        out.write(",\n")
-                    records = ticking(records, ticker_for(trace, quiet=quiet, color=color,
-                                                          shares_terminal=False))
-                    write_report(out, trace, version.name,
-                                 None if backend == "none" else backend, records, tally)
-                else:
-                    text.run(trace, version, None if backend == "none" else backend, records,
-                             tally, Selection.of(trace, ubatch, seq, only_findings),
-                             pools == "all")
+                value_backend = None if backend == "none" else backend
+                if text is not None:
+                    text.run(trace, version, value_backend, records, tally,
+                             Selection.of(trace, ubatch, seq, only_findings), pools == "all")
+                    worst = max(worst, tally.exit_code)
+                    continue
+                if n:
+                    out.write(",\n")
+                ticker = ticker_for(trace, quiet=quiet, color=color, shares_terminal=False)
+                try:
+                    write_report(out, trace, version.name, value_backend,
+                                 ticking(records, ticker), tally)
+                finally:
+                    ticker.close()
                 worst = max(worst, tally.exit_code)
+                if tally.problems:  # the report says why and closes; no further trace runs
+                    invalid = TraceError(tally.problems)
+                    break
             if text is None:
                 out.write("\n]\n" if len(runs) > 1 else "\n")
             else:
                 text.close()
-    except TraceError as e:
-        _fail(f"invalid trace\n{e}")
+            if invalid is not None and out is not sys.stdout:
+                raise invalid  # exit 2 leaves no output file; on stdout the JSON closed
+    except TraceError as e:  # met mid-replay; an output file, if any, is not kept
+        _invalid(e)
+    if invalid is not None:
+        _invalid(invalid)
     sys.exit(worst)
 
 
@@ -284,21 +332,56 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     sys.exit(result.exit_code)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is so that `finally` blocks run (an output's
+    temporary file is removed) before exit 143."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
+EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141, as a shell filter killed by SIGPIPE
+
+
 def main() -> None:
+    """The `kpool` script. Exit status: the command's (0, 1, 2), or 2 for bad usage
+    or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader left
+    (`kpool replay t.yaml | head -1`): never 1, which means findings."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        cli(standalone_mode=True)
-    except BrokenPipeError:
-        # `kpool replay ... | head`: the reader left; say nothing more
+        code = cli.main(standalone_mode=False)
+    except click.ClickException as e:  # bad usage: click's message and usage line
+        e.show()
+        code = e.exit_code
+    except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
+        _stderr_line("kpool: interrupted")
+        code = EXIT_INTERRUPTED
+    except Terminated:
+        _stderr_line("kpool: terminated")
+        code = EXIT_TERMINATED
+    except (BrokenPipeError, _ReaderLeft):
+        # the reader left: say nothing more, and do not let the interpreter's final
+        # flush of stdout fail again
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
-    except KeyboardInterrupt:
-        click.echo("kpool: interrupted", err=True)
-        sys.exit(130)
+        code = EXIT_BROKEN_PIPE
+    except OutputError as e:  # a missing or read-only directory, a full disk ...
+        _stderr_line(f"kpool: {visible(str(e))}")
+        code = EXIT_BAD_INPUT
     except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
-        click.echo(f"kpool: internal error: {type(e).__name__}: {e}\n"
-                   "Please report it with the trace that caused it "
-                   "(KPOOL_TRACEBACK=1 shows where).", err=True)
+        _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"
+                     "Please report it with the trace that caused it "
+                     "(KPOOL_TRACEBACK=1 shows where).")
         if os.environ.get("KPOOL_TRACEBACK"):
             raise
-        sys.exit(EXIT_BAD_INPUT)
+        code = EXIT_BAD_INPUT
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _stderr_line(text: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()

@@ -80,7 +80,12 @@ class VersionError(Exception):
 
 def load_version(spec: str) -> EngineVersion:
     """A registered name, or `package.module:Name` naming an EngineVersion (or a
-    callable returning one, such as a subclass)."""
+    callable returning one, such as a subclass).
+
+    Only the command line may name a `module:Name` (a trace's `engine:` is checked
+    against `VERSIONS` by the loader): importing it runs the user's code. Whatever
+    that code does while importing or building the version (raise, `sys.exit`) is a
+    `VersionError`, never an exit status of its own."""
     if spec in VERSIONS:
         return VERSIONS[spec]
     if ":" not in spec:
@@ -88,21 +93,41 @@ def load_version(spec: str) -> EngineVersion:
         raise VersionError(f"unknown engine {spec!r}: known engines are {known}, "
                            "or give package.module:Name")
     mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")
     try:
         mod = importlib.import_module(mod_name)
-    except Exception as e:  # the user's module may fail in any way on import
-        raise VersionError(f"cannot import {mod_name!r} for engine {spec!r}: {e}") from e
+    except ModuleNotFoundError as e:
+        if e.name and mod_name.startswith(e.name) and mod_name[len(e.name):][:1] in ("", "."):
+            raise VersionError(
+                f"engine {spec!r}: no module named {e.name!r} on Python's import path. "
+                "Plug-in engines are imported like any Python module: from the installed "
+                "packages and the directories in PYTHONPATH; the current directory is not "
+                "searched. Install the package, or run with PYTHONPATH=DIR where "
+                f"DIR/{mod_name.replace('.', '/')}.py (or a package of that name) lives"
+            ) from None
+        raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: {e}") from None
+    except (Exception, SystemExit) as e:  # the user's module may fail in any way on import
+        raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
+                           f"{_described(e)}") from None
     obj = getattr(mod, attr, None)
     if obj is None:
-        raise VersionError(f"module {mod_name!r} has no attribute {attr!r}")
+        raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}")
     if not isinstance(obj, EngineVersion) and callable(obj):
         try:
             obj = obj()
-        except Exception as e:
-            raise VersionError(f"calling {spec} failed: {e}") from e
+        except (Exception, SystemExit) as e:
+            raise VersionError(f"engine {spec!r}: calling {attr} failed: {_described(e)}"
+                               ) from None
     if not isinstance(obj, EngineVersion):
         raise VersionError(f"{spec} is a {type(obj).__name__}, not a "
                            "kpool_cli.engine.versions.EngineVersion")
     if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
         obj = replace(obj, name=f"{obj.name}@{spec}")
     return obj
+
+
+def _described(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"it called sys.exit({e.code!r})"
+    return f"{type(e).__name__}: {e}"

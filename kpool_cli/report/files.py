@@ -1,37 +1,125 @@
-"""Output files that appear whole or not at all.
+"""Output files: which paths kpool may write, and writing them whole or not at all.
 
-Owns: `written_whole(path)`, a context manager yielding a text stream on a
-temporary file beside `path`, renamed over it only when the block completes; an
-exception or an interrupt (KeyboardInterrupt included) removes the temporary and
-leaves any earlier `path` untouched. The file gets the mode a new file would
-(0666 less the umask), not mkstemp's 0600: reports and views are artifacts.
+Owns:
+- `check_outputs(inputs, outputs)`: refuses, before any work, an output path that
+  would destroy something: one of the inputs (the same file, through any link),
+  the same path twice, or anything that is not a regular file (a directory, a
+  device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), and
+  the empty path. `-` (stdout) is always allowed.
+- `written_whole(path)`: a context manager yielding a text stream on a temporary
+  file beside `path`, renamed over it only when the block completes; an exception,
+  an interrupt (KeyboardInterrupt) or a termination (the CLI turns SIGTERM into an
+  exception) removes the temporary and leaves any earlier `path` untouched. The file
+  gets the mode a new file would (0666 less the umask), not mkstemp's 0600: reports
+  and views are artifacts.
+- `OutputError`: why an output path was refused or could not be written, with the
+  path and the system's reason (missing directory, read-only, disk full...).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
+
+STDOUT = "-"
+
+
+class OutputError(Exception):
+    """An output path kpool refuses, or cannot write (exit 2)."""
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None]]) -> None:
+    """Raise OutputError unless every output (`(option, path)`, path None when not
+    given) may be written without destroying an input or a non-file."""
+    given = [(opt, p) for opt, p in outputs if p is not None and p != STDOUT]
+    inputs_by_id = {}
+    for i in inputs:
+        ident = _identity(i)
+        if ident is not None:
+            inputs_by_id[ident] = i
+    seen: dict[str, str] = {}
+    for opt, path in given:
+        if path == "":
+            raise OutputError(f"{opt}: the path is empty")
+        real = os.path.realpath(path)
+        if real in seen:
+            raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
+                              "each output needs its own path")
+        seen[real] = f"{opt} {path}"
+        try:
+            st = os.stat(path)  # follows a symlink: its target is what would be written
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            raise OutputError(f"{opt} {path}: {e.strerror or e}") from None
+        if st is not None:
+            if stat.S_ISDIR(st.st_mode):
+                raise OutputError(f"{opt} {path}: is a directory")
+            if not stat.S_ISREG(st.st_mode):
+                kind = _kind(st.st_mode)
+                raise OutputError(f"{opt} {path}: is {kind}, not a regular file: kpool "
+                                  "writes reports and views to regular files only "
+                                  "(use - for stdout)")
+            if (st.st_dev, st.st_ino) in inputs_by_id:
+                raise OutputError(f"{opt} {path}: is the input "
+                                  f"{inputs_by_id[(st.st_dev, st.st_ino)]}: kpool never "
+                                  "writes over its inputs")
+        parent = Path(path).parent
+        if not parent.is_dir():
+            reason = "does not exist" if not parent.exists() else "is not a directory"
+            raise OutputError(f"{opt} {path}: the directory {parent} {reason}")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
 
 
 @contextlib.contextmanager
 def written_whole(path: str) -> Iterator[TextIO]:
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=target.parent if str(target.parent) else ".")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                   dir=target.parent if str(target.parent) else ".")
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    f = os.fdopen(fd, "w", encoding="utf-8")
+    try:
+        try:
             yield f
+            f.flush()  # a full disk or a file-size limit shows here at the latest
+            os.fsync(f.fileno())
+        finally:
+            with contextlib.suppress(OSError):
+                f.close()
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, BrokenPipeError):
+            # the file's own write, flush or rename: say why, with the path
+            raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
 
 

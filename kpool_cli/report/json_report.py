@@ -13,6 +13,7 @@ from typing import TextIO
 
 from .. import __version__
 from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..trace.load import TraceError
 from ..trace.model import Trace
 from ..verdict.codes import Finding
 from .tally import Tally
@@ -77,7 +78,9 @@ def report_header(trace: Trace, engine: str, backend: str | None) -> dict:
 def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
                  records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
                  indent: str = "") -> None:
-    """Stream one report to `out`, feeding `tally` on the way."""
+    """Stream one report to `out`, feeding `tally` on the way. A trace that turns out
+    invalid mid-replay (TraceError) ends the report there, with its `problems` and
+    `summary.status` "invalid": the document is always whole."""
     head = report_header(trace, engine, backend)
     out.write("{\n")
     for key, value in head.items():
@@ -85,18 +88,26 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     out.write(f'{indent}  "ubatches": [')
     events, expects = [], []
     first = True
-    for rec in records:
-        tally.add(rec)
-        if isinstance(rec, UbatchRecord):
-            out.write(("\n" if first else ",\n") + f"{indent}    " + json.dumps(ubatch_json(rec)))
-            first = False
-        elif isinstance(rec, OpEvent):
-            events.append(event_json(rec))
-        else:
-            expects.append({"op": rec.op, "ok": rec.ok, "message": rec.message})
+    try:
+        for rec in records:
+            tally.add(rec)
+            if isinstance(rec, UbatchRecord):
+                out.write(("\n" if first else ",\n") + f"{indent}    "
+                          + json.dumps(ubatch_json(rec)))
+                first = False
+            elif isinstance(rec, OpEvent):
+                events.append(event_json(rec))
+            else:
+                expects.append({"op": rec.op, "ok": rec.ok, "message": rec.message})
+    except TraceError as e:  # invalid at this point: the document still closes, saying why
+        tally.invalidate(e.problems)
     out.write(("" if first else f"\n{indent}  ") + "],\n")
     for key, value in (("events", events), ("expectations", expects)):
         out.write(f"{indent}  {json.dumps(key)}: [")
         out.write(",".join(f"\n{indent}    " + json.dumps(v) for v in value))
         out.write(("" if not value else f"\n{indent}  ") + "],\n")
+    if tally.problems:
+        problems = [{"file": p.file, "line": p.line, "column": p.column, "field": p.field,
+                     "message": p.message} for p in tally.problems]
+        out.write(f'{indent}  "problems": {json.dumps(problems)},\n')
     out.write(f'{indent}  "summary": {json.dumps(tally.summary())}\n{indent}}}')

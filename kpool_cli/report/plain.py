@@ -16,6 +16,7 @@ from ..trace.model import Trace
 from ..verdict.codes import Finding
 from .select import Selection, select
 from .tally import Tally
+from .wording import visible
 
 
 def tokens_text(tokens: Iterable[tuple[int, tuple[int, ...]]]) -> str:
@@ -32,7 +33,7 @@ def tokens_text(tokens: Iterable[tuple[int, tuple[int, ...]]]) -> str:
 
 
 def _finding(f: Finding) -> str:
-    return f"    {f.code} {f.name} [{f.severity}]: {f.message}"
+    return f"    {f.code} {f.name} [{f.severity}]: {visible(f.message)}"
 
 
 def write_plain(out: TextIO, trace: Trace, engine: str,
@@ -44,8 +45,8 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
     decided `pairs` from `select` (then `records` is ignored)."""
     cfg = trace.cache
     selection = selection or Selection(only_findings=only_findings)
-    out.write(f"trace {trace.path}" + (f" ({trace.name})" if trace.name else "")
-              + f" under {engine}\n")
+    out.write(f"trace {visible(trace.path)}"
+              + (f" ({visible(trace.name)})" if trace.name else "") + f" under {visible(engine)}\n")
     out.write("  cache: " + ", ".join(f"{k} {v}" for k, v in cfg.as_dict().items()) + "\n")
     note = selection.describe()
     if note:
@@ -68,16 +69,17 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
                 out.write(_finding(f) + "\n")
         elif isinstance(rec, OpEvent):
             if rec.kind == "note":
-                out.write(f"  note: {rec.message}\n")
+                out.write(f"  note: {visible(rec.message)}\n")
                 continue
             stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale.items())
                      if rec.stale else "")
-            msg = f": {rec.message}" if rec.message else ""
+            msg = f": {visible(rec.message)}" if rec.message else ""
             out.write(f"  op {rec.op} {rec.kind} {rec.status}{stale}{msg}\n")
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
         else:
-            out.write(f"  expect (op {rec.op}): {'ok' if rec.ok else 'FAILED'}: {rec.message}\n")
+            out.write(f"  expect (op {rec.op}): {'ok' if rec.ok else 'FAILED'}: "
+                      f"{visible(rec.message)}\n")
     s = tally.summary()
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
     part = f" ({shown_ub} shown)" if selection.filters else ""

@@ -1,8 +1,10 @@
 """The outcome of one replay: counts, status and exit code (as black's `Report`).
 
 Owns: `Tally`, fed every record of a replay; it decides `status` (pass, fail,
-aborted) under a failing severity, and the exit code of TRACE_FORMAT.md
-(0 pass, 1 findings at or above `--fail-on`, 2 is the CLI's, for bad input).
+aborted, invalid) under a failing severity, and the exit code of TRACE_FORMAT.md
+(0 pass, 1 findings at or above `--fail-on`, 2 a trace found invalid mid-replay,
+e.g. a recorded cell that is not empty; other bad input is refused by the CLI
+before a replay starts).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Tally:
     expect_passed: int = 0
     aborted: bool = False
     cost: Counter = field(default_factory=Counter)
+    problems: tuple = ()  # trace.load.Problem: why the trace turned out invalid mid-replay
 
     def add(self, rec: OpEvent | UbatchRecord | ExpectResult) -> None:
         if isinstance(rec, ExpectResult):
@@ -50,18 +53,26 @@ class Tally:
             if self.fail_on != "never" and severity_rank(f.severity) >= severity_rank(self.fail_on):
                 self.failing += 1
 
+    def invalidate(self, problems) -> None:
+        """The replay stopped: the trace is invalid at this point (exit 2)."""
+        self.problems = tuple(problems)
+
     @property
     def failed(self) -> bool:
         return self.failing > 0 or (self.check and self.expect_failed > 0)
 
     @property
     def status(self) -> str:
+        if self.problems:
+            return "invalid"
         if self.aborted:
             return "aborted"
         return "fail" if self.failed else "pass"
 
     @property
     def exit_code(self) -> int:
+        if self.problems:
+            return 2
         return 1 if self.failed else 0
 
     def summary(self) -> dict:

@@ -53,8 +53,17 @@ class Manners:
         return Manners(tty, color, width)
 
 
+class _Console(Console):
+    """rich's Console, except that a reader who left (`| head`) is reported as the
+    BrokenPipeError it is: rich's own answer is `SystemExit(1)`, and 1 means findings."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(file: TextIO | None, manners: Manners, *, record: bool = False) -> Console:
-    return Console(
+    return _Console(
         file=file,
         width=manners.width,
         color_system="auto" if manners.color else None,

@@ -31,6 +31,7 @@ from .select import Selection, planned_ubatches, select
 from .tally import Tally
 from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_terminal
 from .view import RichView
+from .wording import visible
 
 Record = OpEvent | UbatchRecord | ExpectResult
 
@@ -41,7 +42,7 @@ def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal
     err = sys.stderr
     show = not quiet and stream_is_terminal(err) and not stream_is_pipe(sys.stdout)
     console = make_console(err, Manners.detect(err, color=color)) if show else None
-    return Ticker(console, planned_ubatches(trace), trace.name or trace.path,
+    return Ticker(console, planned_ubatches(trace), visible(trace.name or trace.path),
                   shares_terminal=shares_terminal)
 
 
@@ -84,7 +85,16 @@ class TextOutput:
             pools_all: bool = False) -> None:
         ticker = ticker_for(trace, quiet=self.quiet, color=self.color,
                             shares_terminal=self.on_terminal)
-        pairs = select(ticking(records, ticker), selection, trace)
+        try:  # the bar is erased however the run ends (an interrupt included)
+            self._run(trace, version, backend, ticking(records, ticker), tally, selection,
+                      pools_all, ticker)
+        finally:
+            ticker.close()
+
+    def _run(self, trace: Trace, version: EngineVersion, backend: str | None,
+             records: Iterable[Record], tally: Tally, selection: Selection,
+             pools_all: bool, ticker: Ticker) -> None:
+        pairs = select(records, selection, trace)
         rich_console = self.console or self.recorder
         view = (RichView(rich_console, trace, version, backend, selection, pools_all)
                 if rich_console is not None else None)

@@ -34,6 +34,7 @@ from ..verdict.codes import CODES, Finding
 from ..verdict.explain import EXPLANATIONS, Explanation
 from .select import Selection
 from .tally import Tally
+from .wording import visible
 
 SEQ_STYLES = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "bright_green",
               "bright_yellow", "bright_blue", "bright_magenta")
@@ -210,11 +211,12 @@ class RichView:
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column()
-        grid.add_row("trace", Text(t.path))
+        grid.add_row("trace", Text(visible(t.path)))
         if t.description:
-            grid.add_row("", Text(_reflow(t.description), style="italic"))
-        grid.add_row("engine", Text.assemble((self.version.name, "bold"), " ",
-                                             (self.version.description, "dim")))
+            grid.add_row("", Text(visible(_reflow(t.description), keep_newlines=True),
+                                     style="italic"))
+        grid.add_row("engine", Text.assemble((visible(self.version.name), "bold"), " ",
+                                             (visible(self.version.description), "dim")))
         grid.add_row("backend", Text(self.backend or "none (model only: no KP003)"))
         layout = [f"kv_size {cfg.kv_size}", f"kpool {cfg.kpool}", f"n_seq_max {cfg.n_seq_max}",
                   "unified" if cfg.unified else f"non-unified ({cfg.n_stream} streams)",
@@ -226,7 +228,8 @@ class RichView:
             ("M", SHARED_STYLE), " shared  ", ("^", "bold"), " rep row  ",
             ("!", "bold red"), " flagged row  ", ("x", "reverse"), " new")
         grid.add_row("cell map", legend)
-        title = Text.assemble(("kpool replay", "bold"), " · ", (t.name or t.path, "bold cyan"))
+        title = Text.assemble(("kpool replay", "bold"), " · ",
+                              (visible(t.name or t.path), "bold cyan"))
         self.print(Panel(grid, title=title, title_align="left", box=box.ROUNDED,
                          border_style="cyan"))
         note = self.sel.describe()
@@ -261,7 +264,7 @@ class RichView:
             grid.add_column()
             ok = ("ok", "green") if rec.ok else ("FAILED", "bold red")
             grid.add_row(f"op {rec.op}", Text.assemble(("expect ", "bold"), ok, " · ",
-                                                       rec.message))
+                                                       visible(rec.message)))
             self.print(grid)
 
     def _flush_repeats(self) -> None:
@@ -279,18 +282,18 @@ class RichView:
         grid.add_column(no_wrap=True, style="dim")
         grid.add_column()
         if e.kind == "note":
-            grid.add_row("note", Text(e.message, style="italic"))
+            grid.add_row("note", Text(visible(e.message, keep_newlines=True), style="italic"))
             self.print(grid)
             return
         op = self.trace.ops[e.op]
         status_style = {"applied": "green", "rejected": "bold yellow", "aborted": "bold red"}
-        line = Text.assemble((e.kind, "bold"), " ", _op_args(op), " · ",
+        line = Text.assemble((e.kind, "bold"), " ", visible(_op_args(op)), " · ",
                              (e.status, status_style.get(e.status, "")))
         if e.stale:
             line.append(" · stale ")
             line.append(_stale_text(e.stale))
         if e.message and not e.findings:
-            line.append("\n" + e.message, style="dim")
+            line.append("\n" + visible(e.message), style="dim")
         grid.add_row(f"op {e.op}", line)
         self.print(grid)
         if e.findings:
@@ -420,7 +423,7 @@ class RichView:
                     line.append(label, style="dim")
                     line.append(value)
                 parts.append(Padding(line, (0, 0, 0, 2)))
-            parts.append(Padding(Text(f.message), (0, 0, 0, 2)))
+            parts.append(Padding(Text(visible(f.message)), (0, 0, 0, 2)))
             exp = EXPLANATIONS.get(f.code)
             if exp is not None:
                 parts.append(Padding(Text(f"why: {exp.oneline} (kpool explain {f.code})",
@@ -434,8 +437,8 @@ class RichView:
     def finish(self, tally: Tally) -> None:
         self._flush_repeats()
         s = tally.summary()
-        table = Table(title=Text(f"summary · {self.trace.name or self.trace.path} under "
-                                 f"{self.version.name}", style="bold"),
+        table = Table(title=Text(f"summary · {visible(self.trace.name or self.trace.path)} "
+                                 f"under {visible(self.version.name)}", style="bold"),
                       title_justify="left", box=box.ROUNDED, show_header=False,
                       padding=(0, 1))
         table.add_column(style="bold", no_wrap=True)

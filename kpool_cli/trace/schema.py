@@ -310,6 +310,14 @@ def report_schema() -> dict[str, Any]:
                 "ok": {"type": "boolean"},
                 "message": {"type": "string"},
             })),
+            # only when the trace turned out invalid mid-replay (status "invalid")
+            "problems": _array(obj({
+                "file": {"type": "string"},
+                "line": nat,
+                "column": nat,
+                "field": {"type": "string"},
+                "message": {"type": "string"},
+            })),
             "summary": obj({
                 "ubatches": nat,
                 "findings": {
@@ -318,8 +326,9 @@ def report_schema() -> dict[str, Any]:
                     "additionalProperties": nat,
                 },
                 "pools_marked": nat,
-                "status": {"enum": ["pass", "fail", "aborted"]},
+                "status": {"enum": ["pass", "fail", "aborted", "invalid"]},
             }),
-        }),
+        }, ["kpool_report", "tool", "trace", "engine", "backend", "config", "events",
+            "ubatches", "expectations", "summary"]),
         "$defs": defs,
     }

@@ -1,0 +1,345 @@
+"""A trace is untrusted data: it runs no code, cannot drive the terminal, and no
+output destroys an input; every way a run ends has an honest exit status.
+
+Each test runs `kpool` as a user would (a subprocess, or click's runner where the
+process does not matter) and asserts what the user sees: the exit status, the
+message on stderr, the files left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import resource
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kpool_cli.trace.schema import report_schema
+
+ROOT = Path(__file__).resolve().parent.parent
+RACE = ROOT / "traces" / "shared-prefix-race.yaml"
+KPOOL = [sys.executable, "-m", "kpool_cli"]
+
+
+def kpool(*args: str, cwd: Path = ROOT, env: dict | None = None, **kw
+          ) -> subprocess.CompletedProcess:
+    return subprocess.run([*KPOOL, *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=120, **kw)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+RACE_BODY = """\
+    cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+    ops:
+      - decode: {seq: 0, pos: 0..8}
+      - seq_cp: {src: 0, dst: 1}
+      - decode: {seq: 0, pos: 8}
+    """
+
+
+def long_trace(n: int) -> str:
+    """A cache-safe race that goes on for `n` ubatches (a few seconds of work)."""
+    lines = ["kpool_trace: 1", "cache: {kv_size: 8192, kpool: 4, n_seq_max: 2}", "ops:",
+             "  - decode: {seq: 0, pos: 0..64}", "  - seq_cp: {src: 0, dst: 1}"]
+    lines += [f"  - decode: {{tokens: [{{pos: {i}, seq: [0]}}, {{pos: {i}, seq: [1]}}]}}"
+              for i in range(64, 64 + n)]
+    return "\n".join(lines) + "\n"
+
+
+# -- 1. a trace runs no code ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sys:exit", "os:abort", "evil:V", "no-such-version"])
+def test_a_trace_names_only_registered_engines(tmp_path, engine):
+    (tmp_path / "evil.py").write_text(
+        "import pathlib\npathlib.Path('ran').write_text('imported')\nV = None\n")
+    t = write(tmp_path / "t.yaml", f"kpool_trace: 1\nengine: {json.dumps(engine)}\n"
+              + textwrap.dedent(RACE_BODY))
+    r = kpool("replay", str(t), cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert f"t.yaml:2:9: engine: {engine!r} is not a registered engine version" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "ran").exists()  # nothing was imported
+
+
+def test_a_plugin_is_not_looked_up_in_the_current_directory(tmp_path):
+    """`python -m` would put the current directory on sys.path: kpool drops it, so
+    `--engine evil:V` finds nothing there, and says how the lookup works."""
+    (tmp_path / "evil.py").write_text(
+        "import pathlib\npathlib.Path('ran').write_text('imported')\n")
+    r = kpool("replay", str(RACE), "--engine", "evil:V", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "no module named 'evil' on Python's import path" in r.stderr
+    assert "PYTHONPATH" in r.stderr and "current directory is not searched" in r.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("body, said", [
+    ("import sys\nsys.exit(0)\n", "it called sys.exit(0)"),
+    ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    ("def V():\n    raise SystemExit(0)\n", "calling V failed: it called sys.exit(0)"),
+    ("V = 42\n", "is a int, not a kpool_cli.engine.versions.EngineVersion"),
+])
+def test_a_failing_plugin_is_exit_2_never_0(tmp_path, body, said):
+    (tmp_path / "plug.py").write_text(body)
+    r = kpool("replay", str(RACE), "--engine", "plug:V", cwd=tmp_path,
+              env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 2 and r.stdout == ""
+    assert said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_plugin_on_pythonpath_runs(tmp_path):
+    (tmp_path / "plug.py").write_text(
+        "from dataclasses import replace\nfrom kpool_cli.engine.versions import CACHE_SAFE\n"
+        "V = replace(CACHE_SAFE, name='mine')\n")
+    r = kpool("replay", str(RACE), "--engine", "plug:V", "--backend", "none",
+              env={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 1 and "under mine" in r.stdout  # the race, KP001
+
+
+# -- 2. trace text cannot drive the terminal -----------------------------------------
+
+ATTACK = "\x1b[2J\x1b[31mPASS\x07"
+TITLE = "\x1b]0;title\x07\x1b[1A\x1b[2K  summary: 0 ubatches: PASS\r\u202e"
+
+
+def hostile_trace(tmp_path: Path) -> Path:
+    description = json.dumps("line one" + ATTACK + "\nline two")
+    return write(tmp_path / "hostile.yaml", f"""\
+        kpool_trace: 1
+        name: {json.dumps(ATTACK)}
+        description: {description}
+        cache: {{kv_size: 32, kpool: 4, n_seq_max: 3}}
+        ops:
+          - decode: {{seq: 0, pos: 0..8}}
+          - note: {json.dumps(TITLE)}
+          - state_write: {{seq: 0, slot: {json.dumps("s" + ATTACK)}}}
+          - seq_cp: {{src: 0, dst: 1}}
+          - decode: {{seq: 0, pos: 8}}
+          - state_read: {{seq: 2, slot: {json.dumps("s" + ATTACK)}}}
+        """)
+
+
+def assert_shown_not_obeyed(text: str) -> None:
+    """The attack's escapes are on the page as text; none reached the terminal."""
+    for raw in ("\x1b[2J", "\x1b]0;", "\x07", "\x1b[1A", "\r\u202e", "\u202e"):
+        assert raw not in text
+    assert "\\x1b[2J\\x1b[31mPASS\\x07" in text
+
+
+def test_plain_view_shows_control_characters(tmp_path):
+    r = kpool("replay", str(hostile_trace(tmp_path)), "--engine", "cache-safe")
+    assert r.returncode == 1
+    assert_shown_not_obeyed(r.stdout)
+    assert "\\x1b]0;title\\x07\\x1b[1A\\x1b[2K  summary: 0 ubatches: PASS\\r\\u202e" in r.stdout
+    assert sum(line.lstrip().startswith("summary:") for line in r.stdout.splitlines()) == 1
+
+
+def test_svg_and_html_show_control_characters(tmp_path):
+    t = hostile_trace(tmp_path)
+    svg, html = tmp_path / "v.svg", tmp_path / "v.html"
+    r = kpool("replay", str(t), "--engine", "cache-safe", "--svg", str(svg),
+              "--html", str(html), env={"COLUMNS": "200"})
+    assert r.returncode == 1
+    for f in (svg, html):
+        text = f.read_text()
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text
+        assert "x1b[2J" in text  # the escape, as text (SVG/HTML may encode the backslash)
+
+
+def test_rich_view_on_a_terminal_shows_control_characters(tmp_path):
+    t = hostile_trace(tmp_path)
+    out = run_on_a_terminal([*KPOOL, "replay", str(t), "--engine", "cache-safe",
+                             "--no-color"])
+    assert_shown_not_obeyed(out)
+
+
+def run_on_a_terminal(argv: list[str]) -> str:
+    """What `argv` prints on a pseudo-terminal 120 columns wide."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout and stderr are the terminal
+        os.environ["COLUMNS"] = "120"
+        os.environ.pop("FORCE_COLOR", None)
+        os.chdir(ROOT)
+        os.execv(argv[0], argv)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([fd], [], [], 120)
+        if not ready:
+            break
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_error_messages_show_control_characters(tmp_path):
+    bad = write(tmp_path / ("bad" + "\x1b[2J" + ".yaml"), "kpool_trace: 1\ncache: 3\nops: []\n")
+    r = kpool("replay", str(bad))
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "bad\\x1b[2J.yaml" in r.stderr
+    r = kpool("explain", ATTACK)
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
+
+
+# -- 3. outputs never destroy inputs ---------------------------------------------------
+
+
+def test_an_output_that_is_an_input_is_refused(tmp_path):
+    t = tmp_path / "t.yaml"
+    t.write_text(RACE.read_text())
+    link = tmp_path / "link.yaml"
+    link.symlink_to(t)
+    before = t.read_text()
+    for args, said in [
+        ((str(t), "-o", str(t)), f"--output {t}: is the input {t}"),
+        ((str(link), "-o", str(t)), "is the input"),
+        ((str(t), "-o", str(link)), "is the input"),
+        ((str(t), "--svg", str(t)), "--svg"),
+        ((str(t), "--svg", str(tmp_path / "a"), "--html", str(tmp_path / "a")),
+         "the same file as --svg"),
+    ]:
+        r = kpool("replay", *args)
+        assert r.returncode == 2 and said in r.stderr, (args, r.stderr)
+        assert r.stdout == ""
+    assert t.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.yaml", "t.yaml"]
+
+
+def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    devlink = tmp_path / "devlink"
+    devlink.symlink_to("/dev/null")
+    for target, said in [("/dev/null", "is a device"), (str(devlink), "is a device"),
+                         (str(fifo), "is a FIFO"), (str(tmp_path), "is a directory"),
+                         ("", "the path is empty"),
+                         (str(tmp_path / "no" / "r.json"), "does not exist")]:
+        r = kpool("replay", str(RACE), "--format", "json", "-o", target)
+        assert r.returncode == 2 and said in r.stderr, (target, r.stderr)
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_dash_is_stdout():
+    r = kpool("replay", str(RACE), "--format", "json", "-o", "-", "--backend", "none")
+    assert r.returncode == 0 and json.loads(r.stdout)["kpool_report"] == 1
+
+
+@pytest.mark.skipif(os.access("/sys", os.W_OK) and not os.path.ismount("/sys"),
+                    reason="needs a read-only directory: /sys")
+def test_a_read_only_directory_is_exit_2_with_the_reason():
+    """/sys stands for a read-only directory (as root, permission bits do not stop
+    kpool; a read-only file system does)."""
+    r = kpool("replay", str(RACE), "-o", "/sys/kpool-report.txt")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("kpool: cannot write /sys/kpool-report.txt: ")
+    assert "internal error" not in r.stderr
+    assert not os.path.exists("/sys/kpool-report.txt")
+
+
+def _small_files() -> None:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+
+
+def test_a_write_that_fails_midway_is_exit_2_and_leaves_nothing(tmp_path):
+    """A full disk, as the file-size limit makes it: the write fails with the system's
+    reason; the temporary file is gone and no report appears."""
+    out = tmp_path / "r.json"
+    # no bytecode or numba cache written under the limit: it would be cut short too
+    r = subprocess.run([*KPOOL, "replay", str(RACE), "--format", "json", "-o", str(out),
+                        "--backend", "none"], capture_output=True, text=True, cwd=ROOT,
+                       preexec_fn=_small_files, timeout=120,
+                       env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert r.returncode == 2
+    assert f"cannot write {out}: File too large" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 4. honest exit statuses -----------------------------------------------------------
+
+
+def _signal_mid_run(tmp_path: Path, sig: int, fmt: str) -> tuple[int, str]:
+    t = tmp_path / "long.yaml"
+    t.write_text(long_trace(3000))
+    out = tmp_path / f"r.{fmt}"
+    p = subprocess.Popen([*KPOOL, "replay", str(t), "--engine", "cache-safe", "--format", fmt,
+                          "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not any(q.name.endswith(".tmp") for q in tmp_path.iterdir()):
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["long.yaml"]  # no temporary
+    return p.returncode, err
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_sigint_is_130_and_one_line(tmp_path, fmt):
+    code, err = _signal_mid_run(tmp_path, signal.SIGINT, fmt)
+    assert code == 130 and err == "kpool: interrupted\n"
+
+
+def test_sigterm_is_143_and_leaves_no_temporary(tmp_path):
+    code, err = _signal_mid_run(tmp_path, signal.SIGTERM, "json")
+    assert code == 143 and err == "kpool: terminated\n"
+
+
+@pytest.mark.parametrize("extra, env", [([], {}), ([], {"FORCE_COLOR": "1"}),
+                                        (["--format", "json"], {})])
+def test_a_reader_that_leaves_is_141_never_1(tmp_path, extra, env):
+    """`kpool replay t.yaml | head -1` on a trace with findings: the reader left, so the
+    run did not finish: 141, as a shell filter killed by SIGPIPE, and nothing on stderr."""
+    t = tmp_path / "long.yaml"
+    t.write_text(long_trace(1500))
+    p = subprocess.Popen([*KPOOL, "replay", str(t), "--engine", "cache-safe", "--backend",
+                          "none", "--all-ubatches", *extra], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=ROOT, env={**os.environ, **env})
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.readline()
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=60) == 141 and err == b""
+
+
+def test_json_on_stdout_closes_when_the_trace_turns_out_invalid(tmp_path):
+    late = write(tmp_path / "late.yaml", """\
+        kpool_trace: 1
+        cache: {kv_size: 8, kpool: 4}
+        ops:
+          - decode: {seq: 0, pos: 0, cell: 3}
+          - decode: {seq: 0, pos: 1, cell: 3}
+        """)
+    for args in ([str(late)], [str(RACE), str(late), str(RACE)]):
+        r = kpool("replay", *args, "--format", "json", "--backend", "none")
+        assert r.returncode == 2
+        assert "late.yaml:5:5: decode.cell: recorded cell 3" in r.stderr
+        doc = json.loads(r.stdout)  # one valid document
+        reports = doc if isinstance(doc, list) else [doc]
+        for rep in reports:
+            jsonschema.validate(rep, report_schema())
+        bad = reports[-1]
+        assert bad["summary"]["status"] == "invalid"
+        assert bad["problems"] == [{"file": str(late), "line": 5, "column": 5,
+                                    "field": "decode.cell", "message": "recorded cell 3 "
+                                    "(stream 0) is not empty when the decode runs"}]
+        assert len(reports) == len(args) - (len(args) > 1)  # nothing runs after it
