@@ -235,3 +235,23 @@ def test_s3_sequential_split_takes_consecutive_seq_ids():
     tokens = toks((0, [0]), (0, [2]), (0, [1]))
     ubs = split_equal(tokens, 8, sequential=True)
     assert [u.tokens for u in ubs] == [(0, 2), (1,)]
+
+
+def test_llama_batch_allocr_split_equal_sequential_retries_every_token():
+    """llama_batch_allocr::split_equal (src/llama-batch.cpp), sequential: every unused
+    token is tried in batch order against the last collected seq id. Tokens seq 0, 2,
+    1, 2: 0 is taken, 2 is passed over (not 0 + 1), 1 is taken, then the second token
+    of seq 2 is (1 + 1): all three sequences in the first ubatch, each set starting
+    at its first unused token (batch index 1 for seq 2). ENGINE.md §3 says a set is
+    tried at its first unused token only; the real code wins."""
+    tokens = toks((0, [0]), (0, [2]), (0, [1]), (1, [2]))
+    ubs = split_equal(tokens, 8, sequential=True)
+    assert [u.tokens for u in ubs] == [(0, 2, 1), (3,)]
+    assert ubs[0].n_seqs_unq == 3
+
+
+def test_split_equal_sequential_chain_stops_at_a_missing_seq_id():
+    """The walk never goes back: after seq 1 at index 3, no later token of seq 2."""
+    tokens = toks((0, [0]), (0, [2]), (1, [0]), (0, [1]))
+    ubs = split_equal(tokens, 8, sequential=True)
+    assert ubs[0].tokens == (0, 3)

@@ -1374,6 +1374,29 @@ def test_s3_split_equal_sequential_needs_consecutive_seq_ids() -> None:
     assert ubs[1].token_rows.tolist() == [32, 33]
 
 
+def test_llama_batch_allocr_split_equal_sequential_takes_a_passed_over_seq() -> None:
+    """llama_batch_allocr::split_equal, sequential (non-unified cache): the walk tries
+    every unused token, so seq 2, passed over at its first token (2 is not 0 + 1), is
+    taken at its second (after seq 1): the first ubatch holds seqs 0, 1 and 2, one
+    token each, seq 2's being its first (pos 0); pos 1 of seq 2 is the second ubatch.
+    Non-unified: seq s's cells are stream s's, global rows 8 * s + cell."""
+    ubs = ubatches(run(scenario("""
+kpool_trace: 1
+cache: {kv_size: 8, kpool: 2, n_seq_max: 3, unified: false}
+ops:
+  - decode:
+      tokens:
+        - {pos: 0, seq: [0]}
+        - {pos: 0, seq: [2]}
+        - {pos: 0, seq: [1]}
+        - {pos: 1, seq: [2]}
+""")))
+    assert [u.token_seqs for u in ubs] == [((0,), (1,), (2,)), ((2,),)]
+    assert ubs[0].token_pos.tolist() == [0, 0, 0]
+    assert ubs[0].token_rows.tolist() == [0, 8, 16]
+    assert ubs[1].token_rows.tolist() == [17]
+
+
 def test_s3_split_equal_overlapping_sets_go_to_separate_ubatches() -> None:
     """ENGINE.md §3: {0, 1} and {0} overlap: not collected together."""
     ubs = ubatches(run(scenario("""

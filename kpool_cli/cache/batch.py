@@ -9,6 +9,7 @@ exception, because llama_decode reports it with a return code.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from ..trace.model import Token
@@ -70,8 +71,10 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
     """llama_batch_allocr::split_equal until the batch is used up (ENGINE.md §3).
 
     Each ubatch: collect the sequence sets of unused tokens (batch order) that overlap
-    none already collected (sequential: and whose first seq id is the previous one's
-    + 1), stopping once more than n_ubatch are collected; then take one more token of
+    none already collected (sequential: every unused token is tried in turn, and one
+    whose seq id is the last collected one's + 1 is taken, even when its sequence was
+    passed over earlier in the walk), stopping once more than n_ubatch are collected;
+    then take one more token of
     every set per round while each still has one, stopping when another round would
     pass n_ubatch tokens. Returns a message when the split is refused."""
     sets = [frozenset(t.seq) for t in tokens]
@@ -85,23 +88,11 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
     out: list[Ubatch] = []
     n_used = 0
     while n_used < len(tokens):
-        cur: list[frozenset[int]] = []
-        last_first = -1
-        # Walking the unused tokens in batch order decides each distinct set at its first
-        # unused token: a set refused for overlapping a collected one overlaps it at every
-        # later token too (the collection only grows), and an identical set overlaps itself.
-        # So walk the sets by their first unused token instead of every token.
+        # the unused tokens in batch order start with each set's first unused token
         pending = sorted((by_set[ss][cursor[ss]], ss) for ss in by_set
                          if cursor[ss] < len(by_set[ss]))
-        for i, ss in pending:
-            if any(ss & c for c in cur):
-                continue
-            if sequential and cur and tokens[i].seq[0] != last_first + 1:
-                continue
-            cur.append(ss)
-            last_first = tokens[i].seq[0]
-            if len(cur) > n_ubatch:
-                break
+        cur = (_sequential_sets(pending, by_set, cursor, tokens, n_ubatch) if sequential
+               else _disjoint_sets(pending, n_ubatch))
         if not cur:
             return "the batch could not be split"
         per_set: list[list[int]] = [[] for _ in cur]
@@ -117,3 +108,46 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
         n_unq = len({s for i in order for s in tokens[i].seq})
         out.append(Ubatch(order, n_unq))
     return out
+
+
+def _disjoint_sets(pending: list[tuple[int, frozenset[int]]], n_ubatch: int
+                   ) -> list[frozenset[int]]:
+    """The non-sequential collection of llama_batch_allocr::split_equal: walking the
+    unused tokens in batch order, take a token's set if it overlaps none taken.
+    Each distinct set is decided at its first unused token: a set refused for
+    overlapping a taken one overlaps it at every later token too (the collection only
+    grows), and a taken set overlaps itself. So the walk visits sets, not tokens."""
+    cur: list[frozenset[int]] = []
+    for _i, ss in pending:
+        if any(ss & c for c in cur):
+            continue
+        cur.append(ss)
+        if len(cur) > n_ubatch:
+            break
+    return cur
+
+
+def _sequential_sets(pending: list[tuple[int, frozenset[int]]],
+                     by_set: dict[frozenset[int], list[int]], cursor: dict[frozenset[int], int],
+                     tokens: tuple[Token, ...], n_ubatch: int) -> list[frozenset[int]]:
+    """The sequential collection of llama_batch_allocr::split_equal (non-unified
+    cache; every set is one sequence): the first unused token's sequence, then, walking
+    on in batch order, the next token whose seq id is the last taken one's + 1. Every
+    unused token is tried when the walk reaches it, so a sequence passed over earlier
+    in the walk (its id was not yet the next one) is taken at a later token of it
+    (tokens {0}, {2}, {1}, {2}: 0, then 1, then 2). The walk is followed by jumping
+    to the next unused token of seq last + 1 after the walk's position."""
+    first_i, first = pending[0]
+    cur = [first]
+    at, last = first_i, tokens[first_i].seq[0]
+    while len(cur) <= n_ubatch:
+        nxt = frozenset((last + 1,))
+        idxs = by_set.get(nxt)
+        if idxs is None:
+            break
+        k = bisect.bisect_right(idxs, at, lo=cursor[nxt])
+        if k == len(idxs):
+            break  # no unused token of seq last + 1 later in the walk
+        cur.append(nxt)
+        at, last = idxs[k], last + 1
+    return cur
