@@ -428,13 +428,16 @@ def test_billion_laughs_fails_fast() -> None:
     t0 = time.perf_counter()
     p = only(BILLION_LAUGHS)
     assert time.perf_counter() - t0 < 2.0
-    # a5 is the first level past 1,000,000 nodes (a_i holds 1 + 10 * |a_{i-1}|).
-    at(p, 9, 5, "<document>", "more than 1,000,000 YAML nodes")
+    # a5 is the first level past 1,000,000 nodes (a_i holds 1 + 10 * |a_{i-1}|): the
+    # composer stops at its 8th alias of a4 (line 9, column 45), where the count,
+    # aliases expanded, crosses the bound.
+    at(p, 9, 45, "a5[7]", "more than 1,000,000 YAML nodes", "*a4 here stands for 111,111")
 
 
 def _trace_shaped_bomb() -> str:
-    """The expansion sits where the walk does go: ops -> decode -> ubatches -> tokens."""
-    return BASE + (
+    """The expansion sits where the walk does go: ops -> decode -> ubatches -> tokens
+    (a cache large enough for the 10,000 tokens of each decode)."""
+    return "kpool_trace: 1\ncache: {kv_size: 16384, kpool: 4}\nops:\n" + (
         "  - decode:\n"
         "      ubatches: &u [&b [&t {pos: 0, seq: 0}" + ", *t" * 99 + "]" + ", *b" * 99 + "]\n"
         + "  - decode: {ubatches: *u}\n" * 200
@@ -445,14 +448,21 @@ def test_trace_shaped_bomb_fails_fast() -> None:
     t0 = time.perf_counter()
     p = only(_trace_shaped_bomb())
     assert time.perf_counter() - t0 < 2.0
-    # ops holds 200 aliases of a 50,000-node ubatches list: the ops list (line 4,
-    # column 3) is where the expansion passes the limit.
-    at(p, 4, 3, "<document>", "more than 1,000,000 YAML nodes")
+    # ops holds 200 aliases of a 50,101-node ubatches list: the 19th alias (ops[19],
+    # line 24, column 24) is where the expansion passes the bound.
+    at(p, 24, 24, "ops[19].decode.ubatches", "more than 1,000,000 YAML nodes",
+       "*u here stands for 50,101 nodes")
 
 
 def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without the pre-count, the walk itself stops at the bound."""
-    monkeypatch.setattr(load_mod, "_prescan", lambda root, file: None)
+    """With the composer's bound lifted, the walk itself stops at the bound."""
+    compose_init = load_mod._Composer.__init__
+
+    def lifted(self: load_mod._Composer, text: str, max_tokens: int) -> None:
+        compose_init(self, text, max_tokens)
+        self.node_limit = 10**9
+
+    monkeypatch.setattr(load_mod._Composer, "__init__", lifted)
     monkeypatch.setattr(load_mod, "MAX_NODE_VISITS", 20_000)
     t0 = time.perf_counter()
     ps = problems(_trace_shaped_bomb())
@@ -463,7 +473,7 @@ def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_recursive_alias_and_deep_nesting() -> None:
     p = only(BASE + "  - note: &n [*n]\n")
-    at(p, 4, 11, "<document>", "recursive alias")
+    at(p, 4, 15, "ops[0].note[0]", "recursive alias", "*n", "anchored at line 4, column 11")
     t0 = time.perf_counter()
     p = only("[" * 100_000)
     assert time.perf_counter() - t0 < 2.0
@@ -476,9 +486,10 @@ def test_recursive_alias_and_deep_nesting() -> None:
 
 def test_a_huge_range_is_refused_unbuilt() -> None:
     t0 = time.perf_counter()
-    p = only(BASE + "  - decode: {seq: 0, pos: 0..2000000000}\n")
+    p = only("kpool_trace: 1\ncache: {kv_size: 16777216, kpool: 4}\nops:\n"
+             "  - decode: {seq: 0, pos: 0..5000000}\n")
     assert time.perf_counter() - t0 < 1.0
-    at(p, 4, 27, "ops[0].decode.pos", "more than 4,194,304 tokens")
+    at(p, 4, 27, "ops[0].decode.pos", "more than 4,194,304 tokens", "5,000,000 here")
 
 
 def test_multiple_documents() -> None:
@@ -593,7 +604,7 @@ def traces(draw: st.DrawFn) -> Trace:
         form = draw(st.sampled_from(["short", "tokens", "ubatches"]))
         if form == "short":
             s, start = draw(seq_set), draw(st.integers(0, 40))
-            n = draw(st.integers(1, 5))
+            n = draw(st.integers(1, min(5, kv_size)))  # a decode fits its stream
             return Decode(tuple(Token(p, s) for p in range(start, start + n)))
         n = draw(st.integers(1, min(6, kv_size)))
         cells: list[int | None] = [None] * n
@@ -643,7 +654,7 @@ def traces(draw: st.DrawFn) -> Trace:
                 return Note(draw(_text))
             case _:
                 return Expect(
-                    engine=draw(st.none() | st.text(min_size=1, max_size=8)),
+                    engine=draw(st.none() | st.sampled_from(["cache-safe", "rep-once"])),
                     findings=draw(st.none() | st.lists(
                         st.from_regex(r"\AKP[0-9]{3}\Z"), unique=True, max_size=3
                     ).map(tuple)),
@@ -671,7 +682,7 @@ def traces(draw: st.DrawFn) -> Trace:
         ops=tuple(ops),
         name=draw(_text),
         description=draw(_text),
-        engine=draw(st.none() | st.text(min_size=1, max_size=8)),
+        engine=draw(st.none() | st.sampled_from(["cache-safe", "rep-once"])),
         seed=draw(st.integers(0, 2**64 - 1)),
     )
 

@@ -4,25 +4,42 @@ Owns: `load_trace`, `load_trace_text`, `TraceError`, `Problem`, and the static l
 of the format (`POS_LIMIT`, `KV_SIZE_MAX`, ...), which `trace.schema` reuses.
 
 How and why:
-- The YAML is *composed*, never constructed: a `yaml.SafeLoader` subclass turns the
-  text into a node graph and this module walks the nodes itself, field by field. So
-  no Python object is ever built from a tag: only the standard scalar, list and
+- The YAML is *composed*, never constructed: libyaml's parser (PyYAML's own when it
+  is built without libyaml) feeds this module's composer, which turns the events
+  into light nodes (`_Scalar`, `_Seq`, `_Map`: slotted, no Mark objects, tags from
+  PyYAML's safe resolver), and this module walks the nodes itself, field by field.
+  So no Python object is ever built from a tag: only the standard scalar, list and
   mapping tags are accepted (`!!python/...`, `!custom`, `!!set`, merge keys `<<`
-  are errors), and every problem carries the node's start mark (1-based line and
+  are errors), and every problem carries the node's start (1-based line and
   column) and a dotted field path such as `ops[3].decode.tokens[1].pos`.
-- Size bounds, so that a hostile file fails fast: at most `MAX_BYTES` of text; the
-  node graph's size with every alias expanded is computed before the walk (linear
-  in the document, because an alias is the anchored node itself) and must stay at
-  or below `MAX_NODE_VISITS`; the walk also counts every node it visits (an alias
-  visited twice counts twice) against the same bound; a recursive alias is an
-  error; at most `MAX_TOKENS` tokens in a trace (a range `0..2000000000` would
-  otherwise be materialised).
+- Bounds, checked *before* the work they bound ("refuse before spending"): at most
+  `MAX_BYTES` of text, read no further. The composer counts while it composes and
+  stops at the first bound crossed, naming the node there (line, column, field):
+  `MAX_NODE_VISITS` nodes, an alias counting as the size of the node it names (so
+  an alias bomb stops at the alias that crosses; an alias to a node still being
+  composed is a recursive alias); `MAX_DEPTH` levels; `MAX_OPS` ops; `MAX_ITEMS`
+  items in any other list or mapping but a token list; tokens (the items of a
+  decode's `pos`, `tokens` and `ubatches[i]` lists): `max_tokens` in the trace
+  (default `MAX_TOKENS`; the CLI's `--max-tokens`) and, once the cache block has
+  been read, `kv_size * n_stream` in one decode. The walk then checks each bound
+  exactly (it also counts the nodes it visits, aliases expanded), and checks a
+  `pos` range `A..B` arithmetically before building it, against the tokens left
+  and against the cache: a decode with more tokens than its stream has cells
+  (`kv_size`) could never be placed by llama_decode, so it is refused at load
+  rather than replayed into a KP006 rejection.
+- Ints are plain decimal, `-?[0-9]+` with no leading zero: YAML 1.1's other int
+  forms (`010` octal, `0x1F`, `0b101`, `1_000`, `+5`, `1:20` in base 60) and
+  number-like strings (`0o17`, `1e3`) are refused with what to write instead, also
+  in a range `A..B`; an int of more than `MAX_INT_DIGITS` digits is refused by its
+  size, never parsed. A problem quotes at most 40 characters of a scalar.
 - Strict (TRACE_FORMAT.md: "Unknown keys are errors"): unknown keys (with the
   closest known key suggested), duplicate keys, wrong types (YAML `true` is not
   the int 1; an int is not a bool; `"5"` is not an int), out-of-range values.
 - Every problem found is reported (up to `MAX_PROBLEMS`), not just the first.
 
 Invariants of a returned `Trace`: those listed in `trace.model`'s docstring, plus
+- at most `MAX_OPS` ops and `max_tokens` tokens; a decode has at most `kv_size`
+  tokens per stream (stream 0 when unified, else each token's first seq id);
 - every seq id is in `[0, n_seq_max)`, or -1 where the op allows it (seq_rm,
   state_drop);
 - every position and `ext` coordinate is in `[0, POS_LIMIT)`, so
@@ -39,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import gc
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Sequence
@@ -48,14 +66,21 @@ from typing import Any
 
 import yaml
 import yaml.composer
+import yaml.nodes
 import yaml.resolver
 
 if yaml.__with_libyaml__:
     import yaml.cyaml
-from yaml.constructor import SafeConstructor
-from yaml.events import StreamEndEvent
-from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
 
+from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.trace.model import (
     FORMAT_VERSION,
     OP_STATUSES,
@@ -83,7 +108,10 @@ __all__ = [
     "KV_SIZE_MAX",
     "MAX_BYTES",
     "MAX_DEPTH",
+    "MAX_INT_DIGITS",
+    "MAX_ITEMS",
     "MAX_NODE_VISITS",
+    "MAX_OPS",
     "MAX_PROBLEMS",
     "MAX_TOKENS",
     "N_EMBD_MAX",
@@ -99,10 +127,16 @@ __all__ = [
 # --- limits -------------------------------------------------------------------------
 
 MAX_BYTES = 64 * 1024 * 1024  # a larger document is refused unread
-MAX_NODE_VISITS = 1_000_000  # nodes, aliases expanded ("billion laughs" guard)
+# nodes, aliases expanded: ~130 B and 2 to 3 us each to parse, compose and walk. A
+# recorded llama-server trace of 2,100 decodes of 64 `{pos: N, seq: [S]}` tokens has
+# 817k (6 nodes a token), so this bound also caps explicit tokens near 160k.
+MAX_NODE_VISITS = 1_000_000
+MAX_OPS = 2**16  # ops in a trace (that same recorded trace has 2,100)
+MAX_ITEMS = 2**16  # items of any other list or mapping, but a token list
 MAX_PROBLEMS = 20  # problems collected before giving up
-MAX_TOKENS = 2**22  # tokens in a whole trace (each one is a Token object: ~1 us, ~100 B)
+MAX_TOKENS = 2**22  # default token bound of a trace (a Token object: ~1 us, ~100 B)
 MAX_DEPTH = 32  # YAML nesting levels (a valid trace needs 9)
+MAX_INT_DIGITS = 20  # SEED_MAX has 20 digits: a longer int is out of range everywhere
 
 KV_SIZE_MAX = 2**24
 N_SEQ_MAX_MAX = 256  # TRACE_FORMAT.md: n_seq_max "at most 256"
@@ -116,7 +150,9 @@ SEED_MAX = 2**64 - 1
 COUNT_MAX = 2**31 - 1  # expect.n_new / n_new_g / ubatch
 
 FINDING_CODE = re.compile(r"KP[0-9]{3}", re.ASCII)
-POS_RANGE = re.compile(r"\s*([0-9]+)\s*\.\.\s*([0-9]+)\s*", re.ASCII)
+POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see _DECIMAL
+_DECIMAL = re.compile(r"-?(?:0|[1-9][0-9]*)", re.ASCII)  # the only int syntax
+_NUMBER_LIKE = re.compile(r"[-+]?\.?[0-9]", re.ASCII)  # written as a number of some kind
 
 # --- problems -----------------------------------------------------------------------
 
@@ -156,9 +192,11 @@ class TraceError(Exception):
 # --- entry points -------------------------------------------------------------------
 
 
-def load_trace(path: str | Path) -> Trace:
-    """Read and validate the trace at `path`. Raises `TraceError`, never anything else
-    for a bad file (missing, a directory, not UTF-8, too large, invalid)."""
+def load_trace(path: str | Path, *, max_tokens: int = MAX_TOKENS) -> Trace:
+    """Read and validate the trace at `path`, of at most `max_tokens` tokens (>= 1).
+    Raises `TraceError`, never anything else for a bad file (missing, a directory,
+    not UTF-8, too large, invalid)."""
+    _check_max_tokens(max_tokens)
     file = str(path)
     try:
         with open(path, "rb") as f:
@@ -175,12 +213,15 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceError(
             [Problem(file, 0, 0, "<file>", f"not UTF-8 text: {e.reason} at byte {e.start}")]
         ) from None
-    return _load(text, file, hashlib.sha256(data).hexdigest())
+    return _load(text, file, hashlib.sha256(data).hexdigest(), max_tokens)
 
 
-def load_trace_text(text: str, path: str = "<string>") -> Trace:
+def load_trace_text(
+    text: str, path: str = "<string>", *, max_tokens: int = MAX_TOKENS
+) -> Trace:
     """Validate a trace given as text; `path` only names it in problems and in
     `Trace.path`. `Trace.sha256` is the hash of the text encoded as UTF-8."""
+    _check_max_tokens(max_tokens)
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError as e:  # lone surrogates
@@ -189,7 +230,12 @@ def load_trace_text(text: str, path: str = "<string>") -> Trace:
         ) from None
     if len(data) > MAX_BYTES:
         raise TraceError([_too_big(path)])
-    return _load(text, path, hashlib.sha256(data).hexdigest())
+    return _load(text, path, hashlib.sha256(data).hexdigest(), max_tokens)
+
+
+def _check_max_tokens(max_tokens: int) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
 
 
 def _too_big(file: str) -> Problem:
@@ -197,41 +243,87 @@ def _too_big(file: str) -> Problem:
 
 
 # --- YAML composition ---------------------------------------------------------------
+#
+# The document is composed into light nodes (`_Scalar`, `_Seq`, `_Map`: slotted, no
+# Mark objects; about 130 B a node where PyYAML's take 350) and every bound is checked
+# as each node is made, so a hostile file is refused after at most the bound's worth
+# of work, never after composing all of it.
 
+
+class _Scalar:
+    """A scalar node: its resolved tag, its text, where it starts (1-based) and whether
+    it was written plain (not quoted, not a block scalar)."""
+
+    __slots__ = ("column", "line", "plain", "tag", "value")
+
+    def __init__(self, tag: str, value: str, line: int, column: int, plain: bool) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+        self.plain = plain
+
+
+class _Seq:
+    """A list node: `value` is the list of its item nodes."""
+
+    __slots__ = ("column", "line", "tag", "value")
+
+    def __init__(self, tag: str, value: list[Node], line: int, column: int) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+
+
+class _Map:
+    """A mapping node: `value` is the list of its (key node, value node) pairs, in order."""
+
+    __slots__ = ("column", "line", "tag", "value")
+
+    def __init__(self, tag: str, value: list[tuple[Node, Node]], line: int, column: int) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+
+
+Node = _Scalar | _Seq | _Map
 
 if yaml.__with_libyaml__:
     # libyaml's scanner and parser (about 10x faster than PyYAML's pure-Python ones)
-    # feeding PyYAML's own composer and safe resolver, so nodes, marks and the depth
-    # bound below are the same either way
-    class _Parser(yaml.cyaml.CParser, yaml.composer.Composer, yaml.resolver.Resolver):
-        def __init__(self, stream: str) -> None:
-            yaml.cyaml.CParser.__init__(self, stream)
-            yaml.composer.Composer.__init__(self)
-            yaml.resolver.Resolver.__init__(self)
+    _Events: Any = yaml.cyaml.CParser
 else:  # pragma: no cover - PyYAML built without libyaml
-    _Parser = yaml.SafeLoader  # type: ignore[assignment,misc]
+    _Events = yaml.SafeLoader  # its parser part: get_event, peek_event, check_event
+
+# PyYAML's safe resolver decides the tags, as yaml.safe_load would (it has no path
+# resolvers, so a scalar's tag depends only on its text and style)
+_RESOLVER = yaml.resolver.Resolver()
+_SEQ_TAG = _RESOLVER.DEFAULT_SEQUENCE_TAG
+_MAP_TAG = _RESOLVER.DEFAULT_MAPPING_TAG
+
+# Where a node sits, as far as the counts care: the ops list, an op item, a decode,
+# a list whose items are tokens (a decode's pos list, tokens list, or one of its
+# ubatches), a decode's ubatches list, the cache block, or anywhere else.
+_C_OTHER, _C_ROOT, _C_CACHE, _C_OPS, _C_OP, _C_DECODE, _C_TOKENS, _C_UBATCHES = range(8)
+_VALUE_CONTEXT = {  # (mapping's context, key) -> the value's context
+    (_C_ROOT, "ops"): _C_OPS,
+    (_C_ROOT, "cache"): _C_CACHE,
+    (_C_OP, "decode"): _C_DECODE,
+    (_C_DECODE, "pos"): _C_TOKENS,
+    (_C_DECODE, "tokens"): _C_TOKENS,
+    (_C_DECODE, "ubatches"): _C_UBATCHES,
+}
+_MAP_CONTEXTS = frozenset(c for c, _ in _VALUE_CONTEXT)
+_ITEM_CONTEXT = {_C_OPS: _C_OP, _C_UBATCHES: _C_TOKENS}  # list's context -> its items'
 
 
-class _TraceLoader(_Parser):
-    """Only a scanner, parser, composer and resolver are used: nodes, never objects.
-    Nesting is bounded while composing: the composer recurses per level, and PyYAML's
-    pure-Python scanner slows down quadratically with flow nesting (`[[[[...`)."""
+class _Refused(Exception):
+    """A bound crossed while composing: refuse the trace there."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Node | None, index: object) -> Node | None:
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested deeper than {MAX_DEPTH} levels",
-                    self.peek_event().start_mark,
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+    def __init__(self, line: int, column: int, field: str, message: str) -> None:
+        super().__init__(message)
+        self.line, self.column, self.field, self.message = line, column, field, message
 
 
 class _MultipleDocuments(Exception):
@@ -240,20 +332,306 @@ class _MultipleDocuments(Exception):
         self.mark = mark
 
 
-def _compose(text: str) -> Node | None:
-    """The single document's root node (None for an empty stream). Mirrors
-    `Composer.get_single_node`, with a dedicated error for a second document."""
-    loader = _TraceLoader(text)
-    try:
-        loader.get_event()  # StreamStart
+@dataclass(slots=True)
+class _Anchor:
+    """An anchored node, its size with aliases expanded (None while it is still being
+    composed: an alias to it then is recursive), the tokens counted inside it and the
+    context it was composed in."""
+
+    node: Node
+    line: int
+    column: int
+    context: int
+    size: int | None = None
+    tokens: int = 0
+
+
+class _Composer:
+    """Composes the single document of `text` into light nodes, bounding as it goes:
+    - at most `MAX_NODE_VISITS` nodes, an alias counting as the size of the node it
+      names (so the count is the size of the document with every alias expanded:
+      what the walk may visit); an alias to a node still being composed is recursive;
+    - at most `MAX_DEPTH` nested collections (the composition recurses per level);
+    - at most `MAX_OPS` items in `ops`, `MAX_ITEMS` in any list or mapping other than
+      `ops` and the token lists (no other collection of a valid trace comes close);
+    - tokens, counted as the items of a decode's `pos`, `tokens` and `ubatches[i]`
+      lists: at most `max_tokens` in the trace and, once the cache block has been
+      read, at most `kv_size * n_stream` in one decode (llama_decode could never place
+      more). `pos` ranges are left to the walk, which checks them before building them.
+    The walk checks all of this again, exactly (a count here never exceeds the walk's
+    on a valid trace: an alias's tokens are counted only where it stands in the same
+    context as the node it names)."""
+
+    def __init__(self, text: str, max_tokens: int) -> None:
+        self.events = _Events(text)
+        self.get = self.events.get_event
+        self.max_tokens = max_tokens
+        self.node_limit = MAX_NODE_VISITS
+        self.anchors: dict[str, _Anchor] = {}
+        self.nodes = 0  # composed so far, aliases expanded
+        self.tokens = 0  # in token lists so far, aliases expanded
+        self.decode_tokens = 0  # in the current decode
+        self.decode_cap: int | None = None  # kv_size * n_stream, once the cache is read
+        self.cache: dict[str, _Scalar] = {}
+        self.path: list[str | int | None] = []  # keys and indices down to the current node
+        self.depth = 0
+        self.memo: dict[str, tuple[str, str]] = {}  # plain scalar text -> (text, tag)
+        self.line0, self.line = -1, 0  # the last node's line (0-based, 1-based)
+
+    def document(self) -> Node | None:
+        """The root node (None for an empty stream). Mirrors `Composer.get_single_node`,
+        with a dedicated error for a second document."""
+        self.get()  # StreamStart
         root = None
-        if not loader.check_event(StreamEndEvent):
-            root = loader.compose_document()
-        if not loader.check_event(StreamEndEvent):
-            raise _MultipleDocuments(loader.get_event().start_mark)
+        if not self.events.check_event(StreamEndEvent):
+            self.get()  # DocumentStart
+            root = self.node(self.get(), _C_ROOT)
+            self.get()  # DocumentEnd
+        if not self.events.check_event(StreamEndEvent):
+            raise _MultipleDocuments(self.get().start_mark)
         return root
+
+    # -- reporting
+
+    def field(self) -> str:
+        out = ""
+        for part in self.path:
+            if part is None:  # composing a key: the mapping's own field
+                break
+            out = f"{out}[{part}]" if isinstance(part, int) else _join(out, _clip(part))
+        return out or "<document>"
+
+    def refuse(self, ev: Any, message: str) -> _Refused:
+        m = ev.start_mark
+        return _Refused(m.line + 1, m.column + 1, self.field(), message)
+
+    def too_many_nodes(self, ev: Any) -> _Refused:
+        return self.refuse(
+            ev, f"more than {self.node_limit:,} YAML nodes in the trace: refusing it"
+            " (the bound on a trace's size)",
+        )
+
+    def count_token(self, ev: Any, n: int = 1, in_decode: bool = True) -> None:
+        """`n` more tokens: of the current decode when `in_decode`, else (an alias of
+        whole decodes) only of the trace."""
+        self.tokens += n
+        if in_decode:
+            self.decode_tokens += n
+            cap = self.decode_cap
+            if cap is not None and self.decode_tokens > cap:
+                raise self.refuse(ev, _unplaceable_list(cap))
+        if self.tokens > self.max_tokens:
+            raise self.refuse(ev, f"more than {self.max_tokens:,} tokens in the trace: refusing"
+                              " it (the bound on its tokens, --max-tokens)")
+
+    # -- nodes
+
+    def node(self, ev: Any, context: int) -> Node:
+        cls = ev.__class__
+        if cls is ScalarEvent:
+            return self.scalar(ev, context)
+        if cls is AliasEvent:
+            return self.alias(ev, context)
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", ev.start_mark,
+            )
+        try:
+            if cls is SequenceStartEvent:
+                return self.sequence(ev, context)
+            return self.mapping(ev, context)
+        finally:
+            self.depth -= 1
+
+    def scalar(self, ev: Any, context: int) -> _Scalar:
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            raise self.too_many_nodes(ev)
+        tag, value = ev.tag, ev.value
+        if tag is None or tag == "!":
+            implicit = ev.implicit
+            if implicit[0]:
+                hit = self.memo.get(value)
+                if hit is None:
+                    if value.isdigit() and value.isascii() and (value[0] != "0" or value == "0"):
+                        tag = INT  # what the resolver says of plain decimal, sooner
+                    else:
+                        tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
+                    if len(value) <= 16 and len(self.memo) < 4096:
+                        self.memo[value] = (value, tag)
+                else:
+                    value, tag = hit  # the same string object: less memory
+            else:
+                tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
+        m = ev.start_mark
+        if m.line != self.line0:  # the nodes of a line share one int object
+            self.line0, self.line = m.line, m.line + 1
+        node = _Scalar(tag, value, self.line, m.column + 1, not ev.style)
+        if ev.anchor is not None:
+            self.open_anchor(ev, node, context).size = 1
+        return node
+
+    def alias(self, ev: Any, context: int) -> Node:
+        name = ev.anchor
+        a = self.anchors.get(name)
+        if a is None:
+            raise yaml.composer.ComposerError(
+                None, None, f"found undefined alias {_quote(name)}", ev.start_mark,
+            )
+        if a.size is None:
+            raise self.refuse(
+                ev, f"a recursive alias: *{_clip(name)} is used inside the node"
+                f" it names (anchored at line {a.line}, column {a.column})",
+            )
+        self.nodes += a.size
+        if self.nodes > self.node_limit:
+            raise self.refuse(
+                ev, f"more than {self.node_limit:,} YAML nodes once aliases are expanded:"
+                f" refusing the trace (the alias *{_clip(name)} here stands for"
+                f" {a.size:,} nodes: an alias bomb?)",
+            )
+        if a.tokens and a.context == context:
+            self.count_token(ev, a.tokens, context in (_C_TOKENS, _C_UBATCHES))
+        return a.node
+
+    def open_anchor(self, ev: Any, node: Node, context: int) -> _Anchor:
+        name = ev.anchor
+        first = self.anchors.get(name)
+        if first is not None:
+            raise yaml.composer.ComposerError(
+                f"found duplicate anchor {_quote(name)}; first occurrence",
+                yaml.Mark("<trace>", 0, first.line - 1, first.column - 1, None, None),
+                "second occurrence", ev.start_mark,
+            )
+        a = _Anchor(node, node.line, node.column, context)
+        self.anchors[name] = a
+        return a
+
+    def sequence(self, ev: Any, context: int) -> _Seq:
+        nodes0, tokens0 = self.nodes, self.tokens
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            raise self.too_many_nodes(ev)
+        tag = ev.tag
+        if tag is None or tag == "!":
+            tag = _SEQ_TAG
+        m = ev.start_mark
+        if m.line != self.line0:
+            self.line0, self.line = m.line, m.line + 1
+        items: list[Node] = []
+        node = _Seq(tag, items, self.line, m.column + 1)
+        anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
+        item_context = _ITEM_CONTEXT.get(context, _C_OTHER)
+        tokens = context == _C_TOKENS
+        cap = MAX_OPS if context == _C_OPS else MAX_ITEMS
+        path = self.path
+        path.append(0)
+        at = len(path) - 1
+        get, scalar, node_ = self.get, self.scalar, self.node
+        while True:
+            e = get()
+            if e.__class__ is SequenceEndEvent:
+                break
+            n = len(items)
+            path[at] = n
+            if tokens:
+                self.count_token(e)
+            elif n >= cap:
+                raise self.refuse(e, (
+                    f"more than {MAX_OPS:,} ops in the trace: refusing it (the bound on its ops)"
+                    if context == _C_OPS else
+                    f"a list of more than {MAX_ITEMS:,} items: refusing the trace"
+                    " (no list of a trace but ops and a decode's tokens is that long)"
+                ))
+            items.append(scalar(e, item_context) if e.__class__ is ScalarEvent
+                         else node_(e, item_context))
+        path.pop()
+        if anchor is not None:
+            anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
+        return node
+
+    def mapping(self, ev: Any, context: int) -> _Map:
+        nodes0, tokens0 = self.nodes, self.tokens
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            raise self.too_many_nodes(ev)
+        tag = ev.tag
+        if tag is None or tag == "!":
+            tag = _MAP_TAG
+        m = ev.start_mark
+        if m.line != self.line0:
+            self.line0, self.line = m.line, m.line + 1
+        pairs: list[tuple[Node, Node]] = []
+        node = _Map(tag, pairs, self.line, m.column + 1)
+        anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
+        if context == _C_DECODE:
+            self.decode_tokens = 0
+        keyed = context in _MAP_CONTEXTS
+        path = self.path
+        path.append(None)
+        at = len(path) - 1
+        get, scalar, node_ = self.get, self.scalar, self.node
+        while True:
+            e = get()
+            if e.__class__ is MappingEndEvent:
+                break
+            path[at] = None
+            if len(pairs) >= MAX_ITEMS:
+                raise self.refuse(e, f"a mapping of more than {MAX_ITEMS:,} keys: refusing"
+                                  " the trace (a mapping of a trace has a few keys)")
+            k = scalar(e, _C_OTHER) if e.__class__ is ScalarEvent else node_(e, _C_OTHER)
+            key = k.value if k.__class__ is _Scalar and k.tag == STR else "?"
+            path[at] = key
+            sub = _VALUE_CONTEXT.get((context, key), _C_OTHER) if keyed else _C_OTHER
+            e = get()
+            v = scalar(e, sub) if e.__class__ is ScalarEvent else node_(e, sub)
+            pairs.append((k, v))
+            if context == _C_CACHE and isinstance(v, _Scalar):
+                self.cache[key] = v
+        path.pop()
+        if context == _C_CACHE:
+            self.decode_cap = _decode_cap(self.cache)
+        if anchor is not None:
+            anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
+        return node
+
+
+def _decode_cap(cache: dict[str, _Scalar]) -> int | None:
+    """`kv_size * n_stream` from the cache block's scalars, if they are valid."""
+    kv = _plain_int(cache.get("kv_size"))
+    n_seq = _plain_int(cache["n_seq_max"]) if "n_seq_max" in cache else 1
+    unified: bool | None = True
+    if "unified" in cache:
+        u = cache["unified"]
+        unified = _BOOLS.get(u.value.lower()) if u.tag == BOOL else None
+    if kv is None or n_seq is None or unified is None:
+        return None
+    if not (1 <= kv <= KV_SIZE_MAX and 1 <= n_seq <= N_SEQ_MAX_MAX):
+        return None
+    return kv * (1 if unified else n_seq)
+
+
+def _plain_int(node: _Scalar | None) -> int | None:
+    if node is None or node.tag != INT or len(node.value) > MAX_INT_DIGITS:
+        return None
+    return int(node.value) if _DECIMAL.fullmatch(node.value) else None
+
+
+def _unplaceable_list(cap: int) -> str:
+    return (
+        f"a decode of more than {cap:,} tokens, but the cache has kv_size * n_stream ="
+        f" {cap:,} cells: llama_decode could never place it (each token takes a cell, and"
+        " a decode is placed whole before anything applies)"
+    )
+
+
+def _compose(text: str, max_tokens: int) -> Node | None:
+    c = _Composer(text, max_tokens)
+    try:
+        return c.document()
     finally:
-        loader.dispose()
+        c.events.dispose()
 
 
 _YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
@@ -275,21 +653,36 @@ def _yaml_problem(file: str, text: str, e: yaml.YAMLError) -> Problem:
             where = f" at line {e.context_mark.line + 1}" if e.context_mark else ""
             msg = f"{msg} ({e.context}{where})"
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        return Problem(file, line, col, "<yaml>", f"invalid YAML: {msg}")
+        return Problem(file, line, col, "<yaml>", f"invalid YAML: {_clip(msg, 300)}")
     if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
         line, col = _line_col(text, e.position)
         return Problem(
             file, line, col, "<yaml>",
             f"invalid YAML: character U+{e.character:04X} is not allowed ({e.reason})",
         )
-    return Problem(file, 0, 0, "<yaml>", f"invalid YAML: {e}")
+    return Problem(file, 0, 0, "<yaml>", f"invalid YAML: {_clip(str(e), 300)}")
 
 
-def _load(text: str, file: str, sha256: str) -> Trace:
+def _load(text: str, file: str, sha256: str, max_tokens: int) -> Trace:
+    # The node graph and the trace are acyclic (a recursive alias is refused): the
+    # cyclic collector would only rescan the young nodes over and over (about 60% of
+    # the time of a 130k-token trace), so it is paused while loading.
+    gc_was_on = gc.isenabled()
+    gc.disable()
     try:
-        root = _compose(text)
+        return _load_nodes(text, file, sha256, max_tokens)
+    finally:
+        if gc_was_on:
+            gc.enable()
+
+
+def _load_nodes(text: str, file: str, sha256: str, max_tokens: int) -> Trace:
+    try:
+        root = _compose(text, max_tokens)
     except yaml.YAMLError as e:
         raise TraceError([_yaml_problem(file, text, e)]) from None
+    except _Refused as e:
+        raise TraceError([Problem(file, e.line, e.column, e.field, e.message)]) from None
     except _MultipleDocuments as e:
         raise TraceError([Problem(
             file, e.mark.line + 1, e.mark.column + 1, "<document>",
@@ -302,8 +695,7 @@ def _load(text: str, file: str, sha256: str) -> Trace:
             file, 1, 1, "<document>",
             "empty document: a trace is a mapping with kpool_trace, cache and ops",
         )])
-    _prescan(root, file)
-    w = _Walker(file)
+    w = _Walker(file, max_tokens)
     try:
         trace = w.trace(root, sha256)
     except _Stop:
@@ -314,62 +706,6 @@ def _load(text: str, file: str, sha256: str) -> Trace:
     return trace
 
 
-def _prescan(root: Node, file: str) -> None:
-    """Count the nodes of the graph with every alias expanded (each key and value of a
-    mapping, each item of a list, the node itself), without expanding anything:
-    the composer resolves an alias to the anchored node itself, so a size per
-    distinct node, computed children first, is enough. Fails on a recursive alias
-    and on more than `MAX_NODE_VISITS` nodes, at the node where the sizes of its
-    children add up past the limit (where a "billion laughs" multiplies)."""
-    limit = MAX_NODE_VISITS
-    size: dict[int, int] = {}
-    on_path: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
-    while stack:
-        node, done = stack.pop()
-        key = id(node)
-        children = _children(node)
-        if done:
-            on_path.discard(key)
-            size[key] = min(limit + 1, 1 + sum(size[id(c)] for c in children))
-            continue
-        if key in size:
-            continue
-        on_path.add(key)
-        stack.append((node, True))
-        for c in children:
-            if id(c) in on_path:
-                _fatal(file, c, "<document>", "a recursive alias (an anchor used inside itself)")
-            if id(c) not in size:
-                stack.append((c, False))
-    if size[id(root)] <= limit:
-        return
-    node = root
-    while True:  # descend to where the expansion crosses the limit
-        big = [c for c in _children(node) if size[id(c)] > limit]
-        if not big:
-            break
-        node = big[0]
-    _fatal(
-        file, node, "<document>",
-        f"more than {limit:,} YAML nodes once aliases are expanded: refusing the trace"
-        " (an alias bomb?)",
-    )
-
-
-def _children(node: Node) -> list[Node]:
-    if isinstance(node, SequenceNode):
-        return list(node.value)
-    if isinstance(node, MappingNode):
-        return [n for kv in node.value for n in kv]
-    return []
-
-
-def _fatal(file: str, node: Node, field: str, message: str) -> None:
-    m = node.start_mark
-    raise TraceError([Problem(file, m.line + 1, m.column + 1, field, message)])
-
-
 # --- the walk -----------------------------------------------------------------------
 
 _Y = "tag:yaml.org,2002:"
@@ -378,15 +714,17 @@ STR, INT, BOOL, FLOAT, NULL, TIMESTAMP = (
 )
 SEQ, MAP, MERGE = _Y + "seq", _Y + "map", _Y + "merge"
 _ALLOWED_TAGS: dict[type, frozenset[str]] = {
-    ScalarNode: frozenset({STR, INT, BOOL, FLOAT, NULL, TIMESTAMP}),
-    SequenceNode: frozenset({SEQ}),
-    MappingNode: frozenset({MAP}),
+    _Scalar: frozenset({STR, INT, BOOL, FLOAT, NULL, TIMESTAMP}),
+    _Seq: frozenset({SEQ}),
+    _Map: frozenset({MAP}),
 }
 _TYPE_NAMES = {
     STR: "a string", INT: "an int", BOOL: "a bool", FLOAT: "a float", NULL: "null",
     TIMESTAMP: "a timestamp",
 }
-_CONSTRUCT = SafeConstructor()  # only its per-scalar converters are used
+# SafeConstructor.bool_values: YAML 1.1's bools, by lowercased text
+_BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+_NUMBER_LIKE_TAGS = frozenset({STR, FLOAT, TIMESTAMP})
 
 TOP_KEYS = ("kpool_trace", "name", "description", "cache", "engine", "seed", "ops")
 CACHE_KEYS = ("kv_size", "kpool", "n_seq_max", "unified", "by_order", "n_ubatch", "n_embd")
@@ -402,23 +740,107 @@ class _Stop(Exception):
     """Too many problems: stop walking."""
 
 
+def _clip(text: str, n: int = 40) -> str:
+    """`text`, cut to `n` characters: a problem never echoes a whole scalar."""
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _quote(text: str) -> str:
+    return repr(_clip(text))
+
+
 def _short_tag(tag: str) -> str:
-    return "!!" + tag[len(_Y):] if tag.startswith(_Y) else tag
+    return _clip("!!" + tag[len(_Y):] if tag.startswith(_Y) else tag)
 
 
 def _what(node: Node) -> str:
-    if isinstance(node, SequenceNode):
+    if isinstance(node, _Seq):
         return "a list"
-    if isinstance(node, MappingNode):
+    if isinstance(node, _Map):
         return "a mapping"
     name = _TYPE_NAMES.get(node.tag, f"a {_short_tag(node.tag)} scalar")
     if node.tag == NULL:
         return name
-    value = node.value if len(node.value) <= 40 else node.value[:37] + "..."
-    return f"{name} ({value!r})"
+    return f"{name} ({_quote(node.value)})"
+
+
+def _bounds(lo: int | None, hi: int | None) -> str:
+    if lo is None and hi is None:
+        return ""
+    lo_s = "" if lo is None else f"{lo} <= "
+    hi_s = "" if hi is None else f" <= {hi}"
+    return f" (must be {lo_s}value{hi_s})"
+
+
+_BASES = {"x": (16, "hexadecimal"), "o": (8, "octal"), "b": (2, "binary")}
+_BASE_DIGITS = {16: "0123456789abcdef", 8: "01234567", 2: "01"}
+
+
+def _not_decimal(text: str) -> str:
+    """Why `text`, written like a number, is not an int of a trace (ints are plain
+    decimal), and what to write instead. The value YAML 1.1 (or the writer) meant is
+    only worked out for a short text."""
+    sign = "-" if text.startswith("-") else ""
+    body = text[1:] if text[:1] in ("-", "+") else text
+    low = body.lower()
+    short = len(text) <= 40
+    instead: str | None = None
+    if low[:2] in ("0x", "0o", "0b"):
+        base, why = _BASES[low[1]]
+        digits = body[2:].replace("_", "")
+        if short and digits and all(c in _BASE_DIGITS[base] for c in digits.lower()):
+            instead = f"{sign}{int(digits, base)}"
+    elif ":" in body:
+        why = "YAML 1.1 reads a:b:c in base 60"
+        parts = body.replace("_", "").split(":")
+        if short and all(p.isascii() and p.isdigit() for p in parts):
+            v = 0
+            for p in parts:
+                v = v * 60 + int(p)
+            why += f", as {sign}{v}"
+            instead = f"{sign}{v}"
+    elif "." in body or "e" in low:
+        why = "not a whole number"
+        try:
+            f = float(text.replace("_", "")) if short else None
+        except ValueError:
+            f = None
+        if f is not None and f.is_integer():
+            why, instead = "written as a float", str(int(f))
+        elif f is None:
+            why = "not an int"
+    elif body[:1] == "0" and len(body) > 1 and body.replace("_", "").isdigit():
+        digits = body.replace("_", "")
+        why = "a leading zero"
+        octal = None
+        if all(c in "01234567_" for c in body):
+            octal = f"{sign}{int(digits, 8)}" if short else None
+            why += " (YAML 1.1 reads it as octal" + (f": {octal})" if octal else ")")
+        if short:
+            instead = f"{sign}{int(digits)}"
+            if octal is not None:
+                instead += f" (or {octal}, if octal was meant)"
+    elif "_" in body:
+        why = "digit separators '_'"
+        digits = body.replace("_", "")
+        if short and digits.isascii() and digits.isdigit():
+            instead = f"{sign}{int(digits)}"
+    elif text.startswith("+"):
+        why = "a '+' sign"
+        if short and _DECIMAL.fullmatch(body):
+            instead = body
+    else:
+        why = "not an int"
+    tail = f"; write {instead}" if instead is not None else ""
+    return (
+        f"expected a plain decimal int (-?[0-9]+, no leading zero), got {_quote(text)}:"
+        f" {why}{tail}"
+    )
 
 
 def _suggest(word: str, known: Iterable[str]) -> str:
+    if len(word) > 100:
+        return ""
     close = difflib.get_close_matches(word, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -454,12 +876,13 @@ Parse = Callable[[Node, str], Any]
 
 
 class _Walker:
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, max_tokens: int = MAX_TOKENS) -> None:
         self.file = file
         self.problems: list[Problem] = []
         self.truncated = False
         self.visits = 0
         self.n_tokens = 0
+        self.max_tokens = max_tokens
         self.lim = _Limits()
         self.slots: set[str] = set()
 
@@ -469,9 +892,8 @@ class _Walker:
         if len(self.problems) >= MAX_PROBLEMS:
             self.truncated = True
             raise _Stop
-        m = node.start_mark
         self.problems.append(
-            Problem(self.file, m.line + 1, m.column + 1, field or "<document>", message)
+            Problem(self.file, node.line, node.column, field or "<document>", message)
         )
 
     def fatal(self, node: Node, field: str, message: str) -> None:
@@ -501,15 +923,15 @@ class _Walker:
             )
         return False
 
-    def typed(self, node: Node, field: str, tag: str, expected: str) -> ScalarNode | None:
+    def typed(self, node: Node, field: str, tag: str, expected: str) -> _Scalar | None:
         if not self.visit(node, field):
             return None
-        if isinstance(node, ScalarNode) and node.tag == tag:
+        if isinstance(node, _Scalar) and node.tag == tag:
             return node
         hint = ""
         if tag == INT and node.tag == BOOL:
             hint = " (YAML true/false is a bool, not an int)"
-        elif tag == STR and isinstance(node, ScalarNode):
+        elif tag == STR and isinstance(node, _Scalar):
             hint = " (quote it to make it a string)"
         self.problem(node, field, f"expected {expected}, got {_what(node)}{hint}")
         return None
@@ -518,18 +940,31 @@ class _Walker:
         self, node: Node, field: str, lo: int | None = None, hi: int | None = None,
         hint: str = "",
     ) -> int | None:
-        scalar = self.typed(node, field, INT, "an int")
-        if scalar is None:
+        """An int in plain decimal (`_DECIMAL`); any other way of writing a number
+        (YAML 1.1's `010`, `0x1F`, `1:20`, ..., or a string such as `0o17`) is a
+        problem saying what to write instead."""
+        if not self.visit(node, field):
             return None
-        try:
-            v = _CONSTRUCT.construct_yaml_int(scalar)
-        except (ValueError, IndexError):
-            self.problem(node, field, f"not a valid int: {scalar.value!r}")
+        if not isinstance(node, _Scalar) or not (
+            node.tag == INT
+            or (node.plain and node.tag in _NUMBER_LIKE_TAGS and _NUMBER_LIKE.match(node.value))
+        ):
+            why = " (YAML true/false is a bool, not an int)" if node.tag == BOOL else ""
+            self.problem(node, field, f"expected an int, got {_what(node)}{why}")
             return None
+        text = node.value
+        if not _DECIMAL.fullmatch(text):
+            self.problem(node, field, _not_decimal(text))
+            return None
+        digits = len(text) - text.startswith("-")
+        if digits > MAX_INT_DIGITS:
+            self.problem(
+                node, field, f"out of range: an integer of {digits} digits{_bounds(lo, hi)}{hint}"
+            )
+            return None
+        v = int(text)
         if (lo is not None and v < lo) or (hi is not None and v > hi):
-            lo_s = "" if lo is None else f"{lo} <= "
-            hi_s = "" if hi is None else f" <= {hi}"
-            self.problem(node, field, f"out of range: {v} (must be {lo_s}value{hi_s}){hint}")
+            self.problem(node, field, f"out of range: {v}{_bounds(lo, hi)}{hint}")
             return None
         return v
 
@@ -537,11 +972,10 @@ class _Walker:
         scalar = self.typed(node, field, BOOL, "a bool (true or false)")
         if scalar is None:
             return None
-        try:
-            return bool(_CONSTRUCT.construct_yaml_bool(scalar))
-        except KeyError:
-            self.problem(node, field, f"not a valid bool: {scalar.value!r}")
-            return None
+        v = _BOOLS.get(scalar.value.lower())
+        if v is None:  # an explicit !!bool tag on some other text
+            self.problem(node, field, f"not a valid bool: {_quote(scalar.value)}")
+        return v
 
     def str_(self, node: Node, field: str, *, nonempty: bool = False) -> str | None:
         scalar = self.typed(node, field, STR, "a string")
@@ -555,7 +989,7 @@ class _Walker:
     def list_(self, node: Node, field: str, what: str = "a list") -> list[Node] | None:
         if not self.visit(node, field):
             return None
-        if not isinstance(node, SequenceNode):
+        if not isinstance(node, _Seq):
             self.problem(node, field, f"expected {what}, got {_what(node)}")
             return None
         return list(node.value)
@@ -568,30 +1002,34 @@ class _Walker:
         missing required keys are reported; the known keys found are still returned."""
         if not self.visit(node, field):
             return None
-        if null_ok and isinstance(node, ScalarNode) and node.tag == NULL:
+        if null_ok and isinstance(node, _Scalar) and node.tag == NULL:
             return {}
-        if not isinstance(node, MappingNode):
+        if not isinstance(node, _Map):
             self.problem(node, field, f"expected a mapping, got {_what(node)}")
             return None
         out: dict[str, Node] = {}
-        key_at: dict[str, str] = {}
+        key_at: dict[str, Node] = {}
         for k, v in node.value:
             if not self.visit(k, field):
                 continue
-            if not (isinstance(k, ScalarNode) and k.tag == STR):
+            if not (isinstance(k, _Scalar) and k.tag == STR):
                 self.problem(k, field, f"keys must be strings, got {_what(k)}")
                 continue
             name = k.value
             if name not in known:
-                self.problem(k, _join(field, name), f"unknown key {name!r}{_suggest(name, known)}")
+                self.problem(
+                    k, _join(field, _clip(name)),
+                    f"unknown key {_quote(name)}{_suggest(name, known)}",
+                )
             elif name in out:
+                first = key_at[name]
                 self.problem(
                     k, _join(field, name),
-                    f"duplicate key {name!r} (first at {key_at[name]})",
+                    f"duplicate key {name!r} (first at line {first.line}, column {first.column})",
                 )
             else:
                 out[name] = v
-                key_at[name] = f"line {k.start_mark.line + 1}, column {k.start_mark.column + 1}"
+                key_at[name] = k
         for name in required:
             if name not in out:
                 self.problem(node, _join(field, name), "required key missing")
@@ -614,9 +1052,9 @@ class _Walker:
     # -- the trace
 
     def trace(self, root: Node, sha256: str) -> Trace | None:
-        if isinstance(root, MappingNode):  # the version first: a v2 trace gets one problem
+        if isinstance(root, _Map):  # the version first: a v2 trace gets one problem
             for k, v in root.value:
-                if isinstance(k, ScalarNode) and k.tag == STR and k.value == "kpool_trace":
+                if isinstance(k, _Scalar) and k.tag == STR and k.value == "kpool_trace":
                     self.version(v)
                     break
         top = self.map_(root, "", TOP_KEYS, ("kpool_trace", "cache", "ops"))
@@ -626,7 +1064,7 @@ class _Walker:
         cache = self.cache(top["cache"]) if "cache" in top else None
         name = self.str_(top["name"], "name") if "name" in top else ""
         description = self.str_(top["description"], "description") if "description" in top else ""
-        engine = self.str_(top["engine"], "engine", nonempty=True) if "engine" in top else None
+        engine = self.engine(top["engine"]) if "engine" in top else None
         seed = self.int_(top["seed"], "seed", 0, SEED_MAX) if "seed" in top else 0
         ops = self.ops(top["ops"]) if "ops" in top else None
         if len(self.problems) != before or cache is None or ops is None:
@@ -636,6 +1074,19 @@ class _Walker:
             cache=cache, ops=ops, name=name, description=description, engine=engine,
             seed=seed, path=self.file, sha256=sha256,
         )
+
+    def engine(self, node: Node) -> str | None:
+        """The trace's default engine: a registered version only. A trace is data and
+        runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone."""
+        name = self.str_(node, "engine", nonempty=True)
+        if name is None or name in VERSIONS:
+            return name
+        known = ", ".join(VERSIONS)
+        how = ("a plug-in version (module:Name) is given with --engine only, never by a "
+               "trace" if ":" in name else "a plug-in version is given with --engine")
+        self.problem(node, "engine", f"{_quote(name)} is not a registered engine version "
+                     f"(known: {known}); {how}")
+        return None
 
     def version(self, node: Node) -> None:
         v = self.int_(node, "kpool_trace")
@@ -695,6 +1146,11 @@ class _Walker:
         items = self.list_(node, "ops")
         if items is None:
             return None
+        if len(items) > MAX_OPS:  # an alias of a list, or the composer's bound lifted
+            self.fatal(
+                items[MAX_OPS], f"ops[{MAX_OPS}]",
+                f"more than {MAX_OPS:,} ops in the trace: refusing it (the bound on its ops)",
+            )
         before = len(self.problems)
         out: list[Op] = []
         after_op = False  # some op other than note/expect came before
@@ -717,7 +1173,7 @@ class _Walker:
         op name when it is a known one (even if the op is invalid) and the op."""
         if not self.visit(item, f):
             return None, None
-        if not isinstance(item, MappingNode):
+        if not isinstance(item, _Map):
             self.problem(
                 item, f,
                 f"an op is a mapping with one key, the op name (`- seq_rm: {{seq: 0}}`),"
@@ -729,8 +1185,9 @@ class _Walker:
             return None, None
         if len(item.value) > 1:
             names = ", ".join(
-                k.value if isinstance(k, ScalarNode) else _what(k) for k, _ in item.value
-            )
+                _clip(k.value, 20) if isinstance(k, _Scalar) else _what(k)
+                for k, _ in item.value[:4]
+            ) + (", ..." if len(item.value) > 4 else "")
             self.problem(
                 item.value[1][0], f,
                 f"an op item has exactly one key, the op name; this one has {len(item.value)}"
@@ -740,14 +1197,14 @@ class _Walker:
         key, value = item.value[0]
         if not self.visit(key, f):
             return None, None
-        if not (isinstance(key, ScalarNode) and key.tag == STR):
+        if not (isinstance(key, _Scalar) and key.tag == STR):
             self.problem(key, f, f"expected an op name, got {_what(key)}")
             return None, None
         name = key.value
         if name not in OP_TYPES:
-            self.problem(key, f, f"unknown op {name!r}{_suggest(name, OP_TYPES)}")
+            self.problem(key, f, f"unknown op {_quote(name)}{_suggest(name, OP_TYPES)}")
             return None, None
-        loc = Loc(self.file, item.start_mark.line + 1, item.start_mark.column + 1)
+        loc = Loc(self.file, item.line, item.column)
         build: Callable[[Node, str, Loc], Op | None] = getattr(self, f"op_{name}")
         return name, build(value, f"{f}.{name}", loc)
 
@@ -778,7 +1235,7 @@ class _Walker:
 
     def seq_set(self, node: Node, field: str) -> tuple[int, ...] | None:
         """A token's sequence set: an int or a list of distinct ints, order kept."""
-        if isinstance(node, ScalarNode):
+        if isinstance(node, _Scalar):
             v = self.seq_id(node, field)
             return None if v is None else (v,)
         items = self.list_(node, field, "a seq id or a list of seq ids")
@@ -804,38 +1261,65 @@ class _Walker:
         return self.int_(node, field, 0, POS_LIMIT - 1, " (positions are below 2**31 - 2**20)")
 
     def positions(self, node: Node, field: str) -> Sequence[int] | None:
-        """`pos` of the shorthand decode: an int, "A..B" (half-open, A < B) or a list."""
-        if isinstance(node, SequenceNode):
+        """`pos` of the shorthand decode: an int, "A..B" (half-open, A < B) or a list.
+        A range is returned unbuilt (a `range`): its length is checked first."""
+        if isinstance(node, _Seq):
             items = self.list_(node, field)
             if items is None:
                 return None
             ps = [self.pos(it, f"{field}[{i}]") for i, it in enumerate(items)]
             return None if None in ps else ps  # type: ignore[return-value]
-        if isinstance(node, ScalarNode) and node.tag == STR:
+        if isinstance(node, _Scalar) and node.tag == STR and ".." in node.value:
             if not self.visit(node, field):
                 return None
-            m = POS_RANGE.fullmatch(node.value)
-            if m is None:
+            return self.pos_range(node, field)
+        if (isinstance(node, _Scalar) and node.tag == STR
+                and not (node.plain and _NUMBER_LIKE.match(node.value))):
+            if self.visit(node, field):
                 self.problem(
                     node, field,
                     f"expected a position, a range 'A..B' or a list of positions,"
                     f" got {_what(node)}",
                 )
+            return None
+        v = self.pos(node, field)  # an int, or a number written some other way: int_ says
+        return None if v is None else [v]
+
+    def pos_range(self, node: _Scalar, field: str) -> range | None:
+        """"A..B": both ends plain decimal (as every int), checked before any int()."""
+        q = _quote(node.value)
+        m = POS_RANGE.fullmatch(node.value)
+        if m is None or not all(_NUMBER_LIKE.match(end) for end in m.groups()):
+            self.problem(
+                node, field,
+                f"expected a position, a range 'A..B' or a list of positions, got {_what(node)}",
+            )
+            return None
+        ends: list[int] = []
+        for end in m.groups():
+            if not _DECIMAL.fullmatch(end):
+                self.problem(node, field, f"in the range {q}, {_not_decimal(end)}")
                 return None
-            a, b = int(m[1]), int(m[2])
-            if a >= b:
-                self.problem(node, field, f"empty range {node.value!r}: A..B needs A < B")
-                return None
-            if b > POS_LIMIT:
+            digits = len(end) - end.startswith("-")
+            if digits > MAX_INT_DIGITS:
                 self.problem(
                     node, field,
-                    f"out of range: {node.value!r} ends past {POS_LIMIT - 1}"
+                    f"out of range: the range {q} has an end of {digits} digits"
                     " (positions are below 2**31 - 2**20)",
                 )
                 return None
-            return range(a, b)
-        v = self.pos(node, field)
-        return None if v is None else [v]
+            ends.append(int(end))
+        a, b = ends
+        if a >= b:
+            self.problem(node, field, f"empty range {q}: A..B needs A < B")
+            return None
+        if a < 0 or b > POS_LIMIT:
+            past = "starts below 0" if a < 0 else f"ends past {POS_LIMIT - 1}"
+            self.problem(
+                node, field, f"out of range: {q} {past} (positions are below 2**31 - 2**20)"
+            )
+            return None
+        return range(a, b)
 
     def ext(self, node: Node, field: str) -> tuple[int, int] | None:
         items = self.list_(node, field, "a list [x, y]")
@@ -862,9 +1346,34 @@ class _Walker:
         return v
 
     def count_tokens(self, n: int, node: Node, field: str) -> None:
+        """Count `n` more tokens, before they are built: past `max_tokens`, stop."""
+        if self.n_tokens + n > self.max_tokens:
+            here = f" ({n:,} here, {self.n_tokens:,} before)" if n > 1 else ""
+            self.fatal(
+                node, field,
+                f"more than {self.max_tokens:,} tokens in the trace{here}: refusing it"
+                " (the bound on its tokens, --max-tokens)",
+            )
         self.n_tokens += n
-        if self.n_tokens > MAX_TOKENS:
-            self.fatal(node, field, f"more than {MAX_TOKENS:,} tokens in the trace")
+
+    def fits_the_cache(self, n: int, seq0: int, node: Node, field: str) -> bool:
+        """ENGINE.md §3: every token of a decode takes one cell of its stream (one cell
+        for a token of several seq ids), all placed before anything applies. More
+        tokens in a stream than its `kv_size` cells can never be placed, whatever the
+        cache holds: a problem (at `node`) rather than a KP006 at every replay."""
+        kv, unified = self.lim.kv_size, self.lim.unified
+        if kv is None or unified is None or n <= kv:
+            return True
+        where = (
+            f"the cache has kv_size = {kv:,} cells (unified: one stream)" if unified
+            else f"stream {seq0} (sequence {seq0}'s own) has kv_size = {kv:,} cells"
+        )
+        self.problem(
+            node, field,
+            f"a decode of {n:,} tokens, but {where}: llama_decode could never place it"
+            " (each token takes a cell, and a decode is placed whole before anything applies)",
+        )
+        return False
 
     # -- decode (TRACE_FORMAT.md "Trace"; ENGINE.md §3)
 
@@ -950,7 +1459,18 @@ class _Walker:
     def check_decode(self, toks: list[_Tok]) -> None:
         """The decode-wide rules on explicit tokens: ext needs by_order; all or no
         cells; no cell named twice in one stream (ENGINE.md §2: stream = 0 when
-        unified, else the token's first seq id)."""
+        unified, else the token's first seq id); no more tokens in a stream than it
+        has cells (`fits_the_cache`, reported at the first token past them)."""
+        kv, unified = self.lim.kv_size, self.lim.unified
+        if kv is not None and unified is not None and len(toks) > kv:
+            per: dict[int, list[_Tok]] = {}
+            for t in toks:
+                if t.token is not None:
+                    per.setdefault(0 if unified else t.token.seq[0], []).append(t)
+            for strm, ts in per.items():
+                if len(ts) > kv:
+                    self.fits_the_cache(len(ts), strm, ts[kv].node, ts[kv].field)
+                    break
         if self.lim.by_order is False:
             first = next((t for t in toks if t.ext_node is not None), None)
             if first is not None:
@@ -1009,6 +1529,9 @@ class _Walker:
         if ps is not None and not ps:
             self.problem(m["pos"], f"{f}.pos", "a decode needs at least one token")
         if len(self.problems) != before or seq is None or ps is None:
+            return None
+        # both checks from the length alone: a range is built only once it passes
+        if not self.fits_the_cache(len(ps), seq[0], m["pos"], f"{f}.pos"):
             return None
         self.count_tokens(len(ps), m["pos"], f"{f}.pos")
         return Decode(tokens=tuple(Token(p, seq, ext, cell) for p in ps), loc=loc)
@@ -1072,7 +1595,7 @@ class _Walker:
         if slot is not None and slot not in self.slots:
             self.problem(
                 m["slot"], f"{f}.slot",
-                f"slot {slot!r} is not written by an earlier state_write"
+                f"slot {_quote(slot)} is not written by an earlier state_write"
                 f"{_suggest(slot, self.slots)}",
             )
         if len(self.problems) != before or seq is None or slot is None:
@@ -1116,7 +1639,9 @@ class _Walker:
             if code is None:
                 ok = False
             elif not FINDING_CODE.fullmatch(code):
-                self.problem(it, fi, f"not a finding code: {code!r} (codes are KP001, KP002, ...)")
+                self.problem(
+                    it, fi, f"not a finding code: {_quote(code)} (codes are KP001, KP002, ...)"
+                )
                 ok = False
             elif code in out:
                 self.problem(it, fi, f"finding {code} is listed twice")
@@ -1147,7 +1672,7 @@ class _Walker:
         def k_(n: Node, fl: str) -> int | None:
             return self.int_(n, fl, 0, KV_SIZE_MAX)
 
-        if isinstance(node, MappingNode):
+        if isinstance(node, _Map):
             d = self.fields(node, field, {"seq": (True, self.seq_id), "k": (True, k_)})
             return None if d is None else (d["seq"], d["k"])
         items = self.list_(node, field, "a pool: [seq, k] or {seq, k}")
@@ -1165,7 +1690,7 @@ class _Walker:
         if v is not None and v not in OP_STATUSES:
             self.problem(
                 node, field,
-                f"unknown status {v!r}{_suggest(v, OP_STATUSES)}"
+                f"unknown status {_quote(v)}{_suggest(v, OP_STATUSES)}"
                 f" (one of {', '.join(OP_STATUSES)})",
             )
             return None
