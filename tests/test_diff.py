@@ -205,10 +205,10 @@ def test_reports_of_different_traces_are_refused_unless_forced(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("traces/shared-prefix-race.yaml", "x.json"), "cannot mix JSON reports with traces"),
+    (("traces/shared-prefix-race.yaml", "x.json"), "cannot mix reports with traces"),
     (("traces/nope.yaml",), "cannot read the trace"),
     ((RACE, "--head", "no-such-engine"), "unknown engine 'no-such-engine'"),
-    ((RACE, "--head", "no_such_module:V"), "cannot import 'no_such_module'"),
+    ((RACE, "--head", "no_such_module:V"), "no module named 'no_such_module'"),
     ((RACE, "--ignore", "XY1"), "no finding code starts with it"),
     (("a.json",), "compare exactly two reports"),
 ])
@@ -229,7 +229,7 @@ def test_a_file_that_is_not_a_report_exits_2(tmp_path):
     a = save_report(tmp_path / "a.json", RACE, "cache-safe")
     (tmp_path / "bad.json").write_text('{"kpool_report": 1, "trace": {"sha256": "x"}}')
     code, _, err = run(a, str(tmp_path / "bad.json"))
-    assert code == 2 and "malformed report field" in err
+    assert code == 2 and "bad.json: report.tool: missing field" in err
     (tmp_path / "nojson.json").write_text("{")
     code, _, err = run(a, str(tmp_path / "nojson.json"))
     assert code == 2 and "not JSON" in err

@@ -22,6 +22,20 @@ Per aligned ubatch (keyed by (op, batch_ubatch)) or event (keyed by op), a findi
 code head has more often than base is *introduced* (a regression), one base has
 more often than head is *fixed*. Cost counters are compared and summed, never
 judged: a version may cost more and still be right.
+
+Value backends. Only what both sides could have found is compared. A run with a
+value backend (numba, numpy: they agree to the last bit) finds the codes of
+`VALUE_CODES` (KP003, stale reads) that a model-only run (`none`) never looks for;
+everything else (tokens, marked pools, scatter plan, statuses, stale positions and
+every other finding, KP001 included, whose rows do not depend on values) is decided
+without values and is the same either way. So when exactly one side has a value
+backend, `compare` takes the value codes out of both runs, compares the rest in
+full, and records them in `TraceDiff.not_compared`; every view says so. Why not
+refuse: the rest is a sound comparison, and a report attached to a bug often
+cannot be made again (its trace may not be attached); refusing would throw that
+away. Why not compare them: KP003 would be introduced (or fixed) by the backend
+alone, a REGRESSION that is only a mismatch of backends. To compare KP003 too,
+make both reports with the same `--backend` (numba or numpy).
 """
 
 from __future__ import annotations
@@ -29,7 +43,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .summary import ENGINE_ABORT, EventSummary, RunSummary, UbatchSummary, op_status
+from ..verdict.codes import VALUE_CODES
+from .summary import (
+    ENGINE_ABORT,
+    EventSummary,
+    RunSummary,
+    UbatchSummary,
+    op_status,
+    without_codes,
+)
 
 BASE, HEAD = "base", "head"
 
@@ -143,6 +165,7 @@ class TraceDiff:
     head: Totals
     aligned_ubatches: int
     cost_only: int  # aligned ubatches that differ in cost counters only
+    not_compared: tuple[str, ...] = ()  # codes only one side could find, left out of both
 
     @property
     def changed(self) -> bool:
@@ -278,8 +301,19 @@ def _either(a: str, b: str) -> str:
     return a if a == b or not b else b if not a else f"{a} vs {b}"
 
 
+def comparable(base: RunSummary, head: RunSummary
+               ) -> tuple[RunSummary, RunSummary, tuple[str, ...]]:
+    """The two runs as far as both could find the same codes, and the codes left out:
+    the value codes when exactly one side ran with a value backend (module doc)."""
+    if (base.backend is None) == (head.backend is None):
+        return base, head, ()
+    return (without_codes(base, VALUE_CODES), without_codes(head, VALUE_CODES),
+            tuple(sorted(VALUE_CODES)))
+
+
 def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
     """How `head` differs from `base` on the same trace. Pure; see the module doc."""
+    base, head, not_compared = comparable(base, head)
     base_ops, head_ops = _by_op(base), _by_op(head)
     entries: list[UbatchDiff | EventDiff] = []
     introduced: list[FindingChange] = []
@@ -335,7 +369,7 @@ def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
         same_trace=base.sha256 == head.sha256,
         entries=tuple(entries), parting=parting, fixed=tuple(fixed),
         introduced=tuple(introduced), base=_totals(base), head=_totals(head),
-        aligned_ubatches=aligned, cost_only=cost_only)
+        aligned_ubatches=aligned, cost_only=cost_only, not_compared=not_compared)
 
 
 # --- several traces and the exit policy ------------------------------------------------
@@ -386,6 +420,11 @@ class DiffResult:
         return Totals(sum(t.ubatches for t in ts), sum(t.pools_repooled for t in ts),
                       tuple(sorted(cost.items())), tuple(sorted(findings.items())),
                       any(t.aborted for t in ts))
+
+    @property
+    def not_compared(self) -> tuple[str, ...]:
+        """Codes left out of the comparison of at least one trace (value backends)."""
+        return tuple(sorted({c for t in self.traces for c in t.not_compared}))
 
     def changes(self, which: str) -> dict[str, int]:
         """code -> count over every trace, of `introduced` or `fixed` findings."""

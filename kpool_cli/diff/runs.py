@@ -2,26 +2,33 @@
 
 Owns: `Unit` (one trace under one engine with one backend: plain strings, so it
 pickles and a process pool can run it), `run_unit`, `run_units` (in order, on a
-process pool when `jobs > 1`), `read_reports` and `pair_reports`.
+process pool when `jobs > 1`), `pair_reports` and `gather`, which turns the command
+line's inputs into (base, head) pairs or a `DiffInputError` (exit 2). Reading a
+report is `kpool_cli.diff.reports` (untrusted input: bounds, checks, located errors).
 
 A unit re-loads its trace and engine in the process that runs it: live objects
 never cross a process boundary, only a `RunSummary` comes back. Errors are the
-loader's (`TraceError`, `VersionError`) and the report reader's (`ReportError`).
+loader's (`TraceError`, `VersionError`), raised in the worker and re-raised here as
+they are (both pickle), and the report reader's (`ReportError`); a worker that dies
+is a `DiffInputError` too. Every text taken from an input (paths, trace names,
+problems) goes through `wording.visible` before it is put in a message.
 """
 
 from __future__ import annotations
 
-import json
+import signal
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..backend.store import make_backend
 from ..engine.versions import load_version
 from ..replay import replay
-from ..trace.load import load_trace
-from .summary import ReportError, RunSummary, from_records, from_report
+from ..report.wording import visible
+from ..trace.load import MAX_TOKENS, load_trace
+from .reports import ReportError, input_kind, read_reports
+from .summary import RunSummary, from_records
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +36,12 @@ class Unit:
     trace_path: str
     engine: str  # a registered name or package.module:Name
     backend: str  # numba | numpy | none
+    max_tokens: int = MAX_TOKENS  # the loader's bound on the trace's tokens
 
 
 def run_unit(unit: Unit) -> RunSummary:
     """Replay one trace under one engine and summarise it (a pure unit of work)."""
-    trace = load_trace(unit.trace_path)
+    trace = load_trace(unit.trace_path, max_tokens=unit.max_tokens)
     version = load_version(unit.engine)
     records = replay(trace, version, make_backend(unit.backend, trace))
     return from_records(records, path=trace.path, name=trace.name, sha256=trace.sha256,
@@ -43,44 +51,65 @@ def run_unit(unit: Unit) -> RunSummary:
 
 
 def run_units(units: Sequence[Unit], jobs: int = 1) -> list[RunSummary]:
-    """Every unit's summary, in the order given."""
+    """Every unit's summary, in the order given. On a process pool, the first error
+    (in the order given) is raised as the worker raised it; then, as on an interrupt
+    (Ctrl-C, SIGTERM), the workers are stopped at once, not waited for."""
     if jobs <= 1 or len(units) <= 1:
         return [run_unit(u) for u in units]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(units))) as pool:
-        return list(pool.map(run_unit, units))
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), initializer=_worker_init)
+    try:
+        futures = [pool.submit(run_unit, u) for u in units]
+        results = [f.result() for f in futures]
+    except BaseException:
+        _stop_now(pool)
+        raise
+    pool.shutdown(wait=True)
+    return results
 
 
-def read_reports(path: str) -> list[RunSummary]:
-    """The reports in a `kpool replay --format json` file: one object, or an array."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ReportError(f"{path}: cannot read the report: {e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ReportError(f"{path}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from None
-    docs = doc if isinstance(doc, list) else [doc]
-    if not docs:
-        raise ReportError(f"{path}: an empty array holds no report")
-    return [from_report(d, f"{path}" + (f"[{i}]" if isinstance(doc, list) else ""))
-            for i, d in enumerate(docs)]
+def _worker_init() -> None:
+    """Ctrl-C reaches every process of the terminal's process group: only the parent
+    answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
+    ends a worker at once: the parent's handler (an exception, so that its files are
+    cleaned up) is inherited through fork and would let the worker run on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_now(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now: a unit can run for
+    minutes, and `shutdown(wait=True)` would wait for it."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    # before 3.14 the executor has no public way to end its workers; its process
+    # table is the documented-by-source way the 3.14 method itself uses
+    procs = list(getattr(pool, "_processes", None) or {})
+    workers = [pool._processes[pid] for pid in procs]  # type: ignore[attr-defined]
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.join(timeout=1)
 
 
 def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: str,
                  force: bool) -> list[tuple[RunSummary, RunSummary]]:
     """Pair the reports of two files in order. They must be reports of the same
     traces (sha256), unless `force`. Raises ReportError."""
+    a_file, b_file = visible(a_path), visible(b_path)
     if len(a) != len(b):
-        raise ReportError(f"{a_path} holds {len(a)} report(s), {b_path} holds {len(b)}: "
+        raise ReportError(f"{a_file} holds {len(a)} report(s), {b_file} holds {len(b)}: "
                           "they are not reports of the same traces")
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.sha256 != y.sha256 and not force:
             n = f" (report {i})" if len(a) > 1 else ""
             raise ReportError(
-                f"{a_path} and {b_path} are not reports of the same trace{n}: "
-                f"{x.trace_path or '?'} sha256 {x.sha256[:12]} vs {y.trace_path or '?'} "
-                f"sha256 {y.sha256[:12]} (--force compares them anyway)")
+                f"{a_file} and {b_file} are not reports of the same trace{n}: "
+                f"{visible(x.trace_path) or '?'} sha256 {x.sha256[:12]} vs "
+                f"{visible(y.trace_path) or '?'} sha256 {y.sha256[:12]} "
+                "(--force compares them anyway)")
     return list(zip(a, b, strict=True))
 
 
@@ -92,29 +121,48 @@ class DiffInputError(Exception):
 DEFAULT_BASE, DEFAULT_HEAD = "cache-safe", "rep-once"
 
 
-def is_report_path(path: str) -> bool:
-    return path.lower().endswith(".json")
+def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
+    out: list[str] = []
+    for x, y in pairs:
+        where = visible(x.trace_path or y.trace_path or "?")
+        if x.sha256 != y.sha256:
+            out.append(f"comparing reports of different traces (--force): "
+                       f"{visible(x.trace_path)} and {visible(y.trace_path)}")
+        if (x.backend is None) != (y.backend is None):
+            out.append(f"{where}: base was replayed with value backend {x.backend or 'none'}, "
+                       f"head with {y.backend or 'none'}: KP003 is left out of the "
+                       "comparison (only a value backend finds it); make both reports with "
+                       "the same --backend to compare it")
+    writers = sorted({s.kpool_version for pair in pairs for s in pair})
+    if len(writers) > 1:
+        out.append("the reports were written by different kpool versions ("
+                   + ", ".join(visible(w) for w in writers)
+                   + "): a difference may come from kpool, not from the engines")
+    return out
 
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
-           jobs: int = 1, force: bool = False
+           jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS
            ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
-    """The (base, head) pairs to compare, and warnings for stderr.
+    """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
-    Traces (any path not ending in .json): each is replayed under `base` and `head`
-    (defaults cache-safe, rep-once) with `backend` (default none). Reports: exactly
-    two .json files, `kpool replay --format json` output, paired in order. Raises
+    Traces: each is replayed under `base` and `head` (defaults cache-safe, rep-once)
+    with `backend` (default none). Reports (`kpool replay --format json` output, told
+    from traces by `reports.input_kind`): exactly two files, paired in order. Raises
     DiffInputError for anything that must exit 2."""
     from ..engine.versions import VersionError
     from ..trace.load import TraceError
 
     if not paths:
         raise DiffInputError("give one or more traces, or two JSON reports")
-    reports = [p for p in paths if is_report_path(p)]
+    kinds = {p: input_kind(p) for p in paths}
+    reports = [p for p in paths if kinds[p][0] == "report"]
     if reports and len(reports) != len(paths):
-        raise DiffInputError("cannot mix JSON reports with traces: give traces (replayed "
-                             "under --base and --head) or exactly two reports")
-    warnings: list[str] = []
+        trace = next(p for p in paths if kinds[p][0] == "trace")
+        raise DiffInputError(
+            f"cannot mix reports with traces: {visible(reports[0])} is a report "
+            f"({kinds[reports[0]][1]}), {visible(trace)} a trace ({kinds[trace][1]}); give "
+            "traces (replayed under --base and --head) or exactly two reports")
     if reports:
         given = [n for n, v in (("--base", base), ("--head", head), ("--backend", backend))
                  if v is not None]
@@ -130,23 +178,22 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
                                  force)
         except ReportError as e:
             raise DiffInputError(str(e)) from None
-        for x, y in pairs:
-            if x.sha256 != y.sha256:
-                warnings.append(f"comparing reports of different traces (--force): "
-                                f"{x.trace_path} and {y.trace_path}")
-            if x.backend != y.backend:
-                warnings.append(f"{x.trace_path}: the reports used different value backends "
-                                f"({x.backend or 'none'} vs {y.backend or 'none'}): KP001 "
-                                "values and KP003 may differ for that reason alone")
-        return pairs, warnings
+        return pairs, _report_warnings(pairs)
     base, head = base or DEFAULT_BASE, head or DEFAULT_HEAD
     backend = backend or "none"
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
-        summaries = run_units([Unit(p, e, backend) for p in paths for e in (base, head)], jobs)
+        summaries = run_units([Unit(p, e, backend, max_tokens) for p in paths
+                               for e in (base, head)], jobs)
     except TraceError as e:
-        raise DiffInputError(f"invalid trace\n{e}") from None
+        raise DiffInputError(
+            "invalid trace\n" + "\n".join(visible(str(p)) for p in e.problems)
+            + (f"\n(stopped after {len(e.problems)} problems)" if e.truncated else "")
+        ) from None
     except VersionError as e:
-        raise DiffInputError(str(e)) from None
-    return [(summaries[2 * i], summaries[2 * i + 1]) for i in range(len(paths))], warnings
+        raise DiffInputError(visible(str(e))) from None
+    except BrokenProcessPool as e:
+        raise DiffInputError(f"a replay process died ({visible(str(e))}): run with --jobs 1 "
+                             "to see why") from None
+    return [(summaries[2 * i], summaries[2 * i + 1]) for i in range(len(paths))], []

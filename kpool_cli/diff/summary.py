@@ -1,12 +1,13 @@
 """One run of one trace under one engine, as plain data the diff can compare.
 
-Owns: `UbatchSummary`, `EventSummary`, `RunSummary`, and the two ways to build a
-`RunSummary`: `from_records` (a live replay's `OpEvent`/`UbatchRecord` stream) and
-`from_report` (a saved JSON report, TRACE_FORMAT.md "Report" field names).
+Owns: `UbatchSummary`, `EventSummary`, `RunSummary`, `from_records` (a live replay's
+`OpEvent`/`UbatchRecord` stream) and `without_codes`. The other way to build a
+`RunSummary`, from a saved JSON report, is `kpool_cli.diff.reports.from_report`.
 
 Invariants: both constructors give equal summaries for the same run (the report is
-written from the same records), so a diff of two saved reports and a diff of the
-two live replays they came from are the same diff. Everything is hashable, frozen
+written from the same records, and `kpool_version` is the writer's), so a diff of
+two saved reports and a diff of the two live replays they came from are the same
+diff. Everything is hashable, frozen
 tuples of ints and strings: a summary crosses process boundaries (pickle) and
 compares with `==`. What is kept is what an engine decides (tokens, marked pools,
 the scatter plan, findings, stale positions, statuses) and its cost counters; not
@@ -20,8 +21,9 @@ thousands of ubatches; a multi-million-ubatch trace wants a streaming aligner.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .. import __version__
 from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
 from ..verdict.codes import Finding
 
@@ -91,6 +93,7 @@ class RunSummary:
     config: tuple[tuple[str, object], ...]
     ubatches: tuple[UbatchSummary, ...]
     events: tuple[EventSummary, ...]
+    kpool_version: str = __version__  # the kpool that replayed it (a report's tool.version)
 
 
 def _finding_key(f: Finding) -> FindingKey:
@@ -133,64 +136,25 @@ def from_records(records: Iterable[OpEvent | UbatchRecord | ExpectResult], *, pa
                       tuple(ubatches), tuple(events))
 
 
-class ReportError(Exception):
-    """A JSON document that is not a kpool report (TRACE_FORMAT.md "Report")."""
-
-
-def _findings_json(items: list[dict]) -> tuple[FindingKey, ...]:
-    return tuple((str(f["code"]), tuple(int(r) for r in f.get("rows", ()))) for f in items)
-
-
-def _seq_map(d: dict) -> tuple[tuple[int, int], ...]:
-    return tuple(sorted((int(s), int(p)) for s, p in d.items()))
-
-
-def from_report(doc: object, where: str) -> RunSummary:
-    """A summary of one report object (already parsed from JSON). Raises ReportError
-    naming `where` and the missing or malformed field."""
-    if not isinstance(doc, dict) or doc.get("kpool_report") != 1:
-        raise ReportError(f"{where}: not a kpool report (no \"kpool_report\": 1)")
-    field = "?"
-    try:
-        field = "trace"
-        trace = doc["trace"]
-        field = "ubatches"
-        ubatches = tuple(
-            UbatchSummary(
-                index=int(u["index"]), op=int(u["op"]), batch_ubatch=int(u["batch_ubatch"]),
-                tokens=tuple((int(t["pos"]), tuple(int(s) for s in t["seq"]))
-                             for t in u["tokens"]),
-                stale_batch=_seq_map(u.get("stale_batch", {})),
-                n_pool_real=int(u["n_pool_real"]), n_new=int(u["n_new"]),
-                n_new_g=int(u["n_new_g"]),
-                marked=tuple((int(p["seq"]), int(p["k"])) for p in u["pools"]
-                             if p.get("new", True)),
-                scatter=tuple((int(e["rep"]), tuple(int(c) for c in e["cells"]), bool(e["pad"]))
-                              for e in u["scatter"]),
-                findings=_findings_json(u.get("findings", [])),
-                cost=tuple(sorted((str(k), int(v)) for k, v in u.get("cost", {}).items())),
-            )
-            for u in doc["ubatches"])
-        field = "events"
-        events = tuple(
-            EventSummary(int(e["op"]), str(e["kind"]), str(e["status"]),
-                         _seq_map(e.get("stale", {})), _findings_json(e.get("findings", [])),
-                         str(e.get("message", "")))
-            for e in doc["events"] if e.get("kind") != "note")
-        field = "engine"
-        engine = str(doc["engine"])
-        field = "config"
-        config = tuple(dict(doc["config"]).items())
-        return RunSummary(str(trace.get("path", "")), str(trace.get("name") or ""),
-                          str(trace["sha256"]), engine, doc.get("backend"), config,
-                          ubatches, events)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ReportError(f"{where}: malformed report field {field!r} ({type(e).__name__}: "
-                          f"{e})") from None
-
-
 def op_status(event: EventSummary | None, ubatches: tuple[UbatchSummary, ...]) -> str:
     """An op's status: its event's, else aborted when a ubatch aborted, else applied."""
     if event is not None:
         return event.status
     return ABORTED if any(u.aborted for u in ubatches) else "applied"
+
+
+def without_codes(run: RunSummary, codes: frozenset[str]) -> RunSummary:
+    """`run` with the findings of `codes` taken out of every ubatch and event (the
+    codes one side of a diff could not have found: see `compare.comparable`)."""
+    def keep(fs: tuple[FindingKey, ...]) -> tuple[FindingKey, ...]:
+        return tuple(f for f in fs if f[0] not in codes)
+
+    def hit(fs: tuple[FindingKey, ...]) -> bool:
+        return any(c in codes for c, _ in fs)
+
+    return replace(
+        run,
+        ubatches=tuple(replace(u, findings=keep(u.findings)) if hit(u.findings) else u
+                       for u in run.ubatches),
+        events=tuple(replace(e, findings=keep(e.findings)) if hit(e.findings) else e
+                     for e in run.events))

@@ -8,6 +8,13 @@ Owns: `diff_json`, `write_diff_json`, `write_diff_plain`, `write_diff_rich`. Rea
 only `kpool_cli.diff.compare` results; never runs anything. Rich consoles come
 from `terminal.make_console` (markup off): styles are attached to `Text` spans,
 so trace text can never be read as markup.
+
+Text from the inputs (trace paths and names, engine names, event kinds and
+messages: a saved report may hold anything) goes through `wording.visible` in the
+text and rich views, so it cannot drive the terminal. The JSON view writes it as
+it is: `json.dumps` escapes every control character (and, ASCII-only, the rest).
+Codes left out of a comparison (`TraceDiff.not_compared`: one side had no value
+backend) are said in every view, per trace and in the summary.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from ..diff.compare import (
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
 from .plain import tokens_text
+from .wording import visible
 
 # a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count
@@ -155,7 +163,7 @@ def _cost_lines(base_cost, head_cost, mine) -> list[Line]:
 def event_lines(e: EventSummary, gained: Counter_t, lost: Counter_t, side: str) -> list[Line]:
     lines: list[Line] = [[(e.status, BOLD if e.status != "applied" else "")]]
     if e.message and e.status != "applied":
-        lines.append([(e.message, "")])
+        lines.append([(visible(e.message), "")])
     if e.stale or e.status == "applied":
         lines.append([(f"stale {_stale(e.stale)}", "")])
     lines += _finding_lines(e.findings, gained, lost, side)
@@ -195,8 +203,8 @@ def where_lines(entry: UbatchDiff | EventDiff | Parting) -> list[Line]:
                else f"ubatch {entry.base.index}|{entry.head.index}")
         return [[(entry.where, BOLD)], [(idx, DIM)], [(tokens_text(entry.base.tokens), "")]]
     if isinstance(entry, EventDiff):
-        return [[(f"{entry.where} {entry.kind}", BOLD)]]
-    return [[(f"op {entry.op} {entry.kind}", PART)], [("the runs part here", PART)]]
+        return [[(f"{entry.where} {visible(entry.kind)}", BOLD)]]
+    return [[(f"op {entry.op} {visible(entry.kind)}", PART)], [("the runs part here", PART)]]
 
 
 def entry_sides(entry: UbatchDiff | EventDiff | Parting) -> tuple[list[Line], list[Line]]:
@@ -212,7 +220,7 @@ def entry_sides(entry: UbatchDiff | EventDiff | Parting) -> tuple[list[Line], li
 def parting_note(t: TraceDiff) -> str:
     p = t.parting
     assert p is not None
-    return (f"the runs part at op {p.op} ({p.kind}): {p.reason}; after it base ran "
+    return (f"the runs part at op {p.op} ({visible(p.kind)}): {p.reason}; after it base ran "
             f"{p.base_after} more ubatch(es), head {p.head_after}: findings from op {p.op} "
             "on are compared by code counts")
 
@@ -228,8 +236,29 @@ def _changes_text(changes: tuple[FindingChange, ...], where: bool = True) -> str
 
 
 def trace_title(t: TraceDiff) -> str:
-    name = f" ({t.trace_name})" if t.trace_name else ""
-    return f"{t.trace_path}{name}"
+    name = f" ({visible(t.trace_name)})" if t.trace_name else ""
+    return f"{visible(t.trace_path)}{name}"
+
+
+def trace_label(t: TraceDiff) -> str:
+    """The trace's name, else its path: short, for the summary and the verdict."""
+    return visible(t.trace_name or t.trace_path)
+
+
+def not_compared_text(t: TraceDiff) -> str:
+    """`KP003 not compared (value backend: base none, head numba)`."""
+    return (f"{', '.join(t.not_compared)} not compared (value backend: base "
+            f"{t.base_backend or 'none'}, head {t.head_backend or 'none'})")
+
+
+def not_compared_note(r: DiffResult) -> str | None:
+    """The summary's line on codes left out of the comparison, if any."""
+    if not r.not_compared:
+        return None
+    traces = [trace_label(t) for t in r.traces if t.not_compared]
+    return (f"not compared: {', '.join(r.not_compared)} in {', '.join(traces)}: one side "
+            "was replayed without a value backend, which never looks for them; the rest is "
+            "compared in full (make both reports with the same --backend to compare them)")
 
 
 def _shown(t: TraceDiff) -> bool:
@@ -249,7 +278,7 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
                        PART if ignored else GAINED)]
                      + ([(" (ignored)", PART)] if ignored else []))
     if t.parting is not None:
-        lines.append([(f"parts at op {t.parting.op} ({t.parting.kind})", PART)])
+        lines.append([(f"parts at op {t.parting.op} ({visible(t.parting.kind)})", PART)])
     n_ub = sum(isinstance(e, UbatchDiff) for e in t.entries)
     n_ev = len(t.entries) - n_ub
     what = [f"{n_ub}/{t.aligned_ubatches} ubatches"] if n_ub else []
@@ -259,6 +288,8 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     if not lines:
         same = t.base.cost == t.head.cost
         lines.append([("no differences" if same else "same behaviour", DIM)])
+    if t.not_compared:
+        lines.append([(not_compared_text(t), PART)])
     return lines
 
 
@@ -269,10 +300,10 @@ def _totals_lines(b: Totals, h: Totals) -> list[str]:
 
 def verdict_text(r: DiffResult) -> tuple[str, str]:
     if r.regressions:
-        parts = [f"{c.code} in {t.trace_name or t.trace_path} at {c.where}"
+        parts = [f"{c.code} in {trace_label(t)} at {c.where}"
                  for t, c in r.regressions]
         return f"REGRESSION (exit 1): head introduces {'; '.join(parts)}", GAINED
-    ignored = "".join(f"; {c.code} introduced in {t.trace_name or t.trace_path} is ignored"
+    ignored = "".join(f"; {c.code} introduced in {trace_label(t)} is ignored"
                       for t in r.traces for c in t.introduced)
     if r.changed:
         if r.fail_on_change:
@@ -284,6 +315,7 @@ def verdict_text(r: DiffResult) -> tuple[str, str]:
 
 
 def _engines(r: DiffResult) -> tuple[str, str]:
+    """The base and head engine names, as they are (the text views make them visible)."""
     def one(names: list[str]) -> str:
         uniq = list(dict.fromkeys(names))
         return uniq[0] if len(uniq) == 1 else "/".join(uniq)
@@ -370,6 +402,7 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
                   "same_trace": t.same_trace},
         "base": {"engine": t.base_engine, "backend": t.base_backend},
         "head": {"engine": t.head_engine, "backend": t.head_backend},
+        "not_compared": list(t.not_compared),
         "changed": t.changed,
         "regression": any(not _ignored(c.code, ignore) for c in t.introduced),
         "aligned_ubatches": t.aligned_ubatches,
@@ -408,6 +441,7 @@ def diff_json(r: DiffResult) -> dict:
                             for t, c in r.regressions],
             "totals": {"base": _totals_json(b), "head": _totals_json(h),
                        "compare": _compare_json(b, h)},
+            "not_compared": list(r.not_compared),
             "verdict": r.verdict,
             "exit_code": r.exit_code,
         },
@@ -427,7 +461,7 @@ def _plain(line: Line) -> str:
 
 def write_diff_plain(out: TextIO, r: DiffResult) -> None:
     """For pipes, files and CI logs: no colour, one block per differing place."""
-    base, head = _engines(r)
+    base, head = (visible(e) for e in _engines(r))
     out.write(f"kpool diff: base {base} vs head {head}\n")
     for t in r.traces:
         if not _shown(t):
@@ -439,7 +473,8 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
         for entry in places:
             out.write("  " + "  ".join(_plain(x) for x in where_lines(entry)) + "\n")
             b, h = entry_sides(entry)
-            for label, lines in ((f"base {t.base_engine}", b), (f"head {t.head_engine}", h)):
+            for label, lines in ((f"base {visible(t.base_engine)}", b),
+                                 (f"head {visible(t.head_engine)}", h)):
                 for k, line in enumerate(lines):
                     out.write(f"    {label if k == 0 else '':<16} {_plain(line)}\n")
         if t.parting is not None:
@@ -458,6 +493,9 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
     out.write("  findings fixed: " + (", ".join(f"{c} x{n}" for c, n in fixed.items()) or "none")
               + "; introduced: "
               + (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none") + "\n")
+    note = not_compared_note(r)
+    if note is not None:
+        out.write(f"  {note}\n")
     out.write(verdict_text(r)[0] + "\n")
 
 
@@ -476,7 +514,7 @@ def _text(lines: list[Line]) -> Text:
 
 def write_diff_rich(console: Console, r: DiffResult) -> None:
     """For terminals: per trace with differences a base | head table, then a summary."""
-    base, head = _engines(r)
+    base, head = (visible(e) for e in _engines(r))
     console.print(Text.assemble(("kpool diff", BOLD), f": base {base} vs head {head}"))
     for t in r.traces:
         if not _shown(t):
@@ -486,8 +524,8 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
         table = Table(show_header=True, header_style=BOLD, box=None, padding=(0, 1, 1, 1),
                       width=min(console.width, MAX_TABLE_WIDTH))
         table.add_column("where", ratio=2, overflow="fold")
-        table.add_column(f"base: {t.base_engine}", ratio=3, overflow="fold")
-        table.add_column(f"head: {t.head_engine}", ratio=3, overflow="fold")
+        table.add_column(Text(f"base: {visible(t.base_engine)}"), ratio=3, overflow="fold")
+        table.add_column(Text(f"head: {visible(t.head_engine)}"), ratio=3, overflow="fold")
         places: list[UbatchDiff | EventDiff | Parting] = list(t.entries)
         if t.parting is not None:
             places.append(t.parting)
@@ -508,7 +546,7 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
     table.add_column("pools re-pooled", overflow="fold")
     table.add_column("cells scanned", overflow="fold")
     for t in r.traces:
-        table.add_row(Text(t.trace_name or t.trace_path),
+        table.add_row(Text(trace_label(t)),
                       _text(trace_outcome(t, r.ignore, where=False)),
                       _ratio_text(t.base.pools_repooled, t.head.pools_repooled),
                       _ratio_text(t.base.counter("cells_scanned"),
@@ -530,5 +568,8 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
                       (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none",
                        GAINED if intro else "")),
     ))
+    note = not_compared_note(r)
+    if note is not None:
+        console.print(Text(note, style=PART))
     text, style = verdict_text(r)
     console.print(Text(text, style=style))
