@@ -26,7 +26,7 @@ from .report.json_report import write_report
 from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Tally
 from .report.wording import visible
-from .trace.load import TraceError, load_trace
+from .trace.load import MAX_TOKENS, TraceError, load_trace
 from .trace.schema import report_schema, trace_schema
 
 EXIT_BAD_INPUT = 2
@@ -134,6 +134,9 @@ def cli() -> None:
               help="Also save the rich view as HTML (atomically), e.g. for CI artifacts.")
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
+              metavar="N", help="Refuse, before replaying, a trace of more than N tokens "
+                                "(a trace is untrusted input).")
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
@@ -141,7 +144,8 @@ def cli() -> None:
 def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: str | None,
                fail_on: str, pools: str, check: bool, ubatch: tuple[tuple[int, int], ...],
                seq: tuple[int, ...], only_findings: bool | None, color: bool | None,
-               quiet: bool, html: str | None, svg: str | None, backend: str) -> None:
+               quiet: bool, html: str | None, svg: str | None, max_tokens: int,
+               backend: str) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -152,7 +156,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
     loaded = []
     for path in traces:
         try:
-            loaded.append(load_trace(path))
+            loaded.append(load_trace(path, max_tokens=max_tokens))
         except TraceError as e:
             _invalid(e)
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
@@ -277,9 +281,11 @@ def engines_cmd() -> None:
                    "values and KP003 (stale reads), at a cost.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               help="Replay traces on N processes.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
+              metavar="N", help="Refuse, before replaying, a trace of more than N tokens.")
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
-             backend: str | None, jobs: int) -> None:
+             backend: str | None, jobs: int, max_tokens: int) -> None:
     """Compare two engine versions on TRACES, or two saved JSON reports.
 
     \b
@@ -307,13 +313,14 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     from .report.terminal import Manners, make_console
     from .verdict.codes import CODES
 
+    _refuse_outputs(inputs, output=output)
     selectors = tuple(s.strip().upper() for item in ignore for s in item.split(",") if s.strip())
     for s in selectors:
         if not any(c.startswith(s) for c in CODES):
             _fail(f"--ignore {s}: no finding code starts with it (codes: {', '.join(CODES)})")
     try:
         pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
-                                 force=force)
+                                 force=force, max_tokens=max_tokens)
     except DiffInputError as e:
         _fail(str(e))
         return

@@ -343,3 +343,30 @@ def test_json_on_stdout_closes_when_the_trace_turns_out_invalid(tmp_path):
                                     "field": "decode.cell", "message": "recorded cell 3 "
                                     "(stream 0) is not empty when the decode runs"}]
         assert len(reports) == len(args) - (len(args) > 1)  # nothing runs after it
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(c) for c in f.read().split()]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_diff_jobs_stops_its_workers_on_an_interrupt(tmp_path, sig, code):
+    """Ctrl-C reaches the whole process group, as a terminal sends it: the parent says
+    one line and its worker processes are gone when it exits, not after their unit
+    (a unit of this trace runs for about a minute)."""
+    t = tmp_path / "long.yaml"
+    t.write_text(long_trace(4000))
+    p = subprocess.Popen([*KPOOL, "diff", str(t), str(t), "-j", "2", "--backend", "numpy"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(workers := _children(p.pid)) < 2:
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.5)  # the workers are replaying
+    os.killpg(p.pid, sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == code
+    assert err == ("kpool: interrupted\n" if code == 130 else "kpool: terminated\n")
+    assert not [w for w in workers if os.path.exists(f"/proc/{w}")]

@@ -96,6 +96,9 @@ def _kind(mode: int) -> str:
 @contextlib.contextmanager
 def written_whole(path: str) -> Iterator[TextIO]:
     target = Path(path)
+    # the last line of defence, whatever the command checked: never replace a device,
+    # a FIFO or a directory with a regular file
+    check_outputs((), [("output", path)])
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
                                    dir=target.parent if str(target.parent) else ".")
