@@ -18,6 +18,12 @@ from typing import TextIO
 import click
 
 from . import __version__
+from .backend.budget import (
+    ReplayTooLarge,
+    check_replay_memory,
+    default_max_memory,
+    parse_memory,
+)
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
@@ -25,6 +31,7 @@ from .report.files import OutputError, check_outputs, written_whole
 from .report.json_report import write_report
 from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Tally
+from .report.terminal import stream_is_terminal
 from .report.wording import visible
 from .trace.load import MAX_TOKENS, TraceError, load_trace
 from .trace.schema import report_schema, trace_schema
@@ -68,6 +75,15 @@ def _version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
     except VersionError as e:
         _fail(str(e))
         raise AssertionError from e  # unreachable: _fail exits
+
+
+def _memory_budget(ctx, param, value: str | None) -> int | None:
+    if value is None:
+        return default_max_memory()
+    try:
+        return parse_memory(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
 
 
 def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
@@ -137,6 +153,9 @@ def cli() -> None:
 @click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
               metavar="N", help="Refuse, before replaying, a trace of more than N tokens "
                                 "(a trace is untrusted input).")
+@click.option("--max-memory", metavar="SIZE", callback=_memory_budget,
+              help="Refuse, before replaying, a trace whose replay can need more memory "
+                   "than SIZE (512M, 8G, or none) [default: half of the memory available].")
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
@@ -145,7 +164,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                fail_on: str, pools: str, check: bool, ubatch: tuple[tuple[int, int], ...],
                seq: tuple[int, ...], only_findings: bool | None, color: bool | None,
                quiet: bool, html: str | None, svg: str | None, max_tokens: int,
-               backend: str) -> None:
+               max_memory: int | None, backend: str) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -160,6 +179,12 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
         except TraceError as e:
             _invalid(e)
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
+    rich_view = fmt == "text" and bool(html or svg or stream_is_terminal(sys.stdout))
+    for t in loaded:
+        try:
+            check_replay_memory(t, backend, max_memory, cell_map=rich_view)
+        except ReplayTooLarge as e:
+            _fail(str(e))
     worst = 0
     invalid: TraceError | None = None
     try:

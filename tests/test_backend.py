@@ -135,7 +135,7 @@ def _final_state_agrees(t: Trace, engine: str) -> None:
     recs_k, bk = replay_values(t, engine, "numba")
     recs_n, bn = replay_values(t, engine, "numpy")
     for name in ("key", "gate", "pooled"):
-        assert same(getattr(bk, name), getattr(bn, name)), name
+        assert same(bk.row_values(name), bn.row_values(name)), name
     msgs = [[(f.code, f.message) for f in r.findings] for r in recs_k
             if isinstance(r, UbatchRecord)]
     assert msgs == [[(f.code, f.message) for f in r.findings] for r in recs_n
@@ -177,9 +177,10 @@ def test_freed_and_rewritten_cell_gets_a_new_key() -> None:
           - seq_rm: {seq: 0, p0: 2, p1: -1}
           - decode: {seq: 0, pos: 2..4}
         """)
-    assert same(before.key[:2], after.key[:2])
+    bk, ak = before.row_values("key"), after.row_values("key")
+    assert same(bk[:2], ak[:2])
     for r in (2, 3):  # cells 2 and 3 were freed and rewritten
-        assert not np.array_equal(before.key[r], after.key[r])
+        assert not np.array_equal(bk[r], ak[r])
 
 
 def test_same_pos_in_two_sequences_differs() -> None:
@@ -190,8 +191,9 @@ def test_same_pos_in_two_sequences_differs() -> None:
           - decode:
               tokens: [{pos: 0, seq: [0]}, {pos: 0, seq: [1]}]
         """)
-    assert not np.array_equal(be.key[0], be.key[1])
-    assert np.any(be.key[0] != 0) and np.any(be.key[1] != 0)
+    key = be.row_values("key")
+    assert not np.array_equal(key[0], key[1])
+    assert np.any(key[0] != 0) and np.any(key[1] != 0)
 
 
 def test_seq_cp_across_streams_copies_rows_whole() -> None:
@@ -204,8 +206,9 @@ def test_seq_cp_across_streams_copies_rows_whole() -> None:
           - seq_cp: {src: 0, dst: 1}
           - decode: {seq: 0, pos: 4}
         """)
-    assert same(be.key[8:12], be.key[0:4]) and same(be.gate[8:12], be.gate[0:4])
-    assert same(be.pooled[9:12:2], be.pooled[1:4:2]) and np.any(be.pooled[1] != 0)
+    key, gate, pooled = (be.row_values(n) for n in ("key", "gate", "pooled"))
+    assert same(key[8:12], key[0:4]) and same(gate[8:12], gate[0:4])
+    assert same(pooled[9:12:2], pooled[1:4:2]) and np.any(pooled[1] != 0)
 
 
 def test_state_read_keeps_the_key_it_restores() -> None:
@@ -218,7 +221,8 @@ def test_state_read_keeps_the_key_it_restores() -> None:
           - state_read: {seq: 1, slot: a}
         """
     be = _rows_after(t)
-    assert same(be.key[4:8], be.key[0:4]) and same(be.pooled[4:8], be.pooled[0:4])
+    key, pooled = be.row_values("key"), be.row_values("pooled")
+    assert same(key[4:8], key[0:4]) and same(pooled[4:8], pooled[0:4])
     more = t.rstrip() + "\n          - decode: {seq: 1, pos: 4}\n"
     recs, _ = replay_values(trace(more), "rep-once")
     assert not findings(recs, "KP003")  # seq 1's restored pools read right

@@ -209,7 +209,8 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             # a scatter of row b's correct pooling elsewhere (what a stray entry does)
             src = np.array(b[: len(a)], dtype=np.int64)
             members = np.repeat(src[:, None], 2, axis=1)
-            be.pooled[rows[: src.size]] = be.k.pool(be.key, be.gate, members)
+            slots = be._own(rows[: src.size], zero_new=True)
+            be.pooled[slots] = be.k.pool(be.key, be.gate, be._slots(members))
             be._touch(rows[: src.size], False, True)
         else:
             be.clear()

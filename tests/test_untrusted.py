@@ -370,3 +370,23 @@ def test_diff_jobs_stops_its_workers_on_an_interrupt(tmp_path, sig, code):
     assert p.returncode == code
     assert err == ("kpool: interrupted\n" if code == 130 else "kpool: terminated\n")
     assert not [w for w in workers if os.path.exists(f"/proc/{w}")]
+
+
+def test_a_replay_over_the_memory_budget_is_refused_before_it_starts(tmp_path):
+    """--max-memory is checked before anything is allocated; the message names the
+    config fields that drive the need."""
+    t = write(tmp_path / "big.yaml", """\
+        kpool_trace: 1
+        cache: {kv_size: 131072, kpool: 4, n_embd: 4096}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - clear: {}
+        """)
+    r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "32M")
+    assert r.returncode == 2 and r.stdout == ""
+    assert "over the memory budget of 32.0 MiB (--max-memory)" in r.stderr
+    assert "cache.kv_size 131072" in r.stderr and "cache.n_embd 4096" in r.stderr
+    r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "lots")
+    assert r.returncode == 2 and "not a memory size: 'lots'" in r.stderr
+    r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "none", "-q")
+    assert r.returncode == 0

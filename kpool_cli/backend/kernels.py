@@ -2,9 +2,10 @@
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
-signature on C-contiguous arrays and `cache=True`; `reference.py` is its numpy
-twin, and the tests hold the two equal bit for bit. Kernels never validate: the
-wrappers in `store.py` set dtypes and contiguity.
+signature on C-contiguous arrays and numba's cache (unless it can cache nowhere:
+below); `reference.py` is its numpy twin, and the tests hold the two equal bit for
+bit. Kernels never validate: the wrappers in `store.py` set dtypes and contiguity,
+and index the arrays by slot (a row's place in the backend's storage), not by row.
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
@@ -17,11 +18,24 @@ machine of the benchmark they do not pay (512 key rows: 135 us serial, 137 us
 parallel; 129 pool entries: 300 us vs 331 us; 65536 key rows: 18.3 ms vs 16.5 ms),
 so they are opt-in: `KPOOL_NUMBA_PARALLEL=1` builds them on first use and uses
 them above a work threshold; `PARALLEL_USED` records whether a run used them.
+
+Where the compiled kernels are cached (issue 8, point 7). numba looks in
+NUMBA_CACHE_DIR, then the package's `__pycache__`, then the user's cache directory,
+and refuses every `cache=True` function ("cannot cache function") when it can
+write none of them: a shared install, a read-only home. So before the first
+kernel is jitted, this module asks numba (`_numba_can_cache`, numba's own check on a
+function it never compiles); when it cannot, it points numba at a private
+directory under the system's temporary directory (`kpool-numba-<uid>`, mode 0700,
+refused if someone else owns it or others can write it), and when even that
+fails the kernels are jitted without a cache (a slower start, the same results).
+`CACHE` says which: "numba" (numba's own place), a directory, or "" (none).
 """
 
 from __future__ import annotations
 
 import os
+import stat
+import tempfile
 
 import numba
 import numpy as np
@@ -41,6 +55,65 @@ _U2 = np.uint64(2)
 _NGATE = np.uint64(2 * GATE_MAX + 1)
 _SCALE = KEY_SCALE
 
+
+def _probe() -> None:  # never compiled: numba's cache check runs on it
+    pass
+
+
+def _numba_can_cache() -> bool:
+    """Whether numba finds a writable cache for this file (its own locators)."""
+    try:
+        numba.njit(cache=True)(_probe)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return False
+    return True
+
+
+def _private_cache_dir() -> str | None:
+    """`<tmp>/kpool-numba-<uid>`, made private to this user, or None when it cannot be
+    (a cache is loaded with pickle: another user's directory must never be used)."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(tempfile.gettempdir(), f"kpool-numba-{uid if uid is not None else 'user'}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if (not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid)
+            or st.st_mode & 0o022 or not os.access(path, os.W_OK | os.X_OK)):
+        return None
+    return path
+
+
+def _choose_cache() -> str:
+    """Decide where numba caches the kernels, before any is jitted (module docstring)."""
+    if _numba_can_cache():
+        return "numba"
+    path = _private_cache_dir()
+    if path is not None:
+        # numba reads NUMBA_CACHE_DIR into its config at import and again when the
+        # environment changes: set both, so a later reload keeps this choice
+        before = os.environ.get("NUMBA_CACHE_DIR"), numba.config.CACHE_DIR
+        os.environ["NUMBA_CACHE_DIR"] = path
+        numba.config.CACHE_DIR = path
+        if _numba_can_cache():
+            return path
+        if before[0] is None:
+            del os.environ["NUMBA_CACHE_DIR"]
+        else:
+            os.environ["NUMBA_CACHE_DIR"] = before[0]
+        numba.config.CACHE_DIR = before[1]
+    return ""
+
+
+CACHE = _choose_cache()
+_CACHED = CACHE != ""  # the `cache=` of every kernel
+
 # work (elements) above which the opt-in parallel builds are used
 PARALLEL_MIN_KEYS = 1 << 15
 PARALLEL_MIN_POOL = 1 << 16
@@ -52,7 +125,7 @@ _parallel_builds: dict = {}
 def _parallel(name: str, fn, sig: str):
     """The parallel build of `fn`, jitted (or loaded from numba's cache) on first use."""
     if name not in _parallel_builds:
-        _parallel_builds[name] = numba.njit(sig, cache=True, parallel=True)(fn)
+        _parallel_builds[name] = numba.njit(sig, cache=_CACHED, parallel=True)(fn)
     PARALLEL_USED[name] = True
     return _parallel_builds[name]
 
@@ -64,7 +137,7 @@ def _mix(x):
     return z ^ (z >> _U31)
 
 
-_mix_jit = numba.njit("u8(u8)", cache=True, inline="always")(_mix)
+_mix_jit = numba.njit("u8(u8)", cache=_CACHED, inline="always")(_mix)
 
 
 def _write_keys(state, rows, key_ids, key, gate):
@@ -87,7 +160,7 @@ def _write_keys(state, rows, key_ids, key, gate):
 
 
 _WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], f4[:, ::1])"
-_write_keys_serial = numba.njit(_WRITE_KEYS_SIG, cache=True)(_write_keys)
+_write_keys_serial = numba.njit(_WRITE_KEYS_SIG, cache=_CACHED)(_write_keys)
 
 
 def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
@@ -99,10 +172,10 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
     state : uint64
         `keys.seed_state(trace.seed)`.
     rows : array of int64, shape (n,), C-contiguous
-        Global rows, distinct (each row written by one iteration).
+        Slots (rows of `key`, `gate`), distinct (each written by one iteration).
     key_ids : array of int64, shape (n,), C-contiguous
         Key ids (0 = a zeroed row).
-    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
         Updated in place.
     """
     if PARALLEL and rows.size * key.shape[1] >= PARALLEL_MIN_KEYS:
@@ -111,7 +184,7 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         _write_keys_serial(state, rows, key_ids, key, gate)
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=_CACHED, inline="always")
 def _pool_entry(key, gate, m, w, out):
     """Pool one entry (member rows m) into out[:], using w [kpool, n_embd] as scratch.
 
@@ -152,7 +225,7 @@ def _pool_into(key, gate, members, out):
 
 
 _POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1])"
-_pool_serial = numba.njit(_POOL_SIG, cache=True)(_pool_into)
+_pool_serial = numba.njit(_POOL_SIG, cache=_CACHED)(_pool_into)
 
 
 def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -160,9 +233,9 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
 
     Parameters
     ----------
-    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
     members : array of int64, shape (n, kpool), C-contiguous
-        Global member rows of each entry.
+        The member slots of each entry.
 
     Returns
     -------
@@ -177,13 +250,13 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])", cache=True)
+@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])", cache=_CACHED)
 def scatter(pooled, rows, values, src):
     """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
 
     Parameters
     ----------
-    pooled : array of float32, shape (n_rows, n_embd), C-contiguous, updated in place
+    pooled : array of float32, shape (n_slots, n_embd), C-contiguous, updated in place
     rows : array of int64, shape (m,), distinct
     values : array of float32, shape (n, n_embd), C-contiguous
     src : array of int64, shape (m,), indices into values
@@ -199,7 +272,7 @@ def scatter(pooled, rows, values, src):
             pooled[r, d] = values[v, d]
 
 
-@numba.njit("f4[:, ::1](f4[:, ::1], i8[::1])", cache=True)
+@numba.njit("f4[:, ::1](f4[:, ::1], i8[::1])", cache=_CACHED)
 def gather(pooled, rows):
     """`pooled[rows]`: array of float32, shape (m, n_embd) (ggml_get_rows)."""
     n_embd = pooled.shape[1]
@@ -211,13 +284,13 @@ def gather(pooled, rows):
     return out
 
 
-@numba.njit("b1[::1](f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1])", cache=True)
+@numba.njit("b1[::1](f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1])", cache=_CACHED)
 def pools_differ(key, gate, pooled, members, rows):
     """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
 
     Parameters
     ----------
-    key, gate, pooled : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
     members : array of int64, shape (n, kpool), C-contiguous
     rows : array of int64, shape (n,)
 

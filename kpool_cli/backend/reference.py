@@ -26,10 +26,10 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
     state : uint64
         `keys.seed_state(trace.seed)`.
     rows : array of int64, shape (n,)
-        Global rows, distinct.
+        Slots (rows of `key`, `gate`), distinct.
     key_ids : array of int64, shape (n,)
         Key ids (0 = a zeroed row).
-    key, gate : arrays of float32, shape (n_rows, n_embd), C-contiguous
+    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
         Updated in place.
     """
     k, g = key_rows_from_state(state, key_ids, key.shape[1])
@@ -53,9 +53,9 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
 
     Parameters
     ----------
-    key, gate : arrays of float32, shape (n_rows, n_embd)
+    key, gate : arrays of float32, shape (n_slots, n_embd)
     members : array of int64, shape (n, kpool)
-        Global member rows of each entry.
+        The member slots of each entry.
 
     Returns
     -------
@@ -77,7 +77,7 @@ def scatter(pooled: np.ndarray, rows: np.ndarray, values: np.ndarray, src: np.nd
 
     Parameters
     ----------
-    pooled : array of float32, shape (n_rows, n_embd), updated in place
+    pooled : array of float32, shape (n_slots, n_embd), updated in place
     rows : array of int64, shape (m,), distinct
     values : array of float32, shape (n, n_embd)
     src : array of int64, shape (m,), indices into values

@@ -1,29 +1,51 @@
 """The value backend: key, gate and pooled rows, and the per-ubatch value verdicts.
 
-Owns, for every global row (`n_rows = n_stream * kv_size`):
-- `key`, `gate`, `pooled`: float32 [n_rows, n_embd] (the cell's indexer key, its
-  per-dimension gate logits, and the pooled slot a rep row holds);
-- who last wrote the pooled slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`), for messages;
+Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
+- `key`, `gate`, `pooled`: float32 [slots, n_embd] (the cell's indexer key, its
+  per-dimension gate logits, and the pooled slot a rep row holds), stored by *slot*:
+  `slot_of[row]` is the row's slot, 0 for a row that holds zeros (never written,
+  cleared, or copied from such a row). Slot 0 is the zero row, never written; a
+  row gets a slot of its own the first time something non-zero may land in it
+  (a decode's key write, a restore, a stream copy of a row with a slot, a scatter),
+  keeps it until a `clear` (or a stream copy that zeroes it) frees it, and freed
+  slots are reused. So memory follows the rows written, not kv_size * n_stream:
+  a `clear` or a cross-stream copy costs the rows that have slots. The slot
+  arrays grow in place in anonymous memory maps (`_grow`): their spare capacity is
+  never resident;
+- who last wrote each slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`), for messages; a
+  zero row's writer is its stream's (`NEVER`, `CLEARED` since a clear, `COPIED`
+  since a cross-stream copy): zeroing a row that has no slot (only a pending
+  copy's destination can be one) changes nothing a reader can see;
 - `alt`: the rows whose last scatter was a race between entries of different
-  values, with every racing entry's value (the stored value is the last entry's,
-  as a sequential set_rows leaves it; the verdicts consider them all);
+  values, with every racing entry's writer. Their values are not kept: a row
+  with two different racing values reads wrong whatever its members pool to (at
+  least one racing value differs from any single value), so it is bad until
+  rewritten;
 - the bad pools of every sequence (`bad[s]`, bool [n_pools of s]) and what changed
-  since they were last checked, for the incremental verification of issue point 4.
+  since they were last checked, for the incremental verification of issue point 4
+  (per-row masks: 2 bytes a row, next to the cache's ~37).
 
 Invariants:
 - after `run_ubatch`, `bad[s][k]` is True exactly when the rep row of pool k of s
-  (or any value in `alt` for that row) differs from the pooling of the pool's
-  current members with their current keys and gates; `full_bad()` recomputes that
-  from scratch and the property test holds the two equal;
+  differs from the pooling of the pool's current members with their current keys
+  and gates, or is in `alt`; `full_bad()` recomputes that from scratch and the
+  property test holds the two equal;
 - the stored state is a function of the trace alone: the scatter picks one writer
-  per row (the last entry) before any kernel runs, so thread order never matters.
+  per row (the last entry) before any kernel runs, so thread order never matters;
+  which slot a row gets never changes a value;
+- `slot_row[slot]` is the row of every slot in use (-1 for a freed one), and
+  `slot_of[slot_row[slot]] == slot`.
 
 The kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
-bit-identical arrays.
+bit-identical arrays. They index the slot arrays with slots, never rows.
+
+Memory: `bytes_held()` says what an instance holds, `ValueBackend.bytes_bound`
+what a trace can make it hold (`budget.py` adds the other parts of a replay).
 """
 
 from __future__ import annotations
 
+import mmap
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,6 +53,7 @@ from types import ModuleType
 
 import numpy as np
 
+from ..cache.kv import Reach
 from ..engine.layout import Layout
 from ..engine.scatter import ScatterPlan
 from ..trace.model import CacheConfig, Trace
@@ -67,18 +90,51 @@ def _i64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+def _anonymous_map(nbytes: int) -> mmap.mmap:
+    """Zeroed private memory (MAP_PRIVATE: a shared anonymous map cannot grow past its
+    first size; Windows has no flags)."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        return mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    return mmap.mmap(-1, nbytes)
+
+
+def _slot_dtype(n_rows: int) -> type:
+    """The row -> slot map's dtype: slots go up to n_rows (slot 0 is the zero row)."""
+    return np.int32 if n_rows < np.iinfo(np.int32).max else np.int64
+
+
 @dataclass(slots=True)
 class _Saved:
-    """A state_write's rows: their arrays and writers, in snapshot order."""
+    """A state_write's rows: their arrays and racing writers, in snapshot order."""
 
     key: np.ndarray
     gate: np.ndarray
     pooled: np.ndarray
-    alt: dict[int, tuple[np.ndarray, list[tuple[int, int]]]]  # snapshot index -> alt
+    alt: dict[int, np.ndarray]  # snapshot index -> racing writers
+
+    def nbytes(self) -> int:
+        return (self.key.nbytes + self.gate.nbytes + self.pooled.nbytes
+                + sum(ValueBackend.ALT_ROW_BYTES + w.nbytes for w in self.alt.values()))
 
 
 class ValueBackend:
     """Key rows, pooling, scatter and gather for one replay, and KP001 values / KP003."""
+
+    SLOTS_MIN = 64  # slot capacity allocated up front (the zero row included)
+    # capacity grows by 1/SLOT_GROWTH at least, in place (`_grow`)
+    SLOT_GROWTH = 8
+    # the per-slot arrays: name, dtype, row width (0: one value a slot)
+    SLOT_ARRAYS = (("key", np.float32, 1), ("gate", np.float32, 1),
+                   ("pooled", np.float32, 1), ("w_kind", np.int8, 0),
+                   ("w_ubatch", np.int64, 0), ("w_a", np.int64, 0), ("w_b", np.int64, 0),
+                   ("slot_row", np.int64, 0))
+    # bytes per slot besides its three float32 rows: w_kind, w_ubatch, w_a, w_b, slot_row
+    SLOT_BYTES = 1 + 8 + 8 + 8 + 8
+    # bytes per global row: the row -> slot map (its dtype's size comes on top of
+    # these), the two dirty masks
+    ROW_BYTES = 2
+    # an `alt` entry besides its writers (int64 [g, 2]): the dict slot, the array header
+    ALT_ROW_BYTES = 256
 
     def __init__(self, config: CacheConfig, seed: int, kernels: str = DEFAULT_BACKEND) -> None:
         self.name = kernels
@@ -87,15 +143,26 @@ class ValueBackend:
         self.kpool, self.kv_size = config.kpool, config.kv_size
         self.n_rows, self.n_embd = config.n_rows, config.n_embd
         self.state = seed_state(seed)
-        shape = (self.n_rows, self.n_embd)
-        self.key = np.zeros(shape, dtype=np.float32)  # [n_rows, n_embd] | row, d | key
-        self.gate = np.zeros(shape, dtype=np.float32)  # [n_rows, n_embd] | row, d | gate logit
-        self.pooled = np.zeros(shape, dtype=np.float32)  # [n_rows, n_embd] | row, d | pooled slot
-        self.w_kind = np.zeros(self.n_rows, dtype=np.int8)  # [n_rows] | row | NEVER, POOLED, ...
-        self.w_ubatch = np.full(self.n_rows, -1, dtype=np.int64)  # [n_rows] | row | when
-        self.w_a = np.full(self.n_rows, -1, dtype=np.int64)  # seq / src stream / slot index
-        self.w_b = np.full(self.n_rows, -1, dtype=np.int64)  # k
-        self.alt: dict[int, tuple[np.ndarray, list[tuple[int, int]]]] = {}
+        # rows -> slots, and what each slot holds (see the module docstring)
+        self.slot_of = np.zeros(self.n_rows, dtype=_slot_dtype(self.n_rows))  # [n_rows] | row
+        self._max_slots = self.n_rows + 1
+        self._cap = 0
+        self._maps: dict[str, mmap.mmap] = {}
+        self.key = self.gate = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
+        self.w_kind = np.empty(0, dtype=np.int8)
+        self.w_ubatch = self.w_a = self.w_b = self.slot_row = np.empty(0, dtype=np.int64)
+        # key, gate, pooled: [slots, n_embd] float32 | slot, d | key, gate logit, pooled
+        # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src
+        # stream / slot index), w_b (k); slot_row [slots] int64: its row, or -1
+        self._grow(min(self.SLOTS_MIN, self._max_slots))
+        self._n_slots = 1  # slots [0, _n_slots) handed out since the last clear
+        self._free = np.empty(0, dtype=np.int64)  # freed slots below _n_slots
+        # the writer of a zero row (slot 0), per stream
+        n_stream = config.n_stream
+        self._zero_kind = np.full(n_stream, NEVER, dtype=np.int8)
+        self._zero_ubatch = np.full(n_stream, -1, dtype=np.int64)
+        self._zero_a = np.full(n_stream, -1, dtype=np.int64)
+        self.alt: dict[int, np.ndarray] = {}  # row -> racing writers, int64 [g, 2]
         self.snapshots: dict[str, _Saved] = {}
         self.slot_names: list[str] = []
         self.n_ubatch = 0  # run_ubatch calls so far: the index of the current ubatch
@@ -109,6 +176,139 @@ class ValueBackend:
         self._all_dirty = False
         self.kernel_time: dict[str, float] = defaultdict(float)
         self.pools_checked = 0
+
+    # -- memory --------------------------------------------------------------------------
+
+    @classmethod
+    def bytes_bound(cls, config: CacheConfig, reach: Reach, kernels: str) -> int:
+        """Bytes a backend can hold in a replay that reaches `reach`, temporaries of one
+        ubatch included.
+
+        Fixed: per global row the slot map and the two dirty masks. Slots: at most
+        one per row that gets data, so at most `reach.value_rows` (rows the cache
+        writes, padding rows, copies of both); capacity grows by 1/SLOT_GROWTH (in
+        place) up to that. `alt`: at most an entry per row with a slot, a writer per
+        sequence (and row 0's padding under row-zero padding, a writer per entry).
+        Snapshots: their rows whole. One ubatch: its entries' pooled values and
+        member slots (the numpy twin's pooling also keeps kpool-wide gate copies and
+        weights: about 3 kpool + 12 rows an entry); a ubatch has at most every pool
+        + 64 entries (`marking.pad_bound`), and a sequence holds at most
+        `reach.cells` cells, a kpool-th of them pools."""
+        n_rows, e, kpool = config.n_rows, config.n_embd, config.kpool
+        n_col = config.n_seq_max if config.unified else 1
+        row_bytes = 3 * 4 * e  # key, gate, pooled
+        fixed = n_rows * (cls.ROW_BYTES + np.dtype(_slot_dtype(n_rows)).itemsize)
+        slots = min(cls._max_slots_of(config), 1 + reach.value_rows)
+        cap = min(cls._max_slots_of(config),
+                  max(cls.SLOTS_MIN, slots + slots // cls.SLOT_GROWTH + 1))
+        entries = config.n_seq_max * (reach.cells // kpool) + 64
+        per_alt = cls.ALT_ROW_BYTES + 16 * n_col
+        held = (cap * (row_bytes + cls.SLOT_BYTES)
+                + 8 * slots  # the free list
+                + (slots - 1) * per_alt + 16 * entries  # alt
+                + reach.snapshot_rows * (row_bytes + per_alt))  # snapshots
+        per_entry = 4 * e * (1 if kernels == "numba" else 3 * kpool + 12) + 3 * 8 * kpool
+        temp = entries * per_entry + 8 * 8 * reach.decode_tokens  # + a ubatch's dirty rows
+        return fixed + held + temp
+
+    @staticmethod
+    def _max_slots_of(config: CacheConfig) -> int:
+        return config.n_rows + 1
+
+    def bytes_held(self) -> int:
+        """Bytes of the arrays this backend holds now (snapshots and racing writers
+        included; the dirty-row lists of one ubatch and Python objects not)."""
+        arrays = (self.slot_of, self.key, self.gate, self.pooled, self.w_kind, self.w_ubatch,
+                  self.w_a, self.w_b, self.slot_row, self._free, self._kdirty, self._pdirty)
+        return (sum(a.nbytes for a in arrays)
+                + sum(self.ALT_ROW_BYTES + w.nbytes for w in self.alt.values())
+                + sum(sv.nbytes() for sv in self.snapshots.values()))
+
+    @property
+    def n_slots(self) -> int:
+        """Slots in use (the zero row not counted)."""
+        return self._n_slots - 1 - int(self._free.size)
+
+    def row_values(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
+        """A copy of the `name` ("key", "gate" or "pooled") rows `rows` (every row when
+        None: for small caches), float32 [len(rows), n_embd]."""
+        if name not in ("key", "gate", "pooled"):
+            raise ValueError(f"no row array {name!r}")
+        rows = np.arange(self.n_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+        return getattr(self, name)[self._slots(rows)]
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def _slots(self, rows: np.ndarray) -> np.ndarray:
+        """The slots of `rows` (any shape; 0 for a zero row), int64, C-contiguous."""
+        return self.slot_of[rows].astype(np.int64)
+
+    def _own(self, rows: np.ndarray, zero_new: bool) -> np.ndarray:
+        """The slots of `rows` (distinct), giving each zero row a slot of its own; the
+        new slots hold zeros when `zero_new` (else the caller writes all three rows)."""
+        s = self._slots(rows)
+        new = np.flatnonzero(s == 0)
+        if new.size:
+            ids = self._take(int(new.size))
+            r = rows[new]
+            self.slot_of[r] = ids
+            self.slot_row[ids] = r
+            s[new] = ids
+            if zero_new:
+                for a in (self.key, self.gate, self.pooled):
+                    a[ids] = 0
+        return s
+
+    def _take(self, n: int) -> np.ndarray:
+        k = min(n, int(self._free.size))
+        ids = self._free[self._free.size - k:].copy()
+        self._free = self._free[: self._free.size - k]
+        if n > k:
+            hi = self._n_slots + n - k
+            if hi > self._cap:
+                self._grow(hi)
+            ids = np.concatenate((ids, np.arange(self._n_slots, hi, dtype=np.int64)))
+            self._n_slots = hi
+        return ids
+
+    def _grow(self, need: int) -> None:
+        """Capacity for `need` slots, by 1/SLOT_GROWTH at least. Each per-slot array
+        lives in an anonymous memory map that grows in place (mremap): nothing is
+        copied, and the spare capacity stays zero pages, never resident until a slot
+        is used. Where a map cannot grow (a view of the array still alive, another
+        platform) a new one is mapped and the slots copied."""
+        new = min(self._max_slots, max(need, self._cap + self._cap // self.SLOT_GROWTH))
+        for name, dtype, wide in self.SLOT_ARRAYS:
+            width = self.n_embd if wide else 1
+            nbytes = new * width * np.dtype(dtype).itemsize
+            setattr(self, name, None)  # drop the array's export of the map
+            mm = self._maps.get(name)
+            if mm is None:
+                mm = _anonymous_map(nbytes)
+            else:
+                try:
+                    mm.resize(nbytes)
+                except (BufferError, OSError, SystemError, TypeError, ValueError):
+                    fresh = _anonymous_map(nbytes)
+                    memoryview(fresh)[: len(mm)] = memoryview(mm)
+                    mm = fresh
+            self._maps[name] = mm
+            a = np.frombuffer(mm, dtype=dtype)
+            setattr(self, name, a.reshape(new, width) if wide else a)
+        self._cap = new
+
+    def _release(self, rows: np.ndarray) -> None:
+        """Rows with a slot become zero rows; their slots are free for reuse."""
+        if rows.size:
+            s = self._slots(rows)
+            self.slot_of[rows] = 0
+            self.slot_row[s] = -1
+            self._free = np.concatenate((self._free, s))
+
+    def _live_rows(self) -> np.ndarray:
+        """Every row with a slot (O(slots))."""
+        r = self.slot_row[1:self._n_slots]
+        return r[r >= 0]
 
     # -- timing ---------------------------------------------------------------------------
 
@@ -128,11 +328,11 @@ class ValueBackend:
             self._pdirty[rows] = True
             self._pdirty_rows.append(rows)
 
-    def _set_writer(self, rows: np.ndarray, kind: int, a=-1, b=-1) -> None:
-        self.w_kind[rows] = kind
-        self.w_ubatch[rows] = self.n_ubatch
-        self.w_a[rows] = a
-        self.w_b[rows] = b
+    def _set_writer(self, slots: np.ndarray, kind: int, a=-1, b=-1) -> None:
+        self.w_kind[slots] = kind
+        self.w_ubatch[slots] = self.n_ubatch
+        self.w_a[slots] = a
+        self.w_b[slots] = b
 
     def _drop_alt(self, rows: np.ndarray) -> None:
         if self.alt and rows.size:
@@ -144,63 +344,83 @@ class ValueBackend:
     def write_rows(self, rows: np.ndarray, key_ids: np.ndarray) -> None:
         """A ubatch's cells are written: new key and gate rows, pooled slots zeroed."""
         rows, key_ids = _i64(rows), _i64(key_ids)
-        self._timed("write_keys", self.k.write_keys, self.state, rows, key_ids, self.key,
+        s = self._own(rows, zero_new=False)
+        self._timed("write_keys", self.k.write_keys, self.state, s, key_ids, self.key,
                     self.gate)
-        self.pooled[rows] = 0
-        self._set_writer(rows, DECODE_ZERO)
+        self.pooled[s] = 0
+        self._set_writer(s, DECODE_ZERO)
         self._drop_alt(rows)
         self._touch(rows, True, True)
 
     def zero_rows(self, rows: np.ndarray) -> None:
-        """state_drop: rows only the dropped sequence held are zeroed whole."""
+        """state_drop: rows only the dropped sequence held are zeroed whole (a zero row
+        already is: see the module docstring)."""
         rows = _i64(rows)
-        self.key[rows] = 0
-        self.gate[rows] = 0
-        self.pooled[rows] = 0
-        self._set_writer(rows, DROP_ZERO)
+        s = self._slots(rows)
+        has = s > 0
+        rows, s = rows[has], s[has]
+        self.key[s] = 0
+        self.gate[s] = 0
+        self.pooled[s] = 0
+        self._set_writer(s, DROP_ZERO)
         self._drop_alt(rows)
         self._touch(rows, True, True)
 
     def copy_stream(self, src: int, dst: int) -> None:
-        """Cross-stream seq_cp: every row of stream src (pooled slots included) to dst."""
+        """Cross-stream seq_cp: every row of stream src (pooled slots included) to dst.
+        Costs the rows of the two streams that have slots."""
         kv = self.kv_size
-        s, d = slice(src * kv, (src + 1) * kv), slice(dst * kv, (dst + 1) * kv)
+        live = self._live_rows()
+        src_rows = live[(live >= src * kv) & (live < (src + 1) * kv)]
+        dst_old = live[(live >= dst * kv) & (live < (dst + 1) * kv)]
+        # a destination row whose source is a zero row becomes one
+        gone = dst_old[self.slot_of[dst_old + (src - dst) * kv] == 0]
+        self._release(gone)
+        dst_rows = src_rows + (dst - src) * kv
+        s_src = self._slots(src_rows)
+        s_dst = self._own(dst_rows, zero_new=False)
         for a in (self.key, self.gate, self.pooled):
-            a[d] = a[s]
-        dst_rows = np.arange(dst * kv, (dst + 1) * kv, dtype=np.int64)
-        self._set_writer(dst_rows, COPIED, src)
-        self._drop_alt(dst_rows)
-        for r, v in list(self.alt.items()):
-            if src * kv <= r < (src + 1) * kv:
-                self.alt[r - src * kv + dst * kv] = v
-        self._touch(dst_rows, True, True)
+            a[s_dst] = a[s_src]
+        self._set_writer(s_dst, COPIED, src)
+        self._zero_kind[dst], self._zero_ubatch[dst], self._zero_a[dst] = (
+            COPIED, self.n_ubatch, src)
+        for r in [r for r in self.alt if dst * kv <= r < (dst + 1) * kv]:
+            del self.alt[r]
+        for r, v in [(r, v) for r, v in self.alt.items() if src * kv <= r < (src + 1) * kv]:
+            self.alt[r - src * kv + dst * kv] = v
+        self._touch(np.concatenate((gone, dst_rows)), True, True)
 
     def snapshot(self, slot: str, rows: np.ndarray) -> None:
         """state_write: save the rows whole (pooled slots included), in snapshot order."""
         rows = _i64(rows)
+        s = self._slots(rows)
         alt = {i: self.alt[r] for i, r in enumerate(rows.tolist()) if r in self.alt}
-        self.snapshots[slot] = _Saved(self.key[rows], self.gate[rows], self.pooled[rows], alt)
+        self.snapshots[slot] = _Saved(self.key[s], self.gate[s], self.pooled[s], alt)
 
     def restore(self, slot: str, rows: np.ndarray) -> None:
         """state_read: the saved rows come back whole into `rows` (snapshot order)."""
         rows = _i64(rows)
         saved = self.snapshots[slot]
-        self.key[rows] = saved.key
-        self.gate[rows] = saved.gate
-        self.pooled[rows] = saved.pooled
+        s = self._own(rows, zero_new=False)
+        self.key[s] = saved.key
+        self.gate[s] = saved.gate
+        self.pooled[s] = saved.pooled
         if slot not in self.slot_names:
             self.slot_names.append(slot)
-        self._set_writer(rows, RESTORED, self.slot_names.index(slot))
+        self._set_writer(s, RESTORED, self.slot_names.index(slot))
         self._drop_alt(rows)
         for i, v in saved.alt.items():
             self.alt[int(rows[i])] = v
         self._touch(rows, True, True)
 
     def clear(self) -> None:
-        """Every row zeroed."""
-        for a in (self.key, self.gate, self.pooled):
-            a[:] = 0
-        self._set_writer(np.arange(self.n_rows), CLEARED)
+        """Every row zeroed: every slot freed (costs the slots, not the rows)."""
+        self.slot_of[self._live_rows()] = 0
+        self._n_slots = 1
+        self._free = np.empty(0, dtype=np.int64)
+        self._zero_kind[:] = CLEARED
+        self._zero_ubatch[:] = self.n_ubatch
+        self._zero_a[:] = -1
         self.alt.clear()
         self._all_dirty = True
 
@@ -223,20 +443,23 @@ class ValueBackend:
 
     def _scatter(self, layout: Layout, plan: ScatterPlan) -> np.ndarray:
         """Pool every entry, store the last entry's value per row (set_rows run
-        sequentially), remember the racing values. Returns [n_new_g, n_embd]."""
+        sequentially), remember the racing writers. Returns [n_new_g, n_embd]."""
         rep = plan.entry_rep
-        vals = self._timed("pool", self.k.pool, self.key, self.gate, _i64(plan.entry_rows))
+        vals = self._timed("pool", self.k.pool, self.key, self.gate,
+                           self._slots(plan.entry_rows))
         if rep.size == 0:
             return vals
         order, starts, rows = values.race_groups(rep)
         win = order[starts[1:] - 1]  # the last entry of each row's group
-        self._timed("scatter", self.k.scatter, self.pooled, _i64(rows), vals, _i64(win))
+        rows = _i64(rows)
+        s = self._own(rows, zero_new=True)
+        self._timed("scatter", self.k.scatter, self.pooled, s, vals, _i64(win))
         pools = plan.entry_pool[win]
         real = pools >= 0
-        self._set_writer(rows[~real], PADDING)
+        self._set_writer(s[~real], PADDING)
         if real.any():
             seq, k = layout.locate(pools[real])
-            self._set_writer(rows[real], POOLED, seq, k)
+            self._set_writer(s[real], POOLED, seq, k)
         self._drop_alt(rows)
         sizes = np.diff(starts)
         if np.any(sizes > 1):
@@ -245,24 +468,20 @@ class ValueBackend:
             for g in np.flatnonzero(sizes > 1).tolist():
                 ents = order[starts[g]:starts[g + 1]]
                 if not np.all(bits[ents] == bits[ents[0]]):
-                    self.alt[int(rows[g])] = (vals[ents], [writers[e] for e in ents.tolist()])
+                    self.alt[int(rows[g])] = np.array([writers[e] for e in ents.tolist()],
+                                                      dtype=np.int64)
         self._touch(rows, False, True)
         return vals
 
     # -- verification (issue point 4) ---------------------------------------------------------
 
     def _differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        """[n] bool: rep row (or any of its racing values) differs from the pooling."""
+        """[n] bool: rep row differs from the pooling, or raced with different values
+        (then one of them differs from any pooling)."""
         bad = self._timed("check", self.k.pools_differ, self.key, self.gate, self.pooled,
-                          _i64(members), _i64(reps))
+                          self._slots(members), self._slots(reps))
         if self.alt:
-            hit = np.flatnonzero(np.isin(reps, np.fromiter(self.alt, dtype=np.int64)))
-            if hit.size:
-                want = self.k.pool(self.key, self.gate, _i64(members[hit])).view(np.uint32)
-                for j, w in zip(hit.tolist(), want, strict=True):
-                    cand = self.alt[int(reps[j])][0].view(np.uint32)
-                    if np.any(cand != w):
-                        bad[j] = True
+            bad |= np.isin(reps, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
         return bad
 
     def _candidates(self, layout: Layout, s: int) -> np.ndarray | None:
@@ -324,16 +543,22 @@ class ValueBackend:
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells
         (ggml_get_rows), as the graph reads them."""
-        return self._timed("gather", self.k.gather, self.pooled, _i64(layout.pool_cells()))
+        return self._timed("gather", self.k.gather, self.pooled, self._slots(layout.pool_cells()))
 
     # -- messages -------------------------------------------------------------------------
 
     def holds(self, row: int, s: int, k: int) -> str:
         """What row `row`'s pooled slot holds, said for a reader of pool s:k."""
-        kind, when = int(self.w_kind[row]), int(self.w_ubatch[row])
-        a, b = int(self.w_a[row]), int(self.w_b[row])
+        slot = int(self.slot_of[row])
+        if slot:
+            kind, when = int(self.w_kind[slot]), int(self.w_ubatch[slot])
+            a, b = int(self.w_a[slot]), int(self.w_b[slot])
+        else:  # a zero row: its stream's writer
+            strm = row // self.kv_size
+            kind, when = int(self._zero_kind[strm]), int(self._zero_ubatch[strm])
+            a, b = int(self._zero_a[strm]), -1
         if row in self.alt:
-            writers = self.alt[row][1]
+            writers = [(int(w[0]), int(w[1])) for w in self.alt[row].tolist()]
             other = next((w for w in writers if w != (s, k)), writers[0])
             who = "a padding entry" if other == values.PAD_WRITER else f"pool {values._who(other)}"
             names = ", ".join(values._who(w) for w in writers)

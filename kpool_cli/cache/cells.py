@@ -13,6 +13,12 @@ The per-sequence keys are a derived index: only `_index_rm` / `_index_add` touch
 
 Every mutator states its precondition and returns the cells whose *emptiness*
 changed, so the caller (the cache) can move `head` as llama_kv_cache does.
+
+Cost: the per-cell arrays are allocated once (`Stream.bytes_bound` says how much);
+after that no op allocates or scans O(kv_size): the live cells come from the
+per-sequence index (every live cell holds a sequence), and free cells are found
+by scanning from `head` in growing chunks (`empty_cells`), as far as the request
+needs.
 """
 
 from __future__ import annotations
@@ -110,6 +116,14 @@ class Stream:
     """`kv_size` cells. `seq_ids` are the sequences this stream can hold: all of them
     in a unified cache, only its own sequence in a non-unified one."""
 
+    # bytes per cell of the arrays __init__ allocates: pos, ext, seq_count, key_id (and
+    # one `has` byte per sequence column); tests hold it equal to a built stream's
+    CELL_BYTES = 8 + 2 * 8 + 4 + 8
+    # the index (SortedKeys) per (sequence, cell) pair: capacity up to twice the pairs
+    PAIR_BYTES = 2 * 8
+    # the first chunk `empty_cells` scans (it doubles each step)
+    SCAN_CHUNK = 4096
+
     def __init__(self, kv_size: int, seq_ids: list[int]) -> None:
         self.kv_size = kv_size
         self.seq_ids = list(seq_ids)
@@ -122,6 +136,23 @@ class Stream:
         self.seq_keys: dict[int, SortedKeys] = {s: SortedKeys() for s in self.seq_ids}
         self.used = 0
         self.head = 0
+
+    @classmethod
+    def bytes_bound(cls, kv_size: int, n_col: int, cells: int) -> int:
+        """Bytes a stream holds with at most `cells` live cells: the per-cell arrays
+        (allocated at once) and the index, a SortedKeys per sequence column (each
+        sequence holds at most every live cell; capacity at most twice its keys, at
+        least 16)."""
+        cells = min(cells, kv_size)
+        return kv_size * (cls.CELL_BYTES + n_col) + n_col * (cls.PAIR_BYTES * cells + 16 * 8)
+
+    @classmethod
+    def op_bytes_bound(cls, kv_size: int, n_col: int, cells: int) -> int:
+        """Bytes one op's temporaries can take: a few int64 copies of the live pairs
+        (the union of the index, its sort, keys, masks) and a free-cell scan (a chunk
+        is at most kv_size cells: a mask and the indices found in it)."""
+        cells = min(cells, kv_size)
+        return 5 * 8 * n_col * cells + 9 * kv_size
 
     # -- queries ---------------------------------------------------------------
 
@@ -144,6 +175,35 @@ class Stream:
 
     def seqs_at(self, cell: int) -> list[int]:
         return [s for s in self.seq_ids if self.has[self._col[s], cell]]
+
+    def live_cells(self) -> np.ndarray:
+        """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""
+        if self.used == 0:
+            return np.empty(0, dtype=np.int64)
+        parts = [key_cell(k.view) for k in self.seq_keys.values() if len(k)]
+        return np.unique(np.concatenate(parts))
+
+    def empty_cells(self, lo: int, hi: int, n: int, taken: np.ndarray | None = None
+                    ) -> np.ndarray:
+        """The first n empty cells of [lo, hi), ascending (fewer if there are not n),
+        not counting the cells of `taken` (sorted: cells a plan has already promised).
+        Scans from lo in chunks that double, so a request near `head` costs what it
+        reads, not O(kv_size)."""
+        out: list[np.ndarray] = []
+        found, c, step = 0, lo, max(self.SCAN_CHUNK, 4 * n)
+        while c < hi and found < n:
+            e = min(hi, c + step)
+            free = self.pos[c:e] == EMPTY_POS
+            if taken is not None and taken.size:
+                a, b = np.searchsorted(taken, (c, e))
+                free[taken[a:b] - c] = False
+            got = np.flatnonzero(free)[: n - found]
+            if got.size:
+                out.append(got + c)
+                found += int(got.size)
+            c = e
+            step *= 2
+        return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
     # -- derived index, touched only here ---------------------------------------
 
@@ -203,8 +263,11 @@ class Stream:
         return freed
 
     def rm_range(self, p0: int, p1: int) -> np.ndarray:
-        """seq_rm(-1, p0, p1): empty every cell with p0 <= pos < p1. Returns them."""
-        cells = np.flatnonzero((self.pos >= p0) & (self.pos < p1) & (self.pos != EMPTY_POS))
+        """seq_rm(-1, p0, p1): empty every cell with p0 <= pos < p1 (p0 >= 0). Returns
+        them, ascending. Every live cell holds a sequence, so the sequences' ranges
+        find them all."""
+        parts = [key_cell(k.range(p0, p1)) for k in self.seq_keys.values() if len(k)]
+        cells = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
         self._index_rm(cells)
         self._empty(cells)
         return cells
@@ -224,10 +287,9 @@ class Stream:
     def seq_keep(self, s: int) -> np.ndarray:
         """Every cell not holding s becomes empty; cells holding s keep only s.
         Returns the cells that became empty."""
-        live = self.pos != EMPTY_POS
-        mine = self.has[self._col[s]]
-        freed = np.flatnonzero(live & ~mine)
-        shared = np.flatnonzero(mine & (self.seq_count > 1))
+        mine = np.sort(key_cell(self.seq_keys[s].view))
+        freed = np.setdiff1d(self.live_cells(), mine, assume_unique=True)
+        shared = mine[self.seq_count[mine] > 1]
         self._index_rm(freed)
         self._empty(freed)
         if shared.size:
@@ -267,9 +329,11 @@ class Stream:
         self._index_add(cells)
 
     def reset(self) -> None:
-        """Every cell empty (clear, or the destination of a cross-stream copy)."""
-        cells = np.flatnonzero(self.pos != EMPTY_POS)
-        self._index_rm(cells)
+        """Every cell empty (clear, or the destination of a cross-stream copy): costs the
+        live cells, not kv_size."""
+        cells = self.live_cells()
+        for k in self.seq_keys.values():
+            k.assign(np.empty(0, dtype=np.int64))
         self._empty(cells)
 
     def copy_from(self, other: Stream, src: int, dst: int) -> None:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..trace import model as m
 from ..trace.model import CacheConfig
-from .cells import EMPTY_POS, Stream, key_cell
+from .cells import Stream, key_cell
 
 POS_INF = (1 << 31) - 1  # llama.cpp: std::numeric_limits<llama_pos>::max()
 
@@ -48,8 +49,84 @@ class Snapshot:
     rows: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class Reach:
+    """The most a trace can make the cache hold, counted from its ops before it runs.
+
+    Cells are created only by a decode's writes, a state_read's restore and a
+    cross-stream seq_cp (whose rows the backend copies at the next decode); every
+    one of them counts in `made`, however the ops turn out (a refused decode, an
+    aborted copy), so these are upper bounds."""
+
+    tokens: int  # tokens of every decode
+    restored: int  # cells every state_read can restore
+    copied: int  # rows every cross-stream seq_cp can copy
+    made: int  # cells the trace can create, in all: tokens + restored + copied
+    cells: int  # live cells of one stream at any time: min(kv_size, made)
+    rows: int  # global rows those writes can reach: min(n_rows, made)
+    snapshot_rows: int  # rows the live snapshots hold at once, plus the largest (replaced)
+    decode_tokens: int  # tokens of the largest decode
+    # rows a value backend can hold data in: the rows above plus the scatter's padding
+    # rows (ENGINE.md §6: a ubatch pads at most n_tokens // kpool + n_seqs_unq <=
+    # n_tokens // kpool + n_tokens entries), a cross-stream copy copying them too
+    value_rows: int
+
+    @classmethod
+    def of(cls, trace: m.Trace) -> Reach:
+        cfg = trace.cache
+        kv = cfg.kv_size
+        tokens = restored = copied = biggest = decode_max = 0
+        values = 0  # value_rows so far
+        snaps: dict[str, int] = {}  # slot -> the most cells it held
+        last: dict[str, int] = {}  # slot -> cells of its latest state_write, at most
+        for op in trace.ops:
+            made = tokens + restored + copied
+            if isinstance(op, m.Decode):
+                n = len(op.tokens)
+                tokens += n
+                values += 2 * n + n // cfg.kpool
+                decode_max = max(decode_max, n)
+            elif isinstance(op, m.StateWrite):
+                # a snapshot holds one sequence's cells: at most the live cells of a stream
+                last[op.slot] = min(kv, made)
+                snaps[op.slot] = max(snaps.get(op.slot, 0), last[op.slot])
+                biggest = max(biggest, last[op.slot])
+            elif isinstance(op, m.StateRead):
+                n = last.get(op.slot, min(kv, made))
+                restored += n
+                values += n
+            elif isinstance(op, m.SeqCp) and not cfg.unified and op.src != op.dst:
+                # the destination stream gets the source stream's rows: at most its live
+                # cells (the cache), the rows holding values in it (a backend)
+                copied += min(kv, made)
+                values += min(kv, values)
+        made = tokens + restored + copied
+        return cls(tokens=tokens, restored=restored, copied=copied, made=made,
+                   cells=min(kv, made), rows=min(cfg.n_rows, made),
+                   snapshot_rows=sum(snaps.values()) + biggest, decode_tokens=decode_max,
+                   value_rows=min(cfg.n_rows, values))
+
+
 class KvCache:
     """`n_stream` streams of `kv_size` cells (ENGINE.md §2)."""
+
+    # bytes per snapshot row of a `Snapshot`: pos, ext (2), key_id, rows
+    SNAPSHOT_ROW_BYTES = 8 + 2 * 8 + 8 + 8
+    # bytes per token of a decode's placement: strm, cells, the sorted cells taken,
+    # key ids and rows, with their copies
+    PLACE_TOKEN_BYTES = 8 * 8
+
+    @classmethod
+    def bytes_bound(cls, config: CacheConfig, reach: Reach) -> int:
+        """Bytes the cache can hold during a replay that reaches `reach`: every
+        stream (its per-cell arrays and index), the snapshots, and the largest
+        temporaries of one op (they never coincide: ops run one at a time)."""
+        n_col = config.n_seq_max if config.unified else 1
+        held = config.n_stream * Stream.bytes_bound(config.kv_size, n_col, reach.cells)
+        snaps = cls.SNAPSHOT_ROW_BYTES * reach.snapshot_rows
+        temp = max(Stream.op_bytes_bound(config.kv_size, n_col, reach.cells),
+                   cls.PLACE_TOKEN_BYTES * reach.decode_tokens)
+        return held + snaps + temp
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
@@ -161,7 +238,9 @@ class KvCache:
         """Place every ubatch of a decode, each seeing the cells the earlier ones took
         (llama_kv_cache::prepare). None when one of them finds no room: the decode
         fails whole. Each ubatch is (pos, seq sets, recorded cells or None)."""
-        empty = [st.pos == EMPTY_POS for st in self.streams]
+        # per stream touched: the cells earlier ubatches of this decode took (sorted),
+        # so nothing here costs O(kv_size * n_stream)
+        taken: dict[int, np.ndarray] = {}
         used = [st.used for st in self.streams]
         head = [st.head for st in self.streams]
         out: list[Placement] = []
@@ -176,12 +255,15 @@ class KvCache:
                     got = recorded[mine]
                 else:
                     # non-unified: the head rule counts this stream's tokens only
-                    got = self._find_slot(empty[k], used[k], head[k], mine.size)
+                    got = self._find_slot(self.streams[k], used[k], head[k], mine.size,
+                                          taken.get(k))
                     if got is None:
                         self._restore_heads_after_failed_prepare(out, heads_before)
                         return None
                 cells[mine] = got
-                empty[k][got] = False
+                before = taken.get(k)
+                taken[k] = (np.sort(got) if before is None
+                            else np.sort(np.concatenate((before, got)), kind="stable"))
                 used[k] += int(got.size)
                 head[k] = int(got[-1]) + 1  # the last token's cell in placement order
             out.append(Placement(strm, cells))
@@ -199,19 +281,22 @@ class KvCache:
             for idx, k in enumerate(np.unique(p.strm).tolist()):
                 self.streams[k].head = old[idx]
 
-    def _find_slot(self, empty: np.ndarray, used: int, head: int, n: int) -> np.ndarray | None:
+    @staticmethod
+    def _find_slot(st: Stream, used: int, head: int, n: int,
+                   taken: np.ndarray | None = None) -> np.ndarray | None:
         """Non-contiguous find_slot: from `head` (or 0 when `head > used + 2 n`), take
-        the first n empty cells, wrapping once."""
-        size = empty.size
+        the first n empty cells, wrapping once; `taken` (sorted) are cells an earlier
+        ubatch of the same decode took. Reads only as far as it must."""
+        size = st.kv_size
         if n > size:
             return None
         if head > used + 2 * n:
             head = 0
         if head >= size:
             head = 0
-        got = np.flatnonzero(empty[head:])[:n] + head
+        got = st.empty_cells(head, size, n, taken)
         if got.size < n:
-            got = np.concatenate((got, np.flatnonzero(empty[:head])[: n - got.size]))
+            got = np.concatenate((got, st.empty_cells(0, head, n - got.size, taken)))
         return got if got.size == n else None
 
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
@@ -251,7 +336,7 @@ class KvCache:
         self.seq_rm(s, -1, -1)
         k = self.stream_of(s)
         st = self.streams[k]
-        cells = self._find_slot(st.pos == EMPTY_POS, st.used, st.head, n)
+        cells = self._find_slot(st, st.used, st.head, n)
         if cells is None:
             return False, np.empty(0, dtype=np.int64)
         st.write(cells, snap.pos, snap.ext, [(s,)] * n, snap.key_id)

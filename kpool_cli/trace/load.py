@@ -142,7 +142,6 @@ KV_SIZE_MAX = 2**24
 N_SEQ_MAX_MAX = 256  # TRACE_FORMAT.md: n_seq_max "at most 256"
 N_UBATCH_MAX = 2**20
 N_EMBD_MAX = 4096
-REPLAY_ELEMS_MAX = 2**31  # kv_size * n_stream * n_embd: the backend's key array
 POS_LIMIT = 2**31 - 2**20  # positions are < POS_LIMIT, so pos + n_ubatch fits an int32
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -1132,14 +1131,6 @@ class _Walker:
         if len(self.problems) != before or kv is None or kpool is None:
             return None
         cfg = CacheConfig(kv_size=kv, kpool=kpool, **vals)
-        elems = cfg.kv_size * cfg.n_stream * cfg.n_embd
-        if elems > REPLAY_ELEMS_MAX:
-            self.problem(
-                node, f,
-                f"too large to replay: kv_size * n_stream * n_embd = {cfg.kv_size} * "
-                f"{cfg.n_stream} * {cfg.n_embd} = {elems:,} is over 2**31",
-            )
-            return None
         return cfg
 
     def ops(self, node: Node) -> tuple[Op, ...] | None:

@@ -34,7 +34,8 @@ __all__ = ["report_schema", "trace_schema"]
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 INT32_MAX = 2**31 - 1
 FINDING_CODE_PATTERN = "^KP[0-9]{3}$"
-POS_RANGE_PATTERN = r"^\s*[0-9]+\s*\.\.\s*[0-9]+\s*$"
+# plain decimal ends, as the loader reads them (no leading zeros)
+POS_RANGE_PATTERN = r"^\s*(0|[1-9][0-9]*)\s*\.\.\s*(0|[1-9][0-9]*)\s*$"
 
 
 def _int(lo: int | None = None, hi: int | None = None, **extra: Any) -> dict[str, Any]:

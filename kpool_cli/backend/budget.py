@@ -1,0 +1,233 @@
+"""The memory a replay can need, known before it starts (issue 8, point 6).
+
+Owns: `memory_bound` / `replay_bytes_bound` (the sum), `check_replay_memory` (raises
+`ReplayTooLarge`, whose message names the config fields that drive the need),
+`default_max_memory` (a safe share of this machine's memory, for `--max-memory`)
+and `parse_memory` (what `--max-memory` accepts).
+
+Each part's estimate lives next to the code that allocates it:
+- the cache model: `KvCache.bytes_bound` (cache/kv.py: streams, snapshots, one op's
+  temporaries), `Stream.bytes_bound` / `Stream.op_bytes_bound` (cache/cells.py);
+- what the trace can make it hold: `Reach.of(trace)` (cache/kv.py);
+- the value backend: `ValueBackend.bytes_bound` (backend/store.py);
+- the engine's layout and per-ubatch plan: `engine_bytes_bound` below, for now
+  (its home is engine/layout.py and engine/scatter.py);
+- the interpreter, numpy and numba/LLVM themselves: `RUNTIME_BYTES`, measured.
+
+Not counted: the loaded trace (in memory before the bound is asked for), the
+report writers (they stream; `--html`/`--svg` record the whole rich view, which
+grows with the output, not with the cache).
+
+Every estimate is an upper bound for a trace's worst case (every decode applied,
+every copy made, every sequence holding every cell), so a real replay usually
+needs much less; the point is that no trace gets past the check and then needs
+more.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..cache.kv import KvCache, Reach
+from ..trace.model import CacheConfig, Trace
+from .store import BACKENDS, ValueBackend
+
+# peak RSS of a replay of a tiny trace, rounded up with headroom (measured: none and
+# numpy 42 MB, numba 150 MB with its cache warm and 181 MB compiling every kernel)
+RUNTIME_BYTES = {"none": 64 << 20, "numpy": 64 << 20, "numba": 256 << 20}
+
+# the engine's share (home: engine/layout.py, engine/scatter.py, replay.py)
+LAYOUT_PAIR_BYTES = 2 * 8  # a sequence's copy of its (pos, cell) pairs: GrowArray, 2x
+LAYOUT_POOL_BYTES = 4 * 2 * 8 + 8  # pools, rep_rows, rep_pos_, first_pos_ (2x); pool_cells
+ENTRY_BYTES = 4 * 8  # a scatter entry's rep, pool, visible, race order (int64 each)
+POOL_INFO_BYTES = 256  # a PoolInfo of a record (marked pools; every pool with --pools all)
+TOKEN_BYTES = 512  # a decode token's Python objects in the replay (seqs, split, records)
+CELL_MAP_ROW_BYTES = 8  # a record's cell map (rich view): codes, masks, per global row
+
+
+def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = False) -> int:
+    """The layout (every sequence's copy of its pairs and its pools) and one ubatch's
+    marking, scatter plan and record (its PoolInfos: at most every pool, so `--pools
+    all` needs no more). A sequence holds at most `reach.cells` cells, so a kpool-th
+    of them pools; a ubatch has at most every pool + 64 entries. `cell_map`: the
+    records carry the cache's cells (the rich view)."""
+    n_seq, kpool, c = config.n_seq_max, config.kpool, reach.cells
+    pools = n_seq * (c // kpool)
+    entries = pools + 64
+    layout = n_seq * (LAYOUT_PAIR_BYTES * c + 5 * 16 * 8) + LAYOUT_POOL_BYTES * pools
+    growth = LAYOUT_PAIR_BYTES * c  # a GrowArray's new array next to the old one
+    plan = entries * (ENTRY_BYTES + 3 * 8 * kpool)  # members_of, plan rows, the copies
+    record = entries * POOL_INFO_BYTES
+    tokens = reach.decode_tokens * TOKEN_BYTES
+    cells = CELL_MAP_ROW_BYTES * config.n_rows if cell_map else 0
+    return layout + growth + plan + record + tokens + cells
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBound:
+    """What a replay can need: the total and its parts (bytes), and what drives them."""
+
+    total: int
+    parts: dict[str, int]  # runtime, cache, engine, values
+    reach: Reach
+    backend: str
+
+
+def memory_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> MemoryBound:
+    """The upper bound of the bytes replaying `trace` with `backend` can need, by part.
+    `cell_map` as the replay takes it (True for the rich view: costs O(n_rows) a
+    ubatch)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    cfg = trace.cache
+    reach = Reach.of(trace)
+    parts = {
+        "runtime": RUNTIME_BYTES[backend],
+        "cache": KvCache.bytes_bound(cfg, reach),
+        "engine": engine_bytes_bound(cfg, reach, cell_map=cell_map),
+        "values": 0 if backend == "none" else ValueBackend.bytes_bound(cfg, reach, backend),
+    }
+    return MemoryBound(sum(parts.values()), parts, reach, backend)
+
+
+def replay_bytes_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> int:
+    """The upper bound of the bytes replaying `trace` with `backend` can need."""
+    return memory_bound(trace, backend, cell_map=cell_map).total
+
+
+class ReplayTooLarge(Exception):
+    """A trace whose replay can need more memory than the budget. `fields` are the
+    trace's fields that drive the need, largest part first."""
+
+    def __init__(self, message: str, bound: MemoryBound, budget: int,
+                 fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.bound, self.budget, self.fields = bound, budget, fields
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _explain(trace: Trace, b: MemoryBound) -> tuple[list[str], tuple[str, ...]]:
+    """One phrase per part, largest first, and the fields that drive the parts."""
+    cfg, r = trace.cache, b.reach
+    streams = (f"cache.kv_size {cfg.kv_size} x n_stream {cfg.n_stream}"
+               + ("" if cfg.unified else " (cache.n_seq_max, unified: false)"))
+    written = (f"{r.tokens} decoded tokens, {r.restored} rows state_read can restore, "
+               f"{r.copied} rows a cross-stream seq_cp can copy")
+    what = {
+        "cache": (f"the cache model for {streams} cells"
+                  + (f" and cache.n_seq_max {cfg.n_seq_max} sequences" if cfg.unified
+                     and cfg.n_seq_max > 1 else ""),
+                  ("cache.kv_size", "cache.n_seq_max")),
+        "values": (f"values for up to {r.value_rows} rows x cache.n_embd {cfg.n_embd} "
+                   f"({written}, padding), with a slot map of every one of the "
+                   f"{cfg.n_rows} rows ({streams})",
+                   ("cache.n_embd", "tokens", "cache.kv_size")),
+        "engine": (f"the layout and plans of up to {cfg.n_seq_max} sequences x {r.cells} cells",
+                   ("cache.n_seq_max", "tokens", "cache.kv_size")),
+        "runtime": (f"Python, numpy{' and numba' if b.backend == 'numba' else ''}", ()),
+    }
+    phrases, fields = [], []
+    for part, n in sorted(b.parts.items(), key=lambda kv: -kv[1]):
+        if n == 0:
+            continue
+        text, drivers = what[part]
+        phrases.append(f"{format_bytes(n)} {text}")
+        fields += [f for f in drivers if f not in fields]
+    return phrases, tuple(fields)
+
+
+def check_replay_memory(trace: Trace, backend: str, max_bytes: int | None, *,
+                        cell_map: bool = False) -> MemoryBound:
+    """The bound of `memory_bound`; raises ReplayTooLarge when it is over `max_bytes`
+    (None: no budget)."""
+    b = memory_bound(trace, backend, cell_map=cell_map)
+    if max_bytes is not None and b.total > max_bytes:
+        phrases, fields = _explain(trace, b)
+        where = trace.path if trace.path != "<built>" else (trace.name or "the trace")
+        message = (f"{where}: replaying it can need up to {format_bytes(b.total)}, over the "
+                   f"memory budget of {format_bytes(max_bytes)} (--max-memory): "
+                   + "; ".join(phrases)
+                   + ". Lower cache.kv_size, cache.n_embd or cache.n_seq_max, decode fewer "
+                     "tokens, use a smaller --backend (none needs no value rows), or raise "
+                     "--max-memory.")
+        raise ReplayTooLarge(message, b, max_bytes, fields)
+    return b
+
+
+# -- the budget ---------------------------------------------------------------------------
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name == key:
+                    return int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return int(text)
+    except (OSError, ValueError):  # missing, or "max"
+        return None
+
+
+def _cgroup_headroom() -> int | None:
+    """The memory this process's cgroup may still take (v2 memory.max, v1 limit)."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        lim = _read_int(limit)
+        if lim is not None and lim < 1 << 60:  # v1 says "no limit" with a huge number
+            return max(0, lim - (_read_int(usage) or 0))
+    return None
+
+
+def _physical() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def default_max_memory() -> int | None:
+    """Half of the memory available now (MemAvailable, capped by the cgroup's
+    headroom), else half of physical memory; None when neither is known."""
+    known = [n for n in (_meminfo("MemAvailable") or _physical(), _cgroup_headroom())
+             if n is not None]
+    return min(known) // 2 if known else None
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30, "t": 1 << 40,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_memory(text: str) -> int | None:
+    """`--max-memory`: a size ("512M", "8G", "8GiB", "2.5GB", bytes), or "none" / "0"
+    for no budget. Raises ValueError for anything else."""
+    t = text.strip().lower()
+    if t in ("none", "0", "off", "unlimited"):
+        return None
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = t[len(num):].strip() if num else t
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"not a memory size: {text!r} (e.g. 512M, 8G, 8GiB, or none)")
+    return int(value * _UNITS[unit])
