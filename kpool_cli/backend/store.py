@@ -46,6 +46,7 @@ what a trace can make it hold (`budget.py` adds the other parts of a replay).
 from __future__ import annotations
 
 import mmap
+import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,7 +72,15 @@ NEVER, POOLED, PADDING, DECODE_ZERO, DROP_ZERO, RESTORED, COPIED, CLEARED = rang
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        from . import kernels
+        # numba compiles (or loads its cache) while kernels.py is imported, partly in
+        # ctypes callbacks, where the KeyboardInterrupt of a Ctrl-C is printed and lost
+        # (the run went on and exited 0): hold SIGINT and SIGTERM until the import is
+        # done; they are delivered, and answered, right after
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            from . import kernels
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return kernels
     if name == "numpy":
         from . import reference
