@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,9 @@ from test_engine_rules import TRACES
 from kpool_cli.backend import keys, reference
 from kpool_cli.backend.store import ValueBackend, kernel_module, make_backend
 from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
-from kpool_cli.records import UbatchRecord
+from kpool_cli.records import OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
-from kpool_cli.trace.load import load_trace
+from kpool_cli.trace.load import load_trace, load_trace_text
 from kpool_cli.trace.model import Trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -366,3 +367,32 @@ def test_pool_bits_construction_matches_the_pow2_table():
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
     p = (2.0 ** -gaps).astype(np.float32)  # exact
     assert np.array_equal(a[:, 0], np.float32(1.0) / (np.float32(1.0) + p))
+
+
+def test_llama_kv_cache_clear_keeps_the_copy_that_then_overwrites_a_restore():
+    """llama_kv_cache::clear leaves the queued cross-stream copy (sc_info) in place, and
+    llama_kv_cache::update applies it at the next decode, copying the source stream's
+    rows as they are then (zero, after the clear) over the destination's: the rows a
+    state_read put in stream 1 between the two are overwritten. Rows: stream s is
+    global rows 8 * s + cell; the restore places seq 1's 4 tokens in cells 0..3."""
+    t = load_trace_text(textwrap.dedent("""\
+        kpool_trace: 1
+        cache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false}
+        ops:
+          - decode: {seq: 0, pos: 0..4}
+          - state_write: {seq: 0, slot: a}
+          - seq_cp: {src: 0, dst: 1}
+          - clear: {}
+          - state_read: {seq: 1, slot: a}
+          - decode: {seq: 1, pos: 4}
+        """))
+    backend = ValueBackend(t.cache, t.seed, "numpy")
+    rp = Replayer(t, VERSIONS["rep-once"], backend)
+    restored = None
+    for rec in rp.run():
+        if isinstance(rec, OpEvent) and rec.kind == "state_read":
+            restored = backend.row_values("key", np.arange(8, 12))
+    assert restored is not None and np.any(restored != 0)
+    after = backend.row_values("key", np.arange(8, 12))
+    assert not np.any(after)  # the pending copy of the cleared stream 0 landed on them
+    assert np.any(backend.row_values("key", np.array([12])))  # the decode's own row

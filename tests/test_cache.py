@@ -166,6 +166,19 @@ def test_s2_cross_stream_copy_ignores_the_range_and_copies_the_head():
     c.check_invariants()
 
 
+def test_llama_kv_cache_clear_keeps_the_pending_stream_copies():
+    """llama_kv_cache::clear resets cells and heads but not `sc_info`: the copy a
+    cross-stream seq_cp queued is still applied at the next update."""
+    c = cache(unified=False)
+    decode(c, 0, range(5))
+    c.seq_cp(0, 1, -1, -1)
+    c.clear()
+    assert all(st.head == 0 for st in c.streams)
+    assert c.seq_pos_max(0) == c.seq_pos_max(1) == -1
+    assert c.take_pending_copies() == [(0, 1)]
+    assert c.take_pending_copies() == []  # taken once
+
+
 def toks(*specs) -> tuple[Token, ...]:
     return tuple(Token(pos=p, seq=tuple(s)) for p, s in specs)
 

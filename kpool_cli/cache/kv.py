@@ -226,10 +226,13 @@ class KvCache:
             self.stream(s).div_pos(s, lo, hi, d)
 
     def clear(self) -> None:
+        """llama_kv_cache::clear: every cell empty, every head 0. The stream copies a
+        cross-stream seq_cp queued stay queued (clear does not touch `sc_info`): the
+        next update still copies the source stream's rows, as they are then, over the
+        destination's."""
         for st in self.streams:
             st.reset()
             st.head = 0
-        self.pending_copies.clear()
 
     # -- find_slot / apply_ubatch (ENGINE.md §3) ---------------------------------------
 
