@@ -8,6 +8,7 @@ traceback; `--output` files are written whole or not at all.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -308,9 +309,13 @@ def engines_cmd() -> None:
               help="Replay traces on N processes.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
               metavar="N", help="Refuse, before replaying, a trace of more than N tokens.")
+@click.option("--max-memory", metavar="SIZE", callback=_memory_budget,
+              help="Refuse, before replaying it, a trace whose replay can need more memory "
+                   "than SIZE (512M, 8G, or none) [default: half of the memory available].")
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
-             backend: str | None, jobs: int, max_tokens: int) -> None:
+             backend: str | None, jobs: int, max_tokens: int, max_memory: int | None
+             ) -> None:
     """Compare two engine versions on TRACES, or two saved JSON reports.
 
     \b
@@ -345,7 +350,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
             _fail(f"--ignore {s}: no finding code starts with it (codes: {', '.join(CODES)})")
     try:
         pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
-                                 force=force, max_tokens=max_tokens)
+                                 force=force, max_tokens=max_tokens, max_memory=max_memory)
     except DiffInputError as e:
         _fail(str(e))
         return
@@ -384,9 +389,11 @@ def main() -> None:
     (`kpool replay t.yaml | head -1`): never 1, which means findings."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        code = cli.main(standalone_mode=False)
+        code = cli.main(prog_name="kpool", standalone_mode=False)
     except click.ClickException as e:  # bad usage: click's message and usage line
-        e.show()
+        shown = io.StringIO()
+        e.show(file=shown)  # it quotes the arguments: made visible like any input
+        _stderr_line(visible(shown.getvalue().rstrip("\n"), keep_newlines=True))
         code = e.exit_code
     except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
         _stderr_line("kpool: interrupted")
@@ -402,6 +409,11 @@ def main() -> None:
         code = EXIT_BROKEN_PIPE
     except OutputError as e:  # a missing or read-only directory, a full disk ...
         _stderr_line(f"kpool: {visible(str(e))}")
+        code = EXIT_BAD_INPUT
+    except MemoryError:  # over a limit the budget cannot see (ulimit -v, a cgroup)
+        _stderr_line("kpool: out of memory: this replay needs more memory than the process "
+                     "may take (ulimit, cgroup); --max-memory sets the budget checked before "
+                     "a replay starts")
         code = EXIT_BAD_INPUT
     except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
         _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"

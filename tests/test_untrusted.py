@@ -390,3 +390,45 @@ def test_a_replay_over_the_memory_budget_is_refused_before_it_starts(tmp_path):
     assert r.returncode == 2 and "not a memory size: 'lots'" in r.stderr
     r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "none", "-q")
     assert r.returncode == 0
+
+
+def test_usage_errors_show_the_arguments_visibly():
+    r = kpool("explain", "kp001", "\u202eKP001\x1b[2J")
+    assert r.returncode == 2
+    assert "\u202e" not in r.stderr and "\x1b" not in r.stderr
+    assert "\\u202eKP001" in r.stderr and "Usage: kpool explain" in r.stderr
+
+
+def test_odd_paths_are_named_not_crashed_on(tmp_path):
+    r = kpool("replay", "")
+    assert r.returncode == 2 and "'':0:0: <file>: the trace path is empty" in r.stderr
+    raw = os.fsencode(str(tmp_path)) + b"/\xff\xfe.yaml"
+    with open(raw, "wb") as f:
+        f.write(b"kpool_trace: 1\ncache: 3\nops: []\n")
+    r = subprocess.run([*KPOOL, "replay", os.fsdecode(raw)], capture_output=True, cwd=ROOT,
+                       timeout=120)
+    err = r.stderr.decode("utf-8")  # kpool's stderr is UTF-8, whatever the file name
+    assert r.returncode == 2 and "\\udcff\\udcfe.yaml:2:8: cache" in err
+    assert "internal error" not in err
+
+
+def _small_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_running_out_of_memory_past_the_budget_is_exit_2(tmp_path):
+    """A limit the budget cannot see (ulimit -v): the allocation fails, and kpool says
+    so in one line, exit 2, never an internal error."""
+    t = write(tmp_path / "t.yaml", """\
+        kpool_trace: 1
+        cache: {kv_size: 8388608, kpool: 4, n_seq_max: 64, unified: false, n_embd: 1}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+        """)
+    r = subprocess.run([*KPOOL, "replay", str(t), "--backend", "numpy", "--max-memory", "none"],
+                       capture_output=True, text=True, cwd=ROOT, preexec_fn=_small_memory,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("kpool: out of memory") and "Traceback" not in r.stderr
+    r = kpool("diff", str(t), "--max-memory", "512M")
+    assert r.returncode == 2 and "over the memory budget of 512.0 MiB" in r.stderr

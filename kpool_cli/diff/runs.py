@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
 from ..engine.versions import load_version
 from ..replay import replay
@@ -37,11 +38,13 @@ class Unit:
     engine: str  # a registered name or package.module:Name
     backend: str  # numba | numpy | none
     max_tokens: int = MAX_TOKENS  # the loader's bound on the trace's tokens
+    max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
 
 
 def run_unit(unit: Unit) -> RunSummary:
     """Replay one trace under one engine and summarise it (a pure unit of work)."""
     trace = load_trace(unit.trace_path, max_tokens=unit.max_tokens)
+    check_replay_memory(trace, unit.backend, unit.max_memory)
     version = load_version(unit.engine)
     records = replay(trace, version, make_backend(unit.backend, trace))
     return from_records(records, path=trace.path, name=trace.name, sha256=trace.sha256,
@@ -142,7 +145,8 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
 
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
-           jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS
+           jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS,
+           max_memory: int | None = None
            ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
     """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
@@ -184,14 +188,14 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
-        summaries = run_units([Unit(p, e, backend, max_tokens) for p in paths
+        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory) for p in paths
                                for e in (base, head)], jobs)
     except TraceError as e:
         raise DiffInputError(
             "invalid trace\n" + "\n".join(visible(str(p)) for p in e.problems)
             + (f"\n(stopped after {len(e.problems)} problems)" if e.truncated else "")
         ) from None
-    except VersionError as e:
+    except (VersionError, ReplayTooLarge) as e:
         raise DiffInputError(visible(str(e))) from None
     except BrokenProcessPool as e:
         raise DiffInputError(f"a replay process died ({visible(str(e))}): run with --jobs 1 "

@@ -197,6 +197,8 @@ def load_trace(path: str | Path, *, max_tokens: int = MAX_TOKENS) -> Trace:
     not UTF-8, too large, invalid)."""
     _check_max_tokens(max_tokens)
     file = str(path)
+    if not file:
+        raise TraceError([Problem("''", 0, 0, "<file>", "the trace path is empty")])
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES + 1)
