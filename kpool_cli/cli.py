@@ -94,6 +94,18 @@ def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int]
         raise click.BadParameter(str(e)) from e
 
 
+class _OutOfMemory(Exception):
+    """A MemoryError, with the trace whose replay ran out."""
+
+
+@contextlib.contextmanager
+def _naming_the_trace(trace) -> Iterator[None]:
+    try:
+        yield
+    except MemoryError:
+        raise _OutOfMemory(trace.path) from None
+
+
 class _ReaderLeft(Exception):
     """stdout's reader left (a BrokenPipeError), carried past click, which would turn
     it into exit 1."""
@@ -197,27 +209,28 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
             if text is None and len(runs) > 1:
                 out.write("[\n")
             for n, (trace, version) in enumerate(runs):
-                tally = Tally(fail_on=fail_on, check=check)
-                records = replay(trace, version, make_backend(backend, trace),
-                                 pools_all=pools == "all", cell_map=bool(text and text.rich))
-                value_backend = None if backend == "none" else backend
-                if text is not None:
-                    text.run(trace, version, value_backend, records, tally,
-                             Selection.of(trace, ubatch, seq, only_findings), pools == "all")
+                with _naming_the_trace(trace):
+                    tally = Tally(fail_on=fail_on, check=check)
+                    records = replay(trace, version, make_backend(backend, trace),
+                                     pools_all=pools == "all", cell_map=bool(text and text.rich))
+                    value_backend = None if backend == "none" else backend
+                    if text is not None:
+                        text.run(trace, version, value_backend, records, tally,
+                                 Selection.of(trace, ubatch, seq, only_findings), pools == "all")
+                        worst = max(worst, tally.exit_code)
+                        continue
+                    if n:
+                        out.write(",\n")
+                    ticker = ticker_for(trace, quiet=quiet, color=color, shares_terminal=False)
+                    try:
+                        write_report(out, trace, version.name, value_backend,
+                                     ticking(records, ticker), tally)
+                    finally:
+                        ticker.close()
                     worst = max(worst, tally.exit_code)
-                    continue
-                if n:
-                    out.write(",\n")
-                ticker = ticker_for(trace, quiet=quiet, color=color, shares_terminal=False)
-                try:
-                    write_report(out, trace, version.name, value_backend,
-                                 ticking(records, ticker), tally)
-                finally:
-                    ticker.close()
-                worst = max(worst, tally.exit_code)
-                if tally.problems:  # the report says why and closes; no further trace runs
-                    invalid = TraceError(tally.problems)
-                    break
+                    if tally.problems:  # the report says why and closes; no further trace runs
+                        invalid = TraceError(tally.problems)
+                        break
             if text is None:
                 out.write("\n]\n" if len(runs) > 1 else "\n")
             else:
@@ -410,10 +423,11 @@ def main() -> None:
     except OutputError as e:  # a missing or read-only directory, a full disk ...
         _stderr_line(f"kpool: {visible(str(e))}")
         code = EXIT_BAD_INPUT
-    except MemoryError:  # over a limit the budget cannot see (ulimit -v, a cgroup)
-        _stderr_line("kpool: out of memory: this replay needs more memory than the process "
-                     "may take (ulimit, cgroup); --max-memory sets the budget checked before "
-                     "a replay starts")
+    except (MemoryError, _OutOfMemory) as e:  # over a limit the budget cannot see (ulimit -v)
+        where = f"{visible(str(e))}: " if isinstance(e, _OutOfMemory) else ""
+        _stderr_line(f"kpool: {where}out of memory: this replay needs more memory than the "
+                     "process may take (ulimit, cgroup); --max-memory sets the budget checked "
+                     "before a replay starts")
         code = EXIT_BAD_INPUT
     except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
         _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"

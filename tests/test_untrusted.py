@@ -429,6 +429,23 @@ def test_running_out_of_memory_past_the_budget_is_exit_2(tmp_path):
                        capture_output=True, text=True, cwd=ROOT, preexec_fn=_small_memory,
                        timeout=120)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.startswith("kpool: out of memory") and "Traceback" not in r.stderr
+    assert r.stderr.startswith(f"kpool: {t}: out of memory") and "Traceback" not in r.stderr
     r = kpool("diff", str(t), "--max-memory", "512M")
     assert r.returncode == 2 and "over the memory budget of 512.0 MiB" in r.stderr
+
+
+def test_the_default_budget_sees_ulimit_v(tmp_path):
+    """Under `ulimit -v` the default --max-memory is at most half of what the address
+    space still allows, so such a trace is refused before the replay, naming it."""
+    t = write(tmp_path / "t.yaml", """\
+        kpool_trace: 1
+        cache: {kv_size: 1048576, kpool: 4, n_seq_max: 256, unified: false, n_embd: 1}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+        """)
+    r = subprocess.run([*KPOOL, "replay", str(t), "--backend", "none"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                             (2 << 30, 2 << 30)))
+    assert r.returncode == 2 and r.stdout == ""
+    assert f"kpool: {t}: replaying it can need up to" in r.stderr

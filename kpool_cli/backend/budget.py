@@ -203,11 +203,27 @@ def _physical() -> int | None:
         return None
 
 
+def _address_space_headroom() -> int | None:
+    """What `ulimit -v` (RLIMIT_AS) still lets this process map, None when unlimited."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return max(0, soft - mapped)
+    except (ImportError, OSError, ValueError, IndexError):
+        return None
+
+
 def default_max_memory() -> int | None:
     """Half of the memory available now (MemAvailable, capped by the cgroup's
-    headroom), else half of physical memory; None when neither is known."""
-    known = [n for n in (_meminfo("MemAvailable") or _physical(), _cgroup_headroom())
-             if n is not None]
+    headroom and by what `ulimit -v` still allows), else half of physical memory;
+    None when none is known."""
+    known = [n for n in (_meminfo("MemAvailable") or _physical(), _cgroup_headroom(),
+                         _address_space_headroom()) if n is not None]
     return min(known) // 2 if known else None
 
 
