@@ -1,4 +1,4 @@
-"""The full robustness campaign of `kpool` over hostile inputs (issue 8, point 9).
+"""The full robustness campaign of `kpool` over hostile inputs.
 
     python tests/campaign_robustness.py --cases 10000 --seed 1 --jobs 2
     python tests/campaign_robustness.py --repro yaml 1/192     # rerun one case, verbosely

@@ -8,16 +8,27 @@
   Note: the replayer resets `stale` to CLEAN only when it resumes after a batch's
   ubatch 0, so at a ubatch-0 record `replayer.stale` is still the batch's snapshot.
 - the `checked_drive` fixture hands out `drive` (same invariant check).
+
+Hypothesis profiles (issue 9, point 4): "ci" is derandomised (the examples are a
+function of the test, so a run is repeatable), keeps no example database, and has
+no timing-based failures (no deadline, no too_slow health check); it is loaded
+when `CI` is set (not "", "0", "false", "no"), as CI services and .ci/run's
+callers do. "dev" is hypothesis's default (fresh examples every run, the local
+database). `HYPOTHESIS_PROFILE=ci|dev` chooses either explicitly; a profile a
+pytest plugin loaded first (the mutation run's `-p tests.mutation.hypothesis_profile`)
+or `--hypothesis-profile` is kept.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
@@ -26,6 +37,20 @@ from kpool_cli.trace.load import load_trace_text
 from kpool_cli.trace.model import Trace
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# both from hypothesis's "default", not from whatever profile is loaded now (recent
+# hypothesis loads its own "ci" profile when a CI variable is present, even empty)
+settings.register_profile("ci", settings.get_profile("default"), derandomize=True,
+                          database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("dev", settings.get_profile("default"))
+_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+_LOADED = (settings.get_current_profile_name()  # not in older hypothesis
+           if hasattr(settings, "get_current_profile_name") else settings._current_profile)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
+elif _LOADED in (None, "default", "ci"):  # hypothesis's own choice, not a plugin's
+    settings.load_profile("ci" if _CI else "dev")
 
 ENGINES = ("rep-once", "cache-safe")
 

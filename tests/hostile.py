@@ -1,4 +1,4 @@
-"""Hostile inputs for `kpool`, by class, and how to run and judge one (issue 8, point 9).
+"""Hostile inputs for `kpool`, by class, and how to run and judge one.
 
 Shared by the in-suite property test (`test_hostile_inputs.py`, a few hundred cases)
 and the full campaign (`campaign_robustness.py`, 10,000+ cases in killable worker

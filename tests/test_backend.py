@@ -1,4 +1,4 @@
-"""The value backend (ENGINE.md §8): keys, the numba kernels against their numpy
+"""The value backend (ENGINE.md §8): keys, the numba backend against its numpy
 twin (bit for bit), and the value verdicts KP001 (values), KP003 and KP004."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 from conftest import ENGINES, trace
 from test_engine_rules import TRACES
 
-from kpool_cli.backend import keys, reference
 from kpool_cli.backend.store import ValueBackend, kernel_module, make_backend
 from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
 from kpool_cli.records import OpEvent, UbatchRecord
@@ -23,7 +22,6 @@ from kpool_cli.trace.model import Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))
-kernels = kernel_module("numba")
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -46,90 +44,7 @@ def findings(records: list, code: str) -> list:
             if f.code == code]
 
 
-# -- the kernels: numba == numpy, bit for bit --------------------------------------------
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2**63 + 5])
-def test_key_rows_agree_and_are_in_range(seed: int) -> None:
-    rng = np.random.default_rng(seed % 1000)
-    n_rows, n_embd = 300, 48
-    rows = rng.permutation(n_rows)[:200].astype(np.int64)
-    ids = rng.integers(0, 2**40, 200).astype(np.int64)
-    ids[:7] = 0
-    state = keys.seed_state(seed)
-    got = [np.zeros((n_rows, n_embd), np.float32) for _ in range(4)]
-    kernels.write_keys(state, rows, ids, got[0], got[1])
-    reference.write_keys(state, rows, ids, got[2], got[3])
-    assert same(got[0], got[2]) and same(got[1], got[3])
-    k, g = keys.key_rows(seed, ids, n_embd)
-    assert same(got[0][rows], k) and same(got[1][rows], g)
-    assert np.all(k[:7] == 0) and np.all(g[:7] == 0)  # key id 0: a zeroed row
-    assert k.min() >= -1 and k.max() < 1
-    assert set(np.unique(g[7:]).tolist()) == set(range(-keys.GATE_MAX, keys.GATE_MAX + 1))
-
-
-def test_parallel_builds_agree() -> None:
-    """The opt-in parallel builds (KPOOL_NUMBA_PARALLEL=1) give the serial results."""
-    n = 3000
-    rows = np.arange(n, dtype=np.int64)[::-1].copy()
-    ids = np.arange(1, n + 1, dtype=np.int64)
-    a = [np.zeros((n, 16), np.float32) for _ in range(4)]
-    sig = kernels._WRITE_KEYS_SIG
-    kernels._parallel("write_keys", kernels._write_keys, sig)(np.uint64(9), rows, ids, a[0],
-                                                              a[1])
-    kernels._write_keys_serial(np.uint64(9), rows, ids, a[2], a[3])
-    assert same(a[0], a[2]) and same(a[1], a[3])
-    members = np.random.default_rng(0).integers(0, n, (2000, 4)).astype(np.int64)
-    out = np.empty((2000, 16), np.float32)
-    kernels._parallel("pool", kernels._pool_into, kernels._POOL_SIG)(a[0], a[1], members, out)
-    assert same(out, reference.pool(a[2], a[3], members))
-
-
-@pytest.mark.parametrize("kpool", [1, 2, 4, 8])
-@pytest.mark.parametrize("n", [0, 1, 37, 5000])
-def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
-    rng = np.random.default_rng(kpool * 100 + n)
-    n_rows, n_embd = 256, 32
-    key = np.zeros((n_rows, n_embd), np.float32)
-    gate = np.zeros((n_rows, n_embd), np.float32)
-    ids = rng.integers(0, 10**6, n_rows).astype(np.int64)
-    ids[::17] = 0
-    reference.write_keys(keys.seed_state(3), np.arange(n_rows), ids, key, gate)
-    members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
-    pk = kernels.pool(key, gate, members)
-    pn = reference.pool(key, gate, members)
-    assert same(pk, pn)
-    # scatter (distinct rows) and gather
-    pooled_k = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
-    pooled_n = pooled_k.copy()
-    m = min(n, n_rows)
-    rows = rng.permutation(n_rows)[:m].astype(np.int64)
-    src = rng.integers(0, max(n, 1), m).astype(np.int64)
-    kernels.scatter(pooled_k, rows, pk, src)
-    reference.scatter(pooled_n, rows, pn, src)
-    assert same(pooled_k, pooled_n)
-    look = rng.integers(0, n_rows, 50).astype(np.int64)
-    assert same(kernels.gather(pooled_k, look), reference.gather(pooled_n, look))
-    # the check: rows just scattered agree with their pooling, perturbed ones do not
-    if m:
-        members_m = members[src]
-        pooled_k[rows[0], 0] += 1
-        pooled_n[rows[0], 0] += 1
-        dk = kernels.pools_differ(key, gate, pooled_k, members_m, rows)
-        dn = reference.pools_differ(key, gate, pooled_n, members_m, rows)
-        assert np.array_equal(dk, dn)
-        assert dk[0] and not dk[1:].any()
-
-
-def test_pool_is_the_base2_softmax_mean() -> None:
-    """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
-    key = np.array([[0.5], [-0.25]], np.float32)
-    gate = np.array([[1.0], [0.0]], np.float32)
-    for mod in (kernels, reference):
-        out = mod.pool(key, gate, np.array([[0, 1]], np.int64))
-        w0 = np.float32(1) / np.float32(1.5)
-        w1 = np.float32(0.5) / np.float32(1.5)
-        assert out[0, 0] == np.float32(w0 * key[0, 0]) + np.float32(w1 * key[1, 0])
+# -- replays: numba == numpy, bit for bit (the kernels: test_backend_kernels.py) ----
 
 
 def _final_state_agrees(t: Trace, engine: str) -> None:
@@ -345,28 +260,6 @@ def test_repooling_one_side_of_a_rep_conflict_stales_the_other() -> None:
     kp3 = findings(recs, "KP003")
     assert [f.tokens for f in kp3] == [((4, 0),)]
     assert "pool 1:0's value (written at ubatch 4)" in kp3[0].message
-
-
-def test_pool_bits_construction_matches_the_pow2_table():
-    """kernels._pool_entry builds 2**-(max - g) from float32 bits; keys.POW2 is the
-    table the numpy twin reads: they must be the same numbers for every gate gap."""
-    from kpool_cli.backend import kernels, reference
-    from kpool_cli.backend.keys import GATE_MAX
-
-    gaps = np.arange(2 * GATE_MAX + 1)
-    # one entry per gap: member 0 has gate GATE_MAX, member 1 has GATE_MAX - gap
-    n_embd = 1
-    key = np.ones((2 * gaps.size, n_embd), dtype=np.float32)
-    key[1::2] = 0.0  # the pooled value is member 0's weight: 1 / (1 + 2**-gap)
-    gate = np.empty_like(key)
-    gate[0::2, 0] = GATE_MAX
-    gate[1::2, 0] = GATE_MAX - gaps
-    members = np.arange(2 * gaps.size, dtype=np.int64).reshape(-1, 2)
-    a = kernels.pool(key, gate, members)
-    b = reference.pool(key, gate, members)
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
-    p = (2.0 ** -gaps).astype(np.float32)  # exact
-    assert np.array_equal(a[:, 0], np.float32(1.0) / (np.float32(1.0) + p))
 
 
 def test_llama_kv_cache_clear_keeps_the_copy_that_then_overwrites_a_restore():

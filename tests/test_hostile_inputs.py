@@ -1,4 +1,4 @@
-"""Hostile inputs, property-tested (issue 8, point 9): whatever the trace, report or
+"""Hostile inputs, property-tested: whatever the trace, report or
 argument list, `kpool` exits 0, 1 or 2, never with a traceback or an "internal error",
 says what is wrong with which file when it exits 2, and stays within a time and
 memory bound.

@@ -1,4 +1,4 @@
-"""Tests of trace.load's bounds (issue 8, point 5, "refuse before spending"): every
+"""Tests of trace.load's bounds ("refuse before spending"): every
 bound is checked while the YAML is composed, or from a range's ends before the range
 is built, and the refusal names file, line, column, field and the bound crossed; and
 ints are plain decimal, with what to write instead of YAML 1.1's other forms.

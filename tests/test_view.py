@@ -119,20 +119,31 @@ def long_trace(n: int, partial_copy_at_end: bool = True) -> str:
 # -- snapshots ---------------------------------------------------------------------------
 
 
-def check_snapshot(name: str, text: str) -> None:
+def updating_snapshots() -> bool:
+    """KPOOL_UPDATE_SNAPSHOTS=1: write the snapshots instead of comparing with them."""
+    return os.environ.get("KPOOL_UPDATE_SNAPSHOTS", "") == "1"
+
+
+def check_snapshot(name: str, text: str, snapshots: Path = SNAPSHOTS) -> None:
+    """`text` must be snapshot `name`. A missing snapshot fails (a test that compares
+    with nothing proves nothing); KPOOL_UPDATE_SNAPSHOTS=1 writes it (and rewrites
+    every snapshot) instead."""
     assert not ANSI.search(text), "snapshots are plain text"
     text = "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
-    path = SNAPSHOTS / f"{name}.txt"
-    if os.environ.get("KPOOL_UPDATE_SNAPSHOTS") or not path.exists():
+    path = snapshots / f"{name}.txt"
+    if updating_snapshots():
         path.parent.mkdir(exist_ok=True)
         path.write_text(text, encoding="utf-8")
         return
+    if not path.exists():
+        pytest.fail(f"no snapshot {path.relative_to(path.parent.parent)}: write it with "
+                    "KPOOL_UPDATE_SNAPSHOTS=1, review it and commit it", pytrace=False)
     want = path.read_text(encoding="utf-8")
     assert text == want, (f"the view of {name} changed: review it and rerun with "
                           "KPOOL_UPDATE_SNAPSHOTS=1 if the change is intended")
 
 
-@pytest.mark.parametrize(("trace", "engine", "width"), [
+SNAPSHOT_CASES = [
     ("shared-prefix-race", "cache-safe", 80),
     ("shared-prefix-race", "rep-once", 80),
     ("shared-prefix-race", "cache-safe", 200),
@@ -140,10 +151,37 @@ def check_snapshot(name: str, text: str) -> None:
     ("non-unified", "rep-once", 80),
     ("rejected-decodes", "rep-once", 80),
     ("partial-copy", "cache-safe", 80),
-])
+]
+
+
+@pytest.mark.parametrize(("trace", "engine", "width"), SNAPSHOT_CASES)
 def test_snapshot(trace, engine, width):
     text = render(ROOT / "traces" / f"{trace}.yaml", engine, width)
     check_snapshot(f"{trace}.{engine}.{width}", text)
+
+
+def test_a_missing_snapshot_fails_unless_asked_to_write_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("KPOOL_UPDATE_SNAPSHOTS", raising=False)
+    with pytest.raises(pytest.fail.Exception, match=r"no snapshot .*KPOOL_UPDATE_SNAPSHOTS=1"):
+        check_snapshot("nowhere.rep-once.80", "a view\n", tmp_path / "snapshots")
+    assert not (tmp_path / "snapshots").exists()
+    for value in ("0", "yes", ""):  # only an explicit 1 writes
+        monkeypatch.setenv("KPOOL_UPDATE_SNAPSHOTS", value)
+        with pytest.raises(pytest.fail.Exception):
+            check_snapshot("nowhere.rep-once.80", "a view\n", tmp_path / "snapshots")
+    monkeypatch.setenv("KPOOL_UPDATE_SNAPSHOTS", "1")
+    check_snapshot("nowhere.rep-once.80", "a view  \n", tmp_path / "snapshots")
+    assert (tmp_path / "snapshots" / "nowhere.rep-once.80.txt").read_text() == "a view\n"
+    monkeypatch.delenv("KPOOL_UPDATE_SNAPSHOTS")
+    check_snapshot("nowhere.rep-once.80", "a view\n", tmp_path / "snapshots")
+    with pytest.raises(AssertionError, match="changed"):
+        check_snapshot("nowhere.rep-once.80", "another view\n", tmp_path / "snapshots")
+
+
+def test_every_snapshot_file_is_checked():
+    """A snapshot no test compares with is stale (a renamed trace or case)."""
+    used = {f"{t}.{e}.{w}.txt" for t, e, w in SNAPSHOT_CASES}
+    assert {p.name for p in SNAPSHOTS.glob("*.txt")} == used
 
 
 def test_the_race_view_shows_every_item():

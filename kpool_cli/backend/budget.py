@@ -1,4 +1,4 @@
-"""The memory a replay can need, known before it starts (issue 8, point 6).
+"""The memory a replay can need, known before it starts.
 
 Owns: `memory_bound` / `replay_bytes_bound` (the sum), `check_replay_memory` (raises
 `ReplayTooLarge`, whose message names the config fields that drive the need),

@@ -4,8 +4,13 @@ Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
 signature on C-contiguous arrays and numba's cache (unless it can cache nowhere:
 below); `reference.py` is its numpy twin, and the tests hold the two equal bit for
-bit. Kernels never validate: the wrappers in `store.py` set dtypes and contiguity,
-and index the arrays by slot (a row's place in the backend's storage), not by row.
+bit. Kernels never validate, and numba does not check an index (unless
+NUMBA_BOUNDSCHECK=1, which the tests use): the wrappers in `store.py`
+(`ValueBackend._k_*`) check every index array before a kernel runs (int64,
+C-contiguous, shapes that agree, every slot in use, sources within the values,
+distinct slots where one iteration writes each row) and raise `PlanError`
+otherwise, so a kernel is never handed an index outside its arrays. They index
+the arrays by slot (a row's place in the backend's storage), not by row.
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
@@ -19,7 +24,7 @@ parallel; 129 pool entries: 300 us vs 331 us; 65536 key rows: 18.3 ms vs 16.5 ms
 so they are opt-in: `KPOOL_NUMBA_PARALLEL=1` builds them on first use and uses
 them above a work threshold; `PARALLEL_USED` records whether a run used them.
 
-Where the compiled kernels are cached (issue 8, point 7). numba looks in
+Where the compiled kernels are cached. numba looks in
 NUMBA_CACHE_DIR, then the package's `__pycache__`, then the user's cache directory,
 and refuses every `cache=True` function ("cannot cache function") when it can
 write none of them: a shared install, a read-only home. So before the first

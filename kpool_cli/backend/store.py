@@ -39,6 +39,19 @@ Invariants:
 The kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
 bit-identical arrays. They index the slot arrays with slots, never rows.
 
+Kernel safety: the kernels never check an index (numba does not,
+unless NUMBA_BOUNDSCHECK=1), so nothing reaches them unchecked. The rows the replay
+hands in (a decode's rows, the plan's entries, the layout's rep and member rows)
+are checked where they come in (`_rows`: integers, the right shape, each in
+[0, n_rows), distinct where one writer per row is assumed), and every kernel runs
+through a `_k_*` method that checks what it is handed against the arrays it will
+read and write (`_index`: slots in use, sources within the values, shapes that
+agree). A bad index raises `PlanError` naming the array, the element and the row
+or slot, before any kernel runs: a bug in a plan is an error with a message, never
+a write outside an array. The checks are a min and a max per array (in Python for
+the few elements of a decode's arrays; a sort where rows must be distinct): about
+8 us of CPU a one-token ubatch, under 2% of the backend benchmark's replay.
+
 Memory: `bytes_held()` says what an instance holds, `ValueBackend.bytes_bound`
 what a trace can make it hold (`budget.py` adds the other parts of a replay).
 """
@@ -99,6 +112,100 @@ def _i64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+class PlanError(Exception):
+    """Indices a value kernel would be handed that are not inside its arrays (or that
+    break its one-writer-per-row contract): a bug in kpool's engine or backend (the
+    plan, the layout, the slot map), raised before any kernel runs. `where` is the
+    step or kernel, `name` the index array at fault."""
+
+    def __init__(self, message: str, where: str, name: str) -> None:
+        super().__init__(message)
+        self.where, self.name = where, name
+
+
+# arrays up to this size are checked in Python (tolist, min, max, set): a numpy
+# reduction costs about a microsecond even on one element, and most arrays of a
+# decode's ubatch have a handful
+_SMALL = 32
+_I64 = np.dtype(np.int64)
+ANY = None  # the `shape` of a 1-D index array of any length
+
+
+def _rows_of(a: np.ndarray, width: int) -> bool:
+    """`a` is a C-contiguous float32 array of rows `width` wide (by its strides)."""
+    return (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2
+            and a.shape[1] == width and a.strides == (4 * width, 4))
+
+
+def _index(a, lo: int | None, hi: int, shape: tuple[int | None, ...] | None,
+           distinct: bool, where: str, name: str, unit: str) -> np.ndarray:
+    """`a` as int64, C-contiguous, after checking it: integers of shape `shape` (ANY:
+    1-D, any length; a first size None: any), every element in [lo, hi) (lo None:
+    any value), and no element twice when `distinct` (1-D). Raises PlanError naming
+    the element at fault; `where` is the step, `name` the array, `unit` what an
+    element is ("row", "slot", "entry"). Positional, and the common case first: it
+    runs about ten times a ubatch."""
+    if type(a) is not np.ndarray or a.dtype is not _I64:
+        a = _as_int64(a, where, name, unit)
+    got = a.shape
+    if (len(got) != 1 if shape is None else got != shape and (
+            shape[0] is not None or len(got) != len(shape) or got[1:] != shape[1:])):
+        raise _shape_error(got, shape, where, name)
+    a = np.ascontiguousarray(a)  # `a` itself when it already is
+    if lo is None:
+        return a
+    n = a.size
+    if n <= _SMALL:
+        if n == 0:
+            return a
+        values = a.tolist() if len(got) == 1 else a.ravel().tolist()
+        if (min(values) >= lo and max(values) < hi
+                and (not distinct or n == 1 or len(set(values)) == n)):
+            return a
+    elif int(a.min()) >= lo and int(a.max()) < hi and (not distinct or _distinct(a)):
+        return a
+    raise _index_error(a, lo, hi, where, name, unit)
+
+
+def _shape_error(got: tuple[int, ...], shape: tuple[int | None, ...] | None, where: str,
+                 name: str) -> PlanError:
+    sizes = ["n" if w is None else str(w) for w in shape or (None,)]
+    want = f"({sizes[0]},)" if len(sizes) == 1 else f"({', '.join(sizes)})"
+    return PlanError(f"{where}: {name} has shape {got}, expected shape {want}", where, name)
+
+
+def _as_int64(a, where: str, name: str, unit: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise PlanError(f"{where}: {name} holds {a.dtype} values, not {unit} numbers",
+                        where, name)
+    return a.astype(np.int64)  # an unsigned value past int64 turns negative: refused
+
+
+def _distinct(a: np.ndarray) -> bool:
+    srt = np.sort(a, axis=None)
+    return not np.any(srt[1:] == srt[:-1])
+
+
+def _index_error(a: np.ndarray, lo: int, hi: int, where: str, name: str, unit: str
+                 ) -> PlanError:
+    """The PlanError of an index array `_index` refused: its first element out of
+    [lo, hi), else its first repeated element."""
+    flat = a.ravel()
+    out = np.flatnonzero((flat < lo) | (flat >= hi))
+    if out.size:
+        bad = int(out[0])
+        at = ", ".join(str(int(i)) for i in np.unravel_index(bad, a.shape))
+        units = unit[:-1] + "ies" if unit.endswith("y") else unit + "s"
+        valid = f"{units} {lo}..{hi - 1}" if hi > lo else f"no {unit} at all"
+        return PlanError(f"{where}: {name}[{at}] is {unit} {int(flat[bad])}, but it may "
+                         f"only name {valid} (a bug in kpool: no kernel was run)", where, name)
+    srt = np.sort(flat)
+    dup = int(srt[np.flatnonzero(srt[1:] == srt[:-1])[0]])
+    return PlanError(f"{where}: {unit} {dup} is in {name} more than once (the kernel "
+                     f"takes one writer per {unit})", where, name)
+
+
 def _anonymous_map(nbytes: int) -> mmap.mmap:
     """Zeroed private memory (MAP_PRIVATE: a shared anonymous map cannot grow past its
     first size; Windows has no flags)."""
@@ -157,6 +264,7 @@ class ValueBackend:
         self._max_slots = self.n_rows + 1
         self._cap = 0
         self._maps: dict[str, mmap.mmap] = {}
+        self._tables: tuple | None = None  # key, gate, pooled as last checked, their rows
         self.key = self.gate = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
         self.w_kind = np.empty(0, dtype=np.int8)
         self.w_ubatch = self.w_a = self.w_b = self.slot_row = np.empty(0, dtype=np.int64)
@@ -243,8 +351,76 @@ class ValueBackend:
         None: for small caches), float32 [len(rows), n_embd]."""
         if name not in ("key", "gate", "pooled"):
             raise ValueError(f"no row array {name!r}")
-        rows = np.arange(self.n_rows) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = (np.arange(self.n_rows) if rows is None
+                else self._rows(rows, ANY, False, "row_values", "rows"))
         return getattr(self, name)[self._slots(rows)]
+
+    # -- checks (kernel safety: the module docstring) ----------------------------------
+
+    def _rows(self, rows, shape: tuple[int | None, ...], distinct: bool, where: str,
+              name: str) -> np.ndarray:
+        """Rows handed in by the replay, checked (`_index`): every one in [0, n_rows)."""
+        return _index(rows, 0, self.n_rows, shape, distinct, where, name, "row")
+
+    def _check_tables(self, where: str) -> None:
+        """The slot arrays a kernel reads and writes: float32, C-contiguous, n_embd
+        wide, with a row for every slot in use (true by construction). Checked whole
+        when they are new (`_grow` forgets the last ones), else only their room."""
+        t = self._tables
+        if (t is not None and t[0] is self.key and t[1] is self.gate and t[2] is self.pooled
+                and self._n_slots <= t[3]):
+            return
+        for name, a in (("key", self.key), ("gate", self.gate), ("pooled", self.pooled)):
+            if not _rows_of(a, self.n_embd) or a.shape[0] < self._n_slots:
+                raise PlanError(f"{where}: the {name} array is {a.dtype} {a.shape}, not a "
+                                f"C-contiguous float32 array of {self._n_slots} slots x "
+                                f"{self.n_embd}", where, name)
+        self._tables = (self.key, self.gate, self.pooled,
+                        min(self.key.shape[0], self.gate.shape[0], self.pooled.shape[0]))
+
+    # -- the kernels, each behind its checks: slots in [first, slots in use) -----------------
+
+    def _k_write_keys(self, s: np.ndarray, key_ids: np.ndarray) -> None:
+        where = "write_keys"
+        self._check_tables(where)
+        s = _index(s, 1, self._n_slots, ANY, True, where, "slots", "slot")
+        if type(key_ids) is not np.ndarray or key_ids.dtype is not _I64 \
+                or key_ids.shape != s.shape or not key_ids.flags.c_contiguous:
+            key_ids = _index(key_ids, None, 0, s.shape, False, where, "key_ids", "key id")
+        self._timed(where, self.k.write_keys, self.state, s, key_ids, self.key, self.gate)
+
+    def _k_pool(self, members: np.ndarray) -> np.ndarray:
+        where = "pool"
+        self._check_tables(where)
+        members = _index(members, 0, self._n_slots, (None, self.kpool), False, where,
+                         "member slots", "slot")
+        return self._timed(where, self.k.pool, self.key, self.gate, members)
+
+    def _k_scatter(self, s: np.ndarray, vals: np.ndarray, src: np.ndarray) -> None:
+        where = "scatter"
+        self._check_tables(where)
+        s = _index(s, 1, self._n_slots, ANY, True, where, "slots", "slot")
+        if not _rows_of(vals, self.n_embd):
+            raise PlanError(f"{where}: the values are {vals.dtype} {vals.shape}, not a "
+                            f"C-contiguous float32 array of n x {self.n_embd}", where, "values")
+        src = _index(src, 0, vals.shape[0], s.shape, False, where, "sources", "entry")
+        self._timed(where, self.k.scatter, self.pooled, s, vals, src)
+
+    def _k_gather(self, s: np.ndarray) -> np.ndarray:
+        where = "gather"
+        self._check_tables(where)
+        s = _index(s, 0, self._n_slots, ANY, False, where, "slots", "slot")
+        return self._timed(where, self.k.gather, self.pooled, s)
+
+    def _k_pools_differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        where = "check"
+        self._check_tables(where)
+        members = _index(members, 0, self._n_slots, (None, self.kpool), False, where,
+                         "member slots", "slot")
+        reps = _index(reps, 0, self._n_slots, members.shape[:1], False, where, "rep slots",
+                      "slot")
+        return self._timed(where, self.k.pools_differ, self.key, self.gate, self.pooled,
+                           members, reps)
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -287,6 +463,7 @@ class ValueBackend:
         is used. Where a map cannot grow (a view of the array still alive, another
         platform) a new one is mapped and the slots copied."""
         new = min(self._max_slots, max(need, self._cap + self._cap // self.SLOT_GROWTH))
+        self._tables = None  # it holds the arrays: the maps could not grow in place
         for name, dtype, wide in self.SLOT_ARRAYS:
             width = self.n_embd if wide else 1
             nbytes = new * width * np.dtype(dtype).itemsize
@@ -352,10 +529,10 @@ class ValueBackend:
 
     def write_rows(self, rows: np.ndarray, key_ids: np.ndarray) -> None:
         """A ubatch's cells are written: new key and gate rows, pooled slots zeroed."""
-        rows, key_ids = _i64(rows), _i64(key_ids)
+        rows = self._rows(rows, ANY, True, "write_rows", "rows")
+        key_ids = _index(key_ids, None, 0, rows.shape, False, "write_rows", "key_ids", "key id")
         s = self._own(rows, zero_new=False)
-        self._timed("write_keys", self.k.write_keys, self.state, s, key_ids, self.key,
-                    self.gate)
+        self._k_write_keys(s, key_ids)
         self.pooled[s] = 0
         self._set_writer(s, DECODE_ZERO)
         self._drop_alt(rows)
@@ -364,7 +541,7 @@ class ValueBackend:
     def zero_rows(self, rows: np.ndarray) -> None:
         """state_drop: rows only the dropped sequence held are zeroed whole (a zero row
         already is: see the module docstring)."""
-        rows = _i64(rows)
+        rows = self._rows(rows, ANY, True, "zero_rows", "rows")
         s = self._slots(rows)
         has = s > 0
         rows, s = rows[has], s[has]
@@ -378,6 +555,11 @@ class ValueBackend:
     def copy_stream(self, src: int, dst: int) -> None:
         """Cross-stream seq_cp: every row of stream src (pooled slots included) to dst.
         Costs the rows of the two streams that have slots."""
+        n_stream = self.config.n_stream
+        for name, strm in (("src", src), ("dst", dst)):
+            if not 0 <= strm < n_stream:
+                raise PlanError(f"copy_stream: {name} is stream {strm}, outside the "
+                                f"{n_stream} streams 0..{n_stream - 1}", "copy_stream", name)
         kv = self.kv_size
         live = self._live_rows()
         src_rows = live[(live >= src * kv) & (live < (src + 1) * kv)]
@@ -401,15 +583,18 @@ class ValueBackend:
 
     def snapshot(self, slot: str, rows: np.ndarray) -> None:
         """state_write: save the rows whole (pooled slots included), in snapshot order."""
-        rows = _i64(rows)
+        rows = self._rows(rows, ANY, True, "snapshot", "rows")
         s = self._slots(rows)
         alt = {i: self.alt[r] for i, r in enumerate(rows.tolist()) if r in self.alt}
         self.snapshots[slot] = _Saved(self.key[s], self.gate[s], self.pooled[s], alt)
 
     def restore(self, slot: str, rows: np.ndarray) -> None:
         """state_read: the saved rows come back whole into `rows` (snapshot order)."""
-        rows = _i64(rows)
+        rows = self._rows(rows, ANY, True, "restore", "rows")
         saved = self.snapshots[slot]
+        if rows.size != saved.key.shape[0]:
+            raise PlanError(f"restore: {rows.size} rows for snapshot {slot!r} of "
+                            f"{saved.key.shape[0]}", "restore", "rows")
         s = self._own(rows, zero_new=False)
         self.key[s] = saved.key
         self.gate[s] = saved.gate
@@ -453,16 +638,20 @@ class ValueBackend:
     def _scatter(self, layout: Layout, plan: ScatterPlan) -> np.ndarray:
         """Pool every entry, store the last entry's value per row (set_rows run
         sequentially), remember the racing writers. Returns [n_new_g, n_embd]."""
-        rep = plan.entry_rep
-        vals = self._timed("pool", self.k.pool, self.key, self.gate,
-                           self._slots(plan.entry_rows))
-        if rep.size == 0:
+        rep = self._rows(plan.entry_rep, ANY, False, "run_ubatch", "the plan's entry_rep")
+        n = rep.size
+        entry_rows = self._rows(plan.entry_rows, (n, self.kpool), False, "run_ubatch",
+                                "the plan's entry_rows")
+        _index(plan.entry_pool, -1, layout.n_pool_real, rep.shape, False, "run_ubatch",
+               "the plan's entry_pool", "pool")
+        vals = self._k_pool(self._slots(entry_rows))
+        if n == 0:
             return vals
         order, starts, rows = values.race_groups(rep)
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = self._own(rows, zero_new=True)
-        self._timed("scatter", self.k.scatter, self.pooled, s, vals, _i64(win))
+        self._k_scatter(s, vals, win)
         pools = plan.entry_pool[win]
         real = pools >= 0
         self._set_writer(s[~real], PADDING)
@@ -487,8 +676,9 @@ class ValueBackend:
     def _differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """[n] bool: rep row differs from the pooling, or raced with different values
         (then one of them differs from any pooling)."""
-        bad = self._timed("check", self.k.pools_differ, self.key, self.gate, self.pooled,
-                          self._slots(members), self._slots(reps))
+        members = self._rows(members, (None, self.kpool), False, "check", "member rows")
+        reps = self._rows(reps, members.shape[:1], False, "check", "rep rows")
+        bad = self._k_pools_differ(self._slots(members), self._slots(reps))
         if self.alt:
             bad |= np.isin(reps, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
         return bad
@@ -552,7 +742,8 @@ class ValueBackend:
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells
         (ggml_get_rows), as the graph reads them."""
-        return self._timed("gather", self.k.gather, self.pooled, self._slots(layout.pool_cells()))
+        rows = self._rows(layout.pool_cells(), ANY, False, "gather", "the layout's pool_cells")
+        return self._k_gather(self._slots(rows))
 
     # -- messages -------------------------------------------------------------------------
 

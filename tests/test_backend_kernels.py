@@ -1,0 +1,475 @@
+"""The value kernels and their safety (issue 9, point 5).
+
+- the numba kernels (kernels.py) against their numpy twin (reference.py), bit for
+  bit, on arrays built here;
+- the wrappers (store.py `ValueBackend`) check every index before a kernel runs:
+  bad rows from the replay (out of range, repeated where a kernel takes one writer
+  per row, not integers, the wrong shape), a doctored scatter plan, a corrupt slot
+  map: each is a `PlanError` naming the row or slot, never a write outside an
+  array, and a refused plan leaves the backend as it was;
+- this module runs again in a subprocess with NUMBA_BOUNDSCHECK=1 and a fresh
+  NUMBA_CACHE_DIR (`test_kernel_tests_pass_with_numba_boundscheck`), with the
+  numba replays of the shipped traces. The directory must be fresh: numba's cache
+  does not key on boundscheck, so kernels compiled without it would be loaded and
+  run unchecked. There `test_numba_boundscheck_is_on` proves the checks took: an
+  out-of-range index raises IndexError inside the kernel itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numba
+import numpy as np
+import pytest
+from conftest import ENGINES
+
+from kpool_cli.backend import keys, reference
+from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
+from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.records import UbatchRecord
+from kpool_cli.replay import Replayer
+from kpool_cli.trace.load import load_trace
+from kpool_cli.trace.model import CacheConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))
+kernels = kernel_module("numba")
+BACKENDS = ("numba", "numpy")
+BOUNDSCHECK = bool(numba.config.BOUNDSCHECK)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(bits(a), bits(b))
+
+
+# -- the kernels: numba == numpy, bit for bit --------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63 + 5])
+def test_key_rows_agree_and_are_in_range(seed: int) -> None:
+    rng = np.random.default_rng(seed % 1000)
+    n_rows, n_embd = 300, 48
+    rows = rng.permutation(n_rows)[:200].astype(np.int64)
+    ids = rng.integers(0, 2**40, 200).astype(np.int64)
+    ids[:7] = 0
+    state = keys.seed_state(seed)
+    got = [np.zeros((n_rows, n_embd), np.float32) for _ in range(4)]
+    kernels.write_keys(state, rows, ids, got[0], got[1])
+    reference.write_keys(state, rows, ids, got[2], got[3])
+    assert same(got[0], got[2]) and same(got[1], got[3])
+    k, g = keys.key_rows(seed, ids, n_embd)
+    assert same(got[0][rows], k) and same(got[1][rows], g)
+    assert np.all(k[:7] == 0) and np.all(g[:7] == 0)  # key id 0: a zeroed row
+    assert k.min() >= -1 and k.max() < 1
+    assert set(np.unique(g[7:]).tolist()) == set(range(-keys.GATE_MAX, keys.GATE_MAX + 1))
+
+
+def test_parallel_builds_agree() -> None:
+    """The opt-in parallel builds (KPOOL_NUMBA_PARALLEL=1) give the serial results."""
+    n = 3000
+    rows = np.arange(n, dtype=np.int64)[::-1].copy()
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    a = [np.zeros((n, 16), np.float32) for _ in range(4)]
+    sig = kernels._WRITE_KEYS_SIG
+    kernels._parallel("write_keys", kernels._write_keys, sig)(np.uint64(9), rows, ids, a[0],
+                                                              a[1])
+    kernels._write_keys_serial(np.uint64(9), rows, ids, a[2], a[3])
+    assert same(a[0], a[2]) and same(a[1], a[3])
+    members = np.random.default_rng(0).integers(0, n, (2000, 4)).astype(np.int64)
+    out = np.empty((2000, 16), np.float32)
+    kernels._parallel("pool", kernels._pool_into, kernels._POOL_SIG)(a[0], a[1], members, out)
+    assert same(out, reference.pool(a[2], a[3], members))
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 4, 8])
+@pytest.mark.parametrize("n", [0, 1, 37, 5000])
+def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
+    rng = np.random.default_rng(kpool * 100 + n)
+    n_rows, n_embd = 256, 32
+    key = np.zeros((n_rows, n_embd), np.float32)
+    gate = np.zeros((n_rows, n_embd), np.float32)
+    ids = rng.integers(0, 10**6, n_rows).astype(np.int64)
+    ids[::17] = 0
+    reference.write_keys(keys.seed_state(3), np.arange(n_rows), ids, key, gate)
+    members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
+    pk = kernels.pool(key, gate, members)
+    pn = reference.pool(key, gate, members)
+    assert same(pk, pn)
+    # scatter (distinct rows) and gather
+    pooled_k = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
+    pooled_n = pooled_k.copy()
+    m = min(n, n_rows)
+    rows = rng.permutation(n_rows)[:m].astype(np.int64)
+    src = rng.integers(0, max(n, 1), m).astype(np.int64)
+    kernels.scatter(pooled_k, rows, pk, src)
+    reference.scatter(pooled_n, rows, pn, src)
+    assert same(pooled_k, pooled_n)
+    look = rng.integers(0, n_rows, 50).astype(np.int64)
+    assert same(kernels.gather(pooled_k, look), reference.gather(pooled_n, look))
+    # the check: rows just scattered agree with their pooling, perturbed ones do not
+    if m:
+        members_m = members[src]
+        pooled_k[rows[0], 0] += 1
+        pooled_n[rows[0], 0] += 1
+        dk = kernels.pools_differ(key, gate, pooled_k, members_m, rows)
+        dn = reference.pools_differ(key, gate, pooled_n, members_m, rows)
+        assert np.array_equal(dk, dn)
+        assert dk[0] and not dk[1:].any()
+
+
+def test_pool_is_the_base2_softmax_mean() -> None:
+    """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
+    key = np.array([[0.5], [-0.25]], np.float32)
+    gate = np.array([[1.0], [0.0]], np.float32)
+    for mod in (kernels, reference):
+        out = mod.pool(key, gate, np.array([[0, 1]], np.int64))
+        w0 = np.float32(1) / np.float32(1.5)
+        w1 = np.float32(0.5) / np.float32(1.5)
+        assert out[0, 0] == np.float32(w0 * key[0, 0]) + np.float32(w1 * key[1, 0])
+
+
+def test_pool_bits_construction_matches_the_pow2_table():
+    """kernels._pool_entry builds 2**-(max - g) from float32 bits; keys.POW2 is the
+    table the numpy twin reads: they must be the same numbers for every gate gap."""
+    GATE_MAX = keys.GATE_MAX
+    gaps = np.arange(2 * GATE_MAX + 1)
+    # one entry per gap: member 0 has gate GATE_MAX, member 1 has GATE_MAX - gap
+    n_embd = 1
+    key = np.ones((2 * gaps.size, n_embd), dtype=np.float32)
+    key[1::2] = 0.0  # the pooled value is member 0's weight: 1 / (1 + 2**-gap)
+    gate = np.empty_like(key)
+    gate[0::2, 0] = GATE_MAX
+    gate[1::2, 0] = GATE_MAX - gaps
+    members = np.arange(2 * gaps.size, dtype=np.int64).reshape(-1, 2)
+    a = kernels.pool(key, gate, members)
+    b = reference.pool(key, gate, members)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    p = (2.0 ** -gaps).astype(np.float32)  # exact
+    assert np.array_equal(a[:, 0], np.float32(1.0) / (np.float32(1.0) + p))
+
+
+# -- the wrappers check every index before a kernel runs ---------------------------------
+
+CFG = CacheConfig(kv_size=16, kpool=4, n_seq_max=2)  # 16 rows, one stream
+CFG_STREAMS = CacheConfig(kv_size=8, kpool=2, n_seq_max=2, unified=False)  # 2 streams
+
+
+def state(be: ValueBackend) -> tuple:
+    """Everything a refused call must leave as it was (arrays as bytes)."""
+    n = be._n_slots
+    arrays = (be.slot_of, be._free, be.key[:n], be.gate[:n], be.pooled[:n], be.w_kind[:n],
+              be.w_ubatch[:n], be.slot_row[:n], be._kdirty, be._pdirty, *be.bad)
+    return (n, be.n_ubatch, sorted(be.alt), sorted(be.snapshots),
+            tuple((a.shape, a.tobytes()) for a in arrays))
+
+
+def written(name: str, cfg: CacheConfig = CFG, rows=range(8)) -> ValueBackend:
+    be = ValueBackend(cfg, 3, name)
+    rows = np.asarray(list(rows), dtype=np.int64)
+    be.write_rows(rows, rows + 1)
+    return be
+
+
+def refused(where: str, says: str):
+    """pytest.raises(PlanError) whose message starts with `where: says` (literally)."""
+    return pytest.raises(PlanError, match="^" + re.escape(f"{where}: {says}"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("rows", "ids", "says"), [
+    ([3, 16], [1, 2], "rows[1] is row 16, but it may only name rows 0..15 (a bug in kpool"),
+    ([-1, 2], [1, 2], "rows[0] is row -1,"),
+    ([1 << 40], [1], "rows[0] is row 1099511627776,"),
+    (np.array([1 << 63], dtype=np.uint64), [1], "rows[0] is row -9223372036854775808,"),
+    ([2, 5, 2], [1, 2, 3], "row 2 is in rows more than once"),
+    ([1.0, 2.0], [1, 2], "rows holds float64 values"),
+    ([True], [1], "rows holds bool values"),
+    ([[1, 2]], [1, 2], "rows has shape (1, 2), expected shape (n,)"),
+    ([1, 2], [1], "key_ids has shape (1,), expected shape (2,)"),
+    ([1, 2], [1.5, 2.5], "key_ids holds float64"),
+])
+def test_write_rows_refuses_bad_rows(backend: str, rows, ids, says: str) -> None:
+    be = written(backend)
+    before = state(be)
+    with refused("write_rows", says) as e:
+        be.write_rows(np.asarray(rows), np.asarray(ids))
+    assert e.value.where == "write_rows"
+    assert state(be) == before
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_write_rows_takes_any_integer_rows_in_any_layout(backend: str) -> None:
+    """int32, uint8, a strided view: converted to int64 C-contiguous, same result."""
+    want = written(backend, rows=[1, 3, 5, 7])
+    wide = np.array([1, 0, 3, 0, 5, 0, 7, 0], dtype=np.int32)[::2]
+    assert not wide.flags.c_contiguous
+    for rows in (wide, np.array([1, 3, 5, 7], dtype=np.uint8)):
+        be = ValueBackend(CFG, 3, backend)
+        be.write_rows(rows, np.asarray(rows, dtype=np.int16) + 1)
+        for name in ("key", "gate", "pooled"):
+            assert same(be.row_values(name), want.row_values(name)), (rows.dtype, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_row_taking_method_refuses_bad_rows(backend: str) -> None:
+    be = written(backend)
+    be.snapshot("a", np.arange(4))
+    before = state(be)
+    calls = [
+        ("zero_rows", lambda: be.zero_rows(np.array([2, 99])), "rows[1] is row 99,"),
+        ("zero_rows", lambda: be.zero_rows(np.array([4, 4])), "row 4 is in rows more"),
+        ("snapshot", lambda: be.snapshot("b", np.array([-3])), "rows[0] is row -3,"),
+        ("restore", lambda: be.restore("a", np.array([8, 9, 10, 16])), "rows[3] is row 16,"),
+        ("restore", lambda: be.restore("a", np.array([8, 9])), "2 rows for snapshot 'a' of 4"),
+        ("restore", lambda: be.restore("a", np.array([8, 9, 9, 10])), "row 9 is in rows"),
+        ("row_values", lambda: be.row_values("key", np.array([0, -1])), "rows[1] is row -1,"),
+        ("check", lambda: be._differ(np.array([[0, 1, 2, 16]]), np.array([3])),
+         "member rows[0, 3] is row 16,"),
+        ("check", lambda: be._differ(np.array([[0, 1, 2, 3]]), np.array([3, 4])),
+         "rep rows has shape (2,), expected shape (1,)"),
+        ("check", lambda: be._differ(np.array([[0, 1, 2]]), np.array([3])),
+         "member rows has shape (1, 3), expected shape (n, 4)"),
+        ("gather", lambda: be.gather(SimpleNamespace(pool_cells=lambda: np.array([3, 40]))),
+         "the layout's pool_cells[1] is row 40,"),
+    ]
+    for where, call, says in calls:
+        with refused(where, says):
+            call()
+        assert state(be) == before, where
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_copy_stream_refuses_a_stream_that_is_not_there(backend: str) -> None:
+    be = written(backend, CFG_STREAMS)
+    before = state(be)
+    for src, dst, says in ((0, 2, "dst is stream 2"), (-1, 1, "src is stream -1")):
+        with refused("copy_stream", f"{says}, outside the 2 streams 0..1"):
+            be.copy_stream(src, dst)
+    assert state(be) == before
+
+
+def _with(a: np.ndarray, at, value) -> np.ndarray:
+    a = a.copy()
+    a[at] = value
+    return a
+
+
+# name: how the plan is spoiled (plan, n_rows, layout), and a regex of what the
+# error says ({n}: n_rows)
+BAD_PLANS = {
+    "member row past the last": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rows=_with(p.entry_rows, (0, -1), n)),
+        r"the plan's entry_rows\[0, \d+\] is row {n}, but it may only name rows 0\.\.{m}"),
+    "negative member row": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rows=_with(p.entry_rows, (-1, 0), -1)),
+        r"the plan's entry_rows\[\d+, 0\] is row -1,"),
+    "rep row past the last": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rep=_with(p.entry_rep, 0, n + 7)),
+        r"the plan's entry_rep\[0\] is row {n7},"),
+    "negative rep row": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rep=_with(p.entry_rep, -1, -5)),
+        r"the plan's entry_rep\[\d+\] is row -5,"),
+    "a member short": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rows=p.entry_rows[:, :-1].copy()),
+        r"the plan's entry_rows has shape \(\d+, \d+\), expected shape \(\d+, \d+\)"),
+    "an entry without its rep": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rep=p.entry_rep[:-1].copy()),
+        r"the plan's entry_rows has shape"),
+    "float member rows": (
+        lambda p, n, lay: dataclasses.replace(p, entry_rows=p.entry_rows.astype(np.float64)),
+        r"the plan's entry_rows holds float64 values"),
+    "pool past the layout's": (
+        lambda p, n, lay: dataclasses.replace(p, entry_pool=_with(p.entry_pool, 0,
+                                                                  lay.n_pool_real)),
+        r"the plan's entry_pool\[0\] is pool \d+, but it may only name pools -1\.\."),
+}
+
+
+class Doctored(ValueBackend):
+    """Hands run_ubatch every spoiled version of each plan first (each must be refused,
+    leaving the backend as it was), then the real one."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.refused: set[str] = set()
+
+    def run_ubatch(self, layout, plan, race, token_seqs, token_pos):
+        if plan.n_new_g:
+            n = self.n_rows
+            for name, (spoil, says) in BAD_PLANS.items():
+                before = state(self)
+                with pytest.raises(PlanError) as e:
+                    super().run_ubatch(layout, spoil(plan, n, layout), race, token_seqs,
+                                       token_pos)
+                assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
+                                str(e.value)), (name, str(e.value))
+                assert state(self) == before, name
+                self.refused.add(name)
+        return super().run_ubatch(layout, plan, race, token_seqs, token_pos)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("path", [p for p in TRACE_FILES
+                                  if p.stem in ("shared-prefix-race", "partial-copy",
+                                                "non-unified")], ids=lambda p: p.stem)
+def test_a_spoiled_plan_is_refused_and_changes_nothing(path: Path, engine: str,
+                                                       backend: str) -> None:
+    t = load_trace(path)
+    doctored = Doctored(t.cache, t.seed, backend)
+    got = list(Replayer(t, VERSIONS[engine], doctored).run())
+    clean = ValueBackend(t.cache, t.seed, backend)
+    want = list(Replayer(t, VERSIONS[engine], clean).run())
+    assert doctored.refused == set(BAD_PLANS)
+
+    def messages(records: list) -> list:
+        return [[(f.code, f.message) for f in r.findings] for r in records
+                if isinstance(r, UbatchRecord)]
+
+    assert messages(got) == messages(want)
+    for name in ("key", "gate", "pooled"):
+        assert same(doctored.row_values(name), clean.row_values(name)), name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
+    """Slots are checked at the kernel's door too: a row whose slot is not in use
+    (a slot-map bug) is an error naming the slot, not a write past the arrays."""
+    be = written(backend)
+    n = be._n_slots
+    far = be._cap + 1000  # past the arrays' end: the kernel would write outside them
+    be.slot_of[3] = far
+    said = f"is slot {far}, but it may only name slots 0..{n - 1}"
+    calls = [
+        ("write_keys", lambda: be.write_rows(np.array([3]), np.array([9])),
+         f"slots[0] is slot {far}, but it may only name slots 1..{n - 1}"),
+        ("check", lambda: be._differ(np.array([[0, 1, 2, 3]]), np.array([2])),
+         f"member slots[0, 3] {said}"),
+        ("check", lambda: be._differ(np.array([[0, 1, 2, 4]]), np.array([3])),
+         f"rep slots[0] {said}"),
+        ("gather", lambda: be.gather(SimpleNamespace(pool_cells=lambda: np.array([1, 3]))),
+         f"slots[1] {said}"),
+    ]
+    for where, call, says in calls:
+        with refused(where, says):
+            call()
+    be.slot_of[3] = 0
+    # the kernels' own doors, with what the slot map cannot express
+    vals = np.zeros((2, CFG.n_embd), np.float32)
+    doors = [
+        ("write_keys", lambda: be._k_write_keys(np.array([0]), np.array([1])),
+         "slots[0] is slot 0, but it may only name slots 1.."),
+        ("write_keys", lambda: be._k_write_keys(np.array([1, 1]), np.array([1, 2])),
+         "slot 1 is in slots more than once (the kernel takes one writer per slot)"),
+        ("pool", lambda: be._k_pool(np.array([[0, 1, 2, n]])), f"member slots[0, 3] is slot {n},"),
+        ("pool", lambda: be._k_pool(np.zeros((1, 0), np.int64)),
+         "member slots has shape (1, 0), expected shape (n, 4)"),
+        ("scatter", lambda: be._k_scatter(np.array([1, 2]), vals, np.array([0, 2])),
+         "sources[1] is entry 2, but it may only name entries 0..1"),
+        ("scatter", lambda: be._k_scatter(np.array([1, 2]), vals, np.array([0])),
+         "sources has shape (1,)"),
+        ("scatter", lambda: be._k_scatter(np.array([2, 2]), vals, np.array([0, 1])),
+         "slot 2 is in slots more than once"),
+        ("scatter", lambda: be._k_scatter(np.array([1]), vals[:, :3].copy(), np.array([0])),
+         "the values are float32 (2, 3)"),
+        ("scatter", lambda: be._k_scatter(np.array([1]), vals.astype(np.float64),
+                                          np.array([0])), "the values are float64"),
+        ("gather", lambda: be._k_gather(np.array([-1])), "slots[0] is slot -1,"),
+        ("check", lambda: be._k_pools_differ(np.array([[1, 2, 3, 4]]), np.array([1, 2])),
+         "rep slots has shape (2,)"),
+    ]
+    before = state(be)
+    for where, call, says in doors:
+        with refused(where, says):
+            call()
+        assert state(be) == before, (where, says)
+    pooled = be.pooled
+    be.pooled = np.asfortranarray(pooled)
+    with refused("gather", "the pooled array is float32"):
+        be._k_gather(np.array([1]))
+    be.pooled = pooled
+
+
+def test_the_cli_reports_a_refused_plan_as_an_internal_error() -> None:
+    """`kpool replay` with a backend handed a bad row: exit 2 and the PlanError's
+    message (the CLI's internal-error path), no traceback, no crash."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from kpool_cli.backend import store\n"
+        "real = store.ValueBackend.write_rows\n"
+        "def spoiled(self, rows, key_ids):\n"
+        "    rows = np.array(rows)\n"
+        "    rows[-1] = self.n_rows + 3\n"
+        "    real(self, rows, key_ids)\n"
+        "store.ValueBackend.write_rows = spoiled\n"
+        "from kpool_cli.cli import main\n"
+        "sys.argv = ['kpool', 'replay', 'traces/shared-prefix-race.yaml', '--backend', "
+        "'numba']\n"
+        "main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "NO_COLOR": "1"}, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "internal error" in r.stderr
+    assert "PlanError: write_rows: rows[11] is row 67, but it may only name rows 0..63" \
+        in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- numba's bounds checking -----------------------------------------------------------
+
+
+@pytest.mark.skipif(not BOUNDSCHECK, reason="numba's bounds checking is off (NUMBA_BOUNDSCHECK)")
+def test_numba_boundscheck_is_on() -> None:
+    """Run with NUMBA_BOUNDSCHECK=1 (and a fresh cache): each kernel, handed an index
+    past its arrays directly (no wrapper), raises IndexError itself. A read comes
+    first, so a run without the checks fails there, before any write."""
+    p = np.zeros((4, 8), np.float32)
+    with pytest.raises(IndexError):
+        kernels.gather(p, np.array([4], np.int64))
+    with pytest.raises(IndexError):
+        kernels.scatter(p.copy(), np.array([4], np.int64), np.zeros((1, 8), np.float32),
+                        np.array([0], np.int64))
+    with pytest.raises(IndexError):
+        kernels.scatter(p.copy(), np.array([0], np.int64), np.zeros((1, 8), np.float32),
+                        np.array([1], np.int64))
+    with pytest.raises(IndexError):
+        kernels.pool(p, p, np.array([[0, 1, 2, 4]], np.int64))
+    with pytest.raises(IndexError):
+        kernels.pools_differ(p, p, p, np.array([[0, 1]], np.int64), np.array([-5], np.int64))
+    with pytest.raises(IndexError):
+        kernels.write_keys(np.uint64(1), np.array([4], np.int64), np.array([3], np.int64),
+                           p.copy(), p.copy())
+
+
+@pytest.mark.skipif(BOUNDSCHECK, reason="already running with numba's bounds checking")
+def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
+    """This module and the numba replays of the shipped traces, again, in a fresh
+    interpreter with NUMBA_BOUNDSCHECK=1 and an empty NUMBA_CACHE_DIR (every kernel
+    compiled with the checks: about 10 s)."""
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "KPOOL_NUMBA_PARALLEL": "", "NO_COLOR": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+         "tests/test_backend_kernels.py",
+         "tests/test_shipped_traces.py::test_every_expectation_holds",
+         "-k", "test_backend_kernels.py or numba"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "PASSED tests/test_backend_kernels.py::test_numba_boundscheck_is_on" in out, out[-3000:]
+    assert "PASSED tests/test_shipped_traces.py::test_every_expectation_holds" in out, out[-3000:]
+    assert "already running with numba's bounds checking" in out, out[-3000:]  # no recursion
+    # the kernels were compiled there, with the checks, not loaded from elsewhere
+    assert any((tmp_path / "numba").rglob("*.nbi")), "numba cached nothing in the fresh dir"
