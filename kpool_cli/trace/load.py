@@ -509,19 +509,23 @@ class _Composer:
         self.anchors[name] = a
         return a
 
-    def sequence(self, ev: Any, context: int) -> _Seq:
-        nodes0, tokens0 = self.nodes, self.tokens
+    def collection_start(self, ev: Any, default_tag: str) -> str:
+        """A list or mapping begins: count it against the node limit, follow its line,
+        and give its tag (the default one when the YAML names none)."""
         self.nodes += 1
         if self.nodes > self.node_limit:
             raise self.too_many_nodes(ev)
+        line = ev.start_mark.line
+        if line != self.line0:
+            self.line0, self.line = line, line + 1
         tag = ev.tag
-        if tag is None or tag == "!":
-            tag = _SEQ_TAG
-        m = ev.start_mark
-        if m.line != self.line0:
-            self.line0, self.line = m.line, m.line + 1
+        return default_tag if tag is None or tag == "!" else tag
+
+    def sequence(self, ev: Any, context: int) -> _Seq:
+        nodes0, tokens0 = self.nodes, self.tokens
+        tag = self.collection_start(ev, _SEQ_TAG)
         items: list[Node] = []
-        node = _Seq(tag, items, self.line, m.column + 1)
+        node = _Seq(tag, items, self.line, ev.start_mark.column + 1)
         anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
         item_context = _ITEM_CONTEXT.get(context, _C_OTHER)
         tokens = context == _C_TOKENS
@@ -554,17 +558,9 @@ class _Composer:
 
     def mapping(self, ev: Any, context: int) -> _Map:
         nodes0, tokens0 = self.nodes, self.tokens
-        self.nodes += 1
-        if self.nodes > self.node_limit:
-            raise self.too_many_nodes(ev)
-        tag = ev.tag
-        if tag is None or tag == "!":
-            tag = _MAP_TAG
-        m = ev.start_mark
-        if m.line != self.line0:
-            self.line0, self.line = m.line, m.line + 1
+        tag = self.collection_start(ev, _MAP_TAG)
         pairs: list[tuple[Node, Node]] = []
-        node = _Map(tag, pairs, self.line, m.column + 1)
+        node = _Map(tag, pairs, self.line, ev.start_mark.column + 1)
         anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
         if context == _C_DECODE:
             self.decode_tokens = 0
