@@ -40,16 +40,18 @@ from .trace.schema import report_schema, trace_schema
 EXIT_BAD_INPUT = 2
 
 
-def _fail(message: str) -> None:
-    click.echo(f"kpool: {visible(message, keep_newlines=True)}", err=True)
+def _fail(message: str, *more_lines: str) -> None:
+    """Exit 2 with `kpool: message` and `more_lines` below it, each line made visible:
+    no text taken from an input (a path, a name) can break a line or fake one."""
+    click.echo("\n".join(visible(line) for line in (f"kpool: {message}", *more_lines)),
+               err=True)
     sys.exit(EXIT_BAD_INPUT)
 
 
 def _invalid(e: TraceError) -> None:
-    """Exit 2 for an invalid trace: every problem on its own line, made visible (a
-    path or a quoted value cannot carry a line break or an escape sequence)."""
-    _fail("invalid trace\n" + "\n".join(visible(str(p)) for p in e.problems)
-          + (f"\n(stopped after {len(e.problems)} problems)" if e.truncated else ""))
+    """Exit 2 for an invalid trace: every problem on its own line."""
+    _fail("invalid trace", *(str(p) for p in e.problems),
+          *([f"(stopped after {len(e.problems)} problems)"] if e.truncated else []))
 
 
 def _refuse_outputs(inputs: tuple[str, ...], **outputs: str | None) -> None:
@@ -364,8 +366,8 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     try:
         pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
                                  force=force, max_tokens=max_tokens, max_memory=max_memory)
-    except DiffInputError as e:
-        _fail(str(e))
+    except DiffInputError as e:  # its lines are made visible where they are built
+        _fail(*str(e).split("\n"))
         return
     for w in warnings:
         click.echo(f"kpool: warning: {w}", err=True)

@@ -449,3 +449,26 @@ def test_the_default_budget_sees_ulimit_v(tmp_path):
                                                              (2 << 30, 2 << 30)))
     assert r.returncode == 2 and r.stdout == ""
     assert f"kpool: {t}: replaying it can need up to" in r.stderr
+
+
+def test_diff_jobs_reports_the_budget_not_a_dead_worker():
+    """The refusal is raised in a worker and must cross the process boundary whole."""
+    r = kpool("diff", "-j", "2", "--backend", "numpy", "--max-memory", "1K",
+              str(ROOT / "traces" / "prefill-decode.yaml"), str(RACE))
+    assert r.returncode == 2 and "over the memory budget of 1.0 KiB" in r.stderr
+    assert "process died" not in r.stderr
+
+
+def test_a_path_cannot_fake_a_line_on_stderr(tmp_path):
+    r = kpool("replay", str(tmp_path / "x\nkpool: all good.yaml"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 2
+    assert "x\\nkpool: all good.yaml" in r.stderr
+
+
+@pytest.mark.skipif(os.access("/sys", os.W_OK) and not os.path.ismount("/sys"),
+                    reason="needs a read-only directory: /sys")
+def test_svg_and_html_appear_together_or_not_at_all(tmp_path):
+    svg = tmp_path / "v.svg"
+    r = kpool("replay", str(RACE), "--svg", str(svg), "--html", "/sys/kpool-view.html")
+    assert r.returncode == 2 and "cannot write /sys/kpool-view.html" in r.stderr
+    assert list(tmp_path.iterdir()) == []

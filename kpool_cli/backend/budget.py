@@ -102,8 +102,11 @@ class ReplayTooLarge(Exception):
 
     def __init__(self, message: str, bound: MemoryBound, budget: int,
                  fields: tuple[str, ...]) -> None:
-        super().__init__(message)
+        super().__init__(message, bound, budget, fields)  # every argument: it pickles
         self.bound, self.budget, self.fields = bound, budget, fields
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def format_bytes(n: int) -> str:

@@ -59,7 +59,6 @@ what a trace can make it hold (`budget.py` adds the other parts of a replay).
 from __future__ import annotations
 
 import mmap
-import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from ..engine.scatter import ScatterPlan
 from ..trace.model import CacheConfig, Trace
 from ..verdict import values
 from ..verdict.codes import Finding
+from .held import signals_held
 from .keys import seed_state
 
 BACKENDS = ("numba", "numpy", "none")
@@ -85,15 +85,8 @@ NEVER, POOLED, PADDING, DECODE_ZERO, DROP_ZERO, RESTORED, COPIED, CLEARED = rang
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        # numba compiles (or loads its cache) while kernels.py is imported, partly in
-        # ctypes callbacks, where the KeyboardInterrupt of a Ctrl-C is printed and lost
-        # (the run went on and exited 0): hold SIGINT and SIGTERM until the import is
-        # done; they are delivered, and answered, right after
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
+        with signals_held():  # numba compiles while kernels.py is imported
             from . import kernels
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return kernels
     if name == "numpy":
         from . import reference
@@ -119,8 +112,11 @@ class PlanError(Exception):
     step or kernel, `name` the index array at fault."""
 
     def __init__(self, message: str, where: str, name: str) -> None:
-        super().__init__(message)
+        super().__init__(message, where, name)  # every argument: it pickles (diff -j)
         self.where, self.name = where, name
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 # arrays up to this size are checked in Python (tolist, min, max, set): a numpy

@@ -125,7 +125,3 @@ def written_whole(path: str) -> Iterator[TextIO]:
             raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
 
-
-def write_whole(path: str, text: str) -> None:
-    with written_whole(path) as f:
-        f.write(text)

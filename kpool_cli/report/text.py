@@ -16,6 +16,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -25,7 +26,7 @@ from typing import TextIO
 from ..engine.versions import EngineVersion
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace.model import Trace
-from .files import write_whole
+from .files import written_whole
 from .plain import write_plain
 from .select import Selection, planned_ubatches, select
 from .tally import Tally
@@ -122,11 +123,15 @@ class TextOutput:
         """Write --html / --svg (atomically) and flush the output, so a reader that
         left (`| head`) is noticed here, not at interpreter exit."""
         if self.recorder is not None:
-            if self.svg:
-                write_whole(self.svg, self.recorder.export_svg(
-                    title="kpool replay", clear=not self.html))
-            if self.html:
-                write_whole(self.html, self.recorder.export_html(clear=True))
+            # both appear or neither: each is renamed into place only once both are
+            # written, and a failure or an interrupt removes both temporaries
+            with contextlib.ExitStack() as files:
+                if self.svg:
+                    files.enter_context(written_whole(self.svg)).write(
+                        self.recorder.export_svg(title="kpool replay", clear=not self.html))
+                if self.html:
+                    files.enter_context(written_whole(self.html)).write(
+                        self.recorder.export_html(clear=True))
         self.out.flush()
 
 
