@@ -1,0 +1,325 @@
+"""Rules of the engine (ENGINE.md §4-§8) that no other test pinned: each test here was
+written for a mutant of kpool_cli/engine/ that survived the mutation check
+(docs/testing.md, tests/mutation/), and asserts what the rule says, derived by hand in
+the test, not the mutant's text."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import drive, run, trace, ubatches
+
+from kpool_cli.engine.marking import gen_zeroed, n_new_graph, pad_bound
+from kpool_cli.engine.scatter import padding_rows
+from kpool_cli.engine.versions import PADDING_POLICIES, REP_ONCE
+from kpool_cli.records import OpEvent, UbatchRecord
+from kpool_cli.replay import Replayer
+
+# -- §6: graph sizes ----------------------------------------------------------------------
+
+
+def test_s6_pad_is_max_64_and_n_plus_1_rounded_up_to_64():
+    """ENGINE.md §6: pad(n) = max(64, roundup(n + 1, 64)): always one unused slot."""
+    want = {0: 64, 1: 64, 62: 64, 63: 64, 64: 128, 100: 128, 127: 128, 128: 192, 200: 256}
+    assert {n: pad_bound(n) for n in want} == want
+    assert all(type(pad_bound(n)) is int for n in want)
+
+
+def test_s6_n_new_g_is_capped_by_pad_minus_one():
+    """ENGINE.md §6: n_new_g = max(n_new, 1, min(n_tokens / kpool + n_seqs_unique,
+    pad(n_pool_real) - 1, kv_size / kpool * n_seq_max)). A 1024-token ubatch of one
+    sequence on a cache of 4096 cells with no pool yet: min(256 + 1, 64 - 1, 1024) = 63;
+    with 100 pools: min(257, 128 - 1, 1024) = 127."""
+    assert n_new_graph(0, 1024, 1, 0, 4096, 4, 1, False) == 63
+    assert n_new_graph(0, 1024, 1, 100, 4096, 4, 1, False) == 127
+    assert n_new_graph(200, 1024, 1, 100, 4096, 4, 1, False) == 200  # n_new wins
+
+
+def test_s6_n_new_g_pool_bound_divides_integers():
+    """ENGINE.md §6: kv_size / kpool is the integer division of the C code: kv_size 10,
+    kpool 4, 2 sequences: 10 / 4 * 2 = 4 pools at most (not 5); the bound is an int."""
+    got = n_new_graph(0, 64, 1, 0, 10, 4, 2, False)
+    assert got == 4 and type(got) is int
+
+
+def test_s6_cache_safe_repool_all_is_max_n_new_1():
+    """ENGINE.md §6: when sharing switched cache-safe to re-pool everything, the graph
+    size is max(n_new, 1): no padding."""
+    assert n_new_graph(5, 1024, 1, 5, 4096, 4, 1, True) == 5
+    assert n_new_graph(0, 1024, 1, 0, 4096, 4, 1, True) == 1
+
+
+def test_s8_generation_zero_fill_counts():
+    """ENGINE.md §8: `is_new` grows to n_pool_real (the growth is zero-filled, it never
+    shrinks); rep-once also sizes `rep_gen` to kv_size * n_stream, zero-filled, at the
+    first ubatch of every batch, and only there."""
+    assert gen_zeroed(4, 6, True, True, 128) == 2 + 128
+    assert gen_zeroed(4, 6, False, True, 128) == 2
+    assert gen_zeroed(4, 6, True, False, 128) == 2  # cache-safe: no per-row array
+    assert gen_zeroed(6, 6, True, True, 128) == 128
+    assert gen_zeroed(8, 6, False, True, 128) == 0  # fewer pools: nothing to zero
+    assert gen_zeroed(0, 0, False, False, 128) == 0
+
+
+# -- §7: padding --------------------------------------------------------------------------
+
+
+def test_s7_row_zero_padding_puts_every_padding_entry_on_row_0():
+    """EngineVersion.padding "row-zero" (a naive engine, versions.py): every padding
+    entry writes row 0, whatever the real pools' rep rows; "unused-rows" (ENGINE.md §7)
+    takes the smallest rows that are no pool's rep."""
+    reps = np.array([0, 1, 5], dtype=np.int64)
+    assert padding_rows(reps, 3, 64, row_zero=True).tolist() == [0, 0, 0]
+    assert padding_rows(reps, 3, 64, row_zero=False).tolist() == [2, 3, 4]
+
+
+def test_engine_version_padding_policy_is_checked():
+    """versions.py: `padding` is one of PADDING_POLICIES; a version naming another is
+    refused with a message that lists them."""
+    assert replace(REP_ONCE, name="mine", padding="row-zero").padding == "row-zero"
+    assert replace(REP_ONCE, name="mine", padding="unused-rows").padding == "unused-rows"
+    with pytest.raises(ValueError) as e:
+        replace(REP_ONCE, name="mine", padding="rows-zero")
+    assert all(p in str(e.value) for p in PADDING_POLICIES)
+
+
+# -- §6: touched pools ------------------------------------------------------------------
+
+FIRST_POS_LAST = """
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_ubatch: 3}
+ops:
+  - decode: {seq: 0, pos: [1, 2, 3, 0]}
+"""
+
+
+def test_s6_a_token_at_a_pools_first_position_marks_that_pool(engine: str):
+    """ENGINE.md §6 touched pools (position mode): a token at pos p marks the last pool
+    of its sequence whose first pos <= p, if p <= its rep pos; `<=`, so a token at the
+    pool's own first position counts.
+    One batch, pos 1, 2, 3, 0 with n_ubatch 3 (§3): ubatch 0 = pos 1..3 (cells 0..2,
+    pos_min 1, no complete pool), ubatch 1 = pos 0 (cell 3). §5: pos_min moves to 0, the
+    sequence is rebuilt and pos 0..3 form pool 0, rep = cell 2 (pos 3). Only the token
+    at pos 0, the pool's first position, is in ubatch 1: it must mark pool 0, so that
+    the pool is scattered into row 2 (n_new_g = max(1, 1, min(1 / 4 + 1, 63, 4)) = 1,
+    no padding). The token sees no pool (rep pos 3 > 0)."""
+    ubs = ubatches(run(FIRST_POS_LAST, engine))
+    assert [u.token_pos.tolist() for u in ubs] == [[1, 2, 3], [0]]
+    ub = ubs[1]
+    assert ub.token_rows.tolist() == [3]
+    assert ub.n_pool_real == 1 and ub.n_new == 1 and ub.n_new_g == 1
+    assert [(p.seq, p.k) for p in ub.pools if p.new] == [(0, 0)]
+    assert ub.scatter_rep.tolist() == [2] and not ub.scatter_pad.any()
+    assert ub.scatter_rows.tolist() == [[3, 0, 1, 2]]
+    assert ub.token_visible.tolist() == [0]
+    assert not ub.findings
+
+
+# -- §5: what an update changed, and what it cost ------------------------------------------
+
+TWO_SEQS = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - decode:
+      tokens:
+        - {pos: 4, seq: [0]}
+        - {pos: 0, seq: [1]}
+  - decode:
+      tokens:
+        - {pos: 5, seq: [0]}
+        - {pos: 1, seq: [1]}
+  - seq_rm: {seq: 0, p0: 5, p1: -1}
+  - decode: {seq: 0, pos: 5}
+"""
+
+
+def test_s5_update_reports_rebuilt_sequences_and_first_new_pool():
+    """ENGINE.md §5 (Layout.rebuilt / new_from, which the value backend reads): seq 0 is
+    rebuilt by its first decode (no layout yet) and after its seq_rm (stale), appended
+    to otherwise; new_from is the first pool the update added: 0 after a rebuild, the
+    previous pool count after an append (seq 0: pool 0 = pos 0..3, then pool 1 =
+    pos 4..7 would need pos 7)."""
+    seen = []
+    for rec, rp in drive(TWO_SEQS):
+        if isinstance(rec, UbatchRecord):
+            lay = rp.layout
+            seen.append((rec.op, [bool(b) for b in lay.rebuilt], list(lay.new_from),
+                         [len(sq.pools) for sq in lay.seqs]))
+    assert seen == [
+        (0, [True, False], [0, 0], [1, 0]),  # seq 0 built: pos 0..3 -> pool 0
+        (1, [False, True], [1, 0], [1, 0]),  # seq 0 appended (pos 4), seq 1 built
+        (2, [False, False], [1, 0], [1, 0]),  # both appended, no new pool
+        (4, [True, False], [0, 0], [1, 0]),  # seq 0 stale: rebuilt, pool 0 again
+    ]
+
+
+def test_s8_cells_scanned_counts_pairs_copied_into_the_layout():
+    """ENGINE.md §8 cost counter: the cells the layout update scans: the pairs appended,
+    or a stale (or new) sequence's pairs whole. rep-once (no sharing scan):
+    op 0: seq 0 built from 4 pairs: 4; op 1: seq 0 appends 1, seq 1 is built from 1: 2;
+    op 2: each appends 1: 2; op 4: seq 0 (stale after its seq_rm) re-read whole once
+    the token is written, 6 pairs (pos 0..5), seq 1 appends nothing: 6."""
+    scanned = [u.cost["cells_scanned"] for u in ubatches(run(TWO_SEQS, "rep-once"))]
+    assert scanned == [4, 2, 2, 6]
+
+
+SHARED = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 0, pos: 4}
+"""
+
+
+def test_s5_s8_cache_safe_sharing_scan_stops_at_the_first_shared_cell():
+    """ENGINE.md §5 step 3 (cache-safe, unified): a sequence not yet shared scans its
+    cells from n_kept and stops at the first cell holding several sequences; §8 counts
+    it. op 0: seq 0 built (4) and scanned whole, nothing shared (4): 8. op 2: seq_cp
+    staled both (cache-safe stales src too): seq 0 rebuilt (5 pairs) and its scan stops
+    at cell 0, shared (1); seq 1 rebuilt (4) and stops at cell 0 (1): 11."""
+    scanned = [u.cost["cells_scanned"] for u in ubatches(run(SHARED, "cache-safe"))]
+    assert scanned == [8, 11]
+
+
+FIRST_EDIT = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - seq_rm: {seq: 0, p0: 1, p1: -1}
+  - state_drop: {seq: 1}
+"""
+
+
+def test_s4_cache_safe_edits_before_any_layout_stale_only_their_sequence():
+    """ENGINE.md §4: cache-safe re-stales every sequence after seq_rm / state_drop only
+    if the layout is shared, i.e. a layout exists and its cache_safe flag was false at
+    its last update. Before the first decode there is no layout: seq_rm(0, 1) stales
+    seq 0 at stale_pos(0, 1) = 1 (seq 0 is empty: seq_pos_min = -1, and 1 > -1),
+    state_drop(1) stales seq 1 at 0. rep-once stales the same."""
+    for engine in ("cache-safe", "rep-once"):
+        evs = [r for r in run(FIRST_EDIT, engine) if isinstance(r, OpEvent)]
+        assert [e.stale for e in evs] == [{0: 1}, {1: 0}], engine
+
+
+# -- §7 / §8: a drifted layout that misses a one-token ubatch's token -------------------------
+
+DRIFT_ONE_TOKEN = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..8}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_rm: {seq: 1, p0: 0, p1: 1}
+  - seq_rm: {seq: 1, p0: 6, p1: 7}
+  - decode: {seq: 0, pos: 8}
+  - seq_add: {seq: 0, p0: 0, p1: -1, shift: -2}
+  - decode: {seq: 1, pos: 6}
+"""
+
+
+def test_s7_s8_drift_abort_names_the_token_and_the_first_differing_pair():
+    """ENGINE.md §7: the ubatch's first token is looked up by pos in its first seq's
+    layout; a drifted layout (§8 KP007) can miss it: GGML_ASSERT, KP005.
+    Seq 1 shares seq 0's cells 0..7 (pos 0..7), then drops pos 0 and 6: op 4 rebuilds
+    it (stale) to (1,1) (2,2) (3,3) (4,4) (5,5) (7,7). The shift of seq 0 by -2 empties
+    cells 0, 1 (seq 1 loses (1,1)) and moves the shared cells 2..5, 7 to pos 0..3, 5;
+    seq 1 is not staled. Its one token, pos 6, goes to cell 0 (head = first freed
+    cell): 6 pairs against 6 cells, pos_min 1 against 0: neither appended nor rebuilt.
+    KP007: pair 0 is (pos 1, cell 1) in the layout, (pos 0, cell 2) in the cells.
+    KP005: pos 6 is not in the layout (it holds 1..5, 7)."""
+    recs = run(DRIFT_ONE_TOKEN, "rep-once")
+    ub = recs[-1]
+    assert isinstance(ub, UbatchRecord) and ub.op == 6 and ub.aborted
+    assert ub.token_pos.tolist() == [6] and ub.token_rows.tolist() == [0]
+    (kp7,) = [f for f in ub.findings if f.code == "KP007"]
+    assert kp7.seqs == (1,)
+    assert kp7.evidence == {"index": 0, "layout": (1, 1), "cells": (0, 2)}
+    (kp5,) = [f for f in ub.findings if f.code == "KP005"]
+    assert "GGML_ASSERT" in kp5.message and "seq 1, pos 6" in kp5.message
+
+
+DRIFT_PAST_THE_END = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 0, pos: 4}
+  - seq_add: {seq: 0, p0: 0, p1: 1, shift: -5}
+  - seq_add: {seq: 0, p0: -1, p1: -1, shift: 20}
+  - decode: {seq: 1, pos: 24}
+"""
+
+
+def test_s7_drift_abort_when_the_token_is_past_every_layout_position():
+    """ENGINE.md §7: the same GGML_ASSERT when the first token's pos lies past every pos
+    of the drifted layout. Seq 1's layout (rebuilt at op 2) is pos 0..3 in cells 0..3.
+    Seq 0's first shift empties cell 0 (seq 1 loses it), the second moves the shared
+    cells 1..3 to pos 21..23; seq 1 is never staled. Its token at pos 24 (cell 0): 4
+    pairs against 4 cells, pos_min 0 against 21: no append, no rebuild. Pos 24 is past
+    the layout's pos 0..3: KP005 (and KP007), the replay stops."""
+    recs = run(DRIFT_PAST_THE_END, "rep-once")
+    ub = recs[-1]
+    assert isinstance(ub, UbatchRecord) and ub.op == 5 and ub.aborted
+    assert ub.token_pos.tolist() == [24] and ub.token_rows.tolist() == [0]
+    assert {f.code for f in ub.findings} >= {"KP005", "KP007"}
+
+
+# -- §7 / §8: padding rows, their cost, and the plan's arrays -------------------------------
+
+PAD = """
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2}
+ops:
+  - decode: {seq: 0, pos: [1, 0]}
+  - decode: {seq: 0, pos: 2}
+"""
+
+
+def _replay(version) -> list[UbatchRecord]:
+    return [r for r in Replayer(trace(PAD), version).run() if isinstance(r, UbatchRecord)]
+
+
+def test_s7_padding_rows_follow_the_engines_policy_and_s8_counts_the_sort():
+    """ENGINE.md §7, §8. Op 0: pos 1, 0 in cells 0, 1; pool 0 = (pos 0, cell 1),
+    (pos 1, cell 0): rep row 0. Both tokens mark it: n_new 1, n_new_g = max(1, 1,
+    min(2 / 2 + 1, 63, 8)) = 2: one padding entry. Op 1: pos 2 (cell 2) completes no
+    pool: n_new 0, n_new_g = max(0, 1, min(0 + 1, 63, 8)) = 1: one padding entry.
+    "unused-rows" (§7) pads with the smallest row that is no pool's rep: 1; "row-zero"
+    (versions.py) pads row 0, the rep of pool 0: a pad collision (KP004) at op 0.
+    §8: whenever n_new_g > n_new the rep rows of every real pool (1) are sorted."""
+    ubs = _replay(REP_ONCE)
+    assert [(u.n_new, u.n_new_g) for u in ubs] == [(1, 2), (0, 1)]
+    assert [u.scatter_rep.tolist() for u in ubs] == [[0, 1], [1]]
+    assert [u.scatter_pad.tolist() for u in ubs] == [[False, True], [True]]
+    assert [u.cost["reps_sorted"] for u in ubs] == [1, 1]
+    assert not any(f.code == "KP004" for u in ubs for f in u.findings)
+    rz = _replay(replace(REP_ONCE, name="row-zero-test", padding="row-zero"))
+    assert [u.scatter_rep.tolist() for u in rz] == [[0, 0], [0]]
+    assert any(f.code == "KP004" for f in rz[0].findings)
+
+
+def test_s8_no_padding_no_sort():
+    """ENGINE.md §8: set_input_kpool sorts the rep rows only when n_new_g > n_new. In
+    FIRST_POS_LAST ubatch 0 pads (n_new 0, n_new_g 1, no pool yet: 0 rows sorted) and
+    ubatch 1 does not (n_new = n_new_g = 1): 0."""
+    ubs = ubatches(run(FIRST_POS_LAST))
+    assert [(u.n_new, u.n_new_g) for u in ubs] == [(0, 1), (1, 1)]
+    assert [u.cost["reps_sorted"] for u in ubs] == [0, 0]
+
+
+def test_records_hold_rows_and_indices_as_integers(engine: str):
+    """records.py: a UbatchRecord's rows are global rows, its pools and visibility are
+    indices: integer arrays (the JSON report prints them as integers, and the value
+    backend indexes with them)."""
+    for t in (PAD, FIRST_POS_LAST, TWO_SEQS):
+        for u in ubatches(run(t, engine)):
+            for a in (u.token_rows, u.token_visible, u.scatter_rep, u.scatter_rows,
+                      u.scatter_pool):
+                assert a.dtype.kind == "i", (a.dtype, u)
