@@ -1,8 +1,8 @@
 """The rules of ENGINE.md §2-§7, one test (at least) per rule, each asserting values
 derived by hand from the rules (the derivation is in the test's comments).
 
-Where /tmp/research_cache.md (facts read from the real llama.cpp code) disagrees with
-ENGINE.md, the real code wins and the test says so ("research:").
+Where the real llama.cpp code disagrees with ENGINE.md, the real code wins and the
+test says so ("research:"); docs/ENGINE-NOTES.md lists each place.
 
 Every trace here is registered in `TRACES`, which test_reference_agreement.py replays
 under both engines against the from-scratch reference.

@@ -7,7 +7,7 @@
 
 Run it with the repository's virtualenv, mutmut installed there (3.8.1). It never
 touches the repository: the tree is copied to a work directory (default
-/tmp/kpool-mutmut, or $KPOOL_MUTWORK, or --workdir) without .git, .venv, caches and any
+the temporary directory's kpool-mutmut, or $KPOOL_MUTWORK, or --workdir) without .git, .venv, caches and any
 old mutants/, and mutmut runs there with pyproject.toml's [tool.mutmut]: the mutants of
 kpool_cli/cache/*.py and kpool_cli/engine/*.py, each run against the selected tests
 that reach the mutated function (-x, no cache provider, hypothesis derandomized and
@@ -40,6 +40,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections import Counter, defaultdict
@@ -48,7 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 CLASSIFIED = HERE / "survivors.toml"
-DEFAULT_WORKDIR = Path(os.environ.get("KPOOL_MUTWORK", "/tmp/kpool-mutmut"))
+DEFAULT_WORKDIR = Path(os.environ.get("KPOOL_MUTWORK",
+                                      Path(tempfile.gettempdir()) / "kpool-mutmut"))
 MODULE_DIRS = ("kpool_cli/cache", "kpool_cli/engine")
 SLOW_TESTS = ("tests/test_cache_reference.py",)
 SLOW_TIMEOUT = 900  # seconds of wall time for one mutant's second pass
