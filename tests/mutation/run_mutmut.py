@@ -6,13 +6,13 @@
     python tests/mutation/run_mutmut.py --summary       # the summary of the last run only
 
 Run it with the repository's virtualenv, mutmut installed there (3.8.1). It never
-touches the repository: the tree is copied to a work directory (default
-the temporary directory's kpool-mutmut, or $KPOOL_MUTWORK, or --workdir) without .git, .venv, caches and any
-old mutants/, and mutmut runs there with pyproject.toml's [tool.mutmut]: the mutants of
-kpool_cli/cache/*.py and kpool_cli/engine/*.py, each run against the selected tests
-that reach the mutated function (-x, no cache provider, hypothesis derandomized and
-without its example database: tests/mutation/hypothesis_profile.py), at most 2 mutmut
-workers (--max-children).
+touches the repository: the tree is copied to a work directory (default kpool-mutmut in
+the system's temporary directory, or $KPOOL_MUTWORK, or --workdir) without .git, .venv,
+caches and any old mutants/, and mutmut runs there with pyproject.toml's [tool.mutmut]:
+the mutants of kpool_cli/cache/*.py and kpool_cli/engine/*.py, each run against the
+selected tests that reach the mutated function (-x, no cache provider, hypothesis
+derandomized and without its example database: tests/mutation/hypothesis_profile.py), at
+most 2 mutmut workers (--max-children).
 
 The summary counts, per module, the mutants tried, killed, timed out, reached by no
 selected test, and surviving; each survivor must be classified in
