@@ -33,9 +33,9 @@ from .report.json_report import write_report
 from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Tally
 from .report.terminal import stream_is_terminal
-from .report.wording import visible
 from .trace.load import MAX_TOKENS, TraceError, load_trace
 from .trace.schema import report_schema, trace_schema
+from .wording import visible
 
 EXIT_BAD_INPUT = 2
 
@@ -49,9 +49,8 @@ def _fail(message: str, *more_lines: str) -> None:
 
 
 def _invalid(e: TraceError) -> None:
-    """Exit 2 for an invalid trace: every problem on its own line."""
-    _fail("invalid trace", *(str(p) for p in e.problems),
-          *([f"(stopped after {len(e.problems)} problems)"] if e.truncated else []))
+    """Exit 2 for an invalid trace: every problem on its own line (TraceError's)."""
+    _fail("invalid trace", *str(e).split("\n"))
 
 
 def _refuse_outputs(inputs: tuple[str, ...], **outputs: str | None) -> None:
@@ -366,7 +365,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     try:
         pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
                                  force=force, max_tokens=max_tokens, max_memory=max_memory)
-    except DiffInputError as e:  # its lines are made visible where they are built
+    except DiffInputError as e:
         _fail(*str(e).split("\n"))
         return
     for w in warnings:

@@ -1533,7 +1533,7 @@ def judge(case: Case, o: Outcome, workdir: Path) -> list[tuple[str, str]]:
         if not err.strip():
             bad.append(("message", "exit 2 with nothing on stderr"))
         elif case.under_test and not usage:
-            from kpool_cli.report.wording import visible
+            from kpool_cli.wording import visible
 
             paths = [str(workdir / n) for n in case.under_test]
             shown = [x for p in paths for x in (p, visible(p), _escaped(visible(p)))]

@@ -53,9 +53,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..report.wording import visible
 from ..trace.model import OP_STATUSES
 from ..verdict.codes import CODES
+from ..wording import visible
 from .summary import EventSummary, FindingKey, RunSummary, UbatchSummary
 
 MAX_REPORT_BYTES = 128 * 1024 * 1024  # a larger report is refused, and not read

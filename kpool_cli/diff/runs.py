@@ -26,8 +26,8 @@ from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
 from ..engine.versions import load_version
 from ..replay import replay
-from ..report.wording import visible
 from ..trace.load import MAX_TOKENS, load_trace
+from ..wording import visible
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
 
@@ -191,10 +191,7 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
         summaries = run_units([Unit(p, e, backend, max_tokens, max_memory) for p in paths
                                for e in (base, head)], jobs)
     except TraceError as e:
-        raise DiffInputError(
-            "invalid trace\n" + "\n".join(visible(str(p)) for p in e.problems)
-            + (f"\n(stopped after {len(e.problems)} problems)" if e.truncated else "")
-        ) from None
+        raise DiffInputError(f"invalid trace\n{e}") from None
     except (VersionError, ReplayTooLarge) as e:
         raise DiffInputError(visible(str(e))) from None
     except BrokenProcessPool as e:

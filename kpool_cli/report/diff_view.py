@@ -44,8 +44,8 @@ from ..diff.compare import (
 )
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
+from ..wording import visible
 from .plain import tokens_text
-from .wording import visible
 
 # a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count

@@ -14,9 +14,9 @@ from typing import TextIO
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace.model import Trace
 from ..verdict.codes import Finding
+from ..wording import visible
 from .select import Selection, select
 from .tally import Tally
-from .wording import visible
 
 
 def tokens_text(tokens: Iterable[tuple[int, tuple[int, ...]]]) -> str:

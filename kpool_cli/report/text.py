@@ -26,13 +26,13 @@ from typing import TextIO
 from ..engine.versions import EngineVersion
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace.model import Trace
+from ..wording import visible
 from .files import written_whole
 from .plain import write_plain
 from .select import Selection, planned_ubatches, select
 from .tally import Tally
 from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_terminal
 from .view import RichView
-from .wording import visible
 
 Record = OpEvent | UbatchRecord | ExpectResult
 

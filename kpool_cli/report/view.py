@@ -32,9 +32,9 @@ from ..records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, Uba
 from ..trace import model as m
 from ..verdict.codes import CODES, Finding
 from ..verdict.explain import EXPLANATIONS, Explanation
+from ..wording import visible
 from .select import Selection
 from .tally import Tally
-from .wording import visible
 
 SEQ_STYLES = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "bright_green",
               "bright_yellow", "bright_blue", "bright_magenta")

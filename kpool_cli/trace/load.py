@@ -103,6 +103,7 @@ from kpool_cli.trace.model import (
     Token,
     Trace,
 )
+from kpool_cli.wording import visible
 
 __all__ = [
     "KV_SIZE_MAX",
@@ -182,7 +183,9 @@ class TraceError(Exception):
         self.truncated = truncated
 
     def __str__(self) -> str:
-        lines = [str(p) for p in self.problems]
+        """One line per problem, each made visible (a path or a quoted value cannot
+        break a line or carry an escape sequence): the Problems keep the raw text."""
+        lines = [visible(str(p)) for p in self.problems]
         if self.truncated:
             lines.append(f"(stopped after {len(self.problems)} problems)")
         return "\n".join(lines)
