@@ -95,6 +95,17 @@ def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int]
         raise click.BadParameter(str(e)) from e
 
 
+# the bounds on a trace's work, the same for every command that replays
+_max_tokens_option = click.option(
+    "--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
+    metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
+                      "untrusted input).")
+_max_memory_option = click.option(
+    "--max-memory", metavar="SIZE", callback=_memory_budget,
+    help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "
+         "(512M, 8G, or none) [default: half of the memory available].")
+
+
 class _OutOfMemory(Exception):
     """A MemoryError, with the trace whose replay ran out."""
 
@@ -164,12 +175,8 @@ def cli() -> None:
               help="Also save the rich view as HTML (atomically), e.g. for CI artifacts.")
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
-              metavar="N", help="Refuse, before replaying, a trace of more than N tokens "
-                                "(a trace is untrusted input).")
-@click.option("--max-memory", metavar="SIZE", callback=_memory_budget,
-              help="Refuse, before replaying, a trace whose replay can need more memory "
-                   "than SIZE (512M, 8G, or none) [default: half of the memory available].")
+@_max_tokens_option
+@_max_memory_option
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
@@ -321,11 +328,8 @@ def engines_cmd() -> None:
                    "values and KP003 (stale reads), at a cost.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               help="Replay traces on N processes.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
-              metavar="N", help="Refuse, before replaying, a trace of more than N tokens.")
-@click.option("--max-memory", metavar="SIZE", callback=_memory_budget,
-              help="Refuse, before replaying it, a trace whose replay can need more memory "
-                   "than SIZE (512M, 8G, or none) [default: half of the memory available].")
+@_max_tokens_option
+@_max_memory_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
              backend: str | None, jobs: int, max_tokens: int, max_memory: int | None
