@@ -22,6 +22,7 @@ import numpy as np
 
 from .cache.batch import Ubatch, split_equal, validate
 from .cache.kv import KvCache
+from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
 from .engine.layout import POS_CLEAN, Layout
 from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan
@@ -80,6 +81,16 @@ def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = Non
     yield from Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map).run()
 
 
+def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]:
+    """Each sequence set of a ubatch (its first token's seq ids, in order) with the pos
+    of its last token in ubatch order: what the recurrent child's find_slot records."""
+    last: dict[frozenset[int], tuple[tuple[int, ...], int]] = {}
+    for p, ss in zip(pos.tolist(), seqs, strict=True):
+        key = frozenset(ss)
+        last[key] = (last[key][0] if key in last else tuple(ss), p)
+    return list(last.values())
+
+
 class Replayer:
     def __init__(self, trace: m.Trace, version: EngineVersion, backend: Backend | None = None,
                  *, pools_all: bool = False, cell_map: bool = False) -> None:
@@ -88,6 +99,8 @@ class Replayer:
         self.want_cell_map = cell_map
         self.cfg = cfg
         self.cache = KvCache(cfg)
+        self.recurrent = RecurrentChild(cfg.n_seq_max, cfg.n_rs_seq)  # ENGINE.md §3
+        self.positions = HybridPositions(self.cache, self.recurrent)
         self.layout = Layout(cfg.n_seq_max, cfg.kpool, cfg.by_order, cfg.kv_size)
         self.stale = [POS_CLEAN] * cfg.n_seq_max  # ENGINE.md §4
         self.n_ubatch_done = 0
@@ -152,6 +165,9 @@ class Replayer:
             self.aborted = True
             return OpEvent(i, op.kind, ABORTED, dict(changed), str(e),
                            (Finding("KP005", str(e)),))
+        except EditRefused as e:  # llama_memory_seq_rm returned false: nothing changed
+            return OpEvent(i, op.kind, REJECTED, {}, str(e),
+                           (Finding("KP008", str(e), seqs=(op.seq,) if op.seq >= 0 else ()),))
         status = APPLIED
         if message is not None:
             status, message = REJECTED, message
@@ -160,6 +176,9 @@ class Replayer:
     def _apply_edit(self, op, changed: dict[int, int]) -> str | None:
         cache, v, be = self.cache, self.version, self.backend
         if isinstance(op, m.SeqRm):
+            # llama_memory_hybrid_idx::seq_rm asks the recurrent child first: when it
+            # refuses (EditRefused), the call returns false before any cache changes
+            self.recurrent.seq_rm(op.seq, op.p0, op.p1)
             stale = self._stale_pos(op.seq, op.p0)
             cache.seq_rm(op.seq, op.p0, op.p1)
             self._stale_set(op.seq, stale, changed)
@@ -172,25 +191,30 @@ class Replayer:
                 raise EngineAbort('GGML_ASSERT(is_full && "seq_cp() is only supported for full '
                                   'KV buffers")')
             cache.seq_cp(op.src, op.dst, op.p0, op.p1)
+            self.recurrent.seq_cp(op.src, op.dst)
             if v.seq_cp_stales_src:
                 self._stale_set(op.src, 0, changed)
             self._stale_set(op.dst, 0, changed)
         elif isinstance(op, m.SeqKeep):
             cache.seq_keep(op.seq)
+            self.recurrent.seq_keep(op.seq)
             self._stale_set(-1, 0, changed)
         elif isinstance(op, m.SeqAdd):
             self._refuse_mrope("seq_add")
             stale = self._stale_pos(op.seq, op.p0 + op.shift if op.shift < 0 else op.p0)
             cache.seq_add(op.seq, op.p0, op.p1, op.shift)
+            self.recurrent.seq_add(op.seq, op.p0, op.p1, op.shift)
             self._stale_set(op.seq, stale, changed)
         elif isinstance(op, m.SeqDiv):
             self._refuse_mrope("seq_div")
             cache.seq_div(op.seq, op.p0, op.p1, op.d)
+            self.recurrent.seq_div(op.seq, op.p0, op.p1, op.d)
             self._stale_set(op.seq, 0, changed)
         elif isinstance(op, m.Clear):
             self._clear(changed)
         elif isinstance(op, m.StateWrite):
             cache.state_write(op.seq, op.slot)
+            self.recurrent.state_write(op.seq, op.slot)
             if be:
                 be.snapshot(op.slot, cache.snapshots[op.slot].rows)
         elif isinstance(op, m.StateRead):
@@ -202,6 +226,7 @@ class Replayer:
                         "the sequence was dropped")
             if be and rows.size:
                 be.restore(op.slot, rows)
+            self.recurrent.state_read(op.seq, op.slot)
             self._stale_set(op.seq, 0, changed)
             self._restale_if_shared(changed)
         elif isinstance(op, m.StateDrop):
@@ -223,6 +248,7 @@ class Replayer:
 
     def _clear(self, changed: dict[int, int]) -> None:
         self.cache.clear()
+        self.recurrent.clear()
         if self.backend:
             self.backend.clear()
         self._stale_set(-1, 0, changed)
@@ -232,6 +258,7 @@ class Replayer:
             self._clear(changed)
             return
         rows = self.cache.state_drop(s)
+        self.recurrent.state_drop(s)
         if self.backend and rows.size:
             self.backend.zero_rows(rows)
         self._stale_set(s, 0, changed)
@@ -245,7 +272,8 @@ class Replayer:
     def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
-        msg = validate(tokens, cache, mrope=cfg.by_order, embd=op.is_embd)
+        msg = validate(tokens, self.positions, cfg.n_seq_max, mrope=cfg.by_order,
+                       embd=op.is_embd)
         if msg is not None:
             yield self._reject(i, msg)
             return
@@ -261,7 +289,17 @@ class Replayer:
             split = [Ubatch(ub, len({s for j in ub for s in tokens[j].seq}))
                      for ub in op.ubatches]
         else:
-            split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified)
+            if cfg.n_rs_seq and cfg.n_ubatch <= cfg.n_rs_seq + 1:
+                msg = ("GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal:"
+                       f" n_ubatch {cfg.n_ubatch} cannot keep n_rs_seq + 1 = "
+                       f"{cfg.n_rs_seq + 1} trailing tokens together")
+                self.aborted = True
+                yield OpEvent(i, "decode", ABORTED, {}, msg, (Finding("KP005", msg),))
+                return
+            # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified,
+            # n_rs_seq > 0 ? n_rs_seq + 1 : 0)
+            split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
+                                n_keep_tail=cfg.n_rs_seq + 1 if cfg.n_rs_seq else 0)
             if isinstance(split, str):
                 yield self._reject(i, split)
                 return
@@ -313,6 +351,7 @@ class Replayer:
                 stale_batch: list[int], is_new_size: int) -> UbatchRecord:
         cfg, cache, layout, v = self.cfg, self.cache, self.layout, self.version
         rows, key_ids = cache.apply(pl, pos, ext, seqs)
+        self.recurrent.apply_ubatch(_state_positions(pos, seqs))
         if self.backend:
             self.backend.write_rows(rows, key_ids)
         scanned = layout.update(cache, self.stale, v.repool_all_when_shared)

@@ -34,7 +34,7 @@ from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace_text
-from kpool_cli.trace.model import Trace
+from kpool_cli.trace.model import Token, Trace
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -53,6 +53,11 @@ elif _LOADED in (None, "default", "ci"):  # hypothesis's own choice, not a plugi
     settings.load_profile("ci" if _CI else "dev")
 
 ENGINES = ("rep-once", "cache-safe")
+
+
+def toks(*specs: tuple[int, list[int]]) -> tuple[Token, ...]:
+    """A batch's tokens from (pos, seq ids) pairs."""
+    return tuple(Token(pos=p, seq=tuple(s)) for p, s in specs)
 
 
 def trace(yaml_text: str) -> Trace:

@@ -87,7 +87,7 @@ def test_freed_and_rewritten_cell_gets_a_new_key() -> None:
         """)
     after = _rows_after("""
         kpool_trace: 1
-        cache: {kv_size: 8, kpool: 2}
+        cache: {kv_size: 8, kpool: 2, n_rs_seq: 2}
         ops:
           - decode: {seq: 0, pos: 0..4}
           - seq_rm: {seq: 0, p0: 2, p1: -1}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import toks
 
 from kpool_cli.cache.batch import split_equal, validate
 from kpool_cli.cache.kv import KvCache
@@ -179,39 +180,41 @@ def test_llama_kv_cache_clear_keeps_the_pending_stream_copies():
     assert c.take_pending_copies() == []  # taken once
 
 
-def toks(*specs) -> tuple[Token, ...]:
-    return tuple(Token(pos=p, seq=tuple(s)) for p, s in specs)
+def check(tokens: tuple[Token, ...], c: KvCache, *, mrope: bool = False, embd: bool = False
+          ) -> str | None:
+    """Batch validation against the attention cache alone."""
+    return validate(tokens, c, c.config.n_seq_max, mrope=mrope, embd=embd)
 
 
 def test_s3_validation_y_equals_x_plus_one():
     c = cache()
     decode(c, 0, range(4))
-    assert validate(toks((4, [0])), c, mrope=False, embd=False) is None
-    assert "Y = X + 1" in validate(toks((5, [0])), c, mrope=False, embd=False)
+    assert check(toks((4, [0])), c) is None
+    assert "Y = X + 1" in check(toks((5, [0])), c)
     # an empty sequence may start anywhere
-    assert validate(toks((7, [1])), c, mrope=False, embd=False) is None
+    assert check(toks((7, [1])), c) is None
 
 
 def test_continuity_counts_distinct_positions():
     """docs/ENGINE-NOTES.md: [5, 5, 6] is continuous for llama.cpp (a std::set)."""
     c = cache()
     decode(c, 0, range(5))
-    assert validate(toks((5, [0]), (5, [0]), (6, [0])), c, mrope=False, embd=False) is None
-    assert "not continuous" in validate(toks((5, [0]), (7, [0])), c, mrope=False, embd=False)
+    assert check(toks((5, [0]), (5, [0]), (6, [0])), c) is None
+    assert "not continuous" in check(toks((5, [0]), (7, [0])), c)
 
 
 def test_s3_decreasing_positions_are_accepted_as_the_code_does():
     c = cache()
     decode(c, 0, range(8))
-    assert validate(toks((9, [0]), (8, [0])), c, mrope=False, embd=False) is None
+    assert check(toks((9, [0]), (8, [0])), c) is None
 
 
 def test_s3_coupled_sequences_must_not_have_diverged():
     c = cache()
     decode(c, 0, range(4))
-    assert "diverged" in validate(toks((4, [0, 1])), c, mrope=False, embd=False)
+    assert "diverged" in check(toks((4, [0, 1])), c)
     c.seq_cp(0, 1, -1, -1)
-    assert validate(toks((4, [0, 1])), c, mrope=False, embd=False) is None
+    assert check(toks((4, [0, 1])), c) is None
 
 
 @pytest.mark.parametrize(("embd", "start", "ok"), [
@@ -220,7 +223,7 @@ def test_s3_mrope_checks_only_x_below_y(embd, start, ok):
     """ENGINE.md §3: M-RoPE text needs X < Y, image embeddings X <= Y; no continuity."""
     c = cache()
     decode(c, 0, range(4))  # X = 3
-    got = validate(toks((start, [0]), (start + 5, [0])), c, mrope=True, embd=embd)
+    got = check(toks((start, [0]), (start + 5, [0])), c, mrope=True, embd=embd)
     assert (got is None) == ok
 
 

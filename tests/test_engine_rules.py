@@ -410,7 +410,7 @@ cache: {kv_size: 32, kpool: 4}
 ops:
   - decode: {seq: 0, pos: 0..16}
 """
-RM_TAIL = scenario(RM_BASE + """\
+RM_TAIL = scenario(RM_BASE.replace("kpool: 4}", "kpool: 4, n_rs_seq: 2}") + """\
   - seq_rm: {seq: 0, p0: 14, p1: -1}
   - decode: {seq: 0, pos: 14..16}
 """)
@@ -425,7 +425,8 @@ RM_HEAD = scenario(RM_BASE + """\
 
 
 def test_s2_s4_seq_rm_tail(engine: str) -> None:
-    """ENGINE.md §2 seq_rm, §3 (head = min(head, first freed)), §4 (stale_pos = p0 when
+    """ENGINE.md §2 seq_rm (a rollback of the 2 last tokens, which the recurrent child
+    accepts with n_rs_seq 2, §3), §3 (head = min(head, first freed)), §4 (stale_pos = p0 when
     p0 > pos_min), §5 (a stale sequence is rebuilt whole, §8 cost) and §6 (only
     pools whose rep pos >= 14 are re-marked: pool 3, rebuilt on cells 12..15)."""
     st = steps(RM_TAIL, engine)
@@ -484,17 +485,19 @@ ops:
 """)
 
 
-def test_s2_seq_rm_of_every_sequence(engine: str) -> None:
-    """ENGINE.md §2 (seq < 0: every sequence) and §4 (stale_pos(-1, p0) = 0, every
-    sequence staled): cells with pos 2, 3 (cells 2, 3, 8, 9) become empty, head 2."""
+def test_s2_seq_rm_of_every_sequence_is_refused_by_the_recurrent_child(engine: str) -> None:
+    """Research (the real code wins over ENGINE.md §2 "seq < 0: every sequence"):
+    llama_memory_hybrid_idx::seq_rm asks the recurrent child first, and
+    llama_memory_recurrent::seq_rm refuses `(uint32_t) seq_id >= n_seq_max`, which
+    seq -1 is. So seq_rm(-1, 2, 4) is KP008 and changes nothing: the cells, head 12
+    and staleness stay; the next token of seq 0 (pos 6) goes to cell 12."""
     st = steps(RM_ALL, engine)
-    ev, state = st[2]
-    assert ev.stale == {0: 0, 1: 0}
-    assert [c for c in range(12) if state["cells"][0][c][0] == -1] == [2, 3, 8, 9]
-    assert state["head"] == [2]
+    (before_rec, before), (ev, state) = st[1], st[2]
+    assert isinstance(ev, OpEvent) and ev.status == REJECTED and codes(ev) == {"KP008"}
+    assert "seq_id -1" in ev.message and ev.stale == {}
+    _assert_nothing_applied(before_rec, before, state)
     ub = st[3][0]
-    assert ub.token_rows.tolist() == [2]  # head 2, 2 <= used 8 + 2
-    assert ub.n_pool_real == 0 and ub.n_new == 0
+    assert ub.token_rows.tolist() == [12]
 
 
 # =====================================================================================
@@ -798,7 +801,7 @@ STATE_DROP = scenario(SHARED_BASE + """\
   - state_drop: {seq: 1}
   - decode: {seq: 0, pos: 4}
 """)
-RM_SHARED = scenario(SHARED_BASE + """\
+RM_SHARED = scenario(SHARED_BASE.replace("n_seq_max: 2}", "n_seq_max: 2, n_rs_seq: 1}") + """\
   - seq_rm: {seq: 1, p0: 5, p1: -1}
   - decode: {seq: 0, pos: 4}
 """)
@@ -1077,14 +1080,14 @@ ops:
 
 REFUSE = scenario("""
 kpool_trace: 1
-cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+cache: {kv_size: 16, kpool: 2, n_seq_max: 3}
 ops:
   - decode: {seq: 0, pos: 0..4}
   - decode: {seq: 0, pos: 5}
   - decode: {seq: 0, pos: 3}
   - decode: {seq: 0, pos: [4, 6]}
   - decode: {seq: 1, pos: 1..4}
-  - decode: {seq: [0, 1], pos: 4}
+  - decode: {seq: [0, 2], pos: 4}
   - decode: {seq: 0, pos: [5, 4]}
   - decode: {seq: 1, pos: [4, 4, 5]}
 """)
@@ -1104,7 +1107,7 @@ def _assert_nothing_applied(before_rec, before: dict, after: dict) -> None:
     (1, "Y = 5 != X + 1 = 4"),
     (2, "Y = 3 = X"),
     (3, "positions 4, 6 are not continuous"),
-    (5, "coupled seqs 0 (0..3) and 1 (1..3) have diverged"),
+    (5, "coupled seqs 0 (3..3) and 2 (empty) have diverged"),
 ])
 def test_s3_refused_decodes_change_nothing(engine: str, op: int, why: str) -> None:
     """ENGINE.md §3 validation; a refused batch is KP006 (event rejected) and changes
@@ -1135,9 +1138,9 @@ NOROOM = scenario("""
 kpool_trace: 1
 cache: {kv_size: 8, kpool: 2, n_ubatch: 2}
 ops:
-  - decode: {seq: 0, pos: 0..6}
-  - seq_rm: {seq: 0, p0: 4, p1: -1}
+  - decode: {seq: 0, pos: 0..4}
   - decode: {seq: 0, pos: 4}
+  - state_write: {seq: 0, slot: a}
   - decode: {seq: 0, pos: 5..9}
   - decode: {seq: 0, pos: 5..8}
 """)
@@ -1162,7 +1165,7 @@ def test_s4_a_refused_decode_keeps_the_staleness() -> None:
     """ENGINE.md §4: only a decode whose first ubatch succeeds cleans `stale`."""
     st = steps("""
 kpool_trace: 1
-cache: {kv_size: 16, kpool: 2}
+cache: {kv_size: 16, kpool: 2, n_rs_seq: 2}
 ops:
   - decode: {seq: 0, pos: 0..6}
   - seq_rm: {seq: 0, p0: 4, p1: -1}
@@ -1534,7 +1537,7 @@ def test_s7_drifted_layout_misses_the_first_token_and_aborts(engine: str) -> Non
 
 STALE_BASE = """
 kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_rs_seq: 3}
 ops:
   - decode: {seq: 0, pos: 0..8}
   - decode: {seq: 1, pos: 0..4}
@@ -1546,7 +1549,6 @@ ops:
     ("seq_rm: {seq: 0, p0: 5, p1: -1}", {0: 5}, {0: 5}),
     ("seq_rm: {seq: 0, p0: -1, p1: 5}", {0: 0}, {0: 0}),
     ("seq_rm: {seq: 0, p0: 0, p1: 5}", {0: 0}, {0: 0}),
-    ("seq_rm: {seq: -1, p0: 6, p1: -1}", {0: 0, 1: 0}, {0: 0, 1: 0}),
     ("seq_cp: {src: 0, dst: 1}", {1: 0}, {0: 0, 1: 0}),
     ("seq_keep: {seq: 1}", {0: 0, 1: 0}, {0: 0, 1: 0}),
     ("seq_add: {seq: 0, p0: 4, p1: -1, shift: -2}", {0: 2}, {0: 2}),
@@ -1561,6 +1563,7 @@ ops:
 ])
 def test_s4_staleness_table(engine: str, edit: str, rep_once: dict, cache_safe: dict) -> None:
     """ENGINE.md §4: stale_pos(s, p0) = 0 if p0 <= seq_pos_min(s) (or s < 0), else p0,
+    (seq_rm 5.. rolls seq 0's last 3 tokens back: n_rs_seq 3, ENGINE.md §3)
     taken before the edit; seq_add uses p0 + shift when shift < 0 (4 - 2 = 2; 4 - 4 =
     0 <= pos_min), even when nothing moved (p0 20). No sharing here, so cache-safe
     differs only for seq_cp (it stales the source too)."""
@@ -1573,22 +1576,23 @@ def test_s4_staleness_table(engine: str, edit: str, rep_once: dict, cache_safe: 
 
 STALE_UB = scenario("""
 kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_ubatch: 2}
+cache: {kv_size: 32, kpool: 4, n_ubatch: 4, n_rs_seq: 2}
 ops:
   - decode: {seq: 0, pos: 0..8}
   - seq_rm: {seq: 0, p0: 6, p1: -1}
-  - decode: {seq: 0, pos: 6..10}
+  - decode: {seq: 0, pos: 6..11}
 """)
 
 
 def test_s4_only_ubatch_0_uses_the_stale_snapshot(engine: str) -> None:
     """ENGINE.md §4: stale_batch is taken when the batch starts and used by ubatch 0
-    only; after ubatch 0 every stale[s] is CLEAN. Ubatch 0 (pos 6, 7) rebuilds pool 1
-    (pos 4-7, rep pos 7 >= 6: marked); ubatch 1 (pos 8, 9) would re-mark it if it used
-    the snapshot, and does not."""
+    only; after ubatch 0 every stale[s] is CLEAN. The split (§3, n_keep_tail = n_rs_seq
+    + 1 = 3): ubatch 0 collects pos 6..9, leaving 1 token (< 3), so it gives 9 and 8
+    back. Ubatch 0 (pos 6, 7) rebuilds pool 1 (pos 4-7, rep pos 7 >= 6: marked);
+    ubatch 1 (pos 8, 9, 10) would re-mark it if it used the snapshot, and does not."""
     st = steps(STALE_UB, engine)
     (ub0, _), (ub1, s1) = by_op(st, 2)
     assert ub0.stale_batch == {0: 6} and marked(ub0) == [(0, 1)]
     assert ub1.stale_batch == {} and ub1.n_new == 0
     assert s1["stale"] == [C]
-    assert ub1.token_rows.tolist() == [8, 9]
+    assert ub1.token_rows.tolist() == [8, 9, 10]

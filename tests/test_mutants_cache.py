@@ -6,10 +6,11 @@ the test, not the mutant's text."""
 from __future__ import annotations
 
 import numpy as np
+from conftest import toks
 
 from kpool_cli.cache.batch import split_equal, validate
 from kpool_cli.cache.kv import KvCache
-from kpool_cli.trace.model import CacheConfig, Token
+from kpool_cli.trace.model import CacheConfig
 
 
 def cache(kv_size: int = 16, n_seq_max: int = 2, unified: bool = True) -> KvCache:
@@ -25,10 +26,6 @@ def decode(c: KvCache, seq: int, positions, ext=None) -> np.ndarray:
     rows, _ = c.apply(pl, pos, ext, seqs)
     c.check_invariants()
     return rows
-
-
-def toks(*specs) -> tuple[Token, ...]:
-    return tuple(Token(pos=p, seq=tuple(s)) for p, s in specs)
 
 
 # -- §3: split_equal ---------------------------------------------------------------------
@@ -210,17 +207,17 @@ def test_s2_a_snapshot_of_the_whole_cache_restores():
 def test_s3_seq_ids_are_below_n_seq_max():
     """ENGINE.md §3: seq ids in [0, n_seq_max): with 2 sequences, id 2 is refused."""
     c = cache(n_seq_max=2)
-    assert validate(toks((0, [1])), c, mrope=False, embd=False) is None
-    assert validate(toks((0, [2])), c, mrope=False, embd=False) is not None
+    assert validate(toks((0, [1])), c, c.config.n_seq_max, mrope=False, embd=False) is None
+    assert validate(toks((0, [2])), c, c.config.n_seq_max, mrope=False, embd=False) is not None
 
 
 def test_s3_y_equals_x_plus_one_from_a_last_position_of_0():
     """ENGINE.md §3: a sequence whose last pos is X = 0 must go on at Y = 1."""
     c = cache()
     decode(c, 0, [0])
-    assert validate(toks((1, [0])), c, mrope=False, embd=False) is None
-    assert validate(toks((2, [0])), c, mrope=False, embd=False) is not None
-    assert validate(toks((0, [0])), c, mrope=False, embd=False) is not None
+    assert validate(toks((1, [0])), c, c.config.n_seq_max, mrope=False, embd=False) is None
+    assert validate(toks((2, [0])), c, c.config.n_seq_max, mrope=False, embd=False) is not None
+    assert validate(toks((0, [0])), c, c.config.n_seq_max, mrope=False, embd=False) is not None
 
 
 def test_s3_mrope_checks_every_sequence_and_names_the_relation():
@@ -231,13 +228,13 @@ def test_s3_mrope_checks_every_sequence_and_names_the_relation():
     c = cache()
     decode(c, 0, [0])
     decode(c, 1, range(4))
-    text = validate(toks((0, [0])), c, mrope=True, embd=False)
+    text = validate(toks((0, [0])), c, c.config.n_seq_max, mrope=True, embd=False)
     assert text is not None and "X < Y" in text
-    assert validate(toks((0, [0])), c, mrope=True, embd=True) is None
+    assert validate(toks((0, [0])), c, c.config.n_seq_max, mrope=True, embd=True) is None
     both = toks((1, [0]), (2, [1]))
-    msg = validate(both, c, mrope=True, embd=False)
+    msg = validate(both, c, c.config.n_seq_max, mrope=True, embd=False)
     assert msg is not None and msg.startswith("seq 1") and "X < Y" in msg
-    msg = validate(toks((1, [0]), (2, [1])), c, mrope=True, embd=True)
+    msg = validate(toks((1, [0]), (2, [1])), c, c.config.n_seq_max, mrope=True, embd=True)
     assert msg is not None and msg.startswith("seq 1") and "X <= Y" in msg
 
 

@@ -121,7 +121,7 @@ def test_s6_a_token_at_a_pools_first_position_marks_that_pool(engine: str):
 
 TWO_SEQS = """
 kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_rs_seq: 1}
 ops:
   - decode: {seq: 0, pos: 0..4}
   - decode:
@@ -253,7 +253,7 @@ ops:
   - decode: {seq: 0, pos: 4}
   - seq_add: {seq: 0, p0: 0, p1: 1, shift: -5}
   - seq_add: {seq: 0, p0: -1, p1: -1, shift: 20}
-  - decode: {seq: 1, pos: 24}
+  - decode: {seq: 1, pos: 4}
 """
 
 
@@ -261,13 +261,15 @@ def test_s7_drift_abort_when_the_token_is_past_every_layout_position():
     """ENGINE.md §7: the same GGML_ASSERT when the first token's pos lies past every pos
     of the drifted layout. Seq 1's layout (rebuilt at op 2) is pos 0..3 in cells 0..3.
     Seq 0's first shift empties cell 0 (seq 1 loses it), the second moves the shared
-    cells 1..3 to pos 21..23; seq 1 is never staled. Its token at pos 24 (cell 0): 4
-    pairs against 4 cells, pos_min 0 against 21: no append, no rebuild. Pos 24 is past
-    the layout's pos 0..3: KP005 (and KP007), the replay stops."""
+    cells 1..3 to pos 21..23; seq 1 is never staled. Seq 1's recurrent state did not
+    move (it left the shared state cell when seq 0 decoded pos 4): the hybrid memory's
+    seq_pos_max(1) is min(23, 3) = 3, so seq 1 goes on at pos 4 (cell 0): 4 pairs
+    against 4 cells, pos_min 4 against 21: no append, no rebuild. Pos 4 is past the
+    layout's pos 0..3: KP005 (and KP007), the replay stops."""
     recs = run(DRIFT_PAST_THE_END, "rep-once")
     ub = recs[-1]
     assert isinstance(ub, UbatchRecord) and ub.op == 5 and ub.aborted
-    assert ub.token_pos.tolist() == [24] and ub.token_rows.tolist() == [0]
+    assert ub.token_pos.tolist() == [4] and ub.token_rows.tolist() == [0]
     assert {f.code for f in ub.findings} >= {"KP005", "KP007"}
 
 
@@ -275,10 +277,10 @@ def test_s7_drift_abort_when_the_token_is_past_every_layout_position():
 
 PAD = """
 kpool_trace: 1
-cache: {kv_size: 16, kpool: 2}
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
 ops:
   - decode: {seq: 0, pos: [1, 0]}
-  - decode: {seq: 0, pos: 2}
+  - decode: {seq: 1, pos: 0}
 """
 
 
@@ -289,8 +291,10 @@ def _replay(version) -> list[UbatchRecord]:
 def test_s7_padding_rows_follow_the_engines_policy_and_s8_counts_the_sort():
     """ENGINE.md §7, §8. Op 0: pos 1, 0 in cells 0, 1; pool 0 = (pos 0, cell 1),
     (pos 1, cell 0): rep row 0. Both tokens mark it: n_new 1, n_new_g = max(1, 1,
-    min(2 / 2 + 1, 63, 8)) = 2: one padding entry. Op 1: pos 2 (cell 2) completes no
-    pool: n_new 0, n_new_g = max(0, 1, min(0 + 1, 63, 8)) = 1: one padding entry.
+    min(2 / 2 + 1, 63, 8)) = 2: one padding entry. Op 1: seq 1's pos 0 (cell 2)
+    completes no pool (seq 0 could not go on at pos 2: its recurrent state is at pos 0,
+    the last token of op 0, so the hybrid memory's seq_pos_max is 0): n_new 0,
+    n_new_g = max(0, 1, min(0 + 1, 63, 8)) = 1: one padding entry.
     "unused-rows" (§7) pads with the smallest row that is no pool's rep: 1; "row-zero"
     (versions.py) pads row 0, the rep of pool 0: a pad collision (KP004) at op 0.
     §8: whenever n_new_g > n_new the rep rows of every real pool (1) are sorted."""

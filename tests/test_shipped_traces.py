@@ -45,7 +45,7 @@ def applicable(t: m.Trace, engine: str) -> list[int]:
 
 
 def test_there_are_shipped_traces():
-    assert len(TRACES) >= 9, [p.name for p in TRACES]
+    assert len(TRACES) >= 13, [p.name for p in TRACES]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -60,6 +60,7 @@ cache:
   by_order: false           # default false; true = pools by rank (M-RoPE images)
   n_ubatch: 512             # default 512
   n_embd: 16                # key width used by the backend, default 16
+  n_rs_seq: 0               # recurrent rollback depth (MTP draft depth), default 0 (ENGINE.md §3)
 engine: rep-once            # default engine; `--engine` overrides
 seed: 0                     # key generator seed, default 0
 ops:                        # each item has exactly one key: the op
@@ -157,11 +158,9 @@ def test_spec_example_loads_to_the_model() -> None:
         Expect(engine="rep-once", findings=(), n_new=1),
     )
     # Loc: the op item's mapping node, 1-based.
-    assert [op.loc.line for op in t.ops] == list(range(16, 18)) + list(range(18, 19)) + list(
-        range(22, 33)
-    )
+    assert [op.loc.line for op in t.ops] == [17, 18, 19, *range(23, 34)]
     assert all(op.loc.column == 5 and op.loc.file == "spec.yaml" for op in t.ops)
-    assert t.ops[2].loc == Loc("spec.yaml", 18, 5)
+    assert t.ops[2].loc == Loc("spec.yaml", 19, 5)
 
 
 def test_every_other_form_loads_to_the_model() -> None:
@@ -199,7 +198,7 @@ def test_load_trace_reads_a_file_and_hashes_its_bytes(tmp_path: Path) -> None:
     t = load_trace(f)
     assert t.path == str(f)
     assert t.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
-    assert t.ops[0].loc == Loc(str(f), 16, 5)
+    assert t.ops[0].loc == Loc(str(f), 17, 5)
 
 
 def test_pos_range_spaces_and_empty_ops() -> None:
@@ -284,6 +283,19 @@ def test_pos_out_of_range_in_a_token() -> None:
     text = BASE + f"  - decode:\n      tokens:\n        - {{pos: {POS_LIMIT}, seq: 0}}\n"
     p = only(text)
     at(p, 6, 17, "ops[0].decode.tokens[0].pos", "out of range")
+
+
+def test_n_rs_seq_defaults_to_0_and_is_bounded() -> None:
+    """TRACE_FORMAT.md: cache.n_rs_seq, the recurrent child's rollback depth, default
+    0 (llama.cpp without MTP); 0..1024 (N_RS_SEQ_MAX)."""
+    assert load_trace_text("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2}\nops: []\n"
+                           ).cache.n_rs_seq == 0
+    assert load_trace_text("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2, n_rs_seq: 3}\n"
+                           "ops: []\n").cache.n_rs_seq == 3
+    p = only("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2, n_rs_seq: -1}\nops: []\n")
+    at(p, 2, 41, "cache.n_rs_seq", "out of range")
+    p = only("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2, n_rs_seq: 1025}\nops: []\n")
+    at(p, 2, 41, "cache.n_rs_seq", "out of range")
 
 
 def test_kpool_larger_than_kv_size() -> None:
@@ -595,6 +607,7 @@ def traces(draw: st.DrawFn) -> Trace:
         by_order=draw(st.booleans()),
         n_ubatch=draw(st.integers(1, 6)),
         n_embd=draw(st.integers(1, 64)),
+        n_rs_seq=draw(st.integers(0, 4)),
     )
     seq = st.integers(0, cache.n_seq_max - 1)
     seq_all = st.integers(-1, cache.n_seq_max - 1)

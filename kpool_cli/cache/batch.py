@@ -3,7 +3,7 @@
 
 Owns: `validate` (llama_batch_allocr::init's checks against the cache) and
 `split_equal` (llama_batch_allocr::split_equal). Both are pure functions of the
-batch and the cache's pos_min/pos_max; a refusal is a returned message, never an
+batch and the memory's pos_min/pos_max; a refusal is a returned message, never an
 exception, because llama_decode reports it with a return code.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..trace.model import Token
-from .kv import KvCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +25,21 @@ class Ubatch:
     n_seqs_unq: int
 
 
-def validate(tokens: tuple[Token, ...], cache: KvCache, *, mrope: bool, embd: bool) -> str | None:
+class SeqPositions(Protocol):
+    """What batch validation reads of the memory: the hybrid memory's positions
+    (cache.recurrent.HybridPositions)."""
+
+    def seq_pos_min(self, s: int) -> int: ...
+    def seq_pos_max(self, s: int) -> int: ...
+
+
+def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, mrope: bool,
+             embd: bool) -> str | None:
     """llama_batch_allocr::init, the checks that can refuse a batch. None = accepted.
 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
-    n_seq_max = cache.config.n_seq_max
     positions: dict[int, set[int]] = {}
     for i, t in enumerate(tokens):
         for s in t.seq:
@@ -66,8 +74,8 @@ def validate(tokens: tuple[Token, ...], cache: KvCache, *, mrope: bool, embd: bo
     return None
 
 
-def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
-                ) -> list[Ubatch] | str:
+def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
+                n_keep_tail: int = 0) -> list[Ubatch] | str:
     """llama_batch_allocr::split_equal until the batch is used up (ENGINE.md §3).
 
     Each ubatch: collect the sequence sets of unused tokens (batch order) that overlap
@@ -76,7 +84,10 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
     passed over earlier in the walk), stopping once more than n_ubatch are collected;
     then take one more token of
     every set per round while each still has one, stopping when another round would
-    pass n_ubatch tokens. Returns a message when the split is refused."""
+    pass n_ubatch tokens; then, with `n_keep_tail` (the hybrid memory passes
+    n_rs_seq + 1 when n_rs_seq > 0), keep the trailing tokens of each sequence
+    together (`_keep_tails`). Returns a message when the split is refused. The caller
+    makes sure n_ubatch > n_keep_tail (llama.cpp asserts it)."""
     sets = [frozenset(t.seq) for t in tokens]
     if sequential and any(len(s) > 1 for s in sets):
         return ("a sequential split (non-unified cache) does not support coupled sequences "
@@ -104,6 +115,8 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool
                 n_used += 1
             if (len(per_set[0]) + 1) * len(cur) > n_ubatch:
                 break
+        if n_keep_tail > 0:
+            n_used += _keep_tails(cur, per_set, by_set, cursor, n_ubatch, n_keep_tail)
         order = tuple(i for lst in per_set for i in lst)
         n_unq = len({s for i in order for s in tokens[i].seq})
         out.append(Ubatch(order, n_unq))
@@ -151,3 +164,41 @@ def _sequential_sets(pending: list[tuple[int, frozenset[int]]],
         cur.append(nxt)
         at, last = idxs[k], last + 1
     return cur
+
+
+def _keep_tails(cur: list[frozenset[int]], per_set: list[list[int]],
+                by_set: dict[frozenset[int], list[int]], cursor: dict[frozenset[int], int],
+                n_ubatch: int, n_keep_tail: int) -> int:
+    """The `n_keep_tail` step of llama_batch_allocr::split_equal: the trailing
+    n_keep_tail tokens of a sequence set must land in one ubatch (the recurrent
+    child's rollback snapshots, ENGINE.md §3). Keep the leading sets whose unused
+    remainder is 0 or at least n_keep_tail, and give back that first offender and
+    every set after it. When even the first would be cut: take its whole remainder if
+    it fits in n_ubatch, else give its tokens back until n_keep_tail remain.
+    Updates `cur`, `per_set` and `cursor` in place; returns the change in tokens used."""
+
+    def remaining(k: int) -> int:
+        return len(by_set[cur[k]]) - cursor[cur[k]]
+
+    delta = 0
+    n_keep = 0
+    while n_keep < len(cur) and not 0 < remaining(n_keep) < n_keep_tail:
+        n_keep += 1
+    if n_keep == 0:
+        ss, taken = cur[0], per_set[0]
+        if len(taken) + remaining(0) <= n_ubatch:  # finish the set in this ubatch
+            more = by_set[ss][cursor[ss]:]
+            taken.extend(more)
+            cursor[ss] += len(more)
+            delta += len(more)
+        else:
+            while remaining(0) < n_keep_tail:
+                taken.pop()
+                cursor[ss] -= 1
+                delta -= 1
+        n_keep = 1
+    for k in range(n_keep, len(cur)):
+        cursor[cur[k]] -= len(per_set[k])
+        delta -= len(per_set[k])
+    del cur[n_keep:], per_set[n_keep:]
+    return delta

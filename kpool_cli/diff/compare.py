@@ -245,12 +245,10 @@ def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
         return f"{gone} has no record of this op (its run ended before it)"
     if b.status != h.status:
         def say(side: str, s: OpSide) -> str:
-            why = ""
+            codes = sorted({c for c, _ in s.event.findings}) if s.event else []
             if s.status == "aborted":
-                why = " (KP005)"
-            elif s.status == "rejected":
-                why = " (KP006)" if s.event and any(c == "KP006" for c, _ in s.event.findings) \
-                    else ""
+                codes = [ENGINE_ABORT]
+            why = f" ({', '.join(codes)})" if codes and s.status != "applied" else ""
             return f"{side} {s.status}{why}"
         return f"{say(BASE, b)}, {say(HEAD, h)}"
     if (b.event is None) != (h.event is None) or b.kind != h.kind:

@@ -66,7 +66,7 @@ VALUE_BACKENDS = ("numba", "numpy")  # `backend` of a report: null (or "none") o
 CONFIG_KEYS: tuple[tuple[str, str], ...] = (  # in CacheConfig.as_dict order
     ("kv_size", "positive"), ("kpool", "positive"), ("n_seq_max", "positive"),
     ("unified", "bool"), ("by_order", "bool"), ("n_ubatch", "positive"),
-    ("n_embd", "positive"))
+    ("n_embd", "positive"), ("n_rs_seq", "optional"))
 COST_KEYS = ("cells_scanned", "pools_marked", "rows_gathered", "scatter_entries",
              "gen_zeroed", "reps_sorted")
 
@@ -522,6 +522,9 @@ def _config(v: object) -> tuple[tuple[str, object], ...]:
     d = _obj(v)
     out: list[tuple[str, object]] = []
     for key, kind in CONFIG_KEYS:
+        if kind == "optional":  # added after v1's first release: absent means 0
+            out.append((key, _field(d, key, lambda x: _int(x, 0)) if key in d else 0))
+            continue
         conv = _bool if kind == "bool" else (lambda x: _int(x, 1))
         out.append((key, _field(d, key, conv)))
     return tuple(out)

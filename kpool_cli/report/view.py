@@ -221,7 +221,8 @@ class RichView:
         layout = [f"kv_size {cfg.kv_size}", f"kpool {cfg.kpool}", f"n_seq_max {cfg.n_seq_max}",
                   "unified" if cfg.unified else f"non-unified ({cfg.n_stream} streams)",
                   "pools by order (M-RoPE)" if cfg.by_order else "pools by position",
-                  f"n_ubatch {cfg.n_ubatch}", f"n_embd {cfg.n_embd}"]
+                  f"n_ubatch {cfg.n_ubatch}", f"n_embd {cfg.n_embd}",
+                  f"n_rs_seq {cfg.n_rs_seq}" if cfg.n_rs_seq else "no rollback (n_rs_seq 0)"]
         grid.add_row("cache", Text(" · ".join(layout)))
         legend = Text.assemble(
             (".", "dim"), " empty  ", ("0-9a-z", "bold"), " seq  ",

@@ -116,6 +116,7 @@ __all__ = [
     "MAX_PROBLEMS",
     "MAX_TOKENS",
     "N_EMBD_MAX",
+    "N_RS_SEQ_MAX",
     "N_SEQ_MAX_MAX",
     "N_UBATCH_MAX",
     "POS_LIMIT",
@@ -143,6 +144,7 @@ KV_SIZE_MAX = 2**24
 N_SEQ_MAX_MAX = 256  # TRACE_FORMAT.md: n_seq_max "at most 256"
 N_UBATCH_MAX = 2**20
 N_EMBD_MAX = 4096
+N_RS_SEQ_MAX = 1024  # rollback snapshots per sequence (an MTP draft depth: a few)
 POS_LIMIT = 2**31 - 2**20  # positions are < POS_LIMIT, so pos + n_ubatch fits an int32
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -727,7 +729,8 @@ _BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "o
 _NUMBER_LIKE_TAGS = frozenset({STR, FLOAT, TIMESTAMP})
 
 TOP_KEYS = ("kpool_trace", "name", "description", "cache", "engine", "seed", "ops")
-CACHE_KEYS = ("kv_size", "kpool", "n_seq_max", "unified", "by_order", "n_ubatch", "n_embd")
+CACHE_KEYS = ("kv_size", "kpool", "n_seq_max", "unified", "by_order", "n_ubatch", "n_embd",
+              "n_rs_seq")
 TOKEN_KEYS = ("pos", "seq", "ext", "cell")
 DECODE_KEYS = ("seq", "pos", "ext", "cell", "tokens", "ubatches")
 EXPECT_KEYS = ("engine", "findings", "n_new", "n_new_g", "pools", "status", "ubatch")
@@ -1123,6 +1126,7 @@ class _Walker:
             ("by_order", self.bool_),
             ("n_ubatch", lambda n, fl: self.int_(n, fl, 1, N_UBATCH_MAX)),
             ("n_embd", lambda n, fl: self.int_(n, fl, 1, N_EMBD_MAX)),
+            ("n_rs_seq", lambda n, fl: self.int_(n, fl, 0, N_RS_SEQ_MAX)),
         ):
             vals[key] = parse(m[key], f"cache.{key}") if key in m else _CACHE_DEFAULTS[key]
         self.lim = _Limits(

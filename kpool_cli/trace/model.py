@@ -46,6 +46,9 @@ class CacheConfig:
     by_order: bool = False
     n_ubatch: int = 512
     n_embd: int = 16
+    # the recurrent child's rollback snapshots per sequence (ENGINE.md §3 "The recurrent
+    # child"): 0 without MTP, the draft depth with it
+    n_rs_seq: int = 0
 
     @property
     def n_stream(self) -> int:
@@ -66,6 +69,7 @@ class CacheConfig:
             "by_order": self.by_order,
             "n_ubatch": self.n_ubatch,
             "n_embd": self.n_embd,
+            "n_rs_seq": self.n_rs_seq,
         }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from kpool_cli.trace.load import (
     KV_SIZE_MAX,
     N_EMBD_MAX,
+    N_RS_SEQ_MAX,
     N_SEQ_MAX_MAX,
     N_UBATCH_MAX,
     POS_LIMIT,
@@ -179,6 +180,9 @@ def trace_schema() -> dict[str, Any]:
         "by_order": {"type": "boolean", "default": False},
         "n_ubatch": _int(1, N_UBATCH_MAX, default=512),
         "n_embd": _int(1, N_EMBD_MAX, default=16),
+        "n_rs_seq": _int(0, N_RS_SEQ_MAX, default=0,
+                         description="the recurrent child's rollback snapshots per sequence "
+                                     "(0 without MTP; the draft depth with it, e.g. 3)"),
     }, ["kv_size", "kpool"], closed=True)
     return {
         "$schema": DIALECT,
@@ -287,7 +291,8 @@ def report_schema() -> dict[str, Any]:
         "by_order": {"type": "boolean"},
         "n_ubatch": _int(1),
         "n_embd": _int(1),
-    })
+        "n_rs_seq": _int(0),
+    }, ["kv_size", "kpool", "n_seq_max", "unified", "by_order", "n_ubatch", "n_embd"])
     return {
         "$schema": DIALECT,
         "title": "kpool report, format v1",

@@ -36,6 +36,9 @@ CODES: dict[str, Code] = {
              "llama_decode would refuse the batch; nothing applied"),
         Code("KP007", "layout-drift", "error",
              "a sequence's incremental layout no longer matches a rebuild from its cells"),
+        Code("KP008", "edit-refused", "warning",
+             "the memory refuses a seq_rm (the recurrent state cannot be cut); nothing "
+             "changed"),
     )
 }
 

@@ -1,0 +1,276 @@
+"""The hybrid memory's recurrent child, as `llama_memory_recurrent` keeps it
+(ENGINE.md §3 "The recurrent child"; src/llama-memory-recurrent.cpp).
+
+Owns: the child's `size == n_seq_max` state cells (each with the last position its
+state has seen and the sequences that share it), its `head` and `used`, per
+sequence its tail cell and its pending rollback (`rs_idx`: the snapshot plane a
+rollback selected, 0 when none is pending), and the states saved by `state_write`.
+kpool models no state values, only what changes what the k-pool engine sees:
+- `seq_rm` may refuse, and then nothing changes anywhere: the hybrid memory asks
+  this child first (`llama_memory_hybrid_idx::seq_rm`);
+- `seq_pos(s)` (the state's position, -1 without one), which the hybrid memory
+  combines with the attention cache's for batch validation (`HybridPositions`).
+
+Invariants:
+- `tail[s]` is -1 or a cell whose `seqs` holds s, and every sequence is in at most
+  one cell; a cell with no sequence has `pos == -1`;
+- `rs_idx[s]` is 0, or in `1..n_rs_seq` after a rollback not yet consumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .batch import SeqPositions
+
+INT_MAX = 2**31 - 1
+
+
+@dataclass(slots=True)
+class _Cell:
+    pos: int = -1
+    seqs: set[int] = field(default_factory=set)
+
+
+class EditRefused(Exception):
+    """`llama_memory_recurrent::seq_rm` returned false: nothing changed (KP008)."""
+
+
+class RecurrentChild:
+    def __init__(self, n_seq_max: int, n_rs_seq: int) -> None:
+        self.size, self.n_rs_seq = n_seq_max, n_rs_seq  # rs_size = n_seq_max
+        self.saved: dict[str, int] = {}  # state_write slot -> the state's pos (-1: none)
+        self.clear()
+
+    def seq_pos(self, s: int) -> int:
+        """s's state position (its seq_pos_min == seq_pos_max), -1 without a state."""
+        t = self.tail[s] if 0 <= s < self.size else -1
+        return self.cells[t].pos if t >= 0 else -1
+
+    # -- edits -------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """llama_memory_recurrent::clear: every cell empty, head 0, every pending
+        rollback gone. States saved by state_write stay (they live outside)."""
+        self.cells = [_Cell() for _ in range(self.size)]
+        self.tail = [-1] * self.size
+        self.rs_idx = [0] * self.size
+        self.head = self.used = 0
+        self.n = 0  # the cells [head, head + n) the last ubatch's graph reads
+
+    def seq_rm(self, s: int, p0: int, p1: int) -> None:
+        """llama_memory_recurrent::seq_rm; raises EditRefused, having changed nothing,
+        when it returns false:
+        - `(uint32_t) seq_id >= n_seq_max`: any seq id out of range, -1 included (the
+          code's branch for a negative id is unreachable);
+        - a removal that cuts into the state, `0 < p0 <= pos < p1` (pos: the state's),
+          unless it is a rollback of 1..n_rs_seq tokens with none pending: then the
+          state's pos becomes p0 - 1 and the rollback is pending (`rs_idx`).
+        A whole-sequence removal (p0 <= 0, p1 < 0) clears a pending rollback first."""
+        p0 = max(p0, 0)
+        p1 = INT_MAX if p1 < 0 else p1
+        if not 0 <= s < self.size:
+            raise EditRefused(f"llama_memory_recurrent::seq_rm refuses seq_id {s}: it must "
+                              f"be in [0, {self.size}) (the recurrent state is per sequence)")
+        if p0 == 0 and p1 == INT_MAX:
+            self.rs_idx[s] = 0
+        t = self.tail[s]
+        if t >= 0:
+            cell = self.cells[t]
+            if 0 < p0 <= cell.pos < p1:
+                rollback = cell.pos - (p0 - 1)
+                pending = self.rs_idx[s] != 0
+                if not pending and 1 <= rollback <= self.n_rs_seq:
+                    self.rs_idx[s] = rollback
+                    cell.pos = p0 - 1
+                    return
+                why = ("a rollback is already pending (one per decode)" if pending else
+                       f"a rollback of {rollback} token{'s' * (rollback != 1)} needs "
+                       f"n_rs_seq >= {rollback} (n_rs_seq is {self.n_rs_seq})")
+                end = "inf" if p1 == INT_MAX else str(p1)
+                raise EditRefused(f"the recurrent state of seq {s} is at pos {cell.pos}: "
+                                  f"removing {p0}..{end} would cut it, and {why}")
+            if p0 <= cell.pos < p1:
+                self.tail[s] = -1
+        new_head = self.size
+        for k, c in enumerate(self.cells):
+            if p0 <= c.pos < p1 and s in c.seqs:
+                c.seqs.discard(s)
+                if not c.seqs:
+                    self.used -= 1
+                    c.pos = -1
+                    new_head = min(new_head, k)
+        if new_head < self.head:
+            self.head = new_head
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        """llama_memory_recurrent::seq_cp: the range is ignored; dst leaves its cell
+        and shares src's tail cell. Pending rollbacks are untouched."""
+        if src == dst:
+            return
+        self._leave(dst)
+        t = self.tail[src]
+        if t >= 0:
+            self.cells[t].seqs.add(dst)
+            self.tail[dst] = t
+
+    def seq_keep(self, s: int) -> None:
+        """llama_memory_recurrent::seq_keep: cells without s empty out; s's cell keeps
+        only s; every other tail is gone (a cell of s shared with others keeps its pos)."""
+        new_head = self.size
+        for k, c in enumerate(self.cells):
+            if k != s:
+                self.tail[k] = -1
+            if s not in c.seqs:
+                if c.pos >= 0:
+                    self.used -= 1
+                c.pos, c.seqs = -1, set()
+                new_head = min(new_head, k)
+            else:
+                c.seqs = {s}
+        if new_head < self.head:
+            self.head = new_head
+
+    def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
+        """llama_memory_recurrent::seq_add: s's state pos moves when it is in
+        [p0, p1) (for every sequence sharing the cell)."""
+        if shift != 0:
+            self._move_tail(s, p0, p1, lambda pos: pos + shift)
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        """llama_memory_recurrent::seq_div: as seq_add, pos /= d (C division)."""
+        if d != 1:
+            self._move_tail(s, p0, p1, lambda pos: pos // d)  # pos >= 0 and d > 0
+
+    def state_write(self, s: int, slot: str) -> None:
+        """llama_memory_recurrent::state_write of s: its cell's pos, or none."""
+        self.saved[slot] = self.seq_pos(s)
+
+    def state_read(self, s: int, slot: str) -> None:
+        """llama_memory_recurrent::state_read into s: `seq_rm(s, -1, -1)` (so an empty
+        saved state leaves s without one), then find_slot for the saved cell, and no
+        rollback pending."""
+        self.seq_rm(s, -1, -1)
+        pos = self.saved[slot]
+        if pos >= 0:
+            self.find_slot([((s,), pos)])
+        self.rs_idx[s] = 0
+
+    def state_drop(self, s: int) -> None:
+        """llama_memory_hybrid_idx::state_drop calls seq_rm(s, -1, -1) on this child
+        directly, ignoring a refusal (s < 0 is the caller's `clear`)."""
+        with contextlib.suppress(EditRefused):
+            self.seq_rm(s, -1, -1)
+
+    # -- a decode ----------------------------------------------------------------------
+
+    def apply_ubatch(self, sets: list[tuple[tuple[int, ...], int]]) -> None:
+        """One ubatch: `sets` lists its sequence sets in ubatch order, each as (seq ids
+        of its first token, in the token's order; pos of its last token). find_slot,
+        then the graph input `s_copy` reads and consumes the pending rollbacks."""
+        self.find_slot(sets)
+        if self.n_rs_seq:
+            self._consume_rollbacks()
+
+    def find_slot(self, sets: list[tuple[tuple[int, ...], int]]) -> None:
+        """llama_memory_recurrent::find_slot (it cannot fail: every seq id is below
+        size, checked by the loader). Coupled ids after the first leave their cells;
+        the first id of each set gets a cell it owns alone (from the next empty cell
+        after `head`, copying its old pos); the sets' cells are swapped into
+        `[min, min + n_sets)` in set order; each takes the set's last pos and exactly
+        its seq ids. Then head = min, n = max - min + 1 (max: before the swaps)."""
+        n_seqs = len(sets)
+        if self.head > self.used + 2 * n_seqs:
+            self.head = 0
+        for seqs, _ in sets:
+            for s in seqs[1:]:
+                self._leave(s)
+        nxt = self._next_empty(self.head)
+        lo, hi = self.size - 1, 0
+        for k, (seqs, _) in enumerate(sets):
+            s = seqs[0]
+            t = self.tail[s]
+            if t < 0 or len(self.cells[t].seqs) != 1:
+                empty = self.cells[nxt]
+                assert not empty.seqs, "one cell per sequence always leaves an empty one"
+                if t >= 0:
+                    orig = self.cells[t]
+                    empty.pos = orig.pos
+                    orig.seqs.discard(s)
+                    empty.seqs.add(s)
+                self.tail[s] = nxt
+                if k + 1 < n_seqs:
+                    nxt = self._next_empty(nxt + 1)
+            lo, hi = min(lo, self.tail[s]), max(hi, self.tail[s])
+        for k, (seqs, _) in enumerate(sets):
+            dst, src = k + lo, self.tail[seqs[0]]
+            if dst != src:
+                a, b = self.cells[dst], self.cells[src]
+                a.pos, b.pos = b.pos, a.pos
+                a.seqs, b.seqs = b.seqs, a.seqs
+                self.tail = [dst if x == src else src if x == dst else x for x in self.tail]
+        for k, (seqs, last) in enumerate(sets):
+            cell = self.cells[k + lo]
+            cell.pos, cell.seqs = last, set(seqs)
+            for s in seqs:
+                self.tail[s] = k + lo
+        self.head, self.n = lo, hi - lo + 1
+        self.used = sum(1 for c in self.cells if c.seqs)
+
+    # -- private -----------------------------------------------------------------------
+
+    def _consume_rollbacks(self) -> None:
+        """llama_memory_recurrent_context::s_copy, for each cell of [head, head + n):
+        the smallest seq id of the cell has its pending rollback read and reset. So a
+        sequence sharing a cell with a smaller id keeps its own, and a cell inside the
+        range that the ubatch did not use consumes its sequence's."""
+        for c in self.cells[self.head:self.head + self.n]:
+            if c.seqs:
+                self.rs_idx[min(c.seqs)] = 0
+
+    def _leave(self, s: int) -> None:
+        """s leaves its tail cell, which empties if s was its last sequence."""
+        t = self.tail[s]
+        if t >= 0:
+            cell = self.cells[t]
+            cell.seqs.discard(s)
+            self.tail[s] = -1
+            if not cell.seqs:
+                cell.pos = -1
+                self.used -= 1
+
+    def _next_empty(self, start: int) -> int:
+        """find_slot's scan: the first empty cell from `start`, wrapping once. There is
+        always one when a set needs it (a sequence is in one cell at most)."""
+        for k in range(start, start + self.size):
+            if not self.cells[k % self.size].seqs:
+                return k % self.size
+        return start % self.size
+
+    def _move_tail(self, s: int, p0: int, p1: int, move: Callable[[int], int]) -> None:
+        lo, hi = max(p0, 0), INT_MAX if p1 < 0 else p1
+        if lo == hi or not 0 <= s < self.size or self.tail[s] < 0:
+            return
+        cell = self.cells[self.tail[s]]
+        if s in cell.seqs and lo <= cell.pos < hi:
+            cell.pos = move(cell.pos)
+
+
+class HybridPositions:
+    """The hybrid memory's `seq_pos_min` / `seq_pos_max`, which batch validation reads
+    (llama_batch_allocr::init asks the memory): the min of the whole memory is the
+    max of its two children's mins, its max the min of their maxes
+    (llama_memory_hybrid::seq_pos_min / seq_pos_max). With a recurrent state both
+    are its position, once the attention cache holds the sequence; a sequence with
+    cells but no state has max -1 (it may start anywhere)."""
+
+    def __init__(self, kv: SeqPositions, recurrent: RecurrentChild) -> None:
+        self.kv, self.recurrent = kv, recurrent
+
+    def seq_pos_min(self, s: int) -> int:
+        return max(self.kv.seq_pos_min(s), self.recurrent.seq_pos(s))
+
+    def seq_pos_max(self, s: int) -> int:
+        return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos(s))

@@ -1,0 +1,406 @@
+"""The hybrid memory's recurrent child (ENGINE.md §3 "The recurrent child"), rule by
+rule, each test naming the llama.cpp function it follows
+(src/llama-memory-recurrent.cpp, src/llama-memory-hybrid.cpp,
+src/llama-memory-hybrid-idx.cpp, src/llama-batch.cpp). The numbers are derived by
+hand in each docstring.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import codes, drive, run, toks
+
+from kpool_cli.cache.batch import split_equal
+from kpool_cli.cache.recurrent import EditRefused, RecurrentChild
+from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
+
+
+def child(n_seq_max: int = 4, n_rs_seq: int = 3) -> RecurrentChild:
+    return RecurrentChild(n_seq_max, n_rs_seq)
+
+
+def decoded(c: RecurrentChild, *sets: tuple[tuple[int, ...], int]) -> RecurrentChild:
+    c.apply_ubatch(list(sets))
+    return c
+
+
+def state(c: RecurrentChild) -> list[tuple[int, list[int]]]:
+    return [(cell.pos, sorted(cell.seqs)) for cell in c.cells]
+
+
+# -- llama_memory_recurrent::seq_rm ---------------------------------------------------
+
+
+def test_llama_memory_recurrent_seq_rm_accepts_a_rollback_within_n_rs_seq():
+    """State at pos 9, n_rs_seq 3: seq_rm(0, 7, -1) is a rollback of 9 - (7 - 1) = 3
+    tokens: accepted, pos 6, rs_idx 3 (pending), the cell keeps seq 0."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_rm(0, 7, -1)
+    assert c.seq_pos(0) == 6 and c.rs_idx[0] == 3 and c.tail[0] == 0
+    assert state(c)[0] == (6, [0])
+
+
+@pytest.mark.parametrize(("p0", "why"), [
+    (6, "a rollback of 4 tokens needs n_rs_seq >= 4 (n_rs_seq is 3)"),
+    (1, "a rollback of 9 tokens needs n_rs_seq >= 9"),
+])
+def test_llama_memory_recurrent_seq_rm_refuses_a_deeper_cut(p0, why):
+    """State at pos 9, n_rs_seq 3: p0 6 is a rollback of 4 tokens, p0 1 of 9: both
+    cut into the state (0 < p0 <= 9 < inf) and are refused; nothing changes."""
+    c = decoded(child(), ((0,), 9))
+    before = state(c), list(c.rs_idx), list(c.tail)
+    with pytest.raises(EditRefused, match="would cut it") as e:
+        c.seq_rm(0, p0, -1)
+    assert why in str(e.value)
+    assert (state(c), list(c.rs_idx), list(c.tail)) == before
+
+
+def test_llama_memory_recurrent_seq_rm_refuses_a_second_rollback_while_one_is_pending():
+    """Pos 9: seq_rm(0, 9, -1) rolls back 1 token (pos 8, rs_idx 1). A second
+    seq_rm(0, 8, -1), 1 token again, is refused: "pending rollback is single-use"."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_rm(0, 9, -1)
+    assert c.seq_pos(0) == 8 and c.rs_idx[0] == 1
+    with pytest.raises(EditRefused, match="already pending"):
+        c.seq_rm(0, 8, -1)
+    assert c.seq_pos(0) == 8 and c.rs_idx[0] == 1
+
+
+def test_llama_memory_recurrent_seq_rm_with_n_rs_seq_0_refuses_every_tail_cut():
+    """n_rs_seq 0 (no MTP): a rollback of even 1 token (1 <= 1 <= 0 fails) is refused."""
+    c = decoded(child(n_rs_seq=0), ((0,), 5))
+    with pytest.raises(EditRefused, match="n_rs_seq is 0"):
+        c.seq_rm(0, 5, -1)
+
+
+@pytest.mark.parametrize(("p0", "p1", "pos", "tail"), [
+    (-1, -1, -1, -1),   # the whole sequence: p0 = 0, p1 = INT_MAX; cell emptied
+    (0, 20, -1, -1),    # p0 = 0 is not a cut (0 < p0 fails): the state goes
+    (2, 5, 9, 0),       # ends before the last pos (a context shift): state kept
+    (10, -1, 9, 0),     # starts after the last pos: nothing to cut
+    (4, 4, 9, 0),       # an empty range
+])
+def test_llama_memory_recurrent_seq_rm_accepts_what_does_not_cut_the_state(p0, p1, pos, tail):
+    """State at pos 9 (n_rs_seq 0): only `0 < p0 <= 9 < p1` cuts. The rest is accepted:
+    a range holding pos 9 drops the tail and empties the cell (pos -1), one that does
+    not leaves the state alone."""
+    c = decoded(child(n_rs_seq=0), ((0,), 9))
+    c.seq_rm(0, p0, p1)
+    assert c.seq_pos(0) == pos and c.tail[0] == tail
+
+
+def test_llama_memory_recurrent_seq_rm_refuses_every_seq_id_out_of_range_minus_one_too():
+    """`(uint32_t) seq_id >= n_seq_max` comes first: -1 (as uint32, 2^32 - 1) and 4
+    with n_seq_max 4 are refused, even for the whole range."""
+    c = decoded(child(), ((0,), 3))
+    for s in (-1, 4):
+        with pytest.raises(EditRefused, match=f"seq_id {s}"):
+            c.seq_rm(s, -1, -1)
+    assert c.seq_pos(0) == 3
+
+
+def test_llama_memory_recurrent_seq_rm_of_the_whole_sequence_clears_a_pending_rollback():
+    """`rm_all` (p0 0, p1 INT_MAX) sets rs_idx to 0 before anything else."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_rm(0, 8, -1)
+    assert c.rs_idx[0] == 2
+    c.seq_rm(0, -1, -1)
+    assert c.rs_idx[0] == 0 and c.seq_pos(0) == -1
+
+
+def test_llama_memory_recurrent_seq_rm_head_moves_to_the_first_freed_cell():
+    """Seqs 0, 1, 2 own cells 0, 1, 2 (one ubatch, cells from head 0); head is then 0
+    (find_slot: head = min). Moving head on: decode seq 3 alone: its cell is 3, head 3.
+    Removing seq 1 frees cell 1: head = min(3, 1) = 1."""
+    c = decoded(child(), ((0,), 0), ((1,), 0), ((2,), 0))
+    decoded(c, ((3,), 0))
+    assert c.head == 3
+    c.seq_rm(1, -1, -1)
+    assert c.head == 1 and state(c)[1] == (-1, [])
+
+
+# -- seq_cp, seq_keep, seq_add, seq_div, clear ------------------------------------------
+
+
+def test_llama_memory_recurrent_seq_cp_shares_the_tail_and_ignores_the_range():
+    """seq_cp(0, 1, 2, 5): the range is ignored; seq 1 joins seq 0's cell (pos 9).
+    Seq 1's own old cell (pos 4) is left empty. Pending rollbacks are untouched."""
+    c = decoded(child(), ((0,), 9), ((1,), 4))
+    c.seq_rm(0, 9, -1)  # pending for seq 0
+    c.seq_cp(0, 1)
+    assert c.tail[1] == c.tail[0] == 0 and state(c)[:2] == [(8, [0, 1]), (-1, [])]
+    assert c.rs_idx == [1, 0, 0, 0]
+
+
+def test_llama_memory_recurrent_seq_keep_empties_every_other_cell():
+    """seq_keep(1): cell 0 (seq 0) empties, cell 1 (seqs 1, 2 after a seq_cp) keeps
+    only seq 1; every tail but seq 1's is -1."""
+    c = decoded(child(), ((0,), 3), ((1,), 5))
+    c.seq_cp(1, 2)
+    c.seq_keep(1)
+    assert state(c)[:2] == [(-1, []), (5, [1])]
+    assert c.tail == [-1, 1, -1, -1]
+
+
+@pytest.mark.parametrize(("p0", "p1", "shift", "pos"), [
+    (4, -1, -4, 5), (0, 9, -4, 9), (10, -1, 2, 9), (9, 10, 0, 9), (9, 9, 5, 9)])
+def test_llama_memory_recurrent_seq_add_moves_the_state_pos_in_range(p0, p1, shift, pos):
+    """State pos 9: [4, inf) holds it: 9 - 4 = 5; [0, 9) does not; [10, inf) not;
+    shift 0 and an empty range [9, 9) return early."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_add(0, p0, p1, shift)
+    assert c.seq_pos(0) == pos
+
+
+def test_llama_memory_recurrent_seq_div_divides_the_state_pos_in_range():
+    """State pos 9, seq_div(0, 0, -1, 2): 9 / 2 = 4; d 1 returns early."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_div(0, 0, -1, 1)
+    assert c.seq_pos(0) == 9
+    c.seq_div(0, 0, -1, 2)
+    assert c.seq_pos(0) == 4
+
+
+def test_llama_memory_recurrent_clear_forgets_every_state_and_rollback_not_the_saved():
+    """clear: every cell empty, head 0, rs_idx all 0; a state saved by state_write (it
+    lives outside the memory) can still be restored."""
+    c = decoded(child(), ((0,), 9))
+    c.state_write(0, "a")
+    c.seq_rm(0, 9, -1)
+    c.clear()
+    assert c.seq_pos(0) == -1 and c.rs_idx == [0] * 4 and c.head == 0
+    c.state_read(2, "a")
+    assert c.seq_pos(2) == 9  # saved before the rollback
+
+
+# -- state_write / state_read / state_drop -----------------------------------------------
+
+
+def test_llama_memory_recurrent_state_read_restores_the_pos_and_clears_the_rollback():
+    """state_write(0) saves pos 9; state_read(1): seq_rm(1, -1, -1), find_slot of one
+    cell at pos 9 for seq 1, rs_idx[1] = 0 (it had a pending rollback)."""
+    c = decoded(child(), ((0,), 9), ((1,), 6))
+    c.state_write(0, "a")
+    c.seq_rm(1, 6, -1)
+    assert c.rs_idx[1] == 1
+    c.state_read(1, "a")
+    assert c.seq_pos(1) == 9 and c.rs_idx[1] == 0 and c.tail[1] != c.tail[0]
+
+
+def test_llama_memory_recurrent_state_read_meta_of_an_empty_state_drops_the_sequence():
+    """An empty saved state (seq 3 had none): state_read_meta calls seq_rm(dest, -1,
+    -1) before it looks at the cell count, so seq 1 is left without a state."""
+    c = decoded(child(), ((1,), 6))
+    c.state_write(3, "empty")
+    c.state_read(1, "empty")
+    assert c.seq_pos(1) == -1
+
+
+def test_llama_memory_hybrid_idx_state_drop_ignores_the_refusal():
+    """state_drop calls the child's seq_rm(s, -1, -1) directly: a whole-sequence
+    removal, always accepted for 0 <= s < n_seq_max."""
+    c = decoded(child(), ((1,), 6))
+    c.state_drop(1)
+    assert c.seq_pos(1) == -1
+
+
+# -- find_slot and s_copy ----------------------------------------------------------------
+
+
+def test_llama_memory_recurrent_find_slot_gives_each_first_seq_id_a_cell_of_its_own():
+    """Seq 0 at pos 3 in cell 0; seq_cp(0, 1) shares it. A ubatch of seq 1 (pos 4):
+    cell 0 holds 2 seqs, so seq 1 moves to the next empty cell from head 0, cell 1,
+    taking pos 3 along, then pos 4. Seq 0 keeps cell 0 at pos 3."""
+    c = decoded(child(), ((0,), 3))
+    c.seq_cp(0, 1)
+    decoded(c, ((1,), 4))
+    assert state(c)[:2] == [(3, [0]), (4, [1])]
+    assert c.tail[:2] == [0, 1]
+
+
+def test_llama_memory_recurrent_find_slot_detaches_coupled_ids_and_shares_one_cell():
+    """A token of seqs (2, 0): id 0 (not first) leaves its cell 0 (pos 3, emptied);
+    seq 2 has none: the next empty cell from head 0 is cell 0 again. Both share it at
+    the set's last pos 4."""
+    c = decoded(child(), ((0,), 3))
+    decoded(c, ((2, 0), 4))
+    assert state(c)[0] == (4, [0, 2]) and c.tail[0] == c.tail[2] == 0
+
+
+def test_llama_memory_recurrent_find_slot_swaps_cells_into_set_order():
+    """Seq 1 in cell 0, seq 0 in cell 1 (decoded in that order). A ubatch of sets
+    (0, 1): min = 0, so set 0 (seq 0) must be in cell 0: the cells swap; then the
+    positions are the sets' last ones."""
+    c = decoded(child(), ((1,), 5))
+    decoded(c, ((0,), 2))
+    assert c.tail[:2] == [1, 0]
+    decoded(c, ((0,), 3), ((1,), 6))
+    assert c.tail[:2] == [0, 1] and state(c)[:2] == [(3, [0]), (6, [1])]
+
+
+def test_llama_memory_recurrent_context_s_copy_consumes_every_rollback_in_its_range():
+    """Cells 0, 1, 2 hold seqs 0, 1, 2 (one ubatch); each rolls back (pending 1, 1, 2).
+    A ubatch of seqs 0 and 2 finds their cells 0 and 2: min 0, max 2, n = 3 (seq 2 is
+    then swapped into cell 1, seq 1 into cell 2). s_copy reads every cell of [0, 3)
+    and resets the rollback of each one's smallest seq id: seq 1, not in the ubatch,
+    loses its rollback too."""
+    c = decoded(child(), ((0,), 5), ((1,), 5), ((2,), 5))
+    c.seq_rm(0, 5, -1)
+    c.seq_rm(1, 5, -1)
+    c.seq_rm(2, 4, -1)
+    assert c.rs_idx[:3] == [1, 1, 2]
+    decoded(c, ((0,), 5), ((2,), 4))
+    assert (c.head, c.n) == (0, 3) and c.tail[:3] == [0, 2, 1]
+    assert c.rs_idx[:3] == [0, 0, 0]
+
+
+def test_llama_memory_recurrent_context_s_copy_spares_a_larger_id_sharing_the_cell():
+    """Seq 3 (cell 1) rolls back 1 token (pending); seq_cp(0, 3) moves it into seq 0's
+    cell 0 (seq_cp leaves rs_idx alone); seq 0 rolls back too: pending for both. A
+    ubatch of seq 1 alone takes cell 1, so [head, head + n) = [1, 2): neither is
+    consumed. A ubatch of the coupled set (0, 3) uses cell 0, whose smallest seq id
+    is 0: only seq 0's rollback is consumed; seq 3 keeps its own."""
+    c = decoded(child(), ((0,), 5), ((3,), 5))
+    c.seq_rm(3, 5, -1)
+    c.seq_cp(0, 3)
+    c.seq_rm(0, 5, -1)
+    assert c.rs_idx == [1, 0, 0, 1]
+    decoded(c, ((1,), 0))
+    assert (c.head, c.n) == (1, 1) and c.rs_idx == [1, 0, 0, 1]
+    decoded(c, ((0, 3), 5))
+    assert c.rs_idx == [0, 0, 0, 1]
+
+
+# -- in the replay: llama_memory_hybrid_idx -----------------------------------------------
+
+SPEC = """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_rs_seq: %d}
+ops:
+  - decode: {seq: 0, pos: 0..10}
+  - seq_rm: {seq: 0, p0: 8, p1: -1}
+  - decode: {seq: 0, pos: 8..10}
+"""
+
+
+def test_llama_memory_hybrid_idx_seq_rm_asks_the_recurrent_child_first():
+    """n_rs_seq 2: seq_rm(0, 8, -1) on pos 0..9 is a rollback of 2: accepted, the
+    attention cells 8, 9 freed (head 8), stale 8; the decode of 8, 9 goes to cells 8,
+    9. n_rs_seq 1: refused: KP008, the event is rejected, stales nothing, and the
+    cells stay, so the decode at pos 8 is refused too (X = 9, KP006)."""
+    ok = run(SPEC % 2)
+    ev = ok[1]
+    assert isinstance(ev, OpEvent) and ev.status == APPLIED and ev.stale == {0: 8}
+    assert ok[2].token_rows.tolist() == [8, 9]
+    no = run(SPEC % 1)
+    ev = no[1]
+    assert ev.status == REJECTED and ev.stale == {} and codes(ev) == {"KP008"}
+    assert "n_rs_seq >= 2 (n_rs_seq is 1)" in ev.message
+    assert no[2].status == REJECTED and codes(no[2]) == {"KP006"}
+
+
+def test_a_refused_seq_rm_changes_nothing_in_any_cache():
+    """After the refusal the attention cells, the layout, the staleness and the
+    recurrent state are what they were after the prefill."""
+    seen = []
+    for rec, rp in drive(SPEC % 0):
+        if isinstance(rec, OpEvent | UbatchRecord) and rec.op < 2:
+            seen.append((rp.cache.streams[0].pos.tolist(), list(rp.stale),
+                         rp.layout.seqs[0].pools.view.tolist(), rp.recurrent.seq_pos(0),
+                         list(rp.recurrent.rs_idx)))
+    assert seen[0] == seen[1]
+
+
+def test_llama_memory_hybrid_seq_pos_max_is_the_recurrent_states_last_pos():
+    """A decode of positions [1, 0]: the attention cache's max is 1, the recurrent
+    state's pos is that of the last token, 0. The hybrid memory's seq_pos_max is
+    min(1, 0) = 0, so llama_batch_allocr::init wants Y = 1: pos 2 is refused, pos 1
+    accepted."""
+    base = "kpool_trace: 1\ncache: {kv_size: 8, kpool: 2}\nops:\n" \
+           "  - decode: {seq: 0, pos: [1, 0]}\n  - decode: {seq: 0, pos: %d}\n"
+    r2 = run(base % 2)[1]
+    assert r2.status == REJECTED and "X = 0" in r2.message
+    assert isinstance(run(base % 1)[1], UbatchRecord)
+
+
+def test_llama_memory_hybrid_seq_pos_min_lets_coupled_states_at_one_pos_pass():
+    """Seq 0 holds pos 0..3, seq 1 pos 1..3; both states are at pos 3. The coupled
+    check compares seq_pos_min = max(attention min, 3) = 3 for both, and seq_pos_max 3
+    for both: a token of seqs (0, 1) at pos 4 is accepted (the attention cache alone
+    would say 0..3 vs 1..3, diverged)."""
+    recs = run("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - decode: {seq: 1, pos: 1..4}
+  - decode: {seq: [0, 1], pos: 4}
+""")
+    assert isinstance(recs[2], UbatchRecord)
+
+
+def test_an_empty_restore_leaves_the_sequence_free_to_start_anywhere():
+    """state_write of an empty seq 1, then state_read into seq 0 (pos 0..3): the
+    attention cache keeps seq 0's cells (an empty snapshot leaves it untouched), but
+    the recurrent child's state_read_meta removed its state, so seq_pos_max(0) =
+    min(3, -1) = -1 and a decode of seq 0 at pos 10 is accepted."""
+    recs = run("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - state_write: {seq: 1, slot: e}
+  - state_read: {seq: 0, slot: e}
+  - decode: {seq: 0, pos: 10}
+""")
+    assert recs[2].status == APPLIED and isinstance(recs[3], UbatchRecord)
+
+
+def test_split_equal_asserts_n_ubatch_above_n_keep_tail():
+    """llama_batch_allocr::split_equal: GGML_ASSERT(n_ubatch > n_keep_tail). n_rs_seq
+    3 gives n_keep_tail 4; n_ubatch 4 is not above it: the engine aborts (KP005) at
+    the first decode that is split, and the replay stops."""
+    recs = run("kpool_trace: 1\ncache: {kv_size: 16, kpool: 2, n_ubatch: 4, n_rs_seq: 3}\n"
+               "ops:\n  - decode: {seq: 0, pos: 0..2}\n  - decode: {seq: 0, pos: 2}\n")
+    assert len(recs) == 1 and recs[0].status == ABORTED and codes(recs[0]) == {"KP005"}
+    assert "n_ubatch > n_keep_tail" in recs[0].message
+
+
+# -- llama_batch_allocr::split_equal's n_keep_tail step -----------------------------------
+
+
+def sizes(tokens, n_ubatch, n_keep_tail, sequential=False):
+    ubs = split_equal(tokens, n_ubatch, sequential, n_keep_tail=n_keep_tail)
+    return [[tokens[i].pos for i in ub.tokens] for ub in ubs]
+
+
+def test_split_equal_n_keep_tail_gives_tokens_back_until_the_tail_remains():
+    """One sequence of 10 tokens, n_ubatch 8, n_keep_tail 4: the lock-step takes 8,
+    2 remain (< 4): no set may be kept, the first is cut: 8 + 2 > 8, so tokens go
+    back until 4 remain: 6, then 4. Without the step: 8, then 2."""
+    t = toks(*[(p, [0]) for p in range(10)])
+    assert sizes(t, 8, 4) == [list(range(6)), list(range(6, 10))]
+    assert sizes(t, 8, 0) == [list(range(8)), [8, 9]]
+
+
+def test_split_equal_n_keep_tail_finishes_the_first_set_when_it_fits():
+    """Seqs 0 and 1, 10 tokens each, n_ubatch 8, n_keep_tail 4. Ubatch 0: 4 of each,
+    6 remain each (>= 4): both kept. Ubatch 1: 4 of each, 2 remain each: seq 0 is the
+    first offender, n_keep 0; 4 + 2 <= 8: seq 0 takes its last 2 (6 tokens), seq 1's
+    4 go back. Ubatch 2: seq 1's last 6."""
+    t = toks(*[(p, [s]) for p in range(10) for s in (0, 1)])
+    ubs = split_equal(t, 8, False, n_keep_tail=4)
+    got = [[(t[i].seq[0], t[i].pos) for i in ub.tokens] for ub in ubs]
+    assert got == [[(0, p) for p in range(4)] + [(1, p) for p in range(4)],
+                   [(0, p) for p in range(4, 10)],
+                   [(1, p) for p in range(4, 10)]]
+
+
+def test_split_equal_n_keep_tail_keeps_the_leading_sets_and_defers_the_rest():
+    """Seq 0 has 9 tokens, seq 1 has 5, seq 2 has 9; n_ubatch 9, n_keep_tail 3. The
+    lock-step takes 3 of each (9); remaining 6, 2, 6: seq 0 is kept, seq 1 (2 < 3) is
+    the first offender: it and seq 2 give theirs back. Ubatch 0: seq 0's 0..2."""
+    t = toks(*[(p, [0]) for p in range(9)], *[(p, [1]) for p in range(5)],
+             *[(p, [2]) for p in range(9)])
+    ub0 = split_equal(t, 9, False, n_keep_tail=3)[0]
+    assert [(t[i].seq[0], t[i].pos) for i in ub0.tokens] == [(0, 0), (0, 1), (0, 2)]
