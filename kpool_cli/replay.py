@@ -289,17 +289,17 @@ class Replayer:
             split = [Ubatch(ub, len({s for j in ub for s in tokens[j].seq}))
                      for ub in op.ubatches]
         else:
-            if cfg.n_rs_seq and cfg.n_ubatch <= cfg.n_rs_seq + 1:
+            # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
+            keep = self.recurrent.n_keep_tail
+            if keep and cfg.n_ubatch <= keep:
                 msg = ("GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal:"
-                       f" n_ubatch {cfg.n_ubatch} cannot keep n_rs_seq + 1 = "
-                       f"{cfg.n_rs_seq + 1} trailing tokens together")
+                       f" n_ubatch {cfg.n_ubatch} cannot keep n_rs_seq + 1 = {keep} trailing "
+                       "tokens together")
                 self.aborted = True
                 yield OpEvent(i, "decode", ABORTED, {}, msg, (Finding("KP005", msg),))
                 return
-            # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified,
-            # n_rs_seq > 0 ? n_rs_seq + 1 : 0)
             split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
-                                n_keep_tail=cfg.n_rs_seq + 1 if cfg.n_rs_seq else 0)
+                                n_keep_tail=keep)
             if isinstance(split, str):
                 yield self._reject(i, split)
                 return

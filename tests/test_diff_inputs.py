@@ -182,6 +182,19 @@ def test_optional_fields_may_be_absent_and_unknown_ones_are_ignored(tmp_path, ra
     assert code in (0, 1), err
 
 
+def test_a_report_from_before_n_rs_seq_reads_as_n_rs_seq_0(tmp_path, race_base):
+    """`config.n_rs_seq` came after v1's first reports: absent, it means 0, so such a
+    report compares with a new one of the same run as "no differences"; a bad value
+    is still located."""
+    old = copy.deepcopy(race_base)
+    del old["config"]["n_rs_seq"]
+    a, b = save(tmp_path, "a.json", race_base), save(tmp_path, "b.json", old)
+    code, out, err = diff(a, b)
+    assert code == 0 and "no differences" in out, err
+    bad = save(tmp_path, "c.json", mutated(race_base, "config.n_rs_seq", -1))
+    assert "c.json: report.config.n_rs_seq: -1 is out of range (at least 0)" in refused(a, bad)
+
+
 # --- another kpool version ------------------------------------------------------------------
 
 

@@ -44,6 +44,13 @@ class RecurrentChild:
         self.saved: dict[str, int] = {}  # state_write slot -> the state's pos (-1: none)
         self.clear()
 
+    @property
+    def n_keep_tail(self) -> int:
+        """What the hybrid memory's init_batch asks split_equal to keep together: the
+        trailing n_rs_seq + 1 tokens of each sequence (0: no constraint), so that the
+        rollback snapshots stay valid (TAG_RECURRENT_ROLLBACK_SPLITS)."""
+        return self.n_rs_seq + 1 if self.n_rs_seq > 0 else 0
+
     def seq_pos(self, s: int) -> int:
         """s's state position (its seq_pos_min == seq_pos_max), -1 without a state."""
         t = self.tail[s] if 0 <= s < self.size else -1
