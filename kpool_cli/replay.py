@@ -23,7 +23,7 @@ import numpy as np
 from .cache.batch import Ubatch, split_equal, validate
 from .cache.kv import KvCache
 from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
-from .engine.layout import POS_CLEAN, Layout
+from .engine.layout import POS_CLEAN, Layout, LayoutChange
 from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan
 from .engine.versions import EngineVersion
@@ -54,9 +54,9 @@ class Backend(Protocol):
     def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
     def restore(self, slot: str, rows: np.ndarray) -> None: ...
     def clear(self) -> None: ...
-    def run_ubatch(self, layout: Layout, plan: ScatterPlan, race: list[Finding],
-                   token_seqs: tuple[tuple[int, ...], ...], token_pos: np.ndarray
-                   ) -> list[Finding]:
+    def run_ubatch(self, layout: Layout, change: LayoutChange, plan: ScatterPlan,
+                   race: list[Finding], token_seqs: tuple[tuple[int, ...], ...],
+                   token_pos: np.ndarray) -> list[Finding]:
         """Pool, scatter and verify the ubatch; return `race` (the static KP001, if
         any) with value evidence, then any KP003."""
         ...
@@ -354,7 +354,7 @@ class Replayer:
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
         if self.backend:
             self.backend.write_rows(rows, key_ids)
-        scanned = layout.update(cache, self.stale, v.repool_all_when_shared)
+        change = layout.update(cache, self.stale, v.repool_all_when_shared)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         findings: list[Finding] = []
@@ -377,12 +377,12 @@ class Replayer:
             race = static.scatter_race(layout, plan)
             if self.backend:
                 # the backend gives the race its values, and adds KP003
-                race = self.backend.run_ubatch(layout, plan, race, tuple(seqs), pos)
+                race = self.backend.run_ubatch(layout, change, plan, race, tuple(seqs), pos)
             findings += race + static.pad_collision(layout, plan)
         index = self.n_ubatch_done
         self.n_ubatch_done += 1
         cost = {
-            "cells_scanned": scanned,
+            "cells_scanned": change.cells_scanned,
             "pools_marked": n_new,
             "rows_gathered": layout.n_pool_real,
             "scatter_entries": n_new_g,

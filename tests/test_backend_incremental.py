@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kpool_cli.backend.store import ValueBackend
+from kpool_cli.engine.layout import LayoutChange
 from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
 from kpool_cli.records import UbatchRecord
 from kpool_cli.replay import Replayer
@@ -214,9 +215,7 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             be._touch(rows[: src.size], False, True)
         else:
             be.clear()
-        lay.rebuilt = [False] * len(lay.seqs)
-        lay.new_from = [len(sq.pools) for sq in lay.seqs]
-        be._verify(lay)
+        be._verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs), 0))
         full = be.full_bad(lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)

@@ -304,19 +304,19 @@ class Doctored(ValueBackend):
         super().__init__(*args)
         self.refused: set[str] = set()
 
-    def run_ubatch(self, layout, plan, race, token_seqs, token_pos):
+    def run_ubatch(self, layout, change, plan, race, token_seqs, token_pos):
         if plan.n_new_g:
             n = self.n_rows
             for name, (spoil, says) in BAD_PLANS.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
-                    super().run_ubatch(layout, spoil(plan, n, layout), race, token_seqs,
-                                       token_pos)
+                    super().run_ubatch(layout, change, spoil(plan, n, layout), race,
+                                       token_seqs, token_pos)
                 assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
-        return super().run_ubatch(layout, plan, race, token_seqs, token_pos)
+        return super().run_ubatch(layout, change, plan, race, token_seqs, token_pos)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import drive, run, trace, ubatches
+from conftest import run, trace, ubatches
 
 from kpool_cli.engine.marking import gen_zeroed, n_new_graph, pad_bound
 from kpool_cli.engine.scatter import padding_rows
@@ -135,26 +135,6 @@ ops:
   - seq_rm: {seq: 0, p0: 5, p1: -1}
   - decode: {seq: 0, pos: 5}
 """
-
-
-def test_s5_update_reports_rebuilt_sequences_and_first_new_pool():
-    """ENGINE.md §5 (Layout.rebuilt / new_from, which the value backend reads): seq 0 is
-    rebuilt by its first decode (no layout yet) and after its seq_rm (stale), appended
-    to otherwise; new_from is the first pool the update added: 0 after a rebuild, the
-    previous pool count after an append (seq 0: pool 0 = pos 0..3, then pool 1 =
-    pos 4..7 would need pos 7)."""
-    seen = []
-    for rec, rp in drive(TWO_SEQS):
-        if isinstance(rec, UbatchRecord):
-            lay = rp.layout
-            seen.append((rec.op, [bool(b) for b in lay.rebuilt], list(lay.new_from),
-                         [len(sq.pools) for sq in lay.seqs]))
-    assert seen == [
-        (0, [True, False], [0, 0], [1, 0]),  # seq 0 built: pos 0..3 -> pool 0
-        (1, [False, True], [1, 0], [1, 0]),  # seq 0 appended (pos 4), seq 1 built
-        (2, [False, False], [1, 0], [1, 0]),  # both appended, no new pool
-        (4, [True, False], [0, 0], [1, 0]),  # seq 0 stale: rebuilt, pool 0 again
-    ]
 
 
 def test_s8_cells_scanned_counts_pairs_copied_into_the_layout():

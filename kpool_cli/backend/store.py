@@ -67,7 +67,7 @@ from types import ModuleType
 import numpy as np
 
 from ..cache.kv import Reach
-from ..engine.layout import Layout
+from ..engine.layout import Layout, LayoutChange
 from ..engine.scatter import ScatterPlan
 from ..trace.model import CacheConfig, Trace
 from ..verdict import values
@@ -614,15 +614,15 @@ class ValueBackend:
         self.alt.clear()
         self._all_dirty = True
 
-    def run_ubatch(self, layout: Layout, plan: ScatterPlan, race: list[Finding],
-                   token_seqs: tuple[tuple[int, ...], ...], token_pos: np.ndarray
-                   ) -> list[Finding]:
-        """Pool the new entries, scatter them, verify what changed, judge the readers.
-        Returns `race` (the static KP001 of the plan, if any) with value evidence, and
-        KP003 when a token reads a bad pool."""
+    def run_ubatch(self, layout: Layout, change: LayoutChange, plan: ScatterPlan,
+                   race: list[Finding], token_seqs: tuple[tuple[int, ...], ...],
+                   token_pos: np.ndarray) -> list[Finding]:
+        """Pool the new entries, scatter them, verify what changed (`change`: the
+        layout update's), judge the readers. Returns `race` (the static KP001 of the
+        plan, if any) with value evidence, and KP003 when a token reads a bad pool."""
         vals = self._scatter(layout, plan)
         findings = [values.race_with_values(f, layout, plan, vals) for f in race]
-        self._verify(layout)
+        self._verify(layout, change)
         f = values.stale_reads(layout, plan, token_seqs, token_pos, self.bad, self.holds)
         if f is not None:
             findings.append(f)
@@ -679,13 +679,14 @@ class ValueBackend:
             bad |= np.isin(reps, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
         return bad
 
-    def _candidates(self, layout: Layout, s: int) -> np.ndarray | None:
-        """Pools of s to recheck, or None for all of them."""
+    def _candidates(self, layout: Layout, change: LayoutChange, s: int) -> np.ndarray | None:
+        """Pools of s to recheck, or None for all of them. `bad[s]` has been cut to the
+        pools the update kept."""
         sq = layout.seqs[s]
         n_p = len(sq.pools)
-        if self._all_dirty or layout.rebuilt[s] or self.bad[s].size > n_p:
+        if self._all_dirty:
             return None
-        parts = [np.arange(layout.new_from[s], n_p, dtype=np.int64)]
+        parts = [change.new_pools(s, n_p)]
         if self._pdirty_rows:
             parts.append(np.flatnonzero(self._pdirty[sq.rep_rows.view]))
         if self._kdirty_rows and n_p:
@@ -699,11 +700,13 @@ class ValueBackend:
                 parts.append(k[ok])
         return np.unique(np.concatenate(parts))
 
-    def _verify(self, layout: Layout) -> None:
-        """Recheck the pools whose verdict may have changed since the last ubatch."""
+    def _verify(self, layout: Layout, change: LayoutChange) -> None:
+        """Recheck the pools whose verdict may have changed since the last ubatch: the
+        new or regrouped ones, and those whose member keys or rep row changed."""
         for s, sq in enumerate(layout.seqs):
             n_p = len(sq.pools)
-            cand = self._candidates(layout, s)
+            self.bad[s] = self.bad[s][:change.kept[s]]
+            cand = self._candidates(layout, change, s)
             if cand is None:
                 self.bad[s] = np.zeros(n_p, dtype=bool)
                 cand = np.arange(n_p, dtype=np.int64)

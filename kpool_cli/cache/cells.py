@@ -73,6 +73,10 @@ class GrowArray:
         self._n = 0
         self.extend(values)
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n values."""
+        self._n = min(self._n, n)
+
 
 class SortedKeys(GrowArray):
     """A growable sorted int64 array; inserts past the end are amortised O(1)."""

@@ -53,6 +53,15 @@ class SeqLayout:
         self.pos_min = int(sp[0] >> CELL_BITS) if sp.size else 0
         self.shared = False
 
+    def cut(self, n_keys: int, n_pools: int, kpool: int) -> None:
+        """Keep the first n_keys pairs and the first n_pools pools (whose members lie in
+        them); the scan resumes after the last kept pool."""
+        self.keys.truncate(n_keys)
+        for col in (self.pools, self.rep_rows, self.rep_pos_, self.first_pos_):
+            col.truncate(n_pools)
+        self.j_next = int(self.pools.view[-1]) + kpool if n_pools else 0
+        self.shared = False
+
     def add_pools(self, starts: np.ndarray, kpool: int, kv_size: int) -> None:
         keys = self.keys.view
         reps = keys[starts + kpool - 1]
@@ -110,6 +119,21 @@ def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order
     return starts, j_next
 
 
+@dataclass(frozen=True, slots=True)
+class LayoutChange:
+    """What one `Layout.update` changed, for the value backend and the verdicts: per
+    sequence, `kept[s]` pools are the same pools (same pairs, same rep rows) as before
+    the update, and pools `kept[s]..` are new or regrouped; `cells_scanned` is what the
+    real engine scanned (ENGINE.md §8), whatever kpool itself had to look at."""
+
+    kept: tuple[int, ...]
+    cells_scanned: int
+
+    def new_pools(self, s: int, n_pools: int) -> np.ndarray:
+        """Sequence s's pools that are new or regrouped."""
+        return np.arange(self.kept[s], n_pools, dtype=np.int64)
+
+
 class Layout:
     """Every sequence's pools (llama.cpp's kpool_layout), updated once per ubatch."""
 
@@ -120,27 +144,25 @@ class Layout:
         self.seqs = [SeqLayout() for _ in range(n_seq_max)]
         self.n_pool_real = 0
         self.cache_safe = True
-        # what the last update changed, per sequence: rebuilt from scratch, and the
-        # first pool index it added (== len(pools) when it added none)
-        self.rebuilt = [False] * n_seq_max
-        self.new_from = [0] * n_seq_max
         self._pool_start: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
 
-    def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> int:
+    def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> LayoutChange:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
-        rebuild it; then scan for new pools. Returns the cells the real engine scans
-        (pairs copied into the layout, plus the sharing scan of step 3)."""
+        rebuild it; then scan for new pools. Returns what changed, with the cells the
+        real engine scans (pairs copied into the layout, plus the sharing scan of step
+        3)."""
         kpool, unified = self.kpool, cache.config.unified
         scanned = 0
+        kept: list[int] = []
         self._pool_start = self._pool_cells = None
         self.n_pool_real = 0
         self.cache_safe = True
         for s, sq in enumerate(self.seqs):
             sp = cache.seq_keys(s)
             sq.strm = cache.stream_of(s)
-            self.rebuilt[s] = False
             n_kept = 0
+            n_pools = len(sq.pools)
             clean = stale[s] == POS_CLEAN
             # step 1: the append path
             if clean and len(sq.keys) and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS):
@@ -150,11 +172,10 @@ class Layout:
                 scanned += tail.size
             # step 2: rebuild when the count is off or the sequence is stale
             if len(sq.keys) != sp.size or not clean:
-                sq.rebuild(sp)
+                n_pools = self._rebuild(sq, sp, stale[s])
                 n_kept = 0
                 scanned += sp.size
-                self.rebuilt[s] = True
-            self.new_from[s] = len(sq.pools)
+            kept.append(n_pools)
             # step 3 (versions that track sharing, unified only)
             if track_sharing and unified and not sq.shared and len(sq.keys) > n_kept:
                 cells = sq.cells[n_kept:]
@@ -169,7 +190,29 @@ class Layout:
                 sq.add_pools(starts, kpool, self.kv_size)
             self.n_pool_real += len(sq.pools)
             self.cache_safe = self.cache_safe and not sq.shared
-        return scanned
+        return LayoutChange(tuple(kept), scanned)
+
+    def _rebuild(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> int:
+        """ENGINE.md §5 step 2, the engine's rebuild from sp; returns how many of the
+        old pools the rebuild reproduces. The result is the full rebuild's, but when
+        the pairs below the stale position are the layout's own (the staleness
+        contract of §4: nothing below it changed, and no drift) the pools inside them
+        are kept rather than found again: a pool is a function of its kpool pairs and
+        pos_min alone (scan_pools), so the full scan would find the same ones."""
+        if (stale == POS_CLEAN or not len(sq.keys) or not sp.size
+                or sq.pos_min != int(sp[0] >> CELL_BITS)):
+            sq.rebuild(sp)
+            return 0
+        cut = np.int64(min(stale, POS_CLEAN)) << CELL_BITS
+        have = sq.keys.view
+        n = int(np.searchsorted(have, cut))
+        if int(np.searchsorted(sp, cut)) != n or not np.array_equal(have[:n], sp[:n]):
+            sq.rebuild(sp)
+            return 0
+        n_pools = int(np.searchsorted(sq.pools.view, n - self.kpool, side="right"))
+        sq.cut(n, n_pools, self.kpool)
+        sq.keys.extend(sp[n:])
+        return n_pools
 
     # -- whole-layout views ------------------------------------------------------------
 

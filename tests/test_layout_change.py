@@ -1,0 +1,136 @@
+"""What a layout update changed (ENGINE.md §5), as the value backend and the verdicts
+read it: `LayoutChange.kept[s]` pools of sequence s are the pools it had before, the
+rest are new or regrouped; and a stale sequence whose pairs below the stale position
+are its layout's own keeps the pools inside them, with the same result as the
+engine's full rebuild. Numbers derived by hand in each test."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kpool_cli.cache.cells import make_keys
+from kpool_cli.cache.kv import KvCache
+from kpool_cli.engine.layout import POS_CLEAN, Layout, SeqLayout, scan_pools
+from kpool_cli.trace.model import CacheConfig
+
+C = POS_CLEAN
+
+
+def setup(kpool: int = 4, n_seq_max: int = 2) -> tuple[KvCache, Layout]:
+    cfg = CacheConfig(kv_size=64, kpool=kpool, n_seq_max=n_seq_max)
+    return KvCache(cfg), Layout(n_seq_max, kpool, False, 64)
+
+
+def decode(c: KvCache, seq: int, positions) -> None:
+    pos = np.array(list(positions), dtype=np.int64)
+    seqs = [(seq,)] * pos.size
+    (pl,) = c.plan([(pos, seqs, None)])
+    c.apply(pl, pos, None, seqs)
+
+
+def pools(lay: Layout, s: int = 0) -> list[tuple[int, int]]:
+    sq = lay.seqs[s]
+    return list(zip(sq.first_pos().tolist(), sq.rep_pos().tolist(), strict=True))
+
+
+def test_s5_an_append_keeps_every_pool_and_a_first_build_none():
+    """Seq 0, pos 0..9: the first update builds it (count 0 against 10: rebuild):
+    kept 0, pools pos 0-3 and 4-7, 10 pairs scanned. Pos 10, 11 appended: both old
+    pools kept (kept 2), pool 8-11 new, 2 pairs scanned. Seq 1 has nothing: kept 0."""
+    c, lay = setup()
+    decode(c, 0, range(10))
+    ch = lay.update(c, [C, C], False)
+    assert ch.kept == (0, 0) and ch.cells_scanned == 10
+    assert pools(lay) == [(0, 3), (4, 7)]
+    decode(c, 0, [10, 11])
+    ch = lay.update(c, [C, C], False)
+    assert ch.kept == (2, 0) and ch.cells_scanned == 2
+    assert pools(lay) == [(0, 3), (4, 7), (8, 11)]
+    assert ch.new_pools(0, 3).tolist() == [2]
+
+
+def test_s5_a_stale_tail_keeps_the_pools_below_it():
+    """Pos 0..11 (pools 0-3, 4-7, 8-11); seq_rm(0, 10, -1), stale 10: the pairs below
+    pos 10 are the layout's first 10: pools ending below index 10 are kept (starts 0
+    and 4; start 8 ends at index 11): kept 2. The rest (pos 8, 9) forms no pool. The
+    cost is the engine's full rebuild: 10 pairs."""
+    c, lay = setup()
+    decode(c, 0, range(12))
+    lay.update(c, [C, C], False)
+    c.seq_rm(0, 10, -1)
+    ch = lay.update(c, [10, C], False)
+    assert ch.kept == (2, 0) and ch.cells_scanned == 10
+    assert pools(lay) == [(0, 3), (4, 7)]
+
+
+def test_s5_a_stale_position_inside_a_pool_regroups_it():
+    """Pos 0..11, stale 5 (nothing removed): only pool 0 (indices 0..3 < 5) is kept;
+    pools 4-7 and 8-11 are found again by the scan, so they count as regrouped:
+    kept 1, 3 pools."""
+    c, lay = setup()
+    decode(c, 0, range(12))
+    lay.update(c, [C, C], False)
+    ch = lay.update(c, [5, C], False)
+    assert ch.kept == (1, 0) and pools(lay) == [(0, 3), (4, 7), (8, 11)]
+
+
+def test_s5_pairs_changed_below_the_stale_position_rebuild_whole():
+    """Pos 0..11, then pos 1 removed while the update is told stale 5 (a staleness
+    that does not cover the change, as when a shared cell moved): the pairs below
+    pos 5 differ from the layout's, so the rebuild is the engine's full one: kept 0;
+    pos_min 0, pos 1 missing: pools 4-7 and 8-11 only."""
+    c, lay = setup()
+    decode(c, 0, range(12))
+    lay.update(c, [C, C], False)
+    c.seq_rm(0, 1, 2)
+    ch = lay.update(c, [5, C], False)
+    assert ch.kept == (0, 0) and pools(lay) == [(4, 7), (8, 11)]
+
+
+def test_s5_a_moved_pos_min_rebuilds_whole():
+    """Pos 0..11, seq_rm(0, 0, 2), stale 0 (p0 <= pos_min): pos_min moves to 2, which
+    regroups every pool: kept 0, pools 2-5 and 6-9 (10, 11 are too few)."""
+    c, lay = setup()
+    decode(c, 0, range(12))
+    lay.update(c, [C, C], False)
+    c.seq_rm(0, 0, 2)
+    ch = lay.update(c, [0, C], False)
+    assert ch.kept == (0, 0) and pools(lay) == [(2, 5), (6, 9)]
+
+
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=30, unique=True),
+       st.lists(st.integers(0, 40), min_size=0, max_size=30, unique=True),
+       st.integers(0, 45), st.integers(1, 5), st.booleans())
+def test_s5_keeping_pools_below_the_stale_position_equals_the_full_rebuild(
+        before, after, stale, kpool, by_order):
+    """For any old and new pairs (one cell per pos) and any stale position, the layout
+    `Layout._rebuild` leaves equals SeqLayout.rebuild + a full scan: same pairs, same
+    pools, same rep rows and j_next; the pools it says it kept are the old ones."""
+    def keys(ps: list[int]) -> np.ndarray:
+        ps = sorted(ps)
+        return make_keys(np.array(ps, dtype=np.int64), np.array(ps, dtype=np.int64) + 1)
+
+    def scanned(sq: SeqLayout) -> SeqLayout:
+        starts, sq.j_next = scan_pools(sq.keys.view, sq.j_next, sq.pos_min, kpool, by_order)
+        if starts.size:
+            sq.add_pools(starts, kpool, 64)
+        return sq
+
+    lay = Layout(1, kpool, by_order, 64)
+    old = lay.seqs[0]
+    old.rebuild(keys(before))
+    scanned(old)
+    old_pools = old.pools.view.copy()
+    kept = lay._rebuild(old, keys(after), stale)
+    got = scanned(old)
+    want = SeqLayout()
+    want.rebuild(keys(after))
+    scanned(want)
+    assert np.array_equal(got.keys.view, want.keys.view)
+    for a, b in ((got.pools, want.pools), (got.rep_rows, want.rep_rows),
+                 (got.rep_pos_, want.rep_pos_), (got.first_pos_, want.first_pos_)):
+        assert np.array_equal(a.view, b.view)
+    assert (got.j_next, got.pos_min, got.shared) == (want.j_next, want.pos_min, want.shared)
+    assert np.array_equal(got.pools.view[:kept], old_pools[:kept])
