@@ -215,7 +215,8 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             be._touch(rows[: src.size], False, True)
         else:
             be.clear()
-        be._verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs), 0))
+        be._verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs), frozenset(),
+                                     frozenset(), 0))
         full = be.full_bad(lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)

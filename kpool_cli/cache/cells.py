@@ -8,7 +8,9 @@ Invariants (checked by `check_invariants`, which tests run after every op):
 - a cell is empty  <=>  pos == EMPTY_POS  <=>  it holds no sequence;
 - `seq_keys[s]` holds exactly the cells holding s, as sorted keys `pos << 32 | cell`
   (so "ordered by pos, then cell", the order of the real `seq_pos` sets);
-- `used` is the number of non-empty cells.
+- `used` is the number of non-empty cells;
+- `touched` holds every sequence whose pairs changed since the owner last took it
+  (so a layout update can skip the others: they cost nothing).
 The per-sequence keys are a derived index: only `_index_rm` / `_index_add` touch them.
 
 Every mutator states its precondition and returns the cells whose *emptiness*
@@ -138,6 +140,7 @@ class Stream:
         self.seq_count = np.zeros(kv_size, dtype=np.int32)  # [kv_size] | cell | sequences held
         self.key_id = np.zeros(kv_size, dtype=np.int64)  # [kv_size] | cell | key write id
         self.seq_keys: dict[int, SortedKeys] = {s: SortedKeys() for s in self.seq_ids}
+        self.touched: set[int] = set()
         self.used = 0
         self.head = 0
 
@@ -218,13 +221,22 @@ class Stream:
             col = self.has[self._col[s], cells]
             if col.any():
                 self.seq_keys[s].remove(keys[col])
+                self.touched.add(s)
 
     def _index_add(self, cells: np.ndarray) -> None:
         keys = make_keys(self.pos[cells], cells)
+        if len(self.seq_ids) == 1:  # a stream of its own (non-unified): no column scan
+            s = self.seq_ids[0]
+            col = self.has[0, cells]
+            if col.any():
+                self.seq_keys[s].add(keys[col])
+                self.touched.add(s)
+            return
         for s in self.seq_ids:
             col = self.has[self._col[s], cells]
             if col.any():
                 self.seq_keys[s].add(keys[col])
+                self.touched.add(s)
 
     def _empty(self, cells: np.ndarray) -> None:
         """Make these cells empty (their pairs are already out of the index)."""
@@ -260,6 +272,7 @@ class Stream:
             return np.empty(0, dtype=np.int64)
         cells = np.sort(key_cell(keys))
         self.seq_keys[s].remove(keys)
+        self.touched.add(s)
         self.has[self._col[s], cells] = False
         self.seq_count[cells] -= 1
         freed = cells[self.seq_count[cells] == 0]
@@ -286,6 +299,7 @@ class Stream:
             self.has[self._col[dst], new] = True
             self.seq_count[new] += 1
             self.seq_keys[dst].add(make_keys(self.pos[new], new))
+            self.touched.add(dst)
         return new
 
     def seq_keep(self, s: int) -> np.ndarray:
@@ -303,6 +317,7 @@ class Stream:
                     col = self.has[self._col[t], shared]
                     if col.any():
                         self.seq_keys[t].remove(keys[col])
+                        self.touched.add(t)
             self.has[:, shared] = False
             self.has[self._col[s], shared] = True
             self.seq_count[shared] = 1
@@ -336,8 +351,10 @@ class Stream:
         """Every cell empty (clear, or the destination of a cross-stream copy): costs the
         live cells, not kv_size."""
         cells = self.live_cells()
-        for k in self.seq_keys.values():
-            k.assign(np.empty(0, dtype=np.int64))
+        for s, k in self.seq_keys.items():
+            if len(k):
+                k.assign(np.empty(0, dtype=np.int64))
+                self.touched.add(s)
         self._empty(cells)
 
     def copy_from(self, other: Stream, src: int, dst: int) -> None:

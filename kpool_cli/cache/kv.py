@@ -157,6 +157,14 @@ class KvCache:
         """s's (pos, cell) pairs as sorted keys; cells are stream-local."""
         return self.stream(s).cells_of(s)
 
+    def take_touched(self) -> set[int]:
+        """The sequences whose pairs changed since the last call (cleared by it)."""
+        out: set[int] = set()
+        for st in self.streams:
+            out |= st.touched
+            st.touched = set()
+        return out
+
     def global_rows(self, s: int, cells: np.ndarray) -> np.ndarray:
         return self.stream_of(s) * self.kv_size + cells
 

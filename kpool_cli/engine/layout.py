@@ -42,6 +42,9 @@ class SeqLayout:
     first_pos_: GrowArray = field(default_factory=GrowArray)  # [n_pools] | k | first pos
     j_next: int = 0
     shared: bool = False
+    # an update with no new cell and no staleness would change nothing and scan
+    # nothing (the append path applies): see Layout.update
+    settled: bool = False
 
     def rebuild(self, sp: np.ndarray) -> None:
         """ENGINE.md §5 step 2: cells = sp, pools cleared, j_next = 0, pos_min = the
@@ -123,10 +126,15 @@ def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order
 class LayoutChange:
     """What one `Layout.update` changed, for the value backend and the verdicts: per
     sequence, `kept[s]` pools are the same pools (same pairs, same rep rows) as before
-    the update, and pools `kept[s]..` are new or regrouped; `cells_scanned` is what the
-    real engine scanned (ENGINE.md §8), whatever kpool itself had to look at."""
+    the update, and pools `kept[s]..` are new or regrouped; `read` are the sequences
+    whose pairs the update read (the others' cells did not change, so neither did
+    their layout nor its drift); `changed` those whose pools differ from before;
+    `cells_scanned` is what the real engine scanned (ENGINE.md §8), whatever kpool
+    itself looked at."""
 
     kept: tuple[int, ...]
+    read: frozenset[int]
+    changed: frozenset[int]
     cells_scanned: int
 
     def new_pools(self, s: int, n_pools: int) -> np.ndarray:
@@ -151,18 +159,29 @@ class Layout:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
         rebuild it; then scan for new pools. Returns what changed, with the cells the
         real engine scans (pairs copied into the layout, plus the sharing scan of step
-        3)."""
+        3).
+
+        A clean sequence whose cells did not change since the last update (the cache's
+        `take_touched`) and that is `settled` (the append path applies: its pairs
+        match the cells' count and pos_min) is skipped: the engine's update of it
+        copies and scans nothing and changes nothing, so skipping it is exact, cost
+        counters included."""
         kpool, unified = self.kpool, cache.config.unified
+        touched = cache.take_touched()
         scanned = 0
         kept: list[int] = []
-        self._pool_start = self._pool_cells = None
-        self.n_pool_real = 0
-        self.cache_safe = True
+        read: set[int] = set()
+        changed: set[int] = set()
         for s, sq in enumerate(self.seqs):
+            n_before = len(sq.pools)
+            if stale[s] == POS_CLEAN and s not in touched and sq.settled:
+                kept.append(n_before)
+                continue
+            read.add(s)
             sp = cache.seq_keys(s)
             sq.strm = cache.stream_of(s)
             n_kept = 0
-            n_pools = len(sq.pools)
+            n_pools = n_before
             clean = stale[s] == POS_CLEAN
             # step 1: the append path
             if clean and len(sq.keys) and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS):
@@ -188,9 +207,15 @@ class Layout:
                                            self.by_order)
             if starts.size:
                 sq.add_pools(starts, kpool, self.kv_size)
-            self.n_pool_real += len(sq.pools)
-            self.cache_safe = self.cache_safe and not sq.shared
-        return LayoutChange(tuple(kept), scanned)
+            if n_pools < n_before or n_pools < len(sq.pools):
+                changed.add(s)
+            n = len(sq.keys)
+            sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+        if changed:
+            self._pool_start = self._pool_cells = None
+        self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
+        self.cache_safe = not any(sq.shared for sq in self.seqs)
+        return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
 
     def _rebuild(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> int:
         """ENGINE.md §5 step 2, the engine's rebuild from sp; returns how many of the
