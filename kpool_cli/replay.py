@@ -107,6 +107,8 @@ class Replayer:
         self.aborted = False
         self._conflicts = static.AppearanceFilter()
         self._drift = static.AppearanceFilter()
+        self._rep_conflicts: dict[int, tuple[tuple[int, int], ...]] | None = None
+        self._drifts: dict[int, Finding] = {}  # the KP007 of each drifted sequence
         self._last: OpOutcome | None = None
 
     # -- the loop ---------------------------------------------------------------------
@@ -372,7 +374,7 @@ class Replayer:
         except EngineAbort as e:
             findings.append(Finding("KP005", str(e), seqs=(seqs[0][0],),
                                     tokens=((int(pos[0]), seqs[0][0]),)))
-        findings.extend(self._layout_findings())
+        findings.extend(self._layout_findings(change))
         if plan is not None:
             race = static.scatter_race(layout, plan)
             if self.backend:
@@ -420,19 +422,24 @@ class Replayer:
         is_rep[self.layout.pool_cells()] = True
         return CellMap(self.cfg.kv_size, np.concatenate(parts), np.flatnonzero(is_rep))
 
-    def _layout_findings(self) -> list[Finding]:
-        """KP002 and KP007 where they appear (they persist until the layout changes)."""
+    def _layout_findings(self, change: LayoutChange) -> list[Finding]:
+        """KP002 and KP007 where they appear (they persist until the layout changes).
+        Rep conflicts depend on the pools only, drift on a sequence's pairs and cells:
+        each is recomputed where the update changed or read them."""
         out: list[Finding] = []
-        conflicts = static.rep_conflicts(self.layout)
+        if change.changed or self._rep_conflicts is None:
+            self._rep_conflicts = static.rep_conflicts(self.layout)
+        conflicts = self._rep_conflicts
         fresh = self._conflicts.new(set(conflicts))
         if fresh:
             out.append(static.rep_conflict_finding({r: conflicts[r] for r in sorted(fresh)}))
-        drifts = {}
-        for s in range(self.cfg.n_seq_max):
+        for s in change.read:
             f = static.layout_drift(self.layout, self.cache, s)
-            if f is not None:
-                drifts[s] = f
-        out += [drifts[s] for s in sorted(self._drift.new(set(drifts)))]
+            if f is None:
+                self._drifts.pop(s, None)
+            else:
+                self._drifts[s] = f
+        out += [self._drifts[s] for s in sorted(self._drift.new(set(self._drifts)))]
         return out
 
     def _pool_infos(self, marked: np.ndarray) -> tuple[PoolInfo, ...]:

@@ -655,15 +655,12 @@ class ValueBackend:
             seq, k = layout.locate(pools[real])
             self._set_writer(s[real], POOLED, seq, k)
         self._drop_alt(rows)
-        sizes = np.diff(starts)
-        if np.any(sizes > 1):
-            writers = values.writers_of(layout, plan.entry_pool)
-            bits = vals.view(np.uint32)
-            for g in np.flatnonzero(sizes > 1).tolist():
-                ents = order[starts[g]:starts[g + 1]]
-                if not np.all(bits[ents] == bits[ents[0]]):
-                    self.alt[int(rows[g])] = np.array([writers[e] for e in ents.tolist()],
-                                                      dtype=np.int64)
+        if rows.size < n:  # some row has several writers
+            unequal = np.flatnonzero(~values.groups_equal(vals.view(np.uint32), order, starts))
+            if unequal.size:
+                writers = values.writers_of(layout, plan.entry_pool)
+                for g in unequal.tolist():
+                    self.alt[int(rows[g])] = writers[order[starts[g]:starts[g + 1]]].copy()
         self._touch(rows, False, True)
         return vals
 

@@ -35,15 +35,25 @@ def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, starts, srep[head]
 
 
-def writers_of(layout: Layout, entry_pool: np.ndarray) -> list[tuple[int, int]]:
-    """(seq, k) of each entry; PAD_WRITER for padding."""
-    out = [PAD_WRITER] * entry_pool.size
+def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:
+    """[n_entries, 2] the (seq, k) of each entry; PAD_WRITER for padding."""
+    out = np.full((entry_pool.size, 2), -1, dtype=np.int64)
     real = np.flatnonzero(entry_pool >= 0)
     if real.size:
         seq, k = layout.locate(entry_pool[real])
-        for e, s, kk in zip(real.tolist(), seq.tolist(), k.tolist(), strict=True):
-            out[e] = (s, kk)
+        out[real, 0], out[real, 1] = seq, k
     return out
+
+
+def groups_equal(bits: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """[n_groups] bool: every entry of the group has the same value bits (`bits`
+    [n_entries, n_embd] uint32, groups as race_groups gives them)."""
+    if starts.size < 2:
+        return np.ones(0, dtype=bool)
+    sizes = np.diff(starts)
+    sb = bits[order]
+    same = np.all(sb == sb[np.repeat(starts[:-1], sizes)], axis=1)
+    return np.logical_and.reduceat(same, starts[:-1])
 
 
 def _who(w: tuple[int, int]) -> str:
@@ -59,23 +69,20 @@ def race_with_values(race: Finding, layout: Layout, plan: ScatterPlan, values: n
     [-1, -1]). The sequences that may lose their value are those of every writer
     of a row whose writers' values are not all equal."""
     order, starts, rows = race_groups(plan.entry_rep)
-    writers = writers_of(layout, plan.entry_pool)
-    raced = set(race.rows)
+    writers = writers_of(layout, plan.entry_pool)[order].tolist()
+    equal = groups_equal(values.view(np.uint32), order, starts)
+    raced = np.flatnonzero(np.isin(rows, np.asarray(race.rows, dtype=np.int64)))
     evidence: dict[int, dict] = {}
     losers: set[int] = set()
     unequal: list[int] = []
-    bits = values.view(np.uint32)
-    for g, row in enumerate(rows.tolist()):
-        if row not in raced:
-            continue
-        ents = order[starts[g]:starts[g + 1]]
-        v = bits[ents]
-        equal = bool(np.all(v == v[0]))
-        ws = [writers[e] for e in ents.tolist()]
-        evidence[row] = {"equal": equal, "writers": [list(w) for w in ws]}
-        if not equal:
+    bounds = starts.tolist()
+    for g, row, eq in zip(raced.tolist(), rows[raced].tolist(), equal[raced].tolist(),
+                          strict=True):
+        ws = writers[bounds[g]:bounds[g + 1]]
+        evidence[row] = {"equal": eq, "writers": ws}
+        if not eq:
             unequal.append(row)
-            losers.update(s for s, _ in ws if s >= 0)
+            losers.update(w[0] for w in ws if w[0] >= 0)
     if not unequal:
         verdict = "values equal: every racing entry writes the same value"
     else:
