@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .cache.batch import Ubatch, split_equal, validate
+from .cache.batch import KeepTailAssert, Ubatch, split_equal, validate
 from .cache.kv import KvCache
 from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
 from .engine.layout import POS_CLEAN, Layout, LayoutChange
@@ -36,7 +36,7 @@ from .records import (
     CellMap,
     ExpectResult,
     OpEvent,
-    PoolInfo,
+    Pools,
     UbatchRecord,
 )
 from .trace import model as m
@@ -135,7 +135,7 @@ class Replayer:
                     status = r.status
                 else:
                     ubs.append((r.n_new, r.n_new_g,
-                                tuple((p.seq, p.k) for p in r.pools if p.new)))
+                                r.pools.marked()))
                     if r.aborted:
                         status = ABORTED
             self._last = OpOutcome(i, status, frozenset(codes), tuple(ubs))
@@ -292,16 +292,13 @@ class Replayer:
                      for ub in op.ubatches]
         else:
             # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
-            keep = self.recurrent.n_keep_tail
-            if keep and cfg.n_ubatch <= keep:
-                msg = ("GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal:"
-                       f" n_ubatch {cfg.n_ubatch} cannot keep n_rs_seq + 1 = {keep} trailing "
-                       "tokens together")
+            try:
+                split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
+                                    n_keep_tail=self.recurrent.n_keep_tail)
+            except KeepTailAssert as e:
                 self.aborted = True
-                yield OpEvent(i, "decode", ABORTED, {}, msg, (Finding("KP005", msg),))
+                yield OpEvent(i, "decode", ABORTED, {}, str(e), (Finding("KP005", str(e)),))
                 return
-            split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
-                                n_keep_tail=keep)
             if isinstance(split, str):
                 yield self._reject(i, split)
                 return
@@ -442,21 +439,16 @@ class Replayer:
         out += [self._drifts[s] for s in sorted(self._drift.new(set(self._drifts)))]
         return out
 
-    def _pool_infos(self, marked: np.ndarray) -> tuple[PoolInfo, ...]:
+    def _pool_infos(self, marked: np.ndarray) -> Pools:
         layout = self.layout
         ips = np.arange(layout.n_pool_real) if self.pools_all else marked
         if ips.size == 0:
-            return ()
+            return Pools.none(self.cfg.kpool)
         new = np.zeros(layout.n_pool_real, dtype=bool)
         new[marked] = True
-        members = layout.members_of(ips)
-        reps = layout.pool_cells()[ips]
-        return tuple(
-            PoolInfo(s, k, f, last, tuple(mem), rep, bool(new[ip]))
-            for (s, k, f, last), mem, rep, ip in zip(
-                layout.describe(ips), members.tolist(), reps.tolist(), ips.tolist(),
-                strict=True)
-        )
+        seq, k, first, last = layout.columns(ips)
+        return Pools(seq, k, first, last, layout.members_of(ips), layout.pool_cells()[ips],
+                     new[ips])
 
     # -- expect ---------------------------------------------------------------------------
 

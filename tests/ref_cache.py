@@ -14,8 +14,19 @@ With that layout, the §6-§7 decisions (marking, graph size, scatter plan, visi
 aborts) come from the from-scratch functions of tests/reference.py, applied to this
 reference's own layout, so they agree with the engine even where its layout drifted.
 
-Not modelled, like kpool (docs/ENGINE-NOTES.md, "Not followed, on purpose"): the
-hybrid memory's recurrent child, SWA, split_seq.
+The hybrid memory's recurrent child (llama_memory_recurrent, `size == n_seq_max`
+cells, `n_rs_seq` rollback snapshots per sequence) is modelled too, from
+src/llama-memory-recurrent.cpp: its edits (a seq_rm it refuses changes nothing anywhere:
+llama_memory_hybrid_idx::seq_rm asks it first; kpool reports KP008), its find_slot per
+ubatch, the pending rollbacks that a ubatch's s_copy input consumes, its state
+save/restore, the hybrid positions a batch is validated against
+(llama_memory_hybrid::seq_pos_min/max) and split_equal's n_keep_tail step (the trailing
+n_rs_seq + 1 tokens of a sequence stay in one ubatch; GGML_ASSERT(n_ubatch >
+n_keep_tail)). Not modelled: the recurrent rows' values (r/s tensors, src/src0/rs_z), a
+recurrent child that keeps no layer (is_empty()).
+
+Not modelled, like kpool (docs/ENGINE-NOTES.md, "Not followed, on purpose"): SWA,
+split_seq.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ POS_MAX = (1 << 31) - 1  # std::numeric_limits<llama_pos>::max()
 ENGINES = ("rep-once", "cache-safe")
 
 APPLIED, REJECTED, ABORTED = "applied", "rejected", "aborted"
+EDIT_REFUSED = "edit refused"  # internal: a rejected edit with KP008
 
 
 # == §2: one stream of cells (llama_kv_cells) ==========================================
@@ -426,12 +438,357 @@ class RefCache:
         self.seq_rm(s, -1, -1)
 
 
+# == §3: the hybrid memory's recurrent child (llama_memory_recurrent) ===================
+
+U32 = (1 << 32) - 1  # (uint32_t) seq_id
+
+
+class RefRecurrent:
+    """llama_memory_recurrent with `size == n_seq_max` cells (the hybrid memory's
+    rs_size): per cell a pos (-1 = empty) and its set of sequences; per sequence s its
+    tail (`cells[s].tail`: the cell holding s's state, or -1) and `rs_idx[s]` (a pending
+    rollback, 0 = none); head, used, and n (the cells [head, head + n) the last ubatch's
+    graph reads). A cell is empty when it holds no sequence (mem_cell::is_empty); `used`
+    is kept as the C++ keeps it (each edit adjusts it; find_slot recounts it).
+
+    The tail lives in the cell struct (`cells[i].tail`), so prepare's copy of the cells
+    saves and restores the tails too; rs_idx is a separate array it leaves alone."""
+
+    def __init__(self, n_seq_max: int, n_rs_seq: int, seen: Counter | None = None) -> None:
+        self.size = n_seq_max
+        self.n_seq_max = n_seq_max
+        self.n_rs_seq = n_rs_seq
+        self.pos = [-1] * self.size
+        self.seq: list[set[int]] = [set() for _ in range(self.size)]
+        self.tail = [-1] * self.size
+        self.rs_idx = [0] * n_seq_max
+        self.head = self.used = self.n = 0
+        self.saved: dict[str, list[int]] = {}  # state_write: the positions of s's cells
+        self.seen = seen if seen is not None else Counter()
+
+    def is_empty(self, i: int) -> bool:
+        return not self.seq[i]
+
+    def seq_pos_min(self, s: int) -> int:
+        """llama_memory_recurrent::seq_pos_min: the least pos of a cell holding s, or -1."""
+        ps = [self.pos[i] for i in range(self.size) if s in self.seq[i]]
+        return min(ps) if ps else -1
+
+    def seq_pos_max(self, s: int) -> int:
+        """llama_memory_recurrent::seq_pos_max: the greatest pos of a cell holding s, or -1."""
+        ps = [self.pos[i] for i in range(self.size) if s in self.seq[i]]
+        return max(ps) if ps else -1
+
+    # -- edits ---------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        """llama_memory_recurrent::clear: every cell empty, every tail -1, head = used =
+        0, every rs_idx 0 (the saved states are the caller's, they stay)."""
+        for i in range(self.size):
+            self.pos[i] = -1
+            self.seq[i] = set()
+            self.tail[i] = -1
+        self.head = self.used = 0
+        self.rs_idx = [0] * self.n_seq_max
+
+    def seq_rm(self, s: int, p0: int, p1: int) -> bool:
+        """llama_memory_recurrent::seq_rm. False (nothing changed) when s is not in
+        [0, n_seq_max) as a uint32_t (so -1 is always refused), or when s's tail cell
+        has a pos in [p0, p1) with p0 > 0 (a state cannot be cut mid-way) and the
+        rollback is not possible: one is pending, or it is deeper than n_rs_seq. A
+        possible rollback only moves the cell's pos back to p0 - 1 and records
+        rs_idx[s]."""
+        new_head = self.size
+        p0, p1 = resolve(p0, p1)
+        if (s & U32) >= self.n_seq_max:
+            self.seen["recurrent seq_rm refuses a seq id < 0"] += 1
+            return False  # "invalid seq_id"
+        if p0 == 0 and p1 == POS_MAX:
+            self.rs_idx[s] = 0  # set_rs_idx(seq_id, 0)
+        if s >= self.size:
+            return False  # never: size == n_seq_max
+        # (the C++ `seq_id < 0` branch is unreachable past the uint32_t test)
+        t = self.tail[s]
+        if t >= 0:
+            if 0 < p0 <= self.pos[t] < p1:
+                rollback = self.pos[t] - (p0 - 1)
+                pending = self.rs_idx[s] != 0
+                if not pending and 1 <= rollback <= self.n_rs_seq:
+                    self.seen["recurrent rollback accepted"] += 1
+                    if len(self.seq[t]) > 1:
+                        self.seen["recurrent rollback of a shared cell"] += 1
+                    self.rs_idx[s] = rollback
+                    self.pos[t] = p0 - 1
+                    return True
+                if pending:
+                    self.seen["recurrent rollback refused: one is pending"] += 1
+                else:
+                    self.seen["recurrent rollback refused: too deep"] += 1
+                return False
+            # invalidate tails which will be cleared
+            if p0 <= self.pos[t] < p1:
+                self.tail[s] = -1
+        for i in range(self.size):
+            if not (p0 <= self.pos[i] < p1) or s not in self.seq[i]:
+                continue
+            self.seq[i].discard(s)
+            if self.is_empty(i):
+                if self.pos[i] >= 0:
+                    self.used -= 1
+                self.pos[i] = -1
+                if new_head == self.size:
+                    new_head = i
+        if new_head != self.size and new_head < self.head:
+            self.head = new_head
+        return True
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        """llama_memory_recurrent::seq_cp (the range is ignored): dst leaves its tail
+        cell (emptied: pos -1, used - 1), then joins src's tail cell. rs_idx untouched."""
+        if src == dst:
+            return
+        if not ((dst & U32) < self.size and (src & U32) < self.size):
+            return
+        td = self.tail[dst]
+        if td >= 0:
+            self.seq[td].discard(dst)
+            self.tail[dst] = -1
+            if self.is_empty(td):
+                self.pos[td] = -1
+                self.used -= 1
+        ts = self.tail[src]
+        if ts >= 0:
+            self.seq[ts].add(dst)
+            self.tail[dst] = ts
+
+    def seq_keep(self, s: int) -> None:
+        """llama_memory_recurrent::seq_keep: every other sequence loses its tail; a cell
+        without s empties (used - 1 if its pos was >= 0), a cell with s keeps only s;
+        head = min(head, first emptied)."""
+        new_head = self.size
+        for i in range(self.size):
+            if i != s:
+                self.tail[i] = -1
+            if s not in self.seq[i]:
+                if self.pos[i] >= 0:
+                    self.used -= 1
+                self.pos[i] = -1
+                self.seq[i] = set()
+                if new_head == self.size:
+                    new_head = i
+            else:
+                self.seq[i] = {s}
+        if new_head != self.size and new_head < self.head:
+            self.head = new_head
+
+    def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
+        """llama_memory_recurrent::seq_add: only s's tail cell's pos moves, when in
+        [p0, p1) (it may go negative: the cell is not freed)."""
+        if shift == 0:
+            return
+        p0, p1 = resolve(p0, p1)
+        if p0 == p1:
+            return
+        if 0 <= s < self.size:
+            t = self.tail[s]
+            if t >= 0 and s in self.seq[t] and p0 <= self.pos[t] < p1:
+                self.pos[t] += shift
+                if self.pos[t] < 0:
+                    self.seen["recurrent pos below 0"] += 1
+
+    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
+        """llama_memory_recurrent::seq_div: s's tail cell's pos /= d, when in [p0, p1)
+        (pos >= p0 >= 0: C++ truncation is floor)."""
+        if d == 1:
+            return
+        p0, p1 = resolve(p0, p1)
+        if p0 == p1:
+            return
+        if 0 <= s < self.size:
+            t = self.tail[s]
+            if t >= 0 and s in self.seq[t] and p0 <= self.pos[t] < p1:
+                self.pos[t] //= d
+
+    # -- find_slot / prepare / s_copy ----------------------------------------------------
+
+    def _next_empty(self, start: int) -> int:
+        """find_slot's "find next empty cell" after a taken one: step first, wrapping,
+        at most size steps (it may come back to `start`)."""
+        nxt = start
+        for _ in range(self.size):
+            nxt += 1
+            if nxt >= self.size:
+                nxt -= self.size
+            if self.is_empty(nxt):
+                break
+        return nxt
+
+    def find_slot(self, sets: list[tuple[tuple[int, ...], int]]) -> bool:
+        """llama_memory_recurrent::find_slot(ubatch). `sets` are the ubatch's sequence
+        sets (ubatch_sets), each as (its first token's seq ids, the pos of its last
+        token). Each set ends up in one cell, the sets in consecutive cells from the
+        least cell any of them had: head = that cell, n = the span of the cells they had
+        (before the gather), used recounted."""
+        n_seqs = len(sets)
+        size = self.size
+        # if we have enough unused cells before the current head, start from the beginning
+        if self.head > self.used + 2 * n_seqs:
+            self.seen["recurrent find_slot restart at 0"] += 1
+            self.head = 0
+        for ids, _last in sets:
+            for j, s in enumerate(ids):
+                if s < 0 or s >= size:
+                    return False  # "too big seq_id"
+                if j > 0 and self.tail[s] >= 0:
+                    # clear cells from seq_ids that become shared
+                    c = self.tail[s]
+                    self.seen["recurrent find_slot: a coupled id leaves its cell"] += 1
+                    self.seq[c].discard(s)
+                    self.tail[s] = -1
+                    if self.is_empty(c):
+                        self.pos[c] = -1
+                        self.used -= 1
+        # find next empty cell
+        nxt = self.head
+        for _ in range(size):
+            if nxt >= size:
+                nxt -= size
+            if self.is_empty(nxt):
+                break
+            nxt += 1
+        # find usable cell range
+        lo, hi = size - 1, 0
+        for k, (ids, _last) in enumerate(sets):
+            s = ids[0]
+            has_cell = False
+            if self.tail[s] >= 0:
+                assert s in self.seq[self.tail[s]], "GGML_ASSERT(cell.has_seq_id(seq_id))"
+                # does this seq_id "own" the cell?
+                has_cell = len(self.seq[self.tail[s]]) == 1
+            if not has_cell:
+                assert nxt < size and self.is_empty(nxt), "GGML_ASSERT(empty_cell.is_empty())"
+                if self.tail[s] >= 0:
+                    # copy the old tail into the empty cell
+                    orig = self.tail[s]
+                    self.seen["recurrent find_slot moves a sequence off a shared cell"] += 1
+                    self.pos[nxt] = self.pos[orig]
+                    self.seq[orig].discard(s)
+                    self.seq[nxt].add(s)
+                    assert not self.is_empty(orig)
+                self.tail[s] = nxt
+                if k + 1 < n_seqs:
+                    nxt = self._next_empty(nxt)
+            lo = min(lo, self.tail[s])
+            hi = max(hi, self.tail[s])
+        # gather and re-order
+        for k, (ids, _last) in enumerate(sets):
+            dst, src = lo + k, self.tail[ids[0]]
+            if dst != src:
+                self.seen["recurrent find_slot swaps two cells"] += 1
+                self.pos[dst], self.pos[src] = self.pos[src], self.pos[dst]
+                self.seq[dst], self.seq[src] = self.seq[src], self.seq[dst]
+                self.tail = [dst if t == src else src if t == dst else t for t in self.tail]
+        # update the pos of the used seqs
+        for k, (ids, last) in enumerate(sets):
+            c = lo + k
+            self.pos[c] = last
+            self.seq[c] = set(ids)
+            for s in ids:
+                self.tail[s] = c
+        self.head = lo
+        self.n = hi - lo + 1
+        self.used = sum(1 for i in range(size) if not self.is_empty(i))
+        return self.n >= n_seqs
+
+    def prepare(self, ubatches: list[list[tuple[tuple[int, ...], int]]]) -> bool:
+        """llama_memory_recurrent::prepare: find_slot for every ubatch on a copy, then
+        the original cells (with their tails), used and head back."""
+        org_pos, org_tail = list(self.pos), list(self.tail)
+        org_seq = [set(x) for x in self.seq]
+        org_used, org_head = self.used, self.head
+        success = all(self.find_slot(sets) for sets in ubatches)
+        self.pos, self.tail, self.seq = org_pos, org_tail, org_seq
+        self.used, self.head = org_used, org_head
+        return success
+
+    def s_copy(self, ub_seqs: set[int]) -> None:
+        """llama_memory_recurrent_context::s_copy(i), for every i in [0, n)
+        (llm_graph_input_rs::set_input): with n_rs_seq > 0, the first (least) sequence
+        of each non-empty cell in [head, head + n) has its rollback consumed."""
+        if self.n_rs_seq == 0:
+            return
+        for i in range(self.n):
+            c = i + self.head
+            if self.is_empty(c):
+                continue
+            s = min(self.seq[c])
+            if 0 <= s < len(self.rs_idx):
+                if self.rs_idx[s]:
+                    self.seen["recurrent rollback consumed"] += 1
+                    if s not in ub_seqs:
+                        self.seen["recurrent rollback consumed outside the ubatch"] += 1
+                self.rs_idx[s] = 0
+
+    # -- state ---------------------------------------------------------------------------
+
+    def state_write(self, s: int, slot: str) -> None:
+        """state_write / state_write_meta: the pos of every cell holding s, in cell
+        order (one at most: a sequence's state is its tail cell)."""
+        self.saved[slot] = [self.pos[i] for i in range(self.size) if s in self.seq[i]]
+
+    def state_read(self, s: int, slot: str) -> None:
+        """state_read / state_read_meta(dest_seq_id = s): seq_rm(s, -1, -1) (so an empty
+        saved state leaves s with none), then find_slot for one set of s with
+        cell_count tokens, its last pos the saved one; then set_rs_idx(s, 0)."""
+        cells = self.saved[slot]
+        self.seq_rm(s, -1, -1)
+        if cells:
+            ok = self.find_slot([((s,), cells[-1])])
+            assert ok, "state_read_meta: find_slot failed"
+        if self.n_rs_seq != 0:
+            self.rs_idx[s] = 0
+
+
+def ubatch_sets(ub: list[Token]) -> list[tuple[tuple[int, ...], int]]:
+    """A ubatch's sequence sets as llama_memory_recurrent::find_slot reads them
+    (`ubatch.seq_id[s * n_seq_tokens]`, `ubatch.pos[s * n_seq_tokens + n_seq_tokens -
+    1]`): split_equal lays the sets out one after the other; for a trace's recorded
+    ubatches, the tokens grouped by their seq-id set in order of first appearance. Each
+    set: its first token's seq ids (in that token's order) and its last token's pos."""
+    order: list[frozenset[int]] = []
+    first: dict[frozenset[int], tuple[int, ...]] = {}
+    last: dict[frozenset[int], int] = {}
+    for t in ub:
+        key = frozenset(t.seq)
+        if key not in first:
+            order.append(key)
+            first[key] = tuple(t.seq)
+        last[key] = t.pos
+    return [(first[k], last[k]) for k in order]
+
+
+class RefHybrid:
+    """llama_memory_hybrid's positions, what llama_batch_allocr::init validates a batch
+    against: seq_pos_min = max(attention's, recurrent's), seq_pos_max = min of them."""
+
+    def __init__(self, attn: RefCache, rec: RefRecurrent) -> None:
+        self.attn, self.rec = attn, rec
+
+    def seq_pos_min(self, s: int) -> int:
+        return max(self.attn.seq_pos_min(s), self.rec.seq_pos_min(s))
+
+    def seq_pos_max(self, s: int) -> int:
+        return min(self.attn.seq_pos_max(s), self.rec.seq_pos_max(s))
+
+
 # == §3: a decode's batch (llama_batch_allocr) ===========================================
 
 
-def validate(tokens: tuple[Token, ...], cache: RefCache, n_seq_max: int, mrope: bool,
-             embd: bool, seen: Counter | None = None) -> bool:
-    """llama_batch_allocr::init, the checks that can refuse a batch."""
+def validate(tokens: tuple[Token, ...], mem: RefHybrid | RefCache, n_seq_max: int,
+             mrope: bool, embd: bool, seen: Counter | None = None) -> bool:
+    """llama_batch_allocr::init, the checks that can refuse a batch, against the
+    memory's positions (`memory->seq_pos_min/max`: the hybrid memory's,
+    llama_memory_hybrid::seq_pos_min/max)."""
     seq_pos: dict[int, set[int]] = {}
     seq_cpl: set[tuple[int, int]] = set()
     for t in tokens:
@@ -446,7 +803,9 @@ def validate(tokens: tuple[Token, ...], cache: RefCache, n_seq_max: int, mrope: 
         seen["batch with a repeated position"] += 1
     for s in sorted(seq_pos):
         y_min, y_max = min(seq_pos[s]), max(seq_pos[s])
-        x = cache.seq_pos_max(s)
+        x = mem.seq_pos_max(s)
+        if seen is not None and isinstance(mem, RefHybrid) and x != mem.attn.seq_pos_max(s):
+            seen["validation: the recurrent position is not the attention's"] += 1
         if mrope:
             # ENGINE.md §3: M-RoPE checks only X < Y (text), X <= Y (embeddings)
             if x >= 0 and not (x <= y_min if embd else x < y_min):
@@ -458,17 +817,31 @@ def validate(tokens: tuple[Token, ...], cache: RefCache, n_seq_max: int, mrope: 
         if y_max - y_min + 1 > len(seq_pos[s]):
             return False
     for s0, s1 in sorted(seq_cpl):
-        if (cache.seq_pos_min(s0) != cache.seq_pos_min(s1)
-                or cache.seq_pos_max(s0) != cache.seq_pos_max(s1)):
+        ok = (mem.seq_pos_min(s0) == mem.seq_pos_min(s1)
+              and mem.seq_pos_max(s0) == mem.seq_pos_max(s1))
+        if seen is not None and isinstance(mem, RefHybrid):
+            a = mem.attn
+            attn_ok = (a.seq_pos_min(s0) == a.seq_pos_min(s1)
+                       and a.seq_pos_max(s0) == a.seq_pos_max(s1))
+            if ok and not attn_ok:
+                seen["coupled batch passes by the hybrid positions (attention alone: no)"] += 1
+            if attn_ok and not ok:
+                seen["coupled batch refused by the hybrid positions (attention alone: ok)"] += 1
+        if not ok:
             return False
     # "no partial sequence sub-sets" / "no decreasing positions": never fire as written
     return True
 
 
+SPLIT_ABORT = "GGML_ASSERT(n_ubatch > n_keep_tail)"
+
+
 def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
-                seen: Counter | None = None) -> list[list[int]] | None:
-    """llama_batch_allocr::split_equal, called until every token is used. Returns the
-    ubatches as lists of token indices, or None when the split is refused."""
+                seen: Counter | None = None, n_keep_tail: int = 0
+                ) -> list[list[int]] | str | None:
+    """llama_batch_allocr::split_equal(n_ubatch, sequential, n_keep_tail), called until
+    every token is used. Returns the ubatches as lists of token indices, None when the
+    split is refused, or SPLIT_ABORT (the engine aborts)."""
     n = len(tokens)
     seq_set = [frozenset(t.seq) for t in tokens]
     if sequential and any(len(ss) > 1 for ss in seq_set):
@@ -518,8 +891,60 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
             # NOTES: tested after the round, so the first round is always taken
             if (len(idxs_per_seq[0]) + 1) * n_seqs > n_ubatch:
                 break
-        out.append([i for lst in idxs_per_seq for i in lst])
+        if n_keep_tail > 0:
+            # the trailing n_keep_tail tokens of a set never straddle two ubatches
+            if not n_ubatch > n_keep_tail:
+                return SPLIT_ABORT  # after the coupled refusal, on the first call
+            n_seqs = _keep_tail(seq_set_map, cur_seq_set, cur_idx, idxs_per_seq, used,
+                                n_ubatch, n_keep_tail, seen)
+        out.append([i for lst in idxs_per_seq[:n_seqs] for i in lst])
     return out
+
+
+def _keep_tail(seq_set_map: dict[frozenset[int], list[int]], cur_seq_set: list[frozenset[int]],
+               cur_idx: list[int], idxs_per_seq: list[list[int]], used: list[bool],
+               n_ubatch: int, n_keep_tail: int, seen: Counter | None) -> int:
+    """split_equal's n_keep_tail step: keep the longest prefix of sets that either
+    finish in this ubatch or keep at least n_keep_tail tokens for a later one. None
+    does: set 0 alone, extended to its end if that fits n_ubatch, else cut back until
+    n_keep_tail of its tokens remain. The sets after the kept ones give their tokens
+    back. Returns the number of sets kept."""
+    n_seqs = len(cur_seq_set)
+
+    def n_remaining(k: int) -> int:
+        return len(seq_set_map[cur_seq_set[k]]) - cur_idx[k]
+
+    n_keep = 0
+    while n_keep < n_seqs:
+        remaining = n_remaining(n_keep)
+        if remaining != 0 and remaining < n_keep_tail:
+            break
+        n_keep += 1
+    if n_keep == 0:
+        idxs = idxs_per_seq[0]
+        seq_idxs = seq_set_map[cur_seq_set[0]]
+        if len(idxs) + n_remaining(0) <= n_ubatch:
+            if seen is not None:
+                seen["split_equal n_keep_tail: set 0 extended to its end"] += 1
+            while n_remaining(0) > 0:
+                idx = seq_idxs[cur_idx[0]]
+                idxs.append(idx)
+                used[idx] = True
+                cur_idx[0] += 1
+        else:
+            if seen is not None:
+                seen["split_equal n_keep_tail: set 0 cut back"] += 1
+            while n_remaining(0) < n_keep_tail:
+                used[idxs.pop()] = False
+                cur_idx[0] -= 1
+        n_keep = 1
+    elif n_keep < n_seqs and seen is not None:
+        seen["split_equal n_keep_tail: sets deferred"] += 1
+    # the tokens of the deferred sets go back to the pool
+    for k in range(n_keep, n_seqs):
+        for idx in idxs_per_seq[k]:
+            used[idx] = False
+    return n_keep
 
 
 # == §5 (steps 1-4): the incremental layout the engine keeps ============================
@@ -588,6 +1013,8 @@ class RefReplay:
         self.cache_safe = engine == "cache-safe"
         self.seen = seen if seen is not None else Counter()
         self.cache = RefCache(cfg, self.seen)
+        self.rec = RefRecurrent(cfg.n_seq_max, cfg.n_rs_seq, self.seen)
+        self.hybrid = RefHybrid(self.cache, self.rec)
         self.n_seq_max = cfg.n_seq_max
         self.stale = [CLEAN] * cfg.n_seq_max
         self.lay = [LaySeq() for _ in range(cfg.n_seq_max)]
@@ -648,16 +1075,24 @@ class RefReplay:
             return
         touched: dict[int, int] = {}
         status = self.edit(op, touched)
-        codes = frozenset({"KP005"}) if status == ABORTED else frozenset()
+        codes = frozenset()
         if status == ABORTED:
             self.aborted = True
+            codes = frozenset({"KP005"})
+        elif status == EDIT_REFUSED:
+            status, codes = REJECTED, frozenset({"KP008"})
         yield RefEvent(i, op.kind, status, dict(sorted(touched.items())), codes)
 
     def edit(self, op, touched: dict[int, int]) -> str:
-        """One edit through llama_memory_hybrid_idx: the cache edit and the stale rules
-        of ENGINE.md §4 for this version. Returns the event's status."""
-        cache, cfg = self.cache, self.cfg
+        """One edit through llama_memory_hybrid_idx: the cache edit, the recurrent
+        child's, and the stale rules of ENGINE.md §4 for this version. Returns the
+        event's status (EDIT_REFUSED: the memory's seq_rm returned false)."""
+        cache, cfg, rec = self.cache, self.cfg, self.rec
         if isinstance(op, SeqRm):
+            # llama_memory_hybrid_idx::seq_rm: the recurrent child first; when it
+            # refuses, the call returns false before anything else changes
+            if not rec.seq_rm(op.seq, op.p0, op.p1):
+                return EDIT_REFUSED
             st = self.stale_pos(op.seq, op.p0)
             cache.seq_rm(op.seq, op.p0, op.p1)
             self.stale_set(op.seq, st, touched)
@@ -674,11 +1109,13 @@ class RefReplay:
             if cross and not cache.is_full(op.p0, op.p1, cfg.kv_size):
                 return ABORTED  # llama_kv_cache::seq_cp: GGML_ASSERT(is_full)
             cache.seq_cp(op.src, op.dst, op.p0, op.p1)
+            rec.seq_cp(op.src, op.dst)  # llama_memory_hybrid::seq_cp: attention, then recurrent
             if self.cache_safe:
                 self.stale_set(op.src, 0, touched)
             self.stale_set(op.dst, 0, touched)
         elif isinstance(op, SeqKeep):
             cache.seq_keep(op.seq)
+            rec.seq_keep(op.seq)
             self.stale_set(-1, 0, touched)
         elif isinstance(op, SeqAdd):
             if cfg.by_order:
@@ -686,6 +1123,7 @@ class RefReplay:
             self._note_shared_first_move(op.seq, op.p0, op.p1)
             st = self.stale_pos(op.seq, op.p0 + op.shift if op.shift < 0 else op.p0)
             cache.seq_add(op.seq, op.p0, op.p1, op.shift)
+            rec.seq_add(op.seq, op.p0, op.p1, op.shift)
             self.stale_set(op.seq, st, touched)
         elif isinstance(op, SeqDiv):
             if cfg.by_order:
@@ -693,17 +1131,19 @@ class RefReplay:
             if op.d != 1:
                 self._note_shared_first_move(op.seq, op.p0, op.p1)
             cache.seq_div(op.seq, op.p0, op.p1, op.d)
+            rec.seq_div(op.seq, op.p0, op.p1, op.d)
             self.stale_set(op.seq, 0, touched)
         elif isinstance(op, Clear):
-            cache.clear()
-            self.stale_set(-1, 0, touched)
+            self.clear(touched)
         elif isinstance(op, StateWrite):
             cache.state_write(op.seq, op.slot)
+            rec.state_write(op.seq, op.slot)
         elif isinstance(op, StateRead):
             if not cache.state_read(op.seq, op.slot, cfg.by_order):
                 # NOTES: the hybrid memory catches the failed restore and drops s
                 self.state_drop(op.seq, touched)
                 return REJECTED
+            rec.state_read(op.seq, op.slot)
             self.stale_set(op.seq, 0, touched)
             self.restale_if_shared(touched)
         elif isinstance(op, StateDrop):
@@ -712,12 +1152,21 @@ class RefReplay:
             raise AssertionError(f"unknown op {op!r}")
         return APPLIED
 
+    def clear(self, touched: dict[int, int]) -> None:
+        """llama_memory_hybrid::clear: both children (the recurrent child's saved
+        states stay)."""
+        self.cache.clear()
+        self.rec.clear()
+        self.stale_set(-1, 0, touched)
+
     def state_drop(self, s: int, touched: dict[int, int]) -> None:
+        """The hybrid memory's drop of s: s < 0 is a clear; else each child's, the
+        recurrent one a seq_rm(s, -1, -1) whose answer is ignored."""
         if s < 0:
-            self.cache.clear()
-            self.stale_set(-1, 0, touched)
+            self.clear(touched)
             return
         self.cache.state_drop(s)
+        self.rec.seq_rm(s, -1, -1)
         self.stale_set(s, 0, touched)
         self.restale_if_shared(touched)
 
@@ -739,7 +1188,8 @@ class RefReplay:
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
         refused = RefEvent(i, "decode", REJECTED, {}, frozenset({"KP006"}))
-        if not validate(tokens, cache, cfg.n_seq_max, cfg.by_order, op.is_embd, self.seen):
+        if not validate(tokens, self.hybrid, cfg.n_seq_max, cfg.by_order, op.is_embd,
+                        self.seen):
             yield refused
             return
         # llama_context::decode: memory_update (the queued stream copies) before init_batch
@@ -751,18 +1201,37 @@ class RefReplay:
                 return
             split = [list(ub) for ub in op.ubatches]
         else:
-            split = split_equal(tokens, cfg.n_ubatch, not cfg.unified, self.seen)
+            # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified,
+            # n_rs_seq > 0 ? n_rs_seq + 1 : 0)
+            n_keep_tail = cfg.n_rs_seq + 1 if cfg.n_rs_seq > 0 else 0
+            split = split_equal(tokens, cfg.n_ubatch, not cfg.unified, self.seen,
+                                n_keep_tail)
             if split is None:
                 yield refused
                 return
+            if isinstance(split, str):  # SPLIT_ABORT
+                self.seen["split_equal: GGML_ASSERT(n_ubatch > n_keep_tail)"] += 1
+                self.aborted = True
+                yield RefEvent(i, "decode", ABORTED, {}, frozenset({"KP005"}))
+                return
         ubs = [[tokens[j] for j in ub] for ub in split]
+        # llama_memory_hybrid::init_batch: the recurrent child's prepare, then the cache's
+        sets = [ubatch_sets(ub) for ub in ubs]
+        if not self.rec.prepare(sets):
+            self.seen["recurrent prepare failed"] += 1
+            yield refused
+            return
         sinfos = cache.prepare(ubs, cfg.by_order)
         if sinfos is None:
             yield refused
             return
         stale_batch = list(self.stale)
         for b, (ub, sinfo) in enumerate(zip(ubs, sinfos, strict=True)):
+            # llama_memory_hybrid_context::apply: the cache's apply_ubatch, the recurrent
+            # child's find_slot; then the graph's s_copy input consumes the rollbacks
             cache.apply_ubatch(sinfo, ub, cfg.by_order)
+            self.rec.find_slot(sets[b])
+            self.rec.s_copy({s for t in ub for s in t.seq})
             rec = self.ubatch(i, b, ub, sinfo, stale_batch, b == len(ubs) - 1)
             self.aborted = rec.aborted
             yield rec

@@ -2,11 +2,13 @@
 
 Side by side, record by record (every event, every ubatch), for both engine versions:
 - the records themselves: kind, op, status, stale positions an event set
-  (`OpEvent.stale`), which decodes are refused (KP006) and what aborts (KP005), each
+  (`OpEvent.stale`), which decodes are refused (KP006), which seq_rm the recurrent
+  child refuses (KP008) and what aborts (KP005), each
   ubatch's placement (`token_rows`, `token_pos`, `token_seqs`) and `stale_batch`;
 - the state after each record: every stream's cells (pos, the set of sequences, ext in
   M-RoPE traces), every head, the queued cross-stream copies, the whole stale array
-  (at events), the state snapshots;
+  (at events), the state snapshots; the recurrent child's cells (pos, sequences),
+  tails, pending rollbacks (rs_idx), head and used, and its saved states;
 - what tests/reference.py compares (ENGINE.md §5-§7), here on the reference's own
   incremental layout, drifted or not: each sequence's layout (pairs and pools), marking,
   n_new_g, the scatter plan with its padding, visibility, KP001, KP002 and KP007.
@@ -30,7 +32,7 @@ from conftest import ENGINES, drive, trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_rules import TRACES
-from test_reference_agreement import random_traces
+from test_reference_agreement import draw_n_rs_seq, random_traces
 
 from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.trace.load import load_trace
@@ -93,6 +95,23 @@ def check_state(rp, ref: rc.RefReplay, where: str, heads: bool = True) -> None:
             f"{where}: heads {got_h} != reference {ref.cache.v_heads}"
     assert [tuple(p) for p in rp.cache.pending_copies] == ref.cache.sc_info, \
         f"{where}: queued stream copies {rp.cache.pending_copies} != {ref.cache.sc_info}"
+    check_recurrent(rp, ref, where)
+
+
+def check_recurrent(rp, ref: rc.RefReplay, where: str) -> None:
+    """The recurrent child: every cell (pos, sequences), the tails, the pending
+    rollbacks, head and used (`rp.recurrent`)."""
+    got, want = rp.recurrent, ref.rec
+    cells = [(c.pos, frozenset(c.seqs)) for c in got.cells]
+    ref_cells_ = [(want.pos[i], frozenset(want.seq[i])) for i in range(want.size)]
+    assert cells == ref_cells_, \
+        f"{where}: recurrent cells {cells} != reference {ref_cells_}"
+    assert list(got.tail) == want.tail, f"{where}: tails {got.tail} != reference {want.tail}"
+    assert list(got.rs_idx) == want.rs_idx, \
+        f"{where}: rs_idx {got.rs_idx} != reference {want.rs_idx}"
+    assert (got.head, got.used) == (want.head, want.used), \
+        f"{where}: recurrent head, used {(got.head, got.used)} != reference " \
+        f"{(want.head, want.used)}"
 
 
 def check_event(rec: OpEvent, want: rc.RefEvent, rp, ref: rc.RefReplay, where: str) -> None:
@@ -106,6 +125,9 @@ def check_event(rec: OpEvent, want: rc.RefEvent, rp, ref: rc.RefReplay, where: s
         op = ref.trace.ops[want.op]
         assert rp.cache.snapshots[op.slot].pos.tolist() == \
             [p for p, _e in ref.cache.snapshots[op.slot]], f"{where}: snapshot differs"
+        saved = ref.rec.saved[op.slot]
+        assert rp.recurrent.saved[op.slot] == (saved[-1] if saved else None), \
+            f"{where}: recurrent saved state {rp.recurrent.saved[op.slot]} != {saved}"
 
 
 def check_ubatch(rec: UbatchRecord, want: rc.RefUbatch, rp, ref: rc.RefReplay,
@@ -290,6 +312,125 @@ ops:
     assert ref.cache.v_cells[0].pairs(0)[-1] == (3, 0) and ref.cache.v_heads == [1]
 
 
+def test_reference_recurrent_rollbacks() -> None:
+    """llama_memory_recurrent::seq_rm: a partial seq_rm of a sequence's tail is a
+    rollback of at most n_rs_seq tokens, one pending at a time; s_copy (a ubatch whose
+    cell range holds the state) consumes it; seq -1 is always refused (KP008, nothing
+    changes anywhere)."""
+    ref, recs = _ref("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2, n_rs_seq: 2}
+ops:
+  - decode: {seq: [0], pos: 0..6}
+  - seq_rm: {seq: 0, p0: 3}
+  - seq_rm: {seq: 0, p0: 4}
+  - seq_rm: {seq: 0, p0: 3}
+  - decode: {seq: [0], pos: 4}
+  - seq_rm: {seq: 0, p0: 2}
+  - seq_rm: {seq: 0, p0: 4}
+  - seq_rm: {seq: -1}
+""")
+    got = [(r.status, set(r.codes)) for r in recs if isinstance(r, rc.RefEvent)]
+    refused = (rc.REJECTED, {"KP008"})
+    assert got == [refused, (rc.APPLIED, set()), refused, refused, (rc.APPLIED, set()),
+                   refused]
+    # too deep (3), pos 5 back to 3 (rs_idx 2), pending, consumed by the decode of pos 4,
+    # too deep, pos 4 back to 3, seq -1
+    assert ref.rec.pos[0] == 3 and ref.rec.rs_idx == [1, 0] and ref.rec.tail == [0, -1]
+    assert ref.cache.seq_pos_max(0) == 3  # the accepted seq_rm removed the attention cells
+
+
+def test_reference_split_equal_keeps_the_tail() -> None:
+    """split_equal's n_keep_tail step (n_rs_seq + 1): set 0 cut back so that n_keep_tail
+    tokens remain, or extended to its end; a set that cannot keep them deferred; the
+    assert n_ubatch > n_keep_tail, after the sequential split's coupled refusal."""
+    def toks(*sp):
+        return tuple(Token(p, (s,)) for s, p in sp)
+    six = toks(*((0, p) for p in range(6)))
+    assert rc.split_equal(six, 5, False, None, 3) == [[0, 1, 2], [3, 4, 5]]  # cut back
+    two = toks((0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2))
+    assert rc.split_equal(two, 5, False, None, 3) == [[0, 2, 4], [1, 3, 5]]  # extended
+    late = toks((0, 0), (1, 0), (0, 1), (1, 1), (1, 2), (1, 3))
+    assert rc.split_equal(late, 5, False, None, 3) == [[0, 2], [1, 3, 4, 5]]  # deferred
+    assert rc.split_equal(late, 5, False, None, 0) == [[0, 2, 1, 3], [4, 5]]
+    assert rc.split_equal(toks((0, 0)), 3, False, None, 3) == rc.SPLIT_ABORT
+    assert rc.split_equal((Token(0, (0, 1)),), 3, True, None, 3) is None
+
+
+def test_reference_hybrid_positions() -> None:
+    """llama_memory_hybrid::seq_pos_min/max: a coupled batch is checked against
+    max(attention min, recurrent pos) and min(attention max, recurrent pos): seq 1
+    from pos 2 only (its recurrent pos is seq 0's) passes; seq 1's empty state
+    restored (its recurrent state gone, its attention cells seq 0's) is refused."""
+    _ref1, recs = _ref("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: [0], pos: 0..4}
+  - decode: {seq: [1], pos: 2..4}
+  - decode: {seq: [0, 1], pos: 4}
+""")
+    assert isinstance(recs[-1], rc.RefUbatch) and recs[-1].token_seqs == [(0, 1)]
+    _ref2, recs = _ref("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+ops:
+  - state_write: {seq: 1, slot: e}
+  - decode: {seq: [0], pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - state_read: {seq: 1, slot: e}
+  - decode: {seq: [0, 1], pos: 4}
+""")
+    assert recs[-1].status == rc.REJECTED and recs[-1].codes == {"KP006"}
+
+
+# kpool disagreements with the reference (and llama.cpp): see the reasons
+
+NON_UNIFIED_COUPLED_KEEP_TAIL = """
+kpool_trace: 1
+cache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false, n_ubatch: 2, n_rs_seq: 1}
+ops:
+  - decode:
+      tokens: [{pos: 0, seq: [0, 1]}]
+"""
+
+NEGATIVE_SAVED_POS = """
+kpool_trace: 1
+cache: {kv_size: 6, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: [0], pos: 0}
+  - seq_add: {seq: 0, shift: -1}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: [0], pos: 0}
+  - state_write: {seq: 1, slot: s}
+  - state_read: {seq: 0, slot: s}
+"""
+
+
+def test_reference_on_the_kpool_disagreements() -> None:
+    """The reference's side of the two comparisons below (kpool once got both wrong).
+    (1) llama_batch_allocr::split_equal refuses a coupled batch in a sequential
+    (non-unified) split before it reaches GGML_ASSERT(n_ubatch > n_keep_tail): a
+    refusal (KP006), not an abort. (2) A saved recurrent state whose pos is < 0
+    (seq_add moved it there) is one cell (state_write_meta writes it, cell_count 1):
+    state_read restores it."""
+    _ref1, recs = _ref(NON_UNIFIED_COUPLED_KEEP_TAIL)
+    assert [(r.status, set(r.codes)) for r in recs] == [(rc.REJECTED, {"KP006"})]
+    ref, _ = _ref(NEGATIVE_SAVED_POS)
+    assert ref.rec.saved["s"] == [-1]
+    assert ref.rec.pos[ref.rec.tail[0]] == -1 and ref.rec.seq[ref.rec.tail[0]] == {0}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_non_unified_coupled_batch_with_n_keep_tail(engine: str) -> None:
+    compare(trace(NON_UNIFIED_COUPLED_KEEP_TAIL), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_saved_negative_recurrent_pos_is_restored(engine: str) -> None:
+    compare(trace(NEGATIVE_SAVED_POS), engine)
+
+
 # -- side by side with kpool -------------------------------------------------------------------
 
 
@@ -317,7 +458,7 @@ def test_random_traces_agree_with_the_cache_reference(t: Trace, engine: str) -> 
 
 
 THEMES = ("wrap", "quirk", "share", "restale", "cross_range", "clear_pending", "split",
-          "no_room", "first_pos", "any")
+          "no_room", "first_pos", "rollback", "span", "keep_tail", "hybrid", "any")
 
 
 @st.composite
@@ -330,30 +471,38 @@ def corner_traces(draw) -> tuple[Trace, str]:
     seq_div moving a shared sequence's first position (drift), cache-safe's re-stale
     while shared, cross-stream copies with ranges at the is_full boundary, a clear with
     stream copies queued, the sequential split taking a passed-over seq, a restore with
-    no room. The reference itself tracks the state to aim the next op; the trace is
-    built for one engine, so it stops at that engine's first abort."""
+    no room; and the recurrent child: speculative rollbacks (accepted, too deep, a
+    second one pending, consumed by a ubatch, maybe another sequence's), splits moved
+    by n_keep_tail, coupled batches the hybrid positions let through or refuse where
+    the attention's alone would not. Most examples set n_rs_seq (0..4). The reference
+    itself tracks the state to aim the next op; the trace is built for one engine, so
+    it stops at that engine's first abort."""
     theme = draw(st.sampled_from(THEMES))
     engine = "cache-safe" if theme == "restale" else draw(st.sampled_from(ENGINES))
-    if theme in ("share", "restale"):
+    if theme in ("share", "restale", "hybrid", "span"):
         unified = True
     elif theme in ("quirk", "cross_range", "clear_pending", "split"):
         unified = False
     else:
         unified = draw(st.booleans())
-    lo = 3 if theme == "split" else 2 if theme != "any" or not unified else 1
+    lo = 3 if theme in ("split", "span") else 2 if theme != "any" or not unified else 1
     n_seq = draw(st.integers(lo, 3))
     by_order = theme in ("any", "wrap", "no_room") and draw(st.integers(0, 5)) == 0
     n_ubatch = draw(st.sampled_from([1, 2, 3] if theme == "quirk" else [1, 2, 3, 5, 512]))
+    n_rs_seq = 0
+    if theme != "quirk":
+        need = theme in ("rollback", "span", "keep_tail", "hybrid")
+        n_rs_seq, n_ubatch = draw_n_rs_seq(draw, n_ubatch, (3, 5, 6, 8, 512), need=need)
     cfg = CacheConfig(kv_size=draw(st.sampled_from([6, 8, 12, 16])),
                       kpool=draw(st.integers(2, 3)), n_seq_max=n_seq, unified=unified,
-                      by_order=by_order, n_ubatch=n_ubatch)
+                      by_order=by_order, n_ubatch=n_ubatch, n_rs_seq=n_rs_seq)
     kv = cfg.kv_size
     ref = rc.RefReplay(Trace(cache=cfg, ops=()), engine)
     cache = ref.cache
     seq = st.integers(0, n_seq - 1)
     kinds = (["decode"] * 5 + ["fill"] * 2 + ["seq_rm"] * 2 + ["seq_cp"] * 2
              + ["seq_cp_range", "seq_keep", "clear", "state_write", "state_read",
-                "state_drop"])
+                "state_drop", "spec"])
     if not by_order:
         kinds += ["seq_add"] * 3 + ["seq_div"]
     if theme != "any":
@@ -369,7 +518,7 @@ def corner_traces(draw) -> tuple[Trace, str]:
         return not ref.aborted
 
     def next_tokens(s: int, n: int) -> tuple[Token, ...]:
-        start = cache.seq_pos_max(s) + 1
+        start = next_pos(ref, s)
         return tuple(Token(start + k, (s,), (0, 0) if by_order else None) for k in range(n))
 
     def bound(s: int) -> st.SearchStrategy[int]:
@@ -486,6 +635,87 @@ def corner_traces(draw) -> tuple[Trace, str]:
             if room > 0 and not emit(Decode(next_tokens(b, room + draw(st.integers(0, 1))))):
                 break
             op = StateRead(b, "r")
+        elif kind in ("spec", "rollback", "span"):
+            # speculative decoding: the draft's last k tokens are rejected, seq_rm(s, p,
+            # -1): a rollback of s's recurrent state (k <= n_rs_seq, none pending); one
+            # or two of them, then a decode of s, of the others or of all
+            s = draw(seq)
+            # span: one ubatch of (a, s, c) puts s's state between a's and c's, so that a
+            # later ubatch of a and c alone spans s's cell and consumes its rollback
+            span = kind == "span" or (kind == "rollback" and unified and n_seq >= 3
+                                      and draw(st.booleans()))
+            if span:
+                a, c = (x for x in range(n_seq) if x != s)
+                if ((cache.v_cells[0].size - cache.v_cells[0].get_used() < 7
+                     and not emit(Clear()))
+                        or not emit(Decode(next_tokens(s, 2)))
+                        or not emit(Decode(tuple(t for x in (a, s, c)
+                                                 for t in next_tokens(x, 1))))):
+                    break
+            elif (kind == "rollback" and next_pos(ref, s) < 5
+                    and not emit(Decode(next_tokens(s, draw(st.integers(4, 6)))))):
+                break
+            for j in range(draw(st.sampled_from([1, 1, 2]))):
+                if span and j == 0:
+                    k = draw(st.integers(1, max(1, min(cfg.n_rs_seq, next_pos(ref, s) - 1))))
+                else:
+                    k = draw(st.integers(0, cfg.n_rs_seq + 1) | st.integers(1, 4))
+                if not emit(SeqRm(s, max(0, next_pos(ref, s) - k), -1)):
+                    break
+            if ref.aborted:
+                break
+            who = "span" if span else draw(st.sampled_from(["s", "others", "all", "none"]))
+            if who == "span":
+                op = Decode(next_tokens(a, 1) + next_tokens(c, 1))
+            elif who == "s":
+                op = Decode(next_tokens(s, draw(st.integers(1, cfg.n_rs_seq + 2))))
+            elif who != "none" and (n_seq > 1 or who == "all"):
+                toks = [t for x in range(n_seq) if who == "all" or x != s
+                        for t in next_tokens(x, draw(st.integers(1, 3)))]
+                op = Decode(tuple(toks))
+        elif kind == "keep_tail":
+            # a decode whose sets do not split evenly: n_keep_tail (n_rs_seq + 1) keeps a
+            # sequence's last tokens together, deferring sets, extending or cutting set 0
+            chosen = sorted(set(draw(st.lists(seq, min_size=1, max_size=n_seq))))
+            per = {x: next_tokens(x, draw(st.integers(1, cfg.n_ubatch + cfg.n_rs_seq + 2)
+                                          if cfg.n_ubatch < 64 else st.integers(1, 8)))
+                   for x in chosen}
+            toks = []
+            while any(per.values()):
+                x = draw(st.sampled_from([x for x in chosen if per[x]]))
+                toks.append(per[x][0])
+                per[x] = per[x][1:]
+            op = Decode(tuple(toks))
+        elif kind == "hybrid":
+            # a coupled batch (a, b) checked against the hybrid positions: max(attention
+            # min, recurrent pos), min(attention max, recurrent pos)
+            a = draw(seq)
+            b = other(a)
+            if next_pos(ref, a) < 3 and not emit(Decode(next_tokens(a, 3))):
+                break
+            how = draw(st.sampled_from(["late_start", "shared_rollback", "empty_restore"]))
+            if how == "empty_restore":
+                # b's empty state restored: its attention cells (a's, shared) stay, its
+                # recurrent state is gone: the attention alone would let (a, b) through
+                if not (emit(SeqRm(b, -1, -1)) and emit(StateWrite(b, "e"))
+                        and emit(SeqCp(a, b)) and emit(StateRead(b, "e"))):
+                    break
+                written.append("e")
+            elif how == "late_start":
+                # b from scratch, its first position after a's: only the recurrent
+                # positions (a's last, b's last) agree
+                pa = next_pos(ref, a)
+                if pa < 2 or not (emit(SeqRm(b, -1, -1))
+                        and emit(Decode(tuple(Token(p, (b,)) for p in range(
+                            draw(st.integers(1, pa - 1)), pa))))):
+                    break
+            else:
+                # b shares a's cells, rolls back: the shared recurrent cell moves a too
+                if not (emit(SeqCp(a, b)) and emit(SeqRm(b, max(1, next_pos(ref, b) - 1), -1))):
+                    break
+            start = max(next_pos(ref, a), 0)
+            pair = (a, b) if draw(st.booleans()) else (b, a)
+            op = Decode(tuple(Token(start + k, pair) for k in range(draw(st.integers(1, 3)))))
         elif kind == "seq_rm":
             s = draw(st.integers(-1, n_seq - 1))
             b = bound(max(s, 0))
@@ -518,6 +748,13 @@ def corner_traces(draw) -> tuple[Trace, str]:
     return Trace(cache=cfg, ops=tuple(ops), seed=0), engine
 
 
+def next_pos(ref: rc.RefReplay, s: int) -> int:
+    """The position a decode of s continues from: after the hybrid memory's last one
+    (what validation checks), or after the attention's when that is < 0."""
+    x = ref.hybrid.seq_pos_max(s)
+    return x + 1 if x >= 0 else ref.cache.seq_pos_max(s) + 1
+
+
 def _draw_corner_decode(draw, ref: rc.RefReplay, fill: bool, every_seq: bool = False
                         ) -> Decode:
     cfg, cache = ref.cfg, ref.cache
@@ -528,14 +765,14 @@ def _draw_corner_decode(draw, ref: rc.RefReplay, fill: bool, every_seq: bool = F
     coupled: list[Token] = []
     if cfg.unified and len(chosen) >= 2 and draw(st.integers(0, 2)) == 0:
         a, b = chosen[0], chosen[1]
-        if (cache.seq_pos_min(a), cache.seq_pos_max(a)) == (cache.seq_pos_min(b),
-                                                             cache.seq_pos_max(b)):
-            start = cache.seq_pos_max(a) + 1
+        hy = ref.hybrid
+        if (hy.seq_pos_min(a), hy.seq_pos_max(a)) == (hy.seq_pos_min(b), hy.seq_pos_max(b)):
+            start = next_pos(ref, a)
             pair = (a, b) if draw(st.booleans()) else (b, a)
             coupled = [Token(start + k, pair) for k in range(draw(st.integers(1, 4)))]
             chosen = chosen[2:]
     for s in chosen:
-        start = cache.seq_pos_max(s) + 1
+        start = next_pos(ref, s)
         if draw(st.integers(0, 11)) == 0:  # a decode validation may refuse
             start = max(0, start + draw(st.sampled_from([-1, 1])))
         if fill:
@@ -569,7 +806,7 @@ def _draw_corner_decode(draw, ref: rc.RefReplay, fill: bool, every_seq: bool = F
                 if q:
                     tokens.append(q.pop(0))
     if not tokens:
-        tokens = [Token(cache.seq_pos_max(0) + 1, (0,))]
+        tokens = [Token(next_pos(ref, 0), (0,))]
     if cfg.by_order and any(t.ext is not None for t in tokens):
         tokens = [t if t.ext is not None else Token(t.pos, t.seq, (0, 0)) for t in tokens]
     ubatches = None
@@ -617,6 +854,22 @@ CORNERS = (
     "state_read without room",
     "stale_pos at a first position > 0",
     "batch with a repeated position",
+    # the recurrent child
+    "recurrent rollback accepted",
+    "recurrent rollback refused: too deep",
+    "recurrent rollback refused: one is pending",
+    "recurrent rollback consumed",
+    "recurrent rollback consumed outside the ubatch",
+    "recurrent rollback of a shared cell",
+    "recurrent seq_rm refuses a seq id < 0",
+    "recurrent find_slot moves a sequence off a shared cell",
+    "recurrent find_slot swaps two cells",
+    "split_equal n_keep_tail: set 0 extended to its end",
+    "split_equal n_keep_tail: set 0 cut back",
+    "split_equal n_keep_tail: sets deferred",
+    "split_equal: GGML_ASSERT(n_ubatch > n_keep_tail)",
+    "coupled batch passes by the hybrid positions (attention alone: no)",
+    "coupled batch refused by the hybrid positions (attention alone: ok)",
 )
 
 

@@ -74,8 +74,8 @@ def test_llama_memory_recurrent_seq_rm_with_n_rs_seq_0_refuses_every_tail_cut():
 
 
 @pytest.mark.parametrize(("p0", "p1", "pos", "tail"), [
-    (-1, -1, -1, -1),   # the whole sequence: p0 = 0, p1 = INT_MAX; cell emptied
-    (0, 20, -1, -1),    # p0 = 0 is not a cut (0 < p0 fails): the state goes
+    (-1, -1, None, -1),   # the whole sequence: p0 = 0, p1 = INT_MAX; cell emptied
+    (0, 20, None, -1),    # p0 = 0 is not a cut (0 < p0 fails): the state goes
     (2, 5, 9, 0),       # ends before the last pos (a context shift): state kept
     (10, -1, 9, 0),     # starts after the last pos: nothing to cut
     (4, 4, 9, 0),       # an empty range
@@ -105,7 +105,7 @@ def test_llama_memory_recurrent_seq_rm_of_the_whole_sequence_clears_a_pending_ro
     c.seq_rm(0, 8, -1)
     assert c.rs_idx[0] == 2
     c.seq_rm(0, -1, -1)
-    assert c.rs_idx[0] == 0 and c.seq_pos(0) == -1
+    assert c.rs_idx[0] == 0 and c.seq_pos(0) is None
 
 
 def test_llama_memory_recurrent_seq_rm_head_moves_to_the_first_freed_cell():
@@ -168,7 +168,7 @@ def test_llama_memory_recurrent_clear_forgets_every_state_and_rollback_not_the_s
     c.state_write(0, "a")
     c.seq_rm(0, 9, -1)
     c.clear()
-    assert c.seq_pos(0) == -1 and c.rs_idx == [0] * 4 and c.head == 0
+    assert c.seq_pos(0) is None and c.rs_idx == [0] * 4 and c.head == 0
     c.state_read(2, "a")
     assert c.seq_pos(2) == 9  # saved before the rollback
 
@@ -193,7 +193,20 @@ def test_llama_memory_recurrent_state_read_meta_of_an_empty_state_drops_the_sequ
     c = decoded(child(), ((1,), 6))
     c.state_write(3, "empty")
     c.state_read(1, "empty")
-    assert c.seq_pos(1) == -1
+    assert c.seq_pos(1) is None
+
+
+def test_llama_memory_recurrent_state_read_restores_a_negative_pos():
+    """seq_add can move a state below pos 0 (seq_add(0, 0, -1, -2) on pos 0: -2). A
+    state written then is one cell (state_write_meta writes its pos as it is), and
+    state_read restores it: seq 1's state is at -2. llama_memory_recurrent::
+    seq_pos_min is then -2 and seq_pos_max max(-1, -2) = -1."""
+    c = decoded(child(), ((0,), 0))
+    c.seq_add(0, 0, -1, -2)
+    c.state_write(0, "s")
+    c.state_read(1, "s")
+    assert c.seq_pos(1) == -2 and c.tail[1] >= 0
+    assert (c.seq_pos_min(1), c.seq_pos_max(1)) == (-2, -1)
 
 
 def test_llama_memory_hybrid_idx_state_drop_ignores_the_refusal():
@@ -201,7 +214,7 @@ def test_llama_memory_hybrid_idx_state_drop_ignores_the_refusal():
     removal, always accepted for 0 <= s < n_seq_max."""
     c = decoded(child(), ((1,), 6))
     c.state_drop(1)
-    assert c.seq_pos(1) == -1
+    assert c.seq_pos(1) is None
 
 
 # -- find_slot and s_copy ----------------------------------------------------------------
@@ -364,6 +377,16 @@ def test_split_equal_asserts_n_ubatch_above_n_keep_tail():
                "ops:\n  - decode: {seq: 0, pos: 0..2}\n  - decode: {seq: 0, pos: 2}\n")
     assert len(recs) == 1 and recs[0].status == ABORTED and codes(recs[0]) == {"KP005"}
     assert "n_ubatch > n_keep_tail" in recs[0].message
+
+
+def test_split_equal_refuses_a_coupled_sequential_batch_before_its_n_keep_tail_assert():
+    """llama_batch_allocr::split_equal returns "sequential split is not supported when
+    there are coupled sequences" before it reaches GGML_ASSERT(n_ubatch > n_keep_tail):
+    on a non-unified cache with n_ubatch 2 and n_rs_seq 1 (n_keep_tail 2), a token of
+    seqs (0, 1) is refused (KP006), not an abort."""
+    recs = run("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false,"
+               " n_ubatch: 2, n_rs_seq: 1}\nops:\n  - decode: {seq: [0, 1], pos: 0}\n")
+    assert [(r.status, codes(r)) for r in recs] == [(REJECTED, {"KP006"})]
 
 
 # -- llama_batch_allocr::split_equal's n_keep_tail step -----------------------------------

@@ -156,13 +156,28 @@ def test_the_drift_scenario_is_exercised() -> None:
 
 
 class Tracker:
-    """A rough model of the cells (positions and sequence sets only) used to build
+    """A rough model of the cells (positions and sequence sets only) and of the
+    recurrent child (each sequence's state pos, a pending rollback) used to build
     decodes that pass validation most of the time. Not the thing under test."""
 
     def __init__(self, cfg: CacheConfig) -> None:
         self.cfg = cfg
         self.streams: list[list[list]] = [[] for _ in range(cfg.n_stream)]  # [pos, set]
         self.snaps: dict[str, list[int]] = {}
+        self.rec = [-1] * cfg.n_seq_max  # the recurrent state's pos, -1: none
+        self.pending = [False] * cfg.n_seq_max
+        self.rec_snaps: dict[str, int] = {}
+
+    def hmin(self, s: int) -> int:
+        """The hybrid memory's seq_pos_min (what a batch is validated against)."""
+        return max(self.pmin(s), self.rec[s])
+
+    def hmax(self, s: int) -> int:
+        return min(self.pmax(s), self.rec[s])
+
+    def next_pos(self, s: int) -> int:
+        x = self.hmax(s)
+        return x + 1 if x >= 0 else self.pmax(s) + 1
 
     def stream(self, s: int) -> list[list]:
         return self.streams[0 if self.cfg.unified else s]
@@ -194,17 +209,35 @@ class Tracker:
             return  # the real decode is refused too
         for tk in tokens:
             self.stream(tk.seq[0]).append([tk.pos, set(tk.seq)])
+            for s in tk.seq:
+                self.rec[s] = tk.pos
+                self.pending[s] = False
 
-    def seq_rm(self, s: int, p0: int, p1: int) -> None:
+    def seq_rm(self, s: int, p0: int, p1: int) -> bool:
+        """False when the recurrent child refuses (nothing changes)."""
         lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
+        if s < 0:
+            return False
+        r = self.rec[s]
+        if lo == 0 and p1 < 0:
+            self.pending[s] = False
+        if r >= 0 and 0 < lo <= r < hi:
+            if self.pending[s] or r - (lo - 1) > self.cfg.n_rs_seq:
+                return False
+            self.pending[s] = True
+            self.rec[s] = lo - 1
+        elif lo <= r < hi:
+            self.rec[s] = -1
         for c in self.stream(s):
             if s in c[1] and lo <= c[0] < hi:
                 c[1].discard(s)
         self._gc()
+        return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         if src == dst:
             return
+        self.rec[dst] = self.rec[src]
         lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
         if self.cfg.unified:
             for c in self.streams[0]:
@@ -214,6 +247,7 @@ class Tracker:
             self.streams[dst] = [[c[0], {dst}] for c in self.streams[src]]
 
     def seq_keep(self, s: int) -> None:
+        self.rec = [r if t == s else -1 for t, r in enumerate(self.rec)]
         cells = self.stream(s)
         for c in cells:
             c[1] = {s} if s in c[1] else set()
@@ -221,6 +255,8 @@ class Tracker:
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
+        if shift and lo < hi and lo <= self.rec[s] < hi:
+            self.rec[s] += shift
         for c in self.stream(s):
             if s in c[1] and lo <= c[0] < hi:
                 c[0] += shift
@@ -228,30 +264,54 @@ class Tracker:
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
         lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
+        if lo <= self.rec[s] < hi:
+            self.rec[s] //= d
         for c in self.stream(s):
             if s in c[1] and lo <= c[0] < hi:
                 c[0] //= d
 
     def state_write(self, s: int, slot: str) -> None:
         self.snaps[slot] = self.positions(s)
+        self.rec_snaps[slot] = self.rec[s]
 
     def state_read(self, s: int, slot: str) -> None:
         snap = self.snaps[slot]
-        if not snap:
-            return
-        self.seq_rm(s, -1, -1)
-        if self.free(s) >= len(snap):
+        if snap:
+            self.seq_rm(s, -1, -1)
+            if self.free(s) < len(snap):
+                return  # the restore fails: s is dropped
             self.stream(s).extend([p, {s}] for p in snap)
+        self.rec[s] = self.rec_snaps[slot]
+        self.pending[s] = False
+
+    def state_drop(self, s: int) -> None:
+        self.seq_rm(s, -1, -1)
+        self.rec[s] = -1
+
+
+N_UBATCHES = (2, 3, 5, 8, 512)
+
+
+def draw_n_rs_seq(draw, n_ubatch: int, choices=N_UBATCHES, need: bool = False
+                  ) -> tuple[int, int]:
+    """(n_rs_seq, n_ubatch): half the time (unless `need`) no rollback snapshots; else
+    1..4, with n_ubatch > n_rs_seq + 1 (from `choices`) except now and then (a decode
+    then aborts: GGML_ASSERT(n_ubatch > n_keep_tail))."""
+    n_rs = draw(st.integers(1, 4)) if need or draw(st.booleans()) else 0
+    if n_rs and n_ubatch <= n_rs + 1 and draw(st.integers(0, 4)) != 0:
+        n_ubatch = draw(st.sampled_from([n for n in choices if n > n_rs + 1]))
+    return n_rs, n_ubatch
 
 
 @st.composite
 def random_traces(draw) -> Trace:
     unified = draw(st.booleans())
     by_order = draw(st.integers(0, 4)) == 0
+    n_rs_seq, n_ubatch = draw_n_rs_seq(draw, draw(st.sampled_from(N_UBATCHES)))
     cfg = CacheConfig(
         kv_size=draw(st.integers(16, 64)), kpool=draw(st.integers(2, 4)),
         n_seq_max=draw(st.integers(1, 3)), unified=unified, by_order=by_order,
-        n_ubatch=draw(st.sampled_from([2, 3, 5, 8, 512])),
+        n_ubatch=n_ubatch, n_rs_seq=n_rs_seq,
     )
     tr = Tracker(cfg)
     n = cfg.n_seq_max
@@ -260,7 +320,8 @@ def random_traces(draw) -> Trace:
     ops = []
     written: list[str] = []
     kinds = ["decode"] * 6 + ["seq_rm", "seq_rm", "seq_cp", "seq_cp", "seq_keep",
-                              "state_write", "state_read", "state_drop", "seq_cp_part"]
+                              "state_write", "state_read", "state_drop", "seq_cp_part",
+                              "spec", "spec", "seq_rm_all"]
     if not by_order:
         kinds += ["seq_add", "seq_add", "seq_add", "seq_div"]
         if n > 1:
@@ -274,6 +335,23 @@ def random_traces(draw) -> Trace:
             s, p0, p1 = draw(seq), draw(bound), draw(bound)
             ops.append(SeqRm(s, p0, p1))
             tr.seq_rm(s, p0, p1)
+        elif kind == "spec":
+            # speculative decoding: the draft's 0..4 trailing tokens rejected (a rollback
+            # of the recurrent state), sometimes twice before the next decode, which
+            # then continues from the kept position
+            s = draw(seq)
+            for _ in range(draw(st.sampled_from([1, 1, 2]))):
+                p = max(tr.next_pos(s) - draw(st.integers(0, 4)), 0)
+                ops.append(SeqRm(s, p, -1))
+                tr.seq_rm(s, p, -1)
+            if draw(st.booleans()):
+                ops.append(Decode(tokens=tuple(
+                    Token(tr.next_pos(s) + k, (s,)) for k in range(draw(st.integers(1, 5))))))
+                tr.decode(list(ops[-1].tokens))
+        elif kind == "seq_rm_all":  # seq -1: the recurrent child always refuses it
+            p0, p1 = draw(st.sampled_from([(-1, -1), (0, -1)]) | st.tuples(bound, bound))
+            ops.append(SeqRm(-1, p0, p1))
+            tr.seq_rm(-1, p0, p1)
         elif kind == "seq_cp":
             a, b = draw(seq), draw(seq)
             ops.append(SeqCp(a, b))
@@ -284,7 +362,7 @@ def random_traces(draw) -> Trace:
             a, b = draw(seq), draw(seq)
             ops.append(SeqCp(a, b))
             tr.seq_cp(a, b)
-            ops.append(Decode(tokens=(Token(tr.pmax(a) + 1, (a,)),)))
+            ops.append(Decode(tokens=(Token(tr.next_pos(a), (a,)),)))
             tr.decode(list(ops[-1].tokens))
             p0 = draw(st.integers(1, max(1, tr.pmax(a))))
             if draw(st.booleans()):
@@ -329,7 +407,7 @@ def random_traces(draw) -> Trace:
         elif kind == "state_drop":
             s = draw(seq)
             ops.append(StateDrop(s))
-            tr.seq_rm(s, -1, -1)
+            tr.state_drop(s)
     return Trace(cache=cfg, ops=tuple(ops), seed=draw(st.integers(0, 3)))
 
 
@@ -339,14 +417,14 @@ def _draw_decode(draw, tr: Tracker, cfg: CacheConfig) -> Decode:
     tokens: list[Token] = []
     if cfg.unified and len(chosen) >= 2 and draw(st.integers(0, 3)) == 0:
         a, b = chosen[0], chosen[1]
-        if tr.pmin(a) == tr.pmin(b) and tr.pmax(a) == tr.pmax(b):
-            start = tr.pmax(a) + 1
+        if tr.hmin(a) == tr.hmin(b) and tr.hmax(a) == tr.hmax(b):
+            start = tr.next_pos(a)
             pair = (a, b) if draw(st.booleans()) else (b, a)
             for k in range(draw(st.integers(1, 5))):
                 tokens.append(Token(start + k, pair))
             chosen = chosen[2:]
     for s in chosen:
-        start = tr.pmax(s) + 1
+        start = tr.next_pos(s)
         if draw(st.integers(0, 9)) == 0:  # a decode that validation may refuse
             start += draw(st.sampled_from([-1, 1, 2]))
             start = max(start, 0)
@@ -356,7 +434,7 @@ def _draw_decode(draw, tr: Tracker, cfg: CacheConfig) -> Decode:
             continue
         tokens += [Token(start + k, (s,)) for k in range(draw(st.integers(1, 7)))]
     if not tokens:
-        tokens = [Token(tr.pmax(0) + 1, (0,))]
+        tokens = [Token(tr.next_pos(0), (0,))]
     if cfg.by_order and any(t.ext is not None for t in tokens):
         # ext means "image" and needs by_order; a text token of an image batch gets one too
         tokens = [t if t.ext is not None else Token(t.pos, t.seq, (0, 0)) for t in tokens]

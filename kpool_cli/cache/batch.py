@@ -74,6 +74,11 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     return None
 
 
+class KeepTailAssert(Exception):
+    """GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal: the
+    engine aborts (KP005)."""
+
+
 def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
                 n_keep_tail: int = 0) -> list[Ubatch] | str:
     """llama_batch_allocr::split_equal until the batch is used up (ENGINE.md §3).
@@ -82,16 +87,21 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     none already collected (sequential: every unused token is tried in turn, and one
     whose seq id is the last collected one's + 1 is taken, even when its sequence was
     passed over earlier in the walk), stopping once more than n_ubatch are collected;
-    then take one more token of
-    every set per round while each still has one, stopping when another round would
-    pass n_ubatch tokens; then, with `n_keep_tail` (the hybrid memory passes
-    n_rs_seq + 1 when n_rs_seq > 0), keep the trailing tokens of each sequence
-    together (`_keep_tails`). Returns a message when the split is refused. The caller
-    makes sure n_ubatch > n_keep_tail (llama.cpp asserts it)."""
+    then take one more token of every set per round while each still has one,
+    stopping when another round would pass n_ubatch tokens; then, with `n_keep_tail`
+    (the hybrid memory passes n_rs_seq + 1 when n_rs_seq > 0), keep the trailing
+    tokens of each sequence together (`_keep_tails`). Returns a message when the
+    split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
+    n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
     sets = [frozenset(t.seq) for t in tokens]
     if sequential and any(len(s) > 1 for s in sets):
         return ("a sequential split (non-unified cache) does not support coupled sequences "
                 "in the batch")
+    if n_keep_tail and n_ubatch <= n_keep_tail:
+        raise KeepTailAssert(
+            f"GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal: n_ubatch "
+            f"{n_ubatch} cannot keep the {n_keep_tail} trailing tokens of a sequence together "
+            "(n_rs_seq + 1)")
     by_set: dict[frozenset[int], list[int]] = {}
     for i, ss in enumerate(sets):
         by_set.setdefault(ss, []).append(i)

@@ -8,8 +8,9 @@ rollback selected, 0 when none is pending), and the states saved by `state_write
 kpool models no state values, only what changes what the k-pool engine sees:
 - `seq_rm` may refuse, and then nothing changes anywhere: the hybrid memory asks
   this child first (`llama_memory_hybrid_idx::seq_rm`);
-- `seq_pos(s)` (the state's position, -1 without one), which the hybrid memory
-  combines with the attention cache's for batch validation (`HybridPositions`).
+- `seq_pos_min(s)` / `seq_pos_max(s)` (the state's position, -1 without one),
+  which the hybrid memory combines with the attention cache's for batch
+  validation (`HybridPositions`).
 
 Invariants:
 - `tail[s]` is -1 or a cell whose `seqs` holds s, and every sequence is in at most
@@ -41,7 +42,7 @@ class EditRefused(Exception):
 class RecurrentChild:
     def __init__(self, n_seq_max: int, n_rs_seq: int) -> None:
         self.size, self.n_rs_seq = n_seq_max, n_rs_seq  # rs_size = n_seq_max
-        self.saved: dict[str, int] = {}  # state_write slot -> the state's pos (-1: none)
+        self.saved: dict[str, int | None] = {}  # state_write slot -> its pos, or None
         self.clear()
 
     @property
@@ -51,10 +52,20 @@ class RecurrentChild:
         rollback snapshots stay valid (TAG_RECURRENT_ROLLBACK_SPLITS)."""
         return self.n_rs_seq + 1 if self.n_rs_seq > 0 else 0
 
-    def seq_pos(self, s: int) -> int:
-        """s's state position (its seq_pos_min == seq_pos_max), -1 without a state."""
+    def seq_pos(self, s: int) -> int | None:
+        """s's state position, None without a state (a seq_add can move it below 0)."""
         t = self.tail[s] if 0 <= s < self.size else -1
-        return self.cells[t].pos if t >= 0 else -1
+        return self.cells[t].pos if t >= 0 else None
+
+    def seq_pos_min(self, s: int) -> int:
+        """llama_memory_recurrent::seq_pos_min: the state's pos, -1 without one."""
+        p = self.seq_pos(s)
+        return -1 if p is None else p
+
+    def seq_pos_max(self, s: int) -> int:
+        """llama_memory_recurrent::seq_pos_max: the state's pos, at least -1."""
+        p = self.seq_pos(s)
+        return -1 if p is None else max(p, -1)
 
     # -- edits -------------------------------------------------------------------------
 
@@ -152,7 +163,8 @@ class RecurrentChild:
             self._move_tail(s, p0, p1, lambda pos: pos // d)  # pos >= 0 and d > 0
 
     def state_write(self, s: int, slot: str) -> None:
-        """llama_memory_recurrent::state_write of s: its cell's pos, or none."""
+        """llama_memory_recurrent::state_write of s: its cell's pos (whatever its sign),
+        or none."""
         self.saved[slot] = self.seq_pos(s)
 
     def state_read(self, s: int, slot: str) -> None:
@@ -161,7 +173,7 @@ class RecurrentChild:
         rollback pending."""
         self.seq_rm(s, -1, -1)
         pos = self.saved[slot]
-        if pos >= 0:
+        if pos is not None:
             self.find_slot([((s,), pos)])
         self.rs_idx[s] = 0
 
@@ -277,7 +289,7 @@ class HybridPositions:
         self.kv, self.recurrent = kv, recurrent
 
     def seq_pos_min(self, s: int) -> int:
-        return max(self.kv.seq_pos_min(s), self.recurrent.seq_pos(s))
+        return max(self.kv.seq_pos_min(s), self.recurrent.seq_pos_min(s))
 
     def seq_pos_max(self, s: int) -> int:
-        return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos(s))
+        return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
