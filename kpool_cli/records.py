@@ -1,13 +1,15 @@
 """What a replay yields: plain frozen records, the only thing views, writers, the
 diff and the checks see of the engine (DESIGN.md, "Data flow").
 
-Owns: `OpEvent`, `UbatchRecord`, `PoolInfo`, `CellMap`, `ExpectResult`, and the
-shared vocabulary `STATUS_*`. Arrays in records are numpy arrays that nobody mutates
-after the record is yielded; rows are global rows (`strm * kv_size + cell`).
+Owns: `OpEvent`, `UbatchRecord`, `Pools` (and its `PoolInfo`), `CellMap`,
+`ExpectResult`, and the shared vocabulary `STATUS_*`. Arrays in records are numpy
+arrays that nobody mutates after the record is yielded; rows are global rows
+(`strm * kv_size + cell`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +42,41 @@ class PoolInfo:
     new: bool
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Pools:
+    """The pools a ubatch lists (its marked pools, or every pool with pools="all"), in
+    layout order, as columns: a re-pool-all ubatch lists thousands, so nothing here is
+    an object per pool until a view asks (iteration yields PoolInfo)."""
+
+    seq: np.ndarray  # [n] | i | seq id
+    k: np.ndarray  # [n] | i | pool number within its sequence
+    first_pos: np.ndarray  # [n] | i | first member's pos
+    last_pos: np.ndarray  # [n] | i | rep's pos
+    cells: np.ndarray  # [n, kpool] | i, member | global member rows
+    rep: np.ndarray  # [n] | i | global rep row
+    new: np.ndarray  # [n] bool | i | marked by this ubatch
+
+    @classmethod
+    def none(cls, kpool: int) -> Pools:
+        e = np.empty(0, dtype=np.int64)
+        return cls(e, e, e, e, e.reshape(0, kpool), e, e.astype(bool))
+
+    def __len__(self) -> int:
+        return int(self.seq.size)
+
+    def __iter__(self) -> Iterator[PoolInfo]:
+        for s, k, f, la, c, r, n in zip(self.seq.tolist(), self.k.tolist(),
+                                        self.first_pos.tolist(), self.last_pos.tolist(),
+                                        self.cells.tolist(), self.rep.tolist(),
+                                        self.new.tolist(), strict=True):
+            yield PoolInfo(s, k, f, la, tuple(c), r, n)
+
+    def marked(self) -> tuple[tuple[int, int], ...]:
+        """(seq, k) of the pools this ubatch marked."""
+        return tuple(zip(self.seq[self.new].tolist(), self.k[self.new].tolist(),
+                         strict=True))
+
+
 SEQ_EMPTY, SEQ_SHARED = -1, -2  # CellMap.seq codes besides a seq id
 
 
@@ -67,7 +104,7 @@ class UbatchRecord:
     n_pool_real: int
     n_new: int
     n_new_g: int
-    pools: tuple[PoolInfo, ...]  # marked pools (or every pool, with pools="all")
+    pools: Pools  # marked pools (or every pool, with pools="all")
     scatter_rep: np.ndarray  # [n_new_g] | e | row entry e writes
     scatter_rows: np.ndarray  # [n_new_g, kpool] | e, member | member rows it pools
     scatter_pad: np.ndarray  # [n_new_g] | e | padding entry?

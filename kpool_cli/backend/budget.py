@@ -41,15 +41,15 @@ RUNTIME_BYTES = {"none": 64 << 20, "numpy": 64 << 20, "numba": 256 << 20}
 LAYOUT_PAIR_BYTES = 2 * 8  # a sequence's copy of its (pos, cell) pairs: GrowArray, 2x
 LAYOUT_POOL_BYTES = 4 * 2 * 8 + 8  # pools, rep_rows, rep_pos_, first_pos_ (2x); pool_cells
 ENTRY_BYTES = 4 * 8  # a scatter entry's rep, pool, visible, race order (int64 each)
-POOL_INFO_BYTES = 256  # a PoolInfo of a record (marked pools; every pool with --pools all)
+POOL_INFO_BYTES = 256  # a listed pool's columns in a record, and its JSON while written
 TOKEN_BYTES = 512  # a decode token's Python objects in the replay (seqs, split, records)
 CELL_MAP_ROW_BYTES = 8  # a record's cell map (rich view): codes, masks, per global row
 
 
 def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = False) -> int:
     """The layout (every sequence's copy of its pairs and its pools) and one ubatch's
-    marking, scatter plan and record (its PoolInfos: at most every pool, so `--pools
-    all` needs no more). A sequence holds at most `reach.cells` cells, so a kpool-th
+    marking, scatter plan and record (its listed pools: at most every pool, so
+    `--pools all` needs no more). A sequence holds at most `reach.cells` cells, so a kpool-th
     of them pools; a ubatch has at most every pool + 64 entries. `cell_map`: the
     records carry the cache's cells (the rich view)."""
     n_seq, kpool, c = config.n_seq_max, config.kpool, reach.cells

@@ -107,7 +107,7 @@ def ubatch_summary(r: UbatchRecord) -> UbatchSummary:
                                                      strict=True)),
         stale_batch=tuple(sorted(r.stale_batch.items())),
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
-        marked=tuple((p.seq, p.k) for p in r.pools if p.new),
+        marked=r.pools.marked(),
         scatter=tuple((rep, tuple(cells), bool(pad)) for rep, cells, pad in zip(
             r.scatter_rep.tolist(), r.scatter_rows.tolist(), r.scatter_pad.tolist(),
             strict=True)),

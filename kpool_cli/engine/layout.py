@@ -293,14 +293,14 @@ class Layout:
             out[sel] = self.seqs[s].members(k[sel], self.kpool, self.kv_size)
         return out
 
-    def describe(self, ips: np.ndarray) -> list[tuple[int, int, int, int]]:
-        """(seq, k, first_pos, last_pos) of the pools with global indices ips."""
+    def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(seq, k, first_pos, last_pos) arrays of the pools with global indices ips."""
         seq, k = self.locate(ips)
-        out = []
-        for s, kk in zip(seq.tolist(), k.tolist(), strict=True):
+        first = np.empty(ips.size, dtype=np.int64)
+        last = np.empty(ips.size, dtype=np.int64)
+        for s in np.unique(seq).tolist():
+            sel = np.flatnonzero(seq == s)
             sq = self.seqs[s]
-            j = int(sq.pools.view[kk])
-            keys = sq.keys.view
-            out.append((s, kk, int(keys[j] >> CELL_BITS),
-                        int(keys[j + self.kpool - 1] >> CELL_BITS)))
-        return out
+            first[sel] = sq.first_pos()[k[sel]]
+            last[sel] = sq.rep_pos()[k[sel]]
+        return seq, k, first, last

@@ -58,7 +58,7 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
             continue
         if isinstance(rec, UbatchRecord):
             shown_ub += 1
-            pools = " ".join(f"{p.seq}:{p.k}" for p in rec.pools if p.new) or "-"
+            pools = " ".join(f"{s}:{k}" for s, k in rec.pools.marked()) or "-"
             stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale_batch.items())
                      if rec.stale_batch else "")
             tokens = tokens_text(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))

@@ -116,7 +116,7 @@ class Selection:
             return False
         if self.seqs and not (
                 any(s in self.seqs for ss in r.token_seqs for s in ss)
-                or any(p.seq in self.seqs for p in r.pools if p.new)
+                or any(s in self.seqs for s, _ in r.pools.marked())
                 or any(s in self.seqs for f in r.findings for s in f.seqs)):
             return False
         return not (self.only_findings and not r.findings)
