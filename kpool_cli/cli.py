@@ -232,7 +232,8 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                     ticker = ticker_for(trace, quiet=quiet, color=color, shares_terminal=False)
                     try:
                         write_report(out, trace, version.name, value_backend,
-                                     ticking(records, ticker), tally)
+                                     ticking(records, ticker), tally,
+                                     run_form=pools != "all")
                     finally:
                         ticker.close()
                     worst = max(worst, tally.exit_code)

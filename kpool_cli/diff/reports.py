@@ -25,7 +25,8 @@ or a line and column for what is not JSON at all; `kpool diff` exits 2 with it.
   ("Report"; `kpool schema report`), as kpool writes it: `kpool_report` (1), `tool`,
   `trace` (`path`, `name`, `sha256`), `engine`, `backend`, `config`, `ubatches`
   (`index`, `op`, `batch_ubatch`, `tokens[].pos/seq`, `stale_batch`, `n_pool_real`,
-  `n_new`, `n_new_g`, `pools[].seq/k/new`, `scatter[].rep/cells/pad`, `cost`,
+  `n_new`, `n_new_g`, `pools[].seq/k/new`, `scatter[].rep/cells/pad` (or the run
+  forms, `pools[].k` as `[k0, k1]` and `scatter[].cells` as `[c0, c1]`), `cost`,
   `findings[].code/rows`), `events` (`op`, `kind`, `status`, `stale`, and `message`
   and `findings` when present). The format is open: fields the diff does not read,
   known or added by a later version, are neither read nor checked.
@@ -395,6 +396,7 @@ class _Reader:
 
     def __init__(self) -> None:
         self.writer = "?"  # tool.version of the report
+        self.kpool = 1  # the report's config.kpool (runs of scatter entries need it)
 
     def _from_another_version(self) -> str:
         if self.writer == __version__:
@@ -427,19 +429,46 @@ class _Reader:
 
     def ubatch(self, v: object) -> UbatchSummary:
         u = _obj(v)
+        n_pool_real = _field(u, "n_pool_real", _nat)
+        n_new_g = _field(u, "n_new_g", _nat)
         return UbatchSummary(
             index=_field(u, "index", _nat), op=_field(u, "op", _nat),
             batch_ubatch=_field(u, "batch_ubatch", _nat),
             tokens=_field(u, "tokens", lambda ts: _each(ts, _token)),
             stale_batch=_field(u, "stale_batch", _seq_map),
-            n_pool_real=_field(u, "n_pool_real", _nat), n_new=_field(u, "n_new", _nat),
-            n_new_g=_field(u, "n_new_g", _nat),
-            marked=tuple(p for p, new in _field(u, "pools", lambda ps: _each(ps, _pool))
-                         if new),
-            scatter=_field(u, "scatter", lambda es: _each(es, _scatter_entry)),
+            n_pool_real=n_pool_real, n_new=_field(u, "n_new", _nat), n_new_g=n_new_g,
+            marked=tuple(p for item in _field(u, "pools", lambda ps: _each(
+                ps, lambda q: self.pools(q, n_pool_real))) for p, new in item if new),
+            scatter=tuple(e for item in _field(u, "scatter", lambda es: _each(
+                es, lambda q: self.scatter(q, n_new_g))) for e in item),
             findings=_field(u, "findings", self.findings),
             cost=_field(u, "cost", _cost),
         )
+
+    def pools(self, v: object, n_pool_real: int) -> tuple[tuple[tuple[int, int], bool], ...]:
+        """A `pools` item: one pool, or a run {"seq", "k": [k0, k1], ...} of pools
+        k0..k1-1 (at most n_pool_real of them), each ((seq, k), new)."""
+        p = _obj(v)
+        seq, new = _field(p, "seq", _nat), _field(p, "new", _bool)
+        k = p.get("k")
+        if not isinstance(k, list):
+            return (((seq, _field(p, "k", _nat)), new),)
+        k0, k1 = _field(p, "k", lambda r: _range(r, n_pool_real))
+        return tuple(((seq, kk), new) for kk in range(k0, k1))
+
+    def scatter(self, v: object, n_new_g: int) -> tuple[tuple[int, tuple[int, ...], bool], ...]:
+        """A `scatter` item: one entry, or a run {"cells": [c0, c1], "pad": false} of
+        entries pooling kpool consecutive rows each into the last (at most n_new_g)."""
+        e = _obj(v)
+        if "rep" in e:
+            return ((_field(e, "rep", _nat), _field(e, "cells", _ints), _field(e, "pad", _bool)),)
+        kp = self.kpool
+        c0, c1 = _field(e, "cells", lambda r: _range(r, n_new_g * kp))
+        if (c1 - c0) % kp:
+            raise _Bad(f"a run of {c1 - c0} rows is not a whole number of pools of {kp}",
+                       ".cells")
+        return tuple((c + kp - 1, tuple(range(c, c + kp)), _field(e, "pad", _bool))
+                     for c in range(c0, c1, kp))
 
     def event(self, v: object) -> EventSummary:
         e = _obj(v)
@@ -468,25 +497,26 @@ class _Reader:
         engine = _field(doc, "engine", _str)
         backend = _field(doc, "backend", self.backend)
         config = _field(doc, "config", _config)
+        self.kpool = int(dict(config)["kpool"])
         ubatches = _field(doc, "ubatches", lambda us: _each(us, self.ubatch))
         events = _field(doc, "events", lambda es: _each(es, self.event))
         return RunSummary(path, name, sha256, engine, backend, config, ubatches,
                           tuple(e for e in events if e.kind != "note"), self.writer)
 
 
+def _range(v: object, most: int) -> tuple[int, int]:
+    """A half-open [a, b) of non-negative integers with a < b and b - a <= most."""
+    r = _ints(v, 0)
+    if len(r) != 2 or not r[0] < r[1]:
+        raise _Bad(f"expected a range [a, b) with a < b, got {_show(v)}")
+    if r[1] - r[0] > most:
+        raise _Bad(f"the range {list(r)} holds more than the {most} its ubatch has")
+    return r[0], r[1]
+
+
 def _token(v: object) -> tuple[int, tuple[int, ...]]:
     t = _obj(v)
     return _field(t, "pos", _int), _field(t, "seq", lambda s: _ints(s, 0))
-
-
-def _pool(v: object) -> tuple[tuple[int, int], bool]:
-    p = _obj(v)
-    return (_field(p, "seq", _nat), _field(p, "k", _nat)), _field(p, "new", _bool)
-
-
-def _scatter_entry(v: object) -> tuple[int, tuple[int, ...], bool]:
-    e = _obj(v)
-    return _field(e, "rep", _nat), _field(e, "cells", _ints), _field(e, "pad", _bool)
 
 
 def _cost(v: object) -> tuple[tuple[str, int], ...]:

@@ -215,6 +215,7 @@ def report_schema() -> dict[str, Any]:
 
     nat = _int(0)
     ints = _array(_int())
+    pair = _array(nat, minItems=2, maxItems=2, description="a half-open range [a, b)")
     seq_map = {
         "type": "object",
         "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$"},
@@ -233,7 +234,8 @@ def report_schema() -> dict[str, Any]:
                 "pos": _int(),
                 "seq": {"oneOf": [_int(), ints]},
             })),
-            "pools": _array(_array(_int(), minItems=2, maxItems=2)),
+            "pools": _array(_array(_int(), minItems=2, maxItems=3, description=(
+                "[seq, k], or [seq, k0, k1]: pools k0..k1-1 of seq"))),
         }, ["code", "name", "severity", "message", "rows", "seqs"]),
         "findings": _array(_ref("finding")),
     }
@@ -259,7 +261,7 @@ def report_schema() -> dict[str, Any]:
         "n_pool_real": nat,
         "n_new": nat,
         "n_new_g": nat,
-        "pools": _array(obj({
+        "pools": _array({"oneOf": [obj({
             "seq": nat,
             "k": nat,
             "first_pos": _int(),
@@ -267,12 +269,24 @@ def report_schema() -> dict[str, Any]:
             "cells": ints,
             "rep": _int(0, description="global row"),
             "new": {"type": "boolean"},
-        })),
-        "scatter": _array(obj({
+        }), obj({
+            "seq": nat,
+            "k": pair,
+            "first_pos": _int(),
+            "cells": pair,
+            "new": {"type": "boolean"},
+        }, description="a run: pools k0..k1-1 of seq, pool k0 + i at first_pos + i*kpool "
+                       "on rows cells[0] + i*kpool .. + kpool - 1, its rep the last")]}),
+        "scatter": _array({"oneOf": [obj({
             "rep": _int(0),
             "cells": ints,
             "pad": {"type": "boolean"},
-        })),
+        }), obj({
+            "cells": pair,
+            "pad": {"const": False},
+        }, ["cells", "pad"], **{"not": {"required": ["rep"]}},
+           description="a run: entries pooling rows cells[0] + i*kpool .. + kpool - 1 "
+                       "into the last of them, up to cells[1]")]}),
         "cost": obj({
             "cells_scanned": nat,
             "pools_marked": nat,

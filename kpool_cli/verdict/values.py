@@ -60,40 +60,46 @@ def _who(w: tuple[int, int]) -> str:
     return "padding" if w == PAD_WRITER else f"{w[0]}:{w[1]}"
 
 
+EVIDENCE_ROWS = 64  # KP001 value evidence: the rows listed; the others are counted
+
+
 def race_with_values(race: Finding, layout: Layout, plan: ScatterPlan, values: np.ndarray
                      ) -> Finding:
     """KP001 (the static finding `race`, same rows/seqs/pools) with value evidence.
 
     `values` [n_new_g, n_embd] float32: the pooled value of every scatter entry.
     Evidence: {row: {"equal": bool, "writers": [[seq, k], ...]}} (padding is
-    [-1, -1]). The sequences that may lose their value are those of every writer
-    of a row whose writers' values are not all equal."""
+    [-1, -1]) for the first EVIDENCE_ROWS raced rows (and the first row whose values
+    differ), `values_not_listed` counting the rest. The sequences that may lose
+    their value are those of every writer of a row whose writers' values are not
+    all equal."""
     order, starts, rows = race_groups(plan.entry_rep)
-    writers = writers_of(layout, plan.entry_pool)[order].tolist()
+    writers = writers_of(layout, plan.entry_pool)[order]
     equal = groups_equal(values.view(np.uint32), order, starts)
     raced = np.flatnonzero(np.isin(rows, np.asarray(race.rows, dtype=np.int64)))
-    evidence: dict[int, dict] = {}
-    losers: set[int] = set()
-    unequal: list[int] = []
-    bounds = starts.tolist()
-    for g, row, eq in zip(raced.tolist(), rows[raced].tolist(), equal[raced].tolist(),
-                          strict=True):
-        ws = writers[bounds[g]:bounds[g + 1]]
-        evidence[row] = {"equal": eq, "writers": ws}
-        if not eq:
-            unequal.append(row)
-            losers.update(w[0] for w in ws if w[0] >= 0)
-    if not unequal:
+    unequal = raced[~equal[raced]]
+    shown = raced[:EVIDENCE_ROWS]
+    if unequal.size and unequal[0] not in shown:
+        shown = np.append(shown, unequal[0])
+    evidence: dict[int, dict] = {
+        int(rows[g]): {"equal": bool(equal[g]),
+                       "writers": writers[starts[g]:starts[g + 1]].tolist()}
+        for g in shown.tolist()}
+    extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
+        else {}
+    if not unequal.size:
         verdict = "values equal: every racing entry writes the same value"
     else:
-        who = (f"seqs {', '.join(map(str, sorted(losers)))} may lose their value"
+        in_unequal = np.repeat(~equal, np.diff(starts))  # per sorted entry
+        losers = sorted(set(writers[in_unequal, 0].tolist()) - {-1})
+        who = (f"seqs {', '.join(map(str, losers))} may lose their value"
                if losers else "padding entries may lose their value")
-        first = unequal[0]
-        verdict = (f"values differ on {len(unequal)} row(s) (row {first}: "
+        first = int(rows[unequal[0]])
+        verdict = (f"values differ on {unequal.size} row(s) (row {first}: "
                    f"{', '.join(_who(tuple(w)) for w in evidence[first]['writers'])}): {who}")
     return Finding(race.code, f"{race.message}; {verdict}", rows=race.rows, seqs=race.seqs,
                    tokens=race.tokens, pools=race.pools,
-                   evidence={**race.evidence, "values": evidence})
+                   evidence={**race.evidence, "values": evidence, **extra})
 
 
 def stale_reads(layout: Layout, plan: ScatterPlan, token_seqs: tuple[tuple[int, ...], ...],

@@ -1,0 +1,117 @@
+"""The report's run form (docs/FORMATS.md): pools and scatter entries that follow
+each other are written as one run, finding pools as [seq, k0, k1], and KP001's value
+evidence is capped; `--pools all` keeps the full listing; `kpool diff` and the
+schema read both forms. The expected runs are worked out by hand from the traces."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_diff_inputs import RACE, diff, mutated, refused, save
+
+from kpool_cli.cli import cli
+from kpool_cli.records import Pools
+from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json
+from kpool_cli.trace.schema import report_schema
+from kpool_cli.verdict.codes import Finding
+
+
+def replay(*args: str) -> dict:
+    r = CliRunner().invoke(cli, ["replay", *args, "--format", "json", "--backend", "none"])
+    assert r.exit_code in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_pools_that_follow_each_other_are_one_run():
+    """kpool 2. Pools 0..2 of seq 0 on rows 0..5 (pos 0..5) follow each other: one
+    run {k: [0, 3], first_pos 0, cells: [0, 6]}. Pool 3 is on rows 8, 9: not next to
+    row 5, so alone; pool 0 of seq 1 (rows 10, 11) is another sequence: alone (a
+    run needs two pools)."""
+    seq = np.array([0, 0, 0, 0, 1])
+    k = np.array([0, 1, 2, 3, 0])
+    first = np.array([0, 2, 4, 6, 0])
+    cells = np.array([[0, 1], [2, 3], [4, 5], [8, 9], [10, 11]])
+    p = Pools(seq, k, first, first + 1, cells, cells[:, 1], np.ones(5, dtype=bool))
+    assert pools_json(p, 2) == [
+        {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 6], "new": True},
+        {"seq": 0, "k": 3, "first_pos": 6, "last_pos": 7, "cells": [8, 9], "rep": 9,
+         "new": True},
+        {"seq": 1, "k": 0, "first_pos": 0, "last_pos": 1, "cells": [10, 11], "rep": 11,
+         "new": True},
+    ]
+    assert len(pools_json(p, 0)) == 5  # no run form: one object per pool
+
+
+def test_finding_pools_fold():
+    """(0,0),(0,1),(0,2),(1,5),(1,7): [[0, 0, 3], [1, 5], [1, 7]]."""
+    assert pool_ids_json(((0, 0), (0, 1), (0, 2), (1, 5), (1, 7))) == [
+        [0, 0, 3], [1, 5], [1, 7]]
+    out = finding_json(Finding("KP002", "m", rows=(3,), pools=((0, 0), (0, 1))))
+    assert out["pools"] == [[0, 0, 2]]
+
+
+def test_the_race_trace_is_written_in_runs_and_pools_all_in_full():
+    """shared-prefix-race under cache-safe, its last ubatch: seq 0's pools 0..2 on rows
+    0..11 (kpool 4) are a run, and so are seq 1's (it shares them); the scatter writes
+    the same rows twice, as runs of cells [0, 12]. With --pools all every pool is an
+    object again. Both documents validate against `kpool schema report`."""
+    runs = replay(RACE, "--engine", "cache-safe")
+    full = replay(RACE, "--engine", "cache-safe", "--pools", "all")
+    schema = report_schema()
+    for doc in (runs, full):
+        jsonschema.validate(doc, schema)
+    last = runs["ubatches"][-1]
+    assert {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 12], "new": True} \
+        in last["pools"]
+    assert [e for e in last["scatter"] if "rep" not in e] == [
+        {"cells": [0, 12], "pad": False}, {"cells": [0, 12], "pad": False}]
+    assert all(isinstance(p["k"], int) for u in full["ubatches"] for p in u["pools"])
+    assert all("rep" in e for u in full["ubatches"] for e in u["scatter"])
+
+
+def test_diff_reads_both_forms_as_the_same_run(tmp_path):
+    a = save(tmp_path, "a.json", replay(RACE, "--engine", "cache-safe"))
+    b = save(tmp_path, "b.json", replay(RACE, "--engine", "cache-safe", "--pools", "all"))
+    code, out, err = diff(a, b)
+    assert code == 0 and "no differences" in out, err
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ([12, 0], "expected a range [a, b) with a < b"),
+    ([0, 10**6], "holds more than"),
+    ([0, 6], "is not a whole number of pools of 4"),
+])
+def test_a_bad_scatter_run_is_located(tmp_path, value, says):
+    doc = replay(RACE, "--engine", "cache-safe")
+    i = next(i for i, u in enumerate(doc["ubatches"])
+             for j, e in enumerate(u["scatter"]) if "rep" not in e)
+    j = next(j for j, e in enumerate(doc["ubatches"][i]["scatter"]) if "rep" not in e)
+    a = save(tmp_path, "a.json", doc)
+    b = save(tmp_path, "b.json", mutated(doc, f"ubatches.{i}.scatter.{j}.cells", value))
+    err = refused(a, b)
+    assert f"report.ubatches[{i}].scatter[{j}].cells" in err and says in err
+
+
+def test_kp001_value_evidence_lists_64_rows_and_counts_the_rest(tmp_path):
+    """cache-safe, kpool 4: seq 0 holds pos 0..299 (75 pools, rows 3, 7, .., 299), seq 1
+    shares them (whole seq_cp), so the next decode of seq 0 re-pools all 150 pools:
+    each of the 75 rep rows is written twice with equal values. KP001 names all 75
+    rows; its value evidence lists the first 64 (rows 3..255) and counts 11."""
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 512, kpool: 4, n_seq_max: 2}\nops:\n"
+                 "  - decode: {seq: 0, pos: 0..300}\n  - seq_cp: {src: 0, dst: 1}\n"
+                 "  - decode: {seq: 0, pos: 300}\n")
+    doc = json.loads(CliRunner().invoke(cli, [
+        "replay", str(t), "--engine", "cache-safe", "--backend", "numpy", "--format",
+        "json"]).stdout)
+    (kp1,) = [f for f in doc["ubatches"][-1]["findings"] if f["code"] == "KP001"]
+    assert kp1["rows"] == list(range(3, 300, 4))
+    ev = kp1["evidence"]
+    assert list(ev["values"]) == [str(r) for r in range(3, 256, 4)]
+    assert ev["values_not_listed"] == 11
+    assert all(v["equal"] and v["writers"] == [[0, (int(r) - 3) // 4], [1, (int(r) - 3) // 4]]
+               for r, v in ev["values"].items())
