@@ -82,22 +82,26 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
     link = (regular[:-1] & regular[1:] & (p.seq[1:] == p.seq[:-1]) & (p.k[1:] == p.k[:-1] + 1)
             & (p.first_pos[1:] == p.first_pos[:-1] + kpool)
             & (p.cells[1:, 0] == p.cells[:-1, 0] + kpool) & (p.new[1:] == p.new[:-1]))
+    spans = runs(link)
+    alone = np.ones(n, dtype=bool)
+    for a, b in spans:
+        alone[a:b] = False
+    idx = np.flatnonzero(alone)
+    singles = dict(zip(idx.tolist(), zip(
+        p.seq[idx].tolist(), p.k[idx].tolist(), p.first_pos[idx].tolist(),
+        p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
+        p.new[idx].tolist(), strict=True), strict=True))
+    keys = ("seq", "k", "first_pos", "last_pos", "cells", "rep", "new")
     out: list[dict] = []
     at = 0
-    cols = (p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
-            p.cells.tolist(), p.rep.tolist(), p.new.tolist())
-    seq, k, first, last, cells, rep, new = cols
-
-    def single(i: int) -> dict:
-        return {"seq": seq[i], "k": k[i], "first_pos": first[i], "last_pos": last[i],
-                "cells": cells[i], "rep": rep[i], "new": new[i]}
-
-    for a, b in runs(link):
-        out += [single(i) for i in range(at, a)]
-        out.append({"seq": seq[a], "k": [k[a], k[b - 1] + 1], "first_pos": first[a],
-                    "cells": [cells[a][0], cells[b - 1][0] + kpool], "new": new[a]})
+    for a, b in [*spans, (n, n)]:
+        out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
+        if a < n:
+            out.append({"seq": int(p.seq[a]), "k": [int(p.k[a]), int(p.k[b - 1]) + 1],
+                        "first_pos": int(p.first_pos[a]),
+                        "cells": [int(p.cells[a, 0]), int(p.cells[b - 1, 0]) + kpool],
+                        "new": bool(p.new[a])})
         at = b
-    out += [single(i) for i in range(at, n)]
     return out
 
 
