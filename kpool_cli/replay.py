@@ -3,19 +3,23 @@
 
 Owns: `replay(trace, version, ...)`, a generator that is a pure function of its
 inputs (so a process pool, or a cluster, can run one trace under one engine
-anywhere), and `Replayer`, the state it walks: the cache, the staleness of
-ENGINE.md §4 and the layout.
+anywhere), and `Replayer`, which holds the state (the attention cache, the
+recurrent child, the staleness, the layout) and only orders the steps: every rule
+lives where its section does (cache/, engine/; engine/edits.py for §4 and the
+edits' asserts), and `expect` ops are checked by a consumer of the records
+(verdict/expect.py).
 
-Per decode: validate -> (pending stream copies) -> split -> find_slot for every
-ubatch -> per ubatch: write cells -> layout update -> marking -> scatter plan ->
-backend -> verdicts -> record. A refusal yields an event and changes nothing; an
-engine abort (KP005) yields its record or event and ends the replay.
+Per edit: asserts (KP005) -> the recurrent child's refusal (KP008) -> caches ->
+staleness. Per decode: validate -> (pending stream copies) -> split -> find_slot
+for every ubatch -> per ubatch: write cells -> layout update (what changed) ->
+marking -> scatter plan -> backend -> verdicts -> record. A refusal yields an event
+and changes nothing; an engine abort (KP005) yields its record or event and ends
+the replay.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -23,6 +27,7 @@ import numpy as np
 from .cache.batch import KeepTailAssert, Ubatch, split_equal, validate
 from .cache.kv import KvCache
 from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
+from .engine.edits import Staleness, check_edit
 from .engine.layout import POS_CLEAN, Layout, LayoutChange
 from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan
@@ -42,7 +47,8 @@ from .records import (
 from .trace import model as m
 from .trace.load import Problem, TraceError
 from .verdict import static
-from .verdict.codes import VALUE_CODES, Finding
+from .verdict.codes import Finding
+from .verdict.expect import with_expectations
 
 
 class Backend(Protocol):
@@ -62,23 +68,14 @@ class Backend(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class OpOutcome:
-    """What `expect` checks about the op before it."""
-
-    op: int
-    status: str
-    codes: frozenset[str]
-    ubatches: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]  # n_new, n_new_g, pools
-
-
 def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
            pools_all: bool = False, cell_map: bool = False
            ) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
     """Replay `trace` under `version`. Raises TraceError for a trace that turns out
     invalid only at replay time (a recorded cell that is not empty). `cell_map`:
     every UbatchRecord carries the cache's cells (for the rich view; costs O(rows))."""
-    yield from Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map).run()
+    records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map).run()
+    yield from with_expectations(trace, version.name, backend is not None, records)
 
 
 def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]:
@@ -102,118 +99,81 @@ class Replayer:
         self.recurrent = RecurrentChild(cfg.n_seq_max, cfg.n_rs_seq)  # ENGINE.md §3
         self.positions = HybridPositions(self.cache, self.recurrent)
         self.layout = Layout(cfg.n_seq_max, cfg.kpool, cfg.by_order, cfg.kv_size)
-        self.stale = [POS_CLEAN] * cfg.n_seq_max  # ENGINE.md §4
+        self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
         self.n_ubatch_done = 0
         self.aborted = False
         self._conflicts = static.AppearanceFilter()
         self._drift = static.AppearanceFilter()
         self._rep_conflicts: dict[int, tuple[tuple[int, int], ...]] | None = None
         self._drifts: dict[int, Finding] = {}  # the KP007 of each drifted sequence
-        self._last: OpOutcome | None = None
 
     # -- the loop ---------------------------------------------------------------------
 
-    def run(self) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
+    def run(self) -> Iterator[OpEvent | UbatchRecord]:
+        """Every op's records, in op order; `expect` ops are the consumer's
+        (verdict/expect.py). After an abort nothing more runs."""
         for i, op in enumerate(self.trace.ops):
-            if isinstance(op, m.Expect):
-                res = self._expect(i, op)
-                if res is not None:
-                    yield res
+            if isinstance(op, m.Expect) or (self.aborted and isinstance(op, m.Note)):
                 continue
             if self.aborted:
-                if isinstance(op, m.Note):
-                    continue
                 return
             if isinstance(op, m.Note):
                 yield OpEvent(i, "note", APPLIED, {}, op.text)
-                continue
-            status, codes, ubs = APPLIED, set(), []
-            for r in self._decode(i, op) if isinstance(op, m.Decode) else (self._edit(i, op),):
-                yield r
-                codes.update(f.code for f in r.findings)
-                if isinstance(r, OpEvent):
-                    status = r.status
-                else:
-                    ubs.append((r.n_new, r.n_new_g,
-                                r.pools.marked()))
-                    if r.aborted:
-                        status = ABORTED
-            self._last = OpOutcome(i, status, frozenset(codes), tuple(ubs))
-
-    # -- ENGINE.md §4: staleness --------------------------------------------------------
-
-    def _stale_set(self, s: int, p: int, changed: dict[int, int]) -> None:
-        p = max(p, 0)
-        for t in (range(self.cfg.n_seq_max) if s < 0 else (s,)):
-            self.stale[t] = min(self.stale[t], p)
-            changed[t] = self.stale[t]
-
-    def _stale_pos(self, s: int, p0: int) -> int:
-        """Taken before the edit: 0 when the edit reaches pos_min (or s < 0), else p0."""
-        return 0 if s < 0 or p0 <= self.cache.seq_pos_min(s) else p0
-
-    def _restale_if_shared(self, changed: dict[int, int]) -> None:
-        """cache-safe: seq_rm / state_read / state_drop re-derive sharing everywhere."""
-        if self.version.restale_all_when_shared and not self.layout.cache_safe:
-            self._stale_set(-1, 0, changed)
+            elif isinstance(op, m.Decode):
+                yield from self._decode(i, op)
+            else:
+                yield self._edit(i, op)
 
     # -- edits ---------------------------------------------------------------------------
 
     def _edit(self, i: int, op) -> OpEvent:
-        changed: dict[int, int] = {}
+        """An edit: its GGML_ASSERTs (KP005), the recurrent child's refusal (KP008),
+        then the caches, then the staleness it sets (engine/edits.py)."""
+        cache = self.cache
         try:
-            message = self._apply_edit(op, changed)
+            check_edit(op, self.version, self.cfg,
+                       not isinstance(op, m.SeqCp)
+                       or cache.stream_of(op.src) == cache.stream_of(op.dst))
+            if isinstance(op, m.SeqRm):
+                # llama_memory_hybrid_idx::seq_rm asks the recurrent child first: when it
+                # refuses, the call returns false before any cache changes
+                self.recurrent.seq_rm(op.seq, op.p0, op.p1)
         except EngineAbort as e:
             self.aborted = True
-            return OpEvent(i, op.kind, ABORTED, dict(changed), str(e),
-                           (Finding("KP005", str(e)),))
-        except EditRefused as e:  # llama_memory_seq_rm returned false: nothing changed
+            return OpEvent(i, op.kind, ABORTED, {}, str(e), (Finding("KP005", str(e)),))
+        except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
                            (Finding("KP008", str(e), seqs=(op.seq,) if op.seq >= 0 else ()),))
-        status = APPLIED
-        if message is not None:
-            status, message = REJECTED, message
-        return OpEvent(i, op.kind, status, dict(sorted(changed.items())), message or "")
+        pos = self.staleness.before(op, cache.seq_pos_min(op.seq) if op.seq >= 0 else -1) \
+            if isinstance(op, m.SeqRm | m.SeqAdd) else 0
+        message = self._apply_edit(op)
+        self.staleness.after(op, pos, layout_shared=not self.layout.cache_safe)
+        return OpEvent(i, op.kind, REJECTED if message else APPLIED,
+                       self.staleness.take_changed(), message or "")
 
-    def _apply_edit(self, op, changed: dict[int, int]) -> str | None:
-        cache, v, be = self.cache, self.version, self.backend
+    def _apply_edit(self, op) -> str | None:
+        """The edit on the attention cache, the recurrent child and the value rows.
+        Returns why a state_read failed (the sequence is then dropped), else None."""
+        cache, be = self.cache, self.backend
         if isinstance(op, m.SeqRm):
-            # llama_memory_hybrid_idx::seq_rm asks the recurrent child first: when it
-            # refuses (EditRefused), the call returns false before any cache changes
-            self.recurrent.seq_rm(op.seq, op.p0, op.p1)
-            stale = self._stale_pos(op.seq, op.p0)
             cache.seq_rm(op.seq, op.p0, op.p1)
-            self._stale_set(op.seq, stale, changed)
-            self._restale_if_shared(changed)
         elif isinstance(op, m.SeqCp):
-            if v.seq_cp_whole_only and not op.is_whole:
-                raise EngineAbort('GGML_ASSERT(p0 <= 0 && p1 < 0 && "partial seq_cp is not '
-                                  'supported")')
-            if cache.stream_of(op.src) != cache.stream_of(op.dst) and not self._is_full(op):
-                raise EngineAbort('GGML_ASSERT(is_full && "seq_cp() is only supported for full '
-                                  'KV buffers")')
             cache.seq_cp(op.src, op.dst, op.p0, op.p1)
             self.recurrent.seq_cp(op.src, op.dst)
-            if v.seq_cp_stales_src:
-                self._stale_set(op.src, 0, changed)
-            self._stale_set(op.dst, 0, changed)
         elif isinstance(op, m.SeqKeep):
             cache.seq_keep(op.seq)
             self.recurrent.seq_keep(op.seq)
-            self._stale_set(-1, 0, changed)
         elif isinstance(op, m.SeqAdd):
-            self._refuse_mrope("seq_add")
-            stale = self._stale_pos(op.seq, op.p0 + op.shift if op.shift < 0 else op.p0)
             cache.seq_add(op.seq, op.p0, op.p1, op.shift)
             self.recurrent.seq_add(op.seq, op.p0, op.p1, op.shift)
-            self._stale_set(op.seq, stale, changed)
         elif isinstance(op, m.SeqDiv):
-            self._refuse_mrope("seq_div")
             cache.seq_div(op.seq, op.p0, op.p1, op.d)
             self.recurrent.seq_div(op.seq, op.p0, op.p1, op.d)
-            self._stale_set(op.seq, 0, changed)
-        elif isinstance(op, m.Clear):
-            self._clear(changed)
+        elif isinstance(op, m.Clear) or (isinstance(op, m.StateDrop) and op.seq < 0):
+            cache.clear()
+            self.recurrent.clear()
+            if be:
+                be.clear()
         elif isinstance(op, m.StateWrite):
             cache.state_write(op.seq, op.slot)
             self.recurrent.state_write(op.seq, op.slot)
@@ -223,48 +183,24 @@ class Replayer:
             ok, rows = cache.state_read(op.seq, op.slot)
             if not ok:
                 # the hybrid memory catches the failed restore and drops the sequence
-                self._state_drop(op.seq, changed)
+                self._state_drop(op.seq)
                 return (f"no room to restore slot {op.slot!r} into seq {op.seq}: "
                         "the sequence was dropped")
             if be and rows.size:
                 be.restore(op.slot, rows)
             self.recurrent.state_read(op.seq, op.slot)
-            self._stale_set(op.seq, 0, changed)
-            self._restale_if_shared(changed)
         elif isinstance(op, m.StateDrop):
-            self._state_drop(op.seq, changed)
+            self._state_drop(op.seq)
         else:  # pragma: no cover - the loader admits no other op
             raise AssertionError(f"unhandled op {op!r}")
         return None
 
-    def _is_full(self, op: m.SeqCp) -> bool:
-        """llama_kv_cache::seq_cp's cross-stream test, looser than PR #29994's assert:
-        a bound counts as partial only when it lies strictly inside (0, kv_size - 1)."""
-        size = self.cfg.kv_size
-        return not ((op.p0 > 0 and op.p0 + 1 < size) or (op.p1 > 0 and op.p1 + 1 < size))
-
-    def _refuse_mrope(self, what: str) -> None:
-        if self.cfg.by_order:
-            raise EngineAbort(f'GGML_ASSERT(n_pos_per_embd() == 1 && "{what}() is only '
-                              'supported for n_pos_per_embd() == 1") (M-RoPE)')
-
-    def _clear(self, changed: dict[int, int]) -> None:
-        self.cache.clear()
-        self.recurrent.clear()
-        if self.backend:
-            self.backend.clear()
-        self._stale_set(-1, 0, changed)
-
-    def _state_drop(self, s: int, changed: dict[int, int]) -> None:
-        if s < 0:
-            self._clear(changed)
-            return
+    def _state_drop(self, s: int) -> None:
+        """llama_memory_hybrid_idx::state_drop(s), s >= 0."""
         rows = self.cache.state_drop(s)
         self.recurrent.state_drop(s)
         if self.backend and rows.size:
             self.backend.zero_rows(rows)
-        self._stale_set(s, 0, changed)
-        self._restale_if_shared(changed)
 
     # -- decode ----------------------------------------------------------------------------
 
@@ -316,7 +252,7 @@ class Replayer:
                                   "fails and nothing is applied")
             return
 
-        stale_batch = list(self.stale)
+        stale_batch = list(self.staleness.stale)
         is_new_size = 0
         for b, (ub, (pos, seqs, _), pl) in enumerate(zip(split, ubs, placements, strict=True)):
             tk = [tokens[j] for j in ub.tokens]
@@ -330,7 +266,7 @@ class Replayer:
                 return
             if b == 0:
                 # llama_memory_hybrid_idx_context::next: clean after the first ubatch
-                self.stale = [POS_CLEAN] * cfg.n_seq_max
+                self.staleness.clean()
 
     def _check_recorded_cells(self, op: m.Decode, ubs) -> None:
         """A recorded `cell` must be empty when its ubatch is placed (TRACE_FORMAT.md)."""
@@ -353,7 +289,7 @@ class Replayer:
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
         if self.backend:
             self.backend.write_rows(rows, key_ids)
-        change = layout.update(cache, self.stale, v.repool_all_when_shared)
+        change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         findings: list[Finding] = []
@@ -449,41 +385,3 @@ class Replayer:
         seq, k, first, last = layout.columns(ips)
         return Pools(seq, k, first, last, layout.members_of(ips), layout.pool_cells()[ips],
                      new[ips])
-
-    # -- expect ---------------------------------------------------------------------------
-
-    def _expect(self, i: int, op: m.Expect) -> ExpectResult | None:
-        if op.engine is not None and op.engine != self.version.name:
-            return None
-        last = self._last
-        if last is None:
-            return ExpectResult(i, False, "no op ran before this expect")
-        problems = []
-        if op.status is not None and op.status != last.status:
-            problems.append(f"status is {last.status}, expected {op.status}")
-        if op.findings is not None:
-            # a model-only replay cannot see what only values show: expect the rest
-            want = set(op.findings) - (VALUE_CODES if self.backend is None else set())
-            if want != last.codes:
-                got = ", ".join(sorted(last.codes)) or "none"
-                problems.append(f"findings are {got}, expected {', '.join(sorted(want)) or 'none'}")
-        if op.n_new is not None or op.n_new_g is not None or op.pools is not None:
-            if not last.ubatches:
-                problems.append("the op ran no ubatch")
-            else:
-                try:
-                    n_new, n_new_g, pools = last.ubatches[op.ubatch]
-                except IndexError:
-                    problems.append(f"the op has no ubatch {op.ubatch}")
-                else:
-                    if op.n_new is not None and op.n_new != n_new:
-                        problems.append(f"n_new is {n_new}, expected {op.n_new}")
-                    if op.n_new_g is not None and op.n_new_g != n_new_g:
-                        problems.append(f"n_new_g is {n_new_g}, expected {op.n_new_g}")
-                    if op.pools is not None and tuple(op.pools) != pools:
-                        problems.append(f"marked pools are {list(pools)}, expected "
-                                        f"{[list(p) for p in op.pools]}")
-        where = f"op {last.op}"
-        if problems:
-            return ExpectResult(i, False, f"{where}: " + "; ".join(problems))
-        return ExpectResult(i, True, f"{where}: as expected")

@@ -120,7 +120,8 @@ def check_event(rec: OpEvent, want: rc.RefEvent, rp, ref: rc.RefReplay, where: s
     assert rec.stale == want.stale, f"{where}: stale set {rec.stale} != reference {want.stale}"
     codes = frozenset(f.code for f in rec.findings)
     assert codes == want.codes, f"{where}: findings {set(codes)} != reference {set(want.codes)}"
-    assert list(rp.stale) == ref.stale, f"{where}: stale {rp.stale} != reference {ref.stale}"
+    stale = list(rp.staleness.stale)
+    assert stale == ref.stale, f"{where}: stale {stale} != reference {ref.stale}"
     if want.kind == "state_write":
         op = ref.trace.ops[want.op]
         assert rp.cache.snapshots[op.slot].pos.tolist() == \
@@ -145,7 +146,7 @@ def check_ubatch(rec: UbatchRecord, want: rc.RefUbatch, rp, ref: rc.RefReplay,
     assert rec.stale_batch == want.stale_batch, \
         f"{where}: stale_batch {rec.stale_batch} != reference {want.stale_batch}"
     if rec.batch_ubatch > 0:
-        assert all(p == rc.CLEAN for p in rp.stale), f"{where}: stale after ubatch 0"
+        assert all(p == rc.CLEAN for p in rp.staleness.stale), f"{where}: stale after ubatch 0"
     # §5: the incremental layout, sequence by sequence
     lay = want.layout
     for s, sq in enumerate(rp.layout.seqs):

@@ -30,7 +30,7 @@ def capture(rp) -> dict:
     """A copy of the replayer's state: staleness, heads, cells, layout."""
     cache = rp.cache
     return {
-        "stale": list(rp.stale),
+        "stale": list(rp.staleness.stale),
         "head": [st.head for st in cache.streams],
         "used": [st.used for st in cache.streams],
         "cells": [[(int(st.pos[c]), tuple(st.seqs_at(c))) for c in range(cache.kv_size)]

@@ -318,7 +318,7 @@ def test_a_refused_seq_rm_changes_nothing_in_any_cache():
     seen = []
     for rec, rp in drive(SPEC % 0):
         if isinstance(rec, OpEvent | UbatchRecord) and rec.op < 2:
-            seen.append((rp.cache.streams[0].pos.tolist(), list(rp.stale),
+            seen.append((rp.cache.streams[0].pos.tolist(), list(rp.staleness.stale),
                          rp.layout.seqs[0].pools.view.tolist(), rp.recurrent.seq_pos(0),
                          list(rp.recurrent.rs_idx)))
     assert seen[0] == seen[1]

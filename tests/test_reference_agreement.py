@@ -89,7 +89,7 @@ def check_agreement(t: Trace, engine: str) -> dict[str, int]:
         stale_from = None
         if rec.batch_ubatch == 0:
             # the replayer clears its stale array only after ubatch 0 has been yielded
-            stale_from = list(rp.stale)
+            stale_from = list(rp.staleness.stale)
             assert rec.stale_batch == {s: p for s, p in enumerate(stale_from)
                                        if p != ref.CLEAN}
         m = ref.mark(lay, toks, stale_from, engine)

@@ -1,0 +1,102 @@
+"""A trace's `expect` ops, checked against the records of its replay: a consumer of
+the record stream (DESIGN.md, "Data flow"), like the views and the writers.
+
+Owns: `with_expectations`, which passes the replay's records through and inserts an
+`ExpectResult` where each `expect` op of the trace stands, and the rules of what an
+expectation compares (docs/FORMATS.md, "expect").
+
+Invariants: an `expect` checks the last op before it that is not a note, once every
+record of that op has passed (records come in op order); an `expect` for another
+engine yields nothing; an aborted replay still answers every later `expect`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from ..records import ABORTED, APPLIED, ExpectResult, OpEvent, Record, UbatchRecord
+from ..trace import model as m
+from .codes import VALUE_CODES
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What an `expect` checks about one op."""
+
+    op: int
+    status: str = APPLIED
+    codes: set[str] = field(default_factory=set)
+    ubatches: list[tuple[int, int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
+
+    def add(self, r: OpEvent | UbatchRecord) -> None:
+        self.codes.update(f.code for f in r.findings)
+        if isinstance(r, OpEvent):
+            self.status = r.status
+        else:
+            self.ubatches.append((r.n_new, r.n_new_g, r.pools.marked()))
+            if r.aborted:
+                self.status = ABORTED
+
+
+def with_expectations(trace: m.Trace, engine: str, has_values: bool,
+                      records: Iterable[Record]) -> Iterator[Record]:
+    """`records` (a replay of `trace` under `engine`) with an ExpectResult at each
+    `expect` op that applies to `engine`. `has_values`: a value backend ran, so the
+    value-only codes (KP003) can be expected."""
+    expects = [(i, op) for i, op in enumerate(trace.ops) if isinstance(op, m.Expect)]
+    notes = {i for i, op in enumerate(trace.ops) if isinstance(op, m.Note)}
+    last: _Outcome | None = None
+    at = 0  # the next expect to answer
+    for r in records:
+        while at < len(expects) and expects[at][0] < r.op:
+            res = _check(*expects[at], last, engine, has_values)
+            at += 1
+            if res is not None:
+                yield res
+        if r.op not in notes and isinstance(r, OpEvent | UbatchRecord):
+            if last is None or last.op != r.op:
+                last = _Outcome(r.op)
+            last.add(r)
+        yield r
+    for i, op in expects[at:]:
+        res = _check(i, op, last, engine, has_values)
+        if res is not None:
+            yield res
+
+
+def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values: bool
+           ) -> ExpectResult | None:
+    if op.engine is not None and op.engine != engine:
+        return None
+    if last is None:
+        return ExpectResult(i, False, "no op ran before this expect")
+    problems = []
+    if op.status is not None and op.status != last.status:
+        problems.append(f"status is {last.status}, expected {op.status}")
+    if op.findings is not None:
+        # a model-only replay cannot see what only values show: expect the rest
+        want = set(op.findings) - (set() if has_values else VALUE_CODES)
+        if want != last.codes:
+            got = ", ".join(sorted(last.codes)) or "none"
+            problems.append(f"findings are {got}, expected {', '.join(sorted(want)) or 'none'}")
+    if op.n_new is not None or op.n_new_g is not None or op.pools is not None:
+        if not last.ubatches:
+            problems.append("the op ran no ubatch")
+        else:
+            try:
+                n_new, n_new_g, pools = last.ubatches[op.ubatch]
+            except IndexError:
+                problems.append(f"the op has no ubatch {op.ubatch}")
+            else:
+                if op.n_new is not None and op.n_new != n_new:
+                    problems.append(f"n_new is {n_new}, expected {op.n_new}")
+                if op.n_new_g is not None and op.n_new_g != n_new_g:
+                    problems.append(f"n_new_g is {n_new_g}, expected {op.n_new_g}")
+                if op.pools is not None and tuple(op.pools) != pools:
+                    problems.append(f"marked pools are {list(pools)}, expected "
+                                    f"{[list(p) for p in op.pools]}")
+    where = f"op {last.op}"
+    if problems:
+        return ExpectResult(i, False, f"{where}: " + "; ".join(problems))
+    return ExpectResult(i, True, f"{where}: as expected")
