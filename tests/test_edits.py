@@ -1,0 +1,76 @@
+"""engine/edits.py: ENGINE.md §4's staleness table and the asserts an edit hits, on
+the module itself (test_engine_rules.py pins the same rules through whole replays).
+Numbers derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from kpool_cli.engine.edits import Staleness, check_edit
+from kpool_cli.engine.layout import POS_CLEAN as C
+from kpool_cli.engine.marking import EngineAbort
+from kpool_cli.engine.versions import CACHE_SAFE, REP_ONCE
+from kpool_cli.trace import model as m
+
+
+@pytest.mark.parametrize(("op", "pos_min", "want"), [
+    (m.SeqRm(0, 5, -1), 0, 5),     # p0 5 > pos_min 0: from 5
+    (m.SeqRm(0, 5, -1), 5, 0),     # p0 <= pos_min: the whole sequence regroups
+    (m.SeqAdd(0, 4, -1, shift=-2), 0, 2),   # shifts down: p0 + shift = 2
+    (m.SeqAdd(0, 4, -1, shift=-4), 0, 0),   # 4 - 4 = 0 <= pos_min
+    (m.SeqAdd(0, 4, -1, shift=3), 0, 4),    # shifts up: p0
+    (m.SeqDiv(0, 4, -1, d=2), 0, 0),        # seq_div: always 0
+])
+def test_s4_stale_pos_is_taken_before_the_edit(op, pos_min, want):
+    assert Staleness.before(op, pos_min) == want
+
+
+def test_s4_stale_set_keeps_the_minimum_and_lists_what_it_set():
+    """stale_set(0, 7) then (0, 9): stays 7; (1, -3): max(-3, 0) = 0; -1: every one."""
+    st = Staleness(3, REP_ONCE)
+    st.stale_set(0, 7)
+    st.stale_set(0, 9)
+    st.stale_set(1, -3)
+    assert st.stale == [7, 0, C] and st.take_changed() == {0: 7, 1: 0}
+    st.stale_set(-1, 4)
+    assert st.stale == [4, 0, 4] and st.take_changed() == {0: 4, 1: 0, 2: 4}
+    st.clean()
+    assert st.stale == [C, C, C]
+
+
+@pytest.mark.parametrize(("op", "shared", "rep_once", "cache_safe"), [
+    (m.SeqCp(0, 1), False, {1: 0}, {0: 0, 1: 0}),
+    (m.SeqRm(1, 5, -1), False, {1: 5}, {1: 5}),
+    (m.SeqRm(1, 5, -1), True, {1: 5}, {0: 0, 1: 0, 2: 0}),
+    (m.StateRead(2, "a"), True, {2: 0}, {0: 0, 1: 0, 2: 0}),
+    (m.StateDrop(2), True, {2: 0}, {0: 0, 1: 0, 2: 0}),
+    (m.SeqAdd(1, 5, -1, shift=1), True, {1: 5}, {1: 5}),  # seq_add never re-stales
+    (m.SeqKeep(1), False, {0: 0, 1: 0, 2: 0}, {0: 0, 1: 0, 2: 0}),
+    (m.Clear(), False, {0: 0, 1: 0, 2: 0}, {0: 0, 1: 0, 2: 0}),
+    (m.StateWrite(0, "a"), True, {}, {}),
+])
+def test_s4_the_table_per_version(op, shared, rep_once, cache_safe):
+    """ENGINE.md §4: rep-once stales what the edit touched; cache-safe also stales the
+    seq_cp source, and every sequence after seq_rm / state_read / state_drop while
+    the layout is shared."""
+    for version, want in ((REP_ONCE, rep_once), (CACHE_SAFE, cache_safe)):
+        st = Staleness(3, version)
+        st.after(op, 5 if isinstance(op, m.SeqRm | m.SeqAdd) else 0, layout_shared=shared)
+        assert st.take_changed() == want, version.name
+
+
+def test_edit_asserts():
+    """rep-once aborts a partial seq_cp; a cross-stream copy must be full by
+    llama_kv_cache::seq_cp's test (bounds strictly inside (0, kv_size - 1) are
+    partial: p1 15 of kv_size 16 is not); M-RoPE refuses seq_add and seq_div."""
+    cfg = m.CacheConfig(kv_size=16, kpool=4, n_seq_max=2)
+    with pytest.raises(EngineAbort, match="partial seq_cp"):
+        check_edit(m.SeqCp(0, 1, 0, 4), REP_ONCE, cfg, True)
+    check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, cfg, True)
+    with pytest.raises(EngineAbort, match="is_full"):
+        check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, cfg, False)
+    check_edit(m.SeqCp(0, 1, 0, 15), CACHE_SAFE, cfg, False)
+    mrope = m.CacheConfig(kv_size=16, kpool=4, by_order=True)
+    for op in (m.SeqAdd(0, 0, -1, shift=1), m.SeqDiv(0, 0, -1, d=2)):
+        with pytest.raises(EngineAbort, match=f'"{op.kind}\\(\\) is only supported'):
+            check_edit(op, REP_ONCE, mrope, True)
