@@ -28,22 +28,34 @@ def replay(*args: str) -> dict:
 
 def test_pools_that_follow_each_other_are_one_run():
     """kpool 2. Pools 0..2 of seq 0 on rows 0..5 (pos 0..5) follow each other: one
-    run {k: [0, 3], first_pos 0, cells: [0, 6]}. Pool 3 is on rows 8, 9: not next to
-    row 5, so alone; pool 0 of seq 1 (rows 10, 11) is another sequence: alone (a
-    run needs two pools)."""
+    run {k: [0, 3], first_pos 0, cells: [0, 1, 2]} (first row 0, members 1 apart,
+    pools 2 apart). Pool 3 is on rows 8, 9: 4 past pool 2, not 2, so alone; pool 0
+    of seq 1 (rows 10, 11) is another sequence: alone (a run needs two pools)."""
     seq = np.array([0, 0, 0, 0, 1])
     k = np.array([0, 1, 2, 3, 0])
     first = np.array([0, 2, 4, 6, 0])
     cells = np.array([[0, 1], [2, 3], [4, 5], [8, 9], [10, 11]])
     p = Pools(seq, k, first, first + 1, cells, cells[:, 1], np.ones(5, dtype=bool))
     assert pools_json(p, 2) == [
-        {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 6], "new": True},
+        {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 1, 2], "new": True},
         {"seq": 0, "k": 3, "first_pos": 6, "last_pos": 7, "cells": [8, 9], "rep": 9,
          "new": True},
         {"seq": 1, "k": 0, "first_pos": 0, "last_pos": 1, "cells": [10, 11], "rep": 11,
          "new": True},
     ]
     assert len(pools_json(p, 0)) == 5  # no run form: one object per pool
+
+
+def test_pools_of_interleaved_slots_are_runs_with_steps():
+    """Three slots decoding one token each per ubatch (kpool 2): slot s's tokens land
+    on rows 3 t + s, so its pool k has members 6 k + s and 6 k + s + 3. Slot 1's
+    pools 0..2: one run, cells [1, 3, 6] (first row 1, members 3 apart, pools 6)."""
+    k = np.arange(3)
+    cells = np.stack([6 * k + 1, 6 * k + 4], axis=1)
+    p = Pools(np.ones(3, np.int64), k, 2 * k, 2 * k + 1, cells, cells[:, 1],
+              np.zeros(3, dtype=bool))
+    assert pools_json(p, 2) == [
+        {"seq": 1, "k": [0, 3], "first_pos": 0, "cells": [1, 3, 6], "new": False}]
 
 
 def test_finding_pools_fold():
@@ -57,18 +69,19 @@ def test_finding_pools_fold():
 def test_the_race_trace_is_written_in_runs_and_pools_all_in_full():
     """shared-prefix-race under cache-safe, its last ubatch: seq 0's pools 0..2 on rows
     0..11 (kpool 4) are a run, and so are seq 1's (it shares them); the scatter writes
-    the same rows twice, as runs of cells [0, 12]. With --pools all every pool is an
-    object again. Both documents validate against `kpool schema report`."""
+    the same rows twice, as two runs of 3 entries from row 0, members 1 apart, entries
+    4 apart. With --pools all every pool is an object again. Both documents validate
+    against `kpool schema report`."""
     runs = replay(RACE, "--engine", "cache-safe")
     full = replay(RACE, "--engine", "cache-safe", "--pools", "all")
     schema = report_schema()
     for doc in (runs, full):
         jsonschema.validate(doc, schema)
     last = runs["ubatches"][-1]
-    assert {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 12], "new": True} \
+    assert {"seq": 0, "k": [0, 3], "first_pos": 0, "cells": [0, 1, 4], "new": True} \
         in last["pools"]
     assert [e for e in last["scatter"] if "rep" not in e] == [
-        {"cells": [0, 12], "pad": False}, {"cells": [0, 12], "pad": False}]
+        {"n": 3, "cells": [0, 1, 4], "pad": False}] * 2
     assert all(isinstance(p["k"], int) for u in full["ubatches"] for p in u["pools"])
     assert all("rep" in e for u in full["ubatches"] for e in u["scatter"])
 
@@ -80,20 +93,21 @@ def test_diff_reads_both_forms_as_the_same_run(tmp_path):
     assert code == 0 and "no differences" in out, err
 
 
-@pytest.mark.parametrize(("value", "says"), [
-    ([12, 0], "expected a range [a, b) with a < b"),
-    ([0, 10**6], "holds more than"),
-    ([0, 6], "is not a whole number of pools of 4"),
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("cells", [0, 12], "expected [first row, member step, entry step]"),
+    ("cells", [-1, 1, 4], "expected [first row, member step, entry step]"),
+    ("n", 10**6, "a run of 1000000 entries in a ubatch of"),
+    ("n", 1, "a run of 1 entries"),
 ])
-def test_a_bad_scatter_run_is_located(tmp_path, value, says):
+def test_a_bad_scatter_run_is_located(tmp_path, field, value, says):
     doc = replay(RACE, "--engine", "cache-safe")
     i = next(i for i, u in enumerate(doc["ubatches"])
              for j, e in enumerate(u["scatter"]) if "rep" not in e)
     j = next(j for j, e in enumerate(doc["ubatches"][i]["scatter"]) if "rep" not in e)
     a = save(tmp_path, "a.json", doc)
-    b = save(tmp_path, "b.json", mutated(doc, f"ubatches.{i}.scatter.{j}.cells", value))
+    b = save(tmp_path, "b.json", mutated(doc, f"ubatches.{i}.scatter.{j}.{field}", value))
     err = refused(a, b)
-    assert f"report.ubatches[{i}].scatter[{j}].cells" in err and says in err
+    assert f"report.ubatches[{i}].scatter[{j}].{field}" in err and says in err
 
 
 def test_kp001_value_evidence_lists_64_rows_and_counts_the_rest(tmp_path):

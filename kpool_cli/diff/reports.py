@@ -26,7 +26,8 @@ or a line and column for what is not JSON at all; `kpool diff` exits 2 with it.
   `trace` (`path`, `name`, `sha256`), `engine`, `backend`, `config`, `ubatches`
   (`index`, `op`, `batch_ubatch`, `tokens[].pos/seq`, `stale_batch`, `n_pool_real`,
   `n_new`, `n_new_g`, `pools[].seq/k/new`, `scatter[].rep/cells/pad` (or the run
-  forms, `pools[].k` as `[k0, k1]` and `scatter[].cells` as `[c0, c1]`), `cost`,
+  forms: `pools[].k` as `[k0, k1]`, `scatter[].n` with `cells` as `[c0, d, e]`),
+  `cost`,
   `findings[].code/rows`), `events` (`op`, `kind`, `status`, `stale`, and `message`
   and `findings` when present). The format is open: fields the diff does not read,
   known or added by a later version, are neither read nor checked.
@@ -454,21 +455,24 @@ class _Reader:
         if not isinstance(k, list):
             return (((seq, _field(p, "k", _nat)), new),)
         k0, k1 = _field(p, "k", lambda r: _range(r, n_pool_real))
+        _field(p, "cells", _steps)
         return tuple(((seq, kk), new) for kk in range(k0, k1))
 
     def scatter(self, v: object, n_new_g: int) -> tuple[tuple[int, tuple[int, ...], bool], ...]:
-        """A `scatter` item: one entry, or a run {"cells": [c0, c1], "pad": false} of
-        entries pooling kpool consecutive rows each into the last (at most n_new_g)."""
+        """A `scatter` item: one entry, or a run {"n", "cells": [c0, d, e], "pad": false}
+        of n entries (at most n_new_g), entry i pooling rows c0 + i e + j d (j <
+        kpool) into the last of them."""
         e = _obj(v)
         if "rep" in e:
             return ((_field(e, "rep", _nat), _field(e, "cells", _ints), _field(e, "pad", _bool)),)
-        kp = self.kpool
-        c0, c1 = _field(e, "cells", lambda r: _range(r, n_new_g * kp))
-        if (c1 - c0) % kp:
-            raise _Bad(f"a run of {c1 - c0} rows is not a whole number of pools of {kp}",
-                       ".cells")
-        return tuple((c + kp - 1, tuple(range(c, c + kp)), _field(e, "pad", _bool))
-                     for c in range(c0, c1, kp))
+        n = _field(e, "n", _nat)
+        if not 2 <= n <= n_new_g:
+            raise _Bad(f"a run of {n} entries in a ubatch of {n_new_g}", ".n")
+        c0, d, step = _field(e, "cells", _steps)
+        pad = _field(e, "pad", _bool)
+        return tuple((members[-1], members, pad)
+                     for members in (tuple(c0 + i * step + j * d for j in range(self.kpool))
+                                     for i in range(n)))
 
     def event(self, v: object) -> EventSummary:
         e = _obj(v)
@@ -512,6 +516,14 @@ def _range(v: object, most: int) -> tuple[int, int]:
     if r[1] - r[0] > most:
         raise _Bad(f"the range {list(r)} holds more than the {most} its ubatch has")
     return r[0], r[1]
+
+
+def _steps(v: object) -> tuple[int, int, int]:
+    """A run's [c0, d, e]: first row (not negative), member step, entry step."""
+    r = _ints(v)
+    if len(r) != 3 or r[0] < 0:
+        raise _Bad(f"expected [first row, member step, entry step], got {_show(v)}")
+    return r[0], r[1], r[2]
 
 
 def _token(v: object) -> tuple[int, tuple[int, ...]]:

@@ -42,7 +42,7 @@ def pool_ids_json(pools: tuple[tuple[int, int], ...]) -> list[list[int]]:
     pairs = a.tolist()
     out: list[list[int]] = []
     at = 0
-    for lo, hi in runs(link):
+    for lo, hi in runs(a[:, 1:], link):
         out += pairs[at:lo]
         out.append([pairs[lo][0], pairs[lo][1], pairs[hi - 1][1] + 1])
         at = hi
@@ -59,30 +59,49 @@ def event_json(e: OpEvent) -> dict:
     return out
 
 
-def runs(link: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal [a, b) index ranges of length >= 2 where every neighbour pair i, i + 1
-    (a <= i < b - 1) is linked (`link[i]`), from `link` [n - 1] bool."""
+def runs(rows: np.ndarray, link: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal [a, b) index ranges of length >= 2 of `rows` [n, kpool] (member rows)
+    where every neighbour pair i, i + 1 is linked (`link[i]`, [n - 1] bool) and the
+    first member moves by the same step from each to the next. A pair whose step
+    differs from the linked pair before it starts no run (so runs never overlap)."""
     if link.size == 0 or not link.any():
         return []
+    step = np.diff(rows[:, 0])
+    link = link.copy()
+    link[1:] &= ~(link[:-1] & (step[1:] != step[:-1]))
     edge = np.diff(np.concatenate(([0], link.astype(np.int8), [0])))
     return list(zip(np.flatnonzero(edge == 1).tolist(),
                     (np.flatnonzero(edge == -1) + 1).tolist(), strict=True))
 
 
+def _arithmetic(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per entry of `rows` [n, kpool]: its members are c0, c0 + d, c0 + 2 d, ... (one
+    step d); and d (1 where kpool is 1)."""
+    d = rows[:, 1] - rows[:, 0] if rows.shape[1] > 1 else np.ones(rows.shape[0], np.int64)
+    ok = np.all(rows == rows[:, :1] + d[:, None] * np.arange(rows.shape[1]), axis=1)
+    return ok, d
+
+
+def _run_cells(rows: np.ndarray, d: np.ndarray, a: int, b: int) -> list[int]:
+    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d."""
+    return [int(rows[a, 0]), int(d[a]), int(rows[a + 1, 0] - rows[a, 0])]
+
+
 def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
     """The listed pools, in order. A run of pools k0..k1-1 of one sequence with the
-    same `new` whose members are consecutive rows, pool after pool, and whose
-    positions follow each other (pool k0 + i: first_pos p0 + i kpool, member rows
-    c0 + i kpool .. + kpool - 1, rep the last) is written as one
-    {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, c0 + (k1 - k0) kpool], "new"}."""
+    same `new`, whose positions follow each other and whose member rows step evenly
+    (pool k0 + i: first_pos p0 + i kpool; member j on row c0 + i e + j d; its rep the
+    last member) is written as one
+    {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, d, e], "new"}."""
     n = len(p)
-    regular = (np.all(p.cells == p.cells[:, :1] + np.arange(p.cells.shape[1]), axis=1)
-               & (p.rep == p.cells[:, -1]) & (p.last_pos == p.first_pos + kpool - 1)
-               if n and kpool else np.zeros(n, dtype=bool))
+    ok, d = _arithmetic(p.cells) if n and kpool else (np.zeros(n, dtype=bool), None)
+    regular = ok & (p.rep == p.cells[:, -1]) & (p.last_pos == p.first_pos + kpool - 1) \
+        if n and kpool else ok
     link = (regular[:-1] & regular[1:] & (p.seq[1:] == p.seq[:-1]) & (p.k[1:] == p.k[:-1] + 1)
-            & (p.first_pos[1:] == p.first_pos[:-1] + kpool)
-            & (p.cells[1:, 0] == p.cells[:-1, 0] + kpool) & (p.new[1:] == p.new[:-1]))
-    spans = runs(link)
+            & (p.first_pos[1:] == p.first_pos[:-1] + kpool) & (p.new[1:] == p.new[:-1]))
+    if d is not None:
+        link &= d[1:] == d[:-1]
+    spans = runs(p.cells, link) if n else []
     alone = np.ones(n, dtype=bool)
     for a, b in spans:
         alone[a:b] = False
@@ -99,28 +118,28 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
         if a < n:
             out.append({"seq": int(p.seq[a]), "k": [int(p.k[a]), int(p.k[b - 1]) + 1],
                         "first_pos": int(p.first_pos[a]),
-                        "cells": [int(p.cells[a, 0]), int(p.cells[b - 1, 0]) + kpool],
-                        "new": bool(p.new[a])})
+                        "cells": _run_cells(p.cells, d, a, b), "new": bool(p.new[a])})
         at = b
     return out
 
 
-def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
-    """The scatter entries, in order. A run of real entries each pooling kpool
-    consecutive rows, entry after entry, into the last of them is written as one
-    {"cells": [c0, c1], "pad": false}: entries c0 .. c0 + kpool - 1, then the next
-    kpool rows, up to c1."""
+def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
+    """The scatter entries, in order. A run of n real entries whose member rows step
+    evenly (entry i: member j on row c0 + i e + j d, pooled into its last member) is
+    written as one {"n": n, "cells": [c0, d, e], "pad": false}."""
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
-    regular = (np.all(rows == rows[:, :1] + np.arange(rows.shape[1]), axis=1)
-               & (rep == rows[:, -1]) & ~pad if n and kpool else np.zeros(n, dtype=bool))
-    link = regular[:-1] & regular[1:] & (rows[1:, 0] == rows[:-1, 0] + kpool)
+    ok, d = _arithmetic(rows) if n and kpool else (np.zeros(n, dtype=bool), None)
+    regular = ok & (rep == rows[:, -1]) & ~pad if n and kpool else ok
+    link = regular[:-1] & regular[1:]
+    if d is not None:
+        link &= d[1:] == d[:-1]
     reps, cells, pads = rep.tolist(), rows.tolist(), pad.tolist()
     out: list[dict] = []
     at = 0
-    for a, b in runs(link):
+    for a, b in runs(rows, link) if n else []:
         out += [{"rep": reps[i], "cells": cells[i], "pad": pads[i]} for i in range(at, a)]
-        out.append({"cells": [cells[a][0], cells[b - 1][0] + kpool], "pad": False})
+        out.append({"n": b - a, "cells": _run_cells(rows, d, a, b), "pad": False})
         at = b
     out += [{"rep": reps[i], "cells": cells[i], "pad": pads[i]} for i in range(at, n)]
     return out

@@ -216,6 +216,8 @@ def report_schema() -> dict[str, Any]:
     nat = _int(0)
     ints = _array(_int())
     pair = _array(nat, minItems=2, maxItems=2, description="a half-open range [a, b)")
+    steps = _array(_int(), minItems=3, maxItems=3,
+                   description="[c0, d, e]: first row, step between members, between entries")
     seq_map = {
         "type": "object",
         "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$"},
@@ -273,20 +275,21 @@ def report_schema() -> dict[str, Any]:
             "seq": nat,
             "k": pair,
             "first_pos": _int(),
-            "cells": pair,
+            "cells": steps,
             "new": {"type": "boolean"},
-        }, description="a run: pools k0..k1-1 of seq, pool k0 + i at first_pos + i*kpool "
-                       "on rows cells[0] + i*kpool .. + kpool - 1, its rep the last")]}),
+        }, description="a run: pools k0..k1-1 of seq, pool k0 + i at first_pos + i*kpool, "
+                       "member j on row c0 + i*e + j*d, its rep the last")]}),
         "scatter": _array({"oneOf": [obj({
             "rep": _int(0),
             "cells": ints,
             "pad": {"type": "boolean"},
         }), obj({
-            "cells": pair,
+            "n": _int(2),
+            "cells": steps,
             "pad": {"const": False},
-        }, ["cells", "pad"], **{"not": {"required": ["rep"]}},
-           description="a run: entries pooling rows cells[0] + i*kpool .. + kpool - 1 "
-                       "into the last of them, up to cells[1]")]}),
+        }, ["n", "cells", "pad"], **{"not": {"required": ["rep"]}},
+           description="a run of n entries: entry i pools rows c0 + i*e + j*d (j < kpool) "
+                       "into the last of them")]}),
         "cost": obj({
             "cells_scanned": nat,
             "pools_marked": nat,
