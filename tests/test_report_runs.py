@@ -15,7 +15,7 @@ from test_diff_inputs import RACE, diff, mutated, refused, save
 
 from kpool_cli.cli import cli
 from kpool_cli.records import Pools
-from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json
+from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json, rows_json
 from kpool_cli.trace.schema import report_schema
 from kpool_cli.verdict.codes import Finding
 
@@ -56,6 +56,14 @@ def test_pools_of_interleaved_slots_are_runs_with_steps():
               np.zeros(3, dtype=bool))
     assert pools_json(p, 2) == [
         {"seq": 1, "k": [0, 3], "first_pos": 0, "cells": [1, 3, 6], "new": False}]
+
+
+def test_evenly_spaced_rows_are_a_row_run():
+    """Rows 1, 2, then 3, 7, .., 39 (10 rows 4 apart), then 50: the 10 are a run [3,
+    43, 4]; the other three are listed. Fewer than 8 evenly spaced rows stay listed."""
+    rows = (1, 2, *range(3, 40, 4), 50)
+    assert rows_json(rows) == ([1, 2, 50], [[3, 43, 4]])
+    assert rows_json((0, 2, 4, 6, 8, 10, 12)) == ([0, 2, 4, 6, 8, 10, 12], [])
 
 
 def test_finding_pools_fold():
@@ -114,7 +122,8 @@ def test_kp001_value_evidence_lists_64_rows_and_counts_the_rest(tmp_path):
     """cache-safe, kpool 4: seq 0 holds pos 0..299 (75 pools, rows 3, 7, .., 299), seq 1
     shares them (whole seq_cp), so the next decode of seq 0 re-pools all 150 pools:
     each of the 75 rep rows is written twice with equal values. KP001 names all 75
-    rows; its value evidence lists the first 64 (rows 3..255) and counts 11."""
+    rows (one row run); its evidence per row lists the first 64 (rows 3..255) and
+    counts 11."""
     t = tmp_path / "t.yaml"
     t.write_text("kpool_trace: 1\ncache: {kv_size: 512, kpool: 4, n_seq_max: 2}\nops:\n"
                  "  - decode: {seq: 0, pos: 0..300}\n  - seq_cp: {src: 0, dst: 1}\n"
@@ -123,8 +132,11 @@ def test_kp001_value_evidence_lists_64_rows_and_counts_the_rest(tmp_path):
         "replay", str(t), "--engine", "cache-safe", "--backend", "numpy", "--format",
         "json"]).stdout)
     (kp1,) = [f for f in doc["ubatches"][-1]["findings"] if f["code"] == "KP001"]
-    assert kp1["rows"] == list(range(3, 300, 4))
+    assert kp1["rows"] == [] and kp1["row_runs"] == [[3, 303, 4]]  # rows 3, 7, .., 299
     ev = kp1["evidence"]
+    assert list(ev["entries_per_row"]) == [str(r) for r in range(3, 256, 4)]
+    assert set(ev["entries_per_row"].values()) == {2}
+    assert ev["entries_per_row_not_listed"] == 11
     assert list(ev["values"]) == [str(r) for r in range(3, 256, 4)]
     assert ev["values_not_listed"] == 11
     assert all(v["equal"] and v["writers"] == [[0, (int(r) - 3) // 4], [1, (int(r) - 3) // 4]]

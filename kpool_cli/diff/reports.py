@@ -28,7 +28,7 @@ or a line and column for what is not JSON at all; `kpool diff` exits 2 with it.
   `n_new`, `n_new_g`, `pools[].seq/k/new`, `scatter[].rep/cells/pad` (or the run
   forms: `pools[].k` as `[k0, k1]`, `scatter[].n` with `cells` as `[c0, d, e]`),
   `cost`,
-  `findings[].code/rows`), `events` (`op`, `kind`, `status`, `stale`, and `message`
+  `findings[].code/rows/row_runs`), `events` (`op`, `kind`, `status`, `stale`, and `message`
   and `findings` when present). The format is open: fields the diff does not read,
   known or added by a later version, are neither read nor checked.
 - Another kpool version: a `kpool_report` other than 1, a finding code this kpool
@@ -398,6 +398,7 @@ class _Reader:
     def __init__(self) -> None:
         self.writer = "?"  # tool.version of the report
         self.kpool = 1  # the report's config.kpool (runs of scatter entries need it)
+        self.n_rows = 0  # its kv_size * n_stream (bounds the rows of row runs)
 
     def _from_another_version(self) -> str:
         if self.writer == __version__:
@@ -416,8 +417,18 @@ class _Reader:
         raise _Bad(f"not a finding code: {_show(code)} (codes are KP and three digits)")
 
     def findings(self, v: object) -> tuple[FindingKey, ...]:
-        return _each(v, lambda f: (_field(_obj(f), "code", self.code),
-                                   _field(f, "rows", _ints)))
+        return _each(v, lambda f: (_field(_obj(f), "code", self.code), self.rows(f)))
+
+    def rows(self, f: dict) -> tuple[int, ...]:
+        """A finding's rows: `rows`, and those of its `row_runs` [first, end, step]
+        (at most the cache's rows in all), sorted as kpool wrote them."""
+        rows = list(_field(f, "rows", _ints))
+        runs = _field(f, "row_runs", lambda rs: _each(rs, _row_run), ())
+        if sum(len(r) for r in runs) > self.n_rows:
+            raise _Bad(f"row runs name more rows than the cache's {self.n_rows}", ".row_runs")
+        for r in runs:
+            rows.extend(r)
+        return tuple(sorted(rows))
 
     def backend(self, v: object) -> str | None:
         if v is None or v == "none":
@@ -501,7 +512,9 @@ class _Reader:
         engine = _field(doc, "engine", _str)
         backend = _field(doc, "backend", self.backend)
         config = _field(doc, "config", _config)
-        self.kpool = int(dict(config)["kpool"])
+        cfg: dict[str, Any] = dict(config)
+        self.kpool = cfg["kpool"]
+        self.n_rows = cfg["kv_size"] * (1 if cfg["unified"] else cfg["n_seq_max"])
         ubatches = _field(doc, "ubatches", lambda us: _each(us, self.ubatch))
         events = _field(doc, "events", lambda es: _each(es, self.event))
         return RunSummary(path, name, sha256, engine, backend, config, ubatches,
@@ -516,6 +529,14 @@ def _range(v: object, most: int) -> tuple[int, int]:
     if r[1] - r[0] > most:
         raise _Bad(f"the range {list(r)} holds more than the {most} its ubatch has")
     return r[0], r[1]
+
+
+def _row_run(v: object) -> range:
+    """A finding's row run [first, end, step]: rows first, first + step, ... < end."""
+    r = _ints(v, 0)
+    if len(r) != 3 or r[2] == 0:
+        raise _Bad(f"expected [first row, end, step] with a step, got {_show(v)}")
+    return range(*r)
 
 
 def _steps(v: object) -> tuple[int, int, int]:

@@ -23,9 +23,12 @@ from .tally import Tally
 
 def finding_json(f: Finding) -> dict:
     """A finding. Its pools [seq, k] are written as [seq, k0, k1] where k0..k1-1 of one
-    sequence follow each other."""
-    out = {"code": f.code, "name": f.name, "severity": f.severity, "message": f.message,
-           "rows": list(f.rows), "seqs": list(f.seqs)}
+    sequence follow each other, and its rows partly as `row_runs` (rows_json)."""
+    rows, row_runs = rows_json(f.rows)
+    out: dict = {"code": f.code, "name": f.name, "severity": f.severity,
+                 "message": f.message, "rows": rows, "seqs": list(f.seqs)}
+    if row_runs:
+        out["row_runs"] = row_runs
     if f.tokens:
         out["tokens"] = [{"pos": p, "seq": s} for p, s in f.tokens]
     if f.pools:
@@ -33,6 +36,31 @@ def finding_json(f: Finding) -> dict:
     if f.evidence:
         out["evidence"] = f.evidence
     return out
+
+
+ROW_RUN_MIN = 8  # rows evenly spaced, at least this many, are written as a run
+
+
+def rows_json(rows: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
+    """(rows, row_runs): the stretches of at least ROW_RUN_MIN evenly spaced rows,
+    written as [first, end, step] (first, first + step, ... < end) in row_runs, and
+    the other rows listed. Stretches are taken left to right; a row two stretches
+    share goes to the first one taken."""
+    a = np.asarray(rows, dtype=np.int64)
+    if a.size < ROW_RUN_MIN:
+        return a.tolist(), []
+    step = np.diff(a)
+    cut = np.flatnonzero(step[1:] != step[:-1]) + 1  # pair index where the step changes
+    alone = np.ones(a.size, dtype=bool)
+    out: list[list[int]] = []
+    free = 0  # the first row no stretch has taken
+    for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), step.size], strict=True):
+        first, last = max(lo, free), hi  # rows first..last of pairs lo..hi-1
+        if last - first + 1 >= ROW_RUN_MIN:
+            alone[first:last + 1] = False
+            out.append([int(a[first]), int(a[last] + step[lo]), int(step[lo])])
+            free = last + 1
+    return a[alone].tolist(), out
 
 
 def pool_ids_json(pools: tuple[tuple[int, int], ...]) -> list[list[int]]:

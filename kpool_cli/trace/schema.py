@@ -231,6 +231,8 @@ def report_schema() -> dict[str, Any]:
             "severity": {"enum": ["error", "warning"]},
             "message": {"type": "string"},
             "rows": ints,
+            "row_runs": _array(_array(_int(), minItems=3, maxItems=3), description=(
+                "more rows, [first, end, step]: first, first + step, ... < end")),
             "seqs": ints,
             "tokens": _array(obj({
                 "pos": _int(),

@@ -45,6 +45,9 @@ CODES: dict[str, Code] = {
 
 # codes only a value backend can raise (a model-only replay does not look for them)
 VALUE_CODES = frozenset({"KP003"})
+# per-row evidence of a finding (KP001's entries and values) lists this many rows and
+# counts the others: a re-pool-all ubatch races on every rep row
+EVIDENCE_ROWS = 64
 
 
 def severity_rank(severity: str) -> int:

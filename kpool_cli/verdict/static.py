@@ -13,7 +13,7 @@ import numpy as np
 from ..cache.kv import KvCache
 from ..engine.layout import Layout
 from ..engine.scatter import ScatterPlan
-from .codes import Finding
+from .codes import EVIDENCE_ROWS, Finding
 
 
 def _row_list(rows: list[int], limit: int = 8) -> str:
@@ -23,7 +23,8 @@ def _row_list(rows: list[int], limit: int = 8) -> str:
 
 def scatter_race(layout: Layout, plan: ScatterPlan) -> list[Finding]:
     """KP001: rows written by two or more scatter entries of the ubatch. set_rows
-    splits entries across threads, so the row's final value has no defined writer."""
+    splits entries across threads, so the row's final value has no defined writer.
+    Evidence: the entries per row of the first EVIDENCE_ROWS rows."""
     rep = plan.entry_rep
     if rep.size < 2:
         return []
@@ -41,13 +42,16 @@ def scatter_race(layout: Layout, plan: ScatterPlan) -> list[Finding]:
     who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
     if n_pad and seqs:
         who += " and padding"
+    per_row = dict(zip(rows[:EVIDENCE_ROWS], counts[counts > 1][:EVIDENCE_ROWS].tolist(),
+                       strict=True))
+    more = ({"entries_per_row_not_listed": len(rows) - EVIDENCE_ROWS}
+            if len(rows) > EVIDENCE_ROWS else {})
     return [Finding(
         "KP001",
         f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
         f"{_row_list(rows)}",
         rows=tuple(rows), seqs=seqs, pools=pools,
-        evidence={"entries_per_row": dict(zip(rows, counts[counts > 1].tolist(),
-                                                   strict=True))},
+        evidence={"entries_per_row": per_row, **more},
     )]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..engine.layout import Layout
 from ..engine.scatter import ScatterPlan
-from .codes import Finding
+from .codes import EVIDENCE_ROWS, Finding
 
 PAD_WRITER = (-1, -1)  # the (seq, k) of a padding entry in KP001 evidence
 
@@ -58,9 +58,6 @@ def groups_equal(bits: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.
 
 def _who(w: tuple[int, int]) -> str:
     return "padding" if w == PAD_WRITER else f"{w[0]}:{w[1]}"
-
-
-EVIDENCE_ROWS = 64  # KP001 value evidence: the rows listed; the others are counted
 
 
 def race_with_values(race: Finding, layout: Layout, plan: ScatterPlan, values: np.ndarray
