@@ -647,7 +647,13 @@ class ValueBackend:
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = self._own(rows, zero_new=True)
+        had_alt = np.array([r in self.alt for r in rows.tolist()], dtype=bool) if self.alt \
+            else np.zeros(rows.size, dtype=bool)
+        before = self.pooled[s].view(np.uint32).copy()
         self._k_scatter(s, vals, win)
+        # a row that got the value it held changes no verdict: only the others (and the
+        # rows whose racing writers change) are re-checked
+        changed = np.any(self.pooled[s].view(np.uint32) != before, axis=1) | had_alt
         pools = plan.entry_pool[win]
         real = pools >= 0
         self._set_writer(s[~real], PADDING)
@@ -656,12 +662,14 @@ class ValueBackend:
             self._set_writer(s[real], POOLED, seq, k)
         self._drop_alt(rows)
         if rows.size < n:  # some row has several writers
-            unequal = np.flatnonzero(~values.groups_equal(vals.view(np.uint32), order, starts))
+            unequal = np.flatnonzero(~values.groups_equal(vals.view(np.uint32), entry_rows,
+                                                          order, starts))
             if unequal.size:
                 writers = values.writers_of(layout, plan.entry_pool)
                 for g in unequal.tolist():
                     self.alt[int(rows[g])] = writers[order[starts[g]:starts[g + 1]]].copy()
-        self._touch(rows, False, True)
+                changed[unequal] = True
+        self._touch(rows[changed], False, True)
         return vals
 
     # -- verification (issue point 4) ---------------------------------------------------------

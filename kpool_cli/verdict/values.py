@@ -45,14 +45,20 @@ def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:
     return out
 
 
-def groups_equal(bits: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+def groups_equal(bits: np.ndarray, members: np.ndarray, order: np.ndarray,
+                 starts: np.ndarray) -> np.ndarray:
     """[n_groups] bool: every entry of the group has the same value bits (`bits`
-    [n_entries, n_embd] uint32, groups as race_groups gives them)."""
+    [n_entries, n_embd] uint32; groups as race_groups gives them). An entry with the
+    same member rows (`members` [n_entries, kpool]) as its group's first has the same
+    value (a pooling is a function of its members' rows), so only the others' bits are
+    compared."""
     if starts.size < 2:
         return np.ones(0, dtype=bool)
-    sizes = np.diff(starts)
-    sb = bits[order]
-    same = np.all(sb == sb[np.repeat(starts[:-1], sizes)], axis=1)
+    head = order[np.repeat(starts[:-1], np.diff(starts))]
+    same = np.all(members[order] == members[head], axis=1)
+    todo = np.flatnonzero(~same)
+    if todo.size:
+        same[todo] = np.all(bits[order[todo]] == bits[head[todo]], axis=1)
     return np.logical_and.reduceat(same, starts[:-1])
 
 
@@ -72,7 +78,7 @@ def race_with_values(race: Finding, layout: Layout, plan: ScatterPlan, values: n
     all equal."""
     order, starts, rows = race_groups(plan.entry_rep)
     writers = writers_of(layout, plan.entry_pool)[order]
-    equal = groups_equal(values.view(np.uint32), order, starts)
+    equal = groups_equal(values.view(np.uint32), plan.entry_rows, order, starts)
     raced = np.flatnonzero(np.isin(rows, np.asarray(race.rows, dtype=np.int64)))
     unequal = raced[~equal[raced]]
     shown = raced[:EVIDENCE_ROWS]
