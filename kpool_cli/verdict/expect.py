@@ -25,18 +25,22 @@ class _Outcome:
     """What an `expect` checks about one op."""
 
     op: int
+    keep: bool  # an expect asks about this op's ubatches
     status: str = APPLIED
     codes: set[str] = field(default_factory=set)
+    n_ubatches: int = 0
     ubatches: list[tuple[int, int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
 
     def add(self, r: OpEvent | UbatchRecord) -> None:
         self.codes.update(f.code for f in r.findings)
         if isinstance(r, OpEvent):
             self.status = r.status
-        else:
+            return
+        self.n_ubatches += 1
+        if self.keep:
             self.ubatches.append((r.n_new, r.n_new_g, r.pools.marked()))
-            if r.aborted:
-                self.status = ABORTED
+        if r.aborted:
+            self.status = ABORTED
 
 
 def with_expectations(trace: m.Trace, engine: str, has_values: bool,
@@ -46,6 +50,16 @@ def with_expectations(trace: m.Trace, engine: str, has_values: bool,
     value-only codes (KP003) can be expected."""
     expects = [(i, op) for i, op in enumerate(trace.ops) if isinstance(op, m.Expect)]
     notes = {i for i, op in enumerate(trace.ops) if isinstance(op, m.Note)}
+    # the ops whose ubatches an expect reads (the last op before it, notes skipped):
+    # only theirs are kept, so the pools of other ops are not held
+    keep: set[int] = set()
+    checked = -1
+    for i, op in enumerate(trace.ops):
+        if isinstance(op, m.Expect):
+            if _asks_ubatches(op):
+                keep.add(checked)
+        elif not isinstance(op, m.Note):
+            checked = i
     last: _Outcome | None = None
     at = 0  # the next expect to answer
     for r in records:
@@ -56,13 +70,17 @@ def with_expectations(trace: m.Trace, engine: str, has_values: bool,
                 yield res
         if r.op not in notes and isinstance(r, OpEvent | UbatchRecord):
             if last is None or last.op != r.op:
-                last = _Outcome(r.op)
+                last = _Outcome(r.op, r.op in keep)
             last.add(r)
         yield r
     for i, op in expects[at:]:
         res = _check(i, op, last, engine, has_values)
         if res is not None:
             yield res
+
+
+def _asks_ubatches(op: m.Expect) -> bool:
+    return op.n_new is not None or op.n_new_g is not None or op.pools is not None
 
 
 def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values: bool
@@ -80,8 +98,8 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
         if want != last.codes:
             got = ", ".join(sorted(last.codes)) or "none"
             problems.append(f"findings are {got}, expected {', '.join(sorted(want)) or 'none'}")
-    if op.n_new is not None or op.n_new_g is not None or op.pools is not None:
-        if not last.ubatches:
+    if _asks_ubatches(op):
+        if not last.n_ubatches:
             problems.append("the op ran no ubatch")
         else:
             try:
