@@ -65,7 +65,8 @@ def rows_json(rows: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
 
 def pool_ids_json(pools: tuple[tuple[int, int], ...]) -> list[list[int]]:
     """(seq, k) pairs, consecutive k of one sequence folded into [seq, k0, k1]."""
-    a = np.asarray(pools, dtype=np.int64).reshape(-1, 2)
+    a = np.fromiter((x for p in pools for x in p), dtype=np.int64,
+                    count=2 * len(pools)).reshape(-1, 2)
     link = (a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + 1)
     pairs = a.tolist()
     out: list[list[int]] = []
@@ -162,15 +163,19 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
     link = regular[:-1] & regular[1:]
     if d is not None:
         link &= d[1:] == d[:-1]
-    reps, cells, pads = rep.tolist(), rows.tolist(), pad.tolist()
+    spans = runs(rows, link) if n else []
+
+    def singles(lo: int, hi: int) -> list[dict]:
+        return [{"rep": r, "cells": c, "pad": p} for r, c, p in zip(
+            rep[lo:hi].tolist(), rows[lo:hi].tolist(), pad[lo:hi].tolist(), strict=True)]
+
     out: list[dict] = []
     at = 0
-    for a, b in runs(rows, link) if n else []:
-        out += [{"rep": reps[i], "cells": cells[i], "pad": pads[i]} for i in range(at, a)]
+    for a, b in spans:
+        out += singles(at, a)
         out.append({"n": b - a, "cells": _run_cells(rows, d, a, b), "pad": False})
         at = b
-    out += [{"rep": reps[i], "cells": cells[i], "pad": pads[i]} for i in range(at, n)]
-    return out
+    return out + singles(at, n)
 
 
 def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
