@@ -1,8 +1,10 @@
 """The JSON report of TRACE_FORMAT.md ("Report"), written as the replay streams.
 
 Owns: the mapping from records to report fields (field names are a public
-contract: add, never rename) and `write_report`, which streams ubatches as they
-come and holds only events and expectations (a few per op) until the end.
+contract: add, never rename), the run form that keeps a ubatch's listing short
+(pools, scatter entries, finding pools and rows; docs/FORMATS.md, "Runs"; the diff's
+reader expands it), and `write_report`, which streams ubatches as they come and
+holds only events and expectations (a few per op) until the end.
 """
 
 from __future__ import annotations
