@@ -69,9 +69,10 @@ def _as_trace(t: Trace | str) -> Trace:
 
 
 def drive(t: Trace | str, engine: str = "rep-once"
-          ) -> Iterator[tuple[OpEvent | UbatchRecord | ExpectResult, Replayer]]:
+          ) -> Iterator[tuple[OpEvent | UbatchRecord, Replayer]]:
     """The replay ubatch by ubatch (and event by event), with the replayer's state.
-    The cache's invariants are checked after every record."""
+    The cache's invariants are checked after every record. `expect` ops are not
+    answered here (kpool_cli.replay.replay does that)."""
     rp = Replayer(_as_trace(t), VERSIONS[engine])
     rp.cache.check_invariants()
     for rec in rp.run():

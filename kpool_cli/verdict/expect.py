@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..records import ABORTED, APPLIED, ExpectResult, OpEvent, Record, UbatchRecord
+from ..records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, Record, UbatchRecord
 from ..trace import model as m
 from .codes import VALUE_CODES
 
@@ -25,11 +25,11 @@ class _Outcome:
     """What an `expect` checks about one op."""
 
     op: int
-    keep: bool  # an expect asks about this op's ubatches
+    keep: bool  # a later expect may ask about this op's ubatches
     status: str = APPLIED
     codes: set[str] = field(default_factory=set)
     n_ubatches: int = 0
-    ubatches: list[tuple[int, int, tuple[tuple[int, int], ...]]] = field(default_factory=list)
+    ubatches: list[tuple[int, int, Pools]] = field(default_factory=list)
 
     def add(self, r: OpEvent | UbatchRecord) -> None:
         self.codes.update(f.code for f in r.findings)
@@ -38,7 +38,7 @@ class _Outcome:
             return
         self.n_ubatches += 1
         if self.keep:
-            self.ubatches.append((r.n_new, r.n_new_g, r.pools.marked()))
+            self.ubatches.append((r.n_new, r.n_new_g, r.pools))
         if r.aborted:
             self.status = ABORTED
 
@@ -50,16 +50,9 @@ def with_expectations(trace: m.Trace, engine: str, has_values: bool,
     value-only codes (KP003) can be expected."""
     expects = [(i, op) for i, op in enumerate(trace.ops) if isinstance(op, m.Expect)]
     notes = {i for i, op in enumerate(trace.ops) if isinstance(op, m.Note)}
-    # the ops whose ubatches an expect reads (the last op before it, notes skipped):
-    # only theirs are kept, so the pools of other ops are not held
-    keep: set[int] = set()
-    checked = -1
-    for i, op in enumerate(trace.ops):
-        if isinstance(op, m.Expect):
-            if _asks_ubatches(op):
-                keep.add(checked)
-        elif not isinstance(op, m.Note):
-            checked = i
+    # an op's ubatches are kept (one op at a time) only when some later expect asks
+    # about ubatches: it reads the last op that ran before it
+    last_asking = max((i for i, op in expects if _asks_ubatches(op)), default=-1)
     last: _Outcome | None = None
     at = 0  # the next expect to answer
     for r in records:
@@ -70,7 +63,7 @@ def with_expectations(trace: m.Trace, engine: str, has_values: bool,
                 yield res
         if r.op not in notes and isinstance(r, OpEvent | UbatchRecord):
             if last is None or last.op != r.op:
-                last = _Outcome(r.op, r.op in keep)
+                last = _Outcome(r.op, r.op < last_asking)
             last.add(r)
         yield r
     for i, op in expects[at:]:
@@ -103,10 +96,11 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
             problems.append("the op ran no ubatch")
         else:
             try:
-                n_new, n_new_g, pools = last.ubatches[op.ubatch]
+                n_new, n_new_g, listed = last.ubatches[op.ubatch]
             except IndexError:
                 problems.append(f"the op has no ubatch {op.ubatch}")
             else:
+                pools = listed.marked()
                 if op.n_new is not None and op.n_new != n_new:
                     problems.append(f"n_new is {n_new}, expected {op.n_new}")
                 if op.n_new_g is not None and op.n_new_g != n_new_g:
