@@ -143,12 +143,15 @@ def test_llama_memory_recurrent_seq_keep_empties_every_other_cell():
 
 
 @pytest.mark.parametrize(("p0", "p1", "shift", "pos"), [
-    (4, -1, -4, 5), (0, 9, -4, 9), (10, -1, 2, 9), (9, 10, 0, 9), (9, 9, 5, 9)])
+    (4, -1, -4, 5), (0, 9, -4, 9), (10, -1, 2, 9), (9, 10, 0, 9), (9, 9, 5, 9),
+    (0, 0, 5, 9)])
 def test_llama_memory_recurrent_seq_add_moves_the_state_pos_in_range(p0, p1, shift, pos):
     """State pos 9: [4, inf) holds it: 9 - 4 = 5; [0, 9) does not; [10, inf) not;
-    shift 0 and an empty range [9, 9) return early."""
+    shift 0 and an empty range ([9, 9), and [0, 0): p1 0 is a bound, not "no bound")
+    return early. A seq id past the child's size changes nothing."""
     c = decoded(child(), ((0,), 9))
     c.seq_add(0, p0, p1, shift)
+    c.seq_add(4, 0, -1, shift)
     assert c.seq_pos(0) == pos
 
 
@@ -249,6 +252,35 @@ def test_llama_memory_recurrent_find_slot_swaps_cells_into_set_order():
     assert c.tail[:2] == [1, 0]
     decoded(c, ((0,), 3), ((1,), 6))
     assert c.tail[:2] == [0, 1] and state(c)[:2] == [(3, [0]), (6, [1])]
+
+
+@pytest.mark.parametrize(("n_cp", "cell"), [(3, 6), (4, 0)])
+def test_llama_memory_recurrent_find_slot_restarts_from_0_when_head_is_far(n_cp, cell):
+    """n_seq_max 8. Seqs 0..5 decode one ubatch each: cells 0..5, head 5 (find_slot:
+    head = min of the ubatch's cells), used 6. seq_cp(5, d) for d = 0, 1, 2 (, 3)
+    empties d's cell (used 3, or 2; seq_cp leaves head alone). A ubatch of seq 6:
+    `head > used + 2 * n_seqs` is 5 > 5, false: the scan starts at head 5 (cell 5
+    is full) and takes cell 6; with used 2, 5 > 4: it starts at 0 and takes cell 0."""
+    c = child(n_seq_max=8)
+    for s in range(6):
+        decoded(c, ((s,), 0))
+    assert (c.head, c.used) == (5, 6)
+    for d in range(n_cp):
+        c.seq_cp(5, d)
+    assert c.used == 6 - n_cp
+    decoded(c, ((6,), 0))
+    assert c.tail[6] == cell
+
+
+def test_llama_memory_recurrent_find_slot_range_is_the_ubatchs_cells():
+    """Seq 0 in cell 0, seq 1 in cell 1 (one ubatch each); seq 1 rolls back (pending).
+    A ubatch of seq 0 alone: min = max = cell 0, n = 1, so s_copy reads cell 0 only:
+    seq 1 keeps its rollback."""
+    c = decoded(child(), ((0,), 5))
+    decoded(c, ((1,), 5))
+    c.seq_rm(1, 5, -1)
+    decoded(c, ((0,), 6))
+    assert (c.head, c.n) == (0, 1) and c.rs_idx[1] == 1
 
 
 def test_llama_memory_recurrent_context_s_copy_consumes_every_rollback_in_its_range():
