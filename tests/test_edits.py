@@ -74,3 +74,18 @@ def test_edit_asserts():
     for op in (m.SeqAdd(0, 0, -1, shift=1), m.SeqDiv(0, 0, -1, d=2)):
         with pytest.raises(EngineAbort, match=f'"{op.kind}\\(\\) is only supported'):
             check_edit(op, REP_ONCE, mrope, True)
+
+
+@pytest.mark.parametrize(("p0", "p1", "partial"), [
+    (1, -1, True), (14, -1, True), (15, -1, False), (0, 1, True), (0, 14, True),
+    (0, 15, False), (-1, 16, False)])
+def test_llama_kv_cache_seq_cp_is_full_test_bounds(p0, p1, partial):
+    """A cross-stream seq_cp on kv_size 16: a bound is partial only when it lies
+    strictly inside (0, 15), so 1 and 14 are, 0, 15 and 16 are not."""
+    cfg = m.CacheConfig(kv_size=16, kpool=4, n_seq_max=2, unified=False)
+    op = m.SeqCp(0, 1, p0, p1)
+    if partial:
+        with pytest.raises(EngineAbort, match="is_full"):
+            check_edit(op, CACHE_SAFE, cfg, False)
+    else:
+        check_edit(op, CACHE_SAFE, cfg, False)

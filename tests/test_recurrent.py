@@ -459,3 +459,31 @@ def test_split_equal_n_keep_tail_keeps_the_leading_sets_and_defers_the_rest():
              *[(p, [2]) for p in range(9)])
     ub0 = split_equal(t, 9, False, n_keep_tail=3)[0]
     assert [(t[i].seq[0], t[i].pos) for i in ub0.tokens] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_split_equal_n_keep_tail_keeps_a_set_whose_remainder_is_exactly_the_tail():
+    """Seqs 0 and 1, 8 tokens each, n_ubatch 8, n_keep_tail 4: the lock-step takes 4
+    of each, 4 remain of each: 4 >= 4, so both are kept (the rule gives back only a
+    set with 0 < remaining < n_keep_tail). Ubatches: 4 + 4, then 4 + 4."""
+    t = toks(*[(p, [s]) for p in range(8) for s in (0, 1)])
+    ubs = split_equal(t, 8, False, n_keep_tail=4)
+    got = [sorted((t[i].seq[0], t[i].pos) for i in ub.tokens) for ub in ubs]
+    assert got == [sorted((s, p) for s in (0, 1) for p in range(4)),
+                   sorted((s, p) for s in (0, 1) for p in range(4, 8))]
+
+
+def test_split_equal_n_keep_tail_finishes_a_set_that_exactly_fills_the_ubatch():
+    """Seqs 0 and 1, 8 tokens each, n_ubatch 8, n_keep_tail 5: 4 of each taken, 4
+    remain of each (< 5): seq 0 is the first offender, and 4 taken + 4 remaining = 8
+    <= n_ubatch: it finishes alone. Then seq 1's 8 tokens, alone and whole."""
+    t = toks(*[(p, [s]) for p in range(8) for s in (0, 1)])
+    ubs = split_equal(t, 8, False, n_keep_tail=5)
+    got = [[(t[i].seq[0], t[i].pos) for i in ub.tokens] for ub in ubs]
+    assert got == [[(0, p) for p in range(8)], [(1, p) for p in range(8)]]
+
+
+def test_split_equal_without_n_keep_tail_splits_one_token_ubatches():
+    """No n_keep_tail (the default, no recurrent rollback): n_ubatch 1 is a valid
+    split, one token per ubatch (the assert needs n_keep_tail > 0)."""
+    t = toks((0, [0]), (1, [0]), (2, [0]))
+    assert [ub.tokens for ub in split_equal(t, 1, False)] == [(0,), (1,), (2,)]
