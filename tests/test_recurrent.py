@@ -89,6 +89,52 @@ def test_llama_memory_recurrent_seq_rm_accepts_what_does_not_cut_the_state(p0, p
     assert c.seq_pos(0) == pos and c.tail[0] == tail
 
 
+def test_llama_memory_recurrent_seq_rm_bounds():
+    """p1 0 is a bound (only p1 < 0 means none): seq_rm(0, 5, 0) on pos 9 removes
+    [5, 0), nothing, and is accepted. A state at pos 0 removed by seq_rm(0, 0, 5):
+    p0 0 is not a cut (0 < p0 fails), p0 <= 0 < 5: the tail goes and the cell
+    empties."""
+    c = decoded(child(n_rs_seq=0), ((0,), 9))
+    c.seq_rm(0, 5, 0)
+    assert c.seq_pos(0) == 9
+    c = decoded(child(n_rs_seq=0), ((0,), 0))
+    c.seq_rm(0, 0, 5)
+    assert c.tail[0] == -1 and c.seq_pos(0) is None and c.used == 0
+
+
+def test_llama_memory_recurrent_seq_pos_of_no_state():
+    """A sequence without a state: seq_pos_min and seq_pos_max are -1 (the functions'
+    "none"), also for a seq id outside the child (-1), even when the last sequence
+    has a state."""
+    c = decoded(child(), ((3,), 7))
+    for s in (0, -1):
+        assert c.seq_pos(s) is None
+        assert (c.seq_pos_min(s), c.seq_pos_max(s)) == (-1, -1)
+
+
+def test_llama_memory_recurrent_used_counts_the_cells_holding_a_sequence():
+    """`used` (which find_slot's head rule reads): seqs 0, 1, 2 at pos 0 in cells 0,
+    1, 2: 3. seq_cp(0, 1): seq 1 leaves cell 1 (empty: 2) and joins cell 0.
+    seq_keep(2): cell 0 (pos 0, seqs 0 and 1) empties: 1. seq_keep(3), a sequence
+    without a state: every cell empties: 0, and no tail is left."""
+    c = decoded(child(), ((0,), 0), ((1,), 0), ((2,), 0))
+    assert c.used == 3
+    c.seq_cp(0, 1)
+    assert c.used == 2 and c.tail[1] == 0
+    c.seq_keep(2)
+    assert c.used == 1 and c.tail == [-1, -1, 2, -1]
+    c.seq_keep(3)
+    assert c.used == 0 and c.tail == [-1] * 4
+
+
+def test_llama_memory_recurrent_seq_cp_from_a_sequence_without_state():
+    """seq_cp(2, 0) when seq 2 has no state: seq 0 leaves its cell (now empty, used
+    0) and has no state either."""
+    c = decoded(child(), ((0,), 4))
+    c.seq_cp(2, 0)
+    assert c.tail[0] == -1 and c.seq_pos(0) is None and c.used == 0
+
+
 def test_llama_memory_recurrent_seq_rm_refuses_every_seq_id_out_of_range_minus_one_too():
     """`(uint32_t) seq_id >= n_seq_max` comes first: -1 (as uint32, 2^32 - 1) and 4
     with n_seq_max 4 are refused, even for the whole range."""
@@ -144,9 +190,10 @@ def test_llama_memory_recurrent_seq_keep_empties_every_other_cell():
 
 @pytest.mark.parametrize(("p0", "p1", "shift", "pos"), [
     (4, -1, -4, 5), (0, 9, -4, 9), (10, -1, 2, 9), (9, 10, 0, 9), (9, 9, 5, 9),
-    (0, 0, 5, 9)])
+    (0, 0, 5, 9), (4, -1, 1, 10)])
 def test_llama_memory_recurrent_seq_add_moves_the_state_pos_in_range(p0, p1, shift, pos):
-    """State pos 9: [4, inf) holds it: 9 - 4 = 5; [0, 9) does not; [10, inf) not;
+    """State pos 9: [4, inf) holds it: 9 - 4 = 5 (and + 1 = 10); [0, 9) does not;
+    [10, inf) not;
     shift 0 and an empty range ([9, 9), and [0, 0): p1 0 is a bound, not "no bound")
     return early. A seq id past the child's size changes nothing."""
     c = decoded(child(), ((0,), 9))
