@@ -40,18 +40,21 @@ def test_llama_memory_recurrent_seq_rm_accepts_a_rollback_within_n_rs_seq():
     assert state(c)[0] == (6, [0])
 
 
-@pytest.mark.parametrize(("p0", "why"), [
-    (6, "a rollback of 4 tokens needs n_rs_seq >= 4 (n_rs_seq is 3)"),
-    (1, "a rollback of 9 tokens needs n_rs_seq >= 9"),
+@pytest.mark.parametrize(("p0", "p1", "says"), [
+    (6, -1, "removing 6..inf would cut it, and a rollback of 4 tokens needs n_rs_seq >= 4 "
+            "(n_rs_seq is 3)"),
+    (1, 12, "removing 1..12 would cut it, and a rollback of 9 tokens needs n_rs_seq >= 9 "
+            "(n_rs_seq is 3)"),
 ])
-def test_llama_memory_recurrent_seq_rm_refuses_a_deeper_cut(p0, why):
-    """State at pos 9, n_rs_seq 3: p0 6 is a rollback of 4 tokens, p0 1 of 9: both
-    cut into the state (0 < p0 <= 9 < inf) and are refused; nothing changes."""
+def test_llama_memory_recurrent_seq_rm_refuses_a_deeper_cut(p0, p1, says):
+    """State at pos 9, n_rs_seq 3: p0 6 is a rollback of 4 tokens, p0 1 (to 12) of 9:
+    both cut into the state (0 < p0 <= 9 < p1) and are refused; nothing changes. The
+    message names the state's pos, the range (half-open, "inf" for no end) and why."""
     c = decoded(child(), ((0,), 9))
     before = state(c), list(c.rs_idx), list(c.tail)
-    with pytest.raises(EditRefused, match="would cut it") as e:
-        c.seq_rm(0, p0, -1)
-    assert why in str(e.value)
+    with pytest.raises(EditRefused) as e:
+        c.seq_rm(0, p0, p1)
+    assert str(e.value) == f"the recurrent state of seq 0 is at pos 9: {says}"
     assert (state(c), list(c.rs_idx), list(c.tail)) == before
 
 
@@ -61,22 +64,26 @@ def test_llama_memory_recurrent_seq_rm_refuses_a_second_rollback_while_one_is_pe
     c = decoded(child(), ((0,), 9))
     c.seq_rm(0, 9, -1)
     assert c.seq_pos(0) == 8 and c.rs_idx[0] == 1
-    with pytest.raises(EditRefused, match="already pending"):
+    with pytest.raises(EditRefused) as e:
         c.seq_rm(0, 8, -1)
+    assert str(e.value) == ("the recurrent state of seq 0 is at pos 8: removing 8..inf "
+                            "would cut it, and a rollback is already pending (one per decode)")
     assert c.seq_pos(0) == 8 and c.rs_idx[0] == 1
 
 
 def test_llama_memory_recurrent_seq_rm_with_n_rs_seq_0_refuses_every_tail_cut():
     """n_rs_seq 0 (no MTP): a rollback of even 1 token (1 <= 1 <= 0 fails) is refused."""
     c = decoded(child(n_rs_seq=0), ((0,), 5))
-    with pytest.raises(EditRefused, match="n_rs_seq is 0"):
+    with pytest.raises(EditRefused) as e:
         c.seq_rm(0, 5, -1)
+    assert str(e.value).endswith("a rollback of 1 token needs n_rs_seq >= 1 (n_rs_seq is 0)")
 
 
 @pytest.mark.parametrize(("p0", "p1", "pos", "tail"), [
     (-1, -1, None, -1),   # the whole sequence: p0 = 0, p1 = INT_MAX; cell emptied
     (0, 20, None, -1),    # p0 = 0 is not a cut (0 < p0 fails): the state goes
     (2, 5, 9, 0),       # ends before the last pos (a context shift): state kept
+    (2, 9, 9, 0),       # ends at the last pos: [2, 9) does not hold pos 9
     (10, -1, 9, 0),     # starts after the last pos: nothing to cut
     (4, 4, 9, 0),       # an empty range
 ])
@@ -107,7 +114,7 @@ def test_llama_memory_recurrent_seq_pos_of_no_state():
     "none"), also for a seq id outside the child (-1), even when the last sequence
     has a state."""
     c = decoded(child(), ((3,), 7))
-    for s in (0, -1):
+    for s in (0, -1, 4):
         assert c.seq_pos(s) is None
         assert (c.seq_pos_min(s), c.seq_pos_max(s)) == (-1, -1)
 
@@ -124,7 +131,7 @@ def test_llama_memory_recurrent_used_counts_the_cells_holding_a_sequence():
     c.seq_keep(2)
     assert c.used == 1 and c.tail == [-1, -1, 2, -1]
     c.seq_keep(3)
-    assert c.used == 0 and c.tail == [-1] * 4
+    assert c.used == 0 and c.tail == [-1] * 4 and c.head == 0
 
 
 def test_llama_memory_recurrent_seq_cp_from_a_sequence_without_state():
@@ -317,6 +324,48 @@ def test_llama_memory_recurrent_find_slot_restarts_from_0_when_head_is_far(n_cp,
     assert c.used == 6 - n_cp
     decoded(c, ((6,), 0))
     assert c.tail[6] == cell
+
+
+def test_llama_memory_recurrent_find_slot_gives_fresh_sets_the_next_empty_cells():
+    """Four sequences without a state in one ubatch: cells 0, 1, 2, 3 from head 0,
+    one each (the scan goes on after each), so head 0 and n 4."""
+    c = decoded(child(n_seq_max=6), ((0,), 0), ((1,), 0), ((2,), 0), ((3,), 0))
+    assert (c.head, c.n) == (0, 4) and c.tail[:4] == [0, 1, 2, 3]
+
+
+def test_llama_memory_recurrent_find_slot_swaps_an_outside_sequence_away():
+    """Seqs 0, 1, 2 in cells 0, 1, 2; a ubatch of sets (0,), (2,): min 0, so set 1
+    (seq 2) must sit in cell 1: cells 1 and 2 swap and seq 1, not in the ubatch,
+    follows its cell to 2. n = max - min + 1 = 3. Seq 3 (no state) keeps no tail."""
+    c = decoded(child(), ((0,), 0), ((1,), 0), ((2,), 0))
+    decoded(c, ((0,), 1), ((2,), 1))
+    assert c.tail == [0, 2, 1, -1] and (c.head, c.n) == (0, 3)
+    assert state(c)[:3] == [(1, [0]), (1, [2]), (0, [1])]
+
+
+def test_llama_memory_recurrent_find_slot_head_rule_counts_every_set():
+    """n_seq_max 8, seqs 0..5 in cells 0..5 (head 5), seq_cp(5, d) for d = 0..3:
+    used 2. A ubatch of two new sets (6,), (7,): head 5 > used 2 + 2 * 2 = 6 is
+    false, so the scan starts at 5: cells 6 and 7 (head 6)."""
+    c = child(n_seq_max=8)
+    for s in range(6):
+        decoded(c, ((s,), 0))
+    for d in range(4):
+        c.seq_cp(5, d)
+    decoded(c, ((6,), 0), ((7,), 0))
+    assert c.tail[6:] == [6, 7] and c.head == 6
+
+
+def test_llama_memory_recurrent_seq_keep_lowers_head_for_the_next_ubatch():
+    """Seqs 0, 1, 2 in cells 0..2, then seq 3 in cell 3 (head 3). seq_keep(3) empties
+    cells 0..2: head = min(3, 0) = 0, and seq 4's ubatch scans from 0: cell 0."""
+    c = decoded(child(n_seq_max=5), ((0,), 0), ((1,), 0), ((2,), 0))
+    decoded(c, ((3,), 0))
+    assert c.head == 3
+    c.seq_keep(3)
+    assert c.head == 0
+    decoded(c, ((4,), 0))
+    assert c.tail[4] == 0
 
 
 def test_llama_memory_recurrent_find_slot_range_is_the_ubatchs_cells():
