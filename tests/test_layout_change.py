@@ -65,6 +65,16 @@ def test_s5_a_stale_tail_keeps_the_pools_below_it():
     assert pools(lay) == [(0, 3), (4, 7)]
 
 
+def test_s5_a_pool_ending_just_below_the_stale_position_is_kept():
+    """Pos 0..11, stale 8: pool 4-7 ends at index 7, the last below 8: kept with pool
+    0-3 (kept 2); pool 8-11 is found again."""
+    c, lay = setup()
+    decode(c, 0, range(12))
+    lay.update(c, [C, C], False)
+    ch = lay.update(c, [8, C], False)
+    assert ch.kept == (2, 0) and pools(lay) == [(0, 3), (4, 7), (8, 11)]
+
+
 def test_s5_a_stale_position_inside_a_pool_regroups_it():
     """Pos 0..11, stale 5 (nothing removed): only pool 0 (indices 0..3 < 5) is kept;
     pools 4-7 and 8-11 are found again by the scan, so they count as regrouped:

@@ -305,5 +305,6 @@ def test_records_hold_rows_and_indices_as_integers(engine: str):
     for t in (PAD, FIRST_POS_LAST, TWO_SEQS):
         for u in ubatches(run(t, engine)):
             for a in (u.token_rows, u.token_visible, u.scatter_rep, u.scatter_rows,
-                      u.scatter_pool):
+                      u.scatter_pool, u.pools.seq, u.pools.k, u.pools.first_pos,
+                      u.pools.last_pos, u.pools.cells, u.pools.rep):
                 assert a.dtype.kind == "i", (a.dtype, u)

@@ -583,3 +583,10 @@ def test_split_equal_without_n_keep_tail_splits_one_token_ubatches():
     split, one token per ubatch (the assert needs n_keep_tail > 0)."""
     t = toks((0, [0]), (1, [0]), (2, [0]))
     assert [ub.tokens for ub in split_equal(t, 1, False)] == [(0,), (1,), (2,)]
+
+
+def test_split_equal_n_keep_tail_counts_every_token_to_the_end():
+    """One sequence of 12 tokens, n_ubatch 3, n_keep_tail 2: each ubatch takes 3 and
+    leaves 9, 6, 3 (>= 2, kept), then the last 3: four ubatches, every token used."""
+    t = toks(*[(p, [0]) for p in range(12)])
+    assert [len(ub.tokens) for ub in split_equal(t, 3, False, n_keep_tail=2)] == [3] * 4
