@@ -7,6 +7,7 @@ engine's full rebuild. Numbers derived by hand in each test."""
 from __future__ import annotations
 
 import numpy as np
+from conftest import run
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -144,3 +145,24 @@ def test_s5_keeping_pools_below_the_stale_position_equals_the_full_rebuild(
         assert np.array_equal(a.view, b.view)
     assert (got.j_next, got.pos_min, got.shared) == (want.j_next, want.pos_min, want.shared)
     assert np.array_equal(got.pools.view[:kept], old_pools[:kept])
+
+
+def test_s5_a_sequence_that_loses_a_shared_cell_to_anothers_seq_add_is_read():
+    """Seqs 0 and 1 share pos 0..3 (seq_cp), seq 0 goes on at pos 4. seq_add(0, 0, 1,
+    -5) moves the shared cell of pos 0 below 0: it empties, and seq 1 loses it although
+    only seq 0 is staled (ENGINE.md §4). The next update must read seq 1 too: its
+    count (3 pairs against its layout's 4) rebuilds it, pos 1..3 form no pool; seq 0
+    (stale) rebuilds on pos 1..5: one pool, pos 1..4. So one real pool, not two."""
+    recs = run("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 0, pos: 4}
+  - seq_add: {seq: 0, p0: 0, p1: 1, shift: -5}
+  - decode: {seq: 0, pos: 5}
+""")
+    last = recs[-1]
+    assert last.op == 4 and last.n_pool_real == 1
+    assert [(p.seq, p.first_pos, p.last_pos) for p in last.pools] == [(0, 1, 4)]

@@ -356,3 +356,18 @@ def test_key_ids_count_writes_from_1():
     _, ids = c.apply(pl, pos, None, [(0,)] * 3)
     assert ids.tolist() == [1, 2, 3]
     assert c.streams[0].key_id[:3].tolist() == [1, 2, 3]
+
+
+def test_s3_prepare_remembers_every_earlier_ubatchs_cells():
+    """ENGINE.md §3 (llama_kv_cache::prepare places every ubatch before applying any):
+    kv_size 8, cells 2..5 used, 0, 1, 6, 7 free, head 6. Three ubatches of 2 tokens:
+    ubatch 0 takes 6, 7 (head 8 -> wraps to 0); ubatch 1 takes 0, 1 (head 2); ubatch 2
+    finds 2..5 used, 6, 7 promised to ubatch 0 and 0, 1 to ubatch 1: no room, the whole
+    decode fails."""
+    c = cache(kv_size=8)
+    decode(c, 0, range(6))
+    c.seq_rm(0, 0, 2)
+    c.streams[0].head = 6  # as a later decode past the end would leave it
+    ubs = [(np.array([p, p + 1]), [(1,), (1,)], None) for p in (0, 2, 4)]
+    assert c.plan(ubs) is None
+    assert [p.cells.tolist() for p in c.plan(ubs[:2])] == [[6, 7], [0, 1]]

@@ -590,3 +590,23 @@ def test_split_equal_n_keep_tail_counts_every_token_to_the_end():
     leaves 9, 6, 3 (>= 2, kept), then the last 3: four ubatches, every token used."""
     t = toks(*[(p, [0]) for p in range(12)])
     assert [len(ub.tokens) for ub in split_equal(t, 3, False, n_keep_tail=2)] == [3] * 4
+
+
+def test_llama_batch_allocr_init_coupled_check_reads_both_hybrid_bounds():
+    """Seq 0 holds pos 0..3 and seq 1 pos 1..3; an empty saved state read into each
+    leaves them without a recurrent state (state_read_meta's seq_rm), so the hybrid
+    seq_pos_max of both is min(3, -1) = -1 (any start is fine) while seq_pos_min is
+    max(0, -1) = 0 and max(1, -1) = 1: a token of seqs (0, 1) at pos 10 is refused as
+    diverged (the mins differ, the maxes do not)."""
+    recs = run("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 3}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - decode: {seq: 1, pos: 1..4}
+  - state_write: {seq: 2, slot: e}
+  - state_read: {seq: 0, slot: e}
+  - state_read: {seq: 1, slot: e}
+  - decode: {seq: [0, 1], pos: 10}
+""")
+    assert recs[-1].status == REJECTED and "diverged" in recs[-1].message
