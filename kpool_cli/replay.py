@@ -131,9 +131,7 @@ class Replayer:
         then the caches, then the staleness it sets (engine/edits.py)."""
         cache = self.cache
         try:
-            check_edit(op, self.version, self.cfg,
-                       not isinstance(op, m.SeqCp)
-                       or cache.stream_of(op.src) == cache.stream_of(op.dst))
+            check_edit(op, self.version, self.cfg)
             if isinstance(op, m.SeqRm):
                 # llama_memory_hybrid_idx::seq_rm asks the recurrent child first: when it
                 # refuses, the call returns false before any cache changes
@@ -144,8 +142,7 @@ class Replayer:
         except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
                            (Finding("KP008", str(e), seqs=(op.seq,) if op.seq >= 0 else ()),))
-        pos = self.staleness.before(op, cache.seq_pos_min(op.seq) if op.seq >= 0 else -1) \
-            if isinstance(op, m.SeqRm | m.SeqAdd) else 0
+        pos = self.staleness.before(op, cache.seq_pos_min)
         message = self._apply_edit(op)
         self.staleness.after(op, pos, layout_shared=not self.layout.cache_safe)
         return OpEvent(i, op.kind, REJECTED if message else APPLIED,
@@ -333,7 +330,7 @@ class Replayer:
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
                          if first else {}),
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
-            pools=self._pool_infos(marked),
+            pools=self._listed_pools(marked),
             scatter_rep=plan.entry_rep if plan is not None else empty,
             scatter_rows=plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool),
             scatter_pad=plan.pad if plan is not None else empty.astype(bool),
@@ -375,7 +372,7 @@ class Replayer:
         out += [self._drifts[s] for s in sorted(self._drift.new(set(self._drifts)))]
         return out
 
-    def _pool_infos(self, marked: np.ndarray) -> Pools:
+    def _listed_pools(self, marked: np.ndarray) -> Pools:
         layout = self.layout
         ips = np.arange(layout.n_pool_real) if self.pools_all else marked
         if ips.size == 0:

@@ -22,7 +22,7 @@ from kpool_cli.trace import model as m
     (m.SeqDiv(0, 4, -1, d=2), 0, 0),        # seq_div: always 0
 ])
 def test_s4_stale_pos_is_taken_before_the_edit(op, pos_min, want):
-    assert Staleness.before(op, pos_min) == want
+    assert Staleness.before(op, lambda s: pos_min) == want
 
 
 def test_s4_stale_set_keeps_the_minimum_and_lists_what_it_set():
@@ -64,16 +64,17 @@ def test_edit_asserts():
     llama_kv_cache::seq_cp's test (bounds strictly inside (0, kv_size - 1) are
     partial: p1 15 of kv_size 16 is not); M-RoPE refuses seq_add and seq_div."""
     cfg = m.CacheConfig(kv_size=16, kpool=4, n_seq_max=2)
+    streams = m.CacheConfig(kv_size=16, kpool=4, n_seq_max=2, unified=False)
     with pytest.raises(EngineAbort, match="partial seq_cp"):
-        check_edit(m.SeqCp(0, 1, 0, 4), REP_ONCE, cfg, True)
-    check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, cfg, True)
+        check_edit(m.SeqCp(0, 1, 0, 4), REP_ONCE, cfg)
+    check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, cfg)
     with pytest.raises(EngineAbort, match="is_full"):
-        check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, cfg, False)
-    check_edit(m.SeqCp(0, 1, 0, 15), CACHE_SAFE, cfg, False)
+        check_edit(m.SeqCp(0, 1, 0, 4), CACHE_SAFE, streams)
+    check_edit(m.SeqCp(0, 1, 0, 15), CACHE_SAFE, streams)
     mrope = m.CacheConfig(kv_size=16, kpool=4, by_order=True)
     for op in (m.SeqAdd(0, 0, -1, shift=1), m.SeqDiv(0, 0, -1, d=2)):
         with pytest.raises(EngineAbort, match=f'"{op.kind}\\(\\) is only supported'):
-            check_edit(op, REP_ONCE, mrope, True)
+            check_edit(op, REP_ONCE, mrope)
 
 
 @pytest.mark.parametrize(("p0", "p1", "partial"), [
@@ -86,6 +87,6 @@ def test_llama_kv_cache_seq_cp_is_full_test_bounds(p0, p1, partial):
     op = m.SeqCp(0, 1, p0, p1)
     if partial:
         with pytest.raises(EngineAbort, match="is_full"):
-            check_edit(op, CACHE_SAFE, cfg, False)
+            check_edit(op, CACHE_SAFE, cfg)
     else:
-        check_edit(op, CACHE_SAFE, cfg, False)
+        check_edit(op, CACHE_SAFE, cfg)

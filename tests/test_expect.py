@@ -4,6 +4,7 @@ skipped), as a consumer of the records."""
 from __future__ import annotations
 
 from conftest import run, trace
+from test_mutants_engine import DRIFT_PAST_THE_END
 
 from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.records import ExpectResult
@@ -14,16 +15,7 @@ def expects(text: str, engine: str = "rep-once") -> list[tuple[int, bool, str]]:
     return [(r.op, r.ok, r.message) for r in replay(trace(text), VERSIONS[engine])
             if isinstance(r, ExpectResult)]
 
-ABORT_THEN_EXPECT = """
-kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
-ops:
-  - decode: {seq: 0, pos: 0..4}
-  - seq_cp: {src: 0, dst: 1}
-  - decode: {seq: 0, pos: 4}
-  - seq_add: {seq: 0, p0: 0, p1: 1, shift: -5}
-  - seq_add: {seq: 0, p0: -1, p1: -1, shift: 20}
-  - decode: {seq: 1, pos: 4}
+ABORT_THEN_EXPECT = DRIFT_PAST_THE_END + """\
   - note: "the replay stopped at op 5"
   - decode: {seq: 0, pos: 25}
   - expect: {status: aborted, findings: [KP005, KP007], n_new: 1}

@@ -224,13 +224,7 @@ def test_s7_s8_drift_abort_names_the_token_and_the_first_differing_pair():
     assert "GGML_ASSERT" in kp5.message and "seq 1, pos 6" in kp5.message
 
 
-DRIFT_PAST_THE_END = """
-kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
-ops:
-  - decode: {seq: 0, pos: 0..4}
-  - seq_cp: {src: 0, dst: 1}
-  - decode: {seq: 0, pos: 4}
+DRIFT_PAST_THE_END = SHARED + """\
   - seq_add: {seq: 0, p0: 0, p1: 1, shift: -5}
   - seq_add: {seq: 0, p0: -1, p1: -1, shift: 20}
   - decode: {seq: 1, pos: 4}

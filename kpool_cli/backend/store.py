@@ -647,8 +647,7 @@ class ValueBackend:
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = self._own(rows, zero_new=True)
-        had_alt = np.array([r in self.alt for r in rows.tolist()], dtype=bool) if self.alt \
-            else np.zeros(rows.size, dtype=bool)
+        had_alt = np.isin(rows, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
         before = self.pooled[s].view(np.uint32).copy()
         self._k_scatter(s, vals, win)
         # a row that got the value it held changes no verdict: only the others (and the

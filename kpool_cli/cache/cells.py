@@ -225,13 +225,6 @@ class Stream:
 
     def _index_add(self, cells: np.ndarray) -> None:
         keys = make_keys(self.pos[cells], cells)
-        if len(self.seq_ids) == 1:  # a stream of its own (non-unified): no column scan
-            s = self.seq_ids[0]
-            col = self.has[0, cells]
-            if col.any():
-                self.seq_keys[s].add(keys[col])
-                self.touched.add(s)
-            return
         for s in self.seq_ids:
             col = self.has[self._col[s], cells]
             if col.any():

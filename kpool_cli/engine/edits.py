@@ -15,17 +15,18 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..trace import model as m
 from .layout import POS_CLEAN
 from .marking import EngineAbort
 from .versions import EngineVersion
 
 
-def check_edit(op: m.Op, version: EngineVersion, config: m.CacheConfig,
-               same_stream: bool) -> None:
+def check_edit(op: m.Op, version: EngineVersion, config: m.CacheConfig) -> None:
     """The GGML_ASSERTs an edit hits before it changes anything (KP005):
     - rep-once (PR #29994) shares whole sequences only: a partial seq_cp aborts;
-    - a cross-stream seq_cp (non-unified, `same_stream` False) must be full, by
+    - a cross-stream seq_cp (non-unified: a stream per sequence) must be full, by
       llama_kv_cache::seq_cp's own test: a bound counts as partial only when it lies
       strictly inside (0, kv_size - 1);
     - M-RoPE (by-order) caches refuse seq_add and seq_div (n_pos_per_embd() == 1)."""
@@ -35,7 +36,7 @@ def check_edit(op: m.Op, version: EngineVersion, config: m.CacheConfig,
                               'supported")')
         size = config.kv_size
         partial = (op.p0 > 0 and op.p0 + 1 < size) or (op.p1 > 0 and op.p1 + 1 < size)
-        if not same_stream and partial:
+        if not config.unified and op.src != op.dst and partial:
             raise EngineAbort('GGML_ASSERT(is_full && "seq_cp() is only supported for full '
                               'KV buffers")')
     elif isinstance(op, m.SeqAdd | m.SeqDiv) and config.by_order:
@@ -68,17 +69,18 @@ class Staleness:
             self.changed[t] = self.stale[t]
 
     @staticmethod
-    def before(op: m.Op, pos_min: int) -> int:
+    def before(op: m.Op, pos_min: Callable[[int], int]) -> int:
         """`stale_pos(s, p0)`, taken before the edit: 0 when the edit reaches the
         sequence's pos_min (the whole sequence regroups) or s < 0, else p0. seq_add
-        uses p0 + shift when it shifts down. `pos_min` is the sequence's, before."""
+        uses p0 + shift when it shifts down; other edits stale from 0. `pos_min(s)`
+        reads the cache, before the edit."""
         if isinstance(op, m.SeqAdd):
             p0 = op.p0 + op.shift if op.shift < 0 else op.p0
         elif isinstance(op, m.SeqRm):
             p0 = op.p0
         else:
             return 0
-        return 0 if op.seq < 0 or p0 <= pos_min else p0
+        return 0 if op.seq < 0 or p0 <= pos_min(op.seq) else p0
 
     def after(self, op: m.Op, pos: int, layout_shared: bool) -> None:
         """The table of ENGINE.md §4 for an edit that went through (`pos`: what
