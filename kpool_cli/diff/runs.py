@@ -95,6 +95,10 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
         w.terminate()
     for w in workers:
         w.join(timeout=1)
+    # with no worker left nothing can make this wait; it lets the executor's manager
+    # thread finish (and close its wakeup pipe) now, not race the interpreter's exit
+    # hook, which would write to that pipe as it closes ("Bad file descriptor")
+    pool.shutdown(wait=True)
 
 
 def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: str,
