@@ -19,6 +19,7 @@ from kpool_cli.engine.layout import LayoutChange
 from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
 from kpool_cli.records import UbatchRecord
 from kpool_cli.replay import Replayer
+from kpool_cli.report.json_report import event_json, ubatch_json
 from kpool_cli.trace import model as m
 
 ROW_ZERO = dataclasses.replace(REP_ONCE, name="rep-once-row-zero", padding="row-zero")
@@ -187,7 +188,9 @@ BASE = """
 def test_incremental_check_after_any_row_change(moves) -> None:
     """Every way a row can change between two checks, applied directly to the backend
     while the layout stays put (no pool new, no sequence rebuilt): the recheck of
-    the changed rows' pools must find what a full recomputation finds."""
+    the changed rows' pools must find what a full recomputation finds, and a pooling
+    the scatter would keep must equal pooling again (a member row rewritten alone
+    included, which an engine's edits rarely reach)."""
     t = trace(BASE)
     be = ValueBackend(t.cache, t.seed, "numpy")
     rp = Replayer(t, REP_ONCE, be)
@@ -212,11 +215,124 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             members = np.repeat(src[:, None], 2, axis=1)
             slots = be._own(rows[: src.size], zero_new=True)
             be.pooled[slots] = be.k.pool(be.key, be.gate, be._slots(members))
+            be.pool_gen[slots] = 0  # as every write of a pooled row but the scatter's
             be._touch(rows[: src.size], False, True)
         else:
             be.clear()
+        # a scatter now of every pool: what it keeps equals pooling again
+        for sq in lay.seqs:
+            ks = np.arange(len(sq.pools), dtype=np.int64)
+            members = be._slots(sq.members(ks, be.kpool, be.kv_size))
+            reps = be._slots(sq.rep_rows.view[ks])
+            assert np.array_equal(be._pool_or_keep(members, reps).view(np.uint32),
+                                  be._k_pool(members).view(np.uint32)), (kind, a, b)
         be._verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs), frozenset(),
                                      frozenset(), 0))
         full = be.full_bad(lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)
+
+
+# -- a pooling kept, not recomputed (issue 11 point 3) ---------------------------------------
+
+
+class PoolEveryEntry(ValueBackend):
+    """The backend with every scatter entry pooled afresh: what the kept poolings must
+    be bit-equal to."""
+
+    def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        return self._k_pool(members)
+
+
+def as_json(rec, t: m.Trace) -> dict:
+    """A record as the report writes it (findings with their value evidence)."""
+    if isinstance(rec, UbatchRecord):
+        return ubatch_json(rec)
+    return event_json(rec)
+
+
+def kept_equals_pooled(t: m.Trace, version: EngineVersion) -> int:
+    """Replay with and without kept poolings in lockstep: every row's pooled value and
+    every verdict must be bit-equal after each op. Returns the entries kept."""
+    kept, fresh = ValueBackend(t.cache, t.seed, "numpy"), PoolEveryEntry(t.cache, t.seed, "numpy")
+    for a, b in zip(Replayer(t, version, kept).run(), Replayer(t, version, fresh).run(),
+                    strict=True):
+        assert as_json(a, t) == as_json(b, t)
+        assert np.array_equal(kept.row_values("pooled").view(np.uint32),
+                              fresh.row_values("pooled").view(np.uint32))
+    assert fresh.pools_kept == 0
+    return kept.pools_kept
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
+def test_a_kept_pooling_equals_pooling_again(t: m.Trace, engine: str) -> None:
+    kept_equals_pooled(t, VARIANTS[engine])
+
+
+def test_cache_safe_keeps_the_unchanged_pools_and_repools_a_rewritten_one() -> None:
+    """kpool 2, cache-safe; seq 1 shares seq 0's cells 0..3, so every ubatch marks every
+    pool (ENGINE.md §6). Ubatch 0 (pos 0..3) pools 0:0 and 0:1 (rows 0,1 and 2,3).
+    Ubatch 1 (pos 4, row 4) marks 0:0 0:1 1:0 1:1, each on a rep row (1, 3) that holds
+    the pooling of the same member rows, unwritten since: 4 kept. Ubatch 2 (pos 5)
+    adds 0:2 (rows 4, 5: new) and keeps the other 4: 8. seq_rm 0 from pos 2 and pos
+    2..5 again: 0:1 lands on rows 4, 5 with new keys (row 5 held the pooling of rows
+    4, 5, written since: pooled again), 0:2 on rows 6, 7; 0:0, 1:0, 1:1 kept: 11."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 16, kpool: 2, n_seq_max: 2, n_embd: 4, n_rs_seq: 8}
+        ops:
+          - decode: {seq: 0, pos: 0..4}
+          - seq_cp: {src: 0, dst: 1}
+          - decode: {seq: 0, pos: 4}
+          - decode: {seq: 0, pos: 5}
+          - seq_rm: {seq: 0, p0: 2, p1: -1}
+          - decode: {seq: 0, pos: 2..6}
+        """)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    kept, reps = [], []
+    for rec in Replayer(t, VERSIONS["cache-safe"], be).run():
+        if isinstance(rec, UbatchRecord):
+            kept.append(be.pools_kept)
+            reps.append(rec.scatter_rep.tolist())
+    assert reps[3] == [1, 5, 7, 1, 3]
+    assert kept == [0, 4, 8, 11]
+    assert kept_equals_pooled(t, VERSIONS["cache-safe"]) == 11
+
+
+def test_shipped_traces_keep_poolings_bit_equal() -> None:
+    """Every shipped trace, both engines: kept poolings equal pooling again, and
+    cache-safe keeps some (it re-marks unchanged pools)."""
+    from pathlib import Path
+
+    from kpool_cli.trace.load import load_trace
+    n_kept = 0
+    for path in sorted(Path(__file__).resolve().parent.parent.glob("traces/*.yaml")):
+        t = load_trace(path)
+        for engine in ENGINES:
+            k = kept_equals_pooled(t, VERSIONS[engine])
+            n_kept += k if engine == "cache-safe" else 0
+    assert n_kept > 0
+
+
+def test_a_stream_copy_forgets_the_destination_poolings() -> None:
+    """Non-unified, kv 8: row 9 (stream 1) holds the pooling of rows 8, 9 as a scatter
+    leaves it. A cross-stream copy 0 -> 1 brings row 1's pooled value (here 7s, no
+    pooling at all) into row 9 and rows 0, 1's keys into 8, 9: the rows 8, 9 entry must
+    be pooled again, not keep row 9's value."""
+    cfg = m.CacheConfig(kv_size=8, kpool=2, n_seq_max=2, unified=False, n_embd=4)
+    be = ValueBackend(cfg, 0, "numpy")
+    be.write_rows(np.array([0, 1, 8, 9]), np.array([1, 2, 3, 4]))
+    s = be._slots(np.array([0, 1, 8, 9]))
+    be._next_gen()  # what a scatter does: a pooling of rows 8, 9 into row 9
+    be.pooled[s[3]] = be._k_pool(s[None, 2:])[0]
+    be.pool_of[s[3]], be.pool_gen[s[3]] = s[2:], be._gen
+    members, rep = s[None, 2:].copy(), s[3:]
+    assert be._pool_or_keep(members, rep).tobytes() == be._k_pool(members).tobytes()
+    assert be.pools_kept == 1  # kept: the pooling is still right
+    be.pooled[s[1]] = 7
+    be.copy_stream(0, 1)
+    members, rep = be._slots(np.array([[8, 9]])), be._slots(np.array([9]))
+    assert (be.row_values("pooled", np.array([9])) == 7).all()
+    assert be._pool_or_keep(members, rep).tobytes() == be._k_pool(members).tobytes()
+    assert be.pools_kept == 1

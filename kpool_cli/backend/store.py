@@ -12,6 +12,13 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
   a `clear` or a cross-stream copy costs the rows that have slots. The slot
   arrays grow in place in anonymous memory maps (`_grow`): their spare capacity is
   never resident;
+- the pooling a slot's pooled row holds (`pool_of`, int64 [slots, kpool]: the member
+  slots it was pooled from, valid when `pool_gen[slot] > 0`, the generation it was
+  pooled at) and when each slot's key and gate last changed (`key_gen`). Every call
+  that writes values takes a new generation (`_gen`). A scatter entry whose rep slot
+  holds the pooling of the same member slots, none written since, keeps that value
+  instead of pooling again (ENGINE.md §3: cache-safe re-pools every pool each
+  ubatch; a pool whose members and keys did not change pools to the same bits);
 - who last wrote each slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`), for messages; a
   zero row's writer is its stream's (`NEVER`, `CLEARED` since a clear, `COPIED`
   since a cross-stream copy): zeroing a row that has no slot (only a pending
@@ -34,7 +41,10 @@ Invariants:
   per row (the last entry) before any kernel runs, so thread order never matters;
   which slot a row gets never changes a value;
 - `slot_row[slot]` is the row of every slot in use (-1 for a freed one), and
-  `slot_of[slot_row[slot]] == slot`.
+  `slot_of[slot_row[slot]] == slot`;
+- where `pool_gen[r] > 0`, `pooled[r]` is bit-equal to the pooling of `pool_of[r]`
+  and every member slot m has `key_gen[m] < pool_gen[r]`; a slot handed out, and
+  every write of a pooled row but the scatter's, sets `pool_gen` to 0.
 
 The kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
 bit-identical arrays. They index the slot arrays with slots, never rows.
@@ -235,13 +245,15 @@ class ValueBackend:
     SLOTS_MIN = 64  # slot capacity allocated up front (the zero row included)
     # capacity grows by 1/SLOT_GROWTH at least, in place (`_grow`)
     SLOT_GROWTH = 8
-    # the per-slot arrays: name, dtype, row width (0: one value a slot)
-    SLOT_ARRAYS = (("key", np.float32, 1), ("gate", np.float32, 1),
-                   ("pooled", np.float32, 1), ("w_kind", np.int8, 0),
-                   ("w_ubatch", np.int64, 0), ("w_a", np.int64, 0), ("w_b", np.int64, 0),
-                   ("slot_row", np.int64, 0))
-    # bytes per slot besides its three float32 rows: w_kind, w_ubatch, w_a, w_b, slot_row
-    SLOT_BYTES = 1 + 8 + 8 + 8 + 8
+    # the per-slot arrays: name, dtype, row width ("n_embd", "kpool", or 1)
+    SLOT_ARRAYS = (("key", np.float32, "n_embd"), ("gate", np.float32, "n_embd"),
+                   ("pooled", np.float32, "n_embd"), ("w_kind", np.int8, 1),
+                   ("w_ubatch", np.int64, 1), ("w_a", np.int64, 1), ("w_b", np.int64, 1),
+                   ("slot_row", np.int64, 1), ("key_gen", np.int64, 1),
+                   ("pool_gen", np.int64, 1), ("pool_of", np.int64, "kpool"))
+    # bytes per slot besides its three float32 rows and pool_of (8 kpool): w_kind,
+    # w_ubatch, w_a, w_b, slot_row, key_gen, pool_gen
+    SLOT_BYTES = 1 + 8 + 8 + 8 + 8 + 8 + 8
     # bytes per global row: the row -> slot map (its dtype's size comes on top of
     # these), the two dirty masks
     ROW_BYTES = 2
@@ -264,6 +276,9 @@ class ValueBackend:
         self.key = self.gate = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
         self.w_kind = np.empty(0, dtype=np.int8)
         self.w_ubatch = self.w_a = self.w_b = self.slot_row = np.empty(0, dtype=np.int64)
+        self.key_gen = self.pool_gen = np.empty(0, dtype=np.int64)
+        self.pool_of = np.empty((0, self.kpool), dtype=np.int64)
+        self._gen = 0  # the generation of the last call that wrote values
         # key, gate, pooled: [slots, n_embd] float32 | slot, d | key, gate logit, pooled
         # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src
         # stream / slot index), w_b (k); slot_row [slots] int64: its row, or -1
@@ -289,6 +304,7 @@ class ValueBackend:
         self._all_dirty = False
         self.kernel_time: dict[str, float] = defaultdict(float)
         self.pools_checked = 0
+        self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
 
     # -- memory --------------------------------------------------------------------------
 
@@ -316,7 +332,7 @@ class ValueBackend:
                   max(cls.SLOTS_MIN, slots + slots // cls.SLOT_GROWTH + 1))
         entries = config.n_seq_max * (reach.cells // kpool) + 64
         per_alt = cls.ALT_ROW_BYTES + 16 * n_col
-        held = (cap * (row_bytes + cls.SLOT_BYTES)
+        held = (cap * (row_bytes + cls.SLOT_BYTES + 8 * kpool)
                 + 8 * slots  # the free list
                 + (slots - 1) * per_alt + 16 * entries  # alt
                 + reach.snapshot_rows * (row_bytes + per_alt))  # snapshots
@@ -331,8 +347,8 @@ class ValueBackend:
     def bytes_held(self) -> int:
         """Bytes of the arrays this backend holds now (snapshots and racing writers
         included; the dirty-row lists of one ubatch and Python objects not)."""
-        arrays = (self.slot_of, self.key, self.gate, self.pooled, self.w_kind, self.w_ubatch,
-                  self.w_a, self.w_b, self.slot_row, self._free, self._kdirty, self._pdirty)
+        arrays = (self.slot_of, self._free, self._kdirty, self._pdirty,
+                  *(getattr(self, name) for name, _, _ in self.SLOT_ARRAYS))
         return (sum(a.nbytes for a in arrays)
                 + sum(self.ALT_ROW_BYTES + w.nbytes for w in self.alt.values())
                 + sum(sv.nbytes() for sv in self.snapshots.values()))
@@ -434,6 +450,7 @@ class ValueBackend:
             r = rows[new]
             self.slot_of[r] = ids
             self.slot_row[ids] = r
+            self._wrote(ids)
             s[new] = ids
             if zero_new:
                 for a in (self.key, self.gate, self.pooled):
@@ -461,7 +478,7 @@ class ValueBackend:
         new = min(self._max_slots, max(need, self._cap + self._cap // self.SLOT_GROWTH))
         self._tables = None  # it holds the arrays: the maps could not grow in place
         for name, dtype, wide in self.SLOT_ARRAYS:
-            width = self.n_embd if wide else 1
+            width = getattr(self, wide) if isinstance(wide, str) else 1
             nbytes = new * width * np.dtype(dtype).itemsize
             setattr(self, name, None)  # drop the array's export of the map
             mm = self._maps.get(name)
@@ -476,7 +493,7 @@ class ValueBackend:
                     mm = fresh
             self._maps[name] = mm
             a = np.frombuffer(mm, dtype=dtype)
-            setattr(self, name, a.reshape(new, width) if wide else a)
+            setattr(self, name, a.reshape(new, width) if isinstance(wide, str) else a)
         self._cap = new
 
     def _release(self, rows: np.ndarray) -> None:
@@ -510,6 +527,17 @@ class ValueBackend:
             self._pdirty[rows] = True
             self._pdirty_rows.append(rows)
 
+    def _next_gen(self) -> None:
+        """A call that writes values begins: writes from here on are newer than any
+        pooling kept so far."""
+        self._gen += 1
+
+    def _wrote(self, slots: np.ndarray) -> None:
+        """`slots` got new keys and gates (or zeros), and a pooled row that is no
+        pooling they know of."""
+        self.key_gen[slots] = self._gen
+        self.pool_gen[slots] = 0
+
     def _set_writer(self, slots: np.ndarray, kind: int, a=-1, b=-1) -> None:
         self.w_kind[slots] = kind
         self.w_ubatch[slots] = self.n_ubatch
@@ -527,9 +555,11 @@ class ValueBackend:
         """A ubatch's cells are written: new key and gate rows, pooled slots zeroed."""
         rows = self._rows(rows, ANY, True, "write_rows", "rows")
         key_ids = _index(key_ids, None, 0, rows.shape, False, "write_rows", "key_ids", "key id")
+        self._next_gen()
         s = self._own(rows, zero_new=False)
         self._k_write_keys(s, key_ids)
         self.pooled[s] = 0
+        self._wrote(s)
         self._set_writer(s, DECODE_ZERO)
         self._drop_alt(rows)
         self._touch(rows, True, True)
@@ -541,6 +571,8 @@ class ValueBackend:
         s = self._slots(rows)
         has = s > 0
         rows, s = rows[has], s[has]
+        self._next_gen()
+        self._wrote(s)
         self.key[s] = 0
         self.gate[s] = 0
         self.pooled[s] = 0
@@ -557,6 +589,7 @@ class ValueBackend:
                 raise PlanError(f"copy_stream: {name} is stream {strm}, outside the "
                                 f"{n_stream} streams 0..{n_stream - 1}", "copy_stream", name)
         kv = self.kv_size
+        self._next_gen()
         live = self._live_rows()
         src_rows = live[(live >= src * kv) & (live < (src + 1) * kv)]
         dst_old = live[(live >= dst * kv) & (live < (dst + 1) * kv)]
@@ -568,6 +601,7 @@ class ValueBackend:
         s_dst = self._own(dst_rows, zero_new=False)
         for a in (self.key, self.gate, self.pooled):
             a[s_dst] = a[s_src]
+        self._wrote(s_dst)
         self._set_writer(s_dst, COPIED, src)
         self._zero_kind[dst], self._zero_ubatch[dst], self._zero_a[dst] = (
             COPIED, self.n_ubatch, src)
@@ -591,7 +625,9 @@ class ValueBackend:
         if rows.size != saved.key.shape[0]:
             raise PlanError(f"restore: {rows.size} rows for snapshot {slot!r} of "
                             f"{saved.key.shape[0]}", "restore", "rows")
+        self._next_gen()
         s = self._own(rows, zero_new=False)
+        self._wrote(s)
         self.key[s] = saved.key
         self.gate[s] = saved.gate
         self.pooled[s] = saved.pooled
@@ -640,7 +676,9 @@ class ValueBackend:
                                 "the plan's entry_rows")
         _index(plan.entry_pool, -1, layout.n_pool_real, rep.shape, False, "run_ubatch",
                "the plan's entry_pool", "pool")
-        vals = self._k_pool(self._slots(entry_rows))
+        self._next_gen()
+        members = self._slots(entry_rows)
+        vals = self._pool_or_keep(members, self._slots(rep))
         if n == 0:
             return vals
         order, starts, rows = values.race_groups(rep)
@@ -650,6 +688,8 @@ class ValueBackend:
         had_alt = np.isin(rows, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
         before = self.pooled[s].view(np.uint32).copy()
         self._k_scatter(s, vals, win)
+        self.pool_of[s] = members[win]
+        self.pool_gen[s] = self._gen
         # a row that got the value it held changes no verdict: only the others (and the
         # rows whose racing writers change) are re-checked
         changed = np.any(self.pooled[s].view(np.uint32) != before, axis=1) | had_alt
@@ -669,6 +709,25 @@ class ValueBackend:
                     self.alt[int(rows[g])] = writers[order[starts[g]:starts[g + 1]]].copy()
                 changed[unequal] = True
         self._touch(rows[changed], False, True)
+        return vals
+
+    def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        """The pooled value of each entry (member slots `members`, rep slots `reps`):
+        the value its rep slot holds where that is the pooling of the same member
+        slots and none of them was written since (`pool_of`, `pool_gen`), else pooled
+        now. Bit-equal to pooling every entry (the module's invariants)."""
+        if members.shape[0] == 0:
+            return self._k_pool(members)
+        gen = self.pool_gen[reps]
+        keep = (gen > 0) & np.all(self.pool_of[reps] == members, axis=1)
+        keep[keep] &= self.key_gen[members[keep]].max(axis=1) < gen[keep]
+        if not keep.any():
+            return self._k_pool(members)
+        vals = self._k_gather(reps)  # a kept entry's rep slot: in use (gen > 0)
+        fresh = np.flatnonzero(~keep)
+        if fresh.size:
+            vals[fresh] = self._k_pool(np.ascontiguousarray(members[fresh]))
+        self.pools_kept += int(members.shape[0] - fresh.size)
         return vals
 
     # -- verification (issue point 4) ---------------------------------------------------------

@@ -19,7 +19,7 @@ from .. import __version__
 from ..records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..trace.load import TraceError
 from ..trace.model import Trace
-from ..verdict.codes import Finding
+from ..verdict.codes import Finding, PoolIds
 from .tally import Tally
 
 
@@ -65,19 +65,17 @@ def rows_json(rows: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
     return a[alone].tolist(), out
 
 
-def pool_ids_json(pools: tuple[tuple[int, int], ...]) -> list[list[int]]:
+def pool_ids_json(pools: PoolIds) -> list[list[int]]:
     """(seq, k) pairs, consecutive k of one sequence folded into [seq, k0, k1]."""
-    a = np.fromiter((x for p in pools for x in p), dtype=np.int64,
-                    count=2 * len(pools)).reshape(-1, 2)
+    a = pools.array
     link = (a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + 1)
-    pairs = a.tolist()
     out: list[list[int]] = []
     at = 0
     for lo, hi in runs(a[:, 1:], link):
-        out += pairs[at:lo]
-        out.append([pairs[lo][0], pairs[lo][1], pairs[hi - 1][1] + 1])
+        out += a[at:lo].tolist()
+        out.append([int(a[lo, 0]), int(a[lo, 1]), int(a[hi - 1, 1]) + 1])
         at = hi
-    return out + pairs[at:]
+    return out + a[at:].tolist()
 
 
 def event_json(e: OpEvent) -> dict:

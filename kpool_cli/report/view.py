@@ -411,8 +411,9 @@ class RichView:
             if f.seqs:
                 facts.append(("seqs ", " ".join(map(str, f.seqs))))
             if f.pools:
-                ps = [f"{s}:{k}" for s, k in f.pools]
-                facts.append(("pools ", " ".join(ps[:10]) + (" ..." if len(ps) > 10 else "")))
+                ps = [f"{s}:{k}" for s, k in f.pools.array[:10].tolist()]
+                more = " ..." if len(f.pools) > 10 else ""
+                facts.append(("pools ", " ".join(ps) + more))
             if f.tokens:
                 ts = [f"pos {p} seq {s}" for p, s in f.tokens]
                 facts.append(("tokens ", ", ".join(ts[:4]) + (" ..." if len(ts) > 4 else "")))

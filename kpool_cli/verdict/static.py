@@ -13,7 +13,7 @@ import numpy as np
 from ..cache.kv import KvCache
 from ..engine.layout import Layout
 from ..engine.scatter import ScatterPlan
-from .codes import EVIDENCE_ROWS, Finding
+from .codes import EVIDENCE_ROWS, Finding, PoolIds
 
 
 def _row_list(rows: list[int], limit: int = 8) -> str:
@@ -35,8 +35,8 @@ def scatter_race(layout: Layout, plan: ScatterPlan) -> list[Finding]:
     hit = np.flatnonzero(np.isin(rep, raced))
     real = plan.entry_pool[hit]
     seq, k = layout.locate(real[real >= 0])
-    pools = tuple(zip(seq.tolist(), k.tolist(), strict=True))
-    seqs = tuple(sorted(set(seq.tolist())))
+    pools = PoolIds.of(seq, k)
+    seqs = tuple(np.unique(seq).tolist())
     rows = raced.tolist()
     n_pad = int((real < 0).sum())
     who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
@@ -69,7 +69,7 @@ def pad_collision(layout: Layout, plan: ScatterPlan) -> list[Finding]:
         "KP004",
         f"padding writes {hit.size} row(s) that real pools read: {_row_list(hit.tolist())}",
         rows=tuple(hit.tolist()), seqs=tuple(sorted(set(seq.tolist()))),
-        pools=tuple(zip(seq.tolist(), k.tolist(), strict=True)),
+        pools=PoolIds.of(seq, k),
     )]
 
 
