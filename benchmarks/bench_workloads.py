@@ -255,7 +255,7 @@ def run(cmd: list[str], report: Path, log: Path, timeout: float, env: dict[str, 
     if report.exists():
         r.report_mb = report.stat().st_size / MB
         r.summary = read_summary(report)
-    if r.rc not in (0, 1):
+    if r.rc not in (0, 1) or r.report_mb is None:  # exit 1 is a run with findings
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         first = next((ln for ln in lines if "rror" in ln), lines[0] if lines else "no message")
         r.error = f"exit {r.rc}: {first[:200]}"
