@@ -1,4 +1,4 @@
-"""Benchmark of the value backends (the issue's "Performance" section).
+"""Benchmark of the value backends (the README's "Performance" section).
 
 The trace: kv_size 131072, n_embd 128, kpool 4, one sequence; a 65536-token prefill
 split by the engine into ubatches of n_ubatch = 512 (llama_batch_allocr's

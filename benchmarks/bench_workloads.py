@@ -1,4 +1,4 @@
-"""Benchmark of four server-shaped workloads against the issue's targets.
+"""Benchmark of four server-shaped workloads against the targets the README states.
 
 Each workload is generated here (never stored in the repo): built in memory with
 `kpool_cli.trace.model`, written as YAML with the project's writer
@@ -16,7 +16,7 @@ is a completed run, its status shown in the notes). Before the runs,
 one small replay per engine warms numba's on-disk cache, so no run pays for JIT
 compilation. Figures come from one run each; there is no assertion.
 
-    workload                                                    target (the issue)
+    workload                                                    target
     W1  kv 131072, kpool 4, n_ubatch 512, 1 seq: a 65536-token  200k tokens/s
         prefill (one decode op), then 4096 one-token decodes
     W2  kv 262144, kpool 4, n_seq_max 64, unified: seq 0 decodes rep-once 50k tokens/s;
@@ -71,7 +71,7 @@ ENGINES = ("rep-once", "cache-safe")
 SEED = 20240601
 GB, MB = 1 << 30, 1 << 20
 
-# the issue's targets, by workload: (what, value)
+# the targets, by workload: (what, value)
 TARGETS = {
     "W1": "200k tokens/s",
     "W2": "rep-once 50k tokens/s; cache-safe <= 3x rep-once's time; peak RSS < 2 GB",
@@ -464,7 +464,7 @@ def print_table(a: argparse.Namespace, header: list[str], rows: list[list[str]])
     print(line(["-" * w for w in widths]))
     for r in rows:
         print(line(r))
-    print("targets (the issue); 'vs target' is achieved / target, >= 1 meets it "
+    print("targets; 'vs target' is achieved / target, >= 1 meets it "
           "('<' when timed out);\n"
           "a '+' after peak RSS or report MB: what a timed-out run had reached when killed")
     for name in sorted({r[0] for r in rows}):

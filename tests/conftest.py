@@ -9,7 +9,7 @@
   ubatch 0, so at a ubatch-0 record `replayer.stale` is still the batch's snapshot.
 - the `checked_drive` fixture hands out `drive` (same invariant check).
 
-Hypothesis profiles (issue 9, point 4): "ci" is derandomised (the examples are a
+Hypothesis profiles: "ci" is derandomised (the examples are a
 function of the test, so a run is repeatable), keeps no example database, and has
 no timing-based failures (no deadline, no too_slow health check); it is loaded
 when `CI` is set (not "", "0", "false", "no"), as CI services and .ci/run's

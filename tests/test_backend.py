@@ -70,7 +70,7 @@ def test_backends_agree_on_engine_test_traces(engine: str) -> None:
         _final_state_agrees(trace(text), engine)
 
 
-# -- keys: identity (issue point 1) -----------------------------------------------------
+# -- keys: identity -----------------------------------------------------------------
 
 
 def _rows_after(text: str, engine: str = "rep-once") -> ValueBackend:

@@ -1,4 +1,4 @@
-"""Issue point 4: the backend rechecks only the pools whose verdict may have changed
+"""The backend rechecks only the pools whose verdict may have changed
 (new or rebuilt pools, rep rows whose pooled value changed, pools with a member whose
 key changed); a full recomputation over every pool after every ubatch must find
 exactly the same bad pools. Random traces built to reach bad pools (coupled tokens,
@@ -233,7 +233,7 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             assert np.array_equal(inc, want), (kind, a, b)
 
 
-# -- a pooling kept, not recomputed (issue 11 point 3) ---------------------------------------
+# -- a pooling kept, not recomputed -------------------------------------------------------
 
 
 class PoolEveryEntry(ValueBackend):

@@ -1,4 +1,4 @@
-"""The value kernels and their safety (issue 9, point 5).
+"""The value kernels and their safety.
 
 - the numba kernels (kernels.py) against their numpy twin (reference.py), bit for
   bit, on arrays built here;
@@ -68,7 +68,7 @@ def test_key_rows_agree_and_are_in_range(seed: int) -> None:
     kernels.write_keys(state, rows, ids, got[0], got[1])
     reference.write_keys(state, rows, ids, got[2], got[3])
     assert same(got[0], got[2]) and same(got[1], got[3])
-    k, g = keys.key_rows(seed, ids, n_embd)
+    k, g = keys.key_rows_from_state(keys.seed_state(seed), ids, n_embd)
     assert same(got[0][rows], k) and same(got[1][rows], g)
     assert np.all(k[:7] == 0) and np.all(g[:7] == 0)  # key id 0: a zeroed row
     assert k.min() >= -1 and k.max() < 1

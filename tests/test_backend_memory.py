@@ -1,4 +1,4 @@
-"""Issue 8, points 6 and 7: memory follows the work, a budget known before the replay,
+"""Memory follows the work, a budget known before the replay,
 and the numba backend running where numba's cache cannot be written.
 
 - the value backend stores only rows that hold data (slots), so a small decode on a
@@ -39,7 +39,7 @@ from kpool_cli.trace.model import Trace
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
 
-# the issue's two hostile traces (dense: 6.3 GB and 6.6 GB)
+# two hostile traces (dense: 6.3 GB and 6.6 GB)
 HUGE_CLEAR = """
     kpool_trace: 1
     cache: {kv_size: 131072, kpool: 4, n_embd: 4096}
@@ -139,7 +139,8 @@ def test_growth_is_safe_while_a_view_of_the_rows_is_alive() -> None:
     be.write_rows(np.arange(4, 1000), np.arange(5, 1001))
     assert be._cap >= 1001 and np.array_equal(view, first)
     assert np.array_equal(be.row_values("key", np.arange(4)), first)
-    k, _ = keys.key_rows(t.seed, np.arange(1, 1001), t.cache.n_embd)
+    k, _ = keys.key_rows_from_state(keys.seed_state(t.seed), np.arange(1, 1001),
+                                   t.cache.n_embd)
     assert np.array_equal(be.row_values("key", np.arange(1000)), k)
 
 
@@ -336,7 +337,7 @@ def test_the_bound_covers_what_a_replay_allocates() -> None:
 def test_check_replay_memory_names_the_fields_that_drive_the_need() -> None:
     t = trace(HUGE_COPY)
     b = budget.check_replay_memory(t, "numba", 4 << 30)
-    assert b.total == budget.replay_bytes_bound(t, "numba") < 4 << 30
+    assert b.total == budget.memory_bound(t, "numba").total < 4 << 30
     with pytest.raises(budget.ReplayTooLarge) as e:
         budget.check_replay_memory(t, "numba", 300 << 20)
     msg = str(e.value)
@@ -345,7 +346,7 @@ def test_check_replay_memory_names_the_fields_that_drive_the_need() -> None:
     assert e.value.fields[:2] == ("cache.kv_size", "cache.n_seq_max")
     assert e.value.budget == 300 << 20 and e.value.bound.total > 300 << 20
     # the model-only replay needs no value rows, and no numba
-    assert budget.replay_bytes_bound(t, "none") < b.total
+    assert budget.memory_bound(t, "none").total < b.total
     assert budget.check_replay_memory(t, "none", None).total > 0
 
 

@@ -26,6 +26,11 @@ def scenario(text: str) -> str:
     return text
 
 
+def seqs_of(st, c: int) -> tuple[int, ...]:
+    """The seq ids cell c of stream `st` holds, from its raw `has` columns."""
+    return tuple(s for j, s in enumerate(st.seq_ids) if st.has[j, c])
+
+
 def capture(rp) -> dict:
     """A copy of the replayer's state: staleness, heads, cells, layout."""
     cache = rp.cache
@@ -33,7 +38,7 @@ def capture(rp) -> dict:
         "stale": list(rp.staleness.stale),
         "head": [st.head for st in cache.streams],
         "used": [st.used for st in cache.streams],
-        "cells": [[(int(st.pos[c]), tuple(st.seqs_at(c))) for c in range(cache.kv_size)]
+        "cells": [[(int(st.pos[c]), seqs_of(st, c)) for c in range(cache.kv_size)]
                   for st in cache.streams],
         "raw": [(st.pos.tolist(), st.has.tolist(), st.seq_count.tolist(), st.key_id.tolist(),
                  st.ext.tolist()) for st in cache.streams],

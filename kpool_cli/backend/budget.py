@@ -91,11 +91,6 @@ def memory_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> Memor
     return MemoryBound(sum(parts.values()), parts, reach, backend)
 
 
-def replay_bytes_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> int:
-    """The upper bound of the bytes replaying `trace` with `backend` can need."""
-    return memory_bound(trace, backend, cell_map=cell_map).total
-
-
 class ReplayTooLarge(Exception):
     """A trace whose replay can need more memory than the budget. `fields` are the
     trace's fields that drive the need, largest part first."""

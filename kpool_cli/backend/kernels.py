@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from typing import Any
 
 import numba
 import numpy as np
@@ -48,8 +49,6 @@ from numba import prange
 
 from .held import signals_held
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
-
-NAME = "numba"
 
 _U27 = np.uint64(27)
 _U30 = np.uint64(30)
@@ -104,16 +103,17 @@ def _choose_cache() -> str:
     if path is not None:
         # numba reads NUMBA_CACHE_DIR into its config at import and again when the
         # environment changes: set both, so a later reload keeps this choice
-        before = os.environ.get("NUMBA_CACHE_DIR"), numba.config.CACHE_DIR
+        config: Any = numba.config  # its settings are set at run time: no stubs know them
+        before = os.environ.get("NUMBA_CACHE_DIR"), config.CACHE_DIR
         os.environ["NUMBA_CACHE_DIR"] = path
-        numba.config.CACHE_DIR = path
+        config.CACHE_DIR = path
         if _numba_can_cache():
             return path
         if before[0] is None:
             del os.environ["NUMBA_CACHE_DIR"]
         else:
             os.environ["NUMBA_CACHE_DIR"] = before[0]
-        numba.config.CACHE_DIR = before[1]
+        config.CACHE_DIR = before[1]
     return ""
 
 

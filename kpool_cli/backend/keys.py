@@ -3,7 +3,7 @@
 Owns: the key generator (a counter-based integer hash of the trace seed, the
 cache's per-write key id and the dimension) and the constants both backends share
 (`POW2`, `GATE_MAX`). This is the numpy spelling; `kernels.py` has the numba twin
-of `key_rows` and the tests hold the two equal bit for bit.
+of `key_rows_from_state` and the tests hold the two equal bit for bit.
 
 Why integers and powers of two. The numba and numpy backends must agree to the
 last bit on every trace, and two compilers only agree on float results when every
@@ -20,7 +20,7 @@ operation is a single correctly rounded IEEE operation, done in the same order:
   without fastmath, so LLVM may not contract) and no `np.sum` (whose pairwise
   summation may reorder).
 
-Identity of keys (issue point 1): the cache hands out key ids 1, 2, ... one per
+Identity of keys: the cache hands out key ids 1, 2, ... one per
 written cell (`KvCache.n_key_writes`), so a freed and rewritten cell gets a new key
 and two cells at one pos in two sequences differ; a stream copy or a restore moves
 rows (and the cache moves their key ids), so they keep the key they copy.
@@ -55,13 +55,14 @@ def seed_state(seed: int) -> np.uint64:
     return np.uint64(splitmix64(np.array([seed & (2**64 - 1)], dtype=np.uint64))[0])
 
 
-def key_rows(seed: int, key_ids: np.ndarray, n_embd: int) -> tuple[np.ndarray, np.ndarray]:
+def key_rows_from_state(state: np.uint64, key_ids: np.ndarray, n_embd: int
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Key and gate rows of the writes `key_ids`.
 
     Parameters
     ----------
-    seed : int
-        The trace's `seed`.
+    state : np.uint64
+        `seed_state(seed)` of the trace's `seed`.
     key_ids : array of int64, shape (n,)
         The cache's per-write key ids; 0 is a zeroed row.
     n_embd : int
@@ -73,15 +74,9 @@ def key_rows(seed: int, key_ids: np.ndarray, n_embd: int) -> tuple[np.ndarray, n
         `key` in [-1, 1) (multiples of 2**-23); `gate` integer logits in
         [-GATE_MAX, GATE_MAX]. For key id 0 both rows are 0.
 
-    Dimension d of key id i: `base = splitmix64(seed_state ^ i * KEY_MUL)`, key hash
+    Dimension d of key id i: `base = splitmix64(state ^ i * KEY_MUL)`, key hash
     `splitmix64(base + (2d+1) GOLDEN)`, gate hash `splitmix64(base + (2d+2) GOLDEN)`.
     """
-    return key_rows_from_state(seed_state(seed), key_ids, n_embd)
-
-
-def key_rows_from_state(state: np.uint64, key_ids: np.ndarray, n_embd: int
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """`key_rows` from `seed_state(seed)` (what the kernels take)."""
     ids = np.asarray(key_ids, dtype=np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         base = splitmix64(np.uint64(state) ^ (ids * KEY_MUL))

@@ -16,8 +16,6 @@ import numpy as np
 
 from .keys import POW2, key_rows_from_state
 
-NAME = "numpy"
-
 
 def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
                gate: np.ndarray) -> None:

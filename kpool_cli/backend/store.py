@@ -29,7 +29,7 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
   least one racing value differs from any single value), so it is bad until
   rewritten;
 - the bad pools of every sequence (`bad[s]`, bool [n_pools of s]) and what changed
-  since they were last checked, for the incremental verification of issue point 4
+  since they were last checked, for the incremental verification (`_verify`)
   (per-row masks: 2 bytes a row, next to the cache's ~37).
 
 Invariants:
@@ -268,7 +268,7 @@ class ValueBackend:
         self.n_rows, self.n_embd = config.n_rows, config.n_embd
         self.state = seed_state(seed)
         # rows -> slots, and what each slot holds (see the module docstring)
-        self.slot_of = np.zeros(self.n_rows, dtype=_slot_dtype(self.n_rows))  # [n_rows] | row
+        self.slot_of: np.ndarray = np.zeros(self.n_rows, dtype=_slot_dtype(self.n_rows))
         self._max_slots = self.n_rows + 1
         self._cap = 0
         self._maps: dict[str, mmap.mmap] = {}
@@ -369,7 +369,7 @@ class ValueBackend:
 
     # -- checks (kernel safety: the module docstring) ----------------------------------
 
-    def _rows(self, rows, shape: tuple[int | None, ...], distinct: bool, where: str,
+    def _rows(self, rows, shape: tuple[int | None, ...] | None, distinct: bool, where: str,
               name: str) -> np.ndarray:
         """Rows handed in by the replay, checked (`_index`): every one in [0, n_rows)."""
         return _index(rows, 0, self.n_rows, shape, distinct, where, name, "row")
@@ -730,7 +730,7 @@ class ValueBackend:
         self.pools_kept += int(members.shape[0] - fresh.size)
         return vals
 
-    # -- verification (issue point 4) ---------------------------------------------------------
+    # -- verification (only what changed) -----------------------------------------------------
 
     def _differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """[n] bool: rep row differs from the pooling, or raced with different values

@@ -37,10 +37,6 @@ def make_keys(pos: np.ndarray, cells: np.ndarray) -> np.ndarray:
     return (pos.astype(np.int64) << CELL_BITS) | cells.astype(np.int64)
 
 
-def key_pos(keys: np.ndarray) -> np.ndarray:
-    return keys >> CELL_BITS
-
-
 def key_cell(keys: np.ndarray) -> np.ndarray:
     return keys & CELL_MASK
 
@@ -163,9 +159,6 @@ class Stream:
 
     # -- queries ---------------------------------------------------------------
 
-    def holds(self, s: int) -> bool:
-        return s in self._col
-
     def cells_of(self, s: int) -> np.ndarray:
         """Sorted keys (pos << 32 | cell) of s's cells."""
         return self.seq_keys[s].view
@@ -179,9 +172,6 @@ class Stream:
         """-1 when s holds no cell."""
         k = self.seq_keys[s].view
         return int(k[-1] >> CELL_BITS) if k.size else -1
-
-    def seqs_at(self, cell: int) -> list[int]:
-        return [s for s in self.seq_ids if self.has[self._col[s], cell]]
 
     def live_cells(self) -> np.ndarray:
         """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""

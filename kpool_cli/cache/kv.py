@@ -168,9 +168,6 @@ class KvCache:
     def global_rows(self, s: int, cells: np.ndarray) -> np.ndarray:
         return self.stream_of(s) * self.kv_size + cells
 
-    def _all_seqs(self) -> range:
-        return range(self.config.n_seq_max)
-
     # -- edits (llama_kv_cache::seq_*) ---------------------------------------------
 
     @staticmethod
@@ -262,6 +259,7 @@ class KvCache:
             cells = np.empty(len(seqs), dtype=np.int64)
             for k in np.unique(strm).tolist():
                 mine = np.flatnonzero(strm == k)
+                got: np.ndarray | None
                 if recorded is not None:
                     got = recorded[mine]
                 else:
