@@ -1,4 +1,6 @@
-"""The `kpool` command line: parse, call, render, pick the exit code. Nothing else.
+"""The `kpool` command line: parse, call, render, exit. Nothing else: what a replay
+is, how records are counted and the exit code decided (report/tally.py), how reports
+are framed (report/json_report.py) and how the views word things live elsewhere.
 
 Exit status of every command (TRACE_FORMAT.md): 0 pass, 1 findings at or above
 `--fail-on`, 2 bad usage, an invalid trace, or an internal error. Never a
@@ -14,7 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 import click
 
@@ -29,18 +31,19 @@ from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
 from .report.files import OutputError, check_outputs, written_whole
-from .report.json_report import write_report
+from .report.format import report_schema
+from .report.json_report import write_report, write_reports
 from .report.select import Selection, parse_ubatch_range
-from .report.tally import FAIL_ON, Tally
-from .report.terminal import stream_is_terminal
-from .trace.load import MAX_TOKENS, TraceError, load_trace
-from .trace.schema import report_schema, trace_schema
+from .report.tally import FAIL_ON, Record, Tally, exit_code, tallied
+from .trace.load import MAX_TOKENS, Problem, TraceError, load_trace
+from .trace.model import Trace
+from .trace.schema import trace_schema
 from .wording import visible
 
 EXIT_BAD_INPUT = 2
 
 
-def _fail(message: str, *more_lines: str) -> None:
+def _fail(message: str, *more_lines: str) -> NoReturn:
     """Exit 2 with `kpool: message` and `more_lines` below it, each line made visible:
     no text taken from an input (a path, a name) can break a line or fake one."""
     click.echo("\n".join(visible(line) for line in (f"kpool: {message}", *more_lines)),
@@ -48,7 +51,7 @@ def _fail(message: str, *more_lines: str) -> None:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def _invalid(e: TraceError) -> None:
+def _invalid(e: TraceError) -> NoReturn:
     """Exit 2 for an invalid trace: every problem on its own line (TraceError's)."""
     _fail("invalid trace", *str(e).split("\n"))
 
@@ -76,7 +79,6 @@ def _version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
         return load_version(name or trace_engine or DEFAULT_VERSION)
     except VersionError as e:
         _fail(str(e))
-        raise AssertionError from e  # unreachable: _fail exits
 
 
 def _memory_budget(ctx, param, value: str | None) -> int | None:
@@ -128,7 +130,7 @@ class _Interrupted(BaseException):
 
 
 class _Group(click.Group):
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
@@ -190,67 +192,69 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
     --check), 2 bad usage or an invalid trace."""
+    from .report.text import TextOutput, may_draw_rich, ticker_for, ticking
+
     _refuse_outputs(traces, output=output, svg=svg, html=html)
     if fmt == "json" and (html or svg):
         _fail("--html and --svg save the text view: use them with --format text")
-    loaded = []
-    for path in traces:
-        try:
-            loaded.append(load_trace(path, max_tokens=max_tokens))
-        except TraceError as e:
-            _invalid(e)
+    loaded = [_load(path, max_tokens) for path in traces]  # every trace, before any engine
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
-    rich_view = fmt == "text" and bool(html or svg or stream_is_terminal(sys.stdout))
-    for t in loaded:
+    rich_view = fmt == "text" and may_draw_rich(html, svg)
+    for t, _ in runs:
         try:
             check_replay_memory(t, backend, max_memory, cell_map=rich_view)
         except ReplayTooLarge as e:
             _fail(str(e))
-    worst = 0
-    invalid: TraceError | None = None
+    value_backend = None if backend == "none" else backend
+
+    def replayed(trace: Trace, version: EngineVersion, tally: Tally, cell_map: bool = False
+                 ) -> Iterator[Record]:
+        """The trace's records, each fed to `tally` on its way to the renderer."""
+        return tallied(replay(trace, version, make_backend(backend, trace),
+                              pools_all=pools == "all", cell_map=cell_map), tally)
+
+    tallies: list[Tally] = []
+    invalid: list[Problem] = []  # why a trace turned out invalid mid-replay (JSON)
     try:
         with _output(output) as out:
-            from .report.text import TextOutput, ticker_for, ticking
-
-            text = (TextOutput(out, color=color, quiet=quiet, html=html, svg=svg)
-                    if fmt == "text" else None)
-            if text is None and len(runs) > 1:
-                out.write("[\n")
-            for n, (trace, version) in enumerate(runs):
-                with _naming_the_trace(trace):
+            if fmt == "text":
+                text = TextOutput(out, color=color, quiet=quiet, html=html, svg=svg)
+                for trace, version in runs:
                     tally = Tally(fail_on=fail_on, check=check)
-                    records = replay(trace, version, make_backend(backend, trace),
-                                     pools_all=pools == "all", cell_map=bool(text and text.rich))
-                    value_backend = None if backend == "none" else backend
-                    if text is not None:
-                        text.run(trace, version, value_backend, records, tally,
+                    tallies.append(tally)
+                    with _naming_the_trace(trace):
+                        text.run(trace, version, value_backend,
+                                 replayed(trace, version, tally, cell_map=text.rich), tally,
                                  Selection.of(trace, ubatch, seq, only_findings), pools == "all")
-                        worst = max(worst, tally.exit_code)
-                        continue
-                    if n:
-                        out.write(",\n")
-                    ticker = ticker_for(trace, quiet=quiet, color=color, shares_terminal=False)
-                    try:
-                        write_report(out, trace, version.name, value_backend,
-                                     ticking(records, ticker), tally,
-                                     run_form=pools != "all")
-                    finally:
-                        ticker.close()
-                    worst = max(worst, tally.exit_code)
-                    if tally.problems:  # the report says why and closes; no further trace runs
-                        invalid = TraceError(tally.problems)
-                        break
-            if text is None:
-                out.write("\n]\n" if len(runs) > 1 else "\n")
-            else:
                 text.close()
-            if invalid is not None and out is not sys.stdout:
-                raise invalid  # exit 2 leaves no output file; on stdout the JSON closed
+            else:
+                def write_one(run: tuple[Trace, EngineVersion]) -> Tally:
+                    trace, version = run
+                    tally = Tally(fail_on=fail_on, check=check)
+                    with (_naming_the_trace(trace),
+                          ticker_for(trace, quiet=quiet, color=color,
+                                     shares_terminal=False) as ticker):
+                        write_report(out, trace, version.name, value_backend,
+                                     ticking(replayed(trace, version, tally), ticker), tally,
+                                     run_form=pools != "all")
+                    return tally
+
+                tallies = write_reports(out, runs, write_one)
+                invalid = [p for t in tallies for p in t.problems]
+                if invalid and out is not sys.stdout:
+                    raise TraceError(invalid)  # exit 2 leaves no output file
     except TraceError as e:  # met mid-replay; an output file, if any, is not kept
         _invalid(e)
-    if invalid is not None:
-        _invalid(invalid)
-    sys.exit(worst)
+    if invalid:  # on stdout the JSON closed, saying why
+        _invalid(TraceError(invalid))
+    sys.exit(exit_code(tallies))
+
+
+def _load(path: str, max_tokens: int) -> Trace:
+    try:
+        return load_trace(path, max_tokens=max_tokens)
+    except TraceError as e:
+        _invalid(e)
 
 
 @cli.command("explain")
@@ -356,35 +360,25 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
       2  bad usage, an invalid trace, an unknown engine, mixing reports with traces,
          or reports of different traces without --force
     """
-    from .diff.compare import DiffResult, compare
+    from .diff.compare import DiffResult, compare, ignore_selectors
     from .diff.runs import DiffInputError, gather
-    from .report.diff_view import write_diff_json, write_diff_plain, write_diff_rich
-    from .report.terminal import Manners, make_console
-    from .verdict.codes import CODES
+    from .report.diff_view import write_diff
 
     _refuse_outputs(inputs, output=output)
-    selectors = tuple(s.strip().upper() for item in ignore for s in item.split(",") if s.strip())
-    for s in selectors:
-        if not any(c.startswith(s) for c in CODES):
-            _fail(f"--ignore {s}: no finding code starts with it (codes: {', '.join(CODES)})")
+    try:
+        selectors = ignore_selectors(ignore)
+    except ValueError as e:
+        _fail(str(e))
     try:
         pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
                                  force=force, max_tokens=max_tokens, max_memory=max_memory)
     except DiffInputError as e:
         _fail(*str(e).split("\n"))
-        return
     for w in warnings:
         click.echo(f"kpool: warning: {w}", err=True)
     result = DiffResult(tuple(compare(b, h) for b, h in pairs), fail_on_change, selectors)
     with _output(output) as out:
-        if fmt == "json":
-            write_diff_json(out, result)
-        else:
-            manners = Manners.detect(out)
-            if manners.is_terminal or manners.color:
-                write_diff_rich(make_console(out, manners), result)
-            else:
-                write_diff_plain(out, result)
+        write_diff(out, result, fmt)
     sys.exit(result.exit_code)
 
 

@@ -12,9 +12,11 @@ edits' asserts), and `expect` ops are checked by a consumer of the records
 Per edit: asserts (KP005) -> the recurrent child's refusal (KP008) -> caches ->
 staleness. Per decode: validate -> (pending stream copies) -> split -> find_slot
 for every ubatch -> per ubatch: write cells -> layout update (what changed) ->
-marking -> scatter plan -> backend -> verdicts -> record. A refusal yields an event
-and changes nothing; an engine abort (KP005) yields its record or event and ends
-the replay.
+marking -> scatter plan -> the ubatch's context (verdict/context.py: its race
+groups computed once) -> the rules' checks and the backend over it -> record. A
+refusal yields an event and changes nothing; an engine abort (KP005) yields its
+record or event and ends the replay. Each finding is built by its rule module
+(verdict/rules/).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from .cache.batch import KeepTailAssert, Ubatch, split_equal, validate
 from .cache.kv import KvCache
 from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
 from .engine.edits import Staleness, check_edit
-from .engine.layout import POS_CLEAN, Layout, LayoutChange
+from .engine.layout import POS_CLEAN, Layout
 from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
-from .engine.scatter import ScatterPlan, build_plan
+from .engine.scatter import build_plan
 from .engine.versions import EngineVersion
 from .records import (
     ABORTED,
@@ -46,9 +48,18 @@ from .records import (
 )
 from .trace import model as m
 from .trace.load import Problem, TraceError
-from .verdict import static
 from .verdict.codes import Finding
+from .verdict.context import UbatchContext
 from .verdict.expect import with_expectations
+from .verdict.rules import (
+    kp001_scatter_race,
+    kp002_rep_conflict,
+    kp004_pad_collision,
+    kp005_engine_abort,
+    kp006_decode_rejected,
+    kp007_layout_drift,
+    kp008_edit_refused,
+)
 
 
 class Backend(Protocol):
@@ -60,11 +71,9 @@ class Backend(Protocol):
     def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
     def restore(self, slot: str, rows: np.ndarray) -> None: ...
     def clear(self) -> None: ...
-    def run_ubatch(self, layout: Layout, change: LayoutChange, plan: ScatterPlan,
-                   race: list[Finding], token_seqs: tuple[tuple[int, ...], ...],
-                   token_pos: np.ndarray) -> list[Finding]:
-        """Pool, scatter and verify the ubatch; return `race` (the static KP001, if
-        any) with value evidence, then any KP003."""
+    def run_ubatch(self, ctx: UbatchContext, race: list[Finding]) -> list[Finding]:
+        """Pool, scatter and verify the ubatch of `ctx` (which has a plan); return
+        `race` (the static KP001, if any) with value evidence, then any KP003."""
         ...
 
 
@@ -102,10 +111,8 @@ class Replayer:
         self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
         self.n_ubatch_done = 0
         self.aborted = False
-        self._conflicts = static.AppearanceFilter()
-        self._drift = static.AppearanceFilter()
-        self._rep_conflicts: dict[int, tuple[tuple[int, int], ...]] | None = None
-        self._drifts: dict[int, Finding] = {}  # the KP007 of each drifted sequence
+        self._rep_conflicts = kp002_rep_conflict.Watch()
+        self._drifts = kp007_layout_drift.Watch(self.cache)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -138,10 +145,10 @@ class Replayer:
                 self.recurrent.seq_rm(op.seq, op.p0, op.p1)
         except EngineAbort as e:
             self.aborted = True
-            return OpEvent(i, op.kind, ABORTED, {}, str(e), (Finding("KP005", str(e)),))
+            return OpEvent(i, op.kind, ABORTED, {}, str(e), (kp005_engine_abort.at_op(str(e)),))
         except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
-                           (Finding("KP008", str(e), seqs=(op.seq,) if op.seq >= 0 else ()),))
+                           (kp008_edit_refused.finding(str(e), op.seq),))
         pos = self.staleness.before(op, cache.seq_pos_min)
         message = self._apply_edit(op)
         self.staleness.after(op, pos, layout_shared=not self.layout.cache_safe)
@@ -202,7 +209,8 @@ class Replayer:
     # -- decode ----------------------------------------------------------------------------
 
     def _reject(self, i: int, message: str) -> OpEvent:
-        return OpEvent(i, "decode", REJECTED, {}, message, (Finding("KP006", message),))
+        return OpEvent(i, "decode", REJECTED, {}, message,
+                       (kp006_decode_rejected.finding(message),))
 
     def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
         cfg, cache = self.cfg, self.cache
@@ -226,15 +234,17 @@ class Replayer:
         else:
             # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
             try:
-                split = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
-                                    n_keep_tail=self.recurrent.n_keep_tail)
+                done = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
+                                   n_keep_tail=self.recurrent.n_keep_tail)
             except KeepTailAssert as e:
                 self.aborted = True
-                yield OpEvent(i, "decode", ABORTED, {}, str(e), (Finding("KP005", str(e)),))
+                yield OpEvent(i, "decode", ABORTED, {}, str(e),
+                              (kp005_engine_abort.at_op(str(e)),))
                 return
-            if isinstance(split, str):
-                yield self._reject(i, split)
+            if isinstance(done, str):  # the split is refused: why
+                yield self._reject(i, done)
                 return
+            split = done
         ubs = []
         for ub in split:
             tk = [tokens[j] for j in ub.tokens]
@@ -302,15 +312,16 @@ class Replayer:
             plan = build_plan(layout, marked, n_new_g, pos, seqs, pl.cells, cfg.n_rows,
                               v.padding == "row-zero")
         except EngineAbort as e:
-            findings.append(Finding("KP005", str(e), seqs=(seqs[0][0],),
-                                    tokens=((int(pos[0]), seqs[0][0]),)))
-        findings.extend(self._layout_findings(change))
+            findings.append(kp005_engine_abort.at_ubatch(str(e), pos, seqs))
+        ctx = UbatchContext.of(layout, change, plan, pos, tuple(seqs))
+        # KP002 and KP007 where they appear (they persist until the layout changes)
+        findings += self._rep_conflicts.check(ctx) + self._drifts.check(ctx)
         if plan is not None:
-            race = static.scatter_race(layout, plan)
+            race = kp001_scatter_race.check(ctx)
             if self.backend:
                 # the backend gives the race its values, and adds KP003
-                race = self.backend.run_ubatch(layout, change, plan, race, tuple(seqs), pos)
-            findings += race + static.pad_collision(layout, plan)
+                race = self.backend.run_ubatch(ctx, race)
+            findings += race + kp004_pad_collision.check(ctx)
         index = self.n_ubatch_done
         self.n_ubatch_done += 1
         cost = {
@@ -351,26 +362,6 @@ class Replayer:
         is_rep = np.zeros(self.cfg.n_rows, dtype=bool)
         is_rep[self.layout.pool_cells()] = True
         return CellMap(self.cfg.kv_size, np.concatenate(parts), np.flatnonzero(is_rep))
-
-    def _layout_findings(self, change: LayoutChange) -> list[Finding]:
-        """KP002 and KP007 where they appear (they persist until the layout changes).
-        Rep conflicts depend on the pools only, drift on a sequence's pairs and cells:
-        each is recomputed where the update changed or read them."""
-        out: list[Finding] = []
-        if change.changed or self._rep_conflicts is None:
-            self._rep_conflicts = static.rep_conflicts(self.layout)
-        conflicts = self._rep_conflicts
-        fresh = self._conflicts.new(set(conflicts))
-        if fresh:
-            out.append(static.rep_conflict_finding({r: conflicts[r] for r in sorted(fresh)}))
-        for s in change.read:
-            f = static.layout_drift(self.layout, self.cache, s)
-            if f is None:
-                self._drifts.pop(s, None)
-            else:
-                self._drifts[s] = f
-        out += [self._drifts[s] for s in sorted(self._drift.new(set(self._drifts)))]
-        return out
 
     def _listed_pools(self, marked: np.ndarray) -> Pools:
         layout = self.layout

@@ -1,9 +1,28 @@
-"""How text that kpool did not write is shown: trace names, descriptions, notes,
-slot names, paths, engine text from a plug-in, and anything read back from a report.
+"""How kpool words things: the one home of every notation the views, the diff and
+the messages share, and of how text kpool did not write is shown.
 
-Owns: `visible(text)`, the one function every view passes such text through.
+Owns:
+- `visible(text)`, the one function every view passes untrusted text through: trace
+  names, descriptions, notes, slot names, paths, engine text from a plug-in, and
+  anything read back from a report;
+- `span(first, end)`: a range, half-open `A..B` as traces write positions (`4..8` is
+  4, 5, 6, 7), a one-element range as its number (`7`), an open one as `A..`;
+- `folded(values)`: a list of ints (positions, rows, cells, ubatch indexes) in the
+  order given, three or more consecutive ones as a range (`0..4`), a repeated one as
+  `5 x3`: `0..4 9 12 13 5 x3`;
+- `tokens(pairs)`: tokens by sequence set: `seq 0 pos 12; seq 0,1 pos 13..16`;
+- `stale(positions)`: the stale position of each sequence (ENGINE.md §4: the first
+  position whose pools may have regrouped): `seq 0 from pos 12, seq 1 from pos 0`;
+- `pools(pairs)`: pools as `seq:k`, three or more consecutive pools of one sequence
+  as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
+- `code(code, name)`: a finding code with its name: `KP001 scatter-race`.
 
-Invariant: the result holds no character a terminal acts on, and it can be
+Invariants: every range kpool prints is half-open `A..B`, never inclusive; an empty
+list is worded `none` (NONE); a list longer than `limit` parts ends `... (n)`, n the
+number of values it stands for. This module imports nothing of kpool, so every
+layer (the verdicts' messages, the diff, the views) can word with it.
+
+`visible`: the result holds no character a terminal acts on, and it can be
 encoded as UTF-8. Every C0 control (except a line break where `keep_newlines`
 allows it), DEL, every C1 control, the Unicode format characters that reorder or
 hide text (bidirectional overrides and isolates, zero-width joiners, the byte
@@ -19,11 +38,20 @@ paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 'two\\nlines'
 >>> visible("two\\nlines")
 'two\\\\nlines'
+>>> span(4, 8), span(7, 8), span(2, None)
+('4..8', '7', '2..')
+>>> folded([0, 1, 2, 3, 9, 12, 13, 5, 5, 5])
+'0..4 9 12 13 5 x3'
+>>> stale({1: 0, 0: 12})
+'seq 0 from pos 12, seq 1 from pos 0'
+>>> pools([(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
+'0:0..3 1:0 1:2'
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
 # terminal or a bidi-aware renderer acts on, and the line/paragraph separators
@@ -53,3 +81,100 @@ def visible(text: str, *, keep_newlines: bool = False) -> str:
     pattern = _HIDDEN_KEEP_NL if keep_newlines else _HIDDEN
     return pattern.sub(_escape, text)
 
+
+# -- ranges and lists ----------------------------------------------------------------------
+
+NONE = "none"  # an empty list
+# consecutive values (or pools) folded into a range: at least this many (`3 4` says
+# as much as `3..5`, and reads at once)
+RUN_MIN = 3
+
+
+def span(first: int, end: int | None) -> str:
+    """The half-open range first..end: `4..8`; `7` when it holds one value; `4..` when
+    `end` is None (open: to the end)."""
+    if end is None:
+        return f"{first}.."
+    return str(first) if end == first + 1 else f"{first}..{end}"
+
+
+def _limited(parts: list[str], limit: int | None, n: int) -> str:
+    if limit is not None and len(parts) > limit:
+        return " ".join(parts[:limit]) + f" ... ({n})"
+    return " ".join(parts)
+
+
+def folded(values: Iterable[int], limit: int | None = None) -> str:
+    """Ints in the order given: RUN_MIN or more consecutive ones (each one more than
+    the one before) as a range `0..4`, a value repeated as `5 x3`, the others alone;
+    at most `limit` parts, then `... (n)` with n the number of values. `none` when empty.
+
+    >>> folded([3, 7, 11, 12, 13, 3]), folded([0, 1, 2, 3, 4], limit=1), folded([])
+    ('3 7 11..14 3', '0..5', 'none')
+    """
+    vals = [int(v) for v in values]
+    parts: list[str] = []
+    i = 0
+    while i < len(vals) and (limit is None or len(parts) <= limit):
+        j = i
+        step = vals[i + 1] - vals[i] if i + 1 < len(vals) else None
+        if step in (0, 1):
+            while j + 1 < len(vals) and vals[j + 1] == vals[j] + step:
+                j += 1
+        if step == 0 and j > i:
+            parts.append(f"{vals[i]} x{j - i + 1}")
+        elif step == 1 and j - i + 1 >= RUN_MIN:
+            parts.append(span(vals[i], vals[j] + 1))
+        else:
+            j = i
+            parts.append(str(vals[i]))
+        i = j + 1
+    return _limited(parts, limit, len(vals)) or NONE
+
+
+def tokens(pairs: Iterable[tuple[int, tuple[int, ...]]], limit: int | None = None) -> str:
+    """(pos, seq ids) pairs by sequence set, in order of first appearance, positions
+    `folded` (at most `limit` parts each): `seq 0 pos 12; seq 0,1 pos 13..16`."""
+    by_seqs: dict[tuple[int, ...], list[int]] = {}
+    for p, ss in pairs:
+        by_seqs.setdefault(tuple(ss), []).append(p)
+    return "; ".join(f"seq {','.join(map(str, ss))} pos {folded(ps, limit)}"
+                     for ss, ps in by_seqs.items()) or NONE
+
+
+def stale_one(seq: int, pos: int) -> str:
+    """One sequence's stale position: `seq 0 from pos 12` (its pools from pos 12 on
+    may have regrouped: ENGINE.md §4)."""
+    return f"seq {seq} from pos {pos}"
+
+
+def stale(positions: Mapping[int, int] | Iterable[tuple[int, int]]) -> str:
+    """The stale positions of sequences, by seq id: `seq 0 from pos 12, seq 1 from
+    pos 0`; `none` when there are none."""
+    items = positions.items() if isinstance(positions, Mapping) else positions
+    return ", ".join(stale_one(s, p) for s, p in sorted(items)) or NONE
+
+
+def pools(pairs: Iterable[tuple[int, int]], limit: int | None = None) -> str:
+    """(seq, k) pools in the order given, as `seq:k`; RUN_MIN or more consecutive
+    pools of one sequence as the run `seq:k0..k1` (half-open); at most `limit` parts,
+    then `... (n)` with n the number of pools. `none` when empty."""
+    ps = [(int(s), int(k)) for s, k in pairs]
+    parts: list[str] = []
+    i = 0
+    while i < len(ps) and (limit is None or len(parts) <= limit):
+        j = i
+        while j + 1 < len(ps) and ps[j + 1] == (ps[j][0], ps[j][1] + 1):
+            j += 1
+        if j - i + 1 >= RUN_MIN:
+            parts.append(f"{ps[i][0]}:{span(ps[i][1], ps[j][1] + 1)}")
+        else:
+            j = i
+            parts.append(f"{ps[i][0]}:{ps[i][1]}")
+        i = j + 1
+    return _limited(parts, limit, len(ps)) or NONE
+
+
+def code(code: str, name: str = "") -> str:
+    """A finding code with its name (`KP001 scatter-race`), the code alone without."""
+    return f"{code} {name}" if name else code

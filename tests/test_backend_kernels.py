@@ -37,6 +37,7 @@ from kpool_cli.records import UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import CacheConfig
+from kpool_cli.verdict.context import UbatchContext
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))
@@ -296,6 +297,11 @@ BAD_PLANS = {
 }
 
 
+# a context whose race groups are not its plan's (a context is built by
+# UbatchContext.of, which groups its own plan's entries)
+GROUPS_OF_ANOTHER_PLAN = "race groups of another plan"
+
+
 class Doctored(ValueBackend):
     """Hands run_ubatch every spoiled version of each plan first (each must be refused,
     leaving the backend as it was), then the real one."""
@@ -304,19 +310,25 @@ class Doctored(ValueBackend):
         super().__init__(*args)
         self.refused: set[str] = set()
 
-    def run_ubatch(self, layout, change, plan, race, token_seqs, token_pos):
+    def run_ubatch(self, ctx, race):
+        plan, layout = ctx.plan, ctx.layout
         if plan.n_new_g:
             n = self.n_rows
-            for name, (spoil, says) in BAD_PLANS.items():
+            spoiled = {name: (UbatchContext.of(layout, ctx.change, spoil(plan, n, layout),
+                                               ctx.token_pos, ctx.token_seqs), says)
+                       for name, (spoil, says) in BAD_PLANS.items()}
+            spoiled[GROUPS_OF_ANOTHER_PLAN] = (
+                dataclasses.replace(ctx, rows=ctx.rows + 1),
+                r"the context's race groups are not those of the plan's entry_rep")
+            for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
-                    super().run_ubatch(layout, change, spoil(plan, n, layout), race,
-                                       token_seqs, token_pos)
+                    super().run_ubatch(bad, race)
                 assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
-        return super().run_ubatch(layout, change, plan, race, token_seqs, token_pos)
+        return super().run_ubatch(ctx, race)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -331,7 +343,7 @@ def test_a_spoiled_plan_is_refused_and_changes_nothing(path: Path, engine: str,
     got = list(Replayer(t, VERSIONS[engine], doctored).run())
     clean = ValueBackend(t.cache, t.seed, backend)
     want = list(Replayer(t, VERSIONS[engine], clean).run())
-    assert doctored.refused == set(BAD_PLANS)
+    assert doctored.refused == {*BAD_PLANS, GROUPS_OF_ANOTHER_PLAN}
 
     def messages(records: list) -> list:
         return [[(f.code, f.message) for f in r.findings] for r in records

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -348,3 +349,18 @@ def test_the_plain_view_lists_only_differing_ubatches():
     assert "prefill-decode): same behaviour" in text
     assert "pools re-pooled 17 -> 8 (0.47x)" in text
     assert diff_json(_result(RACE))["summary"]["verdict"] == "changed"
+
+
+def test_the_diff_words_ranges_pools_and_stale_positions_as_the_replay_does():
+    """shared-prefix-race: at op 1 cache-safe stales both slots from pos 0, rep-once only
+    the copy (seq 1); at op 6.0 cache-safe re-pools pools 0, 1, 2 of both slots, which
+    rep-once keeps. coupled-rep-conflict at op 3.0: cache-safe's two entries write row 5."""
+    buf = io.StringIO()
+    write_diff_plain(buf, _result(RACE, "traces/coupled-rep-conflict.yaml"))
+    text = buf.getvalue()
+    assert "stale seq 0 from pos 0, seq 1 from pos 0" in text
+    assert "stale seq 1 from pos 0" in text
+    assert "marks 8, only here: 0:0..3 1:0..3" in text
+    assert "op 6.0  ubatch 2  seq 0 pos 13..16; seq 1 pos 13..16" in text
+    assert "scatter 5 x2" in text
+    assert not re.search(r"\d-\d", text)  # no inclusive range anywhere

@@ -1,8 +1,10 @@
 """`kpool replay` as CI uses it: the JSON report (TRACE_FORMAT.md "Report"), exit
-codes, located errors for bad traces, atomic --output, plug-in engine versions."""
+codes, located errors for bad traces, atomic --output, plug-in engine versions, and
+the tally: every record counted once, by `tally.tallied`, whatever renders it."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -15,16 +17,38 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cli.cli import cli
-from kpool_cli.trace.schema import report_schema
+from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.records import UbatchRecord
+from kpool_cli.replay import replay
+from kpool_cli.report.json_report import write_report, write_reports
+from kpool_cli.report.plain import write_plain
+from kpool_cli.report.tally import Tally, exit_code, tallied
+from kpool_cli.trace.load import TraceError, load_trace, load_trace_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
+PREFILL = ROOT / "traces" / "prefill-decode.yaml"
+# valid YAML, invalid only at replay time: op 1 decodes into cell 3, which op 0 filled
+LATE_INVALID = textwrap.dedent("""\
+    kpool_trace: 1
+    cache: {kv_size: 8, kpool: 4}
+    ops:
+      - decode: {seq: 0, pos: 0, cell: 3}
+      - decode: {seq: 0, pos: 1, cell: 3}
+    """)
 
 
 def run(*args: str) -> tuple[int, str, str]:
     r = CliRunner().invoke(cli, list(args), catch_exceptions=False)
     return r.exit_code, r.stdout, r.stderr
+
+
+def report_schema() -> dict:
+    """The schema as `kpool schema report` publishes it."""
+    code, out, _ = run("schema", "report")
+    assert code == 0
+    return json.loads(out)
 
 
 @pytest.mark.parametrize("engine", ["cache-safe", "rep-once"])
@@ -58,11 +82,119 @@ def test_fail_on_never_and_warning():
 
 
 def test_several_traces_give_a_json_array():
-    code, out, _ = run("replay", str(RACE), str(ROOT / "traces" / "prefill-decode.yaml"),
-                       "--format", "json", "--engine", "cache-safe", "--backend", "none")
+    code, out, _ = run("replay", str(RACE), str(PREFILL), "--format", "json",
+                       "--engine", "cache-safe", "--backend", "none")
     reps = json.loads(out)
     assert [r["trace"]["name"] for r in reps] == ["shared-prefix-race", "prefill-decode"]
-    assert code == 1
+    assert code == 1  # the race trace's KP001; prefill-decode alone passes
+    assert out.startswith("[\n{\n") and out.endswith("\n}\n]\n") and "\n},\n{\n" in out
+    schema = report_schema()
+    for rep in reps:
+        jsonschema.validate(rep, schema)
+
+
+def test_a_json_array_of_several_reports_validates_against_the_schema():
+    """The array itself validates; an array whose second report lacks its summary,
+    or an array of one report (one trace gives the report alone), does not."""
+    _, out, _ = run("replay", str(RACE), str(PREFILL), "--format", "json",
+                    "--engine", "cache-safe", "--backend", "none")
+    v = jsonschema.Draft202012Validator(report_schema())
+    reps = json.loads(out)
+    v.validate(reps)
+    assert not v.is_valid([reps[0], {k: x for k, x in reps[1].items() if k != "summary"}])
+    assert not v.is_valid(reps[:1])
+
+
+def test_one_trace_gives_the_report_alone():
+    _, out, _ = run("replay", str(RACE), "--format", "json", "--backend", "none")
+    assert out.startswith("{\n") and out.endswith("\n}\n")
+    assert json.loads(out)["trace"]["name"] == "shared-prefix-race"
+
+
+def test_an_invalid_trace_ends_the_array_after_its_report(tmp_path):
+    """The trace found invalid mid-replay is the last report: its status says so, the
+    array closes, the trace after it is not replayed, and the command exits 2."""
+    bad = tmp_path / "late.yaml"
+    bad.write_text(LATE_INVALID)
+    code, out, err = run("replay", str(RACE), str(bad), str(PREFILL), "--format", "json",
+                         "--engine", "cache-safe", "--backend", "none")
+    assert code == 2 and "not empty" in err
+    reps = json.loads(out)
+    assert [r["summary"]["status"] for r in reps] == ["fail", "invalid"]
+    assert reps[1]["problems"] and len(reps[1]["ubatches"]) == 1  # op 0 ran, op 1 did not
+
+
+def test_write_reports_frames_what_each_run_writes():
+    for runs, framed in ((["a", "b", "c"], '[\n"a",\n"b",\n"c"\n]\n'), (["a"], '"a"\n')):
+        out = io.StringIO()
+        assert len(write_reports(out, runs, _writes_its_name(out))) == len(runs)
+        assert out.getvalue() == framed
+
+
+def _writes_its_name(out: io.StringIO):
+    def one(name: str) -> Tally:
+        out.write(f'"{name}"')
+        return Tally()
+    return one
+
+
+# -- the tally: fed once, by `tallied`; renderers only read it ---------------------------
+
+
+def test_tallied_counts_each_record_once_and_renderers_never_count():
+    """shared-prefix-race under cache-safe: 3 ubatches of 12, 2 and 6 tokens marking
+    3 + 6 + 8 pools, KP001 at ubatches 1 and 2, one expectation that holds."""
+    trace = load_trace(RACE)
+    for render in (write_report_to_nowhere, write_plain_to_nowhere):
+        tally = Tally()
+        render(trace, tallied(replay(trace, VERSIONS["cache-safe"]), tally), tally)
+        assert (tally.ubatches, tally.tokens, tally.pools_marked) == (3, 20, 17)
+        assert dict(tally.findings) == {"KP001": 2} and tally.expect_passed == 1
+        assert tally.exit_code == 1 and tally.status == "fail"
+
+
+def write_report_to_nowhere(trace, records, tally) -> None:
+    write_report(io.StringIO(), trace, "cache-safe", None, records, tally)
+
+
+def write_plain_to_nowhere(trace, records, tally) -> None:
+    write_plain(io.StringIO(), trace, "cache-safe", records, tally)
+
+
+def test_a_renderer_fed_without_tallied_counts_nothing():
+    trace = load_trace(RACE)
+    tally = Tally()
+    out = io.StringIO()
+    write_plain(out, trace, "cache-safe", replay(trace, VERSIONS["cache-safe"]), tally)
+    assert tally.ubatches == 0 and tally.exit_code == 0
+    assert out.getvalue().splitlines()[-1] == (
+        "  summary: 0 ubatches, 0 pools marked (0.0 per token), no findings: PASS")
+
+
+def test_tallied_records_an_invalid_trace_and_raises_it_on():
+    trace = load_trace_text(LATE_INVALID, "late.yaml")
+    tally = Tally()
+    seen = []
+    with pytest.raises(TraceError):
+        for rec in tallied(replay(trace, VERSIONS["rep-once"]), tally):
+            seen.append(rec)
+    assert [type(r) for r in seen] == [UbatchRecord] and tally.ubatches == 1
+    assert tally.problems and tally.status == "invalid" and tally.exit_code == 2
+    # the JSON report closes the document, saying why
+    out = io.StringIO()
+    tally = Tally()
+    write_report(out, trace, "rep-once", None,
+                 tallied(replay(trace, VERSIONS["rep-once"]), tally), tally)
+    doc = json.loads(out.getvalue())
+    assert doc["summary"]["status"] == "invalid" and "not empty" in doc["problems"][0]["message"]
+
+
+def test_the_exit_code_of_several_traces_is_the_highest():
+    passed, failed, invalid = Tally(), Tally(failing=1), Tally()
+    invalid.invalidate(["why"])
+    assert [t.exit_code for t in (passed, failed, invalid)] == [0, 1, 2]
+    assert exit_code([]) == 0 and exit_code([passed]) == 0
+    assert exit_code([passed, failed]) == 1 and exit_code([invalid, failed, passed]) == 2
 
 
 def test_malformed_trace_exits_2_with_file_line_column_and_field(tmp_path):

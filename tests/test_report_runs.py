@@ -15,8 +15,8 @@ from test_diff_inputs import RACE, diff, mutated, refused, save
 
 from kpool_cli.cli import cli
 from kpool_cli.records import Pools
+from kpool_cli.report.format import report_schema
 from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json, rows_json
-from kpool_cli.trace.schema import report_schema
 from kpool_cli.verdict.codes import Finding, PoolIds
 
 

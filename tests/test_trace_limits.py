@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kpool_cli.trace import load as load_mod
+from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
     MAX_NODE_VISITS,
     MAX_OPS,
@@ -52,16 +53,18 @@ def at(p: Problem, line: int, column: int, field: str, *words: str) -> None:
 
 
 @pytest.fixture
-def composers(monkeypatch: pytest.MonkeyPatch) -> list[load_mod._Composer]:
+def composers(monkeypatch: pytest.MonkeyPatch) -> list[yaml_safe.Composer]:
     """Every composer made by the loads of the test, to see how far each one got."""
-    made: list[load_mod._Composer] = []
-    init = load_mod._Composer.__init__
+    made: list[yaml_safe.Composer] = []
+    init = yaml_safe.Composer.__init__
 
-    def spy(self: load_mod._Composer, text: str, max_tokens: int) -> None:
-        init(self, text, max_tokens)
+    def spy(
+        self: yaml_safe.Composer, text: str, max_tokens: int, shape: yaml_safe.Shape,
+    ) -> None:
+        init(self, text, max_tokens, shape)
         made.append(self)
 
-    monkeypatch.setattr(load_mod._Composer, "__init__", spy)
+    monkeypatch.setattr(yaml_safe.Composer, "__init__", spy)
     return made
 
 
@@ -91,7 +94,7 @@ def test_a_long_ops_list_stops_at_the_op_bound(composers: list) -> None:
 
 
 def test_a_block_list_of_ops_stops_at_the_op_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(load_mod, "MAX_OPS", 100)
+    monkeypatch.setattr(yaml_safe, "MAX_OPS", 100)
     p = only(HEAD + "  - clear: {}\n" * 150)
     at(p, 104, 5, "ops[100]", "more than 100 ops in the trace")
 
@@ -132,7 +135,7 @@ def test_the_token_bound_stops_a_list_while_composing(composers: list) -> None:
 
 
 def test_other_lists_and_mappings_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(load_mod, "MAX_ITEMS", 100)
+    monkeypatch.setattr(yaml_safe, "MAX_ITEMS", 100)
     p = only(HEAD + "  - clear:\njunk: [" + "0, " * 200 + "0]\n")
     at(p, 5, 8 + 3 * 100, "junk[100]", "a list of more than 100 items")
     keys = "".join(f"k{i}: 0, " for i in range(150))
@@ -144,7 +147,7 @@ def test_other_lists_and_mappings_are_bounded_too(monkeypatch: pytest.MonkeyPatc
 def test_the_node_bound_names_the_node_and_blames_no_alias(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(load_mod, "MAX_NODE_VISITS", 1000)
+    monkeypatch.setattr(yaml_safe, "MAX_NODE_VISITS", 1000)
     text = HEAD + "  - decode: {tokens: [{pos: 0, seq: 0}]}\n" * 200
     p = only(text)
     assert p.field.startswith("ops[") and p.line > 4, str(p)

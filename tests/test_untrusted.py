@@ -23,7 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kpool_cli.trace.schema import report_schema
+from kpool_cli.report.format import report_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"

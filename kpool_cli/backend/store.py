@@ -78,10 +78,11 @@ import numpy as np
 
 from ..cache.kv import Reach
 from ..engine.layout import Layout, LayoutChange
-from ..engine.scatter import ScatterPlan
 from ..trace.model import CacheConfig, Trace
 from ..verdict import values
 from ..verdict.codes import Finding
+from ..verdict.context import UbatchContext
+from ..verdict.rules import kp001_scatter_race, kp003_stale_read
 from .held import signals_held
 from .keys import seed_state
 
@@ -171,6 +172,23 @@ def _index(a, lo: int | None, hi: int, shape: tuple[int | None, ...] | None,
     elif int(a.min()) >= lo and int(a.max()) < hi and (not distinct or _distinct(a)):
         return a
     raise _index_error(a, lo, hi, where, name, unit)
+
+
+def _groups_of(rep: np.ndarray, order: np.ndarray, starts: np.ndarray, rows: np.ndarray
+               ) -> bool:
+    """(order, starts, rows) are race groups of `rep` (checked rows): `rows` ascending,
+    group g = `order[starts[g]:starts[g + 1]]`, non-empty, every entry of it writing
+    `rows[g]`. Then the rows the scatter takes from the groups are rows of `rep`,
+    each once. A check, not the grouping: O(n), no sort."""
+    n = rep.size
+    if order.shape != (n,) or starts.shape != (rows.size + 1,) or rows.ndim != 1:
+        return False
+    if n == 0:
+        return True
+    sizes = np.diff(starts)
+    return bool(starts[0] == 0 and starts[-1] == n and np.all(sizes > 0)
+                and np.all(rows[1:] > rows[:-1])
+                and np.array_equal(rep[order], np.repeat(rows, sizes)))
 
 
 def _shape_error(got: tuple[int, ...], shape: tuple[int | None, ...] | None, where: str,
@@ -650,16 +668,15 @@ class ValueBackend:
         self.alt.clear()
         self._all_dirty = True
 
-    def run_ubatch(self, layout: Layout, change: LayoutChange, plan: ScatterPlan,
-                   race: list[Finding], token_seqs: tuple[tuple[int, ...], ...],
-                   token_pos: np.ndarray) -> list[Finding]:
-        """Pool the new entries, scatter them, verify what changed (`change`: the
-        layout update's), judge the readers. Returns `race` (the static KP001 of the
-        plan, if any) with value evidence, and KP003 when a token reads a bad pool."""
-        vals = self._scatter(layout, plan)
-        findings = [values.race_with_values(f, layout, plan, vals) for f in race]
-        self._verify(layout, change)
-        f = values.stale_reads(layout, plan, token_seqs, token_pos, self.bad, self.holds)
+    def run_ubatch(self, ctx: UbatchContext, race: list[Finding]) -> list[Finding]:
+        """Pool the new entries of the ubatch of `ctx` (which has a plan), scatter them,
+        verify what changed (`ctx.change`: the layout update's), judge the readers.
+        Returns `race` (the static KP001 of the plan, if any) with value evidence, and
+        KP003 when a token reads a bad pool."""
+        equal = self._scatter(ctx)
+        findings = [kp001_scatter_race.with_values(f, ctx, equal) for f in race]
+        self._verify(ctx.layout, ctx.change)
+        f = kp003_stale_read.check(ctx, self.bad, self.holds)
         if f is not None:
             findings.append(f)
         self.n_ubatch += 1
@@ -667,21 +684,28 @@ class ValueBackend:
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 
-    def _scatter(self, layout: Layout, plan: ScatterPlan) -> np.ndarray:
-        """Pool every entry, store the last entry's value per row (set_rows run
-        sequentially), remember the racing writers. Returns [n_new_g, n_embd]."""
+    def _scatter(self, ctx: UbatchContext) -> np.ndarray:
+        """Pool every entry of `ctx.plan`, store the last entry's value per row (set_rows
+        run sequentially; rows and their entries are the context's race groups),
+        remember the racing writers. Returns [n_groups] bool: the entries of each race
+        group write equal values (`values.groups_equal`)."""
+        layout, plan = ctx.layout, ctx.plan
+        assert plan is not None  # the replay runs a backend on a plan only
         rep = self._rows(plan.entry_rep, ANY, False, "run_ubatch", "the plan's entry_rep")
         n = rep.size
         entry_rows = self._rows(plan.entry_rows, (n, self.kpool), False, "run_ubatch",
                                 "the plan's entry_rows")
         _index(plan.entry_pool, -1, layout.n_pool_real, rep.shape, False, "run_ubatch",
                "the plan's entry_pool", "pool")
+        if not _groups_of(rep, ctx.order, ctx.starts, ctx.rows):
+            raise PlanError("run_ubatch: the context's race groups are not those of the "
+                            "plan's entry_rep", "run_ubatch", "the context's race groups")
         self._next_gen()
         members = self._slots(entry_rows)
         vals = self._pool_or_keep(members, self._slots(rep))
         if n == 0:
-            return vals
-        order, starts, rows = values.race_groups(rep)
+            return np.ones(0, dtype=bool)
+        order, starts, rows = ctx.order, ctx.starts, ctx.rows
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = self._own(rows, zero_new=True)
@@ -700,16 +724,17 @@ class ValueBackend:
             seq, k = layout.locate(pools[real])
             self._set_writer(s[real], POOLED, seq, k)
         self._drop_alt(rows)
+        equal = np.ones(rows.size, dtype=bool)
         if rows.size < n:  # some row has several writers
-            unequal = np.flatnonzero(~values.groups_equal(vals.view(np.uint32), entry_rows,
-                                                          order, starts))
+            equal = values.groups_equal(vals.view(np.uint32), entry_rows, order, starts)
+            unequal = np.flatnonzero(~equal)
             if unequal.size:
                 writers = values.writers_of(layout, plan.entry_pool)
                 for g in unequal.tolist():
                     self.alt[int(rows[g])] = writers[order[starts[g]:starts[g + 1]]].copy()
                 changed[unequal] = True
         self._touch(rows[changed], False, True)
-        return vals
+        return equal
 
     def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """The pooled value of each entry (member slots `members`, rep slots `reps`):
@@ -822,8 +847,9 @@ class ValueBackend:
         if row in self.alt:
             writers = [(int(w[0]), int(w[1])) for w in self.alt[row].tolist()]
             other = next((w for w in writers if w != (s, k)), writers[0])
-            who = "a padding entry" if other == values.PAD_WRITER else f"pool {values._who(other)}"
-            names = ", ".join(values._who(w) for w in writers)
+            who = ("a padding entry" if other == values.PAD_WRITER
+                   else f"pool {values.writer(other)}")
+            names = ", ".join(values.writer(w) for w in writers)
             return (f"{who}'s value when that entry wins the race of ubatch {when} "
                     f"(entries of {names}: no defined winner)")
         if kind == POOLED:

@@ -41,9 +41,10 @@ make both reports with the same `--backend` (numba or numpy).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..verdict.codes import VALUE_CODES
+from ..verdict.codes import CODES, VALUE_CODES
 from .summary import (
     ENGINE_ABORT,
     EventSummary,
@@ -376,6 +377,18 @@ def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
 def code_matches(code: str, selectors: tuple[str, ...]) -> bool:
     """A code matches a selector that is the code itself or a prefix (`KP`, `KP00`)."""
     return any(code.startswith(s) for s in selectors)
+
+
+def ignore_selectors(values: Iterable[str]) -> tuple[str, ...]:
+    """`--ignore` as given (repeatable, comma-separated, any case) as the selectors of
+    `code_matches`. Raises ValueError for a selector that matches no finding code."""
+    selectors = tuple(s.strip().upper() for item in values for s in item.split(",")
+                      if s.strip())
+    for s in selectors:
+        if not any(code_matches(c, (s,)) for c in CODES):
+            raise ValueError(f"--ignore {s}: no finding code starts with it "
+                             f"(codes: {', '.join(CODES)})")
+    return selectors
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,12 @@ or a line and column for what is not JSON at all; `kpool diff` exits 2 with it.
   (`index`, `op`, `batch_ubatch`, `tokens[].pos/seq`, `stale_batch`, `n_pool_real`,
   `n_new`, `n_new_g`, `pools[].seq/k/new`, `scatter[].rep/cells/pad` (or the run
   forms: `pools[].k` as `[k0, k1]`, `scatter[].n` with `cells` as `[c0, d, e]`),
-  `cost`,
-  `findings[].code/rows/row_runs`), `events` (`op`, `kind`, `status`, `stale`, and `message`
-  and `findings` when present). The format is open: fields the diff does not read,
-  known or added by a later version, are neither read nor checked.
+  `cost`, `findings[].code/rows/row_runs`), `events` (`op`, `kind`, `status`,
+  `stale`, and `message` and `findings` when present). The config's fields, their
+  bounds and which may be absent, and the cost counters required, are those
+  `report.format` declares (`CONFIG`, `COST_KEYS`). The format is open: fields the
+  diff does not read, known or added by a later version, are neither read nor
+  checked.
 - Another kpool version: a `kpool_report` other than 1, a finding code this kpool
   does not know (a newer kpool may add KP008), or a value backend it does not know
   is refused, naming the value and the kpool version that wrote the report: its
@@ -47,6 +49,7 @@ for a report, anything else (or an unreadable file) is a trace.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -55,7 +58,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..trace.model import OP_STATUSES
+from ..report.format import CONFIG, COST_KEYS, REPORT_VERSION
+from ..trace.format import CACHE, OP_STATUSES
 from ..verdict.codes import CODES
 from ..wording import visible
 from .summary import EventSummary, FindingKey, RunSummary, UbatchSummary
@@ -65,12 +69,6 @@ SNIFF_BYTES = 64 * 1024  # blank bytes looked through for the first non-blank on
 DEPTH_SHOWN = 100  # a report nests 6 levels; parser-deep nesting is shown from here
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 VALUE_BACKENDS = ("numba", "numpy")  # `backend` of a report: null (or "none") or these
-CONFIG_KEYS: tuple[tuple[str, str], ...] = (  # in CacheConfig.as_dict order
-    ("kv_size", "positive"), ("kpool", "positive"), ("n_seq_max", "positive"),
-    ("unified", "bool"), ("by_order", "bool"), ("n_ubatch", "positive"),
-    ("n_embd", "positive"), ("n_rs_seq", "optional"))
-COST_KEYS = ("cells_scanned", "pools_marked", "rows_gathered", "scatter_entries",
-             "gen_zeroed", "reps_sorted")
 
 _CODE = re.compile(r"KP[0-9]{3}", re.ASCII)
 _SEQ_ID = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)
@@ -128,6 +126,7 @@ class _Dup(dict):
     """An object that had a key twice (the last value kept, as json does)."""
 
     __slots__ = ("duplicate",)
+    duplicate: str  # the first key seen twice
 
 
 class _Parser:
@@ -581,15 +580,20 @@ def _sha256(v: object) -> str:
 
 
 def _config(v: object) -> tuple[tuple[str, object], ...]:
-    """The v1 cache config, in CacheConfig.as_dict order; keys added later are ignored."""
+    """The v1 cache config (`report.format.CONFIG`), in its order; a field added after
+    v1's first release may be absent (its default then: the trace's); keys added
+    later are ignored."""
     d = _obj(v)
     out: list[tuple[str, object]] = []
-    for key, kind in CONFIG_KEYS:
-        if kind == "optional":  # added after v1's first release: absent means 0
-            out.append((key, _field(d, key, lambda x: _int(x, 0)) if key in d else 0))
-            continue
-        conv = _bool if kind == "bool" else (lambda x: _int(x, 1))
-        out.append((key, _field(d, key, conv)))
+    for f in CONFIG.fields:
+        if f.schema.get("type") == "boolean":
+            conv: Callable[[Any], Any] = _bool
+        else:
+            conv = functools.partial(_int, lo=f.schema["minimum"])
+        if not f.required and f.name not in d:
+            out.append((f.name, CACHE[f.name].default))
+        else:
+            out.append((f.name, _field(d, f.name, conv)))
     return tuple(out)
 
 
@@ -623,13 +627,13 @@ def from_report(doc: object, file: str, root: str = "report") -> RunSummary:
                 f"{file}: {root}: a trace, not a report: a trace in JSON syntax must be "
                 "named .yaml or .yml, or be given with other traces")
         raise ReportError(f"{file}: {root}: not a kpool report (no \"kpool_report\": 1)")
-    if type(version) is not int or version != 1:
+    if type(version) is not int or version != REPORT_VERSION:
         writer = ""
         tool = doc.get("tool")
         if isinstance(tool, dict) and isinstance(tool.get("version"), str):
             writer = f", written by kpool {_clip(visible(tool['version']))}"
         raise ReportError(f"{file}: {root}.kpool_report: report format {_show(version)}"
-                          f"{writer}: this kpool ({__version__}) reads format 1")
+                          f"{writer}: this kpool ({__version__}) reads format {REPORT_VERSION}")
     reader = _Reader()
     try:
         return reader.run(doc)

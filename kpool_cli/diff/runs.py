@@ -89,7 +89,7 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
     # before 3.14 the executor has no public way to end its workers; its process
     # table is the documented-by-source way the 3.14 method itself uses
     procs = list(getattr(pool, "_processes", None) or {})
-    workers = [pool._processes[pid] for pid in procs]  # type: ignore[attr-defined]
+    workers = [pool._processes[pid] for pid in procs]
     pool.shutdown(wait=False, cancel_futures=True)
     for w in workers:
         w.terminate()

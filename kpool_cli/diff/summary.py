@@ -26,13 +26,14 @@ from dataclasses import dataclass, replace
 from .. import __version__
 from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
 from ..verdict.codes import Finding
+from ..verdict.rules import kp005_engine_abort
 
 # a finding as the diff sees it: (code, global rows)
 FindingKey = tuple[str, tuple[int, ...]]
 # a scatter entry: (rep row it writes, member rows it pools, padding?)
 ScatterEntry = tuple[int, tuple[int, ...], bool]
 
-ENGINE_ABORT = "KP005"
+ENGINE_ABORT = kp005_engine_abort.CODE.code
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,10 +4,12 @@ the differing ubatches and events of each trace (base | head), where the runs
 part, and a summary (findings fixed and introduced, pools re-pooled and cells
 scanned base vs head, the other cost counters, the verdict).
 
-Owns: `diff_json`, `write_diff_json`, `write_diff_plain`, `write_diff_rich`. Reads
-only `kpool_cli.diff.compare` results; never runs anything. Rich consoles come
-from `terminal.make_console` (markup off): styles are attached to `Text` spans,
-so trace text can never be read as markup.
+Owns: `write_diff` (which view, for the format and the output), `diff_json`,
+`write_diff_json`, `write_diff_plain`, `write_diff_rich`. Reads only
+`kpool_cli.diff.compare` results; never runs anything. Rich consoles come from
+`terminal.make_console` (markup off): styles are attached to `Text` spans, so
+trace text can never be read as markup. Rows, pools, tokens, stale positions and
+codes are worded by `kpool_cli.wording`, as in the replay's views.
 
 Text from the inputs (trace paths and names, engine names, event kinds and
 messages: a saved report may hold anything) goes through `wording.visible` in the
@@ -20,7 +22,6 @@ backend) are said in every view, per trace and in the summary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import TextIO
 
 from rich.console import Console, Group
@@ -29,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
+from .. import wording as words
 from ..diff.compare import (
     BASE,
     HEAD,
@@ -40,12 +42,14 @@ from ..diff.compare import (
     Totals,
     TraceDiff,
     UbatchDiff,
+    code_matches,
     ratio,
 )
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
 from ..wording import visible
-from .plain import tokens_text
+from .format import COST_KEYS
+from .terminal import Manners, make_console
 
 # a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count
@@ -55,37 +59,9 @@ Line = list[Span]
 
 GAINED, LOST, PART, DIM, BOLD = "bold red", "green", "bold yellow", "dim", "bold"
 MAX_TABLE_WIDTH = 150  # wider terminals leave the side-by-side columns this wide
-COST_COUNTERS = ("cells_scanned", "pools_marked", "rows_gathered", "scatter_entries",
-                 "gen_zeroed", "reps_sorted")
 
 
-# --- shared wording -------------------------------------------------------------------
-
-
-def _rows(rows: Iterable[int]) -> str:
-    """Rows in order, runs of 3+ consecutive rows as `a-b`: `3 7 11`, `0-2 4-6`."""
-    rows = list(rows)
-    out: list[str] = []
-    i = 0
-    while i < len(rows):
-        j = i
-        while j + 1 < len(rows) and rows[j + 1] == rows[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{rows[i]}-{rows[j]}")
-            i = j + 1
-        else:
-            out.append(str(rows[i]))
-            i += 1
-    return " ".join(out)
-
-
-def _pools(pools: Iterable[tuple[int, int]]) -> str:
-    return " ".join(f"{s}:{k}" for s, k in pools) or "-"
-
-
-def _stale(pairs: Iterable[tuple[int, int]]) -> str:
-    return " ".join(f"{s}@{p}" for s, p in pairs) or "-"
+# --- lines the text views share ------------------------------------------------------
 
 
 def _ratio_text(base: int, head: int) -> str:
@@ -99,7 +75,7 @@ def _finding_lines(findings, gained: Counter_t, lost: Counter_t, side: str) -> l
     extra = dict(gained if side == HEAD else lost)
     for code, rows in findings:
         name = CODES[code].name if code in CODES else ""
-        text = f"{code} {name}" + (f" rows {_rows(rows)}" if rows else "")
+        text = words.code(code, name) + (f" rows {words.folded(rows)}" if rows else "")
         if extra.get(code, 0) > 0:
             extra[code] -= 1
             out.append([("NEW: ", GAINED), (text, GAINED)] if side == HEAD
@@ -107,7 +83,6 @@ def _finding_lines(findings, gained: Counter_t, lost: Counter_t, side: str) -> l
         else:
             out.append([(text, "")])
     return out
-
 
 
 def _count(codes: tuple[str, ...]) -> Counter_t:
@@ -120,9 +95,9 @@ def _count(codes: tuple[str, ...]) -> Counter_t:
 def _scatter_line(u: UbatchSummary) -> Line:
     reps = [rep for rep, _, pad in u.scatter if not pad]
     pads = [rep for rep, _, pad in u.scatter if pad]
-    text = "scatter" + (f" {_rows(reps)}" if reps else "")
+    text = "scatter" + (f" {words.folded(reps)}" if reps else "")
     if pads:
-        text += f"{',' if reps else ''} +{len(pads)} pad: {_rows(sorted(pads))}"
+        text += f"{',' if reps else ''} +{len(pads)} pad: {words.folded(sorted(pads))}"
     seen: set[int] = set()
     race = any(r in seen or seen.add(r) for r in reps)  # type: ignore[func-returns-value]
     return [(text, GAINED if race else "")]
@@ -134,16 +109,16 @@ def ubatch_lines(u: UbatchSummary, d: UbatchDiff, side: str) -> list[Line]:
                            BOLD if {"n_new", "n_new_g", "n_pool_real"} & set(d.fields) else "")]]
     marks: Line = [(f"marks {len(u.marked)}", "")]
     if only:
-        marks.append((f", only here: {_pools(only)}", BOLD))
+        marks.append((f", only here: {words.pools(only)}", BOLD))
     elif u.marked:
         marks.append((", none only here", DIM))
     lines.append(marks)
     if "stale" in d.fields:
-        lines.append([(f"stale {_stale(u.stale_batch)}", "")])
+        lines.append([(f"stale {words.stale(u.stale_batch)}", "")])
     if "scatter" in d.fields:
         lines.append(_scatter_line(u))
     if "tokens" in d.fields:
-        lines.append([(f"tokens {tokens_text(u.tokens)}", "")])
+        lines.append([(f"tokens {words.tokens(u.tokens)}", "")])
     lines += _finding_lines(u.findings, _count(d.gained), _count(d.lost), side)
     lines += _cost_lines(d.base.cost, d.head.cost, u.cost)
     return lines
@@ -156,7 +131,7 @@ _SHOWN = ("pools_marked", "scatter_entries")
 def _cost_lines(base_cost, head_cost, mine) -> list[Line]:
     """The cost counters that differ between the two sides, one per line."""
     b, h, m = dict(base_cost), dict(head_cost), dict(mine)
-    return [[(f"{k} {m.get(k, 0)}", DIM)] for k in COST_COUNTERS
+    return [[(f"{k} {m.get(k, 0)}", DIM)] for k in COST_KEYS
             if k not in _SHOWN and b.get(k, 0) != h.get(k, 0)]
 
 
@@ -165,7 +140,7 @@ def event_lines(e: EventSummary, gained: Counter_t, lost: Counter_t, side: str) 
     if e.message and e.status != "applied":
         lines.append([(visible(e.message), "")])
     if e.stale or e.status == "applied":
-        lines.append([(f"stale {_stale(e.stale)}", "")])
+        lines.append([(f"stale {words.stale(e.stale)}", "")])
     lines += _finding_lines(e.findings, gained, lost, side)
     return lines
 
@@ -192,7 +167,7 @@ def opside_lines(s: OpSide | None, other: OpSide | None, side: str) -> list[Line
     for u in s.ubatches:
         lines.append([(f"ubatch {u.index} (op {u.op}.{u.batch_ubatch}) n_new "
                        f"{u.n_new}/{u.n_new_g} of {u.n_pool_real}", "")])
-        lines.append([(f"marks {_pools(u.marked)}", "")])
+        lines.append([(f"marks {words.pools(u.marked)}", "")])
         lines += _finding_lines(u.findings, gained, lost, side)
     return lines
 
@@ -201,7 +176,7 @@ def where_lines(entry: UbatchDiff | EventDiff | Parting) -> list[Line]:
     if isinstance(entry, UbatchDiff):
         idx = (f"ubatch {entry.base.index}" if entry.base.index == entry.head.index
                else f"ubatch {entry.base.index}|{entry.head.index}")
-        return [[(entry.where, BOLD)], [(idx, DIM)], [(tokens_text(entry.base.tokens), "")]]
+        return [[(entry.where, BOLD)], [(idx, DIM)], [(words.tokens(entry.base.tokens), "")]]
     if isinstance(entry, EventDiff):
         return [[(f"{entry.where} {visible(entry.kind)}", BOLD)]]
     return [[(f"op {entry.op} {visible(entry.kind)}", PART)], [("the runs part here", PART)]]
@@ -273,7 +248,7 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     if t.fixed:
         lines.append([(f"fixed {_changes_text(t.fixed, where)}", LOST)])
     if t.introduced:
-        ignored = all(_ignored(c.code, ignore) for c in t.introduced)
+        ignored = all(code_matches(c.code, ignore) for c in t.introduced)
         lines.append([(f"introduced {_changes_text(t.introduced, where)}",
                        PART if ignored else GAINED)]
                      + ([(" (ignored)", PART)] if ignored else []))
@@ -371,7 +346,7 @@ def _totals_json(t: Totals) -> dict:
 def _compare_json(b: Totals, h: Totals) -> dict:
     out = {"pools_repooled": {"base": b.pools_repooled, "head": h.pools_repooled,
                               "ratio": ratio(b.pools_repooled, h.pools_repooled)}}
-    for k in COST_COUNTERS:
+    for k in COST_KEYS:
         out[k] = {"base": b.counter(k), "head": h.counter(k),
                   "ratio": ratio(b.counter(k), h.counter(k))}
     return out
@@ -404,7 +379,7 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
         "head": {"engine": t.head_engine, "backend": t.head_backend},
         "not_compared": list(t.not_compared),
         "changed": t.changed,
-        "regression": any(not _ignored(c.code, ignore) for c in t.introduced),
+        "regression": any(not code_matches(c.code, ignore) for c in t.introduced),
         "aligned_ubatches": t.aligned_ubatches,
         "cost_only_ubatches": t.cost_only,
         "differences": entries,
@@ -417,10 +392,6 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
         "totals": {"base": _totals_json(t.base), "head": _totals_json(t.head),
                    "compare": _compare_json(t.base, t.head)},
     }
-
-
-def _ignored(code: str, ignore: tuple[str, ...]) -> bool:
-    return any(code.startswith(s) for s in ignore)
 
 
 def diff_json(r: DiffResult) -> dict:
@@ -452,6 +423,19 @@ def write_diff_json(out: TextIO, r: DiffResult) -> None:
     out.write(json.dumps(diff_json(r), indent=2) + "\n")
 
 
+def write_diff(out: TextIO, r: DiffResult, fmt: str) -> None:
+    """`r` as `fmt`: json, or text: the rich view on a terminal (or with colour forced),
+    else the plain one."""
+    if fmt == "json":
+        write_diff_json(out, r)
+        return
+    manners = Manners.detect(out)
+    if manners.is_terminal or manners.color:
+        write_diff_rich(make_console(out, manners), r)
+    else:
+        write_diff_plain(out, r)
+
+
 # --- plain text ------------------------------------------------------------------------
 
 
@@ -472,9 +456,9 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
             places.append(t.parting)
         for entry in places:
             out.write("  " + "  ".join(_plain(x) for x in where_lines(entry)) + "\n")
-            b, h = entry_sides(entry)
-            for label, lines in ((f"base {visible(t.base_engine)}", b),
-                                 (f"head {visible(t.head_engine)}", h)):
+            base_lines, head_lines = entry_sides(entry)
+            for label, lines in ((f"base {visible(t.base_engine)}", base_lines),
+                                 (f"head {visible(t.head_engine)}", head_lines)):
                 for k, line in enumerate(lines):
                     out.write(f"    {label if k == 0 else '':<16} {_plain(line)}\n")
         if t.parting is not None:
@@ -486,7 +470,7 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
                   + "; " + ", ".join(_totals_lines(t.base, t.head)) + "\n")
     b, h = r.totals(BASE), r.totals(HEAD)
     out.write("  all traces: " + ", ".join(_totals_lines(b, h)) + "\n")
-    other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_COUNTERS
+    other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
              if k not in ("cells_scanned", "pools_marked")]
     out.write("  host work: " + ", ".join(other) + "\n")
     fixed, intro = r.changes("fixed"), r.changes("introduced")
@@ -530,8 +514,8 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
         if t.parting is not None:
             places.append(t.parting)
         for entry in places:
-            b, h = entry_sides(entry)
-            table.add_row(_text(where_lines(entry)), _text(b), _text(h))
+            base_lines, head_lines = entry_sides(entry)
+            table.add_row(_text(where_lines(entry)), _text(base_lines), _text(head_lines))
         console.print(table)
         if t.parting is not None:
             console.print(Text(parting_note(t), style=PART))
@@ -557,7 +541,7 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
                   Text(_ratio_text(b.counter("cells_scanned"), h.counter("cells_scanned")),
                        style=BOLD))
     console.print(table)
-    other = ", ".join(f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_COUNTERS
+    other = ", ".join(f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
                       if k not in ("cells_scanned", "pools_marked"))
     fixed, intro = r.changes("fixed"), r.changes("introduced")
     console.print(Group(

@@ -1,17 +1,18 @@
 """The JSON report of TRACE_FORMAT.md ("Report"), written as the replay streams.
 
-Owns: the mapping from records to report fields (field names are a public
-contract: add, never rename), the run form that keeps a ubatch's listing short
-(pools, scatter entries, finding pools and rows; docs/FORMATS.md, "Runs"; the diff's
-reader expands it), and `write_report`, which streams ubatches as they come and
-holds only events and expectations (a few per op) until the end.
+Owns: the mapping from records to report fields (their names and order are
+declared in `report.format`: a public contract, add, never rename), the run form
+that keeps a ubatch's listing short (pools, scatter entries, finding pools and
+rows; docs/FORMATS.md, "Runs"; the diff's reader expands it), and `write_report`,
+which streams ubatches as they come and holds only events and expectations (a few
+per op) until the end.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from typing import TextIO
+from collections.abc import Callable, Iterable, Sequence
+from typing import TextIO, TypeVar
 
 import numpy as np
 
@@ -20,6 +21,25 @@ from ..records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..trace.load import TraceError
 from ..trace.model import Trace
 from ..verdict.codes import Finding, PoolIds
+from .format import (
+    CONFIG,
+    COST,
+    EVENT,
+    EXPECTATION,
+    FINDING,
+    FINDING_TOKEN,
+    POOL,
+    POOL_RUN,
+    PROBLEM,
+    REPORT,
+    REPORT_VERSION,
+    SCATTER,
+    SCATTER_RUN,
+    TOKEN,
+    TOOL,
+    TRACE,
+    UBATCH,
+)
 from .tally import Tally
 
 
@@ -27,17 +47,17 @@ def finding_json(f: Finding) -> dict:
     """A finding. Its pools [seq, k] are written as [seq, k0, k1] where k0..k1-1 of one
     sequence follow each other, and its rows partly as `row_runs` (rows_json)."""
     rows, row_runs = rows_json(f.rows)
-    out: dict = {"code": f.code, "name": f.name, "severity": f.severity,
-                 "message": f.message, "rows": rows, "seqs": list(f.seqs)}
+    more: dict = {}
     if row_runs:
-        out["row_runs"] = row_runs
+        more["row_runs"] = row_runs
     if f.tokens:
-        out["tokens"] = [{"pos": p, "seq": s} for p, s in f.tokens]
+        more["tokens"] = [FINDING_TOKEN.make(pos=p, seq=s) for p, s in f.tokens]
     if f.pools:
-        out["pools"] = pool_ids_json(f.pools)
+        more["pools"] = pool_ids_json(f.pools)
     if f.evidence:
-        out["evidence"] = f.evidence
-    return out
+        more["evidence"] = f.evidence
+    return FINDING.make(code=f.code, name=f.name, severity=f.severity, message=f.message,
+                        rows=rows, seqs=list(f.seqs), **more)
 
 
 ROW_RUN_MIN = 8  # rows evenly spaced, at least this many, are written as a run
@@ -79,13 +99,13 @@ def pool_ids_json(pools: PoolIds) -> list[list[int]]:
 
 
 def event_json(e: OpEvent) -> dict:
-    out = {"op": e.op, "kind": e.kind, "status": e.status,
-           "stale": {str(s): p for s, p in e.stale.items()}}
+    more: dict = {}
     if e.message:
-        out["message"] = e.message
+        more["message"] = e.message
     if e.findings:
-        out["findings"] = [finding_json(f) for f in e.findings]
-    return out
+        more["findings"] = [finding_json(f) for f in e.findings]
+    return EVENT.make(op=e.op, kind=e.kind, status=e.status,
+                      stale={str(s): p for s, p in e.stale.items()}, **more)
 
 
 def runs(rows: np.ndarray, link: np.ndarray) -> list[tuple[int, int]]:
@@ -111,8 +131,10 @@ def _arithmetic(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ok, d
 
 
-def _run_cells(rows: np.ndarray, d: np.ndarray, a: int, b: int) -> list[int]:
-    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d."""
+def _run_cells(rows: np.ndarray, d: np.ndarray | None, a: int, b: int) -> list[int]:
+    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d (a run is
+    found only where the steps `d` were worked out)."""
+    assert d is not None
     return [int(rows[a, 0]), int(d[a]), int(rows[a + 1, 0] - rows[a, 0])]
 
 
@@ -139,15 +161,16 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
         p.seq[idx].tolist(), p.k[idx].tolist(), p.first_pos[idx].tolist(),
         p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
         p.new[idx].tolist(), strict=True), strict=True))
-    keys = ("seq", "k", "first_pos", "last_pos", "cells", "rep", "new")
+    keys = POOL.names
     out: list[dict] = []
     at = 0
     for a, b in [*spans, (n, n)]:
         out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
         if a < n:
-            out.append({"seq": int(p.seq[a]), "k": [int(p.k[a]), int(p.k[b - 1]) + 1],
-                        "first_pos": int(p.first_pos[a]),
-                        "cells": _run_cells(p.cells, d, a, b), "new": bool(p.new[a])})
+            out.append(POOL_RUN.make(
+                seq=int(p.seq[a]), k=[int(p.k[a]), int(p.k[b - 1]) + 1],
+                first_pos=int(p.first_pos[a]), cells=_run_cells(p.cells, d, a, b),
+                new=bool(p.new[a])))
         at = b
     return out
 
@@ -166,14 +189,14 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
     spans = runs(rows, link) if n else []
 
     def singles(lo: int, hi: int) -> list[dict]:
-        return [{"rep": r, "cells": c, "pad": p} for r, c, p in zip(
+        return [dict(zip(SCATTER.names, entry, strict=True)) for entry in zip(
             rep[lo:hi].tolist(), rows[lo:hi].tolist(), pad[lo:hi].tolist(), strict=True)]
 
     out: list[dict] = []
     at = 0
     for a, b in spans:
         out += singles(at, a)
-        out.append({"n": b - a, "cells": _run_cells(rows, d, a, b), "pad": False})
+        out.append(SCATTER_RUN.make(n=b - a, cells=_run_cells(rows, d, a, b), pad=False))
         at = b
     return out + singles(at, n)
 
@@ -183,42 +206,43 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
     written as runs (pools_json, scatter_json); without it, one object each (what
     `--pools all` asks for: the full listing)."""
     kpool = int(r.scatter_rows.shape[1]) if run_form else 0
+    pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
     tokens = []
     for k, (p, ss, row) in enumerate(zip(r.token_pos.tolist(), r.token_seqs,
                                          r.token_rows.tolist(), strict=True)):
-        t = {"pos": p, "seq": list(ss), "cell": row}
+        t = {pos_: p, seq_: list(ss), cell_: row}
         if r.token_ext is not None:
-            t["ext"] = r.token_ext[k].tolist()
+            t[ext_] = r.token_ext[k].tolist()
         tokens.append(t)
-    return {
-        "index": r.index, "op": r.op, "batch_ubatch": r.batch_ubatch,
-        "tokens": tokens,
-        "stale_batch": {str(s): p for s, p in r.stale_batch.items()},
-        "n_pool_real": r.n_pool_real, "n_new": r.n_new, "n_new_g": r.n_new_g,
-        "pools": pools_json(r.pools, kpool),
-        "scatter": scatter_json(r, kpool),
-        "cost": dict(r.cost),
-        "findings": [finding_json(f) for f in r.findings],
-    }
+    return UBATCH.make(
+        index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
+        stale_batch={str(s): p for s, p in r.stale_batch.items()},
+        n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
+        pools=pools_json(r.pools, kpool), scatter=scatter_json(r, kpool),
+        cost=COST.make(**r.cost), findings=[finding_json(f) for f in r.findings],
+    )
 
 
 def report_header(trace: Trace, engine: str, backend: str | None) -> dict:
-    return {
-        "kpool_report": 1,
-        "tool": {"name": "kpool", "version": __version__},
-        "trace": {"path": trace.path, "name": trace.name, "sha256": trace.sha256},
-        "engine": engine,
-        "backend": backend,
-        "config": trace.cache.as_dict(),
-    }
+    """The report's fields before `ubatches`: what was replayed, how."""
+    return REPORT.make(
+        kpool_report=REPORT_VERSION,
+        tool=TOOL.make(name="kpool", version=__version__),
+        trace=TRACE.make(path=trace.path, name=trace.name, sha256=trace.sha256),
+        engine=engine,
+        backend=backend,
+        config=CONFIG.make(**trace.cache.as_dict()),
+    )
 
 
 def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
                  records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
                  indent: str = "", run_form: bool = True) -> None:
-    """Stream one report to `out`, feeding `tally` on the way. A trace that turns out
-    invalid mid-replay (TraceError) ends the report there, with its `problems` and
-    `summary.status` "invalid": the document is always whole."""
+    """Stream one report to `out` from `records`, the stream `tally.tallied` feeds
+    `tally` from (read here for `problems` and `summary`, never added to). A trace
+    that turns out invalid mid-replay (TraceError, recorded in `tally` by `tallied`)
+    ends the report there, with its `problems` and `summary.status` "invalid": the
+    document is always whole."""
     head = report_header(trace, engine, backend)
     out.write("{\n")
     for key, value in head.items():
@@ -228,7 +252,6 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     first = True
     try:
         for rec in records:
-            tally.add(rec)
             if isinstance(rec, UbatchRecord):
                 out.write(("\n" if first else ",\n") + f"{indent}    "
                           + json.dumps(ubatch_json(rec, run_form)))
@@ -236,16 +259,43 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
             elif isinstance(rec, OpEvent):
                 events.append(event_json(rec))
             else:
-                expects.append({"op": rec.op, "ok": rec.ok, "message": rec.message})
-    except TraceError as e:  # invalid at this point: the document still closes, saying why
-        tally.invalidate(e.problems)
+                expects.append(EXPECTATION.make(op=rec.op, ok=rec.ok, message=rec.message))
+    except TraceError:  # invalid at this point: the document still closes, saying why
+        assert tally.problems, "records not fed through tally.tallied"
     out.write(("" if first else f"\n{indent}  ") + "],\n")
     for key, value in (("events", events), ("expectations", expects)):
         out.write(f"{indent}  {json.dumps(key)}: [")
         out.write(",".join(f"\n{indent}    " + json.dumps(v) for v in value))
         out.write(("" if not value else f"\n{indent}  ") + "],\n")
     if tally.problems:
-        problems = [{"file": p.file, "line": p.line, "column": p.column, "field": p.field,
-                     "message": p.message} for p in tally.problems]
+        problems = [PROBLEM.make(file=p.file, line=p.line, column=p.column, field=p.field,
+                                 message=p.message) for p in tally.problems]
         out.write(f'{indent}  "problems": {json.dumps(problems)},\n')
     out.write(f'{indent}  "summary": {json.dumps(tally.summary())}\n{indent}}}')
+
+
+# -- several traces: the framing of the output -------------------------------------------
+
+R = TypeVar("R")  # one run of the replay, as the caller describes it
+
+
+def write_reports(out: TextIO, runs: Sequence[R], write_one: Callable[[R], Tally]
+                  ) -> list[Tally]:
+    """The JSON output of a replay of `runs`: one report per run, written to `out` by
+    `write_one(run)` (which returns the run's tally); one run gives the report alone,
+    several a JSON array of them (`[`, `,` between reports, `]`). A run whose trace
+    turns out invalid (its tally's `problems`) is the last: its report says why, the
+    array closes after it, and no later run is written (nor replayed). Returns the
+    tallies of the runs written, in order."""
+    several = len(runs) > 1
+    if several:
+        out.write("[\n")
+    tallies: list[Tally] = []
+    for run in runs:
+        if tallies:
+            out.write(",\n")
+        tallies.append(write_one(run))
+        if tallies[-1].problems:
+            break
+    out.write("\n]\n" if several else "\n")
+    return tallies

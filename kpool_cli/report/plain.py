@@ -3,7 +3,10 @@ scattered, its findings indented below, events in between, and a summary line.
 
 Owns: `write_plain`. Used when the output is not a terminal (pipes, files, CI
 logs): no colour, no markup, stable for grep. What is shown is decided by
-`select.select` (the same navigation options as the rich view).
+`select.select` (the same navigation options as the rich view); how positions,
+pools, rows, stale positions and codes are worded, by `kpool_cli.wording`. It
+never counts: the tally is fed by the caller (`tally.tallied`) and only read here,
+for the summary line, once every record has gone by.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TextIO
 
+from .. import wording as words
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace.model import Trace
 from ..verdict.codes import Finding
@@ -18,31 +22,24 @@ from ..wording import visible
 from .select import Selection, select
 from .tally import Tally
 
-
-def tokens_text(tokens: Iterable[tuple[int, tuple[int, ...]]]) -> str:
-    """`seq 0 pos 12; seq 1 pos 12..15 (3)`: (pos, seq set) pairs, one part per
-    sequence set in order of appearance, positions as a half-open span."""
-    by_seq: dict[tuple[int, ...], list[int]] = {}
-    for p, ss in tokens:
-        by_seq.setdefault(ss, []).append(p)
-    parts = []
-    for ss, ps in by_seq.items():
-        span = f"{ps[0]}" if len(ps) == 1 else f"{min(ps)}..{max(ps) + 1} ({len(ps)})"
-        parts.append(f"seq {','.join(map(str, ss))} pos {span}")
-    return "; ".join(parts)
+Record = OpEvent | UbatchRecord | ExpectResult
 
 
 def _finding(f: Finding) -> str:
-    return f"    {f.code} {f.name} [{f.severity}]: {visible(f.message)}"
+    return f"    {words.code(f.code, f.name)} [{f.severity}]: {visible(f.message)}"
 
 
-def write_plain(out: TextIO, trace: Trace, engine: str,
-                records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
-                only_findings: bool = False, *, selection: Selection | None = None,
-                pairs: Iterable[tuple[OpEvent | UbatchRecord | ExpectResult, bool]] | None = None
-                ) -> None:
+def _stale(stale: dict[int, int]) -> str:
+    return f" (stale {words.stale(stale)})" if stale else ""
+
+
+def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record],
+                tally: Tally, only_findings: bool = False, *,
+                selection: Selection | None = None,
+                pairs: Iterable[tuple[Record, bool]] | None = None) -> None:
     """`records` filtered by `selection` (default: `only_findings` alone), or already
-    decided `pairs` from `select` (then `records` is ignored)."""
+    decided `pairs` from `select` (then `records` is ignored); `tally` is read for
+    the summary line, after the last record."""
     cfg = trace.cache
     selection = selection or Selection(only_findings=only_findings)
     out.write(f"trace {visible(trace.path)}"
@@ -53,28 +50,23 @@ def write_plain(out: TextIO, trace: Trace, engine: str,
         out.write(f"  ({note})\n")
     shown_ub = 0
     for rec, shown in (pairs if pairs is not None else select(records, selection, trace)):
-        tally.add(rec)
         if not shown:
             continue
         if isinstance(rec, UbatchRecord):
             shown_ub += 1
-            pools = " ".join(f"{s}:{k}" for s, k in rec.pools.marked()) or "-"
-            stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale_batch.items())
-                     if rec.stale_batch else "")
-            tokens = tokens_text(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))
+            tokens = words.tokens(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))
             out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {tokens}"
-                      f"{stale}: n_new {rec.n_new}/{rec.n_new_g} of {rec.n_pool_real} "
-                      f"pools [{pools}] rows {rec.scatter_rep.tolist()}\n")
+                      f"{_stale(rec.stale_batch)}: n_new {rec.n_new}/{rec.n_new_g} of "
+                      f"{rec.n_pool_real} pools [{words.pools(rec.pools.marked())}] "
+                      f"rows {words.folded(rec.scatter_rep.tolist())}\n")
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
         elif isinstance(rec, OpEvent):
             if rec.kind == "note":
                 out.write(f"  note: {visible(rec.message)}\n")
                 continue
-            stale = (" stale " + ",".join(f"{s}@{p}" for s, p in rec.stale.items())
-                     if rec.stale else "")
             msg = f": {visible(rec.message)}" if rec.message else ""
-            out.write(f"  op {rec.op} {rec.kind} {rec.status}{stale}{msg}\n")
+            out.write(f"  op {rec.op} {rec.kind} {rec.status}{_stale(rec.stale)}{msg}\n")
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
         else:

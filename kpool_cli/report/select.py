@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from ..cache.batch import split_equal
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace import model as m
+from ..wording import span
 
 Record = OpEvent | UbatchRecord | ExpectResult
 
 AUTO_ONLY_FINDINGS = 200  # more planned ubatches than this: --only-findings by default
+OPEN_END = 1 << 62  # the end of an open ubatch range `A..`
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:\.\.\s*(\d*)\s*)?$")
 
@@ -47,7 +49,7 @@ def parse_ubatch_range(text: str) -> tuple[int, int]:
     a = int(mt.group(1))
     if "." not in text:
         return a, a + 1
-    b = int(mt.group(2)) if mt.group(2) else 1 << 62
+    b = int(mt.group(2)) if mt.group(2) else OPEN_END
     if b <= a:
         raise ValueError(f"empty ubatch range {text!r} (A..B is half-open: B > A)")
     return a, b
@@ -95,8 +97,7 @@ class Selection:
         parts = []
         if self.ubatches:
             parts.append("ubatches " + ", ".join(
-                str(a) if b == a + 1 else (f"{a}.." if b >= 1 << 62 else f"{a}..{b}")
-                for a, b in self.ubatches))
+                span(a, None if b >= OPEN_END else b) for a, b in self.ubatches))
         if self.seqs:
             parts.append("seq " + ", ".join(map(str, sorted(self.seqs))))
         if self.only_findings:

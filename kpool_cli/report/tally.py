@@ -4,16 +4,28 @@ Owns: `Tally`, fed every record of a replay; it decides `status` (pass, fail,
 aborted, invalid) under a failing severity, and the exit code of TRACE_FORMAT.md
 (0 pass, 1 findings at or above `--fail-on`, 2 a trace found invalid mid-replay,
 e.g. a recorded cell that is not empty; other bad input is refused by the CLI
-before a replay starts).
+before a replay starts). `tallied(records, tally)`, the one place a replay's
+records are counted, and `exit_code(tallies)`, the exit code of a command over
+several traces.
+
+Invariants: the CLI feeds a replay's stream to one tally through `tallied` and
+hands the same stream to whichever renderer; renderers never count, they read
+`Tally.summary()` once the stream is consumed. A trace found invalid mid-replay
+is recorded in the tally (`problems`, status "invalid", exit 2) before the error
+goes on to the renderer, which either closes its document saying why (the JSON
+report) or lets it end the command (the text views).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
+from ..trace.load import TraceError
 from ..verdict.codes import severity_rank
+from .format import SUMMARY
 
 FAIL_ON = ("error", "warning", "never")
 
@@ -76,13 +88,36 @@ class Tally:
         return 1 if self.failed else 0
 
     def summary(self) -> dict:
-        return {
-            "ubatches": self.ubatches,
-            "tokens": self.tokens,
-            "findings": dict(sorted(self.findings.items())),
-            "pools_marked": self.pools_marked,
-            "pools_per_token": round(self.pools_marked / self.tokens, 4) if self.tokens else 0.0,
-            "expectations": {"passed": self.expect_passed, "failed": self.expect_failed},
-            "cost": dict(sorted(self.cost.items())),
-            "status": self.status,
-        }
+        """The report's `summary` record (report/format.py, SUMMARY)."""
+        return SUMMARY.make(
+            ubatches=self.ubatches,
+            tokens=self.tokens,
+            findings=dict(sorted(self.findings.items())),
+            pools_marked=self.pools_marked,
+            pools_per_token=round(self.pools_marked / self.tokens, 4) if self.tokens else 0.0,
+            expectations={"passed": self.expect_passed, "failed": self.expect_failed},
+            cost=dict(sorted(self.cost.items())),
+            status=self.status,
+        )
+
+
+Record = OpEvent | UbatchRecord | ExpectResult
+
+
+def tallied(records: Iterable[Record], tally: Tally) -> Iterator[Record]:
+    """`records`, each added to `tally` before it is passed on. A trace found invalid
+    mid-replay (TraceError) is recorded in `tally` (`Tally.invalidate`), then raised
+    on: the records before it are counted, the renderer decides how its output ends."""
+    try:
+        for rec in records:
+            tally.add(rec)
+            yield rec
+    except TraceError as e:
+        tally.invalidate(e.problems)
+        raise
+
+
+def exit_code(tallies: Iterable[Tally]) -> int:
+    """The exit code of a command over several traces: the highest of theirs (0 for
+    none)."""
+    return max((t.exit_code for t in tallies), default=0)

@@ -24,6 +24,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
 )
@@ -100,7 +101,8 @@ class Ticker:
     erased when done, and refreshes from the caller's thread at most 10 times a
     second, so it never writes while the view does. `hidden()` takes it off the
     screen while the view prints to the same terminal. A disabled ticker (`console`
-    None: --quiet, stderr not a terminal, stdout a pipe) does nothing."""
+    None: --quiet, stderr not a terminal, stdout a pipe) does nothing. As a context
+    manager it is erased however the block ends (an interrupt included)."""
 
     def __init__(self, console: Console | None, total: int, label: str, *,
                  delay: float = 1.0, shares_terminal: bool = False) -> None:
@@ -110,7 +112,7 @@ class Ticker:
         self._quiet_since = time.monotonic()
         self._last_refresh = 0.0
         self._progress: Progress | None = None
-        self._task = None
+        self._task: TaskID | None = None
 
     def tick(self, n: int = 1) -> None:
         self.done += n
@@ -127,7 +129,7 @@ class Ticker:
                 redirect_stdout=False, redirect_stderr=False)
             self._task = self._progress.add_task(self.label, total=max(self.total, self.done))
             self._progress.start()
-        if now - self._last_refresh >= 0.1:
+        if now - self._last_refresh >= 0.1 and self._task is not None:
             self._last_refresh = now
             self._progress.update(self._task, completed=self.done,
                                   total=max(self.total, self.done))
@@ -151,3 +153,9 @@ class Ticker:
 
     def close(self) -> None:
         self._stop()
+
+    def __enter__(self) -> Ticker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -3,8 +3,9 @@ and progress bar around it (issue "The rich view", points 4 and 5).
 
 Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
 otherwise, the recording console behind --html/--svg, written atomically at
-`close()`), and `ticker_for` / `ticking` (the delayed progress bar on stderr,
-never when stdout is a pipe, stderr is not a terminal, or with --quiet).
+`close()`), `may_draw_rich` (known before the replay: whether records carry cell
+maps), and `ticker_for` / `ticking` (the delayed progress bar on stderr, never when
+stdout is a pipe, stderr is not a terminal, or with --quiet).
 
 Decisions:
 - stdout a terminal (and no --output file): the rich view, coloured unless
@@ -12,6 +13,9 @@ Decisions:
 - otherwise: the plain view (report/plain.py); with --html/--svg a second,
   off-screen recording console renders the rich view for the files (coloured
   unless --no-color or NO_COLOR) from the same single replay.
+- the views never count: the caller feeds the tally (`tally.tallied`) and the
+  views read it for their summary. A trace found invalid mid-replay (TraceError)
+  goes through: the command ends there, exit 2, and no --html/--svg is written.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_t
 from .view import RichView
 
 Record = OpEvent | UbatchRecord | ExpectResult
+
+
+def may_draw_rich(html: str | None, svg: str | None) -> bool:
+    """Can a `TextOutput` draw the rich view (so the replay's records, and the memory
+    budget, must carry cell maps)? With --html/--svg, or when stdout is a terminal."""
+    return bool(html or svg or stream_is_terminal(sys.stdout))
 
 
 def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal: bool
@@ -84,27 +94,28 @@ class TextOutput:
     def run(self, trace: Trace, version: EngineVersion, backend: str | None,
             records: Iterable[Record], tally: Tally, selection: Selection,
             pools_all: bool = False) -> None:
-        ticker = ticker_for(trace, quiet=self.quiet, color=self.color,
-                            shares_terminal=self.on_terminal)
-        try:  # the bar is erased however the run ends (an interrupt included)
+        """One trace's view of `records`, the stream `tally.tallied` feeds `tally`
+        from: the view reads the tally for its summary, never adds to it."""
+        with ticker_for(trace, quiet=self.quiet, color=self.color,
+                        shares_terminal=self.on_terminal) as ticker:
+            # the bar is erased however the run ends (an interrupt included)
             self._run(trace, version, backend, ticking(records, ticker), tally, selection,
                       pools_all, ticker)
-        finally:
-            ticker.close()
 
     def _run(self, trace: Trace, version: EngineVersion, backend: str | None,
              records: Iterable[Record], tally: Tally, selection: Selection,
              pools_all: bool, ticker: Ticker) -> None:
         pairs = select(records, selection, trace)
         rich_console = self.console or self.recorder
-        view = (RichView(rich_console, trace, version, backend, selection, pools_all)
-                if rich_console is not None else None)
-        if view is not None:
-            with ticker.hidden():
-                view.start()
+        if rich_console is None:  # the plain view alone
+            write_plain(self.out, trace, version.name, (), tally, selection=selection,
+                        pairs=pairs)
+            return
+        view = RichView(rich_console, trace, version, backend, selection, pools_all)
+        with ticker.hidden():
+            view.start()
         if self.console is not None:  # the rich view is the output
             for rec, shown in pairs:
-                tally.add(rec)
                 if shown:
                     with ticker.hidden():
                         view.add(rec, shown)
@@ -113,11 +124,10 @@ class TextOutput:
             with ticker.hidden():
                 view.finish(tally)
             return
-        if view is not None:  # plain output, rich view recorded for the files
-            pairs = _tee(pairs, view)
-        write_plain(self.out, trace, version.name, (), tally, selection=selection, pairs=pairs)
-        if view is not None:
-            view.finish(tally)
+        # plain output, the rich view recorded for the files
+        write_plain(self.out, trace, version.name, (), tally, selection=selection,
+                    pairs=_tee(pairs, view))
+        view.finish(tally)
 
     def close(self) -> None:
         """Write --html / --svg (atomically) and flush the output, so a reader that

@@ -8,8 +8,10 @@ debug dump draws it: ENGINE.md §2), and `print_explanation` / `print_code_list`
 for `kpool explain`.
 
 It sees only records and the Trace (DESIGN.md). It never decides what is shown
-(select.py does) and never owns a console (terminal.make_console does). Ranges
-are half-open `A..B`, as positions are written in traces. Everything styled also
+(select.py does), never owns a console (terminal.make_console does), never counts
+(the tally it reads at `finish` is fed by the caller) and never words a range, a
+list, a pool, a stale position or a code itself (`kpool_cli.wording` does: ranges
+are half-open `A..B`, as positions are written in traces). Everything styled also
 reads without colour: raced rows carry `!`, rep rows `^`, padding says `pad`.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import MISSING, fields
+from typing import Literal
 
 import numpy as np
 from rich import box
@@ -27,6 +30,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from .. import wording as words
 from ..engine.versions import EngineVersion
 from ..records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, UbatchRecord
 from ..trace import model as m
@@ -52,38 +56,6 @@ def seq_char(s: int) -> str:
 
 def seq_style(s: int) -> str:
     return SEQ_STYLES[s % len(SEQ_STYLES)]
-
-
-def runs(values: list[int], limit: int = TOKEN_RUNS) -> str:
-    """Ints in the given order as runs: `0..4` (half-open, three or more in a row),
-    `3 x6` (repeats), else single values; at most `limit` runs, then `... (n)`.
-
-    >>> runs([0, 1, 2, 3, 9, 12, 13, 5, 5, 5])
-    '0..4 9 12 13 5 x3'
-    """
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        step = values[i + 1] - values[i] if i + 1 < len(values) else None
-        if step in (0, 1):
-            while j + 1 < len(values) and values[j + 1] == values[j] + step:
-                j += 1
-        if j - i >= (1 if step == 0 else 2):
-            parts.append(f"{values[i]} x{j - i + 1}" if step == 0
-                         else f"{values[i]}..{values[j] + 1}")
-        else:
-            j = i
-            parts.append(str(values[i]))
-        i = j + 1
-    if len(parts) > limit:
-        return " ".join(parts[:limit]) + f" ... ({len(values)})"
-    return " ".join(parts)
-
-
-def span(first: int, last: int) -> str:
-    """An inclusive pos range as text: `7` or half-open `4..8`."""
-    return str(first) if first == last else f"{first}..{last + 1}"
 
 
 # -- the cell map --------------------------------------------------------------------------
@@ -128,7 +100,8 @@ def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] =
     for strm in range(n_stream):
         base = strm * cm.kv_size
         if n_stream > 1:
-            out.append(Text(f"stream {strm} (rows {base}..{base + cm.kv_size})", style="dim"))
+            out.append(Text(f"stream {strm} (rows {words.span(base, base + cm.kv_size)})",
+                            style="dim"))
         starts = list(range(base, base + cm.kv_size, per))
         keys = [(chars[a:a + per].tobytes(), marks[a:a + per].tobytes(),
                  bool(is_written[a:a + per].any())) for a in starts]
@@ -143,12 +116,12 @@ def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] =
             empty = set(keys[i][0]) == {ord(".")} and not keys[i][1].strip()
             if empty and n_same >= 2:
                 out.append(Text(f"{a:>6}  ... {n_same} lines of empty cells "
-                                f"(rows {a}..{end}) ...", style="dim"))
+                                f"(rows {words.span(a, end)}) ...", style="dim"))
             else:
                 out += _strip(cm, chars, marks, is_written, a, min(a + per, base + cm.kv_size))
                 if n_same >= 3:
                     out.append(Text(f"{'':>6}  ... {n_same - 1} more lines like it "
-                                    f"(rows {a + per}..{end}) ...", style="dim"))
+                                    f"(rows {words.span(a + per, end)}) ...", style="dim"))
                 elif n_same == 2:
                     b = a + per
                     out += _strip(cm, chars, marks, is_written, b, min(b + per, end))
@@ -259,7 +232,7 @@ class RichView:
             self._last_sig = None
         if shown and isinstance(rec, OpEvent):
             self._event(rec)
-        elif shown:
+        elif shown and isinstance(rec, ExpectResult):
             grid = Table.grid(padding=(0, 1))
             grid.add_column(no_wrap=True, style="dim")
             grid.add_column()
@@ -275,7 +248,7 @@ class RichView:
         codes = " ".join(dict.fromkeys(code for code, _, _ in self._last_sig or ()))
         self.print(Text.assemble(
             ("  ... ", "dim"), (f"{len(ix)} more ubatch{'es' if len(ix) > 1 else ''} ", "bold"),
-            (f"({runs(ix, 4)}) ", "dim"),
+            (f"({words.folded(ix, 4)}) ", "dim"),
             f"with the same {codes} on the same rows and sequences", ("", "dim")))
 
     def _event(self, e: OpEvent) -> None:
@@ -314,7 +287,8 @@ class RichView:
         grid.add_column()
         grid.add_row("tokens", _tokens_text(r))
         if r.batch_ubatch == 0:
-            stale = _stale_text(r.stale_batch) if r.stale_batch else Text("none", style="dim")
+            stale = (_stale_text(r.stale_batch) if r.stale_batch
+                     else Text(words.NONE, style="dim"))
         else:
             stale = Text("- (only a batch's ubatch 0 re-pools stale pools)", style="dim")
         grid.add_row("stale", stale)
@@ -339,7 +313,7 @@ class RichView:
 
     def _pool_table(self, r: UbatchRecord, raced: set[int], flagged: set[int]) -> Table | None:
         """Every scatter entry (a marked pool, or padding), or with --pools all every pool."""
-        rows: list[tuple[list, str, bool]] = []  # cells, style, keep when folding
+        rows: list[tuple[list[Text | str], str, bool]] = []  # cells, style, keep when folding
         new = [p for p in r.pools if p.new]
         count = Counter(r.scatter_rep.tolist())
         listed = r.pools if self.pools_all else tuple(new)
@@ -360,26 +334,29 @@ class RichView:
             style = "red" if rep_hot else ("" if p.new else "dim")
             if p.rep in flagged and not rep_hot:
                 style = "yellow"
-            rep = Text(str(p.rep), style="bold red" if p.rep in flagged else "")
-            cells = [Text(str(p.seq), style=seq_style(p.seq)), str(p.k),
-                     span(p.first_pos, p.last_pos), runs(list(p.cells)), rep,
-                     note(p.rep, "" if p.new else "kept")]
+            rep_text = Text(str(p.rep), style="bold red" if p.rep in flagged else "")
+            cells: list[Text | str] = [
+                Text(str(p.seq), style=seq_style(p.seq)), str(p.k),
+                words.span(p.first_pos, p.last_pos + 1), words.folded(p.cells), rep_text,
+                note(p.rep, "" if p.new else "kept")]
             rows.append((cells, style, p.rep in flagged))
         for e in np.flatnonzero(r.scatter_pad).tolist():
-            rep = int(r.scatter_rep[e])
-            hot = rep in raced or rep in flagged
-            members = r.scatter_rows[e].tolist()
-            cells = ["pad", "-", "-", runs(members),
-                     Text(str(rep), style="bold red" if hot else ""), note(rep, "padding")]
+            pad_rep = int(r.scatter_rep[e])
+            hot = pad_rep in raced or pad_rep in flagged
+            cells = ["pad", "-", "-", words.folded(r.scatter_rows[e].tolist()),
+                     Text(str(pad_rep), style="bold red" if hot else ""),
+                     note(pad_rep, "padding")]
             rows.append((cells, "red" if hot else "dim", hot))
         if not rows:
             return None
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1),
                       header_style="bold")
-        for name, justify in (("seq", "right"), ("pool", "right"), ("pos", "left"),
-                              ("members", "left"), ("rep", "right"), ("", "left")):
+        columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+            ("seq", "right"), ("pool", "right"), ("pos", "left"), ("members", "left"),
+            ("rep", "right"), ("", "left"))
+        for name, justify in columns:
             table.add_column(name, justify=justify, overflow="fold")
-        shown = range(len(rows))
+        shown: list[int] = list(range(len(rows)))
         if not self.pools_all and len(rows) > POOL_ROWS:
             # the first entries, the first flagged ones, the last two
             flagged_at = [i for i, row in enumerate(rows) if row[2]]
@@ -398,22 +375,18 @@ class RichView:
         return table
 
     def _findings_panel(self, findings: tuple[Finding, ...], where: str) -> Panel:
-        parts = []
+        parts: list[Text | Padding] = []
         for n, f in enumerate(findings):
             if n:
                 parts.append(Text(""))
-            sev = "bold red" if f.severity == "error" else "bold yellow"
-            parts.append(Text.assemble((f.code, sev), " ", (f.name, "bold"), " ",
-                                       (f"[{f.severity}]", "dim")))
+            parts.append(_code_text(f.code, f.name, f.severity, f"[{f.severity}]"))
             facts = []
             if f.rows:
-                facts.append(("rows ", runs(list(f.rows), 10)))
+                facts.append(("rows ", words.folded(f.rows, 10)))
             if f.seqs:
                 facts.append(("seqs ", " ".join(map(str, f.seqs))))
             if f.pools:
-                ps = [f"{s}:{k}" for s, k in f.pools.array[:10].tolist()]
-                more = " ..." if len(f.pools) > 10 else ""
-                facts.append(("pools ", " ".join(ps) + more))
+                facts.append(("pools ", words.pools(f.pools.array.tolist(), 10)))
             if f.tokens:
                 ts = [f"pos {p} seq {s}" for p, s in f.tokens]
                 facts.append(("tokens ", ", ".join(ts[:4]) + (" ..." if len(ts) > 4 else "")))
@@ -480,12 +453,20 @@ def _raced_rows(r: UbatchRecord) -> set[int]:
 
 
 def _stale_text(stale: dict[int, int]) -> Text:
+    """`wording.stale`, each sequence in its colour."""
     out = Text()
     for n, (s, p) in enumerate(sorted(stale.items())):
         if n:
-            out.append(" · ", style="dim")
-        out.append(f"seq {s}", style=seq_style(s))
-        out.append(f" from pos {p}")
+            out.append(", ")
+        out.append(words.stale_one(s, p), style=seq_style(s))
+    return out
+
+
+def _code_text(code: str, name: str, severity: str, after: str) -> Text:
+    """`wording.code`, the code in its severity's colour, then `after` dimmed."""
+    out = Text(words.code(code, name), style="bold")
+    out.stylize("bold red" if severity == "error" else "bold yellow", 0, len(code))
+    out.append(f" {after}", style="dim")
     return out
 
 
@@ -503,8 +484,8 @@ def _tokens_text(r: UbatchRecord) -> Text:
             out.append("\n")
         out.append(f"seq {','.join(map(str, ss))}",
                    style=seq_style(ss[0]) + (" bold" if len(ss) > 1 else ""))
-        out.append(f"  pos {runs(ps)}")
-        out.append(f"  cells {runs(rows)}", style="dim")
+        out.append(f"  pos {words.folded(ps, TOKEN_RUNS)}")
+        out.append(f"  cells {words.folded(rows, TOKEN_RUNS)}", style="dim")
     return out
 
 
@@ -532,19 +513,14 @@ def _op_args(op) -> str:
 
 
 def _tokens_brief(op: m.Decode) -> str:
-    by: dict[tuple[int, ...], list[int]] = {}
-    for t in op.tokens:
-        by.setdefault(t.seq, []).append(t.pos)
-    return "; ".join(f"seq {','.join(map(str, ss))} pos {runs(ps, 3)}" for ss, ps in by.items())
+    return words.tokens(((t.pos, t.seq) for t in op.tokens), limit=3)
 
 
 # -- kpool explain -------------------------------------------------------------------------
 
 
 def print_explanation(console: Console, e: Explanation) -> None:
-    sev = "bold red" if e.severity == "error" else "bold yellow"
-    console.print(Text.assemble((e.code, sev), " ", (e.name, "bold"), " ",
-                                (f"({e.severity})", "dim")))
+    console.print(_code_text(e.code, e.name, e.severity, f"({e.severity})"))
     console.print(Text(f"  {e.oneline}.", style="italic"))
     engine = (f"a plug-in engine: replace({e.engine.upper().replace('-', '_')}, {e.plugin})"
               if e.plugin else e.engine)

@@ -1,1 +1,2 @@
-"""The trace format v1: model, loader (located errors), writer and JSON Schemas."""
+"""The trace format v1: its declaration (format), model, safe YAML (yaml_safe), loader
+(load), writer (write) and JSON Schema (schema)."""

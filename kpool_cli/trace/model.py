@@ -1,6 +1,9 @@
 """The trace format v1 as plain frozen data (TRACE_FORMAT.md, "Trace").
 
-Owns: `CacheConfig`, `Token` and one dataclass per op, plus `Trace`.
+Owns: `CacheConfig`, `Token` and one dataclass per op, plus `Trace`. The format's
+fields, bounds and defaults are declared in `trace.format`; `CacheConfig` takes its
+defaults from there, and the op dataclasses' defaults equal the declared ones
+(tests/test_formats.py).
 
 Invariants (enforced by `trace.load`, assumed everywhere else):
 - every op carries the `Loc` of its YAML node, so any later complaint about it
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FORMAT_VERSION = 1
+from kpool_cli.trace.format import CACHE
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,20 +38,24 @@ class Loc:
 NOWHERE = Loc("<built>", 0, 0)
 
 
+_CACHE_DEFAULT = CACHE.defaults
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """The indexer cache's shape (ENGINE.md §2)."""
+    """The indexer cache's shape (ENGINE.md §2): the fields of `trace.format.CACHE`,
+    in its order, with its defaults."""
 
     kv_size: int
     kpool: int
-    n_seq_max: int = 1
-    unified: bool = True
-    by_order: bool = False
-    n_ubatch: int = 512
-    n_embd: int = 16
+    n_seq_max: int = _CACHE_DEFAULT["n_seq_max"]  # type: ignore[assignment]
+    unified: bool = _CACHE_DEFAULT["unified"]  # type: ignore[assignment]
+    by_order: bool = _CACHE_DEFAULT["by_order"]  # type: ignore[assignment]
+    n_ubatch: int = _CACHE_DEFAULT["n_ubatch"]  # type: ignore[assignment]
+    n_embd: int = _CACHE_DEFAULT["n_embd"]  # type: ignore[assignment]
     # the recurrent child's rollback snapshots per sequence (ENGINE.md §3 "The recurrent
     # child"): 0 without MTP, the draft depth with it
-    n_rs_seq: int = 0
+    n_rs_seq: int = _CACHE_DEFAULT["n_rs_seq"]  # type: ignore[assignment]
 
     @property
     def n_stream(self) -> int:
@@ -60,17 +67,9 @@ class CacheConfig:
         """Global rows: `strm * kv_size + cell`."""
         return self.n_stream * self.kv_size
 
-    def as_dict(self) -> dict:
-        return {
-            "kv_size": self.kv_size,
-            "kpool": self.kpool,
-            "n_seq_max": self.n_seq_max,
-            "unified": self.unified,
-            "by_order": self.by_order,
-            "n_ubatch": self.n_ubatch,
-            "n_embd": self.n_embd,
-            "n_rs_seq": self.n_rs_seq,
-        }
+    def as_dict(self) -> dict[str, int | bool]:
+        """The cache block as the format writes it: every declared field, in order."""
+        return {name: getattr(self, name) for name in CACHE.names}
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +182,6 @@ class Note:
     text: str
     loc: Loc = field(default=NOWHERE, compare=False)
     kind = "note"
-
-
-OP_STATUSES = ("applied", "rejected", "aborted")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,14 @@
 """Write a `Trace` as canonical YAML, format v1 (TRACE_FORMAT.md, "Trace").
 
-Owns: `dump_trace`.
+Owns: `dump_trace`. Key order, and which values are left out, come from the
+declaration in `trace.format`: a field is written unless it equals its declared
+default (a required field, or one `always_written`, always is).
 
 Invariant: `load_trace_text(dump_trace(t))` equals `t` except for `path` and `sha256`
 (ops compare without their `loc`), for every `t` that `load_trace` could have
 produced. The canonical form:
-- top-level keys in TRACE_FORMAT.md's order; `name`, `description` and `engine` only
-  when set; every `cache` field and `seed` always;
+- keys in the declared order (TRACE_FORMAT.md's); `name`, `description` and `engine`
+  only when set; every `cache` field and `seed` always;
 - a decode uses the shorthand `{seq, pos}` when that reads back exactly (one
   sequence set, positions contiguous and increasing, no ext, no cell, no fixed
   split), `ubatches` when the split is fixed, explicit `tokens` otherwise;
@@ -22,24 +24,8 @@ from typing import Any
 
 import yaml
 
-from kpool_cli.trace.model import (
-    FORMAT_VERSION,
-    Clear,
-    Decode,
-    Expect,
-    Note,
-    Op,
-    SeqAdd,
-    SeqCp,
-    SeqDiv,
-    SeqKeep,
-    SeqRm,
-    StateDrop,
-    StateRead,
-    StateWrite,
-    Token,
-    Trace,
-)
+from kpool_cli.trace.format import FORMAT_VERSION, OPS, TOKEN, TOP, Field, Section
+from kpool_cli.trace.model import Decode, Op, Token, Trace
 
 __all__ = ["dump_trace"]
 
@@ -47,16 +33,12 @@ __all__ = ["dump_trace"]
 def dump_trace(trace: Trace) -> str:
     """The trace as YAML text; raises ValueError for a `Decode` whose `ubatches` do not
     partition its tokens in order (it could not be written back as given)."""
-    doc: dict[str, Any] = {"kpool_trace": FORMAT_VERSION}
-    if trace.name:
-        doc["name"] = trace.name
-    if trace.description:
-        doc["description"] = trace.description
-    doc["cache"] = trace.cache.as_dict()
-    if trace.engine is not None:
-        doc["engine"] = trace.engine
-    doc["seed"] = trace.seed
-    doc["ops"] = [{op.kind: _args(op)} for op in trace.ops]
+    top = {
+        "kpool_trace": FORMAT_VERSION, "name": trace.name, "description": trace.description,
+        "cache": trace.cache.as_dict(), "engine": trace.engine, "seed": trace.seed,
+        "ops": [{op.kind: _args(op)} for op in trace.ops],
+    }
+    doc = {f.name: top[f.name] for f in TOP.fields if _written(f, top[f.name])}
     # PyYAML writes a raw U+0085 (NEL) in a single-quoted scalar and reads it back as a
     # line fold: escape every non-ASCII character instead when a string holds one.
     allow_unicode = not any("\x85" in s for s in _strings(doc))
@@ -76,17 +58,35 @@ def _strings(value: Any) -> Iterator[str]:
             yield from _strings(v)
 
 
+def _written(f: Field, value: object) -> bool:
+    return f.required or f.always_written or value != f.default
+
+
 def _seq(seq: tuple[int, ...]) -> int | list[int]:
     return seq[0] if len(seq) == 1 else list(seq)
 
 
-def _token(t: Token) -> dict[str, Any]:
-    out: dict[str, Any] = {"pos": t.pos, "seq": _seq(t.seq)}
-    if t.ext is not None:
-        out["ext"] = list(t.ext)
-    if t.cell is not None:
-        out["cell"] = t.cell
+def _value(f: Field, value: Any) -> Any:
+    """A field's value as YAML writes it: tuples as lists, a seq set of one as an int."""
+    if f.type.name == "seq_set":
+        return _seq(value)
+    if isinstance(value, tuple):
+        return [_value(f, v) for v in value]
+    return value
+
+
+def _fields(section: Section, obj: object) -> dict[str, Any]:
+    """The declared fields of `section` that `obj` (an op, a token) has to write."""
+    out: dict[str, Any] = {}
+    for f in section.fields:
+        v = getattr(obj, f.name)
+        if _written(f, v):
+            out[f.name] = _value(f, v)
     return out
+
+
+def _token(t: Token) -> dict[str, Any]:
+    return _fields(TOKEN, t)
 
 
 def _decode(op: Decode) -> dict[str, Any]:
@@ -107,56 +107,13 @@ def _decode(op: Decode) -> dict[str, Any]:
     return {"tokens": [_token(t) for t in tokens]}
 
 
-def _range(args: dict[str, Any], p0: int, p1: int) -> dict[str, Any]:
-    if p0 != -1:
-        args["p0"] = p0
-    if p1 != -1:
-        args["p1"] = p1
-    return args
-
-
 def _args(op: Op) -> Any:
     """The value under the op's key."""
-    match op:
-        case Decode():
-            return _decode(op)
-        case SeqRm():
-            return _range({"seq": op.seq}, op.p0, op.p1)
-        case SeqCp():
-            return _range({"src": op.src, "dst": op.dst}, op.p0, op.p1)
-        case SeqKeep():
-            return {"seq": op.seq}
-        case SeqAdd():
-            return {**_range({"seq": op.seq}, op.p0, op.p1), "shift": op.shift}
-        case SeqDiv():
-            return {**_range({"seq": op.seq}, op.p0, op.p1), "d": op.d}
-        case StateWrite() | StateRead():
-            return {"seq": op.seq, "slot": op.slot}
-        case StateDrop():
-            return {"seq": op.seq}
-        case Clear():
-            return {}
-        case Note():
-            return op.text
-        case Expect():
-            return _expect(op)
-    raise TypeError(f"not a trace op: {op!r}")
-
-
-def _expect(op: Expect) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if op.engine is not None:
-        out["engine"] = op.engine
-    if op.findings is not None:
-        out["findings"] = list(op.findings)
-    if op.n_new is not None:
-        out["n_new"] = op.n_new
-    if op.n_new_g is not None:
-        out["n_new_g"] = op.n_new_g
-    if op.pools is not None:
-        out["pools"] = [list(p) for p in op.pools]
-    if op.status is not None:
-        out["status"] = op.status
-    if op.ubatch != -1:
-        out["ubatch"] = op.ubatch
-    return out
+    if isinstance(op, Decode):
+        return _decode(op)
+    section = OPS.get(op.kind)
+    if section is None:
+        raise TypeError(f"not a trace op: {op!r}")
+    if section.body == "text":
+        return op.text  # type: ignore[union-attr]
+    return _fields(section, op)

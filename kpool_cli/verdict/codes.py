@@ -1,135 +1,31 @@
-"""Finding codes (ENGINE.md §8) and the `Finding` record.
+"""The registry of finding codes (ENGINE.md §8), derived from the rule modules.
 
-Owns: the registry of codes. Codes are a public contract: never renumber one,
-never reuse a retired one. Severity decides the exit status (`--fail-on`).
+Owns: `CODES` (code -> `Code`, in code order) and `VALUE_CODES`, both read from
+`rules.RULES`: a code's number, name, severity and summary live in its rule module
+only. Re-exports the finding record and its parts (`finding.py`) and `Code`
+(`rule.py`) for the modules that read findings.
+
+Codes are a public contract: never renumber one, never reuse a retired one.
+Severity decides the exit status (`--fail-on`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from .finding import (
+    EVIDENCE_ROWS,
+    SEVERITIES,
+    CodeLookup,
+    Finding,
+    PoolIds,
+    severity_rank,
+)
+from .rule import Code
+from .rules import RULES
 
-import numpy as np
+__all__ = ["CODES", "EVIDENCE_ROWS", "SEVERITIES", "VALUE_CODES", "Code", "CodeLookup",
+           "Finding", "PoolIds", "severity_rank"]
 
-SEVERITIES = ("warning", "error")
-
-
-@dataclass(frozen=True, slots=True)
-class Code:
-    code: str
-    name: str
-    severity: str
-    summary: str
-
-
-CODES: dict[str, Code] = {
-    c.code: c
-    for c in (
-        Code("KP001", "scatter-race", "error",
-             "two or more scatter entries of one ubatch write one row"),
-        Code("KP002", "rep-conflict", "error",
-             "one rep row is the rep of pools whose members differ"),
-        Code("KP003", "stale-read", "error",
-             "a token sees a pool whose row differs from the pooling of its current members"),
-        Code("KP004", "pad-collision", "error",
-             "a padding entry writes a row that some real pool reads"),
-        Code("KP005", "engine-abort", "error",
-             "the engine would abort here (GGML_ASSERT); the replay stops"),
-        Code("KP006", "decode-rejected", "warning",
-             "llama_decode would refuse the batch; nothing applied"),
-        Code("KP007", "layout-drift", "error",
-             "a sequence's incremental layout no longer matches a rebuild from its cells"),
-        Code("KP008", "edit-refused", "warning",
-             "the memory refuses a seq_rm (the recurrent state cannot be cut); nothing "
-             "changed"),
-    )
-}
-
+CODES: dict[str, Code] = {r.CODE.code: r.CODE for r in RULES}
 
 # codes only a value backend can raise (a model-only replay does not look for them)
-VALUE_CODES = frozenset({"KP003"})
-# per-row evidence of a finding (KP001's entries and values) lists this many rows and
-# counts the others: a re-pool-all ubatch races on every rep row
-EVIDENCE_ROWS = 64
-
-
-def severity_rank(severity: str) -> int:
-    return SEVERITIES.index(severity)
-
-
-class CodeLookup:
-    """`name` and `severity` of a record's `code`, from the registry."""
-
-    __slots__ = ()
-    code: str
-
-    @property
-    def name(self) -> str:
-        return CODES[self.code].name
-
-    @property
-    def severity(self) -> str:
-        return CODES[self.code].severity
-
-
-class PoolIds:
-    """The (seq, k) pools a finding names, in order, held as one int64 array [n, 2]
-    (a re-pool-all race names every pool of the cache). Iterates, compares and hashes
-    as the tuple of (seq, k) pairs it stands for; `array` is a read-only view."""
-
-    __slots__ = ("_a",)
-
-    def __init__(self, pairs: Iterable[tuple[int, int]] | np.ndarray = ()) -> None:
-        a = np.array(pairs if isinstance(pairs, np.ndarray) else list(pairs), dtype=np.int64)
-        a = a.reshape(-1, 2)
-        a.flags.writeable = False
-        self._a = a
-
-    @classmethod
-    def of(cls, seq: np.ndarray, k: np.ndarray) -> PoolIds:
-        return cls(np.stack((np.asarray(seq, np.int64), np.asarray(k, np.int64)), axis=1))
-
-    @property
-    def array(self) -> np.ndarray:
-        return self._a
-
-    def __len__(self) -> int:
-        return self._a.shape[0]
-
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(map(tuple, self._a.tolist()))
-
-    def _pairs(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PoolIds):
-            return bool(np.array_equal(self._a, other._a))
-        if isinstance(other, tuple):
-            return self._pairs() == tuple(tuple(p) for p in other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._a.tobytes())
-
-    def __repr__(self) -> str:
-        return f"PoolIds({self._pairs()!r})"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding(CodeLookup):
-    """One finding. `rows` are global rows, `pools` are (seq, k) pairs (given as any
-    iterable of pairs, held as `PoolIds`), `tokens` are (pos, seq) of the tokens
-    involved. `evidence` holds code-specific plain data."""
-
-    code: str
-    message: str
-    rows: tuple[int, ...] = ()
-    seqs: tuple[int, ...] = ()
-    tokens: tuple[tuple[int, int], ...] = ()
-    pools: PoolIds = field(default_factory=PoolIds)
-    evidence: dict = field(default_factory=dict, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.pools, PoolIds):
-            object.__setattr__(self, "pools", PoolIds(self.pools))
+VALUE_CODES = frozenset(c.code for c in CODES.values() if c.values_only)

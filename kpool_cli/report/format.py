@@ -1,0 +1,324 @@
+"""The JSON report format v1, declared once (TRACE_FORMAT.md, "Report"; kpool's
+additions in docs/FORMATS.md): each record of a report with its fields, each
+field's JSON Schema and a line of doc; and `report_schema`, generated from them.
+
+Owns: `Field`, `Record`, the records (`REPORT` and the records it holds: `TOOL`,
+`TRACE`, `CONFIG`, `EVENT`, `UBATCH`, `TOKEN`, `POOL`, `POOL_RUN`, `SCATTER`,
+`SCATTER_RUN`, `COST`, `FINDING`, `FINDING_TOKEN`, `EXPECTATION`, `PROBLEM`,
+`SUMMARY`), `COST_KEYS`, `REPORT_VERSION` and `report_schema`.
+
+What derives from it:
+- `report_schema()`, `kpool schema report`: every record an object of its fields,
+  open (`additionalProperties: true`), its required fields required;
+- the writer (`report.json_report`): the key names and their order, through
+  `Record.make` (a name not declared is an error) or a record's `names`;
+- the diff's reader (`diff.reports`): the cost counters it requires (`COST_KEYS`)
+  and the config fields it reads, with their bounds and which may be absent.
+
+Invariants:
+- names are the format's public contract: add, never rename; a field added after
+  v1's first release is not required (a report written before it still validates
+  and still reads);
+- `CONFIG` is the trace's cache block (`trace.format.CACHE`): the same fields in
+  the same order, with the lower bounds only (a report is read, not limited);
+- `make` keeps the declared order, so the writer's output order is the
+  declaration's.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from kpool_cli.trace.format import CACHE, FINDING_CODE_PATTERN, OP_STATUSES
+from kpool_cli.trace.schema import DIALECT, json_array, json_int, json_object, json_ref
+
+__all__ = [
+    "CONFIG",
+    "COST",
+    "COST_KEYS",
+    "EVENT",
+    "EXPECTATION",
+    "FINDING",
+    "FINDING_TOKEN",
+    "POOL",
+    "POOL_RUN",
+    "PROBLEM",
+    "REPORT",
+    "REPORT_VERSION",
+    "SCATTER",
+    "SCATTER_RUN",
+    "SUMMARY",
+    "TOKEN",
+    "TOOL",
+    "TRACE",
+    "UBATCH",
+    "Field",
+    "Record",
+    "report_schema",
+]
+
+REPORT_VERSION = 1
+REPORT_STATUSES = ("pass", "fail", "aborted", "invalid")
+SEVERITIES = ("error", "warning")
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of a record: the JSON Schema of its value, a line of doc, and whether
+    every report has it."""
+
+    name: str
+    schema: dict[str, Any]
+    doc: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class Record:
+    """An object of the report: its fields in the order kpool writes them."""
+
+    name: str
+    doc: str
+    fields: tuple[Field, ...]
+    _names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_names", frozenset(f.name for f in self.fields))
+        assert len(self._names) == len(self.fields), self.name
+
+    def __getitem__(self, name: str) -> Field:
+        return next(f for f in self.fields if f.name == name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if f.required)
+
+    def make(self, **values: Any) -> dict[str, Any]:
+        """The record with the given fields, in the declared order. Fields may be left
+        out (optional ones, or those a streaming writer adds later); a name the record
+        does not declare raises ValueError."""
+        extra = values.keys() - self._names
+        if extra:
+            raise ValueError(f"{self.name} declares no field {', '.join(sorted(extra))}")
+        return {f.name: values[f.name] for f in self.fields if f.name in values}
+
+    def schema(self, **extra: Any) -> dict[str, Any]:
+        """The record as an open JSON Schema object (fields may be added)."""
+        props = {f.name: {**f.schema, "description": f.doc} for f in self.fields}
+        return json_object(props, self.required, closed=False, description=self.doc,
+                           **extra)
+
+
+def _f(name: str, schema: dict[str, Any], doc: str, required: bool = True) -> Field:
+    return Field(name, schema, doc, required)
+
+
+_NAT = json_int(0)
+_INTS = json_array(json_int())
+_STR = {"type": "string"}
+_BOOL = {"type": "boolean"}
+_PAIR = json_array(_NAT, minItems=2, maxItems=2, description="a half-open range [a, b)")
+_STEPS = json_array(json_int(), minItems=3, maxItems=3,
+                    description="[c0, d, e]: first row, step between members, between entries")
+_SEQ_MAP = {
+    "type": "object",
+    "propertyNames": {"pattern": "^(0|[1-9][0-9]*)$"},
+    "additionalProperties": json_int(),
+    "description": "seq id (as a string) -> stale position",
+}
+
+# --- records ------------------------------------------------------------------------
+
+TOOL = Record("tool", "the program that wrote the report", (
+    _f("name", _STR, "kpool"),
+    _f("version", _STR, "its version"),
+))
+
+TRACE = Record("trace", "the trace replayed", (
+    _f("path", _STR, "as given on the command line"),
+    _f("name", _STR, "the trace's name, empty if it has none"),
+    _f("sha256", {"type": "string", "pattern": "^([0-9a-f]{64})?$"},
+       "of the trace file's bytes"),
+))
+
+# the cache fields added after v1's first release: a report may lack them
+_CONFIG_ADDED = frozenset({"n_rs_seq"})
+CONFIG = Record("config", "the cache config of the replay (the trace's cache block,"
+                " defaults filled in)", tuple(
+    _f(f.name, _BOOL if f.type.name == "bool" else json_int(f.lo), f.doc,
+       f.name not in _CONFIG_ADDED)
+    for f in CACHE.fields
+))
+
+FINDING_TOKEN = Record("finding token", "a token involved", (
+    _f("pos", json_int(), "its position"),
+    _f("seq", {"oneOf": [json_int(), _INTS]}, "its sequence, or sequences"),
+))
+
+FINDING = Record("finding", "something the engine did wrong (`kpool explain CODE`)", (
+    _f("code", {"type": "string", "pattern": FINDING_CODE_PATTERN}, "KP001, KP002, ..."),
+    _f("name", _STR, "the code's name"),
+    _f("severity", {"enum": list(SEVERITIES)}, "error or warning"),
+    _f("message", _STR, "what happened, in a line"),
+    _f("rows", _INTS, "the global rows involved (those not in row_runs)"),
+    _f("seqs", _INTS, "the sequences involved"),
+    _f("row_runs", json_array(json_array(json_int(), minItems=3, maxItems=3)),
+       "more rows, [first, end, step]: first, first + step, ... < end", required=False),
+    _f("tokens", json_array(FINDING_TOKEN.schema()), "the tokens involved {pos, seq}",
+       required=False),
+    _f("pools", json_array(json_array(json_int(), minItems=2, maxItems=3)),
+       "the pools involved: [seq, k], or [seq, k0, k1]: pools k0..k1-1 of seq",
+       required=False),
+    _f("evidence", {"type": "object"},
+       "code-specific data (KP001: entries per row, and with a value backend whether the"
+       " racing values are equal; KP007: the first differing pair)", required=False),
+))
+
+EVENT = Record("event", "a non-decode op, or a rejected decode", (
+    _f("op", _NAT, "the op's index in the trace's ops"),
+    _f("kind", _STR, "the op's name; notes appear as events of kind note"),
+    _f("status", {"enum": list(OP_STATUSES)}, "what the op did"),
+    _f("stale", _SEQ_MAP, "the stale positions it set"),
+    _f("message", _STR, "why it was rejected or aborted; a note's text", required=False),
+    _f("findings", json_ref("findings"), "its KP005 / KP006 / KP008", required=False),
+))
+
+TOKEN = Record("token", "a token of the ubatch", (
+    _f("pos", json_int(), "its position"),
+    _f("seq", _INTS, "its sequences"),
+    _f("cell", json_int(0, description="global row"), "its row"),
+    _f("ext", json_array(json_int(), minItems=2, maxItems=2), "M-RoPE [x, y]: M-RoPE"
+       " traces only", required=False),
+))
+
+POOL = Record("pool", "a pool of the layout", (
+    _f("seq", _NAT, "its sequence"),
+    _f("k", _NAT, "its index in the sequence"),
+    _f("first_pos", json_int(), "the position of its first member"),
+    _f("last_pos", json_int(), "the position of its last member"),
+    _f("cells", _INTS, "its members' rows"),
+    _f("rep", json_int(0, description="global row"), "its rep's row"),
+    _f("new", _BOOL, "marked new in this ubatch"),
+))
+
+POOL_RUN = Record("pool run", "a run: pools k0..k1-1 of seq, pool k0 + i at first_pos +"
+                  " i*kpool, member j on row c0 + i*e + j*d, its rep the last", (
+    _f("seq", _NAT, "their sequence"),
+    _f("k", _PAIR, "[k0, k1]: pools k0..k1-1"),
+    _f("first_pos", json_int(), "the position of pool k0's first member"),
+    _f("cells", _STEPS, "[c0, d, e]: member j of pool k0 + i on row c0 + i*e + j*d"),
+    _f("new", _BOOL, "marked new in this ubatch"),
+))
+
+SCATTER = Record("scatter entry", "an entry of the scatter plan", (
+    _f("rep", json_int(0), "the row it writes"),
+    _f("cells", _INTS, "the rows it pools"),
+    _f("pad", _BOOL, "a padding entry"),
+))
+
+SCATTER_RUN = Record("scatter run", "a run of n entries: entry i pools rows c0 + i*e +"
+                     " j*d (j < kpool) into the last of them", (
+    _f("n", json_int(2), "how many entries"),
+    _f("cells", _STEPS, "[c0, d, e]"),
+    _f("pad", {"const": False}, "runs are of real entries only"),
+))
+
+COST = Record("cost", "the counters of ENGINE.md §8", (
+    _f("cells_scanned", _NAT, "(pos, cell) pairs the layout update copies, plus the"
+       " cells cache-safe's sharing scan reads"),
+    _f("pools_marked", _NAT, "pools marked new"),
+    _f("rows_gathered", _NAT, "rows the gather reads"),
+    _f("scatter_entries", _NAT, "entries of the scatter plan"),
+    _f("gen_zeroed", _NAT, "generation-array entries zero-filled"),
+    _f("reps_sorted", _NAT, "rep rows sorted to pick padding rows"),
+))
+COST_KEYS = COST.names
+
+UBATCH = Record("ubatch", "one ubatch of a decode", (
+    _f("index", _NAT, "its index over the replay"),
+    _f("op", _NAT, "the index of its decode in the trace's ops"),
+    _f("batch_ubatch", _NAT, "its index in its decode"),
+    _f("tokens", json_array(TOKEN.schema()), "its tokens"),
+    _f("stale_batch", _SEQ_MAP, "the stale positions the ubatch starts from"),
+    _f("n_pool_real", _NAT, "pools of the layout"),
+    _f("n_new", _NAT, "pools marked new"),
+    _f("n_new_g", _NAT, "scatter entries, padding included"),
+    _f("pools", json_array({"oneOf": [POOL.schema(), POOL_RUN.schema()]}),
+       "the pools marked new (--pools all: every pool), runs folded"),
+    _f("scatter", json_array({"oneOf": [SCATTER.schema(), SCATTER_RUN.schema(
+        **{"not": {"required": ["rep"]}})]}), "every entry of the scatter plan, runs folded"),
+    _f("cost", COST.schema(), "what the ubatch cost the real engine"),
+    _f("findings", json_ref("findings"), "its findings"),
+))
+
+EXPECTATION = Record("expectation", "an expect op that applied to this engine", (
+    _f("op", _NAT, "the expect op's index in the trace's ops"),
+    _f("ok", _BOOL, "whether it held"),
+    _f("message", _STR, "what was expected and what happened"),
+))
+
+PROBLEM = Record("problem", "why the trace turned out invalid mid-replay", (
+    _f("file", _STR, "the trace file"),
+    _f("line", _NAT, "1-based; 0: no position"),
+    _f("column", _NAT, "1-based; 0: no position"),
+    _f("field", _STR, "the dotted path of the field"),
+    _f("message", _STR, "what is wrong"),
+))
+
+SUMMARY = Record("summary", "totals over the replay", (
+    _f("ubatches", _NAT, "ubatches replayed"),
+    _f("tokens", _NAT, "tokens decoded", required=False),
+    _f("findings", {"type": "object", "propertyNames": {"pattern": FINDING_CODE_PATTERN},
+                    "additionalProperties": _NAT}, "findings per code"),
+    _f("pools_marked", _NAT, "pools marked new"),
+    _f("pools_per_token", {"type": "number"}, "pools_marked / tokens", required=False),
+    _f("expectations", json_object({"passed": _NAT, "failed": _NAT}, ("passed", "failed"),
+                                    closed=False),
+       "expect ops that passed and failed", required=False),
+    _f("cost", {"type": "object", "additionalProperties": _NAT}, "the cost counters, summed",
+       required=False),
+    _f("status", {"enum": list(REPORT_STATUSES)}, "pass, fail (findings at or above"
+       " --fail-on, or a failed expectation under --check), aborted (KP005 stopped the"
+       " replay) or invalid (the trace turned out invalid mid-replay)"),
+))
+
+REPORT = Record("report", "What `kpool replay` found (TRACE_FORMAT.md). Fields may be"
+                " added in later versions; none is renamed.", (
+    _f("kpool_report", {"const": REPORT_VERSION}, "the format version"),
+    _f("tool", TOOL.schema(), TOOL.doc),
+    _f("trace", TRACE.schema(), TRACE.doc),
+    _f("engine", _STR, "the engine version replayed"),
+    _f("backend", {"type": ["string", "null"]},
+       "the value backend (numba, numpy), or null for a model-only replay"),
+    _f("config", CONFIG.schema(), CONFIG.doc),
+    _f("ubatches", json_array(UBATCH.schema()), "every ubatch, in order"),
+    _f("events", json_array(EVENT.schema()), "every non-decode op and every rejected"
+       " decode, with its status and the stale positions it set"),
+    _f("expectations", json_array(EXPECTATION.schema()),
+       "one per expect op that applied to this engine"),
+    _f("problems", json_array(PROBLEM.schema()), "only when the trace turned out invalid"
+       " mid-replay (summary.status invalid)", required=False),
+    _f("summary", SUMMARY.schema(), SUMMARY.doc),
+))
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON output of `kpool replay` (TRACE_FORMAT.md "Report"): one report
+    (`$defs/report`), or, for several traces, an array of two or more. Open: a reader
+    must ignore fields it does not know. A fresh dict on every call."""
+    return copy.deepcopy({
+        "$schema": DIALECT,
+        "title": f"kpool report, format v{REPORT_VERSION}",
+        "oneOf": [json_ref("report"), json_array(json_ref("report"), minItems=2)],
+        "$defs": {
+            "report": REPORT.schema(),
+            "finding": FINDING.schema(),
+            "findings": json_array(json_ref("finding")),
+        },
+    })

@@ -1,0 +1,126 @@
+"""KP001 scatter-race: two or more scatter entries of one ubatch write one row.
+
+Owns: the code, its explanation, `check` (the rows the race groups of the ubatch
+context show written by two or more entries) and `with_values` (the same finding
+with the value backend's evidence: whether each raced row's entries carry equal
+values, and which sequences may lose theirs).
+
+Invariants: the rows are the context's raced groups, ascending; the pools are the
+real entries that write them, in entry order; `with_values` changes neither, only
+the message and the evidence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import UbatchContext
+from ..finding import EVIDENCE_ROWS, Finding, PoolIds
+from ..rule import Code, Explanation, doc, row_list
+from ..values import writer, writers_of
+
+CODE = Code("KP001", "scatter-race", "error",
+            "two or more scatter entries of one ubatch write one row")
+
+EXPLANATION = Explanation(
+    CODE.code,
+    oneline="set_rows splits entries across threads: the row keeps an undefined "
+            "writer's value",
+    what=doc("""
+        Flags a ubatch whose scatter plan has two or more entries that write the same
+        row (ggml_set_rows into the pooled slots). With a value backend the finding
+        says whether the racing entries carry equal values or not, and which
+        sequences may lose theirs."""),
+    why=doc("""
+        The CPU backend splits set_rows across threads, so the rows two entries write
+        are written concurrently: a data race. When the values are equal it is
+        "only" undefined behaviour; when they differ, the row ends with one writer's
+        pooled key and every other sequence reading it attends with a wrong key.
+        This is the race that llama.cpp PR #29994 fixed: before it (cache-safe),
+        shared cells made the engine re-pool every pool, and the pools a seq_cp
+        shares between sequences were scattered once per sequence."""),
+    example=doc("""
+        kpool_trace: 1
+        name: kp001-scatter-race
+        cache: {kv_size: 16, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 0..4}
+          - seq_cp: {src: 0, dst: 1}
+          - decode:
+              tokens:
+                - {pos: 4, seq: [0]}
+                - {pos: 4, seq: [1]}"""),
+    engine="cache-safe",
+    fix=doc("""
+        Give every row at most one scatter entry per ubatch: mark each rep row once
+        (PR #29994's per-row generation array, `rep-once`), so the sequences sharing
+        a rep read the one pooled row through pool_cells. Where two pools on one row
+        would need different values, that is KP002: fix that first."""),
+)
+
+
+def check(ctx: UbatchContext) -> list[Finding]:
+    """Rows written by two or more scatter entries of the ubatch. set_rows splits
+    entries across threads, so the row's final value has no defined writer.
+    Evidence: the entries per row of the first EVIDENCE_ROWS rows."""
+    plan = ctx.plan
+    if plan is None or ctx.raced.size == 0:
+        return []
+    rows = ctx.rows[ctx.raced].tolist()
+    counts = ctx.sizes[ctx.raced]
+    real = plan.entry_pool[ctx.raced_entries()]
+    seq, k = ctx.layout.locate(real[real >= 0])
+    pools = PoolIds.of(seq, k)
+    seqs = tuple(np.unique(seq).tolist())
+    n_pad = int((real < 0).sum())
+    who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
+    if n_pad and seqs:
+        who += " and padding"
+    per_row = dict(zip(rows[:EVIDENCE_ROWS], counts[:EVIDENCE_ROWS].tolist(), strict=True))
+    more = ({"entries_per_row_not_listed": len(rows) - EVIDENCE_ROWS}
+            if len(rows) > EVIDENCE_ROWS else {})
+    return [Finding(
+        CODE.code,
+        f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
+        f"{row_list(rows)}",
+        rows=tuple(rows), seqs=seqs, pools=pools,
+        evidence={"entries_per_row": per_row, **more},
+    )]
+
+
+def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding:
+    """`race` (what `check` found in `ctx`) with value evidence. `equal` [n_groups]
+    bool: the entries of each race group of `ctx` write equal values (as
+    `values.groups_equal` gives it, from the value backend's pooled values).
+
+    Evidence: {row: {"equal": bool, "writers": [[seq, k], ...]}} (padding is
+    [-1, -1]) for the first EVIDENCE_ROWS raced rows (and the first row whose values
+    differ), `values_not_listed` counting the rest. The sequences that may lose
+    their value are those of every writer of a row whose writers' values are not
+    all equal."""
+    assert ctx.plan is not None  # a race is found in a plan
+    starts, rows, raced = ctx.starts, ctx.rows, ctx.raced
+    writers = writers_of(ctx.layout, ctx.plan.entry_pool)[ctx.order]
+    unequal = raced[~equal[raced]]
+    shown = raced[:EVIDENCE_ROWS]
+    if unequal.size and unequal[0] not in shown:
+        shown = np.append(shown, unequal[0])
+    evidence: dict[int, dict] = {
+        int(rows[g]): {"equal": bool(equal[g]),
+                       "writers": writers[starts[g]:starts[g + 1]].tolist()}
+        for g in shown.tolist()}
+    extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
+        else {}
+    if not unequal.size:
+        verdict = "values equal: every racing entry writes the same value"
+    else:
+        in_unequal = np.repeat(~equal, np.diff(starts))  # per sorted entry
+        losers = sorted(set(writers[in_unequal, 0].tolist()) - {-1})
+        who = (f"seqs {', '.join(map(str, losers))} may lose their value"
+               if losers else "padding entries may lose their value")
+        first = int(rows[unequal[0]])
+        verdict = (f"values differ on {unequal.size} row(s) (row {first}: "
+                   f"{', '.join(writer(tuple(w)) for w in evidence[first]['writers'])}): {who}")
+    return Finding(race.code, f"{race.message}; {verdict}", rows=race.rows, seqs=race.seqs,
+                   tokens=race.tokens, pools=race.pools,
+                   evidence={**race.evidence, "values": evidence, **extra})

@@ -1,0 +1,103 @@
+"""KP003 stale-read: a token sees a pool whose row differs from the pooling of its
+current members.
+
+Owns: the code (value-only: a model-only replay does not look for it), its
+explanation and `check`, run by the value backend once it has verified the pools
+(which pools read wrong, `bad`, and what a row holds instead, `holds`, are the
+backend's).
+
+Invariants: a token reads pools k < visible[i] of its first sequence; the finding
+names every reading token, and for each reading sequence its bad pools up to the
+furthest any of its tokens sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..context import UbatchContext
+from ..finding import Finding, PoolIds
+from ..rule import Code, Explanation, doc
+
+CODE = Code("KP003", "stale-read", "error",
+            "a token sees a pool whose row differs from the pooling of its current members",
+            values_only=True)
+
+EXPLANATION = Explanation(
+    CODE.code,
+    oneline="attention reads a pooled key that is not the pooling of the pool's "
+            "members: silent corruption",
+    what=doc("""
+        Flags a ubatch in which a token sees (through pool_cells) a pool whose rep
+        row holds something other than the pooling of that pool's current members
+        with their current keys: another pool's value, a stale value, a zeroed
+        slot. Needs a value backend (`--backend numba` or `numpy`)."""),
+    why=doc("""
+        Nothing crashes and nothing warns: the indexer scores the token against a
+        wrong pooled key and picks the wrong blocks for sparse attention. Output
+        quality degrades silently, only for the sequences whose rows were
+        overwritten, which makes the bug look like a model problem."""),
+    example=doc("""
+        kpool_trace: 1
+        name: kp003-stale-read
+        cache: {kv_size: 16, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 0..2}
+          - decode: {seq: 1, pos: 0..2}
+          - decode: {seq: [0, 1], pos: 2}
+          - decode: {seq: [0, 1], pos: 3}
+          - decode: {seq: 1, pos: 4}"""),
+    engine="rep-once",
+    fix=doc("""
+        Re-pool (mark) every pool whose members or member keys changed since its row
+        was written, before any token reads it: stale the sequences an edit
+        regroups, and keep one pooled row per grouping (see KP002). The rep-once
+        engine marks only the first pool on a shared rep; that is right only when
+        the pools on it have the same members."""),
+)
+
+
+def check(ctx: UbatchContext, bad: list[np.ndarray], holds: Callable[[int, int, int], str]
+          ) -> Finding | None:
+    """The tokens of the ubatch that see a bad pool.
+
+    `bad[s]` [n_pools of s] bool: pool k of s reads wrong (its row, or any racing
+    writer's value, differs from the pooling of its current members).
+    `holds(row, s, k)` describes what row `row` holds instead of pool s:k's value."""
+    assert ctx.plan is not None  # the backend runs on a plan
+    layout, visible, token_seqs = ctx.layout, ctx.plan.visible, ctx.token_seqs
+    first_bad = [int(np.argmax(b)) if b.size and b.any() else -1 for b in bad]
+    readers: list[int] = []
+    reach: dict[int, int] = {}
+    for i, ss in enumerate(token_seqs):
+        s = ss[0]
+        fb = first_bad[s]
+        if 0 <= fb < int(visible[i]):
+            readers.append(i)
+            reach[s] = max(reach.get(s, 0), int(visible[i]))
+    if not readers:
+        return None
+    pools: list[tuple[int, int]] = []
+    rows: list[int] = []
+    for s in sorted(reach):
+        ks = np.flatnonzero(bad[s][: reach[s]])
+        rr = layout.seqs[s].rep_rows.view[ks]
+        pools += [(s, k) for k in ks.tolist()]
+        rows += rr.tolist()
+    i0 = readers[0]
+    s0 = token_seqs[i0][0]
+    k0 = first_bad[s0]
+    row0 = int(layout.seqs[s0].rep_rows.view[k0])
+    tokens = tuple((int(ctx.token_pos[i]), token_seqs[i][0]) for i in readers)
+    more = ""
+    if len(readers) > 1 or len(pools) > 1:
+        more = f" ({len(readers)} token(s) read {len(pools)} bad pool(s))"
+    message = (f"token (pos {tokens[0][0]}, seq {s0}) reads pool {s0}:{k0} at row {row0}, "
+               f"which holds {holds(row0, s0, k0)} instead of the pooling of its members"
+               + more)
+    return Finding(CODE.code, message, rows=tuple(sorted(set(rows))),
+                   seqs=tuple(sorted(reach)), tokens=tokens, pools=PoolIds(pools),
+                   evidence={"reader": list(tokens[0]), "pool": [s0, k0], "row": row0,
+                             "holds": holds(row0, s0, k0)})

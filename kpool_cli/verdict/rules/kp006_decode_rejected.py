@@ -1,0 +1,48 @@
+"""KP006 decode-rejected: llama_decode would refuse the batch; nothing applied.
+
+Owns: the code (a warning), its explanation and `finding`, which the replay raises
+when a decode fails validation, the split, or find_slot.
+
+Invariants: the finding carries the refusal's message only; a refused decode
+changes nothing.
+"""
+
+from __future__ import annotations
+
+from ..finding import Finding
+from ..rule import Code, Explanation, doc
+
+CODE = Code("KP006", "decode-rejected", "warning",
+            "llama_decode would refuse the batch; nothing applied")
+
+EXPLANATION = Explanation(
+    CODE.code,
+    oneline="llama_decode refuses the batch: nothing of it is applied (a warning)",
+    what=doc("""
+        Flags a decode that llama_decode would refuse (llama_batch_allocr::init's
+        validation, a coupled batch on a sequential split, or find_slot finding no
+        free cells). Nothing of the batch is applied. A warning: it fails the run
+        only with `--fail-on warning`."""),
+    why=doc("""
+        The engine is right to refuse, but the caller's bookkeeping (a slot's
+        positions, its cells) no longer matches the cache: positions with a gap,
+        coupled sequences that have diverged, a full cache. The next decodes of that
+        slot will likely be refused too."""),
+    example=doc("""
+        kpool_trace: 1
+        name: kp006-decode-rejected
+        cache: {kv_size: 16, kpool: 4}
+        ops:
+          - decode: {seq: 0, pos: 0..4}
+          - decode: {seq: 0, pos: 6}"""),
+    engine="rep-once",
+    fix=doc("""
+        Nothing in the k-pool engine: fix the caller (continue each sequence at
+        seq_pos_max + 1, keep coupled sequences in step, free cells before
+        decoding). If the engine itself issues the batch, validate it first."""),
+)
+
+
+def finding(message: str) -> Finding:
+    """A refused decode."""
+    return Finding(CODE.code, message)

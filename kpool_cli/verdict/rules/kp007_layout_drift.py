@@ -1,0 +1,90 @@
+"""KP007 layout-drift: a sequence's incremental layout no longer matches a rebuild from
+its cells.
+
+Owns: the code, its explanation, `finding` (the drift of one sequence) and `Watch`,
+which reports a sequence's drift once, in the ubatch where it appears (the engine
+goes on with the drifted layout, so it persists until the sequence is rebuilt).
+
+Invariants: a sequence's drift is rechecked only where a layout update read its
+pairs (the other sequences' cells did not change, nor did their drift).
+"""
+
+from __future__ import annotations
+
+from ...cache.kv import KvCache
+from ...engine.layout import Layout
+from ..context import UbatchContext
+from ..finding import Finding
+from ..rule import AppearanceFilter, Code, Explanation, doc
+
+CODE = Code("KP007", "layout-drift", "error",
+            "a sequence's incremental layout no longer matches a rebuild from its cells")
+
+EXPLANATION = Explanation(
+    CODE.code,
+    oneline="the layout's cached positions no longer match the cells: pools are "
+            "grouped wrong from here on",
+    what=doc("""
+        Flags the ubatch where a sequence's incremental layout (the (pos, cell)
+        pairs it appended to since its last rebuild) stops matching a rebuild from
+        the sequence's cells. The replay goes on with the drifted layout, as the
+        engine does."""),
+    why=doc("""
+        Pools are groups of positions. An edit that moves positions without staling
+        every sequence it affects (a seq_add on cells another sequence shares: pos
+        belongs to the cell) leaves that sequence's layout with old positions: its
+        pools group the wrong cells, its new tokens append after the wrong pair, and
+        a later ubatch may not find its first token at all (KP005)."""),
+    example=doc("""
+        kpool_trace: 1
+        name: kp007-layout-drift
+        cache: {kv_size: 16, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - seq_cp: {src: 0, dst: 1}
+          - decode: {seq: 1, pos: 8..10}
+          - seq_add: {seq: 0, p0: 4, p1: 8, shift: 1}
+          - decode: {seq: 1, pos: 10}"""),
+    engine="rep-once",
+    fix=doc("""
+        Stale every sequence an edit moves: in seq_add/seq_div, stale each sequence
+        that shares a moved cell (or every sequence while cells are shared), from
+        the smallest moved position."""),
+)
+
+
+def finding(layout: Layout, cache: KvCache, s: int) -> Finding | None:
+    """The drift of sequence s, or None when its layout matches a rebuild."""
+    d = layout.drift(cache, s)
+    if d is None:
+        return None
+    j, have, want = d
+    return Finding(
+        CODE.code,
+        f"seq {s}: the layout's pair {j} is {_pair(have)} but the cells say {_pair(want)}; "
+        "the engine goes on with the drifted layout",
+        seqs=(s,), evidence={"index": j, "layout": have, "cells": want},
+    )
+
+
+def _pair(p: tuple[int, int] | None) -> str:
+    return "absent" if p is None else f"(pos {p[0]}, cell {p[1]})"
+
+
+class Watch:
+    """The drifted sequences of one replay (over `cache`, the replay's attention
+    cache), each reported where its drift appears."""
+
+    def __init__(self, cache: KvCache) -> None:
+        self._cache = cache
+        self._seen = AppearanceFilter()
+        self._drifts: dict[int, Finding] = {}  # each drifted sequence's finding
+
+    def check(self, ctx: UbatchContext) -> list[Finding]:
+        for s in ctx.change.read:
+            f = finding(ctx.layout, self._cache, s)
+            if f is None:
+                self._drifts.pop(s, None)
+            else:
+                self._drifts[s] = f
+        return [self._drifts[s] for s in sorted(self._seen.new(set(self._drifts)))]

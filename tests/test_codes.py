@@ -1,0 +1,184 @@
+"""Each finding code is one rule module (kpool_cli/verdict/rules/), with a fixture.
+
+A code's fixture is its explanation's example (`EXPLANATION.example`, the minimal
+trace `kpool explain` prints: one copy, in the module), replayed under the
+example's engine with a value backend, as `kpool replay example.yaml` runs it. Its
+findings, as the JSON report writes them, are committed in
+tests/fixtures/codes/KPnnn.findings.json; this file compares them and never writes
+them. For a new code, write its expected findings once with
+`python tests/test_codes.py KPnnn`, then read them against the trace by hand.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import pkgutil
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpool_cli.backend.store import make_backend
+from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.records import ExpectResult, UbatchRecord
+from kpool_cli.replay import replay
+from kpool_cli.report.json_report import finding_json
+from kpool_cli.trace.load import load_trace, load_trace_text
+from kpool_cli.verdict import context, rules
+from kpool_cli.verdict.codes import CODES, VALUE_CODES
+from kpool_cli.verdict.explain import EXPLANATIONS
+from kpool_cli.verdict.rules import RULES
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures" / "codes"
+RULE_OF = {r.CODE.code: r for r in RULES}
+
+# a code's literal outside its module that the module does not own: the rich view
+# styles KP001's raced rows itself (the view's styling per code is the view's)
+VIEW_STYLING = {("kpool_cli/report/view.py", "KP001")}
+
+
+def findings_of(code: str) -> list[dict]:
+    """Every finding of the code's fixture replay: where (op, ubatch index or None
+    for an op's event) and the finding as the JSON report writes it."""
+    e = RULE_OF[code].EXPLANATION
+    trace = load_trace_text(e.example)
+    out = []
+    for r in replay(trace, e.version(), make_backend("numpy", trace)):
+        if isinstance(r, ExpectResult):
+            continue
+        where = {"op": r.op, "ubatch": r.index if isinstance(r, UbatchRecord) else None}
+        out += [{**where, "finding": finding_json(f)} for f in r.findings]
+    return json.loads(json.dumps(out))  # as read back: int keys are strings
+
+
+def expected_path(code: str) -> Path:
+    return FIXTURES / f"{code}.findings.json"
+
+
+# -- the registry derives from the modules ------------------------------------------------
+
+
+def test_every_rule_module_is_registered_in_code_order():
+    names = {m.name for m in pkgutil.iter_modules(rules.__path__)}
+    assert names == {r.__name__.rsplit(".", 1)[1] for r in RULES}
+    codes = [r.CODE.code for r in RULES]
+    assert codes == sorted(codes) and len(set(codes)) == len(codes)
+    assert list(CODES) == codes and list(EXPLANATIONS) == codes
+
+
+@pytest.mark.parametrize("code", list(CODES))
+def test_a_rule_module_is_named_for_its_code(code):
+    rule = RULE_OF[code]
+    c = rule.CODE
+    assert rule.__name__.rsplit(".", 1)[1] == f"kp{c.code[2:]}_{c.name.replace('-', '_')}"
+    assert CODES[code] is c and EXPLANATIONS[code] is rule.EXPLANATION
+    assert rule.EXPLANATION.code == code
+    assert rule.__doc__.startswith(f"{code} {c.name}: ")
+
+
+def test_value_codes_are_the_value_only_rules():
+    assert {"KP003"} == VALUE_CODES
+    assert {c for c, e in EXPLANATIONS.items() if e.needs_values} == {"KP003"}
+
+
+@pytest.mark.parametrize("code", list(CODES))
+def test_every_code_has_a_module_a_fixture_and_expected_findings(code):
+    e = RULE_OF[code].EXPLANATION
+    assert load_trace_text(e.example).ops  # the fixture: a trace that loads
+    assert expected_path(code).is_file(), (
+        f"{expected_path(code).relative_to(ROOT)} is missing: write it with "
+        f"`python tests/test_codes.py {code}` and read it against the trace")
+
+
+def test_no_expected_findings_without_a_code():
+    assert {p.name.split(".")[0] for p in FIXTURES.glob("*.findings.json")} == set(CODES)
+
+
+def _code_literals(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module that are exactly a finding code (prose that
+    mentions one, in a docstring, a comment or a message, is not one)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and re.fullmatch(r"KP\d{3}", n.value)]
+
+
+def test_a_code_is_written_only_in_its_module():
+    homes = {r.CODE.code: Path(r.__file__).resolve() for r in RULES}
+    stray = []
+    for path in sorted((ROOT / "kpool_cli").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for line, code in _code_literals(path):
+            if path.resolve() != homes.get(code) and (rel, code) not in VIEW_STYLING:
+                stray.append(f"{rel}:{line}: {code}")
+    assert not stray, "a code written outside its rule module: " + "; ".join(stray)
+    # and each module writes its own code once: in its CODE
+    for code, home in homes.items():
+        assert [c for _, c in _code_literals(home)] == [code]
+
+
+# -- each fixture raises its code, and exactly the committed findings -----------------------
+
+
+@pytest.mark.parametrize("code", list(CODES))
+def test_the_fixture_raises_its_code(code):
+    assert code in {f["finding"]["code"] for f in findings_of(code)}
+
+
+@pytest.mark.parametrize("code", list(CODES))
+def test_the_fixture_findings_are_the_committed_ones(code):
+    path = expected_path(code)
+    if not path.is_file():
+        pytest.fail(f"{path.relative_to(ROOT)} is missing (it is never written by the tests)")
+    assert findings_of(code) == json.loads(path.read_text())
+
+
+# -- the race groups are computed once a ubatch -------------------------------------------
+
+
+def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch):
+    """The replay builds one context a ubatch; the static KP001, the value backend's
+    scatter and KP001's value evidence all read its groups."""
+    calls = []
+    real = context.race_groups
+
+    def counted(rep):
+        calls.append(rep.size)
+        return real(rep)
+
+    monkeypatch.setattr(context, "race_groups", counted)
+    trace = load_trace(ROOT / "traces" / "shared-prefix-race.yaml")
+    recs = [r for r in replay(trace, VERSIONS["cache-safe"], make_backend("numpy", trace))
+            if isinstance(r, UbatchRecord)]
+    with_plan = [r for r in recs if not r.aborted]
+    assert any(f.code == "KP001" for r in recs for f in r.findings)  # some race is judged
+    assert calls == [r.n_new_g for r in with_plan]
+
+
+def test_the_context_groups_entries_by_row_in_entry_order():
+    # entries 0..5 write rows 7, 3, 7, 9, 3, 7: rows 3 (entries 1, 4), 7 (0, 2, 5), 9 (3)
+    order, starts, rows = context.race_groups(np.array([7, 3, 7, 9, 3, 7]))
+    assert rows.tolist() == [3, 7, 9]
+    assert starts.tolist() == [0, 2, 5, 6]
+    assert order.tolist() == [1, 4, 0, 2, 5, 3]
+
+
+def _write_expected(codes: list[str]) -> None:
+    """Write the named codes' expected findings (by hand, for a new code or a change
+    of its findings; read each against its trace before committing it)."""
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    for code in codes:
+        path = expected_path(code)
+        found = findings_of(code)  # one finding a line
+        path.write_text("[\n" + ",\n".join(json.dumps(f) for f in found) + "\n]\n")
+        print(f"wrote {path.relative_to(ROOT)}: read it against the trace", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    if not sys.argv[1:] or any(c not in CODES for c in sys.argv[1:]):
+        sys.exit(f"usage: python tests/test_codes.py CODE...  (codes: {', '.join(CODES)})")
+    _write_expected(sys.argv[1:])
