@@ -1,5 +1,5 @@
-"""The command a user runs first: the shipped race trace under both engines (issue 2,
-"Done when")."""
+"""The command a user runs first: the shipped race trace under both engines (the
+README's first command)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def kpool(*args: str) -> subprocess.CompletedProcess:
 def test_race_trace_fails_under_cache_safe_and_names_rows():
     r = kpool("replay", str(RACE), "--engine", "cache-safe")
     assert r.returncode == 1, r.stderr
-    assert "KP001" in r.stdout and "3, 7, 11" in r.stdout
+    assert "KP001" in r.stdout and "3 7 11" in r.stdout
 
 
 def test_race_trace_passes_under_rep_once():

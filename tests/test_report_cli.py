@@ -235,7 +235,7 @@ def test_unknown_engine_is_a_usage_error():
 
 
 def test_plugin_engine_version_loads_from_module(tmp_path):
-    """Issue 2 point 4: `--engine package.module:Name`; here a rep-once that forgets to
+    """`--engine package.module:Name`; here a rep-once that forgets to
     mark once per rep brings the race back."""
     (tmp_path / "myengine.py").write_text(textwrap.dedent("""\
         from dataclasses import replace

@@ -1,4 +1,4 @@
-"""The text views (issue "The rich view"): the rich renderer on fixed-width consoles
+"""The text views: the rich renderer on fixed-width consoles
 (snapshots under tests/snapshots/, regenerate with KPOOL_UPDATE_SNAPSHOTS=1), the
 navigation options, `kpool explain`, --svg/--html, and terminal manners (NO_COLOR,
 --no-color, pipes, `| head`, the >200-ubatch default)."""
@@ -438,9 +438,9 @@ def test_svg_and_html_are_written_with_the_race_rows(tmp_path):
     assert r.returncode == 1
     assert r.stdout.startswith("trace ")  # piped: the plain view, as always
     s = svg.read_text().replace("&#160;", " ")
-    assert s.startswith("<svg") and "KP001" in s and "3, 7, 11" in s and "x2 race" in s
+    assert s.startswith("<svg") and "KP001" in s and "3 7 11" in s and "x2 race" in s
     h = html.read_text()
-    assert "<html" in h and "3, 7, 11" in h and "x2 race" in h
+    assert "<html" in h and "3 7 11" in h and "x2 race" in h
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -518,7 +518,7 @@ def test_plain_view_unchanged_for_scripts():
 
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_explain_plain_text_fits_80_columns(code):
-    """Issue 4 point 5: 80 columns stay readable, `kpool explain` included."""
+    """80 columns stay readable, `kpool explain` included."""
     from kpool_cli.verdict.explain import explain_text
 
     assert max(len(line) for line in explain_text(code).splitlines()) <= 80

@@ -35,8 +35,8 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
 Invariants:
 - after `run_ubatch`, `bad[s][k]` is True exactly when the rep row of pool k of s
   differs from the pooling of the pool's current members with their current keys
-  and gates, or is in `alt`; `full_bad()` recomputes that from scratch and the
-  property test holds the two equal;
+  and gates, or is in `alt`; tests/test_backend_incremental.py recomputes that from
+  scratch (`_differ` over every pool) and holds the two equal;
 - the stored state is a function of the trace alone: the scatter picks one writer
   per row (the last entry) before any kernel runs, so thread order never matters;
   which slot a row gets never changes a value;
@@ -812,19 +812,6 @@ class ValueBackend:
         self._kdirty_rows.clear()
         self._pdirty_rows.clear()
         self._all_dirty = False
-
-    def full_bad(self, layout: Layout) -> list[np.ndarray]:
-        """Every sequence's bad pools, recomputed over every pool (the test oracle of
-        the incremental `bad`)."""
-        out = []
-        for sq in layout.seqs:
-            ks = np.arange(len(sq.pools), dtype=np.int64)
-            if ks.size == 0:
-                out.append(np.zeros(0, dtype=bool))
-                continue
-            out.append(self._differ(sq.members(ks, self.kpool, self.kv_size),
-                                    sq.rep_rows.view[ks]))
-        return out
 
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells

@@ -1,1 +1,3 @@
-"""What a replay becomes for people and machines: tally, JSON report, text views."""
+"""What a replay becomes for people and machines: the tally (`tally`), the report
+format declared once (`format`), the JSON report (`json_report`), the text views
+(`text`, `view`, `plain`) and the diff's view (`diff_view`)."""

@@ -1,5 +1,5 @@
-"""Which records a text view shows: `--ubatch`, `--seq`, `--only-findings` (issue
-"The rich view", point 2). Shared by the plain and the rich view.
+"""Which records a text view shows: `--ubatch`, `--seq`, `--only-findings`. Shared
+by the plain and the rich view.
 
 Owns: `Selection` (the navigation options, parsed), `planned_ubatches` (how many
 ubatches a trace's decodes split into, known before the replay runs) and `select`,

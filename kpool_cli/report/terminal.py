@@ -94,7 +94,7 @@ def stream_is_pipe(stream: TextIO) -> bool:
 
 
 class Ticker:
-    """A progress bar on stderr for long replays (issue "The rich view", point 5).
+    """A progress bar on stderr for long replays.
 
     It appears only once `delay` seconds have passed without output on the terminal
     (a replay that finishes sooner, or that prints as it goes, never shows one), is

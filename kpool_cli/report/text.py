@@ -1,5 +1,5 @@
 """`kpool replay --format text`: which text view runs, where it goes, and the files
-and progress bar around it (issue "The rich view", points 4 and 5).
+and progress bar around it.
 
 Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
 otherwise, the recording console behind --html/--svg, written atomically at

@@ -1,5 +1,5 @@
 """The rich view of a replay: what a developer reads in a terminal while chasing a
-cache bug (issue "The rich view"). With terminal.py, the only module that imports rich.
+cache bug. With terminal.py, the only module that imports rich.
 
 Owns: `RichView` (fed `(record, shown)` pairs from `select.select`, it prints a
 header per trace, one block per shown ubatch, the events between them and a
@@ -36,6 +36,7 @@ from ..records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, Uba
 from ..trace import model as m
 from ..verdict.codes import CODES, Finding
 from ..verdict.explain import EXPLANATIONS, Explanation
+from ..verdict.rules import kp001_scatter_race
 from ..wording import visible
 from .select import Selection
 from .tally import Tally
@@ -44,6 +45,7 @@ SEQ_STYLES = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "brig
               "bright_yellow", "bright_blue", "bright_magenta")
 SHARED_STYLE = "bold bright_white on red3"
 SEQ_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
+RACE = kp001_scatter_race.CODE.code  # its rows are drawn red, "xN race"
 POOL_ROWS = 14  # pool table rows shown before folding (raced and flagged rows always are)
 TOKEN_RUNS = 6  # cell / pos runs listed per sequence before "..."
 GROUP = 16  # cells per group in the cell map
@@ -326,7 +328,7 @@ class RichView:
             parts = [base] if base else []
             if row in raced:
                 parts.append(f"x{count[row]} race")
-            parts += sorted(codes_of.get(row, set()) - ({"KP001"} if row in raced else set()))
+            parts += sorted(codes_of.get(row, set()) - ({RACE} if row in raced else set()))
             return " ".join(parts)
 
         for p in listed:
@@ -446,10 +448,8 @@ class RichView:
 
 
 def _raced_rows(r: UbatchRecord) -> set[int]:
-    if r.scatter_rep.size < 2:
-        return set()
-    uniq, counts = np.unique(r.scatter_rep, return_counts=True)
-    return set(uniq[counts > 1].tolist())
+    """The rows the ubatch's scatter race (KP001) names."""
+    return {row for f in r.findings if f.code == RACE for row in f.rows}
 
 
 def _stale_text(stale: dict[int, int]) -> Text:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import textwrap
 
+from .. import wording as words
 from .codes import CODES
 from .rule import Explanation
 from .rules import RULES
@@ -29,7 +30,7 @@ def explain_text(code: str) -> str:
               if e.plugin else e.engine)
     values = ", with a value backend (the default)" if e.needs_values else ""
     return "\n".join([
-        f"{e.code} {e.name} ({e.severity})",
+        f"{words.code(e.code, e.name)} ({e.severity})",
         "",
         textwrap.fill(f"{e.oneline}.", 78, initial_indent="  ", subsequent_indent="  "),
         "",

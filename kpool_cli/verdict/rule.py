@@ -3,8 +3,8 @@
 Owns: `Code` (a code's number, name, severity and one-line summary), `Explanation`
 (what `kpool explain` prints: written like ruff's rule docs, STYLE.md §3), and the
 helpers more than one rule uses: `AppearanceFilter` (a persisting condition
-reported where it appears), `row_list` (rows in a message) and `doc` (an
-explanation's paragraphs).
+reported where it appears) and `doc` (an explanation's paragraphs). Messages word
+rows, pools and ranges with `kpool_cli.wording`.
 
 Invariants: an `Explanation.example` is a minimal trace that loads with
 `load_trace_text` and raises its code when replayed under `version()` (with a value
@@ -75,12 +75,6 @@ class Explanation(CodeLookup):
 def doc(text: str) -> str:
     """An explanation's paragraph or example, written indented in its module."""
     return textwrap.dedent(text).strip()
-
-
-def row_list(rows: list[int], limit: int = 8) -> str:
-    """The first `limit` rows, then how many there are."""
-    head = ", ".join(str(r) for r in rows[:limit])
-    return head + (f", ... ({len(rows)} rows)" if len(rows) > limit else "")
 
 
 class AppearanceFilter:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import wording as words
 from ..context import UbatchContext
 from ..finding import EVIDENCE_ROWS, Finding, PoolIds
-from ..rule import Code, Explanation, doc, row_list
+from ..rule import Code, Explanation, doc
 from ..values import writer, writers_of
 
 CODE = Code("KP001", "scatter-race", "error",
@@ -82,7 +83,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     return [Finding(
         CODE.code,
         f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
-        f"{row_list(rows)}",
+        f"{words.folded(rows, limit=8)}",
         rows=tuple(rows), seqs=seqs, pools=pools,
         evidence={"entries_per_row": per_row, **more},
     )]

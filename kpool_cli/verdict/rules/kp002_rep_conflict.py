@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import wording as words
 from ...engine.layout import Layout
 from ..context import UbatchContext
 from ..finding import Finding, PoolIds
@@ -87,7 +88,7 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
     return Finding(
         CODE.code,
         f"{len(rows)} rep row(s) hold pools with different members: row {first} is the rep "
-        f"of pools {', '.join(f'{s}:{k}' for s, k in conflicts[first])}"
+        f"of pools {words.pools(conflicts[first])}"
         + (f" (+{len(rows) - 1} more rows)" if len(rows) > 1 else ""),
         rows=tuple(rows), seqs=seqs, pools=PoolIds(pools),
     )

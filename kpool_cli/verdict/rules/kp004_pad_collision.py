@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import wording as words
 from ..context import UbatchContext
 from ..finding import Finding, PoolIds
-from ..rule import Code, Explanation, doc, row_list
+from ..rule import Code, Explanation, doc
 
 CODE = Code("KP004", "pad-collision", "error",
             "a padding entry writes a row that some real pool reads")
@@ -66,7 +67,8 @@ def check(ctx: UbatchContext) -> list[Finding]:
     seq, k = ctx.layout.locate(readers)
     return [Finding(
         CODE.code,
-        f"padding writes {hit.size} row(s) that real pools read: {row_list(hit.tolist())}",
+        f"padding writes {hit.size} row(s) that real pools read: "
+        f"{words.folded(hit.tolist(), limit=8)}",
         rows=tuple(hit.tolist()), seqs=tuple(sorted(set(seq.tolist()))),
         pools=PoolIds.of(seq, k),
     )]
