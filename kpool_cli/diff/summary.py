@@ -60,12 +60,6 @@ class UbatchSummary:
         """The engine aborted in this ubatch (KP005): the replay ends here."""
         return any(code == ENGINE_ABORT for code, _ in self.findings)
 
-    def behaviour(self) -> tuple:
-        """Everything but the cost counters and the replay-wide index: two ubatches
-        with equal behaviour are the same engine decision."""
-        return (self.tokens, self.stale_batch, self.n_pool_real, self.n_new, self.n_new_g,
-                self.marked, self.scatter, self.findings)
-
 
 @dataclass(frozen=True, slots=True)
 class EventSummary:
@@ -77,9 +71,6 @@ class EventSummary:
     stale: tuple[tuple[int, int], ...]  # (seq, stale position) pairs it set, sorted
     findings: tuple[FindingKey, ...]
     message: str = ""  # shown, never compared
-
-    def behaviour(self) -> tuple:
-        return (self.kind, self.status, self.stale, self.findings)
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,11 +51,6 @@ TOKEN_RUNS = 6  # cell / pos runs listed per sequence before "..."
 GROUP = 16  # cells per group in the cell map
 
 
-def seq_char(s: int) -> str:
-    """The cell map's character for a cell of one sequence: 0-9, a-z, then `#`."""
-    return SEQ_CHARS[s] if 0 <= s < len(SEQ_CHARS) else "#"
-
-
 def seq_style(s: int) -> str:
     return SEQ_STYLES[s % len(SEQ_STYLES)]
 
@@ -166,7 +161,6 @@ class RichView:
         self.console, self.trace, self.version = console, trace, version
         self.backend, self.sel, self.pools_all = backend, selection, pools_all
         self.shown_ubatches = 0
-        self.total_ubatches = 0
         self.entries = 0
         self.padding = 0
         self._last_sig: tuple | None = None  # findings of the last ubatch printed in full
@@ -216,7 +210,6 @@ class RichView:
 
     def add(self, rec: OpEvent | UbatchRecord | ExpectResult, shown: bool) -> None:
         if isinstance(rec, UbatchRecord):
-            self.total_ubatches += 1
             self.entries += rec.n_new_g
             self.padding += int(rec.scatter_pad.sum())
             if shown:
