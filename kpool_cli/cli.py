@@ -30,6 +30,8 @@ from .backend.budget import (
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .replay import replay
+from .report.check_formats import CI_FORMATS
+from .report.check_formats import FORMATS as CHECK_FORMATS
 from .report.files import OutputError, check_outputs, written_whole
 from .report.format import report_schema
 from .report.json_report import write_report, write_reports
@@ -150,8 +152,10 @@ def cli() -> None:
 @click.option("--engine", "engine", metavar="NAME",
               help="Engine version: cache-safe, rep-once, or package.module:Name. "
                    "Default: the trace's `engine:`, else rep-once.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="Text for people, JSON (TRACE_FORMAT.md) for machines.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", *CI_FORMATS]),
+              default="text", show_default=True,
+              help="Text for people, JSON (TRACE_FORMAT.md) for machines; junit, github, "
+                   "sarif: the findings as `kpool check` writes them, for CI.")
 @click.option("--output", "-o", metavar="FILE",
               help="Write the report to FILE (atomically) instead of stdout.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default="error", show_default=True,
@@ -195,7 +199,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
     from .report.text import TextOutput, may_draw_rich, ticker_for, ticking
 
     _refuse_outputs(traces, output=output, svg=svg, html=html)
-    if fmt == "json" and (html or svg):
+    if fmt != "text" and (html or svg):
         _fail("--html and --svg save the text view: use them with --format text")
     loaded = [_load(path, max_tokens) for path in traces]  # every trace, before any engine
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
@@ -206,6 +210,16 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
         except ReplayTooLarge as e:
             _fail(str(e))
     value_backend = None if backend == "none" else backend
+    if fmt in CI_FORMATS:  # the findings as `kpool check` writes them, nothing pinned
+        from .check import CheckJob, run_checks
+        from .check import exit_code as check_exit_code
+
+        jobs = [CheckJob(t.path, engine or t.engine or DEFAULT_VERSION, backend, fail_on,
+                         max_tokens=max_tokens, max_memory=max_memory, pin=False,
+                         expectations=check) for t in loaded]
+        with _output(output) as out:
+            done = _write_check(out, fmt, run_checks(jobs), fail_on)
+        sys.exit(check_exit_code(done))
 
     def replayed(trace: Trace, version: EngineVersion, tally: Tally, cell_map: bool = False
                  ) -> Iterator[Record]:
@@ -292,10 +306,13 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
 
 
 @cli.command("schema")
-@click.argument("which", type=click.Choice(["trace", "report"]))
+@click.argument("which", type=click.Choice(["trace", "report", "check"]))
 def schema_cmd(which: str) -> None:
-    """Print the JSON Schema of the trace (YAML as parsed) or of the report."""
-    doc = trace_schema() if which == "trace" else report_schema()
+    """Print the JSON Schema of the trace (YAML as parsed), of the report, or of
+    `kpool check --output-format json`."""
+    from .report.format import check_schema
+
+    doc = {"trace": trace_schema, "report": report_schema, "check": check_schema}[which]()
     click.echo(json.dumps(doc, indent=2))
 
 
@@ -380,6 +397,136 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     with _output(output) as out:
         write_diff(out, result, fmt)
     sys.exit(result.exit_code)
+
+
+def _codes(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Codes given as repeated or comma-separated options; exit 2 for an unknown one."""
+    from .verdict.codes import CODES
+
+    out = tuple(c.strip().upper() for v in values for c in v.split(",") if c.strip())
+    unknown = [c for c in out if c not in CODES]
+    if unknown:
+        _fail(f"unknown finding code {unknown[0]!r}: known codes are {', '.join(CODES)}")
+    return out
+
+
+@cli.command("check")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--engine", "engines", metavar="NAME", multiple=True,
+              help="Check under this engine only (cache-safe, rep-once, or "
+                   "package.module:Name). Repeatable. Default: the engines the trace's "
+                   "expect items name, plus rep-once and cache-safe for those naming none.")
+@click.option("--fail-on", type=click.Choice(FAIL_ON), default=None,
+              help="Fail on an unpinned finding of this severity or above [default: error].")
+@click.option("--ignore", "ignore", metavar="CODES", multiple=True,
+              help="Finding codes that never fail the check (added to the settings' "
+                   "ignore). Repeatable, or comma-separated.")
+@click.option("--output-format", "fmt", type=click.Choice(CHECK_FORMATS), default=None,
+              help="text (one line per trace and engine), json, junit, github (workflow "
+                   "annotations) or sarif (2.1.0) [default: text].")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write the output to FILE (atomically) instead of stdout.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Replay on N processes [default: 1].")
+@click.option("--backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
+              show_default=True, help="Value backend (none: model-only, KP003 unseen).")
+@click.option("--no-config", is_flag=True,
+              help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
+@_max_tokens_option
+@_max_memory_option
+def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
+              ignore: tuple[str, ...], fmt: str | None, output: str | None,
+              jobs: int | None, backend: str, no_config: bool, max_tokens: int,
+              max_memory: int | None) -> None:
+    """Check the traces in PATHS (files, or folders searched recursively for *.yaml and
+    *.yml) as a CI gate: each is replayed under every engine its expect items name;
+    every expect must hold, and no finding at or above --fail-on may be left
+    unpinned (a code listed in an expect's findings for that engine is pinned).
+
+    \b
+    Settings: [tool.kpool] of the nearest pyproject.toml, or kpool.toml, from the
+    current folder upwards (engines, fail-on, ignore, per-file-ignores,
+    output-format, jobs); an option given here beats the file.
+
+    \b
+    Exit status:
+      0  every trace passed under every engine
+      1  an expect did not hold, or an unpinned finding at or above --fail-on
+      2  bad usage, a bad settings file, or an invalid trace
+    """
+    from pathlib import Path
+
+    from .check import exit_code as check_exit_code
+    from .check import plan, run_checks, trace_paths
+    from .settings import SettingsError, load_settings
+
+    _refuse_outputs(paths, output=output)
+    try:
+        settings = load_settings(Path.cwd(), no_config=no_config)
+    except SettingsError as e:
+        _fail(str(e))
+    engines = engines or settings.engines or ()
+    for spec in engines:
+        _version_for(spec, None)  # an unknown engine: exit 2 before any work
+    fail_on = fail_on or settings.fail_on or "error"
+    fmt = fmt or settings.output_format or "text"
+    jobs = jobs or settings.jobs or 1
+    extra = frozenset(_codes(ignore) + settings.ignore)
+    files, empty = trace_paths(paths)
+    if empty:
+        _fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+
+    def ignored_for(path: Path) -> frozenset[str]:
+        return extra | settings.ignored_for(path)
+
+    units = plan(files, engines, backend=backend, fail_on=fail_on, ignored_for=ignored_for,
+                 max_tokens=max_tokens, max_memory=max_memory)
+    results = run_checks(units, jobs)
+    with _output(output) as out:
+        done = _write_check(out, fmt, results, fail_on)
+    sys.exit(check_exit_code(done))
+
+
+def _write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
+    from .report.check_formats import write_check
+    from .report.check_junit import MissingExtra
+
+    try:
+        return write_check(out, fmt, results, fail_on)
+    except MissingExtra as e:
+        _fail(str(e))
+
+
+@cli.command("validate")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@_max_tokens_option
+def validate_cmd(paths: tuple[str, ...], max_tokens: int) -> None:
+    """Load the traces in PATHS (files, or folders searched recursively for *.yaml and
+    *.yml) without replaying them, and list every problem of every file.
+
+    \b
+    Exit status:
+      0  every trace is valid
+      2  a trace is invalid (or bad usage)
+    """
+    from .check import trace_paths
+
+    files, empty = trace_paths(paths)
+    if empty:
+        _fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    bad = 0
+    for path in files:
+        try:
+            load_trace(path, max_tokens=max_tokens)
+        except TraceError as e:
+            bad += 1
+            click.echo(f"INVALID {visible(path)}")
+            click.echo("\n".join(f"  {line}" for line in str(e).split("\n")))
+        else:
+            click.echo(f"ok      {visible(path)}")
+    click.echo(f"validated {len(files)} trace{'s' if len(files) != 1 else ''}: "
+               f"{len(files) - bad} valid, {bad} invalid")
+    sys.exit(EXIT_BAD_INPUT if bad else 0)
 
 
 class Terminated(BaseException):

@@ -121,11 +121,15 @@ class UbatchRecord:
 
 @dataclass(frozen=True, slots=True)
 class ExpectResult:
-    """The outcome of an `expect` op of the trace (`kpool replay --check`)."""
+    """The outcome of an `expect` op of the trace (`kpool replay --check`). `target`:
+    the op it checked (-1: none ran before it); `diffs`: what did not hold, each as
+    (what, expected, actual), the words of `message` side by side."""
 
     op: int
     ok: bool
     message: str
+    target: int = -1
+    diffs: tuple[tuple[str, str, str], ...] = ()
 
 
 Record = OpEvent | UbatchRecord | ExpectResult

@@ -6,11 +6,15 @@ op that applies there (no `engine:`, or that engine) must be evaluated and hold:
 `kpool replay --check` would fail on it. A trace must also say something under
 each engine: an (trace, engine) pair with no expectation at all is listed in
 NO_EXPECTATION, so the gap is visible and the list is held exact.
+
+traces/README.md is the library's index: one table row per trace with the
+findings each engine raises; the table is checked against replays here.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +25,7 @@ from kpool_cli.backend.store import make_backend
 from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.records import ExpectResult
 from kpool_cli.replay import replay
+from kpool_cli.report.tally import Tally, tallied
 from kpool_cli.trace import model as m
 from kpool_cli.trace.load import load_trace
 
@@ -45,7 +50,18 @@ def applicable(t: m.Trace, engine: str) -> list[int]:
 
 
 def test_there_are_shipped_traces():
-    assert len(TRACES) >= 13, [p.name for p in TRACES]
+    assert len(TRACES) >= 14, [p.name for p in TRACES]
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
+def test_every_trace_describes_itself_and_pins_both_engines(path: Path) -> None:
+    """A shipped trace is a lesson: it says what it models, and it pins what each
+    shipped version does there (an `expect` without `engine:` pins both)."""
+    t = load_trace(path)
+    assert t.name == path.stem, f"{path.name}: name {t.name!r} is not the file's stem"
+    assert len(t.description.split()) >= 12, f"{path.name}: describe the situation"
+    for engine in ENGINES:
+        assert applicable(t, engine), f"{path.name}: no expect applies under {engine}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -84,3 +100,43 @@ def test_replay_check_passes_on_every_shipped_trace(engine: str) -> None:
                        capture_output=True, text=True, cwd=ROOT,
                        env={**os.environ, "NO_COLOR": "1"}, timeout=120)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+
+README = ROOT / "traces" / "README.md"
+ROW = re.compile(r"^\| \[([\w.-]+)\]\(([\w.-]+\.yaml)\) \| [^|]+ \| ([^|]+) \| ([^|]+) \|$")
+
+
+def readme_rows() -> dict[str, tuple[str, str]]:
+    """The table of traces/README.md: file name -> (rep-once cell, cache-safe cell)."""
+    rows = {}
+    for line in README.read_text().splitlines():
+        mo = ROW.match(line)
+        if mo:
+            name, file, rep_once, cache_safe = mo.groups()
+            assert file == f"{name}.yaml", line
+            assert file not in rows, f"{file} has two rows"
+            rows[file] = (rep_once.strip(), cache_safe.strip())
+    return rows
+
+
+def findings_cell(t: m.Trace, engine: str) -> str:
+    """What the README's table says of one replay: its findings with their counts
+    (the report's summary.findings), and whether it aborted."""
+    tally = Tally(fail_on="never")
+    for _ in tallied(replay(t, VERSIONS[engine], make_backend("numpy", t)), tally):
+        pass
+    cell = ", ".join(f"{code} x{n}" for code, n in sorted(tally.findings.items())) or "none"
+    return cell + " (aborted)" if tally.status == "aborted" else cell
+
+
+def test_readme_lists_every_trace_once() -> None:
+    assert sorted(readme_rows()) == [p.name for p in TRACES]
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.stem)
+def test_readme_findings_are_what_the_replay_finds(path: Path) -> None:
+    rows = readme_rows()
+    assert path.name in rows, f"traces/README.md has no row for {path.name}"
+    t = load_trace(path)
+    got = tuple(findings_cell(t, engine) for engine in ENGINES)
+    assert rows[path.name] == got, f"{path.name}: README says {rows[path.name]}, replays give {got}"

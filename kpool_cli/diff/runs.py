@@ -16,9 +16,7 @@ problems) goes through `wording.visible` before it is put in a message.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -28,6 +26,7 @@ from ..engine.versions import load_version
 from ..replay import replay
 from ..trace.load import MAX_TOKENS, load_trace
 from ..wording import visible
+from ..workers import in_order
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
 
@@ -54,51 +53,9 @@ def run_unit(unit: Unit) -> RunSummary:
 
 
 def run_units(units: Sequence[Unit], jobs: int = 1) -> list[RunSummary]:
-    """Every unit's summary, in the order given. On a process pool, the first error
-    (in the order given) is raised as the worker raised it; then, as on an interrupt
-    (Ctrl-C, SIGTERM), the workers are stopped at once, not waited for."""
-    if jobs <= 1 or len(units) <= 1:
-        return [run_unit(u) for u in units]
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), initializer=_worker_init)
-    try:
-        futures = [pool.submit(run_unit, u) for u in units]
-        results = [f.result() for f in futures]
-    except BaseException:
-        _stop_now(pool)
-        raise
-    pool.shutdown(wait=True)
-    return results
-
-
-def _worker_init() -> None:
-    """Ctrl-C reaches every process of the terminal's process group: only the parent
-    answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
-    ends a worker at once: the parent's handler (an exception, so that its files are
-    cleaned up) is inherited through fork and would let the worker run on."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _stop_now(pool: ProcessPoolExecutor) -> None:
-    """Cancel what has not started and end the workers now: a unit can run for
-    minutes, and `shutdown(wait=True)` would wait for it."""
-    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
-        terminate()
-        return
-    # before 3.14 the executor has no public way to end its workers; its process
-    # table is the documented-by-source way the 3.14 method itself uses
-    procs = list(getattr(pool, "_processes", None) or {})
-    workers = [pool._processes[pid] for pid in procs]
-    pool.shutdown(wait=False, cancel_futures=True)
-    for w in workers:
-        w.terminate()
-    for w in workers:
-        w.join(timeout=1)
-    # with no worker left nothing can make this wait; it lets the executor's manager
-    # thread finish (and close its wakeup pipe) now, not race the interpreter's exit
-    # hook, which would write to that pipe as it closes ("Bad file descriptor")
-    pool.shutdown(wait=True)
+    """Every unit's summary, in the order given (`workers.in_order`: on a process pool
+    when `jobs > 1`)."""
+    return list(in_order(run_unit, units, jobs))
 
 
 def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: str,

@@ -5,7 +5,9 @@ field's JSON Schema and a line of doc; and `report_schema`, generated from them.
 Owns: `Field`, `Record`, the records (`REPORT` and the records it holds: `TOOL`,
 `TRACE`, `CONFIG`, `EVENT`, `UBATCH`, `TOKEN`, `POOL`, `POOL_RUN`, `SCATTER`,
 `SCATTER_RUN`, `COST`, `FINDING`, `FINDING_TOKEN`, `EXPECTATION`, `PROBLEM`,
-`SUMMARY`), `COST_KEYS`, `REPORT_VERSION` and `report_schema`.
+`SUMMARY`), `COST_KEYS`, `REPORT_VERSION` and `report_schema`; and the output of
+`kpool check --output-format json` (`CHECK` and its records, `CHECK_VERSION`,
+`check_schema`).
 
 What derives from it:
 - `report_schema()`, `kpool schema report`: every record an object of its fields,
@@ -35,6 +37,13 @@ from kpool_cli.trace.format import CACHE, FINDING_CODE_PATTERN, OP_STATUSES
 from kpool_cli.trace.schema import DIALECT, json_array, json_int, json_object, json_ref
 
 __all__ = [
+    "CHECK",
+    "CHECK_DIFF",
+    "CHECK_FINDING",
+    "CHECK_RESULT",
+    "CHECK_SUMMARY",
+    "CHECK_UNMET",
+    "CHECK_VERSION",
     "CONFIG",
     "COST",
     "COST_KEYS",
@@ -56,6 +65,7 @@ __all__ = [
     "UBATCH",
     "Field",
     "Record",
+    "check_schema",
     "report_schema",
 ]
 
@@ -321,4 +331,87 @@ def report_schema() -> dict[str, Any]:
             "finding": FINDING.schema(),
             "findings": json_array(json_ref("finding")),
         },
+    })
+
+
+# --- kpool check (one document per command: every trace under every engine) ----------
+
+CHECK_VERSION = 1
+CHECK_STATUSES = ("pass", "fail", "invalid")
+
+CHECK_DIFF = Record("difference", "one thing an expect asked that did not hold", (
+    _f("what", _STR, "status, findings, n_new, n_new_g, marked pools, ubatch, ..."),
+    _f("expected", _STR, "what the expect says"),
+    _f("actual", _STR, "what the replay did"),
+))
+
+CHECK_UNMET = Record("unmet expectation", "an expect op that did not hold", (
+    _f("op", _NAT, "the expect op's index in the trace's ops"),
+    _f("line", _NAT, "the expect op's line in the trace (1-based; 0: unknown)"),
+    _f("target", json_int(-1), "the index of the op it checked (-1: none ran before it)"),
+    _f("target_line", _NAT, "that op's line (0: none)"),
+    _f("diffs", json_array(CHECK_DIFF.schema()), "what differs, expected beside actual"),
+    _f("message", _STR, "the same in a line"),
+))
+
+CHECK_FINDING = Record("check finding", "a finding no expect of the trace pins", (
+    _f("code", {"type": "string", "pattern": FINDING_CODE_PATTERN}, "KP001, KP002, ..."),
+    _f("name", _STR, "the code's name"),
+    _f("severity", {"enum": list(SEVERITIES)}, "error or warning"),
+    _f("op", _NAT, "the index of the op that raised it"),
+    _f("line", _NAT, "that op's line in the trace (1-based; 0: unknown)"),
+    _f("ubatch", {"oneOf": [_NAT, {"type": "null"}]},
+       "the ubatch's index over the replay; null for an op's event"),
+    _f("message", _STR, "what happened, in a line"),
+    _f("fails", _BOOL, "at or above --fail-on: it fails the check"),
+))
+
+_COUNTS = {"type": "object", "propertyNames": {"pattern": FINDING_CODE_PATTERN},
+           "additionalProperties": _NAT}
+
+CHECK_RESULT = Record("check result", "one trace under one engine", (
+    _f("path", _STR, "the trace file"),
+    _f("engine", _STR, "the engine version; empty when the trace did not load"),
+    _f("status", {"enum": list(CHECK_STATUSES)}, "pass, fail (an expect did not hold, or"
+       " an unpinned finding at or above --fail-on) or invalid (the trace cannot be"
+       " checked: problems says why)"),
+    _f("unmet", json_array(CHECK_UNMET.schema()), "the expectations that did not hold"),
+    _f("findings", json_array(CHECK_FINDING.schema()),
+       "unpinned, unignored findings (failing ones first, at most 50)"),
+    _f("more_findings", _NAT, "unpinned findings left out of findings"),
+    _f("problems", json_array(PROBLEM.schema()), "why the trace is invalid"),
+    _f("expectations", json_object({"passed": _NAT, "failed": _NAT}, ("passed", "failed"),
+                                    closed=False), "expect ops that held and did not"),
+    _f("ubatches", _NAT, "ubatches replayed"),
+    _f("counts", json_object({"all": _COUNTS, "pinned": _COUNTS, "ignored": _COUNTS},
+                             ("all", "pinned", "ignored"), closed=False),
+       "findings per code: every one, those an expect pins, those of ignored codes"),
+))
+
+CHECK_SUMMARY = Record("check summary", "totals over the command", (
+    _f("traces", _NAT, "trace files checked"),
+    _f("runs", _NAT, "(trace, engine) results"),
+    _f("passed", _NAT, "results that passed"),
+    _f("failed", _NAT, "results that failed"),
+    _f("invalid", _NAT, "results of invalid traces"),
+    _f("exit_code", {"enum": [0, 1, 2]}, "the command's exit status"),
+))
+
+CHECK = Record("check", "What `kpool check` found. Fields may be added in later versions;"
+               " none is renamed.", (
+    _f("kpool_check", {"const": CHECK_VERSION}, "the format version"),
+    _f("tool", TOOL.schema(), TOOL.doc),
+    _f("fail_on", {"enum": ["error", "warning", "never"]}, "the failing severity"),
+    _f("results", json_array(CHECK_RESULT.schema()), "one per trace and engine, in order"),
+    _f("summary", CHECK_SUMMARY.schema(), CHECK_SUMMARY.doc),
+))
+
+
+def check_schema() -> dict[str, Any]:
+    """The JSON output of `kpool check --output-format json`. A fresh dict on every
+    call."""
+    return copy.deepcopy({
+        "$schema": DIALECT,
+        "title": f"kpool check, format v{CHECK_VERSION}",
+        **CHECK.schema(),
     })

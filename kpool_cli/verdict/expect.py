@@ -81,34 +81,44 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
     if op.engine is not None and op.engine != engine:
         return None
     if last is None:
-        return ExpectResult(i, False, "no op ran before this expect")
-    problems = []
+        return ExpectResult(i, False, "no op ran before this expect",
+                            diffs=(("op", "an op before this expect", "none"),))
+    problems: list[str] = []
+    diffs: list[tuple[str, str, str]] = []
+
+    def differ(what: str, verb: str, actual: str, expected: str) -> None:
+        problems.append(f"{what} {verb} {actual}, expected {expected}")
+        diffs.append((what, expected, actual))
+
     if op.status is not None and op.status != last.status:
-        problems.append(f"status is {last.status}, expected {op.status}")
+        differ("status", "is", last.status, op.status)
     if op.findings is not None:
         # a model-only replay cannot see what only values show: expect the rest
         want = set(op.findings) - (set() if has_values else VALUE_CODES)
         if want != last.codes:
             got = ", ".join(sorted(last.codes)) or "none"
-            problems.append(f"findings are {got}, expected {', '.join(sorted(want)) or 'none'}")
+            differ("findings", "are", got, ", ".join(sorted(want)) or "none")
     if _asks_ubatches(op):
         if not last.n_ubatches:
             problems.append("the op ran no ubatch")
+            diffs.append(("ubatches", "at least one", "none"))
         else:
             try:
                 n_new, n_new_g, listed = last.ubatches[op.ubatch]
             except IndexError:
                 problems.append(f"the op has no ubatch {op.ubatch}")
+                diffs.append(("ubatch", str(op.ubatch), f"{last.n_ubatches} ubatches"))
             else:
                 pools = listed.marked()
                 if op.n_new is not None and op.n_new != n_new:
-                    problems.append(f"n_new is {n_new}, expected {op.n_new}")
+                    differ("n_new", "is", str(n_new), str(op.n_new))
                 if op.n_new_g is not None and op.n_new_g != n_new_g:
-                    problems.append(f"n_new_g is {n_new_g}, expected {op.n_new_g}")
+                    differ("n_new_g", "is", str(n_new_g), str(op.n_new_g))
                 if op.pools is not None and tuple(op.pools) != pools:
-                    problems.append(f"marked pools are {list(pools)}, expected "
-                                    f"{[list(p) for p in op.pools]}")
+                    differ("marked pools", "are", str(list(pools)),
+                           str([list(p) for p in op.pools]))
     where = f"op {last.op}"
     if problems:
-        return ExpectResult(i, False, f"{where}: " + "; ".join(problems))
-    return ExpectResult(i, True, f"{where}: as expected")
+        return ExpectResult(i, False, f"{where}: " + "; ".join(problems), last.op,
+                            tuple(diffs))
+    return ExpectResult(i, True, f"{where}: as expected", last.op)

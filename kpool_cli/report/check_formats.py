@@ -1,0 +1,40 @@
+"""The output formats of `kpool check` (and of `kpool replay --format` for CI): their
+names, and which writer writes each.
+
+Owns: `FORMATS` (the names `--output-format`, `--format` and the settings file accept)
+and `write_check`. Each writer lives in its own module (`check_text`, `check_json`,
+`check_junit`, `check_github`, `check_sarif`), takes the stream of `CheckResult`s and
+returns the results it wrote; none of them counts or decides the exit code
+(`check.exit_code` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TextIO
+
+from ..check import CheckResult
+
+FORMATS = ("text", "json", "junit", "github", "sarif")
+CI_FORMATS = ("junit", "github", "sarif")  # also `kpool replay --format`
+
+
+def write_check(out: TextIO, fmt: str, results: Iterable[CheckResult],
+                fail_on: str) -> list[CheckResult]:
+    """Write `results` to `out` in `fmt`. Raises `check_junit.MissingExtra` when the
+    format needs a package that is not installed."""
+    from .check_github import write_check_github
+    from .check_json import write_check_json
+    from .check_junit import write_check_junit
+    from .check_sarif import write_check_sarif
+    from .check_text import write_check_text
+
+    if fmt == "json":
+        return write_check_json(out, results, fail_on)
+    if fmt == "junit":
+        return write_check_junit(out, results)
+    if fmt == "github":
+        return write_check_github(out, results)
+    if fmt == "sarif":
+        return write_check_sarif(out, results)
+    return write_check_text(out, results)

@@ -1,0 +1,497 @@
+"""Settings of `kpool check` read from a file: `[tool.kpool]` of a pyproject.toml, or a
+kpool.toml, found from a folder upwards as ruff finds its own.
+
+Owns: `Settings` (what the file says, each value checked; None where the file is
+silent, so the command line's own default applies), `SettingsError` (a bad settings
+file: `FILE:LINE: message`, exit 2), `load_settings` (discovery, reading, checking),
+the known keys (`KEYS`), the bounds (`MAX_BYTES`, `MAX_JOBS`,
+`MAX_ENTRIES`, `MAX_GLOB`) and how a per-path glob matches a trace (`glob_regex`).
+The command line beats the file: merging is the CLI's, which passes a value of the
+file on only where its own option was not given.
+
+Invariants:
+- Discovery: from `start` (a folder, or a file's folder) upwards to the filesystem
+  root, the first folder holding a `kpool.toml` (the whole file is the settings) or a
+  `pyproject.toml` with a `[tool.kpool]` table; in one folder kpool.toml wins. A
+  pyproject.toml without the table is passed over. No user-level file is read, and
+  the home folder is not a stop: the root is.
+- The file is untrusted: more than `MAX_BYTES` is refused before parsing, text is
+  strict UTF-8, TOML nesting too deep for the parser is a problem, every value is
+  checked (type, known name, bounds), and a problem quotes at most 40 characters of
+  what the file says. Nothing from the file is imported or run: a plug-in engine
+  `package.module:Name` is only checked for its shape here.
+- Every problem is a `SettingsError` naming the file and the line: tomllib's line for
+  a syntax error, else the line where the offending key is written (`_key_lines`
+  finds it in the text, by the key's full path, so `engines` of `[tool.other]` is
+  never taken for `engines` of `[tool.kpool]`). Unknown keys get the closest known
+  key suggested.
+- Per-path ignores: a glob relative to the settings file's folder, `/`-separated;
+  `*` and `?` stay inside one path segment, `**` spans segments, `[...]` is a
+  character class. A glob without `/` matches a trace's file name in any folder (as
+  ruff's per-file-ignores do).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import functools
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engine.versions import VERSIONS
+from .report.check_formats import FORMATS as OUTPUT_FORMATS
+from .report.tally import FAIL_ON
+from .trace.yaml_safe import clip, quote, suggest
+from .verdict.codes import CODES
+from .wording import visible
+
+# the files looked for, in the order they win within one folder
+KPOOL_TOML = "kpool.toml"
+PYPROJECT = "pyproject.toml"
+
+MAX_BYTES = 1 << 20          # a settings file (or a pyproject.toml read to find one)
+MAX_JOBS = 256               # `jobs`: processes
+MAX_ENTRIES = 1000           # items in `engines`, `ignore`, one per-path list; globs
+MAX_GLOB = 1000              # characters in one per-path glob
+
+KEYS = ("engines", "fail-on", "ignore", "per-file-ignores", "output-format", "jobs")
+
+_PLUGIN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
+_TOML_WHERE = re.compile(r"\s*\((?:at line (\d+), column (\d+)|at end of document)\)$")
+
+
+class SettingsError(Exception):
+    """A settings file kpool refuses (exit 2). `str(e)` is `FILE:LINE: message`, or
+    `FILE: message` for a problem of the whole file (unreadable, too big)."""
+
+    def __init__(self, file: Path, line: int | None, message: str) -> None:
+        self.file = file
+        self.line = line
+        self.message = message
+        where = visible(str(file)) + (f":{line}" if line is not None else "")
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a settings file says, checked. None (or empty): the file says nothing."""
+
+    source: Path | None                     # the file read; None: none found or --no-config
+    engines: tuple[str, ...] | None         # registered names or `package.module:Name`
+    fail_on: str | None                     # one of report.tally.FAIL_ON
+    ignore: tuple[str, ...]                 # codes ignored in every trace
+    # (glob relative to the settings file's folder, codes ignored in matching traces)
+    per_path_ignore: tuple[tuple[str, tuple[str, ...]], ...]
+    output_format: str | None               # one of report.check_formats.FORMATS
+    jobs: int | None                        # 1 <= jobs <= MAX_JOBS
+
+    def ignored_for(self, path: Path) -> frozenset[str]:
+        """The codes ignored for the trace at `path` (relative to the current folder,
+        or absolute): `ignore`, and the codes of every per-path glob it matches."""
+        codes = set(self.ignore)
+        if self.per_path_ignore:
+            name = path.name
+            rel = _relative(path, self.source.parent) if self.source is not None else None
+            for glob, glob_codes in self.per_path_ignore:
+                target = rel if "/" in glob else name
+                if target is not None and glob_regex(glob).fullmatch(target):
+                    codes.update(glob_codes)
+        return frozenset(codes)
+
+
+NO_SETTINGS = Settings(source=None, engines=None, fail_on=None, ignore=(), per_path_ignore=(),
+                       output_format=None, jobs=None)
+
+
+def _relative(path: Path, folder: Path) -> str | None:
+    """`path` relative to `folder` with `/` separators; None when it lies outside."""
+    try:  # the folders resolved, not the file: a linked trace keeps its own name
+        own = path.absolute().parent.resolve() / path.name
+        return own.relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def glob_regex(glob: str) -> re.Pattern[str]:
+    """The regex a per-path glob stands for (see the module's invariants)."""
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if glob.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif glob.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and (end := glob.find("]", i + 2)) != -1:
+            body = glob[i + 1:end]
+            neg = body.startswith("!")
+            body = body[1:] if neg else body
+            body = body.replace("\\", "\\\\").replace("[", "\\[").replace("^", "\\^")
+            out.append("[" + ("^/" if neg else "") + body + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out))
+
+
+# -- discovery and reading -----------------------------------------------------------------
+
+def load_settings(start: Path, *, no_config: bool = False) -> Settings:
+    """The settings of the first settings file from `start` upwards (see the module's
+    invariants); `NO_SETTINGS` when there is none or with `no_config`. Raises
+    SettingsError for a file that cannot be read or parsed, or says anything wrong."""
+    if no_config:
+        return NO_SETTINGS
+    folder = start.resolve()
+    if not folder.is_dir():
+        folder = folder.parent
+    for d in (folder, *folder.parents):
+        kpool_toml = d / KPOOL_TOML
+        if kpool_toml.is_file():
+            text, data = _read(kpool_toml)
+            return _settings(kpool_toml, text, data, ())
+        pyproject = d / PYPROJECT
+        if pyproject.is_file():
+            text, data = _read(pyproject)
+            tool = data.get("tool")
+            if isinstance(tool, dict) and "kpool" in tool:
+                return _settings(pyproject, text, data, ("tool", "kpool"))
+    return NO_SETTINGS
+
+
+def _read(path: Path) -> tuple[str, dict[str, Any]]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        raise SettingsError(path, None, f"cannot read it: {e.strerror or e}") from None
+    if len(raw) > MAX_BYTES:
+        raise SettingsError(path, None, f"larger than {MAX_BYTES} bytes: not read")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SettingsError(path, raw.count(b"\n", 0, e.start) + 1,
+                            "not UTF-8 text") from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        message = str(e)
+        m = _TOML_WHERE.search(message)
+        line = None
+        if m is not None:
+            message = message[:m.start()]
+            if m.group(1) is not None:
+                line = int(m.group(1))
+                message += f" (column {m.group(2)})"
+            else:
+                line = text.count("\n") + 1
+        raise SettingsError(path, line, f"invalid TOML: {message}") from None
+    except RecursionError:
+        raise SettingsError(path, None, "invalid TOML: nested too deeply") from None
+
+
+# -- checking ------------------------------------------------------------------------------
+
+class _Checker:
+    """Checks the values of one settings table; every problem names the key's line."""
+
+    def __init__(self, path: Path, text: str, prefix: tuple[str, ...]) -> None:
+        self.path = path
+        self.prefix = prefix
+        self._text = text
+        self._lines: dict[tuple[str, ...], int] | None = None
+
+    def line(self, *key: str) -> int | None:
+        if self._lines is None:
+            self._lines = _key_lines(self._text)
+        full = self.prefix + key
+        while full:  # the key, else the closest enclosing table written in the file
+            if full in self._lines:
+                return self._lines[full]
+            full = full[:-1]
+        return None
+
+    def name(self, *key: str) -> str:
+        """The key's dotted path as TOML writes it: a part that is not a bare key
+        quoted, with what a terminal would act on escaped, and clipped."""
+        return ".".join(p if _BARE.fullmatch(p) else f'"{visible(clip(p))}"'
+                        for p in self.prefix + key)
+
+    def fail(self, key: tuple[str, ...], message: str) -> SettingsError:
+        return SettingsError(self.path, self.line(*key), f"{self.name(*key)}: {message}")
+
+    def choice(self, key: str, value: object, known: tuple[str, ...]) -> str:
+        if not isinstance(value, str):
+            raise self.fail((key,), f"expected a string, got {_kind(value)}")
+        if value not in known:
+            raise self.fail((key,), f"unknown value {quote(value)}{suggest(value, known)}; "
+                                    f"one of {', '.join(known)}")
+        return value
+
+    def strings(self, key: tuple[str, ...], value: object, what: str) -> list[str]:
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list of {what}, got {_kind(value)}")
+        if len(value) > MAX_ENTRIES:
+            raise self.fail(key, f"more than {MAX_ENTRIES} items")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise self.fail(key, f"item {i}: expected a string, got {_kind(item)}")
+        return value
+
+    def codes(self, key: tuple[str, ...], value: object) -> tuple[str, ...]:
+        items = self.strings(key, value, "codes")
+        for item in items:
+            if item not in CODES:
+                raise self.fail(key, f"unknown code {quote(item)}{suggest(item, CODES)}; "
+                                     "`kpool explain` lists the codes")
+        return tuple(dict.fromkeys(items))
+
+    def engines(self, value: object) -> tuple[str, ...]:
+        items = self.strings(("engines",), value, "engine names")
+        if not items:
+            raise self.fail(("engines",), "empty: name at least one engine, or leave the "
+                                          "key out")
+        for item in items:
+            if item not in VERSIONS and not _PLUGIN.fullmatch(item):
+                raise self.fail(("engines",), f"unknown engine {quote(item)}"
+                                              f"{suggest(item, VERSIONS)}; known engines are "
+                                              f"{', '.join(sorted(VERSIONS))}, or give "
+                                              "package.module:Name")
+            if items.count(item) > 1:
+                raise self.fail(("engines",), f"engine {quote(item)} named twice")
+        return tuple(items)
+
+    def jobs(self, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(("jobs",), f"expected an int, got {_kind(value)}")
+        if not 1 <= value <= MAX_JOBS:
+            raise self.fail(("jobs",), f"{value} is out of range (must be 1 <= value <= "
+                                       f"{MAX_JOBS})")
+        return value
+
+    def per_path(self, value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        key = "per-file-ignores"
+        if not isinstance(value, dict):
+            raise self.fail((key,), f"expected a table of glob = [codes], got {_kind(value)}")
+        if len(value) > MAX_ENTRIES:
+            raise self.fail((key,), f"more than {MAX_ENTRIES} globs")
+        out = []
+        for glob, codes in value.items():
+            if not glob:
+                raise self.fail((key, glob), "an empty glob")
+            if len(glob) > MAX_GLOB:
+                raise self.fail((key, glob), f"a glob longer than {MAX_GLOB} characters")
+            if glob.startswith("/") or "\\" in glob:
+                raise self.fail((key, glob), f"glob {quote(glob)}: write it relative to the "
+                                             "settings file's folder, with / separators")
+            out.append((glob, self.codes((key, glob), codes)))
+        return tuple(out)
+
+
+def _kind(value: object) -> str:
+    kinds = {bool: "a bool", int: "an int", float: "a float", str: "a string",
+             list: "a list", dict: "a table"}
+    name = kinds.get(type(value), "a date or time")
+    return f"{name} ({quote(value)})" if isinstance(value, str) else name
+
+
+def _settings(path: Path, text: str, data: dict[str, Any], prefix: tuple[str, ...]) -> Settings:
+    check = _Checker(path, text, prefix)
+    table: object = data
+    for part in prefix:
+        assert isinstance(table, dict)
+        table = table[part]
+    if not isinstance(table, dict):
+        raise check.fail((), f"expected a table, got {_kind(table)}")
+    for key in table:
+        if key not in KEYS:
+            raise check.fail((key,), f"unknown key {quote(key)}{suggest(key, KEYS)}; "
+                                     f"known keys: {', '.join(KEYS)}")
+    t: Mapping[str, Any] = table
+    return Settings(
+        source=path,
+        engines=check.engines(t["engines"]) if "engines" in t else None,
+        fail_on=check.choice("fail-on", t["fail-on"], FAIL_ON) if "fail-on" in t else None,
+        ignore=check.codes(("ignore",), t["ignore"]) if "ignore" in t else (),
+        per_path_ignore=check.per_path(t["per-file-ignores"]) if "per-file-ignores" in t
+        else (),
+        output_format=(check.choice("output-format", t["output-format"], OUTPUT_FORMATS)
+                       if "output-format" in t else None),
+        jobs=check.jobs(t["jobs"]) if "jobs" in t else None,
+    )
+
+
+# -- where each key is written -------------------------------------------------------------
+
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+_SCALAR_END = re.compile(r"[,\]}\n#]")
+
+
+def _key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line (1-based) where each key path is first written in `text`, a TOML
+    document tomllib has accepted: table headers, keys and dotted keys (with their
+    table's path), keys of inline tables. Strings, comments and arrays are skipped, so
+    text inside them is never taken for a key. Past what it cannot follow (it should
+    not happen on a document tomllib accepted), the lines found so far."""
+    scan = _KeyScan(text)
+    with contextlib.suppress(ValueError, IndexError, RecursionError, tomllib.TOMLDecodeError):
+        scan.run()
+    return scan.lines
+
+
+class _KeyScan:
+    def __init__(self, text: str) -> None:
+        self.s = text
+        self.i = 0
+        self.newlines = [m.start() for m in re.finditer("\n", text)]
+        self.lines: dict[tuple[str, ...], int] = {}
+
+    def record(self, path: tuple[str, ...], at: int) -> None:
+        self.lines.setdefault(path, bisect.bisect_right(self.newlines, at) + 1)
+
+    def peek(self, k: int = 1) -> str:
+        return self.s[self.i:self.i + k]
+
+    def skip_blank(self, newlines: bool) -> None:
+        """Spaces, tabs, comments (and newlines, if `newlines`)."""
+        s = self.s
+        while self.i < len(s):
+            c = s[self.i]
+            if c in " \t\r" or (newlines and c == "\n"):
+                self.i += 1
+            elif c == "#":
+                end = s.find("\n", self.i)
+                self.i = len(s) if end == -1 else end
+            else:
+                return
+
+    def key(self) -> tuple[str, ...]:
+        parts = []
+        while True:
+            self.skip_blank(False)
+            c = self.peek()
+            if c in ('"', "'"):
+                start = self.i
+                self.string()
+                parts.append(tomllib.loads("k = " + self.s[start:self.i])["k"])
+            else:
+                m = _BARE.match(self.s, self.i)
+                if m is None:
+                    raise ValueError("not a key")
+                parts.append(m.group())
+                self.i = m.end()
+            self.skip_blank(False)
+            if self.peek() != ".":
+                return tuple(parts)
+            self.i += 1
+
+    def string(self) -> None:
+        s = self.s
+        q = s[self.i]
+        if s.startswith(q * 3, self.i):
+            end = self.i + 3
+            while True:
+                end = s.index(q * 3, end)
+                if q == '"' and _escaped(s, end):
+                    end += 1
+                    continue
+                break
+            end += 3
+            while s.startswith(q, end):  # up to two quotes may end the content
+                end += 1
+            self.i = end
+            return
+        end = self.i + 1
+        while True:
+            end = s.index(q, end)
+            if q == '"' and _escaped(s, end):
+                end += 1
+                continue
+            break
+        self.i = end + 1
+
+    def value(self, path: tuple[str, ...]) -> None:
+        self.skip_blank(False)
+        c = self.peek()
+        if c in ('"', "'"):
+            self.string()
+        elif c == "[":
+            self.i += 1
+            while True:
+                self.skip_blank(True)
+                if self.peek() == "]":
+                    self.i += 1
+                    return
+                self.value(())
+                self.skip_blank(True)
+                if self.peek() == ",":
+                    self.i += 1
+        elif c == "{":
+            self.i += 1
+            while True:
+                self.skip_blank(True)
+                if self.peek() == "}":
+                    self.i += 1
+                    return
+                if self.peek() == ",":
+                    self.i += 1
+                    continue
+                at = self.i
+                key = path + self.key()
+                if path:
+                    self.record(key, at)
+                self.skip_blank(False)
+                self.i += 1  # '='
+                self.value(key if path else ())
+        else:
+            m = _SCALAR_END.search(self.s, self.i)
+            self.i = len(self.s) if m is None else m.start()
+
+    def run(self) -> dict[tuple[str, ...], int]:
+        table: tuple[str, ...] = ()
+        s = self.s
+        while True:
+            self.skip_blank(True)
+            if self.i >= len(s):
+                return self.lines
+            at = self.i
+            if s.startswith("[[", self.i):
+                self.i += 2
+                table = self.key()
+                self.i += 2
+                self.record(table, at)
+            elif s[self.i] == "[":
+                self.i += 1
+                table = self.key()
+                self.i += 1
+                self.record(table, at)
+            else:
+                key = table + self.key()
+                for k in range(len(table) + 1, len(key) + 1):  # a.b.c = 1 writes a.b too
+                    self.record(key[:k], at)
+                self.skip_blank(False)
+                self.i += 1  # '='
+                self.value(key)
+
+
+def _escaped(s: str, at: int) -> bool:
+    """Whether the quote at `at` follows an odd number of backslashes."""
+    n = 0
+    while at - n - 1 >= 0 and s[at - n - 1] == "\\":
+        n += 1
+    return n % 2 == 1

@@ -1,0 +1,72 @@
+"""Work that can grow, run on a process pool: one pure function over units of work
+(a trace under an engine, for `kpool diff -j` and `kpool check --jobs`).
+
+Owns: `in_order(fn, units, jobs)`. A unit is plain, picklable data and `fn` a
+module-level function of it alone, so the same call runs in this process, in a local
+pool, or on any executor that can pickle them.
+
+Invariants: results come back in the order of `units`, whatever order the workers
+finish in; the first error (in that order) is raised as the worker raised it; on an
+error or an interrupt (Ctrl-C, SIGTERM) the workers are ended at once, not waited
+for; a worker ignores Ctrl-C (only the parent answers it, so no worker prints a
+traceback).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import TypeVar
+
+U = TypeVar("U")
+R = TypeVar("R")
+
+
+def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterator[R]:
+    """`fn(unit)` for every unit, in order: here when `jobs <= 1` (or one unit), else
+    on a pool of `min(jobs, len(units))` processes."""
+    if jobs <= 1 or len(units) <= 1:
+        for u in units:
+            yield fn(u)
+        return
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), initializer=_worker_init)
+    try:
+        futures = [pool.submit(fn, u) for u in units]
+        for f in futures:
+            yield f.result()
+    except BaseException:
+        _stop_now(pool)
+        raise
+    pool.shutdown(wait=True)
+
+
+def _worker_init() -> None:
+    """Ctrl-C reaches every process of the terminal's process group: only the parent
+    answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
+    ends a worker at once: the parent's handler (an exception, so that its files are
+    cleaned up) is inherited through fork and would let the worker run on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _stop_now(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now: a unit can run for
+    minutes, and `shutdown(wait=True)` would wait for it."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
+    if terminate is not None:
+        terminate()
+        return
+    # before 3.14 the executor has no public way to end its workers; its process
+    # table is the documented-by-source way the 3.14 method itself uses
+    procs = list(getattr(pool, "_processes", None) or {})
+    workers = [pool._processes[pid] for pid in procs]
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        w.join(timeout=1)
+    # with no worker left nothing can make this wait; it lets the executor's manager
+    # thread finish (and close its wakeup pipe) now, not race the interpreter's exit
+    # hook, which would write to that pipe as it closes ("Bad file descriptor")
+    pool.shutdown(wait=True)
