@@ -34,7 +34,10 @@ numbers, so it pickles) and returns a `CheckResult` of plain data: live objects 
 cross a process boundary. It never raises for a bad trace: every bad input is an
 `invalid` result naming file, line and field. `run_checks` yields results in the
 order of the jobs, on a pool when asked, and stops its workers at once on an error
-or an interrupt (the pattern of `kpool diff -j`, `diff/runs.py`).
+or an interrupt (`workers.in_order`, as `kpool diff -j`).
+
+`kpool replay --format junit|github|sarif` runs the same jobs with `pin=False` (no
+code is pinned) and `expectations` as its `--check`.
 """
 
 from __future__ import annotations

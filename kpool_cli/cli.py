@@ -410,6 +410,51 @@ def _codes(values: tuple[str, ...]) -> tuple[str, ...]:
     return out
 
 
+def _gen_command(scenario) -> click.Command:
+    """`kpool gen NAME`: its options are the scenario's sizes (gen/scenarios.py)."""
+    from .trace.format import SEED_MAX
+
+    def run(seed: int, output: str | None, **sizes: int) -> None:
+        from .trace.write import dump_trace
+
+        _refuse_outputs((), output=output)
+        try:
+            trace = scenario.generate(seed, **sizes)
+        except ValueError as e:
+            _fail(str(e))
+        with _output(output) as out:
+            out.write(dump_trace(trace))
+
+    params: list[click.Parameter] = [
+        click.Option(["--seed"], type=click.IntRange(0, SEED_MAX), default=0,
+                     show_default=True, help="The seed: the same seed gives the same trace."),
+        click.Option(["--output", "-o"], metavar="FILE",
+                     help="Write the trace to FILE (whole or not at all) [default: stdout]."),
+    ]
+    params += [click.Option([size.option, size.name], type=click.IntRange(size.lo, size.hi),
+                            default=size.default, show_default=True, metavar="N",
+                            help=f"{size.doc}.")
+               for size in scenario.sizes]
+    return click.Command(scenario.name, callback=run, params=params, help=scenario.doc,
+                         short_help=scenario.doc)
+
+
+@cli.group("gen")
+def gen_cmd() -> None:
+    """Write a generated trace (format v1): a seeded, deterministic scenario whose sizes
+    are options; its description says how to regenerate it."""
+
+
+def _add_gen_commands() -> None:
+    from .gen.scenarios import SCENARIOS
+
+    for scenario in SCENARIOS.values():
+        gen_cmd.add_command(_gen_command(scenario))
+
+
+_add_gen_commands()
+
+
 @cli.command("check")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--engine", "engines", metavar="NAME", multiple=True,
@@ -495,6 +540,72 @@ def _write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
         return write_check(out, fmt, results, fail_on)
     except MissingExtra as e:
         _fail(str(e))
+
+
+@cli.command("fuzz")
+@click.option("--engine", "engine", required=True, help="Engine version (name or module:Name).")
+@click.option("--runs", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True,
+              help="Run r replays random_trace(seed + r): any run is reproducible.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True)
+@click.option("--time-budget", type=click.FloatRange(min=0.1), default=None,
+              help="Stop after this many seconds (the runs done are reported).")
+@click.option("-o", "out_dir", default="fuzz-out", show_default=True,
+              help="Folder for the shrunk traces (one per code and signature).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="none", show_default=True,
+              help="Value backend: none is the model only (KP003 unseen), numba sees KP003.")
+@click.option("--dask", "dask_address", default=None,
+              help="Run on a Dask distributed cluster at ADDRESS (kpool[dask]).")
+def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
+             out_dir: str, backend: str, dask_address: str | None) -> None:
+    """Replay random traces under ENGINE, check kpool's invariants, shrink each new
+    finding to a minimal trace with an `expect` pinning it. Exit 0 when kpool found no
+    defect of its own (engine findings are what fuzzing is for), 1 on a defect."""
+    import time
+    from pathlib import Path
+
+    from .gen.fuzz import campaign, save_new_shrunk, tasks_for
+    from .report.fuzz_text import FuzzBar, render_summary
+    from .report.terminal import Manners, make_console, stream_is_terminal
+    from .workers import in_order
+
+    try:
+        version = load_version(engine)
+    except VersionError as e:
+        _fail(str(e))
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        _fail(f"-o {out_dir}: not a folder")
+    from .cluster import ClusterError, in_order_dask
+
+    if dask_address is not None:
+        def runner(fn, units):
+            return in_order_dask(fn, units, dask_address)
+    else:
+        def runner(fn, units):
+            return in_order(fn, units, jobs)
+    tasks = tasks_for(engine, runs, seed, backend)
+    err = sys.stderr
+    console = (make_console(err, Manners.detect(err)) if stream_is_terminal(err) else None)
+    bar = FuzzBar(console, runs)
+    start = time.monotonic()
+    files: dict[tuple[str, str], str] = {}
+    totals = None
+    try:
+        for totals in campaign(tasks, runner):
+            bar.update(totals)
+            files.update(save_new_shrunk(totals, out))
+            if time_budget is not None and time.monotonic() - start > time_budget:
+                break  # leaving the loop closes the campaign and ends its workers
+    except (OutputError, ClusterError) as e:
+        _fail(str(e))
+    finally:
+        bar.close()
+    if totals is None:
+        _fail("no run finished")
+    render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,
+                   version.name, time.monotonic() - start)
+    sys.exit(1 if totals.defects else 0)
 
 
 @cli.command("validate")

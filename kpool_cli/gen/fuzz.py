@@ -1,0 +1,359 @@
+"""The fuzzer: one random trace under one engine, its invariants, and shrinking.
+
+Owns: `FuzzTask`, `FuzzOutcome`, `fuzz_one` (one run), `shrink`, `campaign` (many
+runs, deduplicated) and the defect codes `INV_*`.
+
+Invariants:
+- `fuzz_one` is a pure function of its task (plain, picklable data): the trace is
+  `random_trace(task.seed)`, the replay is deterministic and so is the shrinking, so
+  a run gives the same outcome here, in a process pool or on a cluster, and any
+  finding is reproducible from its seed;
+- engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an
+  invariant of kpool's own model broken, or an exception escaping the replay) are
+  kept apart: findings are what fuzzing looks for, defects are kpool's bugs;
+- KP006 (a decode the validator refuses) is not a finding here: the generator
+  produces a few on purpose, and they say nothing about the engine;
+- a finding's signature is `CODE/op-kind/path`: the kind of op that raised it (a
+  decode is `decode` for one sequence per token, `decode-coupled` when a token
+  carries several seq ids) and the engine path it took (`shared` when the layout
+  saw shared cells, else `own`); campaigns deduplicate by (code, signature);
+- the shrunk trace still loads and still shows the same code with the same
+  signature (a defect: the same code and signature); it is never larger than the
+  original.
+
+The default backend is `none` (the model only: about 4 ms a trace), so KP003, which
+needs values, is not seen; `--backend numba` (or numpy) adds it at a higher cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..backend.store import make_backend
+from ..cache.cells import CELL_BITS, CELL_MASK
+from ..engine.versions import load_version
+from ..records import ExpectResult, UbatchRecord
+from ..replay import Replayer
+from ..report.files import written_whole
+from ..trace import model as m
+from ..trace.load import TraceError, load_trace_text
+from ..trace.write import dump_trace
+from ..verdict.codes import CODES
+from ..verdict.expect import with_expectations
+from ..verdict.rules import kp006_decode_rejected, kp007_layout_drift
+from .random_trace import random_trace
+
+INV_DRIFT = "INV-drift"  # a layout differs from a rebuild and no KP007 says so
+INV_EMPTY = "INV-empty-cell"  # a scatter entry names an empty cell
+INV_POOL = "INV-pool"  # a pool is not well formed
+INV_CRASH = "INV-exception"  # an exception escaped the replay
+NOT_FINDINGS = frozenset({kp006_decode_rejected.CODE.code})
+
+
+@dataclass(frozen=True, slots=True)
+class FuzzTask:
+    seed: int
+    engine: str = "rep-once"  # a registered name or module:Name
+    backend: str = "none"
+    shrink: bool = True
+    max_ops: int = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    code: str
+    signature: str
+    yaml: str
+    n_ops: int  # ops of the shrunk trace, its `expect` not counted
+
+
+@dataclass(frozen=True, slots=True)
+class FuzzOutcome:
+    seed: int
+    n_ops: int
+    findings: tuple[tuple[str, str], ...]  # (code, signature), sorted
+    defects: tuple[tuple[str, str, str], ...]  # (code, signature, message)
+    shrunk: tuple[Shrunk, ...] = ()
+    rejected: bool = False  # some decode was refused (KP006)
+
+
+# -- one replay with the invariants ---------------------------------------------------
+
+
+class _Checked(Replayer):
+    """The replay, with kpool's invariants checked after every ubatch."""
+
+    def __init__(self, trace: m.Trace, version, backend) -> None:
+        super().__init__(trace, version, backend)
+        self.defects: list[tuple[str, str, str]] = []
+        self._differing: set[int] = set()
+
+    def _ubatch(self, i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size) -> UbatchRecord:
+        rec = super()._ubatch(i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size)
+        self._check(rec)
+        return rec
+
+    def _defect(self, code: str, message: str) -> None:
+        self.defects.append((code, f"{code}/{self.version.name}", message))
+
+    def _check(self, rec: UbatchRecord) -> None:
+        cache, layout, cfg = self.cache, self.layout, self.cfg
+        drifted = {s for s in range(cfg.n_seq_max) if layout.drift(cache, s) is not None}
+        kp7 = {s for f in rec.findings if f.code == kp007_layout_drift.CODE.code for s in f.seqs}
+        for s in sorted(drifted - self._differing - kp7):
+            self._defect(INV_DRIFT, f"ubatch {rec.index}: seq {s}'s layout differs from a "
+                                    "rebuild and no KP007 was reported")
+        self._differing = drifted
+        if drifted or rec.aborted:
+            return
+        for e in np.flatnonzero(~rec.scatter_pad).tolist():
+            for row in [int(rec.scatter_rep[e]), *rec.scatter_rows[e].tolist()]:
+                if cache.streams[row // cfg.kv_size].pos[row % cfg.kv_size] < 0:
+                    self._defect(INV_EMPTY, f"ubatch {rec.index}: scatter entry {e} names "
+                                            f"row {row}, an empty cell")
+        for s, sq in enumerate(layout.seqs):
+            starts = sq.pools.view
+            if np.any(np.diff(starts) < cfg.kpool):
+                self._defect(INV_POOL, f"ubatch {rec.index}: seq {s}'s pools overlap")
+            st = cache.streams[sq.strm]
+            col = st.seq_ids.index(s) if s in st.seq_ids else -1
+            for j in starts.tolist():
+                keys = sq.keys.view[j: j + cfg.kpool]
+                cells = (keys & CELL_MASK).tolist()
+                if col < 0 or not all(st.has[col][c] for c in cells):
+                    self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} holds a "
+                                           "cell not in the sequence")
+                p = (keys >> CELL_BITS)
+                if not cfg.by_order and np.any(np.diff(p) != 1):
+                    self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} has "
+                                           "non-consecutive positions")
+
+
+def _op_kind(op: m.Op) -> str:
+    if isinstance(op, m.Decode):
+        return "decode-coupled" if any(len(t.seq) > 1 for t in op.tokens) else "decode"
+    return op.kind
+
+
+def run_checked(trace: m.Trace, engine: str, backend: str = "none"
+                ) -> tuple[dict[tuple[str, str], int], list[tuple[str, str, str]], bool]:
+    """Replay `trace`: ({(code, signature): first op index}, defects, rejected)."""
+    version = load_version(engine)
+    found: dict[tuple[str, str], int] = {}
+    rejected = False
+    rp = _Checked(trace, version, make_backend(backend, trace))
+    try:
+        for rec in rp.run():
+            path = "own" if rp.layout.cache_safe else "shared"
+            for f in rec.findings:
+                if f.code in NOT_FINDINGS:
+                    rejected = True
+                    continue
+                key = (f.code, f"{f.code}/{_op_kind(trace.ops[rec.op])}/{path}")
+                found.setdefault(key, rec.op)
+    except Exception as e:  # any escape is a kpool defect, named by its type
+        rp.defects.append((INV_CRASH, f"{INV_CRASH}/{type(e).__name__}",
+                           f"{type(e).__name__}: {e}"))
+    return found, rp.defects, rejected
+
+
+# -- shrinking ------------------------------------------------------------------------
+
+
+def _loads(t: m.Trace) -> m.Trace | None:
+    try:
+        return load_trace_text(dump_trace(t))
+    except (TraceError, ValueError):
+        return None
+
+
+def _candidates(t: m.Trace) -> Iterator[m.Trace]:
+    """Smaller variants of `t`, in order: without one op, a decode without one token,
+    ranges shortened, then a smaller kv_size, n_seq_max, kpool."""
+    ops = t.ops
+    for i in reversed(range(len(ops))):
+        if len(ops) > 1:
+            yield dataclasses.replace(t, ops=ops[:i] + ops[i + 1:])
+    for i, op in enumerate(ops):
+        if isinstance(op, m.Decode) and len(op.tokens) > 1:
+            for j in reversed(range(len(op.tokens))):
+                d = m.Decode(tokens=op.tokens[:j] + op.tokens[j + 1:])
+                yield dataclasses.replace(t, ops=(*ops[:i], d, *ops[i + 1:]))
+        if isinstance(op, (m.SeqRm, m.SeqCp, m.SeqAdd, m.SeqDiv)):
+            variants = []
+            if op.p0 > 0:
+                variants += [dataclasses.replace(op, p0=-1), dataclasses.replace(op, p0=op.p0 - 1)]
+            if op.p1 >= 0:
+                variants += [dataclasses.replace(op, p1=-1), dataclasses.replace(op, p1=op.p1 - 1)]
+            for v in variants:
+                yield dataclasses.replace(t, ops=(*ops[:i], v, *ops[i + 1:]))
+    c = t.cache
+    for kv in (8, c.kv_size // 2, c.kv_size - 1):
+        if c.kpool <= kv < c.kv_size:
+            yield dataclasses.replace(t, cache=dataclasses.replace(c, kv_size=kv))
+    for n in range(1, c.n_seq_max):
+        yield dataclasses.replace(t, cache=dataclasses.replace(c, n_seq_max=n))
+    if c.n_rs_seq:
+        yield dataclasses.replace(t, cache=dataclasses.replace(c, n_rs_seq=0))
+    if c.n_ubatch != 512:
+        yield dataclasses.replace(t, cache=dataclasses.replace(c, n_ubatch=512))
+
+
+def _size(t: m.Trace) -> tuple[int, int, int, int]:
+    n_tok = sum(len(op.tokens) for op in t.ops if isinstance(op, m.Decode))
+    return (len(t.ops), n_tok, t.cache.kv_size, t.cache.n_seq_max)
+
+
+def shrink(t: m.Trace, keeps: Callable[[m.Trace], bool]) -> m.Trace:
+    """Greedy delta debugging: take the first candidate that loads, is smaller and
+    still `keeps` the finding; repeat until none does. Deterministic."""
+    changed = True
+    while changed:
+        changed = False
+        for cand in _candidates(t):
+            loaded = _loads(cand)
+            if loaded is not None and _size(loaded) <= _size(t) and cand != t and keeps(loaded):
+                t, changed = loaded, True
+                break
+    return t
+
+
+def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, seed: int,
+            n_from: int) -> str:
+    """`t` as YAML with an `expect` after the op that raises `code` (the exact codes of
+    that op) and a description of what it shows."""
+    version = load_version(engine)
+    by_op: dict[int, set[str]] = {}
+    first = None
+    for rec in Replayer(t, version, make_backend(backend, t)).run():
+        by_op.setdefault(rec.op, set()).update(f.code for f in rec.findings)
+        if first is None and any(f.code == code for f in rec.findings):
+            first = rec.op
+    ops = list(t.ops)
+    if first is not None:
+        ex = m.Expect(engine=version.name, findings=tuple(sorted(by_op[first])))
+        ops.insert(first + 1, ex)
+    info = CODES.get(code)
+    what = f"{code} {info.name}: {info.summary}" if info else code
+    desc = (f"Found by `kpool fuzz --engine {engine} --seed {seed}` (backend {backend}) and "
+            f"shrunk from {n_from} ops to {len(t.ops)}: under {version.name}, {what} "
+            f"(signature {signature}).")
+    out = dataclasses.replace(t, ops=tuple(ops), name=f"fuzz-{signature.replace('/', '-')}",
+                              description=desc, engine=version.name)
+    text = dump_trace(out)
+    # the pin must hold: replay the written text with its expectations
+    loaded = load_trace_text(text)
+    for r in with_expectations(loaded, version.name, backend != "none",
+                               Replayer(loaded, version, make_backend(backend, loaded)).run()):
+        if isinstance(r, ExpectResult) and not r.ok:
+            raise AssertionError(f"the shrunk trace's expect does not hold: {r.message}")
+    return text
+
+
+def _shows_finding(code: str, sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
+    return lambda t: (code, sig) in run_checked(t, task.engine, task.backend)[0]
+
+
+def _shows_defect(sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
+    return lambda t: any(d[1] == sig for d in run_checked(t, task.engine, task.backend)[1])
+
+
+def fuzz_one(task: FuzzTask) -> FuzzOutcome:
+    """One fuzz run: replay random_trace(task.seed) under the task's engine with the
+    invariants; with `task.shrink`, shrink each finding (keeping its code and
+    signature) and each defect (once per code, keeping its signature)."""
+    t = random_trace(task.seed, max_ops=task.max_ops)
+    found, defects, rejected = run_checked(t, task.engine, task.backend)
+    shrunk: list[Shrunk] = []
+    if task.shrink:
+        done: set[str] = set()
+        for code, sig in sorted(found):
+            small = shrink(t, _shows_finding(code, sig, task))
+            shrunk.append(Shrunk(code, sig, _pinned(small, code, sig, task.engine,
+                                                    task.backend, task.seed, len(t.ops)),
+                                 len(small.ops)))
+        for code, sig, _msg in defects:
+            if code in done:
+                continue
+            done.add(code)
+            small = shrink(t, _shows_defect(sig, task))
+            shrunk.append(Shrunk(code, sig, dump_trace(dataclasses.replace(
+                small, name=f"defect-{code}", description=f"kpool defect {sig}, seed "
+                f"{task.seed}, engine {task.engine}")), len(small.ops)))
+    return FuzzOutcome(task.seed, len(t.ops), tuple(sorted(found)), tuple(defects),
+                       tuple(shrunk), rejected)
+
+
+# -- campaigns -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Progress:
+    """A campaign's running totals, as each outcome arrives (in seed order)."""
+
+    runs: int = 0
+    rejected: int = 0
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (code, sig) -> runs
+    first: dict[tuple[str, str], FuzzOutcome] = field(default_factory=dict)
+    defects: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    new: tuple[tuple[str, str], ...] = ()  # the signatures this outcome showed first
+
+    @property
+    def shrinks(self) -> int:
+        return sum(len(o.shrunk) for o in self.first.values())
+
+
+def tasks_for(engine: str, runs: int, seed: int, backend: str = "none"
+              ) -> list[FuzzTask]:
+    """Run r has seed `seed + r`; only runs are shrunk whose signature is new, so the
+    first pass does not shrink (see `campaign`)."""
+    return [FuzzTask(seed + r, engine, backend, shrink=False) for r in range(runs)]
+
+
+def campaign(tasks: Sequence[FuzzTask],
+             runner: Callable[[Callable[[FuzzTask], FuzzOutcome], Sequence[FuzzTask]],
+                              Iterable[FuzzOutcome]]) -> Iterator[Progress]:
+    """Run `tasks` through `runner` (e.g. `lambda fn, us: workers.in_order(fn, us, 2)`),
+    yielding the totals after each outcome. The first (lowest seed) run of each new
+    (code, signature) is run again with shrinking, here: only those are shrunk."""
+    p = Progress()
+    for o in runner(fuzz_one, tasks):
+        p.runs += 1
+        p.rejected += o.rejected
+        new = []
+        keys = list(o.findings) + [(c, s) for c, s, _ in o.defects]
+        for k in keys:
+            p.counts[k] = p.counts.get(k, 0) + 1
+        fresh = [k for k in keys if k not in p.first]
+        if fresh:
+            task = next(t for t in tasks if t.seed == o.seed)
+            full = fuzz_one(dataclasses.replace(task, shrink=True)) if not task.shrink else o
+            for k in fresh:
+                p.first[k] = full
+                new.append(k)
+        for c, s, msg in o.defects:
+            p.defects.setdefault((c, s), (o.seed, msg))
+        p.new = tuple(new)
+        yield p
+
+
+def save_new_shrunk(p: Progress, out_dir: Path) -> dict[tuple[str, str], str]:
+    """Write the shrunk trace of each signature `p` shows first into `out_dir` (made if
+    missing), atomically, named by its signature; returns {(code, sig): path}."""
+    saved: dict[tuple[str, str], str] = {}
+    for key in p.new:
+        sh = next((s for s in p.first[key].shrunk if s.signature == key[1]), None)
+        if sh is None:
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / (key[1].replace("/", "_") + ".yaml")
+        with written_whole(str(path)) as f:
+            f.write(sh.yaml)
+        saved[key] = str(path)
+    return saved
+

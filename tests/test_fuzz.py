@@ -1,0 +1,82 @@
+"""kpool fuzz: the random generator, one run's purity, shrinking, the invariants."""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+from kpool_cli.gen import fuzz
+from kpool_cli.gen.fuzz import FuzzTask, fuzz_one, run_checked
+from kpool_cli.gen.random_trace import random_trace
+from kpool_cli.trace.load import load_trace_text
+from kpool_cli.trace.write import dump_trace
+
+
+def test_random_trace_is_deterministic_and_loads() -> None:
+    assert random_trace(7) == random_trace(7)
+    assert random_trace(7) != random_trace(8)
+    for s in range(50):
+        load_trace_text(dump_trace(random_trace(s)))
+
+
+def test_random_traces_mostly_pass_validation() -> None:
+    refused = sum(run_checked(random_trace(s), "rep-once")[2] for s in range(200))
+    assert refused <= 40  # at least 80% of the traces replay without a KP006
+
+
+def test_fuzz_one_is_pure_also_in_a_process_pool() -> None:
+    tasks = [FuzzTask(s, "cache-safe") for s in (16, 19, 28)]
+    here = [fuzz_one(t) for t in tasks]
+    assert here == [fuzz_one(t) for t in tasks]
+    with ProcessPoolExecutor(2) as pool:
+        assert list(pool.map(fuzz_one, tasks)) == here
+
+
+def test_shrinking_keeps_the_race_and_makes_it_small() -> None:
+    """Seed 19 under cache-safe: a KP001 in a 12-op trace; its shrunk trace still
+    shows KP001 (the pinned expect holds: `_pinned` replays it) in at most 6 ops."""
+    o = fuzz_one(FuzzTask(19, "cache-safe"))
+    assert any(c == "KP001" for c, _ in o.findings)
+    sh = next(s for s in o.shrunk if s.code == "KP001")
+    assert sh.n_ops <= min(6, o.n_ops)
+    t = load_trace_text(sh.yaml)
+    assert any(c == "KP001" for c, _ in run_checked(t, "cache-safe")[0])
+    assert "expect" in sh.yaml and t.description
+
+
+def test_rep_once_does_not_show_the_shrunk_race() -> None:
+    sh = next(s for s in fuzz_one(FuzzTask(19, "cache-safe")).shrunk if s.code == "KP001")
+    assert not any(c == "KP001" for c, _ in run_checked(load_trace_text(sh.yaml), "rep-once")[0])
+
+
+def test_a_plan_naming_an_empty_cell_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fuzz._Checked._check
+
+    def emptied(self, rec):  # type: ignore[no-untyped-def]
+        for st in self.cache.streams:
+            st.pos[:] = -1  # every cell looks empty to the invariant
+        real(self, rec)
+
+    monkeypatch.setattr(fuzz._Checked, "_check", emptied)
+    _, defects, _ = run_checked(random_trace(19), "cache-safe")
+    assert any(d[0] == fuzz.INV_EMPTY for d in defects)
+
+
+def test_an_unreported_drift_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kpool_cli.engine.layout import Layout
+    from kpool_cli.verdict.rules import kp007_layout_drift
+    monkeypatch.setattr(Layout, "drift", lambda self, cache, s: (0, None, (0, 0)))
+    monkeypatch.setattr(kp007_layout_drift.Watch, "check", lambda self, ctx: [])
+    _, defects, _ = run_checked(random_trace(19), "rep-once")
+    assert any(d[0] == fuzz.INV_DRIFT for d in defects)
+
+
+def test_an_escaping_exception_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(self, *a):  # type: ignore[no-untyped-def]
+        raise np.linalg.LinAlgError("injected")
+
+    monkeypatch.setattr(fuzz._Checked, "_check", boom)
+    _, defects, _ = run_checked(random_trace(19), "rep-once")
+    assert defects[0][:2] == (fuzz.INV_CRASH, f"{fuzz.INV_CRASH}/LinAlgError")
