@@ -319,8 +319,9 @@ def schema_cmd(which: str) -> None:
 @cli.command("engines")
 def engines_cmd() -> None:
     """List the registered engine versions."""
+    width = max(len(name) for name in VERSIONS)
     for v in VERSIONS.values():
-        click.echo(f"{v.name:12} {v.description}")
+        click.echo(f"{v.name:{width}}  {v.description}")
 
 
 @cli.command("diff")
@@ -556,11 +557,15 @@ def _write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
               help="Value backend: none is the model only (KP003 unseen), numba sees KP003.")
 @click.option("--dask", "dask_address", default=None,
               help="Run on a Dask distributed cluster at ADDRESS (kpool[dask]).")
+@click.option("--base", "base", default=None, metavar="ENGINE",
+              help="Look only for behaviour differences from ENGINE (kpool diff --base "
+                   "ENGINE --head the engine), shrinking the first one.")
 def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
-             out_dir: str, backend: str, dask_address: str | None) -> None:
+             out_dir: str, backend: str, dask_address: str | None, base: str | None) -> None:
     """Replay random traces under ENGINE, check kpool's invariants, shrink each new
     finding to a minimal trace with an `expect` pinning it. Exit 0 when kpool found no
-    defect of its own (engine findings are what fuzzing is for), 1 on a defect."""
+    defect of its own (engine findings are what fuzzing is for), 1 on a defect. With
+    --base, the findings are the traces whose behaviour differs from the base's."""
     import time
     from pathlib import Path
 
@@ -571,6 +576,8 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
 
     try:
         version = load_version(engine)
+        if base is not None:
+            load_version(base)
     except VersionError as e:
         _fail(str(e))
     out = Path(out_dir)
@@ -584,7 +591,7 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     else:
         def runner(fn, units):
             return in_order(fn, units, jobs)
-    tasks = tasks_for(engine, runs, seed, backend)
+    tasks = tasks_for(engine, runs, seed, backend, base)
     err = sys.stderr
     console = (make_console(err, Manners.detect(err)) if stream_is_terminal(err) else None)
     bar = FuzzBar(console, runs)

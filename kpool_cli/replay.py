@@ -296,7 +296,8 @@ class Replayer:
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
         if self.backend:
             self.backend.write_rows(rows, key_ids)
-        change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared)
+        change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared,
+                               truncate_tail=v.truncate_stale_tail)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         findings: list[Finding] = []

@@ -155,7 +155,8 @@ class Layout:
         self._pool_start: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
 
-    def update(self, cache: KvCache, stale: list[int], track_sharing: bool) -> LayoutChange:
+    def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
+               truncate_tail: bool = False) -> LayoutChange:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
         rebuild it; then scan for new pools. Returns what changed, with the cells the
         real engine scans (pairs copied into the layout, plus the sharing scan of step
@@ -189,8 +190,16 @@ class Layout:
                 tail = sp[np.searchsorted(sp, sq.keys.view[-1], side="right"):]
                 sq.keys.extend(tail)
                 scanned += tail.size
+            # step 2, tail-truncate: a stale sequence with no shared cell is cut at its
+            # stale position and extended by the append path, its kept pairs unchecked;
+            # the count check of step 2 still rebuilds it when the counts differ
+            truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
+                         and not self._holds_shared(cache, sq))
+            if truncated:
+                n_pools, n_kept, copied = self._truncate(sq, sp, stale[s])
+                scanned += copied
             # step 2: rebuild when the count is off or the sequence is stale
-            if len(sq.keys) != sp.size or not clean:
+            if len(sq.keys) != sp.size or (not clean and not truncated):
                 n_pools = self._rebuild(sq, sp, stale[s])
                 n_kept = 0
                 scanned += sp.size
@@ -216,6 +225,29 @@ class Layout:
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
+
+    def _holds_shared(self, cache: KvCache, sq: SeqLayout) -> bool:
+        """Whether some cell of the layout's pairs is held by another sequence too (the
+        patch keeps rebuilding shared sequences)."""
+        return bool((cache.streams[sq.strm].seq_count[sq.cells] > 1).any())
+
+    def _truncate(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> tuple[int, int, int]:
+        """The fork's step 2 for a stale, unshared sequence: keep the layout's pairs
+        whose pos is below `stale` and the pools that end in them (without checking
+        them against the cells: the staleness contract of §4 says they did not
+        change), then append every pair of sp that sorts after the last kept one.
+        Nothing kept: the full rebuild. Returns (pools kept, pairs kept, pairs copied)."""
+        have = sq.keys.view
+        n = int(np.searchsorted(have, np.int64(min(stale, POS_CLEAN)) << CELL_BITS))
+        if n == 0:
+            sq.rebuild(sp)
+            return 0, 0, int(sp.size)
+        n_pools = int(np.searchsorted(sq.pools.view, n - self.kpool, side="right"))
+        last = have[n - 1]
+        sq.cut(n, n_pools, self.kpool)
+        tail = sp[np.searchsorted(sp, last, side="right"):]
+        sq.keys.extend(tail)
+        return n_pools, n, int(tail.size)
 
     def _rebuild(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> int:
         """ENGINE.md §5 step 2, the engine's rebuild from sp; returns how many of the

@@ -2,7 +2,8 @@
 a registry of the known ones, and loading a user's own (`--engine pkg.mod:Name`).
 
 Owns: `EngineVersion` (a frozen record of policies), `CACHE_SAFE` (llama.cpp before
-PR #29994), `REP_ONCE` (PR #29994), `VERSIONS`, `load_version`.
+PR #29994), `REP_ONCE` (PR #29994), `TAIL_TRUNCATE` (rep-once with a fork's layout
+patch for MTP; docs/versions.md), `VERSIONS`, `load_version`.
 
 A third version is a few lines:
 
@@ -44,6 +45,11 @@ class EngineVersion:
     # ENGINE.md §7: where padding entries write: each its own row that is no real pool's
     # rep ("unused-rows"), or all of them row 0 ("row-zero", a naive engine)
     padding: Literal["unused-rows", "row-zero"] = "unused-rows"
+    # ENGINE.md §5 step 2, a fork's patch for MTP: a stale sequence none of whose cells
+    # is shared is not rebuilt but truncated at its stale position (its pairs below it
+    # and the pools that end below it kept, unchecked: the staleness contract says they
+    # did not change), then extended by the append path; shared sequences rebuild
+    truncate_stale_tail: bool = False
 
     def __post_init__(self) -> None:
         if self.padding not in PADDING_POLICIES:
@@ -70,7 +76,15 @@ REP_ONCE = EngineVersion(
     mark_once_per_rep=True,
 )
 
-VERSIONS: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE)}
+TAIL_TRUNCATE = replace(
+    REP_ONCE,
+    name="tail-truncate",
+    description="rep-once plus a fork's MTP patch: a stale unshared sequence is truncated "
+                "at its stale position instead of rebuilt",
+    truncate_stale_tail=True,
+)
+
+VERSIONS: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE, TAIL_TRUNCATE)}
 DEFAULT_VERSION = REP_ONCE.name
 
 

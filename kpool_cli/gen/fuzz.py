@@ -36,6 +36,8 @@ import numpy as np
 
 from ..backend.store import make_backend
 from ..cache.cells import CELL_BITS, CELL_MASK
+from ..diff.compare import compare
+from ..diff.summary import from_records
 from ..engine.versions import load_version
 from ..records import ExpectResult, UbatchRecord
 from ..replay import Replayer
@@ -62,6 +64,7 @@ class FuzzTask:
     backend: str = "none"
     shrink: bool = True
     max_ops: int = 12
+    base: str | None = None  # compare with this engine: a behaviour difference is found
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +258,26 @@ def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, se
     return text
 
 
+DIVERGED = "diff"  # the "code" of a behaviour difference from the base engine
+
+
+def diverges(t: m.Trace, base: str, head: str, backend: str = "none") -> bool:
+    """Whether `kpool diff --base BASE --head HEAD` finds a behaviour difference on `t`
+    (layouts through marking and scatter, findings, events; cost counters aside)."""
+    runs = []
+    for engine in (base, head):
+        version = load_version(engine)
+        runs.append(from_records(Replayer(t, version, make_backend(backend, t)).run(),
+                                 path=t.path, name=t.name, sha256=t.sha256,
+                                 engine=version.name,
+                                 backend=None if backend == "none" else backend,
+                                 config=t.cache.as_dict()))
+    try:
+        return compare(runs[0], runs[1]).changed
+    except Exception:  # a comparison that fails is a difference too
+        return True
+
+
 def _shows_finding(code: str, sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
     return lambda t: (code, sig) in run_checked(t, task.engine, task.backend)[0]
 
@@ -270,7 +293,21 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
     t = random_trace(task.seed, max_ops=task.max_ops)
     found, defects, rejected = run_checked(t, task.engine, task.backend)
     shrunk: list[Shrunk] = []
-    if task.shrink:
+    if task.base is not None:
+        sig = f"{DIVERGED}/{task.base}"
+        if diverges(t, task.base, task.engine, task.backend):
+            found[(DIVERGED, sig)] = 0
+            if task.shrink:
+                small = shrink(t, lambda c: diverges(c, task.base or "", task.engine,
+                                                     task.backend))
+                shrunk.append(Shrunk(DIVERGED, sig, dump_trace(dataclasses.replace(
+                    small, name=f"diverged-{task.base}-{task.engine}",
+                    description=f"Found by `kpool fuzz --engine {task.engine} --base "
+                    f"{task.base} --seed {task.seed}` and shrunk from {len(t.ops)} ops to "
+                    f"{len(small.ops)}: `kpool diff --base {task.base} --head "
+                    f"{task.engine}` shows a behaviour difference.")), len(small.ops)))
+        found = {k: v for k, v in found.items() if k[0] == DIVERGED}
+    if task.shrink and task.base is None:
         done: set[str] = set()
         for code, sig in sorted(found):
             small = shrink(t, _shows_finding(code, sig, task))
@@ -308,11 +345,13 @@ class Progress:
         return sum(len(o.shrunk) for o in self.first.values())
 
 
-def tasks_for(engine: str, runs: int, seed: int, backend: str = "none"
-              ) -> list[FuzzTask]:
+def tasks_for(engine: str, runs: int, seed: int, backend: str = "none",
+              base: str | None = None) -> list[FuzzTask]:
     """Run r has seed `seed + r`; only runs are shrunk whose signature is new, so the
-    first pass does not shrink (see `campaign`)."""
-    return [FuzzTask(seed + r, engine, backend, shrink=False) for r in range(runs)]
+    first pass does not shrink (see `campaign`). With `base`, a run looks for
+    behaviour differences from that engine only (`diverges`)."""
+    return [FuzzTask(seed + r, engine, backend, shrink=False, base=base)
+            for r in range(runs)]
 
 
 def campaign(tasks: Sequence[FuzzTask],

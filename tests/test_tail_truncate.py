@@ -1,0 +1,105 @@
+"""The third shipped version, tail-truncate (engine/versions.py, TAIL_TRUNCATE; ENGINE.md
+§5 step 2 as a fork's MTP patch changes it): a stale sequence with no shared cell is
+truncated at its stale position instead of rebuilt. Numbers derived by hand."""
+
+from __future__ import annotations
+
+from conftest import codes, run, trace, ubatches
+
+from kpool_cli.engine.versions import VERSIONS
+
+MTP_STEP = """
+    kpool_trace: 1
+    cache: {kv_size: 32, kpool: 4, n_seq_max: 1, n_rs_seq: 3}
+    ops:
+      - decode: {seq: 0, pos: 0..10}
+      - seq_rm: {seq: 0, p0: 8, p1: -1}
+      - decode: {seq: 0, pos: 8..12}
+    """
+
+
+def test_engines_lists_three_versions():
+    assert list(VERSIONS) == ["cache-safe", "rep-once", "tail-truncate"]
+    tt, ro = VERSIONS["tail-truncate"], VERSIONS["rep-once"]
+    assert tt.truncate_stale_tail and not ro.truncate_stale_tail
+    assert tt.mark_once_per_rep == ro.mark_once_per_rep and tt.padding == ro.padding
+
+
+def test_s5_a_rejected_tail_is_truncated_not_rebuilt():
+    """ENGINE.md §5 step 2. Pos 0..9 on cells 0..9 (kpool 4): pools at pos 0 and 4,
+    pos 8, 9 no pool yet; the first update copies the 10 pairs under both versions.
+    seq_rm [8, inf) (a rollback of 2 <= n_rs_seq 3) stales seq 0 at 8; pos 8..11 are
+    decoded. rep-once rebuilds: it copies all 12 pairs. tail-truncate keeps the 8 pairs
+    below pos 8 and the 2 pools ending in them, and the append path copies the 4 new
+    pairs: 4. Both find pool 2 (pos 8..11) and mark it alone (n_new 1)."""
+    t = trace(MTP_STEP)
+    got = {}
+    for engine in ("rep-once", "tail-truncate"):
+        ubs = ubatches(run(t, engine))
+        got[engine] = [u.cost["cells_scanned"] for u in ubs]
+        assert [u.n_new for u in ubs] == [2, 1] and [u.n_pool_real for u in ubs] == [2, 3]
+        assert ubs[1].pools.marked() == ((0, 2),)
+        assert not codes(run(t, engine))
+    assert got == {"rep-once": [10, 12], "tail-truncate": [10, 4]}
+
+
+def test_s5_a_shared_sequence_still_rebuilds():
+    """Seq 1 shares seq 0's 8 cells (whole seq_cp), then seq 0's tail [6, inf) goes and
+    pos 6, 7 come back on new cells. Seq 0 still shares cells 0..5 with seq 1: the patch
+    rebuilds it, as rep-once does: the same cells scanned under both versions."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 32, kpool: 2, n_seq_max: 2, n_rs_seq: 3}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - seq_cp: {src: 0, dst: 1}
+          - seq_rm: {seq: 0, p0: 6, p1: -1}
+          - decode: {seq: 0, pos: 6..8}
+        """)
+    costs = {e: [u.cost["cells_scanned"] for u in ubatches(run(t, e))]
+             for e in ("rep-once", "tail-truncate")}
+    assert costs["rep-once"] == costs["tail-truncate"]
+
+
+def test_s5_the_count_check_still_rebuilds_a_truncated_sequence():
+    """Found by `kpool fuzz --engine tail-truncate --base rep-once` (seed 872): seq_cp
+    from an empty seq 1 resets seq 0's recurrent state, so pos 3 is accepted for seq 0
+    below its cell at pos 4. The truncation at the stale position 5 keeps (4, cell 0),
+    and the append path takes only pairs after it: (3, cell 2) is not appended. The
+    layout then holds 1 pair for 2 cells; step 2's count check rebuilds it, as
+    rep-once does (without it: KP007, then KP005)."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 4, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 4}
+          - seq_cp: {src: 1, dst: 0}
+          - decode: {seq: 1, pos: 3}
+          - seq_rm: {seq: 0, p0: 5}
+          - decode: {seq: 0, pos: 3}
+        """)
+    for engine in ("rep-once", "tail-truncate"):
+        assert not codes(run(t, engine)) - {"KP006"}, engine
+
+
+def test_a_differential_fuzz_run_finds_a_behaviour_difference_and_shrinks_it():
+    """`kpool fuzz --engine E --base B` (gen/fuzz.diverges): the race trace differs
+    between rep-once and cache-safe (KP001, n_new), never between an engine and
+    itself; a run whose random trace differs reports ("diff", "diff/rep-once") and its
+    shrunk trace still differs."""
+    from pathlib import Path
+
+    from kpool_cli.gen.fuzz import DIVERGED, FuzzTask, diverges, fuzz_one
+    from kpool_cli.trace.load import load_trace, load_trace_text
+
+    race = load_trace(Path(__file__).resolve().parent.parent / "traces/shared-prefix-race.yaml")
+    assert diverges(race, "rep-once", "cache-safe")
+    assert not diverges(race, "rep-once", "rep-once")
+    assert not diverges(race, "rep-once", "tail-truncate")
+    seed = next(s for s in range(200)
+                if fuzz_one(FuzzTask(s, "cache-safe", shrink=False, base="rep-once")).findings)
+    out = fuzz_one(FuzzTask(seed, "cache-safe", base="rep-once"))
+    assert out.findings == ((DIVERGED, f"{DIVERGED}/rep-once"),)
+    (small,) = out.shrunk
+    assert small.n_ops <= out.n_ops
+    assert diverges(load_trace_text(small.yaml), "rep-once", "cache-safe")
