@@ -103,3 +103,31 @@ def test_a_differential_fuzz_run_finds_a_behaviour_difference_and_shrinks_it():
     (small,) = out.shrunk
     assert small.n_ops <= out.n_ops
     assert diverges(load_trace_text(small.yaml), "rep-once", "cache-safe")
+
+
+def test_s5_a_cut_inside_a_pool_drops_that_pool():
+    """kpool 4: pos 0..11 on cells 0..11, pools 0, 1, 2 (pos 8..11, rep cell 11).
+    seq_rm [10, inf) cuts pool 2 in half (stale 10). Seq 1 then takes cells 10, 11 (its
+    ubatch: rep-once rebuilds seq 0's 10 pairs and copies seq 1's 2, 12; tail-truncate
+    keeps seq 0's 10 pairs, copies nothing for it, 2). Only the pools that end below the
+    cut survive (0 and 1: pool 2 started at pair 8 > 10 - kpool); pos 10..12 land on
+    cells 12..14 and the scan finds pool 2 again on cells 8, 9, 12, 13, rep 13 (not 11),
+    marked new in both; 3 pairs appended."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_rs_seq: 3}
+        ops:
+          - decode: {seq: 0, pos: 0..12}
+          - seq_rm: {seq: 0, p0: 10, p1: -1}
+          - decode: {seq: 1, pos: 0..2}
+          - decode: {seq: 0, pos: 10..13}
+        """)
+    got = {}
+    for engine in ("rep-once", "tail-truncate"):
+        ubs = ubatches(run(t, engine))
+        got[engine] = [u.cost["cells_scanned"] for u in ubs]
+        (p,) = ubs[2].pools
+        assert (p.seq, p.k, p.rep, p.new) == (0, 2, 13, True)
+        assert p.cells == (8, 9, 12, 13)
+        assert not codes(run(t, engine))
+    assert got == {"rep-once": [12, 12, 3], "tail-truncate": [12, 2, 3]}
