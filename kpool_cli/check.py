@@ -100,7 +100,8 @@ class Unmet:
 @dataclass(frozen=True, slots=True)
 class Flagged:
     """An unpinned, unignored finding. `fails`: at or above `--fail-on`. `ubatch`: the
-    ubatch's index over the replay (None for a finding of an op event)."""
+    ubatch's index over the replay (None for a finding of an op event). `pinnable`:
+    an `expect` could have pinned it (False for `kpool replay`'s CI formats)."""
 
     code: str
     name: str
@@ -110,6 +111,7 @@ class Flagged:
     ubatch: int | None
     message: str
     fails: bool
+    pinnable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +307,8 @@ def check_one(job: CheckJob) -> CheckResult:
             for f in rec.findings:
                 fails = fail_rank is not None and severity_rank(f.severity) >= fail_rank
                 flagged.append(Flagged(f.code, f.name, f.severity, rec.op,
-                                       _line(trace, rec.op), ubatch, f.message, fails))
+                                       _line(trace, rec.op), ubatch, f.message, fails,
+                                       job.pin))
     except TraceError as e:
         return dataclasses.replace(_invalid(job.path, job.engine, e), ubatches=tally.ubatches)
     flagged.sort(key=lambda f: not f.fails)  # stable: failing first, in replay order

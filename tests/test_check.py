@@ -313,6 +313,7 @@ def test_replay_writes_its_findings_for_ci_with_nothing_pinned():
     assert code == 1
     lines = [ANNOTATION.fullmatch(x) for x in out.splitlines()]
     assert all(lines) and len(lines) == 2
+    assert "not pinned" not in out  # nothing is pinned in a replay: no such wording
     decodes = [i + 1 for i, x in enumerate(RACE.read_text().splitlines())
                if x.strip().startswith("- decode:")]
     assert [int(re.search(r"line=(\d+)", x).group(1)) for x in out.splitlines()] == decodes[-2:]

@@ -83,7 +83,8 @@ def unmet_table(u: Unmet, indent: str = "      ") -> list[str]:
 
 
 def flagged_title(f: Flagged) -> str:
-    return f"{words.code(f.code, f.name)} [{f.severity}] not pinned by an expect"
+    pinned = " not pinned by an expect" if f.pinnable else ""
+    return f"{words.code(f.code, f.name)} [{f.severity}]{pinned}"
 
 
 def flagged_text(f: Flagged) -> str:
