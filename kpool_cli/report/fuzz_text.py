@@ -7,6 +7,8 @@ files). Renderers read a campaign's `Progress`; they never count.
 
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -45,13 +47,20 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     if not t.counts:
         console.print("no finding, no defect")
         return
+    folders = sorted({os.path.dirname(p) for p in files.values()})
+    if len(folders) == 1:  # the usual case: name the folder once, the files by name
+        console.print(f"shrunk traces in {visible(folders[0] or '.')}/")
+        shown = {k: os.path.basename(p) for k, p in files.items()}
+    else:
+        shown = dict(files)
     table = Table("code", "runs", "first seed")
-    table.add_column("signature", overflow="fold")
+    table.add_column("where (op, path)", overflow="fold")
     table.add_column("shrunk trace", overflow="fold")
     for (code, sig), n in sorted(t.counts.items()):
         first = t.first.get((code, sig))
-        table.add_row(code, str(n), str(first.seed) if first else "-", sig,
-                      visible(files.get((code, sig), "-")))
+        where = sig.removeprefix(f"{code}/")  # the signature is code/op/path
+        table.add_row(code, str(n), str(first.seed) if first else "-", visible(where),
+                      visible(shown.get((code, sig), "-")))
     console.print(table)
     for (code, sig), (seed, msg) in sorted(t.defects.items()):
         console.print(f"kpool defect {code} ({sig}), seed {seed}: {visible(msg)}")
