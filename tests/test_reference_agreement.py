@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_rules import TRACES
 
+from kpool_cli.gen.random_trace import PositionTracker
 from kpool_cli.records import UbatchRecord
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import (
@@ -156,140 +157,6 @@ def test_the_drift_scenario_is_exercised() -> None:
 # -- random traces ----------------------------------------------------------------------
 
 
-class Tracker:
-    """A rough model of the cells (positions and sequence sets only) and of the
-    recurrent child (each sequence's state pos, a pending rollback) used to build
-    decodes that pass validation most of the time. Not the thing under test."""
-
-    def __init__(self, cfg: CacheConfig) -> None:
-        self.cfg = cfg
-        self.streams: list[list[list]] = [[] for _ in range(cfg.n_stream)]  # [pos, set]
-        self.snaps: dict[str, list[int]] = {}
-        self.rec = [-1] * cfg.n_seq_max  # the recurrent state's pos, -1: none
-        self.pending = [False] * cfg.n_seq_max
-        self.rec_snaps: dict[str, int] = {}
-
-    def hmin(self, s: int) -> int:
-        """The hybrid memory's seq_pos_min (what a batch is validated against)."""
-        return max(self.pmin(s), self.rec[s])
-
-    def hmax(self, s: int) -> int:
-        return min(self.pmax(s), self.rec[s])
-
-    def next_pos(self, s: int) -> int:
-        x = self.hmax(s)
-        return x + 1 if x >= 0 else self.pmax(s) + 1
-
-    def stream(self, s: int) -> list[list]:
-        return self.streams[0 if self.cfg.unified else s]
-
-    def positions(self, s: int) -> list[int]:
-        return [c[0] for c in self.stream(s) if s in c[1]]
-
-    def pmin(self, s: int) -> int:
-        p = self.positions(s)
-        return min(p) if p else -1
-
-    def pmax(self, s: int) -> int:
-        p = self.positions(s)
-        return max(p) if p else -1
-
-    def free(self, s: int) -> int:
-        return self.cfg.kv_size - len(self.stream(s))
-
-    def _gc(self) -> None:
-        for k, cells in enumerate(self.streams):
-            self.streams[k] = [c for c in cells if c[1] and c[0] >= 0]
-
-    def decode(self, tokens: list[Token]) -> None:
-        need: dict[int, int] = {}
-        for tk in tokens:
-            k = 0 if self.cfg.unified else tk.seq[0]
-            need[k] = need.get(k, 0) + 1
-        if any(self.cfg.kv_size - len(self.streams[k]) < n for k, n in need.items()):
-            return  # the real decode is refused too
-        for tk in tokens:
-            self.stream(tk.seq[0]).append([tk.pos, set(tk.seq)])
-            for s in tk.seq:
-                self.rec[s] = tk.pos
-                self.pending[s] = False
-
-    def seq_rm(self, s: int, p0: int, p1: int) -> bool:
-        """False when the recurrent child refuses (nothing changes)."""
-        lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
-        if s < 0:
-            return False
-        r = self.rec[s]
-        if lo == 0 and p1 < 0:
-            self.pending[s] = False
-        if r >= 0 and 0 < lo <= r < hi:
-            if self.pending[s] or r - (lo - 1) > self.cfg.n_rs_seq:
-                return False
-            self.pending[s] = True
-            self.rec[s] = lo - 1
-        elif lo <= r < hi:
-            self.rec[s] = -1
-        for c in self.stream(s):
-            if s in c[1] and lo <= c[0] < hi:
-                c[1].discard(s)
-        self._gc()
-        return True
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        if src == dst:
-            return
-        self.rec[dst] = self.rec[src]
-        lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
-        if self.cfg.unified:
-            for c in self.streams[0]:
-                if src in c[1] and lo <= c[0] < hi:
-                    c[1].add(dst)
-        else:
-            self.streams[dst] = [[c[0], {dst}] for c in self.streams[src]]
-
-    def seq_keep(self, s: int) -> None:
-        self.rec = [r if t == s else -1 for t, r in enumerate(self.rec)]
-        cells = self.stream(s)
-        for c in cells:
-            c[1] = {s} if s in c[1] else set()
-        self._gc()
-
-    def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
-        lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
-        if shift and lo < hi and lo <= self.rec[s] < hi:
-            self.rec[s] += shift
-        for c in self.stream(s):
-            if s in c[1] and lo <= c[0] < hi:
-                c[0] += shift
-        self._gc()
-
-    def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
-        lo, hi = max(p0, 0), (1 << 40) if p1 < 0 else p1
-        if lo <= self.rec[s] < hi:
-            self.rec[s] //= d
-        for c in self.stream(s):
-            if s in c[1] and lo <= c[0] < hi:
-                c[0] //= d
-
-    def state_write(self, s: int, slot: str) -> None:
-        self.snaps[slot] = self.positions(s)
-        self.rec_snaps[slot] = self.rec[s]
-
-    def state_read(self, s: int, slot: str) -> None:
-        snap = self.snaps[slot]
-        if snap:
-            self.seq_rm(s, -1, -1)
-            if self.free(s) < len(snap):
-                return  # the restore fails: s is dropped
-            self.stream(s).extend([p, {s}] for p in snap)
-        self.rec[s] = self.rec_snaps[slot]
-        self.pending[s] = False
-
-    def state_drop(self, s: int) -> None:
-        self.seq_rm(s, -1, -1)
-        self.rec[s] = -1
-
-
 N_UBATCHES = (2, 3, 5, 8, 512)
 
 
@@ -314,7 +181,7 @@ def random_traces(draw) -> Trace:
         n_seq_max=draw(st.integers(1, 3)), unified=unified, by_order=by_order,
         n_ubatch=n_ubatch, n_rs_seq=n_rs_seq,
     )
-    tr = Tracker(cfg)
+    tr = PositionTracker(cfg)
     n = cfg.n_seq_max
     seq = st.integers(0, n - 1)
     bound = st.integers(-1, 24)
@@ -412,7 +279,7 @@ def random_traces(draw) -> Trace:
     return Trace(cache=cfg, ops=tuple(ops), seed=draw(st.integers(0, 3)))
 
 
-def _draw_decode(draw, tr: Tracker, cfg: CacheConfig) -> Decode:
+def _draw_decode(draw, tr: PositionTracker, cfg: CacheConfig) -> Decode:
     n = cfg.n_seq_max
     chosen = sorted(set(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n))))
     tokens: list[Token] = []

@@ -1,6 +1,6 @@
 """Random traces: any valid mix of every op, for `kpool gen random` and `kpool fuzz`.
 
-Owns: `random_trace(seed, ...)` and its position tracker `_Tracker`.
+Owns: `random_trace(seed, ...)` and its position tracker `PositionTracker`.
 
 Invariants:
 - pure: the trace is a function of the arguments alone (one `random.Random(seed)`,
@@ -40,7 +40,7 @@ _END = 1 << 40  # "to the end" of a range, for the tracker
 _N_UBATCH = (2, 3, 4, 6, 8, 512)
 
 
-class _Tracker:
+class PositionTracker:
     """Each stream's cells as [pos, set of seq ids], the recurrent child's state pos
     per sequence (-1: none) and whether a rollback is pending, snapshots by slot."""
 
@@ -63,10 +63,17 @@ class _Tracker:
     def pmin(self, s: int) -> int:
         return min(self.positions(s), default=-1)
 
+    def hmin(self, s: int) -> int:
+        """The hybrid memory's seq_pos_min (what a batch is validated against)."""
+        return max(self.pmin(s), self.rec[s])
+
+    def hmax(self, s: int) -> int:
+        """The hybrid memory's seq_pos_max: the attention cells capped by the recurrent
+        state's pos."""
+        return min(self.pmax(s), self.rec[s])
+
     def next_pos(self, s: int) -> int:
-        """The hybrid memory's seq_pos_max + 1: the attention cells capped by the
-        recurrent state's pos."""
-        x = min(self.pmax(s), self.rec[s])
+        x = self.hmax(s)
         return x + 1 if x >= 0 else self.pmax(s) + 1
 
     def _gc(self) -> None:
@@ -85,14 +92,17 @@ class _Tracker:
                 self.rec[s] = t.pos
                 self.pending[s] = False
 
-    def seq_rm(self, s: int, p0: int, p1: int) -> None:
+    def seq_rm(self, s: int, p0: int, p1: int) -> bool:
+        """False when the recurrent child refuses (nothing changes): always for seq -1."""
+        if s < 0:
+            return False
         lo, hi = max(p0, 0), _END if p1 < 0 else p1
         r = self.rec[s]
         if lo == 0 and p1 < 0:
             self.pending[s] = False
         if r >= 0 and 0 < lo <= r < hi:
             if self.pending[s] or r - (lo - 1) > self.cfg.n_rs_seq:
-                return  # the recurrent child refuses: nothing changes
+                return False
             self.pending[s] = True
             self.rec[s] = lo - 1
         elif lo <= r < hi:
@@ -101,6 +111,7 @@ class _Tracker:
             if s in c[1] and lo <= c[0] < hi:
                 c[1].discard(s)
         self._gc()
+        return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         if src == dst:
@@ -151,6 +162,10 @@ class _Tracker:
         self.rec[s] = rec
         self.pending[s] = False
 
+    def state_drop(self, s: int) -> None:
+        self.seq_rm(s, -1, -1)
+        self.rec[s] = -1
+
     def clear(self) -> None:
         self.streams = [[] for _ in self.streams]
         self.rec = [-1] * self.cfg.n_seq_max
@@ -178,7 +193,7 @@ def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     state_write/read/drop, clear."""
     rng = random.Random(seed)
     cfg = random_config(rng)
-    tr = _Tracker(cfg)
+    tr = PositionTracker(cfg)
     n = cfg.n_seq_max
     kinds = (["decode"] * 6 + ["seq_rm", "spec", "spec", "seq_cp", "seq_cp",
                                "seq_cp_part", "seq_keep", "state_write", "state_read",
@@ -277,7 +292,7 @@ def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     return Trace(cache=cfg, ops=tuple(ops[:max_ops]), name=f"random-{seed}", seed=seed)
 
 
-def _random_tokens(rng: random.Random, tr: _Tracker, cfg: CacheConfig) -> tuple[Token, ...]:
+def _random_tokens(rng: random.Random, tr: PositionTracker, cfg: CacheConfig) -> tuple[Token, ...]:
     """One decode's tokens: 1..n_seq_max sequences, each continuing where it ends;
     in a unified cache sometimes two sequences in step share their tokens."""
     n = cfg.n_seq_max
