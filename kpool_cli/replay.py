@@ -26,9 +26,17 @@ from typing import Protocol
 
 import numpy as np
 
-from .cache.batch import KeepTailAssert, Ubatch, split_equal, validate
+from .cache.batch import (
+    KeepTailAssert,
+    Ubatch,
+    decode_split,
+    first_ubatch_len,
+    split_refusal,
+    validate,
+    validate_span,
+)
 from .cache.kv import KvCache
-from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild
+from .cache.recurrent import EditRefused, HybridPositions, RecurrentAssert, RecurrentChild
 from .engine.edits import Staleness, check_edit
 from .engine.layout import POS_CLEAN, Layout
 from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
@@ -105,7 +113,9 @@ class Replayer:
         self.want_cell_map = cell_map
         self.cfg = cfg
         self.cache = KvCache(cfg)
-        self.recurrent = RecurrentChild(cfg.n_seq_max, cfg.n_rs_seq)  # ENGINE.md §3
+        self.recurrent = RecurrentChild(  # ENGINE.md §3
+            cfg.n_seq_max, cfg.n_rs_seq,
+            negative_seq_rm_matches_any=version.recurrent_seq_rm_matches_any)
         self.positions = HybridPositions(self.cache, self.recurrent)
         self.layout = Layout(cfg.n_seq_max, cfg.kpool, cfg.by_order, cfg.kv_size)
         self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
@@ -144,13 +154,15 @@ class Replayer:
                 # refuses, the call returns false before any cache changes
                 self.recurrent.seq_rm(op.seq, op.p0, op.p1)
         except EngineAbort as e:
-            self.aborted = True
-            return OpEvent(i, op.kind, ABORTED, {}, str(e), (kp005_engine_abort.at_op(str(e)),))
+            return self._abort(i, op.kind, str(e))
         except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
                            (kp008_edit_refused.finding(str(e), op.seq),))
         pos = self.staleness.before(op, cache.seq_pos_min)
-        message = self._apply_edit(op)
+        try:
+            message = self._apply_edit(op)
+        except RecurrentAssert as e:  # state_read's find_slot on a dangling tail
+            return self._abort(i, op.kind, str(e))
         self.staleness.after(op, pos, layout_shared=not self.layout.cache_safe)
         return OpEvent(i, op.kind, REJECTED if message else APPLIED,
                        self.staleness.take_changed(), message or "")
@@ -206,13 +218,50 @@ class Replayer:
         if self.backend and rows.size:
             self.backend.zero_rows(rows)
 
+    def _abort(self, i: int, kind: str, message: str) -> OpEvent:
+        """An engine assert outside a ubatch's marking: KP005, and the replay ends."""
+        self.aborted = True
+        return OpEvent(i, kind, ABORTED, {}, message, (kp005_engine_abort.at_op(message),))
+
     # -- decode ----------------------------------------------------------------------------
 
     def _reject(self, i: int, message: str) -> OpEvent:
         return OpEvent(i, "decode", REJECTED, {}, message,
                        (kp006_decode_rejected.finding(message),))
 
+    def _decode_span(self, i: int, span: m.Span) -> OpEvent:
+        """A decode of more tokens than its stream has cells (ENGINE.md §3), which
+        llama_decode refuses whatever the cache holds: the steps of `_decode`, each
+        decided from the range's ends (no token of it is built), down to the attention
+        cache's prepare, which fails (KP006), leaving only the heads it may move."""
+        cfg, cache = self.cfg, self.cache
+        msg = validate_span(span, self.positions, mrope=cfg.by_order)
+        if msg is not None:
+            return self._reject(i, msg)
+        for src, dst in cache.take_pending_copies():
+            if self.backend:
+                self.backend.copy_stream(src, dst)
+        n_keep_tail = self.recurrent.n_keep_tail
+        try:
+            msg = split_refusal(len(span.seq) > 1, cfg.n_ubatch, not cfg.unified, n_keep_tail)
+            if msg is not None:
+                return self._reject(i, msg)
+            self.recurrent.prepare([[span.seq]])
+        except (KeepTailAssert, RecurrentAssert) as e:
+            return self._abort(i, "decode", str(e))
+        k = cache.stream_of(span.seq[0])
+        cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.n_ubatch, n_keep_tail))
+        where = ("the cache (unified: one stream)" if cfg.unified
+                 else f"stream {k} (sequence {k}'s own)")
+        return self._reject(
+            i, f"failed to find a memory slot for batch of size {len(span):,} (init_batch: "
+               f"failed to prepare attention ubatches): its tokens need {len(span):,} cells "
+               f"of {where}, which has {cfg.kv_size:,}")
+
     def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
+        if op.span is not None:
+            yield self._decode_span(i, op.span)
+            return
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
         msg = validate(tokens, self.positions, cfg.n_seq_max, mrope=cfg.by_order,
@@ -224,27 +273,16 @@ class Replayer:
         for src, dst in cache.take_pending_copies():
             if self.backend:
                 self.backend.copy_stream(src, dst)
-        if op.ubatches is not None:
-            if not cfg.unified and any(len(t.seq) > 1 for t in tokens):
-                yield self._reject(i, "a sequential split (non-unified cache) does not support "
-                                      "coupled sequences in the batch")
-                return
-            split = [Ubatch(ub, len({s for j in ub for s in tokens[j].seq}))
-                     for ub in op.ubatches]
-        else:
+        try:
             # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
-            try:
-                done = split_equal(tokens, cfg.n_ubatch, sequential=not cfg.unified,
-                                   n_keep_tail=self.recurrent.n_keep_tail)
-            except KeepTailAssert as e:
-                self.aborted = True
-                yield OpEvent(i, "decode", ABORTED, {}, str(e),
-                              (kp005_engine_abort.at_op(str(e)),))
-                return
-            if isinstance(done, str):  # the split is refused: why
-                yield self._reject(i, done)
-                return
-            split = done
+            split = decode_split(tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
+                                 self.recurrent.n_keep_tail)
+        except KeepTailAssert as e:
+            yield self._abort(i, "decode", str(e))
+            return
+        if isinstance(split, str):  # the split is refused: why
+            yield self._reject(i, split)
+            return
         ubs = []
         for ub in split:
             tk = [tokens[j] for j in ub.tokens]
@@ -253,6 +291,12 @@ class Replayer:
             ubs.append((np.array([t.pos for t in tk], dtype=np.int64),
                         [t.seq for t in tk], recorded))
         self._check_recorded_cells(op, ubs)
+        try:
+            # llama_memory_hybrid_idx::init_batch prepares the recurrent child first
+            self.recurrent.prepare(seqs for _pos, seqs, _rec in ubs)
+        except RecurrentAssert as e:
+            yield self._abort(i, "decode", str(e))
+            return
         placements = cache.plan(ubs)
         if placements is None:
             yield self._reject(i, "find_slot found no free cell for a ubatch: the decode "

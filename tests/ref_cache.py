@@ -440,6 +440,10 @@ class RefCache:
 
 # == §3: the hybrid memory's recurrent child (llama_memory_recurrent) ===================
 
+
+class GgmlAssert(Exception):
+    """A GGML_ASSERT that fails: the process aborts (kpool: KP005)."""
+
 U32 = (1 << 32) - 1  # (uint32_t) seq_id
 
 
@@ -454,7 +458,9 @@ class RefRecurrent:
     The tail lives in the cell struct (`cells[i].tail`), so prepare's copy of the cells
     saves and restores the tails too; rs_idx is a separate array it leaves alone."""
 
-    def __init__(self, n_seq_max: int, n_rs_seq: int, seen: Counter | None = None) -> None:
+    def __init__(self, n_seq_max: int, n_rs_seq: int, seen: Counter | None = None,
+                 negative_matches_any: bool = True) -> None:
+        self.negative_matches_any = negative_matches_any
         self.size = n_seq_max
         self.n_seq_max = n_seq_max
         self.n_rs_seq = n_rs_seq
@@ -492,22 +498,47 @@ class RefRecurrent:
         self.rs_idx = [0] * self.n_seq_max
 
     def seq_rm(self, s: int, p0: int, p1: int) -> bool:
-        """llama_memory_recurrent::seq_rm. False (nothing changed) when s is not in
-        [0, n_seq_max) as a uint32_t (so -1 is always refused), or when s's tail cell
-        has a pos in [p0, p1) with p0 > 0 (a state cannot be cut mid-way) and the
-        rollback is not possible: one is pending, or it is deeper than n_rs_seq. A
-        possible rollback only moves the cell's pos back to p0 - 1 and records
-        rs_idx[s]."""
+        """llama_memory_recurrent::seq_rm. False (nothing changed) when s is at or
+        above n_seq_max; for s < 0: when the version tests `(uint32_t) seq_id >=
+        n_seq_max` (ggml-org/llama.cpp 0054ee8: -1 is always refused), else
+        (`seq_id >= 0 && ...`, angt/llama.cpp d5437c2) when the range is neither
+        everything nor nothing; or when s's tail cell has a pos in [p0, p1) with
+        p0 > 0 (a state cannot be cut mid-way) and the rollback is not possible: one
+        is pending, or it is deeper than n_rs_seq. A possible rollback only moves the
+        cell's pos back to p0 - 1 and records rs_idx[s]. For s < 0 the loop clears
+        every cell in range and no tail is touched (they may point at emptied cells)."""
         new_head = self.size
         p0, p1 = resolve(p0, p1)
-        if (s & U32) >= self.n_seq_max:
+        if s >= 0 and s >= self.n_seq_max:
+            return False
+        if s < 0 and not self.negative_matches_any and (s & U32) >= self.n_seq_max:
             self.seen["recurrent seq_rm refuses a seq id < 0"] += 1
             return False  # "invalid seq_id"
         if p0 == 0 and p1 == POS_MAX:
-            self.rs_idx[s] = 0  # set_rs_idx(seq_id, 0)
+            # set_rs_idx(seq_id, 0): for seq_id < 0, every rs_idx
+            if s < 0:
+                self.rs_idx = [0] * self.n_seq_max
+            else:
+                self.rs_idx[s] = 0
         if s >= self.size:
             return False  # never: size == n_seq_max
-        # (the C++ `seq_id < 0` branch is unreachable past the uint32_t test)
+        if s < 0:
+            # seq_id is negative: the range should include everything or nothing
+            if p0 != p1 and (p0 != 0 or p1 != POS_MAX):
+                self.seen["recurrent seq_rm of every sequence refused: a partial range"] += 1
+                return False
+            self.seen["recurrent seq_rm of every sequence accepted"] += 1
+            for i in range(self.size):
+                if p0 <= self.pos[i] < p1:
+                    self.seq[i] = set()
+                    if self.pos[i] >= 0:
+                        self.used -= 1
+                    self.pos[i] = -1
+                    if new_head == self.size:
+                        new_head = i
+            if new_head != self.size and new_head < self.head:
+                self.head = new_head
+            return True
         t = self.tail[s]
         if t >= 0:
             if 0 < p0 <= self.pos[t] < p1:
@@ -662,7 +693,9 @@ class RefRecurrent:
             s = ids[0]
             has_cell = False
             if self.tail[s] >= 0:
-                assert s in self.seq[self.tail[s]], "GGML_ASSERT(cell.has_seq_id(seq_id))"
+                if s not in self.seq[self.tail[s]]:
+                    self.seen["recurrent find_slot asserts on a dangling tail"] += 1
+                    raise GgmlAssert("GGML_ASSERT(cell.has_seq_id(seq_id))")
                 # does this seq_id "own" the cell?
                 has_cell = len(self.seq[self.tail[s]]) == 1
             if not has_cell:
@@ -1005,7 +1038,8 @@ class RefReplay:
     version and the incremental layout of §5. `step(i, op)` returns the records the
     engine should yield for op i (none once the replay has aborted)."""
 
-    def __init__(self, trace: Trace, engine: str, seen: Counter | None = None) -> None:
+    def __init__(self, trace: Trace, engine: str, seen: Counter | None = None, *,
+                 negative_seq_rm_matches_any: bool = True) -> None:
         assert engine in ENGINES
         self.trace = trace
         self.cfg = cfg = trace.cache
@@ -1013,7 +1047,8 @@ class RefReplay:
         self.cache_safe = engine == "cache-safe"
         self.seen = seen if seen is not None else Counter()
         self.cache = RefCache(cfg, self.seen)
-        self.rec = RefRecurrent(cfg.n_seq_max, cfg.n_rs_seq, self.seen)
+        self.rec = RefRecurrent(cfg.n_seq_max, cfg.n_rs_seq, self.seen,
+                                negative_seq_rm_matches_any)
         self.hybrid = RefHybrid(self.cache, self.rec)
         self.n_seq_max = cfg.n_seq_max
         self.stale = [CLEAN] * cfg.n_seq_max
@@ -1143,7 +1178,10 @@ class RefReplay:
                 # NOTES: the hybrid memory catches the failed restore and drops s
                 self.state_drop(op.seq, touched)
                 return REJECTED
-            rec.state_read(op.seq, op.slot)
+            try:
+                rec.state_read(op.seq, op.slot)
+            except GgmlAssert:  # find_slot on a tail a seq_rm(-1) left dangling
+                return ABORTED
             self.stale_set(op.seq, 0, touched)
             self.restale_if_shared(touched)
         elif isinstance(op, StateDrop):
@@ -1187,6 +1225,12 @@ class RefReplay:
     def decode(self, i: int, op: Decode):
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
+        if op.span is not None:
+            # a range longer than its stream, which kpool keeps unbuilt: built here, so
+            # that llama.cpp's own steps refuse it
+            sp = op.span
+            self.seen["decode of more tokens than the stream has cells"] += 1
+            tokens = tuple(Token(p, sp.seq, sp.ext) for p in range(sp.start, sp.stop))
         refused = RefEvent(i, "decode", REJECTED, {}, frozenset({"KP006"}))
         if not validate(tokens, self.hybrid, cfg.n_seq_max, cfg.by_order, op.is_embd,
                         self.seen):
@@ -1217,7 +1261,13 @@ class RefReplay:
         ubs = [[tokens[j] for j in ub] for ub in split]
         # llama_memory_hybrid::init_batch: the recurrent child's prepare, then the cache's
         sets = [ubatch_sets(ub) for ub in ubs]
-        if not self.rec.prepare(sets):
+        try:
+            prepared = self.rec.prepare(sets)
+        except GgmlAssert:
+            self.aborted = True
+            yield RefEvent(i, "decode", ABORTED, {}, frozenset({"KP005"}))
+            return
+        if not prepared:
             self.seen["recurrent prepare failed"] += 1
             yield refused
             return

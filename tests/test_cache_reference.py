@@ -316,8 +316,10 @@ ops:
 def test_reference_recurrent_rollbacks() -> None:
     """llama_memory_recurrent::seq_rm: a partial seq_rm of a sequence's tail is a
     rollback of at most n_rs_seq tokens, one pending at a time; s_copy (a ubatch whose
-    cell range holds the state) consumes it; seq -1 is always refused (KP008, nothing
-    changes anywhere)."""
+    cell range holds the state) consumes it. seq -1 over a part of the range is
+    refused (KP008, nothing changes anywhere); over the whole range it matches every
+    sequence (angt/llama.cpp d5437c2): every rs_idx 0, every cell with pos >= 0
+    emptied, the tails left as they were."""
     ref, recs = _ref("""
 kpool_trace: 1
 cache: {kv_size: 16, kpool: 2, n_seq_max: 2, n_rs_seq: 2}
@@ -329,16 +331,22 @@ ops:
   - decode: {seq: [0], pos: 4}
   - seq_rm: {seq: 0, p0: 2}
   - seq_rm: {seq: 0, p0: 4}
-  - seq_rm: {seq: -1}
+  - seq_rm: {seq: -1, p0: 1}
 """)
     got = [(r.status, set(r.codes)) for r in recs if isinstance(r, rc.RefEvent)]
     refused = (rc.REJECTED, {"KP008"})
     assert got == [refused, (rc.APPLIED, set()), refused, refused, (rc.APPLIED, set()),
                    refused]
     # too deep (3), pos 5 back to 3 (rs_idx 2), pending, consumed by the decode of pos 4,
-    # too deep, pos 4 back to 3, seq -1
+    # too deep, pos 4 back to 3, seq -1 from pos 1 (partial)
     assert ref.rec.pos[0] == 3 and ref.rec.rs_idx == [1, 0] and ref.rec.tail == [0, -1]
     assert ref.cache.seq_pos_max(0) == 3  # the accepted seq_rm removed the attention cells
+    # seq -1 over everything: accepted, the pending rollback gone, cell 0 emptied, its
+    # tail still 0; the attention cells gone too
+    (ev,) = [r for r in ref.step(7, SeqRm(-1)) if isinstance(r, rc.RefEvent)]
+    assert (ev.status, set(ev.codes)) == (rc.APPLIED, set())
+    assert ref.rec.pos[0] == -1 and ref.rec.seq[0] == set() and ref.rec.rs_idx == [0, 0]
+    assert ref.rec.tail == [0, -1] and ref.cache.seq_pos_max(0) == -1
 
 
 def test_reference_split_equal_keeps_the_tail() -> None:
@@ -862,7 +870,9 @@ CORNERS = (
     "recurrent rollback consumed",
     "recurrent rollback consumed outside the ubatch",
     "recurrent rollback of a shared cell",
-    "recurrent seq_rm refuses a seq id < 0",
+    "recurrent seq_rm of every sequence accepted",
+    "recurrent seq_rm of every sequence refused: a partial range",
+    "recurrent find_slot asserts on a dangling tail",
     "recurrent find_slot moves a sequence off a shared cell",
     "recurrent find_slot swaps two cells",
     "split_equal n_keep_tail: set 0 extended to its end",

@@ -11,7 +11,7 @@ import pytest
 from conftest import codes, drive, run, toks
 
 from kpool_cli.cache.batch import split_equal
-from kpool_cli.cache.recurrent import EditRefused, RecurrentChild
+from kpool_cli.cache.recurrent import EditRefused, RecurrentAssert, RecurrentChild
 from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 
 
@@ -142,14 +142,81 @@ def test_llama_memory_recurrent_seq_cp_from_a_sequence_without_state():
     assert c.tail[0] == -1 and c.seq_pos(0) is None and c.used == 0
 
 
-def test_llama_memory_recurrent_seq_rm_refuses_every_seq_id_out_of_range_minus_one_too():
-    """`(uint32_t) seq_id >= n_seq_max` comes first: -1 (as uint32, 2^32 - 1) and 4
-    with n_seq_max 4 are refused, even for the whole range."""
+def test_llama_memory_recurrent_seq_rm_refuses_a_seq_id_at_or_above_n_seq_max():
+    """`seq_id >= 0 && (uint32_t) seq_id >= n_seq_max`: 4 with n_seq_max 4 is refused,
+    even for the whole range, and nothing changes."""
     c = decoded(child(), ((0,), 3))
-    for s in (-1, 4):
-        with pytest.raises(EditRefused, match=f"seq_id {s}"):
-            c.seq_rm(s, -1, -1)
+    with pytest.raises(EditRefused, match="seq_id 4"):
+        c.seq_rm(4, -1, -1)
     assert c.seq_pos(0) == 3
+
+
+def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_matches_every_sequence():
+    """angt/llama.cpp d5437c2, llama_memory_recurrent::seq_rm: "seq_id < 0 : match any
+    sequence". Seqs 0 and 1 in one ubatch: cell 0 holds 0 at pos 3, cell 1 holds 1 at
+    pos 5. seq_rm(0, 3, -1) rolls seq 0 back 3 - (3 - 1) = 1 token (rs_idx[0] 1, pos
+    2). seq_rm(-1, -1, -1), the whole range: set_rs_idx(-1, 0) zeroes every rs_idx;
+    both cells (pos 2 and 5, in [0, inf)) are emptied, used 2 -> 0; the tails are left
+    at 0 and 1, pointing at cells that no longer hold their sequences."""
+    c = decoded(child(), ((0,), 3), ((1,), 5))
+    c.seq_rm(0, 3, -1)
+    assert c.rs_idx[0] == 1 and c.seq_pos(0) == 2
+    c.seq_rm(-1, -1, -1)
+    assert state(c) == [(-1, [])] * 4 and c.rs_idx == [0, 0, 0, 0] and c.used == 0
+    assert c.tail == [0, 1, -1, -1] and c.seq_pos(0) is None and c.seq_pos_max(1) == -1
+
+
+def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_needs_all_or_nothing():
+    """"seq_id is negative, then the range should include everything or nothing":
+    seq_rm(-1, 2, -1) is refused (nothing changes); seq_rm(-1, 5, 5) (p0 == p1) is
+    accepted and removes nothing."""
+    c = decoded(child(), ((0,), 3))
+    with pytest.raises(EditRefused) as e:
+        c.seq_rm(-1, 2, -1)
+    assert str(e.value) == ("llama_memory_recurrent::seq_rm refuses seq_id -1 over 2..inf: "
+                            "for every sequence the range must hold every position or none "
+                            "(a state cannot be cut)")
+    c.seq_rm(-1, 5, 5)
+    assert c.seq_pos(0) == 3 and c.tail[0] == 0
+
+
+def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_refused_by_the_unsigned_test():
+    """ggml-org/llama.cpp 0054ee8 tests `(uint32_t) seq_id >= n_seq_max` first: -1 is
+    2^32 - 1, refused even for the whole range (the version's
+    recurrent_seq_rm_matches_any = False)."""
+    c = RecurrentChild(4, 3, negative_seq_rm_matches_any=False)
+    decoded(c, ((0,), 3))
+    with pytest.raises(EditRefused, match="seq_id -1"):
+        c.seq_rm(-1, -1, -1)
+    assert c.seq_pos(0) == 3
+
+
+def test_llama_memory_recurrent_find_slot_asserts_on_a_dangling_tail():
+    """After seq_rm(-1, -1, -1), seq 0's tail is cell 0, which holds nothing:
+    find_slot's `GGML_ASSERT(cell.has_seq_id(seq_id))` for seq 0 as a set's first id.
+    prepare (on a copy, before the attention cache's) fails the same way; coupled
+    after the first id, seq 0 leaves its cell instead (tail -1), so a set (2, 0) passes;
+    seq 2, which never had a state, passes alone."""
+    c = decoded(child(), ((0,), 3))
+    c.seq_rm(-1, -1, -1)
+    with pytest.raises(RecurrentAssert, match="seq 0's tail is state cell 0"):
+        c.prepare([[(2,)], [(0,)]])
+    c.prepare([[(2, 0)], [(0,)]])
+    c.prepare([[(2,)]])
+    with pytest.raises(RecurrentAssert):
+        c.find_slot([((0,), 4)])
+
+
+def test_llama_memory_recurrent_seq_cp_lets_a_sequence_leave_its_dangling_tail():
+    """seq_cp(2, 0): dst 0 leaves its tail cell 0 (tail -1; used 0 - 1, as the code
+    decrements it for an emptied cell), and seq 2 has no state to share: find_slot of
+    seq 0 then takes a fresh cell."""
+    c = decoded(child(), ((0,), 3))
+    c.seq_rm(-1, -1, -1)
+    c.seq_cp(2, 0)
+    assert c.tail[0] == -1 and c.used == -1
+    decoded(c, ((0,), 0))
+    assert c.seq_pos(0) == 0 and c.used == 1
 
 
 def test_llama_memory_recurrent_seq_rm_of_the_whole_sequence_clears_a_pending_rollback():

@@ -17,9 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from kpool_cli.engine.versions import REP_ONCE
+from kpool_cli.records import REJECTED
+from kpool_cli.replay import replay
 from kpool_cli.trace import load as load_mod
 from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
+    LISTED_PAST_THE_CACHE,
     MAX_NODE_VISITS,
     MAX_OPS,
     MAX_TOKENS,
@@ -28,7 +32,7 @@ from kpool_cli.trace.load import (
     load_trace,
     load_trace_text,
 )
-from kpool_cli.trace.model import Decode, Token
+from kpool_cli.trace.model import Decode, Span, Token
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = "kpool_trace: 1\ncache: {kv_size: 64, kpool: 4, n_seq_max: 2}\nops:\n"
@@ -99,22 +103,30 @@ def test_a_block_list_of_ops_stops_at_the_op_bound(monkeypatch: pytest.MonkeyPat
     at(p, 104, 5, "ops[100]", "more than 100 ops in the trace")
 
 
-def test_a_pos_list_longer_than_the_cache_stops_at_the_first_token_past_it(
+def test_a_pos_list_past_what_kpool_builds_stops_at_the_first_token_past_it(
     composers: list,
 ) -> None:
-    text = HEAD + "  - decode: {seq: 0, pos: [" + "0, " * 100_000 + "0]}\n"
+    """A listed decode larger than the cache is llama_decode's refusal (KP006 at replay),
+    built up to LISTED_PAST_THE_CACHE tokens; a longer list stops the composer there."""
+    cap = LISTED_PAST_THE_CACHE
+    text = HEAD + "  - decode: {seq: 0, pos: [" + "0, " * (cap + 1000) + "0]}\n"
     p = only(text)
-    at(p, 4, 28 + 3 * 64, "ops[0].decode.pos[64]", "a decode of more than 64 tokens",
-       "kv_size * n_stream = 64 cells", "llama_decode could never place it")
+    at(p, 4, 28 + 3 * cap, f"ops[0].decode.pos[{cap}]",
+       f"a decode listing more than {cap:,} tokens", "write it as a range (pos: A..B)")
     (c,) = composers
-    assert c.nodes < 100
+    assert c.nodes < cap + 100
 
 
-def test_a_block_list_of_tokens_stops_at_the_cache_too(composers: list) -> None:
-    text = HEAD + "  - decode:\n      tokens:\n" + "        - {pos: 0, seq: [0]}\n" * 5000
-    p = only(text)
-    at(p, 70, 11, "ops[0].decode.tokens[64]", "a decode of more than 64 tokens")
-    assert composers[0].nodes < 64 * 6 + 30
+def test_a_listed_decode_larger_than_the_cache_loads_and_is_refused_at_replay() -> None:
+    """5,000 listed tokens in 64 cells x 2 streams (unified: one stream of 64): a valid
+    trace; llama_decode refuses it (KP006) and the replay goes on."""
+    text = (HEAD + "  - decode:\n      tokens:\n" + "        - {pos: 0, seq: [0]}\n" * 5000
+            + "  - decode: {seq: 0, pos: 0..3}\n")
+    t = load_trace_text(text)
+    assert len(t.ops[0].tokens) == 5000
+    ev, ub = list(replay(t, REP_ONCE))
+    assert ev.status == REJECTED and [f.code for f in ev.findings] == ["KP006"]
+    assert ub.token_pos.tolist() == [0, 1, 2]
 
 
 def test_the_token_bound_stops_a_list_while_composing(composers: list) -> None:
@@ -174,44 +186,38 @@ def test_max_tokens_must_be_positive() -> None:
 # --- a decode that can never be placed, and ranges checked before they are built ----
 
 
-def test_a_range_longer_than_the_cache_is_refused_unbuilt(tokens_built: list) -> None:
-    p = only(HEAD + "  - decode: {seq: 0, pos: 0..4194304}\n")
-    at(p, 4, 27, "ops[0].decode.pos", "a decode of 4,194,304 tokens",
-       "kv_size = 64 cells (unified: one stream)", "llama_decode could never place it")
-    assert tokens_built == []
-    # exactly the cache's size fits
+def test_a_range_longer_than_the_cache_loads_unbuilt_as_a_span(tokens_built: list) -> None:
+    t = load_trace_text(HEAD + "  - decode: {seq: 0, pos: 0..4194304}\n")
+    (op,) = t.ops
+    assert op.tokens == () and op.span == Span((0,), 0, 4194304)
+    assert op.n_tokens == 4194304 and tokens_built == []
+    # exactly the cache's size is built
     assert len(load_trace_text(HEAD + "  - decode: {seq: 0, pos: 0..64}\n").ops[0].tokens) == 64
 
 
-def test_non_unified_a_sequence_must_fit_its_own_stream(tokens_built: list) -> None:
+def test_non_unified_a_range_is_a_span_past_its_own_stream(tokens_built: list) -> None:
+    """Stream 1 has 4 cells: a range of 5 for seq 1 is a span, although the cache as a
+    whole (kv_size * n_stream = 8 cells) would have room; listed, the 5 tokens of seq 1
+    are built (and refused at replay)."""
     head = "kpool_trace: 1\ncache: {kv_size: 4, kpool: 2, n_seq_max: 2, unified: false}\nops:\n"
-    p = only(head + "  - decode: {seq: 1, pos: 0..5}\n")
-    at(p, 4, 27, "ops[0].decode.pos", "a decode of 5 tokens",
-       "stream 1 (sequence 1's own) has kv_size = 4 cells", "llama_decode could never place it")
-    assert tokens_built == []
-    # 4 + 4 tokens in two streams of 4 fit; a fifth in stream 1 does not, although the
-    # cache as a whole (kv_size * n_stream = 8 cells) would have room for it
-    toks = "".join(f"{{pos: {i}, seq: {s}}}, " for s in (0, 1) for i in range(4))
-    assert len(load_trace_text(head + f"  - decode: {{tokens: [{toks[:-2]}]}}\n").ops) == 1
+    (op,) = load_trace_text(head + "  - decode: {seq: 1, pos: 0..5}\n").ops
+    assert op.span == Span((1,), 0, 5) and tokens_built == []
+    assert load_trace_text(head + "  - decode: {seq: 1, pos: 0..4}\n").ops[0].span is None
     toks = "".join(f"{{pos: {i}, seq: 1}}, " for i in range(5))
-    p = only(head + f"  - decode: {{tokens: [{{pos: 0, seq: 0}}, {toks[:-2]}]}}\n")
-    assert p.field == "ops[0].decode.tokens[5]", str(p)
-    assert "a decode of 5 tokens, but stream 1 (sequence 1's own) has kv_size = 4" in p.message
+    t = load_trace_text(head + f"  - decode: {{tokens: [{{pos: 0, seq: 0}}, {toks[:-2]}]}}\n")
+    assert len(t.ops[0].tokens) == 6
 
 
 def test_a_token_of_several_sequences_takes_one_cell() -> None:
+    """kv_size 2: two coupled tokens fit (one cell each, shared by seqs 0 and 1); a
+    third token is one more than the cache holds: llama_decode refuses the decode."""
     head = "kpool_trace: 1\ncache: {kv_size: 2, kpool: 1, n_seq_max: 2}\nops:\n"
     two = "{pos: 0, seq: [0, 1]}, {pos: 1, seq: [0, 1]}"
-    assert len(load_trace_text(head + f"  - decode: {{tokens: [{two}]}}\n").ops[0].tokens) == 2
+    t = load_trace_text(head + f"  - decode: {{tokens: [{two}]}}\n")
+    assert [r.token_rows.tolist() for r in replay(t, REP_ONCE)] == [[0, 1]]
     three = f"  - decode: {{ubatches: [[{two}], [{{pos: 2, seq: [1, 0]}}]]}}\n"
-    p = only(head + three)  # the composer stops at the third token
-    assert p.field == "ops[0].decode.ubatches[1][0]", str(p)
-    assert "a decode of more than 2 tokens, but the cache has kv_size * n_stream = 2" in p.message
-    # with the cache after the ops, the walk finds it, counting the whole decode
-    late = "kpool_trace: 1\nops:\n" + three + "cache: {kv_size: 2, kpool: 1, n_seq_max: 2}\n"
-    p = only(late)
-    assert (p.line, p.field) == (3, "ops[0].decode.ubatches[1][0]"), str(p)
-    assert "a decode of 3 tokens, but the cache has kv_size = 2 cells (unified" in p.message
+    (ev,) = list(replay(load_trace_text(head + three), REP_ONCE))
+    assert ev.status == REJECTED and [f.code for f in ev.findings] == ["KP006"]
 
 
 def test_a_range_past_the_token_budget_is_refused_unbuilt(tokens_built: list) -> None:
@@ -384,7 +390,8 @@ print(json.dumps(out))
                     reason="needs Linux's /proc and RLIMIT_AS")
 def test_8_mb_hostile_files_are_refused_in_bounded_memory(tmp_path: Path) -> None:
     """Each of these took 0.8 to 1.7 GB (and 9 to 33 s) before the bounds moved into the
-    composer; now each is refused within 128 MB of address space past the imports."""
+    composer; now each is refused (the range: loaded unbuilt) within 128 MB of address
+    space past the imports."""
     n = 4 * 1024 * 1024  # items: 8 MB of "0,"
     head = "kpool_trace: 1\ncache: {kv_size: 64, kpool: 4}\n"
     files = {
@@ -407,10 +414,12 @@ def test_8_mb_hostile_files_are_refused_in_bounded_memory(tmp_path: Path) -> Non
     got = dict(zip(files, json.loads(r.stdout), strict=True))
     want = {
         "flow_ops.yaml": f"flow_ops.yaml:3:{7 + 2 * MAX_OPS}: ops[{MAX_OPS}]: more than",
-        "flow_pos.yaml": "flow_pos.yaml:4:156: ops[0].decode.pos[64]: a decode of more than 64",
+        "flow_pos.yaml": f"flow_pos.yaml:4:{28 + 2 * LISTED_PAST_THE_CACHE}:"
+                         f" ops[0].decode.pos[{LISTED_PAST_THE_CACHE}]: a decode listing more",
         "block_ops.yaml": f"block_ops.yaml:{4 + MAX_OPS}:3: ops[{MAX_OPS}]: more than",
-        "block_tokens.yaml": "block_tokens.yaml:70:11: ops[0].decode.tokens[64]: a decode of",
-        "range.yaml": "range.yaml:4:27: ops[0].decode.pos: a decode of 4,194,304 tokens",
+        "block_tokens.yaml": f"block_tokens.yaml:{6 + LISTED_PAST_THE_CACHE}:11:"
+                             f" ops[0].decode.tokens[{LISTED_PAST_THE_CACHE}]: a decode",
+        "range.yaml": "loaded",  # a span: never built, refused at replay (KP006)
         "bigint.yaml": "bigint.yaml:4:21: ops[0].seq_keep.seq: out of range: an integer of 5000",
     }
     for name, start in want.items():

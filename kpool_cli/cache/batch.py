@@ -1,9 +1,10 @@
 """A decode's batch as llama_batch_allocr sees it: validation and the ubatch split
 (ENGINE.md §3).
 
-Owns: `validate` (llama_batch_allocr::init's checks against the cache) and
-`split_equal` (llama_batch_allocr::split_equal). Both are pure functions of the
-batch and the memory's pos_min/pos_max; a refusal is a returned message, never an
+Owns: `validate` (llama_batch_allocr::init's checks against the cache; of a
+`Span`, from its ends: `validate_span`) and `split_equal`
+(llama_batch_allocr::split_equal; of a span, `first_ubatch_len`). All are pure
+functions of the batch and the memory's pos_min/pos_max; a refusal is a returned message, never an
 exception, because llama_decode reports it with a return code.
 """
 
@@ -13,7 +14,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..trace.model import Token
+from ..trace.model import Span, Token
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,25 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
             if not 0 <= s < n_seq_max:
                 return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
             positions.setdefault(s, set()).add(t.pos)
+    ends = {s: (min(ps), max(ps), len(ps)) for s, ps in positions.items()}
+    coupled = {(a, b) for t in tokens for a in t.seq for b in t.seq if a < b}
+    return _validate_ends(ends, coupled, cache, mrope=mrope, embd=embd)
 
-    for s in sorted(positions):
-        ps = positions[s]
-        y, y_max = min(ps), max(ps)
+
+def validate_span(span: Span, cache: SeqPositions, *, mrope: bool) -> str | None:
+    """`validate` of a span's tokens from its ends alone: every sequence of its set
+    holds the positions start..stop, all distinct, and each pair of them is coupled."""
+    ends = dict.fromkeys(span.seq, (span.start, span.stop - 1, len(span)))
+    coupled = {(a, b) for a in span.seq for b in span.seq if a < b}
+    return _validate_ends(ends, coupled, cache, mrope=mrope, embd=span.ext is not None)
+
+
+def _validate_ends(ends: dict[int, tuple[int, int, int]], coupled: set[tuple[int, int]],
+                   cache: SeqPositions, *, mrope: bool, embd: bool) -> str | None:
+    """The checks per sequence, from its first and last position and its count of
+    distinct positions, then those of the coupled pairs."""
+    for s in sorted(ends):
+        y, y_max, n_distinct = ends[s]
         x = cache.seq_pos_max(s)
         if mrope:
             # M-RoPE: text needs X < Y, image embeddings X <= Y; no continuity check
@@ -61,11 +77,10 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
         if x >= 0 and y != x + 1:
             return (f"seq {s}: the cache's last position is X = {x} but the batch starts at "
                     f"Y = {y}; it is required that Y = X + 1")
-        if y_max - y + 1 > len(ps):
+        if y_max - y + 1 > n_distinct:
             return f"seq {s}: positions {y}..{y_max} are not continuous"
 
-    coupled = sorted({(a, b) for t in tokens for a in t.seq for b in t.seq if a < b})
-    for a, b in coupled:
+    for a, b in sorted(coupled):
         if (cache.seq_pos_min(a) != cache.seq_pos_min(b)
                 or cache.seq_pos_max(a) != cache.seq_pos_max(b)):
             return (f"seq {a} is coupled to seq {b} in the batch, but they have diverged "
@@ -94,14 +109,9 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
     sets = [frozenset(t.seq) for t in tokens]
-    if sequential and any(len(s) > 1 for s in sets):
-        return ("a sequential split (non-unified cache) does not support coupled sequences "
-                "in the batch")
-    if n_keep_tail and n_ubatch <= n_keep_tail:
-        raise KeepTailAssert(
-            f"GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal: n_ubatch "
-            f"{n_ubatch} cannot keep the {n_keep_tail} trailing tokens of a sequence together "
-            "(n_rs_seq + 1)")
+    refused = split_refusal(any(len(s) > 1 for s in sets), n_ubatch, sequential, n_keep_tail)
+    if refused is not None:
+        return refused
     by_set: dict[frozenset[int], list[int]] = {}
     for i, ss in enumerate(sets):
         by_set.setdefault(ss, []).append(i)
@@ -131,6 +141,48 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
         n_unq = len({s for i in order for s in tokens[i].seq})
         out.append(Ubatch(order, n_unq))
     return out
+
+
+def split_refusal(coupled: bool, n_ubatch: int, sequential: bool, n_keep_tail: int
+                  ) -> str | None:
+    """What llama_batch_allocr::split_equal checks before it splits: a sequential split
+    refuses coupled sequences (the message); then GGML_ASSERT(n_ubatch > n_keep_tail)
+    (raises KeepTailAssert)."""
+    if sequential and coupled:
+        return ("a sequential split (non-unified cache) does not support coupled sequences "
+                "in the batch")
+    if n_keep_tail and n_ubatch <= n_keep_tail:
+        raise KeepTailAssert(
+            f"GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal: n_ubatch "
+            f"{n_ubatch} cannot keep the {n_keep_tail} trailing tokens of a sequence together "
+            "(n_rs_seq + 1)")
+    return None
+
+
+def decode_split(tokens: tuple[Token, ...], fixed: tuple[tuple[int, ...], ...] | None,
+                 n_ubatch: int, sequential: bool, n_keep_tail: int) -> list[Ubatch] | str:
+    """A decode's ubatches as the replay runs them: its recorded split (`fixed`, which
+    a sequential split refuses with coupled sequences), or llama_memory_hybrid_idx::
+    init_batch's split_equal(n_ubatch, sequential, n_keep_tail). A refusal is the
+    message; GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert."""
+    if fixed is None:
+        return split_equal(tokens, n_ubatch, sequential, n_keep_tail)
+    refused = split_refusal(any(len(t.seq) > 1 for t in tokens), n_ubatch, sequential, 0)
+    if refused is not None:
+        return refused
+    return [Ubatch(ub, len({s for j in ub for s in tokens[j].seq})) for ub in fixed]
+
+
+def first_ubatch_len(span: Span, n_ubatch: int, n_keep_tail: int) -> int:
+    """The tokens in the first ubatch split_equal makes of a span (one sequence set):
+    split_equal run on the span's first n_ubatch + n_keep_tail tokens, which end that
+    ubatch exactly as the whole span does (a remainder of n_keep_tail or more is
+    kept whole); so at most that many tokens are built."""
+    n = min(len(span), n_ubatch + n_keep_tail)
+    head = tuple(Token(span.start + k, span.seq, span.ext) for k in range(n))
+    split = split_equal(head, n_ubatch, sequential=False, n_keep_tail=n_keep_tail)
+    assert not isinstance(split, str), split  # one set always splits
+    return len(split[0].tokens)
 
 
 def _disjoint_sets(pending: list[tuple[int, frozenset[int]]], n_ubatch: int

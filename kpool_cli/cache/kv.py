@@ -278,6 +278,17 @@ class KvCache:
             out.append(Placement(strm, cells))
         return out
 
+    def prepare_unplaceable(self, strm: int, first_len: int) -> None:
+        """llama_kv_cache::prepare of a decode of one stream that the stream can never
+        hold (a `Span`): its ubatches are placed in simulation until one finds no
+        room, then undone. Only the heads can change: when the first ubatch (of
+        `first_len` tokens) found room, the undo gives stream `strm` the old head of
+        stream 0 (`_restore_heads_after_failed_prepare`); else nothing was placed."""
+        st = self.streams[strm]
+        if first_len <= st.kv_size - st.used:  # the non-contiguous find_slot finds room
+            placed = Placement(np.array([strm]), np.zeros(1, dtype=np.int64))
+            self._restore_heads_after_failed_prepare([placed], [[s.head for s in self.streams]])
+
     def _restore_heads_after_failed_prepare(self, planned: list[Placement],
                                             heads_before: list[list[int]]) -> None:
         """llama_kv_cache::prepare undoes its simulation with `head = v_heads_old[s]`,

@@ -13,20 +13,30 @@ kpool models no state values, only what changes what the k-pool engine sees:
   validation (`HybridPositions`).
 
 Invariants:
-- `tail[s]` is -1 or a cell whose `seqs` holds s, and every sequence is in at most
-  one cell; a cell with no sequence has `pos == -1`;
+- `tail[s]` is -1 or a cell, and every sequence is in at most one cell; a cell with
+  no sequence has `pos == -1`. The tail's cell holds s, except after a `seq_rm` of a
+  negative id: it empties cells and leaves their tails (the code resets a tail only
+  for `seq_id >= 0`), so s's tail dangles until s leaves it, and find_slot asserts
+  on a dangling tail (`RecurrentAssert`);
 - `rs_idx[s]` is 0, or in `1..n_rs_seq` after a rollback not yet consumed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .batch import SeqPositions
 
 INT_MAX = 2**31 - 1
+
+
+def n_keep_tail(n_rs_seq: int) -> int:
+    """What the hybrid memory's init_batch asks split_equal to keep together: the
+    trailing n_rs_seq + 1 tokens of each sequence (0: no constraint), so that the
+    rollback snapshots stay valid (TAG_RECURRENT_ROLLBACK_SPLITS)."""
+    return n_rs_seq + 1 if n_rs_seq > 0 else 0
 
 
 @dataclass(slots=True)
@@ -39,23 +49,28 @@ class EditRefused(Exception):
     """`llama_memory_recurrent::seq_rm` returned false: nothing changed (KP008)."""
 
 
+class RecurrentAssert(Exception):
+    """A GGML_ASSERT of llama_memory_recurrent fails: the engine aborts (KP005)."""
+
+
 class RecurrentChild:
-    def __init__(self, n_seq_max: int, n_rs_seq: int) -> None:
+    def __init__(self, n_seq_max: int, n_rs_seq: int, *,
+                 negative_seq_rm_matches_any: bool = True) -> None:
         self.size, self.n_rs_seq = n_seq_max, n_rs_seq  # rs_size = n_seq_max
+        # EngineVersion.recurrent_seq_rm_matches_any (docs/ENGINE-NOTES.md)
+        self.negative_seq_rm_matches_any = negative_seq_rm_matches_any
         self.saved: dict[str, int | None] = {}  # state_write slot -> its pos, or None
         self.clear()
 
     @property
     def n_keep_tail(self) -> int:
-        """What the hybrid memory's init_batch asks split_equal to keep together: the
-        trailing n_rs_seq + 1 tokens of each sequence (0: no constraint), so that the
-        rollback snapshots stay valid (TAG_RECURRENT_ROLLBACK_SPLITS)."""
-        return self.n_rs_seq + 1 if self.n_rs_seq > 0 else 0
+        return n_keep_tail(self.n_rs_seq)
 
     def seq_pos(self, s: int) -> int | None:
         """s's state position, None without a state (a seq_add can move it below 0)."""
         t = self.tail[s] if 0 <= s < self.size else -1
-        return self.cells[t].pos if t >= 0 else None
+        # seq_pos_min/max scan the cells holding s: a dangling tail is no state
+        return self.cells[t].pos if t >= 0 and s in self.cells[t].seqs else None
 
     def seq_pos_min(self, s: int) -> int:
         """llama_memory_recurrent::seq_pos_min: the state's pos, -1 without one."""
@@ -81,21 +96,34 @@ class RecurrentChild:
     def seq_rm(self, s: int, p0: int, p1: int) -> None:
         """llama_memory_recurrent::seq_rm; raises EditRefused, having changed nothing,
         when it returns false:
-        - `(uint32_t) seq_id >= n_seq_max`: any seq id out of range, -1 included (the
-          code's branch for a negative id is unreachable);
+        - a seq id at or above n_seq_max; a negative one too where the version refuses
+          it (`(uint32_t) seq_id >= n_seq_max`, ggml-org/llama.cpp 0054ee8), else a
+          negative id matches every sequence (`seq_id >= 0 && ...`, angt/llama.cpp
+          d5437c2) over a range that holds every position or none (`p0 == p1`);
         - a removal that cuts into the state, `0 < p0 <= pos < p1` (pos: the state's),
           unless it is a rollback of 1..n_rs_seq tokens with none pending: then the
           state's pos becomes p0 - 1 and the rollback is pending (`rs_idx`).
-        A whole-sequence removal (p0 <= 0, p1 < 0) clears a pending rollback first."""
+        A whole-range removal (p0 <= 0, p1 < 0) clears the pending rollback first (of
+        every sequence for a negative id). A negative id empties the cells in range
+        and leaves the tails: they dangle (see the module's invariants)."""
         p0 = max(p0, 0)
         p1 = INT_MAX if p1 < 0 else p1
-        if not 0 <= s < self.size:
+        if s >= self.size or (s < 0 and not self.negative_seq_rm_matches_any):
             raise EditRefused(f"llama_memory_recurrent::seq_rm refuses seq_id {s}: it must "
                               f"be in [0, {self.size}) (the recurrent state is per sequence)")
-        if p0 == 0 and p1 == INT_MAX:
-            self.rs_idx[s] = 0
-        t = self.tail[s]
-        if t >= 0:
+        whole = p0 == 0 and p1 == INT_MAX
+        if whole:
+            if s >= 0:
+                self.rs_idx[s] = 0
+            else:  # set_rs_idx(-1, 0): every pending rollback
+                self.rs_idx = [0] * self.size
+        if s < 0:
+            if p0 != p1 and not whole:
+                end = "inf" if p1 == INT_MAX else str(p1)
+                raise EditRefused(f"llama_memory_recurrent::seq_rm refuses seq_id {s} over "
+                                  f"{p0}..{end}: for every sequence the range must hold "
+                                  "every position or none (a state cannot be cut)")
+        elif (t := self.tail[s]) >= 0:
             cell = self.cells[t]
             if 0 < p0 <= cell.pos < p1:
                 rollback = cell.pos - (p0 - 1)
@@ -114,8 +142,11 @@ class RecurrentChild:
                 self.tail[s] = -1
         new_head = self.size
         for k, c in enumerate(self.cells):
-            if p0 <= c.pos < p1 and s in c.seqs:
-                c.seqs.discard(s)
+            if p0 <= c.pos < p1 and (s < 0 or s in c.seqs):
+                if s < 0:
+                    c.seqs = set()
+                else:
+                    c.seqs.discard(s)
                 if not c.seqs:
                     self.used -= 1
                     c.pos = -1
@@ -193,11 +224,30 @@ class RecurrentChild:
         if self.n_rs_seq:
             self._consume_rollbacks()
 
+    def prepare(self, ubatches: Iterable[Iterable[tuple[int, ...]]]) -> None:
+        """llama_memory_recurrent::prepare, which the hybrid memory's init_batch runs
+        before the attention cache's: find_slot for every ubatch (each given as its
+        tokens' seq ids) on a copy of the cells. Its one failure is find_slot's assert
+        on a dangling tail (RecurrentAssert): a sequence whose first appearance in the
+        decode is as the first id of a set; appearing coupled after the first id, it
+        leaves its cell instead, and once placed its tail holds it."""
+        if not any(self._dangles(s) for s in range(self.size)):
+            return
+        placed: set[int] = set()
+        for seq_sets in ubatches:
+            sets = list(dict.fromkeys(seq_sets))
+            placed.update(s for ss in sets for s in ss[1:])
+            for ss in sets:
+                if ss[0] not in placed and self._dangles(ss[0]):
+                    raise RecurrentAssert(_dangling_message(ss[0], self.tail[ss[0]]))
+                placed.update(ss)
+
     def find_slot(self, sets: list[tuple[tuple[int, ...], int]]) -> None:
-        """llama_memory_recurrent::find_slot (it cannot fail: every seq id is below
-        size, checked by the loader). Coupled ids after the first leave their cells;
-        the first id of each set gets a cell it owns alone (from the next empty cell
-        after `head`, copying its old pos); the sets' cells are swapped into
+        """llama_memory_recurrent::find_slot (every seq id is below size, checked by
+        the loader). Coupled ids after the first leave their cells; the first id of
+        each set gets a cell it owns alone (from the next empty cell after `head`,
+        copying its old pos), where a dangling tail is its `GGML_ASSERT(cell.
+        has_seq_id(seq_id))` (RecurrentAssert); the sets' cells are swapped into
         `[min, min + n_sets)` in set order; each takes the set's last pos and exactly
         its seq ids. Then head = min, n = max - min + 1 (max: before the swaps)."""
         n_seqs = len(sets)
@@ -211,6 +261,8 @@ class RecurrentChild:
         for k, (seqs, _) in enumerate(sets):
             s = seqs[0]
             t = self.tail[s]
+            if self._dangles(s):
+                raise RecurrentAssert(_dangling_message(s, t))
             if t < 0 or len(self.cells[t].seqs) != 1:
                 empty = self.cells[nxt]
                 assert not empty.seqs, "one cell per sequence always leaves an empty one"
@@ -249,6 +301,10 @@ class RecurrentChild:
             if c.seqs:
                 self.rs_idx[min(c.seqs)] = 0
 
+    def _dangles(self, s: int) -> bool:
+        t = self.tail[s]
+        return t >= 0 and s not in self.cells[t].seqs
+
     def _leave(self, s: int) -> None:
         """s leaves its tail cell, which empties if s was its last sequence."""
         t = self.tail[s]
@@ -275,6 +331,12 @@ class RecurrentChild:
         cell = self.cells[self.tail[s]]
         if s in cell.seqs and lo <= cell.pos < hi:
             cell.pos = move(cell.pos)
+
+
+def _dangling_message(s: int, t: int) -> str:
+    return (f"GGML_ASSERT(cell.has_seq_id(seq_id)) in llama_memory_recurrent::find_slot: "
+            f"seq {s}'s tail is state cell {t}, which no longer holds it (a seq_rm of "
+            "every sequence emptied the cell and left the tail)")
 
 
 class HybridPositions:

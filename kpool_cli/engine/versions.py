@@ -50,6 +50,12 @@ class EngineVersion:
     # and the pools that end below it kept, unchecked: the staleness contract says they
     # did not change), then extended by the append path; shared sequences rebuild
     truncate_stale_tail: bool = False
+    # ENGINE.md §2 and §3 "The recurrent child": a seq_rm of a negative seq id matches
+    # every sequence in the recurrent child (`seq_id >= 0 && (uint32_t) seq_id >=
+    # n_seq_max`, angt/llama.cpp d5437c2), so a whole-range one clears every sequence;
+    # False: the child refuses it (`(uint32_t) seq_id >= n_seq_max`, ggml-org/llama.cpp
+    # 0054ee8) and so does the hybrid memory (KP008). docs/ENGINE-NOTES.md
+    recurrent_seq_rm_matches_any: bool = True
 
     def __post_init__(self) -> None:
         if self.padding not in PADDING_POLICIES:

@@ -139,7 +139,8 @@ class _Checked(Replayer):
 
 def _op_kind(op: m.Op) -> str:
     if isinstance(op, m.Decode):
-        return "decode-coupled" if any(len(t.seq) > 1 for t in op.tokens) else "decode"
+        seq_sets = [op.span.seq] if op.span else [t.seq for t in op.tokens]
+        return "decode-coupled" if any(len(ss) > 1 for ss in seq_sets) else "decode"
     return op.kind
 
 
@@ -208,7 +209,7 @@ def _candidates(t: m.Trace) -> Iterator[m.Trace]:
 
 
 def _size(t: m.Trace) -> tuple[int, int, int, int]:
-    n_tok = sum(len(op.tokens) for op in t.ops if isinstance(op, m.Decode))
+    n_tok = sum(op.n_tokens for op in t.ops if isinstance(op, m.Decode))
     return (len(t.ops), n_tok, t.cache.kv_size, t.cache.n_seq_max)
 
 

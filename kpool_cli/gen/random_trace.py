@@ -29,6 +29,7 @@ from ..trace.model import (
     SeqDiv,
     SeqKeep,
     SeqRm,
+    Span,
     StateDrop,
     StateRead,
     StateWrite,
@@ -93,10 +94,14 @@ class PositionTracker:
                 self.pending[s] = False
 
     def seq_rm(self, s: int, p0: int, p1: int) -> bool:
-        """False when the recurrent child refuses (nothing changes): always for seq -1."""
-        if s < 0:
-            return False
+        """False when the recurrent child refuses (nothing changes); seq -1 over the
+        whole range empties every cell and state (over part of it: refused)."""
         lo, hi = max(p0, 0), _END if p1 < 0 else p1
+        if s < 0:
+            if not (lo == 0 and p1 < 0):
+                return False
+            self.clear()
+            return True
         r = self.rec[s]
         if lo == 0 and p1 < 0:
             self.pending[s] = False
@@ -188,8 +193,9 @@ def random_config(rng: random.Random) -> CacheConfig:
 
 def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     """A random trace of 1..max_ops ops (a decode first), every op kind possible:
-    decodes (coupled seq ids in a unified cache), seq_rm (speculative tail removals
-    among them), seq_cp whole and partial, seq_keep, seq_add, seq_div (position mode),
+    decodes (coupled seq ids in a unified cache; some larger than their stream, kept
+    as a span), seq_rm (speculative tail removals and whole-range removals of every
+    sequence among them), seq_cp whole and partial, seq_keep, seq_add, seq_div (position mode),
     state_write/read/drop, clear."""
     rng = random.Random(seed)
     cfg = random_config(rng)
@@ -197,7 +203,7 @@ def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     n = cfg.n_seq_max
     kinds = (["decode"] * 6 + ["seq_rm", "spec", "spec", "seq_cp", "seq_cp",
                                "seq_cp_part", "seq_keep", "state_write", "state_read",
-                               "state_drop", "clear"])
+                               "state_drop", "clear", "rm_all"])
     if not cfg.by_order:
         kinds += ["seq_add", "seq_add", "seq_div"]
         if n > 1:
@@ -218,12 +224,23 @@ def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     target = rng.randint(1, max_ops)
     while len(ops) < target:
         kind = "decode" if not ops else rng.choice(kinds)
-        if kind == "decode":
+        if kind == "decode" and ops and rng.random() < 0.015:
+            # more tokens than the stream has cells: llama_decode refuses it (KP006)
+            s = seq()
+            start = tr.next_pos(s)
+            ops.append(Decode(tokens=(), span=Span((s,), start,
+                                                   start + cfg.kv_size + rng.randint(1, 8))))
+        elif kind == "decode":
             decode(_random_tokens(rng, tr, cfg))
         elif kind == "seq_rm":
             s, p0, p1 = seq(), bound(), bound()
             ops.append(SeqRm(s, p0, p1))
             tr.seq_rm(s, p0, p1)
+        elif kind == "rm_all":
+            # every sequence, the whole range: the recurrent child empties its cells and
+            # leaves the tails (the next decode of a sequence that had a state aborts)
+            ops.append(SeqRm(-1))
+            tr.seq_rm(-1, -1, -1)
         elif kind == "spec":
             # speculative decoding: the draft's trailing tokens rejected, then the
             # decode goes on from the kept position

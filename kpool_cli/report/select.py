@@ -23,7 +23,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ..cache.batch import split_equal
+from ..cache.batch import KeepTailAssert, decode_split
+from ..cache.recurrent import n_keep_tail
 from ..records import ExpectResult, OpEvent, UbatchRecord
 from ..trace import model as m
 from ..wording import span
@@ -56,16 +57,20 @@ def parse_ubatch_range(text: str) -> tuple[int, int]:
 
 
 def planned_ubatches(trace: m.Trace) -> int:
-    """The ubatches the trace's decodes split into (ENGINE.md §3), refused ones included:
-    an upper bound of what the replay yields, computed before it runs."""
+    """The ubatches the trace's decodes split into, with the replay's own split
+    (ENGINE.md §3, `decode_split`), decodes a later step refuses included: an upper
+    bound of what the replay yields, computed before it runs. A span (a decode its
+    stream can never hold) and a split refused or asserted on yield none."""
+    cfg = trace.cache
     n = 0
     for op in trace.ops:
-        if not isinstance(op, m.Decode):
+        if not isinstance(op, m.Decode) or op.span is not None:
             continue
-        if op.ubatches is not None:
-            n += len(op.ubatches)
+        try:
+            split = decode_split(op.tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
+                                 n_keep_tail(cfg.n_rs_seq))
+        except KeepTailAssert:
             continue
-        split = split_equal(op.tokens, trace.cache.n_ubatch, sequential=not trace.cache.unified)
         n += 0 if isinstance(split, str) else len(split)
     return n
 
@@ -135,7 +140,7 @@ class Selection:
 def _op_seqs(op) -> set[int]:
     """The sequences an op names (seq, src, dst, a decode's seq ids)."""
     if isinstance(op, m.Decode):
-        return {s for t in op.tokens for s in t.seq}
+        return set(op.span.seq) if op.span else {s for t in op.tokens for s in t.seq}
     return {getattr(op, a) for a in ("seq", "src", "dst") if hasattr(op, a)}
 
 

@@ -506,6 +506,9 @@ def _op_args(op) -> str:
 
 
 def _tokens_brief(op: m.Decode) -> str:
+    sp = op.span
+    if sp is not None:  # never built: its ends
+        return f"seq {','.join(map(str, sp.seq))} pos {words.span(sp.start, sp.stop)}"
     return words.tokens(((t.pos, t.seq) for t in op.tokens), limit=3)
 
 

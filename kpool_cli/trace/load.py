@@ -77,6 +77,7 @@ from kpool_cli.trace.model import (
     Loc,
     Note,
     Op,
+    Span,
     StateRead,
     StateWrite,
     Token,
@@ -203,9 +204,17 @@ def _load_nodes(text: str, file: str, sha256: str, max_tokens: int) -> Trace:
 
 # --- what the composer bounds --------------------------------------------------------
 
+# The most tokens kpool builds of a listed decode (`tokens:`, `ubatches:`, a `pos`
+# list) that llama_decode refuses for being larger than the cache: up to this many
+# (or kv_size * n_stream, if more) it is built and replayed as the refused decode it
+# is (KP006); past it, a hostile list would cost memory for nothing, so the trace is
+# refused. A range (`pos: A..B`) of any length is never built.
+LISTED_PAST_THE_CACHE = 65_536
+
 
 def _decode_cap(cache: dict[str, Scalar]) -> int | None:
-    """`kv_size * n_stream` from the cache block's scalars, if they are valid."""
+    """max(kv_size * n_stream, LISTED_PAST_THE_CACHE) from the cache block's scalars,
+    if they are valid."""
     kv = plain_int(cache.get("kv_size"))
     n_seq = (plain_int(cache["n_seq_max"]) if "n_seq_max" in cache
              else cast(int, CACHE["n_seq_max"].default))
@@ -217,25 +226,26 @@ def _decode_cap(cache: dict[str, Scalar]) -> int | None:
         return None
     if not (_within(kv, CACHE["kv_size"]) and _within(n_seq, CACHE["n_seq_max"])):
         return None
-    return kv * (1 if unified else n_seq)
+    return max(kv * (1 if unified else n_seq), LISTED_PAST_THE_CACHE)
 
 
 def _within(v: int, f: Field) -> bool:
     return (f.lo is None or f.lo <= v) and (f.hi is None or v <= f.hi)
 
 
+def _unplaceable_list(cap: int) -> str:
+    return (
+        f"a decode listing more than {cap:,} tokens: more than the cache's kv_size *"
+        " n_stream cells (llama_decode refuses it) and than kpool builds of such a"
+        " decode; write it as a range (pos: A..B), which kpool replays unbuilt as the"
+        " refused decode (KP006)"
+    )
+
+
 def _static(t: Type) -> tuple[int, int]:
     """The static bounds of a bounded type (a seq id's, a range end's)."""
     assert t.lo is not None and t.hi is not None, t
     return t.lo, t.hi
-
-
-def _unplaceable_list(cap: int) -> str:
-    return (
-        f"a decode of more than {cap:,} tokens, but the cache has kv_size * n_stream ="
-        f" {cap:,} cells: llama_decode could never place it (each token takes a cell, and"
-        " a decode is placed whole before anything applies)"
-    )
 
 
 # The keys whose values the composer counts, by their declared types: the ops list
@@ -604,24 +614,13 @@ class _Walker(NodeReader):
             )
         self.n_tokens += n
 
-    def fits_the_cache(self, n: int, seq0: int, node: Node, field: str) -> bool:
-        """ENGINE.md §3: every token of a decode takes one cell of its stream (one cell
-        for a token of several seq ids), all placed before anything applies. More
-        tokens in a stream than its `kv_size` cells can never be placed, whatever the
-        cache holds: a problem (at `node`) rather than a KP006 at every replay."""
+    def beyond_the_stream(self, n: int, seq0: int) -> bool:
+        """ENGINE.md §3: every token of a decode takes one cell of its stream, all
+        placed before anything applies, so more tokens than a stream's `kv_size`
+        cells can never be placed, whatever the cache holds. Such a decode is valid
+        (llama_decode refuses it: KP006 at replay); a range this long stays unbuilt."""
         kv, unified = self.lim.kv_size, self.lim.unified
-        if kv is None or unified is None or n <= kv:
-            return True
-        where = (
-            f"the cache has kv_size = {kv:,} cells (unified: one stream)" if unified
-            else f"stream {seq0} (sequence {seq0}'s own) has kv_size = {kv:,} cells"
-        )
-        self.problem(
-            node, field,
-            f"a decode of {n:,} tokens, but {where}: llama_decode could never place it"
-            " (each token takes a cell, and a decode is placed whole before anything applies)",
-        )
-        return False
+        return kv is not None and unified is not None and n > kv
 
     # -- decode (TRACE_FORMAT.md "Trace"; ENGINE.md §3)
 
@@ -707,18 +706,8 @@ class _Walker(NodeReader):
     def check_decode(self, toks: list[_Tok]) -> None:
         """The decode-wide rules on explicit tokens: ext needs by_order; all or no
         cells; no cell named twice in one stream (ENGINE.md §2: stream = 0 when
-        unified, else the token's first seq id); no more tokens in a stream than it
-        has cells (`fits_the_cache`, reported at the first token past them)."""
-        kv, unified = self.lim.kv_size, self.lim.unified
-        if kv is not None and unified is not None and len(toks) > kv:
-            per: dict[int, list[_Tok]] = {}
-            for t in toks:
-                if t.token is not None:
-                    per.setdefault(0 if unified else t.token.seq[0], []).append(t)
-            for strm, ts in per.items():
-                if len(ts) > kv:
-                    self.fits_the_cache(len(ts), strm, ts[kv].node, ts[kv].field)
-                    break
+        unified, else the token's first seq id). More tokens in a stream than it has
+        cells is llama_decode's refusal, not the loader's (KP006 at replay)."""
         if self.lim.by_order is False:
             first = next((t for t in toks if t.ext_node is not None), None)
             if first is not None:
@@ -778,9 +767,9 @@ class _Walker(NodeReader):
             self.problem(m["pos"], f"{f}.pos", "a decode needs at least one token")
         if len(self.problems) != before or seq is None or ps is None:
             return None
-        # both checks from the length alone: a range is built only once it passes
-        if not self.fits_the_cache(len(ps), seq[0], m["pos"], f"{f}.pos"):
-            return None
+        # from the length alone: a range longer than its stream is never built
+        if isinstance(ps, range) and self.beyond_the_stream(len(ps), seq[0]):
+            return Decode(tokens=(), span=Span(seq, ps.start, ps.stop, ext), loc=loc)
         self.count_tokens(len(ps), m["pos"], f"{f}.pos")
         return Decode(tokens=tuple(Token(p, seq, ext, cell) for p in ps), loc=loc)
 

@@ -13,7 +13,8 @@ Invariants (enforced by `trace.load`, assumed everywhere else):
   staleness rules of ENGINE.md §4 look at the raw `p0`);
 - seq ids are in `[0, n_seq_max)` except where an op allows `-1` ("every sequence");
 - a `Decode` either lets the engine split (`ubatches is None`) or fixes the split,
-  in which case `ubatches` partitions `tokens` (indices into `tokens`, in order).
+  in which case `ubatches` partitions `tokens` (indices into `tokens`, in order);
+  a `Decode` with a `span` has no tokens and no fixed split.
 """
 
 from __future__ import annotations
@@ -85,15 +86,39 @@ class Token:
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """A shorthand decode `{seq, pos: A..B}` of more tokens than its stream has cells:
+    llama_decode refuses it whatever the cache holds (ENGINE.md §3), so it is kept as
+    its sequence set, its half-open ends and its `ext`, and never built as tokens."""
+
+    seq: tuple[int, ...]
+    start: int
+    stop: int
+    ext: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True, slots=True)
 class Decode:
+    """A decode's tokens, or (`span`, with no tokens) a range too long to build."""
+
     tokens: tuple[Token, ...]
     ubatches: tuple[tuple[int, ...], ...] | None = None
     loc: Loc = field(default=NOWHERE, compare=False)
+    span: Span | None = None
     kind = "decode"
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.span) if self.span is not None else len(self.tokens)
 
     @property
     def is_embd(self) -> bool:
         """A batch of embeddings (image tokens, ENGINE.md §3): any token carries `ext`."""
+        if self.span is not None:
+            return self.span.ext is not None
         return any(t.ext is not None for t in self.tokens)
 
 

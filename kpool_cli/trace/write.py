@@ -90,6 +90,12 @@ def _token(t: Token) -> dict[str, Any]:
 
 
 def _decode(op: Decode) -> dict[str, Any]:
+    if op.span is not None:
+        sp = op.span
+        out: dict[str, Any] = {"seq": _seq(sp.seq), "pos": f"{sp.start}..{sp.stop}"}
+        if sp.ext is not None:
+            out["ext"] = list(sp.ext)
+        return out
     tokens = op.tokens
     if op.ubatches is not None:
         flat = [i for ub in op.ubatches for i in ub]
