@@ -739,10 +739,11 @@ class RefRecurrent:
         org_pos, org_tail = list(self.pos), list(self.tail)
         org_seq = [set(x) for x in self.seq]
         org_used, org_head = self.used, self.head
-        success = all(self.find_slot(sets) for sets in ubatches)
-        self.pos, self.tail, self.seq = org_pos, org_tail, org_seq
-        self.used, self.head = org_used, org_head
-        return success
+        try:
+            return all(self.find_slot(sets) for sets in ubatches)
+        finally:  # an assert aborts the process: the state compared is the one before
+            self.pos, self.tail, self.seq = org_pos, org_tail, org_seq
+            self.used, self.head = org_used, org_head
 
     def s_copy(self, ub_seqs: set[int]) -> None:
         """llama_memory_recurrent_context::s_copy(i), for every i in [0, n)

@@ -10,11 +10,16 @@ under both engines against the from-scratch reference.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import codes, drive, expects_ok, run, ubatches
 
 from kpool_cli.engine.layout import POS_CLEAN
+from kpool_cli.engine.versions import REP_ONCE
 from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
+from kpool_cli.replay import replay
+from kpool_cli.trace.load import load_trace_text
 
 TRACES: list[str] = []
 C = POS_CLEAN
@@ -490,19 +495,66 @@ ops:
 """)
 
 
-def test_s2_seq_rm_of_every_sequence_is_refused_by_the_recurrent_child(engine: str) -> None:
-    """Research (the real code wins over ENGINE.md §2 "seq < 0: every sequence"):
-    llama_memory_hybrid_idx::seq_rm asks the recurrent child first, and
-    llama_memory_recurrent::seq_rm refuses `(uint32_t) seq_id >= n_seq_max`, which
-    seq -1 is. So seq_rm(-1, 2, 4) is KP008 and changes nothing: the cells, head 12
-    and staleness stay; the next token of seq 0 (pos 6) goes to cell 12."""
+def test_s2_seq_rm_of_every_sequence_over_a_part_is_refused_by_the_recurrent_child(
+        engine: str) -> None:
+    """Research (docs/ENGINE-NOTES.md): llama_memory_hybrid_idx::seq_rm asks the
+    recurrent child first, and llama_memory_recurrent::seq_rm, for a negative id,
+    accepts only a range that holds every position or none: seq_rm(-1, 2, 4) is KP008
+    and changes nothing: the cells, head 12 and staleness stay; the next token of seq 0
+    (pos 6) goes to cell 12."""
     st = steps(RM_ALL, engine)
     (before_rec, before), (ev, state) = st[1], st[2]
     assert isinstance(ev, OpEvent) and ev.status == REJECTED and codes(ev) == {"KP008"}
-    assert "seq_id -1" in ev.message and ev.stale == {}
+    assert "seq_id -1 over 2..4" in ev.message and ev.stale == {}
     _assert_nothing_applied(before_rec, before, state)
     ub = st[3][0]
     assert ub.token_rows.tolist() == [12]
+
+
+RM_EVERYTHING = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_seq_max: 3}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - decode: {seq: 1, pos: 0..4}
+  - seq_rm: {seq: -1}
+  - decode: {seq: 2, pos: 0..2}
+  - decode: {seq: 1, pos: 0..2}
+""")
+
+
+def test_llama_memory_recurrent_seq_rm_of_every_sequence_then_find_slot_asserts(
+        engine: str) -> None:
+    """angt/llama.cpp d5437c2, llama_memory_recurrent::seq_rm ("seq_id < 0 : match any
+    sequence"): seq_rm(-1) over the whole range is applied: every cell is emptied
+    (seq_pos_max -1 for 0 and 1), every sequence stale from 0 (mem_idx_stale_pos(-1)).
+    Seq 2 never had a recurrent state: its decode runs (cells 0, 1: head was lowered
+    to 0). Seq 1's tail still names state cell 1 (seq 0 took cell 0, seq 1 cell 1),
+    which holds nothing: llama_memory_recurrent::find_slot's
+    GGML_ASSERT(cell.has_seq_id(seq_id)) aborts the next decode of seq 1 (KP005)."""
+    st = steps(RM_EVERYTHING, engine)
+    ev = st[2][0]
+    assert isinstance(ev, OpEvent) and ev.status == APPLIED and ev.stale == {0: 0, 1: 0, 2: 0}
+    ub = st[3][0]
+    assert isinstance(ub, UbatchRecord) and ub.token_rows.tolist() == [0, 1]
+    ab = st[4][0]
+    assert isinstance(ab, OpEvent) and ab.status == ABORTED and codes(ab) == {"KP005"}
+    assert "seq 1's tail is state cell 1, which no longer holds it" in ab.message
+    assert len(st) == 5
+
+
+def test_llama_memory_recurrent_seq_rm_of_every_sequence_refused_by_the_unsigned_test(
+) -> None:
+    """ggml-org/llama.cpp 0054ee8 tests `(uint32_t) seq_id >= n_seq_max` first: the
+    version with recurrent_seq_rm_matches_any = False refuses seq_rm(-1) (KP008) and
+    nothing changes: seq 2 takes cells 8 and 9 (head 8), seq 1 continues at pos 4 in
+    cell 10."""
+    version = replace(REP_ONCE, name="rep-once-unsigned", recurrent_seq_rm_matches_any=False)
+    text = RM_EVERYTHING.replace("decode: {seq: 1, pos: 0..2}", "decode: {seq: 1, pos: 4}")
+    recs = list(replay(load_trace_text(text), version))
+    ev = recs[2]
+    assert isinstance(ev, OpEvent) and ev.status == REJECTED and codes(ev) == {"KP008"}
+    assert recs[3].token_rows.tolist() == [8, 9] and recs[4].token_rows.tolist() == [10]
 
 
 # =====================================================================================
@@ -1601,3 +1653,71 @@ def test_s4_only_ubatch_0_uses_the_stale_snapshot(engine: str) -> None:
     assert ub1.stale_batch == {} and ub1.n_new == 0
     assert s1["stale"] == [C]
     assert ub1.token_rows.tolist() == [8, 9, 10]
+
+
+# =====================================================================================
+# §3 a decode larger than its stream
+# =====================================================================================
+
+OVERSIZED = scenario("""
+kpool_trace: 1
+cache: {kv_size: 96, kpool: 4}
+ops:
+  - decode: {seq: 0, pos: 0..102}
+  - decode: {seq: 0, pos: 0..8}
+""")
+
+
+def test_llama_kv_cache_prepare_refuses_a_decode_larger_than_its_stream(engine: str) -> None:
+    """Research (docs/ENGINE-NOTES.md): 102 tokens in 96 cells. llama_decode validates
+    the batch (pos 0, the sequence is empty: accepted), splits it, and
+    llama_kv_cache::prepare finds no room for the whole: init_batch logs "failed to
+    prepare attention ubatches", llama_decode "failed to find a memory slot for batch
+    of size 102" and returns 1. KP006; the server goes on: the next decode runs."""
+    st = steps(OVERSIZED, engine)
+    ev = st[0][0]
+    assert isinstance(ev, OpEvent) and ev.status == REJECTED and codes(ev) == {"KP006"}
+    assert ev.message == (
+        "failed to find a memory slot for batch of size 102 (init_batch: failed to prepare "
+        "attention ubatches): its tokens need 102 cells of the cache (unified: one stream), "
+        "which has 96")
+    assert st[1][0].token_rows.tolist() == list(range(8))
+
+
+HEAD_QUIRK_SPAN = scenario("""
+kpool_trace: 1
+cache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false, n_ubatch: 4}
+ops:
+  - decode: {seq: 0, pos: 0..5}
+  - decode: {seq: 1, pos: 0..3}
+  - decode: {seq: 1, pos: 3..12}
+  - decode: {seq: 1, pos: 3}
+""")
+
+
+def test_llama_kv_cache_prepare_of_a_decode_larger_than_its_stream_moves_the_head(
+        engine: str) -> None:
+    """Stream 0: cells 0-4, head 5; stream 1: cells 0-2, head 3, 5 free. Seq 1's 9
+    tokens (pos 3..12) cannot fit 8 cells: KP006, decided from the range's ends. But
+    prepare placed the first ubatch (4 tokens <= 5 free) before failing, and its undo
+    sets `head = v_heads_old[s]` with s = 0: stream 1 gets stream 0's head, 5
+    (test_failed_prepare_head_quirk). The next token of seq 1: find_slot from head 5
+    (5 <= used 3 + 2: no restart) takes cell 5, row 8 + 5 = 13 (with head 3: 11)."""
+    st = steps(HEAD_QUIRK_SPAN, engine)
+    ((ev, state),) = by_op(st, 2)
+    assert isinstance(ev, OpEvent) and codes(ev) == {"KP006"}
+    assert "stream 1 (sequence 1's own), which has 8" in ev.message
+    assert state["head"] == [5, 5]
+    assert by_op(st, 3)[0][0].token_rows.tolist() == [13]
+
+
+def test_a_decode_larger_than_its_stream_whose_first_ubatch_does_not_fit_moves_nothing(
+) -> None:
+    """Stream 1 holds 6 of 8 cells (head 6): the first ubatch of the 9-token decode (4
+    tokens) finds only 2 free cells, so prepare places nothing and no head moves."""
+    text = HEAD_QUIRK_SPAN.replace("pos: 0..3}", "pos: 0..6}").replace(
+        "pos: 3..12}", "pos: 6..15}").replace("pos: 3}\n", "pos: 6}\n")
+    st = steps(text)
+    ((ev, state),) = by_op(st, 2)
+    assert codes(ev) == {"KP006"} and state["head"] == [5, 6]
+    assert by_op(st, 3)[0][0].token_rows.tolist() == [8 + 6]
