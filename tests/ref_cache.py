@@ -528,41 +528,36 @@ class RefRecurrent:
                 self.seen["recurrent seq_rm of every sequence refused: a partial range"] += 1
                 return False
             self.seen["recurrent seq_rm of every sequence accepted"] += 1
-            for i in range(self.size):
-                if p0 <= self.pos[i] < p1:
-                    self.seq[i] = set()
-                    if self.pos[i] >= 0:
-                        self.used -= 1
-                    self.pos[i] = -1
-                    if new_head == self.size:
-                        new_head = i
-            if new_head != self.size and new_head < self.head:
-                self.head = new_head
-            return True
-        t = self.tail[s]
-        if t >= 0:
-            if 0 < p0 <= self.pos[t] < p1:
-                rollback = self.pos[t] - (p0 - 1)
-                pending = self.rs_idx[s] != 0
-                if not pending and 1 <= rollback <= self.n_rs_seq:
-                    self.seen["recurrent rollback accepted"] += 1
-                    if len(self.seq[t]) > 1:
-                        self.seen["recurrent rollback of a shared cell"] += 1
-                    self.rs_idx[s] = rollback
-                    self.pos[t] = p0 - 1
-                    return True
-                if pending:
-                    self.seen["recurrent rollback refused: one is pending"] += 1
-                else:
-                    self.seen["recurrent rollback refused: too deep"] += 1
-                return False
-            # invalidate tails which will be cleared
-            if p0 <= self.pos[t] < p1:
-                self.tail[s] = -1
+        else:
+            t = self.tail[s]
+            if t >= 0:
+                if 0 < p0 <= self.pos[t] < p1:
+                    rollback = self.pos[t] - (p0 - 1)
+                    pending = self.rs_idx[s] != 0
+                    if not pending and 1 <= rollback <= self.n_rs_seq:
+                        self.seen["recurrent rollback accepted"] += 1
+                        if len(self.seq[t]) > 1:
+                            self.seen["recurrent rollback of a shared cell"] += 1
+                        self.rs_idx[s] = rollback
+                        self.pos[t] = p0 - 1
+                        return True
+                    if pending:
+                        self.seen["recurrent rollback refused: one is pending"] += 1
+                    else:
+                        self.seen["recurrent rollback refused: too deep"] += 1
+                    return False
+                # invalidate tails which will be cleared
+                if p0 <= self.pos[t] < p1:
+                    self.tail[s] = -1
         for i in range(self.size):
-            if not (p0 <= self.pos[i] < p1) or s not in self.seq[i]:
+            if not (p0 <= self.pos[i] < p1):
                 continue
-            self.seq[i].discard(s)
+            if s < 0:
+                self.seq[i] = set()
+            elif s in self.seq[i]:
+                self.seq[i].discard(s)
+            else:
+                continue
             if self.is_empty(i):
                 if self.pos[i] >= 0:
                     self.used -= 1
