@@ -501,7 +501,8 @@ def _op_args(op) -> str:
             continue
         parts.append(f"{f.name} {v}")
     if isinstance(op, m.SeqCp | m.SeqRm | m.SeqAdd | m.SeqDiv) and op.p0 < 0 and op.p1 < 0:
-        parts.append("(whole sequence)")
+        every = isinstance(op, m.SeqRm) and op.seq < 0
+        parts.append("(every sequence, whole)" if every else "(whole sequence)")
     return " ".join(parts)
 
 
