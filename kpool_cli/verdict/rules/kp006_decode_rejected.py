@@ -22,8 +22,8 @@ EXPLANATION = Explanation(
         Flags a decode that llama_decode would refuse (llama_batch_allocr::init's
         validation, a coupled batch on a sequential split, or find_slot finding no
         free cells, as for any decode larger than its stream). Nothing of the batch
-        is applied, and the replay goes on, as the caller of llama_decode does. A warning: it fails the run
-        only with `--fail-on warning`."""),
+        is applied, and the replay goes on, as the caller of llama_decode does. A
+        warning: it fails the run only with `--fail-on warning`."""),
     why=doc("""
         The engine is right to refuse, but the caller's bookkeeping (a slot's
         positions, its cells) no longer matches the cache: positions with a gap,
