@@ -218,6 +218,13 @@ class Replayer:
         if self.backend and rows.size:
             self.backend.zero_rows(rows)
 
+    def _copy_pending_streams(self) -> None:
+        """llama_kv_cache::update: the cross-stream copies queued by seq_cp, run once a
+        decode's batch is valid, before init_batch (so a refused decode runs them too)."""
+        for src, dst in self.cache.take_pending_copies():
+            if self.backend:
+                self.backend.copy_stream(src, dst)
+
     def _abort(self, i: int, kind: str, message: str) -> OpEvent:
         """An engine assert outside a ubatch's marking: KP005, and the replay ends."""
         self.aborted = True
@@ -238,9 +245,7 @@ class Replayer:
         msg = validate_span(span, self.positions, mrope=cfg.by_order)
         if msg is not None:
             return self._reject(i, msg)
-        for src, dst in cache.take_pending_copies():
-            if self.backend:
-                self.backend.copy_stream(src, dst)
+        self._copy_pending_streams()
         n_keep_tail = self.recurrent.n_keep_tail
         try:
             msg = split_refusal(len(span.seq) > 1, cfg.n_ubatch, not cfg.unified, n_keep_tail)
@@ -269,10 +274,7 @@ class Replayer:
         if msg is not None:
             yield self._reject(i, msg)
             return
-        # llama_kv_cache::update runs the pending cross-stream copies once the batch is valid
-        for src, dst in cache.take_pending_copies():
-            if self.backend:
-                self.backend.copy_stream(src, dst)
+        self._copy_pending_streams()
         try:
             # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
             split = decode_split(tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,

@@ -4,8 +4,8 @@
 Owns: `validate` (llama_batch_allocr::init's checks against the cache; of a
 `Span`, from its ends: `validate_span`) and `split_equal`
 (llama_batch_allocr::split_equal; of a span, `first_ubatch_len`). All are pure
-functions of the batch and the memory's pos_min/pos_max; a refusal is a returned message, never an
-exception, because llama_decode reports it with a return code.
+functions of the batch and the memory's pos_min/pos_max; a refusal is a returned
+message, never an exception, because llama_decode reports it with a return code.
 """
 
 from __future__ import annotations
