@@ -2,7 +2,7 @@
 its expectations name, judged as a CI gate: its `expect` items must hold, and no
 finding at or above `--fail-on` may go unpinned.
 
-Owns: which traces a set of paths holds (`trace_paths`), which engines a trace runs
+Owns: which engines a trace runs
 under (`engines_for`), the unit of work (`CheckJob`, `check_one`), the result record
 (`CheckResult` with its `Unmet` expectations, `Flagged` findings and `Problem`s), the
 rule of what an `expect` pins (`pinned_codes`), and running the jobs in order on a
@@ -43,7 +43,6 @@ code is pinned) and `expectations` as its `--check`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,12 +55,12 @@ from .records import ExpectResult, OpEvent, UbatchRecord
 from .replay import replay
 from .report.tally import Tally, tallied
 from .trace import model as m
-from .trace.load import MAX_TOKENS, TraceError, load_trace
+from .trace.load import MAX_TOKENS, TraceError
 from .verdict.codes import Finding, severity_rank
+from .verdict.expect import load_checked
 from .workers import in_order
 
 DEFAULT_ENGINES = ("rep-once", "cache-safe")
-TRACE_SUFFIXES = (".yaml", ".yml")
 # unpinned findings listed per result (the others are counted): a re-pool-all race
 # raises one per ubatch
 MAX_LISTED = 50
@@ -162,34 +161,6 @@ class CheckJob:
 # -- which traces, which engines ------------------------------------------------------
 
 
-def trace_paths(paths: Iterable[str]) -> tuple[list[str], list[str]]:
-    """The trace files `paths` stand for, and the paths that hold none. A file is taken
-    as given (whatever its name); a folder is searched recursively for `*.yaml` and
-    `*.yml`, hidden folders skipped, in sorted order. A path that does not exist is
-    taken as a file (its check says it is missing). Duplicates are dropped."""
-    out: list[str] = []
-    empty: list[str] = []
-    seen: set[str] = set()
-    for p in paths:
-        if os.path.isdir(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, f) for f in files
-                          if f.endswith(TRACE_SUFFIXES) and not f.startswith(".")]
-            if not found:
-                empty.append(p)
-            candidates = sorted(found)
-        else:
-            candidates = [p]
-        for c in candidates:
-            key = os.path.normpath(c)
-            if key not in seen:
-                seen.add(key)
-                out.append(c)
-    return out, empty
-
-
 def _expects(trace: m.Trace) -> list[tuple[int, m.Expect]]:
     return [(i, op) for i, op in enumerate(trace.ops) if isinstance(op, m.Expect)]
 
@@ -226,7 +197,7 @@ def plan(paths: Sequence[str], engines: Sequence[str], *, backend: str, fail_on:
     out: list[CheckJob | CheckResult] = []
     for p in paths:
         try:
-            trace = load_trace(p, max_tokens=max_tokens)
+            trace = load_checked(p, max_tokens=max_tokens)
         except TraceError as e:
             out.append(_invalid(p, "", e))
             continue
@@ -254,7 +225,7 @@ def _line(trace: m.Trace, op: int) -> int:
 def check_one(job: CheckJob) -> CheckResult:
     """Replay the job's trace under its engine and judge it (the rules above)."""
     try:
-        trace = load_trace(job.path, max_tokens=job.max_tokens)
+        trace = load_checked(job.path, max_tokens=job.max_tokens)
     except TraceError as e:
         return _invalid(job.path, job.engine, e)
     try:

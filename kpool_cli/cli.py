@@ -2,7 +2,7 @@
 is, how records are counted and the exit code decided (report/tally.py), how reports
 are framed (report/json_report.py) and how the views word things live elsewhere.
 
-Exit status of every command (TRACE_FORMAT.md): 0 pass, 1 findings at or above
+Exit status of every command (docs/FORMATS.md): 0 pass, 1 findings at or above
 `--fail-on`, 2 bad usage, an invalid trace, or an internal error. Never a
 traceback; `--output` files are written whole or not at all.
 """
@@ -15,12 +15,13 @@ import json
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Iterator
 from typing import NoReturn, TextIO
 
 import click
 
-from . import __version__
+from . import __version__, signals
 from .backend.budget import (
     ReplayTooLarge,
     check_replay_memory,
@@ -29,6 +30,7 @@ from .backend.budget import (
 )
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
 from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
+from .options import Float, Int, jobs_option
 from .replay import replay
 from .report.check_formats import CI_FORMATS
 from .report.check_formats import FORMATS as CHECK_FORMATS
@@ -37,12 +39,16 @@ from .report.format import report_schema
 from .report.json_report import write_report, write_reports
 from .report.select import Selection, parse_ubatch_range
 from .report.tally import FAIL_ON, Record, Tally, exit_code, tallied
-from .trace.load import MAX_TOKENS, Problem, TraceError, load_trace
+from .signals import Terminated
+from .trace.format import N_SEQ_MAX_MAX
+from .trace.load import MAX_TOKENS, Problem, TraceError
 from .trace.model import Trace
 from .trace.schema import trace_schema
+from .verdict.expect import load_checked
 from .wording import visible
 
 EXIT_BAD_INPUT = 2
+_ENGINES = ", ".join(VERSIONS)  # the registry: the one list of versions in help
 
 
 def _fail(message: str, *more_lines: str) -> NoReturn:
@@ -54,7 +60,10 @@ def _fail(message: str, *more_lines: str) -> NoReturn:
 
 
 def _invalid(e: TraceError) -> NoReturn:
-    """Exit 2 for an invalid trace: every problem on its own line (TraceError's)."""
+    """Exit 2 for an invalid trace: every problem on its own line (TraceError's); a
+    file that could not be read at all (missing, a FIFO...) says just that."""
+    if e.unread:
+        _fail(*str(e).split("\n"))
     _fail("invalid trace", *str(e).split("\n"))
 
 
@@ -77,8 +86,9 @@ def _output(path: str | None) -> Iterator[TextIO]:
 
 
 def _version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
+    """--engine (even empty: an error), else the trace's `engine:`, else the default."""
     try:
-        return load_version(name or trace_engine or DEFAULT_VERSION)
+        return load_version(name if name is not None else trace_engine or DEFAULT_VERSION)
     except VersionError as e:
         _fail(str(e))
 
@@ -101,7 +111,7 @@ def _ubatch_ranges(ctx, param, values: tuple[str, ...]) -> tuple[tuple[int, int]
 
 # the bounds on a trace's work, the same for every command that replays
 _max_tokens_option = click.option(
-    "--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True,
+    "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
     metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
                       "untrusted input).")
 _max_memory_option = click.option(
@@ -131,12 +141,25 @@ class _Interrupted(BaseException):
     """Ctrl-C, carried past click, which would print a blank line and `Aborted!`."""
 
 
+class _TerminatedPast(BaseException):
+    """SIGTERM, carried past click, which would take it for a Ctrl-C."""
+
+
 class _Group(click.Group):
+    def make_context(self, *args, **kwargs) -> click.Context:
+        # `kpool --help` and `--version` print while the arguments are parsed
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            raise _ReaderLeft from None
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             raise _ReaderLeft from None
+        except Terminated:
+            raise _TerminatedPast from None
         except KeyboardInterrupt:
             raise _Interrupted from None
 
@@ -150,11 +173,11 @@ def cli() -> None:
 @cli.command("replay")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--engine", "engine", metavar="NAME",
-              help="Engine version: cache-safe, rep-once, or package.module:Name. "
-                   "Default: the trace's `engine:`, else rep-once.")
+              help=f"The engine version: {_ENGINES}, or package.module:Name. "
+                   "Default: rep-once, unless the trace's `engine:` names one.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", *CI_FORMATS]),
               default="text", show_default=True,
-              help="Text for people, JSON (TRACE_FORMAT.md) for machines; junit, github, "
+              help="Text for people, JSON (docs/FORMATS.md) for machines; junit, github, "
                    "sarif: the findings as `kpool check` writes them, for CI.")
 @click.option("--output", "-o", metavar="FILE",
               help="Write the report to FILE (atomically) instead of stdout.")
@@ -165,9 +188,9 @@ def cli() -> None:
 @click.option("--check", is_flag=True,
               help="Fail (exit 1) when an `expect` of the trace does not hold.")
 @click.option("--ubatch", "ubatch", metavar="N|A..B", multiple=True, callback=_ubatch_ranges,
-              help="Text: show ubatch N, or ubatches A..B (half-open; A.. to the end). "
-                   "Repeatable.")
-@click.option("--seq", "seq", type=click.IntRange(min=0), multiple=True,
+              help="Text: show ubatch N, or the ubatches of the half-open range A..B (A.. "
+                   "to the end). Repeatable.")
+@click.option("--seq", "seq", type=Int(0, N_SEQ_MAX_MAX - 1), multiple=True,
               help="Text: show the ubatches that decode, re-pool or flag sequence S. "
                    "Repeatable.")
 @click.option("--only-findings/--all-ubatches", "only_findings", default=None,
@@ -203,7 +226,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
         _fail("--html and --svg save the text view: use them with --format text")
     loaded = [_load(path, max_tokens) for path in traces]  # every trace, before any engine
     runs = [(t, _version_for(engine, t.engine)) for t in loaded]
-    rich_view = fmt == "text" and may_draw_rich(html, svg)
+    rich_view = fmt == "text" and may_draw_rich(html, svg, color)
     for t, _ in runs:
         try:
             check_replay_memory(t, backend, max_memory, cell_map=rich_view)
@@ -242,7 +265,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                                  Selection.of(trace, ubatch, seq, only_findings), pools == "all")
                 text.close()
             else:
-                def write_one(run: tuple[Trace, EngineVersion]) -> Tally:
+                def write_one(run: tuple[Trace, EngineVersion], lead: str) -> Tally:
                     trace, version = run
                     tally = Tally(fail_on=fail_on, check=check)
                     with (_naming_the_trace(trace),
@@ -250,7 +273,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                                      shares_terminal=False) as ticker):
                         write_report(out, trace, version.name, value_backend,
                                      ticking(replayed(trace, version, tally), ticker), tally,
-                                     run_form=pools != "all")
+                                     run_form=pools != "all", lead=lead)
                     return tally
 
                 tallies = write_reports(out, runs, write_one)
@@ -266,7 +289,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
 def _load(path: str, max_tokens: int) -> Trace:
     try:
-        return load_trace(path, max_tokens=max_tokens)
+        return load_checked(path, max_tokens=max_tokens)
     except TraceError as e:
         _invalid(e)
 
@@ -293,7 +316,7 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
             print_code_list(make_console(sys.stdout, manners))
         else:
             for c in CODES.values():
-                click.echo(f"{c.code}  {c.name:16} {c.severity:8} {c.summary}")
+                click.echo(_hanging(f"{c.code}  {c.name:16} {c.severity:8} ", c.summary))
         return
     found = resolve(code or "")
     if found is None:
@@ -321,13 +344,13 @@ def engines_cmd() -> None:
     """List the registered engine versions."""
     width = max(len(name) for name in VERSIONS)
     for v in VERSIONS.values():
-        click.echo(f"{v.name:{width}}  {v.description}")
+        click.echo(_hanging(f"{visible(v.name):{width}}  ", visible(v.description)))
 
 
 @cli.command("diff")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--base", metavar="ENGINE",
-              help="Base engine for traces: cache-safe, rep-once or package.module:Name. "
+              help=f"Base engine for traces: {_ENGINES}, or package.module:Name. "
                    "Default: cache-safe.")
 @click.option("--head", metavar="ENGINE",
               help="Head engine (the candidate) for traces. Default: rep-once.")
@@ -349,8 +372,7 @@ def engines_cmd() -> None:
               help="Value backend for traces [default: none]. The diff compares engine "
                    "decisions, which need no values; numba or numpy also compute KP001 "
                    "values and KP003 (stale reads), at a cost.")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Replay traces on N processes.")
+@jobs_option(1, "Replay traces on N processes.")
 @_max_tokens_option
 @_max_memory_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
@@ -360,10 +382,16 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     """Compare two engine versions on TRACES, or two saved JSON reports.
 
     \b
-      kpool diff traces/*.yaml                          cache-safe vs rep-once
+    Examples:
+      kpool diff traces/*.yaml
+          cache-safe (base) vs rep-once (head), the defaults
       kpool diff t.yaml --base rep-once --head mypkg.engine:Candidate
-      kpool diff a.json b.json                          two `kpool replay --format json` reports
-      kpool diff traces/*.yaml --head mypkg.engine:Candidate --format json -o diff.json || exit 1
+          a candidate engine of yours against rep-once
+      kpool diff a.json b.json
+          two saved `kpool replay --format json` reports
+      kpool diff traces/*.yaml --head mypkg.engine:Candidate --format json
+          for CI: the diff as JSON (-o diff.json for a file), exit 1 on a
+          regression
 
     Each trace is replayed under --base and --head and aligned ubatch by ubatch (by op
     and position in the batch) until the runs part (one side aborts, or rejects a decode
@@ -373,22 +401,26 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     \b
     Exit status:
       0  no regression (behaviour may differ; see --fail-on-change)
-      1  a regression: head has a finding base does not (or, with --fail-on-change,
-         any behavioural difference)
-      2  bad usage, an invalid trace, an unknown engine, mixing reports with traces,
-         or reports of different traces without --force
+      1  a regression: head has a finding base does not (or, with
+         --fail-on-change, any behavioural difference)
+      2  bad usage, an invalid trace, an unknown engine, mixing reports with
+         traces, or reports of different traces without --force
     """
     from .diff.compare import DiffResult, compare, ignore_selectors
     from .diff.runs import DiffInputError, gather
+    from .inputs import trace_paths
     from .report.diff_view import write_diff
 
-    _refuse_outputs(inputs, output=output)
+    files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
+    if empty:
+        _fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    _refuse_outputs((*inputs, *files), output=output)
     try:
         selectors = ignore_selectors(ignore)
     except ValueError as e:
         _fail(str(e))
     try:
-        pairs, warnings = gather(inputs, base=base, head=head, backend=backend, jobs=jobs,
+        pairs, warnings = gather(files, base=base, head=head, backend=backend, jobs=jobs,
                                  force=force, max_tokens=max_tokens, max_memory=max_memory)
     except DiffInputError as e:
         _fail(*str(e).split("\n"))
@@ -398,6 +430,13 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     with _output(output) as out:
         write_diff(out, result, fmt)
     sys.exit(result.exit_code)
+
+
+def _hanging(head: str, text: str, width: int = 80) -> str:
+    """`head` then `text` filled to `width` columns, continued under `text`, never
+    breaking a word (nor at its hyphens)."""
+    return textwrap.fill(text, width, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def _codes(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -416,27 +455,28 @@ def _gen_command(scenario) -> click.Command:
     from .trace.format import SEED_MAX
 
     def run(seed: int, output: str | None, **sizes: int) -> None:
-        from .trace.write import dump_trace
+        from .report.text import progress_bar, write_trace
 
         _refuse_outputs((), output=output)
+        bar = progress_bar(0, f"kpool gen {scenario.name}", unit="ops")  # its delay: from now
         try:
             trace = scenario.generate(seed, **sizes)
         except ValueError as e:
             _fail(str(e))
-        with _output(output) as out:
-            out.write(dump_trace(trace))
+        with _output(output) as out, bar:
+            write_trace(out, trace, bar)
 
     params: list[click.Parameter] = [
-        click.Option(["--seed"], type=click.IntRange(0, SEED_MAX), default=0,
+        click.Option(["--seed"], type=Int(0, SEED_MAX), default=0,
                      show_default=True, help="The seed: the same seed gives the same trace."),
         click.Option(["--output", "-o"], metavar="FILE",
                      help="Write the trace to FILE (whole or not at all) [default: stdout]."),
     ]
-    params += [click.Option([size.option, size.name], type=click.IntRange(size.lo, size.hi),
+    params += [click.Option([size.option, size.name], type=Int(size.lo, size.hi),
                             default=size.default, show_default=True, metavar="N",
                             help=f"{size.doc}.")
                for size in scenario.sizes]
-    return click.Command(scenario.name, callback=run, params=params, help=scenario.doc,
+    return click.Command(scenario.name, callback=run, params=params, help=scenario.help,
                          short_help=scenario.doc)
 
 
@@ -459,7 +499,7 @@ _add_gen_commands()
 @cli.command("check")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--engine", "engines", metavar="NAME", multiple=True,
-              help="Check under this engine only (cache-safe, rep-once, or "
+              help=f"Check under this engine only ({_ENGINES}, or "
                    "package.module:Name). Repeatable. Default: the engines the trace's "
                    "expect items name, plus rep-once and cache-safe for those naming none.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default=None,
@@ -468,12 +508,12 @@ _add_gen_commands()
               help="Finding codes that never fail the check (added to the settings' "
                    "ignore). Repeatable, or comma-separated.")
 @click.option("--output-format", "fmt", type=click.Choice(CHECK_FORMATS), default=None,
-              help="text (one line per trace and engine), json, junit, github (workflow "
-                   "annotations) or sarif (2.1.0) [default: text].")
+              help="text (a line per trace and engine, wrapped to a terminal's width), "
+                   "json, junit, github (workflow annotations) or sarif (2.1.0) [default: "
+                   "text].")
 @click.option("--output", "-o", metavar="FILE",
               help="Write the output to FILE (atomically) instead of stdout.")
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Replay on N processes [default: 1].")
+@jobs_option(None, "Replay on N processes [default: the settings' jobs, else 1].")
 @click.option("--backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True, help="Value backend (none: model-only, KP003 unseen).")
 @click.option("--no-config", is_flag=True,
@@ -503,14 +543,18 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     from pathlib import Path
 
     from .check import exit_code as check_exit_code
-    from .check import plan, run_checks, trace_paths
+    from .check import plan, run_checks
+    from .inputs import trace_paths
     from .settings import SettingsError, load_settings
 
-    _refuse_outputs(paths, output=output)
     try:
         settings = load_settings(Path.cwd(), no_config=no_config)
     except SettingsError as e:
         _fail(str(e))
+    files, empty = trace_paths(paths)
+    # every file read is an input: the traces found in a folder, the settings file
+    _refuse_outputs((*paths, *files, *([str(settings.source)] if settings.source else [])),
+                    output=output)
     engines = engines or settings.engines or ()
     for spec in engines:
         _version_for(spec, None)  # an unknown engine: exit 2 before any work
@@ -518,18 +562,31 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     fmt = fmt or settings.output_format or "text"
     jobs = jobs or settings.jobs or 1
     extra = frozenset(_codes(ignore) + settings.ignore)
-    files, empty = trace_paths(paths)
     if empty:
         _fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
 
     def ignored_for(path: Path) -> frozenset[str]:
         return extra | settings.ignored_for(path)
 
-    units = plan(files, engines, backend=backend, fail_on=fail_on, ignored_for=ignored_for,
-                 max_tokens=max_tokens, max_memory=max_memory)
-    results = run_checks(units, jobs)
-    with _output(output) as out:
-        done = _write_check(out, fmt, results, fail_on)
+    from .report.terminal import stream_is_terminal
+    from .report.text import progress_bar, ticking_each
+
+    # a bar over the traces as they load, then over the runs; the line a run writes to
+    # the terminal (text, github) is its own progress
+    bar = progress_bar(len(files), "kpool check: loading", unit="traces",
+                       shares_terminal=output in (None, "-") and fmt in ("text", "github")
+                       and stream_is_terminal(sys.stdout))
+    units: list = []
+    with bar:
+        for path in files:
+            units += plan([path], engines, backend=backend, fail_on=fail_on,
+                          ignored_for=ignored_for, max_tokens=max_tokens,
+                          max_memory=max_memory)
+            bar.tick()
+        bar.label, bar.unit, bar.total, bar.done = "kpool check", "runs", len(units), 0
+        results = ticking_each(run_checks(units, jobs), bar)
+        with _output(output) as out:
+            done = _write_check(out, fmt, results, fail_on)
     sys.exit(check_exit_code(done))
 
 
@@ -545,11 +602,11 @@ def _write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 
 @cli.command("fuzz")
 @click.option("--engine", "engine", required=True, help="Engine version (name or module:Name).")
-@click.option("--runs", type=click.IntRange(1, 10_000_000), default=1000, show_default=True)
-@click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True,
+@click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True)
+@click.option("--seed", type=Int(0, 2**62), default=0, show_default=True,
               help="Run r replays random_trace(seed + r): any run is reproducible.")
-@click.option("--jobs", "-j", type=click.IntRange(1, 256), default=1, show_default=True)
-@click.option("--time-budget", type=click.FloatRange(min=0.1), default=None,
+@jobs_option(1, "Fuzz on N processes.")
+@click.option("--time-budget", type=Float(0.1, 366 * 86400), default=None, metavar="SECONDS",
               help="Stop after this many seconds (the runs done are reported).")
 @click.option("-o", "out_dir", default="fuzz-out", show_default=True,
               help="Folder for the shrunk traces (one per code and signature).")
@@ -558,8 +615,8 @@ def _write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 @click.option("--dask", "dask_address", default=None,
               help="Run on a Dask distributed cluster at ADDRESS (kpool[dask]).")
 @click.option("--base", "base", default=None, metavar="ENGINE",
-              help="Look only for behaviour differences from ENGINE (kpool diff --base "
-                   "ENGINE --head the engine), shrinking the first one.")
+              help="Look only for behaviour differences from ENGINE, as `kpool diff "
+                   "--base ENGINE` shows them, shrinking the first one.")
 def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
              out_dir: str, backend: str, dask_address: str | None, base: str | None) -> None:
     """Replay random traces under ENGINE, check kpool's invariants, shrink each new
@@ -627,33 +684,33 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int) -> None:
       0  every trace is valid
       2  a trace is invalid (or bad usage)
     """
-    from .check import trace_paths
+    from .inputs import trace_paths
 
     files, empty = trace_paths(paths)
     if empty:
         _fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    from .report.terminal import stream_is_terminal
+    from .report.text import progress_bar
+
     bad = 0
-    for path in files:
-        try:
-            load_trace(path, max_tokens=max_tokens)
-        except TraceError as e:
-            bad += 1
-            click.echo(f"INVALID {visible(path)}")
-            click.echo("\n".join(f"  {line}" for line in str(e).split("\n")))
-        else:
-            click.echo(f"ok      {visible(path)}")
+    bar = progress_bar(len(files), "kpool validate", unit="traces",
+                       shares_terminal=stream_is_terminal(sys.stdout))
+    with bar:
+        for path in files:
+            try:
+                load_checked(path, max_tokens=max_tokens)
+            except TraceError as e:
+                bad += 1
+                lines = [f"INVALID {visible(path)}",
+                         *(f"  {line}" for line in str(e).split("\n"))]
+            else:
+                lines = [f"ok      {visible(path)}"]
+            with bar.hidden():  # the lines on the terminal are progress enough
+                click.echo("\n".join(lines))
+            bar.tick()
     click.echo(f"validated {len(files)} trace{'s' if len(files) != 1 else ''}: "
                f"{len(files) - bad} valid, {bad} invalid")
     sys.exit(EXIT_BAD_INPUT if bad else 0)
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the program is so that `finally` blocks run (an output's
-    temporary file is removed) before exit 143."""
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise Terminated
 
 
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, as a shell reports a Ctrl-C
@@ -665,28 +722,35 @@ def main() -> None:
     """The `kpool` script. Exit status: the command's (0, 1, 2), or 2 for bad usage
     or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader left
     (`kpool replay t.yaml | head -1`): never 1, which means findings."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signals.install()
     try:
-        code = cli.main(prog_name="kpool", standalone_mode=False)
+        try:
+            code = cli.main(prog_name="kpool", standalone_mode=False)
+        except SystemExit as e:  # a command's sys.exit: its code, once stdout is out
+            code = e.code
+        sys.stdout.flush()  # a full disk or a closed pipe shows here at the latest
     except click.ClickException as e:  # bad usage: click's message and usage line
         shown = io.StringIO()
         e.show(file=shown)  # it quotes the arguments: made visible like any input
         _stderr_line(visible(shown.getvalue().rstrip("\n"), keep_newlines=True))
         code = e.exit_code
+    except (Terminated, _TerminatedPast):
+        _stderr_line("kpool: terminated")
+        code = EXIT_TERMINATED
     except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
         _stderr_line("kpool: interrupted")
         code = EXIT_INTERRUPTED
-    except Terminated:
-        _stderr_line("kpool: terminated")
-        code = EXIT_TERMINATED
     except (BrokenPipeError, _ReaderLeft):
-        # the reader left: say nothing more, and do not let the interpreter's final
-        # flush of stdout fail again
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # the reader left: say nothing more
+        _drop_stdout()
         code = EXIT_BROKEN_PIPE
     except OutputError as e:  # a missing or read-only directory, a full disk ...
         _stderr_line(f"kpool: {visible(str(e))}")
+        code = EXIT_BAD_INPUT
+    except OSError as e:  # writing stdout (> /dev/full), or a file a command writes
+        where = visible(str(e.filename)) if e.filename else "standard output"
+        _stderr_line(f"kpool: cannot write {where}: {e.strerror or type(e).__name__}")
+        _drop_stdout()
         code = EXIT_BAD_INPUT
     except (MemoryError, _OutOfMemory) as e:  # over a limit the budget cannot see (ulimit -v)
         where = f"{visible(str(e))}: " if isinstance(e, _OutOfMemory) else ""
@@ -702,6 +766,13 @@ def main() -> None:
             raise
         code = EXIT_BAD_INPUT
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _drop_stdout() -> None:
+    """stdout can take no more: what is left in its buffer goes nowhere, so that the
+    interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _stderr_line(text: str) -> None:

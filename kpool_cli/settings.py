@@ -18,8 +18,8 @@ Invariants:
 - The file is untrusted: more than `MAX_BYTES` is refused before parsing, text is
   strict UTF-8, TOML nesting too deep for the parser is a problem, every value is
   checked (type, known name, bounds), and a problem quotes at most 40 characters of
-  what the file says. Nothing from the file is imported or run: a plug-in engine
-  `package.module:Name` is only checked for its shape here.
+  what the file says. Nothing from the file is imported or run: `engines` names
+  registered versions only (a plug-in is named on the command line).
 - Every problem is a `SettingsError` naming the file and the line: tomllib's line for
   a syntax error, else the line where the offending key is written (`_key_lines`
   finds it in the text, by the key's full path, so `engines` of `[tool.other]` is
@@ -36,6 +36,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -44,24 +45,24 @@ from pathlib import Path
 from typing import Any
 
 from .engine.versions import VERSIONS
+from .inputs import InputRefused, InputTooLarge, read_input
 from .report.check_formats import FORMATS as OUTPUT_FORMATS
 from .report.tally import FAIL_ON
 from .trace.yaml_safe import clip, quote, suggest
 from .verdict.codes import CODES
 from .wording import visible
+from .workers import MAX_JOBS
 
 # the files looked for, in the order they win within one folder
 KPOOL_TOML = "kpool.toml"
 PYPROJECT = "pyproject.toml"
 
 MAX_BYTES = 1 << 20          # a settings file (or a pyproject.toml read to find one)
-MAX_JOBS = 256               # `jobs`: processes
 MAX_ENTRIES = 1000           # items in `engines`, `ignore`, one per-path list; globs
 MAX_GLOB = 1000              # characters in one per-path glob
 
 KEYS = ("engines", "fail-on", "ignore", "per-file-ignores", "output-format", "jobs")
 
-_PLUGIN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", re.ASCII)
 _TOML_WHERE = re.compile(r"\s*\((?:at line (\d+), column (\d+)|at end of document)\)$")
 
 
@@ -82,7 +83,7 @@ class Settings:
     """What a settings file says, checked. None (or empty): the file says nothing."""
 
     source: Path | None                     # the file read; None: none found or --no-config
-    engines: tuple[str, ...] | None         # registered names or `package.module:Name`
+    engines: tuple[str, ...] | None         # registered names
     fail_on: str | None                     # one of report.tally.FAIL_ON
     ignore: tuple[str, ...]                 # codes ignored in every trace
     # (glob relative to the settings file's folder, codes ignored in matching traces)
@@ -161,12 +162,14 @@ def load_settings(start: Path, *, no_config: bool = False) -> Settings:
     if not folder.is_dir():
         folder = folder.parent
     for d in (folder, *folder.parents):
+        # whatever stands at the name is the settings file: a FIFO, a device or a
+        # folder named kpool.toml is refused by _read, not passed over in silence
         kpool_toml = d / KPOOL_TOML
-        if kpool_toml.is_file():
+        if os.path.lexists(kpool_toml):
             text, data = _read(kpool_toml)
             return _settings(kpool_toml, text, data, ())
         pyproject = d / PYPROJECT
-        if pyproject.is_file():
+        if os.path.lexists(pyproject):
             text, data = _read(pyproject)
             tool = data.get("tool")
             if isinstance(tool, dict) and "kpool" in tool:
@@ -176,12 +179,13 @@ def load_settings(start: Path, *, no_config: bool = False) -> Settings:
 
 def _read(path: Path) -> tuple[str, dict[str, Any]]:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        raw = read_input(path, MAX_BYTES)
+    except InputTooLarge:
+        raise SettingsError(path, None, f"larger than {MAX_BYTES} bytes: not read") from None
+    except InputRefused as e:
+        raise SettingsError(path, None, f"cannot read it: it {e}") from None
     except OSError as e:
         raise SettingsError(path, None, f"cannot read it: {e.strerror or e}") from None
-    if len(raw) > MAX_BYTES:
-        raise SettingsError(path, None, f"larger than {MAX_BYTES} bytes: not read")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -189,7 +193,10 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
                             "not UTF-8 text") from None
     try:
         return text, tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:
+        if not isinstance(e, tomllib.TOMLDecodeError):  # int(): thousands of digits
+            raise SettingsError(path, None, "an integer of more digits than any setting "
+                                "takes (Python refuses to read it)") from None
         message = str(e)
         m = _TOML_WHERE.search(message)
         line = None
@@ -267,11 +274,13 @@ class _Checker:
             raise self.fail(("engines",), "empty: name at least one engine, or leave the "
                                           "key out")
         for item in items:
-            if item not in VERSIONS and not _PLUGIN.fullmatch(item):
+            if item not in VERSIONS:
+                plugin = (" (a plug-in engine is named on the command line, --engine: a "
+                          "settings file is data, and names only registered versions)"
+                          if ":" in item else "")
                 raise self.fail(("engines",), f"unknown engine {quote(item)}"
                                               f"{suggest(item, VERSIONS)}; known engines are "
-                                              f"{', '.join(sorted(VERSIONS))}, or give "
-                                              "package.module:Name")
+                                              f"{', '.join(VERSIONS)}{plugin}")
             if items.count(item) > 1:
                 raise self.fail(("engines",), f"engine {quote(item)} named twice")
         return tuple(items)

@@ -15,7 +15,9 @@ Owns:
   position whose pools may have regrouped): `seq 0 from pos 12, seq 1 from pos 0`;
 - `pools(pairs)`: pools as `seq:k`, three or more consecutive pools of one sequence
   as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
-- `code(code, name)`: a finding code with its name: `KP001 scatter-race`.
+- `code(code, name)`: a finding code with its name: `KP001 scatter-race`;
+- `units(text)`: where a wrapped line may break, so that no view splits a stale
+  position, a token, a count or a label from its value across lines.
 
 Invariants: every range kpool prints is half-open `A..B`, never inclusive; an empty
 list is worded `none` (NONE); a list longer than `limit` parts ends `... (n)`, n the
@@ -178,3 +180,39 @@ def pools(pairs: Iterable[tuple[int, int]], limit: int | None = None) -> str:
 def code(code: str, name: str = "") -> str:
     """A finding code with its name (`KP001 scatter-race`), the code alone without."""
     return f"{code} {name}" if name else code
+
+
+# -- where a line may break ----------------------------------------------------------------
+
+# what a wrapped line never splits: a stale position, a token, a list's tail, a short
+# parenthesis (`(op 3, ubatch 1)`, `(kpool explain KP001)`), a code's count, an option
+# with its value (`--fail-on error`), a label with its first value (`seq 0`, `pos 5
+# x3`, `kv_size 32`), a repeated value, a number with the word it counts (`2
+# unpinned`); punctuation and a `·` separator stay with what they end
+_UNIT = re.compile(r"""
+    (?: seq\ \d+\ from\ pos\ \d+
+      | pos\ \d+\ seq\ \d+(?:,\d+)*
+      | \.\.\.\ \(\d+\)
+      | \(kpool\ [^()]*\)
+      | \([^()\s]+(?:\ [^()\s]+){0,3}\)
+      | KP\d{3}\ x\d+
+      | --[a-z][\w-]*\ [a-z0-9][\w.:-]*
+      | [A-Za-z_][\w-]*\ -?\d\S*?(?:\ x\d+)?(?=[\s,;:)]|$)
+      | -?\d+\ x\d+
+      | \d+\ [a-z][\w()'-]*
+      | \S+ )
+    \S*(?:\ ·(?!\S))?""", re.X)
+
+
+def units(text: str) -> list[str]:
+    """`text` cut where a wrapped line may break: at spaces, but never inside a unit
+    it words as one (above). Joined by single spaces, the units are `text` with its
+    runs of whitespace made one space. A view wraps between units; nothing here
+    changes how anything is worded.
+
+    >>> units("stale seq 0 from pos 12, seq 1 from pos 0")
+    ['stale', 'seq 0 from pos 12,', 'seq 1 from pos 0']
+    >>> units("pools 0:0 · 5 x3 (op 3, ubatch 1) KP001 x2")
+    ['pools 0:0 ·', '5 x3', '(op 3, ubatch 1)', 'KP001 x2']
+    """
+    return _UNIT.findall(text)

@@ -14,6 +14,7 @@ traceback).
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -22,15 +23,24 @@ from typing import TypeVar
 U = TypeVar("U")
 R = TypeVar("R")
 
+MAX_JOBS = 256  # the most processes a command (or a settings file's `jobs`) may ask for
+
+
+def workers_for(jobs: int, n_units: int) -> int:
+    """The processes `jobs` gives for `n_units` units: never more than the units, the
+    machine's cores, or MAX_JOBS."""
+    return max(1, min(jobs, n_units, os.cpu_count() or 1, MAX_JOBS))
+
 
 def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterator[R]:
-    """`fn(unit)` for every unit, in order: here when `jobs <= 1` (or one unit), else
-    on a pool of `min(jobs, len(units))` processes."""
-    if jobs <= 1 or len(units) <= 1:
+    """`fn(unit)` for every unit, in order: here when `workers_for` gives 1, else on a
+    pool of that many processes."""
+    n = workers_for(jobs, len(units))
+    if n <= 1:
         for u in units:
             yield fn(u)
         return
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(units)), initializer=_worker_init)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
     try:
         futures = [pool.submit(fn, u) for u in units]
         for f in futures:

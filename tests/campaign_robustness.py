@@ -3,17 +3,21 @@
     python tests/campaign_robustness.py --cases 10000 --seed 1 --jobs 2
     python tests/campaign_robustness.py --repro yaml 1/192     # rerun one case, verbosely
 
-Every case of `tests/hostile.py` (classes bytes, yaml, semantic, report, argv; split
-by `--weights`) runs in a process of its own, forked from this one once kpool, numba's
-cache and the base reports are loaded: the child sets RLIMIT_AS (`--mem-mb`, default
-2048 MB of address space), sends its stdout and stderr (file descriptors 1 and 2, so
-a grandchild's output is caught too) to a file, runs `kpool ARGV` in-process and
-writes the outcome; the parent kills its process group when the wall-clock limit
-(`--timeout`, default 30 s) passes. The parent judges each outcome with
-`hostile.judge` (exit 0/1/2 only, no traceback, no "internal error", a message naming
-the file for exit 2, no terminal control characters, JSON where asked, no output left
-by exit 2) and adds "timeout" (killed at the limit), "memory" (MemoryError, i.e. over
-the address-space limit) and "crash" (died without an outcome).
+Every case of `tests/hostile.py` (classes bytes, yaml, semantic, report, argv,
+settings, special, outputs, options, signals, linebreaks; split by `--weights`) runs
+in a process of its own, forked from this one once kpool, numba's cache and the base
+reports are loaded: the child sets RLIMIT_AS (`--mem-mb`, default 2048 MB of address
+space), sends its stdout and stderr (file descriptors 1 and 2, so a grandchild's
+output is caught too) to a file, runs `kpool ARGV` in-process and writes the outcome;
+the parent kills its process group when the wall-clock limit passes (`--timeout`,
+default 30 s, or the case's own when shorter: 10 s for a special file, so that a read
+that waits on a FIFO costs 10 s, not 30). The parent hashes every input before the
+fork and judges each outcome with `hostile.judge` (exit 0/1/2 only, or the status the
+case must have; no traceback, no "internal error", a message naming the file or the
+option for exit 2, no terminal control characters and no raw line breaks, JSON where
+asked, no output left by exit 2, no input changed, no plug-in code run) and adds
+"timeout" (killed at the limit), "memory" (MemoryError, i.e. over the address-space
+limit) and "crash" (died without an outcome).
 
 Case i of class C has the key "<seed>/<i>": the same seed gives the same cases (with
 the same kpool and traces). Failing cases are saved to `--out` (default
@@ -34,6 +38,7 @@ import resource
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -47,7 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import hostile
 
-DEFAULT_WEIGHTS = "bytes=2,yaml=2.5,semantic=2,report=2,argv=1.5"
+# a fair share each: the eleven classes get 700 to 1,100 cases of 10,000
+DEFAULT_WEIGHTS = ("bytes=1,yaml=1.2,semantic=1,report=1,argv=1,settings=1,special=1,"
+                   "outputs=1.1,options=1.1,signals=0.8,linebreaks=1")
 
 
 def split_cases(total: int, weights: dict[str, float]) -> dict[str, int]:
@@ -98,7 +105,7 @@ def child(case: hostile.Case, workdir: Path, raw_path: Path, result_path: Path,
         os.chdir(workdir)
         o = hostile.run_case(case, workdir, written=True)
         payload = {"code": o.code, "stdout": o.stdout, "stderr": o.stderr, "exc": o.exc,
-                   "seconds": o.seconds}
+                   "seconds": o.seconds, "notes": o.notes}
         tmp = result_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload))
         tmp.rename(result_path)
@@ -133,7 +140,7 @@ def finish(r: Running, status: int | None, rusage, timed_out: bool) -> tuple[hos
     if r.result.exists():
         d = json.loads(r.result.read_text())
         return hostile.Outcome(d["code"], d["stdout"], d["stderr"], d["exc"], seconds,
-                               raw), rss_mb
+                               raw, d.get("notes", [])), rss_mb
     if status is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 99:
         return hostile.Outcome("memory", "", "", None, seconds, raw), rss_mb
     if "MemoryError" in raw:
@@ -159,6 +166,8 @@ def signature(kind: str, detail: str) -> str:
         return f"{kind}: {exc} at {where}"
     d = detail.splitlines()[0] if detail else ""
     d = re.sub(r"/tmp/\S+?/", "DIR/", d)
+    if kind in ("input changed", "code run", "not refused", "bad exit status"):
+        d = re.sub(r"sha256:[0-9a-f]+", "H", d)
     m = re.match(r"(\w+ holds '[^']*') after: (.*)", d)
     if kind == "escape" and m:  # which stream, which character, after which text
         return f"{kind}: {m[1]} after: {re.sub(r'[0-9]+', 'N', m[2].strip()[:40])}"
@@ -172,7 +181,8 @@ def save_failure(out: Path, r: Running, o: hostile.Outcome, bad: list[tuple[str,
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    shutil.copytree(r.workdir, d, symlinks=True, dirs_exist_ok=True)  # inputs and outputs
+    # inputs and outputs (FIFOs and sockets are not copied: repro.sh makes them again)
+    shutil.copytree(r.workdir, d, symlinks=True, dirs_exist_ok=True, ignore=_specials)
     (d / "case.json").write_text(json.dumps(
         {**r.case.to_json(), "failures": [[k, v[:4000]] for k, v in bad]}, indent=2))
     (d / "outcome.txt").write_text(
@@ -183,12 +193,40 @@ def save_failure(out: Path, r: Running, o: hostile.Outcome, bad: list[tuple[str,
     args = [a.replace(hostile.PH, "./", 1) if a.startswith(hostile.PH)
             else a.replace("=" + hostile.PH, "=./", 1) for a in r.case.argv]
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in r.case.env.items())
+    if r.case.pythonpath:
+        env = (env + " " if env else "") + "PYTHONPATH=\"$PWD\""
+    made = "".join(
+        f"[ -e {shlex.quote(n)} ] || mkfifo {shlex.quote(n)}\n" if spec == "fifo" else
+        f"[ -e {shlex.quote(n)} ] || python -c 'import socket,sys; "
+        f"socket.socket(socket.AF_UNIX).bind(sys.argv[1])' {shlex.quote(n)}\n"
+        for n, spec in r.case.special.items() if spec in ("fifo", "socket"))
+    run = f"{env + ' ' if env else ''}KPOOL_TRACEBACK=1 python -m kpool_cli " + " ".join(
+        shlex.quote(a) for a in args)
+    if r.case.stdio == "closed":
+        run = f"{run} | true"
+    elif r.case.stdio == "full":
+        run = f"{run} > /dev/full"
+    elif r.case.signal:
+        sig, delay = r.case.signal
+        run = f"timeout -s {signal.Signals(sig).name[3:]} {delay + 1:g} {run}  # +1 s: startup"
+    cd = f" && cd {shlex.quote(r.case.cwd)}" if r.case.cwd else ""
     (d / "repro.sh").write_bytes(os.fsencode(
         "#!/bin/sh\n# run from this directory; the same case in-process:\n"
         f"#   python tests/campaign_robustness.py --repro {r.case.cls} {r.case.key}\n"
-        f"cd \"$(dirname \"$0\")\" && {env + ' ' if env else ''}KPOOL_TRACEBACK=1 "
-        f"python -m kpool_cli {' '.join(shlex.quote(a) for a in args)}\n"))
+        + ("# (read-only folders: run it as a user, not root)\n" if r.case.readonly else "")
+        + f"cd \"$(dirname \"$0\")\"\n{made}true{cd} && {run}\n"))
     return d
+
+
+def _specials(folder: str, names: list[str]) -> list[str]:
+    """The entries of `folder` that copytree must not open: FIFOs, sockets, devices."""
+    out = []
+    for n in names:
+        with contextlib.suppress(OSError):
+            mode = os.lstat(os.path.join(folder, n)).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                out.append(n)
+    return out
 
 
 # --- the campaign --------------------------------------------------------------------
@@ -243,7 +281,8 @@ def campaign(args) -> int:
                 timed_out = False
                 wpid, status, rusage = os.wait4(pid, os.WNOHANG)
                 if wpid == 0:
-                    if time.monotonic() - r.start < args.timeout:
+                    if time.monotonic() - r.start < min(args.timeout,
+                                                        r.case.timeout or args.timeout):
                         continue
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
@@ -309,8 +348,7 @@ def campaign(args) -> int:
 
 
 def render(stats, worst, counts, args, elapsed: float) -> str:
-    cols = ["traceback", "internal error", "bad exit status", "timeout", "memory", "crash",
-            "message", "escape", "bad json", "output left"]
+    cols = list(hostile.KINDS)
     head = ("| class | cases | passed | exit 0 / 1 / 2 | " + " | ".join(cols)
             + " | slowest s | peak RSS MB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -348,7 +386,7 @@ def repro(cls: str, key: str, timeout: float) -> int:
         wd = Path(d)
         argv = hostile.materialize(case, wd)
         print(f"case {cls} {key}: {case.desc}\nargv: {argv}\nenv: {case.env}")
-        o = hostile.run_case(case, wd, timeout=timeout)
+        o = hostile.run_case(case, wd, timeout=timeout, written=True)
         print(f"exit {o.code!r} after {o.seconds:.2f} s")
         print("--- stdout\n" + o.stdout[-4000:])
         print("--- stderr\n" + o.stderr[-4000:])

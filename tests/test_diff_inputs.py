@@ -108,10 +108,12 @@ def first_finding(doc: dict) -> int:
     ("ubatches.0.tokens.0.pos", "1", "report.ubatches[0].tokens[0].pos: expected an integer, "
                                      "got the string \"1\""),
     ("ubatches.0.tokens", {}, "report.ubatches[0].tokens: expected an array, got an object"),
-    ("ubatches.0.tokens.0.seq", [0, "x"], "report.ubatches[0].tokens[0].seq[1]: expected a "
-                                          "non-negative integer"),
-    ("ubatches.0.scatter.0.pad", 0, "report.ubatches[0].scatter[0].pad: expected true or "
-                                    "false, got 0"),
+    ("ubatches.0.tokens.0.seq", [0, "x"], "report.ubatches[0].tokens[0].seq[1]: expected an "
+                                          "integer"),
+    ("ubatches.0.tokens.0.seq", [0, -1], "report.ubatches[0].tokens[0].seq[1]: seq -1 is out "
+                                         "of range (config.n_seq_max is 2)"),
+    ("ubatches.0.scatter.0.pad", 0, "report.ubatches[0].scatter[0].pad: expected false, "
+                                    "got 0"),  # a run (its n), so pad is false
     ("ubatches.0.pools.0.new", "yes", "report.ubatches[0].pools[0].new: expected true or "
                                       "false"),
     ("ubatches.0.cost.cells_scanned", -5, "report.ubatches[0].cost.cells_scanned: -5 is out "
@@ -126,7 +128,7 @@ def first_finding(doc: dict) -> int:
     ("events.0.kind", 7, "report.events[0].kind: expected a string, got 7"),
     ("events.0.message", ["x"], "report.events[0].message: expected a string, got an array"),
     ("engine", {"name": "x"}, "report.engine: expected a string, got an object"),
-    ("backend", 3, "report.backend: expected a string, got 3"),
+    ("backend", 3, "report.backend: expected a string or null, got 3"),
     ("config.unified", 1, "report.config.unified: expected true or false, got 1"),
     ("config.kv_size", 0, "report.config.kv_size: 0 is out of range (at least 1)"),
     ("trace", "t.yaml", "report.trace: expected an object, got the string \"t.yaml\""),
@@ -168,16 +170,21 @@ def test_a_missing_field_is_located(tmp_path, race_base, path):
 def test_optional_fields_may_be_absent_and_unknown_ones_are_ignored(tmp_path, race_base,
                                                                     race_head):
     """An event without `findings` or `message` (kpool leaves them out when empty), and
-    fields a later version may add, anywhere, holding anything that is JSON."""
+    fields a later version may add, anywhere, holding anything that is JSON. A field
+    the diff does not read is still checked (the schema's type), and a required one
+    (`summary`) is still required."""
     doc = copy.deepcopy(race_head)
     for e in doc["events"]:
         e.pop("findings", None)
         e.pop("message", None)
-    doc["ubatches"][0]["pools"][0]["first_pos"] = "not read"
-    doc.pop("summary")
+    a = save(tmp_path, "a.json", race_base)
+    bad = mutated(doc, "ubatches.0.pools.0.first_pos", "not read")
+    assert "b.json: report.ubatches[0].pools[0].first_pos: expected an integer, got the " \
+        "string \"not read\"" in refused(a, save(tmp_path, "b.json", bad))
+    bad = mutated(doc, "summary", delete=True)
+    assert "b.json: report.summary: missing field" in refused(a, save(tmp_path, "b.json", bad))
     text = json.dumps(doc)[:-1] + (', "added_later": {"huge": 1' + "0" * 5000
                                    + ', "float": 1e999, "deep": ' + "[" * 500 + "]" * 500 + "}}")
-    a = save(tmp_path, "a.json", race_base)
     code, _, err = diff(a, save(tmp_path, "b.json", text))
     assert code in (0, 1), err
 
@@ -359,9 +366,9 @@ def test_a_report_of_several_gigabytes_is_refused_unread(tmp_path, race_base):
     assert "big.json: the report is larger than 128 MiB" in err
 
 
-def test_reading_is_bounded_even_when_the_size_is_unknown(monkeypatch):
+def test_an_endless_device_is_refused_unread(monkeypatch):
     monkeypatch.setattr(reports, "MAX_REPORT_BYTES", 4096)
-    with pytest.raises(ReportError, match="larger than"):
+    with pytest.raises(ReportError, match="is a device, not a regular file"):
         read_report_bytes("/dev/zero")  # endless, and st_size 0
 
 
@@ -578,12 +585,16 @@ def test_a_trace_invalid_at_replay_time_in_a_worker_is_exit_2_with_its_location(
 def test_a_worker_that_dies_is_exit_2(tmp_path, monkeypatch):
     (tmp_path / "kpool_test_killer.py").write_text(
         "import os\n"
-        "from kpool_cli.engine.versions import REP_ONCE\n"
+        "from dataclasses import fields\n"
+        "from kpool_cli.engine.versions import REP_ONCE, EngineVersion\n"
         "PARENT = os.getpid()\n"
-        "def Killer():\n"
-        "    if os.getpid() != PARENT:\n"
-        "        os._exit(3)  # a worker dies as a crash would kill it\n"
-        "    return REP_ONCE\n")
+        "class _Dies(EngineVersion):\n"
+        "    __slots__ = ()\n"
+        "    def __getattribute__(self, name):\n"
+        "        if name == 'mark_once_per_rep' and os.getpid() != PARENT:\n"
+        "            os._exit(3)  # a worker dies as a crash would kill it\n"
+        "        return object.__getattribute__(self, name)\n"
+        "Killer = _Dies(**{f.name: getattr(REP_ONCE, f.name) for f in fields(REP_ONCE)})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     err = refused(RACE, PARTIAL, "--head", "kpool_test_killer:Killer", "--jobs", "2")
     assert "a replay process died" in err and "--jobs 1" in err

@@ -132,8 +132,8 @@ def test_write_reports_frames_what_each_run_writes():
 
 
 def _writes_its_name(out: io.StringIO):
-    def one(name: str) -> Tally:
-        out.write(f'"{name}"')
+    def one(name: str, lead: str) -> Tally:
+        out.write(f'{lead}"{name}"')
         return Tally()
     return one
 

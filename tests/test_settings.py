@@ -101,7 +101,7 @@ def test_no_config_reads_nothing(tmp_path: Path):
 # -- values --------------------------------------------------------------------------------
 
 FULL = """\
-engines = ["rep-once", "cache-safe", "my_pkg.engines:Patched"]
+engines = ["rep-once", "cache-safe", "tail-truncate"]
 fail-on = "warning"
 ignore = ["KP004", "KP002", "KP004"]
 output-format = "github"
@@ -117,7 +117,7 @@ def test_every_key_takes_effect(tmp_path: Path):
     k = _write(tmp_path, "kpool.toml", FULL)
     assert load_settings(tmp_path) == Settings(
         source=k.resolve(),
-        engines=("rep-once", "cache-safe", "my_pkg.engines:Patched"),
+        engines=("rep-once", "cache-safe", "tail-truncate"),
         fail_on="warning",
         ignore=("KP004", "KP002"),
         per_path_ignore=(("traces/legacy/*.yaml", ("KP001",)),
@@ -243,6 +243,7 @@ BAD = [
     ("engines = ['rep_once']", "unknown engine 'rep_once' (did you mean 'rep-once'?)"),
     ("engines = ['pkg.mod']", "unknown engine 'pkg.mod'"),
     ("engines = ['pkg.mod:']", "unknown engine 'pkg.mod:'"),
+    ("engines = ['pkg.mod:V']", "a plug-in engine is named on the command line"),
     ("engines = ['rep-once', 'rep-once']", "named twice"),
     ("engines = ['rep-once', 3]", "item 1: expected a string, got an int"),
     ("fail-on = 'errors'", "unknown value 'errors' (did you mean 'error'?)"),

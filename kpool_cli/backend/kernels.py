@@ -47,7 +47,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from .held import signals_held
+from ..signals import masked
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
 
 _U27 = np.uint64(27)
@@ -131,7 +131,7 @@ _parallel_builds: dict = {}
 def _parallel(name: str, fn, sig: str):
     """The parallel build of `fn`, jitted (or loaded from numba's cache) on first use."""
     if name not in _parallel_builds:
-        with signals_held():
+        with masked():
             _parallel_builds[name] = numba.njit(sig, cache=_CACHED, parallel=True)(fn)
     PARALLEL_USED[name] = True
     return _parallel_builds[name]

@@ -78,12 +78,12 @@ import numpy as np
 
 from ..cache.kv import Reach
 from ..engine.layout import Layout, LayoutChange
+from ..signals import masked
 from ..trace.model import CacheConfig, Trace
 from ..verdict import values
 from ..verdict.codes import Finding
 from ..verdict.context import UbatchContext
 from ..verdict.rules import kp001_scatter_race, kp003_stale_read
-from .held import signals_held
 from .keys import seed_state
 
 BACKENDS = ("numba", "numpy", "none")
@@ -96,7 +96,7 @@ NEVER, POOLED, PADDING, DECODE_ZERO, DROP_ZERO, RESTORED, COPIED, CLEARED = rang
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        with signals_held():  # numba compiles while kernels.py is imported
+        with masked():  # numba compiles while kernels.py is imported
             from . import kernels
         return kernels
     if name == "numpy":

@@ -277,8 +277,9 @@ def _unaligned(parting_op: int, base_ops: dict[int, OpSide], head_ops: dict[int,
             for label, fs in items:
                 for code, rows in fs:
                     counts[code] += 1
-                    if label not in where.setdefault(code, []):
-                        where[code].append(label)
+                    labels = where.setdefault(code, [])
+                    if not labels or labels[-1] != label:  # a place's findings come together
+                        labels.append(label)
                     found.setdefault(code, []).append((code, rows))
         return counts, where, found
 

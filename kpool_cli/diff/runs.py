@@ -2,7 +2,8 @@
 
 Owns: `Unit` (one trace under one engine with one backend: plain strings, so it
 pickles and a process pool can run it), `run_unit`, `run_units` (in order, on a
-process pool when `jobs > 1`), `pair_reports` and `gather`, which turns the command
+process pool when `jobs > 1`; with a progress bar on a terminal, `report.text`'s
+`progress_bar`), `pair_reports` and `gather`, which turns the command
 line's inputs into (base, head) pairs or a `DiffInputError` (exit 2). Reading a
 report is `kpool_cli.diff.reports` (untrusted input: bounds, checks, located errors).
 
@@ -16,19 +17,29 @@ problems) goes through `wording.visible` before it is put in a message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
 from ..engine.versions import load_version
 from ..replay import replay
-from ..trace.load import MAX_TOKENS, load_trace
+from ..trace.load import MAX_TOKENS
+from ..verdict.expect import load_checked
 from ..wording import visible
 from ..workers import in_order
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
+
+if TYPE_CHECKING:
+    from ..records import ExpectResult, OpEvent, UbatchRecord
+    from ..report.terminal import Ticker
+    from ..trace.model import Trace
+
+    Record = OpEvent | UbatchRecord | ExpectResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,22 +51,68 @@ class Unit:
     max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
 
 
-def run_unit(unit: Unit) -> RunSummary:
-    """Replay one trace under one engine and summarise it (a pure unit of work)."""
-    trace = load_trace(unit.trace_path, max_tokens=unit.max_tokens)
+def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
+    """Replay one trace under one engine and summarise it (a pure unit of work; `bar`,
+    in this process only, ticks at every ubatch)."""
+    trace = load_checked(unit.trace_path, max_tokens=unit.max_tokens)
     check_replay_memory(trace, unit.backend, unit.max_memory)
     version = load_version(unit.engine)
-    records = replay(trace, version, make_backend(unit.backend, trace))
+    records: Iterable[Record] = replay(trace, version, make_backend(unit.backend, trace))
+    if bar is not None:
+        records = bar.replaying(unit, trace, version.name, records)
     return from_records(records, path=trace.path, name=trace.name, sha256=trace.sha256,
                         engine=version.name,
                         backend=None if unit.backend == "none" else unit.backend,
                         config=trace.cache.as_dict())
 
 
-def run_units(units: Sequence[Unit], jobs: int = 1) -> list[RunSummary]:
+def run_units(units: Sequence[Unit], jobs: int = 1, *, progress: bool = False
+              ) -> list[RunSummary]:
     """Every unit's summary, in the order given (`workers.in_order`: on a process pool
-    when `jobs > 1`)."""
-    return list(in_order(run_unit, units, jobs))
+    when `jobs > 1`). With `progress`, a progress bar on stderr (`report.text.
+    progress_bar`: only on a terminal, never when stdout is a pipe): over the ubatches
+    of every replay when they run here, else over the replays as they finish."""
+    if not progress:
+        return list(in_order(run_unit, units, jobs))
+    from ..report.text import progress_bar
+
+    if jobs <= 1 or len(units) <= 1:
+        with progress_bar(0, "kpool diff") as ticker:
+            bar = _Bar(ticker, units)
+            return [run_unit(u, bar) for u in units]
+    out: list[RunSummary] = []
+    with progress_bar(len(units), "kpool diff", unit="replays") as ticker:
+        for summary in in_order(run_unit, units, jobs):
+            out.append(summary)
+            ticker.tick()
+    return out
+
+
+class _Bar:
+    """One progress bar over the replays run in this process: its total grows by the
+    planned ubatches of every unit of a trace when the trace is first loaded (a
+    diff's units are its traces in order, base and head), its label is the trace and
+    engine replayed."""
+
+    def __init__(self, ticker: Ticker, units: Sequence[Unit]) -> None:
+        self.ticker = ticker
+        self.units_of = Counter(u.trace_path for u in units)
+        self.paths = list(dict.fromkeys(u.trace_path for u in units))
+        self.planned: set[str] = set()
+
+    def replaying(self, unit: Unit, trace: Trace, engine: str, records: Iterable[Record]
+                  ) -> Iterator[Record]:
+        from ..report.select import planned_ubatches
+        from ..report.text import ticking
+
+        path = unit.trace_path
+        if path not in self.planned:
+            self.planned.add(path)
+            self.ticker.total += planned_ubatches(trace) * self.units_of[path]
+        which = (f"{self.paths.index(path) + 1}/{len(self.paths)} "
+                 if len(self.paths) > 1 else "")
+        self.ticker.label = f"{which}{visible(trace.name or trace.path)} ({visible(engine)})"
+        return ticking(records, self.ticker, close=False)
 
 
 def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: str,
@@ -107,14 +164,15 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
            jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS,
-           max_memory: int | None = None
+           max_memory: int | None = None, progress: bool = True
            ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
     """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
     Traces: each is replayed under `base` and `head` (defaults cache-safe, rep-once)
-    with `backend` (default none). Reports (`kpool replay --format json` output, told
-    from traces by `reports.input_kind`): exactly two files, paired in order. Raises
-    DiffInputError for anything that must exit 2."""
+    with `backend` (default none), under a progress bar on stderr when it is a
+    terminal (`progress`, `run_units`). Reports (`kpool replay --format json` output,
+    told from traces by `reports.input_kind`): exactly two files, paired in order.
+    Raises DiffInputError for anything that must exit 2."""
     from ..engine.versions import VersionError
     from ..trace.load import TraceError
 
@@ -144,15 +202,16 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
         except ReportError as e:
             raise DiffInputError(str(e)) from None
         return pairs, _report_warnings(pairs)
-    base, head = base or DEFAULT_BASE, head or DEFAULT_HEAD
+    base = base if base is not None else DEFAULT_BASE  # an empty name is an error
+    head = head if head is not None else DEFAULT_HEAD
     backend = backend or "none"
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
         summaries = run_units([Unit(p, e, backend, max_tokens, max_memory) for p in paths
-                               for e in (base, head)], jobs)
+                               for e in (base, head)], jobs, progress=progress)
     except TraceError as e:
-        raise DiffInputError(f"invalid trace\n{e}") from None
+        raise DiffInputError(str(e) if e.unread else f"invalid trace\n{e}") from None
     except (VersionError, ReplayTooLarge) as e:
         raise DiffInputError(visible(str(e))) from None
     except BrokenProcessPool as e:

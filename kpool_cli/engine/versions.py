@@ -18,7 +18,7 @@ Every policy names the ENGINE.md section whose rule it switches.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 PADDING_POLICIES = ("unused-rows", "row-zero")
@@ -99,17 +99,20 @@ class VersionError(Exception):
 
 
 def load_version(spec: str) -> EngineVersion:
-    """A registered name, or `package.module:Name` naming an EngineVersion (or a
-    callable returning one, such as a subclass).
+    """A registered name, or `package.module:Name` naming an EngineVersion.
 
-    Only the command line may name a `module:Name` (a trace's `engine:` is checked
-    against `VERSIONS` by the loader): importing it runs the user's code. Whatever
-    that code does while importing or building the version (raise, `sys.exit`) is a
-    `VersionError`, never an exit status of its own."""
+    Only the command line may name a `module:Name` (a trace's `engine:` and a settings
+    file's `engines` are checked against `VERSIONS`): kpool imports the module, which
+    runs the user's code, and calls nothing: `Name` must be an EngineVersion object
+    (`replace(REP_ONCE, ...)`), anything else (a function, a class) is refused. What
+    the import does (raise, `sys.exit`) is a `VersionError`, never an exit status of
+    its own."""
     if spec in VERSIONS:
         return VERSIONS[spec]
+    known = ", ".join(VERSIONS)
+    if not spec.strip():
+        raise VersionError(f"empty engine name: give one of {known}, or package.module:Name")
     if ":" not in spec:
-        known = ", ".join(sorted(VERSIONS))
         raise VersionError(f"unknown engine {spec!r}: known engines are {known}, "
                            "or give package.module:Name")
     mod_name, _, attr = spec.partition(":")
@@ -130,21 +133,30 @@ def load_version(spec: str) -> EngineVersion:
     except (Exception, SystemExit) as e:  # the user's module may fail in any way on import
         raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
                            f"{_described(e)}") from None
-    obj = getattr(mod, attr, None)
-    if obj is None:
+    # read the module's own namespace (a module-level __getattr__ would run), and look
+    # at the type itself (isinstance would ask a __class__ property)
+    obj = vars(mod).get(attr, _MISSING)
+    if obj is _MISSING:
         raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}")
-    if not isinstance(obj, EngineVersion) and callable(obj):
-        try:
-            obj = obj()
-        except (Exception, SystemExit) as e:
-            raise VersionError(f"engine {spec!r}: calling {attr} failed: {_described(e)}"
-                               ) from None
-    if not isinstance(obj, EngineVersion):
-        raise VersionError(f"{spec} is a {type(obj).__name__}, not a "
-                           "kpool_cli.engine.versions.EngineVersion")
+    if type(obj) is not EngineVersion:
+        raise VersionError(f"engine {spec!r}: {attr} is a {type(obj).__name__}, not a "
+                           "kpool_cli.engine.versions.EngineVersion (kpool calls nothing "
+                           "it imports: build the version in the module, e.g. Name = "
+                           "replace(REP_ONCE, name=..., ...))")
+    for f in fields(EngineVersion):  # plain values only: no object of the plug-in's
+        v = object.__getattribute__(obj, f.name)
+        if type(v) is not _FIELD_TYPES[f.name]:
+            raise VersionError(f"engine {spec!r}: {attr}.{f.name} is a {type(v).__name__}, "
+                               f"not a {_FIELD_TYPES[f.name].__name__}")
     if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
         obj = replace(obj, name=f"{obj.name}@{spec}")
     return obj
+
+
+_MISSING = object()
+# each policy's plain type (bool, or str for the names and `padding`)
+_FIELD_TYPES = {f.name: bool if f.type in ("bool", bool) else str
+                for f in fields(EngineVersion)}
 
 
 def _described(e: BaseException) -> str:

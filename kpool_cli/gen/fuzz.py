@@ -38,7 +38,7 @@ from ..backend.store import make_backend
 from ..cache.cells import CELL_BITS, CELL_MASK
 from ..diff.compare import compare
 from ..diff.summary import from_records
-from ..engine.versions import load_version
+from ..engine.versions import VERSIONS, load_version
 from ..records import ExpectResult, UbatchRecord
 from ..replay import Replayer
 from ..report.files import written_whole
@@ -239,8 +239,11 @@ def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, se
         if first is None and any(f.code == code for f in rec.findings):
             first = rec.op
     ops = list(t.ops)
+    # a trace names registered versions only: a plug-in's trace pins its findings for
+    # whatever engine it is replayed under (the description names the plug-in)
+    named = version.name if version.name in VERSIONS else None
     if first is not None:
-        ex = m.Expect(engine=version.name, findings=tuple(sorted(by_op[first])))
+        ex = m.Expect(engine=named, findings=tuple(sorted(by_op[first])))
         ops.insert(first + 1, ex)
     info = CODES.get(code)
     what = f"{code} {info.name}: {info.summary}" if info else code
@@ -248,7 +251,7 @@ def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, se
             f"shrunk from {n_from} ops to {len(t.ops)}: under {version.name}, {what} "
             f"(signature {signature}).")
     out = dataclasses.replace(t, ops=tuple(ops), name=f"fuzz-{signature.replace('/', '-')}",
-                              description=desc, engine=version.name)
+                              description=desc, engine=named)
     text = dump_trace(out)
     # the pin must hold: replay the written text with its expectations
     loaded = load_trace_text(text)

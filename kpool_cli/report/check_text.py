@@ -7,16 +7,27 @@ Owns: `write_check_text` (streams: a line as each result comes) and those words.
 never judges: each `CheckResult` carries its status; codes and lists are worded by
 `kpool_cli.wording`, and every text taken from an input (a path, an engine named by
 a trace, a finding's message quoting a trace) goes through `visible`.
+
+Width: on a terminal, or with COLUMNS set, a line longer than the width wraps between
+`wording.units` (a path, `KP001 x2`, `(op 3, ubatch 1)` stay whole), the rest of a
+result's line indented under its path, the rest of a detail under the detail;
+piped without COLUMNS, or written to an --output file, each line stays one line
+(for grep and CI logs).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable
 from typing import TextIO
 
 from .. import wording as words
 from ..check import FAIL, INVALID, CheckResult, Flagged, Problem, Unmet, summary
 from ..wording import visible
+from .terminal import stream_is_terminal
+
+MIN_WIDTH = 20  # a narrower width (COLUMNS=1) wraps as this one
 
 _LABEL = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID"}
 
@@ -73,13 +84,34 @@ def unmet_text(u: Unmet) -> str:
 
 def unmet_table(u: Unmet, indent: str = "      ") -> list[str]:
     """The differences side by side: a header and a row per difference."""
+    return [_joined(*row[:3]) for row in _unmet_rows(u, indent)]
+
+
+# a line in parts: what starts it (kept whole, on the first line), what follows it
+# (kept whole too, on the first line when it fits), the rest, and the indent of the
+# lines after the first when it wraps
+_Row = tuple[str, str, str, str]
+
+
+def _joined(head: str, lead: str, rest: str) -> str:
+    """The line: `head`, then `lead` and `rest` after a space each (none after a head
+    that is only an indent)."""
+    line = head
+    for part in (lead, rest):
+        if part:
+            line += (" " if line.strip() else "") + part
+    return line.rstrip()
+
+
+def _unmet_rows(u: Unmet, indent: str) -> list[_Row]:
     rows = [("what", "expected", "actual")] + [
         (visible(w), visible(e), visible(a)) for w, e, a in u.diffs]
     if len(rows) == 1:
-        return [indent + visible(u.message)]
+        return [(indent, "", visible(u.message), indent + "  ")]
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
-    return [f"{indent}{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in rows]
+    hang = " " * (len(indent) + w0 + 2 + w1 + 2)  # under the `actual` column
+    return [(f"{indent}{a:<{w0}}  {b:<{w1}} ", "", c, hang) for a, b, c in rows]
 
 
 def flagged_title(f: Flagged) -> str:
@@ -99,34 +131,88 @@ def problem_text(p: Problem) -> str:
 def details(r: CheckResult, indent: str = "  ") -> list[str]:
     """The lines under a result that did not pass: each problem, each unmet expect
     with its differences side by side, each failing finding at its op's line."""
-    out: list[str] = []
+    return [_joined(*row[:3]) for row in _detail_rows(r, indent)]
+
+
+def _detail_rows(r: CheckResult, indent: str) -> list[_Row]:
+    out: list[_Row] = []
+    more = indent + "    "
     for p in r.problems:
         where = _where(p.file or r.path, p.line) + (f":{p.column}" if p.line and p.column
                                                     else "")
-        out.append(f"{indent}{where}: {problem_text(p)}")
+        out.append((f"{indent}{where}:", "", problem_text(p), more))
     for u in r.unmet:
-        out.append(f"{indent}{_where(r.path, u.line)}: {unmet_title(u)}:")
-        out += unmet_table(u, indent + "    ")
+        out.append((f"{indent}{_where(r.path, u.line)}:", "", f"{unmet_title(u)}:", more))
+        out += _unmet_rows(u, indent + "    ")
     for f in r.failing:
-        out.append(f"{indent}{_where(r.path, f.line)}: {flagged_title(f)}: {flagged_text(f)}")
+        out.append((f"{indent}{_where(r.path, f.line)}:", "",
+                    f"{flagged_title(f)}: {flagged_text(f)}", more))
     if r.n_failing > len(r.failing):
-        out.append(f"{indent}... and {r.n_failing - len(r.failing)} more unpinned findings "
-                   "at or above --fail-on")
+        out.append((indent, "", f"... and {r.n_failing - len(r.failing)} more unpinned "
+                    "findings at or above --fail-on", more))
     return out
+
+
+def _width(out: TextIO) -> int | None:
+    """The columns a line of `out` may take: COLUMNS (a positive number) when set, else
+    the terminal's when `out` is one; None (no wrapping) for a pipe without COLUMNS
+    and for an --output file."""
+    if out is not sys.stdout:
+        return None
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdecimal() and int(cols) > 0:
+        return max(int(cols), MIN_WIDTH)
+    if not stream_is_terminal(out):
+        return None
+    try:
+        return max(os.get_terminal_size(out.fileno()).columns, MIN_WIDTH)
+    except (OSError, ValueError, AttributeError):
+        return 80
+
+
+def _fit(row: _Row, width: int | None) -> str:
+    """A row as its line when it fits `width` (or there is none), else as lines that
+    break only between the units of its rest (`wording.units`): the head whole
+    first, each further line `hang` in. A unit wider than the width takes a line of
+    its own."""
+    head, lead, rest, hang = row
+    line = _joined(head, lead, rest)
+    if width is None or len(line) <= width:
+        return line + "\n"
+    fresh = not head.strip()  # only an indent so far
+    lines = [head if fresh else head.rstrip()]
+    for unit in ([lead] if lead else []) + words.units(rest):
+        if fresh or len(lines[-1]) + 1 + len(unit) <= width:
+            lines[-1] += ("" if fresh else " ") + unit
+            fresh = False
+        else:
+            lines.append(hang + unit)
+    return "".join(ln + "\n" for ln in lines)
+
+
+def _result_row(r: CheckResult) -> _Row:
+    """`PASS    path under engine: headline`: the path whole on the first line, `under
+    engine:` whole after it, the headline under the path when it wraps."""
+    head = f"{_LABEL[r.status]:<8}{visible(r.path)}"
+    if r.engine:
+        return (head, f"under {visible(r.engine)}:", headline(r), " " * 8)
+    return (head + ":", "", headline(r), " " * 8)
 
 
 def write_check_text(out: TextIO, results: Iterable[CheckResult]) -> list[CheckResult]:
     """A line per result as it comes (details under a failure), then the summary line.
     Returns the results, for the exit code."""
     seen: list[CheckResult] = []
+    width = _width(out)
     for r in results:
         seen.append(r)
-        out.write(f"{_LABEL[r.status]:<8}{run_name(r)}: {headline(r)}\n")
+        out.write(_fit(_result_row(r), width))
         if r.status in (FAIL, INVALID):
-            out.write("".join(line + "\n" for line in details(r)))
+            out.write("".join(_fit(row, width) for row in _detail_rows(r, "  ")))
         out.flush()
     s = summary(seen)
-    out.write(f"checked {s['runs']} run{'s' if s['runs'] != 1 else ''} of {s['traces']} "
-              f"trace{'s' if s['traces'] != 1 else ''}: {s['passed']} passed, "
-              f"{s['failed']} failed, {s['invalid']} invalid\n")
+    out.write(_fit((f"checked {s['runs']} run{'s' if s['runs'] != 1 else ''} of "
+                    f"{s['traces']} trace{'s' if s['traces'] != 1 else ''}:", "",
+                    f"{s['passed']} passed, {s['failed']} failed, {s['invalid']} invalid",
+                    "  "), width))
     return seen

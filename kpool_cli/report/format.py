@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 REPORT_VERSION = 1
-REPORT_STATUSES = ("pass", "fail", "aborted", "invalid")
+REPORT_STATUSES = ("pass", "fail", "aborted", "invalid", "interrupted")
 SEVERITIES = ("error", "warning")
 
 
@@ -295,10 +295,11 @@ SUMMARY = Record("summary", "totals over the replay", (
        required=False),
     _f("status", {"enum": list(REPORT_STATUSES)}, "pass, fail (findings at or above"
        " --fail-on, or a failed expectation under --check), aborted (KP005 stopped the"
-       " replay) or invalid (the trace turned out invalid mid-replay)"),
+       " replay), invalid (the trace turned out invalid mid-replay) or interrupted (a"
+       " signal ended the run: the report holds what was replayed before it)"),
 ))
 
-REPORT = Record("report", "What `kpool replay` found (TRACE_FORMAT.md). Fields may be"
+REPORT = Record("report", "What `kpool replay` found (docs/FORMATS.md). Fields may be"
                 " added in later versions; none is renamed.", (
     _f("kpool_report", {"const": REPORT_VERSION}, "the format version"),
     _f("tool", TOOL.schema(), TOOL.doc),

@@ -2,19 +2,24 @@
 
 Owns: `FuzzBar` (runs, findings, shrinks, on stderr, only on a terminal) and
 `render_summary` (a table of codes, signatures, counts, first seeds and the shrunk
-files). Renderers read a campaign's `Progress`; they never count.
+files). Renderers read a campaign's `Progress`; they never count. A file name is
+never wrapped: when the table would not fit the width with every name whole, each
+finding takes two lines instead, its file on the second.
 """
 
 from __future__ import annotations
 
 import os
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from ..gen.fuzz import Progress as Totals
 from ..wording import visible
+from .view import Flow
 
 
 class FuzzBar:
@@ -41,26 +46,51 @@ class FuzzBar:
 
 def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str],
                    engine: str, seconds: float) -> None:
-    """The campaign's table: one row per (code, signature)."""
-    console.print(f"kpool fuzz: {t.runs} runs under {visible(engine)} in {seconds:.1f} s; "
-                  f"{t.rejected} with a refused decode (KP006, not a finding)")
+    """The campaign's table: one row per (code, signature), or two lines per finding
+    when a row with its file name whole would not fit the width."""
+    console.print(Flow(hang=2).words(
+        f"kpool fuzz: {t.runs} runs under {visible(engine)} in {seconds:.1f} s; "
+        f"{t.rejected} with a refused decode (KP006, not a finding)"))
     if not t.counts:
         console.print("no finding, no defect")
         return
     folders = sorted({os.path.dirname(p) for p in files.values()})
     if len(folders) == 1:  # the usual case: name the folder once, the files by name
-        console.print(f"shrunk traces in {visible(folders[0] or '.')}/")
+        console.print(f"shrunk traces in {visible(folders[0] or '.')}/", overflow="fold")
         shown = {k: os.path.basename(p) for k, p in files.items()}
     else:
         shown = dict(files)
-    table = Table("code", "runs", "first seed")
-    table.add_column("where (op, path)", overflow="fold")
-    table.add_column("shrunk trace", overflow="fold")
+    rows: list[tuple[str, ...]] = []
     for (code, sig), n in sorted(t.counts.items()):
         first = t.first.get((code, sig))
         where = sig.removeprefix(f"{code}/")  # the signature is code/op/path
-        table.add_row(code, str(n), str(first.seed) if first else "-", visible(where),
-                      visible(shown.get((code, sig), "-")))
-    console.print(table)
+        rows.append((code, str(n), str(first.seed) if first else "-", visible(where),
+                     visible(shown.get((code, sig), "-"))))
+    table = _table(("code", "runs", "first seed", "where (op, path)", "shrunk trace"), rows)
+    wide = console.options.update_width(1 << 16)  # measured unclamped by the console's
+    if console.measure(table, options=wide).maximum <= console.width:
+        console.print(table)
+    else:  # the file under its finding, on a line of its own
+        console.print(_table(("code", "runs", "first seed", "where (op, path), shrunk trace"),
+                             [row[:4] for row in rows], files=[row[4] for row in rows]))
     for (code, sig), (seed, msg) in sorted(t.defects.items()):
-        console.print(f"kpool defect {code} ({sig}), seed {seed}: {visible(msg)}")
+        console.print(Flow(hang=2).words(f"kpool defect {code} ({sig}), seed {seed}: "
+                                         f"{visible(msg)}"))
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]],
+           files: list[str] | None = None) -> Table:
+    """The summary table, no cell wrapped (numbers are right-aligned); with `files`,
+    each row is followed by a line with its file, in the last column."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True,
+                  header_style="bold")
+    for n, name in enumerate(header):
+        # the last column folds only a name wider than the whole width
+        table.add_column(name, no_wrap=n + 1 < len(header), overflow="fold",
+                         justify="right" if n in (1, 2) else "left")
+    for k, row in enumerate(rows):
+        table.add_row(*row)
+        if files is not None:
+            table.add_row(*[""] * (len(header) - 1), Text(files[k], style="bold"),
+                          end_section=False)
+    return table

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import __version__
 from ..records import ExpectResult, OpEvent, Pools, UbatchRecord
+from ..signals import held
 from ..trace.load import TraceError
 from ..trace.model import Trace
 from ..verdict.codes import Finding, PoolIds
@@ -237,31 +238,55 @@ def report_header(trace: Trace, engine: str, backend: str | None) -> dict:
 
 def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
                  records: Iterable[OpEvent | UbatchRecord | ExpectResult], tally: Tally,
-                 indent: str = "", run_form: bool = True) -> None:
+                 indent: str = "", run_form: bool = True, lead: str = "") -> None:
     """Stream one report to `out` from `records`, the stream `tally.tallied` feeds
     `tally` from (read here for `problems` and `summary`, never added to). A trace
     that turns out invalid mid-replay (TraceError, recorded in `tally` by `tallied`)
-    ends the report there, with its `problems` and `summary.status` "invalid": the
-    document is always whole."""
+    ends the report there, with its `problems` and `summary.status` "invalid"; a
+    signal met while replaying (KeyboardInterrupt: Ctrl-C, and the CLI's SIGTERM)
+    ends it with status "interrupted", and is raised on once the document is whole."""
     head = report_header(trace, engine, backend)
-    out.write("{\n")
+    out.write(lead + "{\n")  # lead: the array's separator, in the same write
     for key, value in head.items():
         out.write(f'{indent}  {json.dumps(key)}: {json.dumps(value)},\n')
     out.write(f'{indent}  "ubatches": [')
     events, expects = [], []
     first = True
+    signal_met: KeyboardInterrupt | None = None
+
+    def take(rec: OpEvent | UbatchRecord | ExpectResult) -> None:
+        nonlocal first
+        if isinstance(rec, UbatchRecord):
+            out.write(("\n" if first else ",\n") + f"{indent}    "
+                      + json.dumps(ubatch_json(rec, run_form)))
+            first = False
+        elif isinstance(rec, OpEvent):
+            events.append(event_json(rec))
+        else:
+            expects.append(EXPECTATION.make(op=rec.op, ok=rec.ok, message=rec.message))
+
+    it = iter(records)
     try:
-        for rec in records:
-            if isinstance(rec, UbatchRecord):
-                out.write(("\n" if first else ",\n") + f"{indent}    "
-                          + json.dumps(ubatch_json(rec, run_form)))
-                first = False
-            elif isinstance(rec, OpEvent):
-                events.append(event_json(rec))
-            else:
-                expects.append(EXPECTATION.make(op=rec.op, ok=rec.ok, message=rec.message))
+        while True:
+            # a record is replayed, counted (tally) and written with Ctrl-C and SIGTERM
+            # held, so a signal lands between records: the summary counts what was written
+            with held():
+                rec = next(it, None)
+                if rec is None:
+                    break
+                take(rec)
     except TraceError:  # invalid at this point: the document still closes, saying why
         assert tally.problems, "records not fed through tally.tallied"
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the document closes, saying so
+        tally.interrupted, signal_met = True, e
+    with held():  # the document's end is written whole, whatever signal comes
+        _close(out, indent, first, events, expects, tally)
+    if signal_met is not None:
+        raise signal_met  # write_reports closes the array; the CLI exits as the signal says
+
+
+def _close(out: TextIO, indent: str, first: bool, events: list, expects: list,
+           tally: Tally) -> None:
     out.write(("" if first else f"\n{indent}  ") + "],\n")
     for key, value in (("events", events), ("expectations", expects)):
         out.write(f"{indent}  {json.dumps(key)}: [")
@@ -279,10 +304,11 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
 R = TypeVar("R")  # one run of the replay, as the caller describes it
 
 
-def write_reports(out: TextIO, runs: Sequence[R], write_one: Callable[[R], Tally]
+def write_reports(out: TextIO, runs: Sequence[R], write_one: Callable[[R, str], Tally]
                   ) -> list[Tally]:
     """The JSON output of a replay of `runs`: one report per run, written to `out` by
-    `write_one(run)` (which returns the run's tally); one run gives the report alone,
+    `write_one(run, lead)` (which writes `lead`, the separator, with its first bytes,
+    and returns the run's tally); one run gives the report alone,
     several a JSON array of them (`[`, `,` between reports, `]`). A run whose trace
     turns out invalid (its tally's `problems`) is the last: its report says why, the
     array closes after it, and no later run is written (nor replayed). Returns the
@@ -291,11 +317,15 @@ def write_reports(out: TextIO, runs: Sequence[R], write_one: Callable[[R], Tally
     if several:
         out.write("[\n")
     tallies: list[Tally] = []
-    for run in runs:
-        if tallies:
-            out.write(",\n")
-        tallies.append(write_one(run))
-        if tallies[-1].problems:
-            break
+    try:
+        for run in runs:
+            # the separator goes out with the next report's first bytes (its `lead`)
+            tallies.append(write_one(run, ",\n" if tallies else ""))
+            if tallies[-1].problems:
+                break
+    except KeyboardInterrupt:  # a signal: the report written says so; the array closes
+        out.write("\n]\n" if several else "\n")
+        out.flush()
+        raise
     out.write("\n]\n" if several else "\n")
     return tallies

@@ -11,6 +11,7 @@ for the summary line, once every record has gone by.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import TextIO
 
@@ -44,7 +45,9 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     selection = selection or Selection(only_findings=only_findings)
     out.write(f"trace {visible(trace.path)}"
               + (f" ({visible(trace.name)})" if trace.name else "") + f" under {visible(engine)}\n")
-    out.write("  cache: " + ", ".join(f"{k} {v}" for k, v in cfg.as_dict().items()) + "\n")
+    # values as a trace writes them (true, not True)
+    out.write("  cache: " + ", ".join(f"{k} {json.dumps(v)}" for k, v in cfg.as_dict().items())
+              + "\n")
     note = selection.describe()
     if note:
         out.write(f"  ({note})\n")
@@ -70,10 +73,19 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
         else:
-            out.write(f"  expect (op {rec.op}): {'ok' if rec.ok else 'FAILED'}: "
-                      f"{visible(rec.message)}\n")
+            verdict = "ok" if rec.ok else "FAILED" if tally.check else "FAILED (not checked)"
+            out.write(f"  expect (op {rec.op}): {verdict}: {visible(rec.message)}\n")
     s = tally.summary()
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
     part = f" ({shown_ub} shown)" if selection.filters else ""
     out.write(f"  summary: {s['ubatches']} ubatches{part}, {s['pools_marked']} pools marked "
-              f"({s['pools_per_token']} per token), {found}: {s['status'].upper()}\n")
+              f"({s['pools_per_token']} per token), {found}{_unchecked(s, tally)}: "
+              f"{s['status'].upper()}\n")
+
+
+def _unchecked(summary: dict, tally: Tally) -> str:
+    """Failed expectations that do not decide the run (no --check), said as such."""
+    failed = summary["expectations"]["failed"]
+    if not failed or tally.check:
+        return ""
+    return f", {failed} expectation{'s' * (failed > 1)} failed (not checked: --check)"

@@ -34,6 +34,7 @@ Record = OpEvent | UbatchRecord | ExpectResult
 AUTO_ONLY_FINDINGS = 200  # more planned ubatches than this: --only-findings by default
 OPEN_END = 1 << 62  # the end of an open ubatch range `A..`
 
+UBATCH_DIGITS = 15  # a ubatch index: more digits than any trace has ubatches
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:\.\.\s*(\d*)\s*)?$")
 
 
@@ -44,9 +45,11 @@ def parse_ubatch_range(text: str) -> tuple[int, int]:
     >>> parse_ubatch_range("7"), parse_ubatch_range("3..5"), parse_ubatch_range("2..")[0]
     ((7, 8), (3, 5), 2)
     """
-    mt = _RANGE.match(text)
-    if mt is None:
-        raise ValueError(f"{text!r} is not a ubatch index N or a range A..B")
+    mt = _RANGE.match(text) if len(text) <= 2 * UBATCH_DIGITS + 2 else None
+    if mt is None or any(len(g or "") > UBATCH_DIGITS for g in mt.groups()):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ValueError(f"{shown!r} is not a ubatch index N or a range A..B (at most "
+                         f"{UBATCH_DIGITS} digits each)")
     a = int(mt.group(1))
     if "." not in text:
         return a, a + 1

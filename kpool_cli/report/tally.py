@@ -44,6 +44,7 @@ class Tally:
     aborted: bool = False
     cost: Counter = field(default_factory=Counter)
     problems: tuple = ()  # trace.load.Problem: why the trace turned out invalid mid-replay
+    interrupted: bool = False  # a signal (Ctrl-C, SIGTERM) ended the replay here
 
     def add(self, rec: OpEvent | UbatchRecord | ExpectResult) -> None:
         if isinstance(rec, ExpectResult):
@@ -77,6 +78,8 @@ class Tally:
     def status(self) -> str:
         if self.problems:
             return "invalid"
+        if self.interrupted:
+            return "interrupted"
         if self.aborted:
             return "aborted"
         return "fail" if self.failed else "pass"

@@ -94,7 +94,8 @@ def stream_is_pipe(stream: TextIO) -> bool:
 
 
 class Ticker:
-    """A progress bar on stderr for long replays.
+    """A progress bar on stderr for long replays (and other long work: `unit` names
+    what it counts; `label`, `unit`, `total` and `done` may change between ticks).
 
     It appears only once `delay` seconds have passed without output on the terminal
     (a replay that finishes sooner, or that prints as it goes, never shows one), is
@@ -105,8 +106,9 @@ class Ticker:
     manager it is erased however the block ends (an interrupt included)."""
 
     def __init__(self, console: Console | None, total: int, label: str, *,
-                 delay: float = 1.0, shares_terminal: bool = False) -> None:
-        self.console, self.total, self.label = console, total, label
+                 delay: float = 1.0, shares_terminal: bool = False,
+                 unit: str = "ubatches") -> None:
+        self.console, self.total, self.label, self.unit = console, total, label, unit
         self.delay, self.shares_terminal = delay, shares_terminal
         self.done = 0
         self._quiet_since = time.monotonic()
@@ -123,16 +125,20 @@ class Ticker:
             if now - self._quiet_since < self.delay:
                 return
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("ubatches"), TimeElapsedColumn(),
+                # a label quotes a trace's name: never rich markup ("[/]" would raise)
+                TextColumn("{task.description}", markup=False), BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[unit]}"), TimeElapsedColumn(),
                 console=self.console, transient=True, auto_refresh=False,
                 redirect_stdout=False, redirect_stderr=False)
-            self._task = self._progress.add_task(self.label, total=max(self.total, self.done))
+            self._task = self._progress.add_task(self.label, total=max(self.total, self.done),
+                                                 unit=self.unit)
             self._progress.start()
         if now - self._last_refresh >= 0.1 and self._task is not None:
             self._last_refresh = now
             self._progress.update(self._task, completed=self.done,
-                                  total=max(self.total, self.done))
+                                  total=max(self.total, self.done), description=self.label,
+                                  unit=self.unit)
             self._progress.refresh()
 
     def _stop(self) -> None:

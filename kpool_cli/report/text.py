@@ -5,7 +5,9 @@ Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
 otherwise, the recording console behind --html/--svg, written atomically at
 `close()`), `may_draw_rich` (known before the replay: whether records carry cell
 maps), and `ticker_for` / `ticking` (the delayed progress bar on stderr, never when
-stdout is a pipe, stderr is not a terminal, or with --quiet).
+stdout is a pipe, stderr is not a terminal, or with --quiet). `progress_bar` is that
+bar for the other long commands (`kpool diff`, `check`, `validate`, `gen`, which
+writes through `write_trace`).
 
 Decisions:
 - stdout a terminal (and no --output file): the rich view, coloured unless
@@ -23,9 +25,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO
+from typing import TextIO, TypeVar
+
+from rich.console import CONSOLE_HTML_FORMAT, CONSOLE_SVG_FORMAT
 
 from ..engine.versions import EngineVersion
 from ..records import ExpectResult, OpEvent, UbatchRecord
@@ -39,33 +44,85 @@ from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_t
 from .view import RichView
 
 Record = OpEvent | UbatchRecord | ExpectResult
+T = TypeVar("T")
 
 
-def may_draw_rich(html: str | None, svg: str | None) -> bool:
+def may_draw_rich(html: str | None, svg: str | None, color: bool | None = None) -> bool:
     """Can a `TextOutput` draw the rich view (so the replay's records, and the memory
-    budget, must carry cell maps)? With --html/--svg, or when stdout is a terminal."""
-    return bool(html or svg or stream_is_terminal(sys.stdout))
+    budget, must carry cell maps)? With --html/--svg, when stdout is a terminal, or
+    when colour is forced (--color, FORCE_COLOR)."""
+    return bool(html or svg or stream_is_terminal(sys.stdout) or color_forced(color))
+
+
+def color_forced(color: bool | None) -> bool:
+    """--color, or FORCE_COLOR without --no-color or NO_COLOR: the rich view even when
+    the output is not a terminal (a CI log that renders colour, `| less -R`)."""
+    if color is not None:
+        return color
+    return bool(os.environ.get("FORCE_COLOR")) and "NO_COLOR" not in os.environ
 
 
 def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal: bool
                ) -> Ticker:
     """The progress bar of one replay (a disabled one when it must not show)."""
+    return progress_bar(planned_ubatches(trace), visible(trace.name or trace.path),
+                        quiet=quiet, color=color, shares_terminal=shares_terminal)
+
+
+def progress_bar(total: int, label: str, *, unit: str = "ubatches", quiet: bool = False,
+                 color: bool | None = None, shares_terminal: bool = False) -> Ticker:
+    """The delayed progress bar of any long command (a replay's, `kpool diff`'s
+    replays, `kpool gen`'s writing, `kpool check`, `kpool validate`): on stderr, never
+    with --quiet, when stderr is not a terminal, or when stdout is a pipe (a disabled
+    ticker then). `label` is shown as given: make it visible first."""
     err = sys.stderr
     show = not quiet and stream_is_terminal(err) and not stream_is_pipe(sys.stdout)
     console = make_console(err, Manners.detect(err, color=color)) if show else None
-    return Ticker(console, planned_ubatches(trace), visible(trace.name or trace.path),
-                  shares_terminal=shares_terminal)
+    return Ticker(console, total, label, shares_terminal=shares_terminal, unit=unit)
 
 
-def ticking(records: Iterable[Record], ticker: Ticker) -> Iterator[Record]:
-    """`records`, ticking the bar at every ubatch; the bar is erased at the end."""
+def ticking(records: Iterable[Record], ticker: Ticker, *, close: bool = True
+            ) -> Iterator[Record]:
+    """`records`, ticking the bar at every ubatch; the bar is erased at the end (unless
+    not `close`: a bar over several replays)."""
     try:
         for rec in records:
             if isinstance(rec, UbatchRecord):
                 ticker.tick()
             yield rec
     finally:
+        if close:
+            ticker.close()
+
+
+def ticking_each(items: Iterable[T], ticker: Ticker) -> Iterator[T]:
+    """`items` (made as they are asked for: `kpool check`'s results), ticking the bar at
+    each; while the caller writes one the bar is off the terminal it may share
+    (`Ticker.hidden`), and it is erased once the items end, before the caller writes
+    what follows them."""
+    try:
+        for item in items:
+            ticker.tick()
+            with ticker.hidden():
+                yield item
+    finally:
         ticker.close()
+
+
+def write_trace(out: TextIO, trace: Trace, ticker: Ticker) -> None:
+    """`kpool gen`'s output: the trace's YAML (`trace.write.trace_pieces`, exactly
+    `dump_trace`), ticking `ticker` at every piece by the ops it wrote (its total: the
+    trace's ops). Create the ticker before generating, so its delay counts from the
+    start of the command. Written to the terminal, the text is the progress: the bar
+    never shows."""
+    from ..trace.write import trace_pieces
+
+    ticker.total = len(trace.ops)
+    ticker.shares_terminal = stream_is_terminal(out)
+    for text, n_ops in trace_pieces(trace):
+        with ticker.hidden():
+            out.write(text)
+        ticker.tick(n_ops)
 
 
 class TextOutput:
@@ -77,7 +134,7 @@ class TextOutput:
         record = bool(html or svg)
         self.console = None
         self.recorder = None
-        if self.on_terminal:
+        if self.on_terminal or color_forced(color):
             self.console = make_console(out, Manners.detect(out, color=color, width=width),
                                         record=record)
             self.recorder = self.console if record else None
@@ -138,11 +195,36 @@ class TextOutput:
             with contextlib.ExitStack() as files:
                 if self.svg:
                     files.enter_context(written_whole(self.svg)).write(
-                        self.recorder.export_svg(title="kpool replay", clear=not self.html))
+                        self.recorder.export_svg(title="kpool replay", clear=not self.html,
+                                                 code_format=OFFLINE_SVG_FORMAT))
                 if self.html:
                     files.enter_context(written_whole(self.html)).write(
-                        self.recorder.export_html(clear=True))
+                        self.recorder.export_html(clear=True, code_format=OFFLINE_HTML_FORMAT))
         self.out.flush()
+
+
+# --svg / --html are self-contained: a CI artifact or a bug report shows the same
+# offline. rich's SVG template fetches Fira Code from a CDN (@font-face url()s): it is
+# left out for local monospace fonts, Fira Code first if installed (the text keeps
+# its cell widths: rich gives every run a textLength). rich's HTML template fetches
+# nothing; it gets the same fonts.
+MONOSPACE = ('"Fira Code", "DejaVu Sans Mono", Menlo, Consolas, "Liberation Mono", '
+             '"Courier New", monospace')
+
+
+def _offline_svg_format() -> str:
+    fmt = re.sub(r"[ \t]*@font-face \{\{.*?\}\}\n?", "", CONSOLE_SVG_FORMAT, flags=re.S)
+    fmt = re.sub(r"font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};", fmt)
+    return re.sub(r"(<!-- Generated with Rich) https?://[^ ]* -->", r"\1 -->", fmt)
+
+
+def _offline_html_format() -> str:
+    return re.sub(r"font-family:[^\"]*monospace", "font-family:" + MONOSPACE.replace('"', "'"),
+                  CONSOLE_HTML_FORMAT)
+
+
+OFFLINE_SVG_FORMAT = _offline_svg_format()
+OFFLINE_HTML_FORMAT = _offline_html_format()
 
 
 def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView

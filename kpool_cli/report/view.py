@@ -4,8 +4,10 @@ cache bug. With terminal.py, the only module that imports rich.
 Owns: `RichView` (fed `(record, shown)` pairs from `select.select`, it prints a
 header per trace, one block per shown ubatch, the events between them and a
 closing summary), `cell_map_lines` (the folded picture of the cache, as llama.cpp's
-debug dump draws it: ENGINE.md §2), and `print_explanation` / `print_code_list`
-for `kpool explain`.
+debug dump draws it: ENGINE.md §2), `print_explanation` / `print_code_list` for
+`kpool explain`, and `Flow`, the text whose lines break only between
+`wording.units` (a stale position, `5 x3`, a label and its value never split), so
+that nothing fits 80 columns by breaking an item in two.
 
 It sees only records and the Trace (DESIGN.md). It never decides what is shown
 (select.py does), never owns a console (terminal.make_console does), never counts
@@ -18,12 +20,14 @@ reads without colour: raced rows carry `!`, rep rows `^`, padding says `pad`.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import MISSING, fields
 from typing import Literal
 
 import numpy as np
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.rule import Rule
@@ -53,6 +57,84 @@ GROUP = 16  # cells per group in the cell map
 
 def seq_style(s: int) -> str:
     return SEQ_STYLES[s % len(SEQ_STYLES)]
+
+
+# -- lines that break between units ----------------------------------------------------------
+
+
+class Flow:
+    """Text that wraps only between its units (`wording.units`): a list item (`seq 0
+    from pos 12`, `5 x3`, `pos 4 seq 1`), a label with its value, a command in
+    parentheses is never split across lines, as rich's own wrapping (at any space)
+    would. `add` a unit with the gap (spaces) before it; a line with no room for the
+    next unit ends there and the next starts `hang` columns in. A unit wider than the
+    whole width is folded (nothing else fits). The gaps take `style`, the hang none."""
+
+    def __init__(self, units: Iterable[Text | str] = (), *, style: str = "", hang: int = 0
+                 ) -> None:
+        self.style, self.hang = style, hang
+        self._units: list[tuple[Text, int]] = []
+        for u in units:
+            self.add(u)
+
+    def add(self, unit: Text | str, gap: int = 1, style: str = "") -> Flow:
+        t = unit.copy() if isinstance(unit, Text) else Text(unit)
+        if style:
+            t.stylize(style)
+        if t.plain:
+            self._units.append((t, gap))
+        return self
+
+    def tail(self, text: str, style: str = "") -> Flow:
+        """`text` at the end of the last unit: a separator (` ·`) ends a line, never
+        starts one."""
+        if self._units:
+            self._units[-1][0].append(text, style=style or None)
+        else:
+            self.add(text, style=style)
+        return self
+
+    def words(self, text: str, style: str = "", gap: int = 1) -> Flow:
+        """The units of `text` (`wording.units`), the first after `gap` spaces."""
+        for n, u in enumerate(words.units(text)):
+            self.add(u, gap if n == 0 else 1, style)
+        return self
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        if not self._units:
+            return Measurement(0, 0)
+        lens = [t.cell_len for t, _ in self._units]
+        widest = max(lens) + (self.hang if len(lens) > 1 else 0)
+        total = sum(lens) + sum(gap for _, gap in self._units[1:])
+        return Measurement(min(widest, total), total).clamp(max_width=options.max_width)
+
+    def text(self, width: int) -> Text:
+        """The units on lines of `width` cells."""
+        out = Text(overflow="fold")
+        col, fresh = 0, True  # fresh: nothing on this line yet
+        for t, gap in self._units:
+            if not fresh and col + gap + t.cell_len > width:
+                out.append("\n" + " " * self.hang)
+                col = self.hang
+            elif not fresh:
+                out.append(" " * gap, style=self.style)
+                col += gap
+            out.append_text(_styled(t, self.style))
+            col += t.cell_len
+            fresh = False
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.text(options.max_width)
+
+
+def _styled(t: Text, style: str) -> Text:
+    """`t` under `style` (its own styles on top)."""
+    if not style:
+        return t
+    out = Text(style=style)
+    out.append_text(t)
+    return out
 
 
 # -- the cell map --------------------------------------------------------------------------
@@ -181,9 +263,9 @@ class RichView:
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column()
         grid.add_row("trace", Text(visible(t.path)))
-        if t.description:
-            grid.add_row("", Text(visible(_reflow(t.description), keep_newlines=True),
-                                     style="italic"))
+        for para in _reflow(t.description).split("\n") if t.description else ():
+            # a row per paragraph: the line breaks are the view's, none is the trace's
+            grid.add_row("", Text(visible(para), style="italic"))
         grid.add_row("engine", Text.assemble((visible(self.version.name), "bold"), " ",
                                              (visible(self.version.description), "dim")))
         grid.add_row("backend", Text(self.backend or "none (model only: no KP003)"))
@@ -192,11 +274,13 @@ class RichView:
                   "pools by order (M-RoPE)" if cfg.by_order else "pools by position",
                   f"n_ubatch {cfg.n_ubatch}", f"n_embd {cfg.n_embd}",
                   f"n_rs_seq {cfg.n_rs_seq}" if cfg.n_rs_seq else "no rollback (n_rs_seq 0)"]
-        grid.add_row("cache", Text(" · ".join(layout)))
-        legend = Text.assemble(
-            (".", "dim"), " empty  ", ("0-9a-z", "bold"), " seq  ",
-            ("M", SHARED_STYLE), " shared  ", ("^", "bold"), " rep row  ",
-            ("!", "bold red"), " flagged row  ", ("x", "reverse"), " new")
+        # a wrapped line breaks between items, never inside `kv_size 32`
+        grid.add_row("cache", Flow([f"{item} ·" for item in layout[:-1]] + layout[-1:]))
+        legend = Flow()
+        for mark, style, meaning in ((".", "dim", "empty"), ("0-9a-z", "bold", "seq"),
+                                     ("M", SHARED_STYLE, "shared"), ("^", "bold", "rep row"),
+                                     ("!", "bold red", "flagged row"), ("x", "reverse", "new")):
+            legend.add(Text.assemble((mark, style), f" {meaning}"), gap=2)
         grid.add_row("cell map", legend)
         title = Text.assemble(("kpool replay", "bold"), " · ",
                               (visible(t.name or t.path), "bold cyan"))
@@ -232,8 +316,8 @@ class RichView:
             grid.add_column(no_wrap=True, style="dim")
             grid.add_column()
             ok = ("ok", "green") if rec.ok else ("FAILED", "bold red")
-            grid.add_row(f"op {rec.op}", Text.assemble(("expect ", "bold"), ok, " · ",
-                                                       visible(rec.message)))
+            grid.add_row(f"op {rec.op}", Flow().add("expect", style="bold")
+                         .add(ok[0], style=ok[1]).tail(" ·").words(visible(rec.message)))
             self.print(grid)
 
     def _flush_repeats(self) -> None:
@@ -241,29 +325,29 @@ class RichView:
             return
         ix, self._repeats = self._repeats, []
         codes = " ".join(dict.fromkeys(code for code, _, _ in self._last_sig or ()))
-        self.print(Text.assemble(
-            ("  ... ", "dim"), (f"{len(ix)} more ubatch{'es' if len(ix) > 1 else ''} ", "bold"),
-            (f"({words.folded(ix, 4)}) ", "dim"),
-            f"with the same {codes} on the same rows and sequences", ("", "dim")))
+        self.print(Flow(hang=6).add("  ...", style="dim")
+                   .add(f"{len(ix)} more ubatch{'es' if len(ix) > 1 else ''}", style="bold")
+                   .add(f"({words.folded(ix, 4)})", style="dim")
+                   .words(f"with the same {codes} on the same rows and sequences"))
 
     def _event(self, e: OpEvent) -> None:
         grid = Table.grid(padding=(0, 1))
         grid.add_column(no_wrap=True, style="dim")
         grid.add_column()
         if e.kind == "note":
-            grid.add_row("note", Text(visible(e.message, keep_newlines=True), style="italic"))
+            grid.add_row("note", Text(visible(e.message), style="italic"))
             self.print(grid)
             return
         op = self.trace.ops[e.op]
         status_style = {"applied": "green", "rejected": "bold yellow", "aborted": "bold red"}
-        line = Text.assemble((e.kind, "bold"), " ", visible(_op_args(op)), " · ",
-                             (e.status, status_style.get(e.status, "")))
+        line = Flow().add(e.kind, style="bold").words(visible(_op_args(op))).tail(" ·")
+        line.add(e.status, style=status_style.get(e.status, ""))
         if e.stale:
-            line.append(" · stale ")
-            line.append(_stale_text(e.stale))
+            _stale_flow(e.stale, line.tail(" ·"), label="stale ")
+        cell: Flow | Group = line
         if e.message and not e.findings:
-            line.append("\n" + visible(e.message), style="dim")
-        grid.add_row(f"op {e.op}", line)
+            cell = Group(line, Flow(style="dim").words(visible(e.message)))
+        grid.add_row(f"op {e.op}", cell)
         self.print(grid)
         if e.findings:
             self.print(self._findings_panel(e.findings, f"op {e.op} {e.kind}"))
@@ -282,19 +366,20 @@ class RichView:
         grid.add_column()
         grid.add_row("tokens", _tokens_text(r))
         if r.batch_ubatch == 0:
-            stale = (_stale_text(r.stale_batch) if r.stale_batch
-                     else Text(words.NONE, style="dim"))
+            stale: Flow | Text = (_stale_flow(r.stale_batch) if r.stale_batch
+                                  else Text(words.NONE, style="dim"))
         else:
             stale = Text("- (only a batch's ubatch 0 re-pools stale pools)", style="dim")
         grid.add_row("stale", stale)
         n_pad = int(r.scatter_pad.sum())
-        pools = Text(f"{r.n_new} marked of {r.n_pool_real} · {r.n_new_g} scatter "
-                     f"entr{'ies' if r.n_new_g != 1 else 'y'}")
+        pools = Flow().words(f"{r.n_new} marked of {r.n_pool_real} · {r.n_new_g} scatter "
+                             f"entr{'ies' if r.n_new_g != 1 else 'y'}")
         if n_pad:
-            pools.append(f" ({n_pad} padding)", style="dim")
+            pools.add(f"({n_pad} padding)", style="dim")
         if raced:
-            pools.append(f" · {len(raced)} row{'s' if len(raced) > 1 else ''} written twice+",
-                         style="bold red")
+            n_raced = len(raced)
+            pools.tail(" ·").words(f"{n_raced} row{'s' if n_raced > 1 else ''} written twice+",
+                                   style="bold red")
         grid.add_row("pools", pools)
         self.print(grid)
         table = self._pool_table(r, raced, flagged)
@@ -308,7 +393,8 @@ class RichView:
 
     def _pool_table(self, r: UbatchRecord, raced: set[int], flagged: set[int]) -> Table | None:
         """Every scatter entry (a marked pool, or padding), or with --pools all every pool."""
-        rows: list[tuple[list[Text | str], str, bool]] = []  # cells, style, keep when folding
+        # cells, style, keep when folding
+        rows: list[tuple[list[Text | Flow | str], str, bool]] = []
         new = [p for p in r.pools if p.new]
         count = Counter(r.scatter_rep.tolist())
         listed = r.pools if self.pools_all else tuple(new)
@@ -330,15 +416,16 @@ class RichView:
             if p.rep in flagged and not rep_hot:
                 style = "yellow"
             rep_text = Text(str(p.rep), style="bold red" if p.rep in flagged else "")
-            cells: list[Text | str] = [
+            cells: list[Text | Flow | str] = [
                 Text(str(p.seq), style=seq_style(p.seq)), str(p.k),
-                words.span(p.first_pos, p.last_pos + 1), words.folded(p.cells), rep_text,
+                words.span(p.first_pos, p.last_pos + 1), Flow().words(words.folded(p.cells)),
+                rep_text,
                 note(p.rep, "" if p.new else "kept")]
             rows.append((cells, style, p.rep in flagged))
         for e in np.flatnonzero(r.scatter_pad).tolist():
             pad_rep = int(r.scatter_rep[e])
             hot = pad_rep in raced or pad_rep in flagged
-            cells = ["pad", "-", "-", words.folded(r.scatter_rows[e].tolist()),
+            cells = ["pad", "-", "-", Flow().words(words.folded(r.scatter_rows[e].tolist())),
                      Text(str(pad_rep), style="bold red" if hot else ""),
                      note(pad_rep, "padding")]
             rows.append((cells, "red" if hot else "dim", hot))
@@ -371,6 +458,7 @@ class RichView:
 
     def _findings_panel(self, findings: tuple[Finding, ...], where: str) -> Panel:
         parts: list[Text | Padding] = []
+        pad = (0, 0, 0, 2)
         for n, f in enumerate(findings):
             if n:
                 parts.append(Text(""))
@@ -385,19 +473,21 @@ class RichView:
             if f.tokens:
                 ts = [f"pos {p} seq {s}" for p, s in f.tokens]
                 facts.append(("tokens ", ", ".join(ts[:4]) + (" ..." if len(ts) > 4 else "")))
-            if facts:
-                line = Text()
+            if facts:  # a label stays with its first value, `5 x3` in one piece
+                line = Flow()
                 for k, (label, value) in enumerate(facts):
+                    first, *rest = words.units(value)
                     if k:
-                        line.append(" · ", style="dim")
-                    line.append(label, style="dim")
-                    line.append(value)
-                parts.append(Padding(line, (0, 0, 0, 2)))
-            parts.append(Padding(Text(visible(f.message)), (0, 0, 0, 2)))
+                        line.tail(" ·", style="dim")
+                    line.add(Text.assemble((label, "dim"), first))
+                    for u in rest:
+                        line.add(u)
+                parts.append(Padding(line, pad))
+            parts.append(Padding(Flow().words(visible(f.message)), pad))
             exp = EXPLANATIONS.get(f.code)
             if exp is not None:
-                parts.append(Padding(Text(f"why: {exp.oneline} (kpool explain {f.code})",
-                                          style="dim italic"), (0, 0, 0, 2)))
+                parts.append(Padding(Flow(style="dim italic").words(
+                    f"why: {exp.oneline} (kpool explain {f.code})"), pad))
         worst = "red" if any(f.severity == "error" for f in findings) else "yellow"
         return Panel(Group(*parts), title=Text(f"findings · {where}", style=f"bold {worst}"),
                      title_align="left", border_style=worst, box=box.ROUNDED)
@@ -428,11 +518,13 @@ class RichView:
             table.add_row("findings", Text("none", style="green"))
         ex = s["expectations"]
         if ex["passed"] or ex["failed"]:
+            unchecked = " (not checked: --check fails the run on them)" if (
+                ex["failed"] and not tally.check) else ""
             table.add_row("expectations", Text.assemble(
                 f"{ex['passed']} held", ", ",
-                (f"{ex['failed']} failed", "bold red" if ex["failed"] else "")))
+                (f"{ex['failed']} failed", "bold red" if ex["failed"] else ""), unchecked))
         status = s["status"]
-        style = {"pass": "bold green", "fail": "bold red", "aborted": "bold red"}[status]
+        style = "bold green" if status == "pass" else "bold red"
         table.add_row("status", Text(status.upper(), style=style))
         self.print(table)
 
@@ -445,13 +537,15 @@ def _raced_rows(r: UbatchRecord) -> set[int]:
     return {row for f in r.findings if f.code == RACE for row in f.rows}
 
 
-def _stale_text(stale: dict[int, int]) -> Text:
-    """`wording.stale`, each sequence in its colour."""
-    out = Text()
-    for n, (s, p) in enumerate(sorted(stale.items())):
-        if n:
-            out.append(", ")
-        out.append(words.stale_one(s, p), style=seq_style(s))
+def _stale_flow(stale: dict[int, int], out: Flow | None = None, label: str = "") -> Flow:
+    """`wording.stale`, each sequence in its colour, added to `out` (`label` before
+    the first): a wrapped line breaks between sequences, never inside `seq 1 from
+    pos 0`."""
+    out = out if out is not None else Flow()
+    items = sorted(stale.items())
+    for n, (s, p) in enumerate(items):
+        out.add(Text.assemble(label if n == 0 else "", (words.stale_one(s, p), seq_style(s)),
+                              "," if n + 1 < len(items) else ""))
     return out
 
 
@@ -463,23 +557,23 @@ def _code_text(code: str, name: str, severity: str, after: str) -> Text:
     return out
 
 
-def _tokens_text(r: UbatchRecord) -> Text:
-    """Tokens by sequence set, in order of appearance: positions and their cells."""
+def _tokens_text(r: UbatchRecord) -> Group:
+    """Tokens by sequence set, in order of appearance: positions and their cells (a
+    line each, wrapped between positions, never inside `5 x3`)."""
     groups: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
     for p, ss, row in zip(r.token_pos.tolist(), r.token_seqs, r.token_rows.tolist(),
                           strict=True):
         ps, rows = groups.setdefault(ss, ([], []))
         ps.append(p)
         rows.append(row)
-    out = Text()
-    for n, (ss, (ps, rows)) in enumerate(groups.items()):
-        if n:
-            out.append("\n")
-        out.append(f"seq {','.join(map(str, ss))}",
-                   style=seq_style(ss[0]) + (" bold" if len(ss) > 1 else ""))
-        out.append(f"  pos {words.folded(ps, TOKEN_RUNS)}")
-        out.append(f"  cells {words.folded(rows, TOKEN_RUNS)}", style="dim")
-    return out
+    lines = []
+    for ss, (ps, rows) in groups.items():
+        line = Flow(hang=2).add(f"seq {','.join(map(str, ss))}",
+                                style=seq_style(ss[0]) + (" bold" if len(ss) > 1 else ""))
+        line.words(f"pos {words.folded(ps, TOKEN_RUNS)}", gap=2)
+        line.words(f"cells {words.folded(rows, TOKEN_RUNS)}", style="dim", gap=2)
+        lines.append(line)
+    return Group(*lines)
 
 
 def _reflow(text: str) -> str:
@@ -518,7 +612,7 @@ def _tokens_brief(op: m.Decode) -> str:
 
 def print_explanation(console: Console, e: Explanation) -> None:
     console.print(_code_text(e.code, e.name, e.severity, f"({e.severity})"))
-    console.print(Text(f"  {e.oneline}.", style="italic"))
+    console.print(_para(f"{e.oneline}.", style="italic"))  # indented when it wraps too
     engine = (f"a plug-in engine: replace({e.engine.upper().replace('-', '_')}, {e.plugin})"
               if e.plugin else e.engine)
     values = ", with a value backend (the default)" if e.needs_values else ""
@@ -527,7 +621,7 @@ def print_explanation(console: Console, e: Explanation) -> None:
         console.print(Text(head, style="bold underline"))
         console.print(_para(body))
     console.print()
-    console.print(Text(f"Example (under {engine}{values})", style="bold underline"))
+    console.print(Flow(style="bold underline", hang=2).words(f"Example (under {engine}{values})"))
     console.print(Panel(Text(e.example), box=box.SIMPLE, padding=(0, 2), expand=False))
     console.print(Text(f"  $ {e.command}", style="dim"))
     console.print()
@@ -535,9 +629,10 @@ def print_explanation(console: Console, e: Explanation) -> None:
     console.print(_para(e.fix))
 
 
-def _para(text: str) -> Padding:
-    """A docstring-style paragraph, re-flowed and indented (rich wraps it to the width)."""
-    return Padding(Text(" ".join(text.split())), (0, 0, 0, 2))
+def _para(text: str, style: str = "") -> Padding:
+    """A docstring-style paragraph, re-flowed and indented, wrapped to the width between
+    `wording.units`."""
+    return Padding(Flow(style=style).words(text), (0, 0, 0, 2))
 
 
 def print_code_list(console: Console) -> None:

@@ -204,7 +204,7 @@ def _opt(name: str, type_: Type, doc: str, default: object, **kw: object) -> Fie
 
 # --- sections -----------------------------------------------------------------------
 
-CACHE = Section("cache", "the indexer cache's shape (ENGINE.md §2)", (
+CACHE = Section("cache", "the indexer cache's shape (docs/FORMATS.md)", (
     _req("kv_size", int_type(1, KV_SIZE_MAX), "cells per stream"),
     _req("kpool", int_type(1, KV_SIZE_MAX), "tokens per pool, at most kv_size"),
     _opt("n_seq_max", int_type(1, N_SEQ_MAX_MAX), "sequences (seq ids 0..n_seq_max-1)", 1),

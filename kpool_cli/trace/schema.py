@@ -191,7 +191,7 @@ def trace_schema() -> dict[str, Any]:
     return {
         "$schema": DIALECT,
         "title": f"kpool trace, format v{FORMAT_VERSION}",
-        "description": "A trace of the k-pool indexer cache (TRACE_FORMAT.md). The YAML is"
+        "description": "A trace of the k-pool indexer cache (docs/FORMATS.md). The YAML is"
                        " read as JSON; kpool's loader checks more than this schema can.",
         **_section(TOP),
         "$defs": _defs(),

@@ -57,6 +57,8 @@ import yaml.composer
 import yaml.nodes
 import yaml.resolver
 
+from ..inputs import InputRefused, InputTooLarge, read_input
+
 if yaml.__with_libyaml__:
     import yaml.cyaml
 from yaml.events import (
@@ -126,6 +128,9 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        if self.line == 0:  # no position: the file as a whole
+            where = "" if self.field == "<file>" else f" {self.field}:"
+            return f"{self.file}:{where} {self.message}"
         return f"{self.file}:{self.line}:{self.column}: {self.field}: {self.message}"
 
 
@@ -137,6 +142,12 @@ class TraceError(Exception):
         super().__init__(list(problems), truncated)
         self.problems: list[Problem] = list(problems)
         self.truncated = truncated
+
+    @property
+    def unread(self) -> bool:
+        """The file could not be read at all (missing, a FIFO, too large): no problem
+        has a position in it."""
+        return all(p.field == "<file>" and p.line == 0 for p in self.problems)
 
     def __str__(self) -> str:
         """One line per problem, each made visible (a path or a quoted value cannot
@@ -163,14 +174,16 @@ def read_trace_file(path: str | Path) -> tuple[str, str, str]:
     if not file:
         raise TraceError([Problem("''", 0, 0, "<file>", "the trace path is empty")])
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+        data = read_input(path, MAX_BYTES)
+    except InputTooLarge:
+        raise TraceError([_too_big(file)]) from None
+    except InputRefused as e:
+        problem = Problem(file, 0, 0, "<file>", f"cannot read the trace: it {e}")
+        raise TraceError([problem]) from None
     except OSError as e:
         reason = e.strerror or type(e).__name__
         problem = Problem(file, 0, 0, "<file>", f"cannot read the trace: {reason}")
         raise TraceError([problem]) from None
-    if len(data) > MAX_BYTES:
-        raise TraceError([_too_big(file)])
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -1,7 +1,8 @@
 """A trace's `expect` ops, checked against the records of its replay: a consumer of
 the record stream (DESIGN.md, "Data flow"), like the views and the writers.
 
-Owns: `with_expectations`, which passes the replay's records through and inserts an
+Owns: `load_checked` (a trace loaded with its expectations' codes checked), and
+`with_expectations`, which passes the replay's records through and inserts an
 `ExpectResult` where each `expect` op of the trace stands, and the rules of what an
 expectation compares (docs/FORMATS.md, "expect").
 
@@ -15,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from ..engine.versions import VERSIONS
 from ..records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, Record, UbatchRecord
 from ..trace import model as m
-from .codes import VALUE_CODES
+from ..trace.load import MAX_TOKENS, Problem, TraceError, load_trace
+from .codes import CODES, VALUE_CODES
 
 
 @dataclass(slots=True)
@@ -122,3 +125,27 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
         return ExpectResult(i, False, f"{where}: " + "; ".join(problems), last.op,
                             tuple(diffs))
     return ExpectResult(i, True, f"{where}: as expected", last.op)
+
+
+def load_checked(path: str, max_tokens: int = MAX_TOKENS) -> m.Trace:
+    """`load_trace`, then its `expect` ops' codes: a code no rule has (KP999) is a
+    problem at the expect's `findings` (a typo would never match, so the expectation
+    could never hold). Every command loads its traces through here."""
+    trace = load_trace(path, max_tokens=max_tokens)
+    problems = [
+        Problem(op.loc.file, op.loc.line, op.loc.column, f"ops[{i}].expect.findings",
+                f"unknown finding code {code!r}: known codes are {', '.join(CODES)} "
+                "(kpool explain --list)")
+        for i, op in enumerate(trace.ops) if isinstance(op, m.Expect) and op.findings
+        for code in op.findings if code not in CODES
+    ] + [
+        # a trace is data: it names registered versions only, never a plug-in to import
+        Problem(op.loc.file, op.loc.line, op.loc.column, f"ops[{i}].expect.engine",
+                f"{op.engine!r} is not a registered engine version (known: "
+                f"{', '.join(VERSIONS)}); a plug-in is named on the command line")
+        for i, op in enumerate(trace.ops)
+        if isinstance(op, m.Expect) and op.engine is not None and op.engine not in VERSIONS
+    ]
+    if problems:
+        raise TraceError(problems)
+    return trace

@@ -22,6 +22,13 @@ __all__ = ["EXPLANATIONS", "Explanation", "explain_text", "resolve"]
 EXPLANATIONS: dict[str, Explanation] = {r.CODE.code: r.EXPLANATION for r in RULES}
 
 
+def _fill(text: str, width: int, initial: str, subsequent: str) -> str:
+    """`text` on lines of at most `width` columns, broken at spaces only: never inside
+    a word, `cache-safe` or `--fail-on` (textwrap breaks at hyphens by default)."""
+    return textwrap.fill(text, width, initial_indent=initial, subsequent_indent=subsequent,
+                         break_on_hyphens=False, break_long_words=False)
+
+
 def explain_text(code: str) -> str:
     """The plain text of `kpool explain CODE` (ruff's headings)."""
     e = EXPLANATIONS[code]
@@ -32,7 +39,7 @@ def explain_text(code: str) -> str:
     return "\n".join([
         f"{words.code(e.code, e.name)} ({e.severity})",
         "",
-        textwrap.fill(f"{e.oneline}.", 78, initial_indent="  ", subsequent_indent="  "),
+        _fill(f"{e.oneline}.", 78, "  ", "  "),
         "",
         "What it does",
         ind(e.what, "  "),
@@ -40,7 +47,7 @@ def explain_text(code: str) -> str:
         "Why is this bad?",
         ind(e.why, "  "),
         "",
-        textwrap.fill(f"Example (under {engine}{values})", 80, subsequent_indent="  "),
+        _fill(f"Example (under {engine}{values})", 80, "", "  "),
         ind(e.example, "    "),
         "",
         f"  $ {e.command}",

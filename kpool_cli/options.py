@@ -1,0 +1,87 @@
+"""The command line's numbers: every numeric option is bounded, checked before it is
+converted, and refused in kpool's own words.
+
+Owns `Int(lo, hi)` and `Float(lo, hi)`, click parameter types that accept only plain
+decimal text (`-?[0-9]+`; a float also `.` and an exponent), at most as many digits
+as the bound needs (so a 5,000-digit argument never reaches `int()`), never nan or
+inf, within `[lo, hi]`; a refusal quotes at most 40 characters of the argument.
+And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that runs
+a process pool (the pool is also capped by the machine's cores: workers.in_order).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import click
+
+from .workers import MAX_JOBS
+
+_INT = re.compile(r"-?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
+_MAX_CHARS = 40  # of an argument quoted back
+
+
+def _quoted(value: str) -> str:
+    shown = value if len(value) <= _MAX_CHARS else value[:_MAX_CHARS] + "..."
+    return repr(shown)
+
+
+class Int(click.ParamType):
+    """An integer in [lo, hi] (hi None: at most 2**63 - 1)."""
+
+    name = "integer"
+
+    def __init__(self, lo: int, hi: int | None = None) -> None:
+        self.lo, self.hi = lo, (2**63 - 1 if hi is None else hi)
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return f"INTEGER {self.lo}..{self.hi}"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            digits = max(len(str(self.lo)), len(str(self.hi)))
+            if len(text) > digits + 1 or not _INT.fullmatch(text):
+                self.fail(f"{_quoted(text)} is not an integer from {self.lo} to {self.hi}",
+                          param, ctx)
+            n = int(text)
+        if not self.lo <= n <= self.hi:
+            self.fail(f"{n} is not in {self.lo}..{self.hi}", param, ctx)
+        return n
+
+
+class Float(click.ParamType):
+    """A finite number in [lo, hi]."""
+
+    name = "number"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> float:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            x = float(value)
+        else:
+            text = str(value).strip()
+            if len(text) > _MAX_CHARS or not _FLOAT.fullmatch(text):
+                self.fail(f"{_quoted(text)} is not a number from {self.lo:g} to "
+                          f"{self.hi:g} (nan and inf are not numbers here)", param, ctx)
+            x = float(text)
+        if not math.isfinite(x) or not self.lo <= x <= self.hi:
+            self.fail(f"{x:g} is not in {self.lo:g}..{self.hi:g}", param, ctx)
+        return x
+
+
+def jobs_option(default: int | None, help_text: str) -> Any:
+    """--jobs/-j N: processes, 1..MAX_JOBS (and at most the machine's cores run)."""
+    return click.option("--jobs", "-j", "jobs", type=Int(1, MAX_JOBS), default=default,
+                        show_default=default is not None, metavar="N",
+                        help=f"{help_text} At most {MAX_JOBS}; no more processes than the "
+                             "machine has cores are started.")
