@@ -174,22 +174,25 @@ def _small(doc: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def samples() -> list[dict]:
-    """Real reports of every shape: findings and their evidence, non-unified, M-RoPE
-    (ext), n_rs_seq, expectations, every pool listed."""
-    return [_small(d) for d in (
-        replay_json(RACE, "cache-safe"), replay_json(RACE, "rep-once", "--backend", "numpy"),
-        replay_json(NON_UNIFIED, "rep-once"), replay_json(MROPE, "cache-safe"),
-        replay_json(MTP, "rep-once"), replay_json(SERVER, "cache-safe", "--pools", "all"),
-        replay_json("traces/seq-add-drift.yaml", "rep-once"))]
+    """A real report of every shipped trace (its first ubatches and events), under
+    either engine, some listing every pool, some with values: findings and their
+    evidence, non-unified, M-RoPE (ext), n_rs_seq, expectations. The shapes first."""
+    first = [RACE, NON_UNIFIED, MROPE, MTP]
+    out = []
+    for i, trace in enumerate(first + [t for t in TRACES if t not in first]):
+        more = (["--pools", "all"] if i % 3 == 1 else []) + (
+            ["--backend", "numpy"] if i % 4 == 2 else [])
+        out.append(_small(replay_json(trace, ("cache-safe", "rep-once")[i % 2], *more)))
+    return out
 
 
-def _mutations(doc: dict, rng: random.Random, k: int):
-    """`doc` with each field replaced by `k` of the hostile values or deleted, and
-    (objects) given an undeclared key: (where, what, the mutated copy)."""
+def _mutations(doc: dict, rng: random.Random, k: int, most: int):
+    """`doc` with `most` of its fields (chosen at random) each replaced by `k` of the
+    hostile values or deleted, and (objects) given an undeclared key: (where, what,
+    the mutated copy)."""
     text = json.dumps(doc)
-    for path in list(_paths(doc)):
-        if not path:
-            continue
+    paths = [p for p in _paths(doc) if p]
+    for path in rng.sample(paths, min(most, len(paths))):
         for value in rng.sample([*HOSTILE, "delete"], k):
             bad = json.loads(text)
             node = _at(bad, path[:-1])
@@ -206,15 +209,15 @@ def _mutations(doc: dict, rng: random.Random, k: int):
 
 
 def test_what_the_reader_reads_validates_against_the_schema(samples):
-    """Every field of real reports replaced by each hostile value, deleted, and given
-    an undeclared neighbour: whatever the reader accepts, the schema accepts (so what
-    the schema refuses, the reader refuses). The reader refuses more (the config's
-    bounds, 64-bit integers, surrogates, counts that disagree), never less."""
+    """Fields of a report of every shipped trace replaced by hostile values, deleted,
+    and given an undeclared neighbour: whatever the reader accepts, the schema accepts
+    (so what the schema refuses, the reader refuses). The reader refuses more (the
+    config's bounds, 64-bit integers, surrogates, counts that disagree), never less."""
     read = refused = schema_refused = 0
     rng = random.Random(1)
     for doc in samples:
         assert VALIDATOR.is_valid(doc) and refusal(doc) == ""
-        for n, (path, value, bad) in enumerate(_mutations(doc, rng, 6)):
+        for n, (path, value, bad) in enumerate(_mutations(doc, rng, 6, 60)):
             if not refusal(bad):
                 assert VALIDATOR.is_valid(bad), (path, value, next(VALIDATOR.iter_errors(bad)))
                 read += 1
@@ -276,7 +279,7 @@ def test_reading_part_by_part_gives_what_reading_at_once_does(tmp_path, samples,
     monkeypatch.setattr(reports, "SMALL_BYTES", 120)
     rng = random.Random(7)
     n = 0
-    for doc in samples[:4]:
+    for doc in samples[:6]:
         paths = [p for p in _paths(doc) if p]
         for path in rng.sample(paths, min(60, len(paths))):
             for value in rng.sample([*HOSTILE, "delete"], 5):

@@ -136,7 +136,6 @@ _ROW_BYTES = 36  # an int and its slot in a tuple
 _FINDING_BYTES = 128
 _EVENT_BYTES = 256  # EventSummary and its tuples, plus its strings
 
-_CODE = re.compile(r"KP[0-9]{3}", re.ASCII)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _WS = re.compile(r"[ \t\n\r]*")
