@@ -637,6 +637,8 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
             load_version(base)
     except VersionError as e:
         _fail(str(e))
+    if not out_dir:
+        _fail("-o: the path is empty (give the folder for the shrunk traces)")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         _fail(f"-o {out_dir}: not a folder")
@@ -765,6 +767,11 @@ def main() -> None:
         if os.environ.get("KPOOL_TRACEBACK"):
             raise
         code = EXIT_BAD_INPUT
+    if code in (0, 1) and (missed := signals.lost()) is not None:
+        # a signal Python dropped (raised inside a gc callback): the run still ends as it says
+        terminated = isinstance(missed, Terminated)
+        _stderr_line("kpool: terminated" if terminated else "kpool: interrupted")
+        code = EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     sys.exit(code if isinstance(code, int) else 0)
 
 

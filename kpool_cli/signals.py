@@ -16,8 +16,14 @@ SIGTERM Terminated), `held()` and `masked()`:
   is answered right after, in plain Python code. It also holds, for the signals a
   thread of numpy's takes.
 
+- `settle()` and `unsettle()`: once a JSON report's status is decided (its summary
+  written), the run it describes is over: a signal that comes later is kept for the
+  next report (`unsettle()`, as that report starts, raises it) and, when no report
+  follows, dropped, so the exit status never contradicts the document's status.
+  `pending()` says whether a signal is kept, for the status decided under `held()`.
+
 Invariant: without `install()` (kpool as a library) nothing is held: the default
-handlers apply.
+handlers apply. `install()` starts unsettled, with nothing kept.
 """
 
 from __future__ import annotations
@@ -33,15 +39,46 @@ class Terminated(KeyboardInterrupt):
 
 
 _depth = 0  # how many `held()` blocks the main thread is in
-_kept: KeyboardInterrupt | None = None  # the first signal that came while held
+_kept: KeyboardInterrupt | None = None  # the first signal that came while held (or settled)
+_settled = False  # a report's status is decided: a signal now waits for the next one
 
 
 def _raise(exc: KeyboardInterrupt) -> None:
+    # kept even when raised: a handler can run inside a gc or weakref callback, whose
+    # exceptions Python prints and drops ("Exception ignored"); the next `held()`
+    # boundary, or the CLI's `lost()` at exit, answers it then
     global _kept
-    if _depth:
-        _kept = _kept or exc
+    _kept = _kept or exc
+    if _depth or _settled:
         return
     raise exc
+
+
+def lost() -> KeyboardInterrupt | None:
+    """The signal that came and is neither settled nor answered by now: one Python
+    dropped (raised in a callback), or one kept past the last `held()` block."""
+    return None if _settled else _kept
+
+
+def pending() -> bool:
+    """A signal came and is kept (under `held()`, or settled)."""
+    return _kept is not None
+
+
+def settle() -> None:
+    """The status of what was written is decided: a later signal is kept, raised by
+    the next `unsettle()`, or dropped at exit when none comes."""
+    global _settled
+    _settled = True
+
+
+def unsettle() -> None:
+    """More work starts: raise the signal kept since `settle()`, if any."""
+    global _settled, _kept
+    _settled = False
+    if _kept is not None and not _depth:
+        exc, _kept = _kept, None
+        raise exc
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
@@ -54,6 +91,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 def install() -> None:
     """The CLI's handlers of SIGINT and SIGTERM (main thread only)."""
+    global _settled, _kept, _depth
+    _settled, _kept, _depth = False, None, 0
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -67,7 +106,7 @@ def held() -> Iterator[None]:
         yield
     finally:
         _depth -= 1
-        if not _depth and _kept is not None:
+        if not _depth and _kept is not None and not _settled:
             exc, _kept = _kept, None
             raise exc
 

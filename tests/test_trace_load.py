@@ -641,7 +641,18 @@ def traces(draw: st.DrawFn) -> Trace:
             k = draw(st.integers(1, min(cache.n_ubatch, n - i)))
             split.append(tuple(range(i, i + k)))
             i += k
-        return Decode(tokens, tuple(split))
+        # split_equal's ubatches hold equal or disjoint sequence sets (ENGINE.md §3)
+        fixed = list(tokens)
+        for ub in split:
+            sets: list[tuple[int, ...]] = []
+            for j in ub:
+                t = fixed[j]
+                clash = next((o for o in sets if set(o) & set(t.seq)), None)
+                if clash is None:
+                    sets.append(t.seq)
+                else:
+                    fixed[j] = Token(t.pos, clash, t.ext, t.cell)
+        return Decode(tuple(fixed), tuple(split))
 
     def op(kind: str):
         match kind:
@@ -795,3 +806,25 @@ def test_report_schema_accepts_a_full_report() -> None:
     v.validate(report)
     bad = {**report, "summary": {**report["summary"], "status": "ok"}}
     assert not v.is_valid(bad)
+
+
+@pytest.mark.parametrize("ubatch, field", [
+    # ENGINE.md §3: split_equal takes a set only if it overlaps none taken, so a
+    # ubatch's sets are equal or disjoint: {0} then {0, 1} is no ubatch it makes
+    ("[{pos: 0, seq: [0]}, {pos: 1, seq: [0, 1]}]", "ubatches[0][1].seq"),
+    ("[{pos: 5, seq: [0]}, {pos: 6, seq: [1]}, {pos: 7, seq: [1, 0]}]",
+     "ubatches[0][2].seq"),
+])
+def test_a_recorded_ubatch_holds_equal_or_disjoint_sets(ubatch: str, field: str) -> None:
+    text = ("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4, n_seq_max: 2}\nops:\n"
+            f"  - decode: {{ubatches: [{ubatch}]}}\n")
+    with pytest.raises(TraceError) as e:
+        load_trace_text(text, "r.yaml")
+    (p,) = e.value.problems
+    assert (p.line, p.field) == (4, f"ops[0].decode.{field}")
+    assert "overlaps set" in p.message and "split_equal" in p.message
+    # the same sets in two ubatches, or equal sets in one, load
+    ok = ("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4, n_seq_max: 2}\nops:\n"
+          "  - decode: {ubatches: [[{pos: 0, seq: [0, 1]}, {pos: 1, seq: [1, 0]}],"
+          " [{pos: 2, seq: [0]}]]}\n")
+    assert load_trace_text(ok, "ok.yaml").ops[0].ubatches == ((0, 1), (2,))

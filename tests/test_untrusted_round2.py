@@ -229,6 +229,15 @@ def test_line_breaks_in_trace_text_are_escaped_in_the_rich_view(tmp_path: Path) 
     (("replay", str(RACE), "--seq", "9" * 5000), "is not an integer from 0 to 255"),
     (("gen", "server", "--seed", "9" * 5000), "is not an integer from 0 to"),
     (("gen", "server", "--slots", "1e3"), "'1e3' is not an integer from 1 to 16"),
+    (("replay", str(RACE), "--ubatch", "\u0663"), "is not a ubatch index N"),
+    (("replay", str(RACE), "--ubatch", "\uff13..\uff15"), "is not a ubatch index N"),
+    (("replay", str(RACE), "--max-memory", "1e300G"), "not a memory size: '1e300G'"),
+    (("replay", str(RACE), "--max-memory", "\u0663G"), "not a memory size"),
+    (("replay", str(RACE), "--max-memory", "+2G"), "not a memory size"),
+    (("replay", str(RACE), "--max-memory", "9" * 5000), "not a memory size"),
+    (("replay", str(RACE), "--max-memory", "999999999999999T"),
+     "more than the largest budget, 1 EiB"),
+    (("fuzz", "--engine", "rep-once", "--runs", "1", "-o", ""), "-o: the path is empty"),
 ])
 def test_numbers_are_checked_in_kpools_words(args: tuple[str, ...], said: str) -> None:
     r = kpool(*args)

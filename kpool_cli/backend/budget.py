@@ -27,6 +27,7 @@ more.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from ..cache.kv import KvCache, Reach
@@ -230,18 +231,23 @@ _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20,
           "tb": 1000**4, "tib": 1 << 40}
 
 
+_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?) ?([a-z]{0,3})", re.ASCII)
+MEMORY_MAX = 1 << 60  # 1 EiB: a budget above any machine's memory
+
+
 def parse_memory(text: str) -> int | None:
     """`--max-memory`: a size ("512M", "8G", "8GiB", "2.5GB", bytes), or "none" / "0"
-    for no budget. Raises ValueError for anything else."""
+    for no budget; plain ASCII decimal (no exponent, sign, `_` or other digits), at
+    most 1 EiB. Raises ValueError, quoting at most 40 characters, for anything else."""
     t = text.strip().lower()
     if t in ("none", "0", "off", "unlimited"):
         return None
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
-    unit = t[len(num):].strip() if num else t
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1.0
-    if unit not in _UNITS or not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"not a memory size: {text!r} (e.g. 512M, 8G, 8GiB, or none)")
-    return int(value * _UNITS[unit])
+    shown = repr(text if len(text) <= 40 else text[:40] + "...")
+    m = _SIZE.fullmatch(t)
+    if m is None or m.group(2) not in _UNITS or not float(m.group(1)) > 0:
+        raise ValueError(f"not a memory size: {shown} (e.g. 512M, 8G, 8GiB, or none)")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if value > MEMORY_MAX:
+        raise ValueError(f"{shown} is more than the largest budget, 1 EiB "
+                         "(give none for no budget)")
+    return int(value)

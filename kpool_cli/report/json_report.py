@@ -16,7 +16,7 @@ from typing import TextIO, TypeVar
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, signals
 from ..records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..signals import held
 from ..trace.load import TraceError
@@ -246,6 +246,7 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     signal met while replaying (KeyboardInterrupt: Ctrl-C, and the CLI's SIGTERM)
     ends it with status "interrupted", and is raised on once the document is whole."""
     head = report_header(trace, engine, backend)
+    signals.unsettle()  # a signal kept since the last report's summary ends the output here
     out.write(lead + "{\n")  # lead: the array's separator, in the same write
     for key, value in head.items():
         out.write(f'{indent}  {json.dumps(key)}: {json.dumps(value)},\n')
@@ -280,7 +281,11 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the document closes, saying so
         tally.interrupted, signal_met = True, e
     with held():  # the document's end is written whole, whatever signal comes
+        if signals.pending():  # one came since the last record: the status says so
+            tally.interrupted = True
         _close(out, indent, first, events, expects, tally)
+        if not tally.interrupted:
+            signals.settle()  # the status is written: a later signal cannot change it
     if signal_met is not None:
         raise signal_met  # write_reports closes the array; the CLI exits as the signal says
 

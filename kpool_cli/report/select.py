@@ -35,7 +35,7 @@ AUTO_ONLY_FINDINGS = 200  # more planned ubatches than this: --only-findings by 
 OPEN_END = 1 << 62  # the end of an open ubatch range `A..`
 
 UBATCH_DIGITS = 15  # a ubatch index: more digits than any trace has ubatches
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:\.\.\s*(\d*)\s*)?$")
+_RANGE = re.compile(r"^\s*([0-9]+)\s*(?:\.\.\s*([0-9]*)\s*)?$", re.ASCII)
 
 
 def parse_ubatch_range(text: str) -> tuple[int, int]:

@@ -238,7 +238,8 @@ DECODE_FORMS: tuple[Section, ...] = (
         _req("tokens", TOKENS, "the tokens, at least one"),
     )),
     Section("decode", "a fixed split into ubatches", (
-        _req("ubatches", UBATCHES, "non-empty lists of tokens, at most cache.n_ubatch each"),
+        _req("ubatches", UBATCHES, "non-empty lists of tokens, at most cache.n_ubatch each, whose"
+             " sequence sets are equal or disjoint"),
     )),
 )
 # every key a decode may hold, over its three forms (only one form at a time)

@@ -29,7 +29,8 @@ Invariants of a returned `Trace`: those listed in `trace.model`'s docstring, plu
 - `ext` appears only when `cache.by_order` is true; within a decode either every
   token has a `cell` (stream-local, `< kv_size`) or none has, and no two tokens
   of the decode name the same cell of the same stream;
-- an explicit `ubatches` split has non-empty ubatches of at most `n_ubatch` tokens;
+- an explicit `ubatches` split has non-empty ubatches of at most `n_ubatch` tokens,
+  whose tokens' sequence sets are equal or disjoint (split_equal's ubatches);
 - every `state_read` names a slot written by an earlier `state_write`;
 - every `expect` follows some op other than `note`/`expect`.
 """
@@ -279,6 +280,10 @@ class _Limits:
     unified: bool | None = None
     by_order: bool | None = None
     n_ubatch: int | None = None
+
+
+def _set_words(seqs) -> str:
+    return "{" + ", ".join(str(s) for s in seqs) + "}"
 
 
 @dataclass
@@ -684,8 +689,32 @@ class _Walker(NodeReader):
                 )
             start = len(toks)
             toks.extend(self.token(it, f"{f}[{j}][{i}]") for i, it in enumerate(items))
+            self.check_ubatch_sets(toks[start:])
             split.append(tuple(range(start, len(toks))))
         return toks, tuple(split)
+
+    def check_ubatch_sets(self, ub: list[_Tok]) -> None:
+        """ENGINE.md §3: the hybrid memory splits with split_equal, whose ubatch
+        collects sequence sets that overlap none already taken: two tokens of one
+        ubatch carry the same set or disjoint ones. A recorded ubatch with sets {0}
+        and {0, 1} is no split llama.cpp makes (its recurrent child's find_slot
+        assumes one cell per set)."""
+        seen: list[frozenset[int]] = []
+        for t in ub:
+            if t.token is None:
+                continue
+            ss = frozenset(t.token.seq)
+            other = next((o for o in seen if o != ss and o & ss), None)
+            if other is not None:
+                self.problem(
+                    t.node, f"{t.field}.seq",
+                    f"sequence set {_set_words(t.token.seq)} overlaps set "
+                    f"{_set_words(sorted(other))} of an earlier token of this ubatch: "
+                    "split_equal puts only equal or disjoint sets in one ubatch",
+                )
+                return
+            if ss not in seen:
+                seen.append(ss)
 
     def token(self, node: Node, f: str) -> _Tok:
         before = len(self.problems)
