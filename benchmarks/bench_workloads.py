@@ -246,7 +246,7 @@ def run(cmd: list[str], report: Path, log: Path, timeout: float, env: dict[str, 
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     r = Run(wall=None if timed_out else wall, rc=proc.returncode, maxrss_mb=ru.ru_maxrss / 1024)
     if timed_out:
-        # the CLI writes the report atomically (report/files.py: a temporary file next to
+        # the CLI writes the report atomically (contracts/files.py: a temporary file next to
         # it, renamed at the end): a killed run leaves that file; note its size, delete it
         for tmp in report.parent.glob(f".{report.name}.*.tmp"):
             r.partial_mb = (r.partial_mb or 0.0) + tmp.stat().st_size / MB

@@ -26,7 +26,7 @@ The rules, precisely:
   than allowed, an engine it names does not exist, or it turns out invalid
   mid-replay. Else `fail` (exit 1): an `expect` did not hold, or an unpinned,
   unignored finding is at or above `--fail-on`. Else `pass`. The decision is the
-  tally's (`report/tally.py`): it is fed the replay's records with the pinned and
+  tally's (`contracts/tally.py`): it is fed the replay's records with the pinned and
   ignored findings taken out, under `check=True`.
 
 Invariants: `check_one` is a pure function of its `CheckJob` (plain strings and
@@ -50,14 +50,14 @@ from pathlib import Path
 
 from .backend.budget import ReplayTooLarge, check_replay_memory
 from .backend.store import make_backend
-from .engine.versions import VersionError, load_version
-from .records import ExpectResult, OpEvent, UbatchRecord
+from .contracts.finding import Finding, severity_rank
+from .contracts.records import ExpectResult, OpEvent, UbatchRecord
+from .contracts.tally import Tally, tallied
 from .replay import replay
-from .report.tally import Tally, tallied
 from .trace import model as m
 from .trace.load import MAX_TOKENS, TraceError
-from .verdict.codes import Finding, severity_rank
 from .verdict.expect import load_checked
+from .versions import VersionError, load_version
 from .workers import in_order
 
 DEFAULT_ENGINES = ("rep-once", "cache-safe")
@@ -312,8 +312,8 @@ def exit_code(results: Iterable[CheckResult]) -> int:
 
 
 def summary(results: Sequence[CheckResult]) -> dict:
-    """The `summary` record of a check (report/format.py, CHECK_SUMMARY)."""
-    from .report.format import CHECK_SUMMARY
+    """The `summary` record of a check (contracts/report_format.py, CHECK_SUMMARY)."""
+    from .contracts.report_format import CHECK_SUMMARY
 
     by = Counter(r.status for r in results)
     return CHECK_SUMMARY.make(traces=len({r.path for r in results}), runs=len(results),

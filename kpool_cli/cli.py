@@ -1,5 +1,5 @@
 """The `kpool` command line: parse, call, render, exit. Nothing else: what a replay
-is, how records are counted and the exit code decided (report/tally.py), how reports
+is, how records are counted and the exit code decided (contracts/tally.py), how reports
 are framed (report/json_report.py) and how the views word things live elsewhere.
 
 Exit status of every command (docs/FORMATS.md): 0 pass, 1 findings at or above
@@ -29,22 +29,22 @@ from .backend.budget import (
     parse_memory,
 )
 from .backend.store import BACKENDS, DEFAULT_BACKEND, make_backend
-from .engine.versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
+from .contracts.files import OutputError, check_outputs, written_whole
+from .contracts.report_format import report_schema
+from .contracts.tally import FAIL_ON, Record, Tally, exit_code, tallied
 from .options import Float, Int, jobs_option
 from .replay import replay
 from .report.check_formats import CI_FORMATS
 from .report.check_formats import FORMATS as CHECK_FORMATS
-from .report.files import OutputError, check_outputs, written_whole
-from .report.format import report_schema
 from .report.json_report import write_report, write_reports
 from .report.select import Selection, parse_ubatch_range
-from .report.tally import FAIL_ON, Record, Tally, exit_code, tallied
 from .signals import Terminated
 from .trace.format import N_SEQ_MAX_MAX
 from .trace.load import MAX_TOKENS, Problem, TraceError
 from .trace.model import Trace
 from .trace.schema import trace_schema
 from .verdict.expect import load_checked
+from .versions import DEFAULT_VERSION, VERSIONS, EngineVersion, VersionError, load_version
 from .wording import visible
 
 EXIT_BAD_INPUT = 2
@@ -333,7 +333,7 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
 def schema_cmd(which: str) -> None:
     """Print the JSON Schema of the trace (YAML as parsed), of the report, or of
     `kpool check --output-format json`."""
-    from .report.format import check_schema
+    from .contracts.report_format import check_schema
 
     doc = {"trace": trace_schema, "report": report_schema, "check": check_schema}[which]()
     click.echo(json.dumps(doc, indent=2))

@@ -30,11 +30,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
+from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.trace.model import Token, Trace
+from kpool_cli.versions import VERSIONS
 
 sys.path.insert(0, str(Path(__file__).parent))
 

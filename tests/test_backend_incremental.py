@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kpool_cli.backend.store import ValueBackend
+from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.layout import LayoutChange
-from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
-from kpool_cli.records import UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.report.json_report import event_json, ubatch_json
 from kpool_cli.trace import model as m
+from kpool_cli.versions import REP_ONCE, VERSIONS, EngineVersion
 
 ROW_ZERO = dataclasses.replace(REP_ONCE, name="rep-once-row-zero", padding="row-zero")
 VARIANTS = {**VERSIONS, ROW_ZERO.name: ROW_ZERO}

@@ -32,12 +32,12 @@ from conftest import ENGINES
 
 from kpool_cli.backend import keys, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import UbatchRecord
+from kpool_cli.contracts.records import UbatchRecord
+from kpool_cli.engine.context import UbatchContext
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import CacheConfig
-from kpool_cli.verdict.context import UbatchContext
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))
@@ -310,12 +310,13 @@ class Doctored(ValueBackend):
         super().__init__(*args)
         self.refused: set[str] = set()
 
-    def run_ubatch(self, ctx, race):
+    def run_ubatch(self, ctx):
         plan, layout = ctx.plan, ctx.layout
         if plan.n_new_g:
             n = self.n_rows
-            spoiled = {name: (UbatchContext.of(layout, ctx.change, spoil(plan, n, layout),
-                                               ctx.token_pos, ctx.token_seqs), says)
+            spoiled = {name: (UbatchContext.of(ctx.cache, layout, ctx.change,
+                                               spoil(plan, n, layout), None, ctx.token_pos,
+                                               ctx.token_seqs), says)
                        for name, (spoil, says) in BAD_PLANS.items()}
             spoiled[GROUPS_OF_ANOTHER_PLAN] = (
                 dataclasses.replace(ctx, rows=ctx.rows + 1),
@@ -323,12 +324,12 @@ class Doctored(ValueBackend):
             for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
-                    super().run_ubatch(bad, race)
+                    super().run_ubatch(bad)
                 assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
-        return super().run_ubatch(ctx, race)
+        return super().run_ubatch(ctx)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -28,13 +28,14 @@ from hypothesis import strategies as st
 from test_backend_incremental import VARIANTS, value_traces
 
 from kpool_cli.backend import budget, keys
+from kpool_cli.backend.facts import NEVER
 from kpool_cli.backend.store import ValueBackend, make_backend
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache, Reach
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import UbatchRecord
+from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.model import Trace
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -149,7 +150,7 @@ def test_zeroing_a_row_without_a_slot_allocates_nothing() -> None:
     be = ValueBackend(t.cache, t.seed, "numpy")
     be.zero_rows(np.arange(1000, 2000))
     assert be.n_slots == 0
-    assert "never-written" in be.holds(1500, 0, 0)
+    assert be.content(1500).kind == NEVER
 
 
 @pytest.mark.parametrize("text", [HUGE_CLEAR, HUGE_COPY], ids=["clear", "seq_cp"])

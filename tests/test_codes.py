@@ -22,15 +22,16 @@ import numpy as np
 import pytest
 
 from kpool_cli.backend.store import make_backend
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult, UbatchRecord
+from kpool_cli.contracts.records import ExpectResult, UbatchRecord
+from kpool_cli.engine import context
 from kpool_cli.replay import replay
 from kpool_cli.report.json_report import finding_json
 from kpool_cli.trace.load import load_trace, load_trace_text
-from kpool_cli.verdict import context, rules
+from kpool_cli.verdict import rules
 from kpool_cli.verdict.codes import CODES, VALUE_CODES
 from kpool_cli.verdict.explain import EXPLANATIONS
 from kpool_cli.verdict.rules import RULES
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "codes"

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 from conftest import codes, drive, expects_ok, run, ubatches
 
+from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.engine.layout import POS_CLEAN
-from kpool_cli.engine.versions import REP_ONCE
-from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.replay import replay
 from kpool_cli.trace.load import load_trace_text
+from kpool_cli.versions import REP_ONCE
 
 TRACES: list[str] = []
 C = POS_CLEAN
@@ -41,7 +41,7 @@ def capture(rp) -> dict:
     cache = rp.cache
     return {
         "stale": list(rp.staleness.stale),
-        "head": [st.head for st in cache.streams],
+        "head": list(cache.heads),
         "used": [st.used for st in cache.streams],
         "cells": [[(int(st.pos[c]), seqs_of(st, c)) for c in range(cache.kv_size)]
                   for st in cache.streams],

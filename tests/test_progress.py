@@ -16,7 +16,7 @@ import kpool_cli.report.text as text_mod
 from kpool_cli.cli import cli
 from kpool_cli.diff.runs import Unit, run_units
 from kpool_cli.gen.scenarios import SCENARIOS
-from kpool_cli.report.select import planned_ubatches
+from kpool_cli.replay import planned_ubatches
 from kpool_cli.report.terminal import Manners, Ticker, make_console
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.write import dump_trace

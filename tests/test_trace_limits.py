@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kpool_cli.engine.versions import REP_ONCE
-from kpool_cli.records import REJECTED
+from kpool_cli.contracts.records import REJECTED
 from kpool_cli.replay import replay
 from kpool_cli.trace import load as load_mod
 from kpool_cli.trace import yaml_safe
@@ -33,6 +32,7 @@ from kpool_cli.trace.load import (
     load_trace_text,
 )
 from kpool_cli.trace.model import Decode, Span, Token
+from kpool_cli.versions import REP_ONCE
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = "kpool_trace: 1\ncache: {kv_size: 64, kpool: 4, n_seq_max: 2}\nops:\n"

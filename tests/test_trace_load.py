@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.report.format import report_schema
+from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
     MAX_PROBLEMS,

@@ -76,21 +76,30 @@ from types import ModuleType
 
 import numpy as np
 
+from ..cache.cells import global_row
 from ..cache.kv import Reach
+from ..engine.context import UbatchContext
 from ..engine.layout import Layout, LayoutChange
 from ..signals import masked
 from ..trace.model import CacheConfig, Trace
-from ..verdict import values
-from ..verdict.codes import Finding
-from ..verdict.context import UbatchContext
-from ..verdict.rules import kp001_scatter_race, kp003_stale_read
+from .facts import (
+    CLEARED,
+    COPIED,
+    DECODE_ZERO,
+    DROP_ZERO,
+    NEVER,
+    PADDING,
+    POOLED,
+    RESTORED,
+    RowContent,
+    ValueFacts,
+    groups_equal,
+)
 from .keys import seed_state
 
 BACKENDS = ("numba", "numpy", "none")
 DEFAULT_BACKEND = "numba"
 
-# how a row's pooled slot got its value (w_kind)
-NEVER, POOLED, PADDING, DECODE_ZERO, DROP_ZERO, RESTORED, COPIED, CLEARED = range(8)
 
 
 def kernel_module(name: str) -> ModuleType:
@@ -668,19 +677,21 @@ class ValueBackend:
         self.alt.clear()
         self._all_dirty = True
 
-    def run_ubatch(self, ctx: UbatchContext, race: list[Finding]) -> list[Finding]:
+    def run_ubatch(self, ctx: UbatchContext) -> ValueFacts:
         """Pool the new entries of the ubatch of `ctx` (which has a plan), scatter them,
-        verify what changed (`ctx.change`: the layout update's), judge the readers.
-        Returns `race` (the static KP001 of the plan, if any) with value evidence, and
-        KP003 when a token reads a bad pool."""
+        verify what changed (`ctx.change`: the layout update's). Returns the facts the
+        rules read: which race groups write equal values, the bad pools of every
+        sequence, and what the first bad pool of each holds."""
         equal = self._scatter(ctx)
-        findings = [kp001_scatter_race.with_values(f, ctx, equal) for f in race]
         self._verify(ctx.layout, ctx.change)
-        f = kp003_stale_read.check(ctx, self.bad, self.holds)
-        if f is not None:
-            findings.append(f)
+        first_bad = {}
+        for s, b in enumerate(self.bad):
+            if b.size and b.any():
+                k = int(np.argmax(b))
+                row = int(ctx.layout.seqs[s].rep_rows.view[k])
+                first_bad[s] = (k, row, self.content(row))
         self.n_ubatch += 1
-        return findings
+        return ValueFacts(equal, tuple(self.bad), first_bad)
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 
@@ -726,10 +737,10 @@ class ValueBackend:
         self._drop_alt(rows)
         equal = np.ones(rows.size, dtype=bool)
         if rows.size < n:  # some row has several writers
-            equal = values.groups_equal(vals.view(np.uint32), entry_rows, order, starts)
+            equal = groups_equal(vals.view(np.uint32), entry_rows, order, starts)
             unequal = np.flatnonzero(~equal)
             if unequal.size:
-                writers = values.writers_of(layout, plan.entry_pool)
+                writers = ctx.writers()
                 for g in unequal.tolist():
                     self.alt[int(rows[g])] = writers[order[starts[g]:starts[g + 1]]].copy()
                 changed[unequal] = True
@@ -778,7 +789,7 @@ class ValueBackend:
         if self._pdirty_rows:
             parts.append(np.flatnonzero(self._pdirty[sq.rep_rows.view]))
         if self._kdirty_rows and n_p:
-            rows = sq.strm * self.kv_size + sq.cells
+            rows = global_row(sq.strm, sq.cells, self.kv_size)
             j = np.flatnonzero(self._kdirty[rows])
             if j.size:
                 starts = sq.pools.view
@@ -819,10 +830,10 @@ class ValueBackend:
         rows = self._rows(layout.pool_cells(), ANY, False, "gather", "the layout's pool_cells")
         return self._k_gather(self._slots(rows))
 
-    # -- messages -------------------------------------------------------------------------
+    # -- what a row holds --------------------------------------------------------------
 
-    def holds(self, row: int, s: int, k: int) -> str:
-        """What row `row`'s pooled slot holds, said for a reader of pool s:k."""
+    def content(self, row: int) -> RowContent:
+        """What row `row`'s pooled slot holds, and who wrote it."""
         slot = int(self.slot_of[row])
         if slot:
             kind, when = int(self.w_kind[slot]), int(self.w_ubatch[slot])
@@ -831,31 +842,7 @@ class ValueBackend:
             strm = row // self.kv_size
             kind, when = int(self._zero_kind[strm]), int(self._zero_ubatch[strm])
             a, b = int(self._zero_a[strm]), -1
-        if row in self.alt:
-            writers = [(int(w[0]), int(w[1])) for w in self.alt[row].tolist()]
-            other = next((w for w in writers if w != (s, k)), writers[0])
-            who = ("a padding entry" if other == values.PAD_WRITER
-                   else f"pool {values.writer(other)}")
-            names = ", ".join(values.writer(w) for w in writers)
-            return (f"{who}'s value when that entry wins the race of ubatch {when} "
-                    f"(entries of {names}: no defined winner)")
-        if kind == POOLED:
-            what = ("its own value from before its members changed" if (a, b) == (s, k)
-                    else f"pool {a}:{b}'s value")
-            text = f"{what} (written at ubatch {when})"
-        elif kind == PADDING:
-            text = f"a padding entry's value (written at ubatch {when})"
-        elif kind == DECODE_ZERO:
-            text = f"a slot zeroed by the decode at ubatch {when}"
-        elif kind == DROP_ZERO:
-            text = f"a slot zeroed by a state_drop before ubatch {when}"
-        elif kind == RESTORED:
-            text = (f"a slot restored from snapshot {self.slot_names[a]!r} before ubatch "
-                    f"{when}")
-        elif kind == COPIED:
-            text = f"a slot copied from stream {a} before ubatch {when}"
-        elif kind == CLEARED:
-            text = f"a slot zeroed by clear before ubatch {when}"
-        else:
-            text = "a never-written slot"
-        return text
+        racers = (tuple((int(w[0]), int(w[1])) for w in self.alt[row].tolist())
+                  if row in self.alt else ())
+        return RowContent(kind, when, a, b, self.slot_names[a] if kind == RESTORED else "",
+                          racers)

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
-from ..engine.versions import load_version
 from ..replay import replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
+from ..versions import load_version
 from ..wording import visible
 from ..workers import in_order
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
 
 if TYPE_CHECKING:
-    from ..records import ExpectResult, OpEvent, UbatchRecord
+    from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
     from ..report.terminal import Ticker
     from ..trace.model import Trace
 
@@ -102,7 +102,7 @@ class _Bar:
 
     def replaying(self, unit: Unit, trace: Trace, engine: str, records: Iterable[Record]
                   ) -> Iterator[Record]:
-        from ..report.select import planned_ubatches
+        from ..replay import planned_ubatches
         from ..report.text import ticking
 
         path = unit.trace_path
@@ -173,8 +173,8 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     terminal (`progress`, `run_units`). Reports (`kpool replay --format json` output,
     told from traces by `reports.input_kind`): exactly two files, paired in order.
     Raises DiffInputError for anything that must exit 2."""
-    from ..engine.versions import VersionError
     from ..trace.load import TraceError
+    from ..versions import VersionError
 
     if not paths:
         raise DiffInputError("give one or more traces, or two JSON reports")

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.trace.format import (
     BOUND,
     CACHE,
@@ -126,6 +125,7 @@ from kpool_cli.trace.yaml_safe import (
     read_trace_file,
     suggest,
 )
+from kpool_cli.versions import VERSIONS
 
 __all__ = [
     "KV_SIZE_MAX",

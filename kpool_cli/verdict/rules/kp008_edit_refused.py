@@ -10,15 +10,17 @@ negative seq id.
 
 from __future__ import annotations
 
-from ..finding import Finding
-from ..rule import Code, Explanation, doc
+from ...contracts.finding import Code, Finding
+from ...engine.context import OpContext
+from ..rule import Check as RuleCheck
+from ..rule import Explanation, doc
 
 CODE = Code("KP008", "edit-refused", "warning",
             "the memory refuses a seq_rm (the recurrent state cannot be cut); nothing "
             "changed")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="the memory refuses a seq_rm: the recurrent state cannot be cut, nothing "
             "changed (a warning)",
     what=doc("""
@@ -51,6 +53,9 @@ EXPLANATION = Explanation(
 )
 
 
-def finding(message: str, seq: int) -> Finding:
-    """A refused seq_rm of sequence `seq`."""
-    return Finding(CODE.code, message, seqs=(seq,) if seq >= 0 else ())
+class Check(RuleCheck):
+    def at_op(self, op: OpContext) -> list[Finding]:
+        """An edit the memory refused (a seq_rm its recurrent child will not cut)."""
+        if op.kind == "decode" or op.refused is None:
+            return []
+        return [Finding(CODE, op.refused, seqs=(op.seq,) if op.seq >= 0 else ())]

@@ -22,10 +22,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
 from ..trace.load import TraceError
-from ..verdict.codes import severity_rank
-from .format import SUMMARY
+from .finding import severity_rank
+from .records import ABORTED, ExpectResult, OpEvent, UbatchRecord
+from .report_format import SUMMARY
 
 FAIL_ON = ("error", "warning", "never")
 
@@ -91,7 +91,7 @@ class Tally:
         return 1 if self.failed else 0
 
     def summary(self) -> dict:
-        """The report's `summary` record (report/format.py, SUMMARY)."""
+        """The report's `summary` record (contracts/report_format.py, SUMMARY)."""
         return SUMMARY.make(
             ubatches=self.ubatches,
             tokens=self.tokens,
