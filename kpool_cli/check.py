@@ -50,6 +50,7 @@ from pathlib import Path
 
 from .backend.budget import ReplayTooLarge, check_replay_memory
 from .backend.store import make_backend
+from .contracts import exits
 from .contracts.finding import Finding, severity_rank
 from .contracts.records import ExpectResult, OpEvent, UbatchRecord
 from .contracts.tally import Tally, tallied
@@ -67,7 +68,10 @@ MAX_LISTED = 50
 
 PASS, FAIL, INVALID = "pass", "fail", "invalid"
 STATUSES = (PASS, FAIL, INVALID)
-EXIT_CODES = {PASS: 0, FAIL: 1, INVALID: 2}
+# the names of kpool check's output formats (--output-format, the settings file) and of
+# those kpool replay --format also writes; report/check_formats.py writes each
+OUTPUT_FORMATS = ("text", "json", "junit", "github", "sarif")
+CI_FORMATS = ("junit", "github", "sarif")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,7 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+        return exits.of_status(self.status)
 
     @property
     def failing(self) -> tuple[Flagged, ...]:
@@ -283,7 +287,7 @@ def check_one(job: CheckJob) -> CheckResult:
     except TraceError as e:
         return dataclasses.replace(_invalid(job.path, job.engine, e), ubatches=tally.ubatches)
     flagged.sort(key=lambda f: not f.fails)  # stable: failing first, in replay order
-    status = {2: INVALID, 1: FAIL, 0: PASS}[tally.exit_code]
+    status = INVALID if tally.problems else FAIL if tally.failed else PASS
     return CheckResult(
         job.path, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
         max(0, len(flagged) - MAX_LISTED), (), tally.expect_passed, tally.expect_failed,
@@ -307,8 +311,8 @@ def _result_of(unit: CheckJob | CheckResult) -> CheckResult:
 
 
 def exit_code(results: Iterable[CheckResult]) -> int:
-    """The command's exit code: the highest of the results' (0 for none)."""
-    return max((r.exit_code for r in results), default=0)
+    """The command's exit code: the worst of the results'."""
+    return exits.worst(r.exit_code for r in results)
 
 
 def summary(results: Sequence[CheckResult]) -> dict:

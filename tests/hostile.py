@@ -2273,7 +2273,7 @@ def numeric_options() -> dict[str, tuple[tuple[str, str, float, float], ...]]:
     import click
 
     from kpool_cli.cli import cli
-    from kpool_cli.options import Float, Int
+    from kpool_cli.cli.options import Float, Int
 
     out: dict[str, tuple[tuple[str, str, float, float], ...]] = {}
 
