@@ -257,8 +257,9 @@ def test_llama_batch_allocr_split_equal_sequential_retries_every_token():
     token is tried in batch order against the last collected seq id. Tokens seq 0, 2,
     1, 2: 0 is taken, 2 is passed over (not 0 + 1), 1 is taken, then the second token
     of seq 2 is (1 + 1): all three sequences in the first ubatch, each set starting
-    at its first unused token (batch index 1 for seq 2). ENGINE.md §3 says a set is
-    tried at its first unused token only; the real code wins."""
+    at its first unused token (batch index 1 for seq 2). The first specification said
+    a set is tried at its first unused token only; the real code wins (ENGINE.md §3,
+    docs/ENGINE-NOTES.md)."""
     tokens = toks((0, [0]), (0, [2]), (0, [1]), (1, [2]))
     ubs = split_equal(tokens, 8, sequential=True)
     assert [u.tokens for u in ubs] == [(0, 2, 1), (3,)]

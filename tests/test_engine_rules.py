@@ -1299,7 +1299,8 @@ ops:
 
 
 def test_s3_failed_prepare_restores_heads_by_stream_list_index() -> None:
-    """Research (real code wins over ENGINE.md's "nothing applied" for heads):
+    """Research (real code wins over the first specification's "nothing applied" for
+    heads, ENGINE.md §3):
     prepare() restores `head = v_heads_old[s]` with s the index in the ubatch's stream
     list. Seq 1's 3 tokens: ubatch 0 fits stream 1's last 2 cells, ubatch 1 does not;
     the restore gives stream 1 the old head of stream 0 (4), not its own (6). Cells

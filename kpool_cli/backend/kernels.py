@@ -15,7 +15,7 @@ the arrays by slot (a row's place in the backend's storage), not by row.
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
 
-Parallelism (STYLE.md "What kpool should absorb" 10): `write_keys` and `pool`
+Parallelism (DESIGN.md "Numba kernels"): `write_keys` and `pool`
 are written once and can be jitted twice, serially and with `parallel=True`. The
 parallel builds write by ownership only (each output row by one iteration), so
 their results do not depend on the thread count or order. Measured on the 2-core

@@ -17,7 +17,7 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
   pooled at) and when each slot's key and gate last changed (`key_gen`). Every call
   that writes values takes a new generation (`_gen`). A scatter entry whose rep slot
   holds the pooling of the same member slots, none written since, keeps that value
-  instead of pooling again (ENGINE.md §3: cache-safe re-pools every pool each
+  instead of pooling again (ENGINE.md §6: cache-safe re-pools every pool each
   ubatch; a pool whose members and keys did not change pools to the same bits);
 - who last wrote each slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`), for messages; a
   zero row's writer is its stream's (`NEVER`, `CLEARED` since a clear, `COPIED`

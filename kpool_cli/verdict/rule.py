@@ -3,7 +3,7 @@
 Every rule module holds, and nothing else needs to know of it:
 - `CODE`, its `contracts.finding.Code` (number, name, severity, summary);
 - `EXPLANATION`, an `Explanation`: what `kpool explain` prints, written like ruff's
-  rule docs (STYLE.md §3);
+  rule docs (DESIGN.md "Rule modules");
 - `Check`, a subclass of `Check` below: the replay makes one per replay (so a check
   may remember what it reported: `AppearanceFilter`) and calls its entry points
   where the rule's facts are, never naming a code:
