@@ -64,9 +64,12 @@ def imports_of(path: Path) -> set[str]:
             target, names = "", [a.name for a in node.names]
         else:
             continue
-        for name in [target, *names]:
-            if name.startswith("kpool_cli") and _exists(name):
-                out.add(name)
+        # `from .pkg import module` imports the module (its package runs first, as for
+        # any import of a submodule: no edge of its own); `from .mod import name`, mod
+        modules = [n for n in names if n.startswith("kpool_cli") and _exists(n)]
+        if not modules and target.startswith("kpool_cli") and _exists(target):
+            modules = [target]
+        out.update(modules)
     return out - {mod}
 
 
