@@ -32,7 +32,7 @@ compilation. Figures come from one run each; there is no assertion.
         decodes of seq 0 (rep-once too, for comparison)         < 1 GB, report < 100 MB
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
-`--n-embd` changes it). The loader's bounds (trace/load.py) all hold at full scale:
+`--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
 at most 4,097 ops (MAX_OPS 65,536), 132,096 tokens (--max-tokens default 2**22),
 W2's decodes about 660k YAML nodes (MAX_NODE_VISITS 1,000,000) and 3 MB of YAML
 (MAX_BYTES 64 MiB); so no CLI option is needed. W2 at `--scale` above ~1.4 would

@@ -27,10 +27,11 @@ EXPLANATION = Explanation(
         Flags a seq_rm that llama_memory_hybrid_idx::seq_rm returns false for: its
         recurrent child (llama_memory_recurrent::seq_rm) refuses a removal that
         cuts into a sequence's state, 0 < p0 <= last pos < p1, unless it is a
-        rollback of 1..n_rs_seq tokens with no rollback pending; it also refuses a
-        negative seq id. The hybrid memory asks it first, so no cache changes and no
-        sequence is staled. A warning: it fails the run only with
-        `--fail-on warning`."""),
+        rollback of 1..n_rs_seq tokens with no rollback pending; for a negative seq
+        id (every sequence) it refuses a range that holds neither every position
+        nor none (a whole-range seq_rm(-1) clears every sequence). The hybrid memory
+        asks it first, so no cache changes and no sequence is staled. A warning: it
+        fails the run only with `--fail-on warning`."""),
     why=doc("""
         A speculative-decoding server removes the rejected draft tail with
         seq_rm(s, p, -1). Without rollback snapshots (n_rs_seq 0, no MTP), or with a
