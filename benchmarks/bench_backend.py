@@ -37,9 +37,9 @@ def build_trace(prefill: int, decodes: int, ubatch: int = 512):
 
 def child(backend: str, prefill: int, decodes: int) -> None:
     from kpool_cli.backend.store import make_backend
-    from kpool_cli.engine.versions import REP_ONCE
-    from kpool_cli.records import UbatchRecord
+    from kpool_cli.contracts.records import UbatchRecord
     from kpool_cli.replay import replay
+    from kpool_cli.versions import REP_ONCE
 
     t = build_trace(prefill, decodes)
     be = make_backend(backend, t)

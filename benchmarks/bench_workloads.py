@@ -32,7 +32,7 @@ compilation. Figures come from one run each; there is no assertion.
         decodes of seq 0 (rep-once too, for comparison)         < 1 GB, report < 100 MB
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
-`--n-embd` changes it). The loader's bounds (trace/load.py) all hold at full scale:
+`--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
 at most 4,097 ops (MAX_OPS 65,536), 132,096 tokens (--max-tokens default 2**22),
 W2's decodes about 660k YAML nodes (MAX_NODE_VISITS 1,000,000) and 3 MB of YAML
 (MAX_BYTES 64 MiB); so no CLI option is needed. W2 at `--scale` above ~1.4 would
@@ -246,7 +246,7 @@ def run(cmd: list[str], report: Path, log: Path, timeout: float, env: dict[str, 
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     r = Run(wall=None if timed_out else wall, rc=proc.returncode, maxrss_mb=ru.ru_maxrss / 1024)
     if timed_out:
-        # the CLI writes the report atomically (report/files.py: a temporary file next to
+        # the CLI writes the report atomically (contracts/files.py: a temporary file next to
         # it, renamed at the end): a killed run leaves that file; note its size, delete it
         for tmp in report.parent.glob(f".{report.name}.*.tmp"):
             r.partial_mb = (r.partial_mb or 0.0) + tmp.stat().st_size / MB

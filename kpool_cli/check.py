@@ -26,7 +26,7 @@ The rules, precisely:
   than allowed, an engine it names does not exist, or it turns out invalid
   mid-replay. Else `fail` (exit 1): an `expect` did not hold, or an unpinned,
   unignored finding is at or above `--fail-on`. Else `pass`. The decision is the
-  tally's (`report/tally.py`): it is fed the replay's records with the pinned and
+  tally's (`contracts/tally.py`): it is fed the replay's records with the pinned and
   ignored findings taken out, under `check=True`.
 
 Invariants: `check_one` is a pure function of its `CheckJob` (plain strings and
@@ -50,14 +50,15 @@ from pathlib import Path
 
 from .backend.budget import ReplayTooLarge, check_replay_memory
 from .backend.store import make_backend
-from .engine.versions import VersionError, load_version
-from .records import ExpectResult, OpEvent, UbatchRecord
+from .contracts import exits
+from .contracts.finding import Finding, severity_rank
+from .contracts.records import ExpectResult, OpEvent, UbatchRecord
+from .contracts.tally import Tally, tallied
 from .replay import replay
-from .report.tally import Tally, tallied
 from .trace import model as m
 from .trace.load import MAX_TOKENS, TraceError
-from .verdict.codes import Finding, severity_rank
 from .verdict.expect import load_checked
+from .versions import VersionError, load_version
 from .workers import in_order
 
 DEFAULT_ENGINES = ("rep-once", "cache-safe")
@@ -67,7 +68,10 @@ MAX_LISTED = 50
 
 PASS, FAIL, INVALID = "pass", "fail", "invalid"
 STATUSES = (PASS, FAIL, INVALID)
-EXIT_CODES = {PASS: 0, FAIL: 1, INVALID: 2}
+# the names of kpool check's output formats (--output-format, the settings file) and of
+# those kpool replay --format also writes; report/check_formats.py writes each
+OUTPUT_FORMATS = ("text", "json", "junit", "github", "sarif")
+CI_FORMATS = ("junit", "github", "sarif")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +140,7 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_CODES[self.status]
+        return exits.of_status(self.status)
 
     @property
     def failing(self) -> tuple[Flagged, ...]:
@@ -283,7 +287,7 @@ def check_one(job: CheckJob) -> CheckResult:
     except TraceError as e:
         return dataclasses.replace(_invalid(job.path, job.engine, e), ubatches=tally.ubatches)
     flagged.sort(key=lambda f: not f.fails)  # stable: failing first, in replay order
-    status = {2: INVALID, 1: FAIL, 0: PASS}[tally.exit_code]
+    status = INVALID if tally.problems else FAIL if tally.failed else PASS
     return CheckResult(
         job.path, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
         max(0, len(flagged) - MAX_LISTED), (), tally.expect_passed, tally.expect_failed,
@@ -307,13 +311,13 @@ def _result_of(unit: CheckJob | CheckResult) -> CheckResult:
 
 
 def exit_code(results: Iterable[CheckResult]) -> int:
-    """The command's exit code: the highest of the results' (0 for none)."""
-    return max((r.exit_code for r in results), default=0)
+    """The command's exit code: the worst of the results'."""
+    return exits.worst(r.exit_code for r in results)
 
 
 def summary(results: Sequence[CheckResult]) -> dict:
-    """The `summary` record of a check (report/format.py, CHECK_SUMMARY)."""
-    from .report.format import CHECK_SUMMARY
+    """The `summary` record of a check (contracts/report_format.py, CHECK_SUMMARY)."""
+    from .contracts.report_format import CHECK_SUMMARY
 
     by = Counter(r.status for r in results)
     return CHECK_SUMMARY.make(traces=len({r.path for r in results}), runs=len(results),

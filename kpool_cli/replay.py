@@ -12,22 +12,32 @@ edits' asserts), and `expect` ops are checked by a consumer of the records
 Per edit: asserts (KP005) -> the recurrent child's refusal (KP008) -> caches ->
 staleness. Per decode: validate -> (pending stream copies) -> split -> find_slot
 for every ubatch -> per ubatch: write cells -> layout update (what changed) ->
-marking -> scatter plan -> the ubatch's context (verdict/context.py: its race
-groups computed once) -> the rules' checks and the backend over it -> record. A
-refusal yields an event and changes nothing; an engine abort (KP005) yields its
-record or event and ends the replay. Each finding is built by its rule module
-(verdict/rules/).
+marking -> scatter plan -> the ubatch's context (engine/context.py: its race
+groups computed once) -> the value backend's facts -> the rules' checks -> record.
+A refusal yields an event and changes nothing; an engine abort (KP005) yields its
+record or event and ends the replay.
+
+The rules are `verdict.rules.RULES`, run through their one protocol
+(`verdict.rule.Check`): the replay hands each op's outcome (`OpContext`) and each
+ubatch's facts (`UbatchContext`, then the backend's `ValueFacts`) to every rule's
+check and names no code. A ubatch's findings come in the order of the engine steps
+they are about (`Check.reads`), then of their codes.
+
+`Replayer(..., observer=...)` lets a caller look at every ubatch's record with its
+context (the fuzzer checks kpool's own invariants there); `planned_ubatches` counts
+a trace's ubatches with the replay's own split, for the views.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import numpy as np
 
+from .backend.facts import ValueFacts
+from .cache.aborts import EngineAbort
 from .cache.batch import (
-    KeepTailAssert,
     Ubatch,
     decode_split,
     first_ubatch_len,
@@ -36,13 +46,9 @@ from .cache.batch import (
     validate_span,
 )
 from .cache.kv import KvCache
-from .cache.recurrent import EditRefused, HybridPositions, RecurrentAssert, RecurrentChild
-from .engine.edits import Staleness, check_edit
-from .engine.layout import POS_CLEAN, Layout
-from .engine.marking import EngineAbort, gen_zeroed, mark, n_new_graph
-from .engine.scatter import build_plan
-from .engine.versions import EngineVersion
-from .records import (
+from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild, n_keep_tail
+from .contracts.finding import Finding
+from .contracts.records import (
     ABORTED,
     APPLIED,
     REJECTED,
@@ -54,20 +60,17 @@ from .records import (
     Pools,
     UbatchRecord,
 )
+from .engine.context import OpContext, UbatchContext
+from .engine.edits import Staleness, check_edit
+from .engine.layout import POS_CLEAN, Layout
+from .engine.marking import gen_zeroed, mark, n_new_graph
+from .engine.scatter import build_plan
 from .trace import model as m
 from .trace.load import Problem, TraceError
-from .verdict.codes import Finding
-from .verdict.context import UbatchContext
 from .verdict.expect import with_expectations
-from .verdict.rules import (
-    kp001_scatter_race,
-    kp002_rep_conflict,
-    kp004_pad_collision,
-    kp005_engine_abort,
-    kp006_decode_rejected,
-    kp007_layout_drift,
-    kp008_edit_refused,
-)
+from .verdict.rule import Check
+from .verdict.rules import RULES
+from .versions import EngineVersion
 
 
 class Backend(Protocol):
@@ -79,10 +82,13 @@ class Backend(Protocol):
     def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
     def restore(self, slot: str, rows: np.ndarray) -> None: ...
     def clear(self) -> None: ...
-    def run_ubatch(self, ctx: UbatchContext, race: list[Finding]) -> list[Finding]:
+    def run_ubatch(self, ctx: UbatchContext) -> ValueFacts:
         """Pool, scatter and verify the ubatch of `ctx` (which has a plan); return
-        `race` (the static KP001, if any) with value evidence, then any KP003."""
+        what the rules read of its values."""
         ...
+
+
+Observer = Callable[[UbatchRecord, UbatchContext], None]
 
 
 def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
@@ -93,6 +99,32 @@ def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = Non
     every UbatchRecord carries the cache's cells (for the rich view; costs O(rows))."""
     records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map).run()
     yield from with_expectations(trace, version.name, backend is not None, records)
+
+
+def decode_ubatches(cfg: m.CacheConfig, op: m.Decode) -> list[Ubatch] | str:
+    """A listed decode's ubatches as the replay runs them: its recorded split, or
+    llama_memory_hybrid_idx::init_batch's split_equal(n_ubatch, !unified,
+    n_keep_tail) (cache/batch.py: `decode_split`); a refusal is its message, and
+    GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert."""
+    return decode_split(op.tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
+                        n_keep_tail(cfg.n_rs_seq))
+
+
+def planned_ubatches(trace: m.Trace) -> int:
+    """The ubatches the trace's decodes split into, with the replay's own split
+    (`decode_ubatches`), decodes a later step refuses included: an upper bound of
+    what the replay yields, computed before it runs. A span (a decode its stream
+    can never hold) and a split refused or asserted on yield none."""
+    n = 0
+    for op in trace.ops:
+        if not isinstance(op, m.Decode) or op.span is not None:
+            continue
+        try:
+            split = decode_ubatches(trace.cache, op)
+        except EngineAbort:
+            continue
+        n += 0 if isinstance(split, str) else len(split)
+    return n
 
 
 def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]:
@@ -107,7 +139,8 @@ def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]
 
 class Replayer:
     def __init__(self, trace: m.Trace, version: EngineVersion, backend: Backend | None = None,
-                 *, pools_all: bool = False, cell_map: bool = False) -> None:
+                 *, pools_all: bool = False, cell_map: bool = False,
+                 observer: Observer | None = None) -> None:
         cfg = trace.cache
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
@@ -121,8 +154,17 @@ class Replayer:
         self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
         self.n_ubatch_done = 0
         self.aborted = False
-        self._rep_conflicts = kp002_rep_conflict.Watch()
-        self._drifts = kp007_layout_drift.Watch(self.cache)
+        self.observer = observer
+        # every rule's check for this replay, in the order a ubatch's findings come
+        self.checks: list[Check] = sorted((r.Check() for r in RULES), key=lambda c: c.reads)
+
+    @property
+    def layout_shared(self) -> bool:
+        """The layout had a shared cell at its last update (cache-safe's sharing)."""
+        return not self.layout.cache_safe
+
+    def _at_op(self, op: OpContext) -> tuple[Finding, ...]:
+        return tuple(f for chk in self.checks for f in chk.at_op(op))
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -157,11 +199,11 @@ class Replayer:
             return self._abort(i, op.kind, str(e))
         except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
-                           (kp008_edit_refused.finding(str(e), op.seq),))
+                           self._at_op(OpContext(i, op.kind, op.seq, refused=str(e))))
         pos = self.staleness.before(op, cache.seq_pos_min)
         try:
             message = self._apply_edit(op)
-        except RecurrentAssert as e:  # state_read's find_slot on a dangling tail
+        except EngineAbort as e:  # state_read's find_slot on a dangling tail
             return self._abort(i, op.kind, str(e))
         self.staleness.after(op, pos, layout_shared=not self.layout.cache_safe)
         return OpEvent(i, op.kind, REJECTED if message else APPLIED,
@@ -228,13 +270,14 @@ class Replayer:
     def _abort(self, i: int, kind: str, message: str) -> OpEvent:
         """An engine assert outside a ubatch's marking: KP005, and the replay ends."""
         self.aborted = True
-        return OpEvent(i, kind, ABORTED, {}, message, (kp005_engine_abort.at_op(message),))
+        return OpEvent(i, kind, ABORTED, {}, message,
+                       self._at_op(OpContext(i, kind, aborted=message)))
 
     # -- decode ----------------------------------------------------------------------------
 
     def _reject(self, i: int, message: str) -> OpEvent:
         return OpEvent(i, "decode", REJECTED, {}, message,
-                       (kp006_decode_rejected.finding(message),))
+                       self._at_op(OpContext(i, "decode", refused=message)))
 
     def _decode_span(self, i: int, span: m.Span) -> OpEvent:
         """A decode of more tokens than its stream has cells (ENGINE.md §3), which
@@ -252,7 +295,7 @@ class Replayer:
             if msg is not None:
                 return self._reject(i, msg)
             self.recurrent.prepare([[span.seq]])
-        except (KeepTailAssert, RecurrentAssert) as e:
+        except EngineAbort as e:  # the split's, or the recurrent child's
             return self._abort(i, "decode", str(e))
         k = cache.stream_of(span.seq[0])
         cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.n_ubatch, n_keep_tail))
@@ -276,10 +319,8 @@ class Replayer:
             return
         self._copy_pending_streams()
         try:
-            # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified, n_keep_tail)
-            split = decode_split(tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
-                                 self.recurrent.n_keep_tail)
-        except KeepTailAssert as e:
+            split = decode_ubatches(cfg, op)
+        except EngineAbort as e:
             yield self._abort(i, "decode", str(e))
             return
         if isinstance(split, str):  # the split is refused: why
@@ -296,7 +337,7 @@ class Replayer:
         try:
             # llama_memory_hybrid_idx::init_batch prepares the recurrent child first
             self.recurrent.prepare(seqs for _pos, seqs, _rec in ubs)
-        except RecurrentAssert as e:
+        except EngineAbort as e:
             yield self._abort(i, "decode", str(e))
             return
         placements = cache.plan(ubs)
@@ -329,7 +370,7 @@ class Replayer:
                 continue
             for ss, c in zip(seqs, recorded.tolist(), strict=True):
                 k = self.cache.stream_of(ss[0])
-                if self.cache.streams[k].pos[c] != -1 or (k, c) in taken:
+                if not self.cache.is_empty(k, c) or (k, c) in taken:
                     raise TraceError([Problem(
                         op.loc.file, op.loc.line, op.loc.column, "decode.cell",
                         f"recorded cell {c} (stream {k}) is not empty when the decode runs")])
@@ -346,8 +387,8 @@ class Replayer:
                                truncate_tail=v.truncate_stale_tail)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
-        findings: list[Finding] = []
         plan = None
+        abort = None
         marked = np.empty(0, dtype=np.int64)
         n_new = n_new_g = 0
         try:
@@ -359,16 +400,13 @@ class Replayer:
             plan = build_plan(layout, marked, n_new_g, pos, seqs, pl.cells, cfg.n_rows,
                               v.padding == "row-zero")
         except EngineAbort as e:
-            findings.append(kp005_engine_abort.at_ubatch(str(e), pos, seqs))
-        ctx = UbatchContext.of(layout, change, plan, pos, tuple(seqs))
-        # KP002 and KP007 where they appear (they persist until the layout changes)
-        findings += self._rep_conflicts.check(ctx) + self._drifts.check(ctx)
-        if plan is not None:
-            race = kp001_scatter_race.check(ctx)
-            if self.backend:
-                # the backend gives the race its values, and adds KP003
-                race = self.backend.run_ubatch(ctx, race)
-            findings += race + kp004_pad_collision.check(ctx)
+            abort = str(e)
+        ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs))
+        values = self.backend.run_ubatch(ctx) if self.backend and plan is not None else None
+        findings: list[Finding] = []
+        for chk in self.checks:
+            found = chk.at_ubatch(ctx)
+            findings += found if values is None else chk.with_values(ctx, values, found)
         index = self.n_ubatch_done
         self.n_ubatch_done += 1
         cost = {
@@ -381,7 +419,7 @@ class Replayer:
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
         empty = np.empty(0, dtype=np.int64)
-        return UbatchRecord(
+        rec = UbatchRecord(
             index=index, op=i, batch_ubatch=b, token_pos=pos, token_seqs=tuple(seqs),
             token_rows=rows, token_ext=ext,
             token_visible=plan.visible if plan is not None else np.zeros(pos.size, np.int64),
@@ -396,19 +434,16 @@ class Replayer:
             cost=cost, findings=tuple(findings), aborted=plan is None,
             cell_map=self._cell_map() if self.want_cell_map else None,
         )
+        if self.observer is not None:
+            self.observer(rec, ctx)
+        return rec
 
     def _cell_map(self) -> CellMap:
         """Per global row: SEQ_EMPTY, the cell's one seq id, or SEQ_SHARED; the rep rows."""
-        parts = []
-        for st in self.cache.streams:
-            code = np.where(st.seq_count == 0, np.int16(SEQ_EMPTY), np.int16(SEQ_SHARED))
-            single = st.seq_count == 1
-            for col, s in enumerate(st.seq_ids):
-                code[st.has[col] & single] = s
-            parts.append(code)
         is_rep = np.zeros(self.cfg.n_rows, dtype=bool)
         is_rep[self.layout.pool_cells()] = True
-        return CellMap(self.cfg.kv_size, np.concatenate(parts), np.flatnonzero(is_rep))
+        return CellMap(self.cfg.kv_size, self.cache.seq_codes(SEQ_EMPTY, SEQ_SHARED),
+                       np.flatnonzero(is_rep))
 
     def _listed_pools(self, marked: np.ndarray) -> Pools:
         layout = self.layout

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .engine.versions import VERSIONS
+from .check import OUTPUT_FORMATS
+from .contracts.tally import FAIL_ON
 from .inputs import InputRefused, InputTooLarge, read_input
-from .report.check_formats import FORMATS as OUTPUT_FORMATS
-from .report.tally import FAIL_ON
 from .trace.yaml_safe import clip, quote, suggest
 from .verdict.codes import CODES
+from .versions import VERSIONS
 from .wording import visible
 from .workers import MAX_JOBS
 

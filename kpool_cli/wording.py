@@ -177,6 +177,11 @@ def pools(pairs: Iterable[tuple[int, int]], limit: int | None = None) -> str:
     return _limited(parts, limit, len(ps)) or NONE
 
 
+def writer(w: tuple[int, int]) -> str:
+    """A scatter entry's writer as messages name it: `seq:k`, or `padding` for (-1, -1)."""
+    return "padding" if tuple(w) == (-1, -1) else f"{w[0]}:{w[1]}"
+
+
 def code(code: str, name: str = "") -> str:
     """A finding code with its name (`KP001 scatter-race`), the code alone without."""
     return f"{code} {name}" if name else code

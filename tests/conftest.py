@@ -30,11 +30,17 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
+from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.trace.model import Token, Trace
+from kpool_cli.versions import VERSIONS
+
+# The suite runs on two processes (pytest-xdist, pyproject's addopts), whose workers
+# inherit COLUMNS=80 and LINES=24 from it; kpool wraps text to COLUMNS when it is set,
+# so the tests that mean a width set it themselves, as a user's shell would
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 sys.path.insert(0, str(Path(__file__).parent))
 

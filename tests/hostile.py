@@ -355,7 +355,7 @@ _STRINGS = [
     ":smile: :cross_mark:", "[", "]", "\\[escaped]", "<script>alert(1)</script>",
     "&amp;<>\"'", "\U0001f600", "\U0001f1fa\U0001f1f8", "e\u0301" * 20, "\u0663", "\ud7ff",
     "x" * 70000, "\n" * 2000, "a:b", "os:system", "json:loads", "kpool_cli.cli:main",
-    "kpool_cli.engine.versions:REP_ONCE", "kpool_cli.engine.versions:VERSIONS", "<<", "=",
+    "kpool_cli.versions:REP_ONCE", "kpool_cli.versions:VERSIONS", "<<", "=",
     "~", "null", "true", "1", "-1", "0x10", "1e3", "2001-12-14", "2001-12-14t21:59:43.10-05:00",
 ]
 
@@ -817,7 +817,7 @@ def random_trace(rng: random.Random, *, big: bool) -> tuple[dict, str]:
     doc["cache"] = cache
     if rng.random() < 0.3:
         doc["engine"] = rng.choice(["rep-once", "cache-safe"]
-                                   + (["nope", "os:system", "kpool_cli.engine.versions:REP_ONCE"]
+                                   + (["nope", "os:system", "kpool_cli.versions:REP_ONCE"]
                                       if edgy else []))
     if rng.random() < 0.3:
         doc["seed"] = rng.choice([0, 1, 2**32, 2**64 - 1, 12345] + ([2**64, -1] if edgy else []))
@@ -1387,11 +1387,11 @@ def case_report(rng: random.Random, key: str) -> Case:
 # --- random argument lists --------------------------------------------------------------
 
 _ENGINES = ["rep-once", "cache-safe", "", "nope", "REP-ONCE", "rep-once ", "os:sep", "json:loads",
-            "kpool_cli.engine.versions:REP_ONCE", "kpool_cli.engine.versions:VERSIONS",
-            "kpool_cli.engine.versions:DEFAULT_VERSION", "kpool_cli.cli:cli", ":", "a:b:c", ":x",
+            "kpool_cli.versions:REP_ONCE", "kpool_cli.versions:VERSIONS",
+            "kpool_cli.versions:DEFAULT_VERSION", "kpool_cli.cli:cli", ":", "a:b:c", ":x",
             "x:", ".x:y", "kpool_cli..cli:x", "\x1b[31m:x", "zzqx_nomod_81:V", "kpool_cli:nosuch",
             "kpool_cli.cli", "\u202ex:y", "x" * 5000, "../../etc:passwd", "/tmp/x:y",
-            "kpool_cli.engine.versions:REP_ONCE.name", "sys:exit", "builtins:print"]
+            "kpool_cli.versions:REP_ONCE.name", "sys:exit", "builtins:print"]
 _UBATCH = ["0", "3", "3..5", "5..3", "0..", "..", "..4", "-1", "a", "1.5", "0..0", "2..2",
            "99999999999999999999", "0..99999999999999999999", "9" * 5000, "", " 1 ", "1..2..3",
            "\x1b[2J", "\uff11", "0x10", "1_0"]
@@ -1560,7 +1560,7 @@ PROBE_SOURCE = '''"""Planted by tests/hostile.py: a plug-in engine that tells on
 import os as _os
 from dataclasses import replace as _replace
 
-from kpool_cli.engine.versions import REP_ONCE as _REP_ONCE, EngineVersion as _EV
+from kpool_cli.versions import REP_ONCE as _REP_ONCE, EngineVersion as _EV
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
 _ready = False
@@ -1658,14 +1658,14 @@ ENGINE_ARGS = [
     ("", True), (" ", True), (":", True), ("a:", True), (":b", True), ("::", True),
     ("os:abort", True), ("os:system", True), ("sys:exit", True), ("builtins:exec", True),
     ("builtins:print", True), ("shutil:rmtree", True), ("kpool_cli.cli:main", True),
-    ("kpool_cli.engine.versions:VERSIONS", True), ("kpool_cli.engine.versions:EngineVersion",
+    ("kpool_cli.versions:VERSIONS", True), ("kpool_cli.versions:EngineVersion",
                                                     True),
-    ("kpool_cli.engine.versions:load_version", True), (PROBE + ":fn", True),
+    ("kpool_cli.versions:load_version", True), (PROBE + ":fn", True),
     (PROBE + ":Cls", True), (PROBE + ":sneaky", True), (PROBE + ":missing", True),
     (PROBE + ":raiser", True), (PROBE + ":exiter", True), (PROBE + ":V.name", True),
     (PROBE + ":_mark", True), (PROBE, True), (PROBE + ":boolish", None),
     (PROBE + ":strname", None), (PROBE + ":subv", None), (PROBE + ":V", False),
-    ("kpool_cli.engine.versions:REP_ONCE", False), ("\x1b[31m:x", True), ("x" * 5000, True),
+    ("kpool_cli.versions:REP_ONCE", False), ("\x1b[31m:x", True), ("x" * 5000, True),
     ("rep-once\n", True), ("rep-once\u2028", True), ("REP-ONCE", True), ("rep-once ", True),
     ("zzqx_nomod_81:V", True), ("../etc:passwd", True), ("/tmp/x:y", True),
     ("kpool_cli..engine:x", True), ("rep-once", False), ("cache-safe", False),
@@ -1706,7 +1706,7 @@ _TOML_TEXT = ["error", "warning", "never", "text", "json", "junit", "github", "s
               "a\u2028b", "\u202eevil", "x" * 100000, "\x00", "KP999", "rep-once"]
 _PLUGINS = ["os:abort", "os:system", "sys:exit", "builtins:exec", "subprocess:call",
             "shutil:rmtree", PROBE + ":V", PROBE + ":fn", PROBE + ":raiser", PROBE,
-            "kpool_cli.engine.versions:REP_ONCE", "kpool_cli.cli:main", "json:loads"]
+            "kpool_cli.versions:REP_ONCE", "kpool_cli.cli:main", "json:loads"]
 _BAD_ENGINES = ["[]", '[""]', '["rep-once", "rep-once"]', '"rep-once"', "[1]",
                 '[["rep-once"]]', '["REP-ONCE"]', '["rep-once "]', '["rep-once\\nPASS x"]',
                 '["\\u001b[2J"]', '["\\u2028"]', "[" + ", ".join(['"rep-once"'] * 10000) + "]",
@@ -2273,7 +2273,7 @@ def numeric_options() -> dict[str, tuple[tuple[str, str, float, float], ...]]:
     import click
 
     from kpool_cli.cli import cli
-    from kpool_cli.options import Float, Int
+    from kpool_cli.cli.options import Float, Int
 
     out: dict[str, tuple[tuple[str, str, float, float], ...]] = {}
 

@@ -45,9 +45,9 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from kpool_cli.engine.versions import VERSIONS
 from kpool_cli.gen.scenarios import SCENARIOS
 from kpool_cli.verdict.codes import CODES
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))

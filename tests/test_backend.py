@@ -14,11 +14,11 @@ from conftest import ENGINES, trace
 from test_engine_rules import TRACES
 
 from kpool_cli.backend.store import ValueBackend, kernel_module, make_backend
-from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
-from kpool_cli.records import OpEvent, UbatchRecord
+from kpool_cli.contracts.records import OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace, load_trace_text
 from kpool_cli.trace.model import Trace
+from kpool_cli.versions import REP_ONCE, VERSIONS, EngineVersion
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))

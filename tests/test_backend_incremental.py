@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kpool_cli.backend.store import ValueBackend
+from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.layout import LayoutChange
-from kpool_cli.engine.versions import REP_ONCE, VERSIONS, EngineVersion
-from kpool_cli.records import UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.report.json_report import event_json, ubatch_json
 from kpool_cli.trace import model as m
+from kpool_cli.versions import REP_ONCE, VERSIONS, EngineVersion
 
 ROW_ZERO = dataclasses.replace(REP_ONCE, name="rep-once-row-zero", padding="row-zero")
 VARIANTS = {**VERSIONS, ROW_ZERO.name: ROW_ZERO}
@@ -32,7 +32,7 @@ def full_bad(be: ValueBackend, layout) -> list[np.ndarray]:
     out = []
     for sq in layout.seqs:
         ks = np.arange(len(sq.pools), dtype=np.int64)
-        out.append(be._differ(sq.members(ks, be.kpool, be.kv_size), sq.rep_rows.view[ks])
+        out.append(be.verifier.differ(sq.members(ks, be.kpool, be.kv_size), sq.rep_rows.view[ks])
                    if ks.size else np.zeros(0, dtype=bool))
     return out
 
@@ -224,21 +224,21 @@ def test_incremental_check_after_any_row_change(moves) -> None:
             # a scatter of row b's correct pooling elsewhere (what a stray entry does)
             src = np.array(b[: len(a)], dtype=np.int64)
             members = np.repeat(src[:, None], 2, axis=1)
-            slots = be._own(rows[: src.size], zero_new=True)
-            be.pooled[slots] = be.k.pool(be.key, be.gate, be._slots(members))
-            be.pool_gen[slots] = 0  # as every write of a pooled row but the scatter's
-            be._touch(rows[: src.size], False, True)
+            slots = be.slots.own(rows[: src.size], zero_new=True)
+            be.slots.pooled[slots] = be.k.pool(be.slots.key, be.slots.gate, be.slots.of(members))
+            be.slots.pool_gen[slots] = 0  # as every write of a pooled row but the scatter's
+            be.verifier.touch(rows[: src.size], False, True)
         else:
             be.clear()
         # a scatter now of every pool: what it keeps equals pooling again
         for sq in lay.seqs:
             ks = np.arange(len(sq.pools), dtype=np.int64)
-            members = be._slots(sq.members(ks, be.kpool, be.kv_size))
-            reps = be._slots(sq.rep_rows.view[ks])
+            members = be.slots.of(sq.members(ks, be.kpool, be.kv_size))
+            reps = be.slots.of(sq.rep_rows.view[ks])
             assert np.array_equal(be._pool_or_keep(members, reps).view(np.uint32),
-                                  be._k_pool(members).view(np.uint32)), (kind, a, b)
-        be._verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs), frozenset(),
-                                     frozenset(), 0))
+                                  be.kernels.pool(members).view(np.uint32)), (kind, a, b)
+        be.verifier.verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs),
+                                             frozenset(), frozenset(), 0))
         full = full_bad(be, lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)
@@ -252,7 +252,7 @@ class PoolEveryEntry(ValueBackend):
     be bit-equal to."""
 
     def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        return self._k_pool(members)
+        return self.kernels.pool(members)
 
 
 def as_json(rec, t: m.Trace) -> dict:
@@ -334,16 +334,16 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
     cfg = m.CacheConfig(kv_size=8, kpool=2, n_seq_max=2, unified=False, n_embd=4)
     be = ValueBackend(cfg, 0, "numpy")
     be.write_rows(np.array([0, 1, 8, 9]), np.array([1, 2, 3, 4]))
-    s = be._slots(np.array([0, 1, 8, 9]))
-    be._next_gen()  # what a scatter does: a pooling of rows 8, 9 into row 9
-    be.pooled[s[3]] = be._k_pool(s[None, 2:])[0]
-    be.pool_of[s[3]], be.pool_gen[s[3]] = s[2:], be._gen
+    s = be.slots.of(np.array([0, 1, 8, 9]))
+    be.slots.next_gen()  # what a scatter does: a pooling of rows 8, 9 into row 9
+    be.slots.pooled[s[3]] = be.kernels.pool(s[None, 2:])[0]
+    be.slots.pool_of[s[3]], be.slots.pool_gen[s[3]] = s[2:], be.slots.gen
     members, rep = s[None, 2:].copy(), s[3:]
-    assert be._pool_or_keep(members, rep).tobytes() == be._k_pool(members).tobytes()
+    assert be._pool_or_keep(members, rep).tobytes() == be.kernels.pool(members).tobytes()
     assert be.pools_kept == 1  # kept: the pooling is still right
-    be.pooled[s[1]] = 7
+    be.slots.pooled[s[1]] = 7
     be.copy_stream(0, 1)
-    members, rep = be._slots(np.array([[8, 9]])), be._slots(np.array([9]))
+    members, rep = be.slots.of(np.array([[8, 9]])), be.slots.of(np.array([9]))
     assert (be.row_values("pooled", np.array([9])) == 7).all()
-    assert be._pool_or_keep(members, rep).tobytes() == be._k_pool(members).tobytes()
+    assert be._pool_or_keep(members, rep).tobytes() == be.kernels.pool(members).tobytes()
     assert be.pools_kept == 1

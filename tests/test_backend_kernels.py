@@ -2,7 +2,8 @@
 
 - the numba kernels (kernels.py) against their numpy twin (reference.py), bit for
   bit, on arrays built here;
-- the wrappers (store.py `ValueBackend`) check every index before a kernel runs:
+- the wrappers (`ValueBackend` in store.py, and each kernel's door in guarded.py)
+  check every index before a kernel runs:
   bad rows from the replay (out of range, repeated where a kernel takes one writer
   per row, not integers, the wrong shape), a doctored scatter plan, a corrupt slot
   map: each is a `PlanError` naming the row or slot, never a write outside an
@@ -32,12 +33,12 @@ from conftest import ENGINES
 
 from kpool_cli.backend import keys, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import UbatchRecord
+from kpool_cli.contracts.records import UbatchRecord
+from kpool_cli.engine.context import UbatchContext
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import CacheConfig
-from kpool_cli.verdict.context import UbatchContext
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACE_FILES = sorted((ROOT / "traces").glob("*.yaml"))
@@ -168,9 +169,9 @@ CFG_STREAMS = CacheConfig(kv_size=8, kpool=2, n_seq_max=2, unified=False)  # 2 s
 
 def state(be: ValueBackend) -> tuple:
     """Everything a refused call must leave as it was (arrays as bytes)."""
-    n = be._n_slots
-    arrays = (be.slot_of, be._free, be.key[:n], be.gate[:n], be.pooled[:n], be.w_kind[:n],
-              be.w_ubatch[:n], be.slot_row[:n], be._kdirty, be._pdirty, *be.bad)
+    t, n = be.slots, be.slots.n_handed
+    arrays = (t.slot_of, t._free, t.key[:n], t.gate[:n], t.pooled[:n], t.w_kind[:n],
+              t.w_ubatch[:n], t.slot_row[:n], be.verifier._kdirty, be.verifier._pdirty, *be.bad)
     return (n, be.n_ubatch, sorted(be.alt), sorted(be.snapshots),
             tuple((a.shape, a.tobytes()) for a in arrays))
 
@@ -235,11 +236,11 @@ def test_every_row_taking_method_refuses_bad_rows(backend: str) -> None:
         ("restore", lambda: be.restore("a", np.array([8, 9])), "2 rows for snapshot 'a' of 4"),
         ("restore", lambda: be.restore("a", np.array([8, 9, 9, 10])), "row 9 is in rows"),
         ("row_values", lambda: be.row_values("key", np.array([0, -1])), "rows[1] is row -1,"),
-        ("check", lambda: be._differ(np.array([[0, 1, 2, 16]]), np.array([3])),
+        ("check", lambda: be.verifier.differ(np.array([[0, 1, 2, 16]]), np.array([3])),
          "member rows[0, 3] is row 16,"),
-        ("check", lambda: be._differ(np.array([[0, 1, 2, 3]]), np.array([3, 4])),
+        ("check", lambda: be.verifier.differ(np.array([[0, 1, 2, 3]]), np.array([3, 4])),
          "rep rows has shape (2,), expected shape (1,)"),
-        ("check", lambda: be._differ(np.array([[0, 1, 2]]), np.array([3])),
+        ("check", lambda: be.verifier.differ(np.array([[0, 1, 2]]), np.array([3])),
          "member rows has shape (1, 3), expected shape (n, 4)"),
         ("gather", lambda: be.gather(SimpleNamespace(pool_cells=lambda: np.array([3, 40]))),
          "the layout's pool_cells[1] is row 40,"),
@@ -310,12 +311,13 @@ class Doctored(ValueBackend):
         super().__init__(*args)
         self.refused: set[str] = set()
 
-    def run_ubatch(self, ctx, race):
+    def run_ubatch(self, ctx):
         plan, layout = ctx.plan, ctx.layout
         if plan.n_new_g:
             n = self.n_rows
-            spoiled = {name: (UbatchContext.of(layout, ctx.change, spoil(plan, n, layout),
-                                               ctx.token_pos, ctx.token_seqs), says)
+            spoiled = {name: (UbatchContext.of(ctx.cache, layout, ctx.change,
+                                               spoil(plan, n, layout), None, ctx.token_pos,
+                                               ctx.token_seqs), says)
                        for name, (spoil, says) in BAD_PLANS.items()}
             spoiled[GROUPS_OF_ANOTHER_PLAN] = (
                 dataclasses.replace(ctx, rows=ctx.rows + 1),
@@ -323,12 +325,12 @@ class Doctored(ValueBackend):
             for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
-                    super().run_ubatch(bad, race)
+                    super().run_ubatch(bad)
                 assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
-        return super().run_ubatch(ctx, race)
+        return super().run_ubatch(ctx)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -359,16 +361,16 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     """Slots are checked at the kernel's door too: a row whose slot is not in use
     (a slot-map bug) is an error naming the slot, not a write past the arrays."""
     be = written(backend)
-    n = be._n_slots
-    far = be._cap + 1000  # past the arrays' end: the kernel would write outside them
-    be.slot_of[3] = far
+    n = be.slots.n_handed
+    far = be.slots._cap + 1000  # past the arrays' end: the kernel would write outside them
+    be.slots.slot_of[3] = far
     said = f"is slot {far}, but it may only name slots 0..{n - 1}"
     calls = [
         ("write_keys", lambda: be.write_rows(np.array([3]), np.array([9])),
          f"slots[0] is slot {far}, but it may only name slots 1..{n - 1}"),
-        ("check", lambda: be._differ(np.array([[0, 1, 2, 3]]), np.array([2])),
+        ("check", lambda: be.verifier.differ(np.array([[0, 1, 2, 3]]), np.array([2])),
          f"member slots[0, 3] {said}"),
-        ("check", lambda: be._differ(np.array([[0, 1, 2, 4]]), np.array([3])),
+        ("check", lambda: be.verifier.differ(np.array([[0, 1, 2, 4]]), np.array([3])),
          f"rep slots[0] {said}"),
         ("gather", lambda: be.gather(SimpleNamespace(pool_cells=lambda: np.array([1, 3]))),
          f"slots[1] {said}"),
@@ -376,29 +378,30 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     for where, call, says in calls:
         with refused(where, says):
             call()
-    be.slot_of[3] = 0
+    be.slots.slot_of[3] = 0
     # the kernels' own doors, with what the slot map cannot express
     vals = np.zeros((2, CFG.n_embd), np.float32)
     doors = [
-        ("write_keys", lambda: be._k_write_keys(np.array([0]), np.array([1])),
+        ("write_keys", lambda: be.kernels.write_keys(np.array([0]), np.array([1])),
          "slots[0] is slot 0, but it may only name slots 1.."),
-        ("write_keys", lambda: be._k_write_keys(np.array([1, 1]), np.array([1, 2])),
+        ("write_keys", lambda: be.kernels.write_keys(np.array([1, 1]), np.array([1, 2])),
          "slot 1 is in slots more than once (the kernel takes one writer per slot)"),
-        ("pool", lambda: be._k_pool(np.array([[0, 1, 2, n]])), f"member slots[0, 3] is slot {n},"),
-        ("pool", lambda: be._k_pool(np.zeros((1, 0), np.int64)),
+        ("pool", lambda: be.kernels.pool(np.array([[0, 1, 2, n]])),
+         f"member slots[0, 3] is slot {n},"),
+        ("pool", lambda: be.kernels.pool(np.zeros((1, 0), np.int64)),
          "member slots has shape (1, 0), expected shape (n, 4)"),
-        ("scatter", lambda: be._k_scatter(np.array([1, 2]), vals, np.array([0, 2])),
+        ("scatter", lambda: be.kernels.scatter(np.array([1, 2]), vals, np.array([0, 2])),
          "sources[1] is entry 2, but it may only name entries 0..1"),
-        ("scatter", lambda: be._k_scatter(np.array([1, 2]), vals, np.array([0])),
+        ("scatter", lambda: be.kernels.scatter(np.array([1, 2]), vals, np.array([0])),
          "sources has shape (1,)"),
-        ("scatter", lambda: be._k_scatter(np.array([2, 2]), vals, np.array([0, 1])),
+        ("scatter", lambda: be.kernels.scatter(np.array([2, 2]), vals, np.array([0, 1])),
          "slot 2 is in slots more than once"),
-        ("scatter", lambda: be._k_scatter(np.array([1]), vals[:, :3].copy(), np.array([0])),
+        ("scatter", lambda: be.kernels.scatter(np.array([1]), vals[:, :3].copy(), np.array([0])),
          "the values are float32 (2, 3)"),
-        ("scatter", lambda: be._k_scatter(np.array([1]), vals.astype(np.float64),
+        ("scatter", lambda: be.kernels.scatter(np.array([1]), vals.astype(np.float64),
                                           np.array([0])), "the values are float64"),
-        ("gather", lambda: be._k_gather(np.array([-1])), "slots[0] is slot -1,"),
-        ("check", lambda: be._k_pools_differ(np.array([[1, 2, 3, 4]]), np.array([1, 2])),
+        ("gather", lambda: be.kernels.gather(np.array([-1])), "slots[0] is slot -1,"),
+        ("check", lambda: be.kernels.pools_differ(np.array([[1, 2, 3, 4]]), np.array([1, 2])),
          "rep slots has shape (2,)"),
     ]
     before = state(be)
@@ -406,11 +409,11 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         with refused(where, says):
             call()
         assert state(be) == before, (where, says)
-    pooled = be.pooled
-    be.pooled = np.asfortranarray(pooled)
+    pooled = be.slots.pooled
+    be.slots.pooled = np.asfortranarray(pooled)
     with refused("gather", "the pooled array is float32"):
-        be._k_gather(np.array([1]))
-    be.pooled = pooled
+        be.kernels.gather(np.array([1]))
+    be.slots.pooled = pooled
 
 
 def test_the_cli_reports_a_refused_plan_as_an_internal_error() -> None:

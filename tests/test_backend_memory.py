@@ -28,13 +28,14 @@ from hypothesis import strategies as st
 from test_backend_incremental import VARIANTS, value_traces
 
 from kpool_cli.backend import budget, keys
+from kpool_cli.backend.facts import NEVER
 from kpool_cli.backend.store import ValueBackend, make_backend
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache, Reach
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import UbatchRecord
+from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.model import Trace
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -112,20 +113,20 @@ def test_rows_are_stored_whole_and_slots_are_reused() -> None:
     be = ValueBackend(t.cache, t.seed, "numpy")
     seen = []
     for rec in Replayer(t, VERSIONS["rep-once"], be).run():
-        seen.append((be.n_slots, be._cap))
+        seen.append((be.n_slots, be.slots._cap))
         if isinstance(rec, UbatchRecord) and rec.op == 3:
             # the copy ran first: stream 1 holds stream 0's rows with values, and only
             # them (its own 100 rows were freed); then the decode wrote row 10
-            src = set(np.flatnonzero(be.slot_of[:256]).tolist())
-            assert set(np.flatnonzero(be.slot_of[256:]).tolist()) == src - {10}
+            src = set(np.flatnonzero(be.slots.slot_of[:256]).tolist())
+            assert set(np.flatnonzero(be.slots.slot_of[256:]).tolist()) == src - {10}
             assert be.n_slots == 2 * len(src) - 1
     assert max(n for n, _ in seen) > ValueBackend.SLOTS_MIN  # it grew
     # after the clear, slots are handed out from 1 again: seq 1's 4 rows, padding row 0
-    assert be.n_slots == 5 and be._free.size == 0
-    assert set(be.slot_of[be.slot_of > 0].tolist()) == {1, 2, 3, 4, 5}
-    assert be.slot_of[0] > 0 and (be.slot_of[256:260] > 0).all()
-    live = be._live_rows()
-    assert np.array_equal(be.slot_row[be.slot_of[live]], live)
+    assert be.n_slots == 5 and be.slots._free.size == 0
+    assert set(be.slots.slot_of[be.slots.slot_of > 0].tolist()) == {1, 2, 3, 4, 5}
+    assert be.slots.slot_of[0] > 0 and (be.slots.slot_of[256:260] > 0).all()
+    live = be.slots.live_rows()
+    assert np.array_equal(be.slots.slot_row[be.slots.slot_of[live]], live)
 
 
 def test_growth_is_safe_while_a_view_of_the_rows_is_alive() -> None:
@@ -134,10 +135,10 @@ def test_growth_is_safe_while_a_view_of_the_rows_is_alive() -> None:
     t = trace(HUGE_CLEAR)
     be = ValueBackend(t.cache, t.seed, "numpy")
     be.write_rows(np.arange(4), np.arange(1, 5))
-    view = be.key[1:5]
+    view = be.slots.key[1:5]
     first = view.copy()
     be.write_rows(np.arange(4, 1000), np.arange(5, 1001))
-    assert be._cap >= 1001 and np.array_equal(view, first)
+    assert be.slots._cap >= 1001 and np.array_equal(view, first)
     assert np.array_equal(be.row_values("key", np.arange(4)), first)
     k, _ = keys.key_rows_from_state(keys.seed_state(t.seed), np.arange(1, 1001),
                                    t.cache.n_embd)
@@ -149,7 +150,7 @@ def test_zeroing_a_row_without_a_slot_allocates_nothing() -> None:
     be = ValueBackend(t.cache, t.seed, "numpy")
     be.zero_rows(np.arange(1000, 2000))
     assert be.n_slots == 0
-    assert "never-written" in be.holds(1500, 0, 0)
+    assert be.content(1500).kind == NEVER
 
 
 @pytest.mark.parametrize("text", [HUGE_CLEAR, HUGE_COPY], ids=["clear", "seq_cp"])

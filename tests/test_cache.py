@@ -30,12 +30,12 @@ def test_s3_find_slot_takes_empty_cells_from_head_and_moves_head_past_the_last()
     """ENGINE.md §3: scan from head, every empty cell; head = last cell used + 1."""
     c = cache()
     assert decode(c, 0, range(4)).tolist() == [0, 1, 2, 3]
-    assert c.streams[0].head == 4
+    assert c.heads[0] == 4
     c.seq_rm(0, 1, 3)  # frees cells 1, 2: head = min(head, 1)
-    assert c.streams[0].head == 1
+    assert c.heads[0] == 1
     # head (1) is not > used (2) + 2 * 2, so the scan starts at 1
     assert decode(c, 1, range(2)).tolist() == [1, 2]
-    assert c.streams[0].head == 3
+    assert c.heads[0] == 3
 
 
 def test_s3_find_slot_restarts_at_zero_when_head_is_far_past_used():
@@ -43,8 +43,7 @@ def test_s3_find_slot_restarts_at_zero_when_head_is_far_past_used():
     c = cache(kv_size=32)
     decode(c, 0, range(12))
     c.seq_rm(0, 0, 10)  # cells 0..9 free, head -> 0
-    st = c.streams[0]
-    st.head = 12  # as if the frees had happened elsewhere
+    c._heads[0] = 12  # as if the frees had happened elsewhere
     # used = 2, n = 1: 12 > 2 + 2 -> restart at 0
     assert decode(c, 0, [12]).tolist() == [0]
 
@@ -56,18 +55,18 @@ def test_s3_find_slot_wraps_and_head_follows_placement_order():
     decode(c, 0, range(8))
     c.seq_rm(0, 0, 2)  # cells 0, 1 free
     st = c.streams[0]
-    st.head = 7
+    c._heads[0] = 7
     st.seq_rm(0, 6, 7)  # free cell 6 without moving head
     # head 7 is not > used (5) + 2 * 3: the scan starts at 7, wraps to 0, 1 ... 6
     rows = decode(c, 1, range(3))
     assert rows.tolist() == [0, 1, 6]
-    assert st.head == 7
+    assert c.heads[0] == 7
     st.seq_rm(0, 7, 8)
     st.seq_rm(1, 0, 3)
-    st.head = 6
+    c._heads[0] = 6
     # from 6: cells 6, 7, then wrap to 0
     assert decode(c, 1, range(3)).tolist() == [6, 7, 0]
-    assert st.head == 1
+    assert c.heads[0] == 1
 
 
 def test_s3_no_room_places_nothing():
@@ -91,8 +90,8 @@ def test_failed_prepare_head_quirk():
     ub2 = (np.arange(8, 11), [(1,)] * 3, None)  # no room left in stream 1
     assert c.plan([ub1, ub2]) is None
     # ubatch 1 touched only stream 1, at index 0 of its stream list: head <- stream 0's
-    assert c.streams[1].head == 3
-    assert c.streams[0].head == 3
+    assert c.heads[1] == 3
+    assert c.heads[0] == 3
 
 
 def test_s2_seq_add_head_rules():
@@ -102,14 +101,14 @@ def test_s2_seq_add_head_rules():
     decode(c, 0, range(6))
     st = c.streams[0]
     c.seq_add(0, 0, -1, 0)
-    assert st.head == 6
+    assert c.heads[0] == 6
     c.seq_add(0, 3, 3, 5)
-    assert st.head == 6
+    assert c.heads[0] == 6
     c.seq_add(0, 2, -1, 1)  # frees nothing
-    assert st.head == 0
-    st.head = 6
+    assert c.heads[0] == 0
+    c._heads[0] = 6
     c.seq_add(0, 0, 2, -1)  # pos 0 -> -1: cell 0 empties
-    assert st.head == 0 and st.pos[0] == -1 and st.pos[1] == 0
+    assert c.heads[0] == 0 and st.pos[0] == -1 and st.pos[1] == 0
     c.check_invariants()
 
 
@@ -127,9 +126,9 @@ def test_s2_seq_div_never_moves_head():
     c = cache()
     decode(c, 0, range(8))
     st = c.streams[0]
-    st.head = 5
+    c._heads[0] = 5
     c.seq_div(0, 0, -1, 2)
-    assert st.head == 5
+    assert c.heads[0] == 5
     assert sorted(st.pos[:8].tolist()) == [0, 0, 1, 1, 2, 2, 3, 3]
     c.check_invariants()
 
@@ -143,7 +142,7 @@ def test_s2_seq_keep_and_seq_rm_free_cells_and_lower_head():
     st = c.streams[0]
     assert st.pos[2] == -1 and st.pos[3] == -1 and st.pos[0] == 0
     assert [s for j, s in enumerate(st.seq_ids) if st.has[j, 0]] == [1]
-    assert st.head == 2
+    assert c.heads[0] == 2
     c.check_invariants()
 
 
@@ -162,7 +161,7 @@ def test_s2_cross_stream_copy_ignores_the_range_and_copies_the_head():
     decode(c, 0, range(5))
     c.seq_cp(0, 1, -1, -1)
     assert (c.seq_keys(1) & 0xFFFFFFFF).tolist() == [0, 1, 2, 3, 4]
-    assert c.streams[1].head == c.streams[0].head == 5
+    assert c.heads[1] == c.heads[0] == 5
     assert c.take_pending_copies() == [(0, 1)]
     c.check_invariants()
 
@@ -174,7 +173,7 @@ def test_llama_kv_cache_clear_keeps_the_pending_stream_copies():
     decode(c, 0, range(5))
     c.seq_cp(0, 1, -1, -1)
     c.clear()
-    assert all(st.head == 0 for st in c.streams)
+    assert all(h == 0 for h in c.heads)
     assert c.seq_pos_max(0) == c.seq_pos_max(1) == -1
     assert c.take_pending_copies() == [(0, 1)]
     assert c.take_pending_copies() == []  # taken once
@@ -258,8 +257,9 @@ def test_llama_batch_allocr_split_equal_sequential_retries_every_token():
     token is tried in batch order against the last collected seq id. Tokens seq 0, 2,
     1, 2: 0 is taken, 2 is passed over (not 0 + 1), 1 is taken, then the second token
     of seq 2 is (1 + 1): all three sequences in the first ubatch, each set starting
-    at its first unused token (batch index 1 for seq 2). ENGINE.md §3 says a set is
-    tried at its first unused token only; the real code wins."""
+    at its first unused token (batch index 1 for seq 2). The first specification said
+    a set is tried at its first unused token only; the real code wins (ENGINE.md §3,
+    docs/ENGINE-NOTES.md)."""
     tokens = toks((0, [0]), (0, [2]), (0, [1]), (1, [2]))
     ubs = split_equal(tokens, 8, sequential=True)
     assert [u.tokens for u in ubs] == [(0, 2, 1), (3,)]

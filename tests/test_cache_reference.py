@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from test_engine_rules import TRACES
 from test_reference_agreement import draw_n_rs_seq, random_traces
 
-from kpool_cli.records import ExpectResult, OpEvent, UbatchRecord
+from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import (
     CacheConfig,
@@ -90,7 +90,7 @@ def check_state(rp, ref: rc.RefReplay, where: str, heads: bool = True) -> None:
             assert [tuple(st_.ext[i].tolist()) for i in live] == [c.ext[i] for i in live], \
                 f"{where}: stream {k} ext differs"
     if heads:
-        got_h = [st_.head for st_ in rp.cache.streams]
+        got_h = list(rp.cache.heads)
         assert got_h == ref.cache.v_heads, \
             f"{where}: heads {got_h} != reference {ref.cache.v_heads}"
     assert [tuple(p) for p in rp.cache.pending_copies] == ref.cache.sc_info, \

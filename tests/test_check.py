@@ -284,7 +284,6 @@ def test_validate_lists_every_problem_of_every_file(tmp_path: Path):
 
 def test_settings_take_effect_and_the_command_line_beats_them(
         unpinned: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    pytest.importorskip("kpool_cli.settings")
     (tmp_path / "pyproject.toml").write_text(
         '[tool.kpool]\nengines = ["cache-safe"]\noutput-format = "github"\n'
         'ignore = ["KP001"]\n')

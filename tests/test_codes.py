@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import pkgutil
 import re
 import sys
@@ -22,15 +23,16 @@ import numpy as np
 import pytest
 
 from kpool_cli.backend.store import make_backend
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult, UbatchRecord
+from kpool_cli.contracts.records import ExpectResult, UbatchRecord
+from kpool_cli.engine import context
 from kpool_cli.replay import replay
 from kpool_cli.report.json_report import finding_json
 from kpool_cli.trace.load import load_trace, load_trace_text
-from kpool_cli.verdict import context, rules
+from kpool_cli.verdict import rules
 from kpool_cli.verdict.codes import CODES, VALUE_CODES
 from kpool_cli.verdict.explain import EXPLANATIONS
 from kpool_cli.verdict.rules import RULES
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "codes"
@@ -181,3 +183,78 @@ if __name__ == "__main__":
     if not sys.argv[1:] or any(c not in CODES for c in sys.argv[1:]):
         sys.exit(f"usage: python tests/test_codes.py CODE...  (codes: {', '.join(CODES)})")
     _write_expected(sys.argv[1:])
+
+
+# -- a new code is one module and its fixture ---------------------------------------------
+
+KP009 = '''"""KP009 many-pools: a ubatch marks more pools than it has tokens (a throw-away rule
+of tests/test_codes.py, showing that a code is one module and its fixture)."""
+
+from __future__ import annotations
+
+from ...contracts.finding import Code, Finding
+from ...engine.context import UbatchContext
+from ..rule import LAYOUT, Check as RuleCheck, Explanation, doc
+
+CODE = Code("KP009", "many-pools", "warning", "a ubatch marks more pools than it has tokens")
+
+EXPLANATION = Explanation(
+    CODE,
+    oneline="more pools re-pooled than tokens decoded",
+    what=doc("Flags a ubatch whose marking re-pools more pools than it decodes tokens."),
+    why=doc("Host work that grows with the cache, not with the batch."),
+    example=doc("""
+        kpool_trace: 1
+        cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - seq_rm: {seq: 0, p0: 0, p1: 1}
+          - decode: {seq: 0, pos: 8}"""),
+    engine="rep-once",
+    fix=doc("Re-pool what changed."),
+)
+
+
+class Check(RuleCheck):
+    reads = LAYOUT
+
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        n = 0 if ctx.plan is None else int((ctx.plan.entry_pool >= 0).sum())
+        if n <= ctx.token_pos.size:
+            return []
+        return [Finding(CODE, f"{n} pools re-pooled for {ctx.token_pos.size} token(s)")]
+'''
+
+
+def test_a_new_code_is_one_module(tmp_path: Path) -> None:
+    """Copy kpool, add verdict/rules/kp009_many_pools.py and nothing else: the replay
+    raises it, the report carries it, `kpool explain` knows it."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "kpool_cli", tmp_path / "kpool_cli",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "kpool_cli" / "verdict" / "rules" / "kp009_many_pools.py").write_text(KP009)
+    example = tmp_path / "example.yaml"
+    example.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 2, n_seq_max: 2}\n"
+                       "ops:\n  - decode: {seq: 0, pos: 0..8}\n"
+                       "  - seq_rm: {seq: 0, p0: 0, p1: 1}\n  - decode: {seq: 0, pos: 8}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+    def kpool(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kpool_cli", *args], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    r = kpool("replay", str(example), "--backend", "none", "--format", "json")
+    assert r.returncode == 0, r.stderr  # a warning does not fail
+    doc_ = json.loads(r.stdout)
+    found = [f for u in doc_["ubatches"] for f in u["findings"] if f["code"] == "KP009"]
+    # the seq_rm of pos 0 stales seq 0 from 0: the 1-token decode re-pools all 4 pools
+    assert [f["message"] for f in found] == ["4 pools re-pooled for 1 token(s)"]
+    assert doc_["summary"]["findings"] == {"KP009": 1}
+    r = kpool("explain", "KP009")
+    assert r.returncode == 0 and "many-pools" in r.stdout
+    assert "KP009" in kpool("explain", "--list").stdout
+    # and the suite asks for its fixture (tests/fixtures/codes/KP009.findings.json)
+    assert not expected_path("KP009").is_file()

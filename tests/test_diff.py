@@ -117,7 +117,7 @@ def test_behaviour_change_without_regression_exits_0_unless_fail_on_change():
 def test_a_plugin_head_that_reintroduces_the_race_is_a_regression(tmp_path):
     (tmp_path / "mymod.py").write_text(textwrap.dedent("""\
         import dataclasses
-        from kpool_cli.engine.versions import CACHE_SAFE
+        from kpool_cli.versions import CACHE_SAFE
         Racy = dataclasses.replace(CACHE_SAFE, name="racy")
         """))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}

@@ -9,8 +9,8 @@ import pytest
 from kpool_cli.engine.edits import Staleness, check_edit
 from kpool_cli.engine.layout import POS_CLEAN as C
 from kpool_cli.engine.marking import EngineAbort
-from kpool_cli.engine.versions import CACHE_SAFE, REP_ONCE
 from kpool_cli.trace import model as m
+from kpool_cli.versions import CACHE_SAFE, REP_ONCE
 
 
 @pytest.mark.parametrize(("op", "pos_min", "want"), [

@@ -15,11 +15,11 @@ from dataclasses import replace
 import pytest
 from conftest import codes, drive, expects_ok, run, ubatches
 
+from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.engine.layout import POS_CLEAN
-from kpool_cli.engine.versions import REP_ONCE
-from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.replay import replay
 from kpool_cli.trace.load import load_trace_text
+from kpool_cli.versions import REP_ONCE
 
 TRACES: list[str] = []
 C = POS_CLEAN
@@ -41,7 +41,7 @@ def capture(rp) -> dict:
     cache = rp.cache
     return {
         "stale": list(rp.staleness.stale),
-        "head": [st.head for st in cache.streams],
+        "head": list(cache.heads),
         "used": [st.used for st in cache.streams],
         "cells": [[(int(st.pos[c]), seqs_of(st, c)) for c in range(cache.kv_size)]
                   for st in cache.streams],
@@ -1299,7 +1299,8 @@ ops:
 
 
 def test_s3_failed_prepare_restores_heads_by_stream_list_index() -> None:
-    """Research (real code wins over ENGINE.md's "nothing applied" for heads):
+    """Research (real code wins over the first specification's "nothing applied" for
+    heads, ENGINE.md §3):
     prepare() restores `head = v_heads_old[s]` with s the index in the ubatch's stream
     list. Seq 1's 3 tokens: ubatch 0 fits stream 1's last 2 cells, ubatch 1 does not;
     the restore gives stream 1 the old head of stream 0 (4), not its own (6). Cells

@@ -6,9 +6,9 @@ from __future__ import annotations
 from conftest import run, trace
 from test_mutants_engine import DRIFT_PAST_THE_END
 
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult
+from kpool_cli.contracts.records import ExpectResult
 from kpool_cli.replay import replay
+from kpool_cli.versions import VERSIONS
 
 
 def expects(text: str, engine: str = "rep-once") -> list[tuple[int, bool, str]]:

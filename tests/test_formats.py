@@ -16,9 +16,9 @@ import yaml
 from click.testing import CliRunner
 
 from kpool_cli.cli import cli
+from kpool_cli.contracts import report_format as rf
+from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.diff import reports as diff_reports
-from kpool_cli.report import format as rf
-from kpool_cli.report.format import report_schema
 from kpool_cli.trace import format as tf
 from kpool_cli.trace.load import Problem, TraceError, load_trace_text
 from kpool_cli.trace.model import OP_TYPES, CacheConfig, Trace

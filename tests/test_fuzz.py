@@ -52,14 +52,12 @@ def test_rep_once_does_not_show_the_shrunk_race() -> None:
 
 
 def test_a_plan_naming_an_empty_cell_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = fuzz._Checked._check
+    from kpool_cli.cache.kv import KvCache
 
-    def emptied(self, rec):  # type: ignore[no-untyped-def]
-        for st in self.cache.streams:
-            st.pos[:] = -1  # every cell looks empty to the invariant
-        real(self, rec)
+    def emptied(self, rows):  # type: ignore[no-untyped-def]
+        return np.full(np.asarray(rows).size, -1)  # every cell looks empty to the invariant
 
-    monkeypatch.setattr(fuzz._Checked, "_check", emptied)
+    monkeypatch.setattr(KvCache, "row_pos", emptied)
     _, defects, _ = run_checked(random_trace(19), "cache-safe")
     assert any(d[0] == fuzz.INV_EMPTY for d in defects)
 
@@ -68,7 +66,7 @@ def test_an_unreported_drift_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> Non
     from kpool_cli.engine.layout import Layout
     from kpool_cli.verdict.rules import kp007_layout_drift
     monkeypatch.setattr(Layout, "drift", lambda self, cache, s: (0, None, (0, 0)))
-    monkeypatch.setattr(kp007_layout_drift.Watch, "check", lambda self, ctx: [])
+    monkeypatch.setattr(kp007_layout_drift.Check, "at_ubatch", lambda self, ctx: [])
     _, defects, _ = run_checked(random_trace(19), "rep-once")
     assert any(d[0] == fuzz.INV_DRIFT for d in defects)
 
@@ -77,6 +75,6 @@ def test_an_escaping_exception_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> N
     def boom(self, *a):  # type: ignore[no-untyped-def]
         raise np.linalg.LinAlgError("injected")
 
-    monkeypatch.setattr(fuzz._Checked, "_check", boom)
+    monkeypatch.setattr(fuzz._Invariants, "__call__", boom)
     _, defects, _ = run_checked(random_trace(19), "rep-once")
     assert defects[0][:2] == (fuzz.INV_CRASH, f"{fuzz.INV_CRASH}/LinAlgError")

@@ -14,13 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cli.cli import cli
-from kpool_cli.engine.versions import load_version
+from kpool_cli.contracts.records import OpEvent, UbatchRecord
 from kpool_cli.gen.scenarios import SCENARIOS, server
-from kpool_cli.records import OpEvent, UbatchRecord
 from kpool_cli.replay import replay
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.trace.model import Decode, SeqAdd, SeqCp, SeqRm, Trace
 from kpool_cli.trace.write import dump_trace
+from kpool_cli.versions import load_version
 
 # the scenarios owned here; `random` is registered too, but its validity is the
 # random generator's own tests' business (some of its decodes are refused on purpose)

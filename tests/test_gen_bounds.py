@@ -3,7 +3,7 @@ generates anything, sizes whose trace could cross a bound of the loader (its ops
 tokens, YAML nodes, bytes, positions, cells), naming the size and the bound.
 
 The bounds are the loader's own constants (`LOADER_BOUNDS` reads them from
-`trace.yaml_safe` and `trace.format` when it checks), so a test that lowers one lowers
+`trace.yaml_safe.limits` and `trace.format` when it checks), so a test that lowers one lowers
 it for the estimate and the loader at once: the corners are found at small bounds,
 where generating and loading is quick, and one corner at the real ones. Each estimate
 is a bound of what the writer writes: never below what a generated trace holds, as
@@ -24,16 +24,16 @@ from kpool_cli.cli import cli
 from kpool_cli.gen.scenarios import LOADER_BOUNDS, SCENARIOS, Estimate, Scenario, Size
 from kpool_cli.trace import format as trace_format
 from kpool_cli.trace import load as load_mod
-from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import SHAPE, load_trace, load_trace_text
 from kpool_cli.trace.model import Decode, Trace
 from kpool_cli.trace.write import dump_trace, head_written, op_written, trace_pieces
-from kpool_cli.trace.yaml_safe import Composer
+from kpool_cli.trace.yaml_safe import Composer, limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# the loader's bounds, lowered (yaml_safe's composer and walk, and load's own name
-# for MAX_OPS; max_tokens is passed to the loader as kpool replay passes --max-tokens)
+# the loader's bounds, lowered (in yaml_safe.limits, where the composer and both
+# walks read them; max_tokens is passed to the loader as kpool replay passes
+# --max-tokens)
 SMALL = {"MAX_NODE_VISITS": 40_000, "MAX_OPS": 2_000, "MAX_TOKENS": 8_000,
          "MAX_BYTES": 300_000}
 
@@ -57,9 +57,7 @@ def run(*args: str) -> tuple[int, str, str]:
 @pytest.fixture
 def small(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in SMALL.items():
-        monkeypatch.setattr(yaml_safe, name, value)
-        if hasattr(load_mod, name):
-            monkeypatch.setattr(load_mod, name, value)
+        monkeypatch.setattr(limits, name, value)
 
 
 def measured(trace: Trace, text: str | None = None) -> dict[str, int]:
@@ -138,8 +136,8 @@ def nothing_generated(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_bounds_are_the_loaders_constants() -> None:
     assert {(b.module, b.name) for b in LOADER_BOUNDS} == {
-        (yaml_safe, "MAX_OPS"), (yaml_safe, "MAX_TOKENS"), (yaml_safe, "MAX_NODE_VISITS"),
-        (yaml_safe, "MAX_BYTES"), (trace_format, "POS_LIMIT"),
+        (limits, "MAX_OPS"), (limits, "MAX_TOKENS"), (limits, "MAX_NODE_VISITS"),
+        (limits, "MAX_BYTES"), (trace_format, "POS_LIMIT"),
         (trace_format, "KV_SIZE_MAX")}
     for b in LOADER_BOUNDS:
         assert b.limit == getattr(load_mod, b.name)  # what the loader re-exports
@@ -254,7 +252,7 @@ def test_largest_accepted_loads_and_one_more_is_refused(
             tried += 1
             accepted = {**base, s.name: x}
             text = assert_within(sc, seed, accepted)
-            load_trace_text(text, max_tokens=yaml_safe.MAX_TOKENS)
+            load_trace_text(text, max_tokens=limits.MAX_TOKENS)
             past = {**accepted, s.name: x + 1}
             with monkeypatch.context() as m:
                 def generated(*a: object, **k: object) -> None:
@@ -278,7 +276,8 @@ def test_a_refusal_names_the_size_and_the_bound_and_writes_nothing(tmp_path: Pat
     assert code == 2 and stdout == "" and not out.exists()
     assert stderr.startswith("kpool: --slots 16 --system 1024 --prompt 1024 --steps 512 "
                              "--requests 256")
-    assert "YAML nodes" in stderr and "(MAX_NODE_VISITS in kpool_cli/trace/yaml_safe.py)" in stderr
+    assert "YAML nodes" in stderr
+    assert "(MAX_NODE_VISITS in kpool_cli/trace/yaml_safe/limits.py)" in stderr
     assert "it fits with --requests at most " in stderr and "Traceback" not in stderr
     n = int(stderr.split("--requests at most ")[1].split()[0])
     assert SCENARIOS["server"].check(0, slots=16, system=1024, prompt=1024, steps=512,
@@ -312,7 +311,7 @@ def test_at_the_real_bound_the_largest_accepted_loads() -> None:
     base = {"slots": 1, "system": 1, "prompt": 1, "steps": 512}
     x = largest(sc, 0, base, next(s for s in sc.sizes if s.name == "requests"))
     assert x is not None and 1 < x < 256
-    assert sc.estimate(0, sc.check(0, **base, requests=x)).ops <= yaml_safe.MAX_OPS
+    assert sc.estimate(0, sc.check(0, **base, requests=x)).ops <= limits.MAX_OPS
     trace = sc.generate(0, **base, requests=x)
     load_trace_text(dump_trace(trace))
     with pytest.raises(ValueError, match="MAX_OPS"):

@@ -64,11 +64,11 @@ def test_s2_seq_rm_every_sequence_with_empty_streams():
     c.check_invariants()
     assert [st.used for st in c.streams] == [2, 0]
     assert c.streams[0].pos[:4].tolist() == [0, -1, -1, 3]
-    assert [st.head for st in c.streams] == [1, 0]
+    assert list(c.heads) == [1, 0]
     u = cache(kv_size=8)
     u.seq_rm(-1, -1, -1)  # nothing at all to remove
     u.check_invariants()
-    assert u.streams[0].used == 0 and u.streams[0].head == 0
+    assert u.streams[0].used == 0 and u.heads[0] == 0
 
 
 def test_s2_seq_add_and_seq_div_move_a_range_of_one_cell():
@@ -81,7 +81,7 @@ def test_s2_seq_add_and_seq_div_move_a_range_of_one_cell():
     st = c.streams[0]
     c.seq_add(0, 5, -1, 3)
     assert st.pos[:6].tolist() == [0, 1, 2, 3, 4, 8]
-    assert c.seq_pos_max(0) == 8 and st.head == 0
+    assert c.seq_pos_max(0) == 8 and c.heads[0] == 0
     c.seq_div(0, 8, -1, 2)
     assert st.pos[:6].tolist() == [0, 1, 2, 3, 4, 4]
     assert c.seq_pos_max(0) == 4
@@ -94,9 +94,9 @@ def test_s2_seq_add_reversed_range_resets_head_and_moves_nothing():
     c = cache()
     decode(c, 0, range(6))
     st = c.streams[0]
-    assert st.head == 6
+    assert c.heads[0] == 6
     c.seq_add(0, 4, 2, 3)
-    assert st.head == 0
+    assert c.heads[0] == 0
     assert st.pos[:6].tolist() == list(range(6))
     c.check_invariants()
 
@@ -264,7 +264,7 @@ def test_s3_find_slot_head_rule_is_strictly_greater():
     c = cache()
     decode(c, 0, range(6))
     c.seq_rm(0, 0, 4)
-    c.streams[0].head = 6  # as if the frees had happened elsewhere
+    c._heads[0] = 6  # as if the frees had happened elsewhere
     assert decode(c, 0, [6, 7]).tolist() == [6, 7]
 
 
@@ -274,7 +274,7 @@ def test_s3_find_slot_from_head_at_the_end_starts_at_cell_0():
     c = cache(kv_size=8)
     decode(c, 0, range(8))
     c.seq_rm(0, 0, 2)  # cells 0, 1 free
-    c.streams[0].head = 8
+    c._heads[0] = 8
     assert decode(c, 1, [0]).tolist() == [0]
 
 
@@ -286,7 +286,7 @@ def test_s3_later_ubatches_skip_cells_an_earlier_one_took_after_a_wrap():
     c = cache(kv_size=8)
     decode(c, 0, range(4))
     c.seq_rm(0, 0, 2)
-    c.streams[0].head = 6
+    c._heads[0] = 6
     ubs = [(np.array([4, 5, 6]), [(0,)] * 3, None), (np.array([7, 8]), [(0,)] * 2, None)]
     pl = c.plan(ubs)
     assert [p.cells.tolist() for p in pl] == [[6, 7, 0], [1, 4]]
@@ -300,7 +300,7 @@ def test_s3_later_ubatches_count_the_used_cells_of_earlier_ones():
     c = cache(kv_size=32)
     decode(c, 0, range(12))
     c.seq_rm(0, 0, 2)
-    c.streams[0].head = 12
+    c._heads[0] = 12
     ubs = [(np.array([12, 13]), [(0,)] * 2, None), (np.array([14, 15]), [(0,)] * 2, None)]
     assert [p.cells.tolist() for p in c.plan(ubs)] == [[12, 13], [14, 15]]
 
@@ -321,9 +321,9 @@ def test_s3_find_slot_on_a_large_cache_takes_exactly_n_cells():
     more."""
     c = cache(kv_size=16384)
     decode(c, 0, range(4095))
-    c.streams[0].head = 0
+    c._heads[0] = 0
     assert decode(c, 0, [4095, 4096]).tolist() == [4095, 4096]
-    assert c.streams[0].used == 4097 and c.streams[0].head == 4097
+    assert c.streams[0].used == 4097 and c.heads[0] == 4097
 
 
 def test_s2_state_read_wraps_when_no_cell_after_head_is_free():
@@ -336,7 +336,7 @@ def test_s2_state_read_wraps_when_no_cell_after_head_is_free():
     c.state_write(1, "two")
     decode(c, 0, [4, 5])  # cells 6, 7: the cache is full
     c.seq_rm(0, 0, 2)  # cells 0, 1 free
-    c.streams[0].head = 4  # as if the frees had happened elsewhere
+    c._heads[0] = 4  # as if the frees had happened elsewhere
     ok, rows = c.state_read(2, "two")
     assert ok and rows.tolist() == [0, 1]
     assert c.seq_pos_min(2) == 0 and c.seq_pos_max(2) == 1
@@ -367,7 +367,7 @@ def test_s3_prepare_remembers_every_earlier_ubatchs_cells():
     c = cache(kv_size=8)
     decode(c, 0, range(6))
     c.seq_rm(0, 0, 2)
-    c.streams[0].head = 6  # as a later decode past the end would leave it
+    c._heads[0] = 6  # as a later decode past the end would leave it
     ubs = [(np.array([p, p + 1]), [(1,), (1,)], None) for p in (0, 2, 4)]
     assert c.plan(ubs) is None
     assert [p.cells.tolist() for p in c.plan(ubs[:2])] == [[6, 7], [0, 1]]

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import run, trace, ubatches
 
+from kpool_cli.contracts.records import OpEvent, UbatchRecord
 from kpool_cli.engine.marking import gen_zeroed, n_new_graph, pad_bound
 from kpool_cli.engine.scatter import padding_rows
-from kpool_cli.engine.versions import PADDING_POLICIES, REP_ONCE
-from kpool_cli.records import OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
+from kpool_cli.versions import PADDING_POLICIES, REP_ONCE
 
 # -- §6: graph sizes ----------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import kpool_cli.report.text as text_mod
 from kpool_cli.cli import cli
 from kpool_cli.diff.runs import Unit, run_units
 from kpool_cli.gen.scenarios import SCENARIOS
-from kpool_cli.report.select import planned_ubatches
+from kpool_cli.replay import planned_ubatches
 from kpool_cli.report.terminal import Manners, Ticker, make_console
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.write import dump_trace
@@ -44,7 +44,7 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Ticker, io.StringIO]]:
 
 def test_diff_replays_tick_one_bar_over_base_and_head(shown) -> None:
     units = [Unit(str(RACE), e, "none") for e in ("cache-safe", "rep-once")]
-    summaries = run_units(units, progress=True)
+    summaries = run_units(units, progress=text_mod.progress_bar(0, "kpool diff"))
     assert len(summaries) == 2
     (ticker, buf), = shown
     planned = planned_ubatches(load_trace(RACE))
@@ -54,7 +54,7 @@ def test_diff_replays_tick_one_bar_over_base_and_head(shown) -> None:
 
 def test_diff_on_a_pool_ticks_the_replays(shown) -> None:
     units = [Unit(str(RACE), e, "none") for e in ("cache-safe", "rep-once")]
-    run_units(units, jobs=2, progress=True)
+    run_units(units, jobs=2, progress=text_mod.progress_bar(0, "kpool diff"))
     (ticker, _), = shown
     assert ticker.unit == "replays" and ticker.done == ticker.total == 2
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 from conftest import codes, drive, run, toks
 
+from kpool_cli.cache.aborts import RecurrentAssert
 from kpool_cli.cache.batch import split_equal
-from kpool_cli.cache.recurrent import EditRefused, RecurrentAssert, RecurrentChild
-from kpool_cli.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
+from kpool_cli.cache.recurrent import EditRefused, RecurrentChild
+from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 
 
 def child(n_seq_max: int = 4, n_rs_seq: int = 3) -> RecurrentChild:

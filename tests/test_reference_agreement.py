@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine_rules import TRACES
 
+from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.gen.random_trace import PositionTracker
-from kpool_cli.records import UbatchRecord
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import (
     CacheConfig,

@@ -17,13 +17,13 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cli.cli import cli
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import UbatchRecord
+from kpool_cli.contracts.records import UbatchRecord
+from kpool_cli.contracts.tally import Tally, exit_code, tallied
 from kpool_cli.replay import replay
 from kpool_cli.report.json_report import write_report, write_reports
 from kpool_cli.report.plain import write_plain
-from kpool_cli.report.tally import Tally, exit_code, tallied
 from kpool_cli.trace.load import TraceError, load_trace, load_trace_text
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))
@@ -239,7 +239,7 @@ def test_plugin_engine_version_loads_from_module(tmp_path):
     mark once per rep brings the race back."""
     (tmp_path / "myengine.py").write_text(textwrap.dedent("""\
         from dataclasses import replace
-        from kpool_cli.engine.versions import CACHE_SAFE
+        from kpool_cli.versions import CACHE_SAFE
         Racy = replace(CACHE_SAFE, name="racy")
         """))
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}

@@ -14,10 +14,11 @@ from click.testing import CliRunner
 from test_diff_inputs import RACE, diff, mutated, refused, save
 
 from kpool_cli.cli import cli
-from kpool_cli.records import Pools
-from kpool_cli.report.format import report_schema
+from kpool_cli.contracts.finding import Finding, PoolIds
+from kpool_cli.contracts.records import Pools
+from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json, rows_json
-from kpool_cli.verdict.codes import Finding, PoolIds
+from kpool_cli.verdict.codes import CODES
 
 
 def replay(*args: str) -> dict:
@@ -70,7 +71,7 @@ def test_finding_pools_fold():
     """(0,0),(0,1),(0,2),(1,5),(1,7): [[0, 0, 3], [1, 5], [1, 7]]."""
     assert pool_ids_json(PoolIds(((0, 0), (0, 1), (0, 2), (1, 5), (1, 7)))) == [
         [0, 0, 3], [1, 5], [1, 7]]
-    out = finding_json(Finding("KP002", "m", rows=(3,), pools=((0, 0), (0, 1))))
+    out = finding_json(Finding(CODES["KP002"], "m", rows=(3,), pools=((0, 0), (0, 1))))
     assert out["pools"] == [[0, 0, 2]]
 
 
@@ -146,9 +147,9 @@ def test_kp001_value_evidence_lists_64_rows_and_counts_the_rest(tmp_path):
 def test_finding_pools_compare_as_the_pairs_they_stand_for():
     """A finding given pools as pairs holds them as PoolIds: equal to the same pairs as a
     tuple or as PoolIds, unequal to others, iterating the pairs in order."""
-    f = Finding("KP001", "m", pools=[(1, 2), (0, 5)])
+    f = Finding(CODES["KP001"], "m", pools=[(1, 2), (0, 5)])
     assert f.pools == ((1, 2), (0, 5)) and f.pools == PoolIds([(1, 2), (0, 5)])
     assert f.pools != ((0, 5), (1, 2)) and f.pools != PoolIds([(1, 2)])
     assert list(f.pools) == [(1, 2), (0, 5)] and len(f.pools) == 2
-    assert f == Finding("KP001", "m", pools=PoolIds.of(np.array([1, 0]), np.array([2, 5])))
-    assert not Finding("KP001", "m").pools
+    assert f == Finding(CODES["KP001"], "m", pools=PoolIds.of(np.array([1, 0]), np.array([2, 5])))
+    assert not Finding(CODES["KP001"], "m").pools

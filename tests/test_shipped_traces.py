@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from kpool_cli.backend.store import make_backend
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import ExpectResult
+from kpool_cli.contracts.records import ExpectResult
+from kpool_cli.contracts.tally import Tally, tallied
 from kpool_cli.replay import replay
-from kpool_cli.report.tally import Tally, tallied
 from kpool_cli.trace import model as m
 from kpool_cli.trace.load import load_trace
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))

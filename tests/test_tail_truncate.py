@@ -1,4 +1,4 @@
-"""The third shipped version, tail-truncate (engine/versions.py, TAIL_TRUNCATE; ENGINE.md
+"""The third shipped version, tail-truncate (versions.py, TAIL_TRUNCATE; ENGINE.md
 §5 step 2 as a fork's MTP patch changes it): a stale sequence with no shared cell is
 truncated at its stale position instead of rebuilt. Numbers derived by hand."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import codes, run, trace, ubatches
 
-from kpool_cli.engine.versions import VERSIONS
+from kpool_cli.versions import VERSIONS
 
 MTP_STEP = """
     kpool_trace: 1

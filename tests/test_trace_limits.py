@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kpool_cli.engine.versions import REP_ONCE
-from kpool_cli.records import REJECTED
+from kpool_cli.contracts.records import REJECTED
 from kpool_cli.replay import replay
-from kpool_cli.trace import load as load_mod
 from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
     LISTED_PAST_THE_CACHE,
@@ -32,7 +30,10 @@ from kpool_cli.trace.load import (
     load_trace,
     load_trace_text,
 )
+from kpool_cli.trace.load import decode as decode_mod
 from kpool_cli.trace.model import Decode, Span, Token
+from kpool_cli.trace.yaml_safe import limits
+from kpool_cli.versions import REP_ONCE
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD = "kpool_trace: 1\ncache: {kv_size: 64, kpool: 4, n_seq_max: 2}\nops:\n"
@@ -81,7 +82,7 @@ def tokens_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(1)
         return Token(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(load_mod, "Token", counting)
+    monkeypatch.setattr(decode_mod, "Token", counting)
     return calls
 
 
@@ -98,7 +99,7 @@ def test_a_long_ops_list_stops_at_the_op_bound(composers: list) -> None:
 
 
 def test_a_block_list_of_ops_stops_at_the_op_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(yaml_safe, "MAX_OPS", 100)
+    monkeypatch.setattr(limits, "MAX_OPS", 100)
     p = only(HEAD + "  - clear: {}\n" * 150)
     at(p, 104, 5, "ops[100]", "more than 100 ops in the trace")
 
@@ -147,7 +148,7 @@ def test_the_token_bound_stops_a_list_while_composing(composers: list) -> None:
 
 
 def test_other_lists_and_mappings_are_bounded_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(yaml_safe, "MAX_ITEMS", 100)
+    monkeypatch.setattr(limits, "MAX_ITEMS", 100)
     p = only(HEAD + "  - clear:\njunk: [" + "0, " * 200 + "0]\n")
     at(p, 5, 8 + 3 * 100, "junk[100]", "a list of more than 100 items")
     keys = "".join(f"k{i}: 0, " for i in range(150))
@@ -159,7 +160,7 @@ def test_other_lists_and_mappings_are_bounded_too(monkeypatch: pytest.MonkeyPatc
 def test_the_node_bound_names_the_node_and_blames_no_alias(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(yaml_safe, "MAX_NODE_VISITS", 1000)
+    monkeypatch.setattr(limits, "MAX_NODE_VISITS", 1000)
     text = HEAD + "  - decode: {tokens: [{pos: 0, seq: 0}]}\n" * 200
     p = only(text)
     assert p.field.startswith("ops[") and p.line > 4, str(p)

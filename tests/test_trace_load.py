@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.report.format import report_schema
+from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
     MAX_PROBLEMS,
@@ -482,7 +482,7 @@ def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> No
         self.node_limit = 10**9
 
     monkeypatch.setattr(yaml_safe.Composer, "__init__", lifted)
-    monkeypatch.setattr(yaml_safe, "MAX_NODE_VISITS", 20_000)
+    monkeypatch.setattr(yaml_safe.limits, "MAX_NODE_VISITS", 20_000)
     t0 = time.perf_counter()
     ps = problems(_trace_shaped_bomb())
     assert time.perf_counter() - t0 < 2.0

@@ -23,7 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kpool_cli.report.format import report_schema
+from kpool_cli.contracts.report_format import report_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -90,8 +90,8 @@ def test_a_plugin_is_not_looked_up_in_the_current_directory(tmp_path):
 @pytest.mark.parametrize("body, said", [
     ("import sys\nsys.exit(0)\n", "it called sys.exit(0)"),
     ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
-    ("def V():\n    raise SystemExit(0)\n", "V is a function, not a kpool_cli.engine"),
-    ("V = 42\n", "is a int, not a kpool_cli.engine.versions.EngineVersion"),
+    ("def V():\n    raise SystemExit(0)\n", "V is a function, not a kpool_cli.versions"),
+    ("V = 42\n", "is a int, not a kpool_cli.versions.EngineVersion"),
 ])
 def test_a_failing_plugin_is_exit_2_never_0(tmp_path, body, said):
     (tmp_path / "plug.py").write_text(body)
@@ -103,7 +103,7 @@ def test_a_failing_plugin_is_exit_2_never_0(tmp_path, body, said):
 
 def test_a_plugin_on_pythonpath_runs(tmp_path):
     (tmp_path / "plug.py").write_text(
-        "from dataclasses import replace\nfrom kpool_cli.engine.versions import CACHE_SAFE\n"
+        "from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n"
         "V = replace(CACHE_SAFE, name='mine')\n")
     r = kpool("replay", str(RACE), "--engine", "plug:V", "--backend", "none",
               env={"PYTHONPATH": str(tmp_path)})

@@ -75,12 +75,12 @@ def test_a_settings_file_names_registered_versions_only(tmp_path: Path, engine: 
 def test_a_plugin_on_the_command_line_is_not_called(engine: str, found: str) -> None:
     r = kpool("replay", str(RACE), "--engine", engine)
     assert r.returncode == 2 and r.stdout == ""
-    assert f"is a {found}, not a kpool_cli.engine.versions.EngineVersion" in r.stderr
+    assert f"is a {found}, not a kpool_cli.versions.EngineVersion" in r.stderr
 
 
 def test_a_plugin_function_returning_a_version_is_not_called(tmp_path: Path) -> None:
     (tmp_path / "plug.py").write_text(
-        "import pathlib\nfrom kpool_cli.engine.versions import REP_ONCE\n"
+        "import pathlib\nfrom kpool_cli.versions import REP_ONCE\n"
         "def V():\n    pathlib.Path('called').write_text('yes')\n    return REP_ONCE\n")
     r = kpool("replay", str(RACE), "--engine", "plug:V", cwd=tmp_path,
               env={"PYTHONPATH": str(tmp_path)})
@@ -313,7 +313,7 @@ def test_help_and_schemas_cite_the_repositorys_files() -> None:
 
 
 def test_every_registered_version_is_named_in_the_engine_help() -> None:
-    from kpool_cli.engine.versions import VERSIONS
+    from kpool_cli.versions import VERSIONS
 
     for args in (("replay", "--help"), ("diff", "--help"), ("check", "--help")):
         out = " ".join(kpool(*args, env={"COLUMNS": "200"}).stdout.split())

@@ -23,22 +23,21 @@ from click.testing import CliRunner
 from kpool_cli import wording as words
 from kpool_cli.backend.store import make_backend
 from kpool_cli.cli import cli
-from kpool_cli.engine.versions import VERSIONS
-from kpool_cli.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, UbatchRecord
-from kpool_cli.replay import replay
+from kpool_cli.contracts.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, UbatchRecord
+from kpool_cli.contracts.tally import Tally, tallied
+from kpool_cli.replay import planned_ubatches, replay
 from kpool_cli.report.select import (
     AUTO_ONLY_FINDINGS,
     Selection,
     parse_ubatch_range,
-    planned_ubatches,
     select,
 )
-from kpool_cli.report.tally import Tally, tallied
 from kpool_cli.report.terminal import Manners, Ticker, make_console
 from kpool_cli.report.view import RichView, cell_map_lines, print_explanation
 from kpool_cli.trace.load import load_trace, load_trace_text
 from kpool_cli.verdict.codes import CODES
 from kpool_cli.verdict.explain import EXPLANATIONS, explain_text
+from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))

@@ -9,7 +9,8 @@ Each part's estimate lives next to the code that allocates it:
 - the cache model: `KvCache.bytes_bound` (cache/kv.py: streams, snapshots, one op's
   temporaries), `Stream.bytes_bound` / `Stream.op_bytes_bound` (cache/cells.py);
 - what the trace can make it hold: `Reach.of(trace)` (cache/kv.py);
-- the value backend: `ValueBackend.bytes_bound` (backend/store.py);
+- the value backend: `ValueBackend.bytes_bound` (backend/store.py: the sum of its
+  parts' `bytes_bound`s, in slots.py, writers.py and verify.py);
 - the engine's layout and per-ubatch plan: `engine_bytes_bound` below, for now
   (its home is engine/layout.py and engine/scatter.py);
 - the interpreter, numpy and numba/LLVM themselves: `RUNTIME_BYTES`, measured.

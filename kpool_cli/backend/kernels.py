@@ -5,8 +5,8 @@ Each kernel is a plain Python function jitted at module level with an explicit
 signature on C-contiguous arrays and numba's cache (unless it can cache nowhere:
 below); `reference.py` is its numpy twin, and the tests hold the two equal bit for
 bit. Kernels never validate, and numba does not check an index (unless
-NUMBA_BOUNDSCHECK=1, which the tests use): the wrappers in `store.py`
-(`ValueBackend._k_*`) check every index array before a kernel runs (int64,
+NUMBA_BOUNDSCHECK=1, which the tests use): the wrappers in `guarded.py`
+(`GuardedKernels`) check every index array before a kernel runs (int64,
 C-contiguous, shapes that agree, every slot in use, sources within the values,
 distinct slots where one iteration writes each row) and raise `PlanError`
 otherwise, so a kernel is never handed an index outside its arrays. They index
@@ -15,7 +15,7 @@ the arrays by slot (a row's place in the backend's storage), not by row.
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
 
-Parallelism (STYLE.md "What kpool should absorb" 10): `write_keys` and `pool`
+Parallelism (DESIGN.md "Numba kernels"): `write_keys` and `pool`
 are written once and can be jitted twice, serially and with `parallel=True`. The
 parallel builds write by ownership only (each output row by one iteration), so
 their results do not depend on the thread count or order. Measured on the 2-core

@@ -5,7 +5,7 @@ its numba twin, and the tests hold the two equal bit for bit (float32 arrays
 compared as uint32). The arithmetic order is the one `keys.py` fixes: an explicit
 loop over the kpool axis, vectorised over entries and dimensions, never `np.sum`.
 
-Wrappers (`store.py`, `ValueBackend._k_*`) check dtypes, contiguity, shapes and
+Wrappers (`guarded.py`, `GuardedKernels`) check dtypes, contiguity, shapes and
 that every index is inside its array (`PlanError` otherwise); these functions do
 not (numpy would raise on most bad indices, but wrap a negative one silently).
 """

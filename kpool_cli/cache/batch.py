@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..trace.model import Span, Token
+from .aborts import KeepTailAssert
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +90,6 @@ def _validate_ends(ends: dict[int, tuple[int, int, int]], coupled: set[tuple[int
     return None
 
 
-class KeepTailAssert(Exception):
-    """GGML_ASSERT(n_ubatch > n_keep_tail) in llama_batch_allocr::split_equal: the
-    engine aborts (KP005)."""
 
 
 def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,

@@ -37,6 +37,12 @@ def make_keys(pos: np.ndarray, cells: np.ndarray) -> np.ndarray:
     return (pos.astype(np.int64) << CELL_BITS) | cells.astype(np.int64)
 
 
+def global_row(strm, cell, kv_size: int):
+    """ENGINE.md §2: the global row of stream `strm`'s cell `cell` (ints or arrays):
+    `strm * kv_size + cell`. The one place it is computed."""
+    return strm * kv_size + cell
+
+
 def key_cell(keys: np.ndarray) -> np.ndarray:
     return keys & CELL_MASK
 
@@ -138,7 +144,6 @@ class Stream:
         self.seq_keys: dict[int, SortedKeys] = {s: SortedKeys() for s in self.seq_ids}
         self.touched: set[int] = set()
         self.used = 0
-        self.head = 0
 
     @classmethod
     def bytes_bound(cls, kv_size: int, n_col: int, cells: int) -> int:
@@ -352,7 +357,28 @@ class Stream:
         self.key_id[cells] = other.key_id[cells]
         self.used = int(cells.size)
         self._index_add(cells)
-        self.head = other.head
+
+    def saved(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of `cells`' pos, ext and key ids (a state_write's snapshot)."""
+        return self.pos[cells].copy(), self.ext[cells].copy(), self.key_id[cells].copy()
+
+    def forget_keys(self, cells: np.ndarray) -> None:
+        """`cells` (empty now) hold no key: a state drop zeroed their rows."""
+        assert np.all(self.pos[cells] == EMPTY_POS), "only an empty cell forgets its key"
+        self.key_id[cells] = 0
+
+    def seq_codes(self, empty: int, shared: int) -> np.ndarray:
+        """[kv_size] int16 per cell: `empty`, its one seq id, or `shared`."""
+        code = np.where(self.seq_count == 0, np.int16(empty), np.int16(shared))
+        single = self.seq_count == 1
+        for col, s in enumerate(self.seq_ids):
+            code[self.has[col] & single] = s
+        return code
+
+    def holds(self, s: int, cells: np.ndarray) -> np.ndarray:
+        """[n] bool: each of `cells` holds sequence s."""
+        col = self._col.get(s)
+        return np.zeros(cells.size, dtype=bool) if col is None else self.has[col][cells]
 
     # -- checks --------------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """The indexer KV cache: streams, edits, find_slot and state (ENGINE.md §2-3).
 
-Owns: the streams and their heads, the pending cross-stream copies, the state
-snapshots, and the key write counter.
+Owns: the streams and their heads (find_slot's, kept here: a `Stream` holds cells
+only), the pending cross-stream copies, the state snapshots, and the key write
+counter. Outside cache/ it is read through its queries (`seq_pos_min`,
+`seq_keys`, `is_empty`, `row_pos`, `seq_codes`, `seq_counts`, `holds`, `heads`) and
+changed through its mutators, never through a stream's arrays.
 
 What it does not own: staleness (the engine's, ENGINE.md §4), pooled rows (the
 backend's). Every mutator returns the global rows whose *data* it changed, so the
@@ -9,7 +12,8 @@ replay can tell the backend; it never prints and never raises for a refusal that
 llama.cpp reports with a return code: those come back as values.
 
 Conventions: `p0 < 0` means 0 and `p1 < 0` means "to the end", as in llama.cpp;
-seq < 0 means every sequence where the op allows it. Global row = strm * kv_size + cell.
+seq < 0 means every sequence where the op allows it. Global rows: `global_row`
+(cells.py), the one place `strm * kv_size + cell` is computed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 
 from ..trace import model as m
 from ..trace.model import CacheConfig
-from .cells import Stream, key_cell
+from .cells import Stream, global_row, key_cell
 
 POS_INF = (1 << 31) - 1  # llama.cpp: std::numeric_limits<llama_pos>::max()
 
@@ -135,6 +139,7 @@ class KvCache:
             self.streams = [Stream(config.kv_size, list(range(config.n_seq_max)))]
         else:
             self.streams = [Stream(config.kv_size, [s]) for s in range(config.n_seq_max)]
+        self._heads = [0] * len(self.streams)  # per stream: where find_slot starts
         self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream)
         self.snapshots: dict[str, Snapshot] = {}
         self.n_key_writes = 0  # the per-write counter: key ids are 1, 2, ...
@@ -166,26 +171,58 @@ class KvCache:
         return out
 
     def global_rows(self, s: int, cells: np.ndarray) -> np.ndarray:
-        return self.stream_of(s) * self.kv_size + cells
+        return global_row(self.stream_of(s), cells, self.kv_size)
+
+    @property
+    def heads(self) -> tuple[int, ...]:
+        """Each stream's head: where its find_slot starts (ENGINE.md §3)."""
+        return tuple(self._heads)
+
+    def is_empty(self, strm: int, cell: int) -> bool:
+        return bool(self.streams[strm].pos[cell] == -1)
+
+    def row_pos(self, rows: np.ndarray) -> np.ndarray:
+        """[n] the pos of each global row's cell, -1 where it is empty."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty(rows.size, dtype=np.int64)
+        for k, st in enumerate(self.streams):
+            mine = rows // self.kv_size == k
+            out[mine] = st.pos[rows[mine] % self.kv_size]
+        return out
+
+    def holds(self, s: int, rows: np.ndarray) -> np.ndarray:
+        """[n] bool: each global row's cell holds sequence s (rows of s's stream)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        k = self.stream_of(s)
+        mine = rows // self.kv_size == k
+        out = np.zeros(rows.size, dtype=bool)
+        out[mine] = self.streams[k].holds(s, rows[mine] % self.kv_size)
+        return out
+
+    def seq_counts(self, strm: int, cells: np.ndarray) -> np.ndarray:
+        """[n] how many sequences each cell of stream `strm` holds."""
+        return self.streams[strm].seq_count[cells]
+
+    def seq_codes(self, empty: int, shared: int) -> np.ndarray:
+        """[n_rows] int16 per global row: `empty`, its cell's one seq id, or `shared`."""
+        return np.concatenate([st.seq_codes(empty, shared) for st in self.streams])
 
     # -- edits (llama_kv_cache::seq_*) ---------------------------------------------
 
-    @staticmethod
-    def _lower_head(st: Stream, freed: np.ndarray) -> None:
+    def _lower_head(self, k: int, freed: np.ndarray) -> None:
         """seq_rm / seq_keep / state drop: `head = min(head, first freed cell)`."""
         if freed.size:
-            st.head = min(st.head, int(freed.min()))
+            self._heads[k] = min(self._heads[k], int(freed.min()))
 
     def seq_rm(self, s: int, p0: int, p1: int) -> None:
         lo, hi = resolve_range(p0, p1)
         if lo >= hi:
             return
         if s < 0:
-            for st in self.streams:
-                self._lower_head(st, st.rm_range(lo, hi))
+            for k, st in enumerate(self.streams):
+                self._lower_head(k, st.rm_range(lo, hi))
             return
-        st = self.stream(s)
-        self._lower_head(st, st.seq_rm(s, lo, hi))
+        self._lower_head(self.stream_of(s), self.stream(s).seq_rm(s, lo, hi))
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Same stream: dst joins src's cells in range. Cross-stream (non-unified): the
@@ -200,6 +237,7 @@ class KvCache:
                 self.streams[s0].seq_cp(src, dst, lo, hi)
             return
         self.streams[s1].copy_from(self.streams[s0], src, dst)
+        self._heads[s1] = self._heads[s0]
         self.pending_copies.append((s0, s1))
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
@@ -208,8 +246,7 @@ class KvCache:
         return out
 
     def seq_keep(self, s: int) -> None:
-        st = self.stream(s)
-        self._lower_head(st, st.seq_keep(s))
+        self._lower_head(self.stream_of(s), self.stream(s).seq_keep(s))
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         """`head` = first freed cell, or 0 when none was freed; a zero shift or an empty
@@ -221,7 +258,7 @@ class KvCache:
             return
         st = self.stream(s)
         freed = st.shift_pos(s, lo, hi, shift) if lo < hi else np.empty(0, np.int64)
-        st.head = int(freed.min()) if freed.size else 0
+        self._heads[self.stream_of(s)] = int(freed.min()) if freed.size else 0
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
         if d == 1:
@@ -237,7 +274,7 @@ class KvCache:
         destination's."""
         for st in self.streams:
             st.reset()
-            st.head = 0
+        self._heads = [0] * len(self.streams)
 
     # -- find_slot / apply_ubatch (ENGINE.md §3) ---------------------------------------
 
@@ -250,7 +287,7 @@ class KvCache:
         # so nothing here costs O(kv_size * n_stream)
         taken: dict[int, np.ndarray] = {}
         used = [st.used for st in self.streams]
-        head = [st.head for st in self.streams]
+        head = list(self._heads)
         out: list[Placement] = []
         heads_before: list[list[int]] = []
         for _pos, seqs, recorded in ubatches:
@@ -287,7 +324,7 @@ class KvCache:
         st = self.streams[strm]
         if first_len <= st.kv_size - st.used:  # the non-contiguous find_slot finds room
             placed = Placement(np.array([strm]), np.zeros(1, dtype=np.int64))
-            self._restore_heads_after_failed_prepare([placed], [[s.head for s in self.streams]])
+            self._restore_heads_after_failed_prepare([placed], [list(self._heads)])
 
     def _restore_heads_after_failed_prepare(self, planned: list[Placement],
                                             heads_before: list[list[int]]) -> None:
@@ -299,7 +336,7 @@ class KvCache:
         for p, old in zip(reversed(planned), reversed(heads_before[: len(planned)]),
                           strict=True):
             for idx, k in enumerate(np.unique(p.strm).tolist()):
-                self.streams[k].head = old[idx]
+                self._heads[k] = old[idx]
 
     @staticmethod
     def _find_slot(st: Stream, used: int, head: int, n: int,
@@ -331,17 +368,15 @@ class KvCache:
             st = self.streams[k]
             st.write(placement.cells[mine], pos[mine], None if ext is None else ext[mine],
                      [seqs[i] for i in mine.tolist()], ids[mine])
-            st.head = int(placement.cells[mine][-1]) + 1
-        return placement.strm * self.kv_size + placement.cells, ids
+            self._heads[k] = int(placement.cells[mine][-1]) + 1
+        return global_row(placement.strm, placement.cells, self.kv_size), ids
 
     # -- state (llama_state_seq_*) ---------------------------------------------------
 
     def state_write(self, s: int, slot: str) -> None:
         st = self.stream(s)
         cells = np.sort(key_cell(st.cells_of(s)))
-        self.snapshots[slot] = Snapshot(
-            st.pos[cells].copy(), st.ext[cells].copy(), st.key_id[cells].copy(),
-            self.global_rows(s, cells))
+        self.snapshots[slot] = Snapshot(*st.saved(cells), self.global_rows(s, cells))
 
     def state_read(self, s: int, slot: str) -> tuple[bool, np.ndarray]:
         """Restore a snapshot into s: seq_rm(s), then find_slot for its cells, each
@@ -356,11 +391,11 @@ class KvCache:
         self.seq_rm(s, -1, -1)
         k = self.stream_of(s)
         st = self.streams[k]
-        cells = self._find_slot(st, st.used, st.head, n)
+        cells = self._find_slot(st, st.used, self._heads[k], n)
         if cells is None:
             return False, np.empty(0, dtype=np.int64)
         st.write(cells, snap.pos, snap.ext, [(s,)] * n, snap.key_id)
-        st.head = int(cells[-1]) + 1
+        self._heads[k] = int(cells[-1]) + 1
         return True, self.global_rows(s, cells)
 
     def state_drop(self, s: int) -> np.ndarray:
@@ -368,8 +403,8 @@ class KvCache:
         Returns those global rows (s < 0 is the caller's `clear`)."""
         st = self.stream(s)
         freed = st.seq_rm(s, 0, POS_INF)
-        self._lower_head(st, freed)
-        st.key_id[freed] = 0
+        self._lower_head(self.stream_of(s), freed)
+        st.forget_keys(freed)
         return self.global_rows(s, freed)
 
     # -- checks -----------------------------------------------------------------------

@@ -27,6 +27,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .aborts import RecurrentAssert
 from .batch import SeqPositions
 
 INT_MAX = 2**31 - 1
@@ -49,8 +50,6 @@ class EditRefused(Exception):
     """`llama_memory_recurrent::seq_rm` returned false: nothing changed (KP008)."""
 
 
-class RecurrentAssert(Exception):
-    """A GGML_ASSERT of llama_memory_recurrent fails: the engine aborts (KP005)."""
 
 
 class RecurrentChild:

@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..contracts import exits
 from ..verdict.codes import CODES, VALUE_CODES
 from .summary import (
     ENGINE_ABORT,
@@ -411,9 +412,8 @@ class DiffResult:
 
     @property
     def exit_code(self) -> int:
-        if self.regressions:
-            return 1
-        return 1 if self.fail_on_change and self.changed else 0
+        failed = bool(self.regressions) or (self.fail_on_change and self.changed)
+        return exits.FINDINGS if failed else exits.PASS
 
     @property
     def verdict(self) -> str:

@@ -105,9 +105,9 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, NoReturn
 
 from .. import __version__
+from ..contracts.report_format import CONFIG, COST, COST_KEYS, REPORT, REPORT_VERSION, report_schema
 from ..engine.marking import n_new_graph
 from ..inputs import InputRefused, InputTooLarge, read_head, read_input
-from ..report.format import CONFIG, COST, COST_KEYS, REPORT, REPORT_VERSION, report_schema
 from ..trace.format import CACHE, FINDING_CODE_PATTERN, POS_LIMIT
 from ..trace.yaml_safe import MAX_OPS
 from ..verdict.codes import CODES

@@ -2,8 +2,8 @@
 
 Owns: `Unit` (one trace under one engine with one backend: plain strings, so it
 pickles and a process pool can run it), `run_unit`, `run_units` (in order, on a
-process pool when `jobs > 1`; with a progress bar on a terminal, `report.text`'s
-`progress_bar`), `pair_reports` and `gather`, which turns the command
+process pool when `jobs > 1`; ticking a `contracts.progress.Progress` the caller
+draws, if any), `pair_reports` and `gather`, which turns the command
 line's inputs into (base, head) pairs or a `DiffInputError` (exit 2). Reading a
 report is `kpool_cli.diff.reports` (untrusted input: bounds, checks, located errors).
 
@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
-from ..engine.versions import load_version
 from ..replay import replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
+from ..versions import load_version
 from ..wording import visible
 from ..workers import in_order
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
 
 if TYPE_CHECKING:
-    from ..records import ExpectResult, OpEvent, UbatchRecord
-    from ..report.terminal import Ticker
+    from ..contracts.progress import Progress
+    from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
     from ..trace.model import Trace
 
     Record = OpEvent | UbatchRecord | ExpectResult
@@ -66,25 +66,22 @@ def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
                         config=trace.cache.as_dict())
 
 
-def run_units(units: Sequence[Unit], jobs: int = 1, *, progress: bool = False
+def run_units(units: Sequence[Unit], jobs: int = 1, *, progress: Progress | None = None
               ) -> list[RunSummary]:
     """Every unit's summary, in the order given (`workers.in_order`: on a process pool
-    when `jobs > 1`). With `progress`, a progress bar on stderr (`report.text.
-    progress_bar`: only on a terminal, never when stdout is a pipe): over the ubatches
-    of every replay when they run here, else over the replays as they finish."""
-    if not progress:
+    when `jobs > 1`). `progress` ticks over the ubatches of every replay when they run
+    here, else over the replays as they finish."""
+    if progress is None:
         return list(in_order(run_unit, units, jobs))
-    from ..report.text import progress_bar
-
     if jobs <= 1 or len(units) <= 1:
-        with progress_bar(0, "kpool diff") as ticker:
-            bar = _Bar(ticker, units)
-            return [run_unit(u, bar) for u in units]
+        progress.unit = "ubatches"
+        bar = _Bar(progress, units)
+        return [run_unit(u, bar) for u in units]
     out: list[RunSummary] = []
-    with progress_bar(len(units), "kpool diff", unit="replays") as ticker:
-        for summary in in_order(run_unit, units, jobs):
-            out.append(summary)
-            ticker.tick()
+    progress.unit, progress.total = "replays", len(units)
+    for summary in in_order(run_unit, units, jobs):
+        out.append(summary)
+        progress.tick()
     return out
 
 
@@ -94,7 +91,7 @@ class _Bar:
     diff's units are its traces in order, base and head), its label is the trace and
     engine replayed."""
 
-    def __init__(self, ticker: Ticker, units: Sequence[Unit]) -> None:
+    def __init__(self, ticker: Progress, units: Sequence[Unit]) -> None:
         self.ticker = ticker
         self.units_of = Counter(u.trace_path for u in units)
         self.paths = list(dict.fromkeys(u.trace_path for u in units))
@@ -102,8 +99,7 @@ class _Bar:
 
     def replaying(self, unit: Unit, trace: Trace, engine: str, records: Iterable[Record]
                   ) -> Iterator[Record]:
-        from ..report.select import planned_ubatches
-        from ..report.text import ticking
+        from ..replay import planned_ubatches
 
         path = unit.trace_path
         if path not in self.planned:
@@ -112,7 +108,15 @@ class _Bar:
         which = (f"{self.paths.index(path) + 1}/{len(self.paths)} "
                  if len(self.paths) > 1 else "")
         self.ticker.label = f"{which}{visible(trace.name or trace.path)} ({visible(engine)})"
-        return ticking(records, self.ticker, close=False)
+        return self._ticking(records)
+
+    def _ticking(self, records: Iterable[Record]) -> Iterator[Record]:
+        from ..contracts.records import UbatchRecord
+
+        for rec in records:
+            if isinstance(rec, UbatchRecord):
+                self.ticker.tick()
+            yield rec
 
 
 def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: str,
@@ -164,17 +168,17 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
            jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS,
-           max_memory: int | None = None, progress: bool = True
+           max_memory: int | None = None, progress: Progress | None = None
            ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
     """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
     Traces: each is replayed under `base` and `head` (defaults cache-safe, rep-once)
-    with `backend` (default none), under a progress bar on stderr when it is a
-    terminal (`progress`, `run_units`). Reports (`kpool replay --format json` output,
-    told from traces by `reports.input_kind`): exactly two files, paired in order.
+    with `backend` (default none), ticking `progress` (`run_units`). Reports (`kpool
+    replay --format json` output, told from traces by `reports.input_kind`): exactly
+    two files, paired in order.
     Raises DiffInputError for anything that must exit 2."""
-    from ..engine.versions import VersionError
     from ..trace.load import TraceError
+    from ..versions import VersionError
 
     if not paths:
         raise DiffInputError("give one or more traces, or two JSON reports")

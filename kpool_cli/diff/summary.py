@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from .. import __version__
-from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
-from ..verdict.codes import Finding
+from ..contracts.finding import Finding
+from ..contracts.records import ABORTED, ExpectResult, OpEvent, UbatchRecord
 from ..verdict.rules import kp005_engine_abort
 
 # a finding as the diff sees it: (code, global rows)

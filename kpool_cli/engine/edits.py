@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..cache.aborts import EngineAbort
 from ..trace import model as m
+from ..versions import EngineVersion
 from .layout import POS_CLEAN
-from .marking import EngineAbort
-from .versions import EngineVersion
 
 
 def check_edit(op: m.Op, version: EngineVersion, config: m.CacheConfig) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cache.cells import CELL_BITS, CELL_MASK, GrowArray
+from ..cache.cells import CELL_BITS, CELL_MASK, GrowArray, global_row
 from ..cache.kv import KvCache
 
 POS_CLEAN = (1 << 31) - 1  # llama.cpp's POS_CLEAN: no position of the sequence is stale
@@ -69,7 +69,7 @@ class SeqLayout:
         keys = self.keys.view
         reps = keys[starts + kpool - 1]
         self.pools.extend(starts)
-        self.rep_rows.extend(self.strm * kv_size + (reps & CELL_MASK))
+        self.rep_rows.extend(global_row(self.strm, reps & CELL_MASK, kv_size))
         self.rep_pos_.extend(reps >> CELL_BITS)
         self.first_pos_.extend(keys[starts] >> CELL_BITS)
 
@@ -93,7 +93,7 @@ class SeqLayout:
     def members(self, ks: np.ndarray, kpool: int, kv_size: int) -> np.ndarray:
         """[len(ks), kpool] global rows of the members of pools ks."""
         j = self.pools.view[ks][:, None] + np.arange(kpool)[None, :]
-        return self.strm * kv_size + (self.keys.view[j] & CELL_MASK)
+        return global_row(self.strm, self.keys.view[j] & CELL_MASK, kv_size)
 
 
 def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
@@ -207,7 +207,7 @@ class Layout:
             # step 3 (versions that track sharing, unified only)
             if track_sharing and unified and not sq.shared and len(sq.keys) > n_kept:
                 cells = sq.cells[n_kept:]
-                counts = cache.streams[0].seq_count[cells]
+                counts = cache.seq_counts(0, cells)
                 hit = np.flatnonzero(counts > 1)
                 sq.shared = hit.size > 0
                 scanned += int(hit[0]) + 1 if hit.size else cells.size
@@ -229,7 +229,7 @@ class Layout:
     def _holds_shared(self, cache: KvCache, sq: SeqLayout) -> bool:
         """Whether some cell of the layout's pairs is held by another sequence too (the
         patch keeps rebuilding shared sequences)."""
-        return bool((cache.streams[sq.strm].seq_count[sq.cells] > 1).any())
+        return bool((cache.seq_counts(sq.strm, sq.cells) > 1).any())
 
     def _truncate(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> tuple[int, int, int]:
         """The fork's step 2 for a stale, unshared sequence: keep the layout's pairs

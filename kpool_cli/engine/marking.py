@@ -19,12 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cache.aborts import EngineAbort
 from ..cache.cells import make_keys
 from .layout import POS_CLEAN, Layout
-
-
-class EngineAbort(Exception):
-    """A GGML_ASSERT the real engine would hit here (KP005); the replay stops."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cache.aborts import EngineAbort
 from ..cache.cells import CELL_BITS, make_keys
 from .layout import Layout
-from .marking import EngineAbort, pad_bound
+from .marking import pad_bound
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,19 +35,19 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.store import make_backend
-from ..cache.cells import CELL_BITS, CELL_MASK
+from ..contracts.files import written_whole
+from ..contracts.records import ExpectResult, UbatchRecord
 from ..diff.compare import compare
 from ..diff.summary import from_records
-from ..engine.versions import VERSIONS, load_version
-from ..records import ExpectResult, UbatchRecord
+from ..engine.context import UbatchContext
 from ..replay import Replayer
-from ..report.files import written_whole
 from ..trace import model as m
 from ..trace.load import TraceError, load_trace_text
 from ..trace.write import dump_trace
 from ..verdict.codes import CODES
 from ..verdict.expect import with_expectations
 from ..verdict.rules import kp006_decode_rejected, kp007_layout_drift
+from ..versions import VERSIONS, load_version
 from .random_trace import random_trace
 
 INV_DRIFT = "INV-drift"  # a layout differs from a rebuild and no KP007 says so
@@ -88,24 +88,19 @@ class FuzzOutcome:
 # -- one replay with the invariants ---------------------------------------------------
 
 
-class _Checked(Replayer):
-    """The replay, with kpool's invariants checked after every ubatch."""
+class _Invariants:
+    """kpool's invariants, checked on every ubatch of a replay (its observer)."""
 
-    def __init__(self, trace: m.Trace, version, backend) -> None:
-        super().__init__(trace, version, backend)
+    def __init__(self, version_name: str, cfg: m.CacheConfig) -> None:
+        self.version_name, self.cfg = version_name, cfg
         self.defects: list[tuple[str, str, str]] = []
         self._differing: set[int] = set()
 
-    def _ubatch(self, i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size) -> UbatchRecord:
-        rec = super()._ubatch(i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size)
-        self._check(rec)
-        return rec
-
     def _defect(self, code: str, message: str) -> None:
-        self.defects.append((code, f"{code}/{self.version.name}", message))
+        self.defects.append((code, f"{code}/{self.version_name}", message))
 
-    def _check(self, rec: UbatchRecord) -> None:
-        cache, layout, cfg = self.cache, self.layout, self.cfg
+    def __call__(self, rec: UbatchRecord, ctx: UbatchContext) -> None:
+        cache, layout, cfg = ctx.cache, ctx.layout, self.cfg
         drifted = {s for s in range(cfg.n_seq_max) if layout.drift(cache, s) is not None}
         kp7 = {s for f in rec.findings if f.code == kp007_layout_drift.CODE.code for s in f.seqs}
         for s in sorted(drifted - self._differing - kp7):
@@ -114,27 +109,26 @@ class _Checked(Replayer):
         self._differing = drifted
         if drifted or rec.aborted:
             return
-        for e in np.flatnonzero(~rec.scatter_pad).tolist():
-            for row in [int(rec.scatter_rep[e]), *rec.scatter_rows[e].tolist()]:
-                if cache.streams[row // cfg.kv_size].pos[row % cfg.kv_size] < 0:
-                    self._defect(INV_EMPTY, f"ubatch {rec.index}: scatter entry {e} names "
-                                            f"row {row}, an empty cell")
+        real = np.flatnonzero(~rec.scatter_pad)
+        for e in real.tolist():
+            rows = np.array([int(rec.scatter_rep[e]), *rec.scatter_rows[e].tolist()])
+            for row in rows[cache.row_pos(rows) < 0].tolist():
+                self._defect(INV_EMPTY, f"ubatch {rec.index}: scatter entry {e} names "
+                                        f"row {row}, an empty cell")
         for s, sq in enumerate(layout.seqs):
             starts = sq.pools.view
             if np.any(np.diff(starts) < cfg.kpool):
                 self._defect(INV_POOL, f"ubatch {rec.index}: seq {s}'s pools overlap")
-            st = cache.streams[sq.strm]
-            col = st.seq_ids.index(s) if s in st.seq_ids else -1
-            for j in starts.tolist():
-                keys = sq.keys.view[j: j + cfg.kpool]
-                cells = (keys & CELL_MASK).tolist()
-                if col < 0 or not all(st.has[col][c] for c in cells):
-                    self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} holds a "
-                                           "cell not in the sequence")
-                p = (keys >> CELL_BITS)
-                if not cfg.by_order and np.any(np.diff(p) != 1):
-                    self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} has "
-                                           "non-consecutive positions")
+            if not starts.size:
+                continue
+            members = sq.members(np.arange(starts.size), cfg.kpool, cfg.kv_size)
+            if not cache.holds(s, members.ravel()).all():
+                self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} holds a "
+                                       "cell not in the sequence")
+            p = cache.row_pos(members.ravel()).reshape(members.shape)
+            if not cfg.by_order and np.any(np.diff(p, axis=1) != 1):
+                self._defect(INV_POOL, f"ubatch {rec.index}: a pool of seq {s} has "
+                                       "non-consecutive positions")
 
 
 def _op_kind(op: m.Op) -> str:
@@ -150,10 +144,11 @@ def run_checked(trace: m.Trace, engine: str, backend: str = "none"
     version = load_version(engine)
     found: dict[tuple[str, str], int] = {}
     rejected = False
-    rp = _Checked(trace, version, make_backend(backend, trace))
+    inv = _Invariants(version.name, trace.cache)
+    rp = Replayer(trace, version, make_backend(backend, trace), observer=inv)
     try:
         for rec in rp.run():
-            path = "own" if rp.layout.cache_safe else "shared"
+            path = "shared" if rp.layout_shared else "own"
             for f in rec.findings:
                 if f.code in NOT_FINDINGS:
                     rejected = True
@@ -161,9 +156,9 @@ def run_checked(trace: m.Trace, engine: str, backend: str = "none"
                 key = (f.code, f"{f.code}/{_op_kind(trace.ops[rec.op])}/{path}")
                 found.setdefault(key, rec.op)
     except Exception as e:  # any escape is a kpool defect, named by its type
-        rp.defects.append((INV_CRASH, f"{INV_CRASH}/{type(e).__name__}",
-                           f"{type(e).__name__}: {e}"))
-    return found, rp.defects, rejected
+        inv.defects.append((INV_CRASH, f"{INV_CRASH}/{type(e).__name__}",
+                            f"{type(e).__name__}: {e}"))
+    return found, inv.defects, rejected
 
 
 # -- shrinking ------------------------------------------------------------------------

@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from types import ModuleType
 
 from kpool_cli.trace import format as trace_format
-from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.format import (
     KV_SIZE_MAX,
     N_EMBD_MAX,
@@ -66,6 +65,7 @@ from kpool_cli.trace.model import (
     Trace,
 )
 from kpool_cli.trace.write import Written, head_written, op_written
+from kpool_cli.trace.yaml_safe import limits as yaml_safe
 
 __all__ = ["LOADER_BOUNDS", "SCENARIOS", "Estimate", "LoaderBound", "Scenario", "Size",
            "check_sizes", "context_shift", "mrope_image", "save_restore", "server",

@@ -1,8 +1,7 @@
-"""The output formats of `kpool check` (and of `kpool replay --format` for CI): their
-names, and which writer writes each.
+"""The output formats of `kpool check` (and of `kpool replay --format` for CI): which
+writer writes each (their names are `check.OUTPUT_FORMATS` and `check.CI_FORMATS`).
 
-Owns: `FORMATS` (the names `--output-format`, `--format` and the settings file accept)
-and `write_check`. Each writer lives in its own module (`check_text`, `check_json`,
+Owns: `write_check`. Each writer lives in its own module (`check_text`, `check_json`,
 `check_junit`, `check_github`, `check_sarif`), takes the stream of `CheckResult`s and
 returns the results it wrote; none of them counts or decides the exit code
 (`check.exit_code` does).
@@ -14,9 +13,6 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from ..check import CheckResult
-
-FORMATS = ("text", "json", "junit", "github", "sarif")
-CI_FORMATS = ("junit", "github", "sarif")  # also `kpool replay --format`
 
 
 def write_check(out: TextIO, fmt: str, results: Iterable[CheckResult],

@@ -1,4 +1,4 @@
-"""The JSON output of `kpool check` (format: report/format.py, `CHECK`).
+"""The JSON output of `kpool check` (format: contracts/report_format.py, `CHECK`).
 
 Owns: `check_document` (the results as the declared records, in order) and
 `write_check_json`. Keys come from the declaration (`Record.make`), so the output
@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from .. import __version__
 from ..check import CheckResult, summary
-from .format import (
+from ..contracts.report_format import (
     CHECK,
     CHECK_DIFF,
     CHECK_FINDING,

@@ -31,6 +31,7 @@ from rich.text import Text
 
 from .. import __version__
 from .. import wording as words
+from ..contracts.report_format import COST_KEYS
 from ..diff.compare import (
     BASE,
     HEAD,
@@ -48,7 +49,6 @@ from ..diff.compare import (
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
 from ..wording import visible
-from .format import COST_KEYS
 from .terminal import Manners, make_console
 
 # a line of a cell: (text, style) spans; the plain view drops the styles

@@ -17,12 +17,9 @@ from typing import TextIO, TypeVar
 import numpy as np
 
 from .. import __version__, signals
-from ..records import ExpectResult, OpEvent, Pools, UbatchRecord
-from ..signals import held
-from ..trace.load import TraceError
-from ..trace.model import Trace
-from ..verdict.codes import Finding, PoolIds
-from .format import (
+from ..contracts.finding import Finding, PoolIds
+from ..contracts.records import ExpectResult, OpEvent, Pools, UbatchRecord
+from ..contracts.report_format import (
     CONFIG,
     COST,
     EVENT,
@@ -41,7 +38,10 @@ from .format import (
     TRACE,
     UBATCH,
 )
-from .tally import Tally
+from ..contracts.tally import Tally
+from ..signals import held
+from ..trace.load import TraceError
+from ..trace.model import Trace
 
 
 def finding_json(f: Finding) -> dict:

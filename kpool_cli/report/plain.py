@@ -16,12 +16,12 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from .. import wording as words
-from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.finding import Finding
+from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.tally import Tally
 from ..trace.model import Trace
-from ..verdict.codes import Finding
 from ..wording import visible
 from .select import Selection, select
-from .tally import Tally
 
 Record = OpEvent | UbatchRecord | ExpectResult
 

@@ -1,11 +1,11 @@
 """Which records a text view shows: `--ubatch`, `--seq`, `--only-findings`. Shared
 by the plain and the rich view.
 
-Owns: `Selection` (the navigation options, parsed), `planned_ubatches` (how many
-ubatches a trace's decodes split into, known before the replay runs) and `select`,
-a pure function from the replay's records to `(record, shown)` pairs. Every record
-comes out exactly once, in order, so a `Tally` fed from the pairs counts the whole
-run whatever is shown.
+Owns: `Selection` (the navigation options, parsed) and `select`, a pure function
+from the replay's records to `(record, shown)` pairs. Every record comes out exactly
+once, in order, so a `Tally` fed from the pairs counts the whole run whatever is
+shown. How many ubatches a trace plans is the replay's to say
+(`replay.planned_ubatches`).
 
 Rules (all the options given must hold):
 - a ubatch is shown when its index is in a `--ubatch` range; when it decodes a token
@@ -23,9 +23,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from ..cache.batch import KeepTailAssert, decode_split
-from ..cache.recurrent import n_keep_tail
-from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
+from ..replay import planned_ubatches
 from ..trace import model as m
 from ..wording import span
 
@@ -57,25 +56,6 @@ def parse_ubatch_range(text: str) -> tuple[int, int]:
     if b <= a:
         raise ValueError(f"empty ubatch range {text!r} (A..B is half-open: B > A)")
     return a, b
-
-
-def planned_ubatches(trace: m.Trace) -> int:
-    """The ubatches the trace's decodes split into, with the replay's own split
-    (ENGINE.md §3, `decode_split`), decodes a later step refuses included: an upper
-    bound of what the replay yields, computed before it runs. A span (a decode its
-    stream can never hold) and a split refused or asserted on yield none."""
-    cfg = trace.cache
-    n = 0
-    for op in trace.ops:
-        if not isinstance(op, m.Decode) or op.span is not None:
-            continue
-        try:
-            split = decode_split(op.tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
-                                 n_keep_tail(cfg.n_rs_seq))
-        except KeepTailAssert:
-            continue
-        n += 0 if isinstance(split, str) else len(split)
-    return n
 
 
 @dataclass(frozen=True, slots=True)

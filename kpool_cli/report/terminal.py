@@ -1,4 +1,5 @@
-"""Terminal manners, decided in one place (STYLE.md §4, hatch's `Terminal`).
+"""Terminal manners, decided in one place (DESIGN.md "The command line", hatch's
+`Terminal`).
 
 Owns: `Manners` (is the output a terminal, colour or not, width),
 `make_console`, the only constructor of rich consoles in kpool, and `Ticker`, the

@@ -32,14 +32,15 @@ from typing import TextIO, TypeVar
 
 from rich.console import CONSOLE_HTML_FORMAT, CONSOLE_SVG_FORMAT
 
-from ..engine.versions import EngineVersion
-from ..records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.files import written_whole
+from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.tally import Tally
+from ..replay import planned_ubatches
 from ..trace.model import Trace
+from ..versions import EngineVersion
 from ..wording import visible
-from .files import written_whole
 from .plain import write_plain
-from .select import Selection, planned_ubatches, select
-from .tally import Tally
+from .select import Selection, select
 from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_terminal
 from .view import RichView
 

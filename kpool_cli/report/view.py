@@ -35,15 +35,17 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import wording as words
-from ..engine.versions import EngineVersion
-from ..records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, UbatchRecord
+from ..cache.cells import global_row
+from ..contracts.finding import Finding
+from ..contracts.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, UbatchRecord
+from ..contracts.tally import Tally
 from ..trace import model as m
-from ..verdict.codes import CODES, Finding
+from ..verdict.codes import CODES
 from ..verdict.explain import EXPLANATIONS, Explanation
 from ..verdict.rules import kp001_scatter_race
+from ..versions import EngineVersion
 from ..wording import visible
 from .select import Selection
-from .tally import Tally
 
 SEQ_STYLES = ("cyan", "green", "yellow", "blue", "magenta", "bright_cyan", "bright_green",
               "bright_yellow", "bright_blue", "bright_magenta")
@@ -177,7 +179,7 @@ def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] =
     n_stream = n_rows // cm.kv_size
     out: list[Text] = []
     for strm in range(n_stream):
-        base = strm * cm.kv_size
+        base = global_row(strm, 0, cm.kv_size)
         if n_stream > 1:
             out.append(Text(f"stream {strm} (rows {words.span(base, base + cm.kv_size)})",
                             style="dim"))

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..engine.versions import VERSIONS
-from ..records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, Record, UbatchRecord
+from ..contracts.records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, Record, UbatchRecord
 from ..trace import model as m
 from ..trace.load import MAX_TOKENS, Problem, TraceError, load_trace
+from ..versions import VERSIONS
 from .codes import CODES, VALUE_CODES
 
 

@@ -1,6 +1,6 @@
 """`kpool explain CODE`: what a finding code means, written like ruff's rule docs
-(STYLE.md §3): What it does, Why is this bad?, Example (a minimal trace), How to fix
-the engine. The rich view quotes `oneline` under each finding.
+(DESIGN.md "Rule modules"): What it does, Why is this bad?, Example (a minimal trace),
+How to fix the engine. The rich view quotes `oneline` under each finding.
 
 Owns: the plain rendering (`explain_text`), reading a code from what a user types
 (`resolve`), and `EXPLANATIONS`, gathered from the rule modules (each code's text

@@ -1,10 +1,27 @@
 """What a rule module (`verdict/rules/kpNNN_*.py`) declares, and the parts rules share.
 
-Owns: `Code` (a code's number, name, severity and one-line summary), `Explanation`
-(what `kpool explain` prints: written like ruff's rule docs, STYLE.md §3), and the
-helpers more than one rule uses: `AppearanceFilter` (a persisting condition
-reported where it appears) and `doc` (an explanation's paragraphs). Messages word
-rows, pools and ranges with `kpool_cli.wording`.
+Every rule module holds, and nothing else needs to know of it:
+- `CODE`, its `contracts.finding.Code` (number, name, severity, summary);
+- `EXPLANATION`, an `Explanation`: what `kpool explain` prints, written like ruff's
+  rule docs (DESIGN.md "Rule modules");
+- `Check`, a subclass of `Check` below: the replay makes one per replay (so a check
+  may remember what it reported: `AppearanceFilter`) and calls its entry points
+  where the rule's facts are, never naming a code:
+  - `at_op(op)`: an op outcome (`engine.context.OpContext`: an edit, or a decode
+    refused before any ubatch ran);
+  - `at_ubatch(ctx)`: a ubatch's engine facts (`engine.context.UbatchContext`);
+  - `with_values(ctx, values, found)`: the same ubatch once the value backend ran,
+    given the value facts (`backend.facts.ValueFacts`) and what `at_ubatch` found;
+    it returns the findings that stand (by default `found` unchanged).
+  `Check.reads` orders a ubatch's findings by the engine step they are about:
+  `STEP` (the ubatch's own step failed: an abort), `LAYOUT` (the layout after its
+  update), `PLAN` (the scatter plan, and the values it writes); within a step, in
+  code order.
+
+Owns: `Explanation`, `Check` (with `STEP`, `LAYOUT`, `PLAN`), `AppearanceFilter` (a
+persisting condition reported where it appears) and `doc` (an explanation's
+paragraphs). Messages word rows, pools and ranges with `kpool_cli.wording`. Imports
+no rule and not the registry (`codes.py`), which derives from the rule modules.
 
 Invariants: an `Explanation.example` is a minimal trace that loads with
 `load_trace_text` and raises its code when replayed under `version()` (with a value
@@ -16,28 +33,21 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..engine.versions import VERSIONS, EngineVersion
-from .finding import CodeLookup
+from ..contracts.finding import Code, Finding
+from ..versions import VERSIONS, EngineVersion
 
+if TYPE_CHECKING:
+    from ..backend.facts import ValueFacts
+    from ..engine.context import OpContext, UbatchContext
 
-@dataclass(frozen=True, slots=True)
-class Code:
-    """A finding code. Codes are a public contract: never renumber one, never reuse a
-    retired one. Severity decides the exit status (`--fail-on`). `values_only`: only
-    a value backend can raise it (a model-only replay does not look for it)."""
-
-    code: str
-    name: str
-    severity: str
-    summary: str
-    values_only: bool = False
+STEP, LAYOUT, PLAN = 0, 1, 2  # what a check reads, in the order of a ubatch's steps
 
 
 @dataclass(frozen=True, slots=True)
-class Explanation(CodeLookup):
-    code: str
+class Explanation:
+    rule: Code
     oneline: str  # why it matters, in one line (the rich view's finding panels)
     what: str
     why: str
@@ -49,6 +59,18 @@ class Explanation(CodeLookup):
     replaces: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
+    def code(self) -> str:
+        return self.rule.code
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def severity(self) -> str:
+        return self.rule.severity
+
+    @property
     def plugin(self) -> str:
         """The replace() arguments of the example's plug-in engine ('' for none)."""
         return ", ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v!r}"
@@ -57,9 +79,7 @@ class Explanation(CodeLookup):
     @property
     def needs_values(self) -> bool:
         """The example needs a value backend (not --backend none)."""
-        from .codes import CODES
-
-        return CODES[self.code].values_only
+        return self.rule.values_only
 
     @property
     def command(self) -> str:
@@ -70,6 +90,23 @@ class Explanation(CodeLookup):
     def version(self) -> EngineVersion:
         """The engine the example runs under."""
         return replace(VERSIONS[self.engine], **self.replaces)
+
+
+class Check:
+    """A rule's checks over one replay (see the module's docstring): every entry point
+    finds nothing unless the rule's module says otherwise."""
+
+    reads: ClassVar[int] = PLAN
+
+    def at_op(self, op: OpContext) -> list[Finding]:
+        return []
+
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        return []
+
+    def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
+                    ) -> list[Finding]:
+        return found
 
 
 def doc(text: str) -> str:

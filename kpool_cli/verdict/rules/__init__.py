@@ -1,40 +1,39 @@
 """The finding codes (ENGINE.md §8), one module each, as ruff keeps one file per rule.
 
-Owns: `RULES`, every rule module in code order. A rule module is named for its code
-(`kp001_scatter_race` for KP001 scatter-race) and holds its `CODE` (`rule.Code`),
-its `EXPLANATION` (`rule.Explanation`, what `kpool explain` prints) and its check,
-run over the replay's `context.UbatchContext`, or, for a code the replay raises
-from an exception (KP005, KP006, KP008), the function that builds the finding.
+Owns: `RULES`, every rule module of this package in code order, found by their names
+(`kp001_scatter_race` for KP001 scatter-race): a module `kpNNN_name.py` here is a
+rule, and nothing else names it. Each holds its `CODE` (`contracts.finding.Code`),
+its `EXPLANATION` (`rule.Explanation`, what `kpool explain` prints) and its `Check`
+(`rule.Check`: the entry points the replay calls).
 
-Adding a code: a new module here, added to `RULES`, a call where the replay runs
-it, and its committed findings (tests/test_codes.py says how). The registry
-(`codes.CODES`), `kpool explain` and everything else derive from `RULES`.
+Adding a code: a new module here and its committed findings (tests/test_codes.py says
+how); the registry (`codes.CODES`), the replay's checks, `kpool explain` and
+everything else derive from `RULES`.
 
-Invariants (held by tests/test_codes.py): `RULES` is every module of this package,
-in code order, each code once; a code's string is written in its module only; each
+Invariants (held by tests/test_codes.py): a module's name starts with its code in
+lower case; each code once; a code's string is written in its module only; each
 explanation's example raises its code, and exactly its committed findings.
 """
 
 from __future__ import annotations
 
-from . import (
-    kp001_scatter_race,
-    kp002_rep_conflict,
-    kp003_stale_read,
-    kp004_pad_collision,
-    kp005_engine_abort,
-    kp006_decode_rejected,
-    kp007_layout_drift,
-    kp008_edit_refused,
-)
+import importlib
+import pkgutil
+import re
+from types import ModuleType
 
-RULES = (
-    kp001_scatter_race,
-    kp002_rep_conflict,
-    kp003_stale_read,
-    kp004_pad_collision,
-    kp005_engine_abort,
-    kp006_decode_rejected,
-    kp007_layout_drift,
-    kp008_edit_refused,
-)
+_RULE_MODULE = re.compile(r"kp\d{3}_[a-z0-9_]+")
+
+
+def _discover() -> tuple[ModuleType, ...]:
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        if _RULE_MODULE.fullmatch(info.name):
+            mod = importlib.import_module(f"{__name__}.{info.name}")
+            assert mod.CODE.code.lower() == info.name[:5], (info.name, mod.CODE.code)
+            found.append(mod)
+    found.sort(key=lambda m: m.CODE.code)
+    return tuple(found)
+
+
+RULES: tuple[ModuleType, ...] = _discover()

@@ -1,9 +1,9 @@
 """KP001 scatter-race: two or more scatter entries of one ubatch write one row.
 
-Owns: the code, its explanation, `check` (the rows the race groups of the ubatch
-context show written by two or more entries) and `with_values` (the same finding
-with the value backend's evidence: whether each raced row's entries carry equal
-values, and which sequences may lose theirs).
+Owns: the code, its explanation and its `Check`: at a ubatch, `check` (the rows the
+race groups of the ubatch context show written by two or more entries); with
+values, `with_values` (the same finding with the value backend's evidence: whether
+each raced row's entries carry equal values, and which sequences may lose theirs).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
@@ -15,16 +15,17 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
-from ..context import UbatchContext
-from ..finding import EVIDENCE_ROWS, Finding, PoolIds
-from ..rule import Code, Explanation, doc
-from ..values import writer, writers_of
+from ...backend.facts import ValueFacts
+from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds
+from ...engine.context import UbatchContext
+from ..rule import PLAN, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP001", "scatter-race", "error",
             "two or more scatter entries of one ubatch write one row")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="set_rows splits entries across threads: the row keeps an undefined "
             "writer's value",
     what=doc("""
@@ -60,6 +61,17 @@ EXPLANATION = Explanation(
 )
 
 
+class Check(RuleCheck):
+    reads = PLAN
+
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        return check(ctx)
+
+    def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
+                    ) -> list[Finding]:
+        return [with_values(f, ctx, values.equal) for f in found]
+
+
 def check(ctx: UbatchContext) -> list[Finding]:
     """Rows written by two or more scatter entries of the ubatch. set_rows splits
     entries across threads, so the row's final value has no defined writer.
@@ -81,7 +93,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     more = ({"entries_per_row_not_listed": len(rows) - EVIDENCE_ROWS}
             if len(rows) > EVIDENCE_ROWS else {})
     return [Finding(
-        CODE.code,
+        CODE,
         f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
         f"{words.folded(rows, limit=8)}",
         rows=tuple(rows), seqs=seqs, pools=pools,
@@ -91,8 +103,8 @@ def check(ctx: UbatchContext) -> list[Finding]:
 
 def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding:
     """`race` (what `check` found in `ctx`) with value evidence. `equal` [n_groups]
-    bool: the entries of each race group of `ctx` write equal values (as
-    `values.groups_equal` gives it, from the value backend's pooled values).
+    bool: the entries of each race group of `ctx` write equal values (the value
+    backend's `ValueFacts.equal`).
 
     Evidence: {row: {"equal": bool, "writers": [[seq, k], ...]}} (padding is
     [-1, -1]) for the first EVIDENCE_ROWS raced rows (and the first row whose values
@@ -101,7 +113,7 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding
     all equal."""
     assert ctx.plan is not None  # a race is found in a plan
     starts, rows, raced = ctx.starts, ctx.rows, ctx.raced
-    writers = writers_of(ctx.layout, ctx.plan.entry_pool)[ctx.order]
+    writers = ctx.writers()[ctx.order]
     unequal = raced[~equal[raced]]
     shown = raced[:EVIDENCE_ROWS]
     if unequal.size and unequal[0] not in shown:
@@ -121,7 +133,7 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding
                if losers else "padding entries may lose their value")
         first = int(rows[unequal[0]])
         verdict = (f"values differ on {unequal.size} row(s) (row {first}: "
-                   f"{', '.join(writer(tuple(w)) for w in evidence[first]['writers'])}): {who}")
-    return Finding(race.code, f"{race.message}; {verdict}", rows=race.rows, seqs=race.seqs,
+                   f"{', '.join(words.writer(w) for w in evidence[first]['writers'])}): {who}")
+    return Finding(race.rule, f"{race.message}; {verdict}", rows=race.rows, seqs=race.seqs,
                    tokens=race.tokens, pools=race.pools,
                    evidence={**race.evidence, "values": evidence, **extra})

@@ -13,16 +13,17 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
+from ...contracts.finding import Code, Finding, PoolIds
+from ...engine.context import UbatchContext
 from ...engine.layout import Layout
-from ..context import UbatchContext
-from ..finding import Finding, PoolIds
-from ..rule import AppearanceFilter, Code, Explanation, doc
+from ..rule import LAYOUT, AppearanceFilter, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP002", "rep-conflict", "error",
             "one rep row is the rep of pools whose members differ")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="one pooled row cannot hold two different poolings: some sequence reads "
             "the wrong one",
     what=doc("""
@@ -86,7 +87,7 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
     seqs = tuple(sorted({s for s, _ in pools}))
     first = rows[0]
     return Finding(
-        CODE.code,
+        CODE,
         f"{len(rows)} rep row(s) hold pools with different members: row {first} is the rep "
         f"of pools {words.pools(conflicts[first])}"
         + (f" (+{len(rows) - 1} more rows)" if len(rows) > 1 else ""),
@@ -94,15 +95,17 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
     )
 
 
-class Watch:
+class Check(RuleCheck):
     """The conflicts of one replay's layout, reported where they appear. They depend
     on the pools only: recomputed when the layout update changed some."""
+
+    reads = LAYOUT
 
     def __init__(self) -> None:
         self._seen = AppearanceFilter()
         self._conflicts: dict[int, tuple[tuple[int, int], ...]] | None = None
 
-    def check(self, ctx: UbatchContext) -> list[Finding]:
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
         if ctx.change.changed or self._conflicts is None:
             self._conflicts = conflicts(ctx.layout)
         now = self._conflicts

@@ -2,9 +2,9 @@
 current members.
 
 Owns: the code (value-only: a model-only replay does not look for it), its
-explanation and `check`, run by the value backend once it has verified the pools
-(which pools read wrong, `bad`, and what a row holds instead, `holds`, are the
-backend's).
+explanation and its `Check`, which reads the value backend's facts once it has
+verified the pools (which pools read wrong, `bad`, and what the first bad pool's row
+holds instead) and words them (`holds`).
 
 Invariants: a token reads pools k < visible[i] of its first sequence; the finding
 names every reading token, and for each reading sequence its bad pools up to the
@@ -13,20 +13,22 @@ furthest any of its tokens sees.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
-from ..context import UbatchContext
-from ..finding import Finding, PoolIds
-from ..rule import Code, Explanation, doc
+from ... import wording as words
+from ...backend import facts as f
+from ...backend.facts import RowContent, ValueFacts
+from ...contracts.finding import Code, Finding, PoolIds
+from ...engine.context import UbatchContext
+from ..rule import PLAN, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP003", "stale-read", "error",
             "a token sees a pool whose row differs from the pooling of its current members",
             values_only=True)
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="attention reads a pooled key that is not the pooling of the pool's "
             "members: silent corruption",
     what=doc("""
@@ -59,21 +61,26 @@ EXPLANATION = Explanation(
 )
 
 
-def check(ctx: UbatchContext, bad: list[np.ndarray], holds: Callable[[int, int, int], str]
-          ) -> Finding | None:
-    """The tokens of the ubatch that see a bad pool.
+class Check(RuleCheck):
+    reads = PLAN
 
-    `bad[s]` [n_pools of s] bool: pool k of s reads wrong (its row, or any racing
-    writer's value, differs from the pooling of its current members).
-    `holds(row, s, k)` describes what row `row` holds instead of pool s:k's value."""
+    def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
+                    ) -> list[Finding]:
+        finding = check(ctx, values)
+        return found if finding is None else [*found, finding]
+
+
+def check(ctx: UbatchContext, values: ValueFacts) -> Finding | None:
+    """The tokens of the ubatch that see a bad pool (`values.bad[s]` [n_pools of s]
+    bool: pool k of s reads wrong)."""
     assert ctx.plan is not None  # the backend runs on a plan
-    layout, visible, token_seqs = ctx.layout, ctx.plan.visible, ctx.token_seqs
-    first_bad = [int(np.argmax(b)) if b.size and b.any() else -1 for b in bad]
+    layout, visible, token_seqs, bad = ctx.layout, ctx.plan.visible, ctx.token_seqs, values.bad
+    first_bad = {s: k for s, (k, _row, _c) in values.first_bad.items()}
     readers: list[int] = []
     reach: dict[int, int] = {}
     for i, ss in enumerate(token_seqs):
         s = ss[0]
-        fb = first_bad[s]
+        fb = first_bad.get(s, -1)
         if 0 <= fb < int(visible[i]):
             readers.append(i)
             reach[s] = max(reach.get(s, 0), int(visible[i]))
@@ -88,16 +95,38 @@ def check(ctx: UbatchContext, bad: list[np.ndarray], holds: Callable[[int, int, 
         rows += rr.tolist()
     i0 = readers[0]
     s0 = token_seqs[i0][0]
-    k0 = first_bad[s0]
-    row0 = int(layout.seqs[s0].rep_rows.view[k0])
+    k0, row0, content = values.first_bad[s0]
+    said = holds(content, s0, k0)
     tokens = tuple((int(ctx.token_pos[i]), token_seqs[i][0]) for i in readers)
     more = ""
     if len(readers) > 1 or len(pools) > 1:
         more = f" ({len(readers)} token(s) read {len(pools)} bad pool(s))"
     message = (f"token (pos {tokens[0][0]}, seq {s0}) reads pool {s0}:{k0} at row {row0}, "
-               f"which holds {holds(row0, s0, k0)} instead of the pooling of its members"
-               + more)
-    return Finding(CODE.code, message, rows=tuple(sorted(set(rows))),
+               f"which holds {said} instead of the pooling of its members" + more)
+    return Finding(CODE, message, rows=tuple(sorted(set(rows))),
                    seqs=tuple(sorted(reach)), tokens=tokens, pools=PoolIds(pools),
                    evidence={"reader": list(tokens[0]), "pool": [s0, k0], "row": row0,
-                             "holds": holds(row0, s0, k0)})
+                             "holds": said})
+
+
+def holds(c: RowContent, s: int, k: int) -> str:
+    """What a row holds (`c`), said for a reader of pool s:k."""
+    when = c.ubatch
+    if c.racers:
+        other = next((w for w in c.racers if w != (s, k)), c.racers[0])
+        who = "a padding entry" if other == (-1, -1) else f"pool {words.writer(other)}"
+        names = ", ".join(words.writer(w) for w in c.racers)
+        return (f"{who}'s value when that entry wins the race of ubatch {when} "
+                f"(entries of {names}: no defined winner)")
+    if c.kind == f.POOLED:
+        what = ("its own value from before its members changed" if (c.a, c.b) == (s, k)
+                else f"pool {c.a}:{c.b}'s value")
+        return f"{what} (written at ubatch {when})"
+    return {
+        f.PADDING: f"a padding entry's value (written at ubatch {when})",
+        f.DECODE_ZERO: f"a slot zeroed by the decode at ubatch {when}",
+        f.DROP_ZERO: f"a slot zeroed by a state_drop before ubatch {when}",
+        f.RESTORED: f"a slot restored from snapshot {c.snapshot!r} before ubatch {when}",
+        f.COPIED: f"a slot copied from stream {c.a} before ubatch {when}",
+        f.CLEARED: f"a slot zeroed by clear before ubatch {when}",
+    }.get(c.kind, "a never-written slot")

@@ -11,15 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
-from ..context import UbatchContext
-from ..finding import Finding, PoolIds
-from ..rule import Code, Explanation, doc
+from ...contracts.finding import Code, Finding, PoolIds
+from ...engine.context import UbatchContext
+from ..rule import PLAN, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP004", "pad-collision", "error",
             "a padding entry writes a row that some real pool reads")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="a padding entry overwrites a real pool's pooled row with padding",
     what=doc("""
         Flags a ubatch whose scatter plan has a padding entry (entries n_new ..
@@ -52,6 +53,13 @@ EXPLANATION = Explanation(
 )
 
 
+class Check(RuleCheck):
+    reads = PLAN
+
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        return check(ctx)
+
+
 def check(ctx: UbatchContext) -> list[Finding]:
     """A padding entry writes a row that a real pool reads (its rep row)."""
     plan = ctx.plan
@@ -66,7 +74,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     hit = np.unique(plan.pool_cells[readers])
     seq, k = ctx.layout.locate(readers)
     return [Finding(
-        CODE.code,
+        CODE,
         f"padding writes {hit.size} row(s) that real pools read: "
         f"{words.folded(hit.tolist(), limit=8)}",
         rows=tuple(hit.tolist()), seqs=tuple(sorted(set(seq.tolist()))),

@@ -10,18 +10,16 @@ sequence); an abort at an edit or a split names nothing but its message.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
-from ..finding import Finding
-from ..rule import Code, Explanation, doc
+from ...contracts.finding import Code, Finding
+from ...engine.context import OpContext, UbatchContext
+from ..rule import STEP, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP005", "engine-abort", "error",
             "the engine would abort here (GGML_ASSERT); the replay stops")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="a GGML_ASSERT would abort the process here: the server dies mid-request",
     what=doc("""
         Flags the op or ubatch where the engine would hit a GGML_ASSERT: a partial
@@ -47,13 +45,17 @@ EXPLANATION = Explanation(
 )
 
 
-def at_op(message: str) -> Finding:
-    """An abort at an edit or at a decode's split."""
-    return Finding(CODE.code, message)
+class Check(RuleCheck):
+    reads = STEP
 
+    def at_op(self, op: OpContext) -> list[Finding]:
+        """An abort at an edit or at a decode's split."""
+        return [] if op.aborted is None else [Finding(CODE, op.aborted)]
 
-def at_ubatch(message: str, token_pos: np.ndarray, token_seqs: Sequence[tuple[int, ...]]
-              ) -> Finding:
-    """An abort in a ubatch: it names the ubatch's first token."""
-    s = token_seqs[0][0]
-    return Finding(CODE.code, message, seqs=(s,), tokens=((int(token_pos[0]), s),))
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        """An abort in a ubatch (its marking or padding rows): it names the ubatch's
+        first token."""
+        if ctx.abort is None:
+            return []
+        s = ctx.token_seqs[0][0]
+        return [Finding(CODE, ctx.abort, seqs=(s,), tokens=((int(ctx.token_pos[0]), s),))]

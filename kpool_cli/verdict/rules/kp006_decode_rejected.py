@@ -9,14 +9,16 @@ changes nothing.
 
 from __future__ import annotations
 
-from ..finding import Finding
-from ..rule import Code, Explanation, doc
+from ...contracts.finding import Code, Finding
+from ...engine.context import OpContext
+from ..rule import Check as RuleCheck
+from ..rule import Explanation, doc
 
 CODE = Code("KP006", "decode-rejected", "warning",
             "llama_decode would refuse the batch; nothing applied")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="llama_decode refuses the batch: nothing of it is applied (a warning)",
     what=doc("""
         Flags a decode that llama_decode would refuse (llama_batch_allocr::init's
@@ -44,6 +46,9 @@ EXPLANATION = Explanation(
 )
 
 
-def finding(message: str) -> Finding:
-    """A refused decode."""
-    return Finding(CODE.code, message)
+class Check(RuleCheck):
+    def at_op(self, op: OpContext) -> list[Finding]:
+        """A decode llama_decode refused."""
+        if op.kind != "decode" or op.refused is None:
+            return []
+        return [Finding(CODE, op.refused)]

@@ -12,16 +12,17 @@ pairs (the other sequences' cells did not change, nor did their drift).
 from __future__ import annotations
 
 from ...cache.kv import KvCache
+from ...contracts.finding import Code, Finding
+from ...engine.context import UbatchContext
 from ...engine.layout import Layout
-from ..context import UbatchContext
-from ..finding import Finding
-from ..rule import AppearanceFilter, Code, Explanation, doc
+from ..rule import LAYOUT, AppearanceFilter, Explanation, doc
+from ..rule import Check as RuleCheck
 
 CODE = Code("KP007", "layout-drift", "error",
             "a sequence's incremental layout no longer matches a rebuild from its cells")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="the layout's cached positions no longer match the cells: pools are "
             "grouped wrong from here on",
     what=doc("""
@@ -60,7 +61,7 @@ def finding(layout: Layout, cache: KvCache, s: int) -> Finding | None:
         return None
     j, have, want = d
     return Finding(
-        CODE.code,
+        CODE,
         f"seq {s}: the layout's pair {j} is {_pair(have)} but the cells say {_pair(want)}; "
         "the engine goes on with the drifted layout",
         seqs=(s,), evidence={"index": j, "layout": have, "cells": want},
@@ -71,18 +72,18 @@ def _pair(p: tuple[int, int] | None) -> str:
     return "absent" if p is None else f"(pos {p[0]}, cell {p[1]})"
 
 
-class Watch:
-    """The drifted sequences of one replay (over `cache`, the replay's attention
-    cache), each reported where its drift appears."""
+class Check(RuleCheck):
+    """The drifted sequences of one replay, each reported where its drift appears."""
 
-    def __init__(self, cache: KvCache) -> None:
-        self._cache = cache
+    reads = LAYOUT
+
+    def __init__(self) -> None:
         self._seen = AppearanceFilter()
         self._drifts: dict[int, Finding] = {}  # each drifted sequence's finding
 
-    def check(self, ctx: UbatchContext) -> list[Finding]:
+    def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
         for s in ctx.change.read:
-            f = finding(ctx.layout, self._cache, s)
+            f = finding(ctx.layout, ctx.cache, s)
             if f is None:
                 self._drifts.pop(s, None)
             else:

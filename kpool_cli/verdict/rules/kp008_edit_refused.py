@@ -10,25 +10,28 @@ negative seq id.
 
 from __future__ import annotations
 
-from ..finding import Finding
-from ..rule import Code, Explanation, doc
+from ...contracts.finding import Code, Finding
+from ...engine.context import OpContext
+from ..rule import Check as RuleCheck
+from ..rule import Explanation, doc
 
 CODE = Code("KP008", "edit-refused", "warning",
             "the memory refuses a seq_rm (the recurrent state cannot be cut); nothing "
             "changed")
 
 EXPLANATION = Explanation(
-    CODE.code,
+    CODE,
     oneline="the memory refuses a seq_rm: the recurrent state cannot be cut, nothing "
             "changed (a warning)",
     what=doc("""
         Flags a seq_rm that llama_memory_hybrid_idx::seq_rm returns false for: its
         recurrent child (llama_memory_recurrent::seq_rm) refuses a removal that
         cuts into a sequence's state, 0 < p0 <= last pos < p1, unless it is a
-        rollback of 1..n_rs_seq tokens with no rollback pending; it also refuses a
-        negative seq id. The hybrid memory asks it first, so no cache changes and no
-        sequence is staled. A warning: it fails the run only with
-        `--fail-on warning`."""),
+        rollback of 1..n_rs_seq tokens with no rollback pending; for a negative seq
+        id (every sequence) it refuses a range that holds neither every position
+        nor none (a whole-range seq_rm(-1) clears every sequence). The hybrid memory
+        asks it first, so no cache changes and no sequence is staled. A warning: it
+        fails the run only with `--fail-on warning`."""),
     why=doc("""
         A speculative-decoding server removes the rejected draft tail with
         seq_rm(s, p, -1). Without rollback snapshots (n_rs_seq 0, no MTP), or with a
@@ -51,6 +54,9 @@ EXPLANATION = Explanation(
 )
 
 
-def finding(message: str, seq: int) -> Finding:
-    """A refused seq_rm of sequence `seq`."""
-    return Finding(CODE.code, message, seqs=(seq,) if seq >= 0 else ())
+class Check(RuleCheck):
+    def at_op(self, op: OpContext) -> list[Finding]:
+        """An edit the memory refused (a seq_rm its recurrent child will not cut)."""
+        if op.kind == "decode" or op.refused is None:
+            return []
+        return [Finding(CODE, op.refused, seqs=(op.seq,) if op.seq >= 0 else ())]

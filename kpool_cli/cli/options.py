@@ -1,12 +1,16 @@
-"""The command line's numbers: every numeric option is bounded, checked before it is
-converted, and refused in kpool's own words.
+"""The options more than one command takes, and the command line's numbers: every
+numeric option is bounded, checked before it is converted, and refused in kpool's
+own words.
 
 Owns `Int(lo, hi)` and `Float(lo, hi)`, click parameter types that accept only plain
 decimal text (`-?[0-9]+`; a float also `.` and an exponent), at most as many digits
 as the bound needs (so a 5,000-digit argument never reaches `int()`), never nan or
 inf, within `[lo, hi]`; a refusal quotes at most 40 characters of the argument.
 And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that runs
-a process pool (the pool is also capped by the machine's cores: workers.in_order).
+a process pool (the pool is also capped by the machine's cores: workers.in_order);
+`max_tokens_option` and `max_memory_option`, the bounds on a trace's work of every
+command that replays; `ubatch_ranges` (`--ubatch`); `ENGINES`, the registered
+versions as help names them.
 """
 
 from __future__ import annotations
@@ -17,7 +21,11 @@ from typing import Any
 
 import click
 
-from .workers import MAX_JOBS
+from ..backend.budget import default_max_memory, parse_memory
+from ..report.select import parse_ubatch_range
+from ..trace.load import MAX_TOKENS
+from ..versions import VERSIONS
+from ..workers import MAX_JOBS
 
 _INT = re.compile(r"-?[0-9]+", re.ASCII)
 _FLOAT = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?", re.ASCII)
@@ -85,3 +93,35 @@ def jobs_option(default: int | None, help_text: str) -> Any:
                         show_default=default is not None, metavar="N",
                         help=f"{help_text} At most {MAX_JOBS}; no more processes than the "
                              "machine has cores are started.")
+
+
+ENGINES = ", ".join(VERSIONS)  # the registry: the one list of versions in help
+
+
+def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
+                   ) -> int | None:
+    if value is None:
+        return default_max_memory()
+    try:
+        return parse_memory(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+
+
+def ubatch_ranges(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+                  ) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple(parse_ubatch_range(v) for v in values)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+
+
+# the bounds on a trace's work, the same for every command that replays
+max_tokens_option = click.option(
+    "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
+    metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
+                      "untrusted input).")
+max_memory_option = click.option(
+    "--max-memory", metavar="SIZE", callback=_memory_budget,
+    help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "
+         "(512M, 8G, or none) [default: half of the memory available].")

@@ -1,9 +1,12 @@
-"""The `Finding` record every rule raises (ENGINE.md §8) and its parts.
+"""The `Finding` record every rule raises (ENGINE.md §8), the `Code` it carries, and
+their parts.
 
-Owns: `Finding`, `PoolIds` (the pools a finding names, as one array), the
-severities and `EVIDENCE_ROWS`. A finding carries its code only: its name and
-severity are looked up in the registry (`codes.CODES`), so a code's name and
-severity have one home, its rule module.
+Owns: `Code` (a code's number, name, severity, one-line summary: what a rule module
+declares), `Finding` (which carries its `Code` whole, so its name and severity need
+no registry), `PoolIds` (the pools a finding names, as one array), the severities
+and `EVIDENCE_ROWS`. Imports nothing of kpool: every layer may read findings.
+
+Codes are a public contract: never renumber one, never reuse a retired one.
 """
 
 from __future__ import annotations
@@ -24,23 +27,19 @@ def severity_rank(severity: str) -> int:
     return SEVERITIES.index(severity)
 
 
-class CodeLookup:
-    """`name` and `severity` of a record's `code`, from the registry."""
+@dataclass(frozen=True, slots=True)
+class Code:
+    """A finding code. Severity decides the exit status (`--fail-on`). `values_only`:
+    only a value backend can raise it (a model-only replay does not look for it)."""
 
-    __slots__ = ()
     code: str
+    name: str
+    severity: str
+    summary: str
+    values_only: bool = False
 
-    @property
-    def name(self) -> str:
-        from .codes import CODES  # the registry imports every rule, which import this
-
-        return CODES[self.code].name
-
-    @property
-    def severity(self) -> str:
-        from .codes import CODES
-
-        return CODES[self.code].severity
+    def __post_init__(self) -> None:
+        assert self.severity in SEVERITIES, self.severity
 
 
 class PoolIds:
@@ -88,12 +87,13 @@ class PoolIds:
 
 
 @dataclass(frozen=True, slots=True)
-class Finding(CodeLookup):
-    """One finding. `rows` are global rows, `pools` are (seq, k) pairs (given as any
-    iterable of pairs, held as `PoolIds`), `tokens` are (pos, seq) of the tokens
-    involved. `evidence` holds code-specific plain data."""
+class Finding:
+    """One finding, carrying the `Code` of the rule that raised it (`rule`). `rows` are
+    global rows, `pools` are (seq, k) pairs (given as any iterable of pairs, held as
+    `PoolIds`), `tokens` are (pos, seq) of the tokens involved. `evidence` holds
+    code-specific plain data."""
 
-    code: str
+    rule: Code
     message: str
     rows: tuple[int, ...] = ()
     seqs: tuple[int, ...] = ()
@@ -104,3 +104,15 @@ class Finding(CodeLookup):
     def __post_init__(self) -> None:
         if not isinstance(self.pools, PoolIds):
             object.__setattr__(self, "pools", PoolIds(self.pools))
+
+    @property
+    def code(self) -> str:
+        return self.rule.code
+
+    @property
+    def name(self) -> str:
+        return self.rule.name
+
+    @property
+    def severity(self) -> str:
+        return self.rule.severity

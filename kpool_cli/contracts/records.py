@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .verdict.codes import Finding
+from .finding import Finding
 
 APPLIED, REJECTED, ABORTED = "applied", "rejected", "aborted"
 

@@ -140,7 +140,7 @@ def load_version(spec: str) -> EngineVersion:
         raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}")
     if type(obj) is not EngineVersion:
         raise VersionError(f"engine {spec!r}: {attr} is a {type(obj).__name__}, not a "
-                           "kpool_cli.engine.versions.EngineVersion (kpool calls nothing "
+                           "kpool_cli.versions.EngineVersion (kpool calls nothing "
                            "it imports: build the version in the module, e.g. Name = "
                            "replace(REP_ONCE, name=..., ...))")
     for f in fields(EngineVersion):  # plain values only: no object of the plug-in's

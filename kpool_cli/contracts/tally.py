@@ -22,10 +22,11 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from ..records import ABORTED, ExpectResult, OpEvent, UbatchRecord
 from ..trace.load import TraceError
-from ..verdict.codes import severity_rank
-from .format import SUMMARY
+from . import exits
+from .finding import severity_rank
+from .records import ABORTED, ExpectResult, OpEvent, UbatchRecord
+from .report_format import SUMMARY
 
 FAIL_ON = ("error", "warning", "never")
 
@@ -86,12 +87,10 @@ class Tally:
 
     @property
     def exit_code(self) -> int:
-        if self.problems:
-            return 2
-        return 1 if self.failed else 0
+        return exits.BAD_INPUT if self.problems else exits.FINDINGS if self.failed else exits.PASS
 
     def summary(self) -> dict:
-        """The report's `summary` record (report/format.py, SUMMARY)."""
+        """The report's `summary` record (contracts/report_format.py, SUMMARY)."""
         return SUMMARY.make(
             ubatches=self.ubatches,
             tokens=self.tokens,
@@ -121,6 +120,5 @@ def tallied(records: Iterable[Record], tally: Tally) -> Iterator[Record]:
 
 
 def exit_code(tallies: Iterable[Tally]) -> int:
-    """The exit code of a command over several traces: the highest of theirs (0 for
-    none)."""
-    return max((t.exit_code for t in tallies), default=0)
+    """The exit code of a command over several traces: the worst of theirs."""
+    return exits.worst(t.exit_code for t in tallies)

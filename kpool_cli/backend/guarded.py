@@ -1,0 +1,93 @@
+"""Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
+
+Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
+`pool`, `scatter`, `gather`, `pools_differ`), and the time spent inside each
+(`time`, seconds by kernel name: the benchmark's breakdown). The kernels come from
+`kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
+They index the slot arrays (`slots.py`) with slots, never rows, and check nothing.
+
+Invariant: no kernel is handed an index outside the arrays it reads and writes.
+Each door checks what it is handed against those arrays before the kernel runs
+(`SlotTable.check_tables`: float32, C-contiguous, n_embd wide, a row for every slot
+handed out; `guards.checked_index`: slots in use, sources within the values, shapes
+that agree, distinct slots where one iteration writes each) and raises `PlanError`
+naming the step, the array and the element otherwise (the kernel-safety contract:
+`guards.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from types import ModuleType
+
+import numpy as np
+
+from .guards import ANY, I64, PlanError, checked_index, is_rows
+from .slots import SlotTable
+
+
+class GuardedKernels:
+    """The kernels of module `k` on the arrays of `slots`, each behind its checks:
+    slots in [first, slots in use)."""
+
+    def __init__(self, k: ModuleType, state: np.uint64, slots: SlotTable) -> None:
+        self.k = k
+        self.state = state  # the keys' seed state (`keys.seed_state`)
+        self.slots = slots
+        self.n_embd, self.kpool = slots.n_embd, slots.kpool
+        self.time: dict[str, float] = defaultdict(float)
+
+    def _timed(self, name: str, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.time[name] += time.perf_counter() - t0
+        return out
+
+    def write_keys(self, s: np.ndarray, key_ids: np.ndarray) -> None:
+        where = "write_keys"
+        t = self.slots
+        t.check_tables(where)
+        s = checked_index(s, 1, t.n_handed, ANY, True, where, "slots", "slot")
+        if type(key_ids) is not np.ndarray or key_ids.dtype is not I64 \
+                or key_ids.shape != s.shape or not key_ids.flags.c_contiguous:
+            key_ids = checked_index(key_ids, None, 0, s.shape, False, where, "key_ids",
+                                    "key id")
+        self._timed(where, self.k.write_keys, self.state, s, key_ids, t.key, t.gate)
+
+    def pool(self, members: np.ndarray) -> np.ndarray:
+        where = "pool"
+        t = self.slots
+        t.check_tables(where)
+        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
+                                "member slots", "slot")
+        return self._timed(where, self.k.pool, t.key, t.gate, members)
+
+    def scatter(self, s: np.ndarray, vals: np.ndarray, src: np.ndarray) -> None:
+        where = "scatter"
+        t = self.slots
+        t.check_tables(where)
+        s = checked_index(s, 1, t.n_handed, ANY, True, where, "slots", "slot")
+        if not is_rows(vals, self.n_embd):
+            raise PlanError(f"{where}: the values are {vals.dtype} {vals.shape}, not a "
+                            f"C-contiguous float32 array of n x {self.n_embd}", where, "values")
+        src = checked_index(src, 0, vals.shape[0], s.shape, False, where, "sources", "entry")
+        self._timed(where, self.k.scatter, t.pooled, s, vals, src)
+
+    def gather(self, s: np.ndarray) -> np.ndarray:
+        where = "gather"
+        t = self.slots
+        t.check_tables(where)
+        s = checked_index(s, 0, t.n_handed, ANY, False, where, "slots", "slot")
+        return self._timed(where, self.k.gather, t.pooled, s)
+
+    def pools_differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        where = "check"
+        t = self.slots
+        t.check_tables(where)
+        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
+                                "member slots", "slot")
+        reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
+                             "rep slots", "slot")
+        return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, members,
+                           reps)

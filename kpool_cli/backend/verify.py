@@ -1,0 +1,143 @@
+"""The bad pools of every sequence, rechecked only where something changed.
+
+Owns: the bad pools of every sequence (`bad[s]`, bool [n_pools of s]), what changed
+since they were last checked (`touch`: per-row masks of the rows whose key/gate
+changed and of the rows whose pooled slot changed, 2 bytes a row next to the
+cache's ~37, and the rows set in them; or everything, after a clear), the
+incremental verification (`verify`: the new or regrouped pools, and those whose
+member keys or rep row changed) and the full check of given pools (`differ`, the
+oracle the tests hold `verify` to). `pools_checked` counts the pools rechecked.
+
+Invariants:
+- after `verify` (the value backend runs it every ubatch), `bad[s][k]` is True
+  exactly when the rep row of pool k of s differs from the pooling of the pool's
+  current members with their current keys and gates, or is in `alt` (a race of
+  different values: `writers.py`); tests/test_backend_incremental.py recomputes that
+  from scratch (`differ` over every pool) and holds the two equal;
+- every write of a key, gate or pooled row between two checks is `touch`ed (or
+  `all_changed`): a pool none of whose rows changed keeps its verdict;
+- a mask is True only at rows of its dirty-row list, so `verify` resets it at
+  those rows alone (O(rows changed), not O(n_rows)): all False after `verify`.
+
+Memory: `bytes_held` (the masks), `bytes_bound` (the masks and a ubatch's dirty
+rows).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache.cells import global_row
+from ..cache.kv import Reach
+from ..engine.layout import Layout, LayoutChange
+from ..trace.model import CacheConfig
+from .guarded import GuardedKernels
+from .guards import checked_rows
+from .slots import SlotTable
+from .writers import Writers
+
+
+class Verifier:
+    """Dirty tracking and the incremental verification of bad pools."""
+
+    # bytes per global row: the two dirty masks
+    ROW_BYTES = 2
+
+    def __init__(self, config: CacheConfig, slots: SlotTable, kernels: GuardedKernels,
+                 writers: Writers) -> None:
+        self.slots, self.kernels, self.writers = slots, kernels, writers
+        self.kpool, self.kv_size, self.n_rows = config.kpool, config.kv_size, config.n_rows
+        self.bad = [np.zeros(0, dtype=bool) for _ in range(config.n_seq_max)]
+        # what changed since the last check: rows whose key/gate changed, rows whose
+        # pooled slot changed (masks and the rows set in them), or everything
+        self._kdirty = np.zeros(self.n_rows, dtype=bool)
+        self._pdirty = np.zeros(self.n_rows, dtype=bool)
+        self._kdirty_rows: list[np.ndarray] = []
+        self._pdirty_rows: list[np.ndarray] = []
+        self._all_dirty = False
+        self.pools_checked = 0
+
+    # -- memory --------------------------------------------------------------------------
+
+    @classmethod
+    def bytes_bound(cls, config: CacheConfig, reach: Reach) -> int:
+        """Bytes the masks hold (per global row), and a ubatch's dirty rows."""
+        return config.n_rows * cls.ROW_BYTES + 8 * 8 * reach.decode_tokens
+
+    def bytes_held(self) -> int:
+        """Bytes of the masks (the dirty-row lists of one ubatch not counted)."""
+        return self._kdirty.nbytes + self._pdirty.nbytes
+
+    # -- change tracking -------------------------------------------------------------------
+
+    def touch(self, rows: np.ndarray, key: bool, pooled: bool) -> None:
+        """`rows` got new keys and gates (`key`), new pooled rows (`pooled`)."""
+        if key:
+            self._kdirty[rows] = True
+            self._kdirty_rows.append(rows)
+        if pooled:
+            self._pdirty[rows] = True
+            self._pdirty_rows.append(rows)
+
+    def all_changed(self) -> None:
+        """Every row changed (a clear): the next `verify` rechecks every pool."""
+        self._all_dirty = True
+
+    # -- verification (only what changed) -----------------------------------------------------
+
+    def differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        """[n] bool: rep row differs from the pooling, or raced with different values
+        (then one of them differs from any pooling)."""
+        members = checked_rows(members, self.n_rows, (None, self.kpool), False, "check",
+                               "member rows")
+        reps = checked_rows(reps, self.n_rows, members.shape[:1], False, "check", "rep rows")
+        bad = self.kernels.pools_differ(self.slots.of(members), self.slots.of(reps))
+        if self.writers.alt:
+            bad |= self.writers.raced(reps)
+        return bad
+
+    def _candidates(self, layout: Layout, change: LayoutChange, s: int) -> np.ndarray | None:
+        """Pools of s to recheck, or None for all of them. `bad[s]` has been cut to the
+        pools the update kept."""
+        sq = layout.seqs[s]
+        n_p = len(sq.pools)
+        if self._all_dirty:
+            return None
+        parts = [change.new_pools(s, n_p)]
+        if self._pdirty_rows:
+            parts.append(np.flatnonzero(self._pdirty[sq.rep_rows.view]))
+        if self._kdirty_rows and n_p:
+            rows = global_row(sq.strm, sq.cells, self.kv_size)
+            j = np.flatnonzero(self._kdirty[rows])
+            if j.size:
+                starts = sq.pools.view
+                k = np.searchsorted(starts, j, side="right") - 1
+                ok = k >= 0
+                ok[ok] &= j[ok] < starts[k[ok]] + self.kpool
+                parts.append(k[ok])
+        return np.unique(np.concatenate(parts))
+
+    def verify(self, layout: Layout, change: LayoutChange) -> None:
+        """Recheck the pools whose verdict may have changed since the last ubatch: the
+        new or regrouped ones, and those whose member keys or rep row changed."""
+        for s, sq in enumerate(layout.seqs):
+            n_p = len(sq.pools)
+            self.bad[s] = self.bad[s][:change.kept[s]]
+            cand = self._candidates(layout, change, s)
+            if cand is None:
+                self.bad[s] = np.zeros(n_p, dtype=bool)
+                cand = np.arange(n_p, dtype=np.int64)
+            elif self.bad[s].size < n_p:
+                self.bad[s] = np.concatenate(
+                    (self.bad[s], np.zeros(n_p - self.bad[s].size, dtype=bool)))
+            if cand.size:
+                self.pools_checked += int(cand.size)
+                members = sq.members(cand, self.kpool, self.kv_size)
+                self.bad[s][cand] = self.differ(members, sq.rep_rows.view[cand])
+        for rows in self._kdirty_rows:
+            self._kdirty[rows] = False
+        for rows in self._pdirty_rows:
+            self._pdirty[rows] = False
+        self._kdirty_rows.clear()
+        self._pdirty_rows.clear()
+        self._all_dirty = False

@@ -1,0 +1,146 @@
+"""Who wrote what a row holds: the writer bookkeeping behind `content()` and KP003's
+messages, and the racing writers of KP001.
+
+Owns:
+- who last wrote each slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`: per-slot arrays the
+  slot table keeps, `slots.py`), stamped by `stamp` with the current ubatch
+  (`n_ubatch`: run_ubatch calls so far, the index of the current ubatch); a zero
+  row's writer is its stream's (`NEVER`, `CLEARED` since a clear, `COPIED` since a
+  cross-stream copy): zeroing a row that has no slot (only a pending copy's
+  destination can be one) changes nothing a reader can see;
+- `alt`: the rows whose last scatter was a race between entries of different
+  values, with every racing entry's writer (row -> int64 [g, 2]). Their values are
+  not kept: a row with two different racing values reads wrong whatever its members
+  pool to (at least one racing value differs from any single value), so it is bad
+  until rewritten (`verify.py` reads `raced`);
+- `slot_names`: the snapshot slots restored so far (a RESTORED writer's `w_a` is
+  an index into it);
+- `content(row)`: what a row's pooled slot holds, and who wrote it.
+
+Invariants: a row is in `alt` exactly while what it holds came from a scatter race
+of different values (directly, or restored or stream-copied with it): every other
+write of the row drops it (`drop_raced`, `copy_stream`, `clear`); `content` of a
+row is a function of the trace alone, whichever slot the row has.
+
+Memory: `bytes_held` (the racing writers), `bytes_bound` (what a trace can make
+`alt` hold).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..trace.model import CacheConfig
+from .facts import CLEARED, COPIED, NEVER, RESTORED, RowContent
+from .slots import SlotTable
+
+
+class Writers:
+    """The writer of every slot and of every stream's zero rows, and racing writers."""
+
+    # an `alt` entry besides its writers (int64 [g, 2]): the dict slot, the array header
+    ALT_ROW_BYTES = 256
+
+    def __init__(self, config: CacheConfig, slots: SlotTable) -> None:
+        self.slots = slots
+        self.kv_size = config.kv_size
+        self.n_ubatch = 0  # run_ubatch calls so far: the index of the current ubatch
+        # the writer of a zero row (slot 0), per stream
+        n_stream = config.n_stream
+        self._zero_kind = np.full(n_stream, NEVER, dtype=np.int8)
+        self._zero_ubatch = np.full(n_stream, -1, dtype=np.int64)
+        self._zero_a = np.full(n_stream, -1, dtype=np.int64)
+        self.alt: dict[int, np.ndarray] = {}  # row -> racing writers, int64 [g, 2]
+        self.slot_names: list[str] = []
+
+    # -- memory --------------------------------------------------------------------------
+
+    @classmethod
+    def alt_row_bytes(cls, config: CacheConfig) -> int:
+        """An `alt` entry of a row written by a pool of every sequence: its writers
+        (a seq and a k each) and the entry itself."""
+        n_col = config.n_seq_max if config.unified else 1
+        return cls.ALT_ROW_BYTES + 16 * n_col
+
+    @classmethod
+    def bytes_bound(cls, config: CacheConfig, slots: int, entries: int) -> int:
+        """Bytes `alt` can hold: at most an entry per row with a slot (`slots`, the
+        zero row included), a writer per sequence (and row 0's padding under
+        row-zero padding, a writer per entry of a ubatch of `entries`)."""
+        return (slots - 1) * cls.alt_row_bytes(config) + 16 * entries
+
+    def bytes_held(self) -> int:
+        """Bytes of the racing writers."""
+        return sum(self.ALT_ROW_BYTES + w.nbytes for w in self.alt.values())
+
+    # -- writes -------------------------------------------------------------------------
+
+    def stamp(self, slots: np.ndarray, kind: int, a=-1, b=-1) -> None:
+        """`slots` were written now by `kind` (`facts.py`: POOLED, RESTORED, ...)."""
+        t = self.slots
+        t.w_kind[slots] = kind
+        t.w_ubatch[slots] = self.n_ubatch
+        t.w_a[slots] = a
+        t.w_b[slots] = b
+
+    def drop_raced(self, rows: np.ndarray) -> None:
+        """`rows` were written by something else than a racing scatter."""
+        if self.alt and rows.size:
+            for r in rows.tolist():
+                self.alt.pop(r, None)
+
+    def raced(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows)] bool: the row is in `alt`."""
+        return np.isin(rows, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
+
+    def copy_stream(self, s_dst: np.ndarray, src: int, dst: int) -> None:
+        """Stream `dst` became a copy of stream `src`: its rows with a slot (`s_dst`),
+        its zero rows and its racing writers are stream src's."""
+        kv = self.kv_size
+        self.stamp(s_dst, COPIED, src)
+        self._zero_kind[dst], self._zero_ubatch[dst], self._zero_a[dst] = (
+            COPIED, self.n_ubatch, src)
+        for r in [r for r in self.alt if dst * kv <= r < (dst + 1) * kv]:
+            del self.alt[r]
+        for r, v in [(r, v) for r, v in self.alt.items() if src * kv <= r < (src + 1) * kv]:
+            self.alt[r - src * kv + dst * kv] = v
+
+    def clear(self) -> None:
+        """Every row zeroed: every stream's zero rows cleared now, no race left."""
+        self._zero_kind[:] = CLEARED
+        self._zero_ubatch[:] = self.n_ubatch
+        self._zero_a[:] = -1
+        self.alt.clear()
+
+    def races_of(self, rows: np.ndarray) -> dict[int, np.ndarray]:
+        """The racing writers of `rows` (checked), by index in `rows`: a snapshot's."""
+        return {i: self.alt[r] for i, r in enumerate(rows.tolist()) if r in self.alt}
+
+    def restored(self, s: np.ndarray, rows: np.ndarray, slot: str,
+                 races: dict[int, np.ndarray]) -> None:
+        """`rows` (slots `s`) were restored from snapshot `slot`, whose racing writers
+        are `races` (`races_of`)."""
+        if slot not in self.slot_names:
+            self.slot_names.append(slot)
+        self.stamp(s, RESTORED, self.slot_names.index(slot))
+        self.drop_raced(rows)
+        for i, v in races.items():
+            self.alt[int(rows[i])] = v
+
+    # -- what a row holds --------------------------------------------------------------
+
+    def content(self, row: int) -> RowContent:
+        """What row `row`'s pooled slot holds, and who wrote it."""
+        t = self.slots
+        slot = int(t.slot_of[row])
+        if slot:
+            kind, when = int(t.w_kind[slot]), int(t.w_ubatch[slot])
+            a, b = int(t.w_a[slot]), int(t.w_b[slot])
+        else:  # a zero row: its stream's writer
+            strm = row // self.kv_size
+            kind, when = int(self._zero_kind[strm]), int(self._zero_ubatch[strm])
+            a, b = int(self._zero_a[strm]), -1
+        racers = (tuple((int(w[0]), int(w[1])) for w in self.alt[row].tolist())
+                  if row in self.alt else ())
+        return RowContent(kind, when, a, b, self.slot_names[a] if kind == RESTORED else "",
+                          racers)

@@ -1,0 +1,99 @@
+"""`kpool diff`: parse, gather the two sides (diff/runs.py), compare, render."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..backend.store import BACKENDS
+from .io import fail, open_output, refuse_outputs
+from .options import ENGINES, jobs_option, max_memory_option, max_tokens_option
+
+
+@click.command("diff")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.option("--base", metavar="ENGINE",
+              help=f"Base engine for traces: {ENGINES}, or package.module:Name. "
+                   "Default: cache-safe.")
+@click.option("--head", metavar="ENGINE",
+              help="Head engine (the candidate) for traces. Default: rep-once.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="Text for people (side by side on a terminal, plain "
+                                      "when piped), JSON for machines.")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write the diff to FILE (atomically) instead of stdout.")
+@click.option("--fail-on-change", is_flag=True,
+              help="Exit 1 on any behavioural difference (n_new, marked pools, scatter rows, "
+                   "findings, stale positions, statuses), not only on a regression. Cost "
+                   "counters never fail.")
+@click.option("--ignore", "ignore", metavar="CODES", multiple=True,
+              help="Finding codes or prefixes (KP005, KP00) whose appearance in head is "
+                   "shown but not a regression. Repeatable, or comma-separated.")
+@click.option("--force", is_flag=True,
+              help="Compare two reports even when they are not of the same trace (sha256).")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Value backend for traces [default: none]. The diff compares engine "
+                   "decisions, which need no values; numba or numpy also compute KP001 "
+                   "values and KP003 (stale reads), at a cost.")
+@jobs_option(1, "Replay traces on N processes.")
+@max_tokens_option
+@max_memory_option
+def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
+             output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
+             backend: str | None, jobs: int, max_tokens: int, max_memory: int | None
+             ) -> None:
+    """Compare two engine versions on TRACES, or two saved JSON reports.
+
+    \b
+    Examples:
+      kpool diff traces/*.yaml
+          cache-safe (base) vs rep-once (head), the defaults
+      kpool diff t.yaml --base rep-once --head mypkg.engine:Candidate
+          a candidate engine of yours against rep-once
+      kpool diff a.json b.json
+          two saved `kpool replay --format json` reports
+      kpool diff traces/*.yaml --head mypkg.engine:Candidate --format json
+          for CI: the diff as JSON (-o diff.json for a file), exit 1 on a
+          regression
+
+    Each trace is replayed under --base and --head and aligned ubatch by ubatch (by op
+    and position in the batch) until the runs part (one side aborts, or rejects a decode
+    the other applies). Shown: the differing ubatches and events side by side, findings
+    fixed and introduced, pools re-pooled and cells scanned base vs head.
+
+    \b
+    Exit status:
+      0  no regression (behaviour may differ; see --fail-on-change)
+      1  a regression: head has a finding base does not (or, with
+         --fail-on-change, any behavioural difference)
+      2  bad usage, an invalid trace, an unknown engine, mixing reports with
+         traces, or reports of different traces without --force
+    """
+    from ..diff.compare import DiffResult, compare, ignore_selectors
+    from ..diff.runs import DiffInputError, gather
+    from ..inputs import trace_paths
+    from ..report.diff_view import write_diff
+    from ..report.text import progress_bar
+
+    files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
+    if empty:
+        fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    refuse_outputs((*inputs, *files), output=output)
+    try:
+        selectors = ignore_selectors(ignore)
+    except ValueError as e:
+        fail(str(e))
+    try:
+        with progress_bar(0, "kpool diff") as bar:
+            pairs, warnings = gather(files, base=base, head=head, backend=backend, jobs=jobs,
+                                     force=force, max_tokens=max_tokens,
+                                     max_memory=max_memory, progress=bar)
+    except DiffInputError as e:
+        fail(*str(e).split("\n"))
+    for w in warnings:
+        click.echo(f"kpool: warning: {w}", err=True)
+    result = DiffResult(tuple(compare(b, h) for b, h in pairs), fail_on_change, selectors)
+    with open_output(output) as out:
+        write_diff(out, result, fmt)
+    sys.exit(result.exit_code)

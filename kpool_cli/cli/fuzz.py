@@ -1,0 +1,89 @@
+"""`kpool fuzz`: random traces under an engine, kpool's invariants, shrunk findings
+(gen/fuzz.py), on a process pool or a Dask cluster (cluster.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..backend.store import BACKENDS
+from ..contracts import exits
+from ..contracts.files import OutputError
+from ..versions import VersionError, load_version
+from .io import fail
+from .options import Float, Int, jobs_option
+
+
+@click.command("fuzz")
+@click.option("--engine", "engine", required=True, help="Engine version (name or module:Name).")
+@click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True)
+@click.option("--seed", type=Int(0, 2**62), default=0, show_default=True,
+              help="Run r replays random_trace(seed + r): any run is reproducible.")
+@jobs_option(1, "Fuzz on N processes.")
+@click.option("--time-budget", type=Float(0.1, 366 * 86400), default=None, metavar="SECONDS",
+              help="Stop after this many seconds (the runs done are reported).")
+@click.option("-o", "out_dir", default="fuzz-out", show_default=True,
+              help="Folder for the shrunk traces (one per code and signature).")
+@click.option("--backend", type=click.Choice(BACKENDS), default="none", show_default=True,
+              help="Value backend: none is the model only (KP003 unseen), numba sees KP003.")
+@click.option("--dask", "dask_address", default=None,
+              help="Run on a Dask distributed cluster at ADDRESS (kpool[dask]).")
+@click.option("--base", "base", default=None, metavar="ENGINE",
+              help="Look only for behaviour differences from ENGINE, as `kpool diff "
+                   "--base ENGINE` shows them, shrinking the first one.")
+def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
+             out_dir: str, backend: str, dask_address: str | None, base: str | None) -> None:
+    """Replay random traces under ENGINE, check kpool's invariants, shrink each new
+    finding to a minimal trace with an `expect` pinning it. Exit 0 when kpool found no
+    defect of its own (engine findings are what fuzzing is for), 1 on a defect. With
+    --base, the findings are the traces whose behaviour differs from the base's."""
+    import time
+    from pathlib import Path
+
+    from ..cluster import ClusterError, in_order_dask
+    from ..gen.fuzz import campaign, save_new_shrunk, tasks_for
+    from ..report.fuzz_text import FuzzBar, render_summary
+    from ..report.terminal import Manners, make_console, stream_is_terminal
+    from ..workers import in_order
+
+    try:
+        version = load_version(engine)
+        if base is not None:
+            load_version(base)
+    except VersionError as e:
+        fail(str(e))
+    if not out_dir:
+        fail("-o: the path is empty (give the folder for the shrunk traces)")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        fail(f"-o {out_dir}: not a folder")
+
+    if dask_address is not None:
+        def runner(fn, units):
+            return in_order_dask(fn, units, dask_address)
+    else:
+        def runner(fn, units):
+            return in_order(fn, units, jobs)
+    tasks = tasks_for(engine, runs, seed, backend, base)
+    err = sys.stderr
+    console = (make_console(err, Manners.detect(err)) if stream_is_terminal(err) else None)
+    bar = FuzzBar(console, runs)
+    start = time.monotonic()
+    files: dict[tuple[str, str], str] = {}
+    totals = None
+    try:
+        for totals in campaign(tasks, runner):
+            bar.update(totals)
+            files.update(save_new_shrunk(totals, out))
+            if time_budget is not None and time.monotonic() - start > time_budget:
+                break  # leaving the loop closes the campaign and ends its workers
+    except (OutputError, ClusterError) as e:
+        fail(str(e))
+    finally:
+        bar.close()
+    if totals is None:
+        fail("no run finished")
+    render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,
+                   version.name, time.monotonic() - start)
+    sys.exit(exits.FINDINGS if totals.defects else exits.PASS)

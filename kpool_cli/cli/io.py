@@ -1,0 +1,107 @@
+"""What every command does with its inputs and outputs before and after the work: load
+a trace, refuse an output, open one, and fail.
+
+Owns: `fail` (exit 2 with `kpool: message`, every line made visible), `invalid` (an
+invalid trace), `load` (a trace, or exit 2), `version_for` (the engine a run uses),
+`refuse_outputs` (before any work: an output that would destroy an input or a
+non-file), `open_output` (stdout, or a file written whole), `naming_the_trace` (a
+MemoryError names its trace: `OutOfMemory`), `hanging` (a line of help or listing
+wrapped under its head) and `codes` (finding codes given on the command line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import textwrap
+from collections.abc import Iterator
+from typing import NoReturn, TextIO
+
+import click
+
+from ..contracts import exits
+from ..contracts.files import OutputError, check_outputs, written_whole
+from ..trace.load import TraceError
+from ..trace.model import Trace
+from ..verdict.expect import load_checked
+from ..versions import DEFAULT_VERSION, EngineVersion, VersionError, load_version
+from ..wording import visible
+
+
+def fail(message: str, *more_lines: str) -> NoReturn:
+    """Exit 2 with `kpool: message` and `more_lines` below it, each line made visible:
+    no text taken from an input (a path, a name) can break a line or fake one."""
+    click.echo("\n".join(visible(line) for line in (f"kpool: {message}", *more_lines)),
+               err=True)
+    sys.exit(exits.BAD_INPUT)
+
+
+def invalid(e: TraceError) -> NoReturn:
+    """Exit 2 for an invalid trace: every problem on its own line (TraceError's); a
+    file that could not be read at all (missing, a FIFO...) says just that."""
+    if e.unread:
+        fail(*str(e).split("\n"))
+    fail("invalid trace", *str(e).split("\n"))
+
+
+def load(path: str, max_tokens: int) -> Trace:
+    try:
+        return load_checked(path, max_tokens=max_tokens)
+    except TraceError as e:
+        invalid(e)
+
+
+def version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
+    """--engine (even empty: an error), else the trace's `engine:`, else the default."""
+    try:
+        return load_version(name if name is not None else trace_engine or DEFAULT_VERSION)
+    except VersionError as e:
+        fail(str(e))
+
+
+def refuse_outputs(inputs: tuple[str, ...], **outputs: str | None) -> None:
+    """Exit 2, before any work, for an output that would destroy an input or a non-file."""
+    try:
+        check_outputs(inputs, [(f"--{k}", v) for k, v in outputs.items()])
+    except OutputError as e:
+        fail(str(e))
+
+
+@contextlib.contextmanager
+def open_output(path: str | None) -> Iterator[TextIO]:
+    """stdout, or a file that appears only when the run completes."""
+    if path is None or path == "-":
+        yield sys.stdout
+        return
+    with written_whole(path) as f:
+        yield f
+
+
+class OutOfMemory(Exception):
+    """A MemoryError, with the trace whose replay ran out."""
+
+
+@contextlib.contextmanager
+def naming_the_trace(trace: Trace) -> Iterator[None]:
+    try:
+        yield
+    except MemoryError:
+        raise OutOfMemory(trace.path) from None
+
+
+def hanging(head: str, text: str, width: int = 80) -> str:
+    """`head` then `text` filled to `width` columns, continued under `text`, never
+    breaking a word (nor at its hyphens)."""
+    return textwrap.fill(text, width, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_on_hyphens=False, break_long_words=False)
+
+
+def codes(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Codes given as repeated or comma-separated options; exit 2 for an unknown one."""
+    from ..verdict.codes import CODES
+
+    out = tuple(c.strip().upper() for v in values for c in v.split(",") if c.strip())
+    unknown = [c for c in out if c not in CODES]
+    if unknown:
+        fail(f"unknown finding code {unknown[0]!r}: known codes are {', '.join(CODES)}")
+    return out

@@ -1,0 +1,142 @@
+"""The `kpool` group and the `kpool` script: how every command starts and ends.
+
+Owns: `cli` (the click group, with one command per module of this package) and
+`main()`, which runs it and turns whatever ends it into one exit status
+(contracts/exits.py) and at most one line on stderr: a command's own status, bad
+usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, a closed stdout 141,
+an output that cannot be written 2, an internal error 2 (never a traceback, unless
+KPOOL_TRACEBACK is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+
+import click
+
+from .. import __version__, signals
+from ..contracts import exits
+from ..contracts.files import OutputError
+from ..signals import Terminated
+from ..wording import visible
+from .check import check_cmd, validate_cmd
+from .diff import diff_cmd
+from .fuzz import fuzz_cmd
+from .gen import gen_cmd
+from .info import engines_cmd, explain_cmd, schema_cmd
+from .io import OutOfMemory
+from .replay import replay_cmd
+
+
+class _ReaderLeft(Exception):
+    """stdout's reader left (a BrokenPipeError), carried past click, which would turn
+    it into exit 1."""
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C, carried past click, which would print a blank line and `Aborted!`."""
+
+
+class _TerminatedPast(BaseException):
+    """SIGTERM, carried past click, which would take it for a Ctrl-C."""
+
+
+class _Group(click.Group):
+    def make_context(self, *args, **kwargs) -> click.Context:
+        # `kpool --help` and `--version` print while the arguments are parsed
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            raise _ReaderLeft from None
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            raise _ReaderLeft from None
+        except Terminated:
+            raise _TerminatedPast from None
+        except KeyboardInterrupt:
+            raise _Interrupted from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kpool")
+def cli() -> None:
+    """Replay and inspect traces of llama.cpp's k-pool indexer cache."""
+
+
+for _command in (replay_cmd, explain_cmd, schema_cmd, engines_cmd, diff_cmd, gen_cmd,
+                 check_cmd, fuzz_cmd, validate_cmd):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """The `kpool` script. Exit status: the command's (0, 1, 2), or 2 for bad usage
+    or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader left
+    (`kpool replay t.yaml | head -1`): never 1, which means findings."""
+    signals.install()
+    try:
+        try:
+            code = cli.main(prog_name="kpool", standalone_mode=False)
+        except SystemExit as e:  # a command's sys.exit: its code, once stdout is out
+            code = e.code
+        sys.stdout.flush()  # a full disk or a closed pipe shows here at the latest
+    except click.ClickException as e:  # bad usage: click's message and usage line
+        shown = io.StringIO()
+        e.show(file=shown)  # it quotes the arguments: made visible like any input
+        _stderr_line(visible(shown.getvalue().rstrip("\n"), keep_newlines=True))
+        code = e.exit_code
+    except (Terminated, _TerminatedPast):
+        _stderr_line("kpool: terminated")
+        code = exits.TERMINATED
+    except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
+        _stderr_line("kpool: interrupted")
+        code = exits.INTERRUPTED
+    except (BrokenPipeError, _ReaderLeft):
+        # the reader left: say nothing more
+        _drop_stdout()
+        code = exits.BROKEN_PIPE
+    except OutputError as e:  # a missing or read-only directory, a full disk ...
+        _stderr_line(f"kpool: {visible(str(e))}")
+        code = exits.BAD_INPUT
+    except OSError as e:  # writing stdout (> /dev/full), or a file a command writes
+        where = visible(str(e.filename)) if e.filename else "standard output"
+        _stderr_line(f"kpool: cannot write {where}: {e.strerror or type(e).__name__}")
+        _drop_stdout()
+        code = exits.BAD_INPUT
+    except (MemoryError, OutOfMemory) as e:  # over a limit the budget cannot see (ulimit -v)
+        where = f"{visible(str(e))}: " if isinstance(e, OutOfMemory) else ""
+        _stderr_line(f"kpool: {where}out of memory: this replay needs more memory than the "
+                     "process may take (ulimit, cgroup); --max-memory sets the budget checked "
+                     "before a replay starts")
+        code = exits.BAD_INPUT
+    except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
+        _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"
+                     "Please report it with the trace that caused it "
+                     "(KPOOL_TRACEBACK=1 shows where).")
+        if os.environ.get("KPOOL_TRACEBACK"):
+            raise
+        code = exits.BAD_INPUT
+    if code in (exits.PASS, exits.FINDINGS) and (missed := signals.lost()) is not None:
+        # a signal Python dropped (raised inside a gc callback): the run still ends as it says
+        terminated = isinstance(missed, Terminated)
+        _stderr_line("kpool: terminated" if terminated else "kpool: interrupted")
+        code = exits.TERMINATED if terminated else exits.INTERRUPTED
+    sys.exit(code if isinstance(code, int) else exits.PASS)
+
+
+def _drop_stdout() -> None:
+    """stdout can take no more: what is left in its buffer goes nowhere, so that the
+    interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _stderr_line(text: str) -> None:
+    with contextlib.suppress(OSError):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()

@@ -1,0 +1,121 @@
+"""The engine's facts of one step, as the rules (verdict/rules/) and the value backend
+read them (ENGINE.md §8), built by the replay: `UbatchContext` once a ubatch,
+`OpContext` once an op that is not a ubatch.
+
+Owns: `UbatchContext`, `race_groups` (the scatter entries grouped by the row they
+write, computed once a ubatch: the static checks, the value backend's scatter and
+KP001's value evidence all read them here), `writers_of` (the pool each entry
+scatters, `PAD_WRITER` for padding) and `OpContext`.
+
+Invariants: a context is built by `UbatchContext.of` only, so its groups are those of
+its plan; `plan` is None exactly when the engine aborted before its scatter plan
+(`abort` then says why: KP005), and then there are no groups and the plan's checks
+find nothing. A context is read, never changed: its layout and cache are the
+replay's, as they stand after the ubatch's layout update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cache.kv import KvCache
+from .layout import Layout, LayoutChange
+from .scatter import ScatterPlan
+
+PAD_WRITER = (-1, -1)  # the (seq, k) of a padding entry
+
+_EMPTY = np.empty(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
+def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scatter entries grouped by the row they write.
+
+    Returns (order, starts, rows): `order` sorts the entries by row, stably (so
+    within a row, in entry order); group g is `order[starts[g]:starts[g + 1]]` and
+    writes `rows[g]` (rows ascending). `starts` has one more element than `rows`."""
+    order = np.argsort(rep, kind="stable")
+    srep = rep[order]
+    head = np.flatnonzero(np.concatenate(([True], srep[1:] != srep[:-1]))) if srep.size else \
+        _EMPTY
+    starts = np.concatenate((head, [srep.size])).astype(np.int64)
+    return order, starts, srep[head]
+
+
+@dataclass(frozen=True, slots=True)
+class UbatchContext:
+    """One ubatch as the checks see it: the cache and the layout after its update,
+    what the update changed, the scatter plan (None when the engine aborted before it,
+    `abort` saying why), the ubatch's tokens (their pos, their seq ids), and the race
+    groups of the plan (as `race_groups` gives them) with `raced`, the groups of two
+    or more entries (the rows KP001 names)."""
+
+    cache: KvCache
+    layout: Layout
+    change: LayoutChange
+    plan: ScatterPlan | None
+    abort: str | None
+    token_pos: np.ndarray
+    token_seqs: tuple[tuple[int, ...], ...]
+    order: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+    raced: np.ndarray
+
+    @classmethod
+    def of(cls, cache: KvCache, layout: Layout, change: LayoutChange,
+           plan: ScatterPlan | None, abort: str | None, token_pos: np.ndarray,
+           token_seqs: tuple[tuple[int, ...], ...]) -> UbatchContext:
+        assert (plan is None) == (abort is not None), "a plan, or the abort that stopped it"
+        if plan is None:
+            order, starts, rows = _EMPTY, np.zeros(1, dtype=np.int64), _EMPTY
+        else:
+            order, starts, rows = race_groups(plan.entry_rep)
+        raced = np.flatnonzero(np.diff(starts) > 1)
+        return cls(cache, layout, change, plan, abort, token_pos, token_seqs, order, starts,
+                   rows, raced)
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """[n_groups] the entries of each group."""
+        return np.diff(self.starts)
+
+    def raced_entries(self) -> np.ndarray:
+        """The entries (in entry order) that write a raced row."""
+        sizes = self.sizes
+        hit = np.zeros(self.order.size, dtype=bool)
+        hit[self.order[np.repeat(sizes > 1, sizes)]] = True
+        return np.flatnonzero(hit)
+
+    def writers(self) -> np.ndarray:
+        """[n_entries, 2] the (seq, k) each scatter entry pools; PAD_WRITER for padding."""
+        assert self.plan is not None
+        return writers_of(self.layout, self.plan.entry_pool)
+
+
+def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:
+    """[n_entries, 2] the (seq, k) of each entry (its global pool `entry_pool`, -1 for
+    padding); PAD_WRITER for padding."""
+    out = np.full((entry_pool.size, 2), -1, dtype=np.int64)
+    real = np.flatnonzero(entry_pool >= 0)
+    if real.size:
+        seq, k = layout.locate(entry_pool[real])
+        out[real, 0], out[real, 1] = seq, k
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class OpContext:
+    """An op's outcome as the checks see it: an edit (applied, refused or aborted), or
+    a decode refused before any ubatch ran. `seq` is the op's sequence (-1: none or
+    every one). `aborted`: the GGML_ASSERT that stops the engine here (KP005);
+    `refused`: why llama_decode refused the decode, or why the memory refused the
+    edit (and then nothing changed). At most one of the two is set."""
+
+    op: int
+    kind: str
+    seq: int = -1
+    aborted: str | None = None
+    refused: str | None = None

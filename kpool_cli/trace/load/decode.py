@@ -1,0 +1,371 @@
+"""The walk of a decode (TRACE_FORMAT.md "Trace"; ENGINE.md §3): its one form
+(the shorthand `{seq, pos}`, explicit `tokens`, or a fixed split into `ubatches`),
+positions and ranges, the fields of a token, and the decode-wide rules.
+
+Owns: `DecodeWalk`, `SHORTHAND` (the shorthand form), `POS_RANGE` (how `A..B` is
+written).
+
+Invariants of a decode read:
+- It takes one form, of at least one token; its tokens are counted before they are
+  built (past `max_tokens`, the trace is refused).
+- A `pos` range `A..B` (half-open, A < B, both ends plain decimal) is checked
+  arithmetically before it is built, against the tokens left and against the cache:
+  a range of more tokens than its stream has cells (`kv_size`) could never be
+  placed by llama_decode, so it is kept unbuilt, as a `Span` (a valid decode,
+  refused at replay: KP006), whatever its length. A listed decode that large is
+  built (up to the composer's cap, `shape`) and refused at replay alike.
+- Every seq id is below `n_seq_max`; every position and `ext` coordinate is in
+  `[0, POS_LIMIT)`, so `pos + n_ubatch` fits an int32 (llama_pos).
+- `ext` appears only when `cache.by_order` is true; either every token has a `cell`
+  (stream-local, `< kv_size`) or none has, and no two tokens name the same cell of
+  the same stream (stream 0 when unified, else the token's first seq id); a
+  shorthand's `cell` names one cell, so its `pos` gives one position.
+- An explicit `ubatches` split has non-empty ubatches of at most `n_ubatch` tokens,
+  whose tokens' sequence sets are equal or disjoint (split_equal's ubatches).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kpool_cli.trace.format import CELL, DECODE_FORMS, DECODE_KEYS, EXT, POS, POS_LIMIT, TOKEN
+from kpool_cli.trace.model import Decode, Loc, Span, Token
+from kpool_cli.trace.yaml_safe import (
+    DECIMAL,
+    NUMBER_LIKE,
+    STR,
+    Node,
+    Scalar,
+    Seq,
+    describe,
+    limits,
+    not_decimal,
+    quote,
+)
+
+from .fields import FieldReader
+
+POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see DECIMAL
+SHORTHAND = DECODE_FORMS[0]  # {seq, pos} (+ ext, cell); the others have one key each
+
+_EXT_NEEDS_BY_ORDER = (
+    "ext (an M-RoPE token) needs cache.by_order: true, but cache.by_order is false"
+)
+
+
+def _set_words(seqs) -> str:
+    return "{" + ", ".join(str(s) for s in seqs) + "}"
+
+
+@dataclass
+class _Tok:
+    """A parsed explicit token and where its parts are, for the decode-wide checks."""
+
+    token: Token | None
+    field: str
+    node: Node
+    ext_node: Node | None
+    cell_node: Node | None
+
+
+class DecodeWalk(FieldReader):
+    """A decode, and the fields of its tokens."""
+
+    def op_decode(self, node: Node, f: str, loc: Loc) -> Decode | None:
+        before = len(self.problems)
+        m = self.map_(node, f, DECODE_KEYS)
+        if m is None:
+            return None
+        forms = [k for form in DECODE_FORMS[1:] for k in form.names if k in m]
+        short = [k for k in SHORTHAND.names if k in m]
+        if len(forms) + (1 if short else 0) > 1:
+            self.problem(
+                node, f,
+                "a decode takes one form: {seq, pos} (with optional ext, cell), {tokens: [...]}"
+                f" or {{ubatches: [[...], ...]}}; got keys {', '.join(forms + short)}",
+            )
+            return None
+        ubatches: tuple[tuple[int, ...], ...] | None = None
+        if forms == ["tokens"]:
+            items = self.list_(m["tokens"], f"{f}.tokens", "a list of tokens")
+            if items is None:
+                return None
+            toks = [self.token(it, f"{f}.tokens[{i}]") for i, it in enumerate(items)]
+            if not toks:
+                self.problem(m["tokens"], f"{f}.tokens", "a decode needs at least one token")
+        elif forms == ["ubatches"]:
+            parsed = self.ubatches(m["ubatches"], f"{f}.ubatches")
+            if parsed is None:
+                return None
+            toks, ubatches = parsed
+        else:
+            return self.shorthand(node, m, f, loc, before)
+        self.check_decode(toks)
+        if len(self.problems) != before:
+            return None
+        return Decode(tokens=tuple(t.token for t in toks), ubatches=ubatches, loc=loc)  # type: ignore[misc]
+
+    def ubatches(
+        self, node: Node, f: str
+    ) -> tuple[list[_Tok], tuple[tuple[int, ...], ...]] | None:
+        groups = self.list_(node, f, "a list of ubatches (lists of tokens)")
+        if groups is None:
+            return None
+        if not groups:
+            self.problem(node, f, "a decode needs at least one token")
+            return None
+        toks: list[_Tok] = []
+        split: list[tuple[int, ...]] = []
+        for j, g in enumerate(groups):
+            items = self.list_(g, f"{f}[{j}]", "a ubatch (a list of tokens)")
+            if items is None:
+                continue
+            if not items:
+                self.problem(g, f"{f}[{j}]", "a ubatch must not be empty")
+                continue
+            n_ubatch = self.lim.n_ubatch
+            if n_ubatch is not None and len(items) > n_ubatch:
+                self.problem(
+                    g, f"{f}[{j}]",
+                    f"a ubatch of {len(items)} tokens, more than cache.n_ubatch ({n_ubatch})",
+                )
+            start = len(toks)
+            toks.extend(self.token(it, f"{f}[{j}][{i}]") for i, it in enumerate(items))
+            self.check_ubatch_sets(toks[start:])
+            split.append(tuple(range(start, len(toks))))
+        return toks, tuple(split)
+
+    def check_ubatch_sets(self, ub: list[_Tok]) -> None:
+        """ENGINE.md §3: the hybrid memory splits with split_equal, whose ubatch
+        collects sequence sets that overlap none already taken: two tokens of one
+        ubatch carry the same set or disjoint ones. A recorded ubatch with sets {0}
+        and {0, 1} is no split llama.cpp makes (its recurrent child's find_slot
+        assumes one cell per set)."""
+        seen: list[frozenset[int]] = []
+        for t in ub:
+            if t.token is None:
+                continue
+            ss = frozenset(t.token.seq)
+            other = next((o for o in seen if o != ss and o & ss), None)
+            if other is not None:
+                self.problem(
+                    t.node, f"{t.field}.seq",
+                    f"sequence set {_set_words(t.token.seq)} overlaps set "
+                    f"{_set_words(sorted(other))} of an earlier token of this ubatch: "
+                    "split_equal puts only equal or disjoint sets in one ubatch",
+                )
+                return
+            if ss not in seen:
+                seen.append(ss)
+
+    def token(self, node: Node, f: str) -> _Tok:
+        before = len(self.problems)
+        self.count_tokens(1, node, f)
+        m = self.map_(node, f, TOKEN.names, TOKEN.required)
+        if m is None:
+            return _Tok(None, f, node, None, None)
+        pos = self.pos(m["pos"], f"{f}.pos") if "pos" in m else None
+        seq = self.seq_set(m["seq"], f"{f}.seq") if "seq" in m else None
+        ext = self.ext(m["ext"], f"{f}.ext") if "ext" in m else None
+        cell = self.cell(m["cell"], f"{f}.cell") if "cell" in m else None
+        token = None
+        if len(self.problems) == before:
+            assert pos is not None and seq is not None
+            token = Token(pos=pos, seq=seq, ext=ext, cell=cell)
+        return _Tok(token, f, node, m.get("ext"), m.get("cell"))
+
+    def check_decode(self, toks: list[_Tok]) -> None:
+        """The decode-wide rules on explicit tokens: ext needs by_order; all or no
+        cells; no cell named twice in one stream (ENGINE.md §2: stream = 0 when
+        unified, else the token's first seq id). More tokens in a stream than it has
+        cells is llama_decode's refusal, not the loader's (KP006 at replay)."""
+        if self.lim.by_order is False:
+            first = next((t for t in toks if t.ext_node is not None), None)
+            if first is not None:
+                assert first.ext_node is not None
+                self.problem(first.ext_node, f"{first.field}.ext", _EXT_NEEDS_BY_ORDER)
+        with_cell = [t for t in toks if t.cell_node is not None]
+        if with_cell and len(with_cell) != len(toks):
+            lacking = next(t for t in toks if t.cell_node is None)
+            self.problem(
+                lacking.node, lacking.field,
+                f"this token has no cell but {with_cell[0].field} has one:"
+                " give every token of a decode a cell, or none",
+            )
+        if not with_cell or self.lim.unified is None:
+            return
+        taken: dict[tuple[int, int], str] = {}
+        for t in with_cell:
+            if t.token is None or t.token.cell is None:
+                continue
+            strm = 0 if self.lim.unified else t.token.seq[0]
+            key = (strm, t.token.cell)
+            if key in taken:
+                where = "" if self.lim.unified else f" of stream {strm}"
+                assert t.cell_node is not None
+                self.problem(
+                    t.cell_node, f"{t.field}.cell",
+                    f"cell {t.token.cell}{where} is already taken by {taken[key]}"
+                    " in this decode",
+                )
+            else:
+                taken[key] = t.field
+
+    def shorthand(
+        self, node: Node, m: dict[str, Node], f: str, loc: Loc, before: int
+    ) -> Decode | None:
+        """`{seq: S, pos: P}` (+ optional ext for every token, cell for a single one)."""
+        for key in SHORTHAND.required:
+            if key not in m:
+                self.problem(node, f"{f}.{key}", "required key missing")
+        seq = self.seq_set(m["seq"], f"{f}.seq") if "seq" in m else None
+        ps = self.positions(m["pos"], f"{f}.pos") if "pos" in m else None
+        ext = None
+        if "ext" in m:
+            ext = self.ext(m["ext"], f"{f}.ext")
+            if self.lim.by_order is False:
+                self.problem(m["ext"], f"{f}.ext", _EXT_NEEDS_BY_ORDER)
+        cell = None
+        if "cell" in m:
+            cell = self.cell(m["cell"], f"{f}.cell")
+            if ps is not None and len(ps) != 1:
+                self.problem(
+                    m["cell"], f"{f}.cell",
+                    f"cell names one cell, but pos gives {len(ps)} positions"
+                    " (use tokens: to place several)",
+                )
+        if ps is not None and not ps:
+            self.problem(m["pos"], f"{f}.pos", "a decode needs at least one token")
+        if len(self.problems) != before or seq is None or ps is None:
+            return None
+        # from the length alone: a range longer than its stream is never built
+        if isinstance(ps, range) and self.beyond_the_stream(len(ps), seq[0]):
+            return Decode(tokens=(), span=Span(seq, ps.start, ps.stop, ext), loc=loc)
+        self.count_tokens(len(ps), m["pos"], f"{f}.pos")
+        return Decode(tokens=tuple(Token(p, seq, ext, cell) for p in ps), loc=loc)
+
+    # -- the fields of a token, and counting them
+
+    def seq_set(self, node: Node, field: str) -> tuple[int, ...] | None:
+        """A token's sequence set: an int or a list of distinct ints, order kept."""
+        if isinstance(node, Scalar):
+            v = self.seq_id(node, field)
+            return None if v is None else (v,)
+        items = self.list_(node, field, "a seq id or a list of seq ids")
+        if items is None:
+            return None
+        if not items:
+            self.problem(node, field, "a token needs at least one seq id")
+            return None
+        out: list[int] = []
+        ok = True
+        for i, it in enumerate(items):
+            v = self.seq_id(it, f"{field}[{i}]")
+            if v is None:
+                ok = False
+            elif v in out:
+                self.problem(it, f"{field}[{i}]", f"seq id {v} is listed twice")
+                ok = False
+            else:
+                out.append(v)
+        return tuple(out) if ok else None
+
+    def pos(self, node: Node, field: str) -> int | None:
+        return self.int_(node, field, POS.lo, POS.hi, POS.hint)
+
+    def positions(self, node: Node, field: str) -> Sequence[int] | None:
+        """`pos` of the shorthand decode: an int, "A..B" (half-open, A < B) or a list.
+        A range is returned unbuilt (a `range`): its length is checked first."""
+        if isinstance(node, Seq):
+            items = self.list_(node, field)
+            if items is None:
+                return None
+            ps = [self.pos(it, f"{field}[{i}]") for i, it in enumerate(items)]
+            return None if None in ps else ps  # type: ignore[return-value]
+        if isinstance(node, Scalar) and node.tag == STR and ".." in node.value:
+            if not self.visit(node, field):
+                return None
+            return self.pos_range(node, field)
+        if (isinstance(node, Scalar) and node.tag == STR
+                and not (node.plain and NUMBER_LIKE.match(node.value))):
+            if self.visit(node, field):
+                self.problem(
+                    node, field,
+                    f"expected a position, a range 'A..B' or a list of positions,"
+                    f" got {describe(node)}",
+                )
+            return None
+        v = self.pos(node, field)  # an int, or a number written some other way: int_ says
+        return None if v is None else [v]
+
+    def pos_range(self, node: Scalar, field: str) -> range | None:
+        """"A..B": both ends plain decimal (as every int), checked before any int()."""
+        q = quote(node.value)
+        m = POS_RANGE.fullmatch(node.value)
+        if m is None or not all(NUMBER_LIKE.match(end) for end in m.groups()):
+            self.problem(
+                node, field,
+                f"expected a position, a range 'A..B' or a list of positions, got {describe(node)}",
+            )
+            return None
+        ends: list[int] = []
+        for end in m.groups():
+            if not DECIMAL.fullmatch(end):
+                self.problem(node, field, f"in the range {q}, {not_decimal(end)}")
+                return None
+            digits = len(end) - end.startswith("-")
+            if digits > limits.MAX_INT_DIGITS:
+                self.problem(
+                    node, field,
+                    f"out of range: the range {q} has an end of {digits} digits"
+                    " (positions are below 2**31 - 2**20)",
+                )
+                return None
+            ends.append(int(end))
+        a, b = ends
+        if a >= b:
+            self.problem(node, field, f"empty range {q}: A..B needs A < B")
+            return None
+        if a < 0 or b > POS_LIMIT:
+            past = "starts below 0" if a < 0 else f"ends past {POS_LIMIT - 1}"
+            self.problem(
+                node, field, f"out of range: {q} {past} (positions are below 2**31 - 2**20)"
+            )
+            return None
+        return range(a, b)
+
+    def ext(self, node: Node, field: str) -> tuple[int, int] | None:
+        items = self.list_(node, field, "a list [x, y]")
+        if items is None:
+            return None
+        if len(items) != 2:
+            self.problem(node, field, f"ext is [x, y], got {len(items)} values")
+            return None
+        x, y = (self.int_(it, f"{field}[{i}]", EXT.lo, EXT.hi) for i, it in enumerate(items))
+        return None if x is None or y is None else (x, y)
+
+    def cell(self, node: Node, field: str) -> int | None:
+        kv = self.lim.kv_size
+        hint = f" (cells are stream-local: below cache.kv_size, {kv})" if kv else ""
+        return self.int_(node, field, CELL.lo, kv - 1 if kv else CELL.hi, hint)
+
+    def count_tokens(self, n: int, node: Node, field: str) -> None:
+        """Count `n` more tokens, before they are built: past `max_tokens`, stop."""
+        if self.n_tokens + n > self.max_tokens:
+            here = f" ({n:,} here, {self.n_tokens:,} before)" if n > 1 else ""
+            self.fatal(
+                node, field,
+                f"more than {self.max_tokens:,} tokens in the trace{here}: refusing it"
+                " (the bound on its tokens, --max-tokens)",
+            )
+        self.n_tokens += n
+
+    def beyond_the_stream(self, n: int, seq0: int) -> bool:
+        """ENGINE.md §3: every token of a decode takes one cell of its stream, all
+        placed before anything applies, so more tokens than a stream's `kv_size`
+        cells can never be placed, whatever the cache holds. Such a decode is valid
+        (llama_decode refuses it: KP006 at replay); a range this long stays unbuilt."""
+        kv, unified = self.lim.kv_size, self.lim.unified
+        return kv is not None and unified is not None and n > kv

@@ -1,0 +1,89 @@
+"""The ground every section of the walk stands on: its state and the seq ids.
+
+Owns: `FieldReader` (the base of the sections of the walk: `cache`, `ops`,
+`decode`), `CacheLimits` (the cache's values the ops are checked against) and
+`static_bounds` (a bounded type's declared bounds).
+
+Invariants:
+- The cache's values are recorded by the cache block's walk before any op is read,
+  each one that parses even if the block as a whole is wrong (so the ops are still
+  checked against them); where the cache gives no usable value, only the static
+  bound is checked.
+- Every seq id is in `[0, n_seq_max)` (ENGINE.md §3), or -1 ("every sequence",
+  ENGINE.md §2) where the op allows it (seq_rm, state_drop).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from kpool_cli.trace.format import SEQ, Field, Type
+from kpool_cli.trace.yaml_safe import MAX_TOKENS, Node, NodeReader, Parse
+
+
+@dataclass
+class CacheLimits:
+    """What the ops are checked against: the cache's values, None where the cache
+    does not give a usable one (then only the static bound is checked)."""
+
+    n_seq_max: int | None = None
+    kv_size: int | None = None
+    unified: bool | None = None
+    by_order: bool | None = None
+    n_ubatch: int | None = None
+
+
+def static_bounds(t: Type) -> tuple[int, int]:
+    """The static bounds of a bounded type (a seq id's, a range end's)."""
+    assert t.lo is not None and t.hi is not None, t
+    return t.lo, t.hi
+
+
+class FieldReader(NodeReader, ABC):
+    """The walk's state and what every section reads alike: the cache's values the
+    ops are checked against (`lim`, recorded by the cache block's walk), the tokens
+    counted so far, the slots written so far, and seq ids. A section of the walk is
+    a subclass; `walk._Walker` is made of them all."""
+
+    def __init__(self, file: str, max_tokens: int = MAX_TOKENS) -> None:
+        super().__init__(file)
+        self.n_tokens = 0
+        self.max_tokens = max_tokens
+        self.lim = CacheLimits()
+        self.slots: set[str] = set()
+
+    @abstractmethod
+    def value(self, fld: Field, node: Node, path: str) -> Any:
+        """`node` read as the declared field `fld`: by its type, within its bounds
+        (the walker's, which reads every declared type)."""
+
+    @abstractmethod
+    def reader(self, fld: Field) -> Parse:
+        """The parser of the declared field `fld`, for `NodeReader.fields`."""
+
+    # -- seq ids, read by every section
+
+    def seq_id(self, node: Node, field: str, *, allow_all: bool = False) -> int | None:
+        """A seq id in `[0, n_seq_max)` (ENGINE.md §3), or -1 ("every sequence",
+        ENGINE.md §2) when `allow_all`."""
+        v = self.int_(node, field)
+        if v is None:
+            return None
+        n = self.lim.n_seq_max
+        hi = n - 1 if n is not None else static_bounds(SEQ)[1]
+        if (allow_all and v == -1) or 0 <= v <= hi:
+            return v
+        msg = f"seq id {v} is out of range: "
+        msg += (f"cache.n_seq_max is {n}, so seq ids are 0..{hi}" if n is not None
+                else f"seq ids are 0..{hi}")
+        if allow_all:
+            msg += ", or -1 for every sequence"
+        elif v == -1:
+            msg += " (-1, every sequence, is only for seq_rm and state_drop)"
+        self.problem(node, field, msg)
+        return None
+
+    def seq_any(self, node: Node, field: str) -> int | None:
+        return self.seq_id(node, field, allow_all=True)

@@ -1,0 +1,111 @@
+"""The walk of format v1 from the root node: the top level, and the walker made of
+the sections of the walk (`cache`, `ops`, `decode`, on `fields`).
+
+Owns: `_Walker` (a `Trace` from the root node, or problems) and `_READ`, how the
+walk reads a field of each declared type (`trace.format`).
+
+Invariants:
+- The version is read first: a trace of another version gets one problem, and
+  nothing else is checked.
+- The cache block is read before the ops, so the ops are checked against its
+  values.
+- The trace's default engine is a registered version only: a trace is data and runs
+  no code, so a plug-in (`module:Name`) is taken from `--engine` alone.
+- A `Trace` is returned only when no problem was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kpool_cli.trace.format import FORMAT_VERSION, TOP, Field
+from kpool_cli.trace.model import Trace
+from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
+from kpool_cli.versions import VERSIONS
+
+from .cache import CacheWalk
+from .decode import DecodeWalk
+from .ops import OpsWalk
+
+
+class _Walker(CacheWalk, OpsWalk, DecodeWalk):
+    """The walk of format v1: a `Trace` from the root node, or problems."""
+
+    # -- the trace
+
+    def trace(self, root: Node, sha256: str) -> Trace | None:
+        if isinstance(root, Map):  # the version first: a v2 trace gets one problem
+            for k, v in root.value:
+                if isinstance(k, Scalar) and k.tag == STR and k.value == "kpool_trace":
+                    self.version(v)
+                    break
+        top = self.map_(root, "", TOP.names, TOP.required)
+        if top is None:
+            return None
+        before = len(self.problems)
+        cache = self.cache(top["cache"]) if "cache" in top else None
+        vals: dict[str, Any] = {
+            k: self.value(TOP[k], top[k], k) if k in top else TOP[k].default
+            for k in ("name", "description", "seed")
+        }
+        engine = self.value(TOP["engine"], top["engine"], "engine") if "engine" in top else None
+        ops = self.ops(top["ops"]) if "ops" in top else None
+        if len(self.problems) != before or cache is None or ops is None:
+            return None
+        assert None not in vals.values()
+        return Trace(cache=cache, ops=ops, engine=engine, path=self.file, sha256=sha256, **vals)
+
+    def engine(self, node: Node) -> str | None:
+        """The trace's default engine: a registered version only. A trace is data and
+        runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone."""
+        name = self.str_(node, "engine", nonempty=True)
+        if name is None or name in VERSIONS:
+            return name
+        known = ", ".join(VERSIONS)
+        how = ("a plug-in version (module:Name) is given with --engine only, never by a "
+               "trace" if ":" in name else "a plug-in version is given with --engine")
+        self.problem(node, "engine", f"{quote(name)} is not a registered engine version "
+                     f"(known: {known}); {how}")
+        return None
+
+    def version(self, node: Node) -> None:
+        v = self.int_(node, "kpool_trace")
+        if v is not None and v != FORMAT_VERSION:
+            # Nothing else is checked: another version's fields would only add noise.
+            self.fatal(
+                node, "kpool_trace",
+                f"unsupported format version {v}, this kpool reads {FORMAT_VERSION}",
+            )
+
+    # -- a declared field, by its type (`_READ`)
+
+    def value(self, fld: Field, node: Node, path: str) -> Any:
+        """`node` read as the declared field `fld`: by its type, within its bounds."""
+        return _READ[fld.type.name](self, fld, node, path)
+
+    def reader(self, fld: Field) -> Parse:
+        read = _READ[fld.type.name]
+        return lambda node, path: read(self, fld, node, path)
+
+
+# How the walk reads a field of each declared type (`trace.format`): the checks that
+# depend on the cache are in the readers of seq ids and cells.
+_READ: dict[str, Callable[[_Walker, Field, Node, str], Any]] = {
+    "int": lambda w, f, n, p: w.int_(n, p, f.lo, f.hi, f.hint),
+    "engine": lambda w, f, n, p: w.engine(n),
+    "bool": lambda w, f, n, p: w.bool_(n, p),
+    "str": lambda w, f, n, p: w.str_(n, p, nonempty=f.type.nonempty),
+    "seq": lambda w, f, n, p: w.seq_id(n, p),
+    "seq_or_all": lambda w, f, n, p: w.seq_any(n, p),
+    "seq_set": lambda w, f, n, p: w.seq_set(n, p),
+    "pos": lambda w, f, n, p: w.pos(n, p),
+    "positions": lambda w, f, n, p: w.positions(n, p),
+    "ext": lambda w, f, n, p: w.ext(n, p),
+    "cell": lambda w, f, n, p: w.cell(n, p),
+    "bound": lambda w, f, n, p: w.p_bound(n, p),
+    "slot": lambda w, f, n, p: w.slot(n, p),
+    "findings": lambda w, f, n, p: w.findings(n, p),
+    "pools": lambda w, f, n, p: w.pools(n, p),
+    "status": lambda w, f, n, p: w.status(n, p),
+}

@@ -1,0 +1,417 @@
+"""Composition of a trace's YAML: its text to light nodes, bounded as it goes.
+
+Owns: `compose` (the root node of the single document of a text, or `TraceError`),
+`Composer` (the events to nodes, counting), `Shape` and the contexts `C_*` (where
+in the document the ops, the cache block, a decode and its token lists are, as far
+as the bounds need), and the located problem of invalid YAML.
+
+Invariants:
+- The YAML is *composed*, never constructed: libyaml's parser (PyYAML's own when it
+  is built without libyaml) feeds this module's composer, which turns the events
+  into light nodes (`nodes`: slotted, no Mark objects, tags from PyYAML's safe
+  resolver). So no Python object is ever built from a tag: `NodeReader` (`reader`)
+  accepts only the standard scalar, list and mapping tags (`!!python/...`,
+  `!custom`, `!!set`, merge keys `<<` are problems).
+- Every bound of `limits` but the bytes is checked as each node is made (the
+  composer stops at the first bound crossed and names the node there: line, column,
+  field), so a hostile file is refused after at most the bound's worth of work. A
+  bound crossed, invalid YAML or a second document is a `TraceError` with one
+  located problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+import yaml.composer
+import yaml.nodes
+import yaml.resolver
+
+if yaml.__with_libyaml__:
+    import yaml.cyaml
+from yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+
+from . import limits
+from .nodes import INT, STR, Map, Node, Scalar, Seq
+from .problems import Problem, TraceError, clip, join, quote
+
+# --- YAML composition ---------------------------------------------------------------
+#
+# The document is composed into light nodes (`Scalar`, `Seq`, `Map`: slotted, no
+# Mark objects; about 130 B a node where PyYAML's take 350) and every bound is checked
+# as each node is made, so a hostile file is refused after at most the bound's worth
+# of work, never after composing all of it.
+
+if yaml.__with_libyaml__:
+    # libyaml's scanner and parser (about 10x faster than PyYAML's pure-Python ones)
+    _Events: Any = yaml.cyaml.CParser  # type: ignore[attr-defined]
+else:  # pragma: no cover - PyYAML built without libyaml
+    _Events = yaml.SafeLoader  # its parser part: get_event, peek_event, check_event
+
+# PyYAML's safe resolver decides the tags, as yaml.safe_load would (it has no path
+# resolvers, so a scalar's tag depends only on its text and style)
+_RESOLVER = yaml.resolver.Resolver()
+_SEQ_TAG = _RESOLVER.DEFAULT_SEQUENCE_TAG
+_MAP_TAG = _RESOLVER.DEFAULT_MAPPING_TAG
+
+# Where a node sits, as far as the counts care: the root mapping, the cache block, the
+# ops list, an op item, a decode, a list whose items are tokens (a decode's pos list,
+# tokens list, or one of its ubatches), a decode's ubatches list, or anywhere else.
+C_OTHER, C_ROOT, C_CACHE, C_OPS, C_OP, C_DECODE, C_TOKENS, C_UBATCHES = range(8)
+_ITEM_CONTEXT = {C_OPS: C_OP, C_UBATCHES: C_TOKENS}  # list's context -> its items'
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the composer knows of a trace's shape, as far as its bounds need: `routes`
+    maps (a mapping's context, a key) to the context of the key's value (the items
+    of the ops list are ops, those of a ubatches list token lists); `decode_cap`
+    gives, from the cache block's scalars, the most tokens one decode may hold (None:
+    not known from them), and `unplaceable(cap)` the refusal of a decode past it."""
+
+    routes: Mapping[tuple[int, str], int]
+    decode_cap: Callable[[dict[str, Scalar]], int | None]
+    unplaceable: Callable[[int], str]
+
+
+class _Refused(Exception):
+    """A bound crossed while composing: refuse the trace there."""
+
+    def __init__(self, line: int, column: int, field: str, message: str) -> None:
+        super().__init__(message)
+        self.line, self.column, self.field, self.message = line, column, field, message
+
+
+class _MultipleDocuments(Exception):
+    def __init__(self, mark: yaml.Mark) -> None:
+        super().__init__()
+        self.mark = mark
+
+
+@dataclass(slots=True)
+class _Anchor:
+    """An anchored node, its size with aliases expanded (None while it is still being
+    composed: an alias to it then is recursive), the tokens counted inside it and the
+    context it was composed in."""
+
+    node: Node
+    line: int
+    column: int
+    context: int
+    size: int | None = None
+    tokens: int = 0
+
+
+class Composer:
+    """Composes the single document of `text` into light nodes, bounding as it goes:
+    - at most `MAX_NODE_VISITS` nodes, an alias counting as the size of the node it
+      names (so the count is the size of the document with every alias expanded:
+      what the walk may visit); an alias to a node still being composed is recursive;
+    - at most `MAX_DEPTH` nested collections (the composition recurses per level);
+    - at most `MAX_OPS` items in `ops`, `MAX_ITEMS` in any list or mapping other than
+      `ops` and the token lists (no other collection of a valid trace comes close);
+    - tokens, counted as the items of a decode's `pos`, `tokens` and `ubatches[i]`
+      lists: at most `max_tokens` in the trace and, once the cache block has been
+      read, at most the shape's `decode_cap` in one decode. `pos` ranges are left to
+      the walk, which checks them before building them.
+    The walk checks all of this again, exactly (a count here never exceeds the walk's
+    on a valid trace: an alias's tokens are counted only where it stands in the same
+    context as the node it names)."""
+
+    def __init__(self, text: str, max_tokens: int, shape: Shape) -> None:
+        self.events = _Events(text)
+        self.shape = shape
+        self.routes = shape.routes
+        self.map_contexts = frozenset(c for c, _ in shape.routes)
+        self.get = self.events.get_event
+        self.max_tokens = max_tokens
+        self.node_limit = limits.MAX_NODE_VISITS
+        self.anchors: dict[str, _Anchor] = {}
+        self.nodes = 0  # composed so far, aliases expanded
+        self.tokens = 0  # in token lists so far, aliases expanded
+        self.decode_tokens = 0  # in the current decode
+        self.decode_cap: int | None = None  # the shape's, once the cache is read
+        self.cache: dict[str, Scalar] = {}
+        self.path: list[str | int | None] = []  # keys and indices down to the current node
+        self.depth = 0
+        self.memo: dict[str, tuple[str, str]] = {}  # plain scalar text -> (text, tag)
+        self.line0, self.line = -1, 0  # the last node's line (0-based, 1-based)
+
+    def document(self) -> Node | None:
+        """The root node (None for an empty stream). Mirrors `Composer.get_single_node`,
+        with a dedicated error for a second document."""
+        self.get()  # StreamStart
+        root = None
+        if not self.events.check_event(StreamEndEvent):
+            self.get()  # DocumentStart
+            root = self.node(self.get(), C_ROOT)
+            self.get()  # DocumentEnd
+        if not self.events.check_event(StreamEndEvent):
+            raise _MultipleDocuments(self.get().start_mark)
+        return root
+
+    # -- reporting
+
+    def field(self) -> str:
+        out = ""
+        for part in self.path:
+            if part is None:  # composing a key: the mapping's own field
+                break
+            out = f"{out}[{part}]" if isinstance(part, int) else join(out, clip(part))
+        return out or "<document>"
+
+    def refuse(self, ev: Any, message: str) -> _Refused:
+        m = ev.start_mark
+        return _Refused(m.line + 1, m.column + 1, self.field(), message)
+
+    def too_many_nodes(self, ev: Any) -> _Refused:
+        return self.refuse(
+            ev, f"more than {self.node_limit:,} YAML nodes in the trace: refusing it"
+            " (the bound on a trace's size)",
+        )
+
+    def count_token(self, ev: Any, n: int = 1, in_decode: bool = True) -> None:
+        """`n` more tokens: of the current decode when `in_decode`, else (an alias of
+        whole decodes) only of the trace."""
+        self.tokens += n
+        if in_decode:
+            self.decode_tokens += n
+            cap = self.decode_cap
+            if cap is not None and self.decode_tokens > cap:
+                raise self.refuse(ev, self.shape.unplaceable(cap))
+        if self.tokens > self.max_tokens:
+            raise self.refuse(ev, f"more than {self.max_tokens:,} tokens in the trace: refusing"
+                              " it (the bound on its tokens, --max-tokens)")
+
+    # -- nodes
+
+    def node(self, ev: Any, context: int) -> Node:
+        cls = ev.__class__
+        if cls is ScalarEvent:
+            return self.scalar(ev, context)
+        if cls is AliasEvent:
+            return self.alias(ev, context)
+        self.depth += 1
+        if self.depth > limits.MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {limits.MAX_DEPTH} levels", ev.start_mark,
+            )
+        try:
+            if cls is SequenceStartEvent:
+                return self.sequence(ev, context)
+            return self.mapping(ev, context)
+        finally:
+            self.depth -= 1
+
+    def scalar(self, ev: Any, context: int) -> Scalar:
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            raise self.too_many_nodes(ev)
+        tag, value = ev.tag, ev.value
+        if tag is None or tag == "!":
+            implicit = ev.implicit
+            if implicit[0]:
+                hit = self.memo.get(value)
+                if hit is None:
+                    if value.isdigit() and value.isascii() and (value[0] != "0" or value == "0"):
+                        tag = INT  # what the resolver says of plain decimal, sooner
+                    else:
+                        tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
+                    if len(value) <= 16 and len(self.memo) < 4096:
+                        self.memo[value] = (value, tag)
+                else:
+                    value, tag = hit  # the same string object: less memory
+            else:
+                tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
+        m = ev.start_mark
+        if m.line != self.line0:  # the nodes of a line share one int object
+            self.line0, self.line = m.line, m.line + 1
+        node = Scalar(tag, value, self.line, m.column + 1, not ev.style)
+        if ev.anchor is not None:
+            self.open_anchor(ev, node, context).size = 1
+        return node
+
+    def alias(self, ev: Any, context: int) -> Node:
+        name = ev.anchor
+        a = self.anchors.get(name)
+        if a is None:
+            raise yaml.composer.ComposerError(
+                None, None, f"found undefined alias {quote(name)}", ev.start_mark,
+            )
+        if a.size is None:
+            raise self.refuse(
+                ev, f"a recursive alias: *{clip(name)} is used inside the node"
+                f" it names (anchored at line {a.line}, column {a.column})",
+            )
+        self.nodes += a.size
+        if self.nodes > self.node_limit:
+            raise self.refuse(
+                ev, f"more than {self.node_limit:,} YAML nodes once aliases are expanded:"
+                f" refusing the trace (the alias *{clip(name)} here stands for"
+                f" {a.size:,} nodes: an alias bomb?)",
+            )
+        if a.tokens and a.context == context:
+            self.count_token(ev, a.tokens, context in (C_TOKENS, C_UBATCHES))
+        return a.node
+
+    def open_anchor(self, ev: Any, node: Node, context: int) -> _Anchor:
+        name = ev.anchor
+        first = self.anchors.get(name)
+        if first is not None:
+            raise yaml.composer.ComposerError(
+                f"found duplicate anchor {quote(name)}; first occurrence",
+                yaml.Mark("<trace>", 0, first.line - 1, first.column - 1,
+                          None, None),  # type: ignore[arg-type]  # no buffer: no snippet
+                "second occurrence", ev.start_mark,
+            )
+        a = _Anchor(node, node.line, node.column, context)
+        self.anchors[name] = a
+        return a
+
+    def collection_start(self, ev: Any, default_tag: str) -> str:
+        """A list or mapping begins: count it against the node limit, follow its line,
+        and give its tag (the default one when the YAML names none)."""
+        self.nodes += 1
+        if self.nodes > self.node_limit:
+            raise self.too_many_nodes(ev)
+        line = ev.start_mark.line
+        if line != self.line0:
+            self.line0, self.line = line, line + 1
+        tag = ev.tag
+        return default_tag if tag is None or tag == "!" else tag
+
+    def sequence(self, ev: Any, context: int) -> Seq:
+        nodes0, tokens0 = self.nodes, self.tokens
+        tag = self.collection_start(ev, _SEQ_TAG)
+        items: list[Node] = []
+        node = Seq(tag, items, self.line, ev.start_mark.column + 1)
+        anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
+        item_context = _ITEM_CONTEXT.get(context, C_OTHER)
+        tokens = context == C_TOKENS
+        cap = limits.MAX_OPS if context == C_OPS else limits.MAX_ITEMS
+        path = self.path
+        path.append(0)
+        at = len(path) - 1
+        get, scalar, node_ = self.get, self.scalar, self.node
+        while True:
+            e = get()
+            if e.__class__ is SequenceEndEvent:
+                break
+            n = len(items)
+            path[at] = n
+            if tokens:
+                self.count_token(e)
+            elif n >= cap:
+                raise self.refuse(e, (
+                    f"more than {limits.MAX_OPS:,} ops in the trace: refusing it"
+                    " (the bound on its ops)"
+                    if context == C_OPS else
+                    f"a list of more than {limits.MAX_ITEMS:,} items: refusing the trace"
+                    " (no list of a trace but ops and a decode's tokens is that long)"
+                ))
+            items.append(scalar(e, item_context) if e.__class__ is ScalarEvent
+                         else node_(e, item_context))
+        path.pop()
+        if anchor is not None:
+            anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
+        return node
+
+    def mapping(self, ev: Any, context: int) -> Map:
+        nodes0, tokens0 = self.nodes, self.tokens
+        tag = self.collection_start(ev, _MAP_TAG)
+        pairs: list[tuple[Node, Node]] = []
+        node = Map(tag, pairs, self.line, ev.start_mark.column + 1)
+        anchor = None if ev.anchor is None else self.open_anchor(ev, node, context)
+        if context == C_DECODE:
+            self.decode_tokens = 0
+        keyed = context in self.map_contexts
+        routes = self.routes
+        path = self.path
+        path.append(None)
+        at = len(path) - 1
+        get, scalar, node_ = self.get, self.scalar, self.node
+        while True:
+            e = get()
+            if e.__class__ is MappingEndEvent:
+                break
+            path[at] = None
+            if len(pairs) >= limits.MAX_ITEMS:
+                raise self.refuse(e, f"a mapping of more than {limits.MAX_ITEMS:,} keys: refusing"
+                                  " the trace (a mapping of a trace has a few keys)")
+            k = scalar(e, C_OTHER) if e.__class__ is ScalarEvent else node_(e, C_OTHER)
+            key = k.value if k.__class__ is Scalar and k.tag == STR else "?"
+            path[at] = key
+            sub = routes.get((context, key), C_OTHER) if keyed else C_OTHER
+            e = get()
+            v = scalar(e, sub) if e.__class__ is ScalarEvent else node_(e, sub)
+            pairs.append((k, v))
+            if context == C_CACHE and isinstance(v, Scalar):
+                self.cache[key] = v
+        path.pop()
+        if context == C_CACHE:
+            self.decode_cap = self.shape.decode_cap(self.cache)
+        if anchor is not None:
+            anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
+        return node
+
+
+def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
+    """The root node of the single document of `text` (None for an empty stream),
+    bounded as `Composer` says. Raises `TraceError`, with one located problem, for
+    invalid YAML, a bound crossed or a second document."""
+    c = Composer(text, max_tokens, shape)
+    try:
+        return c.document()
+    except yaml.YAMLError as e:
+        raise TraceError([_yaml_problem(file, text, e)]) from None
+    except _Refused as e:
+        raise TraceError([Problem(file, e.line, e.column, e.field, e.message)]) from None
+    except _MultipleDocuments as e:
+        raise TraceError([Problem(
+            file, e.mark.line + 1, e.mark.column + 1, "<document>",
+            "a second YAML document: a trace file holds exactly one",
+        )]) from None
+    except RecursionError:
+        raise TraceError([Problem(file, 0, 0, "<yaml>", "YAML nested too deeply")]) from None
+    finally:
+        c.events.dispose()
+
+
+_YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+def _line_col(text: str, index: int) -> tuple[int, int]:
+    """1-based line and column of `text[index]`, counting line breaks as YAML does."""
+    line, start = 1, 0
+    for m in _YAML_BREAKS.finditer(text, 0, index):
+        line, start = line + 1, m.end()
+    return line, index - start + 1
+
+
+def _yaml_problem(file: str, text: str, e: yaml.YAMLError) -> Problem:
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        msg = e.problem or "invalid YAML"
+        if e.context:
+            where = f" at line {e.context_mark.line + 1}" if e.context_mark else ""
+            msg = f"{msg} ({e.context}{where})"
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        return Problem(file, line, col, "<yaml>", f"invalid YAML: {clip(msg, 300)}")
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
+        line, col = _line_col(text, e.position)
+        return Problem(
+            file, line, col, "<yaml>",
+            f"invalid YAML: character U+{e.character:04X} is not allowed ({e.reason})",
+        )
+    return Problem(file, 0, 0, "<yaml>", f"invalid YAML: {clip(str(e), 300)}")

@@ -1,0 +1,86 @@
+"""The light nodes a trace's YAML is composed into, and the tags they carry.
+
+Owns: `Scalar`, `Seq` and `Map` (`Node`: any of them), the standard tags (`STR`,
+`INT`, `BOOL`, `FLOAT`, `NULL`, `TIMESTAMP`, `SEQ`, `MAP`, `MERGE`), `BOOLS`
+(YAML 1.1's bools, by lowercased text), and a node in words for a problem
+(`describe`, `short_tag`).
+
+Invariants:
+- A node is slotted and carries no Mark objects, only where it starts (1-based
+  line and column): about 130 B a node where PyYAML's take 350. Its tag is the
+  one PyYAML's safe resolver gives (`composer`); no Python object is ever built
+  from it.
+- A node in words quotes at most 40 characters of a scalar, and of a tag.
+"""
+
+from __future__ import annotations
+
+from .problems import clip, quote
+
+_Y = "tag:yaml.org,2002:"
+STR, INT, BOOL, FLOAT, NULL, TIMESTAMP = (
+    _Y + "str", _Y + "int", _Y + "bool", _Y + "float", _Y + "null", _Y + "timestamp"
+)
+SEQ, MAP, MERGE = _Y + "seq", _Y + "map", _Y + "merge"
+_TYPE_NAMES = {
+    STR: "a string", INT: "an int", BOOL: "a bool", FLOAT: "a float", NULL: "null",
+    TIMESTAMP: "a timestamp",
+}
+# SafeConstructor.bool_values: YAML 1.1's bools, by lowercased text
+BOOLS = {"yes": True, "no": False, "true": True, "false": False, "on": True, "off": False}
+
+
+class Scalar:
+    """A scalar node: its resolved tag, its text, where it starts (1-based) and whether
+    it was written plain (not quoted, not a block scalar)."""
+
+    __slots__ = ("column", "line", "plain", "tag", "value")
+
+    def __init__(self, tag: str, value: str, line: int, column: int, plain: bool) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+        self.plain = plain
+
+
+class Seq:
+    """A list node: `value` is the list of its item nodes."""
+
+    __slots__ = ("column", "line", "tag", "value")
+
+    def __init__(self, tag: str, value: list[Node], line: int, column: int) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+
+
+class Map:
+    """A mapping node: `value` is the list of its (key node, value node) pairs, in order."""
+
+    __slots__ = ("column", "line", "tag", "value")
+
+    def __init__(self, tag: str, value: list[tuple[Node, Node]], line: int, column: int) -> None:
+        self.tag = tag
+        self.value = value
+        self.line = line
+        self.column = column
+
+
+Node = Scalar | Seq | Map
+
+
+def short_tag(tag: str) -> str:
+    return clip("!!" + tag[len(_Y):] if tag.startswith(_Y) else tag)
+
+
+def describe(node: Node) -> str:
+    if isinstance(node, Seq):
+        return "a list"
+    if isinstance(node, Map):
+        return "a mapping"
+    name = _TYPE_NAMES.get(node.tag, f"a {short_tag(node.tag)} scalar")
+    if node.tag == NULL:
+        return name
+    return f"{name} ({quote(node.value)})"
