@@ -413,16 +413,16 @@ def test_numba_replays_where_no_cache_location_is_writable(tmp_path: Path) -> No
 
 def test_a_private_cache_dir_someone_else_could_write_is_refused(tmp_path: Path,
                                                                  monkeypatch) -> None:
-    from kpool_cli.backend import kernels
+    from kpool_cli import jit
 
-    monkeypatch.setattr(kernels.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(jit.tempfile, "gettempdir", lambda: str(tmp_path))
     path = tmp_path / f"kpool-numba-{os.getuid()}"
-    assert kernels._private_cache_dir() == str(path)
+    assert jit._private_cache_dir() == str(path)
     path.chmod(0o777)  # group and others may write: a cache loaded with pickle, refused
-    assert kernels._private_cache_dir() is None
+    assert jit._private_cache_dir() is None
     path.rmdir()
     path.write_text("")  # not a directory
-    assert kernels._private_cache_dir() is None
+    assert jit._private_cache_dir() is None
     # no locator and no private directory: the kernels are jitted without a cache
-    monkeypatch.setattr(kernels, "_numba_can_cache", lambda: False)
-    assert kernels._choose_cache() == ""
+    monkeypatch.setattr(jit, "_numba_can_cache", lambda probe: False)
+    assert jit._choose_cache(jit.kernel) == ""

@@ -24,29 +24,18 @@ parallel; 129 pool entries: 300 us vs 331 us; 65536 key rows: 18.3 ms vs 16.5 ms
 so they are opt-in: `KPOOL_NUMBA_PARALLEL=1` builds them on first use and uses
 them above a work threshold; `PARALLEL_USED` records whether a run used them.
 
-Where the compiled kernels are cached. numba looks in
-NUMBA_CACHE_DIR, then the package's `__pycache__`, then the user's cache directory,
-and refuses every `cache=True` function ("cannot cache function") when it can
-write none of them: a shared install, a read-only home. So before the first
-kernel is jitted, this module asks numba (`_numba_can_cache`, numba's own check on a
-function it never compiles); when it cannot, it points numba at a private
-directory under the system's temporary directory (`kpool-numba-<uid>`, mode 0700,
-refused if someone else owns it or others can write it), and when even that
-fails the kernels are jitted without a cache (a slower start, the same results).
-`CACHE` says which: "numba" (numba's own place), a directory, or "" (none).
+Where the compiled kernels are cached: `kpool_cli/jit.py` decides (`CACHE`).
 """
 
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
-from typing import Any
 
 import numba
 import numpy as np
 from numba import prange
 
+from ..jit import cache_for
 from ..signals import masked
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
 
@@ -61,63 +50,13 @@ _NGATE = np.uint64(2 * GATE_MAX + 1)
 _SCALE = KEY_SCALE
 
 
+
+
 def _probe() -> None:  # never compiled: numba's cache check runs on it
     pass
 
 
-def _numba_can_cache() -> bool:
-    """Whether numba finds a writable cache for this file (its own locators)."""
-    try:
-        numba.njit(cache=True)(_probe)
-    except RuntimeError:  # "cannot cache function ...: no locator available"
-        return False
-    return True
-
-
-def _private_cache_dir() -> str | None:
-    """`<tmp>/kpool-numba-<uid>`, made private to this user, or None when it cannot be
-    (a cache is loaded with pickle: another user's directory must never be used)."""
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    path = os.path.join(tempfile.gettempdir(), f"kpool-numba-{uid if uid is not None else 'user'}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if (not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid)
-            or st.st_mode & 0o022 or not os.access(path, os.W_OK | os.X_OK)):
-        return None
-    return path
-
-
-def _choose_cache() -> str:
-    """Decide where numba caches the kernels, before any is jitted (module docstring)."""
-    if _numba_can_cache():
-        return "numba"
-    path = _private_cache_dir()
-    if path is not None:
-        # numba reads NUMBA_CACHE_DIR into its config at import and again when the
-        # environment changes: set both, so a later reload keeps this choice
-        config: Any = numba.config  # its settings are set at run time: no stubs know them
-        before = os.environ.get("NUMBA_CACHE_DIR"), config.CACHE_DIR
-        os.environ["NUMBA_CACHE_DIR"] = path
-        config.CACHE_DIR = path
-        if _numba_can_cache():
-            return path
-        if before[0] is None:
-            del os.environ["NUMBA_CACHE_DIR"]
-        else:
-            os.environ["NUMBA_CACHE_DIR"] = before[0]
-        config.CACHE_DIR = before[1]
-    return ""
-
-
-CACHE = _choose_cache()
+CACHE = cache_for(_probe)
 _CACHED = CACHE != ""  # the `cache=` of every kernel
 
 # work (elements) above which the opt-in parallel builds are used

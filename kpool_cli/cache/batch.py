@@ -125,7 +125,14 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
         if not cur:
             return "the batch could not be split"
         per_set: list[list[int]] = [[] for _ in cur]
-        while all(cursor[ss] < len(by_set[ss]) for ss in cur):
+        if len(cur) == 1:
+            # one set: the rounds below take its next min(n_ubatch, remaining) tokens
+            ss = cur[0]
+            take = by_set[ss][cursor[ss]:cursor[ss] + max(n_ubatch, 1)]
+            cursor[ss] += len(take)
+            per_set[0].extend(take)
+            n_used += len(take)
+        while len(cur) > 1 and all(cursor[ss] < len(by_set[ss]) for ss in cur):
             for k, ss in enumerate(cur):
                 idx = by_set[ss][cursor[ss]]
                 cursor[ss] += 1

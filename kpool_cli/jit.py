@@ -1,0 +1,104 @@
+"""Where numba caches kpool's compiled kernels, decided once before the first is
+jitted, and the decorator the compiled core's kernels use.
+
+Owns: `cache_for` (the choice, per kernel file) and `kernel`. Imported only by
+modules that hold numba kernels (backend/kernels.py, compiled/kernels.py), so a
+command that runs none never imports numba.
+
+numba looks in NUMBA_CACHE_DIR, then the package's `__pycache__`, then the user's
+cache directory, and refuses every `cache=True` function ("cannot cache function")
+when it can write none of them: a shared install, a read-only home. So before the
+first kernel is jitted, this module asks numba (`_numba_can_cache`, numba's own
+check on a function it never compiles); when it cannot, it points numba at a
+private directory under the system's temporary directory (`kpool-numba-<uid>`,
+mode 0700, refused if someone else owns it or others can write it), and when even
+that fails the kernels are jitted without a cache (a slower start, the same
+results). `cache_for` says which: "numba" (numba's own place), a directory, or ""
+(none).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numba
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _numba_can_cache(probe: Callable[..., Any]) -> bool:
+    """Whether numba finds a writable cache for the file of `probe` (its own locators;
+    `probe` is never compiled)."""
+    try:
+        numba.njit(cache=True)(probe)
+    except RuntimeError:  # "cannot cache function ...: no locator available"
+        return False
+    return True
+
+
+def _private_cache_dir() -> str | None:
+    """`<tmp>/kpool-numba-<uid>`, made private to this user, or None when it cannot be
+    (a cache is loaded with pickle: another user's directory must never be used)."""
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    path = os.path.join(tempfile.gettempdir(), f"kpool-numba-{uid if uid is not None else 'user'}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if (not stat.S_ISDIR(st.st_mode) or (uid is not None and st.st_uid != uid)
+            or st.st_mode & 0o022 or not os.access(path, os.W_OK | os.X_OK)):
+        return None
+    return path
+
+
+def _choose_cache(probe: Callable[..., Any]) -> str:
+    """Decide where numba caches the kernels of `probe`'s file, before any is jitted
+    (module docstring)."""
+    if _numba_can_cache(probe):
+        return "numba"
+    path = _private_cache_dir()
+    if path is not None:
+        # numba reads NUMBA_CACHE_DIR into its config at import and again when the
+        # environment changes: set both, so a later reload keeps this choice
+        config: Any = numba.config  # its settings are set at run time: no stubs know them
+        before = os.environ.get("NUMBA_CACHE_DIR"), config.CACHE_DIR
+        os.environ["NUMBA_CACHE_DIR"] = path
+        config.CACHE_DIR = path
+        if _numba_can_cache(probe):
+            return path
+        if before[0] is None:
+            del os.environ["NUMBA_CACHE_DIR"]
+        else:
+            os.environ["NUMBA_CACHE_DIR"] = before[0]
+        config.CACHE_DIR = before[1]
+    return ""
+
+
+_chosen: dict[str, str] = {}  # a kernel file -> its choice
+
+
+def cache_for(probe: Callable[..., Any]) -> str:
+    """The cache of the kernels in `probe`'s file (numba's locators are per file; a
+    private directory, once set, serves every file)."""
+    where = probe.__code__.co_filename
+    if where not in _chosen:
+        _chosen[where] = _choose_cache(probe)
+    return _chosen[where]
+
+
+def kernel(fn: F) -> F:
+    """`fn` as a numba kernel compiled on its first call (for the argument types it is
+    given), from numba's on-disk cache when `CACHE` allows: a run loads only the
+    kernels it calls. No fastmath, no parallel: integer work, in one thread."""
+    jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
+    return jitted  # type: ignore[no-any-return]
