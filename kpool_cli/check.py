@@ -54,7 +54,7 @@ from .contracts import exits
 from .contracts.finding import Finding, severity_rank
 from .contracts.records import ExpectResult, OpEvent, UbatchRecord
 from .contracts.tally import Tally, tallied
-from .replay import replay
+from .replay import DEFAULT_CORE, replay
 from .trace import model as m
 from .trace.load import MAX_TOKENS, TraceError
 from .verdict.expect import load_checked
@@ -160,6 +160,7 @@ class CheckJob:
     max_memory: int | None = None
     pin: bool = True  # a code some `expect` of the trace lists does not fail (check)
     expectations: bool = True  # an unmet `expect` fails (check; replay's --check)
+    core: str = DEFAULT_CORE  # the replay core (replay.CORES)
 
 
 # -- which traces, which engines ------------------------------------------------------
@@ -194,8 +195,8 @@ def pinned_codes(trace: m.Trace, engine: str) -> frozenset[str]:
 
 
 def plan(paths: Sequence[str], engines: Sequence[str], *, backend: str, fail_on: str,
-         ignored_for, max_tokens: int = MAX_TOKENS, max_memory: int | None = None
-         ) -> list[CheckJob | CheckResult]:
+         ignored_for, max_tokens: int = MAX_TOKENS, max_memory: int | None = None,
+         core: str = DEFAULT_CORE) -> list[CheckJob | CheckResult]:
     """For each trace of `paths`, in order, its jobs, or the `invalid` result of a
     trace that does not load. `ignored_for(path)`: the codes ignored for that trace."""
     out: list[CheckJob | CheckResult] = []
@@ -206,8 +207,8 @@ def plan(paths: Sequence[str], engines: Sequence[str], *, backend: str, fail_on:
             out.append(_invalid(p, "", e))
             continue
         ignored = frozenset(ignored_for(Path(p)))
-        out += [CheckJob(p, e, backend, fail_on, ignored, max_tokens, max_memory)
-                for e in engines_for(trace, engines)]
+        out += [CheckJob(p, e, backend, fail_on, ignored, max_tokens, max_memory,
+                         core=core) for e in engines_for(trace, engines)]
     return out
 
 
@@ -270,7 +271,7 @@ def check_one(job: CheckJob) -> CheckResult:
             yield dataclasses.replace(rec, findings=tuple(left))
 
     tally = Tally(fail_on=job.fail_on, check=job.expectations)
-    records = replay(trace, version, make_backend(job.backend, trace))
+    records = replay(trace, version, make_backend(job.backend, trace), core=job.core)
     try:
         for rec in tallied(judged(records), tally):
             if isinstance(rec, ExpectResult):

@@ -101,4 +101,4 @@ def kernel(fn: F) -> F:
     given), from numba's on-disk cache when `CACHE` allows: a run loads only the
     kernels it calls. No fastmath, no parallel: integer work, in one thread."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
-    return jitted  # type: ignore[no-any-return]
+    return jitted

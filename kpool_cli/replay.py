@@ -26,11 +26,17 @@ they are about (`Check.reads`), then of their codes.
 `Replayer(..., observer=...)` lets a caller look at every ubatch's record with its
 context (the fuzzer checks kpool's own invariants there); `planned_ubatches` counts
 a trace's ubatches with the replay's own split, for the views.
+
+Two cores run the per-ubatch steps (`CORES`, `core_of`): `compiled` (the default;
+kpool_cli/compiled/, numba kernels) and `reference` (cache/ and engine/ in numpy,
+which the compiled core is held to). They share the state's layout and every rule;
+a replay's records do not depend on the core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -60,11 +66,11 @@ from .contracts.records import (
     Pools,
     UbatchRecord,
 )
-from .engine.context import OpContext, UbatchContext
+from .engine.context import OpContext, UbatchContext, race_groups
 from .engine.edits import Staleness, check_edit
 from .engine.layout import POS_CLEAN, Layout
-from .engine.marking import gen_zeroed, mark, n_new_graph
-from .engine.scatter import build_plan
+from .engine.marking import Marking, gen_zeroed, mark, n_new_graph
+from .engine.scatter import ScatterPlan, build_plan
 from .trace import model as m
 from .trace.load import Problem, TraceError
 from .verdict.expect import with_expectations
@@ -90,14 +96,51 @@ class Backend(Protocol):
 
 Observer = Callable[[UbatchRecord, UbatchContext], None]
 
+CORES = ("compiled", "reference")
+DEFAULT_CORE = "compiled"
+
+
+@dataclass(frozen=True, slots=True)
+class Core:
+    """One implementation of a ubatch's steps over the shared state: the cache and
+    layout classes (their find_slot, writes and update) and the marking, scatter
+    plan and race groups. Every field computes what the reference's does."""
+
+    name: str
+    cache: Callable[[m.CacheConfig], KvCache]
+    layout: Callable[[m.CacheConfig], Layout]
+    mark: Callable[..., Marking]
+    build_plan: Callable[..., ScatterPlan]
+    race_groups: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def core_of(name: str) -> Core:
+    """The core named `name` (one of CORES); the compiled one imports numba."""
+    if name == "reference":
+        return Core(name, KvCache,
+                    lambda c: Layout(c.n_seq_max, c.kpool, c.by_order, c.kv_size),
+                    mark, build_plan, race_groups)
+    if name == "compiled":
+        from .compiled import marking as cm
+        from .compiled.cache import CompiledKvCache
+        from .compiled.layout import CompiledLayout
+
+        return Core(name, CompiledKvCache,
+                    lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
+                                             c.n_rows),
+                    cm.mark, cm.build_plan, cm.race_groups)
+    raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
+
 
 def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
-           pools_all: bool = False, cell_map: bool = False
+           pools_all: bool = False, cell_map: bool = False, core: str = DEFAULT_CORE
            ) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
-    """Replay `trace` under `version`. Raises TraceError for a trace that turns out
-    invalid only at replay time (a recorded cell that is not empty). `cell_map`:
-    every UbatchRecord carries the cache's cells (for the rich view; costs O(rows))."""
-    records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map).run()
+    """Replay `trace` under `version` on `core` (CORES). Raises TraceError for a
+    trace that turns out invalid only at replay time (a recorded cell that is not
+    empty). `cell_map`: every UbatchRecord carries the cache's cells (for the rich
+    view; costs O(rows))."""
+    records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map,
+                       core=core).run()
     yield from with_expectations(trace, version.name, backend is not None, records)
 
 
@@ -140,17 +183,18 @@ def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]
 class Replayer:
     def __init__(self, trace: m.Trace, version: EngineVersion, backend: Backend | None = None,
                  *, pools_all: bool = False, cell_map: bool = False,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, core: str = DEFAULT_CORE) -> None:
         cfg = trace.cache
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
         self.cfg = cfg
-        self.cache = KvCache(cfg)
+        self.core = core_of(core)
+        self.cache = self.core.cache(cfg)
         self.recurrent = RecurrentChild(  # ENGINE.md §3
             cfg.n_seq_max, cfg.n_rs_seq,
             negative_seq_rm_matches_any=version.recurrent_seq_rm_matches_any)
         self.positions = HybridPositions(self.cache, self.recurrent)
-        self.layout = Layout(cfg.n_seq_max, cfg.kpool, cfg.by_order, cfg.kv_size)
+        self.layout = self.core.layout(cfg)
         self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
         self.n_ubatch_done = 0
         self.aborted = False
@@ -392,16 +436,18 @@ class Replayer:
         marked = np.empty(0, dtype=np.int64)
         n_new = n_new_g = 0
         try:
-            marking = mark(layout, pos, seqs, pl.cells, stale_batch if first else None,
-                           repool_all=repool_all, once_per_rep=v.mark_once_per_rep)
+            marking = self.core.mark(layout, pos, seqs, pl.cells,
+                                     stale_batch if first else None,
+                                     repool_all=repool_all, once_per_rep=v.mark_once_per_rep)
             marked, n_new = marking.marked, marking.n_new
             n_new_g = n_new_graph(n_new, pos.size, ub.n_seqs_unq, layout.n_pool_real,
                                   cfg.kv_size, cfg.kpool, cfg.n_seq_max, repool_all)
-            plan = build_plan(layout, marked, n_new_g, pos, seqs, pl.cells, cfg.n_rows,
-                              v.padding == "row-zero")
+            plan = self.core.build_plan(layout, marked, n_new_g, pos, seqs, pl.cells,
+                                        cfg.n_rows, v.padding == "row-zero")
         except EngineAbort as e:
             abort = str(e)
-        ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs))
+        ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),
+                               self.core.race_groups)
         values = self.backend.run_ubatch(ctx) if self.backend and plan is not None else None
         findings: list[Finding] = []
         for chk in self.checks:

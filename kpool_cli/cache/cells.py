@@ -77,6 +77,20 @@ class GrowArray:
         self._n = 0
         self.extend(values)
 
+    def spare(self, n: int) -> np.ndarray:
+        """The whole buffer, with room for at least n values in all (the live part
+        kept): a compiled step writes past `len` and then calls `set_len`."""
+        if n > self._a.size:
+            grown = np.empty(max(n, 2 * self._a.size), dtype=np.int64)
+            grown[: self._n] = self._a[: self._n]
+            self._a = grown
+        return self._a
+
+    def set_len(self, n: int) -> None:
+        """The first n values of the buffer are live (n within what `spare` gave)."""
+        assert 0 <= n <= self._a.size
+        self._n = n
+
     def truncate(self, n: int) -> None:
         """Keep the first n values."""
         self._n = min(self._n, n)

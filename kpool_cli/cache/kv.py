@@ -119,6 +119,8 @@ class KvCache:
     # bytes per token of a decode's placement: strm, cells, the sorted cells taken,
     # key ids and rows, with their copies
     PLACE_TOKEN_BYTES = 8 * 8
+    # the streams' class (the compiled core's writes through kernels)
+    STREAM: type[Stream] = Stream
 
     @classmethod
     def bytes_bound(cls, config: CacheConfig, reach: Reach) -> int:
@@ -136,9 +138,9 @@ class KvCache:
         self.config = config
         self.kv_size = config.kv_size
         if config.unified:
-            self.streams = [Stream(config.kv_size, list(range(config.n_seq_max)))]
+            self.streams = [self.STREAM(config.kv_size, list(range(config.n_seq_max)))]
         else:
-            self.streams = [Stream(config.kv_size, [s]) for s in range(config.n_seq_max)]
+            self.streams = [self.STREAM(config.kv_size, [s]) for s in range(config.n_seq_max)]
         self._heads = [0] * len(self.streams)  # per stream: where find_slot starts
         self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream)
         self.snapshots: dict[str, Snapshot] = {}

@@ -16,7 +16,7 @@ from ..trace.load import TraceError
 from ..verdict.expect import load_checked
 from ..wording import visible
 from .io import codes, fail, open_output, refuse_outputs, version_for
-from .options import ENGINES, jobs_option, max_memory_option, max_tokens_option
+from .options import ENGINES, core_option, jobs_option, max_memory_option, max_tokens_option
 
 
 @click.command("check")
@@ -43,10 +43,11 @@ from .options import ENGINES, jobs_option, max_memory_option, max_tokens_option
               help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
 @max_tokens_option
 @max_memory_option
+@core_option
 def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
               ignore: tuple[str, ...], fmt: str | None, output: str | None,
               jobs: int | None, backend: str, no_config: bool, max_tokens: int,
-              max_memory: int | None) -> None:
+              max_memory: int | None, core: str) -> None:
     """Check the traces in PATHS (files, or folders searched recursively for *.yaml and
     *.yml) as a CI gate: each is replayed under every engine its expect items name;
     every expect must hold, and no finding at or above --fail-on may be left
@@ -101,7 +102,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
         for path in files:
             units += plan([path], engines, backend=backend, fail_on=fail_on,
                           ignored_for=ignored_for, max_tokens=max_tokens,
-                          max_memory=max_memory)
+                          max_memory=max_memory, core=core)
             bar.tick()
         bar.label, bar.unit, bar.total, bar.done = "kpool check", "runs", len(units), 0
         results = ticking_each(run_checks(units, jobs), bar)

@@ -9,8 +9,8 @@ inf, within `[lo, hi]`; a refusal quotes at most 40 characters of the argument.
 And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that runs
 a process pool (the pool is also capped by the machine's cores: workers.in_order);
 `max_tokens_option` and `max_memory_option`, the bounds on a trace's work of every
-command that replays; `ubatch_ranges` (`--ubatch`); `ENGINES`, the registered
-versions as help names them.
+command that replays; `core_option` (`--core`); `ubatch_ranges` (`--ubatch`);
+`ENGINES`, the registered versions as help names them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from ..backend.budget import default_max_memory, parse_memory
+from ..replay import CORES, DEFAULT_CORE
 from ..report.select import parse_ubatch_range
 from ..trace.load import MAX_TOKENS
 from ..versions import VERSIONS
@@ -121,6 +122,10 @@ max_tokens_option = click.option(
     "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
     metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
                       "untrusted input).")
+core_option = click.option(
+    "--core", type=click.Choice(CORES), default=DEFAULT_CORE, show_default=True,
+    help="The replay core: compiled (numba kernels) or reference (the engine in numpy, "
+         "which the compiled core is held to byte for byte). The report is the same.")
 max_memory_option = click.option(
     "--max-memory", metavar="SIZE", callback=_memory_budget,
     help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "

@@ -28,7 +28,14 @@ from .io import (
     refuse_outputs,
     version_for,
 )
-from .options import ENGINES, Int, max_memory_option, max_tokens_option, ubatch_ranges
+from .options import (
+    ENGINES,
+    Int,
+    core_option,
+    max_memory_option,
+    max_tokens_option,
+    ubatch_ranges,
+)
 
 
 @click.command("replay")
@@ -71,11 +78,12 @@ from .options import ENGINES, Int, max_memory_option, max_tokens_option, ubatch_
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "
                    "twin, or none for the model-only replay.")
+@core_option
 def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: str | None,
                fail_on: str, pools: str, check: bool, ubatch: tuple[tuple[int, int], ...],
                seq: tuple[int, ...], only_findings: bool | None, color: bool | None,
                quiet: bool, html: str | None, svg: str | None, max_tokens: int,
-               max_memory: int | None, backend: str) -> None:
+               max_memory: int | None, backend: str, core: str) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -100,7 +108,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
         jobs = [CheckJob(t.path, engine or t.engine or DEFAULT_VERSION, backend, fail_on,
                          max_tokens=max_tokens, max_memory=max_memory, pin=False,
-                         expectations=check) for t in loaded]
+                         expectations=check, core=core) for t in loaded]
         with open_output(output) as out:
             done = write_check(out, fmt, run_checks(jobs), fail_on)
         sys.exit(check_exit_code(done))
@@ -109,7 +117,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                  ) -> Iterator[Record]:
         """The trace's records, each fed to `tally` on its way to the renderer."""
         return tallied(replay(trace, version, make_backend(backend, trace),
-                              pools_all=pools == "all", cell_map=cell_map), tally)
+                              pools_all=pools == "all", cell_map=cell_map, core=core), tally)
 
     tallies: list[Tally] = []
     problems: list[Problem] = []  # why a trace turned out invalid mid-replay (JSON)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
-from ..replay import replay
+from ..replay import DEFAULT_CORE, replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
 from ..versions import load_version
@@ -49,6 +49,7 @@ class Unit:
     backend: str  # numba | numpy | none
     max_tokens: int = MAX_TOKENS  # the loader's bound on the trace's tokens
     max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
+    core: str = DEFAULT_CORE  # the replay core (replay.CORES)
 
 
 def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
@@ -57,7 +58,8 @@ def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
     trace = load_checked(unit.trace_path, max_tokens=unit.max_tokens)
     check_replay_memory(trace, unit.backend, unit.max_memory)
     version = load_version(unit.engine)
-    records: Iterable[Record] = replay(trace, version, make_backend(unit.backend, trace))
+    records: Iterable[Record] = replay(trace, version, make_backend(unit.backend, trace),
+                                       core=unit.core)
     if bar is not None:
         records = bar.replaying(unit, trace, version.name, records)
     return from_records(records, path=trace.path, name=trace.name, sha256=trace.sha256,
@@ -168,8 +170,8 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
            jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS,
-           max_memory: int | None = None, progress: Progress | None = None
-           ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
+           max_memory: int | None = None, progress: Progress | None = None,
+           core: str = DEFAULT_CORE) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
     """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
     Traces: each is replayed under `base` and `head` (defaults cache-safe, rep-once)
@@ -212,8 +214,9 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
-        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory) for p in paths
-                               for e in (base, head)], jobs, progress=progress)
+        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core)
+                               for p in paths for e in (base, head)], jobs,
+                              progress=progress)
     except TraceError as e:
         raise DiffInputError(str(e) if e.unread else f"invalid trace\n{e}") from None
     except (VersionError, ReplayTooLarge) as e:

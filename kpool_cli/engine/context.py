@@ -16,6 +16,7 @@ replay's, as they stand after the ubatch's layout update.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,12 +68,16 @@ class UbatchContext:
     @classmethod
     def of(cls, cache: KvCache, layout: Layout, change: LayoutChange,
            plan: ScatterPlan | None, abort: str | None, token_pos: np.ndarray,
-           token_seqs: tuple[tuple[int, ...], ...]) -> UbatchContext:
+           token_seqs: tuple[tuple[int, ...], ...],
+           groups: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+           | None = None) -> UbatchContext:
+        """`groups`: how the race groups are computed (`race_groups`, or a core's
+        equal twin)."""
         assert (plan is None) == (abort is not None), "a plan, or the abort that stopped it"
         if plan is None:
             order, starts, rows = _EMPTY, np.zeros(1, dtype=np.int64), _EMPTY
         else:
-            order, starts, rows = race_groups(plan.entry_rep)
+            order, starts, rows = (groups or race_groups)(plan.entry_rep)
         raced = np.flatnonzero(np.diff(starts) > 1)
         return cls(cache, layout, change, plan, abort, token_pos, token_seqs, order, starts,
                    rows, raced)

@@ -1,0 +1,258 @@
+"""The compiled core's numba kernels: the per-ubatch steps of the cache model and the
+engine over the same flat arrays the reference core keeps (cache/cells.py's streams,
+engine/layout.py's per-sequence columns).
+
+Owns: every kernel of the compiled core. Each is the loop that one reference step
+runs as a chain of numpy calls, written once as a plain loop; the rule it computes
+is the reference's, cited where that lives. Kernels never allocate what the caller
+can size (they write into arrays the caller reserved and return counts) and never
+raise: a case a kernel does not handle is one its caller never hands it.
+
+Keys are `pos << 32 | cell` (cache/cells.py `make_keys`); POS_CLEAN and EMPTY_POS
+are passed in, never redefined here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..jit import kernel
+
+_CELL_BITS = 32
+_CELL_MASK = (1 << 32) - 1
+
+
+@kernel
+def find_slot(pos, head, n, taken, out):  # pragma: no cover - compiled
+    """cache/kv.py `KvCache._find_slot` after its head reset: the first n empty cells
+    (pos == -1) from `head` to the end, then from 0 to `head`, skipping the sorted
+    cells `taken`; written to out[:k]. Returns k (< n: no room)."""
+    size = pos.size
+    k = 0
+    for part in range(2):
+        lo = head if part == 0 else 0
+        hi = size if part == 0 else head
+        t = np.searchsorted(taken, lo)
+        c = lo
+        while c < hi and k < n:
+            if pos[c] == -1:
+                while t < taken.size and taken[t] < c:
+                    t += 1
+                if t >= taken.size or taken[t] != c:
+                    out[k] = c
+                    k += 1
+            c += 1
+    return k
+
+
+@kernel
+def write_cells(cells, pos, ext, has_ext, tok_ptr, tok_cols, key_ids,
+                st_pos, st_ext, has, seq_count, key_id):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.write` without its index: each cell gets its token's pos,
+    ext, sequences (columns tok_cols[tok_ptr[i]:tok_ptr[i + 1]]) and key id."""
+    for i in range(cells.size):
+        c = cells[i]
+        st_pos[c] = pos[i]
+        if has_ext:
+            st_ext[c, 0] = ext[i, 0]
+            st_ext[c, 1] = ext[i, 1]
+        for j in range(tok_ptr[i], tok_ptr[i + 1]):
+            has[tok_cols[j], c] = True
+        seq_count[c] = tok_ptr[i + 1] - tok_ptr[i]
+        key_id[c] = key_ids[i]
+
+
+@kernel
+def sorted_add(a, n, keys):  # pragma: no cover - compiled
+    """cache/cells.py `SortedKeys.add` into a[:n] (capacity reserved for every key):
+    keys (not present yet) sorted in, a[:n] staying sorted. Returns the new n."""
+    ks = np.sort(keys)
+    m = ks.size
+    if m == 0:
+        return n
+    if n == 0 or ks[0] > a[n - 1]:
+        a[n:n + m] = ks
+        return n + m
+    # merge from the back, in place
+    i, j, w = n - 1, m - 1, n + m - 1
+    while j >= 0:
+        if i >= 0 and a[i] > ks[j]:
+            a[w] = a[i]
+            i -= 1
+        else:
+            a[w] = ks[j]
+            j -= 1
+        w -= 1
+    return n + m
+
+
+@kernel
+def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_order,
+                strm, kv_size, pools, rep_rows, rep_pos, first_pos, n_pools,
+                seq_count, scan_sharing, shared):  # pragma: no cover - compiled
+    """engine/layout.py `Layout.update` for one sequence: step 1's append (when
+    `append`: the pairs of sp that sort after keys[n_keys - 1]); then, unless the
+    count check of step 2 now calls for a rebuild (returned as `rebuild`, with
+    nothing more done: the caller rebuilds and calls again without `append`), step
+    3's sharing scan from pair n_kept (when `scan_sharing` and not yet `shared`) and
+    step 4's pool scan from j_next (`scan_pools`), adding each pool's columns
+    (`SeqLayout.add_pools`). Capacity for every pair of sp and every pool they can
+    hold is reserved by the caller.
+
+    Returns (n_keys, n_kept, j_next, n_pools, shared, scanned, rebuild)."""
+    scanned = 0
+    if append:
+        n_kept = n_keys
+        at = np.searchsorted(sp, keys[n_keys - 1], side="right")
+        for q in range(at, sp.size):
+            keys[n_keys] = sp[q]
+            n_keys += 1
+        scanned += sp.size - at
+        if n_keys != sp.size:
+            return n_keys, n_kept, j_next, n_pools, shared, scanned, True
+    if scan_sharing and not shared and n_keys > n_kept:
+        hit = -1
+        for q in range(n_kept, n_keys):
+            if seq_count[keys[q] & _CELL_MASK] > 1:
+                hit = q
+                break
+        if hit >= 0:
+            shared = True
+            scanned += hit - n_kept + 1
+        else:
+            scanned += n_keys - n_kept
+    # step 4, as scan_pools: every candidate start is accepted
+    last = n_keys - kpool
+    n_from = n_pools
+    j = j_next
+    if by_order:
+        while j <= last:
+            pools[n_pools] = j
+            n_pools += 1
+            j += kpool
+        j_next = j
+    elif last >= j_next:
+        start_pool = -1
+        for t in range(j_next, last + 1):
+            p = keys[t] >> _CELL_BITS
+            if (p - pos_min) % kpool != 0:
+                continue
+            ok = True
+            for i in range(1, kpool):
+                if (keys[t + i] >> _CELL_BITS) - (keys[t + i - 1] >> _CELL_BITS) != 1:
+                    ok = False
+                    break
+            if ok:
+                pools[n_pools] = t
+                n_pools += 1
+                start_pool = t
+        j_next = max(start_pool + kpool if start_pool >= 0 else j_next, last + 1)
+    for k in range(n_from, n_pools):
+        j = pools[k]
+        rep = keys[j + kpool - 1]
+        rep_rows[k] = strm * kv_size + (rep & _CELL_MASK)
+        rep_pos[k] = rep >> _CELL_BITS
+        first_pos[k] = keys[j] >> _CELL_BITS
+    return n_keys, n_kept, j_next, n_pools, shared, scanned, False
+
+
+@kernel
+def pools_of_tokens(keys, pools_n, first_pos, rep_pos, pos, cells, by_order, kpool,
+                    base, out):  # pragma: no cover - compiled
+    """engine/marking.py `mark`, the touched pools of one sequence's tokens: out[i] =
+    base + the pool holding token i, or -1. By order, the token's rank among the
+    pairs gives its pool (-2 when the token is not among them: the engine asserts);
+    by position, the last pool whose first pos <= pos, if pos <= its rep pos."""
+    for i in range(pos.size):
+        if by_order:
+            want = (pos[i] << _CELL_BITS) | cells[i]
+            r = np.searchsorted(keys, want)
+            if r >= keys.size or keys[r] != want:
+                out[i] = -2
+                continue
+            k = r // kpool
+            out[i] = base + k if k < pools_n else -1
+        else:
+            k = np.searchsorted(first_pos, pos[i], side="right") - 1
+            out[i] = base + k if k >= 0 and pos[i] <= rep_pos[k] else -1
+
+
+@kernel
+def first_winners(cand, pool_cells, once_per_rep, n_pool_real, seen):  # pragma: no cover
+    """engine/marking.py `mark`: the first candidate per pool (cache-safe) or per rep
+    row (rep-once, PR #29994) wins; returns the winners sorted (layout order).
+    `seen` is scratch of n_rows (rep-once) or n_pool_real entries, all False, and is
+    left all False."""
+    win = np.empty(cand.size, dtype=np.int64)
+    n = 0
+    for c in cand:
+        key = pool_cells[c] if once_per_rep else c
+        if not seen[key]:
+            seen[key] = True
+            win[n] = c
+            n += 1
+    for i in range(n):
+        c = win[i]
+        seen[pool_cells[c] if once_per_rep else c] = False
+    out = np.sort(win[:n])
+    return out
+
+
+@kernel
+def padding_rows(pool_cells, n_pad, n_rows, out):  # pragma: no cover - compiled
+    """engine/scatter.py `padding_rows`, not row-zero: the n_pad smallest rows that
+    are no pool's rep. Returns how many were found below n_rows."""
+    span = n_pad + pool_cells.size
+    taken = np.zeros(span, dtype=np.bool_)
+    for r in pool_cells:
+        if r < span:
+            taken[r] = True
+    k = 0
+    for r in range(span):
+        if k == n_pad:
+            break
+        if not taken[r]:
+            if r >= n_rows:
+                return k
+            out[k] = r
+            k += 1
+    return k
+
+
+@kernel
+def members(keys, pools, ks, kpool, strm, kv_size, out, at):  # pragma: no cover
+    """`SeqLayout.members`: out[at[i]] = the global rows of pool ks[i]'s members."""
+    for i in range(ks.size):
+        j = pools[ks[i]]
+        for q in range(kpool):
+            out[at[i], q] = strm * kv_size + (keys[j + q] & _CELL_MASK)
+
+
+@kernel
+def race_groups(rep):  # pragma: no cover - compiled
+    """engine/context.py `race_groups`: (order, starts, rows) of the entries grouped
+    by the row they write, stably."""
+    order = np.argsort(rep, kind="mergesort")
+    n = rep.size
+    heads = np.empty(n + 1, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    g = 0
+    for i in range(n):
+        r = rep[order[i]]
+        if i == 0 or r != rep[order[i - 1]]:
+            heads[g] = i
+            rows[g] = r
+            g += 1
+    heads[g] = n
+    return order, heads[:g + 1].copy(), rows[:g].copy()
+
+
+@kernel
+def first_difference(have, want):  # pragma: no cover - compiled
+    """engine/layout.py `Layout.drift`: the first index where the two key arrays
+    differ (min of their sizes when one is a prefix of the other), -1 if equal."""
+    n = min(have.size, want.size)
+    for j in range(n):
+        if have[j] != want[j]:
+            return j
+    return -1 if have.size == want.size else n

@@ -1,0 +1,145 @@
+"""The compiled core's layout: engine/layout.py's `Layout`, whose update runs step 1
+(the append), step 3 (the sharing scan) and step 4 (the pool scan) of ENGINE.md §5
+for a sequence in one kernel call (`kernels.layout_step`), over the same columns.
+
+Owns: `CompiledLayout`. Step 2 (the rebuild, the fork's truncate) is the
+reference's own code: it runs when a sequence is stale or its count is off, rare
+next to the decodes. Invariants: the columns after `update` are the reference's,
+pair for pair and pool for pool, and so is the returned `LayoutChange`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cache.cells import CELL_BITS
+from ..cache.kv import KvCache
+from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
+from . import kernels as k
+
+
+class CompiledLayout(Layout):
+    def __init__(self, n_seq_max: int, kpool: int, by_order: bool, kv_size: int,
+                 n_rows: int) -> None:
+        super().__init__(n_seq_max, kpool, by_order, kv_size)
+        self.n_rows = n_rows
+        self._seen = np.zeros(0, dtype=bool)
+
+    def scratch(self, n_pool: int) -> np.ndarray:
+        """An all-False bool array for marking's first-wins test, indexed by a rep row
+        (< n_rows) or a pool (< n_pool); the kernel leaves it all False."""
+        need = max(self.n_rows, n_pool)
+        if self._seen.size < need:
+            self._seen = np.zeros(max(need, 2 * self._seen.size), dtype=bool)
+        return self._seen
+
+    def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
+               truncate_tail: bool = False) -> LayoutChange:
+        """Layout.update, step for step (its docstring); see the module docstring."""
+        unified = cache.config.unified
+        touched = cache.take_touched()
+        scanned = 0
+        kept: list[int] = []
+        read: set[int] = set()
+        changed: set[int] = set()
+        sharing = track_sharing and unified
+        for s, sq in enumerate(self.seqs):
+            n_before = len(sq.pools)
+            if stale[s] == POS_CLEAN and s not in touched and sq.settled:
+                kept.append(n_before)
+                continue
+            read.add(s)
+            sp = cache.seq_keys(s)
+            sq.strm = cache.stream_of(s)
+            clean = stale[s] == POS_CLEAN
+            append = bool(clean and len(sq.keys) and sp.size
+                          and sq.pos_min == int(sp[0] >> CELL_BITS))
+            n_pools = n_before
+            n_kept = 0
+            if not append:
+                n_pools, n_kept, copied = self._step_2(cache, sq, sp, stale[s], clean,
+                                                       truncate_tail)
+                scanned += copied
+            got = self._run(sq, sp, append, n_kept, cache, sharing)
+            if got < 0:  # the appended count is off: step 2's rebuild, then on
+                scanned += -got - 1 + sp.size
+                n_pools = self._rebuild(sq, sp, stale[s])
+                got = self._run(sq, sp, False, 0, cache, sharing)
+            scanned += got
+            kept.append(n_pools)
+            if n_pools < n_before or n_pools < len(sq.pools):
+                changed.add(s)
+            n = len(sq.keys)
+            sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+        if changed:
+            self._pool_start = self._pool_cells = None
+        self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
+        self.cache_safe = not any(sq.shared for sq in self.seqs)
+        return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
+
+    def _step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
+                clean: bool, truncate_tail: bool) -> tuple[int, int, int]:
+        """Layout.update's step 2 for a sequence the append path does not take: the
+        fork's truncate, or the rebuild. Returns (pools kept, pairs kept, pairs
+        copied)."""
+        n_pools, n_kept, copied = len(sq.pools), 0, 0
+        truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
+                     and not self._holds_shared(cache, sq))
+        if truncated:
+            n_pools, n_kept, copied = self._truncate(sq, sp, stale)
+        if len(sq.keys) != sp.size or (not clean and not truncated):
+            n_pools = self._rebuild(sq, sp, stale)
+            n_kept = 0
+            copied += sp.size
+        return n_pools, n_kept, copied
+
+    def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
+             cache: KvCache, sharing: bool) -> int:
+        """One `kernels.layout_step` call on sq's columns; returns the cells it
+        scanned, or -(scanned + 1) when the append left the count off (a rebuild is
+        due and nothing past the append ran)."""
+        kpool = self.kpool
+        n_cap = len(sq.keys) + sp.size
+        p_cap = n_cap // kpool + 1
+        keys = sq.keys.spare(n_cap)
+        seq_count = cache.streams[sq.strm].seq_count
+        n_keys, _kept, j_next, n_pools, shared, scanned, rebuild = k.layout_step(
+            sp, keys, len(sq.keys), append, n_kept, sq.j_next, sq.pos_min, kpool,
+            self.by_order, sq.strm, self.kv_size, sq.pools.spare(p_cap),
+            sq.rep_rows.spare(p_cap), sq.rep_pos_.spare(p_cap), sq.first_pos_.spare(p_cap),
+            len(sq.pools), seq_count, sharing, sq.shared)
+        sq.keys.set_len(n_keys)
+        if rebuild:
+            return -(scanned + 1)
+        for c in (sq.pools, sq.rep_rows, sq.rep_pos_, sq.first_pos_):
+            c.set_len(n_pools)
+        sq.j_next, sq.shared = j_next, shared
+        return int(scanned)
+
+    def members_of(self, ips: np.ndarray) -> np.ndarray:
+        """Layout.members_of through `kernels.members`."""
+        seq, kk = self.locate(ips)
+        out = np.empty((ips.size, self.kpool), dtype=np.int64)
+        if ips.size == 0:
+            return out
+        if seq[0] == seq[-1]:  # one sequence (layout order: seq is ascending)
+            sq = self.seqs[int(seq[0])]
+            k.members(sq.keys.view, sq.pools.view, kk, self.kpool, sq.strm, self.kv_size,
+                      out, np.arange(ips.size))
+            return out
+        for s in np.unique(seq).tolist():
+            sel = np.flatnonzero(seq == s)
+            sq = self.seqs[s]
+            k.members(sq.keys.view, sq.pools.view, kk[sel], self.kpool, sq.strm,
+                      self.kv_size, out, sel)
+        return out
+
+    def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
+                                                     tuple[int, int] | None] | None:
+        """Layout.drift through `kernels.first_difference`."""
+        have = self.seqs[s].keys.view
+        want = cache.seq_keys(s)
+        j = int(k.first_difference(have, want))
+        if j < 0:
+            return None
+        return super().drift(cache, s)
