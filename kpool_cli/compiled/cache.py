@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..cache.cells import EMPTY_POS, SortedKeys, Stream
-from ..cache.kv import KvCache
+from ..cache.kv import KvCache, Placement
+from ..trace.model import CacheConfig
 from . import kernels as k
 
 _NO_CELLS = np.empty(0, dtype=np.int64)
@@ -27,33 +28,77 @@ def add_keys(index: SortedKeys, keys: np.ndarray) -> None:
 
 
 class CompiledStream(Stream):
+    def __init__(self, kv_size: int, seq_ids: list[int]) -> None:
+        super().__init__(kv_size, seq_ids)
+        # the sequences whose pairs, since the owner last took `touched`, changed only
+        # by writes past their last pair (so a copy of the old pairs plus the new
+        # ones is the index): what CompiledLayout's drift flags rely on
+        self.appends: set[int] = set()
+
     def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]], key_ids: np.ndarray) -> None:
         """Stream.write: the cells through `kernels.write_cells`, then each sequence's
         new pairs into its index."""
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
         col = self._col
-        ptr = [0]
-        flat: list[int] = []
-        by_seq: dict[int, list[int]] = {}
-        for i, ss in enumerate(seqs):
-            for s in ss:
-                flat.append(col[s])
-                by_seq.setdefault(s, []).append(i)
-            ptr.append(len(flat))
+        n = len(seqs)
+        first = seqs[0]
+        by_seq: dict[int, list[int] | None]
+        if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence
+            ptr = np.arange(n + 1, dtype=np.int64)
+            flat = np.full(n, col[first[0]], dtype=np.int64)
+            by_seq = {first[0]: None}
+        else:
+            ptr_l, flat_l, by_seq = [0], [], {}
+            for i, ss in enumerate(seqs):
+                for s in ss:
+                    flat_l.append(col[s])
+                    lst = by_seq.setdefault(s, [])
+                    assert lst is not None
+                    lst.append(i)
+                ptr_l.append(len(flat_l))
+            ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
         ext_a = ext if ext is not None else self.ext[:0]
-        k.write_cells(cells, pos, ext_a, ext is not None, np.array(ptr, dtype=np.int64),
-                      np.array(flat, dtype=np.int64), key_ids, self.pos, self.ext,
-                      self.has, self.seq_count, self.key_id)
+        k.write_cells(cells, pos, ext_a, ext is not None, ptr, flat, key_ids, self.pos,
+                      self.ext, self.has, self.seq_count, self.key_id)
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
         for s, idx in by_seq.items():
-            add_keys(self.seq_keys[s], keys if len(idx) == keys.size else keys[idx])
+            mine = keys if idx is None else keys[idx]
+            index = self.seq_keys[s]
+            past_end = len(index) == 0 or int(mine.min()) > int(index.view[-1])
+            if past_end and s not in self.touched:
+                self.appends.add(s)
+            else:
+                self.appends.discard(s)
+            add_keys(index, mine)
             self.touched.add(s)
 
 
 class CompiledKvCache(KvCache):
     STREAM = CompiledStream
+
+    def __init__(self, config: CacheConfig) -> None:
+        super().__init__(config)
+        self._appended: set[int] = set()
+
+    def _appends(self) -> list[set[int]]:
+        return [st.appends for st in self.streams if isinstance(st, CompiledStream)]
+
+    def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
+              seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+        """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
+        for appends in self._appends():
+            appends.clear()
+        out = super().apply(placement, pos, ext, seqs)
+        self._appended = set().union(*self._appends())
+        return out
+
+    def take_appended(self) -> set[int]:
+        """The sequences the last `apply` changed only past their last pair, and that
+        nothing else changed since the last `take_touched` (cleared by the call)."""
+        out, self._appended = self._appended, set()
+        return out
 
     @staticmethod
     def _find_slot(st: Stream, used: int, head: int, n: int,

@@ -16,6 +16,7 @@ from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
 from . import kernels as k
+from .cache import CompiledKvCache
 
 
 class CompiledLayout(Layout):
@@ -24,6 +25,9 @@ class CompiledLayout(Layout):
         super().__init__(n_seq_max, kpool, by_order, kv_size)
         self.n_rows = n_rows
         self._seen = np.zeros(0, dtype=bool)
+        # per sequence: its pairs equal the cache's as of the last update (so, while
+        # nothing has touched it since, it has no drift: `drift` is O(1))
+        self._equal = [True] * n_seq_max
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -38,6 +42,7 @@ class CompiledLayout(Layout):
         """Layout.update, step for step (its docstring); see the module docstring."""
         unified = cache.config.unified
         touched = cache.take_touched()
+        appended = cache.take_appended() if isinstance(cache, CompiledKvCache) else set()
         scanned = 0
         kept: list[int] = []
         read: set[int] = set()
@@ -56,16 +61,23 @@ class CompiledLayout(Layout):
                           and sq.pos_min == int(sp[0] >> CELL_BITS))
             n_pools = n_before
             n_kept = 0
+            rebuilt = False
             if not append:
-                n_pools, n_kept, copied = self._step_2(cache, sq, sp, stale[s], clean,
-                                                       truncate_tail)
+                n_pools, n_kept, copied, rebuilt = self._step_2(cache, sq, sp, stale[s],
+                                                                clean, truncate_tail)
                 scanned += copied
             got = self._run(sq, sp, append, n_kept, cache, sharing)
             if got < 0:  # the appended count is off: step 2's rebuild, then on
                 scanned += -got - 1 + sp.size
                 n_pools = self._rebuild(sq, sp, stale[s])
+                rebuilt = True
                 got = self._run(sq, sp, False, 0, cache, sharing)
             scanned += got
+            # a rebuild copies sp; an append to pairs that were equal, when the cells
+            # changed only past them, copies exactly what was added; else compare
+            self._equal[s] = (rebuilt or (append and self._equal[s]
+                                          and (s in appended or s not in touched))
+                              or int(k.first_difference(sq.keys.view, sp)) < 0)
             kept.append(n_pools)
             if n_pools < n_before or n_pools < len(sq.pools):
                 changed.add(s)
@@ -78,11 +90,11 @@ class CompiledLayout(Layout):
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
 
     def _step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
-                clean: bool, truncate_tail: bool) -> tuple[int, int, int]:
+                clean: bool, truncate_tail: bool) -> tuple[int, int, int, bool]:
         """Layout.update's step 2 for a sequence the append path does not take: the
         fork's truncate, or the rebuild. Returns (pools kept, pairs kept, pairs
-        copied)."""
-        n_pools, n_kept, copied = len(sq.pools), 0, 0
+        copied, rebuilt)."""
+        n_pools, n_kept, copied, rebuilt = len(sq.pools), 0, 0, False
         truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
                      and not self._holds_shared(cache, sq))
         if truncated:
@@ -91,7 +103,8 @@ class CompiledLayout(Layout):
             n_pools = self._rebuild(sq, sp, stale)
             n_kept = 0
             copied += sp.size
-        return n_pools, n_kept, copied
+            rebuilt = True
+        return n_pools, n_kept, copied, rebuilt
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
              cache: KvCache, sharing: bool) -> int:
@@ -136,7 +149,10 @@ class CompiledLayout(Layout):
 
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:
-        """Layout.drift through `kernels.first_difference`."""
+        """Layout.drift: none while the pairs are known equal to the cache's (the
+        update's flag, and nothing touched s since); else `kernels.first_difference`."""
+        if self._equal[s] and s not in cache.stream(s).touched:
+            return None
         have = self.seqs[s].keys.view
         want = cache.seq_keys(s)
         j = int(k.first_difference(have, want))

@@ -93,12 +93,14 @@ def build_plan(layout: CompiledLayout, marked: np.ndarray, n_new_g: int, pos: np
     rows[:n_new] = layout.members_of(marked)
     rep[:n_new] = pool_cells[marked]
     reps_sorted = 0
+    readers = np.empty(0, dtype=np.int64)
     if n_new_g > n_new:
         reps_sorted = int(pool_cells.size)
         n_pad = n_new_g - n_new
         if row_zero_padding:
             pad = np.zeros(n_pad, dtype=np.int64)
-        else:
+            readers = np.flatnonzero(pool_cells == 0)
+        else:  # rows no pool's rep is on: no reader, by the choice itself
             pad = np.empty(n_pad, dtype=np.int64)
             if k.padding_rows(pool_cells, n_pad, n_rows, pad) < n_pad:
                 raise EngineAbort("GGML_ASSERT(pad_cell < kv_size*n_stream): no row left "
@@ -117,7 +119,8 @@ def build_plan(layout: CompiledLayout, marked: np.ndarray, n_new_g: int, pos: np
         else:
             visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
     assert pad_bound(pool_cells.size) > pool_cells.size
-    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted)
+    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted,
+                       readers)
 
 
 def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

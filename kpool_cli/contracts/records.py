@@ -133,3 +133,40 @@ class ExpectResult:
 
 
 Record = OpEvent | UbatchRecord | ExpectResult
+
+
+def first_difference(a: object, b: object, where: str = "record") -> str | None:
+    """Where two records (or values inside them: dataclasses, tuples, lists, dicts,
+    numpy arrays, scalars) differ, as a path such as `record.pools.members`, or None
+    when they are equal field for field (arrays by dtype, shape and every element)."""
+    if type(a) is not type(b):
+        return f"{where} ({type(a).__name__} vs {type(b).__name__})"
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray)
+        same = a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+        return None if same else where
+    if hasattr(a, "__dataclass_fields__"):
+        for name in a.__dataclass_fields__:
+            d = first_difference(getattr(a, name), getattr(b, name), f"{where}.{name}")
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, tuple | list):
+        assert isinstance(b, tuple | list)
+        if len(a) != len(b):
+            return f"{where} (length {len(a)} vs {len(b)})"
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            d = first_difference(x, y, f"{where}[{i}]")
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        if list(a) != list(b):
+            return f"{where} (keys)"
+        for key in a:
+            d = first_difference(a[key], b[key], f"{where}[{key!r}]")
+            if d is not None:
+                return d
+        return None
+    return None if a == b else where

@@ -29,6 +29,7 @@ class ScatterPlan:
     visible: np.ndarray  # [n_tokens] | i | pools of the token's first seq it sees
     n_new: int
     reps_sorted: int  # rep rows sorted to pick padding rows (0 when nothing is padded)
+    pad_readers: np.ndarray  # [n] | ascending | pools whose rep row a padding entry writes
 
     @property
     def n_new_g(self) -> int:
@@ -78,11 +79,13 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     rows[:n_new] = layout.members_of(marked)
     rep[:n_new] = pool_cells[marked]
     reps_sorted = 0
+    readers = np.empty(0, dtype=np.int64)
     if n_new_g > n_new:
         reps_sorted = int(pool_cells.size)
         pad = padding_rows(pool_cells, n_new_g - n_new, n_rows, row_zero_padding)
         rep[n_new:] = pad
         rows[n_new:] = pad[:, None]
+        readers = np.flatnonzero(np.isin(pool_cells, pad))
 
     # visibility: a token sees the pools of its first seq id whose rep pos <= its pos
     # (by-order: the first (rank + 1) // kpool pools)
@@ -97,4 +100,5 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         else:
             visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
     assert pad_bound(pool_cells.size) > pool_cells.size
-    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted)
+    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted,
+                       readers)

@@ -10,7 +10,9 @@ Invariants:
   finding is reproducible from its seed;
 - engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an
   invariant of kpool's own model broken, or an exception escaping the replay) are
-  kept apart: findings are what fuzzing looks for, defects are kpool's bugs;
+  kept apart: findings are what fuzzing looks for, defects are kpool's bugs; every
+  run replays on both cores (replay.CORES), and a record where the compiled core
+  differs from the reference core is a defect (`INV_CORE`);
 - KP006 (a decode the validator refuses) is not a finding here: the generator
   produces a few on purpose, and they say nothing about the engine;
 - a finding's signature is `CODE/op-kind/path`: the kind of op that raised it (a
@@ -30,13 +32,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import numpy as np
 
 from ..backend.store import make_backend
 from ..contracts.files import written_whole
-from ..contracts.records import ExpectResult, UbatchRecord
+from ..contracts.records import ExpectResult, UbatchRecord, first_difference
 from ..diff.compare import compare
 from ..diff.summary import from_records
 from ..engine.context import UbatchContext
@@ -54,6 +57,7 @@ INV_DRIFT = "INV-drift"  # a layout differs from a rebuild and no KP007 says so
 INV_EMPTY = "INV-empty-cell"  # a scatter entry names an empty cell
 INV_POOL = "INV-pool"  # a pool is not well formed
 INV_CRASH = "INV-exception"  # an exception escaped the replay
+INV_CORE = "INV-core"  # the compiled core's records differ from the reference core's
 NOT_FINDINGS = frozenset({kp006_decode_rejected.CODE.code})
 
 
@@ -140,14 +144,25 @@ def _op_kind(op: m.Op) -> str:
 
 def run_checked(trace: m.Trace, engine: str, backend: str = "none"
                 ) -> tuple[dict[tuple[str, str], int], list[tuple[str, str, str]], bool]:
-    """Replay `trace`: ({(code, signature): first op index}, defects, rejected)."""
+    """Replay `trace` on the compiled core with kpool's invariants, and on the
+    reference core: ({(code, signature): first op index}, defects, rejected). A
+    record where the two cores differ is a defect (INV_CORE)."""
     version = load_version(engine)
     found: dict[tuple[str, str], int] = {}
     rejected = False
     inv = _Invariants(version.name, trace.cache)
-    rp = Replayer(trace, version, make_backend(backend, trace), observer=inv)
+    rp = Replayer(trace, version, make_backend(backend, trace), observer=inv,
+                  core="compiled")
+    reference = Replayer(trace, version, make_backend(backend, trace), core="reference")
     try:
-        for rec in rp.run():
+        for rec, ref in zip_longest(rp.run(), reference.run()):
+            where = first_difference(rec, ref)
+            if where is not None:
+                op = rec.op if rec is not None else ref.op
+                inv.defects.append((INV_CORE, f"{INV_CORE}/{version.name}",
+                                    f"op {op}: the compiled core's {where} differs from "
+                                    "the reference core's"))
+                break
             path = "shared" if rp.layout_shared else "own"
             for f in rec.findings:
                 if f.code in NOT_FINDINGS:

@@ -65,10 +65,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     plan = ctx.plan
     if plan is None:
         return []
-    pad_rows = plan.entry_rep[plan.pad]
-    if pad_rows.size == 0 or plan.pool_cells.size == 0:
-        return []
-    readers = np.flatnonzero(np.isin(plan.pool_cells, pad_rows))  # few pad rows: a scan
+    readers = plan.pad_readers
     if readers.size == 0:
         return []
     hit = np.unique(plan.pool_cells[readers])

@@ -1,0 +1,132 @@
+"""The compiled core against the reference core (replay.CORES): byte-identical JSON
+reports for every shipped and found trace under every engine and backend, identical
+records on random traces of the fuzzer's generator (tests/campaign_cores.py runs
+10,000), a core difference reported by `kpool fuzz` as a defect, and the kernels'
+rules on hand-derived cases (numbers worked out in the comments).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from kpool_cli.cli.main import cli
+from kpool_cli.gen import fuzz
+from kpool_cli.gen.random_trace import random_trace
+from kpool_cli.replay import CORES, DEFAULT_CORE
+from kpool_cli.versions import VERSIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = sorted((ROOT / "traces").glob("*.yaml")) + sorted((ROOT / "traces/found").glob("*.yaml"))
+BACKENDS = ("none", "numpy", "numba")
+
+
+def test_the_cores_are_compiled_by_default_and_reference() -> None:
+    assert CORES == ("compiled", "reference") and DEFAULT_CORE == "compiled"
+
+
+def _report(trace: Path, engine: str, backend: str, core: str) -> tuple[int, str]:
+    r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine, "--backend",
+                                 backend, "--format", "json", "-q", "--pools", "all",
+                                 "--core", core])
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
+def test_shipped_and_found_traces_give_byte_identical_reports(trace: Path) -> None:
+    """README: every shipped and found trace, every engine, every backend."""
+    assert len(TRACES) >= 25
+    for engine in VERSIONS:
+        for backend in BACKENDS:
+            ref = _report(trace, engine, backend, "reference")
+            assert ref[0] in (0, 1) and ref[1].startswith("{"), ref
+            assert _report(trace, engine, backend, "compiled") == ref, (engine, backend)
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_500_random_traces_give_identical_records(chunk: int) -> None:
+    """Seeds 0..499 of the fuzzer's generator (speculative removals, the recurrent
+    child, non-unified caches, coupled sequences, spans, every edit), under every
+    engine: `fuzz.run_checked` replays both cores and names any record that
+    differs (INV_CORE); no exception escapes either."""
+    for seed in range(chunk * 50, chunk * 50 + 50):
+        t = random_trace(seed)
+        for engine in VERSIONS:
+            _, defects, _ = fuzz.run_checked(t, engine)
+            assert [d for d in defects if d[0] in (fuzz.INV_CORE, fuzz.INV_CRASH)] == [], \
+                (seed, engine)
+
+
+def test_fuzz_reports_a_core_difference_as_a_defect(monkeypatch) -> None:
+    """A compiled marking that drops its last winner is caught: the records part at
+    the first ubatch that marks a pool, and run_checked says where."""
+    from kpool_cli.compiled import marking as cm
+    from kpool_cli.engine.marking import Marking
+
+    real = cm.mark
+
+    def broken(*a, **kw):  # type: ignore[no-untyped-def]
+        got = real(*a, **kw)
+        return Marking(got.marked[:-1], max(got.n_new - 1, 0), got.repool_all) \
+            if got.n_new else got
+
+    monkeypatch.setattr(cm, "mark", broken)
+    from kpool_cli.trace.load import load_trace
+
+    t = load_trace(ROOT / "traces/shared-prefix-race.yaml")
+    _, defects, _ = fuzz.run_checked(t, "rep-once")
+    core = [d for d in defects if d[0] == fuzz.INV_CORE]
+    assert core and "differs from the reference core's" in core[0][2], defects
+
+
+# -- the kernels' rules, by hand ----------------------------------------------------------
+
+
+def test_find_slot_wraps_and_skips_taken_cells() -> None:
+    """KvCache._find_slot: from head 3 take the first 3 empty cells not taken, then
+    wrap: cells 3 (empty), 4 (pos 7), 5 (taken), then 0, 1 (pos 5), 2 -> [3, 0, 2]."""
+    from kpool_cli.compiled import kernels as k
+
+    pos = np.array([-1, 5, -1, -1, 7, -1], dtype=np.int64)
+    out = np.empty(3, dtype=np.int64)
+    assert k.find_slot(pos, 3, 3, np.array([5], dtype=np.int64), out) == 3
+    assert out.tolist() == [3, 0, 2]
+    # four wanted, three free and not taken: no room
+    assert k.find_slot(pos, 3, 4, np.array([5], dtype=np.int64), np.empty(4, np.int64)) == 3
+
+
+def test_sorted_add_appends_past_the_end_and_merges_inside() -> None:
+    """SortedKeys.add: keys 10, 20 then 30, 25 -> 10, 20, 25, 30 (a merge); then 40
+    (past the end)."""
+    from kpool_cli.compiled import kernels as k
+
+    a = np.zeros(8, dtype=np.int64)
+    n = k.sorted_add(a, 0, np.array([20, 10], dtype=np.int64))
+    n = k.sorted_add(a, n, np.array([30, 25], dtype=np.int64))
+    n = k.sorted_add(a, n, np.array([40], dtype=np.int64))
+    assert a[:n].tolist() == [10, 20, 25, 30, 40]
+
+
+def test_layout_step_finds_the_pools_of_engine_md_5() -> None:
+    """ENGINE.md §5 step 4, position mode, kpool 2, pos_min 0: positions 0 1 2 4 5 6
+    in cells 10..15. Starts must be at pos % 2 == 0 with pos, pos + 1 consecutive:
+    j=0 (0, 1) yes; j=2 (2, 4) broken; j=3 is pos 4 (4, 5) yes; j=5 is the last pair,
+    no room. Pools start at j 0 and 3; reps are cells 11 and 14 (pos 1 and 5);
+    j_next = max(3 + 2, last + 1 = 5) = 5."""
+    from kpool_cli.compiled import kernels as k
+
+    pos = np.array([0, 1, 2, 4, 5, 6], dtype=np.int64)
+    sp = (pos << 32) | np.arange(10, 16)
+    keys = np.zeros(8, dtype=np.int64)
+    keys[:6] = sp
+    cols = [np.zeros(4, dtype=np.int64) for _ in range(4)]
+    got = k.layout_step(sp, keys, 6, False, 0, 0, 0, 2, False, 1, 100, *cols, 0,
+                        np.ones(16, dtype=np.int32), False, False)
+    n_keys, _kept, j_next, n_pools, shared, scanned, rebuild = got
+    assert (n_keys, j_next, n_pools, shared, scanned, rebuild) == (6, 5, 2, False, 0, False)
+    pools, rep_rows, rep_pos, first_pos = (c[:2].tolist() for c in cols)
+    assert pools == [0, 3] and rep_pos == [1, 5] and first_pos == [0, 4]
+    assert rep_rows == [100 + 11, 100 + 14]  # stream 1 of kv_size 100
