@@ -63,7 +63,10 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     record = entries * POOL_INFO_BYTES
     tokens = reach.decode_tokens * TOKEN_BYTES
     cells = CELL_MAP_ROW_BYTES * config.n_rows if cell_map else 0
-    return layout + growth + plan + record + tokens + cells
+    # the compiled core's marking scratch (compiled/layout.py `scratch`): a byte per
+    # global row or pool, twice over while it grows
+    scratch = 2 * max(config.n_rows, pools)
+    return layout + growth + plan + record + tokens + cells + scratch
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,10 @@ class GrowArray:
         self._n = 0
         self.extend(values)
 
+    @property
+    def capacity(self) -> int:
+        return int(self._a.size)
+
     def spare(self, n: int) -> np.ndarray:
         """The whole buffer, with room for at least n values in all (the live part
         kept): a compiled step writes past `len` and then calls `set_len`."""

@@ -112,7 +112,14 @@ class CompiledLayout(Layout):
         scanned, or -(scanned + 1) when the append left the count off (a rebuild is
         due and nothing past the append ran)."""
         kpool = self.kpool
-        n_cap = len(sq.keys) + sp.size
+        n = len(sq.keys)
+        # room for the append (exactly, as GrowArray.extend grows), and for the pools
+        # those pairs can hold (pools never overlap)
+        n_cap = n
+        if append and n + sp.size > sq.keys.capacity:
+            n_cap = n + sp.size - int(np.searchsorted(sp, sq.keys.view[-1], side="right"))
+        elif append:
+            n_cap = n + sp.size
         p_cap = n_cap // kpool + 1
         keys = sq.keys.spare(n_cap)
         seq_count = cache.streams[sq.strm].seq_count
