@@ -97,6 +97,7 @@ class Backend(Protocol):
 Observer = Callable[[UbatchRecord, UbatchContext], None]
 
 CORES = ("compiled", "reference")
+Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 DEFAULT_CORE = "compiled"
 
 
@@ -111,7 +112,7 @@ class Core:
     layout: Callable[[m.CacheConfig], Layout]
     mark: Callable[..., Marking]
     build_plan: Callable[..., ScatterPlan]
-    race_groups: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+    race_groups: Callable[[m.CacheConfig], Groups]
 
 
 def core_of(name: str) -> Core:
@@ -119,7 +120,7 @@ def core_of(name: str) -> Core:
     if name == "reference":
         return Core(name, KvCache,
                     lambda c: Layout(c.n_seq_max, c.kpool, c.by_order, c.kv_size),
-                    mark, build_plan, race_groups)
+                    mark, build_plan, lambda c: race_groups)
     if name == "compiled":
         from .compiled import marking as cm
         from .compiled.cache import CompiledKvCache
@@ -128,7 +129,7 @@ def core_of(name: str) -> Core:
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
-                    cm.mark, cm.build_plan, cm.race_groups)
+                    cm.mark, cm.build_plan, lambda c: cm.race_groups(c.n_rows))
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
@@ -189,6 +190,7 @@ class Replayer:
         self.want_cell_map = cell_map
         self.cfg = cfg
         self.core = core_of(core)
+        self.groups = self.core.race_groups(cfg)
         self.cache = self.core.cache(cfg)
         self.recurrent = RecurrentChild(  # ENGINE.md §3
             cfg.n_seq_max, cfg.n_rs_seq,
@@ -447,7 +449,7 @@ class Replayer:
         except EngineAbort as e:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),
-                               self.core.race_groups)
+                               self.groups)
         values = self.backend.run_ubatch(ctx) if self.backend and plan is not None else None
         findings: list[Finding] = []
         for chk in self.checks:

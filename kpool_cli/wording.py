@@ -21,7 +21,7 @@ Owns:
 
 Invariants: every range kpool prints is half-open `A..B`, never inclusive; an empty
 list is worded `none` (NONE); a list longer than `limit` parts ends `... (n)`, n the
-number of values it stands for. This module imports nothing of kpool, so every
+number of values it stands for. This module imports nothing of kpool (only numpy), so every
 layer (the verdicts' messages, the diff, the views) can word with it.
 
 `visible`: the result holds no character a terminal acts on, and it can be
@@ -54,6 +54,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+
+import numpy as np
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
 # terminal or a bidi-aware renderer acts on, and the line/paragraph separators
@@ -114,24 +116,32 @@ def folded(values: Iterable[int], limit: int | None = None) -> str:
     >>> folded([3, 7, 11, 12, 13, 3]), folded([0, 1, 2, 3, 4], limit=1), folded([])
     ('3 7 11..14 3', '0..5', 'none')
     """
-    vals = [int(v) for v in values]
+    vals = np.fromiter(values, dtype=np.int64) if not isinstance(values, np.ndarray) \
+        else values.astype(np.int64, copy=False)
+    n = int(vals.size)
+    d = np.diff(vals)
+    # where each kind of run breaks: the run from i of step 0 (1) ends at the first
+    # k >= i with d[k] != 0 (1), so a part costs a search, not a walk of its run
+    breaks = {0: np.flatnonzero(d != 0), 1: np.flatnonzero(d != 1)}
     parts: list[str] = []
     i = 0
-    while i < len(vals) and (limit is None or len(parts) <= limit):
+    while i < n and (limit is None or len(parts) <= limit):
         j = i
-        step = vals[i + 1] - vals[i] if i + 1 < len(vals) else None
+        step = int(d[i]) if i + 1 < n else None
         if step in (0, 1):
-            while j + 1 < len(vals) and vals[j + 1] == vals[j] + step:
-                j += 1
+            b = breaks[step]
+            at = int(np.searchsorted(b, i))
+            j = int(b[at]) if at < b.size else n - 1
+        first = int(vals[i])
         if step == 0 and j > i:
-            parts.append(f"{vals[i]} x{j - i + 1}")
+            parts.append(f"{first} x{j - i + 1}")
         elif step == 1 and j - i + 1 >= RUN_MIN:
-            parts.append(span(vals[i], vals[j] + 1))
+            parts.append(span(first, int(vals[j]) + 1))
         else:
             j = i
-            parts.append(str(vals[i]))
+            parts.append(str(first))
         i = j + 1
-    return _limited(parts, limit, len(vals)) or NONE
+    return _limited(parts, limit, n) or NONE
 
 
 def tokens(pairs: Iterable[tuple[int, tuple[int, ...]]], limit: int | None = None) -> str:

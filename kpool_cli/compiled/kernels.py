@@ -229,11 +229,23 @@ def members(keys, pools, ks, kpool, strm, kv_size, out, at):  # pragma: no cover
 
 
 @kernel
-def race_groups(rep):  # pragma: no cover - compiled
+def race_groups(rep, n_rows):  # pragma: no cover - compiled
     """engine/context.py `race_groups`: (order, starts, rows) of the entries grouped
-    by the row they write, stably."""
-    order = np.argsort(rep, kind="mergesort")
+    by the row they write (every row < n_rows), stably: a counting sort by row when
+    the entries are many next to the rows, else a stable argsort."""
     n = rep.size
+    order = np.empty(n, dtype=np.int64)
+    if n > 64 and n_rows <= 8 * n:
+        count = np.zeros(n_rows + 1, dtype=np.int64)
+        for i in range(n):
+            count[rep[i] + 1] += 1
+        for r in range(n_rows):
+            count[r + 1] += count[r]
+        for i in range(n):
+            order[count[rep[i]]] = i
+            count[rep[i]] += 1
+    else:
+        order[:] = np.argsort(rep, kind="mergesort")
     heads = np.empty(n + 1, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)
     g = 0

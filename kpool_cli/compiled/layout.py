@@ -136,23 +136,45 @@ class CompiledLayout(Layout):
         sq.j_next, sq.shared = j_next, shared
         return int(scanned)
 
+    def _runs(self, ips: np.ndarray) -> list[tuple[int, int, int]] | None:
+        """(seq, a, b): ips[a:b] are sequence seq's pools, for ips in layout order
+        (ascending); None when ips are not."""
+        if ips.size > 1 and bool((ips[1:] < ips[:-1]).any()):
+            return None
+        start = self.pool_start()
+        cut = np.searchsorted(ips, start).tolist()
+        return [(s, cut[s], cut[s + 1]) for s in range(len(self.seqs)) if cut[s] < cut[s + 1]]
+
     def members_of(self, ips: np.ndarray) -> np.ndarray:
-        """Layout.members_of through `kernels.members`."""
-        seq, kk = self.locate(ips)
+        """Layout.members_of, a sequence's pools at a time through `kernels.members`."""
+        runs = self._runs(ips)
+        if runs is None:
+            return super().members_of(ips)
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
-        if ips.size == 0:
-            return out
-        if seq[0] == seq[-1]:  # one sequence (layout order: seq is ascending)
-            sq = self.seqs[int(seq[0])]
-            k.members(sq.keys.view, sq.pools.view, kk, self.kpool, sq.strm, self.kv_size,
-                      out, np.arange(ips.size))
-            return out
-        for s in np.unique(seq).tolist():
-            sel = np.flatnonzero(seq == s)
+        start = self.pool_start()
+        for s, a, b in runs:
             sq = self.seqs[s]
-            k.members(sq.keys.view, sq.pools.view, kk[sel], self.kpool, sq.strm,
-                      self.kv_size, out, sel)
+            k.members(sq.keys.view, sq.pools.view, ips[a:b] - start[s], self.kpool, sq.strm,
+                      self.kv_size, out, np.arange(a, b))
         return out
+
+    def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Layout.columns, a sequence's pools at a time."""
+        runs = self._runs(ips)
+        if runs is None:
+            return super().columns(ips)
+        start = self.pool_start()
+        seq = np.empty(ips.size, dtype=np.int64)
+        kk = np.empty(ips.size, dtype=np.int64)
+        first = np.empty(ips.size, dtype=np.int64)
+        last = np.empty(ips.size, dtype=np.int64)
+        for s, a, b in runs:
+            sq = self.seqs[s]
+            seq[a:b] = s
+            kk[a:b] = ips[a:b] - start[s]
+            first[a:b] = sq.first_pos()[kk[a:b]]
+            last[a:b] = sq.rep_pos()[kk[a:b]]
+        return seq, kk, first, last
 
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:

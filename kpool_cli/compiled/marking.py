@@ -10,6 +10,8 @@ the reference's rules, cited in the kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..cache.aborts import EngineAbort
@@ -123,7 +125,13 @@ def build_plan(layout: CompiledLayout, marked: np.ndarray, n_new_g: int, pos: np
                        readers)
 
 
-def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """engine/context.py `race_groups`, through `kernels.race_groups`."""
-    order, starts, rows = k.race_groups(rep)
-    return order, starts, rows
+def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray,
+                                                                  np.ndarray]]:
+    """engine/context.py `race_groups` for a cache of n_rows global rows, through
+    `kernels.race_groups`."""
+
+    def groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        order, starts, rows = k.race_groups(rep, n_rows)
+        return order, starts, rows
+
+    return groups
