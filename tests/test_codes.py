@@ -141,20 +141,26 @@ def test_the_fixture_findings_are_the_committed_ones(code):
 # -- the race groups are computed once a ubatch -------------------------------------------
 
 
-def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch):
+@pytest.mark.parametrize("core", ["reference", "compiled"])
+def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
     """The replay builds one context a ubatch; the static KP001, the value backend's
-    scatter and KP001's value evidence all read its groups."""
+    scatter and KP001's value evidence all read its groups (on either core)."""
+    import kpool_cli.replay as replay_module
+    from kpool_cli.compiled import kernels
+
     calls = []
-    real = context.race_groups
+    module, name = (replay_module, "race_groups") if core == "reference" else \
+        (kernels, "race_groups")
+    real = getattr(module, name)
 
-    def counted(rep):
+    def counted(rep, *more):
         calls.append(rep.size)
-        return real(rep)
+        return real(rep, *more)
 
-    monkeypatch.setattr(context, "race_groups", counted)
+    monkeypatch.setattr(module, name, counted)
     trace = load_trace(ROOT / "traces" / "shared-prefix-race.yaml")
-    recs = [r for r in replay(trace, VERSIONS["cache-safe"], make_backend("numpy", trace))
-            if isinstance(r, UbatchRecord)]
+    recs = [r for r in replay(trace, VERSIONS["cache-safe"], make_backend("numpy", trace),
+                              core=core) if isinstance(r, UbatchRecord)]
     with_plan = [r for r in recs if not r.aborted]
     assert any(f.code == "KP001" for r in recs for f in r.findings)  # some race is judged
     assert calls == [r.n_new_g for r in with_plan]
