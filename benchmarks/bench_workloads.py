@@ -43,8 +43,9 @@ The tables, from one run:
   over the reference (its time / the compiled time). `--markdown` prints it as a Markdown
   table for the README.
 - the floors: what a whole command pays before and around the replay, one child each:
-  `python -c pass` (the bare interpreter), `python -c "import numba"` (numba's import; a
-  full replay pays it, a model-only one does not import numba), `kpool --help` (the
+  `python -c pass` (the bare interpreter), `python -c "import numpy"` and `python -c
+  "import numba"` (a full replay pays numba's import over numpy's, which kpool's CLI
+  imports anyway; a model-only one does not import numba), `kpool --help` (the
   interpreter and kpool's CLI: every command pays it), `kpool validate TRACE` per
   workload (the same plus loading and checking the trace, no replay: the load is its
   wall minus `kpool --help`'s), and the JSON encoding of each report: a child
@@ -58,9 +59,9 @@ The tables, from one run:
 - the growth (`--no-growth` skips it): each workload again with its decodes (W1, W4) or
   steps (W2, W3) doubled, full replay, every engine and core: time(2x) / time(1x) raw,
   and of the replay part (wall minus the trace's `kpool validate` wall, i.e. startup and
-  load, and minus numba's import). Where the doubled trace does not load (W2 at scale
-  above ~0.7 crosses the loader's node bound), the pair is a halved trace and the
-  workload itself.
+  load, and minus numba's import over numpy's). Where the doubled trace does not load
+  (W2 at scale above ~0.7 crosses the loader's node bound), the pair is a halved trace
+  and the workload itself.
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
 `--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
@@ -168,6 +169,12 @@ class Workload:
     steps: int = 0  # W2, W3: steps
     ubatches: int = 0  # W4: expected (the report's summary says, when there is one)
     about: str = ""
+    grow: float = 1.0  # the growth's twin: its decodes (steps) times this
+
+    @property
+    def file(self) -> str:
+        """Its YAML's name: w3.yaml (the name docs/versions.md uses with --keep), w3-x2.yaml."""
+        return f"{self.name.lower()}{_tag(self.grow)}.yaml"
 
 
 @dataclass
@@ -219,7 +226,7 @@ def w1(scale: float, n_embd: int, grow: float = 1.0):
     ops = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prefill)))]
     ops += [m.Decode((m.Token(p, (0,)),)) for p in range(prefill, prefill + decodes)]
     t = m.Trace(cfg, tuple(ops), name="bench-w1-prefill-decode" + _tag(grow), seed=SEED)
-    return Workload("W1", t, prefill + decodes, steps=decodes,
+    return Workload("W1", t, prefill + decodes, steps=decodes, grow=grow,
                     about=f"kv {cfg.kv_size}, 1 seq: {prefill}-token prefill, "
                           f"{decodes} one-token decodes")
 
@@ -235,7 +242,7 @@ def w2(scale: float, n_embd: int, grow: float = 1.0):
     ops += [m.Decode(tuple(m.Token(prompt + i, (s,)) for s in range(n_seq)))
             for i in range(steps)]
     t = m.Trace(cfg, tuple(ops), name="bench-w2-parallel-slots" + _tag(grow), seed=SEED)
-    return Workload("W2", t, prompt + n_seq * steps, steps=steps,
+    return Workload("W2", t, prompt + n_seq * steps, steps=steps, grow=grow,
                     about=f"kv {cfg.kv_size}, 64 seqs: {prompt}-token prompt, 63 seq_cp, "
                           f"{steps} steps x 64 tokens")
 
@@ -257,7 +264,7 @@ def w3(scale: float, n_embd: int, grow: float = 1.0):
             rms += 1
         p += 4 - r
     t = m.Trace(cfg, tuple(ops), name="bench-w3-mtp3" + _tag(grow), seed=SEED)
-    return Workload("W3", t, prefill + 4 * steps, steps=steps,
+    return Workload("W3", t, prefill + 4 * steps, steps=steps, grow=grow,
                     about=f"kv {cfg.kv_size}, n_rs_seq 3: {prefill}-token prefill, {steps} "
                           f"4-token steps, {rms} seq_rm (seed {SEED})")
 
@@ -271,7 +278,7 @@ def w4(scale: float, n_embd: int, grow: float = 1.0):
     ops: list = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prompt))), m.SeqCp(0, 1)]
     ops += [m.Decode((m.Token(p, (0,)),)) for p in range(prompt, prompt + decodes)]
     t = m.Trace(cfg, tuple(ops), name="bench-w4-copied-prompt" + _tag(grow), seed=SEED)
-    return Workload("W4", t, prompt + decodes, steps=decodes,
+    return Workload("W4", t, prompt + decodes, steps=decodes, grow=grow,
                     ubatches=-(-prompt // 512) + decodes,
                     about=f"kv {cfg.kv_size}, 2 seqs: {prompt}-token prompt, seq_cp 0->1, "
                           f"{decodes} one-token decodes")
@@ -308,11 +315,11 @@ def replay_cmd(trace: Path, engine: str, core: str | None, mode: str, report: Pa
             *(["--backend", "none"] if mode == "model-only" else [])]
 
 
-def help_text(args: list[str], env: dict[str, str]) -> str:
+def help_text(args: list[str], env: dict[str, str], timeout: float) -> str:
     """`kpool ARGS --help`'s output ('' when it fails): what the installed kpool accepts."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         p = subprocess.run([*kpool_cmd(), *args, "--help"], capture_output=True, text=True,
-                           cwd=ROOT, env=env, timeout=120)
+                           cwd=ROOT, env=env, timeout=timeout)
         return p.stdout if p.returncode == 0 else ""
     return ""
 
@@ -513,7 +520,7 @@ class Bench:
     def write(self, wl: Workload) -> Path:
         from kpool_cli.trace.write import dump_trace
 
-        path = self.out_dir / f"{wl.trace.name}.yaml"
+        path = self.out_dir / wl.file
         path.write_text(dump_trace(wl.trace))
         return path
 
@@ -524,19 +531,19 @@ class Bench:
 
     def validate(self, wl: Workload, path: Path) -> Run:
         r = self.child(f"validate {path.name}", [*kpool_cmd(), "validate", str(path)])
-        self.loads[wl.trace.name] = r
+        self.loads[wl.file] = r
         return r
 
     def startup(self, mode: str) -> float | None:
         """What a replay pays before it loads the trace: `kpool --help`, and numba's
-        import (over the bare interpreter's start) when it replays values."""
-        py, nb, kh = (self.start[k].wall for k in ("python", "numba", "help"))
+        import when it replays values (over numpy's, which kpool's CLI imports already)."""
+        npy, nb, kh = (self.start[k].secs for k in ("numpy", "numba", "help"))
         if kh is None or mode != "full":
             return kh
-        return None if nb is None or py is None else kh + max(0.0, nb - py)
+        return None if nb is None or npy is None else kh + max(0.0, nb - npy)
 
     def load(self, wl: Workload) -> float | None:
-        v, kh = self.loads.get(wl.trace.name), self.start["help"].wall
+        v, kh = self.loads.get(wl.file), self.start["help"].wall
         if v is None or v.error or v.wall is None or kh is None:
             return None
         return max(0.0, v.wall - kh)  # noise can put it below kpool --help's wall
@@ -552,6 +559,7 @@ class Bench:
 def measure(b: Bench, only: list[str]) -> None:
     a = b.a
     b.start["python"] = b.child("python -c pass", [sys.executable, "-c", "pass"])
+    b.start["numpy"] = b.child("import numpy", [sys.executable, "-c", "import numpy"])
     b.start["numba"] = b.child("import numba", [sys.executable, "-c", "import numba"])
     b.start["help"] = b.child("kpool --help", [*kpool_cmd(), "--help"])
     for name in only:
@@ -589,7 +597,7 @@ def grow_one(b: Bench, wl: Workload, path: Path) -> None:
     big_path = b.write(big)
     small, small_path = wl, path
     if not b.validate(big, big_path).done:
-        b.header.append(f"{wl.name} x2 does not load ({b.loads[big.trace.name].error}): "
+        b.header.append(f"{wl.name} x2 does not load ({b.loads[big.file].error}): "
                         "its growth pair is x0.5 -> x1")
         small, big, big_path = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=0.5), wl, path
         small_path = b.write(small)
@@ -720,10 +728,12 @@ def print_floors(b: Bench) -> None:
     print("\nfloors (one child each): what a whole command pays besides the replay itself")
     rows = []
     meaning = {"python": "the bare interpreter's start",
-               "numba": "the interpreter + numba's import (a full replay imports numba; "
-                        "model-only does not)",
+               "numpy": "the interpreter + numpy's import (kpool's CLI imports numpy)",
+               "numba": "the interpreter + numba's import: a full replay pays it minus "
+                        "numpy's (model-only does not import numba)",
                "help": "the interpreter + kpool's CLI: the startup every command pays"}
-    cmds = {"python": "python -c pass", "numba": 'python -c "import numba"',
+    cmds = {"python": "python -c pass", "numpy": 'python -c "import numpy"',
+            "numba": 'python -c "import numba"',
             "help": "kpool --help"}
     for k, r in b.start.items():
         rows.append([cmds[k], "-" if r.secs is None else f"{r.secs:.2f}",
@@ -734,13 +744,13 @@ def print_floors(b: Bench) -> None:
         load = (r.error or "timed out" if w is None else "-" if help_s is None else
                 f"load {max(0.0, w - help_s):.2f} s"
                 + (" (below kpool --help's wall: noise)" if w < help_s else ""))
-        rows.append([f"kpool validate {trace}.yaml", "-" if w is None else f"{w:.2f}",
+        rows.append([f"kpool validate {trace}", "-" if w is None else f"{w:.2f}",
                      f"startup + loading and checking the trace, no replay: {load}"])
     table(["command", "wall s", "what it means"], rows, {1})
 
-    print("\nfloor per workload = startup (+ numba's import for a full replay) + load + "
-          "the report's JSON encoding and write;\n'best' is the figure a command costing "
-          "just the floor reaches; '<core> x floor' is that core's wall / the floor")
+    print("\nfloor per workload = startup (+ numba's import - numpy's for a full replay) "
+          "+ load + the report's JSON encoding and write;\n'best' is the figure a command "
+          "costing just the floor reaches; '<core> x floor' is that core's wall / the floor")
     rows = []
     for (name, e, mode), enc in b.encodes.items():
         wl = b.workloads[name]
@@ -774,8 +784,10 @@ def print_floors(b: Bench) -> None:
 def print_growth(b: Bench) -> None:
     print(f"\ngrowth: the decodes (W1, W4) or steps (W2, W3) doubled, full replay; target "
           f"time ratio <= {GROWTH:g}x;\n'replay' = wall - startup (kpool --help + numba's "
-          "import) - the trace's load (its kpool validate - kpool --help)")
+          "import - numpy's) - the trace's load (its kpool validate - kpool --help); '?': the "
+          "replay part is below the startup, so noise may decide")
     rows = []
+    start = b.startup("full") or 0.0
     for name, (small, big, pair) in b.grown.items():
         what = GROWN[name]
         for (e, c), (r1, r2) in pair.items():
@@ -783,14 +795,17 @@ def print_growth(b: Bench) -> None:
             w1_, w2_ = r1.secs, r2.secs
             raw = f"{w2_ / w1_:.2f}x" if w1_ is not None and w2_ is not None else "-"
             net, verdict = "-", "-"
+            notes = [x.error or "timed out" for x in (r1, r2) if not x.done]
             if p1 is not None and p2 is not None and p1 > 0:
                 net, verdict = f"{p2 / p1:.2f}x", "ok" if p2 / p1 <= GROWTH else "NO"
-            notes = "; ".join(x.error or "timed out" for x in (r1, r2) if not x.done)
+                if p1 < start:  # what was subtracted outweighs what is left: its noise rules
+                    verdict += "?"
+                    notes.append("replay 1x < startup: noise-dominated, use a larger --scale")
             rows.append([name, e, c, f"{what} {small.steps:,} -> {big.steps:,}",
                          "-" if w1_ is None else f"{w1_:.2f}",
                          "-" if w2_ is None else f"{w2_:.2f}", raw,
                          "-" if p1 is None else f"{p1:.2f}", "-" if p2 is None else f"{p2:.2f}",
-                         net, verdict, notes])
+                         net, verdict, "; ".join(notes)])
     table(["workload", "engine", "core", "doubled", "wall 1x", "wall 2x", "raw", "replay 1x",
            "replay 2x", "replay ratio", f"<={GROWTH:g}x", "notes"], rows,
           {4, 5, 6, 7, 8, 9})
@@ -838,10 +853,10 @@ def main() -> None:
     try:
         a.src = str(Path(a.src).resolve()) if a.src else None
         env = child_env(a.src)
-        core_opt = "--core" in help_text(["replay"], env)  # asked once
+        core_opt = "--core" in help_text(["replay"], env, a.timeout)  # asked once
         if not core_opt:
             cores = ["reference"]
-        if not help_text(["validate"], env):
+        if not help_text(["validate"], env, a.timeout):
             ap.error("this kpool has no `validate` command: the load floor cannot be measured")
         b = Bench(a, engines, cores, core_opt,
                   ["full"] if a.no_model_only else list(MODES), out_dir, env)
