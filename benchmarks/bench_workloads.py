@@ -1,24 +1,27 @@
-"""Benchmark of four server-shaped workloads against the targets the README states.
+"""Benchmark of four server-shaped workloads against issue 23's targets, under both cores.
 
 Each workload is generated here (never stored in the repo): built in memory with
 `kpool_cli.trace.model`, written as YAML with the project's writer
 (`kpool_cli.trace.write.dump_trace`) to a temporary directory (or `--keep DIR`).
 Each trace is then replayed the way a user does, one subprocess per run:
 
-    kpool replay TRACE --engine E --format json -o REPORT -q            # full replay
-    kpool replay TRACE --engine E --format json -o REPORT -q --backend none   # model only
+    kpool replay TRACE --engine E --core C --format json -o REPORT -q                # full
+    kpool replay TRACE --engine E --core C --format json -o REPORT -q --backend none # model only
 
-under both shipped engines (rep-once, cache-safe), default backend (numba) for the
-full replay. The parent measures each child's wall time (spawn to exit: interpreter
-start, trace load, replay, report) and its peak RSS (ru_maxrss from os.wait4), and
-reads the report's size and `summary` (ubatches, tokens, status; exit 1, findings,
-is a completed run, its status shown in the notes). Before the runs,
-one small replay per engine warms numba's on-disk cache, so no run pays for JIT
-compilation. Figures come from one run each; there is no assertion.
+for every engine (rep-once, cache-safe) and core (compiled, reference: today's Python
+engine), default backend (numba) for the full replay. The installed kpool is asked once
+(`kpool replay --help`) whether it takes `--core`; when it does not, only the reference
+runs, with no option, and the output says so. The parent measures each child's wall time
+(spawn to exit: interpreter start, trace load, replay, report) and its peak RSS (ru_maxrss
+from os.wait4), and reads the report's size and `summary` (ubatches, tokens, status;
+exit 1, findings, is a completed run, its status shown in the notes). The reports of the
+two cores are compared byte for byte (the report is deterministic: they must be equal).
+Before the runs, one small replay per engine and core warms numba's on-disk cache, so no
+run pays for JIT compilation. Figures come from one run each; there is no assertion.
 
     workload                                                    target
-    W1  kv 131072, kpool 4, n_ubatch 512, 1 seq: a 65536-token  200k tokens/s
-        prefill (one decode op), then 4096 one-token decodes
+    W1  kv 131072, kpool 4, n_ubatch 512, 1 seq: a 65536-token  200k tokens/s;
+        prefill (one decode op), then 4096 one-token decodes    model only 400k tokens/s
     W2  kv 262144, kpool 4, n_seq_max 64, unified: seq 0 decodes rep-once 50k tokens/s;
         a 1024-token prompt, seq_cp 0 -> 1..63 (whole), then 2048 cache-safe <= 3x
         steps, each ONE decode of one token for each of 64 slots  rep-once's time;
@@ -30,6 +33,35 @@ compilation. Figures come from one run each; there is no assertion.
     W4  kv 65536, kpool 4, n_seq_max 2: seq 0 decodes a 16384-  cache-safe: 2,000
         token prompt, seq_cp 0 -> 1, then 4000 one-token        ubatches/s, peak RSS
         decodes of seq 0 (rep-once too, for comparison)         < 1 GB, report < 100 MB
+    every workload: doubling the decodes (W1, W4) or steps (W2, W3) costs at most 2.2x
+
+The tables, from one run:
+
+- the main table: per workload, engine, core and mode (full, model only) the wall time,
+  the figure the target counts (tokens/s; W3 steps/s; W4 ubatches/s), peak RSS, report
+  size, the ratio figure / target (>= 1 meets it) and, on the compiled row, the speed-up
+  over the reference (its time / the compiled time). `--markdown` prints it as a Markdown
+  table for the README.
+- the floors: what a whole command pays before and around the replay, one child each:
+  `python -c pass` (the bare interpreter), `python -c "import numpy"` and `python -c
+  "import numba"` (a full replay pays numba's import over numpy's, which kpool's CLI
+  imports anyway; a model-only one does not import numba), `kpool --help` (the
+  interpreter and kpool's CLI: every command pays it), `kpool validate TRACE` per
+  workload (the same plus loading and checking the trace, no replay: the load is its
+  wall minus `kpool --help`'s), and the JSON encoding of each report: a child
+  `json.load`s the report the replay wrote and times re-encoding it in the writer's
+  layout (report/json_report.write_report: one `json.dumps` per header field, per
+  ubatch, per event; the writer takes the replay's records, not a parsed report, so it
+  cannot be called on one) and writing it to a file. Per workload, engine and mode the
+  floor = startup + load + encoding, the best figure it allows (count / floor), beside
+  the target, and each core's time as a multiple of the floor: a best figure below the
+  target means the target cannot be met by a whole command, whatever the core does.
+- the growth (`--no-growth` skips it): each workload again with its decodes (W1, W4) or
+  steps (W2, W3) doubled, full replay, every engine and core: time(2x) / time(1x) raw,
+  and of the replay part (wall minus the trace's `kpool validate` wall, i.e. startup and
+  load, and minus numba's import over numpy's). Where the doubled trace does not load
+  (W2 at scale above ~0.7 crosses the loader's node bound), the pair is a halved trace
+  and the workload itself.
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
 `--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
@@ -39,8 +71,8 @@ W2's decodes about 660k YAML nodes (MAX_NODE_VISITS 1,000,000) and 3 MB of YAML
 cross the node bound.
 
     python benchmarks/bench_workloads.py [--only W1,W3] [--engines rep-once,cache-safe]
-        [--scale 0.05] [--timeout 600] [--keep DIR] [--no-model-only] [--n-embd 128]
-        [--src DIR]
+        [--cores compiled,reference] [--scale 0.05] [--timeout 600] [--keep DIR]
+        [--no-model-only] [--no-growth] [--markdown] [--n-embd 128] [--src DIR]
 
 `--src DIR` replays with another copy of kpool_cli, e.g. a snapshot of a commit taken
 while the working tree is being edited:
@@ -51,6 +83,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -60,34 +93,88 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kpool_cli.trace.model import Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 ENGINES = ("rep-once", "cache-safe")
+CORES = ("compiled", "reference")  # `kpool replay --core C`; reference: the Python engine
+MODES = ("full", "model-only")  # model-only: `--backend none`
 SEED = 20240601
 GB, MB = 1 << 30, 1 << 20
 
-# the targets, by workload: (what, value)
-TARGETS = {
-    "W1": "200k tokens/s",
-    "W2": "rep-once 50k tokens/s; cache-safe <= 3x rep-once's time; peak RSS < 2 GB",
-    "W3": "2,000 steps/s (the real engine's own host code: ~1,100 steps/s)",
-    "W4": "cache-safe 2,000 ubatches/s, peak RSS < 1 GB, report < 100 MB",
+# -- the targets (issue 23's table: the checks and the legend read them here) -------------
+
+UNIT = {"W1": "tokens/s", "W2": "tokens/s", "W3": "steps/s", "W4": "ubatches/s"}
+# (workload, mode) -> (the figure per second, the engines it is set for)
+RATE = {
+    ("W1", "full"): (200_000, ENGINES),
+    ("W1", "model-only"): (400_000, ENGINES),
+    ("W2", "full"): (50_000, ("rep-once",)),
+    ("W3", "full"): (2_000, ENGINES),
+    ("W4", "full"): (2_000, ("cache-safe",)),
 }
+W2_TIMES = 3.0  # W2, full: cache-safe's time at most this many times rep-once's (same core)
+RSS_MB = {"W2": 2048, "W4": 1024}  # full replay: peak RSS below this
+REPORT_MB = {"W4": 100}  # full replay: report below this
+GROWTH = 2.2  # doubling the decodes (steps) costs at most this many times the time
+REMARK = {"W3": "the real engine's own host code: ~1,100 steps/s",
+          "W4": "rep-once: for comparison"}
+
+
+def fmt_k(v: float) -> str:
+    return f"{v / 1000:g}k" if v >= 10_000 else f"{v:,.0f}"
+
+
+def target_cell(name: str, engine: str, mode: str) -> str:
+    """The target of one row of the main table, or '-'."""
+    value, engines = RATE.get((name, mode), (None, ()))
+    if value and engine in engines:
+        return f"{fmt_k(value)} {UNIT[name]}"
+    if (name, engine, mode) == ("W2", "cache-safe", "full"):
+        return f"<= {W2_TIMES:g}x rep-once's time"
+    return "-"
+
+
+def target_text(name: str) -> str:
+    """One workload's targets, for the legend."""
+    out = []
+    for (w, mode), (value, engines) in RATE.items():
+        if w == name:
+            who = "" if engines == ENGINES else " " + ", ".join(engines)
+            out.append(f"{mode}{who} {fmt_k(value)} {UNIT[name]}")
+    if name == "W2":
+        out.append(f"cache-safe <= {W2_TIMES:g}x rep-once's time")
+    if name in RSS_MB:
+        out.append(f"peak RSS < {RSS_MB[name] / 1024:g} GB")
+    if name in REPORT_MB:
+        out.append(f"report < {REPORT_MB[name]:g} MB")
+    out.append(f"doubling costs <= {GROWTH:g}x")
+    return "; ".join(out) + (f" ({REMARK[name]})" if name in REMARK else "")
 
 
 @dataclass
 class Workload:
     name: str
-    trace: object  # kpool_cli.trace.model.Trace
+    trace: Trace
     tokens: int
-    steps: int = 0  # W3: speculative steps
+    steps: int = 0  # W2, W3: steps
     ubatches: int = 0  # W4: expected (the report's summary says, when there is one)
     about: str = ""
+    grow: float = 1.0  # the growth's twin: its decodes (steps) times this
+
+    @property
+    def file(self) -> str:
+        """Its YAML's name: w3.yaml (the name docs/versions.md uses with --keep), w3-x2.yaml."""
+        return f"{self.name.lower()}{_tag(self.grow)}.yaml"
 
 
 @dataclass
@@ -97,57 +184,73 @@ class Run:
     rc: int | None = None
     maxrss_mb: float = 0.0
     report_mb: float | None = None
+    sha256: str = ""  # of the report
     summary: dict = field(default_factory=dict)
     error: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.secs is not None
+
+    @property
+    def secs(self) -> float | None:
+        """The wall time of a run that completed, else None."""
+        return None if self.error else self.wall
 
 
 # -- the workloads ------------------------------------------------------------------------
 
 
-def _n(x: float, scale: float, lo: int = 1) -> int:
-    return max(lo, round(x * scale))
+def _n(x: float, scale: float, lo: int = 1, grow: float = 1.0) -> int:
+    """x scaled; `grow` multiplies the scaled count (the growth's doubled or halved trace)."""
+    return max(lo, round(max(lo, round(x * scale)) * grow))
 
 
 def _kv(kv: int, scale: float, need: int) -> int:
-    """kv_size scaled, a multiple of 512, never below the cells the trace needs."""
+    """kv_size scaled, a multiple of 512, never below the cells the trace needs (nor above
+    the full-scale kv_size unless the trace needs more)."""
     k = max(math.ceil(kv * scale), need + 64)
-    return min(kv, -(-k // 512) * 512)
+    return max(min(kv, -(-k // 512) * 512), -(-(need + 64) // 512) * 512)
 
 
-def w1(scale: float, n_embd: int):
+def _tag(grow: float) -> str:
+    return "" if grow == 1 else f"-x{grow:g}"
+
+
+def w1(scale: float, n_embd: int, grow: float = 1.0):
     from kpool_cli.trace import model as m
 
-    prefill, decodes = _n(65536, scale), _n(4096, scale)
+    prefill, decodes = _n(65536, scale), _n(4096, scale, grow=grow)
     cfg = m.CacheConfig(kv_size=_kv(131072, scale, prefill + decodes), kpool=4, n_seq_max=1,
                         n_ubatch=512, n_embd=n_embd)
     ops = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prefill)))]
     ops += [m.Decode((m.Token(p, (0,)),)) for p in range(prefill, prefill + decodes)]
-    t = m.Trace(cfg, tuple(ops), name="bench-w1-prefill-decode", seed=SEED)
-    return Workload("W1", t, prefill + decodes,
+    t = m.Trace(cfg, tuple(ops), name="bench-w1-prefill-decode" + _tag(grow), seed=SEED)
+    return Workload("W1", t, prefill + decodes, steps=decodes, grow=grow,
                     about=f"kv {cfg.kv_size}, 1 seq: {prefill}-token prefill, "
                           f"{decodes} one-token decodes")
 
 
-def w2(scale: float, n_embd: int):
+def w2(scale: float, n_embd: int, grow: float = 1.0):
     from kpool_cli.trace import model as m
 
-    n_seq, prompt, steps = 64, _n(1024, scale), _n(2048, scale)
+    n_seq, prompt, steps = 64, _n(1024, scale), _n(2048, scale, grow=grow)
     cfg = m.CacheConfig(kv_size=_kv(262144, scale, prompt + n_seq * steps), kpool=4,
                         n_seq_max=n_seq, unified=True, n_ubatch=512, n_embd=n_embd)
     ops: list = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prompt)))]
     ops += [m.SeqCp(0, s) for s in range(1, n_seq)]
     ops += [m.Decode(tuple(m.Token(prompt + i, (s,)) for s in range(n_seq)))
             for i in range(steps)]
-    t = m.Trace(cfg, tuple(ops), name="bench-w2-parallel-slots", seed=SEED)
-    return Workload("W2", t, prompt + n_seq * steps, steps=steps,
+    t = m.Trace(cfg, tuple(ops), name="bench-w2-parallel-slots" + _tag(grow), seed=SEED)
+    return Workload("W2", t, prompt + n_seq * steps, steps=steps, grow=grow,
                     about=f"kv {cfg.kv_size}, 64 seqs: {prompt}-token prompt, 63 seq_cp, "
                           f"{steps} steps x 64 tokens")
 
 
-def w3(scale: float, n_embd: int):
+def w3(scale: float, n_embd: int, grow: float = 1.0):
     from kpool_cli.trace import model as m
 
-    prefill, steps = _n(32768, scale), _n(2048, scale)
+    prefill, steps = _n(32768, scale), _n(2048, scale, grow=grow)
     cfg = m.CacheConfig(kv_size=_kv(131072, scale, prefill + 4 * steps), kpool=4, n_seq_max=1,
                         n_ubatch=512, n_embd=n_embd, n_rs_seq=3)
     rng = random.Random(SEED)
@@ -160,27 +263,39 @@ def w3(scale: float, n_embd: int):
             ops.append(m.SeqRm(0, p + 4 - r, -1))
             rms += 1
         p += 4 - r
-    t = m.Trace(cfg, tuple(ops), name="bench-w3-mtp3", seed=SEED)
-    return Workload("W3", t, prefill + 4 * steps, steps=steps,
+    t = m.Trace(cfg, tuple(ops), name="bench-w3-mtp3" + _tag(grow), seed=SEED)
+    return Workload("W3", t, prefill + 4 * steps, steps=steps, grow=grow,
                     about=f"kv {cfg.kv_size}, n_rs_seq 3: {prefill}-token prefill, {steps} "
                           f"4-token steps, {rms} seq_rm (seed {SEED})")
 
 
-def w4(scale: float, n_embd: int):
+def w4(scale: float, n_embd: int, grow: float = 1.0):
     from kpool_cli.trace import model as m
 
-    prompt, decodes = _n(16384, scale), _n(4000, scale)
+    prompt, decodes = _n(16384, scale), _n(4000, scale, grow=grow)
     cfg = m.CacheConfig(kv_size=_kv(65536, scale, prompt + decodes), kpool=4, n_seq_max=2,
                         n_ubatch=512, n_embd=n_embd)
     ops: list = [m.Decode(tuple(m.Token(p, (0,)) for p in range(prompt))), m.SeqCp(0, 1)]
     ops += [m.Decode((m.Token(p, (0,)),)) for p in range(prompt, prompt + decodes)]
-    t = m.Trace(cfg, tuple(ops), name="bench-w4-copied-prompt", seed=SEED)
-    return Workload("W4", t, prompt + decodes, ubatches=-(-prompt // 512) + decodes,
+    t = m.Trace(cfg, tuple(ops), name="bench-w4-copied-prompt" + _tag(grow), seed=SEED)
+    return Workload("W4", t, prompt + decodes, steps=decodes, grow=grow,
+                    ubatches=-(-prompt // 512) + decodes,
                     about=f"kv {cfg.kv_size}, 2 seqs: {prompt}-token prompt, seq_cp 0->1, "
                           f"{decodes} one-token decodes")
 
 
-BUILDERS = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+BUILDERS: dict[str, Callable[..., Workload]] = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}
+GROWN = {"W1": "decodes", "W2": "steps", "W3": "steps", "W4": "decodes"}  # what doubles
+
+
+def count(wl: Workload, r: Run | None = None) -> int:
+    """What the target counts: tokens (W1, W2), steps (W3), ubatches (W4: the report's
+    summary when there is one)."""
+    if wl.name == "W3":
+        return wl.steps
+    if wl.name == "W4":
+        return int((r.summary.get("ubatches") if r else None) or wl.ubatches)
+    return wl.tokens
 
 
 # -- running ------------------------------------------------------------------------------
@@ -190,6 +305,23 @@ def kpool_cmd() -> list[str]:
     """The `kpool` script next to this interpreter (what a user runs), else `-m`."""
     exe = Path(sys.executable).parent / "kpool"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "kpool_cli"]
+
+
+def replay_cmd(trace: Path, engine: str, core: str | None, mode: str, report: Path
+               ) -> list[str]:
+    """One replay; `core` None: a kpool without `--core` (no option passed)."""
+    return [*kpool_cmd(), "replay", str(trace), "--engine", engine, "--format", "json",
+            "-o", str(report), "-q", *(["--core", core] if core else []),
+            *(["--backend", "none"] if mode == "model-only" else [])]
+
+
+def help_text(args: list[str], env: dict[str, str], timeout: float) -> str:
+    """`kpool ARGS --help`'s output ('' when it fails): what the installed kpool accepts."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        p = subprocess.run([*kpool_cmd(), *args, "--help"], capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=timeout)
+        return p.stdout if p.returncode == 0 else ""
+    return ""
 
 
 def read_summary(report: Path) -> dict:
@@ -211,6 +343,14 @@ def read_summary(report: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def child_env(src: str | None) -> dict[str, str]:
     """The children's environment: `--src DIR` puts DIR's kpool_cli first on the path
     (ahead of the editable install's finder)."""
@@ -220,10 +360,13 @@ def child_env(src: str | None) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], report: Path, log: Path, timeout: float, env: dict[str, str]) -> Run:
+def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
+        env: dict[str, str]) -> Run:
     """Run `cmd` in its own process group; wall time and the child's peak RSS from
-    os.wait4; on timeout kill that group and report no time."""
-    if report.exists():
+    os.wait4; on timeout kill that group and report no time. `report`: the file the
+    child writes (a replay's report), read for its size and summary; None: a child
+    that writes none, which fails only by its exit status."""
+    if report is not None and report.exists():
         report.unlink()
     with open(log, "wb") as err:
         t0 = time.perf_counter()
@@ -246,33 +389,80 @@ def run(cmd: list[str], report: Path, log: Path, timeout: float, env: dict[str, 
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     r = Run(wall=None if timed_out else wall, rc=proc.returncode, maxrss_mb=ru.ru_maxrss / 1024)
     if timed_out:
+        if report is None:
+            return r
         # the CLI writes the report atomically (contracts/files.py: a temporary file next to
         # it, renamed at the end): a killed run leaves that file; note its size, delete it
         for tmp in report.parent.glob(f".{report.name}.*.tmp"):
             r.partial_mb = (r.partial_mb or 0.0) + tmp.stat().st_size / MB
             tmp.unlink()
         return r
-    if report.exists():
+    if report is not None and report.exists():
         r.report_mb = report.stat().st_size / MB
         r.summary = read_summary(report)
-    if r.rc not in (0, 1) or r.report_mb is None:  # exit 1 is a run with findings
+    failed = r.rc != 0 if report is None else r.rc not in (0, 1) or r.report_mb is None
+    if failed:  # a replay's exit 1 is a run with findings
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        first = next((ln for ln in lines if "rror" in ln), lines[0] if lines else "no message")
+        first = next((ln for ln in lines if "rror" in ln), lines[-1] if lines else "no message")
         r.error = f"exit {r.rc}: {first[:200]}"
     return r
 
 
-def warm_up(engines: list[str], timeout: float, env: dict[str, str]) -> None:
-    """One small replay per engine: numba compiles (or loads) its kernels here."""
+def warm_up(engines: list[str], cores: list[str | None], timeout: float,
+            env: dict[str, str]) -> None:
+    """One small replay per engine and core: numba compiles (or loads) its kernels here."""
     with tempfile.TemporaryDirectory() as d:
         for e in engines:
-            out = Path(d) / "warm.json"
-            run([*kpool_cmd(), "replay", "traces/mtp3-speculative.yaml", "--engine", e,
-                 "--format", "json", "-o", str(out), "-q"],
-                out, Path(d) / "warm.log", timeout, env)
+            for c in cores:
+                out = Path(d) / "warm.json"
+                run(replay_cmd(ROOT / "traces/mtp3-speculative.yaml", e, c, "full", out),
+                    out, Path(d) / "warm.log", timeout, env)
 
 
-# -- the table ----------------------------------------------------------------------------
+# the JSON encoding floor, in a child: parse the report, then time its encoding in the
+# writer's layout (json_report.write_report) and the write of that text to a file
+ENCODE_CHILD = r"""
+import json, sys, time
+src, out = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter()
+with open(src, encoding="utf-8") as f:
+    doc = json.load(f)
+t1 = time.perf_counter()
+parts = ["{\n"]
+for i, (key, value) in enumerate(doc.items()):
+    end = ",\n" if i < len(doc) - 1 else "\n"
+    if key in ("ubatches", "events", "expectations"):
+        parts.append(f"  {json.dumps(key)}: [" + ",".join("\n    " + json.dumps(v)
+                     for v in value) + ("\n  " if value else "") + "]" + end)
+    else:
+        parts.append(f"  {json.dumps(key)}: {json.dumps(value)}" + end)
+text = "".join(parts) + "}\n"
+t2 = time.perf_counter()
+with open(out + ".json", "w", encoding="utf-8") as f:
+    f.write(text)
+t3 = time.perf_counter()
+with open(out, "w") as f:
+    json.dump({"parse_s": t1 - t0, "encode_s": t2 - t1, "write_s": t3 - t2,
+               "mb": len(text.encode()) / (1 << 20)}, f)
+"""
+
+
+def encode_floor(report: Path, out_dir: Path, timeout: float, env: dict[str, str]
+                 ) -> dict | str:
+    """The encoding and write time of `report` (ENCODE_CHILD), or why there is none."""
+    out = out_dir / f"{report.stem}.encode"
+    r = run([sys.executable, "-c", ENCODE_CHILD, str(report), str(out)], out,
+            out_dir / f"{report.stem}.encode.log", timeout, env)
+    if r.wall is None:
+        return "timed out"
+    if r.error:
+        return r.error
+    value = json.loads(out.read_text())
+    Path(str(out) + ".json").unlink(missing_ok=True)
+    return value
+
+
+# -- the tables ---------------------------------------------------------------------------
 
 
 def fmt_rate(n: float | None, wall: float | None, timeout: float) -> str:
@@ -283,177 +473,8 @@ def fmt_rate(n: float | None, wall: float | None, timeout: float) -> str:
     return f"{n / wall:,.0f}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    ap.add_argument("--only", default="W1,W2,W3,W4", help="workloads, e.g. W1,W3")
-    ap.add_argument("--engines", default=",".join(ENGINES), help="engines, e.g. cache-safe")
-    ap.add_argument("--scale", type=float, default=1.0,
-                    help="multiply the sizes (prefills, steps, decodes, kv_size) by F")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    ap.add_argument("--keep", metavar="DIR", help="keep the traces and reports in DIR")
-    ap.add_argument("--no-model-only", action="store_true",
-                    help="skip the model-only runs (--backend none)")
-    ap.add_argument("--n-embd", type=int, default=128, help="cache.n_embd of every workload")
-    ap.add_argument("--src", metavar="DIR",
-                    help="replay with the kpool_cli package in DIR (put first on PYTHONPATH), "
-                         "e.g. a `git archive` snapshot of a commit; default: the installed one")
-    a = ap.parse_args()
-    only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
-    engines = [e.strip() for e in a.engines.split(",") if e.strip()]
-    bad = [w for w in only if w not in BUILDERS]
-    if bad or not only or not engines or a.scale <= 0 or a.timeout <= 0:
-        ap.error(f"unknown workload(s) {bad}" if bad else "nothing to run")
-
-    from kpool_cli.trace.write import dump_trace
-
-    tmp = None
-    if a.keep:
-        out_dir = Path(a.keep).resolve()
-        out_dir.mkdir(parents=True, exist_ok=True)
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="kpool-bench-")
-        out_dir = Path(tmp.name)
-    try:
-        print(f"warming numba's cache ({', '.join(engines)}) ...", file=sys.stderr, flush=True)
-        a.src = str(Path(a.src).resolve()) if a.src else None
-        env = child_env(a.src)
-        warm_up(engines, a.timeout, env)
-        header, rows = [], []
-        results: dict[tuple[str, str], tuple[Run, Run | None]] = {}
-        for name in only:
-            t0 = time.perf_counter()
-            wl = BUILDERS[name](a.scale, a.n_embd)
-            path = out_dir / f"{name.lower()}.yaml"
-            path.write_text(dump_trace(wl.trace))
-            gen = time.perf_counter() - t0
-            header.append(f"{name}: {wl.about}; {len(wl.trace.ops):,} ops, {wl.tokens:,} tokens, "
-                          f"YAML {path.stat().st_size / MB:.1f} MB (built in {gen:.1f} s)")
-            for e in engines:
-                full_rep = out_dir / f"{name.lower()}-{e}.json"
-                base = [*kpool_cmd(), "replay", str(path), "--engine", e, "--format", "json"]
-                print(f"{name} {e}: full replay ...", file=sys.stderr, flush=True)
-                full = run([*base, "-o", str(full_rep), "-q"], full_rep,
-                           out_dir / f"{name.lower()}-{e}.log", a.timeout, env)
-                model = None
-                if not a.no_model_only:
-                    mo_rep = out_dir / f"{name.lower()}-{e}-none.json"
-                    print(f"{name} {e}: model-only replay ...", file=sys.stderr, flush=True)
-                    model = run([*base, "-o", str(mo_rep), "-q", "--backend", "none"], mo_rep,
-                                out_dir / f"{name.lower()}-{e}-none.log", a.timeout,
-                                env)
-                results[(name, e)] = (full, model)
-                rows.append(row(wl, e, full, model, results, a.timeout))
-        print_table(a, header, rows)
-        if a.keep:
-            print(f"traces and reports kept in {out_dir}")
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-
-
-def limit_notes(full: Run, rss_mb: float, report_mb: float | None) -> list[str]:
-    """ok / NO against the RSS and report-size targets; a timed-out run counts as NO
-    once what it reached already crosses the limit, else as unknown (?)."""
-    if full.error:
-        return []
-    done = full.wall is not None
-    out = [f"RSS<{rss_mb / 1024:g}GB "
-           + ("NO" if full.maxrss_mb >= rss_mb else "ok" if done else "?")]
-    if report_mb is not None:
-        size = full.report_mb if done else full.partial_mb
-        out.append(f"report<{report_mb:g}MB "
-                   + ("NO" if size is not None and size >= report_mb else "ok" if done else "?"))
-    return out
-
-
-def row(wl: Workload, engine: str, full: Run, model: Run | None,
-        results: dict, timeout: float) -> list[str]:
-    ubatches = (full.summary.get("ubatches")
-                or (model.summary.get("ubatches") if model else None) or wl.ubatches)
-    wall = f"> {timeout:g} s" if full.wall is None else f"{full.wall:.2f}"
-    if full.error:
-        wall = "error"
-    tok = fmt_rate(wl.tokens, full.wall, timeout) if not full.error else "-"
-    if wl.name == "W3":
-        other = "steps/s " + fmt_rate(wl.steps, full.wall, timeout)
-    elif wl.name == "W4":
-        other = "ubatches/s " + fmt_rate(ubatches, full.wall, timeout)
-    else:
-        other = "-"
-    if full.error:
-        other = "-"
-    rss = f"{full.maxrss_mb:,.0f}" + ("+" if full.wall is None else "")
-    rep = "-" if full.report_mb is None else f"{full.report_mb:,.1f}"
-    if full.partial_mb is not None:
-        rep = f"{full.partial_mb:,.0f}+"
-
-    # the ratio to the target: >= 1 meets it (an upper bound "<" when the run timed out)
-    notes: list[str] = []
-    vs = "-"
-
-    def ratio(achieved_per_s: float | None, target: float) -> str:
-        if full.error or not achieved_per_s:
-            return "-"
-        if full.wall is None:
-            return f"<{achieved_per_s / timeout / target:.3f}x"
-        return f"{achieved_per_s / full.wall / target:.3f}x"
-
-    if wl.name == "W1":
-        vs = ratio(wl.tokens, 200_000)
-    elif wl.name == "W2":
-        if engine == "rep-once":
-            vs = ratio(wl.tokens, 50_000)
-        elif engine == "cache-safe":
-            ro = results.get(("W2", "rep-once"), (None, None))[0]
-            if ro is not None and ro.wall is not None and not full.error:
-                vs = (f"<{3 * ro.wall / timeout:.3f}x" if full.wall is None
-                      else f"{3 * ro.wall / full.wall:.3f}x")
-                notes.append("target: <= 3x rep-once's time")
-        notes += limit_notes(full, 2048, None)
-    elif wl.name == "W3":
-        vs = ratio(wl.steps, 2_000)
-        notes.append("real engine ~1,100 steps/s")
-    elif wl.name == "W4":
-        vs = ratio(ubatches, 2_000)
-        if engine != "cache-safe":
-            notes.append("comparison")
-        notes += limit_notes(full, 1024, 100)
-    if full.error:
-        notes.append(full.error)
-    elif full.wall is None:
-        notes.append("timed out" + ("" if full.partial_mb is None else
-                                    f" ({full.partial_mb:,.0f} MB of report written)"))
-    elif full.summary.get("status") not in (None, "pass"):
-        found = full.summary.get("findings") or {}
-        notes.append(f"status {full.summary.get('status')}"
-                     + "".join(f" {code} x{n:,}" for code, n in sorted(found.items())))
-
-    if model is None:
-        m_wall, m_ratio = "-", "-"
-    elif model.error:
-        m_wall, m_ratio = "error", "-"
-        notes.append("model-only " + model.error)
-    elif model.wall is None:
-        m_wall, m_ratio = f"> {timeout:g} s", "-"
-    else:
-        m_wall = f"{model.wall:.2f}"
-        m_ratio = "-" if full.error else (f"<{model.wall / timeout:.2f}" if full.wall is None
-                                          else f"{model.wall / full.wall:.2f}")
-    return [wl.name, engine, wall, tok, other, rss, rep, vs, m_wall, m_ratio, "; ".join(notes)]
-
-
-def print_table(a: argparse.Namespace, header: list[str], rows: list[list[str]]) -> None:
-    print(f"kpool replay TRACE --engine E --format json -o REPORT -q (backend numba; model only: "
-          f"--backend none); scale {a.scale:g}, timeout {a.timeout:g} s, n_embd {a.n_embd}, "
-          f"seed {SEED}")
-    print(f"kpool_cli: {a.src or 'the installed package'}")
-    for h in header:
-        print("  " + h)
-    cols = ["workload", "engine", "wall s", "tokens/s", "other rate", "peak RSS MB",
-            "report MB", "vs target", "model-only s", "model/full", "notes"]
-    right = {2, 3, 4, 5, 6, 7, 8, 9}
+def table(cols: list[str], rows: list[list[str]], right: set[int]) -> None:
+    """Print `rows` under `cols`, columns in `right` right-aligned."""
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
 
     def line(cells: list[str]) -> str:
@@ -464,11 +485,393 @@ def print_table(a: argparse.Namespace, header: list[str], rows: list[list[str]])
     print(line(["-" * w for w in widths]))
     for r in rows:
         print(line(r))
-    print("targets; 'vs target' is achieved / target, >= 1 meets it "
-          "('<' when timed out);\n"
-          "a '+' after peak RSS or report MB: what a timed-out run had reached when killed")
-    for name in sorted({r[0] for r in rows}):
-        print(f"  {name}: {TARGETS[name]}")
+
+
+def markdown(cols: list[str], rows: list[list[str]]) -> None:
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+
+
+@dataclass
+class Bench:
+    """Everything one run of the script measured."""
+    a: argparse.Namespace
+    engines: list[str]
+    cores: list[str]
+    core_opt: bool  # the installed kpool takes --core
+    modes: list[str]
+    out_dir: Path
+    env: dict[str, str]
+    header: list[str] = field(default_factory=list)
+    workloads: dict[str, Workload] = field(default_factory=dict)
+    runs: dict[tuple[str, str, str, str], Run] = field(default_factory=dict)  # wl, e, c, mode
+    start: dict[str, Run] = field(default_factory=dict)  # python, numba, kpool --help
+    loads: dict[str, Run] = field(default_factory=dict)  # trace name -> kpool validate
+    encodes: dict[tuple[str, str, str], dict | str] = field(default_factory=dict)  # wl, e, mode
+    # growth: workload -> (the small and the big trace, their runs by (engine, core))
+    grown: dict[str, tuple[Workload, Workload, dict[tuple[str, str], tuple[Run, Run]]]] = \
+        field(default_factory=dict)
+
+    def log(self, what: str) -> None:
+        print(what, file=sys.stderr, flush=True)
+
+    def write(self, wl: Workload) -> Path:
+        from kpool_cli.trace.write import dump_trace
+
+        path = self.out_dir / wl.file
+        path.write_text(dump_trace(wl.trace))
+        return path
+
+    def child(self, what: str, cmd: list[str], report: Path | None = None) -> Run:
+        self.log(what + " ...")
+        return run(cmd, report, self.out_dir / f"{what.replace(' ', '_').replace('/', '_')}.log",
+                   self.a.timeout, self.env)
+
+    def validate(self, wl: Workload, path: Path) -> Run:
+        r = self.child(f"validate {path.name}", [*kpool_cmd(), "validate", str(path)])
+        self.loads[wl.file] = r
+        return r
+
+    def startup(self, mode: str) -> float | None:
+        """What a replay pays before it loads the trace: `kpool --help`, and numba's
+        import when it replays values (over numpy's, which kpool's CLI imports already)."""
+        npy, nb, kh = (self.start[k].secs for k in ("numpy", "numba", "help"))
+        if kh is None or mode != "full":
+            return kh
+        return None if nb is None or npy is None else kh + max(0.0, nb - npy)
+
+    def load(self, wl: Workload) -> float | None:
+        v, kh = self.loads.get(wl.file), self.start["help"].wall
+        if v is None or v.error or v.wall is None or kh is None:
+            return None
+        return max(0.0, v.wall - kh)  # noise can put it below kpool --help's wall
+
+    def replay_part(self, wl: Workload, r: Run) -> float | None:
+        """A full replay's wall minus startup (with numba's import) and the trace's load."""
+        s, ld = self.startup("full"), self.load(wl)
+        if r.error or r.wall is None or s is None or ld is None:
+            return None
+        return r.wall - s - ld
+
+
+def measure(b: Bench, only: list[str]) -> None:
+    a = b.a
+    b.start["python"] = b.child("python -c pass", [sys.executable, "-c", "pass"])
+    b.start["numpy"] = b.child("import numpy", [sys.executable, "-c", "import numpy"])
+    b.start["numba"] = b.child("import numba", [sys.executable, "-c", "import numba"])
+    b.start["help"] = b.child("kpool --help", [*kpool_cmd(), "--help"])
+    for name in only:
+        t0 = time.perf_counter()
+        wl = BUILDERS[name](a.scale, a.n_embd)
+        path = b.write(wl)
+        gen = time.perf_counter() - t0
+        b.workloads[name] = wl
+        b.header.append(f"{name}: {wl.about}; {len(wl.trace.ops):,} ops, "
+                        f"{wl.tokens:,} tokens, YAML {path.stat().st_size / MB:.1f} MB "
+                        f"(built in {gen:.1f} s)")
+        b.validate(wl, path)
+        for e in b.engines:
+            for c in b.cores:
+                for mode in b.modes:
+                    rep = b.out_dir / f"{name.lower()}-{e}-{c}-{mode}.json"
+                    r = b.child(f"{name} {e} {c} {mode}",
+                                replay_cmd(path, e, c if b.core_opt else None, mode, rep), rep)
+                    if r.report_mb is not None:
+                        r.sha256 = sha256(rep)
+                    b.runs[(name, e, c, mode)] = r
+            for mode in b.modes:  # the encoding of the report (equal under both cores)
+                done = [c for c in b.cores if b.runs[(name, e, c, mode)].report_mb is not None]
+                b.encodes[(name, e, mode)] = (
+                    encode_floor(b.out_dir / f"{name.lower()}-{e}-{done[0]}-{mode}.json",
+                                 b.out_dir, a.timeout, b.env) if done else "no report")
+        if a.growth:
+            grow_one(b, wl, path)
+
+
+def grow_one(b: Bench, wl: Workload, path: Path) -> None:
+    """The workload with its decodes (steps) doubled, or, when that trace does not load
+    (a loader bound), halved; full replays of both under every engine and core."""
+    big = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=2.0)
+    big_path = b.write(big)
+    small, small_path = wl, path
+    if not b.validate(big, big_path).done:
+        b.header.append(f"{wl.name} x2 does not load ({b.loads[big.file].error}): "
+                        "its growth pair is x0.5 -> x1")
+        small, big, big_path = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=0.5), wl, path
+        small_path = b.write(small)
+        b.validate(small, small_path)
+    pair: dict[tuple[str, str], tuple[Run, Run]] = {}
+    for e in b.engines:
+        for c in b.cores:
+            done = {}
+            for w, p in ((small, small_path), (big, big_path)):
+                if w is wl and (wl.name, e, c, "full") in b.runs:
+                    done[id(w)] = b.runs[(wl.name, e, c, "full")]  # the main table's run
+                    continue
+                rep = b.out_dir / f"{p.stem}-{e}-{c}-full.json"
+                done[id(w)] = b.child(f"{p.stem} {e} {c} full",
+                                      replay_cmd(p, e, c if b.core_opt else None, "full", rep),
+                                      rep)
+            pair[(e, c)] = (done[id(small)], done[id(big)])
+    b.grown[wl.name] = (small, big, pair)
+
+
+def main_rows(b: Bench) -> list[list[str]]:
+    t = b.a.timeout
+    rows = []
+    for (name, e, c, mode), r in b.runs.items():
+        wl = b.workloads[name]
+        n = count(wl, r)
+        if r.error:
+            wall, fig = "error", "-"
+        else:
+            wall = f"> {t:g} s" if r.wall is None else f"{r.wall:.2f}"
+            fig = fmt_rate(n, r.wall, t) + " " + UNIT[name]
+        rss = f"{r.maxrss_mb:,.0f}" + ("+" if r.wall is None else "")
+        rep = "-" if r.report_mb is None else f"{r.report_mb:,.1f}"
+        if r.partial_mb is not None:
+            rep = f"{r.partial_mb:,.0f}+"
+
+        # the ratio to the target: >= 1 meets it (an upper bound "<" when the run timed out)
+        ratio, notes = "-", []
+        value, engines = RATE.get((name, mode), (0, ()))
+        if value and e in engines and not r.error:
+            ratio = (f"<{n / t / value:.3f}x" if r.wall is None
+                     else f"{n / r.wall / value:.3f}x")
+        elif (name, e, mode) == ("W2", "cache-safe", "full") and not r.error:
+            ro = b.runs.get(("W2", "rep-once", c, "full"))
+            if ro is not None and ro.secs is not None:
+                ratio = (f"<{W2_TIMES * ro.secs / t:.3f}x" if r.wall is None
+                         else f"{W2_TIMES * ro.secs / r.wall:.3f}x")
+        if mode == "full":
+            notes += limit_notes(r, RSS_MB.get(name), REPORT_MB.get(name))
+
+        # the compiled core's speed-up over the reference, and whether their reports agree
+        speed = "-"
+        ref = b.runs.get((name, e, "reference", mode))
+        if c == "compiled" and ref is not None:
+            if r.secs is not None and ref.secs is not None:
+                speed = f"{ref.secs / r.secs:.2f}x"
+            elif r.secs is not None and ref.wall is None:
+                speed = f">{t / r.secs:.2f}x"
+            if r.sha256 and ref.sha256 and r.sha256 != ref.sha256:
+                notes.append("report DIFFERS from the reference's")
+            elif r.sha256 and ref.sha256:
+                notes.append("report = reference's")
+        if mode == "model-only":
+            full = b.runs.get((name, e, c, "full"))
+            if full is not None and full.secs is not None and r.secs is not None:
+                notes.append(f"model/full {r.secs / full.secs:.2f}")
+        if r.error:
+            notes.append(r.error)
+        elif r.wall is None:
+            notes.append("timed out" + ("" if r.partial_mb is None else
+                                        f" ({r.partial_mb:,.0f} MB of report written)"))
+        elif r.summary.get("status") not in (None, "pass"):
+            found = r.summary.get("findings") or {}
+            notes.append(f"status {r.summary.get('status')}"
+                         + "".join(f" {code} x{k:,}" for code, k in sorted(found.items())))
+        rows.append([name, e, c, mode, wall, fig, rss, rep, target_cell(name, e, mode), ratio,
+                     speed, "; ".join(notes)])
+    return rows
+
+
+def limit_notes(r: Run, rss_mb: float | None, report_mb: float | None) -> list[str]:
+    """ok / NO against the RSS and report-size targets; a timed-out run counts as NO
+    once what it reached already crosses the limit, else as unknown (?)."""
+    if r.error:
+        return []
+    done = r.wall is not None
+    out = []
+    if rss_mb is not None:
+        out.append(f"RSS<{rss_mb / 1024:g}GB "
+                   + ("NO" if r.maxrss_mb >= rss_mb else "ok" if done else "?"))
+    if report_mb is not None:
+        size = r.report_mb if done else r.partial_mb
+        out.append(f"report<{report_mb:g}MB "
+                   + ("NO" if size is not None and size >= report_mb else "ok" if done else "?"))
+    return out
+
+
+def print_main(b: Bench) -> None:
+    a = b.a
+    core = "--core C " if b.core_opt else ""
+    print(f"kpool replay TRACE --engine E {core}--format json -o REPORT -q (backend numba; "
+          f"model only: --backend none); scale {a.scale:g}, timeout {a.timeout:g} s, "
+          f"n_embd {a.n_embd}, seed {SEED}")
+    print(f"kpool_cli: {a.src or 'the installed package'}")
+    if not b.core_opt:
+        print("NOTE: this kpool's `replay` has no --core option: only the reference engine "
+              "ran (no option passed); no compiled rows, no speed-up")
+    for h in b.header:
+        print("  " + h)
+    rows = main_rows(b)
+    if a.markdown:
+        cols = ["workload", "engine", "core", "mode", "figure", "target", "ratio",
+                "peak RSS", "report size"]
+        markdown(cols, [[r[0], r[1], r[2], r[3], r[5], r[8], r[9], f"{r[6]} MB",
+                         "-" if r[7] == "-" else f"{r[7]} MB"] for r in rows])
+    else:
+        cols = ["workload", "engine", "core", "mode", "wall s", "figure", "peak RSS MB",
+                "report MB", "target", "ratio", "speed-up", "notes"]
+        table(cols, rows, {4, 5, 6, 7, 9, 10})
+    print("'ratio' is figure / target (W2 cache-safe: 3x rep-once's time / its time), >= 1 "
+          "meets it ('<' when timed out);\n'speed-up': the reference's time / the compiled "
+          "core's; a '+' after peak RSS or report MB: what a timed-out run had reached")
+    for name in b.workloads:
+        print(f"  {name}: {target_text(name)}")
+
+
+def print_floors(b: Bench) -> None:
+    print("\nfloors (one child each): what a whole command pays besides the replay itself")
+    rows = []
+    meaning = {"python": "the bare interpreter's start",
+               "numpy": "the interpreter + numpy's import (kpool's CLI imports numpy)",
+               "numba": "the interpreter + numba's import: a full replay pays it minus "
+                        "numpy's (model-only does not import numba)",
+               "help": "the interpreter + kpool's CLI: the startup every command pays"}
+    cmds = {"python": "python -c pass", "numpy": 'python -c "import numpy"',
+            "numba": 'python -c "import numba"',
+            "help": "kpool --help"}
+    for k, r in b.start.items():
+        rows.append([cmds[k], "-" if r.secs is None else f"{r.secs:.2f}",
+                     meaning[k] + (f"; {r.error}" if r.error else "")])
+    help_s = b.start["help"].secs
+    for trace, r in b.loads.items():
+        w = r.secs
+        load = (r.error or "timed out" if w is None else "-" if help_s is None else
+                f"load {max(0.0, w - help_s):.2f} s"
+                + (" (below kpool --help's wall: noise)" if w < help_s else ""))
+        rows.append([f"kpool validate {trace}", "-" if w is None else f"{w:.2f}",
+                     f"startup + loading and checking the trace, no replay: {load}"])
+    table(["command", "wall s", "what it means"], rows, {1})
+
+    print("\nfloor per workload = startup (+ numba's import - numpy's for a full replay) "
+          "+ load + the report's JSON encoding and write;\n'best' is the figure a command "
+          "costing just the floor reaches; '<core> x floor' is that core's wall / the floor")
+    rows = []
+    for (name, e, mode), enc in b.encodes.items():
+        wl = b.workloads[name]
+        s, ld = b.startup(mode), b.load(wl)
+        enc_s = enc["encode_s"] + enc["write_s"] if isinstance(enc, dict) else None
+        floor = None if s is None or ld is None or enc_s is None else s + ld + enc_s
+        ref = next((b.runs[(name, e, c, mode)] for c in b.cores), None)
+        n = count(wl, ref)
+        best = "-" if floor is None else f"{n / floor:,.0f} {UNIT[name]}"
+        value, engines = RATE.get((name, mode), (0, ()))
+        vs, note = "-", "" if isinstance(enc, dict) else f"encoding: {enc}"
+        if floor is not None and value and e in engines:
+            vs = f"{n / floor / value:.3f}x"
+            if n / floor < value:
+                note = "target IMPOSSIBLE as a whole command: the floor alone misses it"
+        per_core = []
+        for c in b.cores:
+            r = b.runs[(name, e, c, mode)]
+            w = r.secs
+            per_core.append("-" if floor is None or w is None else f"{w / floor:.2f}x")
+        rows.append([name, e, mode, "-" if s is None else f"{s:.2f}",
+                     "-" if ld is None else f"{ld:.2f}",
+                     "-" if enc_s is None else f"{enc_s:.2f}",
+                     "-" if floor is None else f"{floor:.2f}", best,
+                     target_cell(name, e, mode), vs, *per_core, note])
+    table(["workload", "engine", "mode", "startup s", "load s", "encode s", "floor s", "best",
+           "target", "best/target", *(f"{c} x floor" for c in b.cores), "notes"],
+          rows, {3, 4, 5, 6, 7, 9, *range(10, 10 + len(b.cores))})
+
+
+def print_growth(b: Bench) -> None:
+    print(f"\ngrowth: the decodes (W1, W4) or steps (W2, W3) doubled, full replay; target "
+          f"time ratio <= {GROWTH:g}x;\n'replay' = wall - startup (kpool --help + numba's "
+          "import - numpy's) - the trace's load (its kpool validate - kpool --help); '?': the "
+          "replay part is below the startup, so noise may decide")
+    rows = []
+    start = b.startup("full") or 0.0
+    for name, (small, big, pair) in b.grown.items():
+        what = GROWN[name]
+        for (e, c), (r1, r2) in pair.items():
+            p1, p2 = b.replay_part(small, r1), b.replay_part(big, r2)
+            w1_, w2_ = r1.secs, r2.secs
+            raw = f"{w2_ / w1_:.2f}x" if w1_ is not None and w2_ is not None else "-"
+            net, verdict = "-", "-"
+            notes = [x.error or "timed out" for x in (r1, r2) if not x.done]
+            if p1 is not None and p2 is not None and p1 > 0:
+                net, verdict = f"{p2 / p1:.2f}x", "ok" if p2 / p1 <= GROWTH else "NO"
+                if p1 < start:  # what was subtracted outweighs what is left: its noise rules
+                    verdict += "?"
+                    notes.append("replay 1x < startup: noise-dominated, use a larger --scale")
+            rows.append([name, e, c, f"{what} {small.steps:,} -> {big.steps:,}",
+                         "-" if w1_ is None else f"{w1_:.2f}",
+                         "-" if w2_ is None else f"{w2_:.2f}", raw,
+                         "-" if p1 is None else f"{p1:.2f}", "-" if p2 is None else f"{p2:.2f}",
+                         net, verdict, "; ".join(notes)])
+    table(["workload", "engine", "core", "doubled", "wall 1x", "wall 2x", "raw", "replay 1x",
+           "replay 2x", "replay ratio", f"<={GROWTH:g}x", "notes"], rows,
+          {4, 5, 6, 7, 8, 9})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join((__doc__ or "").splitlines()[2:]))
+    ap.add_argument("--only", default="W1,W2,W3,W4", help="workloads, e.g. W1,W3")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="engines, e.g. cache-safe")
+    ap.add_argument("--cores", default=",".join(CORES),
+                    help="replay cores (`kpool replay --core C`), e.g. compiled; a kpool "
+                         "without --core runs the reference alone")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="multiply the sizes (prefills, steps, decodes, kv_size) by F")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--keep", metavar="DIR", help="keep the traces and reports in DIR")
+    ap.add_argument("--no-model-only", action="store_true",
+                    help="skip the model-only runs (--backend none)")
+    ap.add_argument("--growth", action=argparse.BooleanOptionalAction, default=True,
+                    help="replay each workload with its decodes (steps) doubled too "
+                         "(default: on)")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the main table as a Markdown table (for the README)")
+    ap.add_argument("--n-embd", type=int, default=128, help="cache.n_embd of every workload")
+    ap.add_argument("--src", metavar="DIR",
+                    help="replay with the kpool_cli package in DIR (put first on PYTHONPATH), "
+                         "e.g. a `git archive` snapshot of a commit; default: the installed one")
+    a = ap.parse_args()
+    only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
+    engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+    cores = [c.strip() for c in a.cores.split(",") if c.strip()]
+    bad = [w for w in only if w not in BUILDERS] + [c for c in cores if c not in CORES]
+    if bad or not only or not engines or not cores or a.scale <= 0 or a.timeout <= 0:
+        ap.error(f"unknown workload(s) or core(s) {bad}" if bad else "nothing to run")
+
+    tmp = None
+    if a.keep:
+        out_dir = Path(a.keep).resolve()
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="kpool-bench-")
+        out_dir = Path(tmp.name)
+    try:
+        a.src = str(Path(a.src).resolve()) if a.src else None
+        env = child_env(a.src)
+        core_opt = "--core" in help_text(["replay"], env, a.timeout)  # asked once
+        if not core_opt:
+            cores = ["reference"]
+        if not help_text(["validate"], env, a.timeout):
+            ap.error("this kpool has no `validate` command: the load floor cannot be measured")
+        b = Bench(a, engines, cores, core_opt,
+                  ["full"] if a.no_model_only else list(MODES), out_dir, env)
+        b.log(f"warming numba's cache ({', '.join(engines)}; cores {', '.join(cores)}) ...")
+        warm_up(engines, list(cores) if core_opt else [None], a.timeout, env)
+        measure(b, only)
+        print_main(b)
+        print_floors(b)
+        if a.growth:
+            print_growth(b)
+        if a.keep:
+            print(f"traces and reports kept in {out_dir}")
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
 
 
 if __name__ == "__main__":
