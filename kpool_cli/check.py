@@ -160,7 +160,7 @@ class CheckJob:
     max_memory: int | None = None
     pin: bool = True  # a code some `expect` of the trace lists does not fail (check)
     expectations: bool = True  # an unmet `expect` fails (check; replay's --check)
-    core: str = DEFAULT_CORE  # the replay core (replay.CORES)
+    core: str = DEFAULT_CORE  # the replay core (replay.CORE_CHOICES)
 
 
 # -- which traces, which engines ------------------------------------------------------

@@ -27,10 +27,12 @@ they are about (`Check.reads`), then of their codes.
 context (the fuzzer checks kpool's own invariants there); `planned_ubatches` counts
 a trace's ubatches with the replay's own split, for the views.
 
-Two cores run the per-ubatch steps (`CORES`, `core_of`): `compiled` (the default;
-kpool_cli/compiled/, numba kernels) and `reference` (cache/ and engine/ in numpy,
+Two cores run the per-ubatch steps (`CORES`, `core_of`): `compiled`
+(kpool_cli/compiled/, numba kernels) and `reference` (cache/ and engine/ in numpy,
 which the compiled core is held to). They share the state's layout and every rule;
-a replay's records do not depend on the core.
+a replay's records do not depend on the core. `auto` (the default, `resolve_core`)
+runs the compiled core on a trace of AUTO_COMPILED_FROM ubatches or more, where its
+kernels save more than loading them costs, else the reference core.
 """
 
 from __future__ import annotations
@@ -97,8 +99,13 @@ class Backend(Protocol):
 Observer = Callable[[UbatchRecord, UbatchContext], None]
 
 CORES = ("compiled", "reference")
+AUTO = "auto"
+CORE_CHOICES = (AUTO, *CORES)
+DEFAULT_CORE = AUTO
+# ubatches from which the compiled core's kernels save more than their load costs
+# (measured by benchmarks/bench_workloads.py's floors: see the README, "Cores")
+AUTO_COMPILED_FROM = 1000
 Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
-DEFAULT_CORE = "compiled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +120,18 @@ class Core:
     mark: Callable[..., Marking]
     build_plan: Callable[..., ScatterPlan]
     race_groups: Callable[[m.CacheConfig], Groups]
+
+
+def resolve_core(core: str, trace: m.Trace) -> str:
+    """The core `core` names for `trace` (one of CORE_CHOICES): auto is compiled when
+    the trace's decodes split into at least AUTO_COMPILED_FROM ubatches (counted as
+    split_equal's least: a decode's listed tokens over n_ubatch, rounded up)."""
+    if core != AUTO:
+        return core
+    n_ubatch = trace.cache.n_ubatch
+    least = sum(-(-len(op.tokens) // n_ubatch) for op in trace.ops
+                if isinstance(op, m.Decode) and op.span is None)
+    return "compiled" if least >= AUTO_COMPILED_FROM else "reference"
 
 
 def core_of(name: str) -> Core:
@@ -136,7 +155,7 @@ def core_of(name: str) -> Core:
 def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
            pools_all: bool = False, cell_map: bool = False, core: str = DEFAULT_CORE
            ) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
-    """Replay `trace` under `version` on `core` (CORES). Raises TraceError for a
+    """Replay `trace` under `version` on `core` (CORE_CHOICES). Raises TraceError for a
     trace that turns out invalid only at replay time (a recorded cell that is not
     empty). `cell_map`: every UbatchRecord carries the cache's cells (for the rich
     view; costs O(rows))."""
@@ -189,7 +208,7 @@ class Replayer:
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
         self.cfg = cfg
-        self.core = core_of(core)
+        self.core = core_of(resolve_core(core, trace))
         self.groups = self.core.race_groups(cfg)
         self.cache = self.core.cache(cfg)
         self.recurrent = RecurrentChild(  # ENGINE.md §3

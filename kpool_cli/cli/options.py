@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ..backend.budget import default_max_memory, parse_memory
-from ..replay import CORES, DEFAULT_CORE
+from ..replay import AUTO_COMPILED_FROM, CORE_CHOICES, DEFAULT_CORE
 from ..report.select import parse_ubatch_range
 from ..trace.load import MAX_TOKENS
 from ..versions import VERSIONS
@@ -123,9 +123,10 @@ max_tokens_option = click.option(
     metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
                       "untrusted input).")
 core_option = click.option(
-    "--core", type=click.Choice(CORES), default=DEFAULT_CORE, show_default=True,
-    help="The replay core: compiled (numba kernels) or reference (the engine in numpy, "
-         "which the compiled core is held to byte for byte). The report is the same.")
+    "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
+    help="The replay core: compiled (numba kernels), reference (the engine in numpy, "
+         "which the compiled core is held to byte for byte), or auto: compiled for a "
+         f"trace of {AUTO_COMPILED_FROM:,} ubatches or more. The report is the same.")
 max_memory_option = click.option(
     "--max-memory", metavar="SIZE", callback=_memory_budget,
     help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "

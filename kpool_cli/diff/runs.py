@@ -49,7 +49,7 @@ class Unit:
     backend: str  # numba | numpy | none
     max_tokens: int = MAX_TOKENS  # the loader's bound on the trace's tokens
     max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
-    core: str = DEFAULT_CORE  # the replay core (replay.CORES)
+    core: str = DEFAULT_CORE  # the replay core (replay.CORE_CHOICES)
 
 
 def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
