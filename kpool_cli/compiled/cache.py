@@ -63,16 +63,39 @@ class CompiledStream(Stream):
                       self.ext, self.has, self.seq_count, self.key_id)
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
-        for s, idx in by_seq.items():
-            mine = keys if idx is None else keys[idx]
-            index = self.seq_keys[s]
-            past_end = len(index) == 0 or int(mine.min()) > int(index.view[-1])
-            if past_end and s not in self.touched:
-                self.appends.add(s)
-            else:
-                self.appends.discard(s)
-            add_keys(index, mine)
-            self.touched.add(s)
+        if n > 1 and len(by_seq) == n == flat.size:
+            # a token per sequence, one sequence a token (parallel slots): no array
+            # per sequence
+            for s, key in zip([ss[0] for ss in seqs], keys.tolist(), strict=True):
+                self._add_one(s, key)
+        else:
+            for s, idx in by_seq.items():
+                self._add(s, keys if idx is None else keys[idx])
+
+    def _note(self, s: int, past_end: bool) -> None:
+        """s's index changed; only past its end, and nothing touched it before?"""
+        if past_end and s not in self.touched:
+            self.appends.add(s)
+        else:
+            self.appends.discard(s)
+        self.touched.add(s)
+
+    def _add(self, s: int, keys: np.ndarray) -> None:
+        index = self.seq_keys[s]
+        self._note(s, len(index) == 0 or int(keys.min()) > int(index.view[-1]))
+        add_keys(index, keys)
+
+    def _add_one(self, s: int, key: int) -> None:
+        """`_add` of one key, without arrays."""
+        index = self.seq_keys[s]
+        n = len(index)
+        past_end = n == 0 or key > int(index.view[-1])
+        self._note(s, past_end)
+        if past_end:
+            index.spare(n + 1)[n] = key
+            index.set_len(n + 1)
+        else:
+            add_keys(index, np.array([key], dtype=np.int64))
 
 
 class CompiledKvCache(KvCache):

@@ -53,19 +53,24 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
             candidates.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
     pair_tok, pair_seq, one = _token_pairs(seqs)
     pair_ip = np.empty(pair_tok.size, dtype=np.int64)
-    for s in ([int(pair_seq[0])] if one else np.unique(pair_seq).tolist()):
-        sel = pair_tok if one else np.flatnonzero(pair_seq == s)
+    # the pairs grouped by sequence (ascending, as the reference asserts in that order)
+    if one:
+        groups = [(int(pair_seq[0]), pair_tok)]
+    else:
+        order = np.argsort(pair_seq, kind="stable")
+        cut = np.flatnonzero(np.diff(pair_seq[order])) + 1
+        groups = [(int(pair_seq[g[0]]), g) for g in np.split(order, cut)]
+    for s, sel in groups:
         sq = layout.seqs[s]
-        got = pair_ip if one else np.empty(sel.size, dtype=np.int64)
+        got = np.empty(sel.size, dtype=np.int64)
+        tok = pair_tok[sel]
         k.pools_of_tokens(sq.keys.view, len(sq.pools), sq.first_pos(), sq.rep_pos(),
-                          pos[pair_tok[sel]] if not one else pos,
-                          token_cells[pair_tok[sel]] if not one else token_cells,
-                          layout.by_order, kpool, int(start[s]), got)
+                          pos[tok], token_cells[tok], layout.by_order, kpool,
+                          int(start[s]), got)
         if layout.by_order and (got == -2).any():
             raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
                               "sequence's layout (by-order rank lookup)")
-        if not one:
-            pair_ip[sel] = got
+        pair_ip[sel] = got
     candidates.append(pair_ip[pair_ip >= 0])
     cand = np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
     if cand.size == 0:
@@ -111,10 +116,14 @@ def build_plan(layout: CompiledLayout, marked: np.ndarray, n_new_g: int, pos: np
         rows[n_new:] = pad[:, None]
     visible = np.empty(len(seqs), dtype=np.int64)
     first = np.array([ss[0] for ss in seqs], dtype=np.int64)
-    uniq = [int(first[0])] if (first == first[0]).all() else np.unique(first).tolist()
-    for s in uniq:
+    if (first == first[0]).all():
+        groups: list[tuple[int, np.ndarray | slice]] = [(int(first[0]), slice(None))]
+    else:
+        order = np.argsort(first, kind="stable")
+        cut = np.flatnonzero(np.diff(first[order])) + 1
+        groups = [(int(first[g[0]]), g) for g in np.split(order, cut)]
+    for s, sel in groups:
         sq = layout.seqs[s]
-        sel = np.flatnonzero(first == s) if len(uniq) > 1 else slice(None)
         if layout.by_order:
             rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
             visible[sel] = np.minimum(len(sq.pools), (rank + 1) // kpool)
