@@ -11,6 +11,7 @@ under both engines against the from-scratch reference.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import codes, drive, expects_ok, run, ubatches
@@ -19,7 +20,7 @@ from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, Uba
 from kpool_cli.engine.layout import POS_CLEAN
 from kpool_cli.replay import replay
 from kpool_cli.trace.load import load_trace_text
-from kpool_cli.versions import REP_ONCE
+from kpool_cli.versions import REP_ONCE, VERSIONS
 
 TRACES: list[str] = []
 C = POS_CLEAN
@@ -1722,3 +1723,32 @@ def test_a_decode_larger_than_its_stream_whose_first_ubatch_does_not_fit_moves_n
     ((ev, state),) = by_op(st, 2)
     assert codes(ev) == {"KP006"} and state["head"] == [5, 6]
     assert by_op(st, 3)[0][0].token_rows.tolist() == [8 + 6]
+
+
+def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout() -> None:
+    """ENGINE.md §8 KP002: `Conflicts`, fed each ubatch's LayoutChange, equals
+    `conflicts(layout)` recomputed from every pool, after every ubatch of random traces
+    (shared prefixes, partial copies, edits that regroup) under every engine."""
+    from kpool_cli.gen.random_trace import random_trace
+    from kpool_cli.replay import Replayer
+    from kpool_cli.trace.load import load_trace
+    from kpool_cli.verdict.rules.kp002_rep_conflict import Conflicts, conflicts
+
+    root = Path(__file__).resolve().parent.parent / "traces"
+    paths = sorted(root.glob("*.yaml")) + sorted(root.glob("found/*.yaml"))
+    shipped = [load_trace(p) for p in paths]
+    seen_conflict = 0
+    for seed, t in enumerate([*shipped, *(random_trace(seed) for seed in range(300))]):
+        for name in VERSIONS:
+            tracked = Conflicts()
+
+            def look(rec, ctx, tracked=tracked, where=(seed, name)) -> None:
+                nonlocal seen_conflict
+                tracked.update(ctx.layout, ctx.change)
+                want = conflicts(ctx.layout)
+                assert tracked.now() == want, (where, rec.index)
+                seen_conflict += bool(want)
+
+            for _ in Replayer(t, VERSIONS[name], observer=look).run():
+                pass
+    assert seen_conflict > 10  # ubatches with a conflict: the traces reach the condition

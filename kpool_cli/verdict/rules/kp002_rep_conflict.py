@@ -1,11 +1,15 @@
 """KP002 rep-conflict: one rep row is the rep of pools whose members differ.
 
-Owns: the code, its explanation, `conflicts` (the condition over a layout), `finding`
-and `Watch`, which reports the condition once, in the ubatch where it appears (it
-persists until the layout changes).
+Owns: the code, its explanation, `conflicts` (the condition over a layout),
+`Conflicts` (the same condition kept up to date from each update's LayoutChange, at
+the cost of the pools the update changed), `finding` and `Check`, which reports the
+condition once, in the ubatch where it appears (it persists until the layout
+changes).
 
 Invariants: a conflict is a rep row shared by pools of which two have different
 member rows; the finding names those rows ascending and, per row, every pool on it.
+`Conflicts.now()` equals `conflicts(layout)` after every update it was fed
+(tests/test_engine_rules.py holds them equal on random traces).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 from ... import wording as words
 from ...contracts.finding import Code, Finding, PoolIds
 from ...engine.context import UbatchContext
-from ...engine.layout import Layout
+from ...engine.layout import Layout, LayoutChange
 from ..rule import LAYOUT, AppearanceFilter, Explanation, doc
 from ..rule import Check as RuleCheck
 
@@ -80,6 +84,51 @@ def conflicts(layout: Layout) -> dict[int, tuple[tuple[int, int], ...]]:
     return out
 
 
+class Conflicts:
+    """`conflicts` of a layout, kept from the updates it is fed: per sequence the rep
+    row and member rows of each pool (as the layout had them), per rep row the pools
+    on it. An update drops a sequence's pools past its `kept` count and adds its
+    new ones, and rechecks only the rows they were on."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # seq -> by k
+        self._on_row: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {}
+        self._bad: set[int] = set()
+
+    def update(self, layout: Layout, change: LayoutChange) -> None:
+        rows: set[int] = set()
+        for s in sorted(change.changed):
+            mine = self._pools.setdefault(s, [])
+            kept = change.kept[s]
+            for k in range(kept, len(mine)):
+                row = mine[k][0]
+                del self._on_row[row][(s, k)]
+                rows.add(row)
+            del mine[kept:]
+            sq = layout.seqs[s]
+            n = len(sq.pools)
+            if n > kept:
+                reps = sq.rep_rows.view[kept:n].tolist()
+                members = sq.members(np.arange(kept, n), layout.kpool, layout.kv_size)
+                for k, row, mem in zip(range(kept, n), reps, members.tolist(), strict=True):
+                    t = tuple(mem)
+                    mine.append((row, t))
+                    self._on_row.setdefault(row, {})[(s, k)] = t
+                    rows.add(row)
+        for row in rows:
+            on = self._on_row.get(row)
+            if on is not None and not on:
+                del self._on_row[row]
+                on = None
+            if on is not None and len(set(on.values())) > 1:
+                self._bad.add(row)
+            else:
+                self._bad.discard(row)
+
+    def now(self) -> dict[int, tuple[tuple[int, int], ...]]:
+        return {r: tuple(sorted(self._on_row[r])) for r in sorted(self._bad)}
+
+
 def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
     """The finding of some conflicts (as `conflicts` gives them; at least one)."""
     rows = sorted(conflicts)
@@ -103,11 +152,13 @@ class Check(RuleCheck):
 
     def __init__(self) -> None:
         self._seen = AppearanceFilter()
-        self._conflicts: dict[int, tuple[tuple[int, int], ...]] | None = None
+        self._tracked = Conflicts()
+        self._conflicts: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
-        if ctx.change.changed or self._conflicts is None:
-            self._conflicts = conflicts(ctx.layout)
+        if ctx.change.changed:
+            self._tracked.update(ctx.layout, ctx.change)
+            self._conflicts = self._tracked.now()
         now = self._conflicts
         fresh = self._seen.new(set(now))
         return [finding({r: now[r] for r in sorted(fresh)})] if fresh else []
