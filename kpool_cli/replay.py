@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -148,7 +149,8 @@ def core_of(name: str) -> Core:
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
-                    cm.mark, cm.build_plan, lambda c: cm.race_groups(c.n_rows))
+                    cm.mark, partial(build_plan, padding=cm.padding),
+                    lambda c: cm.race_groups(c.n_rows))
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 

@@ -23,6 +23,7 @@ LAYERS: list[set[str]] = [
     {"trace"},
     {"cache", "contracts"},
     {"engine"},
+    {"compiled"},
     {"backend"},
     {"verdict"},
     {"replay"},

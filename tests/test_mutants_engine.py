@@ -69,10 +69,17 @@ def test_s8_generation_zero_fill_counts():
 def test_s7_row_zero_padding_puts_every_padding_entry_on_row_0():
     """EngineVersion.padding "row-zero" (a naive engine, versions.py): every padding
     entry writes row 0, whatever the real pools' rep rows; "unused-rows" (ENGINE.md §7)
-    takes the smallest rows that are no pool's rep."""
+    takes the smallest rows that are no pool's rep. The readers (KP004): the pools whose
+    rep row is a padding row, pool 0 (rep row 0) under row-zero, none otherwise. The
+    compiled core's twin gives the same."""
+    from kpool_cli.compiled.marking import padding
+
     reps = np.array([0, 1, 5], dtype=np.int64)
-    assert padding_rows(reps, 3, 64, row_zero=True).tolist() == [0, 0, 0]
-    assert padding_rows(reps, 3, 64, row_zero=False).tolist() == [2, 3, 4]
+    for pick in (padding_rows, padding):
+        rows, readers = pick(reps, 3, 64, True)
+        assert rows.tolist() == [0, 0, 0] and readers.tolist() == [0]
+        rows, readers = pick(reps, 3, 64, False)
+        assert rows.tolist() == [2, 3, 4] and readers.tolist() == []
 
 
 def test_engine_version_padding_policy_is_checked():

@@ -3,8 +3,8 @@
 for a sequence in one kernel call (`kernels.layout_step`), over the same columns.
 
 Owns: `CompiledLayout`. Step 2 (the rebuild, the fork's truncate) is the
-reference's own code: it runs when a sequence is stale or its count is off, rare
-next to the decodes. Invariants: the columns after `update` are the reference's,
+reference's own `Layout.step_2`: it runs when a sequence is stale or its count is
+off, rare next to the decodes. Invariants: the columns after `update` are the reference's,
 pair for pair and pool for pool, and so is the returned `LayoutChange`.
 """
 
@@ -63,15 +63,15 @@ class CompiledLayout(Layout):
             n_kept = 0
             rebuilt = False
             if not append:
-                n_pools, n_kept, copied, rebuilt = self._step_2(cache, sq, sp, stale[s],
-                                                                clean, truncate_tail)
+                n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
+                                                               truncate_tail, n_pools, 0)
                 scanned += copied
             got = self._run(sq, sp, append, n_kept, cache, sharing)
-            if got < 0:  # the appended count is off: step 2's rebuild, then on
-                scanned += -got - 1 + sp.size
-                n_pools = self._rebuild(sq, sp, stale[s])
-                rebuilt = True
-                got = self._run(sq, sp, False, 0, cache, sharing)
+            if got < 0:  # the appended count is off: step 2 rebuilds, then on
+                n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
+                                                               truncate_tail, n_pools, 0)
+                scanned += -got - 1 + copied
+                got = self._run(sq, sp, False, n_kept, cache, sharing)
             scanned += got
             # a rebuild copies sp; an append to pairs that were equal, when the cells
             # changed only past them, copies exactly what was added; else compare
@@ -88,23 +88,6 @@ class CompiledLayout(Layout):
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
-
-    def _step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
-                clean: bool, truncate_tail: bool) -> tuple[int, int, int, bool]:
-        """Layout.update's step 2 for a sequence the append path does not take: the
-        fork's truncate, or the rebuild. Returns (pools kept, pairs kept, pairs
-        copied, rebuilt)."""
-        n_pools, n_kept, copied, rebuilt = len(sq.pools), 0, 0, False
-        truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
-                     and not self._holds_shared(cache, sq))
-        if truncated:
-            n_pools, n_kept, copied = self._truncate(sq, sp, stale)
-        if len(sq.keys) != sp.size or (not clean and not truncated):
-            n_pools = self._rebuild(sq, sp, stale)
-            n_kept = 0
-            copied += sp.size
-            rebuilt = True
-        return n_pools, n_kept, copied, rebuilt
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
              cache: KvCache, sharing: bool) -> int:

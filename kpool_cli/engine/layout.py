@@ -96,6 +96,18 @@ class SeqLayout:
         return global_row(self.strm, self.keys.view[j] & CELL_MASK, kv_size)
 
 
+def by_sequence(seq: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The indices of `seq` (a sequence id each: tokens, pairs, pools) grouped by
+    sequence, ascending, each group in its original order."""
+    if seq.size == 0:
+        return []
+    if bool((seq == seq[0]).all()):
+        return [(int(seq[0]), np.arange(seq.size, dtype=np.int64))]
+    order = np.argsort(seq, kind="stable")
+    cut = np.flatnonzero(np.diff(seq[order])) + 1
+    return [(int(seq[g[0]]), g) for g in np.split(order, cut)]
+
+
 def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
                ) -> tuple[np.ndarray, int]:
     """ENGINE.md §5 step 4, from `j_from` over a sequence's pairs `keys`.
@@ -190,19 +202,9 @@ class Layout:
                 tail = sp[np.searchsorted(sp, sq.keys.view[-1], side="right"):]
                 sq.keys.extend(tail)
                 scanned += tail.size
-            # step 2, tail-truncate: a stale sequence with no shared cell is cut at its
-            # stale position and extended by the append path, its kept pairs unchecked;
-            # the count check of step 2 still rebuilds it when the counts differ
-            truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
-                         and not self._holds_shared(cache, sq))
-            if truncated:
-                n_pools, n_kept, copied = self._truncate(sq, sp, stale[s])
-                scanned += copied
-            # step 2: rebuild when the count is off or the sequence is stale
-            if len(sq.keys) != sp.size or (not clean and not truncated):
-                n_pools = self._rebuild(sq, sp, stale[s])
-                n_kept = 0
-                scanned += sp.size
+            n_pools, n_kept, copied, _rebuilt = self.step_2(cache, sq, sp, stale[s],
+                                                             truncate_tail, n_pools, n_kept)
+            scanned += copied
             kept.append(n_pools)
             # step 3 (versions that track sharing, unified only)
             if track_sharing and unified and not sq.shared and len(sq.keys) > n_kept:
@@ -225,6 +227,27 @@ class Layout:
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
+
+    def step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
+               truncate_tail: bool, n_pools: int, n_kept: int) -> tuple[int, int, int, bool]:
+        """ENGINE.md §5 step 2 for one sequence, after step 1: the fork's truncate (a
+        stale sequence with no shared cell is cut at its stale position and extended
+        by the append path, its kept pairs unchecked), then the rebuild when the count
+        is off or the sequence is stale (and not truncated). `n_pools`, `n_kept`: the
+        pools and pairs kept so far. Returns (pools kept, pairs kept, pairs copied,
+        rebuilt)."""
+        clean = stale == POS_CLEAN
+        copied = 0
+        truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
+                     and not self._holds_shared(cache, sq))
+        if truncated:
+            n_pools, n_kept, copied = self._truncate(sq, sp, stale)
+        rebuilt = len(sq.keys) != sp.size or (not clean and not truncated)
+        if rebuilt:
+            n_pools = self._rebuild(sq, sp, stale)
+            n_kept = 0
+            copied += sp.size
+        return n_pools, n_kept, copied, rebuilt
 
     def _holds_shared(self, cache: KvCache, sq: SeqLayout) -> bool:
         """Whether some cell of the layout's pairs is held by another sequence too (the

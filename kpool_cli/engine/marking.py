@@ -21,7 +21,7 @@ import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.cells import make_keys
-from .layout import POS_CLEAN, Layout
+from .layout import POS_CLEAN, Layout, by_sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,21 +52,11 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     if repool_all:
         return Marking(np.arange(n_pool, dtype=np.int64), n_pool, True)
 
-    candidates: list[np.ndarray] = []
-    # stale pools: every pool of s whose rep pos >= stale_from[s]
-    if stale_from is not None:
-        for s, sq in enumerate(layout.seqs):
-            if stale_from[s] == POS_CLEAN or not len(sq.pools):
-                continue
-            first = int(np.searchsorted(sq.rep_pos(), stale_from[s], side="left"))
-            candidates.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
-
+    candidates = stale_candidates(layout, stale_from)
     # touched pools: per token, per seq id in the order given
-    pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
-    pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
+    pair_tok, pair_seq = token_pairs(seqs)
     pair_ip = np.full(pair_tok.size, -1, dtype=np.int64)
-    for s in np.unique(pair_seq).tolist():
-        sel = np.flatnonzero(pair_seq == s)
+    for s, sel in by_sequence(pair_seq):
         sq = layout.seqs[s]
         p = pos[pair_tok[sel]]
         if layout.by_order:
@@ -97,6 +87,31 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
         winners = cand[_first_of_each(cand)]
     marked = np.sort(winners)
     return Marking(marked, int(marked.size), False)
+
+
+def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.ndarray]:
+    """ENGINE.md §6, the stale pools (on ubatch 0 of a batch): every pool of s whose
+    rep pos >= stale_from[s], by sequence."""
+    if stale_from is None:
+        return []
+    start = layout.pool_start()
+    out = []
+    for s, sq in enumerate(layout.seqs):
+        if stale_from[s] == POS_CLEAN or not len(sq.pools):
+            continue
+        first = int(np.searchsorted(sq.rep_pos(), stale_from[s], side="left"))
+        out.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
+    return out
+
+
+def token_pairs(seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """(token, seq id) of each of a ubatch's tokens' seq ids, in the order given."""
+    if all(len(ss) == 1 for ss in seqs):
+        return (np.arange(len(seqs), dtype=np.int64),
+                np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs)))
+    pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
+    pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
+    return pair_tok, pair_seq
 
 
 def pad_bound(n_pool_real: int) -> int:

@@ -10,13 +10,14 @@ n_new .. n_new_g-1 are padding, each writing `rep` from `kpool` copies of that r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.cells import CELL_BITS, make_keys
-from .layout import Layout
+from .layout import Layout, by_sequence
 from .marking import pad_bound
 
 
@@ -40,25 +41,34 @@ class ScatterPlan:
         return self.entry_pool < 0
 
 
-def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool) -> np.ndarray:
+NO_ROW_LEFT = "GGML_ASSERT(pad_cell < kv_size*n_stream): no row left for a padding entry"
+
+Padding = Callable[[np.ndarray, int, int, bool], tuple[np.ndarray, np.ndarray]]
+
+
+def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """ENGINE.md §7: each padding entry takes its own row, the smallest global rows that
     are no real pool's rep (a `row-zero` engine puts them all on row 0). Running out of
-    rows is a GGML_ASSERT."""
+    rows is a GGML_ASSERT. Returns (the rows, the pools whose rep row one of them is:
+    KP004's readers)."""
     if row_zero:
-        return np.zeros(n_pad, dtype=np.int64)
-    span = n_pad + pool_cells.size
-    taken = np.zeros(span, dtype=bool)
-    taken[pool_cells[pool_cells < span]] = True
-    rows = np.flatnonzero(~taken)[:n_pad].astype(np.int64)
-    if rows.size < n_pad or (rows.size and rows[-1] >= n_rows):
-        raise EngineAbort("GGML_ASSERT(pad_cell < kv_size*n_stream): no row left for a "
-                          "padding entry")
-    return rows
+        rows = np.zeros(n_pad, dtype=np.int64)
+    else:
+        span = n_pad + pool_cells.size
+        taken = np.zeros(span, dtype=bool)
+        taken[pool_cells[pool_cells < span]] = True
+        rows = np.flatnonzero(~taken)[:n_pad].astype(np.int64)
+        if rows.size < n_pad or (rows.size and rows[-1] >= n_rows):
+            raise EngineAbort(NO_ROW_LEFT)
+    return rows, np.flatnonzero(np.isin(pool_cells, rows))
 
 
 def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray,
                seqs: list[tuple[int, ...]], token_cells: np.ndarray, n_rows: int,
-               row_zero_padding: bool) -> ScatterPlan:
+               row_zero_padding: bool, padding: Padding = padding_rows) -> ScatterPlan:
+    """ENGINE.md §7 for one ubatch; `padding` picks the padding rows (`padding_rows`,
+    or a core's equal twin)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
 
@@ -82,17 +92,15 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     readers = np.empty(0, dtype=np.int64)
     if n_new_g > n_new:
         reps_sorted = int(pool_cells.size)
-        pad = padding_rows(pool_cells, n_new_g - n_new, n_rows, row_zero_padding)
+        pad, readers = padding(pool_cells, n_new_g - n_new, n_rows, row_zero_padding)
         rep[n_new:] = pad
         rows[n_new:] = pad[:, None]
-        readers = np.flatnonzero(np.isin(pool_cells, pad))
 
     # visibility: a token sees the pools of its first seq id whose rep pos <= its pos
     # (by-order: the first (rank + 1) // kpool pools)
     visible = np.empty(len(seqs), dtype=np.int64)
-    first = np.array([ss[0] for ss in seqs], dtype=np.int64)
-    for s in np.unique(first).tolist():
-        sel = np.flatnonzero(first == s)
+    first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
+    for s, sel in by_sequence(first):
         sq = layout.seqs[s]
         if layout.by_order:
             rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
