@@ -45,8 +45,11 @@ part's share is computed next to what allocates it (`SlotTable`, `Writers`,
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -71,8 +74,8 @@ from .slots import SlotTable
 from .verify import Verifier
 from .writers import Writers
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "PlanError", "ValueBackend", "kernel_module",
-           "make_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "PlanError", "ValueBackend", "cache_loads_only",
+           "kernel_module", "make_backend"]
 
 BACKENDS = ("numba", "numpy", "none")
 DEFAULT_BACKEND = "numba"
@@ -81,13 +84,49 @@ DEFAULT_BACKEND = "numba"
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        with masked():  # numba compiles while kernels.py is imported
+        # numba loads (or compiles) every kernel while kernels.py is imported
+        with masked(), cache_loads_only():
             from . import kernels
         return kernels
     if name == "numpy":
         from . import reference
         return reference
     raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+
+
+@contextlib.contextmanager
+def cache_loads_only() -> Iterator[bool]:
+    """numba's cache loads without the refresh of its target context they start with.
+
+    Before numba loads a cached function (`Cache.load_overload`) it refreshes the
+    whole target context: it imports and registers every typing and lowering
+    implementation it has (numpy, lists, dicts, random, jitclass ...), about 0.25 s,
+    half of a warm replay's time in numba. Loading machine code needs none of it
+    but the runtime (NRT) the allocating kernels call, which this starts itself. A
+    function that is not in the cache is compiled as ever: numba's compiler refreshes
+    the context itself first, so what a compilation sees is unchanged. Yields whether
+    the load was replaced: not when this numba lacks the methods it relies on (every
+    load then refreshes, as numba does); the original is back once the block ends."""
+    from numba.core import caching
+    from numba.core.runtime import nrt
+
+    cache: Any = caching.Cache  # private methods: no stubs know them
+    original = cache.__dict__.get("load_overload")
+    if original is None or not all(hasattr(cache, name) for name in (
+            "_load_overload", "_guard_against_spurious_io_errors")):
+        yield False
+        return
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        nrt.rtsys.initialize(target_context)  # all a loaded kernel needs of the refresh
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cache.load_overload = load_overload
+    try:
+        yield True
+    finally:
+        cache.load_overload = original
 
 
 def make_backend(name: str, trace: Trace) -> ValueBackend | None:
