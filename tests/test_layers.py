@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "kpool_cli"
 
 LAYERS: list[set[str]] = [
-    {"__init__", "versions", "wording", "inputs", "signals", "workers", "cluster"},
+    {"__init__", "arrays", "versions", "wording", "inputs", "signals", "workers", "cluster"},
     {"trace"},
     {"cache", "contracts"},
     {"engine"},

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import unique
 from ..cache.aborts import EngineAbort
 from ..cache.cells import make_keys
 from .layout import POS_CLEAN, Layout
@@ -65,7 +66,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
     pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
     pair_ip = np.full(pair_tok.size, -1, dtype=np.int64)
-    for s in np.unique(pair_seq).tolist():
+    for s in unique(pair_seq).tolist():
         sel = np.flatnonzero(pair_seq == s)
         sq = layout.seqs[s]
         p = pos[pair_tok[sel]]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import unique
 from ..cache.aborts import EngineAbort
 from ..cache.cells import CELL_BITS, make_keys
 from .layout import Layout
@@ -88,7 +89,7 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     # (by-order: the first (rank + 1) // kpool pools)
     visible = np.empty(len(seqs), dtype=np.int64)
     first = np.array([ss[0] for ss in seqs], dtype=np.int64)
-    for s in np.unique(first).tolist():
+    for s in unique(first).tolist():
         sel = np.flatnonzero(first == s)
         sq = layout.seqs[s]
         if layout.by_order:

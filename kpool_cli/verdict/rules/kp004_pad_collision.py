@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
+from ...arrays import unique
 from ...contracts.finding import Code, Finding, PoolIds
 from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
@@ -71,7 +72,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     readers = np.flatnonzero(np.isin(plan.pool_cells, pad_rows))  # few pad rows: a scan
     if readers.size == 0:
         return []
-    hit = np.unique(plan.pool_cells[readers])
+    hit = unique(plan.pool_cells[readers])
     seq, k = ctx.layout.locate(readers)
     return [Finding(
         CODE,
