@@ -3,8 +3,9 @@
 Owns `unique`: the sorted distinct values of an integer array, as `np.unique(a)`
 returns them. numpy 2 imports `numpy.ma` (about 0.1 s) the first time `np.unique` is
 called without `return_index`, `return_inverse` or `return_counts`, to ask whether
-its argument is masked: kpool never hands it a masked array, and a replay should not
-pay that import.
+its argument is masked: kpool never hands it a masked array, and a replay with the
+numpy backend or none should not pay that import (numba's `typeof` imports numpy.ma
+itself, so a numba replay still does).
 """
 
 from __future__ import annotations
