@@ -1,7 +1,8 @@
 """Where numba caches kpool's compiled kernels, decided once before the first is
 jitted, and the decorator the compiled core's kernels use.
 
-Owns: `cache_for` (the choice, per kernel file) and `kernel`. Imported only by
+Owns: `cache_for` (the choice, per kernel file), `cache_loads_only` (loading a
+cached kernel without numba's refresh of its whole target context) and `kernel`. Imported only by
 modules that hold numba kernels (backend/kernels.py, compiled/kernels.py), so a
 command that runs none never imports numba.
 
@@ -19,10 +20,12 @@ results). `cache_for` says which: "numba" (numba's own place), a directory, or "
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import numba
@@ -96,9 +99,56 @@ def cache_for(probe: Callable[..., Any]) -> str:
     return _chosen[where]
 
 
+@contextlib.contextmanager
+def cache_loads_only() -> Iterator[bool]:
+    """numba's cache loads without the refresh of its target context they start with.
+
+    Before numba loads a cached function (`Cache.load_overload`) it refreshes the
+    whole target context: it imports and registers every typing and lowering
+    implementation it has (numpy, lists, dicts, random, jitclass ...), about 0.25 s,
+    half of a warm replay's time in numba. Loading machine code needs none of it
+    but the runtime (NRT) the allocating kernels call, which this starts itself. A
+    function that is not in the cache is compiled as ever: numba's compiler refreshes
+    the context itself first, so what a compilation sees is unchanged. Yields whether
+    the load was replaced: not when this numba lacks the methods it relies on (every
+    load then refreshes, as numba does); the original is back once the block ends."""
+    from numba.core import caching
+    from numba.core.runtime import nrt
+
+    cache: Any = caching.Cache  # private methods: no stubs know them
+    original = cache.__dict__.get("load_overload")
+    if original is None or not all(hasattr(cache, name) for name in (
+            "_load_overload", "_guard_against_spurious_io_errors")):
+        yield False
+        return
+
+    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
+        nrt.rtsys.initialize(target_context)  # all a loaded kernel needs of the refresh
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cache.load_overload = load_overload
+    try:
+        yield True
+    finally:
+        cache.load_overload = original
+
+
 def kernel(fn: F) -> F:
     """`fn` as a numba kernel compiled on its first call (for the argument types it is
-    given), from numba's on-disk cache when `CACHE` allows: a run loads only the
-    kernels it calls. No fastmath, no parallel: integer work, in one thread."""
+    given), from numba's on-disk cache when `cache_for` allows: a run loads only the
+    kernels it calls. No fastmath, no parallel: integer work, in one thread. The
+    first call loads under `cache_loads_only`, then puts the kernel itself in its
+    module in place of this first-call stub (callers look it up there each call)."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
-    return jitted
+    module = sys.modules[fn.__module__]
+
+    def first_call(*args: Any) -> Any:
+        with cache_loads_only():
+            out = jitted(*args)
+        setattr(module, fn.__name__, jitted)
+        return out
+
+    first_call.__doc__ = fn.__doc__
+    first_call.__name__ = fn.__name__
+    return first_call  # type: ignore[return-value]

@@ -21,7 +21,7 @@ Owns:
 
 Invariants: every range kpool prints is half-open `A..B`, never inclusive; an empty
 list is worded `none` (NONE); a list longer than `limit` parts ends `... (n)`, n the
-number of values it stands for. This module imports nothing of kpool (only numpy), so every
+number of values it stands for. This module imports nothing of kpool, so every
 layer (the verdicts' messages, the diff, the views) can word with it.
 
 `visible`: the result holds no character a terminal acts on, and it can be
@@ -54,8 +54,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-
-import numpy as np
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
 # terminal or a bidi-aware renderer acts on, and the line/paragraph separators
@@ -116,6 +114,8 @@ def folded(values: Iterable[int], limit: int | None = None) -> str:
     >>> folded([3, 7, 11, 12, 13, 3]), folded([0, 1, 2, 3, 4], limit=1), folded([])
     ('3 7 11..14 3', '0..5', 'none')
     """
+    import numpy as np  # here: `kpool --help` words nothing and imports no numpy
+
     vals = np.fromiter(values, dtype=np.int64) if not isinstance(values, np.ndarray) \
         else values.astype(np.int64, copy=False)
     n = int(vals.size)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # multiprocessing: imported by a run that starts a pool
+    from concurrent.futures import ProcessPoolExecutor
 
 U = TypeVar("U")
 R = TypeVar("R")
@@ -40,6 +42,8 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
         for u in units:
             yield fn(u)
         return
+    from concurrent.futures import ProcessPoolExecutor
+
     pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
     try:
         futures = [pool.submit(fn, u) for u in units]

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "kpool_cli"
 
 LAYERS: list[set[str]] = [
-    {"__init__", "versions", "wording", "inputs", "signals", "workers", "cluster", "jit"},
+    {"__init__", "arrays", "versions", "wording", "inputs", "signals", "workers", "cluster",
+     "jit"},
     {"trace"},
     {"cache", "contracts"},
     {"engine"},

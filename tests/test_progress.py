@@ -1,4 +1,4 @@
-"""The progress bar of the long commands (`report.text.progress_bar`, the replay's
+"""The progress bar of the long commands (`report.ticking.progress_bar`, the replay's
 `Ticker`): `kpool diff`'s replays, `kpool gen`'s writing, `kpool check`, `kpool
 validate`. On stderr, only on a terminal, after its delay; never when stderr is piped."""
 
@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import kpool_cli.report.text as text_mod
+import kpool_cli.report.ticking as ticking_mod
 from kpool_cli.cli import cli
 from kpool_cli.diff.runs import Unit, run_units
 from kpool_cli.gen.scenarios import SCENARIOS
@@ -38,13 +39,13 @@ def shown(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Ticker, io.StringIO]]:
         made.append((t, buf))
         return t
 
-    monkeypatch.setattr(text_mod, "progress_bar", bar)
+    monkeypatch.setattr(ticking_mod, "progress_bar", bar)
     return made
 
 
 def test_diff_replays_tick_one_bar_over_base_and_head(shown) -> None:
     units = [Unit(str(RACE), e, "none") for e in ("cache-safe", "rep-once")]
-    summaries = run_units(units, progress=text_mod.progress_bar(0, "kpool diff"))
+    summaries = run_units(units, progress=ticking_mod.progress_bar(0, "kpool diff"))
     assert len(summaries) == 2
     (ticker, buf), = shown
     planned = planned_ubatches(load_trace(RACE))
@@ -54,7 +55,7 @@ def test_diff_replays_tick_one_bar_over_base_and_head(shown) -> None:
 
 def test_diff_on_a_pool_ticks_the_replays(shown) -> None:
     units = [Unit(str(RACE), e, "none") for e in ("cache-safe", "rep-once")]
-    run_units(units, jobs=2, progress=text_mod.progress_bar(0, "kpool diff"))
+    run_units(units, jobs=2, progress=ticking_mod.progress_bar(0, "kpool diff"))
     (ticker, _), = shown
     assert ticker.unit == "replays" and ticker.done == ticker.total == 2
 
@@ -62,7 +63,7 @@ def test_diff_on_a_pool_ticks_the_replays(shown) -> None:
 def test_gen_writes_the_same_text_ticking_its_ops(shown) -> None:
     out = io.StringIO()
     trace = SCENARIOS["server"].generate(3, slots=4, requests=20, steps=30)
-    bar = text_mod.progress_bar(0, "kpool gen server", unit="ops")
+    bar = ticking_mod.progress_bar(0, "kpool gen server", unit="ops")
     text_mod.write_trace(out, trace, bar)
     bar.close()
     assert out.getvalue() == dump_trace(trace)
@@ -75,7 +76,7 @@ def test_each_item_hides_a_shared_bar_and_the_end_erases_it() -> None:
     t = Ticker(make_console(buf, Manners(True, True, 80)), 3, "kpool check", delay=0,
                shares_terminal=True, unit="runs")
     seen = []
-    for item in text_mod.ticking_each(iter("abc"), t):
+    for item in ticking_mod.ticking_each(iter("abc"), t):
         assert t._progress is None  # off the terminal while the caller writes
         seen.append(item)
     assert seen == ["a", "b", "c"] and t.done == 3 and t._progress is None

@@ -25,6 +25,11 @@ so they are opt-in: `KPOOL_NUMBA_PARALLEL=1` builds them on first use and uses
 them above a work threshold; `PARALLEL_USED` records whether a run used them.
 
 Where the compiled kernels are cached: `kpool_cli/jit.py` decides (`CACHE`).
+
+Loading the cached kernels: `store.kernel_module` imports this module under
+`jit.cache_loads_only()`, which spares numba's cache loads the refresh of numba's
+whole target context (about 0.25 s of a warm start; see there). Imported otherwise,
+every kernel loads as numba loads it.
 """
 
 from __future__ import annotations

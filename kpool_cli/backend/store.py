@@ -81,7 +81,10 @@ DEFAULT_BACKEND = "numba"
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        with masked():  # numba compiles while kernels.py is imported
+        # numba loads (or compiles) every kernel while kernels.py is imported
+        from ..jit import cache_loads_only
+
+        with masked(), cache_loads_only():
             from . import kernels
         return kernels
     if name == "numpy":

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
 from ..cache.cells import global_row
 from ..cache.kv import Reach
 from ..engine.layout import Layout, LayoutChange
@@ -115,7 +116,7 @@ class Verifier:
                 ok = k >= 0
                 ok[ok] &= j[ok] < starts[k[ok]] + self.kpool
                 parts.append(k[ok])
-        return np.unique(np.concatenate(parts))
+        return unique(np.concatenate(parts))
 
     def verify(self, layout: Layout, change: LayoutChange) -> None:
         """Recheck the pools whose verdict may have changed since the last ubatch: the

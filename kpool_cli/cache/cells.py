@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import unique
+
 EMPTY_POS = -1
 CELL_BITS = 32
 CELL_MASK = (1 << CELL_BITS) - 1
@@ -201,7 +203,7 @@ class Stream:
         if self.used == 0:
             return np.empty(0, dtype=np.int64)
         parts = [key_cell(k.view) for k in self.seq_keys.values() if len(k)]
-        return np.unique(np.concatenate(parts))
+        return unique(np.concatenate(parts))
 
     def empty_cells(self, lo: int, hi: int, n: int, taken: np.ndarray | None = None
                     ) -> np.ndarray:
@@ -290,7 +292,7 @@ class Stream:
         them, ascending. Every live cell holds a sequence, so the sequences' ranges
         find them all."""
         parts = [key_cell(k.range(p0, p1)) for k in self.seq_keys.values() if len(k)]
-        cells = np.unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        cells = unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
         self._index_rm(cells)
         self._empty(cells)
         return cells

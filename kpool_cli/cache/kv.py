@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import unique
 from ..trace import model as m
 from ..trace.model import CacheConfig
 from .cells import Stream, global_row, key_cell
@@ -296,7 +297,7 @@ class KvCache:
             heads_before.append(list(head))
             strm = np.array([self.stream_of(ss[0]) for ss in seqs], dtype=np.int64)
             cells = np.empty(len(seqs), dtype=np.int64)
-            for k in np.unique(strm).tolist():
+            for k in unique(strm).tolist():
                 mine = np.flatnonzero(strm == k)
                 got: np.ndarray | None
                 if recorded is not None:
@@ -337,7 +338,7 @@ class KvCache:
         ENGINE.md: tests/test_cache.py::test_failed_prepare_head_quirk)."""
         for p, old in zip(reversed(planned), reversed(heads_before[: len(planned)]),
                           strict=True):
-            for idx, k in enumerate(np.unique(p.strm).tolist()):
+            for idx, k in enumerate(unique(p.strm).tolist()):
                 self._heads[k] = old[idx]
 
     @staticmethod
@@ -365,7 +366,7 @@ class KvCache:
         rows written and their key ids, per token."""
         ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + pos.size)
         self.n_key_writes += int(pos.size)
-        for k in np.unique(placement.strm).tolist():
+        for k in unique(placement.strm).tolist():
             mine = np.flatnonzero(placement.strm == k)
             st = self.streams[k]
             st.write(placement.cells[mine], pos[mine], None if ext is None else ext[mine],

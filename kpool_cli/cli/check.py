@@ -68,7 +68,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     from ..check import plan, run_checks
     from ..inputs import trace_paths
     from ..report.terminal import stream_is_terminal
-    from ..report.text import progress_bar, ticking_each
+    from ..report.ticking import progress_bar, ticking_each
     from ..settings import SettingsError, load_settings
 
     try:
@@ -137,7 +137,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int) -> None:
     """
     from ..inputs import trace_paths
     from ..report.terminal import stream_is_terminal
-    from ..report.text import progress_bar
+    from ..report.ticking import progress_bar
 
     files, empty = trace_paths(paths)
     if empty:

@@ -75,7 +75,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     from ..diff.runs import DiffInputError, gather
     from ..inputs import trace_paths
     from ..report.diff_view import write_diff
-    from ..report.text import progress_bar
+    from ..report.ticking import progress_bar
 
     files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
     if empty:

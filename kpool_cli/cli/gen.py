@@ -15,7 +15,8 @@ def _gen_command(scenario: Scenario) -> click.Command:
     """`kpool gen NAME`: its options are the scenario's sizes (gen/scenarios.py)."""
 
     def run(seed: int, output: str | None, **sizes: int) -> None:
-        from ..report.text import progress_bar, write_trace
+        from ..report.text import write_trace
+        from ..report.ticking import progress_bar
 
         refuse_outputs((), output=output)
         bar = progress_bar(0, f"kpool gen {scenario.name}", unit="ops")  # its delay: from now

@@ -15,17 +15,18 @@ import contextlib
 import sys
 import textwrap
 from collections.abc import Iterator
-from typing import NoReturn, TextIO
+from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import click
 
 from ..contracts import exits
 from ..contracts.files import OutputError, check_outputs, written_whole
-from ..trace.load import TraceError
-from ..trace.model import Trace
-from ..verdict.expect import load_checked
 from ..versions import DEFAULT_VERSION, EngineVersion, VersionError, load_version
 from ..wording import visible
+
+if TYPE_CHECKING:  # the loader (yaml, numpy): imported by `load`, when a command loads
+    from ..trace.load import TraceError
+    from ..trace.model import Trace
 
 
 def fail(message: str, *more_lines: str) -> NoReturn:
@@ -45,6 +46,9 @@ def invalid(e: TraceError) -> NoReturn:
 
 
 def load(path: str, max_tokens: int) -> Trace:
+    from ..trace.load import TraceError
+    from ..verdict.expect import load_checked
+
     try:
         return load_checked(path, max_tokens=max_tokens)
     except TraceError as e:

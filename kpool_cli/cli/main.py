@@ -11,9 +11,11 @@ KPOOL_TRACEBACK is set).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
 import sys
+from collections.abc import Iterator, MutableMapping
 
 import click
 
@@ -22,13 +24,42 @@ from ..contracts import exits
 from ..contracts.files import OutputError
 from ..signals import Terminated
 from ..wording import visible
-from .check import check_cmd, validate_cmd
-from .diff import diff_cmd
-from .fuzz import fuzz_cmd
-from .gen import gen_cmd
-from .info import engines_cmd, explain_cmd, schema_cmd
 from .io import OutOfMemory
-from .replay import replay_cmd
+
+# Every command: its module in this package, its object there, and the first sentence of
+# its docstring, which `kpool --help` shortens into the command's line (tests/test_startup.py
+# holds the two equal). A command's module, and all it imports (numpy, the loader, the
+# replay ...), is imported only when that command runs or shows its own help: `kpool
+# --help` imports none of them.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": ("check", "check_cmd",
+              "Check the traces in PATHS (files, or folders searched recursively for *.yaml "
+              "and *.yml) as a CI gate: each is replayed under every engine its expect items "
+              "name; every expect must hold, and no finding at or above --fail-on may be "
+              "left unpinned (a code listed in an expect's findings for that engine is "
+              "pinned)."),
+    "diff": ("diff", "diff_cmd",
+             "Compare two engine versions on TRACES, or two saved JSON reports."),
+    "engines": ("info", "engines_cmd", "List the registered engine versions."),
+    "explain": ("info", "explain_cmd",
+                "What finding CODE (KP001, or its name: scatter-race) means, why it is "
+                "harmful, a minimal trace that triggers it, and how to fix the engine."),
+    "fuzz": ("fuzz", "fuzz_cmd",
+             "Replay random traces under ENGINE, check kpool's invariants, shrink each new "
+             "finding to a minimal trace with an `expect` pinning it."),
+    "gen": ("gen", "gen_cmd",
+            "Write a generated trace (format v1): a seeded, deterministic scenario whose "
+            "sizes are options; its description says how to regenerate it."),
+    "replay": ("replay", "replay_cmd",
+               "Replay TRACES through an engine version and report what each ubatch did."),
+    "schema": ("info", "schema_cmd",
+               "Print the JSON Schema of the trace (YAML as parsed), of the report, or of "
+               "`kpool check --output-format json`."),
+    "validate": ("check", "validate_cmd",
+                 "Load the traces in PATHS (files, or folders searched recursively for "
+                 "*.yaml and *.yml) without replaying them, and list every problem of every "
+                 "file."),
+}
 
 
 class _ReaderLeft(Exception):
@@ -44,7 +75,47 @@ class _TerminatedPast(BaseException):
     """SIGTERM, carried past click, which would take it for a Ctrl-C."""
 
 
+class _Commands(MutableMapping[str, click.Command]):
+    """The group's commands by name (`COMMANDS`), each module imported at the first look-up
+    of one of its commands (click looks a command up to run it or show its help)."""
+
+    def __init__(self) -> None:
+        self._loaded: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            module, attr, _ = COMMANDS[name]
+            self._loaded[name] = getattr(importlib.import_module(f"{__package__}.{module}"),
+                                         attr)
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*COMMANDS, *self._loaded]))
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self._loaded))
+
+
 class _Group(click.Group):
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's listing (`Group.format_commands`), each line shortened from `COMMANDS`
+        rather than from the command: no command's module is imported for it."""
+        names = [n for n in self.list_commands(ctx) if n in COMMANDS]
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        # a command of that help, never run: click shortens its help as it would the real one's
+        rows = [(n, click.Command(n, help=COMMANDS[n][2]).get_short_help_str(limit))
+                for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def make_context(self, *args, **kwargs) -> click.Context:
         # `kpool --help` and `--version` print while the arguments are parsed
         try:
@@ -63,15 +134,11 @@ class _Group(click.Group):
             raise _Interrupted from None
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, commands=_Commands(),
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kpool")
 def cli() -> None:
     """Replay and inspect traces of llama.cpp's k-pool indexer cache."""
-
-
-for _command in (replay_cmd, explain_cmd, schema_cmd, engines_cmd, diff_cmd, gen_cmd,
-                 check_cmd, fuzz_cmd, validate_cmd):
-    cli.add_command(_command)
 
 
 def main() -> None:

@@ -88,13 +88,15 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
     --check), 2 bad usage or an invalid trace."""
-    from ..report.text import TextOutput, may_draw_rich, ticker_for, ticking
+    from ..report.ticking import ticker_for, ticking
 
     refuse_outputs(traces, output=output, svg=svg, html=html)
     if fmt != "text" and (html or svg):
         fail("--html and --svg save the text view: use them with --format text")
     loaded = [load(path, max_tokens) for path in traces]  # every trace, before any engine
     runs = [(t, version_for(engine, t.engine)) for t in loaded]
+    if fmt == "text":  # the views, and rich: for the text view only
+        from ..report.text import TextOutput, may_draw_rich
     rich_view = fmt == "text" and may_draw_rich(html, svg, color)
     for t, _ in runs:
         try:

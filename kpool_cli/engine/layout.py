@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..arrays import unique
 from ..cache.cells import CELL_BITS, CELL_MASK, GrowArray, global_row
 from ..cache.kv import KvCache
 
@@ -343,7 +344,7 @@ class Layout:
         """[len(ips), kpool] global member rows of the pools with global indices ips."""
         seq, k = self.locate(ips)
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
-        for s in np.unique(seq).tolist():
+        for s in unique(seq).tolist():
             sel = np.flatnonzero(seq == s)
             out[sel] = self.seqs[s].members(k[sel], self.kpool, self.kv_size)
         return out
@@ -353,7 +354,7 @@ class Layout:
         seq, k = self.locate(ips)
         first = np.empty(ips.size, dtype=np.int64)
         last = np.empty(ips.size, dtype=np.int64)
-        for s in np.unique(seq).tolist():
+        for s in unique(seq).tolist():
             sel = np.flatnonzero(seq == s)
             sq = self.seqs[s]
             first[sel] = sq.first_pos()[k[sel]]

@@ -18,17 +18,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TextIO
+from functools import cache
+from typing import TYPE_CHECKING, TextIO
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+if TYPE_CHECKING:  # rich: imported when a console is made or a bar shows
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,17 +50,23 @@ class Manners:
         return Manners(tty, color, width)
 
 
-class _Console(Console):
+@cache
+def _console_class() -> type[Console]:
     """rich's Console, except that a reader who left (`| head`) is reported as the
-    BrokenPipeError it is: rich's own answer is `SystemExit(1)`, and 1 means findings."""
+    BrokenPipeError it is: rich's own answer is `SystemExit(1)`, and 1 means findings.
+    (Made at the first console: a command that draws nothing never imports rich.)"""
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console
 
 
 def make_console(file: TextIO | None, manners: Manners, *, record: bool = False) -> Console:
-    return _Console(
+    return _console_class()(
         file=file,
         width=manners.width,
         color_system="auto" if manners.color else None,
@@ -125,6 +126,14 @@ class Ticker:
         if self._progress is None:
             if now - self._quiet_since < self.delay:
                 return
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             self._progress = Progress(
                 # a label quotes a trace's name: never rich markup ("[/]" would raise)
                 TextColumn("{task.description}", markup=False), BarColumn(),

@@ -4,10 +4,9 @@ and progress bar around it.
 Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
 otherwise, the recording console behind --html/--svg, written atomically at
 `close()`), `may_draw_rich` (known before the replay: whether records carry cell
-maps), and `ticker_for` / `ticking` (the delayed progress bar on stderr, never when
-stdout is a pipe, stderr is not a terminal, or with --quiet). `progress_bar` is that
-bar for the other long commands (`kpool diff`, `check`, `validate`, `gen`, which
-writes through `write_trace`).
+maps), and `write_trace` (`kpool gen`'s output). The delayed progress bar around a
+replay and the other long commands (`ticker_for`, `ticking`, `progress_bar`) lives
+in `ticking.py`, which imports no rich until a bar shows.
 
 Decisions:
 - stdout a terminal (and no --output file): the rich view, coloured unless
@@ -28,24 +27,22 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO, TypeVar
+from typing import TextIO
 
 from rich.console import CONSOLE_HTML_FORMAT, CONSOLE_SVG_FORMAT
 
 from ..contracts.files import written_whole
 from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
 from ..contracts.tally import Tally
-from ..replay import planned_ubatches
 from ..trace.model import Trace
 from ..versions import EngineVersion
-from ..wording import visible
 from .plain import write_plain
 from .select import Selection, select
-from .terminal import Manners, Ticker, make_console, stream_is_pipe, stream_is_terminal
+from .terminal import Manners, Ticker, make_console, stream_is_terminal
+from .ticking import ticker_for, ticking
 from .view import RichView
 
 Record = OpEvent | UbatchRecord | ExpectResult
-T = TypeVar("T")
 
 
 def may_draw_rich(html: str | None, svg: str | None, color: bool | None = None) -> bool:
@@ -61,53 +58,6 @@ def color_forced(color: bool | None) -> bool:
     if color is not None:
         return color
     return bool(os.environ.get("FORCE_COLOR")) and "NO_COLOR" not in os.environ
-
-
-def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal: bool
-               ) -> Ticker:
-    """The progress bar of one replay (a disabled one when it must not show)."""
-    return progress_bar(planned_ubatches(trace), visible(trace.name or trace.path),
-                        quiet=quiet, color=color, shares_terminal=shares_terminal)
-
-
-def progress_bar(total: int, label: str, *, unit: str = "ubatches", quiet: bool = False,
-                 color: bool | None = None, shares_terminal: bool = False) -> Ticker:
-    """The delayed progress bar of any long command (a replay's, `kpool diff`'s
-    replays, `kpool gen`'s writing, `kpool check`, `kpool validate`): on stderr, never
-    with --quiet, when stderr is not a terminal, or when stdout is a pipe (a disabled
-    ticker then). `label` is shown as given: make it visible first."""
-    err = sys.stderr
-    show = not quiet and stream_is_terminal(err) and not stream_is_pipe(sys.stdout)
-    console = make_console(err, Manners.detect(err, color=color)) if show else None
-    return Ticker(console, total, label, shares_terminal=shares_terminal, unit=unit)
-
-
-def ticking(records: Iterable[Record], ticker: Ticker, *, close: bool = True
-            ) -> Iterator[Record]:
-    """`records`, ticking the bar at every ubatch; the bar is erased at the end (unless
-    not `close`: a bar over several replays)."""
-    try:
-        for rec in records:
-            if isinstance(rec, UbatchRecord):
-                ticker.tick()
-            yield rec
-    finally:
-        if close:
-            ticker.close()
-
-
-def ticking_each(items: Iterable[T], ticker: Ticker) -> Iterator[T]:
-    """`items` (made as they are asked for: `kpool check`'s results), ticking the bar at
-    each; while the caller writes one the bar is off the terminal it may share
-    (`Ticker.hidden`), and it is erased once the items end, before the caller writes
-    what follows them."""
-    try:
-        for item in items:
-            ticker.tick()
-            with ticker.hidden():
-                yield item
-    finally:
-        ticker.close()
 
 
 def write_trace(out: TextIO, trace: Trace, ticker: Ticker) -> None:

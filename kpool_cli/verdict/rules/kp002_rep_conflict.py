@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
+from ...arrays import unique
 from ...contracts.finding import Code, Finding, PoolIds
 from ...engine.context import UbatchContext
 from ...engine.layout import Layout, LayoutChange
@@ -76,7 +77,7 @@ def conflicts(layout: Layout) -> dict[int, tuple[tuple[int, int], ...]]:
     group_start = np.concatenate(([True], rows[1:] != rows[:-1]))
     first_idx = np.maximum.accumulate(np.where(group_start, np.arange(ips.size), 0))
     differs = np.any(members != members[first_idx], axis=1)
-    bad_rows = np.unique(rows[differs])
+    bad_rows = unique(rows[differs])
     out: dict[int, tuple[tuple[int, int], ...]] = {}
     for r in bad_rows.tolist():
         seq, k = layout.locate(ips[rows == r])

@@ -8,9 +8,8 @@ ascending; the pools are every real pool on them, in pool order.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ... import wording as words
+from ...arrays import unique
 from ...contracts.finding import Code, Finding, PoolIds
 from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
@@ -68,7 +67,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     readers = plan.pad_readers
     if readers.size == 0:
         return []
-    hit = np.unique(plan.pool_cells[readers])
+    hit = unique(plan.pool_cells[readers])
     seq, k = ctx.layout.locate(readers)
     return [Finding(
         CODE,

@@ -1,0 +1,165 @@
+"""What a command imports at start-up (issue 23, point 5): behaviour, not time.
+
+- numba, and the numba kernels, are imported by a replay that uses the numba value
+  backend and by nothing else: not `kpool --help`, `validate`, `gen --help`,
+  `engines`, nor a replay with `--backend none` or `--backend numpy`;
+- `kpool --help` imports no command's module (the group's table, cli/main.py's
+  `COMMANDS`, gives each command's line), and that table says what the commands'
+  own docstrings say;
+- a JSON replay into a file draws nothing, so it imports no rich;
+- `jit.cache_loads_only` (numba's cache loads without the refresh of its target
+  context) gives back numba's own method, and a kernel compiled under it (a cache
+  miss) and one loaded under it (a hit) compute what numba computes;
+- `arrays.unique` is `np.unique`, without its import of numpy.ma.
+
+Each command runs in a fresh interpreter, in-process there (`cli.main(args,
+standalone_mode=False)`), which then reports the modules it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpool_cli.arrays import unique
+
+ROOT = Path(__file__).resolve().parent.parent
+RACE = str(ROOT / "traces" / "shared-prefix-race.yaml")
+
+_RUN = """
+import json, sys
+from kpool_cli.cli.main import cli
+try:
+    code = cli.main(json.loads(sys.argv[1]), prog_name="kpool", standalone_mode=False)
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules
+                                                   if m.split(".")[0] in ("numba", "numpy",
+                                                   "yaml", "rich", "multiprocessing",
+                                                   "kpool_cli"))}), file=sys.__stderr__)
+"""
+
+
+def loaded(*args: str, env: dict[str, str] | None = None) -> tuple[int, set[str]]:
+    """Run `kpool ARGS` in a fresh interpreter (the click group, in-process there): its
+    exit status and the modules of interest it imported."""
+    r = subprocess.run([sys.executable, "-c", _RUN, json.dumps(list(args))],
+                       capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "NO_COLOR": "1", **(env or {})}, timeout=300)
+    report = json.loads(r.stderr.strip().splitlines()[-1])
+    return report["code"] or 0, set(report["modules"])  # None: the command returned
+
+
+@pytest.mark.parametrize("args", [
+    ("--help",),
+    ("validate", RACE),
+    ("gen", "--help"),
+    ("engines",),
+    ("replay", "--help"),
+    ("replay", RACE, "-q", "--format", "json", "--backend", "none"),
+    ("replay", RACE, "-q", "--format", "json", "--backend", "numpy"),
+], ids=lambda a: " ".join(Path(x).name for x in a))
+def test_only_a_numba_replay_imports_numba(args: tuple[str, ...], tmp_path: Path) -> None:
+    out = ("-o", str(tmp_path / "r.json")) if "replay" in args and "--help" not in args else ()
+    code, modules = loaded(*args, *out)
+    assert code in (0, 1), (args, code)
+    assert "numba" not in modules
+    assert "kpool_cli.backend.kernels" not in modules
+
+
+def test_a_numba_replay_does_import_numba(tmp_path: Path) -> None:
+    """The other side, and the check that the report above sees what it should."""
+    code, modules = loaded("replay", RACE, "-q", "--format", "json", "--backend", "numba",
+                           "-o", str(tmp_path / "r.json"))
+    assert code in (0, 1)
+    assert {"numba", "kpool_cli.backend.kernels"} <= modules
+    assert "rich" not in modules  # nothing is drawn: JSON into a file, no progress bar
+
+
+def test_help_imports_no_command() -> None:
+    code, modules = loaded("--help")
+    assert code == 0
+    commands = {m for m in modules if m.startswith("kpool_cli.cli.")} - {
+        "kpool_cli.cli.main", "kpool_cli.cli.io"}
+    assert commands == set()
+    assert not modules & {"numpy", "yaml", "rich", "multiprocessing"}
+
+
+def test_validate_imports_no_pool_and_no_rich_off_a_terminal() -> None:
+    code, modules = loaded("validate", RACE)
+    assert code == 0
+    assert not modules & {"rich", "multiprocessing", "numpy.ma"}
+
+
+def test_the_command_table_says_what_the_commands_say() -> None:
+    """`kpool --help` lists each command by COMMANDS' sentence: shortened at every
+    width, it is the command's own short help."""
+    from kpool_cli.cli.main import COMMANDS, cli
+
+    assert sorted(cli.list_commands(None)) == sorted(COMMANDS)  # type: ignore[arg-type]
+    for name, (module, attr, sentence) in COMMANDS.items():
+        cmd = cli.get_command(None, name)  # type: ignore[arg-type]
+        assert cmd is not None and cmd.name == name and not cmd.hidden
+        assert cmd is getattr(sys.modules[f"kpool_cli.cli.{module}"], attr)
+        listed = type(cmd)(name, help=sentence)
+        for limit in range(10, 240):
+            assert listed.get_short_help_str(limit) == cmd.get_short_help_str(limit), (
+                name, limit)
+
+
+_KERNEL = '''
+import sys
+import numba, numpy as np
+from numba.core import caching
+from kpool_cli.jit import cache_loads_only
+original = caching.Cache.load_overload
+with cache_loads_only() as replaced:
+    assert replaced
+    assert caching.Cache.load_overload is not original
+
+    @numba.njit("f4[::1](f4[::1], i8[::1])", cache=True)
+    def pick(a, rows):
+        out = np.empty(rows.size, dtype=np.float32)
+        for j in range(rows.size):
+            out[j] = a[rows[j]] * np.float32(3.0)
+        return out
+
+assert caching.Cache.load_overload is original
+a = np.arange(10, dtype=np.float32)
+got = pick(a, np.array([9, 0, 4], dtype=np.int64))
+assert got.tolist() == [27.0, 0.0, 12.0], got
+print(len(pick.stats.cache_hits), len(pick.stats.cache_misses))
+'''
+
+
+def test_cache_loads_only_compiles_a_miss_and_loads_a_hit(tmp_path: Path) -> None:
+    """Under `cache_loads_only`, a kernel not in the cache is compiled (numba's compiler
+    refreshes the context itself) and saved; the next process loads it without the
+    refresh and it computes the same; numba's method is back after the block."""
+    script = tmp_path / "kernel.py"
+    script.write_text(_KERNEL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=300) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert [r.stdout.split() for r in runs] == [["0", "1"], ["1", "0"]]
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.intp])
+def test_unique_is_np_unique(dtype: type) -> None:
+    rng = np.random.default_rng(23)
+    cases = [np.empty(0, dtype), np.array([5], dtype), np.array([3, 3, 3], dtype),
+             rng.integers(0, 7, size=(4, 5)).astype(dtype)]
+    cases += [rng.integers(0, n, size=n).astype(dtype) for n in (2, 10, 100, 1000)]
+    for a in cases:
+        want = np.unique(a)
+        got = unique(a)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert np.array_equal(got, want)
