@@ -31,7 +31,7 @@ Two cores run the per-ubatch steps (`CORES`, `core_of`): `compiled`
 (kpool_cli/compiled/, numba kernels) and `reference` (cache/ and engine/ in numpy,
 which the compiled core is held to). They share the state's layout and every rule;
 a replay's records do not depend on the core. `auto` (the default, `resolve_core`)
-runs the compiled core on a trace of AUTO_COMPILED_FROM ubatches or more, where its
+runs the compiled core on a trace of `auto_compiled_from` ubatches or more, where its
 kernels save more than loading them costs, else the reference core.
 """
 
@@ -103,9 +103,17 @@ CORES = ("compiled", "reference")
 AUTO = "auto"
 CORE_CHOICES = (AUTO, *CORES)
 DEFAULT_CORE = AUTO
-# ubatches from which the compiled core's kernels save more than their load costs
-# (measured by benchmarks/bench_workloads.py's floors: see the README, "Cores")
-AUTO_COMPILED_FROM = 1000
+# ubatches from which the compiled core saves more than it costs to start: about
+# 0.15 ms a decode ubatch against loading its kernels (0.2 s) and, when the value
+# backend has not imported numba already, numba itself (0.3-0.5 s); measured on the
+# project's 2-core machine (README, "Performance")
+AUTO_COMPILED_FROM = {"numba": 1500, "other": 5000}
+
+
+def auto_compiled_from(backend: str | None) -> int:
+    """The ubatches from which `auto` runs the compiled core, for a value backend
+    named `backend` (None: model only)."""
+    return AUTO_COMPILED_FROM["numba" if backend == "numba" else "other"]
 Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
@@ -123,16 +131,17 @@ class Core:
     race_groups: Callable[[m.CacheConfig], Groups]
 
 
-def resolve_core(core: str, trace: m.Trace) -> str:
-    """The core `core` names for `trace` (one of CORE_CHOICES): auto is compiled when
-    the trace's decodes split into at least AUTO_COMPILED_FROM ubatches (counted as
-    split_equal's least: a decode's listed tokens over n_ubatch, rounded up)."""
+def resolve_core(core: str, trace: m.Trace, backend: str | None = None) -> str:
+    """The core `core` names for `trace` (one of CORE_CHOICES) replayed with the value
+    backend `backend`: auto is compiled when the trace's decodes split into at least
+    `auto_compiled_from(backend)` ubatches (counted as split_equal's least: a
+    decode's listed tokens over n_ubatch, rounded up)."""
     if core != AUTO:
         return core
     n_ubatch = trace.cache.n_ubatch
     least = sum(-(-len(op.tokens) // n_ubatch) for op in trace.ops
                 if isinstance(op, m.Decode) and op.span is None)
-    return "compiled" if least >= AUTO_COMPILED_FROM else "reference"
+    return "compiled" if least >= auto_compiled_from(backend) else "reference"
 
 
 def core_of(name: str) -> Core:
@@ -210,7 +219,7 @@ class Replayer:
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
         self.cfg = cfg
-        self.core = core_of(resolve_core(core, trace))
+        self.core = core_of(resolve_core(core, trace, getattr(backend, "name", None)))
         self.groups = self.core.race_groups(cfg)
         self.cache = self.core.cache(cfg)
         self.recurrent = RecurrentChild(  # ENGINE.md §3

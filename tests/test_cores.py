@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from kpool_cli.cli.main import cli
 from kpool_cli.gen import fuzz
 from kpool_cli.gen.random_trace import random_trace
-from kpool_cli.replay import AUTO_COMPILED_FROM, CORES, DEFAULT_CORE, resolve_core
+from kpool_cli.replay import CORES, DEFAULT_CORE, auto_compiled_from, resolve_core
 from kpool_cli.versions import VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,20 +25,23 @@ BACKENDS = ("none", "numpy", "numba")
 
 
 def test_auto_runs_the_compiled_core_from_its_ubatch_count() -> None:
-    """auto: compiled from AUTO_COMPILED_FROM ubatches, counted as split_equal's least
-    (ceil(tokens / n_ubatch) per decode): one decode of n_ubatch * N - 1 tokens needs N
-    ubatches."""
+    """auto: compiled from auto_compiled_from(backend) ubatches, counted as
+    split_equal's least (ceil(tokens / n_ubatch) per decode): one decode of
+    n_ubatch * N - 1 tokens needs N ubatches. Fewer with the numba backend (numba is
+    imported anyway)."""
     from kpool_cli.trace import model as m
 
     assert CORES == ("compiled", "reference") and DEFAULT_CORE == "auto"
     cfg = m.CacheConfig(kv_size=1 << 20, kpool=4, n_seq_max=1, n_ubatch=2)
-    n = AUTO_COMPILED_FROM
+    n = auto_compiled_from(None)
+    assert auto_compiled_from("numba") < n == auto_compiled_from("numpy")
 
     def one_decode(tokens: int) -> m.Trace:
         return m.Trace(cfg, (m.Decode(tuple(m.Token(p, (0,)) for p in range(tokens))),))
 
     assert resolve_core("auto", one_decode(2 * n - 1)) == "compiled"  # ceil: n ubatches
     assert resolve_core("auto", one_decode(2 * n - 2)) == "reference"  # n - 1
+    assert resolve_core("auto", one_decode(2 * n - 2), "numba") == "compiled"
     assert resolve_core("reference", one_decode(2 * n)) == "reference"
     assert resolve_core("compiled", one_decode(1)) == "compiled"
 

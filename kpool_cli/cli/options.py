@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from ..backend.budget import default_max_memory, parse_memory
-from ..replay import AUTO_COMPILED_FROM, CORE_CHOICES, DEFAULT_CORE
+from ..replay import CORE_CHOICES, DEFAULT_CORE, auto_compiled_from
 from ..report.select import parse_ubatch_range
 from ..trace.load import MAX_TOKENS
 from ..versions import VERSIONS
@@ -126,7 +126,9 @@ core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     help="The replay core: compiled (numba kernels), reference (the engine in numpy, "
          "which the compiled core is held to byte for byte), or auto: compiled for a "
-         f"trace of {AUTO_COMPILED_FROM:,} ubatches or more. The report is the same.")
+         f"trace of {auto_compiled_from('numba'):,} ubatches or more "
+         f"({auto_compiled_from(None):,} without the numba backend). The report is the "
+         "same.")
 max_memory_option = click.option(
     "--max-memory", metavar="SIZE", callback=_memory_budget,
     help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "
