@@ -63,9 +63,11 @@ def test_a_plan_naming_an_empty_cell_is_a_defect(monkeypatch: pytest.MonkeyPatch
 
 
 def test_an_unreported_drift_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kpool_cli.compiled.layout import CompiledLayout
     from kpool_cli.engine.layout import Layout
     from kpool_cli.verdict.rules import kp007_layout_drift
-    monkeypatch.setattr(Layout, "drift", lambda self, cache, s: (0, None, (0, 0)))
+    for cls in (Layout, CompiledLayout):  # each core's layout
+        monkeypatch.setattr(cls, "drift", lambda self, cache, s: (0, None, (0, 0)))
     monkeypatch.setattr(kp007_layout_drift.Check, "at_ubatch", lambda self, ctx: [])
     _, defects, _ = run_checked(random_trace(19), "rep-once")
     assert any(d[0] == fuzz.INV_DRIFT for d in defects)

@@ -124,6 +124,7 @@ max_tokens_option = click.option(
                       "untrusted input).")
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
+    metavar="CORE",
     help="The replay core: compiled (numba kernels), reference (the engine in numpy, "
          "which the compiled core is held to byte for byte), or auto: compiled for a "
          f"trace of {auto_compiled_from('numba'):,} ubatches or more "
