@@ -2,7 +2,8 @@
 jitted, and the decorator the compiled core's kernels use.
 
 Owns: `cache_for` (the choice, per kernel file), `cache_loads_only` (loading a
-cached kernel without numba's refresh of its whole target context) and `kernel`. Imported only by
+cached kernel without numba's refresh of its whole target context), `kernel` and
+`inner`. Imported only by
 modules that hold numba kernels (backend/kernels.py, compiled/kernels.py), so a
 command that runs none never imports numba.
 
@@ -132,6 +133,13 @@ def cache_loads_only() -> Iterator[bool]:
         yield True
     finally:
         cache.load_overload = original
+
+
+def inner(fn: F) -> F:
+    """`fn` as a numba function the kernels call (compiled into each caller, cached with
+    it); never called from Python."""
+    jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
+    return jitted
 
 
 def kernel(fn: F) -> F:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..cache.cells import EMPTY_POS, SortedKeys, Stream
+from ..cache.cells import EMPTY_POS, SortedKeys, Stream, global_row
 from ..cache.kv import KvCache, Placement
 from ..trace.model import CacheConfig
 from . import kernels as k
@@ -39,25 +39,32 @@ class CompiledStream(Stream):
               seqs: list[tuple[int, ...]], key_ids: np.ndarray) -> None:
         """Stream.write: the cells through `kernels.write_cells`, then each sequence's
         new pairs into its index."""
-        assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
         col = self._col
         n = len(seqs)
         first = seqs[0]
-        by_seq: dict[int, list[int] | None]
         if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence
-            ptr = np.arange(n + 1, dtype=np.int64)
-            flat = np.full(n, col[first[0]], dtype=np.int64)
-            by_seq = {first[0]: None}
-        else:
-            ptr_l, flat_l, by_seq = [0], [], {}
-            for i, ss in enumerate(seqs):
-                for s in ss:
-                    flat_l.append(col[s])
-                    lst = by_seq.setdefault(s, [])
-                    assert lst is not None
-                    lst.append(i)
-                ptr_l.append(len(flat_l))
-            ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
+            s = first[0]
+            index = self.seq_keys[s]
+            n0 = len(index)
+            buf = index.spare(n0 + n)
+            n1, past_end, empty = k.write_seq(
+                cells, pos, ext if ext is not None else self.ext[:0], ext is not None,
+                col[s], key_ids, self.pos, self.ext, self.has, self.seq_count, self.key_id,
+                buf, n0)
+            assert empty, "writing a cell that is not empty"
+            index.set_len(n1)
+            self.used += n
+            self._note(s, bool(past_end))
+            return
+        assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
+        ptr_l, flat_l = [0], []
+        by_seq: dict[int, list[int]] = {}
+        for i, ss in enumerate(seqs):
+            for s in ss:
+                flat_l.append(col[s])
+                by_seq.setdefault(s, []).append(i)
+            ptr_l.append(len(flat_l))
+        ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
         ext_a = ext if ext is not None else self.ext[:0]
         k.write_cells(cells, pos, ext_a, ext is not None, ptr, flat, key_ids, self.pos,
                       self.ext, self.has, self.seq_count, self.key_id)
@@ -70,7 +77,7 @@ class CompiledStream(Stream):
                 self._add_one(s, key)
         else:
             for s, idx in by_seq.items():
-                self._add(s, keys if idx is None else keys[idx])
+                self._add(s, keys[idx])
 
     def _note(self, s: int, past_end: bool) -> None:
         """s's index changed; only past its end, and nothing touched it before?"""
@@ -113,9 +120,35 @@ class CompiledKvCache(KvCache):
         """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
         for appends in self._appends():
             appends.clear()
-        out = super().apply(placement, pos, ext, seqs)
+        strm = placement.strm
+        if strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
+            # one stream: KvCache.apply without its grouping by stream
+            k = int(strm[0])
+            ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + pos.size)
+            self.n_key_writes += int(pos.size)
+            self.streams[k].write(placement.cells, pos, ext, seqs, ids)
+            self._heads[k] = int(placement.cells[-1]) + 1
+            out = global_row(k, placement.cells, self.kv_size), ids
+        else:
+            out = super().apply(placement, pos, ext, seqs)
         self._appended = set().union(*self._appends())
         return out
+
+    def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
+             ) -> list[Placement] | None:
+        """KvCache.plan; a decode of one ubatch on one stream with no recorded cells
+        (every decode step) is one find_slot, without the bookkeeping between
+        ubatches (a failed one restores no head: nothing was placed)."""
+        if len(ubatches) == 1 and ubatches[0][2] is None:
+            seqs = ubatches[0][1]
+            k = self.stream_of(seqs[0][0])
+            if all(self.stream_of(ss[0]) == k for ss in seqs):
+                st = self.streams[k]
+                got = self._find_slot(st, st.used, self._heads[k], len(seqs))
+                if got is None:
+                    return None
+                return [Placement(np.full(len(seqs), k, dtype=np.int64), got)]
+        return super().plan(ubatches)
 
     def take_appended(self) -> set[int]:
         """The sequences the last `apply` changed only past their last pair, and that

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..jit import kernel
+from ..jit import inner, kernel
 
 _CELL_BITS = 32
 _CELL_MASK = (1 << 32) - 1
@@ -62,8 +62,7 @@ def write_cells(cells, pos, ext, has_ext, tok_ptr, tok_cols, key_ids,
         key_id[c] = key_ids[i]
 
 
-@kernel
-def sorted_add(a, n, keys):  # pragma: no cover - compiled
+def _sorted_add(a, n, keys):  # pragma: no cover - compiled
     """cache/cells.py `SortedKeys.add` into a[:n] (capacity reserved for every key):
     keys (not present yet) sorted in, a[:n] staying sorted. Returns the new n."""
     ks = np.sort(keys)
@@ -84,6 +83,36 @@ def sorted_add(a, n, keys):  # pragma: no cover - compiled
             j -= 1
         w -= 1
     return n + m
+
+
+sorted_add = kernel(_sorted_add)
+_sorted_add_in = inner(_sorted_add)  # for the kernels that add keys
+
+
+@kernel
+def write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_count,
+              key_id, index, n):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.write` of a ubatch whose every token holds the one
+    sequence of column `col`, with its index (`SortedKeys.add` into index[:n],
+    capacity reserved). Returns (new n, whether every new pair sorts past the old
+    last one, whether every cell was empty: when not, nothing was written)."""
+    m = cells.size
+    for i in range(m):
+        if st_pos[cells[i]] != -1:
+            return n, False, False
+    keys = np.empty(m, dtype=np.int64)
+    for i in range(m):
+        c = cells[i]
+        st_pos[c] = pos[i]
+        if has_ext:
+            st_ext[c, 0] = ext[i, 0]
+            st_ext[c, 1] = ext[i, 1]
+        has[col, c] = True
+        seq_count[c] = 1
+        key_id[c] = key_ids[i]
+        keys[i] = (pos[i] << _CELL_BITS) | c
+    past_end = n == 0 or keys.min() > index[n - 1]
+    return _sorted_add_in(index, n, keys), past_end, True
 
 
 @kernel
@@ -156,33 +185,40 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
     return n_keys, n_kept, j_next, n_pools, shared, scanned, False
 
 
+def _pool_of(keys, n_pools, first_pos, rep_pos, p, c, by_order, kpool):  # pragma: no cover
+    """engine/marking.py `mark`, the pool (of its sequence) holding a token at pos p in
+    cell c, or -1. By order, the token's rank among the pairs gives its pool (-2 when
+    the token is not among them: the engine asserts); by position, the last pool
+    whose first pos <= p, if p <= its rep pos."""
+    if by_order:
+        want = (p << _CELL_BITS) | c
+        r = np.searchsorted(keys, want)
+        if r >= keys.size or keys[r] != want:
+            return -2
+        k = r // kpool
+        return k if k < n_pools else -1
+    k = np.searchsorted(first_pos, p, side="right") - 1
+    return k if k >= 0 and p <= rep_pos[k] else -1
+
+
+_pool_of_in = inner(_pool_of)
+
+
 @kernel
 def pools_of_tokens(keys, pools_n, first_pos, rep_pos, pos, cells, by_order, kpool,
                     base, out):  # pragma: no cover - compiled
-    """engine/marking.py `mark`, the touched pools of one sequence's tokens: out[i] =
-    base + the pool holding token i, or -1. By order, the token's rank among the
-    pairs gives its pool (-2 when the token is not among them: the engine asserts);
-    by position, the last pool whose first pos <= pos, if pos <= its rep pos."""
+    """out[i] = base + the pool holding token i (`_pool_of`), -1 for none, -2 for a
+    token not in a by-order layout."""
     for i in range(pos.size):
-        if by_order:
-            want = (pos[i] << _CELL_BITS) | cells[i]
-            r = np.searchsorted(keys, want)
-            if r >= keys.size or keys[r] != want:
-                out[i] = -2
-                continue
-            k = r // kpool
-            out[i] = base + k if k < pools_n else -1
-        else:
-            k = np.searchsorted(first_pos, pos[i], side="right") - 1
-            out[i] = base + k if k >= 0 and pos[i] <= rep_pos[k] else -1
+        k = _pool_of_in(keys, pools_n, first_pos, rep_pos, pos[i], cells[i], by_order,
+                        kpool)
+        out[i] = base + k if k >= 0 else k
 
 
-@kernel
-def first_winners(cand, pool_cells, once_per_rep, n_pool_real, seen):  # pragma: no cover
+def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - compiled
     """engine/marking.py `mark`: the first candidate per pool (cache-safe) or per rep
     row (rep-once, PR #29994) wins; returns the winners sorted (layout order).
-    `seen` is scratch of n_rows (rep-once) or n_pool_real entries, all False, and is
-    left all False."""
+    `seen` is scratch indexed by a rep row or a pool, all False, and is left so."""
     win = np.empty(cand.size, dtype=np.int64)
     n = 0
     for c in cand:
@@ -194,8 +230,34 @@ def first_winners(cand, pool_cells, once_per_rep, n_pool_real, seen):  # pragma:
     for i in range(n):
         c = win[i]
         seen[pool_cells[c] if once_per_rep else c] = False
-    out = np.sort(win[:n])
-    return out
+    return np.sort(win[:n])
+
+
+first_winners = kernel(_first_winners)
+_first_winners_in = inner(_first_winners)
+
+
+@kernel
+def mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, kpool,
+                      base, stale, pool_cells, once_per_rep, seen):  # pragma: no cover
+    """engine/marking.py `mark` of a ubatch whose every token holds one sequence (its
+    pools start at global pool `base`): the candidates are the stale pools `stale`,
+    then each token's pool in token order (`_pool_of`); `_first_winners` decides.
+    Returns (the marked pools, False when a token is not in a by-order layout)."""
+    cand = np.empty(stale.size + pos.size, dtype=np.int64)
+    m = 0
+    for c in stale:
+        cand[m] = c
+        m += 1
+    for i in range(pos.size):
+        k = _pool_of_in(keys, n_pools, first_pos, rep_pos, pos[i], cells[i], by_order,
+                        kpool)
+        if k == -2:
+            return cand[:0], False
+        if k >= 0:
+            cand[m] = base + k
+            m += 1
+    return _first_winners_in(cand[:m], pool_cells, once_per_rep, seen), True
 
 
 @kernel

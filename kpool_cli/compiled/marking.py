@@ -34,6 +34,20 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     if repool_all:
         return Marking(np.arange(n_pool, dtype=np.int64), n_pool, True)
     candidates = stale_candidates(layout, stale_from)
+    first = seqs[0]
+    if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence: one call
+        s = first[0]
+        sq = layout.seqs[s]
+        stale = (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
+                 if candidates else np.empty(0, dtype=np.int64))
+        marked, ok = k.mark_one_sequence(
+            sq.keys.view, len(sq.pools), sq.first_pos(), sq.rep_pos(), pos, token_cells,
+            layout.by_order, kpool, int(start[s]), stale, layout.pool_cells(),
+            once_per_rep, layout.scratch(n_pool))
+        if not ok:
+            raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
+                              "sequence's layout (by-order rank lookup)")
+        return Marking(marked, int(marked.size), False)
     pair_tok, pair_seq = token_pairs(seqs)
     pair_ip = np.empty(pair_tok.size, dtype=np.int64)
     for s, sel in by_sequence(pair_seq):
@@ -52,7 +66,7 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     if cand.size == 0:
         return Marking(cand, 0, False)
     seen = layout.scratch(n_pool)
-    marked = k.first_winners(cand, layout.pool_cells(), once_per_rep, n_pool, seen)
+    marked = k.first_winners(cand, layout.pool_cells(), once_per_rep, seen)
     return Marking(marked, int(marked.size), False)
 
 
