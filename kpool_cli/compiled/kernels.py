@@ -22,6 +22,55 @@ _CELL_BITS = 32
 _CELL_MASK = (1 << 32) - 1
 
 
+def _stable_order(v):  # pragma: no cover - compiled
+    """The stable argsort of int64 `v` (equal values keep their order): a bottom-up
+    merge sort, written here so that no kernel compiles numba's own sorts (the
+    slowest part of a first compile)."""
+    n = v.size
+    a = np.arange(n)
+    b = np.empty(n, dtype=np.int64)
+    width = 1
+    while width < n:
+        for lo in range(0, n, 2 * width):
+            mid = min(lo + width, n)
+            hi = min(lo + 2 * width, n)
+            i, j, w = lo, mid, lo
+            while i < mid and j < hi:
+                if v[a[j]] < v[a[i]]:
+                    b[w] = a[j]
+                    j += 1
+                else:
+                    b[w] = a[i]
+                    i += 1
+                w += 1
+            while i < mid:
+                b[w] = a[i]
+                i += 1
+                w += 1
+            while j < hi:
+                b[w] = a[j]
+                j += 1
+                w += 1
+        a, b = b, a
+        width *= 2
+    return a
+
+
+_stable_order_in = inner(_stable_order)
+
+
+def _sorted(v):  # pragma: no cover - compiled
+    """`v` sorted ascending (a copy); an already sorted `v` (a decode's keys, most
+    often) costs one pass."""
+    for i in range(1, v.size):
+        if v[i] < v[i - 1]:
+            return v[_stable_order_in(v)]
+    return v.copy()
+
+
+_sorted_in = inner(_sorted)
+
+
 @kernel
 def find_slot(pos, head, n, taken, out):  # pragma: no cover - compiled
     """cache/kv.py `KvCache._find_slot` after its head reset: the first n empty cells
@@ -65,7 +114,7 @@ def write_cells(cells, pos, ext, has_ext, tok_ptr, tok_cols, key_ids,
 def _sorted_add(a, n, keys):  # pragma: no cover - compiled
     """cache/cells.py `SortedKeys.add` into a[:n] (capacity reserved for every key):
     keys (not present yet) sorted in, a[:n] staying sorted. Returns the new n."""
-    ks = np.sort(keys)
+    ks = _sorted_in(keys)
     m = ks.size
     if m == 0:
         return n
@@ -230,7 +279,7 @@ def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - 
     for i in range(n):
         c = win[i]
         seen[pool_cells[c] if once_per_rep else c] = False
-    return np.sort(win[:n])
+    return _sorted_in(win[:n])
 
 
 first_winners = kernel(_first_winners)
@@ -307,7 +356,7 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
             order[count[rep[i]]] = i
             count[rep[i]] += 1
     else:
-        order[:] = np.argsort(rep, kind="mergesort")
+        order[:] = _stable_order_in(rep)
     heads = np.empty(n + 1, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)
     g = 0
