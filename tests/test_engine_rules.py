@@ -1727,7 +1727,8 @@ def test_a_decode_larger_than_its_stream_whose_first_ubatch_does_not_fit_moves_n
 
 def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout() -> None:
     """ENGINE.md §8 KP002: `Conflicts`, fed each ubatch's LayoutChange, equals
-    `conflicts(layout)` recomputed from every pool, after every ubatch of random traces
+    `conflicts(layout)` recomputed from every pool, after every ubatch of the shipped,
+    found and 150 random traces
     (shared prefixes, partial copies, edits that regroup) under every engine."""
     from kpool_cli.gen.random_trace import random_trace
     from kpool_cli.replay import Replayer
@@ -1738,7 +1739,7 @@ def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout()
     paths = sorted(root.glob("*.yaml")) + sorted(root.glob("found/*.yaml"))
     shipped = [load_trace(p) for p in paths]
     seen_conflict = 0
-    for seed, t in enumerate([*shipped, *(random_trace(seed) for seed in range(300))]):
+    for seed, t in enumerate([*shipped, *(random_trace(seed) for seed in range(150))]):
         for name in VERSIONS:
             tracked = Conflicts()
 

@@ -142,21 +142,24 @@ def _op_kind(op: m.Op) -> str:
     return op.kind
 
 
-def run_checked(trace: m.Trace, engine: str, backend: str = "none"
+def run_checked(trace: m.Trace, engine: str, backend: str = "none", *,
+                both_cores: bool = True
                 ) -> tuple[dict[tuple[str, str], int], list[tuple[str, str, str]], bool]:
-    """Replay `trace` on the compiled core with kpool's invariants, and on the
-    reference core: ({(code, signature): first op index}, defects, rejected). A
-    record where the two cores differ is a defect (INV_CORE)."""
+    """Replay `trace` on the compiled core with kpool's invariants, and (with
+    `both_cores`) on the reference core: ({(code, signature): first op index},
+    defects, rejected). A record where the two cores differ is a defect (INV_CORE).
+    Shrinking a finding needs only the first: whether the finding stays."""
     version = load_version(engine)
     found: dict[tuple[str, str], int] = {}
     rejected = False
     inv = _Invariants(version.name, trace.cache)
     rp = Replayer(trace, version, make_backend(backend, trace), observer=inv,
                   core="compiled")
-    reference = Replayer(trace, version, make_backend(backend, trace), core="reference")
+    reference = (Replayer(trace, version, make_backend(backend, trace), core="reference")
+                 .run() if both_cores else iter(()))
     try:
-        for rec, ref in zip_longest(rp.run(), reference.run()):
-            where = first_difference(rec, ref)
+        for rec, ref in zip_longest(rp.run(), reference):
+            where = first_difference(rec, ref) if both_cores else None
             if where is not None:
                 op = rec.op if rec is not None else ref.op
                 inv.defects.append((INV_CORE, f"{INV_CORE}/{version.name}",
@@ -293,7 +296,8 @@ def diverges(t: m.Trace, base: str, head: str, backend: str = "none") -> bool:
 
 
 def _shows_finding(code: str, sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
-    return lambda t: (code, sig) in run_checked(t, task.engine, task.backend)[0]
+    return lambda t: (code, sig) in run_checked(t, task.engine, task.backend,
+                                                 both_cores=False)[0]
 
 
 def _shows_defect(sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
