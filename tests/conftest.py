@@ -118,3 +118,30 @@ def checked_drive():
 @pytest.fixture(params=ENGINES)
 def engine(request) -> str:
     return request.param
+
+
+WARM_TRACES = ("shared-prefix-race", "coupled-rep-conflict", "mrope-images", "non-unified",
+               "mtp3-speculative")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fill numba's on-disk cache once, in the controlling process, before pytest-xdist
+    starts its workers: on a fresh clone every process that replays with numba would
+    otherwise compile the same kernels at the same time (both workers, and the
+    `kpool` subprocesses the CLI tests start). A replay of a few shipped traces on
+    the compiled core with the numba backend compiles every kernel the suite calls;
+    on a warm cache it only loads them. Not a test: a failure here shows up in the
+    tests that replay."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
+        return
+    from kpool_cli.backend.store import make_backend
+    from kpool_cli.replay import replay
+    from kpool_cli.trace.load import load_trace
+
+    root = Path(__file__).resolve().parent.parent / "traces"
+    for name in WARM_TRACES:
+        trace = load_trace(root / f"{name}.yaml")
+        for engine in ("cache-safe", "rep-once"):
+            for _ in replay(trace, VERSIONS[engine], make_backend("numba", trace),
+                            core="compiled"):
+                pass
