@@ -45,8 +45,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
                 "What finding CODE (KP001, or its name: scatter-race) means, why it is "
                 "harmful, a minimal trace that triggers it, and how to fix the engine."),
     "fuzz": ("fuzz", "fuzz_cmd",
-             "Replay random traces under ENGINE, check kpool's invariants, shrink each new "
-             "finding to a minimal trace with an `expect` pinning it."),
+             "Replay random traces under ENGINE on both replay cores, check kpool's "
+             "invariants, shrink each new finding to a minimal trace with an `expect` "
+             "pinning it."),
     "gen": ("gen", "gen_cmd",
             "Write a generated trace (format v1): a seeded, deterministic scenario whose "
             "sizes are options; its description says how to regenerate it."),
