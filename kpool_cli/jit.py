@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 import numba
 
+from .signals import masked
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -146,13 +148,16 @@ def kernel(fn: F) -> F:
     """`fn` as a numba kernel compiled on its first call (for the argument types it is
     given), from numba's on-disk cache when `cache_for` allows: a run loads only the
     kernels it calls. No fastmath, no parallel: integer work, in one thread. The
-    first call loads under `cache_loads_only`, then puts the kernel itself in its
-    module in place of this first-call stub (callers look it up there each call)."""
+    first call loads under `cache_loads_only`, with SIGINT and SIGTERM held until
+    the load is done, then puts the kernel itself in its module in place of this
+    first-call stub (callers look it up there each call)."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
     module = sys.modules[fn.__module__]
 
     def first_call(*args: Any) -> Any:
-        with cache_loads_only():
+        # numba loads (or compiles) here: a signal waits until it is done, as it does
+        # for the value kernels (backend/store.py `kernel_module`)
+        with masked(), cache_loads_only():
             out = jitted(*args)
         setattr(module, fn.__name__, jitted)
         return out

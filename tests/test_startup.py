@@ -163,3 +163,38 @@ def test_unique_is_np_unique(dtype: type) -> None:
         got = unique(a)
         assert got.dtype == want.dtype and got.shape == want.shape
         assert np.array_equal(got, want)
+
+
+def test_a_signal_during_a_compiled_kernels_first_load_waits_for_it(monkeypatch) -> None:
+    """jit.kernel's first call loads (or compiles) under signals.masked, as the value
+    kernels do: a SIGINT that arrives meanwhile is held until the load is done, then
+    raised as kpool's KeyboardInterrupt (exit 130 at the CLI), never inside numba."""
+    import contextlib
+    import os
+    import signal
+
+    from kpool_cli import jit, signals
+
+    seen = []
+
+    @contextlib.contextmanager
+    def loading():  # type: ignore[no-untyped-def]
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while numba would be loading
+        seen.append("loaded")  # reached: the signal did not cut the load short
+        yield True
+
+    monkeypatch.setattr(jit, "cache_loads_only", loading)
+
+    def plus_one(x):  # type: ignore[no-untyped-def]
+        return x + 1
+
+    first = jit.kernel(plus_one)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals.install()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            first(1)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert seen == ["loaded"]
