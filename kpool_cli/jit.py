@@ -1,6 +1,8 @@
 """Where numba caches kpool's compiled kernels, decided once before the first is
 jitted, and the decorator the compiled core's kernels use.
 
+Layer 1 (docs/ARCHITECTURE.md): it holds signals while numba loads.
+
 Owns: `cache_for` (the choice, per kernel file), `cache_loads_only` (loading a
 cached kernel without numba's refresh of its whole target context), `kernel` and
 `inner`. Imported only by
