@@ -12,6 +12,6 @@ import sys
 if sys.path and sys.path[0] in ("", os.getcwd()):
     del sys.path[0]
 
-from kpool_cli.cli import main
+from kpool_cli.cli import run
 
-main()
+run()

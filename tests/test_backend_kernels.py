@@ -90,7 +90,8 @@ def test_parallel_builds_agree() -> None:
     assert same(a[0], a[2]) and same(a[1], a[3])
     members = np.random.default_rng(0).integers(0, n, (2000, 4)).astype(np.int64)
     out = np.empty((2000, 16), np.float32)
-    kernels._parallel("pool", kernels._pool_into, kernels._POOL_SIG)(a[0], a[1], members, out)
+    kernels._parallel("pool", kernels._pool_into_parallel, kernels._POOL_SIG)(
+        a[0], a[1], members, out, *kernels._scratch(4, 16))
     assert same(out, reference.pool(a[2], a[3], members))
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from kpool_cli.cli import cli
-from kpool_cli.report.text import MONOSPACE, OFFLINE_HTML_FORMAT, OFFLINE_SVG_FORMAT
+from kpool_cli.report.text import MONOSPACE, offline_html_format, offline_svg_format
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -85,11 +85,11 @@ def test_the_checker_sees_what_rich_fetches_by_default() -> None:
 
 
 def test_the_templates_fetch_nothing() -> None:
-    for fmt in (OFFLINE_SVG_FORMAT, OFFLINE_HTML_FORMAT):
+    for fmt in (offline_svg_format(), offline_html_format()):
         assert fetchable(fmt.replace("{{", "{").replace("}}", "}")) == []
         assert web_urls(fmt) == []
-    assert "@font-face" not in OFFLINE_SVG_FORMAT
-    assert f"font-family: {MONOSPACE};" in OFFLINE_SVG_FORMAT
+    assert "@font-face" not in offline_svg_format()
+    assert f"font-family: {MONOSPACE};" in offline_svg_format()
     assert MONOSPACE.endswith("monospace")
 
 

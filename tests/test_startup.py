@@ -6,7 +6,12 @@
 - `kpool --help` imports no command's module (the group's table, cli/main.py's
   `COMMANDS`, gives each command's line), and that table says what the commands'
   own docstrings say;
-- a JSON replay into a file draws nothing, so it imports no rich;
+- a JSON replay into a file draws nothing, so it imports no rich, and neither does
+  a text replay into a file (the plain view);
+- the value kernels load from numba's cache without numba's array module (none of
+  them allocates: an allocating kernel's load imports it, 0.1 s);
+- `leave`, the script's end: atexit handlers run and their output is kept, the exit
+  status is the command's, and a live thread is waited for;
 - `jit.cache_loads_only` (numba's cache loads without the refresh of its target
   context) gives back numba's own method, and a kernel compiled under it (a cache
   miss) and one loaded under it (a hit) compute what numba computes;
@@ -80,6 +85,37 @@ def test_a_numba_replay_does_import_numba(tmp_path: Path) -> None:
     assert code in (0, 1)
     assert {"numba", "kpool_cli.backend.kernels"} <= modules
     assert "rich" not in modules  # nothing is drawn: JSON into a file, no progress bar
+    assert "numba.np.arrayobj" not in modules  # no value kernel allocates
+
+
+def test_a_text_replay_into_a_file_imports_no_rich(tmp_path: Path) -> None:
+    code, modules = loaded("replay", RACE, "-q", "-o", str(tmp_path / "r.txt"))
+    assert code in (0, 1)
+    assert (tmp_path / "r.txt").read_text().startswith("trace ")
+    assert "rich" not in modules
+
+
+_LEAVE = """
+import atexit, sys, threading, time
+from kpool_cli.cli.main import leave
+atexit.register(lambda: print("atexit ran", flush=False))
+if sys.argv[1] == "thread":
+    def late():
+        time.sleep(0.3)
+        print("thread done", flush=True)
+    threading.Thread(target=late).start()
+sys.stdout.write("written, ")
+leave(3)
+"""
+
+
+@pytest.mark.parametrize("thread", ["none", "thread"])
+def test_leave_keeps_atexit_output_and_the_status(thread: str) -> None:
+    r = subprocess.run([sys.executable, "-c", _LEAVE, thread], capture_output=True,
+                       text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 3
+    want = "written, thread done\natexit ran\n" if thread == "thread" else "written, atexit ran\n"
+    assert r.stdout == want
 
 
 def test_help_imports_no_command() -> None:

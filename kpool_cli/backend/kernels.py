@@ -136,27 +136,35 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
 
 
 @numba.njit(cache=_CACHED, inline="always")
-def _pool_entry(key, gate, m, w, out):
-    """Pool one entry (member rows m) into out[:], using w [kpool, n_embd] as scratch.
+def _pool_entry(key, gate, m, w, bits, out):
+    """Pool one entry (member rows m) into out[:], using w [kpool + 2, n_embd] as
+    scratch (rows 0..kpool-1 the weights, kpool the gates' max, kpool + 1 their sum)
+    and `bits`, the same memory as int32 (`_scratch`).
 
     Per dimension: the base-2 softmax of the gates (2**-(max - g) built from its
     float32 bits, exactly the table `keys.POW2`), summed in member order, then the
     weighted keys accumulated in member order: the operations, and their order, of
     `reference.pool`. Loops run member-outer, dimension-inner with no table lookup,
-    so the dimension loops vectorise."""
+    so the dimension loops vectorise. Nothing is allocated: a kernel that allocates
+    makes numba import its array module (0.1 s) when it loads from the cache, and
+    so does a `view` in a kernel."""
     kpool = m.size
     n_embd = key.shape[1]
-    mx = gate[m[0]].copy()
+    mx = w[kpool]
+    s = w[kpool + 1]
+    g0 = gate[m[0]]
+    for d in range(n_embd):
+        mx[d] = g0[d]
     for i in range(1, kpool):
         g = gate[m[i]]
         for d in range(n_embd):
             mx[d] = max(mx[d], g[d])
-    bits = w.view(np.int32)
     for i in range(kpool):
         g = gate[m[i]]
         for d in range(n_embd):
             bits[i, d] = (np.int32(127) - np.int32(mx[d] - g[d])) << np.int32(23)
-    s = w[0].copy()
+    for d in range(n_embd):
+        s[d] = w[0, d]
     for i in range(1, kpool):
         for d in range(n_embd):
             s[d] += w[i, d]
@@ -168,15 +176,26 @@ def _pool_entry(key, gate, m, w, out):
             out[d] += (w[i, d] / s[d]) * k[d]
 
 
-def _pool_into(key, gate, members, out):
+def _pool_into(key, gate, members, out, w, bits):
+    for e in range(members.shape[0]):
+        _pool_entry(key, gate, members[e], w, bits, out[e])
+
+
+def _pool_into_parallel(key, gate, members, out, w, bits):  # scratch per entry instead
     n, kpool = members.shape
     for e in prange(n):
-        w = np.empty((kpool, key.shape[1]), dtype=np.float32)
-        _pool_entry(key, gate, members[e], w, out[e])
+        own = np.empty((kpool + 2, key.shape[1]), dtype=np.float32)
+        _pool_entry(key, gate, members[e], own, own.view(np.int32), out[e])
 
 
-_POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1])"
+_POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1])"
 _pool_serial = numba.njit(_POOL_SIG, cache=_CACHED)(_pool_into)
+
+
+def _scratch(kpool: int, n_embd: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pooling's scratch rows, as float32 and as int32 (`_pool_entry`)."""
+    w = np.empty((kpool + 2, n_embd), dtype=np.float32)
+    return w, w.view(np.int32)
 
 
 def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -194,10 +213,11 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
         Per dimension `sum_i w_i * key[members[e, i]]`, accumulated in member order.
     """
     out = np.empty((members.shape[0], key.shape[1]), dtype=np.float32)
+    w, bits = _scratch(members.shape[1], key.shape[1])
     if PARALLEL and members.shape[0] * members.shape[1] * key.shape[1] >= PARALLEL_MIN_POOL:
-        _parallel("pool", _pool_into, _POOL_SIG)(key, gate, members, out)
+        _parallel("pool", _pool_into_parallel, _POOL_SIG)(key, gate, members, out, w, bits)
     else:
-        _pool_serial(key, gate, members, out)
+        _pool_serial(key, gate, members, out, w, bits)
     return out
 
 
@@ -223,20 +243,38 @@ def scatter(pooled, rows, values, src):
             pooled[r, d] = values[v, d]
 
 
-@numba.njit("f4[:, ::1](f4[:, ::1], i8[::1])", cache=_CACHED)
-def gather(pooled, rows):
-    """`pooled[rows]`: array of float32, shape (m, n_embd) (ggml_get_rows)."""
+@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1])", cache=_CACHED)
+def _gather_into(pooled, rows, out):
     n_embd = pooled.shape[1]
-    out = np.empty((rows.size, n_embd), dtype=np.float32)
     for j in range(rows.size):
         r = rows[j]
         for d in range(n_embd):
             out[j, d] = pooled[r, d]
+
+
+def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """`pooled[rows]`: array of float32, shape (m, n_embd) (ggml_get_rows)."""
+    out = np.empty((rows.size, pooled.shape[1]), dtype=np.float32)
+    _gather_into(pooled, rows, out)
     return out
 
 
-@numba.njit("b1[::1](f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1])", cache=_CACHED)
-def pools_differ(key, gate, pooled, members, rows):
+@numba.njit("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], f4[:, ::1], "
+            "i4[:, ::1], f4[::1], b1[::1])", cache=_CACHED)
+def _pools_differ_into(key, gate, pooled, members, rows, w, bits, want, out):
+    n_embd = key.shape[1]
+    for e in range(members.shape[0]):
+        _pool_entry(key, gate, members[e], w, bits, want)
+        r = rows[e]
+        out[e] = False
+        for d in range(n_embd):
+            if want[d] != pooled[r, d]:
+                out[e] = True
+                break
+
+
+def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members: np.ndarray,
+                 rows: np.ndarray) -> np.ndarray:
     """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
 
     Parameters
@@ -250,16 +288,8 @@ def pools_differ(key, gate, pooled, members, rows):
     array of bool, shape (n,)
         The same arithmetic as `pool`, compared with `!=` per dimension.
     """
-    n, kpool = members.shape
-    n_embd = key.shape[1]
-    out = np.zeros(n, dtype=np.bool_)
-    w = np.empty((kpool, n_embd), dtype=np.float32)
-    want = np.empty(n_embd, dtype=np.float32)
-    for e in range(n):
-        _pool_entry(key, gate, members[e], w, want)
-        r = rows[e]
-        for d in range(n_embd):
-            if want[d] != pooled[r, d]:
-                out[e] = True
-                break
+    out = np.zeros(members.shape[0], dtype=np.bool_)
+    want = np.empty(key.shape[1], dtype=np.float32)
+    _pools_differ_into(key, gate, pooled, members, rows,
+                       *_scratch(members.shape[1], key.shape[1]), want, out)
     return out

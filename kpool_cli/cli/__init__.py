@@ -11,6 +11,6 @@ at or above `--fail-on`, 2 bad usage, an invalid trace, or an internal error. Ne
 a traceback; `--output` files are written whole or not at all.
 """
 
-from .main import cli, main
+from .main import cli, main, run
 
-__all__ = ["cli", "main"]
+__all__ = ["cli", "main", "run"]

@@ -27,9 +27,8 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TextIO
-
-from rich.console import CONSOLE_HTML_FORMAT, CONSOLE_SVG_FORMAT
+import functools
+from typing import TYPE_CHECKING, TextIO
 
 from ..contracts.files import written_whole
 from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
@@ -40,7 +39,9 @@ from .plain import write_plain
 from .select import Selection, select
 from .terminal import Manners, Ticker, make_console, stream_is_terminal
 from .ticking import ticker_for, ticking
-from .view import RichView
+
+if TYPE_CHECKING:
+    from .view import RichView
 
 Record = OpEvent | UbatchRecord | ExpectResult
 
@@ -119,6 +120,8 @@ class TextOutput:
             write_plain(self.out, trace, version.name, (), tally, selection=selection,
                         pairs=pairs)
             return
+        from .view import RichView  # rich: imported only when a rich view is drawn
+
         view = RichView(rich_console, trace, version, backend, selection, pools_all)
         with ticker.hidden():
             view.start()
@@ -147,10 +150,10 @@ class TextOutput:
                 if self.svg:
                     files.enter_context(written_whole(self.svg)).write(
                         self.recorder.export_svg(title="kpool replay", clear=not self.html,
-                                                 code_format=OFFLINE_SVG_FORMAT))
+                                                 code_format=offline_svg_format()))
                 if self.html:
                     files.enter_context(written_whole(self.html)).write(
-                        self.recorder.export_html(clear=True, code_format=OFFLINE_HTML_FORMAT))
+                        self.recorder.export_html(clear=True, code_format=offline_html_format()))
         self.out.flush()
 
 
@@ -163,19 +166,22 @@ MONOSPACE = ('"Fira Code", "DejaVu Sans Mono", Menlo, Consolas, "Liberation Mono
              '"Courier New", monospace')
 
 
-def _offline_svg_format() -> str:
+@functools.cache
+def offline_svg_format() -> str:
+    from rich.console import CONSOLE_SVG_FORMAT
+
     fmt = re.sub(r"[ \t]*@font-face \{\{.*?\}\}\n?", "", CONSOLE_SVG_FORMAT, flags=re.S)
     fmt = re.sub(r"font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};", fmt)
     return re.sub(r"(<!-- Generated with Rich) https?://[^ ]* -->", r"\1 -->", fmt)
 
 
-def _offline_html_format() -> str:
+@functools.cache
+def offline_html_format() -> str:
+    from rich.console import CONSOLE_HTML_FORMAT
+
     return re.sub(r"font-family:[^\"]*monospace", "font-family:" + MONOSPACE.replace('"', "'"),
                   CONSOLE_HTML_FORMAT)
 
-
-OFFLINE_SVG_FORMAT = _offline_svg_format()
-OFFLINE_HTML_FORMAT = _offline_html_format()
 
 
 def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView
