@@ -22,12 +22,12 @@ Decisions:
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
-import functools
 from typing import TYPE_CHECKING, TextIO
 
 from ..contracts.files import written_whole
