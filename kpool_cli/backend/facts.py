@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import rows_equal
+
 # how a row's pooled slot got its value (RowContent.kind)
 NEVER, POOLED, PADDING, DECODE_ZERO, DROP_ZERO, RESTORED, COPIED, CLEARED = range(8)
 
@@ -62,7 +64,7 @@ def groups_equal(bits: np.ndarray, members: np.ndarray, order: np.ndarray,
     if starts.size < 2:
         return np.ones(0, dtype=bool)
     head = order[np.repeat(starts[:-1], np.diff(starts))]
-    same = np.all(members[order] == members[head], axis=1)
+    same = rows_equal(members[order], members[head])
     todo = np.flatnonzero(~same)
     if todo.size:
         same[todo] = np.all(bits[order[todo]] == bits[head[todo]], axis=1)

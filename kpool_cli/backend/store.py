@@ -50,6 +50,7 @@ from types import ModuleType
 
 import numpy as np
 
+from ..arrays import rows_equal, rows_max
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
 from ..engine.layout import Layout
@@ -325,7 +326,15 @@ class ValueBackend:
         """Pool every entry of `ctx.plan`, store the last entry's value per row (set_rows
         run sequentially; rows and their entries are the context's race groups),
         remember the racing writers. Returns [n_groups] bool: the entries of each race
-        group write equal values (`values.groups_equal`)."""
+        group write equal values (`values.groups_equal`).
+
+        What changed costs, not what was marked: an entry whose rep slot keeps its
+        pooling (`_kept`) writes the value that slot holds, so a race group of such
+        entries alone (every entry of a group has the same rep row, so the same slot)
+        writes equal values and leaves its row as it was. Only the other groups' values
+        are pooled, gathered, scattered and compared; every winner's slot is stamped
+        and its pooling recorded as before. Under cache-safe, which re-marks every pool,
+        a ubatch so touches the float rows of the pools that changed alone."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
         rep = checked_rows(plan.entry_rep, self.n_rows, ANY, False, "run_ubatch",
@@ -340,22 +349,36 @@ class ValueBackend:
                             "plan's entry_rep", "run_ubatch", "the context's race groups")
         t, writers = self.slots, self.writers
         t.next_gen()
-        members = t.of(entry_rows)
-        vals = self._pool_or_keep(members, t.of(rep))
         if n == 0:
             return np.ones(0, dtype=bool)
+        members = t.of(entry_rows)
+        keep = self._kept(members, t.of(rep))
+        self.pools_kept += int(np.count_nonzero(keep))
         order, starts, rows = ctx.order, ctx.starts, ctx.rows
+        sizes = np.diff(starts)
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = t.own(rows, zero_new=True)
         had_alt = writers.raced(rows)
-        before = t.pooled[s].view(np.uint32).copy()
-        self.kernels.scatter(s, vals, win)
+        # the groups with an entry that pools afresh, and their entries (ascending)
+        fresh_in_order = ~keep[order]
+        todo = np.flatnonzero(np.logical_or.reduceat(fresh_in_order, starts[:-1]))
+        in_todo = np.repeat(np.isin(np.arange(sizes.size), todo), sizes)
+        ents = np.sort(order[in_todo])
+        at = np.full(n, -1, dtype=np.int64)
+        at[ents] = np.arange(ents.size)
+        changed = had_alt.copy()
+        vals = np.empty((0, self.n_embd), dtype=np.float32)
+        if todo.size:
+            vals = self._values(members[ents], t.of(rep[ents]), keep[ents])
+            st = s[todo]
+            before = t.pooled[st].view(np.uint32).copy()
+            self.kernels.scatter(st, vals, at[win[todo]])
+            # a row that got the value it held changes no verdict: only the others (and
+            # the rows whose racing writers change) are re-checked
+            changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
         t.pool_of[s] = members[win]
         t.pool_gen[s] = t.gen
-        # a row that got the value it held changes no verdict: only the others (and the
-        # rows whose racing writers change) are re-checked
-        changed = np.any(t.pooled[s].view(np.uint32) != before, axis=1) | had_alt
         pools = plan.entry_pool[win]
         real = pools >= 0
         writers.stamp(s[~real], PADDING)
@@ -364,8 +387,12 @@ class ValueBackend:
             writers.stamp(s[real], POOLED, seq, k)
         writers.drop_raced(rows)
         equal = np.ones(rows.size, dtype=bool)
-        if rows.size < n:  # some row has several writers
-            equal = groups_equal(vals.view(np.uint32), entry_rows, order, starts)
+        raced = todo[sizes[todo] > 1]  # a group of kept entries alone writes equal values
+        if raced.size:
+            sub = order[np.repeat(np.isin(np.arange(sizes.size), raced), sizes)]
+            sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
+            equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
+                                        sub_starts)
             unequal = np.flatnonzero(~equal)
             if unequal.size:
                 racers = ctx.writers()
@@ -375,26 +402,36 @@ class ValueBackend:
         self.verifier.touch(rows[changed], False, True)
         return equal
 
-    def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        """The pooled value of each entry (member slots `members`, rep slots `reps`):
-        the value its rep slot holds where that is the pooling of the same member
-        slots and none of them was written since (`pool_of`, `pool_gen`), else pooled
-        now. Bit-equal to pooling every entry (the invariants of `slots.py`)."""
-        kernels = self.kernels
-        if members.shape[0] == 0:
-            return kernels.pool(members)
+    def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        """[n] bool: the entry (member slots `members`, rep slot `reps`) keeps the value
+        its rep slot holds, which is the pooling of the same member slots, none of them
+        written since (`pool_of`, `pool_gen`; slots.py's invariants)."""
         t = self.slots
         gen = t.pool_gen[reps]
-        keep = (gen > 0) & np.all(t.pool_of[reps] == members, axis=1)
-        keep[keep] &= t.key_gen[members[keep]].max(axis=1) < gen[keep]
+        keep = (gen > 0) & rows_equal(t.pool_of[reps], members)
+        keep[keep] &= rows_max(t.key_gen[members[keep]]) < gen[keep]
+        return keep
+
+    def _values(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """The pooled value of each entry: its rep slot's where `keep`, else pooled now.
+        Bit-equal to pooling every entry."""
+        kernels = self.kernels
         if not keep.any():
             return kernels.pool(members)
-        vals = kernels.gather(reps)  # a kept entry's rep slot: in use (gen > 0)
+        vals = kernels.gather(reps[keep] if not keep.all() else reps)
+        if keep.all():
+            return vals
+        out = np.empty((members.shape[0], vals.shape[1]), dtype=np.float32)
+        out[keep] = vals
         fresh = np.flatnonzero(~keep)
-        if fresh.size:
-            vals[fresh] = kernels.pool(np.ascontiguousarray(members[fresh]))
-        self.pools_kept += int(members.shape[0] - fresh.size)
-        return vals
+        out[fresh] = kernels.pool(np.ascontiguousarray(members[fresh]))
+        return out
+
+    def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        """The pooled value of each entry (`_kept`, `_values`), counting the kept ones."""
+        keep = self._kept(members, reps)
+        self.pools_kept += int(np.count_nonzero(keep))
+        return self._values(members, reps, keep)
 
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells

@@ -196,12 +196,15 @@ def _disjoint_sets(pending: list[tuple[int, frozenset[int]]], n_ubatch: int
     unused tokens in batch order, take a token's set if it overlaps none taken.
     Each distinct set is decided at its first unused token: a set refused for
     overlapping a taken one overlaps it at every later token too (the collection only
-    grows), and a taken set overlaps itself. So the walk visits sets, not tokens."""
+    grows), and a taken set overlaps itself. So the walk visits sets, not tokens; and
+    a set overlaps one taken exactly when it meets the union of those taken."""
     cur: list[frozenset[int]] = []
+    taken: set[int] = set()
     for _i, ss in pending:
-        if any(ss & c for c in cur):
+        if not taken.isdisjoint(ss):
             continue
         cur.append(ss)
+        taken.update(ss)
         if len(cur) > n_ubatch:
             break
     return cur

@@ -17,6 +17,7 @@ from typing import TextIO, TypeVar
 import numpy as np
 
 from .. import __version__, signals
+from ..arrays import rows_equal
 from ..contracts.finding import Finding, PoolIds
 from ..contracts.records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..contracts.report_format import (
@@ -128,14 +129,12 @@ def _arithmetic(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per entry of `rows` [n, kpool]: its members are c0, c0 + d, c0 + 2 d, ... (one
     step d); and d (1 where kpool is 1)."""
     d = rows[:, 1] - rows[:, 0] if rows.shape[1] > 1 else np.ones(rows.shape[0], np.int64)
-    ok = np.all(rows == rows[:, :1] + d[:, None] * np.arange(rows.shape[1]), axis=1)
+    ok = rows_equal(rows, rows[:, :1] + d[:, None] * np.arange(rows.shape[1]))
     return ok, d
 
 
-def _run_cells(rows: np.ndarray, d: np.ndarray | None, a: int, b: int) -> list[int]:
-    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d (a run is
-    found only where the steps `d` were worked out)."""
-    assert d is not None
+def _run_cells(rows: np.ndarray, d: np.ndarray, a: int, b: int) -> list[int]:
+    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d."""
     return [int(rows[a, 0]), int(d[a]), int(rows[a + 1, 0] - rows[a, 0])]
 
 
@@ -146,14 +145,17 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
     last member) is written as one
     {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, d, e], "new"}."""
     n = len(p)
-    ok, d = _arithmetic(p.cells) if n and kpool else (np.zeros(n, dtype=bool), None)
-    regular = ok & (p.rep == p.cells[:, -1]) & (p.last_pos == p.first_pos + kpool - 1) \
-        if n and kpool else ok
+    keys = POOL.names
+    if n < 2 or not kpool:  # no run can form: every pool alone
+        return [dict(zip(keys, row, strict=True)) for row in zip(
+            p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
+            p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
+    ok, d = _arithmetic(p.cells)
+    regular = ok & (p.rep == p.cells[:, -1]) & (p.last_pos == p.first_pos + kpool - 1)
     link = (regular[:-1] & regular[1:] & (p.seq[1:] == p.seq[:-1]) & (p.k[1:] == p.k[:-1] + 1)
-            & (p.first_pos[1:] == p.first_pos[:-1] + kpool) & (p.new[1:] == p.new[:-1]))
-    if d is not None:
-        link &= d[1:] == d[:-1]
-    spans = runs(p.cells, link) if n else []
+            & (p.first_pos[1:] == p.first_pos[:-1] + kpool) & (p.new[1:] == p.new[:-1])
+            & (d[1:] == d[:-1]))
+    spans = runs(p.cells, link)
     alone = np.ones(n, dtype=bool)
     for a, b in spans:
         alone[a:b] = False
@@ -162,7 +164,6 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
         p.seq[idx].tolist(), p.k[idx].tolist(), p.first_pos[idx].tolist(),
         p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
         p.new[idx].tolist(), strict=True), strict=True))
-    keys = POOL.names
     out: list[dict] = []
     at = 0
     for a, b in [*spans, (n, n)]:
@@ -182,17 +183,16 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
     written as one {"n": n, "cells": [c0, d, e], "pad": false}."""
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
-    ok, d = _arithmetic(rows) if n and kpool else (np.zeros(n, dtype=bool), None)
-    regular = ok & (rep == rows[:, -1]) & ~pad if n and kpool else ok
-    link = regular[:-1] & regular[1:]
-    if d is not None:
-        link &= d[1:] == d[:-1]
-    spans = runs(rows, link) if n else []
 
     def singles(lo: int, hi: int) -> list[dict]:
         return [dict(zip(SCATTER.names, entry, strict=True)) for entry in zip(
             rep[lo:hi].tolist(), rows[lo:hi].tolist(), pad[lo:hi].tolist(), strict=True)]
 
+    if n < 2 or not kpool:  # no run can form: every entry alone
+        return singles(0, n)
+    ok, d = _arithmetic(rows)
+    regular = ok & (rep == rows[:, -1]) & ~pad
+    spans = runs(rows, regular[:-1] & regular[1:] & (d[1:] == d[:-1]))
     out: list[dict] = []
     at = 0
     for a, b in spans:

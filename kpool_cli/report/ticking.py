@@ -24,9 +24,17 @@ T = TypeVar("T")
 
 def ticker_for(trace: Trace, *, quiet: bool, color: bool | None, shares_terminal: bool
                ) -> Ticker:
-    """The progress bar of one replay (a disabled one when it must not show)."""
-    return progress_bar(planned_ubatches(trace), visible(trace.name or trace.path),
+    """The progress bar of one replay (a disabled one when it must not show, which
+    does not split the trace's decodes to count its ubatches)."""
+    total = planned_ubatches(trace) if _shows(quiet) else 0
+    return progress_bar(total, visible(trace.name or trace.path),
                         quiet=quiet, color=color, shares_terminal=shares_terminal)
+
+
+def _shows(quiet: bool) -> bool:
+    """Whether a bar shows: not with --quiet, when stderr is not a terminal, or when
+    stdout is a pipe."""
+    return not quiet and stream_is_terminal(sys.stderr) and not stream_is_pipe(sys.stdout)
 
 
 def progress_bar(total: int, label: str, *, unit: str = "ubatches", quiet: bool = False,
@@ -36,8 +44,7 @@ def progress_bar(total: int, label: str, *, unit: str = "ubatches", quiet: bool 
     with --quiet, when stderr is not a terminal, or when stdout is a pipe (a disabled
     ticker then). `label` is shown as given: make it visible first."""
     err = sys.stderr
-    show = not quiet and stream_is_terminal(err) and not stream_is_pipe(sys.stdout)
-    console = make_console(err, Manners.detect(err, color=color)) if show else None
+    console = make_console(err, Manners.detect(err, color=color)) if _shows(quiet) else None
     return Ticker(console, total, label, shares_terminal=shares_terminal, unit=unit)
 
 

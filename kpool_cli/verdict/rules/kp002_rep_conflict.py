@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
-from ...arrays import unique
+from ...arrays import rows_equal, unique
 from ...contracts.finding import Code, Finding, PoolIds
 from ...engine.context import UbatchContext
 from ...engine.layout import Layout, LayoutChange
@@ -76,7 +76,7 @@ def conflicts(layout: Layout) -> dict[int, tuple[tuple[int, int], ...]]:
     members = layout.members_of(ips)
     group_start = np.concatenate(([True], rows[1:] != rows[:-1]))
     first_idx = np.maximum.accumulate(np.where(group_start, np.arange(ips.size), 0))
-    differs = np.any(members != members[first_idx], axis=1)
+    differs = ~rows_equal(members, members[first_idx])
     bad_rows = unique(rows[differs])
     out: dict[int, tuple[tuple[int, int], ...]] = {}
     for r in bad_rows.tolist():
