@@ -347,3 +347,48 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
     assert (be.row_values("pooled", np.array([9])) == 7).all()
     assert be._pool_or_keep(members, rep).tobytes() == be.kernels.pool(members).tobytes()
     assert be.pools_kept == 1
+
+
+def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
+    """store.ValueBackend._scatter: what changed costs, not what was marked. kpool 4,
+    cache-safe: the prompt (pos 0..7) pools 0:0 (cells 0..3, rep row 3) and 0:1 (4..7,
+    rep 7), plus one padding entry on row 0: 3 pooled, 3 rows scattered. seq_cp 0 -> 1
+    shares cells 0..7, so every later ubatch marks 0:0 0:1 1:0 1:1 (ENGINE.md §6), on
+    rep rows 3 and 7 that hold the pooling of the same, unwritten member rows: pos 8,
+    9 and 10 keep all four, and no value kernel runs (nothing pooled, gathered or
+    scattered). pos 11 completes 0:2 (cells 8..11, rep 11): one entry pooled, one row
+    scattered, the other four kept. pos 12 keeps all five."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_embd: 4}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - seq_cp: {src: 0, dst: 1}
+          - decode: {seq: 0, pos: 8}
+          - decode: {seq: 0, pos: 9}
+          - decode: {seq: 0, pos: 10}
+          - decode: {seq: 0, pos: 11}
+          - decode: {seq: 0, pos: 12}
+        """)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    calls: list[tuple[str, int]] = []
+    for name in ("pool", "gather", "scatter"):
+        real = getattr(be.kernels, name)
+
+        def spy(*args, _real=real, _name=name):
+            calls.append((_name, len(args[0])))
+            return _real(*args)
+        setattr(be.kernels, name, spy)
+    seen = []
+    for rec in Replayer(t, VERSIONS["cache-safe"], be).run():
+        if isinstance(rec, UbatchRecord):
+            seen.append((rec.scatter_rep.tolist(), list(calls), be.pools_kept))
+            calls.clear()
+    assert seen == [
+        ([3, 7, 0], [("pool", 3), ("scatter", 3)], 0),
+        ([3, 7, 3, 7], [], 4),
+        ([3, 7, 3, 7], [], 8),
+        ([3, 7, 3, 7], [], 12),
+        ([3, 7, 11, 3, 7], [("pool", 1), ("scatter", 1)], 16),
+        ([3, 7, 11, 3, 7], [], 21),
+    ]
