@@ -99,6 +99,8 @@ _LEAVE = """
 import atexit, sys, threading, time
 from kpool_cli.cli.main import leave
 atexit.register(lambda: print("atexit ran", flush=False))
+if sys.argv[1] == "raises":
+    atexit.register(lambda: 1 / 0)
 if sys.argv[1] == "thread":
     def late():
         time.sleep(0.3)
@@ -109,13 +111,24 @@ leave(3)
 """
 
 
-@pytest.mark.parametrize("thread", ["none", "thread"])
+@pytest.mark.parametrize("thread", ["none", "thread", "raises"])
 def test_leave_keeps_atexit_output_and_the_status(thread: str) -> None:
     r = subprocess.run([sys.executable, "-c", _LEAVE, thread], capture_output=True,
                        text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 3
+    assert ("ZeroDivisionError" in r.stderr) == (thread == "raises")
     want = "written, thread done\natexit ran\n" if thread == "thread" else "written, atexit ran\n"
     assert r.stdout == want
+
+
+def test_leave_fails_as_the_interpreter_does_when_the_last_flush_fails() -> None:
+    """What is left to write cannot be (stdout on /dev/full): status 120, as
+    Py_FinalizeEx gives, not the command's 3."""
+    with open(os.devnull if not os.path.exists("/dev/full") else "/dev/full", "w") as full:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+        r = subprocess.run([sys.executable, "-c", _LEAVE, "none"], stdout=full, env=env,
+                           stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == (120 if os.path.exists("/dev/full") else 3)
 
 
 def test_help_imports_no_command() -> None:

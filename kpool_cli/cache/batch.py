@@ -106,13 +106,10 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
-    sets = [frozenset(t.seq) for t in tokens]
-    refused = split_refusal(any(len(s) > 1 for s in sets), n_ubatch, sequential, n_keep_tail)
+    by_set = _token_sets(tokens)
+    refused = split_refusal(any(len(s) > 1 for s in by_set), n_ubatch, sequential, n_keep_tail)
     if refused is not None:
         return refused
-    by_set: dict[frozenset[int], list[int]] = {}
-    for i, ss in enumerate(sets):
-        by_set.setdefault(ss, []).append(i)
     cursor = {ss: 0 for ss in by_set}
     out: list[Ubatch] = []
     n_used = 0
@@ -143,9 +140,24 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
         if n_keep_tail > 0:
             n_used += _keep_tails(cur, per_set, by_set, cursor, n_ubatch, n_keep_tail)
         order = tuple(i for lst in per_set for i in lst)
-        n_unq = len({s for i in order for s in tokens[i].seq})
+        # every token of per_set[k] has the seq ids cur[k]
+        n_unq = len(frozenset().union(*(ss for ss, lst in zip(cur, per_set, strict=True)
+                                         if lst)))
         out.append(Ubatch(order, n_unq))
     return out
+
+
+def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:
+    """The batch's tokens by sequence set, each set's in batch order, the sets in the
+    order of their first token. A batch of one seq id tuple (a prefill, a decode of one
+    sequence) is one set, known without a set per token."""
+    first = tokens[0].seq if tokens else ()
+    if all(t.seq == first for t in tokens):
+        return {frozenset(first): list(range(len(tokens)))} if tokens else {}
+    by_set: dict[frozenset[int], list[int]] = {}
+    for i, t in enumerate(tokens):
+        by_set.setdefault(frozenset(t.seq), []).append(i)
+    return by_set
 
 
 def split_refusal(coupled: bool, n_ubatch: int, sequential: bool, n_keep_tail: int

@@ -221,10 +221,14 @@ def leave(code: int) -> NoReturn:
     client) the interpreter ends as usual, waiting for it."""
     if threading.active_count() > 1:
         sys.exit(code)
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
+    with contextlib.suppress(Exception):  # each handler's error is printed, as at exit
+        atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()  # main() flushed it: only what an atexit handler wrote is left
+    except (OSError, ValueError):
+        code = 120  # the interpreter's status when its own final flush fails
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
     os._exit(code)
 
 
