@@ -21,6 +21,25 @@ from ..jit import inner, kernel
 _CELL_BITS = 32
 _CELL_MASK = (1 << 32) - 1
 
+# The kernels write plain loops where numba's own array methods would compile its
+# string formatting (for their error messages) into the kernel: a slice assignment,
+# `min`, `searchsorted`. That machinery took 6 s of a first run's compile.
+
+
+def _bisect(a, x, right):  # pragma: no cover - compiled
+    """np.searchsorted(a, x, side="right" if right else "left") for a sorted array."""
+    lo, hi = 0, a.size
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x or (right and a[mid] == x):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+_bisect_in = inner(_bisect)
+
 
 def _stable_order(v):  # pragma: no cover - compiled
     """The stable argsort of int64 `v` (equal values keep their order): a bottom-up
@@ -81,7 +100,7 @@ def find_slot(pos, head, n, taken, out):  # pragma: no cover - compiled
     for part in range(2):
         lo = head if part == 0 else 0
         hi = size if part == 0 else head
-        t = np.searchsorted(taken, lo)
+        t = _bisect_in(taken, lo, False)
         c = lo
         while c < hi and k < n:
             if pos[c] == -1:
@@ -119,7 +138,8 @@ def _sorted_add(a, n, keys):  # pragma: no cover - compiled
     if m == 0:
         return n
     if n == 0 or ks[0] > a[n - 1]:
-        a[n:n + m] = ks
+        for t in range(m):  # element by element: a slice assignment compiles numba's
+            a[n + t] = ks[t]  # string formatting for its shape error (4 s of a first run)
         return n + m
     # merge from the back, in place
     i, j, w = n - 1, m - 1, n + m - 1
@@ -160,7 +180,10 @@ def write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_c
         seq_count[c] = 1
         key_id[c] = key_ids[i]
         keys[i] = (pos[i] << _CELL_BITS) | c
-    past_end = n == 0 or keys.min() > index[n - 1]
+    past_end = True
+    if n > 0:
+        for i in range(m):
+            past_end = past_end and keys[i] > index[n - 1]
     return _sorted_add_in(index, n, keys), past_end, True
 
 
@@ -181,7 +204,7 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
     scanned = 0
     if append:
         n_kept = n_keys
-        at = np.searchsorted(sp, keys[n_keys - 1], side="right")
+        at = _bisect_in(sp, keys[n_keys - 1], True)
         for q in range(at, sp.size):
             keys[n_keys] = sp[q]
             n_keys += 1
@@ -241,12 +264,12 @@ def _pool_of(keys, n_pools, first_pos, rep_pos, p, c, by_order, kpool):  # pragm
     whose first pos <= p, if p <= its rep pos."""
     if by_order:
         want = (p << _CELL_BITS) | c
-        r = np.searchsorted(keys, want)
+        r = _bisect_in(keys, want, False)
         if r >= keys.size or keys[r] != want:
             return -2
         k = r // kpool
         return k if k < n_pools else -1
-    k = np.searchsorted(first_pos, p, side="right") - 1
+    k = _bisect_in(first_pos, p, True) - 1
     return k if k >= 0 and p <= rep_pos[k] else -1
 
 
@@ -356,7 +379,9 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
             order[count[rep[i]]] = i
             count[rep[i]] += 1
     else:
-        order[:] = _stable_order_in(rep)
+        by_rep = _stable_order_in(rep)
+        for i in range(n):
+            order[i] = by_rep[i]
     heads = np.empty(n + 1, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)
     g = 0
