@@ -100,7 +100,12 @@ class CompiledLayout(Layout):
         # those pairs can hold (pools never overlap)
         n_cap = n
         if append and n + sp.size > sq.keys.capacity:
-            n_cap = n + sp.size - int(np.searchsorted(sp, sq.keys.view[-1], side="right"))
+            last = sq.keys.view[-1]
+            # sp is strictly increasing: when it holds the last pair at the same index
+            # (a decode appended past it: the common case), sp[n:] is what is new
+            at = (n if n <= sp.size and sp[n - 1] == last
+                  else int(np.searchsorted(sp, last, side="right")))
+            n_cap = n + sp.size - at
         elif append:
             n_cap = n + sp.size
         p_cap = n_cap // kpool + 1
