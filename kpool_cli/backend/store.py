@@ -361,10 +361,9 @@ class ValueBackend:
         s = t.own(rows, zero_new=True)
         had_alt = writers.raced(rows)
         # the groups with an entry that pools afresh, and their entries (ascending)
-        fresh_in_order = ~keep[order]
-        todo = np.flatnonzero(np.logical_or.reduceat(fresh_in_order, starts[:-1]))
-        in_todo = np.repeat(np.isin(np.arange(sizes.size), todo), sizes)
-        ents = np.sort(order[in_todo])
+        fresh = np.logical_or.reduceat(~keep[order], starts[:-1])
+        todo = np.flatnonzero(fresh)
+        ents = np.sort(order[np.repeat(fresh, sizes)])
         at = np.full(n, -1, dtype=np.int64)
         at[ents] = np.arange(ents.size)
         changed = had_alt.copy()
@@ -387,9 +386,9 @@ class ValueBackend:
             writers.stamp(s[real], POOLED, seq, k)
         writers.drop_raced(rows)
         equal = np.ones(rows.size, dtype=bool)
-        raced = todo[sizes[todo] > 1]  # a group of kept entries alone writes equal values
-        if raced.size:
-            sub = order[np.repeat(np.isin(np.arange(sizes.size), raced), sizes)]
+        raced = fresh & (sizes > 1)  # a group of kept entries alone writes equal values
+        if raced.any():
+            sub = order[np.repeat(raced, sizes)]
             sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
             equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
                                         sub_starts)
@@ -416,22 +415,14 @@ class ValueBackend:
         """The pooled value of each entry: its rep slot's where `keep`, else pooled now.
         Bit-equal to pooling every entry."""
         kernels = self.kernels
+        if keep.all():
+            return kernels.gather(reps)  # a kept entry's rep slot: in use (gen > 0)
         if not keep.any():
             return kernels.pool(members)
-        vals = kernels.gather(reps[keep] if not keep.all() else reps)
-        if keep.all():
-            return vals
-        out = np.empty((members.shape[0], vals.shape[1]), dtype=np.float32)
-        out[keep] = vals
-        fresh = np.flatnonzero(~keep)
-        out[fresh] = kernels.pool(np.ascontiguousarray(members[fresh]))
+        out = np.empty((members.shape[0], self.n_embd), dtype=np.float32)
+        out[keep] = kernels.gather(reps[keep])
+        out[~keep] = kernels.pool(members[~keep])
         return out
-
-    def _pool_or_keep(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        """The pooled value of each entry (`_kept`, `_values`), counting the kept ones."""
-        keep = self._kept(members, reps)
-        self.pools_kept += int(np.count_nonzero(keep))
-        return self._values(members, reps, keep)
 
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells
