@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import global_row
+from ..cache.cells import CELL_MASK, global_row
 from ..cache.kv import Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
@@ -97,34 +97,61 @@ class Verifier:
             bad |= self.writers.raced(reps)
         return bad
 
-    def _candidates(self, layout: Layout, change: LayoutChange, s: int) -> np.ndarray | None:
-        """Pools of s to recheck, or None for all of them. `bad[s]` has been cut to the
-        pools the update kept."""
+    def _candidates(self, layout: Layout, change: LayoutChange, s: int,
+                    rep_dirty: np.ndarray | None) -> np.ndarray | None:
+        """Pools of s to recheck (ascending, distinct), or None for all of them.
+        `bad[s]` has been cut to the pools the update kept; `rep_dirty`: s's pools whose
+        rep row's pooled slot changed (`_rep_dirty`), None when none did.
+
+        A pool's member that changed is found among the pairs pools cover (up to the
+        last pool's end): the pairs past it, the tail a decode just appended, are in no
+        pool yet."""
         sq = layout.seqs[s]
         n_p = len(sq.pools)
         if self._all_dirty:
             return None
-        parts = [change.new_pools(s, n_p)]
-        if self._pdirty_rows:
-            parts.append(np.flatnonzero(self._pdirty[sq.rep_rows.view]))
+        parts = []
+        if change.kept[s] < n_p:
+            parts.append(change.new_pools(s, n_p))
+        if rep_dirty is not None:
+            parts.append(rep_dirty)
         if self._kdirty_rows and n_p:
-            rows = global_row(sq.strm, sq.cells, self.kv_size)
-            j = np.flatnonzero(self._kdirty[rows])
+            starts = sq.pools.view
+            pooled = sq.keys.view[:int(starts[-1]) + self.kpool]
+            first = global_row(sq.strm, 0, self.kv_size)
+            j = np.flatnonzero(self._kdirty[first:first + self.kv_size][pooled & CELL_MASK])
             if j.size:
-                starts = sq.pools.view
                 k = np.searchsorted(starts, j, side="right") - 1
                 ok = k >= 0
                 ok[ok] &= j[ok] < starts[k[ok]] + self.kpool
-                parts.append(k[ok])
-        return unique(np.concatenate(parts))
+                parts.append(unique(k[ok]))
+        if len(parts) == 1:
+            return parts[0]
+        return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def _rep_dirty(self, layout: Layout) -> list[np.ndarray | None]:
+        """Per sequence, its pools whose rep row's pooled slot changed (one look-up over
+        every pool's rep row, `pool_cells`), or None where none did."""
+        out: list[np.ndarray | None] = [None] * len(layout.seqs)
+        if not self._pdirty_rows:
+            return out
+        hit = np.flatnonzero(self._pdirty[layout.pool_cells()])
+        if hit.size:
+            start = layout.pool_start()
+            cut = np.searchsorted(hit, start).tolist()
+            for s in range(len(layout.seqs)):
+                if cut[s] < cut[s + 1]:
+                    out[s] = hit[cut[s]:cut[s + 1]] - start[s]
+        return out
 
     def verify(self, layout: Layout, change: LayoutChange) -> None:
         """Recheck the pools whose verdict may have changed since the last ubatch: the
         new or regrouped ones, and those whose member keys or rep row changed."""
+        rep_dirty = self._rep_dirty(layout)
         for s, sq in enumerate(layout.seqs):
             n_p = len(sq.pools)
             self.bad[s] = self.bad[s][:change.kept[s]]
-            cand = self._candidates(layout, change, s)
+            cand = self._candidates(layout, change, s, rep_dirty[s])
             if cand is None:
                 self.bad[s] = np.zeros(n_p, dtype=bool)
                 cand = np.arange(n_p, dtype=np.int64)
