@@ -101,6 +101,10 @@ from kpool_cli.cli.main import leave
 atexit.register(lambda: print("atexit ran", flush=False))
 if sys.argv[1] == "raises":
     atexit.register(lambda: 1 / 0)
+if sys.argv[1] == "signal":  # SIGTERM once the command is done (not SIGINT: a
+    import os, signal          # background job's children ignore it)
+    atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM),
+                             [i for i in range(10**5)]))  # Python work: a signal lands
 if sys.argv[1] == "thread":
     def late():
         time.sleep(0.3)
@@ -111,12 +115,13 @@ leave(3)
 """
 
 
-@pytest.mark.parametrize("thread", ["none", "thread", "raises"])
+@pytest.mark.parametrize("thread", ["none", "thread", "raises", "signal"])
 def test_leave_keeps_atexit_output_and_the_status(thread: str) -> None:
     r = subprocess.run([sys.executable, "-c", _LEAVE, thread], capture_output=True,
                        text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 3
     assert ("ZeroDivisionError" in r.stderr) == (thread == "raises")
+    assert "KeyboardInterrupt" not in r.stderr
     want = "written, thread done\natexit ran\n" if thread == "thread" else "written, atexit ran\n"
     assert r.stdout == want
 

@@ -218,18 +218,21 @@ def leave(code: int) -> NoReturn:
     0.2-0.45 s, a third of a warm replay of a small trace (README, "Performance").
     Every output file is closed by then (contracts/files.py writes each whole, or not
     at all). When a thread other than the main one is still alive (a cluster's
-    client) the interpreter ends as usual, waiting for it."""
+    client) the interpreter ends as usual, waiting for it. The command is done: a
+    Ctrl-C or SIGTERM from here on is held, and dropped with the process."""
     if threading.active_count() > 1:
         sys.exit(code)
-    with contextlib.suppress(Exception):  # each handler's error is printed, as at exit
-        atexit._run_exitfuncs()
-    try:
-        sys.stdout.flush()  # main() flushed it: only what an atexit handler wrote is left
-    except (OSError, ValueError):
-        code = 120  # the interpreter's status when its own final flush fails
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.flush()
-    os._exit(code)
+    with signals.masked():
+        with contextlib.suppress(Exception):  # each handler's error is printed, as at exit
+            atexit._run_exitfuncs()
+        try:
+            sys.stdout.flush()  # main() flushed it: only what an atexit handler wrote is left
+        except (OSError, ValueError):
+            code = 120  # the interpreter's status when its own final flush fails
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover - os._exit does not return
 
 
 def _drop_stdout() -> None:
