@@ -351,8 +351,8 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
-        members = t.of(entry_rows)
-        keep = self._kept(members, t.of(rep))
+        members, reps = t.of(entry_rows), t.of(rep)
+        keep = self._kept(members, reps)
         self.pools_kept += int(np.count_nonzero(keep))
         order, starts, rows = ctx.order, ctx.starts, ctx.rows
         sizes = np.diff(starts)
@@ -369,7 +369,7 @@ class ValueBackend:
         changed = had_alt.copy()
         vals = np.empty((0, self.n_embd), dtype=np.float32)
         if todo.size:
-            vals = self._values(members[ents], t.of(rep[ents]), keep[ents])
+            vals = self._values(members[ents], reps[ents], keep[ents])
             st = s[todo]
             before = t.pooled[st].view(np.uint32).copy()
             self.kernels.scatter(st, vals, at[win[todo]])

@@ -151,9 +151,11 @@ def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:
     """The batch's tokens by sequence set, each set's in batch order, the sets in the
     order of their first token. A batch of one seq id tuple (a prefill, a decode of one
     sequence) is one set, known without a set per token."""
-    first = tokens[0].seq if tokens else ()
+    if not tokens:
+        return {}
+    first = tokens[0].seq
     if all(t.seq == first for t in tokens):
-        return {frozenset(first): list(range(len(tokens)))} if tokens else {}
+        return {frozenset(first): list(range(len(tokens)))}
     by_set: dict[frozenset[int], list[int]] = {}
     for i, t in enumerate(tokens):
         by_set.setdefault(frozenset(t.seq), []).append(i)

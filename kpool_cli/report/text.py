@@ -183,7 +183,6 @@ def offline_html_format() -> str:
                   CONSOLE_HTML_FORMAT)
 
 
-
 def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView
          ) -> Iterator[tuple[Record, bool]]:
     for rec, shown in pairs:
