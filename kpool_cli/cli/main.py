@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import importlib
 import io
 import os
@@ -146,11 +147,20 @@ def cli() -> None:
     """Replay and inspect traces of llama.cpp's k-pool indexer cache."""
 
 
+# The cyclic collector's thresholds for a command (Python's default: 700, 10, 10). A
+# replay builds each ubatch's record, thousands of small dicts and lists that die by
+# reference count once written; collected every 700 allocations, they were traversed
+# while alive, promoted, and then rescanned with the whole trace by full collections: a
+# quarter of a W2 replay (README, "Performance"). They are still collected, only less often.
+GC_THRESHOLDS = (10_000, 10, 10)
+
+
 def main() -> None:
     """The `kpool` script. Exit status: the command's (0, 1, 2), or 2 for bad usage
     or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader left
     (`kpool replay t.yaml | head -1`): never 1, which means findings."""
     signals.install()
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         try:
             code = cli.main(prog_name="kpool", standalone_mode=False)
