@@ -99,6 +99,17 @@ class UbatchContext:
         assert self.plan is not None
         return writers_of(self.layout, self.plan.entry_pool)
 
+    def group_writers(self, groups: np.ndarray) -> list[list[list[int]]]:
+        """Per group of `groups` (indices into the groups): the [seq, k] of each of its
+        entries, in entry order, as `writers()` gives them; it looks up those entries
+        alone (a ubatch of cache-safe has every pool's entry, KP001 shows 64 groups)."""
+        assert self.plan is not None
+        lo, sizes = self.starts[groups], np.diff(self.starts)[groups]
+        ends = np.cumsum(sizes)
+        at = np.repeat(lo - (ends - sizes), sizes) + np.arange(int(ends[-1]) if ends.size else 0)
+        flat = writers_of(self.layout, self.plan.entry_pool[self.order[at]]).tolist()
+        return [flat[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist(), strict=True)]
+
 
 def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:
     """[n_entries, 2] the (seq, k) of each entry (its global pool `entry_pool`, -1 for

@@ -113,23 +113,21 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding
     their value are those of every writer of a row whose writers' values are not
     all equal."""
     assert ctx.plan is not None  # a race is found in a plan
-    starts, rows, raced = ctx.starts, ctx.rows, ctx.raced
-    writers = ctx.writers()[ctx.order]
+    rows, raced = ctx.rows, ctx.raced
     unequal = raced[~equal[raced]]
     shown = raced[:EVIDENCE_ROWS]
     if unequal.size and unequal[0] not in shown:
         shown = np.append(shown, unequal[0])
     evidence: dict[int, dict] = {
-        int(rows[g]): {"equal": bool(equal[g]),
-                       "writers": writers[starts[g]:starts[g + 1]].tolist()}
-        for g in shown.tolist()}
+        row: {"equal": eq, "writers": w} for row, eq, w in zip(
+            rows[shown].tolist(), equal[shown].tolist(), ctx.group_writers(shown),
+            strict=True)}
     extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
         else {}
     if not unequal.size:
         verdict = "values equal: every racing entry writes the same value"
     else:
-        in_unequal = np.repeat(~equal, np.diff(starts))  # per sorted entry
-        losers = sorted(set(writers[in_unequal, 0].tolist()) - {-1})
+        losers = sorted({w[0] for ws in ctx.group_writers(unequal) for w in ws} - {-1})
         who = (f"seqs {', '.join(map(str, losers))} may lose their value"
                if losers else "padding entries may lose their value")
         first = int(rows[unequal[0]])
