@@ -131,6 +131,45 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
         assert dk[0] and not dk[1:].any()
 
 
+def test_kept_is_the_pooling_of_the_same_unwritten_members() -> None:
+    """slots.py's invariants, by hand: rep slot 5 pooled slots 1, 2 at generation 3.
+    Entry 0 asks for those members: kept. Entry 1 names members 2, 1 (another pooling):
+    not kept. Entry 2: slot 2's key was rewritten at generation 3, not before it: not
+    kept. Entry 3: rep slot 6 was never pooled (pool_gen 0): not kept. Entry 4: rep
+    slot 7 pooled 3, 4 at generation 2, their keys at 1 and 0: kept."""
+    pool_of = np.zeros((8, 2), np.int64)
+    pool_gen = np.zeros(8, np.int64)
+    key_gen = np.zeros(8, np.int64)
+    pool_of[5], pool_gen[5] = (1, 2), 3
+    pool_of[7], pool_gen[7] = (3, 4), 2
+    key_gen[[1, 2, 3]] = 2, 2, 1
+    key_gen2 = key_gen.copy()
+    key_gen2[2] = 3
+    members = np.array([[1, 2], [2, 1], [1, 2], [1, 2], [3, 4]], np.int64)
+    reps = np.array([5, 5, 5, 6, 7], np.int64)
+    for k in (kernels, reference):
+        got = k.kept(pool_of, pool_gen, key_gen, members, reps)
+        assert got.tolist() == [True, False, True, False, True]
+        got2 = k.kept(pool_of, pool_gen, key_gen2, members, reps)
+        assert got2.tolist() == [False, False, False, False, True]
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 4])
+def test_kept_agrees(kpool: int) -> None:
+    rng = np.random.default_rng(kpool)
+    n_slots, n = 64, 5000
+    pool_of = rng.integers(0, 4, (n_slots, kpool)).astype(np.int64)
+    pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+    key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+    members = rng.integers(0, 4, (n, kpool)).astype(np.int64)
+    reps = rng.integers(0, n_slots, n).astype(np.int64)
+    members[::2] = pool_of[reps[::2]]  # half name their rep's members: the gens decide
+    got = kernels.kept(pool_of, pool_gen, key_gen, members, reps)
+    want = reference.kept(pool_of, pool_gen, key_gen, members, reps)
+    assert np.array_equal(got, want)
+    assert 0 < np.count_nonzero(got) < n  # both answers are exercised
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
@@ -404,6 +443,10 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("gather", lambda: be.kernels.gather(np.array([-1])), "slots[0] is slot -1,"),
         ("check", lambda: be.kernels.pools_differ(np.array([[1, 2, 3, 4]]), np.array([1, 2])),
          "rep slots has shape (2,)"),
+        ("kept", lambda: be.kernels.kept(np.array([[0, 1, 2, n]]), np.array([1])),
+         f"member slots[0, 3] is slot {n},"),
+        ("kept", lambda: be.kernels.kept(np.array([[0, 1, 2, 3]]), np.array([-1])),
+         "rep slots[0] is slot -1,"),
     ]
     before = state(be)
     for where, call, says in doors:
@@ -415,6 +458,11 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     with refused("gather", "the pooled array is float32"):
         be.kernels.gather(np.array([1]))
     be.slots.pooled = pooled
+    key_gen = be.slots.key_gen
+    be.slots.key_gen = key_gen[:1].copy()
+    with refused("kept", "the key_gen array is int64 (1,)"):
+        be.kernels.kept(np.array([[0, 1, 2, 3]]), np.array([1]))
+    be.slots.key_gen = key_gen
 
 
 def test_the_cli_reports_a_refused_plan_as_an_internal_error() -> None:

@@ -1,7 +1,7 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`), and the time spent inside each
+`pool`, `scatter`, `gather`, `pools_differ`, `kept`), and the time spent inside each
 (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come from
 `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
 They index the slot arrays (`slots.py`) with slots, never rows, and check nothing.
@@ -90,4 +90,15 @@ class GuardedKernels:
         reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
                              "rep slots", "slot")
         return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, members,
+                           reps)
+
+    def kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
+        where = "kept"
+        t = self.slots
+        t.check_generations(where)
+        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
+                                "member slots", "slot")
+        reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
+                             "rep slots", "slot")
+        return self._timed(where, self.k.kept, t.pool_of, t.pool_gen, t.key_gen, members,
                            reps)

@@ -1,4 +1,4 @@
-"""The numba kernels of the value backend: key rows, pool, scatter, gather, check.
+"""The numba kernels of the value backend: key rows, pool, scatter, gather, check, kept.
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
@@ -292,4 +292,43 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members:
     want = np.empty(key.shape[1], dtype=np.float32)
     _pools_differ_into(key, gate, pooled, members, rows,
                        *_scratch(members.shape[1], key.shape[1]), want, out)
+    return out
+
+
+@numba.njit("void(i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], b1[::1])", cache=_CACHED)
+def _kept_into(pool_of, pool_gen, key_gen, members, reps, out):
+    kpool = members.shape[1]
+    for e in range(reps.size):
+        r = reps[e]
+        g = pool_gen[r]
+        ok = g > 0
+        q = 0
+        while ok and q < kpool:
+            m = members[e, q]
+            ok = pool_of[r, q] == m and key_gen[m] < g
+            q += 1
+        out[e] = ok
+
+
+def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
+         reps: np.ndarray) -> np.ndarray:
+    """Whether rep slot `reps[e]` holds the pooling of the member slots `members[e]`,
+    none of them written since (slots.py's invariants: `pool_gen[r] > 0`, `pool_of[r]`
+    equal to the members, each member's `key_gen` below `pool_gen[r]`).
+
+    Parameters
+    ----------
+    pool_of : array of int64, shape (n_slots, kpool), C-contiguous
+    pool_gen, key_gen : arrays of int64, shape (n_slots,)
+    members : array of int64, shape (n, kpool), C-contiguous
+    reps : array of int64, shape (n,)
+
+    Returns
+    -------
+    array of bool, shape (n,)
+        One pass over the entries: under cache-safe, which re-marks every pool each
+        ubatch, this is asked of every pool (32k in a W2 ubatch).
+    """
+    out = np.empty(reps.size, dtype=np.bool_)
+    _kept_into(pool_of, pool_gen, key_gen, members, reps, out)
     return out

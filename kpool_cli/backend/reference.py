@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same five kernels, in plain numpy.
+"""The numpy twin of `kernels.py`: the same six kernels, in plain numpy.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
 its numba twin, and the tests hold the two equal bit for bit (float32 arrays
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import rows_equal, rows_max
 from .keys import POW2, key_rows_from_state
 
 
@@ -101,3 +102,13 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members:
     if rows.size == 0:
         return np.zeros(0, dtype=bool)
     return np.any(pooled[rows] != pool(key, gate, members), axis=1)
+
+
+def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
+         reps: np.ndarray) -> np.ndarray:
+    """Whether rep slot `reps[e]` holds the pooling of the member slots `members[e]`,
+    none of them written since: array of bool, shape (n,)."""
+    gen = pool_gen[reps]
+    keep = (gen > 0) & rows_equal(pool_of[reps], members)
+    keep[keep] &= rows_max(key_gen[members[keep]]) < gen[keep]
+    return keep

@@ -257,6 +257,18 @@ class SlotTable:
 
     # -- what the kernels are handed -------------------------------------------------------
 
+    def check_generations(self, where: str) -> None:
+        """The slot arrays the `kept` kernel reads: int64, C-contiguous, `pool_of`
+        kpool wide, with a row for every slot in use (true by construction). Raises
+        PlanError (`guards.py`)."""
+        for name, a, shape in (("pool_of", self.pool_of, (self.kpool,)),
+                               ("pool_gen", self.pool_gen, ()), ("key_gen", self.key_gen, ())):
+            if (a.dtype != np.int64 or not a.flags.c_contiguous or a.shape[1:] != shape
+                    or a.shape[0] < self.n_handed):
+                raise PlanError(f"{where}: the {name} array is {a.dtype} {a.shape}, not a "
+                                f"C-contiguous int64 array of {self.n_handed} slots"
+                                + (f" x {self.kpool}" if shape else ""), where, name)
+
     def check_tables(self, where: str) -> None:
         """The slot arrays a kernel reads and writes: float32, C-contiguous, n_embd
         wide, with a row for every slot in use (true by construction). Checked whole

@@ -50,7 +50,6 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import rows_equal, rows_max
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
 from ..engine.layout import Layout
@@ -404,12 +403,9 @@ class ValueBackend:
     def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """[n] bool: the entry (member slots `members`, rep slot `reps`) keeps the value
         its rep slot holds, which is the pooling of the same member slots, none of them
-        written since (`pool_of`, `pool_gen`; slots.py's invariants)."""
-        t = self.slots
-        gen = t.pool_gen[reps]
-        keep = (gen > 0) & rows_equal(t.pool_of[reps], members)
-        keep[keep] &= rows_max(t.key_gen[members[keep]]) < gen[keep]
-        return keep
+        written since (`pool_of`, `pool_gen`; slots.py's invariants): the `kept` kernel,
+        one pass over the entries."""
+        return self.kernels.kept(members, reps)
 
     def _values(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """The pooled value of each entry: its rep slot's where `keep`, else pooled now.
