@@ -18,6 +18,7 @@ import pkgutil
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -174,6 +175,20 @@ def test_the_context_groups_entries_by_row_in_entry_order():
     assert rows.tolist() == [3, 7, 9]
     assert starts.tolist() == [0, 2, 5, 6]
     assert order.tolist() == [1, 4, 0, 2, 5, 3]
+
+
+def test_group_writers_are_the_writers_of_each_groups_entries_in_entry_order():
+    """KP001's value evidence: entries 0..5 write rows 7, 3, 7, 9, 3, 7 and pool the
+    global pools 12, 3, -1 (padding), 21, 4, 13; a pool p is (seq p // 10, k p % 10)
+    here. Row 7's group is entries 0, 2, 5: (1, 2), padding, (1, 3); row 3's is 1, 4:
+    (0, 3), (0, 4); row 9's is 3: (2, 1)."""
+    order, starts, _rows = context.race_groups(np.array([7, 3, 7, 9, 3, 7]))
+    layout = SimpleNamespace(locate=lambda p: (p // 10, p % 10))
+    ctx = SimpleNamespace(order=order, starts=starts, layout=layout, plan=SimpleNamespace(
+        entry_pool=np.array([12, 3, -1, 21, 4, 13])))
+    got = context.UbatchContext.group_writers(ctx, np.array([1, 2, 0]))
+    assert got == [[[1, 2], [-1, -1], [1, 3]], [[2, 1]], [[0, 3], [0, 4]]]
+    assert context.UbatchContext.group_writers(ctx, np.array([], dtype=np.int64)) == []
 
 
 def _write_expected(codes: list[str]) -> None:
