@@ -80,7 +80,8 @@ def check(ctx: UbatchContext) -> list[Finding]:
     plan = ctx.plan
     if plan is None or ctx.raced.size == 0:
         return []
-    rows = ctx.rows[ctx.raced].tolist()
+    raced_rows = ctx.rows[ctx.raced]
+    rows = raced_rows.tolist()
     counts = ctx.sizes[ctx.raced]
     real = plan.entry_pool[ctx.raced_entries()]
     seq, k = ctx.layout.locate(real[real >= 0])
@@ -96,7 +97,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     return [Finding(
         CODE,
         f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
-        f"{words.folded(rows, limit=8)}",
+        f"{words.folded(raced_rows, limit=8)}",
         rows=tuple(rows), seqs=seqs, pools=pools,
         evidence={"entries_per_row": per_row, **more},
     )]
