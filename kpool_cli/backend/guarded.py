@@ -85,10 +85,7 @@ class GuardedKernels:
         where = "check"
         t = self.slots
         t.check_tables(where)
-        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
-                                "member slots", "slot")
-        reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
-                             "rep slots", "slot")
+        members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, members,
                            reps)
 
@@ -96,9 +93,16 @@ class GuardedKernels:
         where = "kept"
         t = self.slots
         t.check_generations(where)
-        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
-                                "member slots", "slot")
-        reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
-                             "rep slots", "slot")
+        members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.kept, t.pool_of, t.pool_gen, t.key_gen, members,
                            reps)
+
+    def _entries(self, where: str, members: np.ndarray, reps: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Entries as slots: `members` [n, kpool] and `reps` [n], every one in use."""
+        n_handed = self.slots.n_handed
+        members = checked_index(members, 0, n_handed, (None, self.kpool), False, where,
+                                "member slots", "slot")
+        reps = checked_index(reps, 0, n_handed, members.shape[:1], False, where,
+                             "rep slots", "slot")
+        return members, reps
