@@ -331,8 +331,8 @@ class ValueBackend:
         pooling (`_kept`) writes the value that slot holds, so a race group of such
         entries alone (every entry of a group has the same rep row, so the same slot)
         writes equal values and leaves its row as it was. Only the other groups' values
-        are pooled, gathered, scattered and compared; every winner's slot is stamped
-        and its pooling recorded as before. Under cache-safe, which re-marks every pool,
+        are pooled, gathered, scattered and compared, and have their pooling recorded;
+        every winner's slot is stamped. Under cache-safe, which re-marks every pool,
         a ubatch so touches the float rows of the pools that changed alone."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
@@ -375,8 +375,10 @@ class ValueBackend:
             # a row that got the value it held changes no verdict: only the others (and
             # the rows whose racing writers change) are re-checked
             changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
-        t.pool_of[s] = members[win]
-        t.pool_gen[s] = t.gen
+        # a group of kept entries alone leaves its slot's pooling as it was recorded:
+        # pool_of is their members already, and pool_gen still above their key_gen
+        t.pool_of[s[todo]] = members[win[todo]]
+        t.pool_gen[s[todo]] = t.gen
         pools = plan.entry_pool[win]
         real = pools >= 0
         writers.stamp(s[~real], PADDING)
