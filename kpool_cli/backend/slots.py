@@ -21,7 +21,8 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
   (int64 [slots, kpool]) the member slots a slot's pooled row was pooled from,
   valid when `pool_gen[slot] > 0`, the generation it was pooled at (the scatter
   sets them: `store.py`, which keeps such a pooling instead of pooling again);
-- `check_tables`: the arrays a kernel reads and writes are what the kernels take.
+- `check_tables`, `check_generations`: the arrays a kernel reads and writes are what
+  the kernels take.
 
 Invariants:
 - `slot_row[slot]` is the row of every slot in use (-1 for a freed one), and
