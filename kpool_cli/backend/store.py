@@ -395,9 +395,9 @@ class ValueBackend:
                                         sub_starts)
             unequal = np.flatnonzero(~equal)
             if unequal.size:
-                racers = ctx.writers()
-                for g in unequal.tolist():
-                    writers.alt[int(rows[g])] = racers[order[starts[g]:starts[g + 1]]].copy()
+                for g, racers in zip(unequal.tolist(), ctx.group_writers(unequal),
+                                     strict=True):
+                    writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
                 changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
         return equal

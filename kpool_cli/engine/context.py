@@ -94,15 +94,11 @@ class UbatchContext:
         hit[self.order[np.repeat(sizes > 1, sizes)]] = True
         return np.flatnonzero(hit)
 
-    def writers(self) -> np.ndarray:
-        """[n_entries, 2] the (seq, k) each scatter entry pools; PAD_WRITER for padding."""
-        assert self.plan is not None
-        return writers_of(self.layout, self.plan.entry_pool)
-
     def group_writers(self, groups: np.ndarray) -> list[list[list[int]]]:
         """Per group of `groups` (indices into the groups): the [seq, k] of each of its
-        entries, in entry order, as `writers()` gives them; it looks up those entries
-        alone (a ubatch of cache-safe has every pool's entry, KP001 shows 64 groups)."""
+        entries, in entry order (`writers_of`: PAD_WRITER for padding). It looks up
+        those entries alone: a cache-safe ubatch has an entry for every pool, and
+        KP001 shows 64 groups, the scatter the few whose values differ."""
         assert self.plan is not None
         lo, sizes = self.starts[groups], np.diff(self.starts)[groups]
         ends = np.cumsum(sizes)
