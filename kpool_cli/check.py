@@ -5,8 +5,9 @@ finding at or above `--fail-on` may go unpinned.
 Owns: which engines a trace runs
 under (`engines_for`), the unit of work (`CheckJob`, `check_one`), the result record
 (`CheckResult` with its `Unmet` expectations, `Flagged` findings and `Problem`s), the
-rule of what an `expect` pins (`pinned_codes`), and running the jobs in order on a
-process pool (`run_checks`).
+rule of what an `expect` pins (`pinned_codes`), running the jobs in order on a
+process pool (`run_checks`), and which versions show each finding (`by_version`: a
+trace in a bug report, checked with `--engine all`, says which builds have the bug).
 
 The rules, precisely:
 - Engines. `--engine` (repeatable; or `engines` of the settings) replaces the choice.
@@ -137,6 +138,7 @@ class CheckResult:
     fail_on: str = "error"
     n_failing: int = 0  # unpinned findings at or above fail_on, listed or not
     n_below: int = 0  # unpinned findings below it, listed or not
+    first: dict[str, int] = field(default_factory=dict)  # each code's first op
 
     @property
     def exit_code(self) -> int:
@@ -246,6 +248,7 @@ def check_one(job: CheckJob) -> CheckResult:
             Problem(job.path, 0, 0, "<trace>", str(e)),))
     pinned = pinned_codes(trace, version.name) if job.pin else frozenset()
     every: Counter[str] = Counter()
+    first: dict[str, int] = {}
     kept_pinned: Counter[str] = Counter()
     kept_ignored: Counter[str] = Counter()
     flagged: list[Flagged] = []
@@ -262,6 +265,7 @@ def check_one(job: CheckJob) -> CheckResult:
             left: list[Finding] = []
             for f in rec.findings:
                 every[f.code] += 1
+                first.setdefault(f.code, rec.op)
                 if f.code in job.ignored:
                     kept_ignored[f.code] += 1
                 elif f.code in pinned:
@@ -293,7 +297,7 @@ def check_one(job: CheckJob) -> CheckResult:
         job.path, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
         max(0, len(flagged) - MAX_LISTED), (), tally.expect_passed, tally.expect_failed,
         tally.ubatches, dict(sorted(every.items())), dict(sorted(kept_pinned.items())),
-        dict(sorted(kept_ignored.items())), job.fail_on,
+        dict(sorted(kept_ignored.items())), job.fail_on, first=dict(sorted(first.items())),
         n_failing=sum(f.fails for f in flagged), n_below=sum(not f.fails for f in flagged))
 
 
@@ -309,6 +313,37 @@ def run_checks(units: Sequence[CheckJob | CheckResult], jobs: int = 1
 
 def _result_of(unit: CheckJob | CheckResult) -> CheckResult:
     return unit if isinstance(unit, CheckResult) else check_one(unit)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """A finding code on one trace and the versions that show it: per version that
+    does, how often and its first op; `not_by`: the versions that ran it whole and
+    do not."""
+
+    path: str
+    code: str
+    by: tuple[tuple[str, int, int], ...]  # (engine, count, first op)
+    not_by: tuple[str, ...]
+
+
+def by_version(results: Sequence[CheckResult]) -> list[Shown]:
+    """Which versions show each finding code, per trace checked under more than one
+    engine (the results that replayed: an invalid run shows nothing either way)."""
+    runs: dict[str, list[CheckResult]] = {}
+    for r in results:
+        if r.engine and r.status != INVALID:
+            runs.setdefault(r.path, []).append(r)
+    out: list[Shown] = []
+    for path, rs in runs.items():
+        if len(rs) < 2:
+            continue
+        for code in sorted({c for r in rs for c in r.findings}):
+            by = tuple((r.engine, r.findings[code], r.first[code]) for r in rs
+                       if r.findings.get(code))
+            out.append(Shown(path, code, by, tuple(r.engine for r in rs
+                                                   if not r.findings.get(code))))
+    return out
 
 
 def exit_code(results: Iterable[CheckResult]) -> int:

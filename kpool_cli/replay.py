@@ -276,7 +276,7 @@ class Replayer:
         except EditRefused as e:
             return OpEvent(i, op.kind, REJECTED, {}, str(e),
                            self._at_op(OpContext(i, op.kind, op.seq, refused=str(e))))
-        pos = self.staleness.before(op, cache.seq_pos_min)
+        pos = self.staleness.before(op, cache.seq_pos_min, cache.holds_in)
         try:
             message = self._apply_edit(op)
         except EngineAbort as e:  # state_read's find_slot on a dangling tail
@@ -460,7 +460,7 @@ class Replayer:
         if self.backend:
             self.backend.write_rows(rows, key_ids)
         change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared,
-                               truncate_tail=v.truncate_stale_tail)
+                               truncate=v.truncate_spares if v.truncate_stale_tail else None)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         plan = None
@@ -475,7 +475,7 @@ class Replayer:
             n_new_g = n_new_graph(n_new, pos.size, ub.n_seqs_unq, layout.n_pool_real,
                                   cfg.kv_size, cfg.kpool, cfg.n_seq_max, repool_all)
             plan = self.core.build_plan(layout, marked, n_new_g, pos, seqs, pl.cells,
-                                        cfg.n_rows, v.padding == "row-zero")
+                                        cfg.n_rows, v.padding)
         except EngineAbort as e:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),

@@ -49,7 +49,7 @@ from .contracts.tally import FAIL_ON
 from .inputs import InputRefused, InputTooLarge, read_input
 from .trace.yaml_safe import clip, quote, suggest
 from .verdict.codes import CODES
-from .versions import VERSIONS
+from .versions import ALL, VERSIONS, VersionError, is_registered, registered
 from .wording import visible
 from .workers import MAX_JOBS
 
@@ -274,13 +274,19 @@ class _Checker:
             raise self.fail(("engines",), "empty: name at least one engine, or leave the "
                                           "key out")
         for item in items:
-            if item not in VERSIONS:
+            if item != ALL and "+" in item and ":" not in item:
+                try:
+                    registered(item)
+                except VersionError as e:
+                    raise self.fail(("engines",), str(e)) from None
+            elif item != ALL and not is_registered(item):
                 plugin = (" (a plug-in engine is named on the command line, --engine: a "
                           "settings file is data, and names only registered versions)"
                           if ":" in item else "")
                 raise self.fail(("engines",), f"unknown engine {quote(item)}"
                                               f"{suggest(item, VERSIONS)}; known engines are "
-                                              f"{', '.join(VERSIONS)}{plugin}")
+                                              f"{', '.join(VERSIONS)}, BASE+PATCH "
+                                              f"or all{plugin}")
             if items.count(item) > 1:
                 raise self.fail(("engines",), f"engine {quote(item)} named twice")
         return tuple(items)

@@ -1,9 +1,17 @@
 """Engine versions: the policies that differ between releases of the k-pool engine,
-a registry of the known ones, and loading a user's own (`--engine pkg.mod:Name`).
+the bases and patches they are made of, a registry of the known ones, and loading a
+user's own (`--engine pkg.mod:Name`).
 
-Owns: `EngineVersion` (a frozen record of policies), `CACHE_SAFE` (llama.cpp before
-PR #29994), `REP_ONCE` (PR #29994), `TAIL_TRUNCATE` (rep-once with a fork's layout
-patch for MTP; docs/versions.md), `VERSIONS`, `load_version`.
+Owns: `EngineVersion` (a frozen record of policies); the bases `CACHE_SAFE`
+(llama.cpp before PR #29994) and `REP_ONCE` (PR #29994); the `Patch`es the field
+applies to them, each with the `Origin` it was read from and the base policies its
+anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
+(the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
+composition) and `load_version` (those, or a plug-in). docs/versions.md.
+
+Invariants: a composed version's name is its spec (`cache-safe+tail-truncate`); a
+patch applies only to a base whose policies its anchors need (`Patch.needs`), and
+two patches never set the same policy.
 
 A third version is a few lines:
 
@@ -18,10 +26,12 @@ Every policy names the ENGINE.md section whose rule it switches.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
-PADDING_POLICIES = ("unused-rows", "row-zero")
+PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
+TRUNCATE_SPARES = ("no-shared-cell", "flagged-shared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,13 +53,24 @@ class EngineVersion:
     # ubatch (the per-row generation array of PR #29994)
     mark_once_per_rep: bool
     # ENGINE.md §7: where padding entries write: each its own row that is no real pool's
-    # rep ("unused-rows"), or all of them row 0 ("row-zero", a naive engine)
-    padding: Literal["unused-rows", "row-zero"] = "unused-rows"
+    # rep ("unused-rows"), all of them row 0 ("row-zero", a naive engine), or all of them
+    # a real pool's row, pooled from its own members ("repeat-pool", the glm5next
+    # branch's `any_rep_src`: engine/scatter.py `repeated_pool`)
+    padding: Literal["unused-rows", "row-zero", "repeat-pool"] = "unused-rows"
     # ENGINE.md §5 step 2, a fork's patch for MTP: a stale sequence none of whose cells
     # is shared is not rebuilt but truncated at its stale position (its pairs below it
     # and the pools that end below it kept, unchecked: the staleness contract says they
     # did not change), then extended by the append path; shared sequences rebuild
     truncate_stale_tail: bool = False
+    # ENGINE.md §5 step 2, which sequences the truncate spares (rebuilds instead):
+    # "no-shared-cell", those holding a cell another sequence holds (the port onto
+    # PR #29994, which has no `sq.shared`); "flagged-shared", those whose `sq.shared`
+    # flag (step 3's sharing scan, as of the last update) is set: the fork's
+    # `!sq.shared` on the cache-safe base it patches
+    truncate_spares: str = "no-shared-cell"
+    # ENGINE.md §4: a seq_rm that removes no cell of the attention cache stales nothing
+    # (the no-op seq_rm after a fully accepted draft; docs/versions.md)
+    seq_rm_noop_keeps_clean: bool = False
     # ENGINE.md §2 and §3 "The recurrent child": a seq_rm of a negative seq id matches
     # every sequence in the recurrent child (`seq_id >= 0 && (uint32_t) seq_id >=
     # n_seq_max`, angt/llama.cpp d5437c2), so a whole-range one clears every sequence;
@@ -60,6 +81,9 @@ class EngineVersion:
     def __post_init__(self) -> None:
         if self.padding not in PADDING_POLICIES:
             raise ValueError(f"padding must be one of {PADDING_POLICIES}, not {self.padding!r}")
+        if self.truncate_spares not in TRUNCATE_SPARES:
+            raise ValueError(f"truncate_spares must be one of {TRUNCATE_SPARES}, "
+                             f"not {self.truncate_spares!r}")
 
 
 CACHE_SAFE = EngineVersion(
@@ -82,20 +106,207 @@ REP_ONCE = EngineVersion(
     mark_once_per_rep=True,
 )
 
-TAIL_TRUNCATE = replace(
-    REP_ONCE,
-    name="tail-truncate",
-    description="rep-once plus a fork's MTP patch: a stale unshared sequence is truncated "
-                "at its stale position instead of rebuilt",
-    truncate_stale_tail=True,
-)
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a base or a patch was read: a repository, a file and a commit (or, for a
+    patch kept outside llama.cpp's tree, the patch file itself)."""
 
-VERSIONS: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE, TAIL_TRUNCATE)}
-DEFAULT_VERSION = REP_ONCE.name
+    repo: str
+    path: str
+    commit: str
+
+    def __str__(self) -> str:
+        return f"{self.repo} {self.path} @ {self.commit}"
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """A change the field applies to a base: the policies it sets (`sets`), the base
+    policies its anchors need (`needs`, with `why`: the code it anchors on), and where
+    it was read (`origin`)."""
+
+    name: str
+    description: str
+    origin: Origin
+    sets: tuple[tuple[str, bool | str], ...]
+    needs: tuple[tuple[str, bool | str], ...] = ()
+    why: str = ""
+
+
+BASE_ORIGINS = {
+    CACHE_SAFE.name: Origin("ggml-org/llama.cpp", "src/llama-memory-hybrid-idx.cpp",
+                            "the parent of 43fe9c64281ef735046adc025e9e7559a1f659a5 "
+                            "(before PR #29994)"),
+    REP_ONCE.name: Origin("ggml-org/llama.cpp", "src/llama-memory-hybrid-idx.cpp",
+                          "43fe9c64281ef735046adc025e9e7559a1f659a5 (PR #29994)"),
+}
+BASES: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE)}
+
+_FORK = Origin("audiagentic/bigcherry", "patches/1292_kpool_tail_truncate/patch.py",
+               "pin 0504396 (promoted 2026-10-05)")
+
+_GLM5NEXT = Origin("ggml-org/llama.cpp", "src/llama-kv-cache-kpool.cpp",
+                   "048799f098a19e52ec11a4dec93dbf9fead1233d (the glm5next branch), "
+                   "lines 496-513")
+_ANGT = Origin("angt/llama.cpp", "src/llama-memory-hybrid-idx.cpp",
+               "f46848f9ddcb07e23ffa3bbf37ddc72fe1be3184")
+
+PATCHES: dict[str, Patch] = {p.name: p for p in (
+    Patch("tail-truncate",
+          "a fork's MTP patch to kpool_layout_update, as it ships: a stale sequence "
+          "whose sq.shared flag is clear is cut at its stale position, not rebuilt",
+          _FORK,
+          sets=(("truncate_stale_tail", True), ("truncate_spares", "flagged-shared")),
+          needs=(("repool_all_when_shared", True),),
+          why="it anchors on `size_t n_kept = 0;` and gates on `!sq.shared` in "
+              "kpool_layout_update, which PR #29994 removed with the sharing scan"),
+    Patch("tail-truncate-port",
+          "kpool's port of the fork's patch onto PR #29994: the cut spares a sequence "
+          "holding a cell another sequence holds (there is no sq.shared to read)",
+          _FORK,
+          sets=(("truncate_stale_tail", True), ("truncate_spares", "no-shared-cell")),
+          needs=(("repool_all_when_shared", False),),
+          why="it reads the cells' sharing where PR #29994 dropped sq.shared; on the "
+              "base before it, apply the fork's own `tail-truncate`"),
+    Patch("noop-seq-rm",
+          "a seq_rm that removes no cell stales nothing (a fully accepted draft's "
+          "seq_rm of the empty tail leaves the layout clean)",
+          Origin("kpool", "docs/versions.md", "this repository (a question, not a "
+                 "shipped patch)"),
+          sets=(("seq_rm_noop_keeps_clean", True),)),
+    Patch("padding-repeats-pool",
+          "every padding entry re-pools the first pool of a sequence in the ubatch into "
+          "its rep row (\"the duplicate write is a no-op in effect\"), not a row of its own",
+          _GLM5NEXT, sets=(("padding", "repeat-pool"),)),
+)}
+
+# the shipped combinations: name -> (spec, what it is, where it was read: None when
+# its base and patches say it)
+COMBINATIONS: dict[str, tuple[str, str, Origin | None]] = {
+    "tail-truncate": ("rep-once+tail-truncate-port",
+                      "kpool's port of the fork's patch onto PR #29994, under the name "
+                      "it shipped with", None),
+    "cache-safe+tail-truncate": ("cache-safe+tail-truncate",
+                                 "the fork's version as its users run it: its pin "
+                                 "0504396 predates PR #29994", None),
+    "angt-f46848f": ("rep-once",
+                     "PR #29994's engine with seq-id checks that return early and a "
+                     "gather mode of set_input_kpool: no valid trace reaches either, so "
+                     "it replays as rep-once (docs/versions.md)", _ANGT),
+    "glm5next-048799f0": ("rep-once+padding-repeats-pool",
+                          "the glm5next branch's padding, on PR #29994's engine: that "
+                          "branch's own layout (absolute pools, a dirty flag) is another "
+                          "design, not modelled (docs/versions.md)", _GLM5NEXT),
+}
 
 
 class VersionError(Exception):
-    """An engine name that is neither registered nor a loadable `module:Name`."""
+    """An engine name that is neither registered nor a loadable `module:Name`, or a
+    composition whose patch cannot apply to its base."""
+
+
+def compose(spec: str) -> EngineVersion:
+    """`BASE+PATCH[+PATCH...]`: the base's policies with each patch's set over them,
+    named by the spec. Raises VersionError naming the base and the patch when a patch
+    does not apply (its anchors need a policy the base has otherwise), when two patches
+    set the same policy, or when a name is unknown."""
+    base_name, *patch_names = [part.strip() for part in spec.split("+")]
+    base = BASES.get(base_name)
+    if base is None:
+        raise VersionError(f"engine {spec!r}: unknown base {base_name!r}: the bases are "
+                           f"{', '.join(BASES)}")
+    changes: dict[str, bool | str] = {}
+    set_by: dict[str, str] = {}
+    for name in patch_names:
+        patch = PATCHES.get(name)
+        if patch is None:
+            raise VersionError(f"engine {spec!r}: unknown patch {name!r}: the patches are "
+                               f"{', '.join(PATCHES)}")
+        for field_name, want in patch.needs:
+            if getattr(base, field_name) != want:
+                raise VersionError(f"engine {spec!r}: patch {name!r} cannot apply to base "
+                                   f"{base_name!r}: {patch.why}")
+        for field_name, value in patch.sets:
+            if field_name in set_by:
+                raise VersionError(f"engine {spec!r}: patches {set_by[field_name]!r} and "
+                                   f"{name!r} both change {field_name}")
+            set_by[field_name] = name
+            changes[field_name] = value
+    if not patch_names:
+        return base
+    described = "; ".join(PATCHES[n].description for n in patch_names)
+    return replace(base, name="+".join([base_name, *patch_names]),
+                   description=f"{base.name} plus {described}", **changes)  # type: ignore[arg-type]
+
+
+def applies_to(patch: Patch) -> tuple[str, ...]:
+    """The bases `patch` can apply to (those whose policies its anchors need)."""
+    return tuple(name for name, base in BASES.items()
+                 if all(getattr(base, f) == want for f, want in patch.needs))
+
+
+def _shipped(name: str) -> EngineVersion:
+    spec, what, _ = COMBINATIONS[name]
+    v = compose(spec)
+    return replace(v, name=name, description=f"{spec}: {what}")
+
+
+TAIL_TRUNCATE = _shipped("tail-truncate")
+
+# the shipped versions, bases first: `kpool engines`, `--engine all`; a trace and a
+# settings file may name these and any composition of BASES and PATCHES
+VERSIONS: dict[str, EngineVersion] = {
+    **BASES, **{name: _shipped(name) for name in COMBINATIONS}}
+DEFAULT_VERSION = REP_ONCE.name
+
+
+# the fields of a comparison (diff/compare.py) a policy changes on purpose: two
+# versions that differ in it are compared on everything else
+BY_DESIGN = {"seq_rm_noop_keeps_clean": ("stale",)}
+
+
+def by_design(a: str, b: str) -> tuple[str, ...]:
+    """The comparison fields versions `a` and `b` (registered names or compositions)
+    differ in by design; () when either is not registered (a plug-in, a report's
+    unknown engine): then everything is compared."""
+    try:
+        va, vb = registered(a), registered(b)
+    except VersionError:
+        return ()
+    return tuple(sorted({f for policy, fields in BY_DESIGN.items()
+                         if getattr(va, policy) != getattr(vb, policy) for f in fields}))
+
+
+ALL = "all"  # `--engine all`: every shipped version
+
+
+def expand_all(specs: Iterable[str]) -> tuple[str, ...]:
+    """`specs` with `all` replaced by every shipped version, each named once, in order."""
+    out: list[str] = []
+    for spec in specs:
+        out += list(VERSIONS) if spec == ALL else [spec]
+    return tuple(dict.fromkeys(out))
+
+
+def is_registered(name: str) -> bool:
+    """Whether `name` is a shipped version or a composition that applies (what data,
+    a trace or a settings file, may name: it imports no code)."""
+    try:
+        registered(name)
+    except VersionError:
+        return False
+    return True
+
+
+def registered(name: str) -> EngineVersion:
+    """A shipped version or a composition of registered bases and patches (what a trace,
+    a settings file and `--engine` may name without importing code)."""
+    if name in VERSIONS:
+        return VERSIONS[name]
+    if "+" in name:
+        return compose(name)
+    raise VersionError(f"unknown engine {name!r}: known engines are {', '.join(VERSIONS)}, "
+                       "or BASE+PATCH (kpool engines)")
 
 
 def load_version(spec: str) -> EngineVersion:
@@ -107,8 +318,8 @@ def load_version(spec: str) -> EngineVersion:
     (`replace(REP_ONCE, ...)`), anything else (a function, a class) is refused. What
     the import does (raise, `sys.exit`) is a `VersionError`, never an exit status of
     its own."""
-    if spec in VERSIONS:
-        return VERSIONS[spec]
+    if spec in VERSIONS or ("+" in spec and ":" not in spec):
+        return registered(spec)
     known = ", ".join(VERSIONS)
     if not spec.strip():
         raise VersionError(f"empty engine name: give one of {known}, or package.module:Name")

@@ -34,7 +34,7 @@ from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.trace.model import Token, Trace
-from kpool_cli.versions import VERSIONS
+from kpool_cli.versions import registered
 
 # The suite runs on two processes (pytest-xdist, pyproject's addopts), whose workers
 # inherit COLUMNS=80 and LINES=24 from it; kpool wraps text to COLUMNS when it is set,
@@ -79,7 +79,7 @@ def drive(t: Trace | str, engine: str = "rep-once"
     """The replay ubatch by ubatch (and event by event), with the replayer's state.
     The cache's invariants are checked after every record. `expect` ops are not
     answered here (kpool_cli.replay.replay does that)."""
-    rp = Replayer(_as_trace(t), VERSIONS[engine])
+    rp = Replayer(_as_trace(t), registered(engine))
     rp.cache.check_invariants()
     for rec in rp.run():
         rp.cache.check_invariants()
@@ -142,6 +142,6 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in WARM_TRACES:
         trace = load_trace(root / f"{name}.yaml")
         for engine in ("cache-safe", "rep-once"):
-            for _ in replay(trace, VERSIONS[engine], make_backend("numba", trace),
+            for _ in replay(trace, registered(engine), make_backend("numba", trace),
                             core="compiled"):
                 pass

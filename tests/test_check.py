@@ -66,13 +66,19 @@ def test_shipped_traces_pass_one_line_per_trace_and_engine():
     lines = out.splitlines()
     want = {(str(p), e) for p in sorted(TRACES.rglob("*.yaml"))
             for e in engines_for(load_trace(p))}
+    block = lines.index("which versions show each finding:")
     got = set()
-    for line in lines[:-1]:
+    for line in lines[:block]:
         m = re.fullmatch(r"PASS    (\S+) under (\S+): .*", line)
         assert m, line
         got.add((m[1], m[2]))
-    assert got == want and len(lines) - 1 == len(want)
+    assert got == want and block == len(want)
     assert lines[-1].startswith(f"checked {len(want)} runs of ")
+    # the race of PR #29994: KP001 at the first decode after the seq_cp (op 3), twice,
+    # under cache-safe; not under rep-once
+    race = str(TRACES / "shared-prefix-race.yaml")
+    assert (f"  {race}: KP001 scatter-race: cache-safe (x2, first at op 3); not rep-once"
+            in lines[block + 1:-1])
     # the race trace passes under cache-safe because its expect pins KP001
     race = next(line for line in lines if f"{RACE} under cache-safe" in line)
     assert "pinned KP001" in race

@@ -4,6 +4,8 @@ Numbers derived by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kpool_cli.engine.edits import Staleness, check_edit
@@ -22,7 +24,32 @@ from kpool_cli.versions import CACHE_SAFE, REP_ONCE
     (m.SeqDiv(0, 4, -1, d=2), 0, 0),        # seq_div: always 0
 ])
 def test_s4_stale_pos_is_taken_before_the_edit(op, pos_min, want):
-    assert Staleness.before(op, lambda s: pos_min) == want
+    assert Staleness(1, REP_ONCE).before(op, lambda s: pos_min, lambda *a: True) == want
+
+
+@pytest.mark.parametrize("base", [REP_ONCE, CACHE_SAFE])
+@pytest.mark.parametrize(("holds", "want"), [(False, None), (True, 5)])
+def test_s4_the_noop_seq_rm_patch_stales_nothing_when_nothing_is_removed(base, holds, want):
+    """docs/versions.md, the no-op seq_rm patch (`seq_rm_noop_keeps_clean`): seq_rm(0,
+    5, -1) with pos_min 0 stales from 5 when the sequence holds a cell at 5 or later,
+    and nothing (None) when it holds none; the bases stale from 5 either way, and
+    so does every other edit under the patch."""
+    patched = replace(base, seq_rm_noop_keeps_clean=True)
+    asked = []
+
+    def holds_in(s, p0, p1):
+        asked.append((s, p0, p1))
+        return holds
+
+    rm = m.SeqRm(0, 5, -1)
+    assert Staleness(1, patched).before(rm, lambda s: 0, holds_in) == want
+    assert asked == [(0, 5, -1)]
+    assert Staleness(1, base).before(rm, lambda s: 0, holds_in) == 5
+    add = m.SeqAdd(0, 4, -1, shift=-2)
+    assert Staleness(1, patched).before(add, lambda s: 0, holds_in) == 2
+    st = Staleness(2, patched)
+    st.after(rm, None, layout_shared=True)  # cache-safe's restale-all is skipped too
+    assert st.stale == [C, C] and st.take_changed() == {}
 
 
 def test_s4_stale_set_keeps_the_minimum_and_lists_what_it_set():

@@ -4,9 +4,23 @@ truncated at its stale position instead of rebuilt. Numbers derived by hand."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
 from conftest import codes, run, trace, ubatches
 
 from kpool_cli.versions import VERSIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def kpool(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpool_cli", *args], capture_output=True,
+                          text=True, cwd=ROOT)
+
 
 MTP_STEP = """
     kpool_trace: 1
@@ -18,11 +32,15 @@ MTP_STEP = """
     """
 
 
-def test_engines_lists_three_versions():
-    assert list(VERSIONS) == ["cache-safe", "rep-once", "tail-truncate"]
+def test_the_shipped_versions_are_the_bases_the_port_and_the_fork_as_it_ships():
+    assert list(VERSIONS) == ["cache-safe", "rep-once", "tail-truncate",
+                              "cache-safe+tail-truncate"]
     tt, ro = VERSIONS["tail-truncate"], VERSIONS["rep-once"]
-    assert tt.truncate_stale_tail and not ro.truncate_stale_tail
-    assert tt.mark_once_per_rep == ro.mark_once_per_rep and tt.padding == ro.padding
+    assert tt == replace(ro, name="tail-truncate", description=tt.description,
+                         truncate_stale_tail=True, truncate_spares="no-shared-cell")
+    fork, cs = VERSIONS["cache-safe+tail-truncate"], VERSIONS["cache-safe"]
+    assert fork == replace(cs, name=fork.name, description=fork.description,
+                           truncate_stale_tail=True, truncate_spares="flagged-shared")
 
 
 def test_s5_a_rejected_tail_is_truncated_not_rebuilt():
@@ -131,3 +149,87 @@ def test_s5_a_cut_inside_a_pool_drops_that_pool():
         assert p.cells == (8, 9, 12, 13)
         assert not codes(run(t, engine))
     assert got == {"rep-once": [12, 12, 3], "tail-truncate": [12, 2, 3]}
+
+
+def test_s5_the_forks_patch_on_its_own_base_cache_safe():
+    """The fork's patch as it ships (audiagentic/bigcherry
+    patches/1292_kpool_tail_truncate/patch.py, on the pre-PR #29994 code): cache-safe
+    plus the cut. The trace of the first test (no sharing): cache-safe's update copies
+    the 10 pairs and its sharing scan (step 3) reads all 10 (no cell shared): 20.
+    After seq_rm [8, inf), cache-safe rebuilds and rescans 12 + 12 = 24; the patch keeps
+    the 8 pairs below pos 8 (`n_kept` = 8), appends the 4 new ones and scans only
+    those (the scan starts at n_kept): 4 + 4 = 8. Pools and marking as rep-once's."""
+    t = trace(MTP_STEP)
+    got = {}
+    for engine in ("cache-safe", "cache-safe+tail-truncate"):
+        ubs = ubatches(run(t, engine))
+        got[engine] = [u.cost["cells_scanned"] for u in ubs]
+        assert [u.n_new for u in ubs] == [2, 1] and ubs[1].pools.marked() == ((0, 2),)
+    assert got == {"cache-safe": [20, 24], "cache-safe+tail-truncate": [20, 8]}
+
+
+def test_s5_the_forks_gate_is_the_sq_shared_flag():
+    """`!sq.shared` (patch.py's cut condition) reads the flag step 3 set at the last
+    update. Seq 0 and 1 share pos 0..3 (a token with both seq ids sets the flag of
+    both, cache-safe's sharing scan); seq 0 alone then decodes 4..9, and a seq_rm of
+    its tail [8, inf) under cache-safe... while the layout is shared every sequence is
+    staled from 0 (ENGINE.md §4), so both rebuild, flag or not: the cut needs a stale
+    position above pos_min. A seq_add of the tail keeps the stale position at 8: seq 0
+    is flagged shared, so the fork rebuilds it (pos 0..7, the shifted 10, 11 and the new
+    12: 11 pairs copied; the sharing scan stops at its first shared cell, pair 0: 1),
+    the same as cache-safe. And the gate reads the flag, not the cells: a sequence
+    flagged shared whose cells no other sequence holds is spared all the same (the
+    port, which reads the cells, cuts it)."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {tokens: [{pos: 0, seq: [0, 1]}, {pos: 1, seq: [0, 1]},
+                              {pos: 2, seq: [0, 1]}, {pos: 3, seq: [0, 1]}]}
+          - decode: {seq: 0, pos: 4..10}
+          - seq_add: {seq: 0, p0: 8, p1: -1, shift: 2}
+          - decode: {seq: 0, pos: 12}
+        """)
+    costs = {e: [u.cost["cells_scanned"] for u in ubatches(run(t, e))]
+             for e in ("cache-safe", "cache-safe+tail-truncate")}
+    assert costs["cache-safe"] == costs["cache-safe+tail-truncate"]
+    assert costs["cache-safe"][-1] == 11 + 1
+
+    from kpool_cli.cache.kv import KvCache
+    from kpool_cli.engine.layout import Layout, SeqLayout
+
+    cache = KvCache(trace(MTP_STEP).cache)
+    flagged = SeqLayout(shared=True)
+    flagged.keys.assign(cache.seq_keys(0))
+    layout = Layout(1, 4, False, 32)
+    assert layout._spared(cache, flagged, "flagged-shared")
+    assert not layout._spared(cache, flagged, "no-shared-cell")
+
+
+def test_a_patch_that_cannot_apply_is_exit_2_naming_both(tmp_path):
+    """The fork's anchors (`size_t n_kept = 0;`, `!sq.shared`) do not exist after PR
+    #29994: `rep-once+tail-truncate` is refused before any replay, as is the port on
+    the base before it and two patches changing one policy."""
+    for spec, base, patch in (("rep-once+tail-truncate", "rep-once", "tail-truncate"),
+                              ("cache-safe+tail-truncate-port", "cache-safe",
+                               "tail-truncate-port")):
+        r = kpool("replay", "traces/shared-prefix-race.yaml", "--engine", spec)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert f"patch {patch!r} cannot apply to base {base!r}" in r.stderr, r.stderr
+    r = kpool("replay", "traces/shared-prefix-race.yaml", "--engine",
+              "cache-safe+tail-truncate+tail-truncate")
+    assert r.returncode == 2 and "both change truncate_stale_tail" in r.stderr
+    r = kpool("replay", "traces/shared-prefix-race.yaml", "--engine", "rep-once+nope")
+    assert r.returncode == 2 and "unknown patch 'nope'" in r.stderr
+
+
+def test_the_fork_as_it_ships_has_the_race_pr_29994_fixes():
+    """Done when of issue 24: the fork's pin is cache-safe plus the cut, so the shared
+    prompt of traces/shared-prefix-race.yaml races (KP001) as on cache-safe: twice, at
+    the two ubatches after the seq_cp; the port onto rep-once does not."""
+    r = kpool("replay", "traces/shared-prefix-race.yaml", "--engine",
+              "cache-safe+tail-truncate", "--format", "json")
+    doc = json.loads(r.stdout)
+    found = [f["code"] for u in doc["ubatches"] for f in u["findings"]]
+    assert found == ["KP001", "KP001"] and r.returncode == 1
+    assert doc["engine"] == "cache-safe+tail-truncate"

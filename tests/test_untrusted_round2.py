@@ -312,12 +312,14 @@ def test_help_and_schemas_cite_the_repositorys_files() -> None:
             assert cited not in out, (args, cited)
 
 
-def test_every_registered_version_is_named_in_the_engine_help() -> None:
-    from kpool_cli.versions import VERSIONS
+def test_the_engine_help_points_at_kpool_engines_which_names_every_version() -> None:
+    from kpool_cli.versions import BASES, PATCHES, VERSIONS
 
     for args in (("replay", "--help"), ("diff", "--help"), ("check", "--help")):
         out = " ".join(kpool(*args, env={"COLUMNS": "200"}).stdout.split())
-        assert all(name in out for name in VERSIONS), args
+        assert "(see kpool engines)" in out and "BASE+PATCH" in out, args
+    listed = kpool("engines", env={"COLUMNS": "200"}).stdout
+    assert all(name in listed for name in [*VERSIONS, *BASES, *PATCHES])
     docs = (ROOT / "docs" / "configuration.md").read_text()
     assert "kpool engines" in docs
 

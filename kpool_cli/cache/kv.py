@@ -161,6 +161,16 @@ class KvCache:
     def seq_pos_max(self, s: int) -> int:
         return self.stream(s).seq_pos_max(s)
 
+    def holds_in(self, s: int, p0: int, p1: int) -> bool:
+        """Whether a seq_rm(s, p0, p1) would find a cell to drop s from (s < 0: any
+        sequence), taken before it."""
+        lo, hi = resolve_range(p0, p1)
+        if lo >= hi:
+            return False
+        streams = self.streams if s < 0 else [self.stream(s)]
+        return any(k.range(lo, hi).size for st in streams
+                   for q, k in st.seq_keys.items() if s < 0 or q == s)
+
     def seq_keys(self, s: int) -> np.ndarray:
         """s's (pos, cell) pairs as sorted keys; cells are stream-local."""
         return self.stream(s).cells_of(s)

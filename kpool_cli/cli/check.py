@@ -14,6 +14,7 @@ from ..contracts import exits
 from ..contracts.tally import FAIL_ON
 from ..trace.load import TraceError
 from ..verdict.expect import load_checked
+from ..versions import expand_all
 from ..wording import visible
 from .io import codes, fail, open_output, refuse_outputs, version_for
 from .options import ENGINES, core_option, jobs_option, max_memory_option, max_tokens_option
@@ -22,9 +23,10 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
 @click.command("check")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--engine", "engines", metavar="NAME", multiple=True,
-              help=f"Check under this engine only ({ENGINES}, or "
-                   "package.module:Name). Repeatable. Default: the engines the trace's "
-                   "expect items name, plus rep-once and cache-safe for those naming none.")
+              help=f"{ENGINES} Check under this engine only; all: under every "
+                   "shipped version (and say which versions show each finding). "
+                   "Repeatable. Default: the engines the trace's expect items name, plus "
+                   "rep-once and cache-safe for those naming none.")
 @click.option("--fail-on", type=click.Choice(FAIL_ON), default=None,
               help="Fail on an unpinned finding of this severity or above [default: error].")
 @click.option("--ignore", "ignore", metavar="CODES", multiple=True,
@@ -79,7 +81,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     # every file read is an input: the traces found in a folder, the settings file
     refuse_outputs((*paths, *files, *([str(settings.source)] if settings.source else [])),
                    output=output)
-    engines = engines or settings.engines or ()
+    engines = expand_all(engines or settings.engines or ())
     for spec in engines:
         version_for(spec, None)  # an unknown engine: exit 2 before any work
     fail_on = fail_on or settings.fail_on or "error"

@@ -14,8 +14,7 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
 @click.command("diff")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path())
 @click.option("--base", metavar="ENGINE",
-              help=f"Base engine for traces: {ENGINES}, or package.module:Name. "
-                   "Default: cache-safe.")
+              help=f"{ENGINES} The base, for traces. Default: cache-safe.")
 @click.option("--head", metavar="ENGINE",
               help="Head engine (the candidate) for traces. Default: rep-once.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
@@ -76,6 +75,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     from ..inputs import trace_paths
     from ..report.diff_view import write_diff
     from ..report.ticking import progress_bar
+    from ..versions import by_design
 
     files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
     if empty:
@@ -94,7 +94,8 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
         fail(*str(e).split("\n"))
     for w in warnings:
         click.echo(f"kpool: warning: {w}", err=True)
-    result = DiffResult(tuple(compare(b, h) for b, h in pairs), fail_on_change, selectors)
+    result = DiffResult(tuple(compare(b, h, by_design(b.engine, h.engine)) for b, h in pairs),
+                        fail_on_change, selectors)
     with open_output(output) as out:
         write_diff(out, result, fmt)
     sys.exit(result.exit_code)

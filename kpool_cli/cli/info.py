@@ -61,7 +61,36 @@ def schema_cmd(which: str) -> None:
 
 @click.command("engines")
 def engines_cmd() -> None:
-    """List the registered engine versions."""
-    width = max(len(name) for name in VERSIONS)
-    for v in VERSIONS.values():
-        click.echo(hanging(f"{visible(v.name):{width}}  ", visible(v.description)))
+    """List the engine versions, bases and patches.
+
+    Each base and patch with the repository, file and commit it was read from; which
+    bases a patch applies to; the shipped versions (what `--engine all` runs)."""
+    from ..versions import BASE_ORIGINS, BASES, COMBINATIONS, PATCHES, applies_to
+
+    names = [*BASES, *PATCHES, *VERSIONS]
+    width = max(len(name) for name in names)
+    pad = " " * (width + 2)
+
+    def row(name: str, *lines: str) -> None:
+        click.echo(hanging(f"  {visible(name):{width}}  ", visible(lines[0])))
+        for line in lines[1:]:
+            click.echo(hanging(f"  {pad}", visible(line)))
+
+    click.echo("Bases (--engine BASE):")
+    for name, base in BASES.items():
+        row(name, base.description, f"read from {BASE_ORIGINS[name]}")
+    click.echo("\nPatches (--engine BASE+PATCH[+PATCH...]):")
+    for name, patch in PATCHES.items():
+        bases = applies_to(patch)
+        where = (f"applies to {', '.join(bases)}" if len(bases) < len(BASES)
+                 else "applies to every base")
+        row(name, patch.description, f"{where}" + (f": {patch.why}" if patch.why else ""),
+            f"read from {patch.origin}")
+    click.echo("\nShipped versions (--engine all):")
+    for name in VERSIONS:
+        if name in BASES:
+            row(name, "the base")
+        else:
+            spec, what, origin = COMBINATIONS[name]
+            row(name, *([f"= {spec}", what] if spec != name else [what]),
+                *([f"read from {origin}"] if origin else []))

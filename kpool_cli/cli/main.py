@@ -45,7 +45,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
               "pinned)."),
     "diff": ("diff", "diff_cmd",
              "Compare two engine versions on TRACES, or two saved JSON reports."),
-    "engines": ("info", "engines_cmd", "List the registered engine versions."),
+    "engines": ("info", "engines_cmd", "List the engine versions, bases and patches."),
     "explain": ("info", "explain_cmd",
                 "What finding CODE (KP001, or its name: scatter-race) means, why it is "
                 "harmful, a minimal trace that triggers it, and how to fix the engine."),

@@ -10,7 +10,7 @@ And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that 
 a process pool (the pool is also capped by the machine's cores: workers.in_order);
 `max_tokens_option` and `max_memory_option`, the bounds on a trace's work of every
 command that replays; `core_option` (`--core`); `ubatch_ranges` (`--ubatch`);
-`ENGINES`, the registered versions as help names them.
+`ENGINES`, how help names the engine versions.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from ..backend.budget import default_max_memory, parse_memory
 from ..replay import CORE_CHOICES, DEFAULT_CORE, auto_compiled_from
 from ..report.select import parse_ubatch_range
 from ..trace.load import MAX_TOKENS
-from ..versions import VERSIONS
 from ..workers import MAX_JOBS
 
 _INT = re.compile(r"-?[0-9]+", re.ASCII)
@@ -96,7 +95,9 @@ def jobs_option(default: int | None, help_text: str) -> Any:
                              "machine has cores are started.")
 
 
-ENGINES = ", ".join(VERSIONS)  # the registry: the one list of versions in help
+# the one wording of an engine name in help, first in an option's help so that no line
+# breaks inside `kpool engines` (which lists them)
+ENGINES = "An engine version (see kpool engines): BASE, BASE+PATCH or package.module:Name."
 
 
 def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None

@@ -41,8 +41,8 @@ from .options import (
 @click.command("replay")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--engine", "engine", metavar="NAME",
-              help=f"The engine version: {ENGINES}, or package.module:Name. "
-                   "Default: rep-once, unless the trace's `engine:` names one.")
+              help=f"{ENGINES} Default: rep-once, unless the trace's `engine:` "
+                   "names one.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", *CI_FORMATS]),
               default="text", show_default=True,
               help="Text for people, JSON (docs/FORMATS.md) for machines; junit, github, "

@@ -38,7 +38,7 @@ class CompiledLayout(Layout):
         return self._seen
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
-               truncate_tail: bool = False) -> LayoutChange:
+               truncate: str | None = None) -> LayoutChange:
         """Layout.update, step for step (its docstring); see the module docstring."""
         unified = cache.config.unified
         touched = cache.take_touched()
@@ -64,12 +64,12 @@ class CompiledLayout(Layout):
             rebuilt = False
             if not append:
                 n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
-                                                               truncate_tail, n_pools, 0)
+                                                               truncate, n_pools, 0)
                 scanned += copied
             got = self._run(sq, sp, append, n_kept, cache, sharing)
             if got < 0:  # the appended count is off: step 2 rebuilds, then on
                 n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
-                                                               truncate_tail, n_pools, 0)
+                                                               truncate, n_pools, 0)
                 scanned += -got - 1 + copied
                 got = self._run(sq, sp, False, n_kept, cache, sharing)
             scanned += got

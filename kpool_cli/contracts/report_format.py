@@ -41,6 +41,7 @@ __all__ = [
     "CHECK_DIFF",
     "CHECK_FINDING",
     "CHECK_RESULT",
+    "CHECK_SHOWN",
     "CHECK_SUMMARY",
     "CHECK_UNMET",
     "CHECK_VERSION",
@@ -398,12 +399,25 @@ CHECK_SUMMARY = Record("check summary", "totals over the command", (
     _f("exit_code", {"enum": [0, 1, 2]}, "the command's exit status"),
 ))
 
+CHECK_SHOWN = Record("shown by", "a finding code on a trace checked under more than one "
+                     "engine, and the versions that show it", (
+    _f("path", _STR, "the trace file"),
+    _f("code", {"type": "string", "pattern": FINDING_CODE_PATTERN}, "KP001, KP002, ..."),
+    _f("by", json_array(json_object({"engine": _STR, "count": _NAT, "first_op": _NAT},
+                                    ("engine", "count", "first_op"), closed=True)),
+       "each version that shows it: how often (pinned and ignored ones included), and "
+       "the op of the first"),
+    _f("not_by", json_array(_STR), "the versions that replayed the trace and do not"),
+))
+
 CHECK = Record("check", "What `kpool check` found. Fields may be added in later versions;"
                " none is renamed.", (
     _f("kpool_check", {"const": CHECK_VERSION}, "the format version"),
     _f("tool", TOOL.schema(), TOOL.doc),
     _f("fail_on", {"enum": ["error", "warning", "never"]}, "the failing severity"),
     _f("results", json_array(CHECK_RESULT.schema()), "one per trace and engine, in order"),
+    _f("versions", json_array(CHECK_SHOWN.schema()),
+       "per trace checked under more than one engine, which versions show each code"),
     _f("summary", CHECK_SUMMARY.schema(), CHECK_SUMMARY.doc),
 ))
 

@@ -23,6 +23,10 @@ code head has more often than base is *introduced* (a regression), one base has
 more often than head is *fixed*. Cost counters are compared and summed, never
 judged: a version may cost more and still be right.
 
+Differences by design. A version made to change one thing (the no-op seq_rm patch
+stales nothing where its base does) is compared on everything else: `compare`'s
+`by_design` names those fields (`versions.by_design`), which the views state.
+
 Value backends. Only what both sides could have found is compared. A run with a
 value backend (numba, numpy: they agree to the last bit) finds the codes of
 `VALUE_CODES` (KP003, stale reads) that a model-only run (`none`) never looks for;
@@ -168,6 +172,7 @@ class TraceDiff:
     aligned_ubatches: int
     cost_only: int  # aligned ubatches that differ in cost counters only
     not_compared: tuple[str, ...] = ()  # codes only one side could find, left out of both
+    by_design: tuple[str, ...] = ()  # fields that differ by design (versions.by_design)
 
     @property
     def changed(self) -> bool:
@@ -226,18 +231,20 @@ def _expand(codes: Counter) -> tuple[str, ...]:
     return tuple(c for c, n in sorted(codes.items()) for _ in range(n))
 
 
-def _ubatch_fields(b: UbatchSummary, h: UbatchSummary) -> tuple[str, ...]:
+def _ubatch_fields(b: UbatchSummary, h: UbatchSummary, by_design: tuple[str, ...]
+                   ) -> tuple[str, ...]:
     pairs = (("tokens", b.tokens, h.tokens), ("stale", b.stale_batch, h.stale_batch),
              ("n_pool_real", b.n_pool_real, h.n_pool_real), ("n_new", b.n_new, h.n_new),
              ("n_new_g", b.n_new_g, h.n_new_g), ("pools", b.marked, h.marked),
              ("scatter", b.scatter, h.scatter), ("findings", b.findings, h.findings))
-    return tuple(name for name, x, y in pairs if x != y)
+    return tuple(name for name, x, y in pairs if x != y and name not in by_design)
 
 
-def _event_fields(b: EventSummary, h: EventSummary) -> tuple[str, ...]:
+def _event_fields(b: EventSummary, h: EventSummary, by_design: tuple[str, ...]
+                  ) -> tuple[str, ...]:
     pairs = (("kind", b.kind, h.kind), ("status", b.status, h.status),
              ("stale", b.stale, h.stale), ("findings", b.findings, h.findings))
-    return tuple(name for name, x, y in pairs if x != y)
+    return tuple(name for name, x, y in pairs if x != y and name not in by_design)
 
 
 def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
@@ -312,8 +319,12 @@ def comparable(base: RunSummary, head: RunSummary
             tuple(sorted(VALUE_CODES)))
 
 
-def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
-    """How `head` differs from `base` on the same trace. Pure; see the module doc."""
+def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
+            ) -> TraceDiff:
+    """How `head` differs from `base` on the same trace. Pure; see the module doc.
+    `by_design`: fields the two versions differ in on purpose (`versions.by_design`,
+    e.g. the stale positions of the no-op seq_rm patch), left out of the judgement
+    and named in the result."""
     base, head, not_compared = comparable(base, head)
     base_ops, head_ops = _by_op(base), _by_op(head)
     entries: list[UbatchDiff | EventDiff] = []
@@ -335,7 +346,7 @@ def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
             break
         assert b is not None and h is not None
         if b.event is not None and h.event is not None:
-            fields = _event_fields(b.event, h.event)
+            fields = _event_fields(b.event, h.event, by_design)
             i, f = _changes(f"op {op}", b.event.findings, h.event.findings)
             introduced += i
             fixed += f
@@ -347,7 +358,7 @@ def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
                                                  - _codes(h.event.findings))))
         for ub, uh in zip(b.ubatches, h.ubatches, strict=True):
             aligned += 1
-            fields = _ubatch_fields(ub, uh)
+            fields = _ubatch_fields(ub, uh, by_design)
             where = f"op {op}.{ub.batch_ubatch}"
             i, f = _changes(where, ub.findings, uh.findings)
             introduced += i
@@ -370,7 +381,8 @@ def compare(base: RunSummary, head: RunSummary) -> TraceDiff:
         same_trace=base.sha256 == head.sha256,
         entries=tuple(entries), parting=parting, fixed=tuple(fixed),
         introduced=tuple(introduced), base=_totals(base), head=_totals(head),
-        aligned_ubatches=aligned, cost_only=cost_only, not_compared=not_compared)
+        aligned_ubatches=aligned, cost_only=cost_only, not_compared=not_compared,
+        by_design=by_design)
 
 
 # --- several traces and the exit policy ------------------------------------------------

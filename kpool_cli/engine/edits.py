@@ -68,12 +68,18 @@ class Staleness:
             self.stale[t] = min(self.stale[t], p)
             self.changed[t] = self.stale[t]
 
-    @staticmethod
-    def before(op: m.Op, pos_min: Callable[[int], int]) -> int:
+    def before(self, op: m.Op, pos_min: Callable[[int], int],
+               holds_in: Callable[[int, int, int], bool]) -> int | None:
         """`stale_pos(s, p0)`, taken before the edit: 0 when the edit reaches the
         sequence's pos_min (the whole sequence regroups) or s < 0, else p0. seq_add
         uses p0 + shift when it shifts down; other edits stale from 0. `pos_min(s)`
-        reads the cache, before the edit."""
+        and `holds_in(s, p0, p1)` read the cache, before the edit.
+
+        None: the edit stales nothing, a seq_rm that finds no cell to remove under a
+        version with `seq_rm_noop_keeps_clean` (docs/versions.md, the no-op patch)."""
+        if (isinstance(op, m.SeqRm) and self.version.seq_rm_noop_keeps_clean
+                and not holds_in(op.seq, op.p0, op.p1)):
+            return None
         if isinstance(op, m.SeqAdd):
             p0 = op.p0 + op.shift if op.shift < 0 else op.p0
         elif isinstance(op, m.SeqRm):
@@ -82,9 +88,10 @@ class Staleness:
             return 0
         return 0 if op.seq < 0 or p0 <= pos_min(op.seq) else p0
 
-    def after(self, op: m.Op, pos: int, layout_shared: bool) -> None:
+    def after(self, op: m.Op, pos: int | None, layout_shared: bool) -> None:
         """The table of ENGINE.md §4 for an edit that went through (`pos`: what
-        `before` said; `layout_shared`: the layout was shared at its last update).
+        `before` said, None: nothing to stale; `layout_shared`: the layout was shared
+        at its last update).
 
         | edit          | rep-once (PR #29994)  | cache-safe: also              |
         | seq_rm(s)     | stale_set(s, pos)     | while shared: stale_set(-1, 0) |
@@ -97,6 +104,8 @@ class Staleness:
         | state_drop(s) | stale_set(s, 0); s<0: clear | while shared: stale_set(-1, 0) |
         | state_write   | nothing               |                               |"""
         v = self.version
+        if pos is None:
+            return
         if isinstance(op, m.SeqCp):
             if v.seq_cp_stales_src:
                 self.stale_set(op.src, 0)

@@ -169,7 +169,7 @@ class Layout:
         self._pool_cells: np.ndarray | None = None
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
-               truncate_tail: bool = False) -> LayoutChange:
+               truncate: str | None = None) -> LayoutChange:
         """ENGINE.md §5: extend each clean sequence by the pairs past its last one, or
         rebuild it; then scan for new pools. Returns what changed, with the cells the
         real engine scans (pairs copied into the layout, plus the sharing scan of step
@@ -204,7 +204,7 @@ class Layout:
                 sq.keys.extend(tail)
                 scanned += tail.size
             n_pools, n_kept, copied, _rebuilt = self.step_2(cache, sq, sp, stale[s],
-                                                             truncate_tail, n_pools, n_kept)
+                                                             truncate, n_pools, n_kept)
             scanned += copied
             kept.append(n_pools)
             # step 3 (versions that track sharing, unified only)
@@ -230,17 +230,18 @@ class Layout:
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
 
     def step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
-               truncate_tail: bool, n_pools: int, n_kept: int) -> tuple[int, int, int, bool]:
+               truncate: str | None, n_pools: int, n_kept: int) -> tuple[int, int, int, bool]:
         """ENGINE.md §5 step 2 for one sequence, after step 1: the fork's truncate (a
-        stale sequence with no shared cell is cut at its stale position and extended
-        by the append path, its kept pairs unchecked), then the rebuild when the count
-        is off or the sequence is stale (and not truncated). `n_pools`, `n_kept`: the
-        pools and pairs kept so far. Returns (pools kept, pairs kept, pairs copied,
-        rebuilt)."""
+        stale sequence it does not spare is cut at its stale position and extended by
+        the append path, its kept pairs unchecked), then the rebuild when the count is
+        off or the sequence is stale (and not truncated). `truncate`: None (no
+        truncate), or which sequences it spares (`EngineVersion.truncate_spares`).
+        `n_pools`, `n_kept`: the pools and pairs kept so far. Returns (pools kept,
+        pairs kept, pairs copied, rebuilt)."""
         clean = stale == POS_CLEAN
         copied = 0
-        truncated = (truncate_tail and not clean and len(sq.keys) > 0 and sp.size > 0
-                     and not self._holds_shared(cache, sq))
+        truncated = (truncate is not None and not clean and len(sq.keys) > 0
+                     and sp.size > 0 and not self._spared(cache, sq, truncate))
         if truncated:
             n_pools, n_kept, copied = self._truncate(sq, sp, stale)
         rebuilt = len(sq.keys) != sp.size or (not clean and not truncated)
@@ -250,9 +251,13 @@ class Layout:
             copied += sp.size
         return n_pools, n_kept, copied, rebuilt
 
-    def _holds_shared(self, cache: KvCache, sq: SeqLayout) -> bool:
-        """Whether some cell of the layout's pairs is held by another sequence too (the
-        patch keeps rebuilding shared sequences)."""
+    def _spared(self, cache: KvCache, sq: SeqLayout, spares: str) -> bool:
+        """Whether the truncate spares sq (which then rebuilds): "flagged-shared", the
+        fork's `!sq.shared` gate on the cache-safe base (the flag of step 3, as of the
+        last update); "no-shared-cell", the port's: some cell of the layout's pairs is
+        held by another sequence too."""
+        if spares == "flagged-shared":
+            return sq.shared
         return bool((cache.seq_counts(sq.strm, sq.cells) > 1).any())
 
     def _truncate(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache.aborts import EngineAbort
-from ..cache.cells import CELL_BITS, make_keys
+from ..cache.cells import CELL_BITS, global_row, make_keys
 from .layout import Layout, by_sequence
 from .marking import pad_bound
 
@@ -30,7 +30,9 @@ class ScatterPlan:
     visible: np.ndarray  # [n_tokens] | i | pools of the token's first seq it sees
     n_new: int
     reps_sorted: int  # rep rows sorted to pick padding rows (0 when nothing is padded)
-    pad_readers: np.ndarray  # [n] | ascending | pools whose rep row a padding entry writes
+    # [n] | ascending | pools whose rep row a padding entry writes with other rows than
+    # the pool's own members (KP004: garbage in a real pool's row)
+    pad_readers: np.ndarray
 
     @property
     def n_new_g(self) -> int:
@@ -64,11 +66,33 @@ def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
     return rows, np.flatnonzero(np.isin(pool_cells, rows))
 
 
+def repeated_pool(layout: Layout, seqs: list[tuple[int, ...]]
+                  ) -> tuple[np.ndarray, int, np.ndarray]:
+    """`padding="repeat-pool"` (ggml-org/llama.cpp `src/llama-kv-cache-kpool.cpp` at
+    048799f0, the glm5next branch, lines 496-513: "some complete pool exists: repeat
+    it ... the duplicate write is a no-op in effect"): every padding entry pools the
+    members of the first pool, in layout order, of a sequence the ubatch holds
+    (`any_rep_src`) into its rep row; with no such pool, `kpool` copies of cell 0 of
+    the first token's stream into that cell. Returns (members, rep row, the pools
+    whose rep row that is and whose members those are not: KP004's readers)."""
+    start = layout.pool_start()
+    held = sorted({s for ss in seqs for s in ss})
+    src = next((int(start[s]) for s in held if start[s + 1] > start[s]), None)
+    pool_cells = layout.pool_cells()
+    if src is not None:
+        return layout.members_of(np.array([src], dtype=np.int64))[0], int(pool_cells[src]), \
+            np.empty(0, dtype=np.int64)
+    row = global_row(layout.seqs[seqs[0][0]].strm, 0, layout.kv_size)
+    return (np.full(layout.kpool, row, dtype=np.int64), int(row),
+            np.flatnonzero(pool_cells == row))
+
+
 def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray,
                seqs: list[tuple[int, ...]], token_cells: np.ndarray, n_rows: int,
-               row_zero_padding: bool, padding: Padding = padding_rows) -> ScatterPlan:
-    """ENGINE.md §7 for one ubatch; `padding` picks the padding rows (`padding_rows`,
-    or a core's equal twin)."""
+               padding_policy: str, padding: Padding = padding_rows) -> ScatterPlan:
+    """ENGINE.md §7 for one ubatch; `padding_policy` is `EngineVersion.padding`;
+    `padding` picks the rows of the policies that give padding rows of their own
+    (`padding_rows`, or a core's equal twin)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
 
@@ -90,9 +114,13 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     rep[:n_new] = pool_cells[marked]
     reps_sorted = 0
     readers = np.empty(0, dtype=np.int64)
-    if n_new_g > n_new:
+    if n_new_g > n_new and padding_policy == "repeat-pool":
+        members, rep[n_new:], readers = repeated_pool(layout, seqs)
+        rows[n_new:] = members[None, :]
+    elif n_new_g > n_new:
         reps_sorted = int(pool_cells.size)
-        pad, readers = padding(pool_cells, n_new_g - n_new, n_rows, row_zero_padding)
+        pad, readers = padding(pool_cells, n_new_g - n_new, n_rows,
+                               padding_policy == "row-zero")
         rep[n_new:] = pad
         rows[n_new:] = pad[:, None]
 

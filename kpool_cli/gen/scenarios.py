@@ -452,26 +452,34 @@ def _server_estimate(seed: int, v: dict[str, int]) -> Estimate:
 SPECULATIVE_SIZES = (
     Size("draft", 3, 1, 16, "draft tokens per step (MTP depth); cache.n_rs_seq = draft"),
     Size("steps", 8, 1, 1024, "speculative steps"),
-    Size("prompt", 10, 1, 4096, "tokens of the prompt"),
+    Size("prompt", 10, 1, 262144, "tokens of the prompt"),
     Size("kpool", 4, 1, 64, "tokens per pool"),
+    Size("accept", -1, -1, 16, "drafts accepted per step, at most --draft; -1: a random "
+         "prefix"),
+    Size("trim", 0, 0, 1, "1: remove the tail after every step, a fully accepted draft's "
+         "empty one too (a seq_rm that removes nothing, as llama-server's loop does); "
+         "0: only a rejected tail"),
 )
 
 
 def speculative(seed: int, **sizes: int) -> Trace:
     """One slot decoding with drafts of D tokens: each step decodes the last accepted
-    token and D drafts, accepts a random prefix of the drafts and removes the rejected
-    tail with seq_rm(0, p, -1), a rollback of at most D tokens that the recurrent child
-    accepts (n_rs_seq = D) and the next decode consumes."""
+    token and D drafts, accepts a random prefix of the drafts (or `accept` of them) and
+    removes the rejected tail with seq_rm(0, p, -1), a rollback of at most D tokens that
+    the recurrent child accepts (n_rs_seq = D) and the next decode consumes. With
+    `trim`, a fully accepted draft's empty tail is removed too, as llama-server does."""
     v = _loadable(SPECULATIVE_SIZES, _speculative_estimate, seed, sizes)
     rng = _seed(seed)
     d = v["draft"]
     cache = _speculative_cache(v)
     ops: list[Op] = [Decode(_run(0, 0, v["prompt"]))]
     p = v["prompt"]  # the token sampled last: the next step decodes it first
+    if v["accept"] > d:
+        raise ValueError(f"--accept {v['accept']} is more than --draft {d}")
     for _ in range(v["steps"]):
         ops.append(Decode(_run(0, p, d + 1)))
-        accepted = rng.randint(0, d)
-        if accepted < d:
+        accepted = rng.randint(0, d) if v["accept"] < 0 else v["accept"]
+        if accepted < d or v["trim"]:
             ops.append(SeqRm(0, p + 1 + accepted, -1))
         p += 1 + accepted
     return _trace("speculative", seed, SPECULATIVE_SIZES, v, cache, ops,

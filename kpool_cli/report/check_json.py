@@ -13,12 +13,13 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from .. import __version__
-from ..check import CheckResult, summary
+from ..check import CheckResult, by_version, summary
 from ..contracts.report_format import (
     CHECK,
     CHECK_DIFF,
     CHECK_FINDING,
     CHECK_RESULT,
+    CHECK_SHOWN,
     CHECK_UNMET,
     CHECK_VERSION,
     PROBLEM,
@@ -49,7 +50,12 @@ def check_document(results: Iterable[CheckResult], fail_on: str) -> dict[str, An
     rs = list(results)
     return CHECK.make(kpool_check=CHECK_VERSION,
                       tool=TOOL.make(name="kpool", version=__version__), fail_on=fail_on,
-                      results=[result_record(r) for r in rs], summary=summary(rs))
+                      results=[result_record(r) for r in rs],
+                      versions=[CHECK_SHOWN.make(
+                          path=s.path, code=s.code,
+                          by=[{"engine": e, "count": n, "first_op": op} for e, n, op in s.by],
+                          not_by=list(s.not_by)) for s in by_version(rs)],
+                      summary=summary(rs))
 
 
 def write_check_json(out: TextIO, results: Iterable[CheckResult], fail_on: str

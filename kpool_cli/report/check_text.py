@@ -1,5 +1,6 @@
 """The text output of `kpool check`: one line per trace and engine, and under a failure
-what was expected beside what happened; a summary line at the end. Also the words
+what was expected beside what happened; for traces checked under more than one
+engine, which versions show each finding; a summary line at the end. Also the words
 the other check formats share (`run_name`, `headline`, `unmet_text`, `flagged_text`,
 `problem_text`), so a difference reads the same in every format.
 
@@ -23,7 +24,8 @@ from collections.abc import Iterable
 from typing import TextIO
 
 from .. import wording as words
-from ..check import FAIL, INVALID, CheckResult, Flagged, Problem, Unmet, summary
+from ..check import FAIL, INVALID, CheckResult, Flagged, Problem, Shown, Unmet, by_version, summary
+from ..verdict.codes import CODES
 from ..wording import visible
 from .terminal import stream_is_terminal
 
@@ -199,6 +201,19 @@ def _result_row(r: CheckResult) -> _Row:
     return (head + ":", "", headline(r), " " * 8)
 
 
+def shown_text(s: Shown) -> str:
+    """`cache-safe (x2, first at op 3), ...; not rep-once`: the versions that show a
+    code on a trace, and those that do not."""
+    by = ", ".join(f"{visible(e)} (x{n}, first at op {op})" for e, n, op in s.by)
+    return by + (f"; not {', '.join(visible(e) for e in s.not_by)}" if s.not_by else "")
+
+
+def _shown_row(s: Shown) -> _Row:
+    info = CODES.get(s.code)
+    return (f"  {visible(s.path)}:", f"{words.code(s.code, info.name if info else '')}:",
+            shown_text(s), " " * 6)
+
+
 def write_check_text(out: TextIO, results: Iterable[CheckResult]) -> list[CheckResult]:
     """A line per result as it comes (details under a failure), then the summary line.
     Returns the results, for the exit code."""
@@ -210,6 +225,10 @@ def write_check_text(out: TextIO, results: Iterable[CheckResult]) -> list[CheckR
         if r.status in (FAIL, INVALID):
             out.write("".join(_fit(row, width) for row in _detail_rows(r, "  ")))
         out.flush()
+    shown = by_version(seen)
+    if shown:
+        out.write("which versions show each finding:\n")
+        out.write("".join(_fit(_shown_row(s), width) for s in shown))
     s = summary(seen)
     out.write(_fit((f"checked {s['runs']} run{'s' if s['runs'] != 1 else ''} of "
                     f"{s['traces']} trace{'s' if s['traces'] != 1 else ''}:", "",

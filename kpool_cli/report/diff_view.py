@@ -226,6 +226,13 @@ def not_compared_text(t: TraceDiff) -> str:
             f"{t.base_backend or 'none'}, head {t.head_backend or 'none'})")
 
 
+def by_design_text(t: TraceDiff) -> str:
+    """`stale positions differ by design (base rep-once, head rep-once+noop-seq-rm)`."""
+    what = ", ".join("stale positions" if f == "stale" else f for f in t.by_design)
+    return (f"{what} not judged: they differ by design (base {visible(t.base_engine)}, "
+            f"head {visible(t.head_engine)})")
+
+
 def not_compared_note(r: DiffResult) -> str | None:
     """The summary's line on codes left out of the comparison, if any."""
     if not r.not_compared:
@@ -265,6 +272,8 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
         lines.append([("no differences" if same else "same behaviour", DIM)])
     if t.not_compared:
         lines.append([(not_compared_text(t), PART)])
+    if t.by_design:
+        lines.append([(by_design_text(t), DIM)])
     return lines
 
 
@@ -378,6 +387,7 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
         "base": {"engine": t.base_engine, "backend": t.base_backend},
         "head": {"engine": t.head_engine, "backend": t.head_backend},
         "not_compared": list(t.not_compared),
+        "by_design": list(t.by_design),
         "changed": t.changed,
         "regression": any(not code_matches(c.code, ignore) for c in t.introduced),
         "aligned_ubatches": t.aligned_ubatches,

@@ -22,7 +22,7 @@ from typing import Any
 from kpool_cli.trace.format import FORMAT_VERSION, TOP, Field
 from kpool_cli.trace.model import Trace
 from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
-from kpool_cli.versions import VERSIONS
+from kpool_cli.versions import VERSIONS, is_registered
 
 from .cache import CacheWalk
 from .decode import DecodeWalk
@@ -60,9 +60,9 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
         """The trace's default engine: a registered version only. A trace is data and
         runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone."""
         name = self.str_(node, "engine", nonempty=True)
-        if name is None or name in VERSIONS:
+        if name is None or is_registered(name):
             return name
-        known = ", ".join(VERSIONS)
+        known = ", ".join(VERSIONS) + ", or BASE+PATCH"
         how = ("a plug-in version (module:Name) is given with --engine only, never by a "
                "trace" if ":" in name else "a plug-in version is given with --engine")
         self.problem(node, "engine", f"{quote(name)} is not a registered engine version "
