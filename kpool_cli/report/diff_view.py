@@ -228,7 +228,8 @@ def not_compared_text(t: TraceDiff) -> str:
 
 def by_design_text(t: TraceDiff) -> str:
     """`stale positions differ by design (base rep-once, head rep-once+noop-seq-rm)`."""
-    what = ", ".join("stale positions" if f == "stale" else f for f in t.by_design)
+    what = ", ".join({"stale": "stale positions", "pools": "marked pools"}.get(f, f)
+                     for f in t.by_design)
     return (f"{what} not judged: they differ by design (base {visible(t.base_engine)}, "
             f"head {visible(t.head_engine)})")
 
