@@ -10,13 +10,16 @@ import click
 from ..backend.store import BACKENDS
 from ..contracts import exits
 from ..contracts.files import OutputError
-from ..versions import VersionError, load_version
+from ..versions import ALL, VERSIONS, VersionError, load_version
 from .io import fail
 from .options import Float, Int, jobs_option
 
 
 @click.command("fuzz")
-@click.option("--engine", "engine", required=True, help="Engine version (name or module:Name).")
+@click.option("--engine", "engine", required=True,
+              help="An engine version (see kpool engines): BASE, BASE+PATCH or "
+                   "package.module:Name; all: every shipped version, saying which show "
+                   "each finding.")
 @click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True)
 @click.option("--seed", type=Int(0, 2**62), default=0, show_default=True,
               help="Run r replays random_trace(seed + r): any run is reproducible.")
@@ -50,11 +53,15 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     from ..workers import in_order
 
     try:
-        version = load_version(engine)
+        name = f"every shipped version ({', '.join(VERSIONS)})" if engine == ALL else \
+            load_version(engine).name
         if base is not None:
             load_version(base)
     except VersionError as e:
         fail(str(e))
+    if engine == ALL and base is not None:
+        fail("--engine all with --base: compare one version with the base at a time "
+             "(--engine NAME --base BASE)")
     if not out_dir:
         fail("-o: the path is empty (give the folder for the shrunk traces)")
     out = Path(out_dir)
@@ -87,5 +94,5 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     if totals is None:
         fail("no run finished")
     render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,
-                   version.name, time.monotonic() - start)
+                   name, time.monotonic() - start)
     sys.exit(exits.FINDINGS if totals.defects else exits.PASS)

@@ -240,8 +240,13 @@ class Layout:
         pairs kept, pairs copied, rebuilt)."""
         clean = stale == POS_CLEAN
         copied = 0
+        # the fork's condition (patch.py `_TRUNCATE`): stale, `!sq.shared` (or the
+        # port's test), `!sq.cells.empty() && !sp.empty() && sq.pos_min ==
+        # sp.begin()->first`; a stale position at or below pos_min cuts nothing and
+        # rebuilds (`_truncate`)
         truncated = (truncate is not None and not clean and len(sq.keys) > 0
-                     and sp.size > 0 and not self._spared(cache, sq, truncate))
+                     and sp.size > 0 and sq.pos_min == int(sp[0] >> CELL_BITS)
+                     and not self._spared(cache, sq, truncate))
         if truncated:
             n_pools, n_kept, copied = self._truncate(sq, sp, stale)
         rebuilt = len(sq.keys) != sp.size or (not clean and not truncated)

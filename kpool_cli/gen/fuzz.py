@@ -1,7 +1,8 @@
 """The fuzzer: one random trace under one engine, its invariants, and shrinking.
 
 Owns: `FuzzTask`, `FuzzOutcome`, `fuzz_one` (one run), `shrink`, `campaign` (many
-runs, deduplicated) and the defect codes `INV_*`.
+runs, deduplicated) and the defect codes `INV_*`. A task's engine `all` replays the
+trace under every shipped version and notes which show each finding.
 
 Invariants:
 - `fuzz_one` is a pure function of its task (plain, picklable data): the trace is
@@ -50,7 +51,7 @@ from ..trace.write import dump_trace
 from ..verdict.codes import CODES
 from ..verdict.expect import with_expectations
 from ..verdict.rules import kp006_decode_rejected, kp007_layout_drift
-from ..versions import VERSIONS, by_design, load_version
+from ..versions import ALL, VERSIONS, by_design, load_version
 from .random_trace import random_trace
 
 INV_DRIFT = "INV-drift"  # a layout differs from a rebuild and no KP007 says so
@@ -87,6 +88,8 @@ class FuzzOutcome:
     defects: tuple[tuple[str, str, str], ...]  # (code, signature, message)
     shrunk: tuple[Shrunk, ...] = ()
     rejected: bool = False  # some decode was refused (KP006)
+    # `--engine all`: per (code, signature), the versions that show it
+    versions: tuple[tuple[tuple[str, str], tuple[str, ...]], ...] = ()
 
 
 # -- one replay with the invariants ---------------------------------------------------
@@ -304,12 +307,37 @@ def _shows_defect(sig: str, task: FuzzTask) -> Callable[[m.Trace], bool]:
     return lambda t: any(d[1] == sig for d in run_checked(t, task.engine, task.backend)[1])
 
 
+def _under_every_version(t: m.Trace, backend: str
+                         ) -> tuple[dict[tuple[str, str], int], list[tuple[str, str, str]],
+                                    bool, dict[tuple[str, str], tuple[str, ...]]]:
+    """`run_checked` under every shipped version (`--engine all`): the findings of
+    any, each with the versions that show it, in the registry's order."""
+    found: dict[tuple[str, str], int] = {}
+    defects: list[tuple[str, str, str]] = []
+    rejected = False
+    shown: dict[tuple[str, str], list[str]] = {}
+    for engine in VERSIONS:
+        f, d, r = run_checked(t, engine, backend)
+        for key, op in f.items():
+            found[key] = min(op, found.get(key, op))
+            shown.setdefault(key, []).append(engine)
+        defects += d
+        rejected |= r
+    return found, defects, rejected, {k: tuple(v) for k, v in shown.items()}
+
+
 def fuzz_one(task: FuzzTask) -> FuzzOutcome:
     """One fuzz run: replay random_trace(task.seed) under the task's engine with the
-    invariants; with `task.shrink`, shrink each finding (keeping its code and
-    signature) and each defect (once per code, keeping its signature)."""
+    invariants (`all`: under every shipped version, noting which show each finding);
+    with `task.shrink`, shrink each finding (keeping its code and signature, under the
+    first version that shows it) and each defect (once per code, keeping its
+    signature)."""
     t = random_trace(task.seed, max_ops=task.max_ops)
-    found, defects, rejected = run_checked(t, task.engine, task.backend)
+    shown: dict[tuple[str, str], tuple[str, ...]] = {}
+    if task.engine == ALL:
+        found, defects, rejected, shown = _under_every_version(t, task.backend)
+    else:
+        found, defects, rejected = run_checked(t, task.engine, task.backend)
     shrunk: list[Shrunk] = []
     if task.base is not None:
         sig = f"{DIVERGED}/{task.base}"
@@ -328,8 +356,10 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
     if task.shrink and task.base is None:
         done: set[str] = set()
         for code, sig in sorted(found):
-            small = shrink(t, _shows_finding(code, sig, task))
-            shrunk.append(Shrunk(code, sig, _pinned(small, code, sig, task.engine,
+            engine = shown[(code, sig)][0] if shown else task.engine
+            under = dataclasses.replace(task, engine=engine)
+            small = shrink(t, _shows_finding(code, sig, under))
+            shrunk.append(Shrunk(code, sig, _pinned(small, code, sig, engine,
                                                     task.backend, task.seed, len(t.ops)),
                                  len(small.ops)))
         for code, sig, _msg in defects:
@@ -341,7 +371,7 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
                 small, name=f"defect-{code}", description=f"kpool defect {sig}, seed "
                 f"{task.seed}, engine {task.engine}")), len(small.ops)))
     return FuzzOutcome(task.seed, len(t.ops), tuple(sorted(found)), tuple(defects),
-                       tuple(shrunk), rejected)
+                       tuple(shrunk), rejected, tuple(sorted(shown.items())))
 
 
 # -- campaigns -----------------------------------------------------------------------
@@ -357,6 +387,8 @@ class Progress:
     first: dict[tuple[str, str], FuzzOutcome] = field(default_factory=dict)
     defects: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     new: tuple[tuple[str, str], ...] = ()  # the signatures this outcome showed first
+    # `--engine all`: (code, sig) -> the versions that showed it in some run
+    versions: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
     @property
     def shrinks(self) -> int:
@@ -386,6 +418,8 @@ def campaign(tasks: Sequence[FuzzTask],
         keys = list(o.findings) + [(c, s) for c, s, _ in o.defects]
         for k in keys:
             p.counts[k] = p.counts.get(k, 0) + 1
+        for k, engines in o.versions:
+            p.versions.setdefault(k, set()).update(engines)
         fresh = [k for k in keys if k not in p.first]
         if fresh:
             task = next(t for t in tasks if t.seed == o.seed)

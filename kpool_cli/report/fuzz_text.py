@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..gen.fuzz import Progress as Totals
+from ..versions import VERSIONS
 from ..wording import visible
 from .view import Flow
 
@@ -47,7 +48,8 @@ class FuzzBar:
 def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str],
                    engine: str, seconds: float) -> None:
     """The campaign's table: one row per (code, signature), or two lines per finding
-    when a row with its file name whole would not fit the width."""
+    when a row with its file name whole would not fit the width; under `--engine all`,
+    a line per finding with the versions that show it."""
     console.print(Flow(hang=2).words(
         f"kpool fuzz: {t.runs} runs under {visible(engine)} in {seconds:.1f} s; "
         f"{t.rejected} with a refused decode (KP006, not a finding)"))
@@ -73,6 +75,13 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     else:  # the file under its finding, on a line of its own
         console.print(_table(("code", "runs", "first seed", "where (op, path), shrunk trace"),
                              [row[:4] for row in rows], files=[row[4] for row in rows]))
+    order = list(VERSIONS)
+    for (code, sig), engines in sorted(t.versions.items()):
+        by = [e for e in order if e in engines]
+        console.print(Flow(hang=2).words(
+            f"{code} {visible(sig.removeprefix(f'{code}/'))}: {', '.join(by)}"
+            + (f" (not {', '.join(e for e in order if e not in engines)})"
+               if len(by) < len(order) else "")))
     for (code, sig), (seed, msg) in sorted(t.defects.items()):
         console.print(Flow(hang=2).words(f"kpool defect {code} ({sig}), seed {seed}: "
                                          f"{visible(msg)}"))
