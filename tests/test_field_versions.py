@@ -128,7 +128,7 @@ def test_fuzz_engine_all_says_which_versions_show_a_finding():
     from kpool_cli.trace.load import load_trace
 
     race = load_trace(ROOT / "traces" / "shared-prefix-race.yaml")
-    found, defects, _, shown = _under_every_version(race, "none")
+    _, defects, _, shown = _under_every_version(race, "none")
     assert not defects
     assert shown[("KP001", "KP001/decode/shared")] == ("cache-safe",
                                                         "cache-safe+tail-truncate")
