@@ -69,8 +69,11 @@ class EngineVersion:
     # `!sq.shared` on the cache-safe base it patches
     truncate_spares: str = "no-shared-cell"
     # ENGINE.md §4: a seq_rm that removes no cell of the attention cache stales nothing
-    # (the no-op seq_rm after a fully accepted draft; docs/versions.md)
+    # (the no-op seq_rm after a fully accepted draft; docs/versions.md) ...
     seq_rm_noop_keeps_clean: bool = False
+    # ... on every cache, or only on one of a single sequence (n_seq_max 1: the fork's
+    # eligibility, `sequences != 1` is "unsupported_cache")
+    seq_rm_noop_one_seq_only: bool = False
     # ENGINE.md §2 and §3 "The recurrent child": a seq_rm of a negative seq id matches
     # every sequence in the recurrent child (`seq_id >= 0 && (uint32_t) seq_id >=
     # n_seq_max`, angt/llama.cpp d5437c2), so a whole-range one clears every sequence;
@@ -174,6 +177,13 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           Origin("kpool", "docs/versions.md", "this repository (a question, not a "
                  "shipped patch)"),
           sets=(("seq_rm_noop_keeps_clean", True),)),
+    Patch("noop-seq-rm-one-seq",
+          "the no-op seq_rm patch where the fork enables it: on a cache of one sequence "
+          "only (n_seq_max 1), where no cell can be shared",
+          Origin("ariera-j/llama.cpp-evox2-windows", "src/llama-qsa-noop-policy.h",
+                 "8f42138625294ace3be2c5839c572dd90473bd18 (opt-in, "
+                 "LLAMA_QSA_SKIP_NOOP_INVALIDATION=1)"),
+          sets=(("seq_rm_noop_keeps_clean", True), ("seq_rm_noop_one_seq_only", True))),
     Patch("padding-repeats-pool",
           "every padding entry re-pools the first pool of a sequence in the ubatch into "
           "its rep row (\"the duplicate write is a no-op in effect\"), not a row of its own",
@@ -265,7 +275,8 @@ DEFAULT_VERSION = REP_ONCE.name
 # stales less, so it marks and scatters less: it is judged on the tokens, the layout's
 # pool count, the events and the findings (with a value backend, KP003 sees a pooled
 # row it should have refreshed)
-BY_DESIGN = {"seq_rm_noop_keeps_clean": ("n_new", "n_new_g", "pools", "scatter", "stale")}
+BY_DESIGN = {"seq_rm_noop_keeps_clean": ("n_new", "n_new_g", "pools", "scatter", "stale"),
+             "seq_rm_noop_one_seq_only": ("n_new", "n_new_g", "pools", "scatter", "stale")}
 
 
 def by_design(a: str, b: str) -> tuple[str, ...]:

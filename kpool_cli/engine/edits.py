@@ -76,8 +76,11 @@ class Staleness:
         and `holds_in(s, p0, p1)` read the cache, before the edit.
 
         None: the edit stales nothing, a seq_rm that finds no cell to remove under a
-        version with `seq_rm_noop_keeps_clean` (docs/versions.md, the no-op patch)."""
-        if (isinstance(op, m.SeqRm) and self.version.seq_rm_noop_keeps_clean
+        version with `seq_rm_noop_keeps_clean` (docs/versions.md, the no-op patch; with
+        `seq_rm_noop_one_seq_only`, on a cache of one sequence only)."""
+        v = self.version
+        if (isinstance(op, m.SeqRm) and v.seq_rm_noop_keeps_clean
+                and (len(self.stale) == 1 or not v.seq_rm_noop_one_seq_only)
                 and not holds_in(op.seq, op.p0, op.p1)):
             return None
         if isinstance(op, m.SeqAdd):
