@@ -81,6 +81,12 @@ class EngineVersion:
     # 0054ee8) and so does the hybrid memory (KP008). docs/ENGINE-NOTES.md
     recurrent_seq_rm_matches_any: bool = True
 
+    def policies(self) -> tuple[bool | str, ...]:
+        """The policies alone (no name, no description): equal for two versions that
+        behave alike."""
+        return tuple(getattr(self, f.name) for f in fields(self)
+                     if f.name not in ("name", "description"))
+
     def __post_init__(self) -> None:
         if self.padding not in PADDING_POLICIES:
             raise ValueError(f"padding must be one of {PADDING_POLICIES}, not {self.padding!r}")
