@@ -233,3 +233,26 @@ def test_the_fork_as_it_ships_has_the_race_pr_29994_fixes():
     found = [f["code"] for u in doc["ubatches"] for f in u["findings"]]
     assert found == ["KP001", "KP001"] and r.returncode == 1
     assert doc["engine"] == "cache-safe+tail-truncate"
+
+
+def test_kpool_layout_update_bigcherry_cut_needs_pos_min_at_the_cells_first_pos():
+    """patch.py's cut condition includes `sq.pos_min == sp.begin()->first`: a layout
+    (pos 4 on cell 0, pos_min 4) whose cells now start lower (pos 3 on cell 2, then 4
+    and 5 on cells 0, 3), stale at 5, is not cut: step 2 rebuilds it, copying the 3
+    pairs. (A cut would keep (4, 0), append (5, 3), then the count check would rebuild
+    it anyway: 1 + 3 pairs copied.)"""
+    import numpy as np
+
+    from kpool_cli.cache.cells import make_keys
+    from kpool_cli.cache.kv import KvCache
+    from kpool_cli.engine.layout import Layout, SeqLayout
+
+    cache = KvCache(trace(MTP_STEP).cache)
+    sq = SeqLayout(pos_min=4)
+    sq.keys.assign(make_keys(np.array([4]), np.array([0])))
+    sp = make_keys(np.array([3, 4, 5]), np.array([2, 0, 3]))
+    layout = Layout(1, 4, False, 32)
+    for spares in ("no-shared-cell", "flagged-shared"):
+        assert layout.step_2(cache, sq, sp, 5, spares, 0, 0) == (0, 0, 3, True)
+        sq.keys.assign(make_keys(np.array([4]), np.array([0])))
+        sq.pos_min = 4
