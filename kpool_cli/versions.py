@@ -57,10 +57,10 @@ class EngineVersion:
     # a real pool's row, pooled from its own members ("repeat-pool", the glm5next
     # branch's `any_rep_src`: engine/scatter.py `repeated_pool`)
     padding: Literal["unused-rows", "row-zero", "repeat-pool"] = "unused-rows"
-    # ENGINE.md §5 step 2, a fork's patch for MTP: a stale sequence none of whose cells
-    # is shared is not rebuilt but truncated at its stale position (its pairs below it
-    # and the pools that end below it kept, unchecked: the staleness contract says they
-    # did not change), then extended by the append path; shared sequences rebuild
+    # ENGINE.md §5 step 2, a fork's patch for MTP: a stale sequence the cut does not
+    # spare (`truncate_spares`) is not rebuilt but truncated at its stale position (its
+    # pairs below it and the pools that end below it kept, unchecked: the staleness
+    # contract says they did not change), then extended by the append path
     truncate_stale_tail: bool = False
     # ENGINE.md §5 step 2, which sequences the truncate spares (rebuilds instead):
     # "no-shared-cell", those holding a cell another sequence holds (the port onto
@@ -152,7 +152,8 @@ BASE_ORIGINS = {
 BASES: dict[str, EngineVersion] = {v.name: v for v in (CACHE_SAFE, REP_ONCE)}
 
 _FORK = Origin("audiagentic/bigcherry", "patches/1292_kpool_tail_truncate/patch.py",
-               "pin 0504396 (promoted 2026-10-05)")
+               "133fb7113dc4fd952d5562d979a6083692c45b49 (on llama.cpp 0504396140d1, "
+               "promoted 2026-10-05)")
 
 _GLM5NEXT = Origin("ggml-org/llama.cpp", "src/llama-kv-cache-kpool.cpp",
                    "048799f098a19e52ec11a4dec93dbf9fead1233d (the glm5next branch), "
@@ -180,8 +181,10 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
     Patch("noop-seq-rm",
           "a seq_rm that removes no cell stales nothing (a fully accepted draft's "
           "seq_rm of the empty tail leaves the layout clean)",
-          Origin("kpool", "docs/versions.md", "this repository (a question, not a "
-                 "shipped patch)"),
+          Origin("ariera-j/llama.cpp-evox2-windows",
+                 "docs/evox2/R4-COMMON002-QSA-NOOP-WALL-VALIDATION-2026-10-04.md",
+                 "e76ca92bae2ae3c5ed9f345c6ecaf3da1460a5b7 (the fork's measurement; its "
+                 "own skip is gated: noop-seq-rm-one-seq)"),
           sets=(("seq_rm_noop_keeps_clean", True),)),
     Patch("noop-seq-rm-one-seq",
           "the no-op seq_rm patch where the fork enables it: on a cache of one sequence "

@@ -72,9 +72,12 @@ def engines_cmd() -> None:
     pad = " " * (width + 2)
 
     def row(name: str, *lines: str) -> None:
+        """The name and its lines at the description's column; an origin (a repository
+        path can be long) on lines of its own under the name."""
         click.echo(hanging(f"  {visible(name):{width}}  ", visible(lines[0])))
         for line in lines[1:]:
-            click.echo(hanging(f"  {pad}", visible(line)))
+            lead = "      " if line.startswith("read from ") else f"  {pad}"
+            click.echo(hanging(lead, visible(line)))
 
     click.echo("Bases (--engine BASE):")
     for name, base in BASES.items():
