@@ -132,3 +132,31 @@ def test_fuzz_engine_all_says_which_versions_show_a_finding():
     assert not defects
     assert shown[("KP001", "KP001/decode/shared")] == ("cache-safe",
                                                         "cache-safe+tail-truncate")
+
+
+def test_check_engine_all_in_json_names_the_versions_of_each_finding(tmp_path):
+    """`kpool check --engine all` on the race of PR #29994, worked by hand: cache-safe
+    and the fork's version race at op 3 and op 6 (KP001 x2). glm5next's first ubatch
+    (op 0: pos 0..11, pools 0..2, n_new 3, n_new_g = max(3, 1, min(12 / 4 + 1, 63, 32))
+    = 4) pads one entry with pool 0 (rep row 3), which pool 0's own entry writes too:
+    KP001 x1 at op 0; its later ubatches pad nothing a marked pool writes. rep-once, the
+    port and angt's version: none. Settings may say `engines = ["all"]` too."""
+    import json
+
+    race = ROOT / "traces" / "shared-prefix-race.yaml"
+    r = kpool("check", str(race), "--engine", "all", "--output-format", "json",
+              "--no-config")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1  # the fork's version and glm5next leave KP001 unpinned
+    assert [x["engine"] for x in doc["results"]] == list(VERSIONS)
+    (kp001,) = doc["versions"]
+    assert kp001["code"] == "KP001"
+    assert kp001["by"] == [{"engine": "cache-safe", "count": 2, "first_op": 3},
+                           {"engine": "cache-safe+tail-truncate", "count": 2, "first_op": 3},
+                           {"engine": "glm5next-048799f0", "count": 1, "first_op": 0}]
+    assert kp001["not_by"] == ["rep-once", "tail-truncate", "angt-f46848f"]
+    (tmp_path / "kpool.toml").write_text('engines = ["all"]\n')
+    r = subprocess.run([sys.executable, "-m", "kpool_cli", "check", str(race),
+                        "--output-format", "json"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert [x["engine"] for x in json.loads(r.stdout)["results"]] == list(VERSIONS)
