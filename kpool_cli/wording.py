@@ -53,7 +53,7 @@ paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
 # terminal or a bidi-aware renderer acts on, and the line/paragraph separators
@@ -231,3 +231,22 @@ def units(text: str) -> list[str]:
     ['pools 0:0 ·', '5 x3', '(op 3, ubatch 1)', 'KP001 x2']
     """
     return _UNIT.findall(text)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[int], top: int | None = None) -> str:
+    """A mark per value, scaled to `top` (default: the largest; give two series one
+    `top` to compare them): `▁` for 0 and below, `█` for `top`."""
+    top = max(values, default=0) if top is None else top
+    if top <= 0:
+        return SPARKS[0] * len(values)
+    last = len(SPARKS) - 1
+    return "".join(SPARKS[0] if v <= 0 else SPARKS[min(last, max(1, -(-v * last // top)))]
+                   for v in values)
+
+
+def per_bin(per: int) -> str:
+    """How many ubatches a folded value covers: `per ubatch`, `most of each 4 ubatches`."""
+    return "per ubatch" if per == 1 else f"most of each {per} ubatches"

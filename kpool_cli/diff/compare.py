@@ -46,9 +46,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..contracts import exits
+from ..contracts.shape import Shape
 from ..verdict.codes import CODES, VALUE_CODES
 from .summary import (
     ENGINE_ABORT,
@@ -148,6 +149,8 @@ class Totals:
     cost: tuple[tuple[str, int], ...]  # summed cost counters, sorted by name
     findings: tuple[tuple[str, int], ...]  # code -> count, sorted
     aborted: bool
+    # pools marked and cells scanned per ubatch, folded (empty: totals of several runs)
+    shape: Shape = field(default_factory=Shape, compare=False)
 
     def counter(self, name: str) -> int:
         return dict(self.cost).get(name, 0)
@@ -207,8 +210,12 @@ def _totals(run: RunSummary) -> Totals:
     for e in run.events:
         findings.update(code for code, _ in e.findings)
     aborted = findings[ENGINE_ABORT] > 0
+    shape = Shape()
+    for u in run.ubatches:
+        shape.add_counts(u.n_new, dict(u.cost).get("cells_scanned", 0), u.index)
     return Totals(len(run.ubatches), sum(u.n_new for u in run.ubatches),
-                  tuple(sorted(cost.items())), tuple(sorted(findings.items())), aborted)
+                  tuple(sorted(cost.items())), tuple(sorted(findings.items())), aborted,
+                  shape)
 
 
 def _codes(findings) -> Counter:

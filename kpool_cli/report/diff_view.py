@@ -278,6 +278,25 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     return lines
 
 
+SPARK_WIDTH = 16  # a side's sparkline in the rich summary (two fit in 80 columns)
+
+
+def shapes(t: TraceDiff, limit: int | None = None
+           ) -> list[tuple[str, list[int], list[int], int]]:
+    """(what, base values, head values, ubatches per value) of the two runs' shapes,
+    folded alike: pools marked and cells scanned per ubatch."""
+    out = []
+    for (what, b), (_, h) in zip(t.base.shape.series(), t.head.shape.series(), strict=False):
+        bv, bper = b.folded(limit)
+        hv, hper = h.folded(limit)
+        while bper < hper:  # one ubatch count per value on both sides
+            bv, bper = [max(bv[i:i + 2]) for i in range(0, len(bv), 2)], 2 * bper
+        while hper < bper:
+            hv, hper = [max(hv[i:i + 2]) for i in range(0, len(hv), 2)], 2 * hper
+        out.append((what, bv, hv, bper))
+    return out
+
+
 def _totals_lines(b: Totals, h: Totals) -> list[str]:
     return [f"pools re-pooled {_ratio_text(b.pools_repooled, h.pools_repooled)}",
             f"cells scanned {_ratio_text(b.counter('cells_scanned'), h.counter('cells_scanned'))}"]
@@ -479,6 +498,11 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
         out.write(f"  {trace_title(t)}: "
                   + "; ".join(_plain(x) for x in trace_outcome(t, r.ignore))
                   + "; " + ", ".join(_totals_lines(t.base, t.head)) + "\n")
+    for t in r.traces:
+        for what, base_values, head_values, per in shapes(t):
+            out.write(f"  {trace_label(t)}: {what} ({words.per_bin(per)}): base "
+                      f"{' '.join(map(str, base_values))}; head "
+                      f"{' '.join(map(str, head_values))}\n")
     b, h = r.totals(BASE), r.totals(HEAD)
     out.write("  all traces: " + ", ".join(_totals_lines(b, h)) + "\n")
     other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
@@ -552,6 +576,20 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
                   Text(_ratio_text(b.counter("cells_scanned"), h.counter("cells_scanned")),
                        style=BOLD))
     console.print(table)
+    sparks = Table(show_header=False, box=None, padding=(0, 1), expand=False)
+    sparks.add_column(no_wrap=True, overflow="ellipsis",
+                      max_width=max(12, (console.width or 80) // 4))
+    sparks.add_column(no_wrap=True)
+    sparks.add_column(overflow="fold")
+    for t in r.traces:
+        for what, base_values, head_values, per in shapes(t, SPARK_WIDTH):
+            top = max(base_values + head_values)
+            sparks.add_row(Text(trace_label(t)), what, Text.assemble(
+                "base ", (words.sparkline(base_values, top), "cyan"), "  head ",
+                (words.sparkline(head_values, top), "magenta"), (f"  {words.per_bin(per)}",
+                                                                 DIM)))
+    if sparks.row_count:
+        console.print(sparks)
     other = ", ".join(f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
                       if k not in ("cells_scanned", "pools_marked"))
     fixed, intro = r.changes("fixed"), r.changes("introduced")

@@ -18,6 +18,7 @@ from typing import TextIO
 from .. import wording as words
 from ..contracts.finding import Finding
 from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
+from ..contracts.shape import Shape
 from ..contracts.tally import Tally
 from ..trace.model import Trace
 from ..wording import visible
@@ -52,7 +53,10 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     if note:
         out.write(f"  ({note})\n")
     shown_ub = 0
+    shape = Shape()  # every ubatch, shown or not
     for rec, shown in (pairs if pairs is not None else select(records, selection, trace)):
+        if isinstance(rec, UbatchRecord):
+            shape.add(rec)
         if not shown:
             continue
         if isinstance(rec, UbatchRecord):
@@ -75,6 +79,9 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
         else:
             verdict = "ok" if rec.ok else "FAILED" if tally.check else "FAILED (not checked)"
             out.write(f"  expect (op {rec.op}): {verdict}: {visible(rec.message)}\n")
+    for what, series in shape.series():
+        values, per = series.folded()
+        out.write(f"  {what} ({words.per_bin(per)}): {' '.join(map(str, values))}\n")
     s = tally.summary()
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
     part = f" ({shown_ub} shown)" if selection.filters else ""

@@ -38,6 +38,7 @@ from .. import wording as words
 from ..cache.cells import global_row
 from ..contracts.finding import Finding
 from ..contracts.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, OpEvent, UbatchRecord
+from ..contracts.shape import Shape
 from ..contracts.tally import Tally
 from ..trace import model as m
 from ..verdict.codes import CODES
@@ -249,6 +250,7 @@ class RichView:
         self.padding = 0
         self._last_sig: tuple | None = None  # findings of the last ubatch printed in full
         self._repeats: list[int] = []  # shown ubatches folded as repeats of it
+        self.shape = Shape()  # every ubatch, shown or not
 
     @property
     def width(self) -> int:
@@ -298,6 +300,7 @@ class RichView:
         if isinstance(rec, UbatchRecord):
             self.entries += rec.n_new_g
             self.padding += int(rec.scatter_pad.sum())
+            self.shape.add(rec)
             if shown:
                 self.shown_ubatches += 1
                 sig = tuple((f.code, f.rows, f.seqs) for f in rec.findings)
@@ -510,6 +513,12 @@ class RichView:
         table.add_row("ubatches", f"{s['ubatches']}{shown} · {s['tokens']} tokens")
         table.add_row("pools marked", f"{s['pools_marked']} ({s['pools_per_token']} per token)"
                       f" · {self.entries} scatter entries ({self.padding} padding)")
+        for what, series in self.shape.series():
+            values, per = series.folded()
+            table.add_row(f"{what.split()[1]}/ubatch", Flow([
+                Text(words.sparkline(values), style="cyan"),
+                Text(f"{words.per_bin(per)}; max {series.peak:,} at ubatch {series.peak_at}",
+                     style="dim")]))
         if s["findings"]:
             for code, n in s["findings"].items():
                 c = CODES[code]
