@@ -29,6 +29,10 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
 @click.option("--ignore", "ignore", metavar="CODES", multiple=True,
               help="Finding codes or prefixes (KP005, KP00) whose appearance in head is "
                    "shown but not a regression. Repeatable, or comma-separated.")
+@click.option("--html", "html_out", metavar="FILE", default=None,
+              help="Also write the comparison as one self-contained page: each trace's "
+                   "host work per ubatch and summed, base and head, where their "
+                   "decisions part, findings fixed and introduced (written whole).")
 @click.option("--force", is_flag=True,
               help="Compare two reports even when they are not of the same trace (sha256).")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -42,7 +46,7 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
              backend: str | None, jobs: int, max_tokens: int, max_memory: int | None,
-             core: str) -> None:
+             core: str, html_out: str | None) -> None:
     """Compare two engine versions on TRACES, or two saved JSON reports.
 
     \b
@@ -80,7 +84,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
     if empty:
         fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
-    refuse_outputs((*inputs, *files), output=output)
+    refuse_outputs((*inputs, *files), output=output, html=html_out)
     try:
         selectors = ignore_selectors(ignore)
     except ValueError as e:
@@ -98,4 +102,9 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
                         fail_on_change, selectors)
     with open_output(output) as out:
         write_diff(out, result, fmt)
+    if html_out is not None:
+        from ..report.diff_page import write_diff_page
+
+        with open_output(html_out) as page:
+            write_diff_page(page, result, pairs)
     sys.exit(result.exit_code)

@@ -1,0 +1,166 @@
+"""`kpool diff --html FILE`: the comparison as one self-contained page of pictures.
+
+Owns: `write_diff_page`. Per trace, the two versions' host work per ubatch and summed
+(cells scanned, pools marked, rows gathered) as inline SVG curves, base and head on
+one scale, with the ubatches where their decisions part marked (every per-ubatch
+panel), and the findings head fixed (below the axis) and introduced (above it) at
+their ubatches (the first panel); then the diff's own summary lines.
+
+Invariants: the page embeds everything it shows (inline CSS and SVG, no script, no
+font, no request of any kind), so it opens offline and with JavaScript off; every
+text taken from an input goes through `html.escape` after `wording.visible`; a
+curve has at most `POINTS` points whatever the run's length (a point is the largest
+value of the ubatches it covers; a sum curve, the sum at its last ubatch), so the
+page's size grows with the number of traces, not of ubatches.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Sequence
+from typing import TextIO
+
+from ..diff.compare import DiffResult, EventDiff, TraceDiff, UbatchDiff
+from ..diff.summary import RunSummary
+from ..wording import visible
+from .diff_view import trace_label, trace_outcome, verdict_text, write_diff_plain
+
+POINTS = 400  # at most this many points a curve
+CURVES = (("cells scanned", "cells_scanned"), ("pools marked", "n_new"),
+          ("rows gathered", "rows_gathered"))
+W, H, PAD = 760, 120, 44  # a panel's plot area and its left margin (px)
+BASE_COLOUR, HEAD_COLOUR = "#1f77b4", "#d95f02"
+FIXED_COLOUR, INTRODUCED_COLOUR, PART_COLOUR = "#2ca02c", "#d62728", "#7f7f7f"
+
+STYLE = """
+body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px;color:#222}
+h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 4px}
+p.meta{color:#555;margin:0 0 8px} .key span{margin-right:16px}
+svg{display:block;margin:6px 0 2px} text{font:11px system-ui,sans-serif;fill:#444}
+pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(visible(str(text)), quote=True)
+
+
+def _series(run: RunSummary, key: str) -> list[int]:
+    if key == "n_new":
+        return [u.n_new for u in run.ubatches]
+    return [dict(u.cost).get(key, 0) for u in run.ubatches]
+
+
+def _folded(values: Sequence[int], per: int) -> tuple[list[int], list[int]]:
+    """(the largest, the running sum at the end) of each `per` ubatches."""
+    peaks, sums, total = [], [], 0
+    for i in range(0, len(values), per):
+        chunk = values[i:i + per]
+        peaks.append(max(chunk))
+        total += sum(chunk)
+        sums.append(total)
+    return peaks, sums
+
+
+def _path(values: Sequence[int], top: int, n: int, colour: str, dash: str = "") -> str:
+    if not values:
+        return ""
+    step = W / max(n - 1, 1)
+    pts = " ".join(f"{PAD + i * step:.1f},{H - (v / top * (H - 8) if top else 0):.1f}"
+                   for i, v in enumerate(values))
+    extra = f' stroke-dasharray="{dash}"' if dash else ""
+    return (f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{extra} '
+            f'points="{pts}"/>')
+
+
+def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
+    """SVG marks: the ubatches whose decisions part (grey ticks) and the findings
+    fixed (green, below) and introduced (red, above), each with a title."""
+    step = W / max(n - 1, 1)
+    ticks, dots = [], []
+    for e in t.entries:
+        if not isinstance(e, UbatchDiff):
+            continue
+        x = PAD + (e.base.index // per) * step
+        ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{H}" stroke="{PART_COLOUR}" '
+                     f'stroke-opacity="0.35"><title>ubatch {e.base.index} (op {e.op}.'
+                     f'{e.batch_ubatch}): {_e(", ".join(e.fields))} differ</title></line>')
+        for codes, y, colour, what in ((e.gained, 4, INTRODUCED_COLOUR, "introduced"),
+                                       (e.lost, H - 4, FIXED_COLOUR, "fixed")):
+            for code in dict.fromkeys(codes):
+                dots.append(f'<circle class="finding {what}" data-ubatch="{e.base.index}" '
+                            f'cx="{x:.1f}" cy="{y}" r="4" fill="{colour}"><title>{_e(code)} '
+                            f'{what} at ubatch {e.base.index}</title></circle>')
+    return ticks, dots
+
+
+def _panel(title: str, base: list[int], head: list[int], n: int, marks: str,
+           cumulative: bool, last: int) -> str:
+    top = max([*base, *head, 0])
+    label = (f"{title}{' (summed)' if cumulative else ' per ubatch'}, ubatch 0 to "
+             f"{last:,}")
+    dash = "4 3" if cumulative else ""
+    return (f'<svg role="img" aria-label="{_e(label)}" width="{PAD + W + 8}" height="{H + 18}" '
+            f'viewBox="0 0 {PAD + W + 8} {H + 18}" xmlns="http://www.w3.org/2000/svg">'
+            f'<rect x="{PAD}" y="0" width="{W}" height="{H}" fill="#fafafa" stroke="#ddd"/>'
+            f'{marks}{_path(base, top, n, BASE_COLOUR, dash)}'
+            f'{_path(head, top, n, HEAD_COLOUR, dash)}'
+            f'<text x="{PAD - 4}" y="10" text-anchor="end">{top:,}</text>'
+            f'<text x="{PAD - 4}" y="{H}" text-anchor="end">0</text>'
+            f'<text x="{PAD}" y="{H + 14}">{_e(label)}</text></svg>')
+
+
+def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary, ignore) -> str:
+    n_ub = max(len(base.ubatches), len(head.ubatches))
+    per = max(1, -(-n_ub // POINTS))
+    n = -(-n_ub // per) if n_ub else 0
+    ticks, dots = _marks(t, n, per)
+    out = [f"<section><h2>{_e(trace_label(t))}</h2>",
+           f'<p class="meta">{_e(t.trace_path)}: '
+           f"{_e('; '.join(''.join(x for x, _ in line) for line in trace_outcome(t, ignore)))}"
+           f"; {n_ub:,} ubatches"
+           + (f", a point is the largest of {per} (sums: at its last)" if per > 1 else "")
+           + "</p>"]
+    if t.parting is not None:
+        out.append(f'<p class="meta">the runs part at op {t.parting.op} '
+                   f"({_e(t.parting.kind)}): {_e(t.parting.reason)}</p>")
+    for k, (title, key) in enumerate(CURVES):
+        b_peak, b_sum = _folded(_series(base, key), per)
+        h_peak, h_sum = _folded(_series(head, key), per)
+        # the parting ticks on every per-ubatch panel, the findings on the first
+        marks = "".join(ticks) + ("".join(dots) if k == 0 else "")
+        out.append(_panel(title, b_peak, h_peak, n, marks, False, max(n_ub - 1, 0)))
+        out.append(_panel(title, b_sum, h_sum, n, "", True, max(n_ub - 1, 0)))
+    events = [e for e in t.entries if isinstance(e, EventDiff)]
+    if events:
+        out.append("<p class=\"meta\">events that differ: "
+                   + ", ".join(f"op {e.op} ({_e(e.kind)}: {_e(', '.join(e.fields))})"
+                               for e in events) + "</p>")
+    out.append("</section>")
+    return "".join(out)
+
+
+def write_diff_page(out: TextIO, r: DiffResult,
+                    pairs: Sequence[tuple[RunSummary, RunSummary]]) -> None:
+    """The page of `r` (the comparison of `pairs`, in order)."""
+    base = ", ".join(dict.fromkeys(t.base_engine for t in r.traces))
+    head = ", ".join(dict.fromkeys(t.head_engine for t in r.traces))
+    summary = io.StringIO()
+    write_diff_plain(summary, r)
+    text = summary.getvalue()
+    tail = text[text.index("\nsummary:") + 1:] if "\nsummary:" in text else text
+    out.write("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+              f"<title>kpool diff: {_e(base)} vs {_e(head)}</title>"
+              f"<style>{STYLE}</style></head><body>")
+    out.write(f"<h1>kpool diff: base {_e(base)} vs head {_e(head)}</h1>")
+    out.write(f'<p class="meta">{_e(verdict_text(r)[0])}</p>')
+    out.write(f'<p class="key"><span style="color:{BASE_COLOUR}">━ base {_e(base)}</span>'
+              f'<span style="color:{HEAD_COLOUR}">━ head {_e(head)}</span>'
+              "<span>╌ summed over the run</span>"
+              f'<span style="color:{PART_COLOUR}">│ decisions part</span>'
+              f'<span style="color:{FIXED_COLOUR}">● fixed</span>'
+              f'<span style="color:{INTRODUCED_COLOUR}">● introduced</span></p>')
+    for t, (b, h) in zip(r.traces, pairs, strict=True):
+        out.write(_trace_section(t, b, h, r.ignore))
+    out.write(f"<h2>summary</h2><pre>{html.escape(tail)}</pre></body></html>\n")

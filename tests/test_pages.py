@@ -1,0 +1,118 @@
+"""The pages kpool writes (`kpool diff --html`), opened in a real browser: headless
+Chromium (Debian's `chromium`, which .ci/run installs), with the network blocked.
+Under CI a missing browser fails the test; elsewhere it skips."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+# no request can leave: every host name fails to resolve, every proxy is refused
+OFFLINE = ["--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
+           "--no-sandbox", "--disable-gpu", "--headless", "--hide-scrollbars",
+           "--enable-logging=stderr", "--v=0"]
+
+
+def browser() -> str:
+    if BROWSER is None:
+        if CI:
+            pytest.fail("chromium is missing: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return BROWSER
+
+
+def kpool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kpool_cli", *args], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def open_page(page: Path, tmp: Path) -> tuple[str, str, int]:
+    """(the DOM Chromium built, its log, the size of a screenshot of the page)."""
+    exe = browser()
+    dom = subprocess.run([exe, *OFFLINE, f"--user-data-dir={tmp / 'profile'}",
+                          "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    shot = tmp / "shot.png"
+    subprocess.run([exe, *OFFLINE, f"--user-data-dir={tmp / 'profile'}",
+                    "--window-size=1000,1200", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    return dom.stdout, dom.stderr, shot.stat().st_size
+
+
+def blank_size(tmp: Path) -> int:
+    blank = tmp / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>")
+    exe = browser()
+    shot = tmp / "blank.png"
+    subprocess.run([exe, *OFFLINE, f"--user-data-dir={tmp / 'profile'}",
+                    "--window-size=1000,1200", f"--screenshot={shot}", blank.as_uri()],
+                   capture_output=True, text=True, timeout=120)
+    return shot.stat().st_size
+
+
+def requests_made(html: str) -> list[str]:
+    """What the page could ask for: a src, an href, a url(), an @import, a script (the
+    SVG namespace in xmlns is a name, not a request)."""
+    return re.findall(r"""(?:src|href)\s*=|url\(|@import|<script|<link""", html, re.I)
+
+
+@pytest.mark.parametrize(("trace", "base", "head"), [
+    ("mtp3-speculative", "rep-once", "tail-truncate"),
+    ("shared-prefix-race", "cache-safe", "rep-once"),
+])
+def test_the_diff_page_opens_offline_with_its_marks_where_the_report_says(
+        tmp_path: Path, trace: str, base: str, head: str) -> None:
+    page = tmp_path / "d.html"
+    r = kpool("diff", f"traces/{trace}.yaml", "--base", base, "--head", head,
+              "--html", str(page), "--format", "json")
+    assert r.returncode in (0, 1), r.stderr
+    report = json.loads(r.stdout)
+    html = page.read_text()
+    assert requests_made(html) == []
+    dom, log, size = open_page(page, tmp_path)
+    assert "CONSOLE" not in log and "Uncaught" not in log, log[-2000:]
+    assert dom.count("<svg") == 6, dom[:500]  # per ubatch and summed, three curves
+    assert size > 3 * blank_size(tmp_path)  # curves and text, not a blank page
+    # every finding the diff fixed or introduced is a mark at its ubatch
+    (t,) = report["traces"]
+    want = sorted((d["base"]["index"], code, kind)
+                  for d in t["differences"] if d["type"] == "ubatch"
+                  for kind, codes in (("introduced", d["findings_gained"]),
+                                      ("fixed", d["findings_lost"]))
+                  for code in dict.fromkeys(codes))
+    got = sorted((int(u), code, kind) for kind, u, code in re.findall(
+        r'<circle class="finding (\w+)" data-ubatch="(\d+)"[^>]*><title>(KP\d{3})', dom))
+    assert got == want
+
+
+def test_the_race_is_marked_fixed_at_ubatches_1_and_2(tmp_path: Path) -> None:
+    """traces/shared-prefix-race.yaml, cache-safe vs rep-once: the KP001 of the two
+    ubatches after the seq_cp (ubatches 1 and 2, ops 3 and 6) is fixed."""
+    page = tmp_path / "d.html"
+    kpool("diff", "traces/shared-prefix-race.yaml", "--base", "cache-safe", "--head",
+          "rep-once", "--html", str(page))
+    marks = re.findall(r'class="finding (\w+)" data-ubatch="(\d+)"', page.read_text())
+    assert sorted(set(marks)) == [("fixed", "1"), ("fixed", "2")]
+
+
+def test_text_from_the_trace_is_escaped(tmp_path: Path) -> None:
+    """A trace's name is data: `<script>` in it is text on the page, not a script."""
+    src = (ROOT / "traces" / "shared-prefix-race.yaml").read_text()
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(src.replace("name: shared-prefix-race", 'name: "<script>x()</script>"'))
+    page = tmp_path / "d.html"
+    r = kpool("diff", str(evil), "--base", "cache-safe", "--head", "rep-once", "--html",
+              str(page), cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    html = page.read_text()
+    assert "<script" not in html and "&lt;script&gt;" in html
