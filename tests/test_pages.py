@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_offline_pages import fetchable, web_urls
 
 ROOT = Path(__file__).resolve().parent.parent
 CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
@@ -60,12 +61,6 @@ def blank_size(tmp: Path) -> int:
     return shot.stat().st_size
 
 
-def requests_made(html: str) -> list[str]:
-    """What the page could ask for: a src, an href, a url(), an @import, a script (the
-    SVG namespace in xmlns is a name, not a request)."""
-    return re.findall(r"""(?:src|href)\s*=|url\(|@import|<script|<link""", html, re.I)
-
-
 @pytest.mark.parametrize(("trace", "base", "head"), [
     ("mtp3-speculative", "rep-once", "tail-truncate"),
     ("shared-prefix-race", "cache-safe", "rep-once"),
@@ -78,7 +73,8 @@ def test_the_diff_page_opens_offline_with_its_marks_where_the_report_says(
     assert r.returncode in (0, 1), r.stderr
     report = json.loads(r.stdout)
     html = page.read_text()
-    assert requests_made(html) == []
+    assert fetchable(html) == [] and web_urls(html) == []
+    assert "<script" not in html  # the page works with JavaScript off: it has none
     dom, log, size = open_page(page, tmp_path)
     assert "CONSOLE" not in log and "Uncaught" not in log, log[-2000:]
     assert dom.count("<svg") == 6, dom[:500]  # per ubatch and summed, three curves
