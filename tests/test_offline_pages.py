@@ -1,7 +1,8 @@
 """`kpool replay --svg/--html` write self-contained pages: nothing a browser would
 fetch (rich's own SVG template imports Fira Code from a CDN), so a CI artifact or a
 bug report shows the same offline; the fonts are a local monospace stack. The SVG is
-well-formed XML. The README's images (docs/img) are held to the same."""
+well-formed XML; the page's links are to its own parts. The README's images
+(docs/img) are held to the same. tests/test_pages.py opens the pages in a browser."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from kpool_cli.cli import cli
-from kpool_cli.report.text import MONOSPACE, offline_html_format, offline_svg_format
+from kpool_cli.report.text import MONOSPACE, PAGE_PRE, offline_svg_format
 
 ROOT = Path(__file__).resolve().parent.parent
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -85,7 +86,7 @@ def test_the_checker_sees_what_rich_fetches_by_default() -> None:
 
 
 def test_the_templates_fetch_nothing() -> None:
-    for fmt in (offline_svg_format(), offline_html_format()):
+    for fmt in (offline_svg_format(), PAGE_PRE):
         assert fetchable(fmt.replace("{{", "{").replace("}}", "}")) == []
         assert web_urls(fmt) == []
     assert "@font-face" not in offline_svg_format()

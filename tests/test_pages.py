@@ -112,3 +112,33 @@ def test_text_from_the_trace_is_escaped(tmp_path: Path) -> None:
     assert r.returncode in (0, 1), r.stderr
     html = page.read_text()
     assert "<script" not in html and "&lt;script&gt;" in html
+
+
+@pytest.mark.parametrize(("trace", "engine"), [
+    ("mtp3-speculative", "rep-once"),
+    ("shared-prefix-race", "cache-safe"),
+    ("server-session", "cache-safe"),
+])
+def test_the_replay_page_opens_offline_with_its_marks_where_the_report_says(
+        tmp_path: Path, trace: str, engine: str) -> None:
+    """`kpool replay T --html FILE`: the timeline marks each finding code at the
+    ubatches the JSON report names (one column per ubatch: these traces are short),
+    and every ubatch has its view, which the marks link to."""
+    page = tmp_path / "out.html"
+    r = kpool("replay", f"traces/{trace}.yaml", "--engine", engine, "--html", str(page),
+              "-o", str(tmp_path / "view.txt"))
+    assert r.returncode in (0, 1), r.stderr
+    report = json.loads(kpool("replay", f"traces/{trace}.yaml", "--engine", engine,
+                              "--format", "json").stdout)
+    html = page.read_text()
+    assert fetchable(html) == [] and web_urls(html) == [] and "<script" not in html
+    dom, log, size = open_page(page, tmp_path)
+    assert "CONSOLE" not in log and "Uncaught" not in log, log[-2000:]
+    assert size > 3 * blank_size(tmp_path)
+    want = sorted({(f["code"], u["index"]) for u in report["ubatches"] for f in u["findings"]})
+    got = sorted({(code, int(u)) for code, u in re.findall(
+        r'<circle class="finding" data-code="(KP\d{3})" data-ubatch="(\d+)"', dom)})
+    assert got == want
+    views = {int(u) for u in re.findall(r'<section class="view" id="u(\d+)"', dom)}
+    assert {u["index"] for u in report["ubatches"]} <= views
+    assert all(f'href="#u{u}"' in dom for _, u in got)  # each shown: its own view

@@ -2,18 +2,22 @@
 and progress bar around it.
 
 Owns: `TextOutput` (one per command: the rich view on a terminal, the plain view
-otherwise, the recording console behind --html/--svg, written atomically at
-`close()`), `may_draw_rich` (known before the replay: whether records carry cell
-maps), and `write_trace` (`kpool gen`'s output). The delayed progress bar around a
+otherwise, the recording console behind --svg, the whole-trace page of --html
+(report/trace_page.py), both written atomically at `close()`), `may_draw_rich` (known
+before the replay: whether records carry cell maps), and `write_trace` (`kpool gen`'s
+output). The delayed progress bar around a
 replay and the other long commands (`ticker_for`, `ticking`, `progress_bar`) lives
 in `ticking.py`, which imports no rich until a bar shows.
 
 Decisions:
 - stdout a terminal (and no --output file): the rich view, coloured unless
-  --no-color or NO_COLOR; with --html/--svg the same console records.
-- otherwise: the plain view (report/plain.py); with --html/--svg a second,
-  off-screen recording console renders the rich view for the files (coloured
-  unless --no-color or NO_COLOR) from the same single replay.
+  --no-color or NO_COLOR; with --svg the same console records.
+- otherwise: the plain view (report/plain.py); with --svg a second, off-screen
+  recording console renders the rich view for the file (coloured unless --no-color
+  or NO_COLOR) from the same single replay.
+- --html: a page per trace (report/trace_page.py) from the same single replay: its
+  pictures from every record, and each record's rich view, rendered off-screen
+  (always coloured) as the terminal shows it (the same selection).
 - the views never count: the caller feeds the tally (`tally.tallied`) and the
   views read it for their summary. A trace found invalid mid-replay (TraceError)
   goes through: the command ends there, exit 2, and no --html/--svg is written.
@@ -41,6 +45,7 @@ from .terminal import Manners, Ticker, make_console, stream_is_terminal
 from .ticking import ticker_for, ticking
 
 if TYPE_CHECKING:
+    from .trace_page import TracePage
     from .view import RichView
 
 Record = OpEvent | UbatchRecord | ExpectResult
@@ -83,7 +88,8 @@ class TextOutput:
                  width: int | None = None) -> None:
         self.out, self.color, self.quiet, self.html, self.svg = out, color, quiet, html, svg
         self.on_terminal = out is sys.stdout and stream_is_terminal(out)
-        record = bool(html or svg)
+        self.pages: list[TracePage] = []
+        record = bool(svg)
         self.console = None
         self.recorder = None
         if self.on_terminal or color_forced(color):
@@ -98,7 +104,7 @@ class TextOutput:
     @property
     def rich(self) -> bool:
         """Does a rich view run (so records should carry cell maps)?"""
-        return self.recorder is not None or self.console is not None
+        return self.recorder is not None or self.console is not None or bool(self.html)
 
     def run(self, trace: Trace, version: EngineVersion, backend: str | None,
             records: Iterable[Record], tally: Tally, selection: Selection,
@@ -115,6 +121,8 @@ class TextOutput:
              records: Iterable[Record], tally: Tally, selection: Selection,
              pools_all: bool, ticker: Ticker) -> None:
         pairs = select(records, selection, trace)
+        if self.html:
+            pairs = self._paged(pairs, trace, version, backend, selection, pools_all, tally)
         rich_console = self.console or self.recorder
         if rich_console is None:  # the plain view alone
             write_plain(self.out, trace, version.name, (), tally, selection=selection,
@@ -140,30 +148,63 @@ class TextOutput:
                     pairs=_tee(pairs, view))
         view.finish(tally)
 
+    def _paged(self, pairs: Iterable[tuple[Record, bool]], trace: Trace,
+               version: EngineVersion, backend: str | None, selection: Selection,
+               pools_all: bool, tally: Tally) -> Iterator[tuple[Record, bool]]:
+        """`pairs`, each also fed to this trace's page with the HTML of its rich view
+        (a console of its own, off-screen, 100 columns)."""
+        from ..replay import planned_ubatches
+        from .trace_page import TracePage
+        from .view import RichView
+
+        console = make_console(io.StringIO(), Manners(False, True, PAGE_COLUMNS), record=True)
+        view = RichView(console, trace, version, backend, selection, pools_all)
+        page = TracePage(trace, version.name, version.description, backend,
+                         planned_ubatches(trace))
+        self.pages.append(page)
+        empty = PAGE_PRE.format(code="")
+        for rec, shown in pairs:
+            fragment = ""
+            if not page.views_full:  # past the budget no view is kept: none is drawn
+                view.add(rec, shown)
+                fragment = console.export_html(clear=True, inline_styles=True,
+                                               code_format=PAGE_PRE)
+            page.add(rec, "" if fragment == empty else fragment)
+            yield rec, shown
+        page.tally = tally
+        view.finish(tally)  # the folded repeats, and the summary the terminal ends with
+        page.closing = console.export_html(clear=True, inline_styles=True,
+                                           code_format=PAGE_PRE)
+
     def close(self) -> None:
         """Write --html / --svg (atomically) and flush the output, so a reader that
         left (`| head`) is noticed here, not at interpreter exit."""
-        if self.recorder is not None:
-            # both appear or neither: each is renamed into place only once both are
-            # written, and a failure or an interrupt removes both temporaries
-            with contextlib.ExitStack() as files:
-                if self.svg:
-                    files.enter_context(written_whole(self.svg)).write(
-                        self.recorder.export_svg(title="kpool replay", clear=not self.html,
-                                                 code_format=offline_svg_format()))
-                if self.html:
-                    files.enter_context(written_whole(self.html)).write(
-                        self.recorder.export_html(clear=True, code_format=offline_html_format()))
+        # both appear or neither: each is renamed into place only once both are
+        # written, and a failure or an interrupt removes both temporaries
+        with contextlib.ExitStack() as files:
+            if self.svg and self.recorder is not None:
+                files.enter_context(written_whole(self.svg)).write(
+                    self.recorder.export_svg(title="kpool replay", clear=True,
+                                             code_format=offline_svg_format()))
+            if self.html:
+                from .trace_page import write_pages
+
+                write_pages(files.enter_context(written_whole(self.html)), self.pages)
         self.out.flush()
 
 
 # --svg / --html are self-contained: a CI artifact or a bug report shows the same
 # offline. rich's SVG template fetches Fira Code from a CDN (@font-face url()s): it is
 # left out for local monospace fonts, Fira Code first if installed (the text keeps
-# its cell widths: rich gives every run a textLength). rich's HTML template fetches
-# nothing; it gets the same fonts.
+# its cell widths: rich gives every run a textLength). The page's views get the same
+# fonts.
 MONOSPACE = ('"Fira Code", "DejaVu Sans Mono", Menlo, Consolas, "Liberation Mono", '
              '"Courier New", monospace')
+MONOSPACE_HTML = MONOSPACE.replace('"', "'")
+PAGE_COLUMNS = 100  # the width of the views a page embeds
+# a view's HTML on the page: rich's own spans in a <pre> of the local monospace fonts
+PAGE_PRE = ('<pre style="font-family:' + MONOSPACE_HTML + ';font-size:13px;line-height:1.25">'
+            "{code}</pre>")
 
 
 @functools.cache
@@ -173,14 +214,6 @@ def offline_svg_format() -> str:
     fmt = re.sub(r"[ \t]*@font-face \{\{.*?\}\}\n?", "", CONSOLE_SVG_FORMAT, flags=re.S)
     fmt = re.sub(r"font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};", fmt)
     return re.sub(r"(<!-- Generated with Rich) https?://[^ ]* -->", r"\1 -->", fmt)
-
-
-@functools.cache
-def offline_html_format() -> str:
-    from rich.console import CONSOLE_HTML_FORMAT
-
-    return re.sub(r"font-family:[^\"]*monospace", "font-family:" + MONOSPACE.replace('"', "'"),
-                  CONSOLE_HTML_FORMAT)
 
 
 def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView
