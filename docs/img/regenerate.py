@@ -5,9 +5,10 @@
 - race-cache-safe.svg, race-rep-once.svg: `kpool replay
   traces/shared-prefix-race.yaml --engine E --svg FILE` at 100 columns (the rich view,
   self-contained: no font or script fetched);
-- diff-mtp3.png: `kpool diff traces/mtp3-speculative.yaml --base rep-once --head
-  tail-truncate --html PAGE`, screenshotted by headless Chromium (Debian's
-  `chromium`) with the network blocked.
+- replay-server.png: `kpool replay traces/server-session.yaml --engine cache-safe
+  --html PAGE`, and diff-mtp3.png: `kpool diff traces/mtp3-speculative.yaml --base
+  rep-once --head tail-truncate --html PAGE`, each screenshotted (its top) by
+  headless Chromium (Debian's `chromium`) with the network blocked.
 """
 
 from __future__ import annotations
@@ -39,14 +40,17 @@ def main() -> None:
     if browser is None:
         sys.exit("chromium is not installed (apt-get install chromium)")
     with tempfile.TemporaryDirectory() as tmp:
-        page = Path(tmp) / "diff.html"
+        replay, diff = Path(tmp) / "replay.html", Path(tmp) / "diff.html"
+        kpool("replay", "traces/server-session.yaml", "--engine", "cache-safe", "--html",
+              str(replay), "-o", str(Path(tmp) / "view.txt"))
         kpool("diff", "traces/mtp3-speculative.yaml", "--base", "rep-once", "--head",
-              "tail-truncate", "--html", str(page))
-        subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
-                        "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND",
-                        f"--user-data-dir={Path(tmp) / 'profile'}", "--window-size=900,1240",
-                        f"--screenshot={IMG / 'diff-mtp3.png'}", page.as_uri()],
-                       check=True, capture_output=True)
+              "tail-truncate", "--html", str(diff))
+        for page, image in ((replay, "replay-server.png"), (diff, "diff-mtp3.png")):
+            subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                            "--hide-scrollbars", "--host-resolver-rules=MAP * ~NOTFOUND",
+                            f"--user-data-dir={Path(tmp) / 'profile'}",
+                            "--window-size=1000,1240", f"--screenshot={IMG / image}",
+                            page.as_uri()], check=True, capture_output=True)
 
 
 if __name__ == "__main__":
