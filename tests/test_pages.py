@@ -142,3 +142,18 @@ def test_the_replay_page_opens_offline_with_its_marks_where_the_report_says(
     views = {int(u) for u in re.findall(r'<section class="view" id="u(\d+)"', dom)}
     assert {u["index"] for u in report["ubatches"]} <= views
     assert all(f'href="#u{u}"' in dom for _, u in got)  # each shown: its own view
+
+
+def test_a_page_of_several_traces_links_each_mark_to_a_view_of_its_own_trace(
+        tmp_path: Path) -> None:
+    """Two traces on one page: ids are unique, and every link lands on an id."""
+    page = tmp_path / "two.html"
+    r = kpool("replay", "traces/shared-prefix-race.yaml", "traces/mtp3-speculative.yaml",
+              "--html", str(page), "-o", str(tmp_path / "view.txt"))
+    assert r.returncode in (0, 1), r.stderr
+    html = page.read_text()
+    ids = re.findall(r'id="([^"]+)"', html)
+    assert len(ids) == len(set(ids))
+    links = set(re.findall(r'href="#([^"]+)"', html))
+    assert links and links <= set(ids)
+    assert {i.split("-")[0] for i in links} == {"t0", "t1"}

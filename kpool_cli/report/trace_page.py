@@ -103,6 +103,7 @@ class TracePage:
     tally: Tally | None = None  # the replay's, once its last record went by
     closing: str = ""  # the view's end: the repeats it folded, its summary
     _kept: list[int] = field(default_factory=list)  # the ubatches with a view, sorted
+    key: str = ""  # before its ids, when a document holds several pages ("t1-")
 
     def __post_init__(self) -> None:
         self.per = max(1, -(-self.planned // MAX_BINS))
@@ -168,7 +169,10 @@ class TracePage:
             self.stopped_at = ubatch
             return
         self.view_bytes += len(fragment)
-        self.views.append((ubatch, fragment))
+        if self.views and self.views[-1][0] == ubatch:  # an op's view, then its ubatch's
+            self.views[-1] = (ubatch, self.views[-1][1] + fragment)
+        else:
+            self.views.append((ubatch, fragment))
 
     # -- the page ----------------------------------------------------------------------
 
@@ -180,7 +184,7 @@ class TracePage:
         """The page's body (`write_pages` writes the document around it)."""
         t, s = self.trace, (self.tally or Tally()).summary()
         found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
-        out.write(f'<article id="{_e(t.sha256 or "")}"><h1>{self.title}</h1>')
+        out.write(f"<article><h1>{self.title}</h1>")
         out.write(f'<p class="meta">{_e(t.path)}: {s["ubatches"]:,} ubatches, '
                   f'{s["tokens"]:,} tokens, {s["pools_marked"]:,} pools marked; '
                   f'{_e(found)}; {_e(s["status"].upper())}</p>')
@@ -205,8 +209,9 @@ class TracePage:
                       f"before ubatch {first}: <code>kpool replay {_e(t.path)} --ubatch "
                       f"{first}..</code> shows the rest</p>")
         for ubatch, fragment in self.views:
-            out.write(f'<section class="view" id="u{ubatch}">{fragment}</section>')
-        out.write(f'<section class="view" id="summary">{self.closing}</section></article>')
+            out.write(f'<section class="view" id="{self.key}u{ubatch}">{fragment}</section>')
+        out.write(f'<section class="view" id="{self.key}summary">{self.closing}</section>'
+                  "</article>")
 
     def _bin_words(self) -> str:
         return ("one column per ubatch" if self.per == 1
@@ -224,7 +229,7 @@ class TracePage:
         (the view folds repeated ubatches into the first; past the budget none is kept),
         else the view's end."""
         at = bisect.bisect_right(self._kept, ubatch) - 1
-        return f"#u{self._kept[at]}" if at >= 0 else "#summary"
+        return f"#{self.key}u{self._kept[at]}" if at >= 0 else f"#{self.key}summary"
 
     def _x(self, k: int) -> float:
         return PAD + k * W / max(len(self.bins), 1)
@@ -323,6 +328,7 @@ def write_pages(out: TextIO, pages: list[TracePage]) -> None:
     title = pages[0].title if len(pages) == 1 else f"kpool replay: {len(pages)} traces"
     out.write("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
               f"<title>{title}</title><style>{STYLE}</style></head><body>")
-    for page in pages:
+    for n, page in enumerate(pages):
+        page.key = f"t{n}-" if len(pages) > 1 else ""
         page.write(out)
     out.write("</body></html>\n")
