@@ -101,17 +101,24 @@ def test_the_race_is_marked_fixed_at_ubatches_1_and_2(tmp_path: Path) -> None:
     assert sorted(set(marks)) == [("fixed", "1"), ("fixed", "2")]
 
 
-def test_text_from_the_trace_is_escaped(tmp_path: Path) -> None:
-    """A trace's name is data: `<script>` in it is text on the page, not a script."""
+@pytest.mark.parametrize("command", ["diff", "replay"])
+def test_text_from_the_trace_is_escaped(tmp_path: Path, command: str) -> None:
+    """A trace's name and description are data: `<script>` in them is text on the
+    page, not a script."""
     src = (ROOT / "traces" / "shared-prefix-race.yaml").read_text()
     evil = tmp_path / "evil.yaml"
-    evil.write_text(src.replace("name: shared-prefix-race", 'name: "<script>x()</script>"'))
-    page = tmp_path / "d.html"
-    r = kpool("diff", str(evil), "--base", "cache-safe", "--head", "rep-once", "--html",
-              str(page), cwd=tmp_path)
+    evil.write_text(src.replace("name: shared-prefix-race", 'name: "<script>x()</script>"')
+                    .replace("  Two slots share", "  <img src=x onerror=y()> Two slots share"))
+    page = tmp_path / "p.html"
+    args = (["diff", str(evil), "--base", "cache-safe", "--head", "rep-once"]
+            if command == "diff" else ["replay", str(evil), "-o", str(tmp_path / "v.txt")])
+    r = kpool(*args, "--html", str(page), cwd=tmp_path)
     assert r.returncode in (0, 1), r.stderr
     html = page.read_text()
     assert "<script" not in html and "&lt;script&gt;" in html
+    assert "<img" not in html
+    if command == "replay":  # the page shows the description: as text, not a tag
+        assert "&lt;img src=x" in html
 
 
 @pytest.mark.parametrize(("trace", "engine"), [

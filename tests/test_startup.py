@@ -95,6 +95,21 @@ def test_a_text_replay_into_a_file_imports_no_rich(tmp_path: Path) -> None:
     assert "rich" not in modules
 
 
+def test_only_the_commands_that_draw_pages_load_their_modules(tmp_path: Path) -> None:
+    """The pages (`--html`) are written by modules no other replay or diff loads."""
+    pages = {"kpool_cli.report.trace_page", "kpool_cli.report.diff_page"}
+    _, modules = loaded("replay", RACE, "-q", "-o", str(tmp_path / "r.txt"))
+    assert not modules & pages
+    _, modules = loaded("diff", RACE, "-o", str(tmp_path / "d.txt"))
+    assert not modules & pages
+    _, modules = loaded("replay", RACE, "-q", "-o", str(tmp_path / "r2.txt"), "--html",
+                        str(tmp_path / "r.html"))
+    assert "kpool_cli.report.trace_page" in modules
+    _, modules = loaded("diff", RACE, "-o", str(tmp_path / "d2.txt"), "--html",
+                        str(tmp_path / "d.html"))
+    assert "kpool_cli.report.diff_page" in modules
+
+
 _LEAVE = """
 import atexit, sys, threading, time
 from kpool_cli.cli.main import leave
