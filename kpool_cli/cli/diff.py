@@ -30,7 +30,8 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
               help="Finding codes or prefixes (KP005, KP00) whose appearance in head is "
                    "shown but not a regression. Repeatable, or comma-separated.")
 @click.option("--html", "html_out", metavar="FILE", default=None,
-              help="Also write the comparison as one self-contained page: each trace's "
+              help="Also write the comparison as one page that needs nothing else (it "
+                   "opens offline): each trace's "
                    "host work per ubatch and summed, base and head, where their "
                    "decisions part, findings fixed and introduced (written whole).")
 @click.option("--force", is_flag=True,

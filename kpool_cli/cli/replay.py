@@ -69,10 +69,11 @@ from .options import (
                    "FORCE_COLOR forces it].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
 @click.option("--html", "html", metavar="FILE",
-              help="Also write the whole replay as one self-contained page: a timeline of "
+              help="Also write the whole replay as one page that needs nothing else "
+                   "(it opens offline): a timeline of "
                    "every ubatch (tokens, pools marked, scatter entries, cells scanned, "
                    "findings, edits), the cells over time, and each ubatch's view "
-                   "(atomically; opens offline), e.g. for CI artifacts.")
+                   "(written whole), e.g. for CI artifacts.")
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
 @max_tokens_option

@@ -46,8 +46,9 @@ VIEW_BUDGET = 3 << 20  # bytes of per-ubatch views, at most
 SEQ_COLOURS = ("#17becf", "#2ca02c", "#bcbd22", "#1f77b4", "#e377c2", "#9edae5", "#98df8a",
                "#dbdb8d", "#aec7e8", "#f7b6d2")
 SHARED_COLOUR, EMPTY_COLOUR = "#d62728", "#eeeeee"
-CODE_COLOURS = {"KP001": "#d62728", "KP002": "#9467bd", "KP003": "#ff7f0e", "KP004": "#8c564b",
-                "KP005": "#000000", "KP006": "#7f7f7f", "KP007": "#e377c2", "KP008": "#bcbd22"}
+# a finding's mark: the colour of its code's place in the registry
+CODE_PALETTE = ("#d62728", "#9467bd", "#ff7f0e", "#8c564b", "#000000", "#7f7f7f", "#e377c2",
+                "#bcbd22", "#17becf", "#1f77b4")
 SERIES = (("tokens", "tokens"), ("pools marked", "marked"), ("scatter entries", "entries"),
           ("cells scanned", "scanned"))
 W, H, PAD = 820, 56, 96  # a timeline panel's plot area and its left margin (px)
@@ -60,6 +61,11 @@ svg text{font:11px system-ui,sans-serif;fill:#444} .key span{margin-right:14px}
 section.view{margin:8px 0;border-top:1px solid #eee} section.view pre{margin:0}
 section.view h3{font-size:13px;margin:10px 0 2px}
 """
+
+
+def _code_colour(code: str) -> str:
+    order = list(CODES)
+    return CODE_PALETTE[order.index(code) % len(CODE_PALETTE)] if code in CODES else "#000000"
 
 
 def _e(text: object) -> str:
@@ -269,7 +275,7 @@ class TracePage:
                                  f'data-code="{code}" data-ubatch="{at}" '
                                  f'cx="{self._x(k) + bw / 2:.2f}" cy="{y}" '
                                  f'r="{min(5.0, max(2.0, bw / 2)):.1f}" '
-                                 f'fill="{CODE_COLOURS.get(code, "#000")}"><title>{code} '
+                                 f'fill="{_code_colour(code)}"><title>{code} '
                                  f"{_e(CODES[code].name) if code in CODES else ''} x"
                                  f"{b.codes[code]} from ubatch {at}</title></circle></a>")
         parts.append(self._svg(16 + rows * 14, "".join(marks) if codes else
