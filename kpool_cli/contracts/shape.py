@@ -33,7 +33,7 @@ class Series:
 
     def add(self, value: int, index: int) -> None:
         if self.n % self.per == 0 and len(self.bins) == 2 * self.width:
-            self.bins = [max(self.bins[i:i + 2]) for i in range(0, len(self.bins), 2)]
+            self.bins = _pairs(self.bins)
             self.per *= 2
         if self.n % self.per == 0:
             self.bins.append(value)
@@ -43,15 +43,19 @@ class Series:
             self.peak, self.peak_at = value, index
         self.n += 1
 
-    def folded(self, limit: int | None = None) -> tuple[list[int], int]:
-        """At most `limit` (default `width`) values, each the largest of `per` ubatches,
-        and `per`."""
+    def folded(self, limit: int | None = None, per: int = 1) -> tuple[list[int], int]:
+        """At most `limit` (default `width`) values, each the largest of `per'` ubatches
+        (`per'` at least `per`: give two series one `per` to line them up), and `per'`."""
         limit = self.width if limit is None else max(limit, 1)
-        values, per = list(self.bins), self.per
-        while len(values) > limit:
-            values = [max(values[i:i + 2]) for i in range(0, len(values), 2)]
-            per *= 2
-        return values, per
+        values, each = list(self.bins), self.per
+        while len(values) > limit or each < per:
+            values, each = _pairs(values), 2 * each
+        return values, each
+
+
+def _pairs(values: list[int]) -> list[int]:
+    """Each two neighbours folded into their largest."""
+    return [max(values[i:i + 2]) for i in range(0, len(values), 2)]
 
 
 @dataclass(slots=True)

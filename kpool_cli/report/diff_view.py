@@ -287,13 +287,10 @@ def shapes(t: TraceDiff, limit: int | None = None
     folded alike: pools marked and cells scanned per ubatch."""
     out = []
     for (what, b), (_, h) in zip(t.base.shape.series(), t.head.shape.series(), strict=False):
-        bv, bper = b.folded(limit)
-        hv, hper = h.folded(limit)
-        while bper < hper:  # one ubatch count per value on both sides
-            bv, bper = [max(bv[i:i + 2]) for i in range(0, len(bv), 2)], 2 * bper
-        while hper < bper:
-            hv, hper = [max(hv[i:i + 2]) for i in range(0, len(hv), 2)], 2 * hper
-        out.append((what, bv, hv, bper))
+        per = max(b.folded(limit)[1], h.folded(limit)[1])  # one per on both sides
+        bv, per = b.folded(limit, per)
+        hv, _ = h.folded(limit, per)
+        out.append((what, bv, hv, per))
     return out
 
 

@@ -110,6 +110,7 @@ class TracePage:
     closing: str = ""  # the view's end: the repeats it folded, its summary
     _kept: list[int] = field(default_factory=list)  # the ubatches with a view, sorted
     key: str = ""  # before its ids, when a document holds several pages ("t1-")
+    _last: tuple[int, np.ndarray] | None = None  # (bin, cells) of the last ubatch seen
 
     def __post_init__(self) -> None:
         self.per = max(1, -(-self.planned // MAX_BINS))
@@ -148,20 +149,29 @@ class TracePage:
             if f.rows:
                 self.flagged[k][np.asarray(f.rows, dtype=np.int64) // self.rows_per] = True
         self.written[k][np.asarray(rec.token_rows, dtype=np.int64) // self.rows_per] = True
-        if rec.cell_map is not None:
-            seq = rec.cell_map.seq.astype(np.int32)
-            pad = self.n_row_bins * self.rows_per - seq.size
-            grid = np.concatenate([seq, np.full(pad, SEQ_EMPTY, np.int32)]).reshape(
-                self.n_row_bins, self.rows_per)
-            # a bin of rows: shared if a row is, else the first sequence, else empty
-            shared = (grid == SEQ_SHARED).any(axis=1)
-            held = np.where(grid >= 0, grid, np.iinfo(np.int32).max).min(axis=1)
-            state = np.where(shared, SEQ_SHARED,
-                             np.where(held == np.iinfo(np.int32).max, SEQ_EMPTY, held))
-            while len(self.columns) <= k:
-                self.columns.append(state)
-            self.columns[k] = state
+        if rec.cell_map is not None:  # a bin shows its last ubatch's cells: folded later
+            if self._last is not None and self._last[0] != k:
+                self._fold_cells()
+            self._last = (k, rec.cell_map.seq)
         self.ubatches += 1
+
+    def _fold_cells(self) -> None:
+        """The cells of the last ubatch seen, as its bin's column of row bins: shared
+        if a row is, else the lowest sequence, else empty."""
+        if self._last is None:
+            return
+        k, seq = self._last
+        self._last = None
+        flat = np.full(self.n_row_bins * self.rows_per, SEQ_EMPTY, np.int32)
+        flat[:seq.size] = seq
+        grid = flat.reshape(self.n_row_bins, self.rows_per)
+        none = np.iinfo(np.int32).max
+        held = np.where(grid >= 0, grid, none).min(axis=1)
+        state = np.where((grid == SEQ_SHARED).any(axis=1), SEQ_SHARED,
+                         np.where(held == none, SEQ_EMPTY, held))
+        while len(self.columns) <= k:  # a bin with no cell map shows the next one's
+            self.columns.append(state)
+        self.columns[k] = state
 
     @property
     def views_full(self) -> bool:
@@ -298,6 +308,7 @@ class TracePage:
                 f'{height:.0f}" xmlns="http://www.w3.org/2000/svg">{body}</svg>')
 
     def _cell_map(self) -> str:
+        self._fold_cells()
         if not self.columns:
             return '<p class="meta">no ubatch ran</p>'
         n = len(self.bins)
