@@ -170,6 +170,40 @@ def test_kept_agrees(kpool: int) -> None:
     assert 0 < np.count_nonzero(got) < n  # both answers are exercised
 
 
+def test_dirty_pools_are_those_with_a_dirty_member() -> None:
+    """By hand, kpool 2: pairs at cells 7, 3, 5, 1, 4 (pos 10..14); pools start at
+    pairs 0 and 2 (cells 7, 3 and 5, 1); pair 4 (cell 4) is in no pool. Dirty cells 3
+    and 4: pool 0 only (cell 4 is past the last pool). Dirty cell 1 too: pools 0, 1."""
+    cells = np.array([7, 3, 5, 1, 4], np.int64)
+    keys = (np.arange(10, 15, dtype=np.int64) << 32) | cells
+    starts = np.array([0, 2], np.int64)
+    dirty = np.zeros(8, bool)
+    dirty[[3, 4]] = True
+    for k in (kernels, reference):
+        assert k.dirty_pools(keys, starts, 2, dirty).tolist() == [0]
+        dirty[1] = True
+        assert k.dirty_pools(keys, starts, 2, dirty).tolist() == [0, 1]
+        dirty[1] = False
+        assert k.dirty_pools(keys, starts, 2, np.zeros(8, bool)).tolist() == []
+        assert k.dirty_pools(keys, starts[:0], 2, dirty).tolist() == []
+
+
+@pytest.mark.parametrize("kpool", [1, 3, 4])
+def test_dirty_pools_agrees(kpool: int) -> None:
+    rng = np.random.default_rng(kpool)
+    kv = 4096
+    cells = rng.permutation(kv)[:3000].astype(np.int64)
+    keys = (np.arange(cells.size, dtype=np.int64) << 32) | cells
+    # pools at random non-overlapping starts, some pairs left between them
+    starts = np.flatnonzero(rng.random(cells.size // kpool) < 0.7).astype(np.int64) * kpool
+    for p_dirty in (0.001, 0.05):
+        dirty = rng.random(kv) < p_dirty
+        got = kernels.dirty_pools(keys, starts, kpool, dirty)
+        want = reference.dirty_pools(keys, starts, kpool, dirty)
+        assert np.array_equal(got, want)
+        assert 0 < got.size < starts.size
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
@@ -447,12 +481,22 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
          f"member slots[0, 3] is slot {n},"),
         ("kept", lambda: be.kernels.kept(np.array([[0, 1, 2, 3]]), np.array([-1])),
          "rep slots[0] is slot -1,"),
+        ("dirty pools", lambda: be.kernels.dirty_pools(
+            np.arange(8, dtype=np.int64), np.array([0, 4], np.int32), np.zeros(8, bool)),
+         "the pool starts are not a C-contiguous 1-D int64 array"),
     ]
     before = state(be)
     for where, call, says in doors:
         with refused(where, says):
             call()
         assert state(be) == before, (where, says)
+    if backend == "numba":  # the kernel checks what it reads (numpy's twin indexes safely)
+        with refused("dirty pools", "pool 1: a member pair or cell outside the arrays"):
+            be.kernels.dirty_pools(np.arange(8, dtype=np.int64), np.array([0, 6]),
+                                   np.zeros(8, bool))  # pool 1 would read pairs 6..9
+        with refused("dirty pools", "pool 0: a member pair or cell outside the arrays"):
+            be.kernels.dirty_pools(np.arange(8, dtype=np.int64) + 8, np.array([0]),
+                                   np.zeros(8, bool))  # cell 8 of an 8-cell stream
     pooled = be.slots.pooled
     be.slots.pooled = np.asfortranarray(pooled)
     with refused("gather", "the pooled array is float32"):

@@ -1,7 +1,7 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `kept`), and the time spent inside each
+`pool`, `scatter`, `gather`, `pools_differ`, `kept`, `dirty_pools`), and the time spent inside each
 (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come from
 `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
 They index the slot arrays (`slots.py`) with slots, never rows, and check nothing.
@@ -96,6 +96,24 @@ class GuardedKernels:
         members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.kept, t.pool_of, t.pool_gen, t.key_gen, members,
                            reps)
+
+    def dirty_pools(self, keys: np.ndarray, starts: np.ndarray, dirty: np.ndarray
+                    ) -> np.ndarray:
+        """The pools of `starts` (a sequence's, over its pairs `keys`) with a member
+        whose cell is `dirty`. The numba kernel checks each start and cell as it reads
+        them (a pass over every pool here would cost what the kernel saves); numpy's
+        twin indexes safely."""
+        where = "dirty pools"
+        for name, a, dt in (("pairs", keys, I64), ("pool starts", starts, I64),
+                            ("dirty cells", dirty, np.dtype(np.bool_))):
+            if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 1 \
+                    or not a.flags.c_contiguous:
+                raise PlanError(f"{where}: the {name} are not a C-contiguous 1-D {dt} array",
+                                where, name)
+        try:
+            return self._timed(where, self.k.dirty_pools, keys, starts, self.kpool, dirty)
+        except IndexError as e:
+            raise PlanError(f"{where}: {e}", where, "pool starts") from None
 
     def _entries(self, where: str, members: np.ndarray, reps: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,5 @@
-"""The numba kernels of the value backend: key rows, pool, scatter, gather, check, kept.
+"""The numba kernels of the value backend: key rows, pool, scatter, gather, check, kept,
+and the pools a changed key dirties.
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
@@ -40,6 +41,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from ..cache.cells import CELL_MASK
 from ..jit import cache_for
 from ..signals import masked
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
@@ -63,6 +65,7 @@ def _probe() -> None:  # never compiled: numba's cache check runs on it
 
 CACHE = cache_for(_probe)
 _CACHED = CACHE != ""  # the `cache=` of every kernel
+_CELL_MASK = np.int64(CELL_MASK)
 
 # work (elements) above which the opt-in parallel builds are used
 PARALLEL_MIN_KEYS = 1 << 15
@@ -332,3 +335,48 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
     out = np.empty(reps.size, dtype=np.bool_)
     _kept_into(pool_of, pool_gen, key_gen, members, reps, out)
     return out
+
+
+@numba.njit("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])", cache=_CACHED)
+def _dirty_pools_into(keys, starts, kpool, dirty, out):
+    n = 0
+    for k in range(starts.size):
+        j0 = starts[k]
+        if j0 < 0 or j0 + kpool > keys.size:
+            return -1 - k
+        for q in range(kpool):
+            c = keys[j0 + q] & _CELL_MASK
+            if c >= dirty.size:
+                return -1 - k
+            if dirty[c]:
+                out[n] = k
+                n += 1
+                break
+    return n
+
+
+def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndarray
+                ) -> np.ndarray:
+    """The pools (indices into `starts`) one of whose members' cells is `dirty`.
+
+    Parameters
+    ----------
+    keys : array of int64, shape (n,), C-contiguous
+        A sequence's pairs, `pos << CELL_BITS | cell` (engine/layout.py `SeqLayout`).
+    starts : array of int64, shape (n_pools,), C-contiguous
+        Its pools' first pairs, ascending; pool k's members are keys[starts[k]:+kpool].
+    dirty : array of bool, shape (kv_size,), C-contiguous
+        Per cell of the sequence's stream, whether its key changed.
+
+    Returns
+    -------
+    array of int64
+        Ascending and distinct (pools do not overlap). One pass over the pooled
+        pairs, checking each index before it reads: a start or cell out of range is
+        `IndexError` (the door names it).
+    """
+    out = np.empty(starts.size, dtype=np.int64)
+    n = _dirty_pools_into(keys, starts, kpool, dirty, out)
+    if n < 0:
+        raise IndexError(f"pool {-1 - n}: a member pair or cell outside the arrays")
+    return out[:n]

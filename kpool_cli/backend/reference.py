@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same six kernels, in plain numpy.
+"""The numpy twin of `kernels.py`: the same seven kernels, in plain numpy.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
 its numba twin, and the tests hold the two equal bit for bit (float32 arrays
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import rows_equal, rows_max
+from ..arrays import rows_equal, rows_max, unique
+from ..cache.cells import CELL_MASK
 from .keys import POW2, key_rows_from_state
 
 
@@ -112,3 +113,17 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
     keep = (gen > 0) & rows_equal(pool_of[reps], members)
     keep[keep] &= rows_max(key_gen[members[keep]]) < gen[keep]
     return keep
+
+
+def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndarray
+                ) -> np.ndarray:
+    """The pools (indices into `starts`) one of whose members' cells is `dirty`:
+    ascending, distinct. `keys[starts[k]:+kpool]` are pool k's members."""
+    if starts.size == 0:
+        return np.empty(0, dtype=np.int64)
+    pooled = keys[:int(starts[-1]) + kpool]
+    j = np.flatnonzero(dirty[pooled & CELL_MASK])
+    k = np.searchsorted(starts, j, side="right") - 1
+    ok = k >= 0
+    ok[ok] &= j[ok] < starts[k[ok]] + kpool
+    return unique(k[ok])

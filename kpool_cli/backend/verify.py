@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import CELL_MASK, global_row
+from ..cache.cells import global_row
 from ..cache.kv import Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
@@ -116,15 +116,11 @@ class Verifier:
         if rep_dirty is not None:
             parts.append(rep_dirty)
         if self._kdirty_rows and n_p:
-            starts = sq.pools.view
-            pooled = sq.keys.view[:int(starts[-1]) + self.kpool]
             first = global_row(sq.strm, 0, self.kv_size)
-            j = np.flatnonzero(self._kdirty[first:first + self.kv_size][pooled & CELL_MASK])
-            if j.size:
-                k = np.searchsorted(starts, j, side="right") - 1
-                ok = k >= 0
-                ok[ok] &= j[ok] < starts[k[ok]] + self.kpool
-                parts.append(unique(k[ok]))
+            k = self.kernels.dirty_pools(sq.keys.view, sq.pools.view,
+                                         self._kdirty[first:first + self.kv_size])
+            if k.size:
+                parts.append(k)
         if len(parts) == 1:
             return parts[0]
         return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
@@ -148,6 +144,7 @@ class Verifier:
         """Recheck the pools whose verdict may have changed since the last ubatch: the
         new or regrouped ones, and those whose member keys or rep row changed."""
         rep_dirty = self._rep_dirty(layout)
+        todo: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
         for s, sq in enumerate(layout.seqs):
             n_p = len(sq.pools)
             self.bad[s] = self.bad[s][:change.kept[s]]
@@ -159,9 +156,18 @@ class Verifier:
                 self.bad[s] = np.concatenate(
                     (self.bad[s], np.zeros(n_p - self.bad[s].size, dtype=bool)))
             if cand.size:
-                self.pools_checked += int(cand.size)
-                members = sq.members(cand, self.kpool, self.kv_size)
-                self.bad[s][cand] = self.differ(members, sq.rep_rows.view[cand])
+                todo.append((s, cand))
+        if todo:  # one check of every sequence's candidates
+            seqs = layout.seqs
+            members = [seqs[s].members(c, self.kpool, self.kv_size) for s, c in todo]
+            reps = [seqs[s].rep_rows.view[c] for s, c in todo]
+            bad = (self.differ(members[0], reps[0]) if len(todo) == 1 else
+                   self.differ(np.concatenate(members), np.concatenate(reps)))
+            at = 0
+            for s, c in todo:
+                self.bad[s][c] = bad[at:at + c.size]
+                at += c.size
+            self.pools_checked += at
         for rows in self._kdirty_rows:
             self._kdirty[rows] = False
         for rows in self._pdirty_rows:
