@@ -17,7 +17,13 @@ from kpool_cli.cli import cli
 from kpool_cli.contracts.finding import Finding, PoolIds
 from kpool_cli.contracts.records import Pools
 from kpool_cli.contracts.report_format import report_schema
-from kpool_cli.report.json_report import finding_json, pool_ids_json, pools_json, rows_json
+from kpool_cli.report.json_report import (
+    dumps,
+    finding_json,
+    pool_ids_json,
+    pools_json,
+    rows_json,
+)
 from kpool_cli.verdict.codes import CODES
 
 
@@ -153,3 +159,20 @@ def test_finding_pools_compare_as_the_pairs_they_stand_for():
     assert list(f.pools) == [(1, 2), (0, 5)] and len(f.pools) == 2
     assert f == Finding(CODES["KP001"], "m", pools=PoolIds.of(np.array([1, 0]), np.array([2, 5])))
     assert not Finding(CODES["KP001"], "m").pools
+
+
+@pytest.mark.parametrize("value", [
+    {"name": "\u202eevil", "k": [1, 2]},  # a bidi control: orjson's text is not ASCII
+    {"name": "caf\u00e9 \U0001f600 \x1b[2J \u2028"},
+    {"name": "\ud800"},  # a lone surrogate: orjson refuses it
+    {"runs": [[0, 3, 1]], "n": -(1 << 62), "ok": True, "none": None},
+    {"values": {3: [1, 2], 7: []}},  # KP001's evidence: rows as keys, read back as "3"
+])
+def test_a_report_value_is_compact_ascii_json_that_reads_back(value):
+    """json_report.dumps: every character past ASCII escaped (no raw bidi control or
+    terminal escape reaches a terminal that shows the report), compact, and equal to
+    the value when read back, on both of its paths (orjson's, json's)."""
+    text = dumps(value)
+    assert text.isascii()
+    assert ", " not in text and '": ' not in text
+    assert json.loads(text) == json.loads(json.dumps(value))  # int keys become strings

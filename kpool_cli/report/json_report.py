@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TextIO, TypeVar
 
 import numpy as np
+import orjson
 
 from .. import __version__, signals
 from ..contracts.finding import Finding, PoolIds
@@ -42,6 +43,21 @@ from ..contracts.tally import Tally
 from ..signals import held
 from ..trace.load import TraceError
 from ..trace.model import Trace
+
+
+def dumps(value: object) -> str:
+    """One JSON value of the report, compact and ASCII-only. orjson encodes it (about
+    5x json's speed on a ubatch's record: README, "Performance"); where that text is
+    not ASCII (a trace's name or description may hold any character, bidi controls
+    included) or orjson refuses the value (a lone surrogate), `json` writes it with
+    `\\u` escapes instead, so no report carries a raw non-ASCII character."""
+    try:
+        raw = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)  # int keys as json does
+        if raw.isascii():
+            return raw.decode("ascii")
+    except orjson.JSONEncodeError:
+        pass
+    return json.dumps(value, separators=(",", ":"))
 
 
 def finding_json(f: Finding) -> dict:
@@ -253,7 +269,7 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     signals.unsettle()  # a signal kept since the last report's summary ends the output here
     out.write(lead + "{\n")  # lead: the array's separator, in the same write
     for key, value in head.items():
-        out.write(f'{indent}  {json.dumps(key)}: {json.dumps(value)},\n')
+        out.write(f'{indent}  {dumps(key)}: {dumps(value)},\n')
     out.write(f'{indent}  "ubatches": [')
     events, expects = [], []
     first = True
@@ -263,7 +279,7 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
         nonlocal first
         if isinstance(rec, UbatchRecord):
             out.write(("\n" if first else ",\n") + f"{indent}    "
-                      + json.dumps(ubatch_json(rec, run_form)))
+                      + dumps(ubatch_json(rec, run_form)))
             first = False
         elif isinstance(rec, OpEvent):
             events.append(event_json(rec))
@@ -298,14 +314,14 @@ def _close(out: TextIO, indent: str, first: bool, events: list, expects: list,
            tally: Tally) -> None:
     out.write(("" if first else f"\n{indent}  ") + "],\n")
     for key, value in (("events", events), ("expectations", expects)):
-        out.write(f"{indent}  {json.dumps(key)}: [")
-        out.write(",".join(f"\n{indent}    " + json.dumps(v) for v in value))
+        out.write(f"{indent}  {dumps(key)}: [")
+        out.write(",".join(f"\n{indent}    " + dumps(v) for v in value))
         out.write(("" if not value else f"\n{indent}  ") + "],\n")
     if tally.problems:
         problems = [PROBLEM.make(file=p.file, line=p.line, column=p.column, field=p.field,
                                  message=p.message) for p in tally.problems]
-        out.write(f'{indent}  "problems": {json.dumps(problems)},\n')
-    out.write(f'{indent}  "summary": {json.dumps(tally.summary())}\n{indent}}}')
+        out.write(f'{indent}  "problems": {dumps(problems)},\n')
+    out.write(f'{indent}  "summary": {dumps(tally.summary())}\n{indent}}}')
 
 
 # -- several traces: the framing of the output -------------------------------------------
