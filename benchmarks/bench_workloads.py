@@ -50,7 +50,7 @@ The tables, from one run:
   workload (the same plus loading and checking the trace, no replay: the load is its
   wall minus `kpool --help`'s), and the JSON encoding of each report: a child
   `json.load`s the report the replay wrote and times re-encoding it in the writer's
-  layout (report/json_report.write_report: one `json.dumps` per header field, per
+  layout (report/json_report.write_report: one `dumps` per header field, per
   ubatch, per event; the writer takes the replay's records, not a parsed report, so it
   cannot be called on one) and writing it to a file. Per workload, engine and mode the
   floor = startup + load + encoding, the best figure it allows (count / floor), beside
@@ -424,6 +424,10 @@ def warm_up(engines: list[str], cores: list[str | None], timeout: float,
 # writer's layout (json_report.write_report) and the write of that text to a file
 ENCODE_CHILD = r"""
 import json, sys, time
+try:  # the writer's own encoding of a value (a kpool before it: json's)
+    from kpool_cli.report.json_report import dumps
+except ImportError:
+    dumps = json.dumps
 src, out = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
 with open(src, encoding="utf-8") as f:
@@ -433,10 +437,10 @@ parts = ["{\n"]
 for i, (key, value) in enumerate(doc.items()):
     end = ",\n" if i < len(doc) - 1 else "\n"
     if key in ("ubatches", "events", "expectations"):
-        parts.append(f"  {json.dumps(key)}: [" + ",".join("\n    " + json.dumps(v)
+        parts.append(f"  {dumps(key)}: [" + ",".join("\n    " + dumps(v)
                      for v in value) + ("\n  " if value else "") + "]" + end)
     else:
-        parts.append(f"  {json.dumps(key)}: {json.dumps(value)}" + end)
+        parts.append(f"  {dumps(key)}: {dumps(value)}" + end)
 text = "".join(parts) + "}\n"
 t2 = time.perf_counter()
 with open(out + ".json", "w", encoding="utf-8") as f:
@@ -805,8 +809,8 @@ def print_floors(b: Bench) -> None:
 
     print("\nfloors per workload, two of them:\n- kpool's floor = startup (+ numba's import "
           "- numpy's for a full replay) + kpool's load + the report's encoding in kpool's "
-          "layout (json)\n  and write: what kpool pays today besides the replay;\n- the hard "
-          "floor = the interpreter with numba (full) or numpy (model-only) imported + "
+          "layout and\n  encoder, and its write: what kpool pays today besides the replay;"
+          "\n- the hard floor = the interpreter with numba (full) or numpy (model-only) imported + "
           "libyaml's\n  events of the trace + the report's data encoded by orjson and "
           "written: the least any replay in this stack pays.\n'best' is the figure a "
           "command costing just the hard floor reaches: below the target, the target is "
