@@ -37,12 +37,16 @@ def full_bad(be: ValueBackend, layout) -> list[np.ndarray]:
     return out
 
 
-def check_incremental(t: m.Trace, version: EngineVersion) -> tuple[int, int]:
-    """Replay with the numpy backend; after every ubatch the incremental bad pools must
-    equal a full recomputation, and KP003 must name exactly the tokens that see one.
+def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference"
+                      ) -> tuple[int, int]:
+    """Replay with the numpy backend on `core`; after every ubatch the incremental bad
+    pools must equal a full recomputation, and KP003 must name exactly the tokens that
+    see one. The compiled core's layout knows when its pairs equal the cache's, and the
+    verification then finds the changed pools by looking the changed cells up
+    (`Verifier._candidates`); the reference's never claims it, and it scans.
     Returns (ubatches, ubatches with a bad pool)."""
     be = ValueBackend(t.cache, t.seed, "numpy")
-    rp = Replayer(t, version, be)
+    rp = Replayer(t, version, be, core=core)
     n = n_bad = 0
     for rec in rp.run():
         if not isinstance(rec, UbatchRecord) or rec.aborted:
@@ -135,9 +139,11 @@ def value_traces(draw) -> m.Trace:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
-def test_incremental_bad_pools_equal_a_full_recomputation(t: m.Trace, engine: str) -> None:
-    check_incremental(t, VARIANTS[engine])
+@given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)),
+       core=st.sampled_from(["reference", "compiled"]))
+def test_incremental_bad_pools_equal_a_full_recomputation(t: m.Trace, engine: str,
+                                                          core: str) -> None:
+    check_incremental(t, VARIANTS[engine], core)
 
 
 def test_the_random_traces_reach_bad_pools() -> None:
@@ -148,7 +154,7 @@ def test_the_random_traces_reach_bad_pools() -> None:
               database=None, derandomize=True)
     @given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
     def probe(t: m.Trace, engine: str) -> None:
-        seen.append(check_incremental(t, VARIANTS[engine])[1] > 0)
+        seen.append(check_incremental(t, VARIANTS[engine], "compiled")[1] > 0)
 
     probe()
     assert sum(seen) >= 3, f"{sum(seen)} of {len(seen)} traces reached a bad pool"
@@ -195,8 +201,9 @@ BASE = """
                                          unique=True),
                                 st.lists(st.integers(0, 31), min_size=1, max_size=4,
                                          unique=True)),
-                      min_size=1, max_size=6))
-def test_incremental_check_after_any_row_change(moves) -> None:
+                      min_size=1, max_size=6),
+       core=st.sampled_from(["reference", "compiled"]))
+def test_incremental_check_after_any_row_change(moves, core: str) -> None:
     """Every way a row can change between two checks, applied directly to the backend
     while the layout stays put (no pool new, no sequence rebuilt): the recheck of
     the changed rows' pools must find what a full recomputation finds, and a pooling
@@ -204,7 +211,7 @@ def test_incremental_check_after_any_row_change(moves) -> None:
     included, which an engine's edits rarely reach)."""
     t = trace(BASE)
     be = ValueBackend(t.cache, t.seed, "numpy")
-    rp = Replayer(t, REP_ONCE, be)
+    rp = Replayer(t, REP_ONCE, be, core=core)
     for _ in rp.run():
         pass
     lay = rp.layout
@@ -239,7 +246,7 @@ def test_incremental_check_after_any_row_change(moves) -> None:
                                   .view(np.uint32),
                                   be.kernels.pool(members).view(np.uint32)), (kind, a, b)
         be.verifier.verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs),
-                                             frozenset(), frozenset(), 0))
+                                             frozenset(), frozenset(), 0), rp.cache)
         full = full_bad(be, lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)

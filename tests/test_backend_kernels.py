@@ -204,6 +204,79 @@ def test_dirty_pools_agrees(kpool: int) -> None:
         assert 0 < got.size < starts.size
 
 
+def test_pools_of_pairs_finds_members_and_reps_by_their_pairs() -> None:
+    """By hand, kpool 2, the pairs of the test above (cells 7, 3, 5, 1, 4 at pos
+    10..14; pools at pairs 0 and 2). As members: (11, 3) is pool 0's second, (12, 5)
+    pool 1's first, (14, 4) in no pool: pools 0, 1. As reps: (11, 3) is pool 0's rep,
+    (12, 5) is no pool's rep: pool 0. A pair not among them, (11, 5): None."""
+    cells = np.array([7, 3, 5, 1, 4], np.int64)
+    keys = (np.arange(10, 15, dtype=np.int64) << 32) | cells
+    starts = np.array([0, 2], np.int64)
+
+    def pair(pos: int, cell: int) -> int:
+        return (pos << 32) | cell
+
+    members = np.array([pair(12, 5), pair(11, 3), pair(14, 4)], np.int64)
+    reps = np.array([pair(11, 3), pair(12, 5)], np.int64)
+    none = np.empty(0, np.int64)
+    for k in (kernels, reference):
+        assert k.pools_of_pairs(keys, starts, 2, members, none).tolist() == [0, 1]
+        assert k.pools_of_pairs(keys, starts, 2, none, reps).tolist() == [0]
+        assert k.pools_of_pairs(keys, starts, 2, members, reps).tolist() == [0, 1]
+        assert k.pools_of_pairs(keys, starts[:0], 2, members, reps).tolist() == []
+        assert k.pools_of_pairs(keys, starts, 2, np.array([pair(11, 5)]), none) is None
+        assert k.pools_of_pairs(keys[:0], starts[:0], 2, none, np.array([pair(1, 1)])) is None
+
+
+@pytest.mark.parametrize("kpool", [1, 3, 4])
+def test_pools_of_pairs_agrees_with_the_scan(kpool: int) -> None:
+    """The look-up finds what `dirty_pools` finds by a pass over every pooled pair (and,
+    for reps, what a pass over every pool's rep finds)."""
+    rng = np.random.default_rng(kpool)
+    kv = 4096
+    cells = rng.permutation(kv)[:3000].astype(np.int64)
+    keys = (np.arange(cells.size, dtype=np.int64) * 3 << 32) | cells
+    starts = np.flatnonzero(rng.random(cells.size // kpool) < 0.7).astype(np.int64) * kpool
+    for n in (1, 40, 600):
+        j = np.sort(rng.choice(cells.size, n, replace=False))
+        dirty = np.zeros(kv, bool)
+        dirty[cells[j]] = True
+        none = np.empty(0, np.int64)
+        want = reference.dirty_pools(keys, starts, kpool, dirty)
+        want_rep = np.flatnonzero(dirty[cells[starts + kpool - 1]])
+        for k in (kernels, reference):
+            assert np.array_equal(k.pools_of_pairs(keys, starts, kpool, keys[j], none), want)
+            assert np.array_equal(k.pools_of_pairs(keys, starts, kpool, none, keys[j]),
+                                  want_rep)
+        assert want.size or n == 1  # one pair may fall outside every pool
+
+
+def test_held_pairs_are_each_columns_cells_with_their_pos() -> None:
+    """By hand: a stream of 6 cells; column 0 holds cells 1, 4, column 1 cells 4, 5,
+    column 2 none; positions 10..15. Cells asked: 4, 1, 5, 3: column 0 gets (14, 4),
+    (11, 1) in that order, column 1 (14, 4), (15, 5), column 2 nothing."""
+    has = np.zeros((3, 6), bool)
+    has[0, [1, 4]] = True
+    has[1, [4, 5]] = True
+    pos = np.arange(10, 16, dtype=np.int64)
+    cells = np.array([4, 1, 5, 3], np.int64)
+    for k in (kernels, reference):
+        off, pairs = k.held_pairs(cells, has, pos)
+        assert off.tolist() == [0, 2, 4, 4]
+        assert pairs.tolist() == [(14 << 32) | 4, (11 << 32) | 1, (14 << 32) | 4,
+                                  (15 << 32) | 5]
+
+
+def test_held_pairs_agrees() -> None:
+    rng = np.random.default_rng(7)
+    has = rng.random((64, 2048)) < 0.3
+    pos = rng.integers(0, 1 << 30, 2048).astype(np.int64)
+    cells = rng.integers(0, 2048, 300).astype(np.int64)
+    got, want = kernels.held_pairs(cells, has, pos), reference.held_pairs(cells, has, pos)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert got[1].size > 1000
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
@@ -484,6 +557,12 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("dirty pools", lambda: be.kernels.dirty_pools(
             np.arange(8, dtype=np.int64), np.array([0, 4], np.int32), np.zeros(8, bool)),
          "the pool starts are not a C-contiguous 1-D int64 array"),
+        ("held pairs", lambda: be.kernels.held_pairs(
+            np.array([1]), np.zeros((2, 8), bool), np.zeros(7, np.int64)),
+         "the holders are not a C-contiguous bool array of n x 7"),
+        ("pools of pairs", lambda: be.kernels.pools_of_pairs(
+            np.arange(8, dtype=np.int64), np.array([0, 4]), np.arange(8.0), np.array([1])),
+         "the member pairs are not a C-contiguous 1-D int64 array"),
     ]
     before = state(be)
     for where, call, says in doors:
@@ -494,6 +573,9 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         with refused("dirty pools", "pool 1: a member pair or cell outside the arrays"):
             be.kernels.dirty_pools(np.arange(8, dtype=np.int64), np.array([0, 6]),
                                    np.zeros(8, bool))  # pool 1 would read pairs 6..9
+        with refused("held pairs", "cells[1] is cell 8, outside the stream"):
+            be.kernels.held_pairs(np.array([0, 8]), np.zeros((2, 8), bool),
+                                  np.zeros(8, np.int64))
         with refused("dirty pools", "pool 0: a member pair or cell outside the arrays"):
             be.kernels.dirty_pools(np.arange(8, dtype=np.int64) + 8, np.array([0]),
                                    np.zeros(8, bool))  # cell 8 of an 8-cell stream

@@ -1,10 +1,12 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `kept`, `dirty_pools`), and the time spent inside each
-(`time`, seconds by kernel name: the benchmark's breakdown). The kernels come from
-`kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
-They index the slot arrays (`slots.py`) with slots, never rows, and check nothing.
+`pool`, `scatter`, `gather`, `pools_differ`, `kept`, and the pools a changed row
+dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time spent inside
+each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
+from `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
+The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
+check nothing; the last three read the cache's cells and a sequence's pairs.
 
 Invariant: no kernel is handed an index outside the arrays it reads and writes.
 Each door checks what it is handed against those arrays before the kernel runs
@@ -104,16 +106,38 @@ class GuardedKernels:
         them (a pass over every pool here would cost what the kernel saves); numpy's
         twin indexes safely."""
         where = "dirty pools"
-        for name, a, dt in (("pairs", keys, I64), ("pool starts", starts, I64),
-                            ("dirty cells", dirty, np.dtype(np.bool_))):
-            if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 1 \
-                    or not a.flags.c_contiguous:
-                raise PlanError(f"{where}: the {name} are not a C-contiguous 1-D {dt} array",
-                                where, name)
+        _one_d(where, ("pairs", keys, I64), ("pool starts", starts, I64),
+               ("dirty cells", dirty, np.dtype(np.bool_)))
         try:
             return self._timed(where, self.k.dirty_pools, keys, starts, self.kpool, dirty)
         except IndexError as e:
             raise PlanError(f"{where}: {e}", where, "pool starts") from None
+
+    def pools_of_pairs(self, keys: np.ndarray, starts: np.ndarray, members: np.ndarray,
+                       reps: np.ndarray) -> np.ndarray | None:
+        """The pools of `starts` over the pairs `keys` with a member among the pairs
+        `members` or their rep among `reps`; None if one of those is not in `keys`. The
+        kernel's binary searches read only inside the arrays, whatever they hold."""
+        where = "pools of pairs"
+        _one_d(where, ("pairs", keys, I64), ("pool starts", starts, I64),
+               ("member pairs", members, I64), ("rep pairs", reps, I64))
+        return self._timed(where, self.k.pools_of_pairs, keys, starts, self.kpool, members,
+                           reps)
+
+    def held_pairs(self, cells: np.ndarray, has: np.ndarray, pos: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Per column of a stream's `has`, the pairs of the cells `cells` it holds. The
+        kernel checks each cell against the stream before it reads."""
+        where = "held pairs"
+        _one_d(where, ("cells", cells, I64), ("positions", pos, I64))
+        if type(has) is not np.ndarray or has.dtype != np.bool_ or has.ndim != 2 \
+                or not has.flags.c_contiguous or has.shape[1] != pos.size:
+            raise PlanError(f"{where}: the holders are not a C-contiguous bool array of "
+                            f"n x {pos.size}", where, "holders")
+        try:
+            return self._timed(where, self.k.held_pairs, cells, has, pos)
+        except IndexError as e:
+            raise PlanError(f"{where}: {e}", where, "cells") from None
 
     def _entries(self, where: str, members: np.ndarray, reps: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:
@@ -124,3 +148,12 @@ class GuardedKernels:
         reps = checked_index(reps, 0, n_handed, members.shape[:1], False, where,
                              "rep slots", "slot")
         return members, reps
+
+
+def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:
+    """Each (name, array, dtype): a C-contiguous 1-D array of that dtype, or PlanError."""
+    for name, a, dt in arrays:
+        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 1 \
+                or not a.flags.c_contiguous:
+            raise PlanError(f"{where}: the {name} are not a C-contiguous 1-D {dt} array",
+                            where, name)

@@ -1,5 +1,5 @@
 """The numba kernels of the value backend: key rows, pool, scatter, gather, check, kept,
-and the pools a changed key dirties.
+and the pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`).
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
@@ -41,7 +41,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..cache.cells import CELL_MASK
+from ..cache.cells import CELL_BITS, CELL_MASK
 from ..jit import cache_for
 from ..signals import masked
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
@@ -66,6 +66,7 @@ def _probe() -> None:  # never compiled: numba's cache check runs on it
 CACHE = cache_for(_probe)
 _CACHED = CACHE != ""  # the `cache=` of every kernel
 _CELL_MASK = np.int64(CELL_MASK)
+_CELL_BITS = np.int64(CELL_BITS)
 
 # work (elements) above which the opt-in parallel builds are used
 PARALLEL_MIN_KEYS = 1 << 15
@@ -380,3 +381,129 @@ def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndar
     if n < 0:
         raise IndexError(f"pool {-1 - n}: a member pair or cell outside the arrays")
     return out[:n]
+
+
+@numba.njit("i8(i8[::1], i8[::1], i8, i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+def _pools_of_pairs_into(keys, starts, kpool, members, reps, out):
+    n = 0
+    for which in range(2):
+        wanted = members if which == 0 else reps
+        for w in wanted:
+            lo, hi = 0, keys.size  # the first pair >= w
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if keys[mid] < w:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == keys.size or keys[lo] != w:
+                return -1
+            j = lo
+            lo, hi = 0, starts.size  # the last pool starting at or before j
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if starts[mid] <= j:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            k = lo - 1
+            if k < 0:
+                continue
+            last = starts[k] + kpool - 1
+            if j > last or (which == 1 and j != last):
+                continue
+            i = n  # insert k, keeping out[:n] ascending and distinct
+            while i > 0 and out[i - 1] > k:
+                i -= 1
+            if i > 0 and out[i - 1] == k:
+                continue
+            q = n
+            while q > i:
+                out[q] = out[q - 1]
+                q -= 1
+            out[i] = k
+            n += 1
+    return n
+
+
+def pools_of_pairs(keys: np.ndarray, starts: np.ndarray, kpool: int, members: np.ndarray,
+                   reps: np.ndarray) -> np.ndarray | None:
+    """The pools with one of the pairs `members` among their members, or one of the
+    pairs `reps` as their rep (last member): found by binary search, O(log n) a pair.
+
+    Parameters
+    ----------
+    keys : array of int64, shape (n,), C-contiguous
+        A sequence's pairs, ascending (engine/layout.py `SeqLayout.keys`).
+    starts : array of int64, shape (n_pools,), C-contiguous
+        Its pools' first pairs, ascending.
+    members, reps : arrays of int64, C-contiguous
+        Pairs, `pos << CELL_BITS | cell`.
+
+    Returns
+    -------
+    array of int64, or None
+        Ascending and distinct; None when a pair asked for is not among `keys` (the
+        caller's premise, that they are, does not hold). Reads only inside the arrays.
+    """
+    out = np.empty(members.size + reps.size, dtype=np.int64)
+    n = _pools_of_pairs_into(keys, starts, kpool, members, reps, out)
+    return None if n < 0 else out[:n]
+
+
+@numba.njit("i8(i8[::1], b1[:, ::1], i8[::1])", cache=_CACHED)
+def _held_counts(cells, has, off):
+    n_col, kv = has.shape
+    for c in range(n_col + 1):
+        off[c] = 0
+    for i in range(cells.size):
+        x = cells[i]
+        if x < 0 or x >= kv:
+            return -1 - i
+        for c in range(n_col):
+            if has[c, x]:
+                off[c + 1] += 1
+    for c in range(n_col):
+        off[c + 1] += off[c]
+    return 0
+
+
+@numba.njit("void(i8[::1], b1[:, ::1], i8[::1], i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+def _held_fill(cells, has, pos, off, at, out):
+    n_col = has.shape[0]
+    for c in range(n_col):
+        at[c] = off[c]
+    for i in range(cells.size):
+        x = cells[i]
+        for c in range(n_col):
+            if has[c, x]:
+                out[at[c]] = (pos[x] << _CELL_BITS) | x
+                at[c] += 1
+
+
+def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per sequence column of a stream, the pairs of the cells `cells` it holds.
+
+    Parameters
+    ----------
+    cells : array of int64, shape (n,), C-contiguous
+        Cells of the stream, in any order (a cell listed twice gives its pair twice).
+    has : array of bool, shape (n_col, kv_size), C-contiguous
+        Which column holds which cell (cache/cells.py `Stream.has`).
+    pos : array of int64, shape (kv_size,), C-contiguous
+        Each cell's pos.
+
+    Returns
+    -------
+    (off, pairs) : arrays of int64
+        Column c's pairs, `pos << CELL_BITS | cell`, are pairs[off[c]:off[c + 1]], in
+        the order of `cells`. A cell outside the stream is `IndexError`.
+    """
+    off = np.empty(has.shape[0] + 1, dtype=np.int64)
+    bad = _held_counts(cells, has, off)
+    if bad < 0:
+        raise IndexError(f"cells[{-1 - bad}] is cell {cells[-1 - bad]}, outside the stream")
+    out = np.empty(off[-1], dtype=np.int64)
+    _held_fill(cells, has, pos, off, np.empty(has.shape[0], dtype=np.int64), out)
+    return off, out

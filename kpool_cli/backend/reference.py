@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same seven kernels, in plain numpy.
+"""The numpy twin of `kernels.py`: the same nine kernels, in plain numpy.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
 its numba twin, and the tests hold the two equal bit for bit (float32 arrays
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import rows_equal, rows_max, unique
-from ..cache.cells import CELL_MASK
+from ..cache.cells import CELL_MASK, make_keys
 from .keys import POW2, key_rows_from_state
 
 
@@ -127,3 +127,33 @@ def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndar
     ok = k >= 0
     ok[ok] &= j[ok] < starts[k[ok]] + kpool
     return unique(k[ok])
+
+
+def pools_of_pairs(keys: np.ndarray, starts: np.ndarray, kpool: int, members: np.ndarray,
+                   reps: np.ndarray) -> np.ndarray | None:
+    """The pools with one of the pairs `members` among their members, or one of `reps`
+    as their rep: ascending, distinct; None when a pair asked for is not in `keys`."""
+    found = []
+    for wanted, rep_only in ((members, False), (reps, True)):
+        j = np.searchsorted(keys, wanted)
+        if wanted.size and (j.max() >= keys.size or (keys[j] != wanted).any()):
+            return None
+        if starts.size == 0:
+            continue
+        k = np.searchsorted(starts, j, side="right") - 1
+        last = starts[np.maximum(k, 0)] + kpool - 1
+        ok = (k >= 0) & ((j == last) if rep_only else (j <= last))
+        found.append(k[ok])
+    return unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+
+
+def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per column of `has`, the pairs of the cells `cells` it holds, in the order of
+    `cells`: column c's are pairs[off[c]:off[c + 1]]."""
+    col, i = np.nonzero(has[:, cells])
+    order = np.argsort(col, kind="stable")  # nonzero walks column by column already
+    col, i = col[order], i[order]
+    off = np.concatenate(([0], np.cumsum(np.bincount(col, minlength=has.shape[0]))))
+    held = cells[i]
+    return off.astype(np.int64), make_keys(pos[held], held)

@@ -308,7 +308,7 @@ class ValueBackend:
         rules read: which race groups write equal values, the bad pools of every
         sequence, and what the first bad pool of each holds."""
         equal = self._scatter(ctx)
-        self.verifier.verify(ctx.layout, ctx.change)
+        self.verifier.verify(ctx.layout, ctx.change, ctx.cache)
         bad = self.verifier.bad
         first_bad = {}
         for s, b in enumerate(bad):

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..arrays import unique
 from ..cache.cells import global_row
-from ..cache.kv import Reach
+from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
@@ -97,15 +97,19 @@ class Verifier:
             bad |= self.writers.raced(reps)
         return bad
 
-    def _candidates(self, layout: Layout, change: LayoutChange, s: int,
-                    rep_dirty: np.ndarray | None) -> np.ndarray | None:
+    def _candidates(self, layout: Layout, change: LayoutChange, s: int, cache: KvCache,
+                    dirty: _DirtyPairs) -> np.ndarray | None:
         """Pools of s to recheck (ascending, distinct), or None for all of them.
-        `bad[s]` has been cut to the pools the update kept; `rep_dirty`: s's pools whose
-        rep row's pooled slot changed (`_rep_dirty`), None when none did.
+        `bad[s]` has been cut to the pools the update kept.
 
-        A pool's member that changed is found among the pairs pools cover (up to the
-        last pool's end): the pairs past it, the tail a decode just appended, are in no
-        pool yet."""
+        Where the layout knows s's pairs equal the cache's (`Layout.known_equal`), the
+        pools whose member key or rep row changed are found from the changed rows
+        alone: each changed cell s holds is the pair (its pos, the cell) among s's,
+        found by binary search (`pools_of_pairs`): O(rows changed), whatever the
+        context. Elsewhere they are found by a pass over s's pooled pairs and rep rows
+        (`dirty_pools`, `_rep_dirty`). A pool's member that changed is found among the
+        pairs pools cover: the pairs past the last pool, the tail a decode just
+        appended, are in no pool yet."""
         sq = layout.seqs[s]
         n_p = len(sq.pools)
         if self._all_dirty:
@@ -113,17 +117,40 @@ class Verifier:
         parts = []
         if change.kept[s] < n_p:
             parts.append(change.new_pools(s, n_p))
-        if rep_dirty is not None:
-            parts.append(rep_dirty)
-        if self._kdirty_rows and n_p:
-            first = global_row(sq.strm, 0, self.kv_size)
-            k = self.kernels.dirty_pools(sq.keys.view, sq.pools.view,
-                                         self._kdirty[first:first + self.kv_size])
-            if k.size:
-                parts.append(k)
+        if n_p and (self._kdirty_rows or self._pdirty_rows):
+            found = None
+            pairs = dirty.of(s) if layout.known_equal(cache, s) else None
+            if pairs is not None:
+                members, reps = pairs
+                found = (self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members,
+                                                     reps)
+                         if members.size or reps.size else members)
+            if found is None:  # not known equal, too many rows, or (against the premise)
+                # a pair missing
+                found = self._scanned(layout, s, dirty)
+            if found.size:
+                parts.append(found)
         if len(parts) == 1:
             return parts[0]
         return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+    def _scanned(self, layout: Layout, s: int, dirty: _DirtyPairs) -> np.ndarray:
+        """s's pools with a changed member key (a pass over its pooled pairs) or a
+        changed rep row (`_rep_dirty`, one pass over every pool's rep row)."""
+        sq = layout.seqs[s]
+        found = []
+        if self._kdirty_rows:
+            first = global_row(sq.strm, 0, self.kv_size)
+            found.append(self.kernels.dirty_pools(sq.keys.view, sq.pools.view,
+                                                  self._kdirty[first:first + self.kv_size]))
+        if dirty.rep_scan is None:
+            dirty.rep_scan = self._rep_dirty(layout)
+        rep = dirty.rep_scan[s]
+        if rep is not None:
+            found.append(rep)
+        if len(found) == 1:
+            return found[0]
+        return unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
 
     def _rep_dirty(self, layout: Layout) -> list[np.ndarray | None]:
         """Per sequence, its pools whose rep row's pooled slot changed (one look-up over
@@ -140,15 +167,16 @@ class Verifier:
                     out[s] = hit[cut[s]:cut[s + 1]] - start[s]
         return out
 
-    def verify(self, layout: Layout, change: LayoutChange) -> None:
+    def verify(self, layout: Layout, change: LayoutChange, cache: KvCache) -> None:
         """Recheck the pools whose verdict may have changed since the last ubatch: the
-        new or regrouped ones, and those whose member keys or rep row changed."""
-        rep_dirty = self._rep_dirty(layout)
+        new or regrouped ones, and those whose member keys or rep row changed. `cache`:
+        the cache the layout was updated from (as it is now)."""
+        dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
         todo: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
         for s, sq in enumerate(layout.seqs):
             n_p = len(sq.pools)
             self.bad[s] = self.bad[s][:change.kept[s]]
-            cand = self._candidates(layout, change, s, rep_dirty[s])
+            cand = self._candidates(layout, change, s, cache, dirty)
             if cand is None:
                 self.bad[s] = np.zeros(n_p, dtype=bool)
                 cand = np.arange(n_p, dtype=np.int64)
@@ -175,3 +203,58 @@ class Verifier:
         self._kdirty_rows.clear()
         self._pdirty_rows.clear()
         self._all_dirty = False
+
+
+_NO_PAIRS = np.empty(0, dtype=np.int64)
+
+
+class _DirtyPairs:
+    """One verification's changed rows as pairs per sequence: for each changed cell,
+    the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
+    member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
+    a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) `of`
+    gives None: a pass over the pairs costs less than that many look-ups. `rep_scan`:
+    the scan's `_rep_dirty`, once some sequence needs it."""
+
+    LOOKUP_MAX_ROWS = 4096
+
+    def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
+                 pdirty: list[np.ndarray]) -> None:
+        self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
+        self._held: tuple[dict, dict] | None = None
+        self.rep_scan: list[np.ndarray | None] | None = None
+
+    def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
+        if self._held is None:
+            n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
+            if n > self.LOOKUP_MAX_ROWS:
+                return None
+            self._held = self._pairs(self.kdirty), self._pairs(self.pdirty)
+        t = self.cache.stream_of(s)
+        st = self.cache.streams[t]
+        c = st.column(s)
+        out = []
+        for held in self._held:
+            got = held.get(t)
+            out.append(_NO_PAIRS if got is None else got[1][got[0][c]:got[0][c + 1]])
+        return out[0], out[1]
+
+    def _pairs(self, rows_list: list[np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per stream with a changed row: `held_pairs` of its changed cells."""
+        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if not rows_list:
+            return out
+        rows = rows_list[0] if len(rows_list) == 1 else np.concatenate(rows_list)
+        streams = self.cache.streams
+        if len(streams) == 1:
+            st = streams[0]
+            out[0] = self.kernels.held_pairs(rows, st.has, st.pos)
+            return out
+        kv = self.cache.config.kv_size
+        strm = rows // kv
+        for t in unique(strm).tolist():
+            st = streams[t]
+            out[t] = self.kernels.held_pairs(rows[strm == t] - global_row(t, 0, kv), st.has,
+                                             st.pos)
+        return out

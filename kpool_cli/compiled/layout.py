@@ -164,11 +164,15 @@ class CompiledLayout(Layout):
             last[a:b] = sq.rep_pos()[kk[a:b]]
         return seq, kk, first, last
 
+    def known_equal(self, cache: KvCache, s: int) -> bool:
+        """The update found s's pairs equal to the cache's, and nothing touched s since."""
+        return self._equal[s] and s not in cache.stream(s).touched
+
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:
         """Layout.drift: none while the pairs are known equal to the cache's (the
         update's flag, and nothing touched s since); else `kernels.first_difference`."""
-        if self._equal[s] and s not in cache.stream(s).touched:
+        if self.known_equal(cache, s):
             return None
         have = self.seqs[s].keys.view
         want = cache.seq_keys(s)

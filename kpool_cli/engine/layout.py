@@ -326,6 +326,13 @@ class Layout:
                                 else np.empty(0, dtype=np.int64))
         return self._pool_cells
 
+    def known_equal(self, cache: KvCache, s: int) -> bool:
+        """Whether sequence s's pairs are known, without a look, to equal the cache's
+        (its cells as they are now). The reference never claims it: its readers look
+        (`drift`) or scan. A True lets a reader find a cell's pair by its pos in the
+        cache (the value backend's verification)."""
+        return False
+
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:
         """ENGINE.md §8 KP007: where sequence s's pairs differ from a rebuild from its
