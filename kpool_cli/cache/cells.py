@@ -126,6 +126,10 @@ class SortedKeys(GrowArray):
         cur = self._a[: self._n]
         idx = np.searchsorted(cur, keys)
         assert np.all(cur[idx] == keys), "removing a key that is not in the set"
+        lo = self._n - keys.size
+        if int(idx.min()) == lo and np.array_equal(np.sort(idx), np.arange(lo, self._n)):
+            self._n = lo  # the tail (a rejected draft's seq_rm): O(keys), not O(set)
+            return
         keep = np.ones(self._n, dtype=bool)
         keep[idx] = False
         rest = cur[keep]
