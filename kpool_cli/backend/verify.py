@@ -221,24 +221,31 @@ class _DirtyPairs:
     def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
                  pdirty: list[np.ndarray]) -> None:
         self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
-        self._held: tuple[dict, dict] | None = None
+        self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self.rep_scan: list[np.ndarray | None] | None = None
 
     def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
-        if self._held is None:
+        if self._by_seq is None:
             n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
             if n > self.LOOKUP_MAX_ROWS:
                 return None
-            self._held = self._pairs(self.kdirty), self._pairs(self.pdirty)
-        t = self.cache.stream_of(s)
-        st = self.cache.streams[t]
-        c = st.column(s)
-        out = []
-        for held in self._held:
-            got = held.get(t)
-            out.append(_NO_PAIRS if got is None else got[1][got[0][c]:got[0][c + 1]])
-        return out[0], out[1]
+            self._by_seq = self._split(self._pairs(self.kdirty), self._pairs(self.pdirty))
+        return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
+
+    def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],
+               reps: dict[int, tuple[np.ndarray, np.ndarray]]
+               ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per sequence holding a changed cell, its (member pairs, rep pairs)."""
+        out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for which, held in enumerate((members, reps)):
+            for t, (off, pairs) in held.items():
+                ids = self.cache.streams[t].seq_ids
+                for c in np.flatnonzero(off[1:] > off[:-1]).tolist():
+                    got = pairs[off[c]:off[c + 1]]
+                    m, r = out.get(ids[c], (_NO_PAIRS, _NO_PAIRS))
+                    out[ids[c]] = (got, r) if which == 0 else (m, got)
+        return out
 
     def _pairs(self, rows_list: list[np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Per stream with a changed row: `held_pairs` of its changed cells."""
