@@ -5,7 +5,9 @@ since they were last checked (`touch`: per-row masks of the rows whose key/gate
 changed and of the rows whose pooled slot changed, 2 bytes a row next to the
 cache's ~37, and the rows set in them; or everything, after a clear), the
 incremental verification (`verify`: the new or regrouped pools, and those whose
-member keys or rep row changed) and the full check of given pools (`differ`, the
+member keys or rep row changed, found by looking the changed cells up where the
+layout knows a sequence's pairs equal the cache's, else by a pass over its pools)
+and the full check of given pools (`differ`, the
 oracle the tests hold `verify` to). `pools_checked` counts the pools rechecked.
 
 Invariants:
@@ -19,8 +21,8 @@ Invariants:
 - a mask is True only at rows of its dirty-row list, so `verify` resets it at
   those rows alone (O(rows changed), not O(n_rows)): all False after `verify`.
 
-Memory: `bytes_held` (the masks), `bytes_bound` (the masks and a ubatch's dirty
-rows).
+Memory: `bytes_held` (the masks), `bytes_bound` (the masks, a ubatch's dirty rows
+and the pairs a verification looks up).
 """
 
 from __future__ import annotations
@@ -62,8 +64,11 @@ class Verifier:
 
     @classmethod
     def bytes_bound(cls, config: CacheConfig, reach: Reach) -> int:
-        """Bytes the masks hold (per global row), and a ubatch's dirty rows."""
-        return config.n_rows * cls.ROW_BYTES + 8 * 8 * reach.decode_tokens
+        """Bytes the masks hold (per global row), a ubatch's dirty rows, and the pairs
+        a verification looks up (at most `LOOKUP_MAX_ROWS` rows, each held by up to
+        every sequence, as members and as reps)."""
+        return (config.n_rows * cls.ROW_BYTES + 8 * 8 * reach.decode_tokens
+                + 2 * 8 * _DirtyPairs.LOOKUP_MAX_ROWS * config.n_seq_max)
 
     def bytes_held(self) -> int:
         """Bytes of the masks (the dirty-row lists of one ubatch not counted)."""
@@ -125,8 +130,7 @@ class Verifier:
                 found = (self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members,
                                                      reps)
                          if members.size or reps.size else members)
-            if found is None:  # not known equal, too many rows, or (against the premise)
-                # a pair missing
+            if found is None:  # not known equal, too many rows, or a pair not found
                 found = self._scanned(layout, s, dirty)
             if found.size:
                 parts.append(found)
@@ -222,16 +226,17 @@ class _DirtyPairs:
                  pdirty: list[np.ndarray]) -> None:
         self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self.scan_all = False
         self.rep_scan: list[np.ndarray | None] | None = None
 
     def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
         if self._by_seq is None:
             n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
-            if n > self.LOOKUP_MAX_ROWS:
-                return None
-            self._by_seq = self._split(self._pairs(self.kdirty), self._pairs(self.pdirty))
-        return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
+            self._by_seq = (self._split(self._pairs(self.kdirty), self._pairs(self.pdirty))
+                            if n <= self.LOOKUP_MAX_ROWS else {})
+            self.scan_all = n > self.LOOKUP_MAX_ROWS
+        return None if self.scan_all else self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],
                reps: dict[int, tuple[np.ndarray, np.ndarray]]
