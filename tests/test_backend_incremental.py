@@ -37,15 +37,15 @@ def full_bad(be: ValueBackend, layout) -> list[np.ndarray]:
     return out
 
 
-def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference"
-                      ) -> tuple[int, int]:
+def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference",
+                      backend: str = "numpy") -> tuple[int, int]:
     """Replay with the numpy backend on `core`; after every ubatch the incremental bad
     pools must equal a full recomputation, and KP003 must name exactly the tokens that
     see one. The compiled core's layout knows when its pairs equal the cache's, and the
     verification then finds the changed pools by looking the changed cells up
     (`Verifier._candidates`); the reference's never claims it, and it scans.
     Returns (ubatches, ubatches with a bad pool)."""
-    be = ValueBackend(t.cache, t.seed, "numpy")
+    be = ValueBackend(t.cache, t.seed, backend)
     rp = Replayer(t, version, be, core=core)
     n = n_bad = 0
     for rec in rp.run():
@@ -179,9 +179,11 @@ def test_incremental_check_on_a_scripted_trace() -> None:
           - state_read: {seq: 0, slot: a}
           - decode: {seq: 0, pos: 4..9}
         """)
-    for engine in ENGINES:
-        n, n_bad = check_incremental(t, VERSIONS[engine])
-        assert n > 5 and n_bad > 0
+    for engine in ENGINES:  # both verification paths, each with numba's kernels too
+        for core, backend in (("reference", "numpy"), ("compiled", "numpy"),
+                              ("reference", "numba"), ("compiled", "numba")):
+            n, n_bad = check_incremental(t, VERSIONS[engine], core, backend)
+            assert n > 5 and n_bad > 0
 
 
 BASE = """

@@ -569,16 +569,18 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         with refused(where, says):
             call()
         assert state(be) == before, (where, says)
-    if backend == "numba":  # the kernel checks what it reads (numpy's twin indexes safely)
-        with refused("dirty pools", "pool 1: a member pair or cell outside the arrays"):
-            be.kernels.dirty_pools(np.arange(8, dtype=np.int64), np.array([0, 6]),
-                                   np.zeros(8, bool))  # pool 1 would read pairs 6..9
-        with refused("held pairs", "cells[1] is cell 8, outside the stream"):
-            be.kernels.held_pairs(np.array([0, 8]), np.zeros((2, 8), bool),
+    # the kernels check each index as they read it (numpy's twins, before they read)
+    for cells in ([0, 8], [0, -1]):
+        with refused("held pairs", f"cells[1] is cell {cells[1]}, outside the stream"):
+            be.kernels.held_pairs(np.array(cells), np.zeros((2, 8), bool),
                                   np.zeros(8, np.int64))
-        with refused("dirty pools", "pool 0: a member pair or cell outside the arrays"):
-            be.kernels.dirty_pools(np.arange(8, dtype=np.int64) + 8, np.array([0]),
-                                   np.zeros(8, bool))  # cell 8 of an 8-cell stream
+    for starts in ([0, 6], [0, -1], [0, (1 << 63) - 1]):  # pool 1 would read past the pairs
+        with refused("dirty pools", "pool 1: a member pair or cell outside the arrays"):
+            be.kernels.dirty_pools(np.arange(8, dtype=np.int64), np.array(starts),
+                                   np.zeros(8, bool))
+    with refused("dirty pools", "pool 0: a member pair or cell outside the arrays"):
+        be.kernels.dirty_pools(np.arange(8, dtype=np.int64) + 8, np.array([0]),
+                               np.zeros(8, bool))  # cell 8 of an 8-cell stream
     pooled = be.slots.pooled
     be.slots.pooled = np.asfortranarray(pooled)
     with refused("gather", "the pooled array is float32"):

@@ -176,3 +176,18 @@ def test_a_report_value_is_compact_ascii_json_that_reads_back(value):
     assert text.isascii()
     assert ", " not in text and '": ' not in text
     assert json.loads(text) == json.loads(json.dumps(value))  # int keys become strings
+
+
+def test_a_report_value_json_cannot_write_is_refused_as_json_refuses_it():
+    """A dataclass or a datetime leaking into a record is a kpool bug: `dumps` refuses
+    it (TypeError, as json does) rather than writing what orjson would make of it."""
+    import dataclasses
+    import datetime
+
+    @dataclasses.dataclass
+    class Leak:
+        x: int = 1
+
+    for value in ({"x": Leak()}, {"t": datetime.datetime(2026, 12, 3)}):
+        with pytest.raises(TypeError):
+            dumps(value)

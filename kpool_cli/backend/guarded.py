@@ -6,10 +6,13 @@ dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time spent insi
 each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
 from `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing; the last three read the cache's cells and a sequence's pairs.
+check nothing. The last three read a sequence's pairs, a dirty-cell mask or a
+stream's cells: their doors check types and shapes, and the kernels check each
+index as they read it (a pass over them at the door would cost what the kernels
+save), refusing with `IndexError`, which the door turns into `PlanError`.
 
-Invariant: no kernel is handed an index outside the arrays it reads and writes.
-Each door checks what it is handed against those arrays before the kernel runs
+Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
+checks what it is handed against those arrays before the kernel runs
 (`SlotTable.check_tables`: float32, C-contiguous, n_embd wide, a row for every slot
 handed out; `guards.checked_index`: slots in use, sources within the values, shapes
 that agree, distinct slots where one iteration writes each) and raises `PlanError`

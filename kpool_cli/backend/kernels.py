@@ -343,7 +343,7 @@ def _dirty_pools_into(keys, starts, kpool, dirty, out):
     n = 0
     for k in range(starts.size):
         j0 = starts[k]
-        if j0 < 0 or j0 + kpool > keys.size:
+        if j0 < 0 or j0 > keys.size - kpool:
             return -1 - k
         for q in range(kpool):
             c = keys[j0 + q] & _CELL_MASK

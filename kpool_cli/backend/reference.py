@@ -121,6 +121,12 @@ def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndar
     ascending, distinct. `keys[starts[k]:+kpool]` are pool k's members."""
     if starts.size == 0:
         return np.empty(0, dtype=np.int64)
+    j = starts[:, None] + np.arange(kpool)
+    out = (starts < 0) | (starts > keys.size - kpool)
+    out[~out] = (keys[j[~out]] & CELL_MASK >= dirty.size).any(axis=1)
+    if out.any():  # what the kernel refuses (it stops at a pool's first dirty member)
+        raise IndexError(f"pool {int(np.argmax(out))}: a member pair or cell outside the "
+                         "arrays")
     pooled = keys[:int(starts[-1]) + kpool]
     j = np.flatnonzero(dirty[pooled & CELL_MASK])
     k = np.searchsorted(starts, j, side="right") - 1
@@ -151,9 +157,11 @@ def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
     """Per column of `has`, the pairs of the cells `cells` it holds, in the order of
     `cells`: column c's are pairs[off[c]:off[c + 1]]."""
-    col, i = np.nonzero(has[:, cells])
-    order = np.argsort(col, kind="stable")  # nonzero walks column by column already
-    col, i = col[order], i[order]
+    outside = np.flatnonzero((cells < 0) | (cells >= has.shape[1]))
+    if outside.size:
+        k = int(outside[0])
+        raise IndexError(f"cells[{k}] is cell {cells[k]}, outside the stream")
+    col, i = np.nonzero(has[:, cells])  # column by column, each in the order of cells
     off = np.concatenate(([0], np.cumsum(np.bincount(col, minlength=has.shape[0]))))
     held = cells[i]
     return off.astype(np.int64), make_keys(pos[held], held)

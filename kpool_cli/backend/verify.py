@@ -65,10 +65,10 @@ class Verifier:
     @classmethod
     def bytes_bound(cls, config: CacheConfig, reach: Reach) -> int:
         """Bytes the masks hold (per global row), a ubatch's dirty rows, and the pairs
-        a verification looks up (at most `LOOKUP_MAX_ROWS` rows, each held by up to
-        every sequence, as members and as reps)."""
+        a verification looks up (at most `LOOKUP_MAX_ROWS` rows in both lists, each
+        held by up to every sequence)."""
         return (config.n_rows * cls.ROW_BYTES + 8 * 8 * reach.decode_tokens
-                + 2 * 8 * _DirtyPairs.LOOKUP_MAX_ROWS * config.n_seq_max)
+                + 8 * _DirtyPairs.LOOKUP_MAX_ROWS * config.n_seq_max)
 
     def bytes_held(self) -> int:
         """Bytes of the masks (the dirty-row lists of one ubatch not counted)."""
@@ -134,9 +134,7 @@ class Verifier:
                 found = self._scanned(layout, s, dirty)
             if found.size:
                 parts.append(found)
-        if len(parts) == 1:
-            return parts[0]
-        return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+        return _union(parts)
 
     def _scanned(self, layout: Layout, s: int, dirty: _DirtyPairs) -> np.ndarray:
         """s's pools with a changed member key (a pass over its pooled pairs) or a
@@ -152,9 +150,7 @@ class Verifier:
         rep = dirty.rep_scan[s]
         if rep is not None:
             found.append(rep)
-        if len(found) == 1:
-            return found[0]
-        return unique(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
+        return _union(found)
 
     def _rep_dirty(self, layout: Layout) -> list[np.ndarray | None]:
         """Per sequence, its pools whose rep row's pooled slot changed (one look-up over
@@ -212,6 +208,13 @@ class Verifier:
 _NO_PAIRS = np.empty(0, dtype=np.int64)
 
 
+def _union(parts: list[np.ndarray]) -> np.ndarray:
+    """The ascending distinct union of `parts` (each ascending and distinct)."""
+    if len(parts) == 1:
+        return parts[0]
+    return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+
 class _DirtyPairs:
     """One verification's changed rows as pairs per sequence: for each changed cell,
     the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
@@ -233,9 +236,15 @@ class _DirtyPairs:
         """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
         if self._by_seq is None:
             n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
-            self._by_seq = (self._split(self._pairs(self.kdirty), self._pairs(self.pdirty))
-                            if n <= self.LOOKUP_MAX_ROWS else {})
             self.scan_all = n > self.LOOKUP_MAX_ROWS
+            self._by_seq = {}
+            if not self.scan_all:
+                members = self._pairs(self.kdirty)
+                # a decode's rows are touched as keys and as pooled rows alike
+                same = len(self.kdirty) == len(self.pdirty) and all(
+                    a is b for a, b in zip(self.kdirty, self.pdirty, strict=True))
+                self._by_seq = self._split(members, members if same else
+                                           self._pairs(self.pdirty))
         return None if self.scan_all else self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],

@@ -188,10 +188,6 @@ class Stream:
 
     # -- queries ---------------------------------------------------------------
 
-    def column(self, s: int) -> int:
-        """Sequence s's row of `has`."""
-        return self._col[s]
-
     def cells_of(self, s: int) -> np.ndarray:
         """Sorted keys (pos << 32 | cell) of s's cells."""
         return self.seq_keys[s].view

@@ -44,6 +44,10 @@ from ..signals import held
 from ..trace.load import TraceError
 from ..trace.model import Trace
 
+# int keys written as json writes them; a dataclass or datetime refused, as json does
+_ORJSON = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+           | orjson.OPT_PASSTHROUGH_DATETIME)
+
 
 def dumps(value: object) -> str:
     """One JSON value of the report, compact and ASCII-only. orjson encodes it (about
@@ -52,7 +56,7 @@ def dumps(value: object) -> str:
     included) or orjson refuses the value (a lone surrogate), `json` writes it with
     `\\u` escapes instead, so no report carries a raw non-ASCII character."""
     try:
-        raw = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)  # int keys as json does
+        raw = orjson.dumps(value, option=_ORJSON)
         if raw.isascii():
             return raw.decode("ascii")
     except orjson.JSONEncodeError:
