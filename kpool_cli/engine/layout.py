@@ -105,8 +105,10 @@ def by_sequence(seq: np.ndarray) -> list[tuple[int, np.ndarray]]:
     if bool((seq == seq[0]).all()):
         return [(int(seq[0]), np.arange(seq.size, dtype=np.int64))]
     order = np.argsort(seq, kind="stable")
-    cut = np.flatnonzero(np.diff(seq[order])) + 1
-    return [(int(seq[g[0]]), g) for g in np.split(order, cut)]
+    ids = seq[order]
+    cut = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), seq.size]
+    first = ids[cut[:-1]].tolist()
+    return [(s, order[a:b]) for s, a, b in zip(first, cut[:-1], cut[1:], strict=True)]
 
 
 def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order: bool
