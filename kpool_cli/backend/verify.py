@@ -127,9 +127,13 @@ class Verifier:
             pairs = dirty.of(s) if layout.known_equal(cache, s) else None
             if pairs is not None:
                 members, reps = pairs
+                # pairs past the last pooled one (the tail a decode just appended) are
+                # in no pool: most ubatches' only changed pairs, found without a search
+                last = int(sq.keys.view[int(sq.pools.view[-1]) + self.kpool - 1])
                 found = (self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members,
                                                      reps)
-                         if members.size or reps.size else members)
+                         if (members.size and int(members.min()) <= last)
+                         or (reps.size and int(reps.min()) <= last) else _NO_PAIRS)
             if found is None:  # not known equal, too many rows, or a pair not found
                 found = self._scanned(layout, s, dirty)
             if found.size:
