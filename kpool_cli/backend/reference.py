@@ -119,20 +119,15 @@ def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndar
                 ) -> np.ndarray:
     """The pools (indices into `starts`) one of whose members' cells is `dirty`:
     ascending, distinct. `keys[starts[k]:+kpool]` are pool k's members."""
-    if starts.size == 0:
-        return np.empty(0, dtype=np.int64)
     j = starts[:, None] + np.arange(kpool)
-    out = (starts < 0) | (starts > keys.size - kpool)
-    out[~out] = (keys[j[~out]] & CELL_MASK >= dirty.size).any(axis=1)
-    if out.any():  # what the kernel refuses (it stops at a pool's first dirty member)
-        raise IndexError(f"pool {int(np.argmax(out))}: a member pair or cell outside the "
+    bad = (starts < 0) | (starts > keys.size - kpool)
+    cells = np.zeros(j.shape, dtype=np.int64)
+    cells[~bad] = keys[j[~bad]] & CELL_MASK
+    bad |= (cells >= dirty.size).any(axis=1)
+    if bad.any():  # what the kernel refuses (it stops at a pool's first dirty member)
+        raise IndexError(f"pool {int(np.argmax(bad))}: a member pair or cell outside the "
                          "arrays")
-    pooled = keys[:int(starts[-1]) + kpool]
-    j = np.flatnonzero(dirty[pooled & CELL_MASK])
-    k = np.searchsorted(starts, j, side="right") - 1
-    ok = k >= 0
-    ok[ok] &= j[ok] < starts[k[ok]] + kpool
-    return unique(k[ok])
+    return np.flatnonzero(dirty[cells].any(axis=1)).astype(np.int64)
 
 
 def pools_of_pairs(keys: np.ndarray, starts: np.ndarray, kpool: int, members: np.ndarray,

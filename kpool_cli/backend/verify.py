@@ -32,7 +32,7 @@ import numpy as np
 from ..arrays import unique
 from ..cache.cells import global_row
 from ..cache.kv import KvCache, Reach
-from ..engine.layout import Layout, LayoutChange
+from ..engine.layout import Layout, LayoutChange, SeqLayout
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
@@ -123,22 +123,25 @@ class Verifier:
         if change.kept[s] < n_p:
             parts.append(change.new_pools(s, n_p))
         if n_p and (self._kdirty_rows or self._pdirty_rows):
-            found = None
             pairs = dirty.of(s) if layout.known_equal(cache, s) else None
-            if pairs is not None:
-                members, reps = pairs
-                # pairs past the last pooled one (the tail a decode just appended) are
-                # in no pool: most ubatches' only changed pairs, found without a search
-                last = int(sq.keys.view[int(sq.pools.view[-1]) + self.kpool - 1])
-                found = (self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members,
-                                                     reps)
-                         if (members.size and int(members.min()) <= last)
-                         or (reps.size and int(reps.min()) <= last) else _NO_PAIRS)
+            found = None if pairs is None else self._looked_up(sq, *pairs)
             if found is None:  # not known equal, too many rows, or a pair not found
                 found = self._scanned(layout, s, dirty)
             if found.size:
                 parts.append(found)
         return _union(parts)
+
+    def _looked_up(self, sq: SeqLayout, members: np.ndarray, reps: np.ndarray
+                   ) -> np.ndarray | None:
+        """sq's pools with one of the pairs `members` as a member or one of `reps` as
+        their rep (`pools_of_pairs`; None if one is not among sq's pairs). Pairs past
+        the last pooled one, the tail a decode just appended, are in no pool: most
+        ubatches' only changed pairs, answered without the search."""
+        last = int(sq.keys.view[int(sq.pools.view[-1]) + self.kpool - 1])
+        if (members.size == 0 or int(members.min()) > last) and \
+                (reps.size == 0 or int(reps.min()) > last):
+            return _NO_PAIRS
+        return self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members, reps)
 
     def _scanned(self, layout: Layout, s: int, dirty: _DirtyPairs) -> np.ndarray:
         """s's pools with a changed member key (a pass over its pooled pairs) or a
