@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from test_diff_inputs import RACE, diff, mutated, refused, save
 
 from kpool_cli.cli import cli
-from kpool_cli.contracts.finding import Finding, PoolIds
+from kpool_cli.contracts.finding import Finding, PoolIds, RowIds
 from kpool_cli.contracts.records import Pools
 from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.report.json_report import (
@@ -159,6 +159,21 @@ def test_finding_pools_compare_as_the_pairs_they_stand_for():
     assert list(f.pools) == [(1, 2), (0, 5)] and len(f.pools) == 2
     assert f == Finding(CODES["KP001"], "m", pools=PoolIds.of(np.array([1, 0]), np.array([2, 5])))
     assert not Finding(CODES["KP001"], "m").pools
+
+
+def test_finding_rows_compare_as_the_ints_they_stand_for():
+    """A finding given rows as an array, a list or a tuple holds them as RowIds, one
+    read-only array: equal to the same ints as a tuple or as RowIds (so a finding
+    built from an array equals one built from a tuple, and hashes alike with it as
+    RowIds), unequal to others, iterating plain ints in order."""
+    f = Finding(CODES["KP001"], "m", rows=np.array([7, 3, 11]))
+    assert f.rows == (7, 3, 11) and f.rows == RowIds([7, 3, 11]) and (7, 3, 11) == f.rows
+    assert f.rows != (3, 7, 11) and f.rows != RowIds([7, 3]) and f.rows != (7, 3, 11, 0)
+    assert list(f.rows) == [7, 3, 11] and all(type(r) is int for r in f.rows)
+    assert f == Finding(CODES["KP001"], "m", rows=(7, 3, 11))
+    assert hash(f) == hash(Finding(CODES["KP001"], "m", rows=[7, 3, 11]))
+    assert not f.rows.array.flags.writeable and not Finding(CODES["KP001"], "m").rows
+    assert repr(f.rows) == "RowIds((7, 3, 11))"
 
 
 @pytest.mark.parametrize("value", [

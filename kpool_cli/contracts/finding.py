@@ -3,8 +3,9 @@ their parts.
 
 Owns: `Code` (a code's number, name, severity, one-line summary: what a rule module
 declares), `Finding` (which carries its `Code` whole, so its name and severity need
-no registry), `PoolIds` (the pools a finding names, as one array), the severities
-and `EVIDENCE_ROWS`. Imports nothing of kpool: every layer may read findings.
+no registry), `RowIds` and `PoolIds` (the rows and the pools a finding names, each
+as one array), the severities and `EVIDENCE_ROWS`. Imports nothing of kpool: every
+layer may read findings.
 
 Codes are a public contract: never renumber one, never reuse a retired one.
 """
@@ -42,22 +43,20 @@ class Code:
         assert self.severity in SEVERITIES, self.severity
 
 
-class PoolIds:
-    """The (seq, k) pools a finding names, in order, held as one int64 array [n, 2]
-    (a re-pool-all race names every pool of the cache). Iterates, compares and hashes
-    as the tuple of (seq, k) pairs it stands for; `array` is a read-only view."""
+class _Ids:
+    """Ids a finding names, held as one read-only int64 array of `_SHAPE` (a
+    re-pool-all race names every row and pool of the cache, and the rules hand over
+    the arrays they computed); it iterates, compares and hashes as the tuple it
+    stands for."""
 
     __slots__ = ("_a",)
+    _SHAPE: tuple[int, ...] = (-1,)
 
-    def __init__(self, pairs: Iterable[tuple[int, int]] | np.ndarray = ()) -> None:
-        a = np.array(pairs if isinstance(pairs, np.ndarray) else list(pairs), dtype=np.int64)
-        a = a.reshape(-1, 2)
+    def __init__(self, ids: Iterable | np.ndarray = ()) -> None:
+        a = np.array(ids if isinstance(ids, np.ndarray) else list(ids), dtype=np.int64)
+        a = a.reshape(self._SHAPE)
         a.flags.writeable = False
         self._a = a
-
-    @classmethod
-    def of(cls, seq: np.ndarray, k: np.ndarray) -> PoolIds:
-        return cls(np.stack((np.asarray(seq, np.int64), np.asarray(k, np.int64)), axis=1))
 
     @property
     def array(self) -> np.ndarray:
@@ -66,42 +65,75 @@ class PoolIds:
     def __len__(self) -> int:
         return self._a.shape[0]
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        return ((a, b) for a, b in self._a.tolist())
+    def __iter__(self) -> Iterator:
+        raise NotImplementedError
 
-    def _pairs(self) -> tuple[tuple[int, int], ...]:
+    def _tuple(self) -> tuple:
         return tuple(self)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, PoolIds):
+        if isinstance(other, type(self)):
             return bool(np.array_equal(self._a, other._a))
         if isinstance(other, tuple):
-            return self._pairs() == tuple(tuple(p) for p in other)
+            return self._tuple() == tuple(self._item(p) for p in other)
         return NotImplemented
 
     def __hash__(self) -> int:
         return hash(self._a.tobytes())
 
     def __repr__(self) -> str:
-        return f"PoolIds({self._pairs()!r})"
+        return f"{type(self).__name__}({self._tuple()!r})"
+
+    @staticmethod
+    def _item(value: object) -> object:
+        return value
+
+
+class RowIds(_Ids):
+    """The global rows a finding names, in order: ints."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._a.tolist())
+
+
+class PoolIds(_Ids):
+    """The (seq, k) pools a finding names, in order, as an [n, 2] array: (seq, k) pairs."""
+
+    __slots__ = ()
+    _SHAPE = (-1, 2)
+
+    @classmethod
+    def of(cls, seq: np.ndarray, k: np.ndarray) -> PoolIds:
+        return cls(np.stack((np.asarray(seq, np.int64), np.asarray(k, np.int64)), axis=1))
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return ((a, b) for a, b in self._a.tolist())
+
+    @staticmethod
+    def _item(value: object) -> object:
+        return tuple(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One finding, carrying the `Code` of the rule that raised it (`rule`). `rows` are
-    global rows, `pools` are (seq, k) pairs (given as any iterable of pairs, held as
-    `PoolIds`), `tokens` are (pos, seq) of the tokens involved. `evidence` holds
-    code-specific plain data."""
+    global rows and `pools` (seq, k) pairs, each given as any iterable or array and
+    held as `RowIds` and `PoolIds`; `tokens` are (pos, seq) of the tokens involved.
+    `evidence` holds code-specific plain data."""
 
     rule: Code
     message: str
-    rows: tuple[int, ...] = ()
+    rows: RowIds = field(default_factory=RowIds)
     seqs: tuple[int, ...] = ()
     tokens: tuple[tuple[int, int], ...] = ()
     pools: PoolIds = field(default_factory=PoolIds)
     evidence: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.rows, RowIds):
+            object.__setattr__(self, "rows", RowIds(self.rows))
         if not isinstance(self.pools, PoolIds):
             object.__setattr__(self, "pools", PoolIds(self.pools))
 

@@ -67,7 +67,7 @@ def dumps(value: object) -> str:
 def finding_json(f: Finding) -> dict:
     """A finding. Its pools [seq, k] are written as [seq, k0, k1] where k0..k1-1 of one
     sequence follow each other, and its rows partly as `row_runs` (rows_json)."""
-    rows, row_runs = rows_json(f.rows)
+    rows, row_runs = rows_json(f.rows.array)
     more: dict = {}
     if row_runs:
         more["row_runs"] = row_runs
@@ -84,12 +84,12 @@ def finding_json(f: Finding) -> dict:
 ROW_RUN_MIN = 8  # rows evenly spaced, at least this many, are written as a run
 
 
-def rows_json(rows: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
+def rows_json(rows: np.ndarray) -> tuple[list[int], list[list[int]]]:
     """(rows, row_runs): the stretches of at least ROW_RUN_MIN evenly spaced rows,
     written as [first, end, step] (first, first + step, ... < end) in row_runs, and
     the other rows listed. Stretches are taken left to right; a row two stretches
     share goes to the first one taken."""
-    a = np.asarray(rows, dtype=np.int64)
+    a = np.asarray(rows, dtype=np.int64)  # the finding's RowIds array, or any ints
     if a.size < ROW_RUN_MIN:
         return a.tolist(), []
     step = np.diff(a)

@@ -147,7 +147,7 @@ class TracePage:
             b.codes[f.code] += 1
             b.at.setdefault(f.code, rec.index)
             if f.rows:
-                self.flagged[k][np.asarray(f.rows, dtype=np.int64) // self.rows_per] = True
+                self.flagged[k][f.rows.array // self.rows_per] = True
         self.written[k][np.asarray(rec.token_rows, dtype=np.int64) // self.rows_per] = True
         if rec.cell_map is not None:  # a bin shows its last ubatch's cells: folded later
             if self._last is not None and self._last[0] != k:

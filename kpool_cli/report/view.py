@@ -470,7 +470,7 @@ class RichView:
             parts.append(_code_text(f.code, f.name, f.severity, f"[{f.severity}]"))
             facts = []
             if f.rows:
-                facts.append(("rows ", words.folded(f.rows, 10)))
+                facts.append(("rows ", words.folded(f.rows.array, 10)))
             if f.seqs:
                 facts.append(("seqs ", " ".join(map(str, f.seqs))))
             if f.pools:

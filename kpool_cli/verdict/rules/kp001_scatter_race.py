@@ -17,7 +17,7 @@ import numpy as np
 from ... import wording as words
 from ...arrays import unique
 from ...backend.facts import ValueFacts
-from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds
+from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
 from ..rule import Check as RuleCheck
@@ -80,8 +80,8 @@ def check(ctx: UbatchContext) -> list[Finding]:
     plan = ctx.plan
     if plan is None or ctx.raced.size == 0:
         return []
-    raced_rows = ctx.rows[ctx.raced]
-    rows = raced_rows.tolist()
+    rows = ctx.rows[ctx.raced]
+    n_rows = int(rows.size)
     counts = ctx.sizes[ctx.raced]
     real = plan.entry_pool[ctx.raced_entries()]
     seq, k = ctx.layout.locate(real[real >= 0])
@@ -91,14 +91,15 @@ def check(ctx: UbatchContext) -> list[Finding]:
     who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
     if n_pad and seqs:
         who += " and padding"
-    per_row = dict(zip(rows[:EVIDENCE_ROWS], counts[:EVIDENCE_ROWS].tolist(), strict=True))
-    more = ({"entries_per_row_not_listed": len(rows) - EVIDENCE_ROWS}
-            if len(rows) > EVIDENCE_ROWS else {})
+    per_row = dict(zip(rows[:EVIDENCE_ROWS].tolist(), counts[:EVIDENCE_ROWS].tolist(),
+                       strict=True))
+    more = ({"entries_per_row_not_listed": n_rows - EVIDENCE_ROWS}
+            if n_rows > EVIDENCE_ROWS else {})
     return [Finding(
         CODE,
-        f"{len(rows)} row(s) written by more than one scatter entry ({who}): "
-        f"{words.folded(raced_rows, limit=8)}",
-        rows=tuple(rows), seqs=seqs, pools=pools,
+        f"{n_rows} row(s) written by more than one scatter entry ({who}): "
+        f"{words.folded(rows, limit=8)}",
+        rows=RowIds(rows), seqs=seqs, pools=pools,
         evidence={"entries_per_row": per_row, **more},
     )]
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ... import wording as words
 from ...arrays import rows_equal, unique
-from ...contracts.finding import Code, Finding, PoolIds
+from ...contracts.finding import Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
 from ...engine.layout import Layout, LayoutChange
 from ..rule import LAYOUT, AppearanceFilter, Explanation, doc
@@ -141,7 +141,7 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
         f"{len(rows)} rep row(s) hold pools with different members: row {first} is the rep "
         f"of pools {words.pools(conflicts[first])}"
         + (f" (+{len(rows) - 1} more rows)" if len(rows) > 1 else ""),
-        rows=tuple(rows), seqs=seqs, pools=PoolIds(pools),
+        rows=RowIds(rows), seqs=seqs, pools=PoolIds(pools),
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from ... import wording as words
 from ...backend import facts as f
 from ...backend.facts import RowContent, ValueFacts
-from ...contracts.finding import Code, Finding, PoolIds
+from ...contracts.finding import Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
 from ..rule import Check as RuleCheck
@@ -103,7 +103,7 @@ def check(ctx: UbatchContext, values: ValueFacts) -> Finding | None:
         more = f" ({len(readers)} token(s) read {len(pools)} bad pool(s))"
     message = (f"token (pos {tokens[0][0]}, seq {s0}) reads pool {s0}:{k0} at row {row0}, "
                f"which holds {said} instead of the pooling of its members" + more)
-    return Finding(CODE, message, rows=tuple(sorted(set(rows))),
+    return Finding(CODE, message, rows=RowIds(sorted(set(rows))),
                    seqs=tuple(sorted(reach)), tokens=tokens, pools=PoolIds(pools),
                    evidence={"reader": list(tokens[0]), "pool": [s0, k0], "row": row0,
                              "holds": said})

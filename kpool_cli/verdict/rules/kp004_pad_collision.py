@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ... import wording as words
 from ...arrays import unique
-from ...contracts.finding import Code, Finding, PoolIds
+from ...contracts.finding import Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
 from ..rule import Check as RuleCheck
@@ -72,7 +72,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     return [Finding(
         CODE,
         f"padding writes {hit.size} row(s) that real pools read: "
-        f"{words.folded(hit.tolist(), limit=8)}",
-        rows=tuple(hit.tolist()), seqs=tuple(sorted(set(seq.tolist()))),
+        f"{words.folded(hit, limit=8)}",
+        rows=RowIds(hit), seqs=tuple(sorted(set(seq.tolist()))),
         pools=PoolIds.of(seq, k),
     )]
