@@ -261,6 +261,10 @@ class PoolEveryEntry(ValueBackend):
     """The backend with every scatter entry pooled afresh: what the kept poolings must
     be bit-equal to."""
 
+    def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                      starts: np.ndarray) -> tuple[np.ndarray, int]:
+        return np.ones(starts.size - 1, dtype=bool), 0
+
     def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         return np.zeros(members.shape[0], dtype=bool)
 

@@ -170,6 +170,107 @@ def test_kept_agrees(kpool: int) -> None:
     assert 0 < np.count_nonzero(got) < n  # both answers are exercised
 
 
+def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
+    """`kept` by rows, per race group, by hand (kpool 2). Rows 10, 11 are slots 1, 2;
+    row 15 is slot 5, which pooled slots 1, 2 at generation 3 (their keys at 2);
+    row 16 is slot 6, never pooled; row 0 has no slot (a zero row). Entries: 0 and 2
+    pool rows 10, 11 into row 15 (kept, each); 1 pools rows 11, 10 into row 15
+    (another pooling: not kept); 3 pools rows 10, 11 into row 16 (not kept); 4 pools
+    rows 0, 10 into row 15 (slot 0 is not slot 1: not kept). Groups (order 0 2 | 1 |
+    3 4): the first holds kept entries alone, the other two are fresh; 2 kept."""
+    slot_of = np.zeros(20, np.int32)
+    slot_of[[10, 11, 15, 16]] = 1, 2, 5, 6
+    pool_of = np.zeros((8, 2), np.int64)
+    pool_gen = np.zeros(8, np.int64)
+    key_gen = np.zeros(8, np.int64)
+    pool_of[5], pool_gen[5] = (1, 2), 3
+    key_gen[[1, 2]] = 2
+    entry_rows = np.array([[10, 11], [11, 10], [10, 11], [10, 11], [0, 10]], np.int64)
+    rep = np.array([15, 15, 15, 16, 15], np.int64)
+    order = np.array([0, 2, 1, 3, 4], np.int64)
+    starts = np.array([0, 2, 3, 5], np.int64)
+    for k in (kernels, reference):
+        fresh, n_kept = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep,
+                                       order, starts)
+        assert fresh.tolist() == [False, True, True] and n_kept == 2
+        fresh, n_kept = k.fresh_groups(slot_of.astype(np.int64), pool_of, pool_gen, key_gen,
+                                       entry_rows, rep, order[:0], starts[:1])
+        assert fresh.tolist() == [] and n_kept == 0
+    # an entry, a row, a slot, a group end outside its array: refused, naming the
+    # first group that holds one
+    far_slot = slot_of.copy()
+    far_slot[16] = 8  # entry 3's rep row: a slot past the 8-slot arrays
+    cases = [(slot_of, entry_rows, [0, 2, 5, 3, 4], starts, 1),
+             (slot_of, entry_rows, [0, 2, -1, 3, 4], starts, 1),
+             (slot_of, entry_rows.copy(), order, starts, 2),
+             (far_slot, entry_rows, order, starts, 2),
+             (slot_of, entry_rows, order, [0, 2, 3, 6], 2)]
+    cases[2][1][3, 1] = 20  # a member row past the 20 rows
+    for k in (kernels, reference):
+        for sl, rows, o, st, g in cases:
+            with pytest.raises(IndexError, match=f"^race group {g}: "):
+                k.fresh_groups(sl, pool_of, pool_gen, key_gen, rows, rep,
+                               np.array(o, np.int64), np.array(st, np.int64))
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 4])
+def test_fresh_groups_agrees(kpool: int) -> None:
+    """On random scatters (some groups kept whole, some with an entry that is not, a
+    few with an index outside its array), the kernel and its twin give the same
+    groups, the same count, or refuse at the same group."""
+    rng = np.random.default_rng(kpool)
+    n_rows, n_slots, n = 512, 64, 3000
+    slot_of = rng.integers(0, n_slots, n_rows).astype(np.int32)
+    pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
+    pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+    key_gen = rng.integers(0, 3, n_slots).astype(np.int64)
+    rep = rng.integers(0, n_rows, n).astype(np.int64)
+    # half the entries name rows whose slots are their rep's pooling: the gens decide
+    by_slot = {int(sl): np.flatnonzero(slot_of == sl) for sl in range(n_slots)}
+    entry_rows = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
+    for e in range(0, n, 2):
+        for q, sl in enumerate(pool_of[slot_of[rep[e]]].tolist()):
+            if by_slot[sl].size:
+                entry_rows[e, q] = by_slot[sl][0]
+    order = np.argsort(rep, kind="stable").astype(np.int64)
+    srep = rep[order]
+    head = np.flatnonzero(np.concatenate(([True], srep[1:] != srep[:-1])))
+    starts = np.concatenate((head, [n])).astype(np.int64)
+    cases = [(slot_of, entry_rows, order, starts)]
+    for trial in range(30):
+        sl, er, o, st = slot_of.copy(), entry_rows.copy(), order.copy(), starts.copy()
+        at = int(rng.integers(0, n))
+        low = trial % 8 < 4  # below or past the array
+        if trial % 4 == 0:
+            sl[rng.integers(0, n_rows)] = -1 if low else n_slots + 5
+        elif trial % 4 == 1:
+            er[at, rng.integers(0, kpool)] = -1 if low else n_rows
+        elif trial % 4 == 2:
+            o[at] = -1 if low else n
+        else:
+            st[int(rng.integers(1, st.size))] = n + 1
+        cases.append((sl, er, o, st))
+    n_refused = 0
+    for sl, er, o, st in cases:
+        got = want = None
+        try:
+            got = kernels.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st)
+        except IndexError as e:
+            got = str(e)
+        try:
+            want = reference.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st)
+        except IndexError as e:
+            want = str(e)
+        if isinstance(got, str):
+            n_refused += 1
+            assert got == want
+        else:
+            assert isinstance(want, tuple)
+            assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+            assert 0 < got[1] < n and 0 < np.count_nonzero(got[0]) < starts.size - 1
+    assert n_refused > 10  # the refusals are exercised
+
+
 def test_dirty_pools_are_those_with_a_dirty_member() -> None:
     """By hand, kpool 2: pairs at cells 7, 3, 5, 1, 4 (pos 10..14); pools start at
     pairs 0 and 2 (cells 7, 3 and 5, 1); pair 4 (cell 4) is in no pool. Dirty cells 3
@@ -554,6 +655,16 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
          f"member slots[0, 3] is slot {n},"),
         ("kept", lambda: be.kernels.kept(np.array([[0, 1, 2, 3]]), np.array([-1])),
          "rep slots[0] is slot -1,"),
+        ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]), np.array([3]),
+                                                 np.array([0], np.int32), np.array([0, 1])),
+         "the group entries are not a C-contiguous 1-D int64 array"),
+        ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2]]), np.array([3]),
+                                                 np.array([0]), np.array([0, 1])),
+         "the member rows are not a C-contiguous int64 array of 1 x 4"),
+        ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]),
+                                                 np.array([be.n_rows]), np.array([0]),
+                                                 np.array([0, 1])),
+         "race group 0: an entry, row or slot outside the arrays"),
         ("dirty pools", lambda: be.kernels.dirty_pools(
             np.arange(8, dtype=np.int64), np.array([0, 4], np.int32), np.zeros(8, bool)),
          "the pool starts are not a C-contiguous 1-D int64 array"),

@@ -167,7 +167,8 @@ def test_finding_rows_compare_as_the_ints_they_stand_for():
     built from an array equals one built from a tuple, and hashes alike with it as
     RowIds), unequal to others, iterating plain ints in order."""
     f = Finding(CODES["KP001"], "m", rows=np.array([7, 3, 11]))
-    assert f.rows == (7, 3, 11) and f.rows == RowIds([7, 3, 11]) and (7, 3, 11) == f.rows
+    assert f.rows == (7, 3, 11) and f.rows == RowIds([7, 3, 11])
+    assert (7, 3, 11) == f.rows  # noqa: SIM300 - the tuple on the left: the reflected test
     assert f.rows != (3, 7, 11) and f.rows != RowIds([7, 3]) and f.rows != (7, 3, 11, 0)
     assert list(f.rows) == [7, 3, 11] and all(type(r) is int for r in f.rows)
     assert f == Finding(CODES["KP001"], "m", rows=(7, 3, 11))

@@ -1,15 +1,16 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `kept`, and the pools a changed row
-dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time spent inside
-each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
-from `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
-The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. The last three read a sequence's pairs, a dirty-cell mask or a
-stream's cells: their doors check types and shapes, and the kernels check each
-index as they read it (a pass over them at the door would cost what the kernels
-save), refusing with `IndexError`, which the door turns into `PlanError`.
+`pool`, `scatter`, `gather`, `pools_differ`, `kept`, `fresh_groups`, and the pools a
+changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time
+spent inside each (`time`, seconds by kernel name: the benchmark's breakdown). The
+kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
+bit-identical arrays. The value kernels index the slot arrays (`slots.py`) with
+slots, never rows, and check nothing. The last four read a scatter's rows through
+`slot_of`, a sequence's pairs, a dirty-cell mask or a stream's cells: their doors
+check types and shapes, and the kernels check each index as they read it (a pass
+over them at the door would cost what the kernels save), refusing with `IndexError`,
+which the door turns into `PlanError`.
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs
@@ -101,6 +102,27 @@ class GuardedKernels:
         members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.kept, t.pool_of, t.pool_gen, t.key_gen, members,
                            reps)
+
+    def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                     starts: np.ndarray) -> tuple[np.ndarray, int]:
+        """`kept` of every entry (member rows `entry_rows`, rep row `rep`) through the
+        rows' slots, per race group `order[starts[g]:starts[g + 1]]`: (fresh groups,
+        entries kept). The kernel checks each entry, row and slot as it reads it."""
+        where = "kept"
+        t = self.slots
+        t.check_generations(where)
+        _one_d(where, ("rep rows", rep, I64), ("group entries", order, I64),
+               ("group starts", starts, I64))
+        if type(entry_rows) is not np.ndarray or entry_rows.dtype != I64 \
+                or entry_rows.shape != (rep.size, self.kpool) \
+                or not entry_rows.flags.c_contiguous:
+            raise PlanError(f"{where}: the member rows are not a C-contiguous int64 array "
+                            f"of {rep.size} x {self.kpool}", where, "member rows")
+        try:
+            return self._timed(where, self.k.fresh_groups, t.slot_of, t.pool_of, t.pool_gen,
+                               t.key_gen, entry_rows, rep, order, starts)
+        except IndexError as e:
+            raise PlanError(f"{where}: {e}", where, "race groups") from None
 
     def dirty_pools(self, keys: np.ndarray, starts: np.ndarray, dirty: np.ndarray
                     ) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same nine kernels, in plain numpy.
+"""The numpy twin of `kernels.py`: the same ten kernels, in plain numpy.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
 its numba twin, and the tests hold the two equal bit for bit (float32 arrays
@@ -113,6 +113,40 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
     keep = (gen > 0) & rows_equal(pool_of[reps], members)
     keep[keep] &= rows_max(key_gen[members[keep]]) < gen[keep]
     return keep
+
+
+def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
+                 key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
+                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
+    """`kept` of every entry by its rows (`slot_of`), per race group
+    order[starts[g]:starts[g + 1]]: (fresh: a group with an entry not kept, the
+    entries kept). IndexError names the first group the kernel refuses."""
+    n, n_rows = rep.size, slot_of.size
+    n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
+    n_groups = max(starts.size - 1, 0)
+    a, b = starts[:n_groups], starts[1:]
+    bad = (a < 0) | (b > n) | (a > b)
+    sizes = np.where(bad, 0, b - a)
+    ends = np.cumsum(sizes)
+    group = np.repeat(np.arange(n_groups), sizes)
+    e = order[np.repeat(a - (ends - sizes), sizes) + np.arange(group.size)]
+    # each entry of a group, its rows and their slots, inside its array
+    e_ok = (e >= 0) & (e < n)
+    rows = np.concatenate((rep[:, None], entry_rows), axis=1)[e[e_ok]]
+    r_ok = ((rows >= 0) & (rows < n_rows)).all(axis=1)
+    slots = slot_of[rows[r_ok]].astype(np.int64)
+    s_ok = ((slots >= 0) & (slots < n_slots)).all(axis=1)
+    ok = e_ok.copy()
+    ok[e_ok] = r_ok
+    ok[np.flatnonzero(e_ok)[r_ok]] = s_ok
+    bad[group[~ok]] = True
+    if bad.any():
+        raise IndexError(f"race group {int(np.argmax(bad))}: an entry, row or slot outside "
+                         "the arrays")
+    keep = kept(pool_of, pool_gen, key_gen, np.ascontiguousarray(slots[:, 1:]), slots[:, 0])
+    fresh = np.zeros(n_groups, dtype=bool)
+    np.logical_or.at(fresh, group, ~keep)
+    return fresh, int(np.count_nonzero(keep))
 
 
 def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndarray

@@ -350,25 +350,27 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
-        members, reps = t.of(entry_rows), t.of(rep)
-        keep = self._kept(members, reps)
-        self.pools_kept += int(np.count_nonzero(keep))
         order, starts, rows = ctx.order, ctx.starts, ctx.rows
+        # the groups with an entry that pools afresh (`_kept`: all but a few, under
+        # cache-safe), and their entries (ascending), with their slots as they are
+        # before `own` below hands the zero rows theirs
+        fresh, n_kept = self._fresh_groups(entry_rows, rep, order, starts)
+        self.pools_kept += n_kept
         sizes = np.diff(starts)
+        todo = np.flatnonzero(fresh)
+        ents = np.sort(order[np.repeat(fresh, sizes)])
+        members, reps = t.of(entry_rows[ents]), t.of(rep[ents])
+        keep = self._kept(members, reps)
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = t.own(rows, zero_new=True)
         had_alt = writers.raced(rows)
-        # the groups with an entry that pools afresh, and their entries (ascending)
-        fresh = np.logical_or.reduceat(~keep[order], starts[:-1])
-        todo = np.flatnonzero(fresh)
-        ents = np.sort(order[np.repeat(fresh, sizes)])
         at = np.full(n, -1, dtype=np.int64)
         at[ents] = np.arange(ents.size)
         changed = had_alt.copy()
         vals = np.empty((0, self.n_embd), dtype=np.float32)
         if todo.size:
-            vals = self._values(members[ents], reps[ents], keep[ents])
+            vals = self._values(members, reps, keep)
             st = s[todo]
             before = t.pooled[st].view(np.uint32).copy()
             self.kernels.scatter(st, vals, at[win[todo]])
@@ -377,7 +379,7 @@ class ValueBackend:
             changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
         # a group of kept entries alone leaves its slot's pooling as it was recorded:
         # pool_of is their members already, and pool_gen still above their key_gen
-        t.pool_of[s[todo]] = members[win[todo]]
+        t.pool_of[s[todo]] = members[at[win[todo]]]
         t.pool_gen[s[todo]] = t.gen
         pools = plan.entry_pool[win]
         real = pools >= 0
@@ -401,6 +403,13 @@ class ValueBackend:
                 changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
         return equal
+
+    def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                      starts: np.ndarray) -> tuple[np.ndarray, int]:
+        """`_kept` asked of every entry (member rows `entry_rows`, rep row `rep`) by
+        their rows, answered per race group (`order`, `starts`): (the groups with an
+        entry not kept, the entries kept). The `fresh_groups` kernel, one pass."""
+        return self.kernels.fresh_groups(entry_rows, rep, order, starts)
 
     def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """[n] bool: the entry (member slots `members`, rep slot `reps`) keeps the value
