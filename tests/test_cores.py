@@ -152,3 +152,23 @@ def test_layout_step_finds_the_pools_of_engine_md_5() -> None:
     pools, rep_rows, rep_pos, first_pos = (c[:2].tolist() for c in cols)
     assert pools == [0, 3] and rep_pos == [1, 5] and first_pos == [0, 4]
     assert rep_rows == [100 + 11, 100 + 14]  # stream 1 of kv_size 100
+
+
+def test_pools_of_pairs_by_pos_finds_each_tokens_pool_in_its_sequence() -> None:
+    """engine/marking.py `mark` by position (ENGINE.md §6), for tokens of several
+    sequences at once over the whole-layout columns. Sequence 0 has pools at global
+    0, 1 (pos 0..3, 4..7), sequence 1 none, sequence 2 pools at global 2, 3 (pos 8..11,
+    16..19). Pos 5 of seq 0: pool 1; pos 8 of seq 0: past its last rep, none; pos 3
+    of seq 1: no pools, none; pos 12 of seq 2: after pool 2's rep, before pool 3,
+    none; pos 16 and 19 of seq 2: pool 3; pos 7 of seq 2: before its first pool, none
+    (seq 0's pool 1 holds pos 7, but it is another sequence's)."""
+    from kpool_cli.compiled import kernels as k
+
+    first_pos = np.array([0, 4, 8, 16], dtype=np.int64)
+    rep_pos = np.array([3, 7, 11, 19], dtype=np.int64)
+    start = np.array([0, 2, 2, 4], dtype=np.int64)
+    pair_seq = np.array([0, 0, 1, 2, 2, 2, 2], dtype=np.int64)
+    pair_pos = np.array([5, 8, 3, 12, 16, 19, 7], dtype=np.int64)
+    out = np.empty(pair_seq.size, dtype=np.int64)
+    k.pools_of_pairs_by_pos(first_pos, rep_pos, start, pair_seq, pair_pos, out)
+    assert out.tolist() == [1, -1, -1, -1, 3, 3, -1]

@@ -287,6 +287,21 @@ def pools_of_tokens(keys, pools_n, first_pos, rep_pos, pos, cells, by_order, kpo
         out[i] = base + k if k >= 0 else k
 
 
+@kernel
+def pools_of_pairs_by_pos(first_pos, rep_pos, start, pair_seq, pair_pos, out
+                          ):  # pragma: no cover - compiled
+    """`_pool_of` by position for tokens of any sequences at once, over the
+    whole-layout columns: `first_pos`, `rep_pos` [n_pool_real] in layout order,
+    sequence s's pools at global indices start[s]..start[s + 1]. out[i] = the global
+    pool of sequence pair_seq[i] holding pos pair_pos[i], or -1."""
+    for i in range(pair_seq.size):
+        s = pair_seq[i]
+        lo = start[s]
+        p = pair_pos[i]
+        k = lo + _bisect_in(first_pos[lo:start[s + 1]], p, True) - 1
+        out[i] = k if k >= lo and p <= rep_pos[k] else -1
+
+
 def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - compiled
     """engine/marking.py `mark`: the first candidate per pool (cache-safe) or per rep
     row (rep-once, PR #29994) wins; returns the winners sorted (layout order).

@@ -28,6 +28,7 @@ class CompiledLayout(Layout):
         # per sequence: its pairs equal the cache's as of the last update (so, while
         # nothing has touched it since, it has no drift: `drift` is O(1))
         self._equal = [True] * n_seq_max
+        self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -85,6 +86,7 @@ class CompiledLayout(Layout):
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         if changed:
             self._pool_start = self._pool_cells = None
+            self._pool_pos = None
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
@@ -146,23 +148,26 @@ class CompiledLayout(Layout):
                       self.kv_size, out, np.arange(a, b))
         return out
 
+    def pool_first_pos(self) -> np.ndarray:
+        """[n_pool_real] the first member's pos of every pool, in layout order (a
+        whole-layout array, as `pool_cells`: built on first use after an update that
+        changed some pools)."""
+        return self._pos_columns()[0]
+
+    def pool_rep_pos(self) -> np.ndarray:
+        """[n_pool_real] the rep's pos of every pool, in layout order (as above)."""
+        return self._pos_columns()[1]
+
+    def _pos_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._pool_pos is None:
+            self._pool_pos = (_joined([sq.first_pos_.view for sq in self.seqs]),
+                              _joined([sq.rep_pos_.view for sq in self.seqs]))
+        return self._pool_pos
+
     def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Layout.columns, a sequence's pools at a time."""
-        runs = self._runs(ips)
-        if runs is None:
-            return super().columns(ips)
-        start = self.pool_start()
-        seq = np.empty(ips.size, dtype=np.int64)
-        kk = np.empty(ips.size, dtype=np.int64)
-        first = np.empty(ips.size, dtype=np.int64)
-        last = np.empty(ips.size, dtype=np.int64)
-        for s, a, b in runs:
-            sq = self.seqs[s]
-            seq[a:b] = s
-            kk[a:b] = ips[a:b] - start[s]
-            first[a:b] = sq.first_pos()[kk[a:b]]
-            last[a:b] = sq.rep_pos()[kk[a:b]]
-        return seq, kk, first, last
+        """Layout.columns, from the whole-layout pos columns."""
+        seq, kk = self.locate(ips)
+        return seq, kk, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """The update found s's pairs equal to the cache's, and nothing touched s since."""
@@ -180,3 +185,9 @@ class CompiledLayout(Layout):
         if j < 0:
             return None
         return super().drift(cache, s)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The sequences' columns end to end (layout order)."""
+    parts = [a for a in parts if a.size]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
