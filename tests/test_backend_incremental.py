@@ -40,7 +40,7 @@ def full_bad(be: ValueBackend, layout) -> list[np.ndarray]:
 def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference",
                       backend: str = "numpy") -> tuple[int, int]:
     """Replay with the numpy backend on `core`; after every ubatch the incremental bad
-    pools must equal a full recomputation, and KP003 must name exactly the tokens that
+    pools (and the sequences holding one) must equal a full recomputation, and KP003 must name exactly the tokens that
     see one. The compiled core's layout knows when its pairs equal the cache's, and the
     verification then finds the changed pools by looking the changed cells up
     (`Verifier._candidates`); the reference's never claims it, and it scans.
@@ -49,6 +49,9 @@ def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference
     rp = Replayer(t, version, be, core=core)
     n = n_bad = 0
     for rec in rp.run():
+        lay = rp.layout  # what the verification asks of it, for every sequence at once
+        assert lay.known_equal_seqs(rp.cache).tolist() == [
+            lay.known_equal(rp.cache, s) for s in range(len(lay.seqs))]
         if not isinstance(rec, UbatchRecord) or rec.aborted:
             continue
         n += 1
@@ -57,6 +60,7 @@ def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference
             assert np.array_equal(inc, want), (f"ubatch {rec.index} seq {s}: incremental "
                                                f"{np.flatnonzero(inc)} != full "
                                                f"{np.flatnonzero(want)}")
+        assert be.verifier.bad_seqs == {s for s, b in enumerate(full) if b.any()}
         n_bad += any(b.any() for b in full)
         kp3 = [f for f in rec.findings if f.code == "KP003"]
         readers = {(int(p), ss[0]) for p, ss, v in zip(rec.token_pos.tolist(), rec.token_seqs,
@@ -252,6 +256,7 @@ def test_incremental_check_after_any_row_change(moves, core: str) -> None:
         full = full_bad(be, lay)
         for inc, want in zip(be.bad, full, strict=True):
             assert np.array_equal(inc, want), (kind, a, b)
+        assert be.verifier.bad_seqs == {s for s, w in enumerate(full) if w.any()}
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------

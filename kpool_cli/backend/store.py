@@ -311,11 +311,10 @@ class ValueBackend:
         self.verifier.verify(ctx.layout, ctx.change, ctx.cache)
         bad = self.verifier.bad
         first_bad = {}
-        for s, b in enumerate(bad):
-            if b.size and b.any():
-                k = int(np.argmax(b))
-                row = int(ctx.layout.seqs[s].rep_rows.view[k])
-                first_bad[s] = (k, row, self.content(row))
+        for s in sorted(self.verifier.bad_seqs):
+            k = int(np.argmax(bad[s]))
+            row = int(ctx.layout.seqs[s].rep_rows.view[k])
+            first_bad[s] = (k, row, self.content(row))
         self.writers.n_ubatch += 1
         return ValueFacts(equal, tuple(bad), first_bad)
 

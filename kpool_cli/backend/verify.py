@@ -1,21 +1,23 @@
 """The bad pools of every sequence, rechecked only where something changed.
 
-Owns: the bad pools of every sequence (`bad[s]`, bool [n_pools of s]), what changed
-since they were last checked (`touch`: per-row masks of the rows whose key/gate
-changed and of the rows whose pooled slot changed, 2 bytes a row next to the
-cache's ~37, and the rows set in them; or everything, after a clear), the
-incremental verification (`verify`: the new or regrouped pools, and those whose
-member keys or rep row changed, found by looking the changed cells up where the
-layout knows a sequence's pairs equal the cache's, else by a pass over its pools)
-and the full check of given pools (`differ`, the
-oracle the tests hold `verify` to). `pools_checked` counts the pools rechecked.
+Owns: the bad pools of every sequence (`bad[s]`, bool [n_pools of s]; `bad_seqs`, the
+sequences with one), what changed since they were last checked (`touch`: per-row
+masks of the rows whose key/gate changed and of the rows whose pooled slot changed,
+2 bytes a row next to the cache's ~37, and the rows set in them; or everything,
+after a clear), the incremental verification (`verify`: the sequences whose bad
+pools may have changed, found for all at once; of those, the new or regrouped
+pools, and those whose member keys or rep row changed, found by looking the changed
+cells up where the layout knows a sequence's pairs equal the cache's, else by a
+pass over its pools) and the full check of given pools (`differ`, the oracle the
+tests hold `verify` to). `pools_checked` counts the pools rechecked.
 
 Invariants:
 - after `verify` (the value backend runs it every ubatch), `bad[s][k]` is True
   exactly when the rep row of pool k of s differs from the pooling of the pool's
   current members with their current keys and gates, or is in `alt` (a race of
   different values: `writers.py`); tests/test_backend_incremental.py recomputes that
-  from scratch (`differ` over every pool) and holds the two equal;
+  from scratch (`differ` over every pool) and holds the two equal; `bad_seqs` is
+  the sequences s with `bad[s].any()`;
 - every write of a key, gate or pooled row between two checks is `touch`ed (or
   `all_changed`): a pool none of whose rows changed keeps its verdict;
 - a mask is True only at rows of its dirty-row list, so `verify` resets it at
@@ -30,9 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import global_row
+from ..cache.cells import CELL_BITS, global_row
 from ..cache.kv import KvCache, Reach
-from ..engine.layout import Layout, LayoutChange, SeqLayout
+from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
@@ -59,6 +61,7 @@ class Verifier:
         self._pdirty_rows: list[np.ndarray] = []
         self._all_dirty = False
         self.pools_checked = 0
+        self.bad_seqs: set[int] = set()  # the sequences with a bad pool
 
     # -- memory --------------------------------------------------------------------------
 
@@ -102,46 +105,66 @@ class Verifier:
             bad |= self.writers.raced(reps)
         return bad
 
-    def _candidates(self, layout: Layout, change: LayoutChange, s: int, cache: KvCache,
-                    dirty: _DirtyPairs) -> np.ndarray | None:
-        """Pools of s to recheck (ascending, distinct), or None for all of them.
-        `bad[s]` has been cut to the pools the update kept.
+    def _sequences(self, layout: Layout, change: LayoutChange, cache: KvCache,
+                   dirty: _DirtyPairs) -> list[tuple[int, int]]:
+        """(s, how) for each sequence whose bad pools may have changed (ascending),
+        decided for all at once: `_NEW`, the pools the update cut, regrouped or added
+        alone; `_LOOK`, those and the pools holding a changed pair, looked up
+        (`_looked_up`), where the layout knows s's pairs equal the cache's
+        (`Layout.known_equal`) and a changed pair lies at or before the last pair of
+        the pools the update kept (past them, a pair is in a new pool or in none: the
+        tail a decode just appended, most ubatches' only change); `_SCAN`, those and
+        the pools a pass over s's pools finds changed (`_scanned`), elsewhere while a
+        row changed. A sequence left out has no pool to recheck."""
+        n = len(layout.seqs)
+        start = layout.pool_start()
+        n_p = np.diff(start)
+        n_bad = np.fromiter((b.size for b in self.bad), dtype=np.int64, count=n)
+        kept = np.asarray(change.kept, dtype=np.int64)
+        how = np.where((kept < n_bad) | (n_bad < n_p), _NEW, _NONE)
+        if self._kdirty_rows or self._pdirty_rows:
+            scan = n_p > 0
+            lowest = dirty.lowest(n)  # None: too many changed rows to look up
+            if lowest is not None:
+                known = layout.known_equal_seqs(cache)
+                scan &= ~known
+                look = known & (kept > 0)
+                last = (start[:-1] + kept - 1)[look]  # the last kept pool, global
+                tail = np.full(n, -1, dtype=np.int64)  # its rep pair (global_row's cell)
+                tail[look] = (layout.pool_rep_pos()[last] << CELL_BITS) | \
+                    (layout.pool_cells()[last] % self.kv_size)
+                how[look & (lowest <= tail)] = _LOOK
+            how[scan] = _SCAN
+        seqs = np.flatnonzero(how != _NONE)
+        return list(zip(seqs.tolist(), how[seqs].tolist(), strict=True))
 
-        Where the layout knows s's pairs equal the cache's (`Layout.known_equal`), the
-        pools whose member key or rep row changed are found from the changed rows
-        alone: each changed cell s holds is the pair (its pos, the cell) among s's,
-        found by binary search (`pools_of_pairs`): O(rows changed), whatever the
-        context. Elsewhere they are found by a pass over s's pooled pairs and rep rows
-        (`dirty_pools`, `_rep_dirty`). A pool's member that changed is found among the
-        pairs pools cover: the pairs past the last pool, the tail a decode just
-        appended, are in no pool yet."""
+    def _candidates(self, layout: Layout, change: LayoutChange, s: int, how: int,
+                    dirty: _DirtyPairs) -> np.ndarray:
+        """Pools of s to recheck (ascending, distinct), found as `how` (`_sequences`)
+        says. `bad[s]` has been cut to the pools the update kept.
+
+        Looked up, the pools whose member key or rep row changed are found from the
+        changed rows alone: each changed cell s holds is the pair (its pos, the cell)
+        among s's, found by binary search (`pools_of_pairs`): O(rows changed),
+        whatever the context. Scanned, by a pass over s's pooled pairs and rep rows
+        (`dirty_pools`, `_rep_dirty`)."""
         sq = layout.seqs[s]
         n_p = len(sq.pools)
-        if self._all_dirty:
-            return None
         parts = []
         if change.kept[s] < n_p:
             parts.append(change.new_pools(s, n_p))
-        if n_p and (self._kdirty_rows or self._pdirty_rows):
-            pairs = dirty.of(s) if layout.known_equal(cache, s) else None
-            found = None if pairs is None else self._looked_up(sq, *pairs)
-            if found is None:  # not known equal, too many rows, or a pair not found
-                found = self._scanned(layout, s, dirty)
-            if found.size:
-                parts.append(found)
+        found = None
+        if how == _LOOK:
+            pairs = dirty.of(s)
+            if pairs is not None:
+                found = self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, *pairs)
+            if found is None:  # a pair not found: scan
+                how = _SCAN
+        if how == _SCAN:
+            found = self._scanned(layout, s, dirty)
+        if found is not None and found.size:
+            parts.append(found)
         return _union(parts)
-
-    def _looked_up(self, sq: SeqLayout, members: np.ndarray, reps: np.ndarray
-                   ) -> np.ndarray | None:
-        """sq's pools with one of the pairs `members` as a member or one of `reps` as
-        their rep (`pools_of_pairs`; None if one is not among sq's pairs). Pairs past
-        the last pooled one, the tail a decode just appended, are in no pool: most
-        ubatches' only changed pairs, answered without the search."""
-        last = int(sq.keys.view[int(sq.pools.view[-1]) + self.kpool - 1])
-        if (members.size == 0 or int(members.min()) > last) and \
-                (reps.size == 0 or int(reps.min()) > last):
-            return _NO_PAIRS
-        return self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, members, reps)
 
     def _scanned(self, layout: Layout, s: int, dirty: _DirtyPairs) -> np.ndarray:
         """s's pools with a changed member key (a pass over its pooled pairs) or a
@@ -180,16 +203,19 @@ class Verifier:
         the cache the layout was updated from (as it is now)."""
         dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
         todo: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
-        for s, sq in enumerate(layout.seqs):
-            n_p = len(sq.pools)
-            self.bad[s] = self.bad[s][:change.kept[s]]
-            cand = self._candidates(layout, change, s, cache, dirty)
-            if cand is None:
+        seen = ([(s, _NONE) for s in range(len(layout.seqs))] if self._all_dirty
+                else self._sequences(layout, change, cache, dirty))
+        for s, how in seen:
+            n_p = len(layout.seqs[s].pools)
+            if self._all_dirty:
                 self.bad[s] = np.zeros(n_p, dtype=bool)
                 cand = np.arange(n_p, dtype=np.int64)
-            elif self.bad[s].size < n_p:
-                self.bad[s] = np.concatenate(
-                    (self.bad[s], np.zeros(n_p - self.bad[s].size, dtype=bool)))
+            else:
+                self.bad[s] = self.bad[s][:change.kept[s]]
+                if self.bad[s].size < n_p:
+                    self.bad[s] = np.concatenate(
+                        (self.bad[s], np.zeros(n_p - self.bad[s].size, dtype=bool)))
+                cand = self._candidates(layout, change, s, how, dirty)
             if cand.size:
                 todo.append((s, cand))
         if todo:  # one check of every sequence's candidates
@@ -203,6 +229,11 @@ class Verifier:
                 self.bad[s][c] = bad[at:at + c.size]
                 at += c.size
             self.pools_checked += at
+        for s, _how in seen:  # the others' bad pools are as they were
+            if self.bad[s].any():
+                self.bad_seqs.add(s)
+            else:
+                self.bad_seqs.discard(s)
         for rows in self._kdirty_rows:
             self._kdirty[rows] = False
         for rows in self._pdirty_rows:
@@ -213,6 +244,8 @@ class Verifier:
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
+# how a sequence's pools to recheck are found (`Verifier._sequences`)
+_NONE, _NEW, _LOOK, _SCAN = -1, 0, 1, 2
 
 
 def _union(parts: list[np.ndarray]) -> np.ndarray:
@@ -227,32 +260,60 @@ class _DirtyPairs:
     the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
     member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
     a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) `of`
-    gives None: a pass over the pairs costs less than that many look-ups. `rep_scan`:
-    the scan's `_rep_dirty`, once some sequence needs it."""
+    and `lowest` give None: a pass over the pairs costs less than that many
+    look-ups. `rep_scan`: the scan's `_rep_dirty`, once some sequence needs it."""
 
     LOOKUP_MAX_ROWS = 4096
 
     def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
                  pdirty: list[np.ndarray]) -> None:
         self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
+        # per stream with a changed row, `held_pairs` of the member rows and the rep
+        # rows (one dict when the two lists are the same arrays); per sequence, its pairs
+        self._members: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._reps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self.scan_all = False
         self.rep_scan: list[np.ndarray | None] | None = None
 
-    def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
-        if self._by_seq is None:
+    def _held(self) -> bool:
+        """Build the changed rows' pairs on first use; False: too many, scan instead."""
+        if self._members is None:
             n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
             self.scan_all = n > self.LOOKUP_MAX_ROWS
-            self._by_seq = {}
+            self._members = {}
             if not self.scan_all:
-                members = self._pairs(self.kdirty)
+                self._members = self._pairs(self.kdirty)
                 # a decode's rows are touched as keys and as pooled rows alike
                 same = len(self.kdirty) == len(self.pdirty) and all(
                     a is b for a, b in zip(self.kdirty, self.pdirty, strict=True))
-                self._by_seq = self._split(members, members if same else
-                                           self._pairs(self.pdirty))
-        return None if self.scan_all else self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
+                self._reps = self._members if same else self._pairs(self.pdirty)
+        return not self.scan_all
+
+    def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
+        if not self._held():
+            return None
+        if self._by_seq is None:
+            assert self._members is not None
+            self._by_seq = self._split(self._members, self._reps)
+        return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
+
+    def lowest(self, n_seq: int) -> np.ndarray | None:
+        """[n_seq] each sequence's lowest changed pair, member or rep (INT64_MAX where
+        it holds none), for all at once; None: scan instead (as `of`)."""
+        if not self._held():
+            return None
+        assert self._members is not None
+        low = np.full(n_seq, np.iinfo(np.int64).max, dtype=np.int64)
+        helds = [self._members] + ([self._reps] if self._reps is not self._members else [])
+        for held in helds:
+            for t, (off, pairs) in held.items():
+                cols = np.flatnonzero(off[1:] > off[:-1])
+                if cols.size:  # the columns holding a pair, their pairs back to back
+                    ids = np.asarray(self.cache.streams[t].seq_ids, dtype=np.int64)[cols]
+                    np.minimum.at(low, ids, np.minimum.reduceat(pairs, off[cols]))
+        return low
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],
                reps: dict[int, tuple[np.ndarray, np.ndarray]]

@@ -28,7 +28,6 @@ class CompiledLayout(Layout):
         # per sequence: its pairs equal the cache's as of the last update (so, while
         # nothing has touched it since, it has no drift: `drift` is O(1))
         self._equal = [True] * n_seq_max
-        self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -85,8 +84,7 @@ class CompiledLayout(Layout):
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         if changed:
-            self._pool_start = self._pool_cells = None
-            self._pool_pos = None
+            self._pool_start = self._pool_cells = self._pool_pos = None
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
@@ -148,22 +146,6 @@ class CompiledLayout(Layout):
                       self.kv_size, out, np.arange(a, b))
         return out
 
-    def pool_first_pos(self) -> np.ndarray:
-        """[n_pool_real] the first member's pos of every pool, in layout order (a
-        whole-layout array, as `pool_cells`: built on first use after an update that
-        changed some pools)."""
-        return self._pos_columns()[0]
-
-    def pool_rep_pos(self) -> np.ndarray:
-        """[n_pool_real] the rep's pos of every pool, in layout order (as above)."""
-        return self._pos_columns()[1]
-
-    def _pos_columns(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._pool_pos is None:
-            self._pool_pos = (_joined([sq.first_pos_.view for sq in self.seqs]),
-                              _joined([sq.rep_pos_.view for sq in self.seqs]))
-        return self._pool_pos
-
     def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
         """Layout.columns, from the whole-layout pos columns."""
         seq, kk = self.locate(ips)
@@ -172,6 +154,14 @@ class CompiledLayout(Layout):
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """The update found s's pairs equal to the cache's, and nothing touched s since."""
         return self._equal[s] and s not in cache.stream(s).touched
+
+    def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
+        """`known_equal` of every sequence: a stream's `touched` holds its own."""
+        eq = np.array(self._equal, dtype=bool)
+        for st in cache.streams:
+            if st.touched:
+                eq[list(st.touched)] = False
+        return eq
 
     def drift(self, cache: KvCache, s: int) -> tuple[int, tuple[int, int] | None,
                                                      tuple[int, int] | None] | None:
@@ -186,8 +176,3 @@ class CompiledLayout(Layout):
             return None
         return super().drift(cache, s)
 
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """The sequences' columns end to end (layout order)."""
-    parts = [a for a in parts if a.size]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

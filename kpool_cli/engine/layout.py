@@ -169,6 +169,7 @@ class Layout:
         self.cache_safe = True
         self._pool_start: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
+        self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
                truncate: str | None = None) -> LayoutChange:
@@ -226,7 +227,7 @@ class Layout:
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         if changed:
-            self._pool_start = self._pool_cells = None
+            self._pool_start = self._pool_cells = self._pool_pos = None
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
@@ -323,10 +324,26 @@ class Layout:
     def pool_cells(self) -> np.ndarray:
         """[n_pool_real] global rep row of every pool, in layout order (ENGINE.md §7)."""
         if self._pool_cells is None:
-            parts = [sq.rep_rows.view for sq in self.seqs if len(sq.rep_rows)]
-            self._pool_cells = (np.concatenate(parts) if parts
-                                else np.empty(0, dtype=np.int64))
+            self._pool_cells = _joined([sq.rep_rows.view for sq in self.seqs])
         return self._pool_cells
+
+    def pool_first_pos(self) -> np.ndarray:
+        """[n_pool_real] the first member's pos of every pool, in layout order."""
+        return self._pos_columns()[0]
+
+    def pool_rep_pos(self) -> np.ndarray:
+        """[n_pool_real] the rep's pos of every pool, in layout order."""
+        return self._pos_columns()[1]
+
+    def _pos_columns(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._pool_pos is None:
+            self._pool_pos = (_joined([sq.first_pos_.view for sq in self.seqs]),
+                              _joined([sq.rep_pos_.view for sq in self.seqs]))
+        return self._pool_pos
+
+    def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
+        """[n_seq_max] bool: `known_equal` of every sequence (none, here)."""
+        return np.zeros(len(self.seqs), dtype=bool)
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """Whether sequence s's pairs are known, without a look, to equal the cache's
@@ -379,3 +396,9 @@ class Layout:
             first[sel] = sq.first_pos()[k[sel]]
             last[sel] = sq.rep_pos()[k[sel]]
         return seq, k, first, last
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The sequences' columns end to end: a whole-layout column, in layout order."""
+    parts = [a for a in parts if a.size]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
