@@ -40,10 +40,11 @@ def full_bad(be: ValueBackend, layout) -> list[np.ndarray]:
 def check_incremental(t: m.Trace, version: EngineVersion, core: str = "reference",
                       backend: str = "numpy") -> tuple[int, int]:
     """Replay with the numpy backend on `core`; after every ubatch the incremental bad
-    pools (and the sequences holding one) must equal a full recomputation, and KP003 must name exactly the tokens that
-    see one. The compiled core's layout knows when its pairs equal the cache's, and the
-    verification then finds the changed pools by looking the changed cells up
-    (`Verifier._candidates`); the reference's never claims it, and it scans.
+    pools (and the sequences holding one) must equal a full recomputation, and KP003
+    must name exactly the tokens that see one. The compiled core's layout knows when
+    its pairs equal the cache's, and the verification then finds the changed pools by
+    looking the changed cells up (`Verifier._candidates`); the reference's never
+    claims it, and it scans.
     Returns (ubatches, ubatches with a bad pool)."""
     be = ValueBackend(t.cache, t.seed, backend)
     rp = Replayer(t, version, be, core=core)
