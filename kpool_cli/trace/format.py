@@ -170,24 +170,21 @@ class Section:
     fields: tuple[Field, ...] = ()
     body: str = "mapping"
     _by_name: dict[str, Field] = field(init=False, repr=False, compare=False)
+    # the key lists, asked once a token by the loader: made once
+    names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    required: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {f.name: f for f in self.fields})
         assert len(self._by_name) == len(self.fields), self.name
+        object.__setattr__(self, "names", tuple(f.name for f in self.fields))
+        object.__setattr__(self, "required", tuple(f.name for f in self.fields if f.required))
 
     def __getitem__(self, name: str) -> Field:
         return self._by_name[name]
 
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
-
-    @property
-    def required(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields if f.required)
 
     @property
     def defaults(self) -> dict[str, object]:
