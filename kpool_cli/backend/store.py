@@ -359,7 +359,7 @@ class ValueBackend:
         todo = np.flatnonzero(fresh)
         ents = np.sort(order[np.repeat(fresh, sizes)])
         members, reps = t.of(entry_rows[ents]), t.of(rep[ents])
-        keep = self._kept(members, reps)
+        keep = self._kept(members, reps) if ents.size else np.zeros(0, dtype=bool)
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = t.own(rows, zero_new=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import CELL_BITS, global_row
+from ..cache.cells import CELL_BITS, EMPTY_POS, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
@@ -123,17 +123,21 @@ class Verifier:
         kept = np.asarray(change.kept, dtype=np.int64)
         how = np.where((kept < n_bad) | (n_bad < n_p), _NEW, _NONE)
         if self._kdirty_rows or self._pdirty_rows:
-            scan = n_p > 0
-            lowest = dirty.lowest(n)  # None: too many changed rows to look up
-            if lowest is not None:
-                known = layout.known_equal_seqs(cache)
-                scan &= ~known
-                look = known & (kept > 0)
+            known = layout.known_equal_seqs(cache)
+            scan = (n_p > 0) & ~known
+            look = known & (kept > 0)
+            if look.any():
                 last = (start[:-1] + kept - 1)[look]  # the last kept pool, global
                 tail = np.full(n, -1, dtype=np.int64)  # its rep pair (global_row's cell)
                 tail[look] = (layout.pool_rep_pos()[last] << CELL_BITS) | \
                     (layout.pool_cells()[last] % self.kv_size)
-                how[look & (lowest <= tail)] = _LOOK
+                # every changed pair past every tail (a decode's new tokens): no look-up
+                if dirty.lowest_pair() <= int(tail.max()):
+                    lowest = dirty.lowest(n)  # None: too many changed rows to look up
+                    if lowest is None:
+                        scan |= look
+                    else:
+                        how[look & (lowest <= tail)] = _LOOK
             how[scan] = _SCAN
         seqs = np.flatnonzero(how != _NONE)
         return list(zip(seqs.tolist(), how[seqs].tolist(), strict=True))
@@ -244,6 +248,7 @@ class Verifier:
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
+_NO_PAIR = int(np.iinfo(np.int64).max)  # above every pair: no changed pair
 # how a sequence's pools to recheck are found (`Verifier._sequences`)
 _NONE, _NEW, _LOOK, _SCAN = -1, 0, 1, 2
 
@@ -299,20 +304,38 @@ class _DirtyPairs:
             self._by_seq = self._split(self._members, self._reps)
         return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
+    def lowest_pair(self) -> int:
+        """The lowest pair of any changed cell some sequence holds (INT64_MAX: none):
+        a cell's pair is the same in every sequence that holds it, so this bounds
+        `lowest` from below without asking who holds what."""
+        rows = [*self.kdirty, *self.pdirty]
+        rows_a = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's parts
+        streams = self.cache.streams
+        low = _NO_PAIR
+        for t in range(1) if len(streams) == 1 else unique(strm).tolist():
+            c = cells if len(streams) == 1 else cells[strm == t]
+            pos = streams[t].pos[c]
+            held = pos != EMPTY_POS
+            if held.any():
+                low = min(low, int(make_keys(pos[held], c[held]).min()))
+        return low
+
     def lowest(self, n_seq: int) -> np.ndarray | None:
         """[n_seq] each sequence's lowest changed pair, member or rep (INT64_MAX where
         it holds none), for all at once; None: scan instead (as `of`)."""
         if not self._held():
             return None
         assert self._members is not None
-        low = np.full(n_seq, np.iinfo(np.int64).max, dtype=np.int64)
+        low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
         helds = [self._members] + ([self._reps] if self._reps is not self._members else [])
         for held in helds:
             for t, (off, pairs) in held.items():
                 cols = np.flatnonzero(off[1:] > off[:-1])
                 if cols.size:  # the columns holding a pair, their pairs back to back
+                    # a stream's columns are distinct sequences, held by no other stream
                     ids = np.asarray(self.cache.streams[t].seq_ids, dtype=np.int64)[cols]
-                    np.minimum.at(low, ids, np.minimum.reduceat(pairs, off[cols]))
+                    low[ids] = np.minimum(low[ids], np.minimum.reduceat(pairs, off[cols]))
         return low
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],

@@ -90,7 +90,9 @@ class Writers:
                 self.alt.pop(r, None)
 
     def raced(self, rows: np.ndarray) -> np.ndarray:
-        """[len(rows)] bool: the row is in `alt`."""
+        """[len(rows)] bool: the row is in `alt` (none, most ubatches: no search)."""
+        if not self.alt:
+            return np.zeros(rows.size, dtype=bool)
         return np.isin(rows, np.fromiter(self.alt, dtype=np.int64, count=len(self.alt)))
 
     def copy_stream(self, s_dst: np.ndarray, src: int, dst: int) -> None:
