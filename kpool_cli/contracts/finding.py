@@ -106,7 +106,13 @@ class PoolIds(_Ids):
 
     @classmethod
     def of(cls, seq: np.ndarray, k: np.ndarray) -> PoolIds:
-        return cls(np.stack((np.asarray(seq, np.int64), np.asarray(k, np.int64)), axis=1))
+        """The pools (seq[i], k[i]), held in the one array built here (no copy of it)."""
+        a = np.empty((len(seq), 2), dtype=np.int64)
+        a[:, 0], a[:, 1] = seq, k
+        a.flags.writeable = False
+        out = cls.__new__(cls)
+        out._a = a
+        return out
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return ((a, b) for a, b in self._a.tolist())

@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
-from ...arrays import unique
 from ...backend.facts import ValueFacts
 from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
@@ -86,7 +85,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     real = plan.entry_pool[ctx.raced_entries()]
     seq, k = ctx.layout.locate(real[real >= 0])
     pools = PoolIds.of(seq, k)
-    seqs = tuple(unique(seq).tolist())
+    seqs = tuple(np.flatnonzero(np.bincount(seq)).tolist())  # ascending seq ids
     n_pad = int((real < 0).sum())
     who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
     if n_pad and seqs:
