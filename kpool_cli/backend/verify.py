@@ -109,8 +109,8 @@ class Verifier:
                    dirty: _DirtyPairs) -> list[tuple[int, int]]:
         """(s, how) for each sequence whose bad pools may have changed (ascending),
         decided for all at once: `_NEW`, the pools the update cut, regrouped or added
-        alone; `_LOOK`, those and the pools holding a changed pair, looked up
-        (`_looked_up`), where the layout knows s's pairs equal the cache's
+        alone; `_LOOK`, those and the pools holding a changed pair, looked up by
+        their pairs (`pools_of_pairs`), where the layout knows s's pairs equal the cache's
         (`Layout.known_equal`) and a changed pair lies at or before the last pair of
         the pools the update kept (past them, a pair is in a new pool or in none: the
         tail a decode just appended, most ubatches' only change); `_SCAN`, those and

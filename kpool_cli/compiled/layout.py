@@ -175,4 +175,3 @@ class CompiledLayout(Layout):
         if j < 0:
             return None
         return super().drift(cache, s)
-

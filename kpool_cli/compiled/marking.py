@@ -53,17 +53,17 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     if not layout.by_order:  # by position: every sequence's tokens in one call
         k.pools_of_pairs_by_pos(layout.pool_first_pos(), layout.pool_rep_pos(), start,
                                 pair_seq, pos[pair_tok], pair_ip)
-    for s, sel in by_sequence(pair_seq) if layout.by_order else ():
-        sq = layout.seqs[s]
-        got = np.empty(sel.size, dtype=np.int64)
-        tok = pair_tok[sel]
-        k.pools_of_tokens(sq.keys.view, len(sq.pools), sq.first_pos(), sq.rep_pos(),
-                          pos[tok], token_cells[tok], layout.by_order, kpool,
-                          int(start[s]), got)
-        if (got == -2).any():
-            raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
-                              "sequence's layout (by-order rank lookup)")
-        pair_ip[sel] = got
+    else:  # by order: a rank among each sequence's own pairs
+        for s, sel in by_sequence(pair_seq):
+            sq = layout.seqs[s]
+            got = np.empty(sel.size, dtype=np.int64)
+            tok = pair_tok[sel]
+            k.pools_of_tokens(sq.keys.view, len(sq.pools), sq.first_pos(), sq.rep_pos(),
+                              pos[tok], token_cells[tok], True, kpool, int(start[s]), got)
+            if (got == -2).any():
+                raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
+                                  "sequence's layout (by-order rank lookup)")
+            pair_ip[sel] = got
     candidates.append(pair_ip[pair_ip >= 0])
     cand = np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
     if cand.size == 0:
