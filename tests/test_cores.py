@@ -172,3 +172,19 @@ def test_pools_of_pairs_by_pos_finds_each_tokens_pool_in_its_sequence() -> None:
     out = np.empty(pair_seq.size, dtype=np.int64)
     k.pools_of_pairs_by_pos(first_pos, rep_pos, start, pair_seq, pair_pos, out)
     assert out.tolist() == [1, -1, -1, -1, 3, 3, -1]
+
+
+def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() -> None:
+    """engine/scatter.py `visible_pools` by position (ENGINE.md §7), for tokens of
+    several sequences at once. Sequence 0's pools have rep pos 3, 7 (global 0, 1),
+    sequence 1 none, sequence 2's 11, 19 (global 2, 3). Seq 0 at pos 7 sees both (7 <=
+    7), at pos 6 one; seq 1 at pos 30 none; seq 2 at pos 10 none, at 11 one, at 50 two."""
+    from kpool_cli.compiled import kernels as k
+
+    rep_pos = np.array([3, 7, 11, 19], dtype=np.int64)
+    start = np.array([0, 2, 2, 4], dtype=np.int64)
+    first = np.array([0, 0, 1, 2, 2, 2], dtype=np.int64)
+    pos = np.array([7, 6, 30, 10, 11, 50], dtype=np.int64)
+    out = np.empty(first.size, dtype=np.int64)
+    k.visible_by_pos(rep_pos, start, first, pos, out)
+    assert out.tolist() == [2, 1, 0, 0, 1, 2]

@@ -302,6 +302,17 @@ def pools_of_pairs_by_pos(first_pos, rep_pos, start, pair_seq, pair_pos, out
         out[i] = k if k >= lo and p <= rep_pos[k] else -1
 
 
+@kernel
+def visible_by_pos(rep_pos, start, first, pos, out):  # pragma: no cover - compiled
+    """engine/scatter.py `visible_pools` by position, for tokens of any sequences at
+    once, over the whole-layout `rep_pos` (sequence s's pools at global indices
+    start[s]..start[s + 1]): out[i] = how many pools of sequence first[i] have a rep
+    pos <= pos[i]."""
+    for i in range(first.size):
+        s = first[i]
+        out[i] = _bisect_in(rep_pos[start[s]:start[s + 1]], pos[i], True)
+
+
 def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - compiled
     """engine/marking.py `mark`: the first candidate per pool (cache-safe) or per rep
     row (rep-once, PR #29994) wins; returns the winners sorted (layout order).

@@ -1,11 +1,12 @@
-"""The compiled core's marking, padding rows and race groups (ENGINE.md §6-7):
-engine/marking.py's `mark`, engine/scatter.py's `padding_rows` (which the
-reference `build_plan` takes) and engine/context.py's `race_groups`, with their loops
-over tokens, pools and rows in kernels (compiled/kernels.py).
+"""The compiled core's marking, padding rows, visibility and race groups (ENGINE.md
+§6-7): engine/marking.py's `mark`, engine/scatter.py's `padding_rows` and
+`visible_pools` (which the reference `build_plan` takes) and engine/context.py's
+`race_groups`, with their loops over tokens, pools and rows in kernels
+(compiled/kernels.py).
 
-Owns: `mark`, `padding`, `race_groups`, each the reference function's result for
-the same arguments (the same arrays, the same EngineAbort messages), which the tests
-hold byte for byte. The decisions (which candidate wins, which rows pad) are the
+Owns: `mark`, `padding`, `visible`, `race_groups`, each the reference function's
+result for the same arguments (the same arrays, the same EngineAbort messages), which
+the tests hold byte for byte. The decisions (which candidate wins, which rows pad) are the
 reference's rules, cited in the kernels; the stale candidates and the grouping by
 sequence are the reference's own functions.
 """
@@ -17,9 +18,9 @@ from collections.abc import Callable
 import numpy as np
 
 from ..cache.aborts import EngineAbort
-from ..engine.layout import by_sequence
+from ..engine.layout import Layout, by_sequence
 from ..engine.marking import Marking, stale_candidates, token_pairs
-from ..engine.scatter import NO_ROW_LEFT
+from ..engine.scatter import NO_ROW_LEFT, visible_pools
 from . import kernels as k
 from .layout import CompiledLayout
 
@@ -83,6 +84,18 @@ def padding(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
     if k.padding_rows(pool_cells, n_pad, n_rows, rows) < n_pad:
         raise EngineAbort(NO_ROW_LEFT)
     return rows, np.empty(0, dtype=np.int64)
+
+
+def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
+            token_cells: np.ndarray) -> np.ndarray:
+    """engine/scatter.py `visible_pools` (which the reference `build_plan` takes): by
+    position, every token in one `kernels.visible_by_pos` call over the whole-layout
+    rep pos; by order, the reference's own."""
+    if layout.by_order:
+        return visible_pools(layout, first, pos, token_cells)
+    out = np.empty(first.size, dtype=np.int64)
+    k.visible_by_pos(layout.pool_rep_pos(), layout.pool_start(), first, pos, out)
+    return out
 
 
 def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray,

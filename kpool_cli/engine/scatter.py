@@ -2,7 +2,7 @@
 
 Owns: `ScatterPlan` and `build_plan`: the gather list `pool_cells`, the scatter
 entries (members' global rows and the rep row each writes), padding entries, and
-what each token of the ubatch sees.
+what each token of the ubatch sees (`visible_pools`).
 
 Invariants: entries 0 .. n_new-1 are the marked pools in layout order; entries
 n_new .. n_new_g-1 are padding, each writing `rep` from `kpool` copies of that row.
@@ -46,6 +46,7 @@ class ScatterPlan:
 NO_ROW_LEFT = "GGML_ASSERT(pad_cell < kv_size*n_stream): no row left for a padding entry"
 
 Padding = Callable[[np.ndarray, int, int, bool], tuple[np.ndarray, np.ndarray]]
+Visibility = Callable[[Layout, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
@@ -87,12 +88,30 @@ def repeated_pool(layout: Layout, seqs: list[tuple[int, ...]]
             np.flatnonzero(pool_cells == row))
 
 
+def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
+                  token_cells: np.ndarray) -> np.ndarray:
+    """[n_tokens] the pools each token sees (ENGINE.md §7): a token sees the pools of
+    its first seq id (`first`) whose rep pos <= its pos (by-order: the first
+    (rank + 1) // kpool pools)."""
+    visible = np.empty(first.size, dtype=np.int64)
+    for s, sel in by_sequence(first):
+        sq = layout.seqs[s]
+        if layout.by_order:
+            rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
+            visible[sel] = np.minimum(len(sq.pools), (rank + 1) // layout.kpool)
+        else:
+            visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
+    return visible
+
+
 def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray,
                seqs: list[tuple[int, ...]], token_cells: np.ndarray, n_rows: int,
-               padding_policy: str, padding: Padding = padding_rows) -> ScatterPlan:
+               padding_policy: str, padding: Padding = padding_rows,
+               visibility: Visibility = visible_pools) -> ScatterPlan:
     """ENGINE.md §7 for one ubatch; `padding_policy` is `EngineVersion.padding`;
     `padding` picks the rows of the policies that give padding rows of their own
-    (`padding_rows`, or a core's equal twin)."""
+    (`padding_rows`, or a core's equal twin), `visibility` what each token sees
+    (`visible_pools`, or a core's equal twin)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
 
@@ -124,17 +143,8 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         rep[n_new:] = pad
         rows[n_new:] = pad[:, None]
 
-    # visibility: a token sees the pools of its first seq id whose rep pos <= its pos
-    # (by-order: the first (rank + 1) // kpool pools)
-    visible = np.empty(len(seqs), dtype=np.int64)
     first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
-    for s, sel in by_sequence(first):
-        sq = layout.seqs[s]
-        if layout.by_order:
-            rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
-            visible[sel] = np.minimum(len(sq.pools), (rank + 1) // kpool)
-        else:
-            visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
+    visible = visibility(layout, first, pos, token_cells)
     assert pad_bound(pool_cells.size) > pool_cells.size
     return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted,
                        readers)
