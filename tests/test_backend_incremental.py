@@ -249,7 +249,7 @@ def test_incremental_check_after_any_row_change(moves, core: str) -> None:
             ks = np.arange(len(sq.pools), dtype=np.int64)
             members = be.slots.of(sq.members(ks, be.kpool, be.kv_size))
             reps = be.slots.of(sq.rep_rows.view[ks])
-            assert np.array_equal(be._values(members, reps, be._kept(members, reps))
+            assert np.array_equal(be._values(members, reps, be.kernels.kept(members, reps))
                                   .view(np.uint32),
                                   be.kernels.pool(members).view(np.uint32)), (kind, a, b)
         be.verifier.verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs),
@@ -268,11 +268,8 @@ class PoolEveryEntry(ValueBackend):
     be bit-equal to."""
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                      starts: np.ndarray) -> tuple[np.ndarray, int]:
-        return np.ones(starts.size - 1, dtype=bool), 0
-
-    def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        return np.zeros(members.shape[0], dtype=bool)
+                      starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        return np.ones(starts.size - 1, dtype=bool), np.zeros(rep.size, dtype=bool), 0
 
 
 def as_json(rec, t: m.Trace) -> dict:
@@ -359,14 +356,14 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
     be.slots.pooled[s[3]] = be.kernels.pool(s[None, 2:])[0]
     be.slots.pool_of[s[3]], be.slots.pool_gen[s[3]] = s[2:], be.slots.gen
     members, rep = s[None, 2:].copy(), s[3:]
-    assert be._kept(members, rep).tolist() == [True]  # kept: the pooling is still right
+    assert be.kernels.kept(members, rep).tolist() == [True]  # kept: the pooling is still right
     assert be._values(members, rep, np.array([True])).tobytes() \
         == be.kernels.pool(members).tobytes()
     be.slots.pooled[s[1]] = 7
     be.copy_stream(0, 1)
     members, rep = be.slots.of(np.array([[8, 9]])), be.slots.of(np.array([9]))
     assert (be.row_values("pooled", np.array([9])) == 7).all()
-    assert be._kept(members, rep).tolist() == [False]
+    assert be.kernels.kept(members, rep).tolist() == [False]
 
 
 def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:

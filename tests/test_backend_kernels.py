@@ -177,7 +177,8 @@ def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
     pool rows 10, 11 into row 15 (kept, each); 1 pools rows 11, 10 into row 15
     (another pooling: not kept); 3 pools rows 10, 11 into row 16 (not kept); 4 pools
     rows 0, 10 into row 15 (slot 0 is not slot 1: not kept). Groups (order 0 2 | 1 |
-    3 4): the first holds kept entries alone, the other two are fresh; 2 kept."""
+    3 4): the first holds kept entries alone, the other two are fresh; entries 0 and 2
+    kept."""
     slot_of = np.zeros(20, np.int32)
     slot_of[[10, 11, 15, 16]] = 1, 2, 5, 6
     pool_of = np.zeros((8, 2), np.int64)
@@ -190,12 +191,13 @@ def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
     order = np.array([0, 2, 1, 3, 4], np.int64)
     starts = np.array([0, 2, 3, 5], np.int64)
     for k in (kernels, reference):
-        fresh, n_kept = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep,
-                                       order, starts)
+        fresh, keep, n_kept = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen, entry_rows,
+                                             rep, order, starts)
         assert fresh.tolist() == [False, True, True] and n_kept == 2
-        fresh, n_kept = k.fresh_groups(slot_of.astype(np.int64), pool_of, pool_gen, key_gen,
-                                       entry_rows, rep, order[:0], starts[:1])
-        assert fresh.tolist() == [] and n_kept == 0
+        assert keep.tolist() == [True, False, True, False, False]
+        fresh, keep, n_kept = k.fresh_groups(slot_of.astype(np.int64), pool_of, pool_gen,
+                                             key_gen, entry_rows, rep, order[:0], starts[:1])
+        assert fresh.tolist() == [] and n_kept == 0 and not keep.any()
     # an entry, a row, a slot, a group end outside its array: refused, naming the
     # first group that holds one
     far_slot = slot_of.copy()
@@ -266,8 +268,9 @@ def test_fresh_groups_agrees(kpool: int) -> None:
             assert got == want
         else:
             assert isinstance(want, tuple)
-            assert np.array_equal(got[0], want[0]) and got[1] == want[1]
-            assert 0 < got[1] < n and 0 < np.count_nonzero(got[0]) < starts.size - 1
+            assert np.array_equal(got[0], want[0]) and got[2] == want[2]
+            assert np.array_equal(got[1], want[1]) and got[2] == np.count_nonzero(got[1])
+            assert 0 < got[2] < n and 0 < np.count_nonzero(got[0]) < starts.size - 1
     assert n_refused > 10  # the refusals are exercised
 
 

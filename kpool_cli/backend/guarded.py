@@ -104,10 +104,11 @@ class GuardedKernels:
                            reps)
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                     starts: np.ndarray) -> tuple[np.ndarray, int]:
+                     starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """`kept` of every entry (member rows `entry_rows`, rep row `rep`) through the
         rows' slots, per race group `order[starts[g]:starts[g + 1]]`: (fresh groups,
-        entries kept). The kernel checks each entry, row and slot as it reads it."""
+        each entry kept, entries kept). The kernel checks each entry, row and slot as
+        it reads it."""
         where = "kept"
         t = self.slots
         t.check_generations(where)

@@ -333,8 +333,8 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
     Returns
     -------
     array of bool, shape (n,)
-        One pass over the entries: under cache-safe, which re-marks every pool each
-        ubatch, this is asked of every pool (32k in a W2 ubatch).
+        One pass over the entries, by slots: the rule `fresh_groups` asks of a
+        scatter's entries by their rows (its numpy twin is built on this one's).
     """
     out = np.empty(reps.size, dtype=np.bool_)
     _kept_into(pool_of, pool_gen, key_gen, members, reps, out)
@@ -342,12 +342,12 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
 
 
 _FRESH_SIG = ("i8({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], i8[::1], i8[::1], "
-              "b1[::1])")
+              "b1[::1], b1[::1])")
 
 
 @numba.njit([_FRESH_SIG.format("i4"), _FRESH_SIG.format("i8")], cache=_CACHED)
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                       fresh):
+                       fresh, keep):
     n = rep.size
     n_rows = slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
@@ -377,6 +377,7 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
                 m = slot_of[entry_rows[e, q]]
                 ok = pool_of[r, q] == m and key_gen[m] < gen
                 q += 1
+            keep[e] = ok
             if ok:
                 n_kept += 1
             else:
@@ -387,7 +388,7 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
 
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
-                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
+                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """`kept` asked of every scatter entry, by rows, and its answer per race group: an
     entry (member rows `entry_rows[e]`, rep row `rep[e]`) is kept when its rep row's
     slot (`slot_of`) holds the pooling of its member rows' slots, none of them
@@ -404,7 +405,8 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
 
     Returns
     -------
-    (fresh, n_kept) : array of bool, shape (len(starts) - 1,), and the entries kept
+    (fresh, keep, n_kept) : arrays of bool, shapes (len(starts) - 1,) and (n,), and
+        the entries kept (`keep[e]`: entry e keeps; False for an entry of no group).
         One pass over the entries, each row looked up where it is read: under
         cache-safe, which re-marks every pool each ubatch, this is asked of every
         pool (8.7k in a W4 ubatch, 32k in a W2 one), and few are fresh. Each index is
@@ -412,11 +414,12 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
         IndexError names the first group holding one outside its array.
     """
     fresh = np.empty(max(starts.size - 1, 0), dtype=np.bool_)
+    keep = np.zeros(rep.size, dtype=np.bool_)
     n_kept = _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order,
-                                starts, fresh)
+                                starts, fresh, keep)
     if n_kept < 0:
         raise IndexError(f"race group {-1 - n_kept}: an entry, row or slot outside the arrays")
-    return fresh, int(n_kept)
+    return fresh, keep, int(n_kept)
 
 
 @numba.njit("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])", cache=_CACHED)

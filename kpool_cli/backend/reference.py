@@ -117,10 +117,11 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
 
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
-                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, int]:
+                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """`kept` of every entry by its rows (`slot_of`), per race group
-    order[starts[g]:starts[g + 1]]: (fresh: a group with an entry not kept, the
-    entries kept). IndexError names the first group the kernel refuses."""
+    order[starts[g]:starts[g + 1]]: (fresh: a group with an entry not kept, keep: each
+    entry of a group kept, the entries kept). IndexError names the first group the
+    kernel refuses."""
     n, n_rows = rep.size, slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
     n_groups = max(starts.size - 1, 0)
@@ -143,10 +144,12 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     if bad.any():
         raise IndexError(f"race group {int(np.argmax(bad))}: an entry, row or slot outside "
                          "the arrays")
-    keep = kept(pool_of, pool_gen, key_gen, np.ascontiguousarray(slots[:, 1:]), slots[:, 0])
+    kept_e = kept(pool_of, pool_gen, key_gen, np.ascontiguousarray(slots[:, 1:]), slots[:, 0])
     fresh = np.zeros(n_groups, dtype=bool)
-    np.logical_or.at(fresh, group, ~keep)
-    return fresh, int(np.count_nonzero(keep))
+    np.logical_or.at(fresh, group, ~kept_e)
+    keep = np.zeros(n, dtype=bool)
+    keep[e] = kept_e  # an entry listed twice is kept or not alike
+    return fresh, keep, int(np.count_nonzero(kept_e))
 
 
 def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndarray

@@ -327,7 +327,7 @@ class ValueBackend:
         group write equal values (`values.groups_equal`).
 
         What changed costs, not what was marked: an entry whose rep slot keeps its
-        pooling (`_kept`) writes the value that slot holds, so a race group of such
+        pooling (`_fresh_groups`) writes the value that slot holds, so a race group of such
         entries alone (every entry of a group has the same rep row, so the same slot)
         writes equal values and leaves its row as it was. Only the other groups' values
         are pooled, gathered, scattered and compared, and have their pooling recorded;
@@ -350,16 +350,15 @@ class ValueBackend:
         if n == 0:
             return np.ones(0, dtype=bool)
         order, starts, rows = ctx.order, ctx.starts, ctx.rows
-        # the groups with an entry that pools afresh (`_kept`: all but a few, under
+        # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe), and their entries (ascending), with their slots as they are
         # before `own` below hands the zero rows theirs
-        fresh, n_kept = self._fresh_groups(entry_rows, rep, order, starts)
+        fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts)
         self.pools_kept += n_kept
         sizes = np.diff(starts)
         todo = np.flatnonzero(fresh)
         ents = np.sort(order[np.repeat(fresh, sizes)])
-        members, reps = t.of(entry_rows[ents]), t.of(rep[ents])
-        keep = self._kept(members, reps) if ents.size else np.zeros(0, dtype=bool)
+        members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
         win = order[starts[1:] - 1]  # the last entry of each row's group
         rows = _i64(rows)
         s = t.own(rows, zero_new=True)
@@ -404,18 +403,14 @@ class ValueBackend:
         return equal
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                      starts: np.ndarray) -> tuple[np.ndarray, int]:
-        """`_kept` asked of every entry (member rows `entry_rows`, rep row `rep`) by
-        their rows, answered per race group (`order`, `starts`): (the groups with an
-        entry not kept, the entries kept). The `fresh_groups` kernel, one pass."""
+                      starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """[n_groups] bool, [n] bool, int: the race groups (`order`, `starts`) with an
+        entry that does not keep its rep slot's pooling, which entries keep it, and
+        how many. An entry (member rows `entry_rows`, rep row `rep`) keeps the value its
+        rep slot holds when that is the pooling of the same member slots, none of them
+        written since (`pool_of`, `pool_gen`; slots.py's invariants): the
+        `fresh_groups` kernel, one pass over the entries by their rows."""
         return self.kernels.fresh_groups(entry_rows, rep, order, starts)
-
-    def _kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        """[n] bool: the entry (member slots `members`, rep slot `reps`) keeps the value
-        its rep slot holds, which is the pooling of the same member slots, none of them
-        written since (`pool_of`, `pool_gen`; slots.py's invariants): the `kept` kernel,
-        one pass over the entries."""
-        return self.kernels.kept(members, reps)
 
     def _values(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """The pooled value of each entry: its rep slot's where `keep`, else pooled now.

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import CELL_BITS, EMPTY_POS, global_row, make_keys
+from ..cache.cells import CELL_BITS, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
@@ -131,13 +131,11 @@ class Verifier:
                 tail = np.full(n, -1, dtype=np.int64)  # its rep pair (global_row's cell)
                 tail[look] = (layout.pool_rep_pos()[last] << CELL_BITS) | \
                     (layout.pool_cells()[last] % self.kv_size)
-                # every changed pair past every tail (a decode's new tokens): no look-up
-                if dirty.lowest_pair() <= int(tail.max()):
-                    lowest = dirty.lowest(n)  # None: too many changed rows to look up
-                    if lowest is None:
-                        scan |= look
-                    else:
-                        how[look & (lowest <= tail)] = _LOOK
+                lowest = dirty.lowest(n)  # None: too many changed rows to look up
+                if lowest is None:
+                    scan |= look
+                else:
+                    how[look & (lowest <= tail)] = _LOOK
             how[scan] = _SCAN
         seqs = np.flatnonzero(how != _NONE)
         return list(zip(seqs.tolist(), how[seqs].tolist(), strict=True))
@@ -273,69 +271,46 @@ class _DirtyPairs:
     def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
                  pdirty: list[np.ndarray]) -> None:
         self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
-        # per stream with a changed row, `held_pairs` of the member rows and the rep
-        # rows (one dict when the two lists are the same arrays); per sequence, its pairs
-        self._members: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-        self._reps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # past this many changed rows a pass over the pairs costs less than look-ups
+        self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
+                         > self.LOOKUP_MAX_ROWS)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-        self.scan_all = False
         self.rep_scan: list[np.ndarray | None] | None = None
-
-    def _held(self) -> bool:
-        """Build the changed rows' pairs on first use; False: too many, scan instead."""
-        if self._members is None:
-            n = sum(r.size for r in self.kdirty) + sum(r.size for r in self.pdirty)
-            self.scan_all = n > self.LOOKUP_MAX_ROWS
-            self._members = {}
-            if not self.scan_all:
-                self._members = self._pairs(self.kdirty)
-                # a decode's rows are touched as keys and as pooled rows alike
-                same = len(self.kdirty) == len(self.pdirty) and all(
-                    a is b for a, b in zip(self.kdirty, self.pdirty, strict=True))
-                self._reps = self._members if same else self._pairs(self.pdirty)
-        return not self.scan_all
 
     def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(member pairs, rep pairs) of sequence s, in no order; None: scan instead."""
-        if not self._held():
+        if self.too_many:
             return None
         if self._by_seq is None:
-            assert self._members is not None
-            self._by_seq = self._split(self._members, self._reps)
+            members = self._pairs(self.kdirty)
+            # a decode's rows are touched as keys and as pooled rows alike
+            same = len(self.kdirty) == len(self.pdirty) and all(
+                a is b for a, b in zip(self.kdirty, self.pdirty, strict=True))
+            self._by_seq = self._split(members, members if same else
+                                       self._pairs(self.pdirty))
         return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
-    def lowest_pair(self) -> int:
-        """The lowest pair of any changed cell some sequence holds (INT64_MAX: none):
-        a cell's pair is the same in every sequence that holds it, so this bounds
-        `lowest` from below without asking who holds what."""
+    def lowest(self, n_seq: int) -> np.ndarray | None:
+        """[n_seq] each sequence's lowest changed pair, member or rep (INT64_MAX where it
+        holds none), for all at once: a cell's pair is the same in every sequence that
+        holds it, so a stream's changed cells are paired once and each column takes the
+        least of those it holds. None: scan instead (as `of`)."""
+        if self.too_many:
+            return None
         rows = [*self.kdirty, *self.pdirty]
         rows_a = rows[0] if len(rows) == 1 else np.concatenate(rows)
         strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's parts
         streams = self.cache.streams
-        low = _NO_PAIR
-        for t in range(1) if len(streams) == 1 else unique(strm).tolist():
-            c = cells if len(streams) == 1 else cells[strm == t]
-            pos = streams[t].pos[c]
-            held = pos != EMPTY_POS
-            if held.any():
-                low = min(low, int(make_keys(pos[held], c[held]).min()))
-        return low
-
-    def lowest(self, n_seq: int) -> np.ndarray | None:
-        """[n_seq] each sequence's lowest changed pair, member or rep (INT64_MAX where
-        it holds none), for all at once; None: scan instead (as `of`)."""
-        if not self._held():
-            return None
-        assert self._members is not None
         low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
-        helds = [self._members] + ([self._reps] if self._reps is not self._members else [])
-        for held in helds:
-            for t, (off, pairs) in held.items():
-                cols = np.flatnonzero(off[1:] > off[:-1])
-                if cols.size:  # the columns holding a pair, their pairs back to back
-                    # a stream's columns are distinct sequences, held by no other stream
-                    ids = np.asarray(self.cache.streams[t].seq_ids, dtype=np.int64)[cols]
-                    low[ids] = np.minimum(low[ids], np.minimum.reduceat(pairs, off[cols]))
+        if rows_a.size == 0:  # a scatter that changed no row touches an empty list
+            return low
+        for t in range(1) if len(streams) == 1 else unique(strm).tolist():
+            st = streams[t]
+            c = cells if len(streams) == 1 else cells[strm == t]
+            # a stream's columns are distinct sequences, held by no other stream
+            ids = np.asarray(st.seq_ids, dtype=np.int64)
+            mins = np.where(st.has[:, c], make_keys(st.pos[c], c), _NO_PAIR).min(axis=1)
+            low[ids] = np.minimum(low[ids], mins)
         return low
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],

@@ -296,10 +296,10 @@ def pools_of_pairs_by_pos(first_pos, rep_pos, start, pair_seq, pair_pos, out
     pool of sequence pair_seq[i] holding pos pair_pos[i], or -1."""
     for i in range(pair_seq.size):
         s = pair_seq[i]
-        lo = start[s]
-        p = pair_pos[i]
-        k = lo + _bisect_in(first_pos[lo:start[s + 1]], p, True) - 1
-        out[i] = k if k >= lo and p <= rep_pos[k] else -1
+        lo, hi = start[s], start[s + 1]
+        k = _pool_of_in(first_pos[:0], hi - lo, first_pos[lo:hi], rep_pos[lo:hi],
+                        pair_pos[i], 0, False, 1)  # by position: no pair, no kpool read
+        out[i] = lo + k if k >= 0 else -1
 
 
 @kernel

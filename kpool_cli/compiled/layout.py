@@ -146,11 +146,6 @@ class CompiledLayout(Layout):
                       self.kv_size, out, np.arange(a, b))
         return out
 
-    def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Layout.columns, from the whole-layout pos columns."""
-        seq, kk = self.locate(ips)
-        return seq, kk, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
-
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """The update found s's pairs equal to the cache's, and nothing touched s since."""
         return self._equal[s] and s not in cache.stream(s).touched

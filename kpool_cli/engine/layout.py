@@ -388,14 +388,7 @@ class Layout:
     def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
         """(seq, k, first_pos, last_pos) arrays of the pools with global indices ips."""
         seq, k = self.locate(ips)
-        first = np.empty(ips.size, dtype=np.int64)
-        last = np.empty(ips.size, dtype=np.int64)
-        for s in unique(seq).tolist():
-            sel = np.flatnonzero(seq == s)
-            sq = self.seqs[s]
-            first[sel] = sq.first_pos()[k[sel]]
-            last[sel] = sq.rep_pos()[k[sel]]
-        return seq, k, first, last
+        return seq, k, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
 
 
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
