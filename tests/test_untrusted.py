@@ -23,6 +23,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from kpool_cli import signals
+from kpool_cli.contracts import files
 from kpool_cli.contracts.report_format import report_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,6 +299,31 @@ def _signal_mid_run(tmp_path: Path, sig: int, fmt: str) -> tuple[int, str]:
 def test_sigint_is_130_and_one_line(tmp_path, fmt):
     code, err = _signal_mid_run(tmp_path, signal.SIGINT, fmt)
     assert code == 130 and err == "kpool: interrupted\n"
+
+
+def test_a_signal_as_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeypatch):
+    """SIGTERM at the moment the output's temporary file exists but before its writer
+    knows its name (what the test below aims at, and under load hit: a `.tmp` left
+    behind): the creation runs masked (`signals.masked`: the signal waits, whichever
+    thread takes it), so it lands where the cleanup can remove the file."""
+    real = files.tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives before mkstemp has returned
+        return made
+
+    monkeypatch.setattr(files.tempfile, "mkstemp", mkstemp)
+    old = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    signals.install()  # the CLI's handlers
+    try:
+        with pytest.raises(signals.Terminated), \
+                files.written_whole(str(tmp_path / "r.json")) as f:
+            f.write("{}")
+    finally:
+        signal.signal(signal.SIGINT, old[0])
+        signal.signal(signal.SIGTERM, old[1])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_sigterm_is_143_and_leaves_no_temporary(tmp_path):

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..signals import masked
+
 STDOUT = "-"
 
 
@@ -99,13 +101,14 @@ def written_whole(path: str) -> Iterator[TextIO]:
     # the last line of defence, whatever the command checked: never replace a device,
     # a FIFO or a directory with a regular file
     check_outputs((), [("output", path)])
+    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                   dir=target.parent if str(target.parent) else ".")
-    except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
-    f = os.fdopen(fd, "w", encoding="utf-8")
-    try:
+        # a signal while the temporary file is made is answered once its name is known
+        # (masked: SIGINT and SIGTERM wait), so that the cleanup below can remove it
+        with masked():
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                       dir=target.parent if str(target.parent) else ".")
+            f = os.fdopen(fd, "w", encoding="utf-8")
         try:
             yield f
             f.flush()  # a full disk or a file-size limit shows here at the latest
@@ -118,10 +121,11 @@ def written_whole(path: str) -> Iterator[TextIO]:
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(e, OSError) and not isinstance(e, BrokenPipeError):
-            # the file's own write, flush or rename: say why, with the path
+            # making the file, or its own write, flush or rename: say why, with the path
             raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
 
