@@ -268,8 +268,9 @@ class PoolEveryEntry(ValueBackend):
     be bit-equal to."""
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                      starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        return np.ones(starts.size - 1, dtype=bool), np.zeros(rep.size, dtype=bool), 0
+                      starts: np.ndarray, rows: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, int]:
+        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0
 
 
 def as_json(rec, t: m.Trace) -> dict:

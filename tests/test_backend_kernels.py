@@ -172,54 +172,71 @@ def test_kept_agrees(kpool: int) -> None:
 
 def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
     """`kept` by rows, per race group, by hand (kpool 2). Rows 10, 11 are slots 1, 2;
-    row 15 is slot 5, which pooled slots 1, 2 at generation 3 (their keys at 2);
-    row 16 is slot 6, never pooled; row 0 has no slot (a zero row). Entries: 0 and 2
-    pool rows 10, 11 into row 15 (kept, each); 1 pools rows 11, 10 into row 15
-    (another pooling: not kept); 3 pools rows 10, 11 into row 16 (not kept); 4 pools
-    rows 0, 10 into row 15 (slot 0 is not slot 1: not kept). Groups (order 0 2 | 1 |
-    3 4): the first holds kept entries alone, the other two are fresh; entries 0 and 2
-    kept."""
+    row 15 is slot 5, which pooled slots 1, 2 at generation 3 (their keys at 2); row
+    16 is slot 6, never pooled; row 17 is slot 7, which pooled slots 2, 1 at
+    generation 3; row 0 has no slot (a zero row). Entries (member rows -> rep row):
+    0 and 2 pool 10, 11 -> 15 (kept, each); 1 pools 10, 11 -> 16 (never pooled: not
+    kept); 4 pools 0, 10 -> 16 (not kept); 3 pools 11, 10 -> 17 (kept); 5 pools
+    10, 11 -> 17 (another pooling: not kept). The race groups, by rep row: 15 (entries
+    0 2), 16 (1 4), 17 (3 5): the first holds kept entries alone, the second none, the
+    third one; entries 0, 2 and 3 kept."""
     slot_of = np.zeros(20, np.int32)
-    slot_of[[10, 11, 15, 16]] = 1, 2, 5, 6
+    slot_of[[10, 11, 15, 16, 17]] = 1, 2, 5, 6, 7
     pool_of = np.zeros((8, 2), np.int64)
     pool_gen = np.zeros(8, np.int64)
     key_gen = np.zeros(8, np.int64)
     pool_of[5], pool_gen[5] = (1, 2), 3
+    pool_of[7], pool_gen[7] = (2, 1), 3
     key_gen[[1, 2]] = 2
-    entry_rows = np.array([[10, 11], [11, 10], [10, 11], [10, 11], [0, 10]], np.int64)
-    rep = np.array([15, 15, 15, 16, 15], np.int64)
-    order = np.array([0, 2, 1, 3, 4], np.int64)
-    starts = np.array([0, 2, 3, 5], np.int64)
+    entry_rows = np.array([[10, 11], [10, 11], [10, 11], [11, 10], [0, 10], [10, 11]],
+                          np.int64)
+    rep = np.array([15, 16, 15, 17, 16, 17], np.int64)
+    order = np.array([0, 2, 1, 4, 3, 5], np.int64)
+    starts = np.array([0, 2, 4, 6], np.int64)
+    rows = np.array([15, 16, 17], np.int64)
     for k in (kernels, reference):
         fresh, keep, n_kept = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen, entry_rows,
-                                             rep, order, starts)
-        assert fresh.tolist() == [False, True, True] and n_kept == 2
-        assert keep.tolist() == [True, False, True, False, False]
+                                             rep, order, starts, rows)
+        assert fresh.tolist() == [False, True, True] and n_kept == 3
+        assert keep.tolist() == [True, False, True, True, False, False]
         fresh, keep, n_kept = k.fresh_groups(slot_of.astype(np.int64), pool_of, pool_gen,
-                                             key_gen, entry_rows, rep, order[:0], starts[:1])
-        assert fresh.tolist() == [] and n_kept == 0 and not keep.any()
-    # an entry, a row, a slot, a group end outside its array: refused, naming the
+                                             key_gen, entry_rows[:0], rep[:0], order[:0],
+                                             starts[:1], rows[:0])
+        assert fresh.tolist() == [] and n_kept == 0 and keep.size == 0
+    # an entry, a row, a slot, a group end outside its array: IndexError, naming the
     # first group that holds one
     far_slot = slot_of.copy()
-    far_slot[16] = 8  # entry 3's rep row: a slot past the 8-slot arrays
-    cases = [(slot_of, entry_rows, [0, 2, 5, 3, 4], starts, 1),
-             (slot_of, entry_rows, [0, 2, -1, 3, 4], starts, 1),
-             (slot_of, entry_rows.copy(), order, starts, 2),
-             (far_slot, entry_rows, order, starts, 2),
-             (slot_of, entry_rows, order, [0, 2, 3, 6], 2)]
-    cases[2][1][3, 1] = 20  # a member row past the 20 rows
+    far_slot[17] = 8  # entries 3 and 5's rep row: a slot past the 8-slot arrays
+    far_member = entry_rows.copy()
+    far_member[3, 1] = 20  # a member row past the 20 rows
+    outside = [(slot_of, entry_rows, [0, 2, 1, 9, 3, 5], starts, rows, 1),
+               (slot_of, entry_rows, [0, 2, -1, 4, 3, 5], starts, rows, 1),
+               (slot_of, far_member, order, starts, rows, 2),
+               (far_slot, entry_rows, order, starts, rows, 2),
+               (slot_of, entry_rows, order, [0, 2, 4, 7], rows, 2)]
+    # groups that are not the race groups of the rep rows: ValueError, naming the first
+    not_groups = [(slot_of, entry_rows, order, starts, [15, 16, 18], 2),  # 17 != 18
+                  (slot_of, entry_rows, order, starts, [15, 15, 17], 1),  # not ascending
+                  (slot_of, entry_rows, order, [0, 2, 2, 6], rows, 1),  # an empty group
+                  (slot_of, entry_rows, order, [0, 2, 4, 5], rows, 2),  # entry 5 in none
+                  (slot_of, entry_rows, order, [1, 2, 4, 6], rows, 0),  # entry 0 in none
+                  (slot_of, entry_rows, [0, 1, 2, 4, 3, 5], starts, rows, 0),  # 15 != 16
+                  (slot_of, entry_rows, order, starts, [15, 16], 0)]  # a row short
     for k in (kernels, reference):
-        for sl, rows, o, st, g in cases:
-            with pytest.raises(IndexError, match=f"^race group {g}: "):
-                k.fresh_groups(sl, pool_of, pool_gen, key_gen, rows, rep,
-                               np.array(o, np.int64), np.array(st, np.int64))
+        for cases, error in ((outside, IndexError), (not_groups, ValueError)):
+            for sl, er, o, st, rw, g in cases:
+                with pytest.raises(error, match=f"^race group {g}: "):
+                    k.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep,
+                                   np.array(o, np.int64), np.array(st, np.int64),
+                                   np.array(rw, np.int64))
 
 
 @pytest.mark.parametrize("kpool", [1, 2, 4])
 def test_fresh_groups_agrees(kpool: int) -> None:
     """On random scatters (some groups kept whole, some with an entry that is not, a
-    few with an index outside its array), the kernel and its twin give the same
-    groups, the same count, or refuse at the same group."""
+    few with an index outside its array or groups that are not race groups), the
+    kernel and its twin give the same groups, the same count, or refuse at the same
+    group for the same reason."""
     rng = np.random.default_rng(kpool)
     n_rows, n_slots, n = 512, 64, 3000
     slot_of = rng.integers(0, n_slots, n_rows).astype(np.int32)
@@ -238,40 +255,44 @@ def test_fresh_groups_agrees(kpool: int) -> None:
     srep = rep[order]
     head = np.flatnonzero(np.concatenate(([True], srep[1:] != srep[:-1])))
     starts = np.concatenate((head, [n])).astype(np.int64)
-    cases = [(slot_of, entry_rows, order, starts)]
-    for trial in range(30):
-        sl, er, o, st = slot_of.copy(), entry_rows.copy(), order.copy(), starts.copy()
+    rows = srep[head]
+    cases = [(slot_of, entry_rows, order, starts, rows)]
+    for trial in range(40):
+        sl, er, o = slot_of.copy(), entry_rows.copy(), order.copy()
+        st, rw = starts.copy(), rows.copy()
         at = int(rng.integers(0, n))
-        low = trial % 8 < 4  # below or past the array
-        if trial % 4 == 0:
+        low = trial % 10 < 5  # below or past the array
+        if trial % 5 == 0:
             sl[rng.integers(0, n_rows)] = -1 if low else n_slots + 5
-        elif trial % 4 == 1:
+        elif trial % 5 == 1:
             er[at, rng.integers(0, kpool)] = -1 if low else n_rows
-        elif trial % 4 == 2:
+        elif trial % 5 == 2:
             o[at] = -1 if low else n
-        else:
+        elif trial % 5 == 3:
             st[int(rng.integers(1, st.size))] = n + 1
-        cases.append((sl, er, o, st))
-    n_refused = 0
-    for sl, er, o, st in cases:
+        else:  # a group's row moved: not that group's rep row, or out of order
+            rw[int(rng.integers(0, rw.size))] += 1 if low else -1
+        cases.append((sl, er, o, st, rw))
+    n_refused = set()
+    for sl, er, o, st, rw in cases:
         got = want = None
         try:
-            got = kernels.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st)
-        except IndexError as e:
-            got = str(e)
+            got = kernels.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st, rw)
+        except (IndexError, ValueError) as e:
+            got = repr(e)
         try:
-            want = reference.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st)
-        except IndexError as e:
-            want = str(e)
+            want = reference.fresh_groups(sl, pool_of, pool_gen, key_gen, er, rep, o, st, rw)
+        except (IndexError, ValueError) as e:
+            want = repr(e)
         if isinstance(got, str):
-            n_refused += 1
+            n_refused.add(got.split("(")[0])
             assert got == want
         else:
             assert isinstance(want, tuple)
             assert np.array_equal(got[0], want[0]) and got[2] == want[2]
             assert np.array_equal(got[1], want[1]) and got[2] == np.count_nonzero(got[1])
             assert 0 < got[2] < n and 0 < np.count_nonzero(got[0]) < starts.size - 1
-    assert n_refused > 10  # the refusals are exercised
+    assert n_refused == {"IndexError", "ValueError"}  # both refusals are exercised
 
 
 def test_dirty_pools_are_those_with_a_dirty_member() -> None:
@@ -572,12 +593,15 @@ class Doctored(ValueBackend):
                        for name, (spoil, says) in BAD_PLANS.items()}
             spoiled[GROUPS_OF_ANOTHER_PLAN] = (
                 dataclasses.replace(ctx, rows=ctx.rows + 1),
-                r"the context's race groups are not those of the plan's entry_rep")
+                r"kept: race group 0: not a race group of the entries' rep rows")
             for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
                     super().run_ubatch(bad)
-                assert re.match("run_ubatch: " + says.format(n=n, m=n - 1, n7=n + 7),
+                # the plan's arrays are checked as they come in; the groups by the
+                # kernel that reads them
+                says = says if name == GROUPS_OF_ANOTHER_PLAN else "run_ubatch: " + says
+                assert re.match(says.format(n=n, m=n - 1, n7=n + 7),
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
@@ -659,15 +683,25 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("kept", lambda: be.kernels.kept(np.array([[0, 1, 2, 3]]), np.array([-1])),
          "rep slots[0] is slot -1,"),
         ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]), np.array([3]),
-                                                 np.array([0], np.int32), np.array([0, 1])),
+                                                 np.array([0], np.int32), np.array([0, 1]),
+                                                 np.array([3])),
          "the group entries are not a C-contiguous 1-D int64 array"),
+        ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]), np.array([3]),
+                                                 np.array([0]), np.array([0, 1]),
+                                                 np.array([3.0])),
+         "the group rows are not a C-contiguous 1-D int64 array"),
         ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2]]), np.array([3]),
-                                                 np.array([0]), np.array([0, 1])),
+                                                 np.array([0]), np.array([0, 1]),
+                                                 np.array([3])),
          "the member rows are not a C-contiguous int64 array of 1 x 4"),
         ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]),
                                                  np.array([be.n_rows]), np.array([0]),
-                                                 np.array([0, 1])),
+                                                 np.array([0, 1]), np.array([be.n_rows])),
          "race group 0: an entry, row or slot outside the arrays"),
+        ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]), np.array([3]),
+                                                 np.array([0]), np.array([0, 1]),
+                                                 np.array([4])),
+         "race group 0: not a race group of the entries' rep rows"),
         ("dirty pools", lambda: be.kernels.dirty_pools(
             np.arange(8, dtype=np.int64), np.array([0, 4], np.int32), np.zeros(8, bool)),
          "the pool starts are not a C-contiguous 1-D int64 array"),

@@ -104,16 +104,18 @@ class GuardedKernels:
                            reps)
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                     starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                     starts: np.ndarray, rows: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, int]:
         """`kept` of every entry (member rows `entry_rows`, rep row `rep`) through the
-        rows' slots, per race group `order[starts[g]:starts[g + 1]]`: (fresh groups,
-        each entry kept, entries kept). The kernel checks each entry, row and slot as
-        it reads it."""
+        rows' slots, per race group `order[starts[g]:starts[g + 1]]` (writing
+        `rows[g]`): (fresh groups, each entry kept, entries kept). The kernel checks
+        each entry, row and slot as it reads it, and that the groups are race groups
+        of `rep`."""
         where = "kept"
         t = self.slots
         t.check_generations(where)
         _one_d(where, ("rep rows", rep, I64), ("group entries", order, I64),
-               ("group starts", starts, I64))
+               ("group starts", starts, I64), ("group rows", rows, I64))
         if type(entry_rows) is not np.ndarray or entry_rows.dtype != I64 \
                 or entry_rows.shape != (rep.size, self.kpool) \
                 or not entry_rows.flags.c_contiguous:
@@ -121,8 +123,8 @@ class GuardedKernels:
                             f"of {rep.size} x {self.kpool}", where, "member rows")
         try:
             return self._timed(where, self.k.fresh_groups, t.slot_of, t.pool_of, t.pool_gen,
-                               t.key_gen, entry_rows, rep, order, starts)
-        except IndexError as e:
+                               t.key_gen, entry_rows, rep, order, starts, rows)
+        except (IndexError, ValueError) as e:
             raise PlanError(f"{where}: {e}", where, "race groups") from None
 
     def dirty_pools(self, keys: np.ndarray, starts: np.ndarray, dirty: np.ndarray

@@ -4,8 +4,9 @@ Owns: `PlanError` (the error every check raises), `checked_index` (an index arra
 int64, C-contiguous, after checking its dtype, its shape, its range and, where one
 writer per element is assumed, that no element repeats), `checked_rows` (the same
 for global rows: each in [0, n_rows)), `is_rows` (a float32 array of rows of a given
-width, by its strides) and `are_race_groups` (a context's race groups are those of
-a plan's rep rows). Pure functions: no state, nothing of the backend imported.
+width, by its strides) and `group_refusal` (the error of a pass over a scatter's
+race groups, `OUTSIDE` or `NOT_RACE_GROUPS`: the kernels check those as they read
+them). Pure functions: no state, nothing of the backend imported.
 
 Why (the kernel-safety contract of the value backend): the kernels never check an
 index (numba does not, unless NUMBA_BOUNDSCHECK=1), so nothing reaches them
@@ -94,21 +95,20 @@ def checked_rows(rows, n_rows: int, shape: tuple[int | None, ...] | None, distin
     return checked_index(rows, 0, n_rows, shape, distinct, where, name, "row")
 
 
-def are_race_groups(rep: np.ndarray, order: np.ndarray, starts: np.ndarray,
-                    rows: np.ndarray) -> bool:
-    """(order, starts, rows) are race groups of `rep` (checked rows): `rows` ascending,
-    group g = `order[starts[g]:starts[g + 1]]`, non-empty, every entry of it writing
-    `rows[g]`. Then the rows the scatter takes from the groups are rows of `rep`,
-    each once. A check, not the grouping: O(n), no sort."""
-    n = rep.size
-    if order.shape != (n,) or starts.shape != (rows.size + 1,) or rows.ndim != 1:
-        return False
-    if n == 0:
-        return True
-    sizes = np.diff(starts)
-    return bool(starts[0] == 0 and starts[-1] == n and np.all(sizes > 0)
-                and np.all(rows[1:] > rows[:-1])
-                and np.array_equal(rep[order], np.repeat(rows, sizes)))
+# what a pass over a scatter's race groups (`fresh_groups`, both twins) found wrong
+# with the first group it refuses
+OUTSIDE, NOT_RACE_GROUPS = 1, 2
+
+
+def group_refusal(g: int, why: int) -> Exception:
+    """The error of a pass over race groups refusing group `g` for `why`: IndexError
+    (OUTSIDE: an entry, row or slot outside its array) or ValueError
+    (NOT_RACE_GROUPS: the groups are not race groups of the entries' rep rows:
+    non-empty, end to end over the entries, rows ascending, each entry writing its
+    group's row)."""
+    if why == OUTSIDE:
+        return IndexError(f"race group {g}: an entry, row or slot outside the arrays")
+    return ValueError(f"race group {g}: not a race group of the entries' rep rows")
 
 
 def _shape_error(got: tuple[int, ...], shape: tuple[int | None, ...] | None, where: str,

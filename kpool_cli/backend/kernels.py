@@ -47,6 +47,7 @@ from numba import prange
 from ..cache.cells import CELL_BITS, CELL_MASK
 from ..jit import cache_for
 from ..signals import masked
+from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
 
 _U27 = np.uint64(27)
@@ -341,54 +342,65 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
     return out
 
 
-_FRESH_SIG = ("i8({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], i8[::1], i8[::1], "
-              "b1[::1], b1[::1])")
+_FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], "
+              "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1])")
 
 
 @numba.njit([_FRESH_SIG.format("i4"), _FRESH_SIG.format("i8")], cache=_CACHED)
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                       fresh, keep):
+                       rows, fresh, keep):
     n = rep.size
     n_rows = slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
     kpool = entry_rows.shape[1]
+    n_groups = fresh.size
+    if starts.size != n_groups + 1 or rows.size != n_groups or (n_groups == 0 and n > 0):
+        return 0, 0, NOT_RACE_GROUPS
     n_kept = 0
-    for g in range(fresh.size):
+    for g in range(n_groups):
         a = starts[g]
         b = starts[g + 1]
         if a < 0 or b > n or a > b:
-            return -1 - g
+            return n_kept, g, OUTSIDE
+        # race groups: non-empty, end to end over the entries, rows ascending, every
+        # entry writing its group's row (told once the group's indices are checked)
+        grouped = (a < b and (g > 0 or a == 0) and (g < n_groups - 1 or b == n)
+                   and (g == 0 or rows[g] > rows[g - 1]))
         f = False
         for j in range(a, b):
             e = order[j]
             if e < 0 or e >= n or rep[e] < 0 or rep[e] >= n_rows:
-                return -1 - g
+                return n_kept, g, OUTSIDE
+            if rep[e] != rows[g]:
+                grouped = False
             r = slot_of[rep[e]]
             if r < 0 or r >= n_slots:
-                return -1 - g
-            for q in range(kpool):  # every member checked before any is read
-                m = entry_rows[e, q]
-                if m < 0 or m >= n_rows or slot_of[m] < 0 or slot_of[m] >= n_slots:
-                    return -1 - g
+                return n_kept, g, OUTSIDE
             gen = pool_gen[r]
             ok = gen > 0
-            q = 0
-            while ok and q < kpool:
-                m = slot_of[entry_rows[e, q]]
-                ok = pool_of[r, q] == m and key_gen[m] < gen
-                q += 1
+            for q in range(kpool):  # every member checked, read once checked
+                m = entry_rows[e, q]
+                if m < 0 or m >= n_rows:
+                    return n_kept, g, OUTSIDE
+                sm = slot_of[m]
+                if sm < 0 or sm >= n_slots:
+                    return n_kept, g, OUTSIDE
+                ok = ok and pool_of[r, q] == sm and key_gen[sm] < gen
             keep[e] = ok
             if ok:
                 n_kept += 1
             else:
                 f = True
+        if not grouped:
+            return n_kept, g, NOT_RACE_GROUPS
         fresh[g] = f
-    return n_kept
+    return n_kept, -1, 0
 
 
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
-                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                 order: np.ndarray, starts: np.ndarray, rows: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
     """`kept` asked of every scatter entry, by rows, and its answer per race group: an
     entry (member rows `entry_rows[e]`, rep row `rep[e]`) is kept when its rep row's
     slot (`slot_of`) holds the pooling of its member rows' slots, none of them
@@ -401,24 +413,28 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     pool_gen, key_gen : arrays of int64, shape (n_slots,)
     entry_rows : array of int64, shape (n, kpool), C-contiguous
     rep : array of int64, shape (n,)
-    order, starts : arrays of int64: race group g is entries order[starts[g]:starts[g + 1]]
+    order, starts, rows : arrays of int64: race group g is entries
+        order[starts[g]:starts[g + 1]], each writing row rows[g]
 
     Returns
     -------
-    (fresh, keep, n_kept) : arrays of bool, shapes (len(starts) - 1,) and (n,), and
-        the entries kept (`keep[e]`: entry e keeps; False for an entry of no group).
+    (fresh, keep, n_kept) : arrays of bool, shapes (len(rows),) and (n,), and the
+        entries kept (`keep[e]`: entry e keeps).
         One pass over the entries, each row looked up where it is read: under
         cache-safe, which re-marks every pool each ubatch, this is asked of every
-        pool (8.7k in a W4 ubatch, 32k in a W2 one), and few are fresh. Each index is
-        checked as it is read (a group's entries, their rows, the rows' slots):
-        IndexError names the first group holding one outside its array.
+        pool (8.7k in a W4 ubatch, 32k in a W2 one), and few are fresh. The pass
+        checks, group by group, each index as it reads it (a group's entries, their
+        rows, the rows' slots: IndexError), then that the group is a race group of
+        `rep` (non-empty, the groups end to end over the entries, `rows` ascending,
+        each entry writing its group's row: ValueError); the error names the first
+        group refused (`guards.group_refusal`).
     """
-    fresh = np.empty(max(starts.size - 1, 0), dtype=np.bool_)
+    fresh = np.empty(rows.size, dtype=np.bool_)
     keep = np.zeros(rep.size, dtype=np.bool_)
-    n_kept = _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order,
-                                starts, fresh, keep)
-    if n_kept < 0:
-        raise IndexError(f"race group {-1 - n_kept}: an entry, row or slot outside the arrays")
+    n_kept, g, why = _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep,
+                                        order, starts, rows, fresh, keep)
+    if g >= 0:
+        raise group_refusal(int(g), int(why))
     return fresh, keep, int(n_kept)
 
 

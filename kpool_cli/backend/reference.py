@@ -16,6 +16,7 @@ import numpy as np
 
 from ..arrays import rows_equal, rows_max, unique
 from ..cache.cells import CELL_MASK, make_keys
+from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import POW2, key_rows_from_state
 
 
@@ -117,33 +118,45 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
 
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
-                 order: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+                 order: np.ndarray, starts: np.ndarray, rows: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, int]:
     """`kept` of every entry by its rows (`slot_of`), per race group
-    order[starts[g]:starts[g + 1]]: (fresh: a group with an entry not kept, keep: each
-    entry of a group kept, the entries kept). IndexError names the first group the
-    kernel refuses."""
-    n, n_rows = rep.size, slot_of.size
+    order[starts[g]:starts[g + 1]] writing rows[g]: (fresh: a group with an entry not
+    kept, keep: each entry of a group kept, the entries kept). Refuses the first group
+    with an entry, row or slot outside its array (IndexError), or else that is not a
+    race group of `rep` (ValueError): `guards.group_refusal`."""
+    n, n_rows, n_groups = rep.size, slot_of.size, rows.size
+    if starts.size != n_groups + 1 or (n_groups == 0 and n > 0):
+        raise group_refusal(0, NOT_RACE_GROUPS)
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
-    n_groups = max(starts.size - 1, 0)
     a, b = starts[:n_groups], starts[1:]
-    bad = (a < 0) | (b > n) | (a > b)
-    sizes = np.where(bad, 0, b - a)
+    outside = (a < 0) | (b > n) | (a > b)
+    sizes = np.where(outside, 0, b - a)
     ends = np.cumsum(sizes)
     group = np.repeat(np.arange(n_groups), sizes)
     e = order[np.repeat(a - (ends - sizes), sizes) + np.arange(group.size)]
     # each entry of a group, its rows and their slots, inside its array
     e_ok = (e >= 0) & (e < n)
-    rows = np.concatenate((rep[:, None], entry_rows), axis=1)[e[e_ok]]
-    r_ok = ((rows >= 0) & (rows < n_rows)).all(axis=1)
-    slots = slot_of[rows[r_ok]].astype(np.int64)
+    entry = np.concatenate((rep[:, None], entry_rows), axis=1)[e[e_ok]]
+    r_ok = ((entry >= 0) & (entry < n_rows)).all(axis=1)
+    slots = slot_of[entry[r_ok]].astype(np.int64)
     s_ok = ((slots >= 0) & (slots < n_slots)).all(axis=1)
     ok = e_ok.copy()
     ok[e_ok] = r_ok
     ok[np.flatnonzero(e_ok)[r_ok]] = s_ok
-    bad[group[~ok]] = True
+    outside[group[~ok]] = True
+    # race groups: non-empty, end to end, rows ascending, each entry writing its row
+    ungrouped = a == b
+    if n_groups:
+        ungrouped[0] |= a[0] != 0
+        ungrouped[-1] |= b[-1] != n
+        ungrouped[1:] |= rows[1:] <= rows[:-1]
+    e_in = np.clip(e, 0, max(n - 1, 0))
+    ungrouped[group[e_ok & (rep[e_in] != rows[group])]] = True
+    bad = outside | ungrouped
     if bad.any():
-        raise IndexError(f"race group {int(np.argmax(bad))}: an entry, row or slot outside "
-                         "the arrays")
+        g = int(np.argmax(bad))
+        raise group_refusal(g, OUTSIDE if outside[g] else NOT_RACE_GROUPS)
     kept_e = kept(pool_of, pool_gen, key_gen, np.ascontiguousarray(slots[:, 1:]), slots[:, 0])
     fresh = np.zeros(n_groups, dtype=bool)
     np.logical_or.at(fresh, group, ~kept_e)

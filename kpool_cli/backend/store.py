@@ -65,7 +65,7 @@ from .facts import (
     groups_equal,
 )
 from .guarded import GuardedKernels
-from .guards import ANY, PlanError, are_race_groups, checked_index, checked_rows
+from .guards import ANY, PlanError, checked_index, checked_rows
 from .keys import seed_state
 from .slots import SlotTable
 from .verify import Verifier
@@ -342,25 +342,22 @@ class ValueBackend:
                                   "run_ubatch", "the plan's entry_rows")
         checked_index(plan.entry_pool, -1, layout.n_pool_real, rep.shape, False, "run_ubatch",
                       "the plan's entry_pool", "pool")
-        if not are_race_groups(rep, ctx.order, ctx.starts, ctx.rows):
-            raise PlanError("run_ubatch: the context's race groups are not those of the "
-                            "plan's entry_rep", "run_ubatch", "the context's race groups")
         t, writers = self.slots, self.writers
+        order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
+        # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
+        # cache-safe), and their entries (ascending), with their slots as they are
+        # before `own` below hands the zero rows theirs; the pass refuses groups that
+        # are not the race groups of `rep` before anything is written
+        fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
-        order, starts, rows = ctx.order, ctx.starts, ctx.rows
-        # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
-        # cache-safe), and their entries (ascending), with their slots as they are
-        # before `own` below hands the zero rows theirs
-        fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts)
         self.pools_kept += n_kept
         sizes = np.diff(starts)
         todo = np.flatnonzero(fresh)
         ents = np.sort(order[np.repeat(fresh, sizes)])
         members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
         win = order[starts[1:] - 1]  # the last entry of each row's group
-        rows = _i64(rows)
         s = t.own(rows, zero_new=True)
         had_alt = writers.raced(rows)
         at = np.full(n, -1, dtype=np.int64)
@@ -403,14 +400,16 @@ class ValueBackend:
         return equal
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                      starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """[n_groups] bool, [n] bool, int: the race groups (`order`, `starts`) with an
-        entry that does not keep its rep slot's pooling, which entries keep it, and
-        how many. An entry (member rows `entry_rows`, rep row `rep`) keeps the value its
-        rep slot holds when that is the pooling of the same member slots, none of them
-        written since (`pool_of`, `pool_gen`; slots.py's invariants): the
-        `fresh_groups` kernel, one pass over the entries by their rows."""
-        return self.kernels.fresh_groups(entry_rows, rep, order, starts)
+                      starts: np.ndarray, rows: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray, int]:
+        """[n_groups] bool, [n] bool, int: the race groups (`order`, `starts`, `rows`)
+        with an entry that does not keep its rep slot's pooling, which entries keep it,
+        and how many. An entry (member rows `entry_rows`, rep row `rep`) keeps the value
+        its rep slot holds when that is the pooling of the same member slots, none of
+        them written since (`pool_of`, `pool_gen`; slots.py's invariants): the
+        `fresh_groups` kernel, one pass over the entries by their rows, which also
+        refuses groups that are not the race groups of `rep` (PlanError)."""
+        return self.kernels.fresh_groups(entry_rows, rep, order, starts, rows)
 
     def _values(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray) -> np.ndarray:
         """The pooled value of each entry: its rep slot's where `keep`, else pooled now.
