@@ -30,25 +30,39 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kpool_cli.trace.format import CELL, DECODE_FORMS, DECODE_KEYS, EXT, POS, POS_LIMIT, TOKEN
+from kpool_cli.trace.format import (
+    CELL,
+    DECODE_FORMS,
+    DECODE_KEYS,
+    EXT,
+    POS,
+    POS_LIMIT,
+    SEQ,
+    TOKEN,
+)
 from kpool_cli.trace.model import Decode, Loc, Span, Token
 from kpool_cli.trace.yaml_safe import (
     DECIMAL,
+    MAP,
     NUMBER_LIKE,
     STR,
+    Map,
     Node,
     Scalar,
     Seq,
     describe,
     limits,
     not_decimal,
+    plain_int,
     quote,
 )
 
-from .fields import FieldReader
+from .fields import FieldReader, static_bounds
 
 POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see DECIMAL
 SHORTHAND = DECODE_FORMS[0]  # {seq, pos} (+ ext, cell); the others have one key each
+_POS_LO, _POS_HI = static_bounds(POS)
+_SEQ_HI = static_bounds(SEQ)[1]
 
 _EXT_NEEDS_BY_ORDER = (
     "ext (an M-RoPE token) needs cache.by_order: true, but cache.by_order is false"
@@ -161,6 +175,11 @@ class DecodeWalk(FieldReader):
                 seen.append(ss)
 
     def token(self, node: Node, f: str) -> _Tok:
+        plain = self.plain_token(node)
+        if plain is not None:
+            self.count_tokens(1, node, f)
+            self.visits += 5  # the mapping, its keys and its values, as read below
+            return _Tok(plain, f, node, None, None)
         before = len(self.problems)
         self.count_tokens(1, node, f)
         m = self.map_(node, f, TOKEN.names, TOKEN.required)
@@ -175,6 +194,32 @@ class DecodeWalk(FieldReader):
             assert pos is not None and seq is not None
             token = Token(pos=pos, seq=seq, ext=ext, cell=cell)
         return _Tok(token, f, node, m.get("ext"), m.get("cell"))
+
+    def plain_token(self, node: Node) -> Token | None:
+        """The token of `node` when it is the form a recorder writes, `{pos: P, seq:
+        S}` with P and S plain decimal ints in range, read in one step; None for any
+        other node, which `token` reads field by field. Either way the token, the
+        count and the nodes visited are the same (tests/test_load_fast.py): this is
+        the common case (a server trace holds a mapping per token), not a rule."""
+        if (node.__class__ is not Map or node.tag != MAP or len(node.value) != 2
+                or self.visits + 5 > limits.MAX_NODE_VISITS):
+            return None
+        (k0, v0), (k1, v1) = node.value
+        if not (k0.__class__ is Scalar and k0.tag == STR and k1.__class__ is Scalar
+                and k1.tag == STR and v0.__class__ is Scalar and v1.__class__ is Scalar):
+            return None
+        if k0.value == "pos" and k1.value == "seq":
+            pos, seq = plain_int(v0), plain_int(v1)
+        elif k0.value == "seq" and k1.value == "pos":
+            pos, seq = plain_int(v1), plain_int(v0)
+        else:
+            return None
+        if pos is None or seq is None or not _POS_LO <= pos <= _POS_HI:
+            return None
+        n = self.lim.n_seq_max
+        if not 0 <= seq <= (n - 1 if n is not None else _SEQ_HI):
+            return None
+        return Token(pos, (seq,))
 
     def check_decode(self, toks: list[_Tok]) -> None:
         """The decode-wide rules on explicit tokens: ext needs by_order; all or no

@@ -48,7 +48,7 @@ from .limits import (
     MAX_TOKENS,
     check_max_tokens,
 )
-from .nodes import BOOL, BOOLS, STR, Map, Node, Scalar, Seq, describe
+from .nodes import BOOL, BOOLS, MAP, STR, Map, Node, Scalar, Seq, describe
 from .problems import Problem, TraceError, clip, quote, suggest
 from .reader import NodeReader, Parse, Stop
 from .text import encode_trace_text, read_trace_file
@@ -64,6 +64,7 @@ __all__ = [
     "C_TOKENS",
     "C_UBATCHES",
     "DECIMAL",
+    "MAP",
     "MAX_BYTES",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",

@@ -92,7 +92,21 @@ def not_decimal(text: str) -> str:
     )
 
 
+# the ints of short texts read so far (a trace repeats its positions and seq ids: a
+# server trace reads "0".."63" once per step); bounded, as the composer's memo is
+_PLAIN: dict[str, int | None] = {}
+
+
 def plain_int(node: Scalar | None) -> int | None:
-    if node is None or node.tag != INT or len(node.value) > limits.MAX_INT_DIGITS:
+    """The int an INT scalar holds when it is plain decimal (`DECIMAL`, at most
+    `MAX_INT_DIGITS` characters); None for any other node."""
+    if node is None or node.tag != INT:
         return None
-    return int(node.value) if DECIMAL.fullmatch(node.value) else None
+    text = node.value
+    if text in _PLAIN:
+        return _PLAIN[text]
+    v = (int(text) if len(text) <= limits.MAX_INT_DIGITS and DECIMAL.fullmatch(text)
+         else None)
+    if len(text) <= 16 and len(_PLAIN) < 4096:
+        _PLAIN[text] = v
+    return v
