@@ -353,18 +353,18 @@ class ValueBackend:
         if n == 0:
             return np.ones(0, dtype=bool)
         self.pools_kept += n_kept
-        sizes = np.diff(starts)
         todo = np.flatnonzero(fresh)
-        ents = np.sort(order[np.repeat(fresh, sizes)])
-        members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
         win = order[starts[1:] - 1]  # the last entry of each row's group
-        s = t.own(rows, zero_new=True)
-        had_alt = writers.raced(rows)
-        at = np.full(n, -1, dtype=np.int64)
-        at[ents] = np.arange(ents.size)
-        changed = had_alt.copy()
-        vals = np.empty((0, self.n_embd), dtype=np.float32)
         if todo.size:
+            sizes = np.diff(starts)
+            ents = np.sort(order[np.repeat(fresh, sizes)])
+            members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
+        s = t.own(rows, zero_new=True)
+        changed = writers.raced(rows)  # a row whose racing writers go is re-checked
+        equal = np.ones(rows.size, dtype=bool)
+        if todo.size:
+            at = np.full(n, -1, dtype=np.int64)
+            at[ents] = np.arange(ents.size)
             vals = self._values(members, reps, keep)
             st = s[todo]
             before = t.pooled[st].view(np.uint32).copy()
@@ -372,10 +372,17 @@ class ValueBackend:
             # a row that got the value it held changes no verdict: only the others (and
             # the rows whose racing writers change) are re-checked
             changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
-        # a group of kept entries alone leaves its slot's pooling as it was recorded:
-        # pool_of is their members already, and pool_gen still above their key_gen
-        t.pool_of[s[todo]] = members[at[win[todo]]]
-        t.pool_gen[s[todo]] = t.gen
+            # a group of kept entries alone leaves its slot's pooling as it was
+            # recorded: pool_of is their members already, and pool_gen still above
+            # their key_gen
+            t.pool_of[st] = members[at[win[todo]]]
+            t.pool_gen[st] = t.gen
+            raced = fresh & (sizes > 1)  # a group of kept entries alone writes equal values
+            if raced.any():
+                sub = order[np.repeat(raced, sizes)]
+                sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
+                equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
+                                            sub_starts)
         pools = plan.entry_pool[win]
         real = pools >= 0
         writers.stamp(s[~real], PADDING)
@@ -383,19 +390,11 @@ class ValueBackend:
             seq, k = layout.locate(pools[real])
             writers.stamp(s[real], POOLED, seq, k)
         writers.drop_raced(rows)
-        equal = np.ones(rows.size, dtype=bool)
-        raced = fresh & (sizes > 1)  # a group of kept entries alone writes equal values
-        if raced.any():
-            sub = order[np.repeat(raced, sizes)]
-            sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
-            equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
-                                        sub_starts)
-            unequal = np.flatnonzero(~equal)
-            if unequal.size:
-                for g, racers in zip(unequal.tolist(), ctx.group_writers(unequal),
-                                     strict=True):
-                    writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
-                changed[unequal] = True
+        unequal = np.flatnonzero(~equal)
+        if unequal.size:
+            for g, racers in zip(unequal.tolist(), ctx.group_writers(unequal), strict=True):
+                writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
+            changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
         return equal
 
