@@ -400,8 +400,8 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
     by the row they write (every row < n_rows), stably: a least-significant-digit
     radix sort by row (stable counting passes of 11 bits, as many as n_rows needs)
     when the entries are many, else a stable argsort. O(entries) a pass, whatever
-    n_rows: a counting sort over every row cost 2 MB of counts and a pass over
-    262,144 rows for each of a cache-safe W2 ubatch's 32k entries' sort."""
+    n_rows (a counting sort over every row would pay for all 262,144 of W2's cache
+    each ubatch)."""
     n = rep.size
     if n > 64:
         order = np.arange(n)
