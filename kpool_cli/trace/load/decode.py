@@ -37,7 +37,6 @@ from kpool_cli.trace.format import (
     EXT,
     POS,
     POS_LIMIT,
-    SEQ,
     TOKEN,
 )
 from kpool_cli.trace.model import Decode, Loc, Span, Token
@@ -62,7 +61,6 @@ from .fields import FieldReader, static_bounds
 POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see DECIMAL
 SHORTHAND = DECODE_FORMS[0]  # {seq, pos} (+ ext, cell); the others have one key each
 _POS_LO, _POS_HI = static_bounds(POS)
-_SEQ_HI = static_bounds(SEQ)[1]
 
 _EXT_NEEDS_BY_ORDER = (
     "ext (an M-RoPE token) needs cache.by_order: true, but cache.by_order is false"
@@ -214,10 +212,8 @@ class DecodeWalk(FieldReader):
             pos, seq = plain_int(v1), plain_int(v0)
         else:
             return None
-        if pos is None or seq is None or not _POS_LO <= pos <= _POS_HI:
-            return None
-        n = self.lim.n_seq_max
-        if not 0 <= seq <= (n - 1 if n is not None else _SEQ_HI):
+        if (pos is None or seq is None or not _POS_LO <= pos <= _POS_HI
+                or not 0 <= seq <= self.seq_hi()):
             return None
         return Token(pos, (seq,))
 

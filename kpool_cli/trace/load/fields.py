@@ -72,7 +72,7 @@ class FieldReader(NodeReader, ABC):
         if v is None:
             return None
         n = self.lim.n_seq_max
-        hi = n - 1 if n is not None else static_bounds(SEQ)[1]
+        hi = self.seq_hi()
         if (allow_all and v == -1) or 0 <= v <= hi:
             return v
         msg = f"seq id {v} is out of range: "
@@ -84,6 +84,12 @@ class FieldReader(NodeReader, ABC):
             msg += " (-1, every sequence, is only for seq_rm and state_drop)"
         self.problem(node, field, msg)
         return None
+
+    def seq_hi(self) -> int:
+        """The highest seq id: cache.n_seq_max - 1, or the static bound where the cache
+        gives no usable n_seq_max."""
+        n = self.lim.n_seq_max
+        return n - 1 if n is not None else static_bounds(SEQ)[1]
 
     def seq_any(self, node: Node, field: str) -> int | None:
         return self.seq_id(node, field, allow_all=True)
