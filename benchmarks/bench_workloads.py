@@ -17,7 +17,8 @@ from os.wait4), and reads the report's size and `summary` (ubatches, tokens, sta
 exit 1, findings, is a completed run, its status shown in the notes). The reports of the
 two cores are compared byte for byte (the report is deterministic: they must be equal).
 Before the runs, one small replay per engine and core warms numba's on-disk cache, so no
-run pays for JIT compilation. Figures come from one run each; there is no assertion.
+run pays for JIT compilation. Figures come from one run each (`--repeat N`: a child's
+median wall over N runs in turn, for a machine whose speed moves); there is no assertion.
 
     workload                                                    target
     W1  kv 131072, kpool 4, n_ubatch 512, 1 seq: a 65536-token  200k tokens/s;
@@ -90,6 +91,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -572,9 +574,21 @@ class Bench:
         return path
 
     def child(self, what: str, cmd: list[str], report: Path | None = None) -> Run:
-        self.log(what + " ...")
-        return run(cmd, report, self.out_dir / f"{what.replace(' ', '_').replace('/', '_')}.log",
-                   self.a.timeout, self.env)
+        """`cmd` run `--repeat` times in turn: the median wall, the largest peak RSS, the
+        last run's report. A run that fails or times out stands for the child."""
+        log = self.out_dir / f"{what.replace(' ', '_').replace('/', '_')}.log"
+        n = self.a.repeat
+        walls: list[float] = []
+        rss = 0.0
+        for i in range(n):
+            self.log(what + (f" ({i + 1}/{n})" if n > 1 else "") + " ...")
+            r = run(cmd, report, log, self.a.timeout, self.env)
+            if r.error or r.wall is None:
+                return r
+            walls.append(r.wall)
+            rss = max(rss, r.maxrss_mb)
+        r.wall, r.maxrss_mb = statistics.median(walls), rss
+        return r
 
     def validate(self, wl: Workload, path: Path) -> Run:
         r = self.child(f"validate {path.name}", [*kpool_cmd(), "validate", str(path)])
@@ -755,7 +769,8 @@ def print_main(b: Bench) -> None:
     core = "--core C " if b.core_opt else ""
     print(f"kpool replay TRACE --engine E {core}--format json -o REPORT -q (backend numba; "
           f"model only: --backend none); scale {a.scale:g}, timeout {a.timeout:g} s, "
-          f"n_embd {a.n_embd}, seed {SEED}")
+          f"n_embd {a.n_embd}, seed {SEED}"
+          + (f"; each child run {a.repeat} times, its median wall" if a.repeat > 1 else ""))
     print(f"kpool_cli: {a.src or 'the installed package'}")
     if not b.core_opt:
         print("NOTE: this kpool's `replay` has no --core option: only the reference engine "
@@ -905,6 +920,10 @@ def main() -> None:
                          "(default: on)")
     ap.add_argument("--markdown", action="store_true",
                     help="print the main table as a Markdown table (for the README)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run each replay, startup and load child N times in turn and take "
+                         "its median wall (and largest peak RSS): for a machine whose speed "
+                         "moves from one run to the next (default: 1)")
     ap.add_argument("--n-embd", type=int, default=128, help="cache.n_embd of every workload")
     ap.add_argument("--src", metavar="DIR",
                     help="replay with the kpool_cli package in DIR (put first on PYTHONPATH), "
@@ -914,7 +933,8 @@ def main() -> None:
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     cores = [c.strip() for c in a.cores.split(",") if c.strip()]
     bad = [w for w in only if w not in BUILDERS] + [c for c in cores if c not in CORES]
-    if bad or not only or not engines or not cores or a.scale <= 0 or a.timeout <= 0:
+    if (bad or not only or not engines or not cores or a.scale <= 0 or a.timeout <= 0
+            or a.repeat < 1):
         ap.error(f"unknown workload(s) or core(s) {bad}" if bad else "nothing to run")
 
     tmp = None
