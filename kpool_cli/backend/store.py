@@ -345,9 +345,8 @@ class ValueBackend:
         t, writers = self.slots, self.writers
         order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
-        # cache-safe), and their entries (ascending), with their slots as they are
-        # before `own` below hands the zero rows theirs; the pass refuses groups that
-        # are not the race groups of `rep` before anything is written
+        # cache-safe); the pass refuses groups that are not the race groups of `rep`
+        # before anything is written
         fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
         t.next_gen()
         if n == 0:
@@ -355,6 +354,8 @@ class ValueBackend:
         self.pools_kept += n_kept
         todo = np.flatnonzero(fresh)
         win = order[starts[1:] - 1]  # the last entry of each row's group
+        # the fresh groups' entries (ascending), with their slots as they are before
+        # `own` below hands the zero rows theirs
         if todo.size:
             sizes = np.diff(starts)
             ents = np.sort(order[np.repeat(fresh, sizes)])
