@@ -1,7 +1,7 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `kept`, `fresh_groups`, and the pools a
+`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, and the pools a
 changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time
 spent inside each (`time`, seconds by kernel name: the benchmark's breakdown). The
 kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
@@ -93,14 +93,6 @@ class GuardedKernels:
         t.check_tables(where)
         members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, members,
-                           reps)
-
-    def kept(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
-        where = "kept"
-        t = self.slots
-        t.check_generations(where)
-        members, reps = self._entries(where, members, reps)
-        return self._timed(where, self.k.kept, t.pool_of, t.pool_gen, t.key_gen, members,
                            reps)
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,

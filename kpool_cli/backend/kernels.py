@@ -1,5 +1,5 @@
-"""The numba kernels of the value backend: key rows, pool, scatter, gather, check, kept
-(and `fresh_groups`, kept asked of a whole scatter), and the pools a changed row
+"""The numba kernels of the value backend: key rows, pool, scatter, gather, check,
+`fresh_groups` (which scatter entries keep their pooling), and the pools a changed row
 dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`).
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
@@ -303,45 +303,6 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members:
     return out
 
 
-@numba.njit("void(i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], b1[::1])", cache=_CACHED)
-def _kept_into(pool_of, pool_gen, key_gen, members, reps, out):
-    kpool = members.shape[1]
-    for e in range(reps.size):
-        r = reps[e]
-        g = pool_gen[r]
-        ok = g > 0
-        q = 0
-        while ok and q < kpool:
-            m = members[e, q]
-            ok = pool_of[r, q] == m and key_gen[m] < g
-            q += 1
-        out[e] = ok
-
-
-def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
-         reps: np.ndarray) -> np.ndarray:
-    """Whether rep slot `reps[e]` holds the pooling of the member slots `members[e]`,
-    none of them written since (slots.py's invariants: `pool_gen[r] > 0`, `pool_of[r]`
-    equal to the members, each member's `key_gen` below `pool_gen[r]`).
-
-    Parameters
-    ----------
-    pool_of : array of int64, shape (n_slots, kpool), C-contiguous
-    pool_gen, key_gen : arrays of int64, shape (n_slots,)
-    members : array of int64, shape (n, kpool), C-contiguous
-    reps : array of int64, shape (n,)
-
-    Returns
-    -------
-    array of bool, shape (n,)
-        One pass over the entries, by slots: the rule `fresh_groups` asks of a
-        scatter's entries by their rows (its numpy twin is built on this one's).
-    """
-    out = np.empty(reps.size, dtype=np.bool_)
-    _kept_into(pool_of, pool_gen, key_gen, members, reps, out)
-    return out
-
-
 _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], "
               "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1])")
 
@@ -376,10 +337,9 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
             r = slot_of[rep[e]]
             if r < 0 or r >= n_slots:
                 return n_kept, g, OUTSIDE
-            # `kept`'s rule, read through the rows' slots in the same loop as the checks
-            # (as an inner function shared with `_kept_into` this kernel ran 13% slower
-            # with a buffer of member slots, 2.5x with a call per member); the numpy
-            # twin is built on `reference.kept`, and the tests hold the two equal
+            # kept (slots.py's invariants), read through the rows' slots in the same
+            # loop as the checks: `reference.kept` is the rule by slots, which the numpy
+            # twin is built on, and the tests hold the two twins equal
             gen = pool_gen[r]
             ok = gen > 0
             for q in range(kpool):  # every member checked, read once checked

@@ -1,4 +1,5 @@
-"""The numpy twin of `kernels.py`: the same ten kernels, in plain numpy.
+"""The numpy twin of `kernels.py`: the same nine kernels, in plain numpy, and `kept`,
+the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
 its numba twin, and the tests hold the two equal bit for bit (float32 arrays

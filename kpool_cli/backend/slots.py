@@ -259,7 +259,7 @@ class SlotTable:
     # -- what the kernels are handed -------------------------------------------------------
 
     def check_generations(self, where: str) -> None:
-        """The slot arrays the `kept` kernel reads: int64, C-contiguous, `pool_of`
+        """The slot arrays the `fresh_groups` kernel reads: int64, C-contiguous, `pool_of`
         kpool wide, with a row for every slot in use (true by construction). Raises
         PlanError (`guards.py`)."""
         for name, a, shape in (("pool_of", self.pool_of, (self.kpool,)),
