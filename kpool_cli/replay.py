@@ -504,7 +504,7 @@ class Replayer:
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
                          if first else {}),
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
-            pools=self._listed_pools(marked),
+            pools=self._listed_pools(marked, plan),
             scatter_rep=plan.entry_rep if plan is not None else empty,
             scatter_rows=plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool),
             scatter_pad=plan.pad if plan is not None else empty.astype(bool),
@@ -523,13 +523,21 @@ class Replayer:
         return CellMap(self.cfg.kv_size, self.cache.seq_codes(SEQ_EMPTY, SEQ_SHARED),
                        np.flatnonzero(is_rep))
 
-    def _listed_pools(self, marked: np.ndarray) -> Pools:
+    def _listed_pools(self, marked: np.ndarray, plan: ScatterPlan | None) -> Pools:
+        """The marked pools (every pool with pools="all"); the marked ones' members and
+        rep rows are the plan's first entries (scatter.py's invariant), read there
+        rather than looked up again."""
         layout = self.layout
+        if not self.pools_all and plan is not None:
+            if marked.size == 0:
+                return Pools.none(self.cfg.kpool)
+            n = marked.size
+            return Pools(*layout.columns(marked), plan.entry_rows[:n], plan.entry_rep[:n],
+                         np.ones(n, dtype=bool))
         ips = np.arange(layout.n_pool_real) if self.pools_all else marked
         if ips.size == 0:
             return Pools.none(self.cfg.kpool)
         new = np.zeros(layout.n_pool_real, dtype=bool)
         new[marked] = True
-        seq, k, first, last = layout.columns(ips)
-        return Pools(seq, k, first, last, layout.members_of(ips), layout.pool_cells()[ips],
+        return Pools(*layout.columns(ips), layout.members_of(ips), layout.pool_cells()[ips],
                      new[ips])

@@ -166,3 +166,28 @@ ops:
     last = recs[-1]
     assert last.op == 4 and last.n_pool_real == 1
     assert [(p.seq, p.first_pos, p.last_pos) for p in last.pools] == [(0, 1, 4)]
+
+
+def test_locate_reads_the_same_seq_and_k_by_search_and_by_pool_seq():
+    """Layout.locate, both ways: seq 0 holds pos 0..31 (pools 0-15), seq 1 nothing, seq
+    2 pos 0..3 (pools 0-1), kpool 2: pool_start [0, 16, 16, 18]. Global pool 16 asked
+    alone is searched (fewer than 18 // 8 pools, the column not built): (2, 0), seq
+    1 holding none. Pools
+    17, 0, 15, 16, 1 build `pool_seq` (16 zeros, then 2, 2) and read it: (2, 1),
+    (0, 0), (0, 15), (2, 0), (0, 1). An update that adds pool 16 to seq 0 drops the
+    column: global pools 16 and 18 are then (0, 16) and (2, 1)."""
+    c, lay = setup(kpool=2, n_seq_max=3)
+    decode(c, 0, range(32))
+    decode(c, 2, range(4))
+    lay.update(c, [C, C, C], False)
+    assert lay.pool_start().tolist() == [0, 16, 16, 18]
+    seq, k = lay.locate(np.array([16]))
+    assert (seq.tolist(), k.tolist()) == ([2], [0]) and lay._pool_seq is None
+    seq, k = lay.locate(np.array([17, 0, 15, 16, 1]))
+    assert lay.pool_seq().tolist() == [0] * 16 + [2, 2]
+    assert (seq.tolist(), k.tolist()) == ([2, 0, 0, 2, 0], [1, 0, 15, 0, 1])
+    decode(c, 0, range(32, 34))
+    lay.update(c, [C, C, C], False)
+    assert lay._pool_seq is None
+    seq, k = lay.locate(np.array([16, 18]))
+    assert (seq.tolist(), k.tolist()) == ([0, 2], [16, 1])

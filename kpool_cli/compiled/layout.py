@@ -83,11 +83,7 @@ class CompiledLayout(Layout):
                 changed.add(s)
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
-        if changed:
-            self._pool_start = self._pool_cells = self._pool_pos = None
-        self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
-        self.cache_safe = not any(sq.shared for sq in self.seqs)
-        return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
+        return self.changed(kept, read, changed, scanned)
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
              cache: KvCache, sharing: bool) -> int:

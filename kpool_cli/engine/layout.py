@@ -168,6 +168,7 @@ class Layout:
         self.n_pool_real = 0
         self.cache_safe = True
         self._pool_start: np.ndarray | None = None
+        self._pool_seq: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
         self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -226,8 +227,14 @@ class Layout:
                 changed.add(s)
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+        return self.changed(kept, read, changed, scanned)
+
+    def changed(self, kept: list[int], read: set[int], changed: set[int], scanned: int
+                ) -> LayoutChange:
+        """An update's end, whatever ran it: the whole-layout columns of a layout whose
+        pools changed are built again on their next read, and what changed is told."""
         if changed:
-            self._pool_start = self._pool_cells = self._pool_pos = None
+            self._pool_start = self._pool_seq = self._pool_cells = self._pool_pos = None
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
@@ -321,6 +328,14 @@ class Layout:
             self._pool_start = np.concatenate(([0], np.cumsum(counts)))
         return self._pool_start
 
+    def pool_seq(self) -> np.ndarray:
+        """[n_pool_real] the seq id of every pool, in layout order."""
+        if self._pool_seq is None:
+            start = self.pool_start()
+            self._pool_seq = np.repeat(np.arange(start.size - 1, dtype=np.int64),
+                                       np.diff(start))
+        return self._pool_seq
+
     def pool_cells(self) -> np.ndarray:
         """[n_pool_real] global rep row of every pool, in layout order (ENGINE.md §7)."""
         if self._pool_cells is None:
@@ -371,9 +386,14 @@ class Layout:
         return j, pair(have), pair(want)
 
     def locate(self, ips: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Global pool indices -> (seq, k) arrays."""
+        """Global pool indices (each in [0, n_pool_real)) -> (seq, k) arrays: a look-up
+        in `pool_seq`, or for a few pools while that column is not built (the layout
+        changed since it was), a binary search in `pool_start` each."""
         start = self.pool_start()
-        seq = np.searchsorted(start, ips, side="right") - 1
+        if self._pool_seq is None and ips.size < self.n_pool_real // 8:
+            seq = np.searchsorted(start, ips, side="right") - 1
+        else:
+            seq = self.pool_seq()[ips]
         return seq, ips - start[seq]
 
     def members_of(self, ips: np.ndarray) -> np.ndarray:
@@ -385,7 +405,8 @@ class Layout:
             out[sel] = self.seqs[s].members(k[sel], self.kpool, self.kv_size)
         return out
 
-    def columns(self, ips: np.ndarray) -> tuple[np.ndarray, ...]:
+    def columns(self, ips: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(seq, k, first_pos, last_pos) arrays of the pools with global indices ips."""
         seq, k = self.locate(ips)
         return seq, k, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
