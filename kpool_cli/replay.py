@@ -56,6 +56,7 @@ from .cache.batch import (
 )
 from .cache.kv import KvCache
 from .cache.recurrent import EditRefused, HybridPositions, RecurrentChild, n_keep_tail
+from .contracts import runs
 from .contracts.finding import Finding
 from .contracts.records import (
     ABORTED,
@@ -129,6 +130,8 @@ class Core:
     mark: Callable[..., Marking]
     build_plan: Callable[..., ScatterPlan]
     race_groups: Callable[[m.CacheConfig], Groups]
+    pool_spans: Callable[[Pools], np.ndarray]  # contracts/runs.py's
+    scatter_spans: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
 
 def resolve_core(core: str, trace: m.Trace, backend: str | None = None) -> str:
@@ -149,9 +152,11 @@ def core_of(name: str) -> Core:
     if name == "reference":
         return Core(name, KvCache,
                     lambda c: Layout(c.n_seq_max, c.kpool, c.by_order, c.kv_size),
-                    mark, build_plan, lambda c: race_groups)
+                    mark, build_plan, lambda c: race_groups, runs.pool_spans,
+                    runs.scatter_spans)
     if name == "compiled":
         from .compiled import marking as cm
+        from .compiled import runs as cr
         from .compiled.cache import CompiledKvCache
         from .compiled.layout import CompiledLayout
 
@@ -159,19 +164,20 @@ def core_of(name: str) -> Core:
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
                     cm.mark, partial(build_plan, padding=cm.padding, visibility=cm.visible),
-                    lambda c: cm.race_groups(c.n_rows))
+                    lambda c: cm.race_groups(c.n_rows), cr.pool_spans, cr.scatter_spans)
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
 def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = None, *,
-           pools_all: bool = False, cell_map: bool = False, core: str = DEFAULT_CORE
-           ) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
+           pools_all: bool = False, cell_map: bool = False, spans: bool = False,
+           core: str = DEFAULT_CORE) -> Iterator[OpEvent | UbatchRecord | ExpectResult]:
     """Replay `trace` under `version` on `core` (CORE_CHOICES). Raises TraceError for a
     trace that turns out invalid only at replay time (a recorded cell that is not
     empty). `cell_map`: every UbatchRecord carries the cache's cells (for the rich
-    view; costs O(rows))."""
+    view; costs O(rows)). `spans`: every UbatchRecord carries the run form's spans of
+    its listing (contracts/runs.py; for the JSON writer), found by the core."""
     records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map,
-                       core=core).run()
+                       spans=spans, core=core).run()
     yield from with_expectations(trace, version.name, backend is not None, records)
 
 
@@ -213,11 +219,12 @@ def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]
 
 class Replayer:
     def __init__(self, trace: m.Trace, version: EngineVersion, backend: Backend | None = None,
-                 *, pools_all: bool = False, cell_map: bool = False,
+                 *, pools_all: bool = False, cell_map: bool = False, spans: bool = False,
                  observer: Observer | None = None, core: str = DEFAULT_CORE) -> None:
         cfg = trace.cache
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
+        self.want_spans = spans
         self.cfg = cfg
         self.core = core_of(resolve_core(core, trace, getattr(backend, "name", None)))
         self.groups = self.core.race_groups(cfg)
@@ -497,6 +504,11 @@ class Replayer:
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
         empty = np.empty(0, dtype=np.int64)
+        pools = self._listed_pools(marked, plan)
+        scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
+        scatter_rep = plan.entry_rep if plan is not None else empty
+        scatter_pad = plan.pad if plan is not None else empty.astype(bool)
+        spans = self.want_spans and not self.pools_all
         rec = UbatchRecord(
             index=index, op=i, batch_ubatch=b, token_pos=pos, token_seqs=tuple(seqs),
             token_rows=rows, token_ext=ext,
@@ -504,13 +516,14 @@ class Replayer:
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
                          if first else {}),
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
-            pools=self._listed_pools(marked, plan),
-            scatter_rep=plan.entry_rep if plan is not None else empty,
-            scatter_rows=plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool),
-            scatter_pad=plan.pad if plan is not None else empty.astype(bool),
+            pools=pools, scatter_rep=scatter_rep, scatter_rows=scatter_rows,
+            scatter_pad=scatter_pad,
             scatter_pool=plan.entry_pool if plan is not None else empty,
             cost=cost, findings=tuple(findings), aborted=plan is None,
             cell_map=self._cell_map() if self.want_cell_map else None,
+            pool_spans=self.core.pool_spans(pools) if spans else None,
+            scatter_spans=(self.core.scatter_spans(scatter_rows, scatter_rep, scatter_pad)
+                           if spans else None),
         )
         if self.observer is not None:
             self.observer(rec, ctx)

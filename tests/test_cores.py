@@ -50,22 +50,27 @@ def test_auto_runs_the_compiled_core_from_its_ubatch_count() -> None:
     assert resolve_core("compiled", one_decode(1)) == "compiled"
 
 
-def _report(trace: Path, engine: str, backend: str, core: str) -> tuple[int, str]:
+def _report(trace: Path, engine: str, backend: str, core: str, pools: str = "all"
+            ) -> tuple[int, str]:
     r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine, "--backend",
-                                 backend, "--format", "json", "-q", "--pools", "all",
+                                 backend, "--format", "json", "-q", "--pools", pools,
                                  "--core", core])
     return r.exit_code, r.output
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.stem)
 def test_shipped_and_found_traces_give_byte_identical_reports(trace: Path) -> None:
-    """README: every shipped and found trace, every engine, every backend."""
+    """README: every shipped and found trace, every engine, every backend, in full
+    listing; and in run form (whose runs each core finds its own way:
+    contracts/runs.py, compiled/runs.py), which no backend changes."""
     assert len(TRACES) >= 25
     for engine in DISTINCT:
         for backend in BACKENDS:
             ref = _report(trace, engine, backend, "reference")
             assert ref[0] in (0, 1) and ref[1].startswith("{"), ref
             assert _report(trace, engine, backend, "compiled") == ref, (engine, backend)
+        ref = _report(trace, engine, "none", "reference", "marked")
+        assert _report(trace, engine, "none", "compiled", "marked") == ref, engine
 
 
 @pytest.mark.parametrize("chunk", range(10))

@@ -207,3 +207,91 @@ def test_a_report_value_json_cannot_write_is_refused_as_json_refuses_it():
     for value in ({"x": Leak()}, {"t": datetime.datetime(2026, 12, 3)}):
         with pytest.raises(TypeError):
             dumps(value)
+
+
+def _spans_both(kind: str, *args) -> list[list[int]]:
+    """contracts/runs.py's spans and the compiled core's for the same columns: equal."""
+    from kpool_cli.compiled import runs as compiled_runs
+    from kpool_cli.contracts import runs
+
+    want = getattr(runs, kind)(*args).tolist()
+    assert getattr(compiled_runs, kind)(*args).tolist() == want, (kind, args)
+    return want
+
+
+def test_scatter_spans_by_hand_on_both_cores():
+    """kpool 2, entries i pooling rows [c, c + 1] into c + 1. First members 0, 2, 4, 6
+    (step 2 throughout): one run [0, 4). Entry 2 padding: entries 0, 1 run, 3 alone.
+    First members 0, 2, 6, 12 (steps 2, 4, 6): entries 0, 1 run; the pair 1, 2 is
+    linked but steps 4 after 2, so starts none; the pair 2, 3 steps 6 after the
+    linked pair's 4, so starts none either: [[0, 2]] alone. An entry whose rep row is
+    not its last member, or whose members do not step evenly (kpool 3), breaks."""
+    def entries(firsts, kpool=2, d=1):
+        rows = np.array([[c + j * d for j in range(kpool)] for c in firsts], dtype=np.int64)
+        return rows, rows[:, -1].copy(), np.zeros(len(firsts), dtype=bool)
+
+    rows, rep, pad = entries([0, 2, 4, 6])
+    assert _spans_both("scatter_spans", rows, rep, pad) == [[0, 4]]
+    pad[2] = True
+    assert _spans_both("scatter_spans", rows, rep, pad) == [[0, 2]]
+    assert _spans_both("scatter_spans", *entries([0, 2, 6, 12])) == [[0, 2]]
+    rows, rep, pad = entries([0, 2, 4, 6])
+    rep[1] = 2  # entry 1 writes its first member
+    assert _spans_both("scatter_spans", rows, rep, pad) == [[2, 4]]
+    rows, rep, pad = entries([0, 10, 20, 30, 40], kpool=3, d=2)
+    rows[2, 2] += 1  # entry 2's members 20, 22, 25: not evenly
+    rep = rows[:, -1].copy()
+    assert _spans_both("scatter_spans", rows, rep, pad) == [[0, 2], [3, 5]]
+    assert _spans_both("scatter_spans", rows[:1], rep[:1], pad[:1]) == []
+
+
+def test_pool_spans_by_hand_on_both_cores():
+    """The pools of `test_pools_that_follow_each_other_are_one_run`: [[0, 3]]. With
+    pool 1 not new, pools 0, 1 and 1, 2 are not linked; pools 2, 3 are (pool 3 is 4
+    rows past pool 2 where pool 2 was 2 past pool 1, but that pair is not linked
+    now, so no step came before): [[2, 4]]. Pool k0 + i must also sit kpool positions
+    past the one before: pool 1 moved to pos 3 breaks both its links, which leaves
+    [[2, 4]] again."""
+    seq = np.array([0, 0, 0, 0, 1])
+    k = np.array([0, 1, 2, 3, 0])
+    first = np.array([0, 2, 4, 6, 0])
+    cells = np.array([[0, 1], [2, 3], [4, 5], [8, 9], [10, 11]])
+    new = np.ones(5, dtype=bool)
+    p = Pools(seq, k, first, first + 1, cells, cells[:, 1], new)
+    assert _spans_both("pool_spans", p) == [[0, 3]]
+    new[1] = False
+    assert _spans_both("pool_spans", Pools(seq, k, first, first + 1, cells, cells[:, 1],
+                                           new)) == [[2, 4]]
+    moved = first.copy()
+    moved[1] = 3
+    assert _spans_both("pool_spans", Pools(seq, k, moved, moved + 1, cells, cells[:, 1],
+                                           np.ones(5, dtype=bool))) == [[2, 4]]
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 3, 4])
+def test_spans_agree_on_random_listings(kpool: int):
+    """Random listings built of arithmetic stretches with a few defects each (a
+    padding entry, a rep off its last member, a member off its step, a new sequence,
+    a skipped k, a flipped `new`, a position off): the compiled core's spans are
+    contracts/runs.py's, and both runs and singles are exercised."""
+    rng = np.random.default_rng(kpool)
+    n_runs = 0
+    for _ in range(300):
+        n = int(rng.integers(0, 40))
+        first = np.cumsum(rng.choice([1, 2, 4, 8], n)).astype(np.int64)
+        first[rng.random(n) < 0.1] += 3
+        d = rng.choice([1, 1, 1, 2, 64], n) if rng.random() < 0.3 else np.full(n, 1)
+        cells = (first[:, None] * kpool + np.arange(kpool)[None, :] * d[:, None]).astype(np.int64)
+        cells[rng.random((n, kpool)) < 0.02] += 1
+        rep = cells[:, -1].copy()
+        rep[rng.random(n) < 0.05] += 1
+        pad = rng.random(n) < 0.05
+        n_runs += len(_spans_both("scatter_spans", cells, rep, pad))
+        seq = np.cumsum(rng.random(n) < 0.1).astype(np.int64)
+        k = np.arange(n, dtype=np.int64) + np.cumsum(rng.random(n) < 0.05)
+        pos = (np.arange(n, dtype=np.int64) * kpool
+               + np.cumsum(rng.random(n) < 0.05) * kpool + (rng.random(n) < 0.03))
+        last = pos + kpool - 1 + (rng.random(n) < 0.03)
+        new = rng.random(n) < 0.95
+        n_runs += len(_spans_both("pool_spans", Pools(seq, k, pos, last, cells, rep, new)))
+    assert n_runs > 100

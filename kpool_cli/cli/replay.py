@@ -119,11 +119,12 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
             done = write_check(out, fmt, run_checks(jobs), fail_on)
         sys.exit(check_exit_code(done))
 
-    def replayed(trace: Trace, version: EngineVersion, tally: Tally, cell_map: bool = False
-                 ) -> Iterator[Record]:
+    def replayed(trace: Trace, version: EngineVersion, tally: Tally, cell_map: bool = False,
+                 spans: bool = False) -> Iterator[Record]:
         """The trace's records, each fed to `tally` on its way to the renderer."""
         return tallied(replay(trace, version, make_backend(backend, trace),
-                              pools_all=pools == "all", cell_map=cell_map, core=core), tally)
+                              pools_all=pools == "all", cell_map=cell_map, spans=spans,
+                              core=core), tally)
 
     tallies: list[Tally] = []
     problems: list[Problem] = []  # why a trace turned out invalid mid-replay (JSON)
@@ -147,7 +148,8 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                           ticker_for(trace, quiet=quiet, color=color,
                                      shares_terminal=False) as ticker):
                         write_report(out, trace, version.name, value_backend,
-                                     ticking(replayed(trace, version, tally), ticker), tally,
+                                     ticking(replayed(trace, version, tally, spans=True),
+                                             ticker), tally,
                                      run_form=pools != "all", lead=lead)
                     return tally
 

@@ -448,3 +448,93 @@ def first_difference(have, want):  # pragma: no cover - compiled
         if have[j] != want[j]:
             return j
     return -1 if have.size == want.size else n
+
+
+def _evenly(rows, i):  # pragma: no cover - compiled
+    """contracts/runs.py `arithmetic` of entry i: (its members step evenly, the step d;
+    1 where kpool is 1)."""
+    kpool = rows.shape[1]
+    if kpool < 2:
+        return True, 1
+    d = rows[i, 1] - rows[i, 0]
+    for j in range(2, kpool):
+        if rows[i, j] - rows[i, j - 1] != d:
+            return False, d
+    return True, d
+
+
+_evenly_in = inner(_evenly)
+
+
+def _link_spans(rows, link, out):  # pragma: no cover - compiled
+    """contracts/runs.py `spans_of`: the runs of linked entries (`link[i]` links i and
+    i + 1) whose first member steps evenly, written to out as [a, b); returns how
+    many. A link whose step differs from that of the linked pair before it (as
+    linked before this rule) starts no run."""
+    m = 0
+    a = -1
+    before = False  # link[i - 1], as given
+    for i in range(link.size):
+        on = link[i]
+        if on and before and rows[i + 1, 0] - rows[i, 0] != rows[i, 0] - rows[i - 1, 0]:
+            on = False
+        before = link[i]
+        if on:
+            if a < 0:
+                a = i
+        elif a >= 0:
+            out[m, 0] = a
+            out[m, 1] = i + 1
+            m += 1
+            a = -1
+    if a >= 0:
+        out[m, 0] = a
+        out[m, 1] = link.size + 1
+        m += 1
+    return m
+
+
+_link_spans_in = inner(_link_spans)
+
+
+@kernel
+def scatter_spans(rows, rep, pad, link, out):  # pragma: no cover - compiled
+    """contracts/runs.py `scatter_spans` in one pass: an entry is regular when its
+    members step evenly, its rep row is its last member and it is no padding; a
+    regular entry links to a regular next one with the same member step. link
+    [n - 1] is scratch; out [n // 2, 2] gets the spans; returns how many."""
+    n, kpool = rows.shape
+    if n < 2:
+        return 0
+    ok, d = _evenly_in(rows, 0)
+    reg = ok and rep[0] == rows[0, kpool - 1] and not pad[0]
+    for i in range(1, n):
+        ok, d2 = _evenly_in(rows, i)
+        reg2 = ok and rep[i] == rows[i, kpool - 1] and not pad[i]
+        link[i - 1] = reg and reg2 and d2 == d
+        reg, d = reg2, d2
+    return _link_spans_in(rows, link, out)
+
+
+@kernel
+def pool_spans(seq, k, first_pos, last_pos, cells, rep, new, link, out
+               ):  # pragma: no cover - compiled
+    """contracts/runs.py `pool_spans` in one pass: a pool is regular when its members
+    step evenly, its rep row is its last member and its positions span kpool; a
+    regular pool links to a regular next one of the same sequence, the next k, the
+    next kpool positions, the same `new` and the same member step. link [n - 1] is
+    scratch; out [n // 2, 2] gets the spans; returns how many."""
+    n, kpool = cells.shape
+    if n < 2:
+        return 0
+    ok, d = _evenly_in(cells, 0)
+    reg = ok and rep[0] == cells[0, kpool - 1] and last_pos[0] == first_pos[0] + kpool - 1
+    for i in range(1, n):
+        ok, d2 = _evenly_in(cells, i)
+        reg2 = (ok and rep[i] == cells[i, kpool - 1]
+                and last_pos[i] == first_pos[i] + kpool - 1)
+        link[i - 1] = (reg and reg2 and seq[i] == seq[i - 1] and k[i] == k[i - 1] + 1
+                       and first_pos[i] == first_pos[i - 1] + kpool and new[i] == new[i - 1]
+                       and d2 == d)
+        reg, d = reg2, d2
+    return _link_spans_in(cells, link, out)

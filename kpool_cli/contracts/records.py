@@ -113,6 +113,11 @@ class UbatchRecord:
     findings: tuple[Finding, ...]
     aborted: bool = False
     cell_map: CellMap | None = None  # the cells after this ubatch (replay(cell_map=True))
+    # [m, 2] | run | [a, b): the runs of `pools` and of the scatter entries
+    # (contracts/runs.py), as the core found them; None: not found (the writer finds
+    # them when it writes runs)
+    pool_spans: np.ndarray | None = None
+    scatter_spans: np.ndarray | None = None
 
     @property
     def n_tokens(self) -> int:

@@ -156,10 +156,11 @@ def run_checked(trace: m.Trace, engine: str, backend: str = "none", *,
     found: dict[tuple[str, str], int] = {}
     rejected = False
     inv = _Invariants(version.name, trace.cache)
+    # spans: the records carry each core's run form too, and so compare it
     rp = Replayer(trace, version, make_backend(backend, trace), observer=inv,
-                  core="compiled")
-    reference = (Replayer(trace, version, make_backend(backend, trace), core="reference")
-                 .run() if both_cores else iter(()))
+                  spans=both_cores, core="compiled")
+    reference = (Replayer(trace, version, make_backend(backend, trace), spans=True,
+                          core="reference").run() if both_cores else iter(()))
     try:
         for rec, ref in zip_longest(rp.run(), reference):
             where = first_difference(rec, ref) if both_cores else None

@@ -39,6 +39,7 @@ from ..contracts.report_format import (
     TRACE,
     UBATCH,
 )
+from ..contracts.runs import pool_spans, run_cells, runs, scatter_spans
 from ..contracts.tally import Tally
 from ..signals import held
 from ..trace.load import TraceError
@@ -129,44 +130,9 @@ def event_json(e: OpEvent) -> dict:
                       stale={str(s): p for s, p in e.stale.items()}, **more)
 
 
-def runs(rows: np.ndarray, link: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal [a, b) index ranges of length >= 2 of `rows` [n, kpool] (member rows)
-    where every neighbour pair i, i + 1 is linked (`link[i]`, [n - 1] bool) and the
-    first member moves by the same step from each to the next. A pair whose step
-    differs from the linked pair before it starts no run (so runs never overlap)."""
-    if link.size == 0 or not link.any():
-        return []
-    step = np.diff(rows[:, 0])
-    link = link.copy()
-    link[1:] &= ~(link[:-1] & (step[1:] != step[:-1]))
-    edge = np.diff(np.concatenate(([0], link.astype(np.int8), [0])))
-    return list(zip(np.flatnonzero(edge == 1).tolist(),
-                    (np.flatnonzero(edge == -1) + 1).tolist(), strict=True))
-
-
-def _arithmetic(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per entry of `rows` [n, kpool]: its members are c0, c0 + d, c0 + 2 d, ... (one
-    step d); and d (1 where kpool is 1)."""
-    n, kpool = rows.shape
-    if kpool < 2:
-        return np.ones(n, dtype=bool), np.ones(n, dtype=np.int64)
-    d = rows[:, 1] - rows[:, 0]
-    ok = np.ones(n, dtype=bool)
-    for j in range(2, kpool):  # a column at a time: 16x faster than [n, kpool] products
-        ok &= rows[:, j] - rows[:, j - 1] == d
-    return ok, d
-
-
-def _run_cells(rows: np.ndarray, d: np.ndarray, a: int, b: int) -> list[int]:
-    """[c0, d, e] of a run: member j of entry a + i is row c0 + i e + j d."""
-    return [int(rows[a, 0]), int(d[a]), int(rows[a + 1, 0] - rows[a, 0])]
-
-
-def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
-    """The listed pools, in order. A run of pools k0..k1-1 of one sequence with the
-    same `new`, whose positions follow each other and whose member rows step evenly
-    (pool k0 + i: first_pos p0 + i kpool; member j on row c0 + i e + j d; its rep the
-    last member) is written as one
+def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[dict]:
+    """The listed pools, in order (kpool 0: no runs). A run of pools (contracts/runs.py
+    `pool_spans`; `spans`, when the core found them) is written as one
     {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, d, e], "new"}."""
     n = len(p)
     keys = POOL.names
@@ -174,14 +140,9 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
         return [dict(zip(keys, row, strict=True)) for row in zip(
             p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
             p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
-    ok, d = _arithmetic(p.cells)
-    regular = ok & (p.rep == p.cells[:, -1]) & (p.last_pos == p.first_pos + kpool - 1)
-    link = (regular[:-1] & regular[1:] & (p.seq[1:] == p.seq[:-1]) & (p.k[1:] == p.k[:-1] + 1)
-            & (p.first_pos[1:] == p.first_pos[:-1] + kpool) & (p.new[1:] == p.new[:-1])
-            & (d[1:] == d[:-1]))
-    spans = runs(p.cells, link)
+    found = (pool_spans(p) if spans is None else spans).tolist()
     alone = np.ones(n, dtype=bool)
-    for a, b in spans:
+    for a, b in found:
         alone[a:b] = False
     idx = np.flatnonzero(alone)
     singles = dict(zip(idx.tolist(), zip(
@@ -190,20 +151,20 @@ def pools_json(p: Pools, kpool: int) -> list[dict]:  # kpool 0: no runs
         p.new[idx].tolist(), strict=True), strict=True))
     out: list[dict] = []
     at = 0
-    for a, b in [*spans, (n, n)]:
+    for a, b in [*found, (n, n)]:
         out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
         if a < n:
             out.append(POOL_RUN.make(
                 seq=int(p.seq[a]), k=[int(p.k[a]), int(p.k[b - 1]) + 1],
-                first_pos=int(p.first_pos[a]), cells=_run_cells(p.cells, d, a, b),
+                first_pos=int(p.first_pos[a]), cells=run_cells(p.cells, a),
                 new=bool(p.new[a])))
         at = b
     return out
 
 
-def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
-    """The scatter entries, in order. A run of n real entries whose member rows step
-    evenly (entry i: member j on row c0 + i e + j d, pooled into its last member) is
+def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
+    """The scatter entries, in order (kpool 0: no runs). A run of n entries
+    (contracts/runs.py `scatter_spans`; the record's, when the core found them) is
     written as one {"n": n, "cells": [c0, d, e], "pad": false}."""
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
@@ -214,14 +175,12 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:  # kpool 0: no runs
 
     if n < 2 or not kpool:  # no run can form: every entry alone
         return singles(0, n)
-    ok, d = _arithmetic(rows)
-    regular = ok & (rep == rows[:, -1]) & ~pad
-    spans = runs(rows, regular[:-1] & regular[1:] & (d[1:] == d[:-1]))
+    found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     out: list[dict] = []
     at = 0
-    for a, b in spans:
+    for a, b in found.tolist():
         out += singles(at, a)
-        out.append(SCATTER_RUN.make(n=b - a, cells=_run_cells(rows, d, a, b), pad=False))
+        out.append(SCATTER_RUN.make(n=b - a, cells=run_cells(rows, a), pad=False))
         at = b
     return out + singles(at, n)
 
@@ -243,7 +202,7 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
-        pools=pools_json(r.pools, kpool), scatter=scatter_json(r, kpool),
+        pools=pools_json(r.pools, kpool, r.pool_spans), scatter=scatter_json(r, kpool),
         cost=COST.make(**r.cost), findings=[finding_json(f) for f in r.findings],
     )
 
