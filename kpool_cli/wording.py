@@ -54,6 +54,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
+    import numpy as np
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
 # terminal or a bidi-aware renderer acts on, and the line/paragraph separators
@@ -119,6 +123,21 @@ def folded(values: Iterable[int], limit: int | None = None) -> str:
     vals = np.fromiter(values, dtype=np.int64) if not isinstance(values, np.ndarray) \
         else values.astype(np.int64, copy=False)
     n = int(vals.size)
+    # with a limit, the parts shown come from a prefix: once it holds more than
+    # `limit` parts, the ones shown each ended before the next began inside it
+    m = n if limit is None else min(n, 64)
+    while True:
+        parts = _parts(vals[:m], limit)
+        if m == n or (limit is not None and len(parts) > limit):
+            return _limited(parts, limit, n) or NONE
+        m = min(n, 4 * m)
+
+
+def _parts(vals: np.ndarray, limit: int | None) -> list[str]:
+    """`folded`'s parts of `vals`, left to right, at most limit + 1."""
+    import numpy as np
+
+    n = int(vals.size)
     d = np.diff(vals)
     # where each kind of run breaks: the run from i of step 0 (1) ends at the first
     # k >= i with d[k] != 0 (1), so a part costs a search, not a walk of its run
@@ -141,7 +160,7 @@ def folded(values: Iterable[int], limit: int | None = None) -> str:
             j = i
             parts.append(str(first))
         i = j + 1
-    return _limited(parts, limit, n) or NONE
+    return parts
 
 
 def tokens(pairs: Iterable[tuple[int, tuple[int, ...]]], limit: int | None = None) -> str:

@@ -244,6 +244,28 @@ def test_ranges_are_half_open_and_lists_fold_into_them():
     assert words.folded([]) == "none"
 
 
+def test_a_limited_fold_reads_a_prefix_and_says_what_the_whole_fold_would():
+    """`folded` with a limit folds a prefix (64 values, then 4x more while it holds
+    too few parts): the parts it shows are the whole array's. By hand: 200 rows
+    every 4 (each one alone), limit 8: the first 8, then the count. A run that
+    crosses the first prefix (0..100 then 7 x5): one range. A repeat across it:
+    5 x70. Random lists of short runs and repeats: the same as folding the whole
+    array (`_parts` on all of it) and cutting at the limit."""
+    assert words.folded(np.arange(3, 800, 4), limit=8) == "3 7 11 15 19 23 27 31 ... (200)"
+    assert words.folded([*range(100), *[7] * 5], limit=1) == "0..100 ... (105)"
+    assert words.folded([*range(100), *[7] * 5], limit=2) == "0..100 7 x5"
+    assert words.folded([5] * 70 + [1], limit=1) == "5 x70 ... (71)"
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        pieces = [rng.integers(0, 50, 1).repeat(rng.integers(1, 4)) if rng.random() < 0.3
+                  else rng.integers(0, 9) + np.arange(rng.integers(1, 140))
+                  for _ in range(rng.integers(0, 12))]
+        vals = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+        limit = int(rng.integers(1, 10))
+        want = words._limited(words._parts(vals, None), limit, vals.size) or words.NONE
+        assert words.folded(vals, limit=limit) == want, (vals.tolist(), limit)
+
+
 def test_pools_stale_positions_tokens_and_codes_have_one_form():
     assert words.pools([(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]) == "0:0..3 1:0..3"
     assert words.pools([(0, 1), (0, 2), (1, 3)]) == "0:1 0:2 1:3"
