@@ -70,8 +70,14 @@ def conflicts(layout: Layout) -> dict[int, tuple[tuple[int, int], ...]]:
     same = spc[1:] == spc[:-1]
     if not same.any():
         return {}
-    ips = order[np.isin(spc, spc[1:][same])]  # every pool on a shared rep row, by row
-    ips = ips[np.argsort(pc[ips], kind="stable")]
+    return _conflicts_among(layout, np.sort(order[np.isin(spc, spc[1:][same])]))
+
+
+def _conflicts_among(layout: Layout, ips: np.ndarray) -> dict[int, tuple[tuple[int, int], ...]]:
+    """The conflicts on the rep rows of pools `ips` (ascending global indices, every
+    pool on those rows): {row: its (seq, k) pools, in layout order}, rows ascending."""
+    pc = layout.pool_cells()
+    ips = ips[np.argsort(pc[ips], kind="stable")]  # by row, in layout order on each
     rows = pc[ips]
     members = layout.members_of(ips)
     group_start = np.concatenate(([True], rows[1:] != rows[:-1]))
@@ -86,48 +92,45 @@ def conflicts(layout: Layout) -> dict[int, tuple[tuple[int, int], ...]]:
 
 
 class Conflicts:
-    """`conflicts` of a layout, kept from the updates it is fed: per sequence the rep
-    row and member rows of each pool (as the layout had them), per rep row the pools
-    on it. An update drops a sequence's pools past its `kept` count and adds its
-    new ones, and rechecks only the rows they were on."""
+    """`conflicts` of a layout, kept from the updates it is fed, at the cost of the
+    pools an update changed: per rep row the number of pools on it (from the whole
+    layout's rep rows as the last update left them), and the conflicts found. An
+    update takes away the rows of a sequence's pools past its `kept` count, adds
+    those of its new ones, and rechecks the rows they were on that now hold two or
+    more pools (a decode's new pool, alone on its own cell, costs no recheck)."""
 
     def __init__(self) -> None:
-        self._pools: dict[int, list[tuple[int, tuple[int, ...]]]] = {}  # seq -> by k
-        self._on_row: dict[int, dict[tuple[int, int], tuple[int, ...]]] = {}
-        self._bad: set[int] = set()
+        self._n_on = np.zeros(0, dtype=np.int32)  # per global row
+        self._cells = np.empty(0, dtype=np.int64)  # Layout.pool_cells, last update's
+        self._start: np.ndarray | None = None  # Layout.pool_start, last update's
+        self._bad: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def update(self, layout: Layout, change: LayoutChange) -> None:
-        rows: set[int] = set()
-        for s in sorted(change.changed):
-            mine = self._pools.setdefault(s, [])
-            kept = change.kept[s]
-            for k in range(kept, len(mine)):
-                row = mine[k][0]
-                del self._on_row[row][(s, k)]
-                rows.add(row)
-            del mine[kept:]
-            sq = layout.seqs[s]
-            n = len(sq.pools)
-            if n > kept:
-                reps = sq.rep_rows.view[kept:n].tolist()
-                members = sq.members(np.arange(kept, n), layout.kpool, layout.kv_size)
-                for k, row, mem in zip(range(kept, n), reps, members.tolist(), strict=True):
-                    t = tuple(mem)
-                    mine.append((row, t))
-                    self._on_row.setdefault(row, {})[(s, k)] = t
-                    rows.add(row)
-        for row in rows:
-            on = self._on_row.get(row)
-            if on is not None and not on:
-                del self._on_row[row]
-                on = None
-            if on is not None and len(set(on.values())) > 1:
-                self._bad.add(row)
-            else:
-                self._bad.discard(row)
+        cells, start = layout.pool_cells(), layout.pool_start()
+        before = self._start if self._start is not None else np.zeros_like(start)
+        kept = change.kept
+        seqs = sorted(change.changed)
+        gone = [self._cells[before[s] + kept[s]:before[s + 1]] for s in seqs]
+        came = [cells[start[s] + kept[s]:start[s + 1]] for s in seqs]
+        gone_rows = np.concatenate(gone) if gone else cells[:0]
+        came_rows = np.concatenate(came) if came else cells[:0]
+        if came_rows.size and int(came_rows.max()) >= self._n_on.size:
+            grown = np.zeros(max(int(came_rows.max()) + 1, 2 * self._n_on.size), np.int32)
+            grown[:self._n_on.size] = self._n_on
+            self._n_on = grown
+        np.subtract.at(self._n_on, gone_rows, 1)
+        np.add.at(self._n_on, came_rows, 1)
+        touched = unique(np.concatenate((gone_rows, came_rows)))
+        if self._bad:
+            for r in touched.tolist():
+                self._bad.pop(r, None)
+        shared = touched[self._n_on[touched] > 1]
+        if shared.size:
+            self._bad.update(_conflicts_among(layout, np.flatnonzero(np.isin(cells, shared))))
+        self._cells, self._start = cells, start
 
     def now(self) -> dict[int, tuple[tuple[int, int], ...]]:
-        return {r: tuple(sorted(self._on_row[r])) for r in sorted(self._bad)}
+        return {r: self._bad[r] for r in sorted(self._bad)}
 
 
 def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
