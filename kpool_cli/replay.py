@@ -224,7 +224,7 @@ class Replayer:
         cfg = trace.cache
         self.trace, self.version, self.backend, self.pools_all = trace, version, backend, pools_all
         self.want_cell_map = cell_map
-        self.want_spans = spans
+        self.want_spans = spans and not pools_all  # a full listing is written whole
         self.cfg = cfg
         self.core = core_of(resolve_core(core, trace, getattr(backend, "name", None)))
         self.groups = self.core.race_groups(cfg)
@@ -508,7 +508,6 @@ class Replayer:
         scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
         scatter_rep = plan.entry_rep if plan is not None else empty
         scatter_pad = plan.pad if plan is not None else empty.astype(bool)
-        spans = self.want_spans and not self.pools_all
         rec = UbatchRecord(
             index=index, op=i, batch_ubatch=b, token_pos=pos, token_seqs=tuple(seqs),
             token_rows=rows, token_ext=ext,
@@ -521,9 +520,9 @@ class Replayer:
             scatter_pool=plan.entry_pool if plan is not None else empty,
             cost=cost, findings=tuple(findings), aborted=plan is None,
             cell_map=self._cell_map() if self.want_cell_map else None,
-            pool_spans=self.core.pool_spans(pools) if spans else None,
+            pool_spans=self.core.pool_spans(pools) if self.want_spans else None,
             scatter_spans=(self.core.scatter_spans(scatter_rows, scatter_rep, scatter_pad)
-                           if spans else None),
+                           if self.want_spans else None),
         )
         if self.observer is not None:
             self.observer(rec, ctx)
@@ -541,15 +540,13 @@ class Replayer:
         rep rows are the plan's first entries (scatter.py's invariant), read there
         rather than looked up again."""
         layout = self.layout
-        if not self.pools_all and plan is not None:
-            if marked.size == 0:
-                return Pools.none(self.cfg.kpool)
-            n = marked.size
-            return Pools(*layout.columns(marked), plan.entry_rows[:n], plan.entry_rep[:n],
-                         np.ones(n, dtype=bool))
         ips = np.arange(layout.n_pool_real) if self.pools_all else marked
         if ips.size == 0:
             return Pools.none(self.cfg.kpool)
+        if not self.pools_all and plan is not None:
+            n = ips.size
+            return Pools(*layout.columns(ips), plan.entry_rows[:n], plan.entry_rep[:n],
+                         np.ones(n, dtype=bool))
         new = np.zeros(layout.n_pool_real, dtype=bool)
         new[marked] = True
         return Pools(*layout.columns(ips), layout.members_of(ips), layout.pool_cells()[ips],

@@ -467,7 +467,7 @@ _evenly_in = inner(_evenly)
 
 
 def _link_spans(rows, link, out):  # pragma: no cover - compiled
-    """contracts/runs.py `spans_of`: the runs of linked entries (`link[i]` links i and
+    """contracts/runs.py `runs`: the runs of linked entries (`link[i]` links i and
     i + 1) whose first member steps evenly, written to out as [a, b); returns how
     many. A link whose step differs from that of the linked pair before it (as
     linked before this rule) starts no run."""

@@ -83,7 +83,7 @@ class CompiledLayout(Layout):
                 changed.add(s)
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
-        return self.changed(kept, read, changed, scanned)
+        return self._end_update(kept, read, changed, scanned)
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
              cache: KvCache, sharing: bool) -> int:

@@ -22,16 +22,12 @@ NO_SPANS = np.empty((0, 2), dtype=np.int64)  # no run (read-only)
 NO_SPANS.flags.writeable = False
 
 
-def runs(rows: np.ndarray, link: np.ndarray) -> list[tuple[int, int]]:
-    """Maximal [a, b) index ranges of length >= 2 of `rows` [n, kpool] (member rows)
-    where every neighbour pair i, i + 1 is linked (`link[i]`, [n - 1] bool) and the
-    first member moves by the same step from each to the next. A pair whose step
-    differs from the linked pair before it starts no run (so runs never overlap)."""
-    return spans_of(rows, link).tolist()
-
-
-def spans_of(rows: np.ndarray, link: np.ndarray) -> np.ndarray:
-    """`runs` as an int64 array [m, 2] of (a, b)."""
+def runs(rows: np.ndarray, link: np.ndarray) -> np.ndarray:
+    """The spans [m, 2] of the maximal index ranges [a, b), b - a >= 2, of `rows`
+    [n, kpool] (member rows) where every neighbour pair i, i + 1 is linked
+    (`link[i]`, [n - 1] bool) and the first member moves by the same step from each
+    to the next. A pair whose step differs from the linked pair before it starts no
+    run (so runs never overlap)."""
     if link.size == 0 or not link.any():
         return NO_SPANS
     step = np.diff(rows[:, 0])
@@ -70,7 +66,7 @@ def pool_spans(p: Pools) -> np.ndarray:
     link = (regular[:-1] & regular[1:] & (p.seq[1:] == p.seq[:-1]) & (p.k[1:] == p.k[:-1] + 1)
             & (p.first_pos[1:] == p.first_pos[:-1] + kpool) & (p.new[1:] == p.new[:-1])
             & (d[1:] == d[:-1]))
-    return spans_of(p.cells, link)
+    return runs(p.cells, link)
 
 
 def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndarray:
@@ -80,7 +76,7 @@ def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndar
         return NO_SPANS
     ok, d = arithmetic(rows)
     regular = ok & (rep == rows[:, -1]) & ~pad
-    return spans_of(rows, regular[:-1] & regular[1:] & (d[1:] == d[:-1]))
+    return runs(rows, regular[:-1] & regular[1:] & (d[1:] == d[:-1]))
 
 
 def run_cells(rows: np.ndarray, a: int) -> list[int]:

@@ -227,10 +227,10 @@ class Layout:
                 changed.add(s)
             n = len(sq.keys)
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
-        return self.changed(kept, read, changed, scanned)
+        return self._end_update(kept, read, changed, scanned)
 
-    def changed(self, kept: list[int], read: set[int], changed: set[int], scanned: int
-                ) -> LayoutChange:
+    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int
+                    ) -> LayoutChange:
         """An update's end, whatever ran it: the whole-layout columns of a layout whose
         pools changed are built again on their next read, and what changed is told."""
         if changed:

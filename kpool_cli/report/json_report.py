@@ -3,7 +3,8 @@
 Owns: the mapping from records to report fields (their names and order are
 declared in `report.format`: a public contract, add, never rename), the run form
 that keeps a ubatch's listing short (pools, scatter entries, finding pools and
-rows; docs/FORMATS.md, "Runs"; the diff's reader expands it), and `write_report`,
+rows; docs/FORMATS.md, "Runs"; which pools and entries form runs is
+contracts/runs.py's rule; the diff's reader expands them), and `write_report`,
 which streams ubatches as they come and holds only events and expectations (a few
 per op) until the end.
 """
@@ -113,7 +114,7 @@ def pool_ids_json(pools: PoolIds) -> list[list[int]]:
     link = (a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + 1)
     out: list[list[int]] = []
     at = 0
-    for lo, hi in runs(a[:, 1:], link):
+    for lo, hi in runs(a[:, 1:], link).tolist():
         out += a[at:lo].tolist()
         out.append([int(a[lo, 0]), int(a[lo, 1]), int(a[hi - 1, 1]) + 1])
         at = hi
