@@ -94,13 +94,15 @@ def _conflicts_among(layout: Layout, ips: np.ndarray) -> dict[int, tuple[tuple[i
 class Conflicts:
     """`conflicts` of a layout, kept from the updates it is fed, at the cost of the
     pools an update changed: per rep row the number of pools on it (from the whole
-    layout's rep rows as the last update left them), and the conflicts found. An
-    update takes away the rows of a sequence's pools past its `kept` count, adds
-    those of its new ones, and rechecks the rows they were on that now hold two or
-    more pools (a decode's new pool, alone on its own cell, costs no recheck)."""
+    layout's rep rows as the last update left them; a row without a pool has no
+    entry, so this holds what the layout holds, never a count per row of the cache),
+    and the conflicts found. An update takes away the rows of a sequence's pools past
+    its `kept` count, adds those of its new ones, and rechecks the rows they were on
+    that now hold two or more pools (a decode's new pool, alone on its own cell,
+    costs no recheck)."""
 
     def __init__(self) -> None:
-        self._n_on = np.zeros(0, dtype=np.int32)  # per global row
+        self._n_on: dict[int, int] = {}  # rep row -> pools on it (> 0)
         self._cells = np.empty(0, dtype=np.int64)  # Layout.pool_cells, last update's
         self._start: np.ndarray | None = None  # Layout.pool_start, last update's
         self._bad: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -109,23 +111,23 @@ class Conflicts:
         cells, start = layout.pool_cells(), layout.pool_start()
         before = self._start if self._start is not None else np.zeros_like(start)
         kept = change.kept
-        seqs = sorted(change.changed)
-        gone = [self._cells[before[s] + kept[s]:before[s + 1]] for s in seqs]
-        came = [cells[start[s] + kept[s]:start[s + 1]] for s in seqs]
-        gone_rows = np.concatenate(gone) if gone else cells[:0]
-        came_rows = np.concatenate(came) if came else cells[:0]
-        if came_rows.size and int(came_rows.max()) >= self._n_on.size:
-            grown = np.zeros(max(int(came_rows.max()) + 1, 2 * self._n_on.size), np.int32)
-            grown[:self._n_on.size] = self._n_on
-            self._n_on = grown
-        np.subtract.at(self._n_on, gone_rows, 1)
-        np.add.at(self._n_on, came_rows, 1)
-        touched = unique(np.concatenate((gone_rows, came_rows)))
-        if self._bad:
-            for r in touched.tolist():
-                self._bad.pop(r, None)
-        shared = touched[self._n_on[touched] > 1]
-        if shared.size:
+        n_on = self._n_on
+        touched: set[int] = set()
+        for s in sorted(change.changed):
+            for r in self._cells[before[s] + kept[s]:before[s + 1]].tolist():
+                n = n_on[r] - 1
+                if n:
+                    n_on[r] = n
+                else:
+                    del n_on[r]
+                touched.add(r)
+            for r in cells[start[s] + kept[s]:start[s + 1]].tolist():
+                n_on[r] = n_on.get(r, 0) + 1
+                touched.add(r)
+        for r in touched:
+            self._bad.pop(r, None)
+        shared = [r for r in touched if n_on.get(r, 0) > 1]
+        if shared:
             self._bad.update(_conflicts_among(layout, np.flatnonzero(np.isin(cells, shared))))
         self._cells, self._start = cells, start
 
