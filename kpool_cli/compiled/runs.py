@@ -15,27 +15,23 @@ from ..contracts.runs import NO_SPANS
 from . import kernels as k
 
 
-def _c(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a)
+def _spans(kernel, n: int, *columns: np.ndarray) -> np.ndarray:
+    """The spans `kernel` writes over `columns` (n entries): none below two entries,
+    without a call (most decodes list one pool or none)."""
+    if n < 2:
+        return NO_SPANS
+    out = np.empty((n // 2, 2), dtype=np.int64)  # a span holds two entries or more
+    m = kernel(*(np.ascontiguousarray(c) for c in columns),
+               np.empty(n - 1, dtype=np.bool_), out)
+    return out[:m]
 
 
 def pool_spans(p: Pools) -> np.ndarray:
     """contracts/runs.py `pool_spans`."""
-    n = len(p)
-    if n < 2:  # no run (most decodes): no kernel call
-        return NO_SPANS
-    out = np.empty((n // 2, 2), dtype=np.int64)
-    m = k.pool_spans(_c(p.seq), _c(p.k), _c(p.first_pos), _c(p.last_pos), _c(p.cells),
-                     _c(p.rep), _c(p.new), np.empty(n - 1, dtype=np.bool_), out)
-    return out[:m]
+    return _spans(k.pool_spans, len(p), p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep,
+                  p.new)
 
 
 def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndarray:
     """contracts/runs.py `scatter_spans`."""
-    n = int(rep.size)
-    if n < 2:
-        return NO_SPANS
-    out = np.empty((n // 2, 2), dtype=np.int64)
-    m = k.scatter_spans(_c(rows), _c(rep), _c(pad), np.empty(n - 1, dtype=np.bool_),
-                        out)
-    return out[:m]
+    return _spans(k.scatter_spans, int(rep.size), rows, rep, pad)
