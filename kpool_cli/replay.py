@@ -44,6 +44,7 @@ from typing import Protocol
 
 import numpy as np
 
+from .arrays import SameArrays
 from .backend.facts import ValueFacts
 from .cache.aborts import EngineAbort
 from .cache.batch import (
@@ -240,6 +241,7 @@ class Replayer:
         self.observer = observer
         # every rule's check for this replay, in the order a ubatch's findings come
         self.checks: list[Check] = sorted((r.Check() for r in RULES), key=lambda c: c.reads)
+        self._from_plan = SameArrays(self._plan_listed)
 
     @property
     def layout_shared(self) -> bool:
@@ -504,10 +506,17 @@ class Replayer:
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
         empty = np.empty(0, dtype=np.int64)
-        pools = self._listed_pools(marked, plan)
-        scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
-        scatter_rep = plan.entry_rep if plan is not None else empty
-        scatter_pad = plan.pad if plan is not None else empty.astype(bool)
+        if plan is not None and not self.pools_all:
+            scatter_rows, scatter_rep = plan.entry_rows, plan.entry_rep
+            pools, scatter_pad, pool_spans, scatter_spans = self._from_plan(
+                marked, plan.entry_pool, scatter_rows, scatter_rep)
+        else:
+            pools = self._every_pool_listed(marked)
+            scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
+            scatter_rep = plan.entry_rep if plan is not None else empty
+            scatter_pad = plan.pad if plan is not None else empty.astype(bool)
+            pool_spans, scatter_spans = self._spans(pools, scatter_rows, scatter_rep,
+                                                    scatter_pad)
         rec = UbatchRecord(
             index=index, op=i, batch_ubatch=b, token_pos=pos, token_seqs=tuple(seqs),
             token_rows=rows, token_ext=ext,
@@ -520,9 +529,7 @@ class Replayer:
             scatter_pool=plan.entry_pool if plan is not None else empty,
             cost=cost, findings=tuple(findings), aborted=plan is None,
             cell_map=self._cell_map() if self.want_cell_map else None,
-            pool_spans=self.core.pool_spans(pools) if self.want_spans else None,
-            scatter_spans=(self.core.scatter_spans(scatter_rows, scatter_rep, scatter_pad)
-                           if self.want_spans else None),
+            pool_spans=pool_spans, scatter_spans=scatter_spans,
         )
         if self.observer is not None:
             self.observer(rec, ctx)
@@ -535,18 +542,41 @@ class Replayer:
         return CellMap(self.cfg.kv_size, self.cache.seq_codes(SEQ_EMPTY, SEQ_SHARED),
                        np.flatnonzero(is_rep))
 
-    def _listed_pools(self, marked: np.ndarray, plan: ScatterPlan | None) -> Pools:
-        """The marked pools (every pool with pools="all"); the marked ones' members and
-        rep rows are the plan's first entries (scatter.py's invariant), read there
-        rather than looked up again."""
+    def _plan_listed(self, marked: np.ndarray, entry_pool: np.ndarray,
+                     entry_rows: np.ndarray, entry_rep: np.ndarray
+                     ) -> tuple[Pools, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """What a ubatch's record takes from its plan alone (`_from_plan` keeps it while
+        the plan's arrays are the same: a re-pool-all ubatch on pools that stand):
+        the marked pools, whose members and rep rows are the plan's first entries
+        (scatter.py's invariant), read there rather than looked up again; the padding
+        entries; and the spans of both listings when the report asks."""
+        pad = entry_pool < 0
+        n = marked.size
+        if n == 0:
+            pools = Pools.none(self.cfg.kpool)
+        else:
+            whole = n == entry_rep.size  # no padding: the entries themselves, not a view
+            pools = Pools(*self.layout.columns(marked),
+                          entry_rows if whole else entry_rows[:n],
+                          entry_rep if whole else entry_rep[:n], np.ones(n, dtype=bool))
+        return (pools, pad, *self._spans(pools, entry_rows, entry_rep, pad))
+
+    def _spans(self, pools: Pools, rows: np.ndarray, rep: np.ndarray, pad: np.ndarray
+               ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The run form's spans of the listing and of the scatter entries, when the
+        report asks (`want_spans`)."""
+        if not self.want_spans:
+            return None, None
+        return self.core.pool_spans(pools), self.core.scatter_spans(rows, rep, pad)
+
+    def _every_pool_listed(self, marked: np.ndarray) -> Pools:
+        """The listing without a plan's entries to read: every pool with pools="all"
+        (the marked ones `new`), else the marked pools (a ubatch that aborted before
+        its plan)."""
         layout = self.layout
         ips = np.arange(layout.n_pool_real) if self.pools_all else marked
         if ips.size == 0:
             return Pools.none(self.cfg.kpool)
-        if not self.pools_all and plan is not None:
-            n = ips.size
-            return Pools(*layout.columns(ips), plan.entry_rows[:n], plan.entry_rep[:n],
-                         np.ones(n, dtype=bool))
         new = np.zeros(layout.n_pool_real, dtype=bool)
         new[marked] = True
         return Pools(*layout.columns(ips), layout.members_of(ips), layout.pool_cells()[ips],

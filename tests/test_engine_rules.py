@@ -240,6 +240,27 @@ def test_s4_s6_cache_safe_repools_everything_and_races_on_shared_reps() -> None:
     assert findings(ub2, "KP001")[0].rows == (3, 7, 11)
 
 
+SHARED_NO_POOL = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..2}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 0, pos: 2}
+""")
+
+
+def test_s6_s7_cache_safe_shared_layout_without_a_pool_pads_one_entry() -> None:
+    """ENGINE.md §6 cache-safe: cells 0 and 1 shared (seq_cp), so every pool is marked,
+    and there is none (3 and 2 pairs, kpool 4): n_new 0, n_new_g = max(0, 1) = 1. §7:
+    that padding entry takes the smallest row no pool's rep holds, row 0, with members
+    that row: rep [0], members [[0, 0, 0, 0]], pool -1."""
+    ub = ubatches(run(SHARED_NO_POOL, "cache-safe"))[-1]
+    assert (ub.n_pool_real, ub.n_new, ub.n_new_g) == (0, 0, 1)
+    assert ub.scatter_rep.tolist() == [0] and ub.scatter_rows.tolist() == [[0, 0, 0, 0]]
+    assert ub.scatter_pool.tolist() == [-1]
+
+
 def test_shared_prefix_race_trace_expectations(engine: str) -> None:
     """traces/shared-prefix-race.yaml's own `expect`s hold."""
     from pathlib import Path

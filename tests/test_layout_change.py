@@ -191,3 +191,34 @@ def test_locate_reads_the_same_seq_and_k_by_search_and_by_pool_seq():
     assert lay._pool_seq is None
     seq, k = lay.locate(np.array([16, 18]))
     assert (seq.tolist(), k.tolist()) == ([0, 2], [16, 1])
+
+
+def test_every_pool_is_one_array_while_the_pools_stand():
+    """Layout.every_pool, pool_members and columns: kpool 2, seq 0 pos 0..5 (pools 0-2,
+    members rows 0,1 / 2,3 / 4,5), seq 1 pos 0..3 (cells 6..9: pools 3, 4, members
+    6,7 / 8,9). every_pool is [0..4] and pool_members those rows; `columns` of it are
+    the whole-layout columns (seq 0 0 0 1 1, k 0 1 2 0 1). A decode of seq 0 that
+    closes no pool (pos 6: cell 10) leaves the same arrays; the next (pos 7, cell 11)
+    adds pool 3 of seq 0 (members 10, 11): a new every_pool [0..5], and the old array
+    is no longer `is_every_pool`."""
+    c, lay = setup(kpool=2)
+    decode(c, 0, range(6))
+    decode(c, 1, range(4))
+    lay.update(c, [C, C], False)
+    every = lay.every_pool()
+    assert every.tolist() == [0, 1, 2, 3, 4] and lay.is_every_pool(every)
+    assert lay.pool_members().tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert not lay.is_every_pool(np.arange(5))  # the same values are not the array
+    seq, k, first, last = lay.columns(every)
+    assert (seq.tolist(), k.tolist()) == ([0, 0, 0, 1, 1], [0, 1, 2, 0, 1])
+    assert seq is lay.pool_seq() and first is lay.pool_first_pos()
+    assert (first.tolist(), last.tolist()) == ([0, 2, 4, 0, 2], [1, 3, 5, 1, 3])
+    members = lay.pool_members()
+    decode(c, 0, [6])
+    lay.update(c, [C, C], False)
+    assert lay.every_pool() is every and lay.pool_members() is members
+    decode(c, 0, [7])
+    lay.update(c, [C, C], False)
+    assert not lay.is_every_pool(every)
+    assert lay.every_pool().tolist() == [0, 1, 2, 3, 4, 5]
+    assert lay.pool_members().tolist() == [[0, 1], [2, 3], [4, 5], [10, 11], [6, 7], [8, 9]]

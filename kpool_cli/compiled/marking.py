@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..arrays import SameArrays
 from ..cache.aborts import EngineAbort
 from ..engine.layout import Layout, by_sequence
 from ..engine.marking import Marking, stale_candidates, token_pairs
@@ -33,7 +34,7 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     start = layout.pool_start()
     n_pool = int(start[-1])
     if repool_all:
-        return Marking(np.arange(n_pool, dtype=np.int64), n_pool, True)
+        return Marking(layout.every_pool(), n_pool, True)
     candidates = stale_candidates(layout, stale_from)
     first = seqs[0]
     if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence: one call
@@ -101,10 +102,11 @@ def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
 def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray,
                                                                   np.ndarray]]:
     """engine/context.py `race_groups` for a cache of n_rows global rows, through
-    `kernels.race_groups`."""
+    `kernels.race_groups`; the last groups again for the same rep array (a
+    re-pool-all plan's entries while the pools stand: `SameArrays`)."""
 
     def groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         order, starts, rows = k.race_groups(rep, n_rows)
         return order, starts, rows
 
-    return groups
+    return SameArrays(groups)

@@ -171,6 +171,7 @@ class Layout:
         self._pool_seq: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
         self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
+        self._every: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
                truncate: str | None = None) -> LayoutChange:
@@ -235,6 +236,7 @@ class Layout:
         pools changed are built again on their next read, and what changed is told."""
         if changed:
             self._pool_start = self._pool_seq = self._pool_cells = self._pool_pos = None
+            self._every = None
         self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
@@ -319,6 +321,7 @@ class Layout:
 
     # The whole-layout arrays below change only in `update`, which drops them; they
     # are built on first use after it (several readers per ubatch share one build).
+    # Nothing writes them: the scatter plan and the records hold them as they are.
 
     def pool_start(self) -> np.ndarray:
         """[n_seq_max + 1] global index of each sequence's first pool (and the total)."""
@@ -356,6 +359,30 @@ class Layout:
                               _joined([sq.rep_pos_.view for sq in self.seqs]))
         return self._pool_pos
 
+    def every_pool(self) -> np.ndarray:
+        """[n_pool_real] every pool's global index, in layout order (what a re-pool-all
+        ubatch marks). One array until the pools change, so a reader that is handed
+        it again knows, by identity, that nothing it was built from moved."""
+        return self._every_columns()[0]
+
+    def pool_members(self) -> np.ndarray:
+        """[n_pool_real, kpool] every pool's global member rows, in layout order
+        (`members_of(every_pool())`)."""
+        return self._every_columns()[2]
+
+    def is_every_pool(self, ips: np.ndarray) -> bool:
+        """Whether `ips` is the `every_pool` array of the layout as it stands (never
+        builds it)."""
+        return self._every is not None and ips is self._every[0]
+
+    def _every_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(every_pool, each pool's k within its sequence, pool_members)."""
+        if self._every is None:
+            every = np.arange(self.n_pool_real, dtype=np.int64)
+            self._every = (every, every - self.pool_start()[self.pool_seq()],
+                           self.members_of(every))
+        return self._every
+
     def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
         """[n_seq_max] bool: `known_equal` of every sequence (none, here)."""
         return np.zeros(len(self.seqs), dtype=bool)
@@ -389,6 +416,8 @@ class Layout:
         """Global pool indices (each in [0, n_pool_real)) -> (seq, k) arrays: a look-up
         in `pool_seq`, or for a few pools while that column is not built (the layout
         changed since it was), a binary search in `pool_start` each."""
+        if self.is_every_pool(ips):
+            return self.pool_seq(), self._every_columns()[1]
         start = self.pool_start()
         if self._pool_seq is None and ips.size < self.n_pool_real // 8:
             seq = np.searchsorted(start, ips, side="right") - 1
@@ -409,6 +438,8 @@ class Layout:
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(seq, k, first_pos, last_pos) arrays of the pools with global indices ips."""
         seq, k = self.locate(ips)
+        if self.is_every_pool(ips):
+            return seq, k, self.pool_first_pos(), self.pool_rep_pos()
         return seq, k, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
 
 

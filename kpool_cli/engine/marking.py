@@ -50,7 +50,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     start = layout.pool_start()
     n_pool = int(start[-1])
     if repool_all:
-        return Marking(np.arange(n_pool, dtype=np.int64), n_pool, True)
+        return Marking(layout.every_pool(), n_pool, True)
 
     candidates = stale_candidates(layout, stale_from)
     # touched pools: per token, per seq id in the order given

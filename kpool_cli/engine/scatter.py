@@ -125,6 +125,14 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
                           f"{int(pos[0])}) is not in its sequence's layout")
 
     n_new = int(marked.size)
+    first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
+    if n_new_g == n_new and layout.is_every_pool(marked):
+        # re-pool-all, unpadded: the entries are the layout's own columns, the same
+        # arrays while its pools stand (so what is built from them alone can be kept
+        # by identity: compiled/)
+        return ScatterPlan(pool_cells, marked, layout.pool_members(), pool_cells,
+                           visibility(layout, first, pos, token_cells), n_new, 0,
+                           np.empty(0, dtype=np.int64))
     rows = np.empty((n_new_g, kpool), dtype=np.int64)
     rep = np.empty(n_new_g, dtype=np.int64)
     entry_pool = np.full(n_new_g, -1, dtype=np.int64)
@@ -143,7 +151,6 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         rep[n_new:] = pad
         rows[n_new:] = pad[:, None]
 
-    first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
     visible = visibility(layout, first, pos, token_cells)
     assert pad_bound(pool_cells.size) > pool_cells.size
     return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted,

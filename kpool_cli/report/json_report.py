@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from .. import __version__, signals
+from ..arrays import SameArrays
 from ..contracts.finding import Finding, PoolIds
 from ..contracts.records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..contracts.report_format import (
@@ -69,7 +70,7 @@ def dumps(value: object) -> str:
 def finding_json(f: Finding) -> dict:
     """A finding. Its pools [seq, k] are written as [seq, k0, k1] where k0..k1-1 of one
     sequence follow each other, and its rows partly as `row_runs` (rows_json)."""
-    rows, row_runs = rows_json(f.rows.array)
+    rows, row_runs = _rows_json(f.rows.array)
     more: dict = {}
     if row_runs:
         more["row_runs"] = row_runs
@@ -110,7 +111,11 @@ def rows_json(rows: np.ndarray) -> tuple[list[int], list[list[int]]]:
 
 def pool_ids_json(pools: PoolIds) -> list[list[int]]:
     """(seq, k) pairs, consecutive k of one sequence folded into [seq, k0, k1]."""
-    a = pools.array
+    return _pool_ids_json(pools.array)
+
+
+def _pool_pairs_json(a: np.ndarray) -> list[list[int]]:
+    """`pool_ids_json` of a PoolIds' [n, 2] array."""
     link = (a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + 1)
     out: list[list[int]] = []
     at = 0
@@ -119,6 +124,12 @@ def pool_ids_json(pools: PoolIds) -> list[list[int]]:
         out.append([int(a[lo, 0]), int(a[lo, 1]), int(a[hi - 1, 1]) + 1])
         at = hi
     return out + a[at:].tolist()
+
+
+# A finding a re-pool-all ubatch finds again while its plan stands (KP001's race)
+# holds the same row and pool arrays: written once, its lists are shared (never written)
+_rows_json = SameArrays(rows_json)
+_pool_ids_json = SameArrays(_pool_pairs_json)
 
 
 def event_json(e: OpEvent) -> dict:

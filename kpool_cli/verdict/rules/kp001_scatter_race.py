@@ -1,9 +1,10 @@
 """KP001 scatter-race: two or more scatter entries of one ubatch write one row.
 
-Owns: the code, its explanation and its `Check`: at a ubatch, `check` (the rows the
-race groups of the ubatch context show written by two or more entries); with
-values, `with_values` (the same finding with the value backend's evidence: whether
-each raced row's entries carry equal values, and which sequences may lose theirs).
+Owns: the code, its explanation and its `Check`: at a ubatch, `race` (the rows the
+race groups of the ubatch context show written by two or more entries; kept while
+the plan and groups are the same arrays); with values, `with_values` (the same
+finding with the value backend's evidence: whether each raced row's entries carry
+equal values, and which sequences may lose theirs).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
@@ -15,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
+from ...arrays import SameArrays
 from ...backend.facts import ValueFacts
 from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
@@ -64,21 +66,30 @@ EXPLANATION = Explanation(
 class Check(RuleCheck):
     reads = PLAN
 
+    def __init__(self) -> None:
+        # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
+        # race groups, and the layout's pool_start (what `locate` reads): its race is
+        # the last one's (`SameArrays`)
+        self._race = SameArrays(race)
+
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
-        return check(ctx)
+        if ctx.plan is None or ctx.raced.size == 0:
+            return []
+        return [self._race(ctx.plan.entry_pool, ctx.order, ctx.starts, ctx.rows,
+                           ctx.layout.pool_start(), ctx=ctx)]
 
     def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
                     ) -> list[Finding]:
         return [with_values(f, ctx, values.equal) for f in found]
 
 
-def check(ctx: UbatchContext) -> list[Finding]:
-    """Rows written by two or more scatter entries of the ubatch. set_rows splits
-    entries across threads, so the row's final value has no defined writer.
-    Evidence: the entries per row of the first EVIDENCE_ROWS rows."""
+def race(*_kept_by: np.ndarray, ctx: UbatchContext) -> Finding:
+    """The rows of `ctx` (which has a plan and a raced row) written by two or more
+    scatter entries of the ubatch. set_rows splits entries across threads, so the
+    row's final value has no defined writer. Evidence: the entries per row of the
+    first EVIDENCE_ROWS rows. (`_kept_by`: the arrays `Check` keeps it by.)"""
     plan = ctx.plan
-    if plan is None or ctx.raced.size == 0:
-        return []
+    assert plan is not None
     rows = ctx.rows[ctx.raced]
     n_rows = int(rows.size)
     counts = ctx.sizes[ctx.raced]
@@ -94,13 +105,13 @@ def check(ctx: UbatchContext) -> list[Finding]:
                        strict=True))
     more = ({"entries_per_row_not_listed": n_rows - EVIDENCE_ROWS}
             if n_rows > EVIDENCE_ROWS else {})
-    return [Finding(
+    return Finding(
         CODE,
         f"{n_rows} row(s) written by more than one scatter entry ({who}): "
         f"{words.folded(rows, limit=8)}",
         rows=RowIds(rows), seqs=seqs, pools=pools,
         evidence={"entries_per_row": per_row, **more},
-    )]
+    )
 
 
 def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding:
