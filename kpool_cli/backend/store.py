@@ -50,6 +50,7 @@ from types import ModuleType
 
 import numpy as np
 
+from ..arrays import SameArrays
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
 from ..engine.layout import Layout
@@ -118,6 +119,24 @@ class _Saved:
                 + sum(Writers.ALT_ROW_BYTES + w.nbytes for w in self.alt.values()))
 
 
+def _winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+             _pool_start: np.ndarray, *, layout: Layout
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each race group's last entry (`order`, `starts`: the one whose value its row
+    keeps), which of those write a real pool, and that pool's (seq, k) in `layout`
+    (whose `pool_start` is `_pool_start`)."""
+    win = order[starts[1:] - 1]
+    pools = entry_pool[win]
+    real = pools >= 0
+    if not real.any():
+        return win, real, _NO_POOLS, _NO_POOLS
+    seq, k = layout.locate(pools[real])
+    return win, real, seq, k
+
+
+_NO_POOLS = np.empty(0, dtype=np.int64)
+
+
 class ValueBackend:
     """Key rows, pooling, scatter and gather for one replay, and KP001 values / KP003."""
 
@@ -144,6 +163,10 @@ class ValueBackend:
         self.verifier = Verifier(config, self.slots, self.kernels, self.writers)
         self.snapshots: dict[str, _Saved] = {}
         self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
+        # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
+        # race groups (`SameArrays`): their checks and their winners' pools stand too
+        self._plan_checked = SameArrays(self._check_plan)
+        self._winners = SameArrays(_winners)
 
     # -- what the parts keep, as the rules, the tests and the benchmark read it ------------
 
@@ -335,13 +358,9 @@ class ValueBackend:
         a ubatch so touches the float rows of the pools that changed alone."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
-        rep = checked_rows(plan.entry_rep, self.n_rows, ANY, False, "run_ubatch",
-                           "the plan's entry_rep")
+        rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
+                                             n_pool_real=layout.n_pool_real)
         n = rep.size
-        entry_rows = checked_rows(plan.entry_rows, self.n_rows, (n, self.kpool), False,
-                                  "run_ubatch", "the plan's entry_rows")
-        checked_index(plan.entry_pool, -1, layout.n_pool_real, rep.shape, False, "run_ubatch",
-                      "the plan's entry_pool", "pool")
         t, writers = self.slots, self.writers
         order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
@@ -353,7 +372,8 @@ class ValueBackend:
             return np.ones(0, dtype=bool)
         self.pools_kept += n_kept
         todo = np.flatnonzero(fresh)
-        win = order[starts[1:] - 1]  # the last entry of each row's group
+        win, real, seq, k = self._winners(order, starts, plan.entry_pool, layout.pool_start(),
+                                          layout=layout)
         # the fresh groups' entries (ascending), with their slots as they are before
         # `own` below hands the zero rows theirs
         if todo.size:
@@ -384,11 +404,8 @@ class ValueBackend:
                 sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
                 equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
                                             sub_starts)
-        pools = plan.entry_pool[win]
-        real = pools >= 0
         writers.stamp(s[~real], PADDING)
-        if real.any():
-            seq, k = layout.locate(pools[real])
+        if seq.size:
             writers.stamp(s[real], POOLED, seq, k)
         writers.drop_raced(rows)
         unequal = np.flatnonzero(~equal)
@@ -398,6 +415,19 @@ class ValueBackend:
             changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
         return equal
+
+    def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
+                    entry_pool: np.ndarray, *, n_pool_real: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """The plan's rep rows and member rows, checked (with its pools, each real one
+        below `n_pool_real`, the plan's layout's): int64, C-contiguous."""
+        rep = checked_rows(entry_rep, self.n_rows, ANY, False, "run_ubatch",
+                           "the plan's entry_rep")
+        rows = checked_rows(entry_rows, self.n_rows, (rep.size, self.kpool), False,
+                            "run_ubatch", "the plan's entry_rows")
+        checked_index(entry_pool, -1, n_pool_real, rep.shape, False, "run_ubatch",
+                      "the plan's entry_pool", "pool")
+        return rep, rows
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray

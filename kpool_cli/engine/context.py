@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import SameArrays
 from ..cache.kv import KvCache
 from .layout import Layout, LayoutChange
 from .scatter import ScatterPlan
@@ -43,6 +44,15 @@ def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         _EMPTY
     starts = np.concatenate((head, [srep.size])).astype(np.int64)
     return order, starts, srep[head]
+
+
+def _groups_raced(starts: np.ndarray) -> np.ndarray:
+    """The race groups of two or more entries, of groups that start at `starts`."""
+    return np.flatnonzero(np.diff(starts) > 1)
+
+
+# a re-pool-all ubatch on pools that stand hands on the last plan's groups
+_raced = SameArrays(_groups_raced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +88,7 @@ class UbatchContext:
             order, starts, rows = _EMPTY, np.zeros(1, dtype=np.int64), _EMPTY
         else:
             order, starts, rows = (groups or race_groups)(plan.entry_rep)
-        raced = np.flatnonzero(np.diff(starts) > 1)
+        raced = _raced(starts)
         return cls(cache, layout, change, plan, abort, token_pos, token_seqs, order, starts,
                    rows, raced)
 

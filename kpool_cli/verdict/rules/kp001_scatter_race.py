@@ -71,6 +71,7 @@ class Check(RuleCheck):
         # race groups, and the layout's pool_start (what `locate` reads): its race is
         # the last one's (`SameArrays`)
         self._race = SameArrays(race)
+        self._equal_evidence = SameArrays(_equal_evidence)
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
         if ctx.plan is None or ctx.raced.size == 0:
@@ -80,7 +81,13 @@ class Check(RuleCheck):
 
     def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
                     ) -> list[Finding]:
-        return [with_values(f, ctx, values.equal) for f in found]
+        if not found:
+            return found
+        assert ctx.plan is not None  # a race is found in a plan
+        known = (self._equal_evidence(ctx.plan.entry_pool, ctx.order, ctx.starts,
+                                      ctx.layout.pool_start(), ctx=ctx)
+                 if values.equal[ctx.raced].all() else None)
+        return [with_values(f, ctx, values.equal, known) for f in found]
 
 
 def race(*_kept_by: np.ndarray, ctx: UbatchContext) -> Finding:
@@ -114,7 +121,16 @@ def race(*_kept_by: np.ndarray, ctx: UbatchContext) -> Finding:
     )
 
 
-def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding:
+def _equal_evidence(*_kept_by: np.ndarray, ctx: UbatchContext) -> dict[int, dict]:
+    """`with_values`' evidence of `ctx`'s first EVIDENCE_ROWS raced rows when every
+    racing entry writes equal values. (`_kept_by`: the arrays `Check` keeps it by.)"""
+    shown = ctx.raced[:EVIDENCE_ROWS]
+    return {row: {"equal": True, "writers": w} for row, w in zip(
+        ctx.rows[shown].tolist(), ctx.group_writers(shown), strict=True)}
+
+
+def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray,
+                equal_evidence: dict[int, dict] | None = None) -> Finding:
     """`race` (what `check` found in `ctx`) with value evidence. `equal` [n_groups]
     bool: the entries of each race group of `ctx` write equal values (the value
     backend's `ValueFacts.equal`).
@@ -123,17 +139,19 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding
     [-1, -1]) for the first EVIDENCE_ROWS raced rows (and the first row whose values
     differ), `values_not_listed` counting the rest. The sequences that may lose
     their value are those of every writer of a row whose writers' values are not
-    all equal."""
+    all equal. `equal_evidence`: that evidence when every value is equal
+    (`_equal_evidence`), if already known."""
     assert ctx.plan is not None  # a race is found in a plan
     rows, raced = ctx.rows, ctx.raced
     unequal = raced[~equal[raced]]
     shown = raced[:EVIDENCE_ROWS]
     if unequal.size and unequal[0] not in shown:
         shown = np.append(shown, unequal[0])
-    evidence: dict[int, dict] = {
-        row: {"equal": eq, "writers": w} for row, eq, w in zip(
-            rows[shown].tolist(), equal[shown].tolist(), ctx.group_writers(shown),
-            strict=True)}
+    evidence: dict[int, dict] = (
+        equal_evidence if not unequal.size and equal_evidence is not None else {
+            row: {"equal": eq, "writers": w} for row, eq, w in zip(
+                rows[shown].tolist(), equal[shown].tolist(), ctx.group_writers(shown),
+                strict=True)})
     extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
         else {}
     if not unequal.size:
