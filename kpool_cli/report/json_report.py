@@ -197,6 +197,32 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     return out + singles(at, n)
 
 
+# A re-pool-all ubatch on pools that stand lists the last one's pools and entries, in
+# the same arrays with the same spans (replay.py `_from_plan`): written once, the
+# lists are shared (never written). Kept only in run form with the core's spans.
+_POOLS_JSON: SameArrays[list[dict]] = SameArrays(
+    lambda *_kept_by, p, kpool, spans: pools_json(p, kpool, spans))
+_SCATTER_JSON: SameArrays[list[dict]] = SameArrays(
+    lambda *_kept_by, r, kpool: scatter_json(r, kpool))
+
+
+def _listed_json(r: UbatchRecord, kpool: int) -> list[dict]:
+    """`pools_json` of the record's listing."""
+    p, spans = r.pools, r.pool_spans
+    if not kpool or spans is None:
+        return pools_json(p, kpool, spans)
+    return _POOLS_JSON(p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new, spans,
+                       p=p, kpool=kpool, spans=spans)
+
+
+def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
+    """`scatter_json` of the record."""
+    if not kpool or r.scatter_spans is None:
+        return scatter_json(r, kpool)
+    return _SCATTER_JSON(r.scatter_rows, r.scatter_rep, r.scatter_pad, r.scatter_spans, r=r,
+                         kpool=kpool)
+
+
 def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
     """A ubatch. `run_form`: pools and scatter entries that follow each other are
     written as runs (pools_json, scatter_json); without it, one object each (what
@@ -214,7 +240,7 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
-        pools=pools_json(r.pools, kpool, r.pool_spans), scatter=scatter_json(r, kpool),
+        pools=_listed_json(r, kpool), scatter=_entries_json(r, kpool),
         cost=COST.make(**r.cost), findings=[finding_json(f) for f in r.findings],
     )
 
