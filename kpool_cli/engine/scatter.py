@@ -128,8 +128,8 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
     if n_new_g == n_new and layout.is_every_pool(marked):
         # re-pool-all, unpadded: the entries are the layout's own columns, the same
-        # arrays while its pools stand (so what is built from them alone can be kept
-        # by identity: compiled/)
+        # arrays while its pools stand (so what is built from them alone is kept by
+        # their identity: arrays.SameArrays)
         return ScatterPlan(pool_cells, marked, layout.pool_members(), pool_cells,
                            visibility(layout, first, pos, token_cells), n_new, 0,
                            np.empty(0, dtype=np.int64))
