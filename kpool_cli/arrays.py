@@ -50,7 +50,7 @@ class SameArrays(Generic[T]):
                 r() is a for r, a in zip(last[0], arrays, strict=True)):
             return last[1]
         out = self._fn(*arrays, **given)
-        self._last = (tuple(weakref.ref(a) for a in arrays), out)
+        self._last = (tuple(map(weakref.ref, arrays)), out)
         return out
 
 

@@ -511,7 +511,7 @@ class Replayer:
             pools, scatter_pad, pool_spans, scatter_spans = self._from_plan(
                 marked, plan.entry_pool, scatter_rows, scatter_rep)
         else:
-            pools = self._every_pool_listed(marked)
+            pools = self._listed_from_layout(marked)
             scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
             scatter_rep = plan.entry_rep if plan is not None else empty
             scatter_pad = plan.pad if plan is not None else empty.astype(bool)
@@ -552,13 +552,8 @@ class Replayer:
         entries; and the spans of both listings when the report asks."""
         pad = entry_pool < 0
         n = marked.size
-        if n == 0:
-            pools = Pools.none(self.cfg.kpool)
-        else:
-            whole = n == entry_rep.size  # no padding: the entries themselves, not a view
-            pools = Pools(*self.layout.columns(marked),
-                          entry_rows if whole else entry_rows[:n],
-                          entry_rep if whole else entry_rep[:n], np.ones(n, dtype=bool))
+        pools = (Pools(*self.layout.columns(marked), entry_rows[:n], entry_rep[:n],
+                       np.ones(n, dtype=bool)) if n else Pools.none(self.cfg.kpool))
         return (pools, pad, *self._spans(pools, entry_rows, entry_rep, pad))
 
     def _spans(self, pools: Pools, rows: np.ndarray, rep: np.ndarray, pad: np.ndarray
@@ -569,7 +564,7 @@ class Replayer:
             return None, None
         return self.core.pool_spans(pools), self.core.scatter_spans(rows, rep, pad)
 
-    def _every_pool_listed(self, marked: np.ndarray) -> Pools:
+    def _listed_from_layout(self, marked: np.ndarray) -> Pools:
         """The listing without a plan's entries to read: every pool with pools="all"
         (the marked ones `new`), else the marked pools (a ubatch that aborted before
         its plan)."""
