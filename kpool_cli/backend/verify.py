@@ -220,12 +220,11 @@ class Verifier:
                 cand = self._candidates(layout, change, s, how, dirty)
             if cand.size:
                 todo.append((s, cand))
-        if todo:  # one check of every sequence's candidates
-            seqs = layout.seqs
-            members = [seqs[s].members(c, self.kpool, self.kv_size) for s, c in todo]
-            reps = [seqs[s].rep_rows.view[c] for s, c in todo]
-            bad = (self.differ(members[0], reps[0]) if len(todo) == 1 else
-                   self.differ(np.concatenate(members), np.concatenate(reps)))
+        if todo:  # one check of every sequence's candidates, by their global indices
+            start = layout.pool_start()
+            ips = (start[todo[0][0]] + todo[0][1] if len(todo) == 1 else
+                   np.concatenate([start[s] + c for s, c in todo]))
+            bad = self.differ(layout.members_of(ips), layout.pool_cells()[ips])
             at = 0
             for s, c in todo:
                 self.bad[s][c] = bad[at:at + c.size]

@@ -57,6 +57,17 @@ class CompiledLayout(Layout):
             sp = cache.seq_keys(s)
             sq.strm = cache.stream_of(s)
             clean = stale[s] == POS_CLEAN
+            n = len(sq.keys)
+            if (clean and s in appended and self._equal[s] and sq.settled and n
+                    and sp.size - self.kpool < sq.j_next and (sq.shared or not sharing)):
+                # the last apply only wrote past s's pairs, which equalled the cache's:
+                # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs
+                # close no pool past j_next (step 4); s stays equal and settled
+                sq.keys.spare(sp.size)[n:sp.size] = sp[n:]
+                sq.keys.set_len(sp.size)
+                scanned += sp.size - n
+                kept.append(n_before)
+                continue
             append = bool(clean and len(sq.keys) and sp.size
                           and sq.pos_min == int(sp[0] >> CELL_BITS))
             n_pools = n_before
