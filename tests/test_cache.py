@@ -202,6 +202,18 @@ def test_continuity_counts_distinct_positions():
     assert "not continuous" in check(toks((5, [0]), (7, [0])), c)
 
 
+def test_s3_validation_of_one_token_per_sequence():
+    """ENGINE.md §3 for a step of parallel slots (each token its own sequence): seq ids
+    checked in token order, then each sequence's Y = X + 1 in seq id order."""
+    c = cache(n_seq_max=3)
+    decode(c, 0, range(4))  # seq 0: X = 3; seq 1 empty
+    assert check(toks((4, [0]), (9, [1])), c) is None
+    assert check(toks((9, [1]), (5, [0])), c) == (
+        "seq 0: the cache's last position is X = 3 but the batch starts at Y = 5; it is "
+        "required that Y = X + 1")
+    assert check(toks((5, [0]), (0, [3])), c) == "token 1: invalid seq_id 3 (n_seq_max = 3)"
+
+
 def test_s3_decreasing_positions_are_accepted_as_the_code_does():
     c = cache()
     decode(c, 0, range(8))
@@ -240,6 +252,24 @@ def test_split_equal_first_round_is_unconditional():
     tokens = toks(*[(0, [s]) for s in range(4)])
     ubs = split_equal(tokens, 2, sequential=False)
     assert [len(u.tokens) for u in ubs] == [3, 1]
+
+
+def test_s3_split_equal_one_token_per_sequence():
+    """ENGINE.md §3, parallel slots: n_ubatch or fewer tokens, each its own sequence,
+    are every set collected and one round taking each set's token: one ubatch in batch
+    order, whatever n_keep_tail (each set's remainder is 0). One more token than
+    n_ubatch is still one ubatch (the unconditional first round, above); two more
+    leave the last token for a second."""
+    tokens = toks((5, [3]), (0, [0]), (9, [2]))
+    for keep in (0, 2):
+        (ub,) = split_equal(tokens, 3, sequential=False, n_keep_tail=keep)
+        assert ub.tokens == (0, 1, 2) and ub.n_seqs_unq == 3
+    assert [u.tokens for u in split_equal(tokens, 2, sequential=False)] == [(0, 1, 2)]
+    assert [u.tokens for u in split_equal(tokens + toks((1, [1])), 2, sequential=False)
+            ] == [(0, 1, 2), (3,)]
+    # a sequence with two tokens is split as ever: its second token waits for a round
+    two = toks((5, [3]), (0, [0]), (6, [3]))
+    assert [u.tokens for u in split_equal(two, 3, sequential=False)] == [(0, 1), (2,)]
 
 
 def test_s3_sequential_split_refuses_coupled_sequences():

@@ -42,6 +42,13 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
+    singles = _one_token_per_sequence(tokens)
+    if singles is not None:  # parallel slots: each token's set is its own sequence
+        for i, s in enumerate(singles):
+            if not 0 <= s < n_seq_max:
+                return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+        ends = {s: (t.pos, t.pos, 1) for s, t in zip(singles, tokens, strict=True)}
+        return _validate_ends(ends, set(), cache, mrope=mrope, embd=embd)
     positions: dict[int, set[int]] = {}
     for i, t in enumerate(tokens):
         for s in t.seq:
@@ -106,6 +113,12 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
+    if not sequential and 1 < len(tokens) <= n_ubatch and _one_token_per_sequence(tokens):
+        # parallel slots: every set is collected (at most n_ubatch of them), the first
+        # round takes each set's one token in batch order and leaves none to keep
+        refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
+        return refused if refused is not None else [Ubatch(tuple(range(len(tokens))),
+                                                           len(tokens))]
     by_set = _token_sets(tokens)
     refused = split_refusal(any(len(s) > 1 for s in by_set), n_ubatch, sequential, n_keep_tail)
     if refused is not None:
@@ -145,6 +158,13 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
                                          if lst)))
         out.append(Ubatch(order, n_unq))
     return out
+
+
+def _one_token_per_sequence(tokens: tuple[Token, ...]) -> list[int] | None:
+    """Each token's one seq id, when every token has one and no two share it (a step
+    of parallel slots); else None."""
+    firsts = [t.seq[0] for t in tokens if len(t.seq) == 1]
+    return firsts if len(firsts) == len(tokens) == len(set(firsts)) else None
 
 
 def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:

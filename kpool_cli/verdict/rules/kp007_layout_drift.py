@@ -11,6 +11,8 @@ pairs (the other sequences' cells did not change, nor did their drift).
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...cache.kv import KvCache
 from ...contracts.finding import Code, Finding
 from ...engine.context import UbatchContext
@@ -82,10 +84,19 @@ class Check(RuleCheck):
         self._drifts: dict[int, Finding] = {}  # each drifted sequence's finding
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
-        for s in ctx.change.read:
-            f = finding(ctx.layout, ctx.cache, s)
-            if f is None:
-                self._drifts.pop(s, None)
-            else:
-                self._drifts[s] = f
+        read = ctx.change.read
+        if read:
+            # a sequence the layout knows equal to its cells has no drift (`drift`
+            # says None without a look): only the others are looked at
+            seqs = np.fromiter(read, dtype=np.int64, count=len(read))
+            known = ctx.layout.known_equal_seqs(ctx.cache)[seqs]
+            if self._drifts:
+                for s in seqs[known].tolist():
+                    self._drifts.pop(s, None)
+            for s in seqs[~known].tolist():
+                f = finding(ctx.layout, ctx.cache, s)
+                if f is None:
+                    self._drifts.pop(s, None)
+                else:
+                    self._drifts[s] = f
         return [self._drifts[s] for s in sorted(self._seen.new(set(self._drifts)))]
