@@ -131,10 +131,12 @@ class Verifier:
                 tail = np.full(n, -1, dtype=np.int64)  # its rep pair (global_row's cell)
                 tail[look] = (layout.pool_rep_pos()[last] << CELL_BITS) | \
                     (layout.pool_cells()[last] % self.kv_size)
-                lowest = dirty.lowest(n)  # None: too many changed rows to look up
-                if lowest is None:
+                if dirty.too_many:  # too many changed rows to look up
                     scan |= look
-                else:
+                elif dirty.least() <= int(tail.max()):
+                    # a changed pair may lie at or before a kept tail: whose, by sequence
+                    lowest = dirty.lowest(n)
+                    assert lowest is not None
                     how[look & (lowest <= tail)] = _LOOK
             how[scan] = _SCAN
         seqs = np.flatnonzero(how != _NONE)
@@ -274,6 +276,7 @@ class _DirtyPairs:
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > self.LOOKUP_MAX_ROWS)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._cells: tuple[np.ndarray, np.ndarray] | None = None
         self.rep_scan: list[np.ndarray | None] | None = None
 
     def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -296,12 +299,10 @@ class _DirtyPairs:
         least of those it holds. None: scan instead (as `of`)."""
         if self.too_many:
             return None
-        rows = [*self.kdirty, *self.pdirty]
-        rows_a = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's parts
+        strm, cells = self._changed()
         streams = self.cache.streams
         low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
-        if rows_a.size == 0:  # a scatter that changed no row touches an empty list
+        if cells.size == 0:  # a scatter that changed no row touches an empty list
             return low
         for t in range(1) if len(streams) == 1 else unique(strm).tolist():
             st = streams[t]
@@ -311,6 +312,33 @@ class _DirtyPairs:
             mins = np.where(st.has[:, c], make_keys(st.pos[c], c), _NO_PAIR).min(axis=1)
             low[ids] = np.minimum(low[ids], mins)
         return low
+
+    def least(self) -> int:
+        """The least pair of any changed cell, whoever holds it (INT64_MAX without
+        one): no sequence's `lowest` is below it. O(rows changed), no look at who
+        holds what: when a decode's new pairs are the only change, every one of them
+        lies past every kept tail, and this alone says so."""
+        strm, cells = self._changed()
+        if cells.size == 0:
+            return _NO_PAIR
+        streams = self.cache.streams
+        if len(streams) == 1:
+            pos = streams[0].pos[cells]
+        else:
+            pos = np.empty(cells.size, dtype=np.int64)
+            for t in unique(strm).tolist():
+                at = strm == t
+                pos[at] = streams[t].pos[cells[at]]
+        return int(make_keys(pos, cells).min())
+
+    def _changed(self) -> tuple[np.ndarray, np.ndarray]:
+        """(stream, cell) of every changed row, member and rep lists end to end."""
+        if self._cells is None:
+            rows = [*self.kdirty, *self.pdirty]
+            rows_a = (rows[0] if len(rows) == 1 else np.concatenate(rows) if rows
+                      else np.empty(0, dtype=np.int64))
+            self._cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's
+        return self._cells
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],
                reps: dict[int, tuple[np.ndarray, np.ndarray]]
