@@ -34,6 +34,8 @@ from hypothesis import strategies as st
 from test_engine_rules import TRACES
 from test_reference_agreement import draw_n_rs_seq, random_traces
 
+from kpool_cli.cache.aborts import KeepTailAssert
+from kpool_cli.cache.batch import split_equal
 from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import (
@@ -247,6 +249,26 @@ def test_reference_split_equal_100_plus_1_and_the_first_round() -> None:
     assert [len(u) for u in rc.split_equal(toks, 512, sequential=False)] == [2, 99]
     three = tuple(Token(0, (s,)) for s in range(3))
     assert rc.split_equal(three, 2, sequential=False) == [[0, 1, 2]]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(seqs=st.lists(st.integers(0, 5), min_size=1, max_size=10),
+       n_ubatch=st.integers(1, 12), keep=st.integers(0, 3), sequential=st.booleans())
+def test_split_equal_of_one_seq_id_a_token_agrees(seqs: list[int], n_ubatch: int,
+                                                   keep: int, sequential: bool) -> None:
+    """kpool's split_equal (cache/batch.py, with its shortcut for a step of parallel
+    slots: each token its own sequence) against the reference's, on tokens of one seq
+    id each, distinct or not: the same ubatches, or the same refusal or abort."""
+    toks = tuple(Token(p, (s,)) for p, s in enumerate(seqs))
+    want = rc.split_equal(toks, n_ubatch, sequential, n_keep_tail=keep)
+    try:
+        got = split_equal(toks, n_ubatch, sequential, keep)
+    except KeepTailAssert:
+        assert want == rc.SPLIT_ABORT
+        return
+    assert not isinstance(got, str) and want is not None and want != rc.SPLIT_ABORT
+    assert [list(u.tokens) for u in got] == want
+    assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
 
 
 def test_reference_clear_keeps_the_queued_stream_copies() -> None:
