@@ -263,6 +263,32 @@ def test_incremental_check_after_any_row_change(moves, core: str) -> None:
         assert be.verifier.bad_seqs == {s for s, w in enumerate(full) if w.any()}
 
 
+def test_a_new_key_on_the_last_kept_tail_is_looked_up() -> None:
+    """The verification's shortcut (`Verifier._sequences`: no sequence is looked up when
+    the least changed pair lies past the greatest kept tail) at its bound: a new key
+    on the rep row of seq 2's last pool, whose pair is the greatest tail itself. Seqs 0
+    and 1 hold cells 0..8 (pos 0..5 each, 3..5 shared); seq 2, pos 0..8, cells 9..17:
+    kpool 2 pools at pos 0, 2, 4, 6, the last one's rep pos 7 in cell 16, global row
+    16. It must be looked up and that pool found bad, as a full recomputation finds
+    it; a `<` for the `<=` missed it."""
+    t = trace(BASE)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    rp = Replayer(t, REP_ONCE, be, core="compiled")
+    for _ in rp.run():
+        pass
+    lay = rp.layout
+    sq = lay.seqs[2]
+    assert sq.rep_pos_.view.tolist() == [1, 3, 5, 7] and sq.rep_rows.view.tolist() == [
+        10, 12, 14, 16]
+    assert bool(lay.known_equal_seqs(rp.cache)[2])
+    assert not be.bad[2].any()
+    be.write_rows(np.array([16]), np.array([1000]))
+    be.verifier.verify(lay, LayoutChange(tuple(len(q.pools) for q in lay.seqs), frozenset(),
+                                         frozenset(), 0), rp.cache)
+    assert be.bad[2].tolist() == [False, False, False, True]
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, lay)]
+
+
 # -- a pooling kept, not recomputed -------------------------------------------------------
 
 

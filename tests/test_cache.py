@@ -206,8 +206,10 @@ def test_s3_validation_of_one_token_per_sequence():
     """ENGINE.md §3 for a step of parallel slots (each token its own sequence): seq ids
     checked in token order, then each sequence's Y = X + 1 in seq id order."""
     c = cache(n_seq_max=3)
-    decode(c, 0, range(4))  # seq 0: X = 3; seq 1 empty
-    assert check(toks((4, [0]), (9, [1])), c) is None
+    decode(c, 0, range(4))  # seq 0: X = 3
+    assert check(toks((4, [0]), (9, [2])), c) is None  # seq 2 is empty: any Y
+    decode(c, 1, range(2))  # seq 1: X = 1
+    # both break Y = X + 1: seq 0 is named, first by id though second in the batch
     assert check(toks((9, [1]), (5, [0])), c) == (
         "seq 0: the cache's last position is X = 3 but the batch starts at Y = 5; it is "
         "required that Y = X + 1")

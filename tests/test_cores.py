@@ -7,6 +7,7 @@ rules on hand-derived cases (numbers worked out in the comments).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,91 @@ def test_shipped_and_found_traces_give_byte_identical_reports(trace: Path) -> No
             assert _report(trace, engine, backend, "compiled") == ref, (engine, backend)
         ref = _report(trace, engine, "none", "reference", "marked")
         assert _report(trace, engine, "none", "compiled", "marked") == ref, engine
+
+
+# Corners of the compiled core's shortcuts that random traces rarely reach, each a
+# trace the two cores must replay to the same report.
+CORNERS = {
+    # compiled/layout.py `update`: the append shortcut needs s's pairs known equal to
+    # the cache's. Seq 0 holds pos 0..7 in cells 1..8 (op 0 took cell 0), shared by
+    # seq 1; op 5's seq_add moves pos 7 to 6 in cell 8, so seq 1's pairs are not
+    # equal (a drift). Op 7 appends pos 7 in cell 0 (freed by op 3), whose pair sorts
+    # before the layout's last one, (pos 7, cell 8): the engine's append finds the
+    # count off and rebuilds (the reference: n_pool_real 2, no pool new). Without the
+    # guard the compiled core appended and found a third pool.
+    "append-after-a-drift": """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 3}
+ops:
+  - decode: {seq: 2, pos: 0}
+  - decode: {seq: 0, pos: 0..8}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_rm: {seq: 2}
+  - decode: {seq: 2, pos: 0, cell: 20}
+  - seq_add: {seq: 0, p0: 7, p1: 8, shift: -1}
+  - decode: {seq: 2, pos: 1, cell: 21}
+  - decode: {seq: 1, pos: 7, cell: 0}
+  - decode: {seq: 1, pos: 8}
+  - decode: {seq: 1, pos: 9}
+  - decode: {seq: 1, pos: 10}
+  - decode: {seq: 1, pos: 11}
+""",
+    # KP007's watch skips the sequences the layout knows equal to their cells, and
+    # must still forget their old drift: seq 1 drifts (op 3), is rebuilt (ops 5-6),
+    # then drifts again (op 10), which is a second finding (`test_redrift_...`).
+    "drift-repaired-then-again": """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..8}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 1, pos: 8..10}
+  - seq_add: {seq: 0, p0: 4, p1: 8, shift: 1}
+  - decode: {seq: 1, pos: 10}
+  - seq_rm: {seq: 1, p0: 0, p1: -1}
+  - decode: {seq: 1, pos: 0..4}
+  - decode: {seq: 1, pos: 4}
+  - seq_cp: {src: 1, dst: 0}
+  - decode: {seq: 1, pos: 5}
+  - seq_add: {seq: 0, p0: 2, p1: 5, shift: 1}
+  - decode: {seq: 1, pos: 6}
+  - decode: {seq: 1, pos: 7}
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORNERS))
+def test_corner_traces_give_byte_identical_reports(name: str, tmp_path: Path) -> None:
+    trace = tmp_path / f"{name}.yaml"
+    trace.write_text(CORNERS[name])
+    for engine in DISTINCT:
+        for backend in ("none", "numba"):
+            ref = _report(trace, engine, backend, "reference", "marked")
+            assert ref[0] in (0, 1) and ref[1].startswith("{"), ref
+            assert _report(trace, engine, backend, "compiled", "marked") == ref, (engine,
+                                                                                  backend)
+
+
+def test_redrift_is_a_second_kp007(tmp_path: Path) -> None:
+    """ENGINE.md §8 KP007, by hand: seq 0 holds pos 0..7 in cells 0..7, shared with seq
+    1, whose pos 8, 9 go to cells 8, 9. Op 3 moves pos 4..7 of seq 0 to 5..8 (pos
+    belongs to the cell): seq 1's pair 4 is (pos 4, cell 4) in its layout, (pos 5,
+    cell 4) in the cells, found at its next ubatch (op 4, whose token takes cell 10).
+    Op 5 drops seq 1 (cells 8..10 free), op 6 rebuilds it at pos 0..3 in cells 8..11
+    (no drift), op 8 gives those cells to seq 0 too, op 10 moves pos 2..4: seq 1's
+    pair 2 is (pos 2, cell 10) against (pos 3, cell 10), found at op 11."""
+    trace = tmp_path / "redrift.yaml"
+    trace.write_text(CORNERS["drift-repaired-then-again"])
+    for core in ("compiled", "reference"):
+        code, out = _report(trace, "rep-once", "none", core, "marked")
+        assert code == 1  # KP007 is an error
+        found = [(u["op"], f["message"]) for u in json.loads(out)["ubatches"]
+                 for f in u["findings"] if f["code"] == "KP007"]
+        assert found == [
+            (4, "seq 1: the layout's pair 4 is (pos 4, cell 4) but the cells say (pos 5, "
+                "cell 4); the engine goes on with the drifted layout"),
+            (11, "seq 1: the layout's pair 2 is (pos 2, cell 10) but the cells say (pos 3, "
+                 "cell 10); the engine goes on with the drifted layout")], core
 
 
 @pytest.mark.parametrize("chunk", range(10))

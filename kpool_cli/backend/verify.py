@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import CELL_BITS, global_row, make_keys
+from ..cache.cells import CELL_BITS, Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
@@ -224,8 +224,7 @@ class Verifier:
                 todo.append((s, cand))
         if todo:  # one check of every sequence's candidates, by their global indices
             start = layout.pool_start()
-            ips = (start[todo[0][0]] + todo[0][1] if len(todo) == 1 else
-                   np.concatenate([start[s] + c for s, c in todo]))
+            ips = np.concatenate([start[s] + c for s, c in todo])
             bad = self.differ(layout.members_of(ips), layout.pool_cells()[ips])
             at = 0
             for s, c in todo:
@@ -276,7 +275,7 @@ class _DirtyPairs:
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > self.LOOKUP_MAX_ROWS)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
-        self._cells: tuple[np.ndarray, np.ndarray] | None = None
+        self._cells: list[tuple[Stream, np.ndarray, np.ndarray]] | None = None
         self.rep_scan: list[np.ndarray | None] | None = None
 
     def of(self, s: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -299,45 +298,36 @@ class _DirtyPairs:
         least of those it holds. None: scan instead (as `of`)."""
         if self.too_many:
             return None
-        strm, cells = self._changed()
-        streams = self.cache.streams
         low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
-        if cells.size == 0:  # a scatter that changed no row touches an empty list
-            return low
-        for t in range(1) if len(streams) == 1 else unique(strm).tolist():
-            st = streams[t]
-            c = cells if len(streams) == 1 else cells[strm == t]
+        for st, cells, pairs in self._changed():
             # a stream's columns are distinct sequences, held by no other stream
             ids = np.asarray(st.seq_ids, dtype=np.int64)
-            mins = np.where(st.has[:, c], make_keys(st.pos[c], c), _NO_PAIR).min(axis=1)
+            mins = np.where(st.has[:, cells], pairs, _NO_PAIR).min(axis=1)
             low[ids] = np.minimum(low[ids], mins)
         return low
 
     def least(self) -> int:
         """The least pair of any changed cell, whoever holds it (INT64_MAX without
-        one): no sequence's `lowest` is below it. O(rows changed), no look at who
-        holds what: when a decode's new pairs are the only change, every one of them
-        lies past every kept tail, and this alone says so."""
-        strm, cells = self._changed()
-        if cells.size == 0:
-            return _NO_PAIR
-        streams = self.cache.streams
-        if len(streams) == 1:
-            pos = streams[0].pos[cells]
-        else:
-            pos = np.empty(cells.size, dtype=np.int64)
-            for t in unique(strm).tolist():
-                at = strm == t
-                pos[at] = streams[t].pos[cells[at]]
-        return int(make_keys(pos, cells).min())
+        one): no sequence's `lowest` is below it. O(rows changed), with no look at who
+        holds what: when every changed pair lies past every sequence's kept tail (a
+        step of slots at one length, each appending its new pair: W2's), this alone
+        says so; slots at different lengths, or a changed cell that was freed (pos -1),
+        leave it to `lowest`."""
+        return min((int(pairs.min()) for _st, _cells, pairs in self._changed()),
+                   default=_NO_PAIR)
 
-    def _changed(self) -> tuple[np.ndarray, np.ndarray]:
-        """(stream, cell) of every changed row, member and rep lists end to end."""
+    def _changed(self) -> list[tuple[Stream, np.ndarray, np.ndarray]]:
+        """Per stream with a changed row: the stream, its changed cells (member and rep
+        lists end to end) and their pairs."""
         if self._cells is None:
             rows = [*self.kdirty, *self.pdirty]
-            rows_a = (rows[0] if len(rows) == 1 else np.concatenate(rows) if rows
-                      else np.empty(0, dtype=np.int64))
-            self._cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's
+            rows_a = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+            strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's
+            streams = self.cache.streams
+            by_stream = ([(0, cells)] if len(streams) == 1 else
+                         [(t, cells[strm == t]) for t in unique(strm).tolist()])
+            self._cells = [(streams[t], c, make_keys(streams[t].pos[c], c))
+                           for t, c in by_stream if c.size]
         return self._cells
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],

@@ -68,8 +68,7 @@ class CompiledLayout(Layout):
                 scanned += sp.size - n
                 kept.append(n_before)
                 continue
-            append = bool(clean and len(sq.keys) and sp.size
-                          and sq.pos_min == int(sp[0] >> CELL_BITS))
+            append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
             n_pools = n_before
             n_kept = 0
             rebuilt = False
@@ -92,8 +91,9 @@ class CompiledLayout(Layout):
             kept.append(n_pools)
             if n_pools < n_before or n_pools < len(sq.pools):
                 changed.add(s)
-            n = len(sq.keys)
-            sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+            n_keys = len(sq.keys)
+            sq.settled = (n_keys == sp.size
+                          and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         return self._end_update(kept, read, changed, scanned)
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,

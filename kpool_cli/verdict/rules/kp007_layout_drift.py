@@ -87,7 +87,8 @@ class Check(RuleCheck):
         read = ctx.change.read
         if read:
             # a sequence the layout knows equal to its cells has no drift (`drift`
-            # says None without a look): only the others are looked at
+            # says None without a look): its old drift, if any, is gone, and only the
+            # others are looked at
             seqs = np.fromiter(read, dtype=np.int64, count=len(read))
             known = ctx.layout.known_equal_seqs(ctx.cache)[seqs]
             if self._drifts:
