@@ -322,3 +322,17 @@ def test_sorted_keys_remove_keeps_the_rest_in_order(gone, left) -> None:
     assert sk.view.tolist() == left
     sk.add(np.array([60], dtype=np.int64))
     assert sk.view.tolist() == [*left, 60]
+
+
+def test_sorted_keys_push_appends_only_past_the_end() -> None:
+    """SortedKeys.push, a decode's insert: a key after every key held is appended (past
+    the first capacity of 16 too); one that sorts inside is refused and changes nothing."""
+    from kpool_cli.cache.cells import SortedKeys
+
+    sk = SortedKeys()
+    assert sk.push(5)  # empty: any key is past the end
+    assert not sk.push(3) and not sk.push(5)  # before, or equal to, the last
+    assert sk.view.tolist() == [5]
+    for key in range(6, 30):
+        assert sk.push(key)
+    assert sk.view.tolist() == list(range(5, 30))

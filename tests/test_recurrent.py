@@ -376,6 +376,24 @@ def test_llama_memory_recurrent_find_slot_swaps_cells_into_set_order():
     assert c.tail[:2] == [0, 1] and state(c)[:2] == [(3, [0]), (6, [1])]
 
 
+def test_llama_memory_recurrent_find_slot_of_sets_already_in_place():
+    """A step of parallel slots: seqs 2, 0, 1 each alone in cells 0, 1, 2 (decoded in
+    that order, each moving to the next empty cell), then a ubatch of those sets in
+    that order: nothing moves, each cell takes its set's last pos, head = 0 and n = 3.
+    The same sets in another order (0, 1, 2) are not in place: min = 0, and the cells
+    are swapped into set order (seq 0 to cell 0, seq 1 to 1, seq 2 to 2)."""
+    c = decoded(child(), ((2,), 4))
+    decoded(c, ((0,), 7))
+    decoded(c, ((1,), 9))
+    assert c.tail[:3] == [1, 2, 0]
+    decoded(c, ((2,), 5), ((0,), 8), ((1,), 10))
+    assert c.tail[:3] == [1, 2, 0] and (c.head, c.n, c.used) == (0, 3, 3)
+    assert state(c)[:3] == [(5, [2]), (8, [0]), (10, [1])]
+    decoded(c, ((0,), 9), ((1,), 11), ((2,), 6))
+    assert c.tail[:3] == [0, 1, 2] and (c.head, c.n) == (0, 3)
+    assert state(c)[:3] == [(9, [0]), (11, [1]), (6, [2])]
+
+
 @pytest.mark.parametrize(("n_cp", "cell"), [(3, 6), (4, 0)])
 def test_llama_memory_recurrent_find_slot_restarts_from_0_when_head_is_far(n_cp, cell):
     """n_seq_max 8. Seqs 0..5 decode one ubatch each: cells 0..5, head 5 (find_slot:

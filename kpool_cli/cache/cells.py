@@ -119,6 +119,16 @@ class SortedKeys(GrowArray):
         merged.sort(kind="stable")
         self.assign(merged)
 
+    def push(self, key: int) -> bool:
+        """Append `key` when it sorts after every key held (the common insert of a
+        decode); returns whether it did (else nothing changed: `add` it)."""
+        n = self._n
+        if n and key <= int(self._a[n - 1]):
+            return False
+        self.spare(n + 1)[n] = key
+        self._n = n + 1
+        return True
+
     def remove(self, keys: np.ndarray) -> None:
         """Remove keys that are present (precondition: each key is present)."""
         if keys.size == 0:

@@ -252,6 +252,13 @@ class RecurrentChild:
         n_seqs = len(sets)
         if self.head > self.used + 2 * n_seqs:
             self.head = 0
+        lo = self._in_place(sets)
+        if lo is not None:  # nothing leaves, moves or swaps: each set takes its last pos
+            for k, (_seqs, last) in enumerate(sets):
+                self.cells[lo + k].pos = last
+            self.head, self.n = lo, n_seqs
+            self.used = sum(1 for c in self.cells if c.seqs)
+            return
         for seqs, _ in sets:
             for s in seqs[1:]:
                 self._leave(s)
@@ -299,6 +306,17 @@ class RecurrentChild:
         for c in self.cells[self.head:self.head + self.n]:
             if c.seqs:
                 self.rs_idx[min(c.seqs)] = 0
+
+    def _in_place(self, sets: list[tuple[tuple[int, ...], int]]) -> int | None:
+        """find_slot's first cell when the sets are already where it would put them
+        (a step of parallel slots after the first): each set one sequence, alone in
+        its own cell (its tail), those cells consecutive in set order. Else None."""
+        lo = self.tail[sets[0][0][0]] if sets else -1
+        for k, (seqs, _) in enumerate(sets):
+            t = self.tail[seqs[0]]
+            if len(seqs) != 1 or t < 0 or t != lo + k or self.cells[t].seqs != {seqs[0]}:
+                return None
+        return lo
 
     def _dangles(self, s: int) -> bool:
         t = self.tail[s]

@@ -57,23 +57,29 @@ class CompiledStream(Stream):
             self._note(s, bool(past_end))
             return
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
-        ptr_l, flat_l = [0], []
-        by_seq: dict[int, list[int]] = {}
-        for i, ss in enumerate(seqs):
-            for s in ss:
-                flat_l.append(col[s])
-                by_seq.setdefault(s, []).append(i)
-            ptr_l.append(len(flat_l))
-        ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
+        firsts = [ss[0] for ss in seqs]
+        by_seq: dict[int, list[int]] | None = None
+        if max(map(len, seqs)) == 1 and len(set(firsts)) == n:
+            # a token per sequence, one sequence a token (parallel slots): each token's
+            # column alone, and no array per sequence below
+            ptr = np.arange(n + 1, dtype=np.int64)
+            flat = np.array([col[s] for s in firsts], dtype=np.int64)
+        else:
+            ptr_l, flat_l = [0], []
+            by_seq = {}
+            for i, ss in enumerate(seqs):
+                for s in ss:
+                    flat_l.append(col[s])
+                    by_seq.setdefault(s, []).append(i)
+                ptr_l.append(len(flat_l))
+            ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
         ext_a = ext if ext is not None else self.ext[:0]
         k.write_cells(cells, pos, ext_a, ext is not None, ptr, flat, key_ids, self.pos,
                       self.ext, self.has, self.seq_count, self.key_id)
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
-        if n > 1 and len(by_seq) == n == flat.size:
-            # a token per sequence, one sequence a token (parallel slots): no array
-            # per sequence
-            for s, key in zip([ss[0] for ss in seqs], keys.tolist(), strict=True):
+        if by_seq is None:
+            for s, key in zip(firsts, keys.tolist(), strict=True):
                 self._add_one(s, key)
         else:
             for s, idx in by_seq.items():
@@ -95,13 +101,9 @@ class CompiledStream(Stream):
     def _add_one(self, s: int, key: int) -> None:
         """`_add` of one key, without arrays."""
         index = self.seq_keys[s]
-        n = len(index)
-        past_end = n == 0 or key > int(index.view[-1])
+        past_end = index.push(key)
         self._note(s, past_end)
-        if past_end:
-            index.spare(n + 1)[n] = key
-            index.set_len(n + 1)
-        else:
+        if not past_end:
             add_keys(index, np.array([key], dtype=np.int64))
 
 
