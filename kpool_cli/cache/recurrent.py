@@ -311,7 +311,9 @@ class RecurrentChild:
         """find_slot's first cell when the sets are already where it would put them
         (a step of parallel slots after the first): each set one sequence, alone in
         its own cell (its tail), those cells consecutive in set order. Else None."""
-        lo = self.tail[sets[0][0][0]] if sets else -1
+        if not sets:
+            return None
+        lo = self.tail[sets[0][0][0]]
         for k, (seqs, _) in enumerate(sets):
             t = self.tail[seqs[0]]
             if len(seqs) != 1 or t < 0 or t != lo + k or self.cells[t].seqs != {seqs[0]}:
