@@ -135,9 +135,7 @@ class Verifier:
                     scan |= look
                 elif dirty.least() <= int(tail.max()):
                     # a changed pair may lie at or before a kept tail: whose, by sequence
-                    lowest = dirty.lowest(n)
-                    assert lowest is not None
-                    how[look & (lowest <= tail)] = _LOOK
+                    how[look & (dirty.lowest(n) <= tail)] = _LOOK
             how[scan] = _SCAN
         seqs = np.flatnonzero(how != _NONE)
         return list(zip(seqs.tolist(), how[seqs].tolist(), strict=True))
@@ -262,9 +260,11 @@ class _DirtyPairs:
     """One verification's changed rows as pairs per sequence: for each changed cell,
     the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
     member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
-    a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) `of`
-    and `lowest` give None: a pass over the pairs costs less than that many
-    look-ups. `rep_scan`: the scan's `_rep_dirty`, once some sequence needs it."""
+    a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) it is
+    `too_many`: `of` gives None and `lowest` is not asked, as a pass over the pairs
+    costs less than that many look-ups. `least` and `lowest` share one pairing of the
+    changed cells (`_changed`). `rep_scan`: the scan's `_rep_dirty`, once some
+    sequence needs it."""
 
     LOOKUP_MAX_ROWS = 4096
 
@@ -291,13 +291,11 @@ class _DirtyPairs:
                                        self._pairs(self.pdirty))
         return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
-    def lowest(self, n_seq: int) -> np.ndarray | None:
+    def lowest(self, n_seq: int) -> np.ndarray:
         """[n_seq] each sequence's lowest changed pair, member or rep (INT64_MAX where it
         holds none), for all at once: a cell's pair is the same in every sequence that
         holds it, so a stream's changed cells are paired once and each column takes the
-        least of those it holds. None: scan instead (as `of`)."""
-        if self.too_many:
-            return None
+        least of those it holds. Asked only when not `too_many` (else: scan)."""
         low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
         for st, cells, pairs in self._changed():
             # a stream's columns are distinct sequences, held by no other stream

@@ -125,13 +125,19 @@ def _equal_evidence(*_kept_by: np.ndarray, ctx: UbatchContext) -> dict[int, dict
     """`with_values`' evidence of `ctx`'s first EVIDENCE_ROWS raced rows when every
     racing entry writes equal values. (`_kept_by`: the arrays `Check` keeps it by.)"""
     shown = ctx.raced[:EVIDENCE_ROWS]
-    return {row: {"equal": True, "writers": w} for row, w in zip(
-        ctx.rows[shown].tolist(), ctx.group_writers(shown), strict=True)}
+    return _evidence(ctx, shown, [True] * shown.size)
 
 
-def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray,
+def _evidence(ctx: UbatchContext, shown: np.ndarray, equal: list[bool]) -> dict[int, dict]:
+    """The value evidence of race groups `shown` of `ctx`, whose entries write equal
+    values or not (`equal`): {row: {"equal": bool, "writers": [[seq, k], ...]}}."""
+    return {row: {"equal": eq, "writers": w} for row, eq, w in zip(
+        ctx.rows[shown].tolist(), equal, ctx.group_writers(shown), strict=True)}
+
+
+def with_values(found: Finding, ctx: UbatchContext, equal: np.ndarray,
                 equal_evidence: dict[int, dict] | None = None) -> Finding:
-    """`race` (what `check` found in `ctx`) with value evidence. `equal` [n_groups]
+    """`found` (what `race` found in `ctx`) with value evidence. `equal` [n_groups]
     bool: the entries of each race group of `ctx` write equal values (the value
     backend's `ValueFacts.equal`).
 
@@ -147,11 +153,8 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray,
     shown = raced[:EVIDENCE_ROWS]
     if unequal.size and unequal[0] not in shown:
         shown = np.append(shown, unequal[0])
-    evidence: dict[int, dict] = (
-        equal_evidence if not unequal.size and equal_evidence is not None else {
-            row: {"equal": eq, "writers": w} for row, eq, w in zip(
-                rows[shown].tolist(), equal[shown].tolist(), ctx.group_writers(shown),
-                strict=True)})
+    evidence = (equal_evidence if not unequal.size and equal_evidence is not None
+                else _evidence(ctx, shown, equal[shown].tolist()))
     extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
         else {}
     if not unequal.size:
@@ -163,6 +166,6 @@ def with_values(race: Finding, ctx: UbatchContext, equal: np.ndarray,
         first = int(rows[unequal[0]])
         verdict = (f"values differ on {unequal.size} row(s) (row {first}: "
                    f"{', '.join(words.writer(w) for w in evidence[first]['writers'])}): {who}")
-    return Finding(race.rule, f"{race.message}; {verdict}", rows=race.rows, seqs=race.seqs,
-                   tokens=race.tokens, pools=race.pools,
-                   evidence={**race.evidence, "values": evidence, **extra})
+    return Finding(found.rule, f"{found.message}; {verdict}", rows=found.rows, seqs=found.seqs,
+                   tokens=found.tokens, pools=found.pools,
+                   evidence={**found.evidence, "values": evidence, **extra})
