@@ -193,10 +193,13 @@ def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
     far_slot[17] = 8  # entries 3 and 5's rep row: a slot past the 8-slot arrays
     far_member = entry_rows.copy()
     far_member[3, 1] = 20  # a member row past the 20 rows
+    far_member_slot = slot_of.copy()
+    far_member_slot[0] = 8  # entry 4's member row 0 (a member alone): a slot past them
     outside = [(slot_of, entry_rows, [0, 2, 1, 9, 3, 5], starts, rows, 1),
                (slot_of, entry_rows, [0, 2, -1, 4, 3, 5], starts, rows, 1),
                (slot_of, far_member, order, starts, rows, 2),
                (far_slot, entry_rows, order, starts, rows, 2),
+               (far_member_slot, entry_rows, order, starts, rows, 1),
                (slot_of, entry_rows, order, [0, 2, 4, 7], rows, 2)]
     # groups that are not the race groups of the rep rows: ValueError, naming the first
     not_groups = [(slot_of, entry_rows, order, starts, [15, 16, 18], 2),  # 17 != 18
