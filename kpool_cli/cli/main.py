@@ -151,7 +151,7 @@ def cli() -> None:
 # replay builds each ubatch's record, thousands of small dicts and lists that die by
 # reference count once written; collected every 700 allocations, they were traversed
 # while alive, promoted, and then rescanned with the whole trace by full collections: a
-# quarter of a W2 replay (README, "Performance"). They are still collected, only less often.
+# quarter of a W2 replay (docs/performance.md). They are still collected, only less often.
 GC_THRESHOLDS = (10_000, 10, 10)
 
 
@@ -225,7 +225,7 @@ def leave(code: int) -> NoReturn:
     """End the process with `code` once everything is written: atexit handlers run,
     standard streams flushed, then os._exit, skipping the interpreter's teardown
     of every module and object. With numba's kernels loaded that teardown alone takes
-    0.2-0.45 s, a third of a warm replay of a small trace (README, "Performance").
+    0.2-0.45 s, a third of a warm replay of a small trace (README, "Values: the backend").
     Every output file is closed by then (contracts/files.py writes each whole, or not
     at all). When a thread other than the main one is still alive (a cluster's
     client) the interpreter ends as usual, waiting for it. The command is done: a

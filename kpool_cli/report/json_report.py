@@ -53,8 +53,8 @@ _ORJSON = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
 def dumps(value: object) -> str:
-    """One JSON value of the report, compact and ASCII-only. orjson encodes it (about
-    5x json's speed on a ubatch's record: README, "Performance"); where that text is
+    """One JSON value of the report, compact and ASCII-only. orjson encodes it (W4
+    cache-safe took 0.92x its time with it: docs/performance.md); where that text is
     not ASCII (a trace's name or description may hold any character, bidi controls
     included) or orjson refuses the value (a lone surrogate), `json` writes it with
     `\\u` escapes instead, so no report carries a raw non-ASCII character."""
