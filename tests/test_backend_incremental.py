@@ -293,8 +293,11 @@ def test_a_new_key_on_the_last_kept_tail_is_looked_up() -> None:
 
 
 class PoolEveryEntry(ValueBackend):
-    """The backend with every scatter entry pooled afresh: what the kept poolings must
-    be bit-equal to."""
+    """The backend with every scatter entry pooled afresh, no plan standing: what the
+    kept poolings must be bit-equal to."""
+
+    def _stands(self, arrays: tuple[np.ndarray, ...]) -> bool:
+        return False
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
@@ -309,17 +312,23 @@ def as_json(rec, t: m.Trace) -> dict:
     return event_json(rec)
 
 
-def kept_equals_pooled(t: m.Trace, version: EngineVersion) -> int:
-    """Replay with and without kept poolings in lockstep: every row's pooled value and
-    every verdict must be bit-equal after each op. Returns the entries kept."""
+def kept_equals_pooled(t: m.Trace, version: EngineVersion, core: str = "reference"
+                       ) -> ValueBackend:
+    """Replay on `core` with and without kept poolings (and standing plans) in
+    lockstep: every row's pooled value, its writer and every verdict must be equal
+    after each op. Returns the backend that keeps them (`pools_kept`,
+    `ubatches_standing`: a plan stands only on the compiled core, whose re-pool-all
+    plans and race groups are the same arrays while the pools stand)."""
     kept, fresh = ValueBackend(t.cache, t.seed, "numpy"), PoolEveryEntry(t.cache, t.seed, "numpy")
-    for a, b in zip(Replayer(t, version, kept).run(), Replayer(t, version, fresh).run(),
-                    strict=True):
+    rows = range(t.cache.n_rows)
+    for a, b in zip(Replayer(t, version, kept, core=core).run(),
+                    Replayer(t, version, fresh, core=core).run(), strict=True):
         assert as_json(a, t) == as_json(b, t)
         assert np.array_equal(kept.row_values("pooled").view(np.uint32),
                               fresh.row_values("pooled").view(np.uint32))
-    assert fresh.pools_kept == 0
-    return kept.pools_kept
+        assert [kept.content(r) for r in rows] == [fresh.content(r) for r in rows]
+    assert fresh.pools_kept == 0 and fresh.ubatches_standing == 0
+    return kept
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -355,22 +364,26 @@ def test_cache_safe_keeps_the_unchanged_pools_and_repools_a_rewritten_one() -> N
             reps.append(rec.scatter_rep.tolist())
     assert reps[3] == [1, 5, 7, 1, 3]
     assert kept == [0, 4, 8, 11]
-    assert kept_equals_pooled(t, VERSIONS["cache-safe"]) == 11
+    assert kept_equals_pooled(t, VERSIONS["cache-safe"]).pools_kept == 11
 
 
 def test_shipped_traces_keep_poolings_bit_equal() -> None:
-    """Every shipped trace, both engines: kept poolings equal pooling again, and
-    cache-safe keeps some (it re-marks unchanged pools)."""
+    """Every shipped trace, both engines, both cores: kept poolings equal pooling
+    again, and cache-safe keeps some (it re-marks unchanged pools), some of them by a
+    standing plan."""
     from pathlib import Path
 
     from kpool_cli.trace.load import load_trace
-    n_kept = 0
+    n_kept = n_standing = 0
     for path in sorted(Path(__file__).resolve().parent.parent.glob("traces/*.yaml")):
         t = load_trace(path)
         for engine in ENGINES:
-            k = kept_equals_pooled(t, VERSIONS[engine])
-            n_kept += k if engine == "cache-safe" else 0
-    assert n_kept > 0
+            for core in ("reference", "compiled"):
+                be = kept_equals_pooled(t, VERSIONS[engine], core)
+                if engine == "cache-safe":
+                    n_kept += be.pools_kept
+                    n_standing += be.ubatches_standing
+    assert n_kept > 0 and n_standing > 0
 
 
 def test_a_stream_copy_forgets_the_destination_poolings() -> None:
@@ -400,6 +413,21 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
     assert kept() == [False]
 
 
+# kpool 4, cache-safe: a prompt of two pools that seq 1 then shares, and five decodes
+SHARED_PROMPT = """
+    kpool_trace: 1
+    cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_embd: 4}
+    ops:
+      - decode: {seq: 0, pos: 0..8}
+      - seq_cp: {src: 0, dst: 1}
+      - decode: {seq: 0, pos: 8}
+      - decode: {seq: 0, pos: 9}
+      - decode: {seq: 0, pos: 10}
+      - decode: {seq: 0, pos: 11}
+      - decode: {seq: 0, pos: 12}
+    """
+
+
 def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
     """store.ValueBackend._scatter: what changed costs, not what was marked. kpool 4,
     cache-safe: the prompt (pos 0..7) pools 0:0 (cells 0..3, rep row 3) and 0:1 (4..7,
@@ -409,18 +437,7 @@ def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
     9 and 10 keep all four, and no value kernel runs (nothing pooled, gathered or
     scattered). pos 11 completes 0:2 (cells 8..11, rep 11): one entry pooled, one row
     scattered, the other four kept. pos 12 keeps all five."""
-    t = trace("""
-        kpool_trace: 1
-        cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_embd: 4}
-        ops:
-          - decode: {seq: 0, pos: 0..8}
-          - seq_cp: {src: 0, dst: 1}
-          - decode: {seq: 0, pos: 8}
-          - decode: {seq: 0, pos: 9}
-          - decode: {seq: 0, pos: 10}
-          - decode: {seq: 0, pos: 11}
-          - decode: {seq: 0, pos: 12}
-        """)
+    t = trace(SHARED_PROMPT)
     be = ValueBackend(t.cache, t.seed, "numpy")
     calls: list[tuple[str, int]] = []
     for name in ("pool", "gather", "scatter"):
@@ -443,3 +460,75 @@ def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
         ([3, 7, 11, 3, 7], [("pool", 1), ("scatter", 1)], 16),
         ([3, 7, 11, 3, 7], [], 21),
     ]
+
+
+def _asked(be: ValueBackend) -> list[int]:
+    """Spies on `be`'s `fresh_groups` kernel: the entries of each call, as they come."""
+    calls: list[int] = []
+    real = be.kernels.fresh_groups
+
+    def spy(entry_rows, *rest):
+        calls.append(len(entry_rows))
+        return real(entry_rows, *rest)
+    be.kernels.fresh_groups = spy  # type: ignore[method-assign]
+    return calls
+
+
+def test_a_standing_plan_asks_nothing_of_its_pools() -> None:
+    """store._Standing, by hand, on SHARED_PROMPT (as above). The prompt's plan has a
+    padding entry, pos 8's is every pool of both sequences (0:0 0:1 1:0 1:1, the
+    layout's own columns): both are asked of all their entries (3, then 4), and every
+    entry of pos 8's keeps its pooling. pos 9 and 10 write rows 9 and 10, in no pool:
+    the plan stands and nothing is asked. pos 11 completes 0:2, a new plan of 5 entries:
+    asked. pos 12 writes row 12, in no pool: it stands again. (The compiled core: its
+    race groups of a re-pool-all plan are the same arrays while the pools stand.)"""
+    t = trace(SHARED_PROMPT)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    calls = _asked(be)
+    seen = []
+    for rec in Replayer(t, VERSIONS["cache-safe"], be, core="compiled").run():
+        if isinstance(rec, UbatchRecord):
+            seen.append((list(calls), be.ubatches_standing, be.pools_kept))
+            calls.clear()
+    assert seen == [([3], 0, 0), ([4], 0, 4), ([], 1, 8), ([], 2, 12), ([5], 2, 16),
+                    ([], 3, 21)]
+
+
+def test_a_member_written_between_ubatches_breaks_the_standing_plan() -> None:
+    """store._Standing, by hand: SHARED_PROMPT up to pos 9, whose plan stands (0:0 and
+    1:0 on rep row 3, members rows 0..3). A new key in row 1 (a member of both) before
+    pos 10: the plan is asked again (4 entries), and row 3 then holds the pooling of
+    rows 0..3 with that key, where it held another; no pool is bad."""
+    t = trace(SHARED_PROMPT)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    calls = _asked(be)
+    n_ubatch, before = 0, None
+    for rec in Replayer(t, VERSIONS["cache-safe"], be, core="compiled").run():
+        if not isinstance(rec, UbatchRecord):
+            continue
+        n_ubatch += 1
+        if n_ubatch == 3:  # pos 9, standing
+            assert calls == [3, 4] and be.ubatches_standing == 1
+            before = be.row_values("pooled", np.array([3])).copy()
+            be.write_rows(np.array([1]), np.array([1000]))
+            calls.clear()
+        if n_ubatch == 4:  # pos 10
+            break
+    assert calls == [4] and be.ubatches_standing == 1
+    members = be.slots.of(np.arange(4, dtype=np.int64))[None, :]
+    now = be.row_values("pooled", np.array([3]))
+    assert now.tobytes() == be.kernels.pool(members).tobytes() != before.tobytes()
+    assert not any(b.any() for b in be.bad)
+
+
+def test_standing_plans_equal_pooling_again_on_fuzzer_traces() -> None:
+    """The fuzzer's random traces (kpool_cli.gen.random_trace: every edit, restores,
+    clears, non-unified caches) under cache-safe on the compiled core, with and
+    without standing plans and kept poolings: equal in lockstep
+    (`kept_equals_pooled`), and some plans stand."""
+    from kpool_cli.gen.random_trace import random_trace
+    n_standing = 0
+    for seed in range(150):
+        n_standing += kept_equals_pooled(random_trace(seed), VERSIONS["cache-safe"],
+                                         "compiled").ubatches_standing
+    assert n_standing > 0

@@ -79,9 +79,11 @@ def test_a_small_decode_on_a_huge_cache_holds_a_few_rows_and_clear_frees_them() 
         if isinstance(rec, UbatchRecord):
             assert be.n_slots == 8  # the 8 written rows (padding went to member rows)
     assert be.n_slots == 0  # after the clear
-    # the per-row map and masks (6 bytes a row) and SLOTS_MIN slots: not 131072 rows
+    # the per-row map and masks (4 + ROW_BYTES bytes a row) and SLOTS_MIN slots: not
+    # 131072 rows
     slot_bytes = row_bytes + ValueBackend.SLOT_BYTES + 8 * t.cache.kpool  # pool_of: kpool
-    assert be.bytes_held() <= t.cache.n_rows * 6 + ValueBackend.SLOTS_MIN * slot_bytes
+    assert be.bytes_held() <= (t.cache.n_rows * (4 + ValueBackend.ROW_BYTES)
+                               + ValueBackend.SLOTS_MIN * slot_bytes)
     assert be.bytes_held() < 4 << 20  # dense: 6 GiB
     assert not be.row_values("key", np.arange(8)).any()  # cleared
 
@@ -93,7 +95,8 @@ def test_a_cross_stream_copy_costs_the_rows_written() -> None:
     kv = t.cache.kv_size
     src = be.row_values("key", np.arange(8))
     assert np.array_equal(be.row_values("key", kv + np.arange(8)), src) and src.any()
-    assert be.bytes_held() < t.cache.n_rows * 6 + (2 << 20)  # dense: 12 GiB
+    # dense: 12 GiB
+    assert be.bytes_held() < t.cache.n_rows * (4 + ValueBackend.ROW_BYTES) + (2 << 20)
 
 
 def test_rows_are_stored_whole_and_slots_are_reused() -> None:

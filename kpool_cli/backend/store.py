@@ -20,7 +20,8 @@ row stored (set_rows run sequentially). A scatter entry whose rep slot holds the
 pooling of the same member slots, none written since (`pool_of`, `pool_gen`,
 `key_gen`: `slots.py`), keeps that value instead of pooling again (ENGINE.md §6:
 cache-safe re-pools every pool each ubatch; a pool whose members and keys did not
-change pools to the same bits).
+change pools to the same bits). A scatter of the last plan again, none of its rows
+written since, keeps every entry without asking (`_Standing`).
 
 Invariants:
 - the stored state is a function of the trace alone: the scatter picks one writer
@@ -45,6 +46,7 @@ part's share is computed next to what allocates it (`SlotTable`, `Writers`,
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -137,6 +139,61 @@ def _winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
 _NO_POOLS = np.empty(0, dtype=np.int64)
 
 
+class _Standing:
+    """The last scatter, kept while a scatter of the same plan would keep every entry
+    (ENGINE.md §6: cache-safe re-pools every pool each ubatch; a pool whose members and
+    keys did not change pools to the same bits).
+
+    It is set after a scatter in which each race group's entries name the same member
+    rows as the group's winner: every entry's rep slot then holds the pooling of the
+    entry's own members, none written since (slots.py's invariants). A later scatter
+    of the very same plan (its entries' and race groups' arrays, by identity, as
+    `SameArrays` compares them: a re-pool-all plan is the layout's own columns while
+    its pools stand) with none of the plan's rows touched since (`Verifier.touched`:
+    every write of a key, a gate, a pooled row or a slot tells the verifier its rows)
+    keeps every entry, as `fresh_groups` would say, and does nothing else a reader
+    can see but stamp its winners' slots again (the same writers, now). So a ubatch
+    of cache-safe on pools that stand costs the rows written, not the pools marked.
+
+    Memory: a mask per global row (`ROW_BYTES`), and per entry its winner's slot and
+    the entry's rows it keeps to clear the mask with (`ENTRY_BYTES` a member)."""
+
+    ROW_BYTES = 1
+    ENTRY_BYTES = 8  # per member row and rep row kept, and per winner's slot
+
+    def __init__(self, n_rows: int) -> None:
+        self.rows = np.zeros(n_rows, dtype=bool)  # the plan's member and rep rows
+        self._set: tuple[np.ndarray, ...] = ()  # what is True in `rows`
+        self._arrays: tuple[weakref.ref, ...] = ()
+        self.slots: np.ndarray | None = None  # the slots of its race groups' rows
+
+    def set(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray, rep: np.ndarray,
+            slots: np.ndarray) -> None:
+        self.clear()
+        self.rows[entry_rows] = True
+        self.rows[rep] = True
+        self._set = (entry_rows, rep)
+        self._arrays = tuple(map(weakref.ref, arrays))
+        self.slots = slots
+
+    def clear(self) -> None:
+        for a in self._set:
+            self.rows[a] = False
+        self._set, self._arrays, self.slots = (), (), None
+
+    def holds(self, arrays: tuple[np.ndarray, ...], touched: np.ndarray | None) -> bool:
+        """Whether `arrays` are the standing plan's, none of its rows `touched` (None:
+        every row was)."""
+        return (self.slots is not None and touched is not None
+                and len(arrays) == len(self._arrays)
+                and all(r() is a for r, a in zip(self._arrays, arrays, strict=True))
+                and not self.rows[touched].any())
+
+    def bytes_held(self) -> int:
+        return (self.rows.nbytes + sum(a.nbytes for a in self._set)
+                + (0 if self.slots is None else self.slots.nbytes))
+
+
 class ValueBackend:
     """Key rows, pooling, scatter and gather for one replay, and KP001 values / KP003."""
 
@@ -145,9 +202,9 @@ class ValueBackend:
     SLOT_GROWTH = SlotTable.SLOT_GROWTH
     SLOT_ARRAYS = SlotTable.SLOT_ARRAYS
     SLOT_BYTES = SlotTable.SLOT_BYTES
-    # bytes per global row: the two dirty masks (the row -> slot map's dtype's size
-    # comes on top of these)
-    ROW_BYTES = Verifier.ROW_BYTES
+    # bytes per global row: the two dirty masks and the standing plan's (the row ->
+    # slot map's dtype's size comes on top of these)
+    ROW_BYTES = Verifier.ROW_BYTES + _Standing.ROW_BYTES
     ALT_ROW_BYTES = Writers.ALT_ROW_BYTES
 
     def __init__(self, config: CacheConfig, seed: int, kernels: str = DEFAULT_BACKEND) -> None:
@@ -163,10 +220,12 @@ class ValueBackend:
         self.verifier = Verifier(config, self.slots, self.kernels, self.writers)
         self.snapshots: dict[str, _Saved] = {}
         self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
+        self.ubatches_standing = 0  # scatters that kept every entry by the last plan's
         # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
         # race groups (`SameArrays`): their checks and their winners' pools stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._winners = SameArrays(_winners)
+        self._standing = _Standing(self.n_rows)
 
     # -- what the parts keep, as the rules, the tests and the benchmark read it ------------
 
@@ -207,7 +266,9 @@ class ValueBackend:
         """Bytes a backend can hold in a replay that reaches `reach`, temporaries of one
         ubatch included.
 
-        Fixed: per global row the slot map and the two dirty masks. Slots: at most
+        Fixed: per global row the slot map, the two dirty masks and the standing
+        plan's rows (`_Standing`, which keeps its entries' rows and winners' slots too).
+        Slots: at most
         one per row that gets data, so at most `reach.value_rows` (rows the cache
         writes, padding rows, copies of both); capacity grows by 1/SLOT_GROWTH (in
         place) up to that. `alt`: at most an entry per row with a slot, a writer per
@@ -226,6 +287,8 @@ class ValueBackend:
         return (SlotTable.bytes_bound(config, reach.value_rows)
                 + Verifier.bytes_bound(config, reach)
                 + Writers.bytes_bound(config, slots, entries)
+                + config.n_rows * _Standing.ROW_BYTES
+                + entries * (kpool + 2) * _Standing.ENTRY_BYTES
                 + snapshots
                 + entries * per_entry)
 
@@ -233,7 +296,7 @@ class ValueBackend:
         """Bytes of the arrays this backend holds now (snapshots and racing writers
         included; the dirty-row lists of one ubatch and Python objects not)."""
         return (self.slots.bytes_held() + self.verifier.bytes_held()
-                + self.writers.bytes_held()
+                + self.writers.bytes_held() + self._standing.bytes_held()
                 + sum(sv.nbytes() for sv in self.snapshots.values()))
 
     def row_values(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
@@ -324,6 +387,7 @@ class ValueBackend:
         self.slots.clear()
         self.writers.clear()
         self.verifier.all_changed()
+        self._standing.clear()
 
     def run_ubatch(self, ctx: UbatchContext) -> ValueFacts:
         """Pool the new entries of the ubatch of `ctx` (which has a plan), scatter them,
@@ -355,7 +419,9 @@ class ValueBackend:
         writes equal values and leaves its row as it was. Only the other groups' values
         are pooled, gathered, scattered and compared, and have their pooling recorded;
         every winner's slot is stamped. Under cache-safe, which re-marks every pool,
-        a ubatch so touches the float rows of the pools that changed alone."""
+        a ubatch so touches the float rows of the pools that changed alone; and while
+        the last plan stands (`_Standing`: the same plan, none of its rows written
+        since), nothing is asked of its entries at all."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
         rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
@@ -363,6 +429,18 @@ class ValueBackend:
         n = rep.size
         t, writers = self.slots, self.writers
         order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
+        arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, order, starts, ctx.rows)
+        standing = self._standing
+        if n and self._stands(arrays):
+            # every entry keeps its pooling (`_Standing`): what the pass below would do,
+            # which changes no row (so it tells the verifier of none)
+            assert standing.slots is not None
+            t.next_gen()
+            self.pools_kept += n
+            self.ubatches_standing += 1
+            writers.wrote_again(standing.slots)
+            return np.ones(rows.size, dtype=bool)
+        standing.clear()
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
@@ -383,6 +461,7 @@ class ValueBackend:
         s = t.own(rows, zero_new=True)
         changed = writers.raced(rows)  # a row whose racing writers go is re-checked
         equal = np.ones(rows.size, dtype=bool)
+        stands = True
         if todo.size:
             at = np.full(n, -1, dtype=np.int64)
             at[ents] = np.arange(ents.size)
@@ -404,6 +483,10 @@ class ValueBackend:
                 sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
                 equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
                                             sub_starts)
+                # each entry of these groups names its winner's members, or the plan
+                # does not stand (a group of kept entries alone names one pooling's)
+                stands = bool(np.all(entry_rows[sub] == entry_rows[
+                    np.repeat(win[raced], sizes[raced])]))
         writers.stamp(s[~real], PADDING)
         if seq.size:
             writers.stamp(s[real], POOLED, seq, k)
@@ -414,6 +497,8 @@ class ValueBackend:
                 writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
             changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
+        if stands:
+            standing.set(arrays, entry_rows, rep, s)
         return equal
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
@@ -428,6 +513,11 @@ class ValueBackend:
         checked_index(entry_pool, -1, n_pool_real, rep.shape, False, "run_ubatch",
                       "the plan's entry_pool", "pool")
         return rep, rows
+
+    def _stands(self, arrays: tuple[np.ndarray, ...]) -> bool:
+        """Whether the scatter of the plan of `arrays` keeps every entry because the
+        last one's stands (`_Standing`)."""
+        return self._standing.holds(arrays, self.verifier.touched())
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray

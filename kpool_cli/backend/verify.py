@@ -92,6 +92,14 @@ class Verifier:
         """Every row changed (a clear): the next `verify` rechecks every pool."""
         self._all_dirty = True
 
+    def touched(self) -> np.ndarray | None:
+        """The rows touched since the last `verify` (keys or pooled rows, some maybe
+        twice); None when every row changed. O(rows touched)."""
+        if self._all_dirty:
+            return None
+        rows = [*self._kdirty_rows, *self._pdirty_rows]
+        return np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
+
     # -- verification (only what changed) -----------------------------------------------------
 
     def differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:

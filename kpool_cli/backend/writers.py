@@ -83,6 +83,11 @@ class Writers:
         t.w_a[slots] = a
         t.w_b[slots] = b
 
+    def wrote_again(self, slots: np.ndarray) -> None:
+        """`slots` were written now by the writers that wrote them last (the same kind,
+        sequence and pool): only when changes."""
+        self.slots.w_ubatch[slots] = self.n_ubatch
+
     def drop_raced(self, rows: np.ndarray) -> None:
         """`rows` were written by something else than a racing scatter."""
         if self.alt and rows.size:
