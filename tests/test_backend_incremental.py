@@ -8,6 +8,7 @@ engines and a row-zero-padding variant."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import numpy as np
 from conftest import ENGINES, trace
@@ -532,3 +533,57 @@ def test_standing_plans_equal_pooling_again_on_fuzzer_traces() -> None:
         n_standing += kept_equals_pooled(random_trace(seed), VERSIONS["cache-safe"],
                                          "compiled").ubatches_standing
     assert n_standing > 0
+
+
+def standing_trace(seed: int) -> m.Trace:
+    """A random trace built to stand plans and then break them (`_Standing`): a
+    shared prompt of 2-4 pools that seq 0 copies to the others (so cache-safe marks
+    every pool of a layout that stands while no pool closes), then mostly one-token
+    decodes, between which any edit may come: a tail removed, a state written or read
+    back, a partial copy, a shift, a clear, a decode that closes pools."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 3)
+    kpool = rng.randint(2, 4)
+    cfg = m.CacheConfig(kv_size=rng.choice([32, 48, 64]), kpool=kpool, n_seq_max=n,
+                        unified=rng.random() < 0.8, n_ubatch=512, n_embd=4)
+    ops: list = [m.Decode(tuple(m.Token(p, (0,)) for p in range(kpool * rng.randint(2, 4))))]
+    ops += [m.SeqCp(0, s) for s in range(1, n)]
+    slots: list[str] = []
+    for _ in range(rng.randint(10, 30)):
+        cache = _state(cfg, ops).cache
+        s = rng.randrange(n)
+        top = cache.seq_pos_max(s)
+        kind = rng.choice(["one"] * 8 + ["many", "rm_tail", "state_write", "state_read",
+                                         "cp_part", "add", "clear"])
+        if kind in ("one", "many"):  # every sequence a token, as parallel slots step
+            ss = sorted(rng.sample(range(n), rng.randint(1, n))) if rng.random() < 0.3 \
+                else list(range(n))
+            length = 1 if kind == "one" else rng.randint(2, kpool + 1)
+            ops.append(m.Decode(tuple(m.Token(cache.seq_pos_max(q) + 1 + k, (q,))
+                                      for q in ss for k in range(length))))
+        elif kind == "rm_tail" and top >= 0:
+            ops.append(m.SeqRm(s, max(0, top - rng.randint(0, 2)), -1))
+        elif kind == "state_write":
+            slot = rng.choice("ab")
+            ops.append(m.StateWrite(s, slot))
+            slots.append(slot)
+        elif kind == "state_read" and slots:
+            ops.append(m.StateRead(s, rng.choice(slots)))
+        elif kind == "cp_part" and top >= 0:
+            ops.append(m.SeqCp(s, rng.randrange(n), rng.randint(0, top), -1))
+        elif kind == "add" and top >= 0:
+            ops.append(m.SeqAdd(s, rng.randint(0, top), -1, rng.randint(-2, 2)))
+        elif kind == "clear":
+            ops.append(m.Clear())
+    return m.Trace(cfg, tuple(ops), seed=seed % 4)
+
+
+def test_standing_plans_equal_pooling_again_between_any_edits() -> None:
+    """`standing_trace`s under cache-safe on the compiled core: equal in lockstep to a
+    backend that pools every entry afresh (`kept_equals_pooled`), with many plans
+    standing between the edits that break them."""
+    n_standing = 0
+    for seed in range(40):
+        n_standing += kept_equals_pooled(standing_trace(seed), VERSIONS["cache-safe"],
+                                         "compiled").ubatches_standing
+    assert n_standing > 40  # 51: a plan stands while the sequences share the prompt
