@@ -181,13 +181,14 @@ class _Standing:
             self.rows[a] = False
         self._set, self._arrays, self.slots = (), (), None
 
-    def holds(self, arrays: tuple[np.ndarray, ...], touched: np.ndarray | None) -> bool:
-        """Whether `arrays` are the standing plan's, none of its rows `touched` (None:
-        every row was)."""
-        return (self.slots is not None and touched is not None
-                and len(arrays) == len(self._arrays)
-                and all(r() is a for r, a in zip(self._arrays, arrays, strict=True))
-                and not self.rows[touched].any())
+    def same(self, arrays: tuple[np.ndarray, ...]) -> bool:
+        """Whether `arrays` are the standing plan's (O(1))."""
+        return (self.slots is not None and len(arrays) == len(self._arrays)
+                and all(r() is a for r, a in zip(self._arrays, arrays, strict=True)))
+
+    def untouched(self, touched: np.ndarray | None) -> bool:
+        """Whether none of the plan's rows is in `touched` (None: every row is)."""
+        return touched is not None and not self.rows[touched].any()
 
     def bytes_held(self) -> int:
         return (self.rows.nbytes + sum(a.nbytes for a in self._set)
@@ -517,7 +518,8 @@ class ValueBackend:
     def _stands(self, arrays: tuple[np.ndarray, ...]) -> bool:
         """Whether the scatter of the plan of `arrays` keeps every entry because the
         last one's stands (`_Standing`)."""
-        return self._standing.holds(arrays, self.verifier.touched())
+        standing = self._standing
+        return standing.same(arrays) and standing.untouched(self.verifier.touched())
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
