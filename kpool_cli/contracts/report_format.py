@@ -94,9 +94,12 @@ class Record:
     doc: str
     fields: tuple[Field, ...]
     _names: frozenset[str] = field(init=False, repr=False, compare=False)
+    _order: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_names", frozenset(f.name for f in self.fields))
+        # the writer asks for the names of every entry it writes: told once
+        object.__setattr__(self, "_order", tuple(f.name for f in self.fields))
         assert len(self._names) == len(self.fields), self.name
 
     def __getitem__(self, name: str) -> Field:
@@ -104,7 +107,7 @@ class Record:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
+        return self._order
 
     @property
     def required(self) -> tuple[str, ...]:
