@@ -34,6 +34,10 @@ Invariants:
 - after `run_ubatch`, `bad[s][k]` is True exactly when the rep row of pool k of s
   differs from the pooling of the pool's current members with their current keys
   and gates, or is a race of different values (`verify.py`);
+- while a plan stands (`_Standing`), each of its entries' rep slots held the pooling
+  of that entry's own members after its last scatter, and the rows written since
+  are the verification's touched rows: a scatter of it, none of those rows among
+  its own, keeps every entry;
 - nothing reaches a kernel unchecked (`guards.py`, `guarded.py`), and a call
   refused for what the replay handed in changes nothing: those checks run before
   the call's first write (tests/test_backend_kernels.py holds the state equal).
