@@ -1,7 +1,7 @@
 """Array helpers every layer may use.
 
 Owns `SameArrays`: a pure function of arrays that gives its last answer again when
-called with the very same array objects (by identity, O(1)); `unique`: the sorted
+called with the very same array objects (by identity, O(1): `same_objects`); `unique`: the sorted
 distinct values of an integer array, as `np.unique(a)` returns them; and
 `rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's kpool members),
 what `np.all(a == b, axis=1)` and `a.max(axis=1)` give, a column at a time (numpy's
@@ -46,12 +46,18 @@ class SameArrays(Generic[T]):
         """`fn(*arrays, **given)`; `given` is not compared: it must be what the arrays
         determine (the object they were read from, say)."""
         last = self._last
-        if last is not None and len(last[0]) == len(arrays) and all(
-                r() is a for r, a in zip(last[0], arrays, strict=True)):
+        if last is not None and same_objects(last[0], arrays):
             return last[1]
         out = self._fn(*arrays, **given)
         self._last = (tuple(map(weakref.ref, arrays)), out)
         return out
+
+
+def same_objects(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> bool:
+    """Whether `objects` are, one by one, the very objects `refs` refer to (a dead
+    reference matches nothing)."""
+    return len(refs) == len(objects) and all(
+        r() is o for r, o in zip(refs, objects, strict=True))
 
 
 def unique(a: np.ndarray) -> np.ndarray:

@@ -297,8 +297,8 @@ class PoolEveryEntry(ValueBackend):
     """The backend with every scatter entry pooled afresh, no plan standing: what the
     kept poolings must be bit-equal to."""
 
-    def _stands(self, arrays: tuple[np.ndarray, ...]) -> bool:
-        return False
+    def _standing_slots(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray | None:
+        return None
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
@@ -498,13 +498,16 @@ def test_a_standing_plan_asks_nothing_of_its_pools() -> None:
 def test_a_member_written_between_ubatches_breaks_the_standing_plan() -> None:
     """store._Standing, by hand: SHARED_PROMPT up to pos 9, whose plan stands (0:0 and
     1:0 on rep row 3, members rows 0..3). A new key in row 1 (a member of both) before
-    pos 10: the plan is asked again (4 entries), and row 3 then holds the pooling of
-    rows 0..3 with that key, where it held another; no pool is bad."""
+    pos 10, and a verification right after it (which empties its own lists of what
+    changed, not the scatter's): the plan is asked again (4 entries), and row 3 then
+    holds the pooling of rows 0..3 with that key, where it held another; no pool is
+    bad."""
     t = trace(SHARED_PROMPT)
     be = ValueBackend(t.cache, t.seed, "numpy")
     calls = _asked(be)
     n_ubatch, before = 0, None
-    for rec in Replayer(t, VERSIONS["cache-safe"], be, core="compiled").run():
+    rp = Replayer(t, VERSIONS["cache-safe"], be, core="compiled")
+    for rec in rp.run():
         if not isinstance(rec, UbatchRecord):
             continue
         n_ubatch += 1
@@ -512,6 +515,9 @@ def test_a_member_written_between_ubatches_breaks_the_standing_plan() -> None:
             assert calls == [3, 4] and be.ubatches_standing == 1
             before = be.row_values("pooled", np.array([3])).copy()
             be.write_rows(np.array([1]), np.array([1000]))
+            lay = rp.layout
+            be.verifier.verify(lay, LayoutChange(tuple(len(q.pools) for q in lay.seqs),
+                                                 frozenset(), frozenset(), 0), rp.cache)
             calls.clear()
         if n_ubatch == 4:  # pos 10
             break
@@ -587,3 +593,30 @@ def test_standing_plans_equal_pooling_again_between_any_edits() -> None:
         n_standing += kept_equals_pooled(standing_trace(seed), VERSIONS["cache-safe"],
                                          "compiled").ubatches_standing
     assert n_standing > 40  # 51: a plan stands while the sequences share the prompt
+
+
+def test_a_scatter_that_hands_out_a_slot_does_not_stand() -> None:
+    """store._Standing, by hand, on the backend alone: one pool, member rows 0 and 1,
+    rep row 1, row 1 never written (a zero row, slot 0). The first scatter reads the
+    members as slots (1, 0), then hands row 1 a slot of its own to write: its recorded
+    pooling names slot 0, which row 1 no longer has, so `fresh_groups` pools the entry
+    again at the second scatter, and the plan must not stand: no entry is kept, and
+    row 1 holds what the backend that never stands gives it."""
+    from types import SimpleNamespace as NS
+    cfg = m.CacheConfig(kv_size=16, kpool=2, n_seq_max=1, n_embd=4)
+    plan = NS(entry_rep=np.array([1]), entry_rows=np.array([[0, 1]]), entry_pool=np.array([0]))
+    start = np.array([0, 1])
+    layout = NS(n_pool_real=1, pool_start=lambda: start,
+                locate=lambda ips: (np.zeros(ips.size, dtype=np.int64), ips.copy()))
+    ctx = NS(layout=layout, plan=plan, order=np.array([0]), starts=np.array([0, 1]),
+             rows=np.array([1]))
+    got = []
+    for cls in (ValueBackend, PoolEveryEntry):
+        be = cls(cfg, 0, "numpy")
+        be.write_rows(np.array([0]), np.array([5]))
+        for _ in range(2):
+            be._scatter(ctx)  # type: ignore[arg-type]
+            be.writers.n_ubatch += 1
+        got.append((be.ubatches_standing, be.pools_kept,
+                    be.row_values("pooled", np.array([1])).tobytes()))
+    assert got[0][:2] == (0, 0) and got[0][2] == got[1][2]

@@ -55,17 +55,18 @@ class ValueFacts:
 
 
 def groups_equal(bits: np.ndarray, members: np.ndarray, order: np.ndarray,
-                 starts: np.ndarray) -> np.ndarray:
-    """[n_groups] bool: every entry of the group has the same value bits (`bits`
-    [n_entries, n_embd] uint32; groups as `engine.context.race_groups` gives them). An
-    entry with the same member rows (`members` [n_entries, kpool]) as its group's
-    first has the same value (a pooling is a function of its members' rows), so only
-    the others' bits are compared."""
+                 starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([n_groups] bool, [n_groups] bool): every entry of the group has the same value
+    bits (`bits` [n_entries, n_embd] uint32; groups as `engine.context.race_groups`
+    gives them), and every entry names the same member rows (`members` [n_entries,
+    kpool]). An entry with its group's first's members has its value (a pooling is a
+    function of its members' rows), so only the others' bits are compared."""
     if starts.size < 2:
-        return np.ones(0, dtype=bool)
+        return np.ones(0, dtype=bool), np.ones(0, dtype=bool)
     head = order[np.repeat(starts[:-1], np.diff(starts))]
     same = rows_equal(members[order], members[head])
+    one_pooling = np.logical_and.reduceat(same, starts[:-1])
     todo = np.flatnonzero(~same)
     if todo.size:
         same[todo] = np.all(bits[order[todo]] == bits[head[todo]], axis=1)
-    return np.logical_and.reduceat(same, starts[:-1])
+    return np.logical_and.reduceat(same, starts[:-1]), one_pooling

@@ -35,9 +35,10 @@ Invariants:
   differs from the pooling of the pool's current members with their current keys
   and gates, or is a race of different values (`verify.py`);
 - while a plan stands (`_Standing`), each of its entries' rep slots held the pooling
-  of that entry's own members after its last scatter, and the rows written since
-  are the verification's touched rows: a scatter of it, none of those rows among
-  its own, keeps every entry;
+  of that entry's own member slots after its last scatter, and the rows written
+  since are the verification's touched rows (since the last scatter, whenever
+  `verify` ran): a scatter of it, none of those rows among its own, keeps every
+  entry;
 - nothing reaches a kernel unchecked (`guards.py`, `guarded.py`), and a call
   refused for what the replay handed in changes nothing: those checks run before
   the call's first write (tests/test_backend_kernels.py holds the state equal).
@@ -51,12 +52,13 @@ part's share is computed next to what allocates it (`SlotTable`, `Writers`,
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays
+from ..arrays import SameArrays, same_objects
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
 from ..engine.layout import Layout
@@ -148,55 +150,63 @@ class _Standing:
     (ENGINE.md §6: cache-safe re-pools every pool each ubatch; a pool whose members and
     keys did not change pools to the same bits).
 
-    It is set after a scatter in which each race group's entries name the same member
-    rows as the group's winner: every entry's rep slot then holds the pooling of the
-    entry's own members, none written since (slots.py's invariants). A later scatter
-    of the very same plan (its entries' and race groups' arrays, by identity, as
-    `SameArrays` compares them: a re-pool-all plan is the layout's own columns while
-    its pools stand) with none of the plan's rows touched since (`Verifier.touched`:
-    every write of a key, a gate, a pooled row or a slot tells the verifier its rows)
-    keeps every entry, as `fresh_groups` would say, and does nothing else a reader
-    can see but stamp its winners' slots again (the same writers, now). So a ubatch
-    of cache-safe on pools that stand costs the rows written, not the pools marked.
+    It is set after a scatter that handed out no slot and in which each race group's
+    entries name one pooling (the same member slots): every entry's rep slot then
+    holds the pooling of the entry's own members, none written since (slots.py's
+    invariants). A later scatter of the very same plan (its entries', race groups'
+    and the layout's `pool_start` arrays, by identity, as `SameArrays` compares them:
+    a re-pool-all plan is the layout's own columns while its pools stand) with none
+    of the plan's rows touched since (`Verifier.touched`: every write of a key, a gate
+    or a pooled row outside a scatter tells the verifier its rows, and a scatter's own
+    writes are behind it) keeps every entry, as `fresh_groups` would say, and does
+    nothing else a reader can see but stamp its winners' slots again (the same
+    writers, now). So a ubatch of cache-safe on pools that stand costs the rows
+    written, not the pools marked.
 
-    Memory: a mask per global row (`ROW_BYTES`), and per entry its winner's slot and
-    the entry's rows it keeps to clear the mask with (`ENTRY_BYTES` a member)."""
+    Memory: a mask per global row (`ROW_BYTES`), built the first time the plan is met
+    again (a plan never met again, rep-once's, costs none), and the plan's member and
+    rep rows and its race groups' slots (`ENTRY_BYTES` each)."""
 
     ROW_BYTES = 1
-    ENTRY_BYTES = 8  # per member row and rep row kept, and per winner's slot
+    ENTRY_BYTES = 8  # per member row and rep row kept, and per race group's slot
 
     def __init__(self, n_rows: int) -> None:
         self.rows = np.zeros(n_rows, dtype=bool)  # the plan's member and rep rows
-        self._set: tuple[np.ndarray, ...] = ()  # what is True in `rows`
+        self._plan: tuple[np.ndarray, ...] = ()  # its member rows and rep rows
+        self._masked = False  # `rows` holds `_plan`'s rows
         self._arrays: tuple[weakref.ref, ...] = ()
-        self.slots: np.ndarray | None = None  # the slots of its race groups' rows
+        self._slots: np.ndarray | None = None  # the slots of its race groups' rows
 
     def set(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray, rep: np.ndarray,
             slots: np.ndarray) -> None:
         self.clear()
-        self.rows[entry_rows] = True
-        self.rows[rep] = True
-        self._set = (entry_rows, rep)
-        self._arrays = tuple(map(weakref.ref, arrays))
-        self.slots = slots
+        self._plan, self._arrays, self._slots = (entry_rows, rep), tuple(
+            map(weakref.ref, arrays)), slots
 
     def clear(self) -> None:
-        for a in self._set:
-            self.rows[a] = False
-        self._set, self._arrays, self.slots = (), (), None
+        if self._masked:
+            for a in self._plan:
+                self.rows[a] = False
+        self._plan, self._masked, self._arrays, self._slots = (), False, (), None
 
-    def same(self, arrays: tuple[np.ndarray, ...]) -> bool:
-        """Whether `arrays` are the standing plan's (O(1))."""
-        return (self.slots is not None and len(arrays) == len(self._arrays)
-                and all(r() is a for r, a in zip(self._arrays, arrays, strict=True)))
-
-    def untouched(self, touched: np.ndarray | None) -> bool:
-        """Whether none of the plan's rows is in `touched` (None: every row is)."""
-        return touched is not None and not self.rows[touched].any()
+    def slots(self, arrays: tuple[np.ndarray, ...],
+              touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
+        """The slots of the race groups' rows when `arrays` are the standing plan's and
+        none of its rows is `touched()` (None: every row is); else None."""
+        if self._slots is None or not same_objects(self._arrays, arrays):
+            return None
+        rows = touched()
+        if rows is None:
+            return None
+        if not self._masked:
+            for a in self._plan:
+                self.rows[a] = True
+            self._masked = True
+        return None if self.rows[rows].any() else self._slots
 
     def bytes_held(self) -> int:
-        return (self.rows.nbytes + sum(a.nbytes for a in self._set)
-                + (0 if self.slots is None else self.slots.nbytes))
+        return (self.rows.nbytes + sum(a.nbytes for a in self._plan)
+                + (0 if self._slots is None else self._slots.nbytes))
 
 
 class ValueBackend:
@@ -272,8 +282,8 @@ class ValueBackend:
         ubatch included.
 
         Fixed: per global row the slot map, the two dirty masks and the standing
-        plan's rows (`_Standing`, which keeps its entries' rows and winners' slots too).
-        Slots: at most
+        plan's mask (`_Standing`; its member and rep rows and its groups' slots are a
+        term of each entry). Slots: at most
         one per row that gets data, so at most `reach.value_rows` (rows the cache
         writes, padding rows, copies of both); capacity grows by 1/SLOT_GROWTH (in
         place) up to that. `alt`: at most an entry per row with a slot, a writer per
@@ -434,22 +444,24 @@ class ValueBackend:
         n = rep.size
         t, writers = self.slots, self.writers
         order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
-        arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, order, starts, ctx.rows)
+        arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, order, starts, ctx.rows,
+                  layout.pool_start())
         standing = self._standing
-        if n and self._stands(arrays):
+        kept_slots = self._standing_slots(arrays) if n else None
+        if kept_slots is not None:
             # every entry keeps its pooling (`_Standing`): what the pass below would do,
             # which changes no row (so it tells the verifier of none)
-            assert standing.slots is not None
             t.next_gen()
             self.pools_kept += n
             self.ubatches_standing += 1
-            writers.wrote_again(standing.slots)
+            writers.wrote_again(kept_slots)
+            self.verifier.scattered()
             return np.ones(rows.size, dtype=bool)
-        standing.clear()
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
         fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
+        standing.clear()
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
@@ -463,10 +475,13 @@ class ValueBackend:
             sizes = np.diff(starts)
             ents = np.sort(order[np.repeat(fresh, sizes)])
             members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
+        n_slots = t.n_slots
         s = t.own(rows, zero_new=True)
+        # a slot handed out now may be a member's that entries read as a zero row: the
+        # plan stands from a scatter that hands out none
+        stands = t.n_slots == n_slots
         changed = writers.raced(rows)  # a row whose racing writers go is re-checked
         equal = np.ones(rows.size, dtype=bool)
-        stands = True
         if todo.size:
             at = np.full(n, -1, dtype=np.int64)
             at[ents] = np.arange(ents.size)
@@ -486,12 +501,11 @@ class ValueBackend:
             if raced.any():
                 sub = order[np.repeat(raced, sizes)]
                 sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
-                equal[raced] = groups_equal(vals.view(np.uint32), entry_rows[ents], at[sub],
-                                            sub_starts)
-                # each entry of these groups names its winner's members, or the plan
-                # does not stand (a group of kept entries alone names one pooling's)
-                stands = bool(np.all(entry_rows[sub] == entry_rows[
-                    np.repeat(win[raced], sizes[raced])]))
+                # a group of kept entries alone names one pooling: each of these must
+                # too, or the plan does not stand
+                equal[raced], one_pooling = groups_equal(
+                    vals.view(np.uint32), entry_rows[ents], at[sub], sub_starts)
+                stands = stands and bool(one_pooling.all())
         writers.stamp(s[~real], PADDING)
         if seq.size:
             writers.stamp(s[real], POOLED, seq, k)
@@ -502,6 +516,7 @@ class ValueBackend:
                 writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
             changed[unequal] = True
         self.verifier.touch(rows[changed], False, True)
+        self.verifier.scattered()
         if stands:
             standing.set(arrays, entry_rows, rep, s)
         return equal
@@ -519,11 +534,10 @@ class ValueBackend:
                       "the plan's entry_pool", "pool")
         return rep, rows
 
-    def _stands(self, arrays: tuple[np.ndarray, ...]) -> bool:
-        """Whether the scatter of the plan of `arrays` keeps every entry because the
-        last one's stands (`_Standing`)."""
-        standing = self._standing
-        return standing.same(arrays) and standing.untouched(self.verifier.touched())
+    def _standing_slots(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray | None:
+        """When the scatter of the plan of `arrays` keeps every entry because the last
+        one's stands (`_Standing`), the slots of its race groups' rows; else None."""
+        return self._standing.slots(arrays, self.verifier.touched)
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray

@@ -60,6 +60,9 @@ class Verifier:
         self._kdirty_rows: list[np.ndarray] = []
         self._pdirty_rows: list[np.ndarray] = []
         self._all_dirty = False
+        # what was touched since the last scatter (`scattered`), for the standing plan
+        self._since_scatter: list[np.ndarray] = []
+        self._all_since_scatter = False
         self.pools_checked = 0
         self.bad_seqs: set[int] = set()  # the sequences with a bad pool
 
@@ -87,17 +90,23 @@ class Verifier:
         if pooled:
             self._pdirty[rows] = True
             self._pdirty_rows.append(rows)
+        self._since_scatter.append(rows)
 
     def all_changed(self) -> None:
         """Every row changed (a clear): the next `verify` rechecks every pool."""
-        self._all_dirty = True
+        self._all_dirty = self._all_since_scatter = True
+
+    def scattered(self) -> None:
+        """A scatter ended (what it wrote, it touched first): `touched` starts again."""
+        self._since_scatter.clear()
+        self._all_since_scatter = False
 
     def touched(self) -> np.ndarray | None:
-        """The rows touched since the last `verify` (keys or pooled rows, some maybe
-        twice); None when every row changed. O(rows touched)."""
-        if self._all_dirty:
+        """The rows touched since the last scatter (`scattered`; some maybe twice),
+        whenever `verify` ran; None when every row changed. O(rows touched)."""
+        if self._all_since_scatter:
             return None
-        rows = [*self._kdirty_rows, *self._pdirty_rows]
+        rows = self._since_scatter
         return np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
 
     # -- verification (only what changed) -----------------------------------------------------

@@ -85,7 +85,7 @@ class Writers:
 
     def wrote_again(self, slots: np.ndarray) -> None:
         """`slots` were written now by the writers that wrote them last (the same kind,
-        sequence and pool): only when changes."""
+        sequence and pool): only their `w_ubatch` changes."""
         self.slots.w_ubatch[slots] = self.n_ubatch
 
     def drop_raced(self, rows: np.ndarray) -> None:
