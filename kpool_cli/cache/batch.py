@@ -11,6 +11,7 @@ message, never an exception, because llama_decode reports it with a return code.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,7 +43,7 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
-    singles = _one_token_per_sequence(tokens)
+    singles = one_seq_each([t.seq for t in tokens])
     if singles is not None:  # parallel slots: each token's set is its own sequence
         for i, s in enumerate(singles):
             if not 0 <= s < n_seq_max:
@@ -113,7 +114,7 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
-    if not sequential and 1 < len(tokens) <= n_ubatch and _one_token_per_sequence(tokens):
+    if not sequential and 1 < len(tokens) <= n_ubatch and one_seq_each([t.seq for t in tokens]):
         # parallel slots: every set is collected (at most n_ubatch of them), the first
         # round takes each set's one token in batch order and leaves none to keep
         refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
@@ -160,11 +161,11 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     return out
 
 
-def _one_token_per_sequence(tokens: tuple[Token, ...]) -> list[int] | None:
-    """Each token's one seq id, when every token has one and no two share it (a step
-    of parallel slots); else None."""
-    firsts = [t.seq[0] for t in tokens if len(t.seq) == 1]
-    return firsts if len(firsts) == len(tokens) == len(set(firsts)) else None
+def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> list[int] | None:
+    """Each set's one seq id, when every set has exactly one and no two share it (the
+    tokens of a step of parallel slots); else None."""
+    firsts = [ss[0] for ss in seq_sets if len(ss) == 1]
+    return firsts if len(firsts) == len(seq_sets) == len(set(firsts)) else None
 
 
 def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache.batch import one_seq_each
 from ..cache.cells import EMPTY_POS, SortedKeys, Stream, global_row
 from ..cache.kv import KvCache, Placement
 from ..trace.model import CacheConfig
@@ -57,16 +58,15 @@ class CompiledStream(Stream):
             self._note(s, bool(past_end))
             return
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
-        firsts = [ss[0] for ss in seqs]
-        by_seq: dict[int, list[int]] | None = None
-        if max(map(len, seqs)) == 1 and len(set(firsts)) == n:
+        firsts = one_seq_each(seqs)
+        by_seq: dict[int, list[int]] = {}  # the other case's token indices per sequence
+        if firsts is not None:
             # a token per sequence, one sequence a token (parallel slots): each token's
             # column alone, and no array per sequence below
             ptr = np.arange(n + 1, dtype=np.int64)
             flat = np.array([col[s] for s in firsts], dtype=np.int64)
         else:
             ptr_l, flat_l = [0], []
-            by_seq = {}
             for i, ss in enumerate(seqs):
                 for s in ss:
                     flat_l.append(col[s])
@@ -78,7 +78,7 @@ class CompiledStream(Stream):
                       self.ext, self.has, self.seq_count, self.key_id)
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
-        if by_seq is None:
+        if firsts is not None:
             for s, key in zip(firsts, keys.tolist(), strict=True):
                 self._add_one(s, key)
         else:
