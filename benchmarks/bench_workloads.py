@@ -60,9 +60,12 @@ The tables, from one run:
 - the growth (`--no-growth` skips it): each workload again with its decodes (W1, W4) or
   steps (W2, W3) doubled, full replay, every engine and core: time(2x) / time(1x) raw,
   and of the replay part (wall minus the trace's `kpool validate` wall, i.e. startup and
-  load, and minus numba's import over numpy's). Where the doubled trace does not load
-  (W2 at scale above ~0.7 crosses the loader's node bound), the pair is a halved trace
-  and the workload itself.
+  load, and minus numba's import over numpy's). The 1x and the 2x trace run in turn,
+  one pair per `--repeat`, and each ratio is the median of the pairs' ratios: a machine
+  whose speed drifts over minutes moves the two runs of a pair alike, where a 1x run
+  taken minutes before its 2x twin can put the ratio off by a third. Where the doubled
+  trace does not load (W2 at scale above ~0.7 crosses the loader's node bound), the pair
+  is a halved trace and the workload itself.
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
 `--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
@@ -560,7 +563,8 @@ class Bench:
     yamls: dict[str, float | None] = field(default_factory=dict)  # trace name -> libyaml s
     encodes: dict[tuple[str, str, str], dict | str] = field(default_factory=dict)  # wl, e, mode
     # growth: workload -> (the small and the big trace, their runs by (engine, core))
-    grown: dict[str, tuple[Workload, Workload, dict[tuple[str, str], tuple[Run, Run]]]] = \
+    grown: dict[str, tuple[Workload, Workload,
+                           dict[tuple[str, str], tuple[list[Run], list[Run]]]]] = \
         field(default_factory=dict)
 
     def log(self, what: str) -> None:
@@ -573,11 +577,13 @@ class Bench:
         path.write_text(dump_trace(wl.trace))
         return path
 
-    def child(self, what: str, cmd: list[str], report: Path | None = None) -> Run:
-        """`cmd` run `--repeat` times in turn: the median wall, the largest peak RSS, the
-        last run's report. A run that fails or times out stands for the child."""
+    def child(self, what: str, cmd: list[str], report: Path | None = None,
+              n: int | None = None) -> Run:
+        """`cmd` run `n` (default `--repeat`) times in turn: the median wall, the largest
+        peak RSS, the last run's report. A run that fails or times out stands for the
+        child."""
         log = self.out_dir / f"{what.replace(' ', '_').replace('/', '_')}.log"
-        n = self.a.repeat
+        n = self.a.repeat if n is None else n
         walls: list[float] = []
         rss = 0.0
         for i in range(n):
@@ -671,18 +677,16 @@ def grow_one(b: Bench, wl: Workload, path: Path) -> None:
         small, big, big_path = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=0.5), wl, path
         small_path = b.write(small)
         b.validate(small, small_path)
-    pair: dict[tuple[str, str], tuple[Run, Run]] = {}
+    pair: dict[tuple[str, str], tuple[list[Run], list[Run]]] = {}
     for e in b.engines:
         for c in b.cores:
-            done = {}
-            for w, p in ((small, small_path), (big, big_path)):
-                if w is wl and (wl.name, e, c, "full") in b.runs:
-                    done[id(w)] = b.runs[(wl.name, e, c, "full")]  # the main table's run
-                    continue
-                rep = b.out_dir / f"{p.stem}-{e}-{c}-full.json"
-                done[id(w)] = b.child(f"{p.stem} {e} {c} full",
-                                      replay_cmd(p, e, c if b.core_opt else None, "full", rep),
-                                      rep)
+            done: dict[int, list[Run]] = {id(small): [], id(big): []}
+            for i in range(b.a.repeat):  # small, big, small, big ...: the pairs share the
+                for w, p in ((small, small_path), (big, big_path)):  # machine's speed
+                    rep = b.out_dir / f"{p.stem}-{e}-{c}-grow.json"
+                    done[id(w)].append(b.child(
+                        f"{p.stem} {e} {c} full (pair {i + 1}/{b.a.repeat})",
+                        replay_cmd(p, e, c if b.core_opt else None, "full", rep), rep, n=1))
             pair[(e, c)] = (done[id(small)], done[id(big)])
     b.grown[wl.name] = (small, big, pair)
 
@@ -873,27 +877,42 @@ def print_floors(b: Bench) -> None:
 def print_growth(b: Bench) -> None:
     print(f"\ngrowth: the decodes (W1, W4) or steps (W2, W3) doubled, full replay; target "
           f"time ratio <= {GROWTH:g}x;\n'replay' = wall - startup (kpool --help + numba's "
-          "import - numpy's) - the trace's load (its kpool validate - kpool --help); '?': the "
-          "replay part is below the startup, so noise may decide")
+          "import - numpy's) - the trace's load (its kpool validate - kpool --help); the 1x "
+          "and 2x traces run in turn, --repeat pairs: walls are medians, ratios the median of "
+          "the pairs' ratios; '?': the replay part is below the startup, so noise may decide")
     rows = []
     start = b.startup("full") or 0.0
     for name, (small, big, pair) in b.grown.items():
         what = GROWN[name]
-        for (e, c), (r1, r2) in pair.items():
-            p1, p2 = b.replay_part(small, r1), b.replay_part(big, r2)
-            w1_, w2_ = r1.secs, r2.secs
-            raw = f"{w2_ / w1_:.2f}x" if w1_ is not None and w2_ is not None else "-"
-            net, verdict = "-", "-"
-            notes = [x.error or "timed out" for x in (r1, r2) if not x.done]
-            if p1 is not None and p2 is not None and p1 > 0:
-                net, verdict = f"{p2 / p1:.2f}x", "ok" if p2 / p1 <= GROWTH else "NO"
-                if p1 < start:  # what was subtracted outweighs what is left: its noise rules
-                    verdict += "?"
+        for (e, c), (r1s, r2s) in pair.items():
+            notes = sorted({x.error or "timed out" for x in (*r1s, *r2s) if not x.done})
+            walls: list[tuple[float, float]] = []  # the pairs that both completed
+            parts: list[tuple[float, float]] = []  # and their replay parts, when positive
+            for r1, r2 in zip(r1s, r2s, strict=True):
+                if r1.wall is None or r2.wall is None or r1.error or r2.error:
+                    continue
+                walls.append((r1.wall, r2.wall))
+                p1, p2 = b.replay_part(small, r1), b.replay_part(big, r2)
+                if p1 is not None and p2 is not None and p1 > 0:
+                    parts.append((p1, p2))
+            raw, net, verdict = "-", "-", "-"
+            if walls:
+                raw = f"{statistics.median(w2_ / w1_ for w1_, w2_ in walls):.2f}x"
+            if parts:
+                ratios = sorted(p2 / p1 for p1, p2 in parts)
+                ratio = statistics.median(ratios)
+                net = f"{ratio:.2f}x" + (f" ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+                                         if len(ratios) > 1 else "")
+                verdict = "ok" if ratio <= GROWTH else "NO"
+                if statistics.median(p1 for p1, _ in parts) < start:  # the subtracted
+                    verdict += "?"  # outweighs what is left: its noise rules
                     notes.append("replay 1x < startup: noise-dominated, use a larger --scale")
+
+            def med(xs: list[float]) -> str:
+                return f"{statistics.median(xs):.2f}" if xs else "-"
             rows.append([name, e, c, f"{what} {small.steps:,} -> {big.steps:,}",
-                         "-" if w1_ is None else f"{w1_:.2f}",
-                         "-" if w2_ is None else f"{w2_:.2f}", raw,
-                         "-" if p1 is None else f"{p1:.2f}", "-" if p2 is None else f"{p2:.2f}",
+                         med([w for w, _ in walls]), med([w for _, w in walls]), raw,
+                         med([p for p, _ in parts]), med([p for _, p in parts]),
                          net, verdict, "; ".join(notes)])
     table(["workload", "engine", "core", "doubled", "wall 1x", "wall 2x", "raw", "replay 1x",
            "replay 2x", "replay ratio", f"<={GROWTH:g}x", "notes"], rows,
