@@ -123,16 +123,17 @@ class Verifier:
         return bad
 
     def _sequences(self, layout: Layout, change: LayoutChange, cache: KvCache,
-                   dirty: _DirtyPairs) -> list[tuple[int, int]]:
-        """(s, how) for each sequence whose bad pools may have changed (ascending),
-        decided for all at once: `_NEW`, the pools the update cut, regrouped or added
-        alone; `_LOOK`, those and the pools holding a changed pair, looked up by
-        their pairs (`pools_of_pairs`), where the layout knows s's pairs equal the cache's
-        (`Layout.known_equal`) and a changed pair lies at or before the last pair of
-        the pools the update kept (past them, a pair is in a new pool or in none: the
-        tail a decode just appended, most ubatches' only change); `_SCAN`, those and
-        the pools a pass over s's pools finds changed (`_scanned`), elsewhere while a
-        row changed. A sequence left out has no pool to recheck."""
+                   dirty: _DirtyPairs) -> tuple[np.ndarray, np.ndarray]:
+        """(seqs, how): the sequences whose bad pools may have changed (ascending) and
+        how each finds its pools to recheck, decided for all at once: `_NEW`, the
+        pools the update cut, regrouped or added alone; `_LOOK`, those and the pools
+        holding a changed pair, looked up by their pairs (`pools_of_pairs`), where the
+        layout knows s's pairs equal the cache's (`Layout.known_equal`) and a changed
+        pair lies at or before the last pair of the pools the update kept (past them,
+        a pair is in a new pool or in none: the tail a decode just appended, most
+        ubatches' only change); `_SCAN`, those and the pools a pass over s's pools
+        finds changed (`_scanned`), elsewhere while a row changed. A sequence left out
+        has no pool to recheck."""
         n = len(layout.seqs)
         start = layout.pool_start()
         n_p = np.diff(start)
@@ -155,7 +156,7 @@ class Verifier:
                     how[look & (dirty.lowest(n) <= tail)] = _LOOK
             how[scan] = _SCAN
         seqs = np.flatnonzero(how != _NONE)
-        return list(zip(seqs.tolist(), how[seqs].tolist(), strict=True))
+        return seqs, how[seqs]
 
     def _candidates(self, layout: Layout, change: LayoutChange, s: int, how: int,
                     dirty: _DirtyPairs) -> np.ndarray:
@@ -219,38 +220,22 @@ class Verifier:
     def verify(self, layout: Layout, change: LayoutChange, cache: KvCache) -> None:
         """Recheck the pools whose verdict may have changed since the last ubatch: the
         new or regrouped ones, and those whose member keys or rep row changed. `cache`:
-        the cache the layout was updated from (as it is now)."""
+        the cache the layout was updated from (as it is now).
+
+        A sequence whose only pools to recheck are those past the ones the update kept
+        (`_NEW`, or every sequence after a clear: a step of parallel slots closes a
+        pool in each of its 64) is handled with the others of its kind at once: its
+        candidates are a range, and its verdict is the kept part's with the range's
+        appended. The others (`_LOOK`, `_SCAN`) find their candidates one by one."""
         dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
-        todo: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
-        seen = ([(s, _NONE) for s in range(len(layout.seqs))] if self._all_dirty
-                else self._sequences(layout, change, cache, dirty))
-        for s, how in seen:
-            n_p = len(layout.seqs[s].pools)
-            if self._all_dirty:
-                self.bad[s] = np.zeros(n_p, dtype=bool)
-                cand = np.arange(n_p, dtype=np.int64)
-            else:
-                self.bad[s] = self.bad[s][:change.kept[s]]
-                if self.bad[s].size < n_p:
-                    self.bad[s] = np.concatenate(
-                        (self.bad[s], np.zeros(n_p - self.bad[s].size, dtype=bool)))
-                cand = self._candidates(layout, change, s, how, dirty)
-            if cand.size:
-                todo.append((s, cand))
-        if todo:  # one check of every sequence's candidates, by their global indices
-            start = layout.pool_start()
-            ips = np.concatenate([start[s] + c for s, c in todo])
-            bad = self.differ(layout.members_of(ips), layout.pool_cells()[ips])
-            at = 0
-            for s, c in todo:
-                self.bad[s][c] = bad[at:at + c.size]
-                at += c.size
-            self.pools_checked += at
-        for s, _how in seen:  # the others' bad pools are as they were
-            if self.bad[s].any():
-                self.bad_seqs.add(s)
-            else:
-                self.bad_seqs.discard(s)
+        n_seq = len(layout.seqs)
+        if self._all_dirty:
+            seqs = np.arange(n_seq, dtype=np.int64)
+            how = np.full(n_seq, _NEW, dtype=np.int64)
+        else:
+            seqs, how = self._sequences(layout, change, cache, dirty)
+        if seqs.size:
+            self._recheck(layout, change, dirty, seqs, how)
         for rows in self._kdirty_rows:
             self._kdirty[rows] = False
         for rows in self._pdirty_rows:
@@ -258,6 +243,57 @@ class Verifier:
         self._kdirty_rows.clear()
         self._pdirty_rows.clear()
         self._all_dirty = False
+
+    def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
+                 seqs: np.ndarray, how: np.ndarray) -> None:
+        """`verify` of sequences `seqs` (ascending), whose pools to recheck are found
+        as `how` says (`_sequences`)."""
+        start = layout.pool_start()
+        n_p = np.diff(start)[seqs]
+        kept = (np.zeros(seqs.size, dtype=np.int64) if self._all_dirty
+                else np.asarray(change.kept, dtype=np.int64)[seqs])
+        bad = self.bad
+        # each range sequence's kept verdicts are there to keep (else: one by one)
+        ranged = (how == _NEW) & (kept <= np.fromiter(
+            (bad[s].size for s in seqs.tolist()), dtype=np.int64, count=seqs.size))
+        # the range sequences' candidates first, ascending, then the others' in turn
+        r_seqs, r_kept, r_n = seqs[ranged], kept[ranged], (n_p - kept)[ranged]
+        r_ends = np.cumsum(r_n)
+        ips = [np.repeat(start[r_seqs] + r_kept - (r_ends - r_n), r_n)
+               + np.arange(int(r_ends[-1]) if r_ends.size else 0, dtype=np.int64)]
+        one_by_one: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
+        for s, h, k, n in zip(seqs[~ranged].tolist(), how[~ranged].tolist(),
+                              kept[~ranged].tolist(), n_p[~ranged].tolist(), strict=True):
+            bad[s] = bad[s][:k]
+            if bad[s].size < n:
+                bad[s] = np.concatenate((bad[s], np.zeros(n - bad[s].size, dtype=bool)))
+            cand = self._candidates(layout, change, s, h, dirty)
+            one_by_one.append((s, cand))
+            ips.append(start[s] + cand)
+        every = np.concatenate(ips)
+        verdict = np.empty(0, dtype=bool)
+        if every.size:  # one check of every sequence's candidates, by their global indices
+            order = None if not one_by_one else np.argsort(every, kind="stable")
+            asc = every if order is None else every[order]  # the layout's order
+            got = self.differ(layout.members_of(asc), layout.pool_cells()[asc])
+            if order is None:
+                verdict = got
+            else:
+                verdict = np.empty_like(got)
+                verdict[order] = got
+            self.pools_checked += every.size
+        for s, k, a, b in zip(r_seqs.tolist(), r_kept.tolist(), (r_ends - r_n).tolist(),
+                              r_ends.tolist(), strict=True):
+            bad[s] = np.concatenate((bad[s][:k], verdict[a:b]))
+        at = int(r_ends[-1]) if r_ends.size else 0
+        for s, cand in one_by_one:
+            bad[s][cand] = verdict[at:at + cand.size]
+            at += cand.size
+        for s in seqs.tolist():  # the others' bad pools are as they were
+            if bad[s].any():
+                self.bad_seqs.add(s)
+            else:
+                self.bad_seqs.discard(s)
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
