@@ -11,6 +11,7 @@ import dataclasses
 import random
 
 import numpy as np
+import pytest
 from conftest import ENGINES, trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -287,6 +288,36 @@ def test_a_new_key_on_the_last_kept_tail_is_looked_up() -> None:
     be.verifier.verify(lay, LayoutChange(tuple(len(q.pools) for q in lay.seqs), frozenset(),
                                          frozenset(), 0), rp.cache)
     assert be.bad[2].tolist() == [False, False, False, True]
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, lay)]
+
+
+@pytest.mark.parametrize("core", ["reference", "compiled"])
+def test_after_a_clear_every_kept_pool_of_one_sequence_is_rechecked(core: str) -> None:
+    """`Verifier.verify` after the backend's clear (`all_changed`) rechecks every pool,
+    even those the layout says it kept, and for one sequence alone as for many: seq 0
+    holds pos 0..7 in cells 0..7, kpool 4, so pools at pos 0..3 and 4..7 with rep rows
+    3 and 7. A new key on member row 1 makes pool 0 bad; after a clear every row is a
+    zero row, whose pooling (of zero keys) is the zero rep row, so no pool is bad,
+    although the layout kept both."""
+    t = trace("""
+    kpool_trace: 1
+    cache: {kv_size: 16, kpool: 4, n_seq_max: 1, n_embd: 4}
+    ops:
+      - decode: {seq: 0, pos: 0..8}
+    """)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    rp = Replayer(t, REP_ONCE, be, core=core)
+    for _ in rp.run():
+        pass
+    lay = rp.layout
+    assert lay.seqs[0].rep_rows.view.tolist() == [3, 7]
+    kept = LayoutChange((2,), frozenset(), frozenset(), 0)  # both pools, as they stand
+    be.write_rows(np.array([1]), np.array([1000]))
+    be.verifier.verify(lay, kept, rp.cache)
+    assert be.bad[0].tolist() == [True, False] and be.verifier.bad_seqs == {0}
+    be.clear()
+    be.verifier.verify(lay, kept, rp.cache)
+    assert be.bad[0].tolist() == [False, False] and be.verifier.bad_seqs == set()
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, lay)]
 
 

@@ -247,33 +247,40 @@ class Verifier:
     def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
                  seqs: np.ndarray, how: np.ndarray) -> None:
         """`verify` of sequences `seqs` (ascending), whose pools to recheck are found
-        as `how` says (`_sequences`)."""
-        start = layout.pool_start()
-        n_p = np.diff(start)[seqs]
-        kept = (np.zeros(seqs.size, dtype=np.int64) if self._all_dirty
-                else np.asarray(change.kept, dtype=np.int64)[seqs])
-        bad = self.bad
-        # each range sequence's kept verdicts are there to keep (else: one by one)
-        ranged = (how == _NEW) & (kept <= np.fromiter(
-            (bad[s].size for s in seqs.tolist()), dtype=np.int64, count=seqs.size))
-        # the range sequences' candidates first, ascending, then the others' in turn
-        r_seqs, r_kept, r_n = seqs[ranged], kept[ranged], (n_p - kept)[ranged]
-        r_ends = np.cumsum(r_n)
-        ips = [np.repeat(start[r_seqs] + r_kept - (r_ends - r_n), r_n)
-               + np.arange(int(r_ends[-1]) if r_ends.size else 0, dtype=np.int64)]
+        as `how` says (`_sequences`). From `_RANGED_FROM` sequences on (and after a
+        clear), the `_NEW` ones whose kept verdicts are there to keep are rechecked as
+        ranges, together; the others (and a sequence alone) one by one."""
+        start, bad, all_new = layout.pool_start(), self.bad, self._all_dirty
+        ips: list[np.ndarray] = []  # the range sequences' candidates, then the others'
+        r_seqs = r_kept = r_ends = np.empty(0, dtype=np.int64)
+        rest = zip(seqs.tolist(), how.tolist(), strict=True)
+        if all_new or seqs.size >= _RANGED_FROM:  # after a clear, every pool is new
+            kept = (np.zeros(len(layout.seqs), dtype=np.int64) if all_new
+                    else np.asarray(change.kept, dtype=np.int64))
+            ranged = (how == _NEW) & (kept[seqs] <= np.fromiter(
+                (bad[s].size for s in seqs.tolist()), dtype=np.int64, count=seqs.size))
+            r_seqs = seqs[ranged]
+            r_kept = kept[r_seqs]
+            r_n = start[r_seqs + 1] - start[r_seqs] - r_kept
+            r_ends = np.cumsum(r_n)
+            if r_seqs.size:
+                ips.append(np.repeat(start[r_seqs] + r_kept - (r_ends - r_n), r_n)
+                           + np.arange(int(r_ends[-1]), dtype=np.int64))
+            rest = zip(seqs[~ranged].tolist(), how[~ranged].tolist(), strict=True)
         one_by_one: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
-        for s, h, k, n in zip(seqs[~ranged].tolist(), how[~ranged].tolist(),
-                              kept[~ranged].tolist(), n_p[~ranged].tolist(), strict=True):
-            bad[s] = bad[s][:k]
+        for s, h in rest:
+            n = len(layout.seqs[s].pools)
+            bad[s] = bad[s][:change.kept[s]]
             if bad[s].size < n:
                 bad[s] = np.concatenate((bad[s], np.zeros(n - bad[s].size, dtype=bool)))
             cand = self._candidates(layout, change, s, h, dirty)
             one_by_one.append((s, cand))
             ips.append(start[s] + cand)
-        every = np.concatenate(ips)
+        every = np.concatenate(ips) if ips else np.empty(0, dtype=np.int64)
         verdict = np.empty(0, dtype=bool)
         if every.size:  # one check of every sequence's candidates, by their global indices
-            order = None if not one_by_one else np.argsort(every, kind="stable")
+            order = None if not one_by_one or not r_seqs.size else np.argsort(every,
+                                                                             kind="stable")
             asc = every if order is None else every[order]  # the layout's order
             got = self.differ(layout.members_of(asc), layout.pool_cells()[asc])
             if order is None:
@@ -282,10 +289,10 @@ class Verifier:
                 verdict = np.empty_like(got)
                 verdict[order] = got
             self.pools_checked += every.size
-        for s, k, a, b in zip(r_seqs.tolist(), r_kept.tolist(), (r_ends - r_n).tolist(),
-                              r_ends.tolist(), strict=True):
-            bad[s] = np.concatenate((bad[s][:k], verdict[a:b]))
-        at = int(r_ends[-1]) if r_ends.size else 0
+        at = 0
+        for s, k, b in zip(r_seqs.tolist(), r_kept.tolist(), r_ends.tolist(), strict=True):
+            bad[s] = np.concatenate((bad[s][:k], verdict[at:b]))
+            at = b
         for s, cand in one_by_one:
             bad[s][cand] = verdict[at:at + cand.size]
             at += cand.size
@@ -300,6 +307,10 @@ _NO_PAIRS = np.empty(0, dtype=np.int64)
 _NO_PAIR = int(np.iinfo(np.int64).max)  # above every pair: no changed pair
 # how a sequence's pools to recheck are found (`Verifier._sequences`)
 _NONE, _NEW, _LOOK, _SCAN = -1, 0, 1, 2
+# from this many sequences to recheck (and after a clear), `_NEW` ones are rechecked as
+# ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
+# less by itself
+_RANGED_FROM = 2
 
 
 def _union(parts: list[np.ndarray]) -> np.ndarray:
