@@ -279,9 +279,9 @@ class Verifier:
         every = np.concatenate(ips) if ips else np.empty(0, dtype=np.int64)
         verdict = np.empty(0, dtype=bool)
         if every.size:  # one check of every sequence's candidates, by their global indices
-            order = None if not one_by_one or not r_seqs.size else np.argsort(every,
-                                                                             kind="stable")
-            asc = every if order is None else every[order]  # the layout's order
+            # each kind alone is in the layout's order already; both: sort them into it
+            order = np.argsort(every, kind="stable") if one_by_one and r_seqs.size else None
+            asc = every if order is None else every[order]
             got = self.differ(layout.members_of(asc), layout.pool_cells()[asc])
             if order is None:
                 verdict = got

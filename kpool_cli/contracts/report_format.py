@@ -97,9 +97,9 @@ class Record:
     _order: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_names", frozenset(f.name for f in self.fields))
         # the writer asks for the names of every entry it writes: told once
         object.__setattr__(self, "_order", tuple(f.name for f in self.fields))
+        object.__setattr__(self, "_names", frozenset(self._order))
         assert len(self._names) == len(self.fields), self.name
 
     def __getitem__(self, name: str) -> Field:
