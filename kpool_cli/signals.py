@@ -22,6 +22,12 @@ SIGTERM Terminated), `held()` and `masked()`:
   follows, dropped, so the exit status never contradicts the document's status.
   `pending()` says whether a signal is kept, for the status decided under `held()`.
 
+- a signal whose exception Python drops (raised in a gc or weakref callback) is kept,
+  and `install()`'s hook of unraisable exceptions says nothing of it: without the hook
+  Python prints "Exception ignored in: <gc callback>" and a traceback on stderr before
+  the run ends as interrupted. Any other unraisable exception reaches the hook that
+  was in place.
+
 Invariant: without `install()` (kpool as a library) nothing is held: the default
 handlers apply. `install()` starts unsettled, with nothing kept.
 """
@@ -30,7 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 
@@ -89,12 +96,26 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     _raise(Terminated())
 
 
+_unraisable_before: Callable[[sys.UnraisableHookArgs], object] = sys.__unraisablehook__
+
+
+def _on_unraisable(u: sys.UnraisableHookArgs) -> None:
+    # a signal of ours that Python dropped is kept (`_raise`): `lost()` answers it
+    if isinstance(u.exc_value, KeyboardInterrupt) and _kept is not None:
+        return
+    _unraisable_before(u)
+
+
 def install() -> None:
-    """The CLI's handlers of SIGINT and SIGTERM (main thread only)."""
-    global _settled, _kept, _depth
+    """The CLI's handlers of SIGINT and SIGTERM (main thread only), and the hook that
+    keeps a dropped signal's exception off stderr."""
+    global _settled, _kept, _depth, _unraisable_before
     _settled, _kept, _depth = False, None, 0
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if sys.unraisablehook is not _on_unraisable:
+        _unraisable_before = sys.unraisablehook
+        sys.unraisablehook = _on_unraisable
 
 
 @contextlib.contextmanager

@@ -326,6 +326,30 @@ def test_a_signal_as_the_temporary_file_is_made_leaves_no_file(tmp_path, monkeyp
     assert list(tmp_path.iterdir()) == []
 
 
+_SIGNAL_IN_GC = """
+import gc, signal, sys
+from kpool_cli.cli.main import main
+fired = []
+def at_collection(phase, info):  # Ctrl-C as it lands while the collector runs
+    handler = signal.getsignal(signal.SIGINT)
+    if phase == "start" and not fired and handler.__module__ == "kpool_cli.signals":
+        fired.append(1)
+        handler(signal.SIGINT, None)
+gc.callbacks.append(at_collection)
+sys.argv = ["kpool", "replay", sys.argv[1], "--backend", "none", "--format", "json"]
+main()
+"""
+
+
+def test_a_signal_that_lands_in_a_gc_callback_ends_the_run_without_a_traceback():
+    """signals.py `_on_unraisable`: Python drops what a handler raises inside a gc
+    callback and prints "Exception ignored in: <gc callback>" with a traceback. kpool
+    keeps the signal (`lost()`): the user sees one line and status 130."""
+    r = subprocess.run([sys.executable, "-c", _SIGNAL_IN_GC, str(RACE)], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert (r.returncode, r.stderr) == (130, "kpool: interrupted\n")
+
+
 def test_sigterm_is_143_and_leaves_no_temporary(tmp_path):
     code, err = _signal_mid_run(tmp_path, signal.SIGTERM, "json")
     assert code == 143 and err == "kpool: terminated\n"
