@@ -559,6 +559,37 @@ def test_a_member_written_between_ubatches_breaks_the_standing_plan() -> None:
     assert not any(b.any() for b in be.bad)
 
 
+def test_a_standing_plan_is_broken_by_its_own_rows_alone_across_plans_and_the_wrap() -> None:
+    """store._Standing's stamps, by hand, on 16 rows. Plan A (members 0..3, rep 3) is
+    met again: stamped. Plan B (members 4..7, rep 7) replaces it: row 1, A's alone,
+    touched, leaves B standing (a new plan unstamps nothing); row 5 breaks it. Then
+    the stamps wrap: plan C (members 8..11, rep 11) is stamped right after the last
+    stamp: rows 1 and 5, stamped before the wrap, leave C standing; row 9 breaks it."""
+    from kpool_cli.backend.store import _Standing
+
+    standing = _Standing(16)
+    slots = np.array([42])
+
+    def plan(first: int) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray]:
+        members = np.arange(first, first + 4, dtype=np.int64)[None, :]
+        rep = np.array([first + 3])
+        return (members, rep), members, rep
+
+    def asks(arrays, touched: list[int]) -> bool:
+        return standing.slots(arrays, lambda: np.array(touched, dtype=np.int64)) is slots
+
+    a = plan(0)
+    standing.set(*a, slots)
+    assert asks(a[0], [12]) and not asks(a[0], [1])
+    b = plan(4)
+    standing.set(*b, slots)
+    assert asks(b[0], [1]) and asks(b[0], [3]) and not asks(b[0], [5])
+    standing._stamp = standing._STAMP_LAST
+    c = plan(8)
+    standing.set(*c, slots)
+    assert asks(c[0], [1, 5]) and not asks(c[0], [9])
+
+
 def test_standing_plans_equal_pooling_again_on_fuzzer_traces() -> None:
     """The fuzzer's random traces (kpool_cli.gen.random_trace: every edit, restores,
     clears, non-unified caches) under cache-safe on the compiled core, with and

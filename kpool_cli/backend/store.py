@@ -163,17 +163,22 @@ class _Standing:
     writers, now). So a ubatch of cache-safe on pools that stand costs the rows
     written, not the pools marked.
 
-    Memory: a mask per global row (`ROW_BYTES`), built the first time the plan is met
-    again (a plan never met again, rep-once's, costs none), and the plan's member and
-    rep rows and its race groups' slots (`ENTRY_BYTES` each)."""
+    Memory: a stamp per global row (`ROW_BYTES`), the plan's rows stamped the first
+    time the plan is met again (a plan never met again, rep-once's, costs none), and
+    the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
+    row is the standing plan's when it holds the plan's stamp, so a new plan unstamps
+    nothing: its stamp is the next one. After the last stamp, every row is unstamped
+    at once (a new zeroed array), once every 255 plans."""
 
     ROW_BYTES = 1
     ENTRY_BYTES = 8  # per member row and rep row kept, and per race group's slot
+    _STAMP_LAST = np.iinfo(np.uint8).max
 
     def __init__(self, n_rows: int) -> None:
-        self.rows = np.zeros(n_rows, dtype=bool)  # the plan's member and rep rows
+        self.rows = np.zeros(n_rows, dtype=np.uint8)  # a plan's stamp on its rows
+        self._stamp = 0  # the last stamp given
         self._plan: tuple[np.ndarray, ...] = ()  # its member rows and rep rows
-        self._masked = False  # `rows` holds `_plan`'s rows
+        self._stamped = False  # `_plan`'s rows hold `_stamp`
         self._arrays: tuple[weakref.ref, ...] = ()
         self._slots: np.ndarray | None = None  # the slots of its race groups' rows
 
@@ -184,10 +189,7 @@ class _Standing:
             map(weakref.ref, arrays)), slots
 
     def clear(self) -> None:
-        if self._masked:
-            for a in self._plan:
-                self.rows[a] = False
-        self._plan, self._masked, self._arrays, self._slots = (), False, (), None
+        self._plan, self._stamped, self._arrays, self._slots = (), False, (), None
 
     def slots(self, arrays: tuple[np.ndarray, ...],
               touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
@@ -198,11 +200,15 @@ class _Standing:
         rows = touched()
         if rows is None:
             return None
-        if not self._masked:
+        if not self._stamped:
+            if self._stamp == self._STAMP_LAST:
+                self.rows = np.zeros(self.rows.size, dtype=np.uint8)
+                self._stamp = 0
+            self._stamp += 1
             for a in self._plan:
-                self.rows[a] = True
-            self._masked = True
-        return None if self.rows[rows].any() else self._slots
+                self.rows[a] = self._stamp
+            self._stamped = True
+        return None if (self.rows[rows] == self._stamp).any() else self._slots
 
     def bytes_held(self) -> int:
         return (self.rows.nbytes + sum(a.nbytes for a in self._plan)
