@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kpool_cli.cache.cells import make_keys
 from kpool_cli.cache.kv import KvCache
+from kpool_cli.compiled.layout import CompiledLayout
 from kpool_cli.engine.layout import POS_CLEAN, Layout, SeqLayout, scan_pools
 from kpool_cli.trace.model import CacheConfig
 
@@ -222,3 +223,30 @@ def test_every_pool_is_one_array_while_the_pools_stand():
     assert not lay.is_every_pool(every)
     assert lay.every_pool().tolist() == [0, 1, 2, 3, 4, 5]
     assert lay.pool_members().tolist() == [[0, 1], [2, 3], [4, 5], [10, 11], [6, 7], [8, 9]]
+
+
+def test_pool_members_carry_the_kept_pools_over_a_change_and_look_up_the_new():
+    """CompiledLayout `_every_members`: kpool 2, seq 0 pos 0..5 (cells 0..5: pools
+    members 0,1 / 2,3 / 4,5), seq 1 pos 0..3 (cells 6..9: 6,7 / 8,9). Asked once, then
+    seq 0 pos 6, 7 (cells 10, 11) closes a pool: the kept five keep their rows (read
+    from the columns built before) and seq 0's new pool 3 is [10, 11], placed before
+    seq 1's. Then two changes with no ask between (seq 1 pos 4, 5 and pos 6, 7: cells
+    12..15), so nothing is carried from columns two changes old: seq 1 gains [12, 13]
+    and [14, 15]. Each answer is also the reference's look-up of every pool."""
+    c = KvCache(CacheConfig(kv_size=64, kpool=2, n_seq_max=2))
+    lay = CompiledLayout(2, 2, False, 64, 64)
+    decode(c, 0, range(6))
+    decode(c, 1, range(4))
+    lay.update(c, [C, C], False)
+    assert lay.pool_members().tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    decode(c, 0, [6, 7])
+    lay.update(c, [C, C], False)
+    want = [[0, 1], [2, 3], [4, 5], [10, 11], [6, 7], [8, 9]]
+    assert lay.pool_members().tolist() == want
+    decode(c, 1, [4, 5])
+    lay.update(c, [C, C], False)
+    decode(c, 1, [6, 7])
+    lay.update(c, [C, C], False)
+    want += [[12, 13], [14, 15]]
+    assert lay.pool_members().tolist() == want
+    assert Layout.members_of(lay, lay.every_pool()).tolist() == want

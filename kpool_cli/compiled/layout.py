@@ -6,6 +6,12 @@ Owns: `CompiledLayout`. Step 2 (the rebuild, the fork's truncate) is the
 reference's own `Layout.step_2`: it runs when a sequence is stale or its count is
 off, rare next to the decodes. Invariants: the columns after `update` are the reference's,
 pair for pair and pool for pool, and so is the returned `LayoutChange`.
+
+`pool_members` (every pool's member rows, what a re-pool-all plan is built from) is
+built again after the pools change, as the reference builds it, but the pools each
+update kept (`LayoutChange.kept`: same pairs, so the same member rows) take their
+rows from the columns built before (`_every_members`): under cache-safe, slot 0's
+one new pool costs its own look-up and a copy, not a look-up of every pool.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ class CompiledLayout(Layout):
         # per sequence: its pairs equal the cache's as of the last update (so, while
         # nothing has touched it since, it has no drift: `drift` is O(1))
         self._equal = [True] * n_seq_max
+        # the pool_members built before the pools last changed, the pool_start they
+        # were built with and the pools the change kept (`_every_members`); None when
+        # none were built since the change before
+        self._carry: tuple[np.ndarray, list[int], tuple[int, ...]] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -95,6 +105,36 @@ class CompiledLayout(Layout):
             sq.settled = (n_keys == sp.size
                           and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         return self._end_update(kept, read, changed, scanned)
+
+    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int
+                    ) -> LayoutChange:
+        """Layout._end_update, after noting what `_every_members` carries over."""
+        if changed:
+            every, start = self._every, self._pool_start
+            self._carry = (None if every is None or start is None
+                           else (every[2], start.tolist(), tuple(kept)))
+        return super()._end_update(kept, read, changed, scanned)
+
+    def _every_members(self, every: np.ndarray) -> np.ndarray:
+        """Layout._every_members: the kept pools' rows copied from the members built
+        before the change, a sequence at a time, the other pools' looked up."""
+        carry, self._carry = self._carry, None
+        if carry is None:
+            return super()._every_members(every)
+        old, before, kept = carry
+        start = self.pool_start().tolist()
+        members = np.empty((every.size, self.kpool), dtype=np.int64)
+        fresh = []
+        for s, n_kept in enumerate(kept):
+            a, b = start[s], start[s + 1]
+            if n_kept:
+                members[a:a + n_kept] = old[before[s]:before[s] + n_kept]
+            if a + n_kept < b:
+                fresh.append(every[a + n_kept:b])
+        if fresh:
+            ips = np.concatenate(fresh)
+            members[ips] = self.members_of(ips)
+        return members
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
              cache: KvCache, sharing: bool) -> int:

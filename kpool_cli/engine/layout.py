@@ -380,8 +380,12 @@ class Layout:
         if self._every is None:
             every = np.arange(self.n_pool_real, dtype=np.int64)
             self._every = (every, every - self.pool_start()[self.pool_seq()],
-                           self.members_of(every))
+                           self._every_members(every))
         return self._every
+
+    def _every_members(self, every: np.ndarray) -> np.ndarray:
+        """`pool_members` as it is built again after the pools changed: looked up."""
+        return self.members_of(every)
 
     def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
         """[n_seq_max] bool: `known_equal` of every sequence (none, here)."""
