@@ -11,6 +11,8 @@ import jsonschema
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_diff_inputs import RACE, diff, mutated, refused, save
 
 from kpool_cli.cli import cli
@@ -79,6 +81,26 @@ def test_finding_pools_fold():
         [0, 0, 3], [1, 5], [1, 7]]
     out = finding_json(Finding(CODES["KP002"], "m", rows=(3,), pools=((0, 0), (0, 1))))
     assert out["pools"] == [[0, 0, 2]]
+
+
+def _folded_by_hand(pairs: list[tuple[int, int]]) -> list[list[int]]:
+    """FORMATS.md "Runs", a pool at a time: a pool that continues the last stretch (same
+    seq, k one more) joins it; a stretch of two or more is [seq, k0, k1]."""
+    stretches: list[list[int]] = []
+    for s, k in pairs:
+        if stretches and stretches[-1][0] == s and stretches[-1][2] == k:
+            stretches[-1][2] = k + 1
+        else:
+            stretches.append([s, k, k + 1])
+    return [[s, k0, k1] if k1 - k0 >= 2 else [s, k0] for s, k0, k1 in stretches]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 6)), max_size=40))
+def test_finding_pools_fold_as_a_pool_at_a_time_would(pairs):
+    """Any (seq, k) list, repeats and steps back included: the fold is the stretches of
+    one sequence's consecutive k, as a walk of the pairs finds them."""
+    assert pool_ids_json(PoolIds(tuple(pairs))) == _folded_by_hand(pairs)
 
 
 def test_the_race_trace_is_written_in_runs_and_pools_all_in_full():

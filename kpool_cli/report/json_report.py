@@ -41,7 +41,7 @@ from ..contracts.report_format import (
     TRACE,
     UBATCH,
 )
-from ..contracts.runs import pool_spans, run_cells, runs, scatter_spans
+from ..contracts.runs import pool_spans, run_cells, scatter_spans
 from ..contracts.tally import Tally
 from ..signals import held
 from ..trace.load import TraceError
@@ -115,14 +115,19 @@ def pool_ids_json(pools: PoolIds) -> list[list[int]]:
 
 
 def _pool_pairs_json(a: np.ndarray) -> list[list[int]]:
-    """`pool_ids_json` of a PoolIds' [n, 2] array."""
-    link = (a[1:, 0] == a[:-1, 0]) & (a[1:, 1] == a[:-1, 1] + 1)
+    """`pool_ids_json` of a PoolIds' [n, 2] array: each maximal stretch of two or more
+    pools of one sequence with consecutive k is one [seq, k0, k1], found from where
+    the pairs break (so a run costs one list, not a pass of its own)."""
+    seq, k = a[:, 0], a[:, 1]
+    cut = np.flatnonzero((seq[1:] != seq[:-1]) | (k[1:] != k[:-1] + 1)) + 1
+    lo, hi = np.concatenate(([0], cut)), np.concatenate((cut, [len(a)]))
+    long = np.flatnonzero(hi - lo >= 2)
     out: list[list[int]] = []
     at = 0
-    for lo, hi in runs(a[:, 1:], link).tolist():
-        out += a[at:lo].tolist()
-        out.append([int(a[lo, 0]), int(a[lo, 1]), int(a[hi - 1, 1]) + 1])
-        at = hi
+    for first, end in zip(lo[long].tolist(), hi[long].tolist(), strict=True):
+        out += a[at:first].tolist()
+        out.append([int(a[first, 0]), int(a[first, 1]), int(a[end - 1, 1]) + 1])
+        at = end
     return out + a[at:].tolist()
 
 
