@@ -376,7 +376,8 @@ def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
         report.unlink()
     with open(log, "wb") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+        # stdout too: `kpool validate` says why a trace is invalid there
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err, cwd=ROOT,
                                 env=env, start_new_session=True)
         deadline = t0 + timeout
         timed_out = False
@@ -409,7 +410,10 @@ def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
     failed = r.rc != 0 if report is None else r.rc not in (0, 1) or r.report_mb is None
     if failed:  # a replay's exit 1 is a run with findings
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        first = next((ln for ln in lines if "rror" in ln), lines[-1] if lines else "no message")
+        # an error's line, or the problem under `kpool validate`'s INVALID line
+        after = [b for a, b in zip(lines, lines[1:]) if a.startswith("INVALID")]
+        first = next((ln for ln in lines if "rror" in ln),
+                     after[0] if after else lines[-1] if lines else "no message")
         r.error = f"exit {r.rc}: {first[:200]}"
     return r
 
