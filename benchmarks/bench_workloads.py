@@ -89,6 +89,7 @@ import argparse
 import ast
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -411,7 +412,7 @@ def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
     if failed:  # a replay's exit 1 is a run with findings
         lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
         # an error's line, or the problem under `kpool validate`'s INVALID line
-        after = [b for a, b in zip(lines, lines[1:]) if a.startswith("INVALID")]
+        after = [b for a, b in itertools.pairwise(lines) if a.startswith("INVALID")]
         first = next((ln for ln in lines if "rror" in ln),
                      after[0] if after else lines[-1] if lines else "no message")
         r.error = f"exit {r.rc}: {first[:200]}"
