@@ -1,7 +1,8 @@
 """Array helpers every layer may use.
 
 Owns `SameArrays`: a pure function of arrays that gives its last answer again when
-called with the very same array objects (by identity, O(1): `same_objects`); `unique`: the sorted
+called with the very same array objects (by identity, O(1): `same_objects`), and
+`SameValues`, the same for arrays equal value for value (O(n)); `unique`: the sorted
 distinct values of an integer array, as `np.unique(a)` returns them; and
 `rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's kpool members),
 what `np.all(a == b, axis=1)` and `a.max(axis=1)` give, a column at a time (numpy's
@@ -50,6 +51,36 @@ class SameArrays(Generic[T]):
             return last[1]
         out = self._fn(*arrays, **given)
         self._last = (tuple(map(weakref.ref, arrays)), out)
+        return out
+
+
+class SameValues(Generic[T]):
+    """`fn`, a pure function of its array arguments, that keeps its last answer and
+    gives it again when called with arrays equal to the last ones, value for value
+    (shape and dtype too): O(n) compares where `fn` costs more. It serves values that
+    are built afresh from arrays that changed elsewhere: the rows KP001 names are the
+    same while a cache-safe plan gains a pool that no other pool shares. The last
+    arguments are held (not copied): nothing may write an array it was given."""
+
+    __slots__ = ("_fn", "_last")
+
+    def __init__(self, fn: Callable[..., T]) -> None:
+        self._fn = fn
+        self._last: tuple[tuple[np.ndarray, ...], T] | None = None
+
+    def __call__(self, *arrays: np.ndarray, **given: object) -> T:
+        """`fn(*arrays, **given)`; `given` is not compared: it must be what the arrays
+        determine."""
+        last = self._last
+        if last is not None and len(last[0]) == len(arrays) and all(
+                a is b or (a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b))
+                for a, b in zip(last[0], arrays, strict=True)):
+            # the new arrays are kept in place of the equal old ones: handed on again
+            # (the same objects), they match by identity, without a compare
+            self._last = (arrays, last[1])
+            return last[1]
+        out = self._fn(*arrays, **given)
+        self._last = (arrays, out)
         return out
 
 

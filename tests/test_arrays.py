@@ -1,5 +1,5 @@
 """kpool_cli/arrays.py's `SameArrays`: the last answer again for the very same arrays,
-by identity alone."""
+by identity alone; and `SameValues`, for arrays equal value for value."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 
-from kpool_cli.arrays import SameArrays
+from kpool_cli.arrays import SameArrays, SameValues
 
 
 def _counted():
@@ -48,3 +48,22 @@ def test_an_array_that_died_matches_nothing():
     gc.collect()
     assert ref() is None
     assert f(np.arange(5), b) == 13 and len(calls) == 2
+
+
+def test_same_values_give_the_last_answer_and_any_other_value_asks_again():
+    """`SameValues`: equal values in new arrays give the last answer without a call; a
+    changed element, a changed dtype or shape (the same numbers), or another count of
+    arrays asks again."""
+    calls: list[int] = []
+
+    def total(*arrays: np.ndarray) -> int:
+        calls.append(1)
+        return sum(int(a.sum()) for a in arrays)
+
+    f = SameValues(total)
+    assert f(np.array([1, 2]), np.array([3])) == 6
+    assert f(np.array([1, 2]), np.array([3])) == 6 and len(calls) == 1
+    assert f(np.array([1, 4]), np.array([3])) == 8 and len(calls) == 2
+    assert f(np.array([1, 4], dtype=np.int32), np.array([3])) == 8 and len(calls) == 3
+    assert f(np.array([[1, 4]], dtype=np.int32), np.array([3])) == 8 and len(calls) == 4
+    assert f(np.array([[1, 4]], dtype=np.int32)) == 5 and len(calls) == 5

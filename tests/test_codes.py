@@ -182,13 +182,58 @@ def test_group_writers_are_the_writers_of_each_groups_entries_in_entry_order():
     global pools 12, 3, -1 (padding), 21, 4, 13; a pool p is (seq p // 10, k p % 10)
     here. Row 7's group is entries 0, 2, 5: (1, 2), padding, (1, 3); row 3's is 1, 4:
     (0, 3), (0, 4); row 9's is 3: (2, 1)."""
-    order, starts, _rows = context.race_groups(np.array([7, 3, 7, 9, 3, 7]))
-    layout = SimpleNamespace(locate=lambda p: (p // 10, p % 10))
-    ctx = SimpleNamespace(order=order, starts=starts, layout=layout, plan=SimpleNamespace(
-        entry_pool=np.array([12, 3, -1, 21, 4, 13])))
-    got = context.UbatchContext.group_writers(ctx, np.array([1, 2, 0]))
+    ctx = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    got = ctx.group_writers(np.array([1, 2, 0]))
     assert got == [[[1, 2], [-1, -1], [1, 3]], [[2, 1]], [[0, 3], [0, 4]]]
-    assert context.UbatchContext.group_writers(ctx, np.array([], dtype=np.int64)) == []
+    assert ctx.group_writers(np.array([], dtype=np.int64)) == []
+
+
+_POOL_START = np.array([0, 10, 20, 30])
+
+
+def _race_context(rep: list[int], entry_pool: list[int]) -> SimpleNamespace:
+    """A ubatch context as KP001 reads it: the plan's entries writing rows `rep` and
+    pooling global pools `entry_pool`, pool p being (seq p // 10, k p % 10)."""
+    order, starts, rows = context.race_groups(np.array(rep))
+    layout = SimpleNamespace(locate=lambda p: (p // 10, p % 10), pool_start=lambda: _POOL_START)
+    ctx = SimpleNamespace(order=order, starts=starts, rows=rows, layout=layout,
+                          sizes=np.diff(starts), raced=np.flatnonzero(np.diff(starts) > 1),
+                          plan=SimpleNamespace(entry_pool=np.array(entry_pool)))
+    for name in ("raced_entries", "group_entries", "group_writers"):
+        setattr(ctx, name, getattr(context.UbatchContext, name).__get__(ctx))
+    return ctx
+
+
+def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
+    """kp001 `Check`, by hand. Plan A: entries 0..5 write rows 7, 3, 7, 9, 3, 7 and pool
+    12, 3, -1, 21, 4, 13 (as above): rows 3 (entries 1, 4) and 7 (0, 2, 5) are raced, by
+    (1, 2), (0, 3), padding, (0, 4), (1, 3) in entry order. Plan C is A's values in new
+    arrays (a new plan that races as A did): the same finding and the same valued
+    finding, the very objects. Plan B writes rows 3, 7, 7, 9, 3, 7 with the same
+    pools: the same raced rows, counts and writers in entry order, so the same
+    message, but row 3 is now entries 0 and 4, (1, 2) and (0, 4): its evidence says
+    so."""
+    from kpool_cli.backend.facts import ValueFacts
+    from kpool_cli.verdict.rules.kp001_scatter_race import Check
+
+    facts = ValueFacts(np.ones(3, dtype=bool), (), {})
+    check = Check()
+    a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    (found_a,) = check.at_ubatch(a)
+    assert found_a.message == ("2 row(s) written by more than one scatter entry (seqs 0, 1 "
+                               "and padding): 3 7")
+    assert list(found_a.pools) == [(1, 2), (0, 3), (0, 4), (1, 3)]
+    (valued_a,) = check.with_values(a, facts, [found_a])
+    assert valued_a.evidence["values"][3]["writers"] == [[0, 3], [0, 4]]
+    c = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    (found_c,) = check.at_ubatch(c)
+    assert found_c is found_a and check.with_values(c, facts, [found_c])[0] is valued_a
+    b = _race_context([3, 7, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    (found_b,) = check.at_ubatch(b)
+    assert found_b.message == found_a.message and list(found_b.pools) == list(found_a.pools)
+    (valued_b,) = check.with_values(b, facts, [found_b])
+    assert valued_b.evidence["values"][3]["writers"] == [[1, 2], [0, 4]]
+    assert valued_b.evidence["values"][7]["writers"] == [[0, 3], [-1, -1], [1, 3]]
 
 
 def _write_expected(codes: list[str]) -> None:

@@ -1,10 +1,12 @@
 """KP001 scatter-race: two or more scatter entries of one ubatch write one row.
 
-Owns: the code, its explanation and its `Check`: at a ubatch, `race` (the rows the
-race groups of the ubatch context show written by two or more entries; kept while
-the plan and groups are the same arrays); with values, `with_values` (the same
-finding with the value backend's evidence: whether each raced row's entries carry
-equal values, and which sequences may lose theirs).
+Owns: the code, its explanation and its `Check`: at a ubatch, `race_key` (all the
+rule reads of the plan: the raced rows, their counts, their writers in entry order
+and each writer's group; kept while the plan and groups are the same arrays) and `race` (the rows
+written by two or more entries, from that key; kept while the key's values are the
+same); with values, `with_values` (the same finding with the value backend's
+evidence: whether each raced row's entries carry equal values, and which sequences
+may lose theirs; kept while the key and the raced groups' equality are the same).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
@@ -16,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ... import wording as words
-from ...arrays import SameArrays
+from ...arrays import SameArrays, SameValues
 from ...backend.facts import ValueFacts
 from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds, RowIds
-from ...engine.context import UbatchContext
+from ...engine.context import UbatchContext, writers_of
 from ..rule import PLAN, Explanation, doc
 from ..rule import Check as RuleCheck
 
@@ -69,42 +71,60 @@ class Check(RuleCheck):
     def __init__(self) -> None:
         # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
         # race groups, and the layout's pool_start (what `locate` reads): its race is
-        # the last one's (`SameArrays`)
-        self._race = SameArrays(race)
-        self._equal_evidence = SameArrays(_equal_evidence)
+        # the last one's (`SameArrays`). A new plan whose raced rows, their writers and
+        # those writers' order are the last one's (a cache-safe slot closing a pool no
+        # other slot shares) finds the same race, with the same values when the
+        # values' equality is the same (`SameValues`): the finding is the last one
+        self._key = SameArrays(race_key)
+        self._race = SameValues(race)
+        self._valued = SameValues(_valued)
+
+    def _key_of(self, ctx: UbatchContext) -> tuple[np.ndarray, ...]:
+        assert ctx.plan is not None
+        return self._key(ctx.plan.entry_pool, ctx.order, ctx.starts, ctx.rows,
+                         ctx.layout.pool_start(), ctx=ctx)
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
         if ctx.plan is None or ctx.raced.size == 0:
             return []
-        return [self._race(ctx.plan.entry_pool, ctx.order, ctx.starts, ctx.rows,
-                           ctx.layout.pool_start(), ctx=ctx)]
+        return [self._race(*self._key_of(ctx)[:3])]
 
     def with_values(self, ctx: UbatchContext, values: ValueFacts, found: list[Finding]
                     ) -> list[Finding]:
         if not found:
             return found
-        assert ctx.plan is not None  # a race is found in a plan
-        known = (self._equal_evidence(ctx.plan.entry_pool, ctx.order, ctx.starts,
-                                      ctx.layout.pool_start(), ctx=ctx)
-                 if values.equal[ctx.raced].all() else None)
-        return [with_values(f, ctx, values.equal, known) for f in found]
+        equal = values.equal
+        return [self._valued(*self._key_of(ctx), equal[ctx.raced], found=f, ctx=ctx,
+                             equal=equal) for f in found]
 
 
-def race(*_kept_by: np.ndarray, ctx: UbatchContext) -> Finding:
-    """The rows of `ctx` (which has a plan and a raced row) written by two or more
-    scatter entries of the ubatch. set_rows splits entries across threads, so the
-    row's final value has no defined writer. Evidence: the entries per row of the
-    first EVIDENCE_ROWS rows. (`_kept_by`: the arrays `Check` keeps it by.)"""
+def race_key(*_kept_by: np.ndarray, ctx: UbatchContext
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What KP001 reads of the plan of `ctx` (which has a raced row): (rows, counts,
+    writers, group), the raced rows (ascending), each one's count of entries, the
+    [seq, k] of the entries that write them in entry order (PAD_WRITER for padding),
+    and the race group of each of those entries. (`_kept_by`: the arrays `Check`
+    keeps it by.)"""
     plan = ctx.plan
     assert plan is not None
-    rows = ctx.rows[ctx.raced]
+    entries = ctx.raced_entries()
+    sizes = ctx.sizes
+    group = np.empty(ctx.order.size, dtype=np.int64)
+    group[ctx.order] = np.repeat(np.arange(sizes.size), sizes)
+    writers = writers_of(ctx.layout, plan.entry_pool[entries])
+    return ctx.rows[ctx.raced], sizes[ctx.raced], writers, group[entries]
+
+
+def race(rows: np.ndarray, counts: np.ndarray, writers: np.ndarray) -> Finding:
+    """The rows written by two or more scatter entries of a ubatch (`race_key`'s
+    values). set_rows splits entries across threads, so the row's final value has no
+    defined writer. Evidence: the entries per row of the first EVIDENCE_ROWS rows."""
     n_rows = int(rows.size)
-    counts = ctx.sizes[ctx.raced]
-    real = plan.entry_pool[ctx.raced_entries()]
-    seq, k = ctx.layout.locate(real[real >= 0])
+    real = writers[:, 0] >= 0
+    seq, k = writers[real, 0], writers[real, 1]
     pools = PoolIds.of(seq, k)
     seqs = tuple(np.flatnonzero(np.bincount(seq)).tolist())  # ascending seq ids
-    n_pad = int((real < 0).sum())
+    n_pad = int(real.size - np.count_nonzero(real))
     who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
     if n_pad and seqs:
         who += " and padding"
@@ -121,11 +141,11 @@ def race(*_kept_by: np.ndarray, ctx: UbatchContext) -> Finding:
     )
 
 
-def _equal_evidence(*_kept_by: np.ndarray, ctx: UbatchContext) -> dict[int, dict]:
-    """`with_values`' evidence of `ctx`'s first EVIDENCE_ROWS raced rows when every
-    racing entry writes equal values. (`_kept_by`: the arrays `Check` keeps it by.)"""
-    shown = ctx.raced[:EVIDENCE_ROWS]
-    return _evidence(ctx, shown, [True] * shown.size)
+def _valued(*_key: np.ndarray, found: Finding, ctx: UbatchContext, equal: np.ndarray
+            ) -> Finding:
+    """`with_values` of `found` in `ctx`. (`_key`: `race_key`'s values and the raced
+    groups' equality, which decide it.)"""
+    return with_values(found, ctx, equal)
 
 
 def _evidence(ctx: UbatchContext, shown: np.ndarray, equal: list[bool]) -> dict[int, dict]:
@@ -135,8 +155,7 @@ def _evidence(ctx: UbatchContext, shown: np.ndarray, equal: list[bool]) -> dict[
         ctx.rows[shown].tolist(), equal, ctx.group_writers(shown), strict=True)}
 
 
-def with_values(found: Finding, ctx: UbatchContext, equal: np.ndarray,
-                equal_evidence: dict[int, dict] | None = None) -> Finding:
+def with_values(found: Finding, ctx: UbatchContext, equal: np.ndarray) -> Finding:
     """`found` (what `race` found in `ctx`) with value evidence. `equal` [n_groups]
     bool: the entries of each race group of `ctx` write equal values (the value
     backend's `ValueFacts.equal`).
@@ -145,16 +164,14 @@ def with_values(found: Finding, ctx: UbatchContext, equal: np.ndarray,
     [-1, -1]) for the first EVIDENCE_ROWS raced rows (and the first row whose values
     differ), `values_not_listed` counting the rest. The sequences that may lose
     their value are those of every writer of a row whose writers' values are not
-    all equal. `equal_evidence`: that evidence when every value is equal
-    (`_equal_evidence`), if already known."""
+    all equal."""
     assert ctx.plan is not None  # a race is found in a plan
     rows, raced = ctx.rows, ctx.raced
     unequal = raced[~equal[raced]]
     shown = raced[:EVIDENCE_ROWS]
     if unequal.size and unequal[0] not in shown:
         shown = np.append(shown, unequal[0])
-    evidence = (equal_evidence if not unequal.size and equal_evidence is not None
-                else _evidence(ctx, shown, equal[shown].tolist()))
+    evidence = _evidence(ctx, shown, equal[shown].tolist())
     extra = {"values_not_listed": int(raced.size - shown.size)} if raced.size > shown.size \
         else {}
     if not unequal.size:
