@@ -2,11 +2,12 @@
 
 Owns: the code, its explanation and its `Check`: at a ubatch, `race_key` (all the
 rule reads of the plan: the raced rows, their counts, their writers in entry order
-and each writer's group; kept while the plan and groups are the same arrays) and `race` (the rows
-written by two or more entries, from that key; kept while the key's values are the
-same); with values, `with_values` (the same finding with the value backend's
-evidence: whether each raced row's entries carry equal values, and which sequences
-may lose theirs; kept while the key and the raced groups' equality are the same).
+and each writer's group; kept while the plan and groups are the same arrays) and
+`race` (the rows written by two or more entries, from that key; kept while the key's
+values are the same); with values, `with_values` (the same finding with the value
+backend's evidence: whether each raced row's entries carry equal values, and which
+sequences may lose theirs; kept while the key and the raced groups' equality are the
+same).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
@@ -71,10 +72,11 @@ class Check(RuleCheck):
     def __init__(self) -> None:
         # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
         # race groups, and the layout's pool_start (what `locate` reads): its race is
-        # the last one's (`SameArrays`). A new plan whose raced rows, their writers and
-        # those writers' order are the last one's (a cache-safe slot closing a pool no
-        # other slot shares) finds the same race, with the same values when the
-        # values' equality is the same (`SameValues`): the finding is the last one
+        # the last one's (`SameArrays`). A new plan whose raced rows, their writers (in
+        # entry order) and those writers' groups are the last one's (a cache-safe slot
+        # closing a pool no other slot shares) finds the same race, and the same valued
+        # race when the groups' equality of values is the same (`SameValues`): the
+        # very findings of the last one
         self._key = SameArrays(race_key)
         self._race = SameValues(race)
         self._valued = SameValues(_valued)
