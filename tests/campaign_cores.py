@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+
+from campaign import chunked, told
 
 
 def _chunk(args: tuple[str, str, list[int]]) -> list[str]:
@@ -44,15 +45,12 @@ def main() -> int:
     for version in VERSIONS:
         t0 = time.perf_counter()
         seeds = list(range(a.seed, a.seed + a.traces))
-        chunks = [(version, a.backend, seeds[i:i + 250]) for i in range(0, len(seeds), 250)]
-        with ProcessPoolExecutor(a.jobs) as pool:
-            bad = [b for part in pool.map(_chunk, chunks) for b in part]
+        bad = [b for part in chunked(_chunk, (version, a.backend), seeds, 250, a.jobs)
+               for b in part]
         print(f"{version}: {a.traces} traces (seeds {a.seed}..{a.seed + a.traces - 1}, "
               f"backend {a.backend}), {len(bad)} differences or exceptions, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
-        for b in bad[:20]:
-            print(f"  {b}")
-        failed |= bool(bad)
+        failed |= told(bad)
     return 1 if failed else 0
 
 

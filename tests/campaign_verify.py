@@ -23,10 +23,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, as pytest has it
+
+from campaign import chunked, told
 
 
 def _chunk(args: tuple[str, str, list[int]]) -> tuple[int, int, list[str]]:
@@ -94,18 +95,14 @@ def main() -> int:
     for version in VERSIONS if a.traces else ():
         for core in ("reference", "compiled"):
             t0 = time.perf_counter()
-            chunks = [(version, core, seeds[i:i + 100]) for i in range(0, len(seeds), 100)]
-            with ProcessPoolExecutor(a.jobs) as pool:
-                parts = list(pool.map(_chunk, chunks))
+            parts = chunked(_chunk, (version, core), seeds, 100, a.jobs)
             n = sum(p[0] for p in parts)
             n_bad = sum(p[1] for p in parts)
             bad = [f for p in parts for f in p[2]]
             print(f"{version} {core}: {a.traces} traces (seeds {a.seed}..{a.seed + a.traces - 1}),"
                   f" {n:,} ubatches, {n_bad:,} with a bad pool, {len(bad)} failures, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
-            for b in bad[:20]:
-                print(f"  {b}")
-            failed |= bool(bad)
+            failed |= told(bad)
     return 1 if failed else 0
 
 

@@ -199,7 +199,7 @@ def _race_context(rep: list[int], entry_pool: list[int]) -> SimpleNamespace:
     ctx = SimpleNamespace(order=order, starts=starts, rows=rows, layout=layout,
                           sizes=np.diff(starts), raced=np.flatnonzero(np.diff(starts) > 1),
                           plan=SimpleNamespace(entry_pool=np.array(entry_pool)))
-    for name in ("raced_entries", "group_entries", "group_writers"):
+    for name in ("raced_entries", "group_writers"):
         setattr(ctx, name, getattr(context.UbatchContext, name).__get__(ctx))
     return ctx
 

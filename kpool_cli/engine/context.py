@@ -110,19 +110,11 @@ class UbatchContext:
         those entries alone: a cache-safe ubatch has an entry for every pool, and
         KP001 shows 64 groups, the scatter the few whose values differ."""
         assert self.plan is not None
-        entries, sizes = self.group_entries(groups)
-        flat = writers_of(self.layout, self.plan.entry_pool[entries]).tolist()
-        ends = np.cumsum(sizes)
-        return [flat[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist(), strict=True)]
-
-    def group_entries(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(entries, sizes): the entries of the groups `groups` (indices into the
-        groups), group after group, in entry order within each; and each group's
-        count of them."""
         lo, sizes = self.starts[groups], np.diff(self.starts)[groups]
         ends = np.cumsum(sizes)
         at = np.repeat(lo - (ends - sizes), sizes) + np.arange(int(ends[-1]) if ends.size else 0)
-        return self.order[at], sizes
+        flat = writers_of(self.layout, self.plan.entry_pool[self.order[at]]).tolist()
+        return [flat[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist(), strict=True)]
 
 
 def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:
