@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from conftest import ENGINES
 
-from kpool_cli.backend import keys, reference
+from kpool_cli.backend import keys, recheck, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.context import UbatchContext
@@ -389,6 +389,74 @@ def test_held_pairs_agrees() -> None:
     assert got[1].size > 1000
 
 
+def test_recheck_ways_by_hand() -> None:
+    """recheck.py's rule by hand, kv_size 100, four sequences with 3, 2, 0 and 2 pools
+    (start 0, 3, 5, 5, 7); every pool's rep at pos 10 * (its index + 1), rep row
+    100 + its index (cell = row % 100: the index).
+    - s0: kept 3 of 3, 3 verdicts, known: nothing new; its tail is pool 2's rep pair
+      (30, cell 2);
+    - s1: kept 1 of 2 (a pool added), 1 verdict, not known: NEW, and SCAN once a row
+      changed;
+    - s2: no pool, none kept, 1 verdict (its pool was cut): NEW; not known but poolless,
+      so no scan;
+    - s3: kept 2, 3 verdicts (a pool cut), known: NEW; tail pool 6 (70, cell 6).
+    With no row changed there is no tail and no scan; with too many, s0 and s3 (known,
+    kept pools) scan."""
+    start = np.array([0, 3, 5, 5, 7], np.int64)
+    n_bad = np.array([3, 1, 1, 3], np.int64)
+    kept = np.array([3, 1, 0, 2], np.int64)
+    known = np.array([True, False, False, True])
+    rep_pos = 10 * np.arange(1, 8, dtype=np.int64)
+    rep_rows = 100 + np.arange(7, dtype=np.int64)
+    NONE, NEW, SCAN = recheck.NONE, recheck.NEW, recheck.SCAN
+    no = recheck.NO_TAIL
+    for k in (kernels, reference):
+        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                   True, False)
+        assert how.tolist() == [NONE, SCAN, NEW, NEW]
+        assert tail.tolist() == [(30 << 32) | 2, no, no, (70 << 32) | 6]
+        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                   False, False)
+        assert how.tolist() == [NONE, NEW, NEW, NEW] and tail.tolist() == [no] * 4
+        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                   True, True)
+        assert how.tolist() == [SCAN, SCAN, NEW, SCAN] and tail.tolist() == [no] * 4
+        with pytest.raises(IndexError, match="sequence 3"):  # pool 6 past the columns
+            k.recheck_ways(start, n_bad, kept, known, rep_pos[:6], rep_rows, 100, True,
+                           False)
+
+
+def test_recheck_ways_agrees() -> None:
+    rng = np.random.default_rng(11)
+    for n in (1, 2, 64):
+        for _ in range(50):
+            n_pools = rng.integers(0, 6, n)
+            start = np.concatenate(([0], np.cumsum(n_pools))).astype(np.int64)
+            kept = (n_pools * rng.random(n)).astype(np.int64)
+            n_bad = rng.integers(0, 7, n).astype(np.int64)
+            known = rng.random(n) < 0.5
+            rep_pos = rng.integers(0, 1 << 20, int(start[-1])).astype(np.int64)
+            rep_rows = rng.integers(0, 3 * 512, int(start[-1])).astype(np.int64)
+            for dirty, too_many in ((True, False), (True, True), (False, False)):
+                got = kernels.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows,
+                                           512, dirty, too_many)
+                want = reference.recheck_ways(start, n_bad, kept, known, rep_pos,
+                                              rep_rows, 512, dirty, too_many)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_least_pair_by_hand() -> None:
+    """Cells 4, 1, 5 at pos 14, 11, -1 (cell 5 freed): the least pair is the freed
+    cell's, (-1 << 32) | 5; without it, (11, cell 1); of no cell, INT64_MAX."""
+    pos = np.array([10, 11, 12, 13, 14, -1], np.int64)
+    for k in (kernels, reference):
+        assert k.least_pair(np.array([4, 1, 5], np.int64), pos) == (-1 << 32) | 5
+        assert k.least_pair(np.array([4, 1], np.int64), pos) == (11 << 32) | 1
+        assert k.least_pair(np.empty(0, np.int64), pos) == np.iinfo(np.int64).max
+        with pytest.raises(IndexError, match=r"cells\[1\] is cell 6"):
+            k.least_pair(np.array([4, 6], np.int64), pos)
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
@@ -694,6 +762,20 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("pools of pairs", lambda: be.kernels.pools_of_pairs(
             np.arange(8, dtype=np.int64), np.array([0, 4]), np.arange(8.0), np.array([1])),
          "the member pairs are not a C-contiguous 1-D int64 array"),
+        ("recheck ways", lambda: be.kernels.recheck_ways(
+            np.array([0, 2]), np.array([2]), np.array([2]), np.array([1]), np.arange(2),
+            np.arange(2), True, False),
+         "the known-equal flags are not a C-contiguous 1-D bool array"),
+        ("recheck ways", lambda: be.kernels.recheck_ways(
+            np.array([0, 2, 2]), np.array([2]), np.array([2]), np.array([True]),
+            np.arange(2), np.arange(2), True, False),
+         "3 pool starts, 1 kept verdicts and 1 known-equal flags for 1 sequences"),
+        ("recheck ways", lambda: be.kernels.recheck_ways(
+            np.array([0, 2]), np.array([2]), np.array([3]), np.array([True]), np.arange(2),
+            np.arange(2), True, False),  # 3 kept of 2 pools: the last one past the columns
+         "sequence 0: its last kept pool is outside the layout's columns"),
+        ("least pair", lambda: be.kernels.least_pair(np.array([0, 8]), np.zeros(8, np.int64)),
+         "cells[1] is cell 8, outside the stream"),
     ]
     before = state(be)
     for where, call, says in doors:

@@ -1,13 +1,14 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, and the pools a
-changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`), and the time
-spent inside each (`time`, seconds by kernel name: the benchmark's breakdown). The
-kernels come from `kernels.py` (numba) or `reference.py` (numpy); both give
-bit-identical arrays. The value kernels index the slot arrays (`slots.py`) with
-slots, never rows, and check nothing. The last four read a scatter's rows through
-`slot_of`, a sequence's pairs, a dirty-cell mask or a stream's cells: their doors
+`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, the pools a changed
+row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the verification's
+choices: `recheck_ways`, `least_pair`), and the time spent inside each (`time`,
+seconds by kernel name: the benchmark's breakdown). The kernels come from
+`kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays. The
+value kernels index the slot arrays (`slots.py`) with slots, never rows, and check
+nothing. The last seven read a scatter's rows through `slot_of`, a sequence's pairs,
+a dirty-cell mask, a stream's cells or the layout's rep columns: their doors
 check types and shapes, and the kernels check each index as they read it (a pass
 over them at the door would cost what the kernels save), refusing with `IndexError`,
 which the door turns into `PlanError`.
@@ -156,6 +157,37 @@ class GuardedKernels:
                             f"n x {pos.size}", where, "holders")
         try:
             return self._timed(where, self.k.held_pairs, cells, has, pos)
+        except IndexError as e:
+            raise PlanError(f"{where}: {e}", where, "cells") from None
+
+    def recheck_ways(self, start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray,
+                     known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
+                     dirty: bool, too_many: bool) -> tuple[np.ndarray, np.ndarray]:
+        """How each sequence finds its pools to recheck, and its kept tail
+        (`recheck.py`). The kernel checks each last kept pool against the columns as
+        it reads it."""
+        where = "recheck ways"
+        _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
+               ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
+               ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64))
+        n = kept.size
+        if start.size != n + 1 or n_bad.size != n or known.size != n:
+            raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
+                            f"and {known.size} known-equal flags for {n} sequences", where,
+                            "kept pools")
+        try:
+            return self._timed(where, self.k.recheck_ways, start, n_bad, kept, known, rep_pos,
+                               rep_rows, self.slots.kv_size, dirty, too_many)
+        except IndexError as e:
+            raise PlanError(f"{where}: {e}", where, "kept pools") from None
+
+    def least_pair(self, cells: np.ndarray, pos: np.ndarray) -> int:
+        """The least pair of a stream's cells `cells` (their positions `pos`). The
+        kernel checks each cell against the stream before it reads."""
+        where = "least pair"
+        _one_d(where, ("cells", cells, I64), ("positions", pos, I64))
+        try:
+            return self._timed(where, self.k.least_pair, cells, pos)
         except IndexError as e:
             raise PlanError(f"{where}: {e}", where, "cells") from None
 

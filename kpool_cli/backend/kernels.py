@@ -1,6 +1,7 @@
 """The numba kernels of the value backend: key rows, pool, scatter, gather, check,
-`fresh_groups` (which scatter entries keep their pooling), and the pools a changed row
-dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`).
+`fresh_groups` (which scatter entries keep their pooling), the pools a changed row
+dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
+choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
@@ -13,8 +14,8 @@ shapes that agree, every slot in use, sources within the values, distinct slots
 where one iteration writes each row) and raise `PlanError` otherwise, so it is
 never handed an index outside its arrays; they index the arrays by slot (a row's
 place in the backend's storage), not by row. The kernels that read rows, pairs or
-cells (`fresh_groups`, `dirty_pools`, `pools_of_pairs`, `held_pairs`) check each
-index as they read it instead, and raise IndexError naming where.
+cells (`fresh_groups`, `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`,
+`least_pair`) check each index as they read it instead, and raise IndexError naming where.
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
@@ -49,6 +50,7 @@ from ..jit import cache_for
 from ..signals import masked
 from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
+from .recheck import NEW, NO_TAIL, NONE, SCAN
 
 _U27 = np.uint64(27)
 _U30 = np.uint64(30)
@@ -571,3 +573,90 @@ def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
     out = np.empty(off[-1], dtype=np.int64)
     _held_fill(cells, has, pos, off, np.empty(has.shape[0], dtype=np.int64), out)
     return off, out
+
+
+_NEW, _NONE, _SCAN, _NO_TAIL = np.int64(NEW), np.int64(NONE), np.int64(SCAN), np.int64(NO_TAIL)
+_NO_PAIR = np.int64(np.iinfo(np.int64).max)  # above every pair
+
+
+@numba.njit("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, i8[::1], "
+            "i8[::1])", cache=_CACHED)
+def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
+                       too_many, how, tail):
+    for s in range(kept.size):
+        n_pools = start[s + 1] - start[s]
+        h = _NEW if kept[s] < n_bad[s] or n_bad[s] < n_pools else _NONE
+        t = _NO_TAIL
+        if dirty:
+            if not known[s]:
+                if n_pools > 0:
+                    h = _SCAN
+            elif kept[s] > 0:
+                if too_many:
+                    h = _SCAN
+                else:
+                    last = start[s] + kept[s] - 1
+                    if last < 0 or last >= rep_pos.size or last >= rep_rows.size:
+                        return s
+                    t = (rep_pos[last] << _CELL_BITS) | (rep_rows[last] % kv_size)
+        how[s] = h
+        tail[s] = t
+    return -1
+
+
+def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool) -> tuple[np.ndarray, np.ndarray]:
+    """How each sequence finds its pools to recheck, and its kept tail (recheck.py's
+    rule, for every sequence in one pass).
+
+    Parameters
+    ----------
+    start : array of int64, shape (n + 1,), C-contiguous
+        Each sequence's first pool in the layout (and the total).
+    n_bad, kept : arrays of int64, shape (n,), C-contiguous
+        The verdicts each sequence keeps; the pools the update kept.
+    known : array of bool, shape (n,), C-contiguous
+        Whether each sequence's pairs are known to equal the cache's.
+    rep_pos, rep_rows : arrays of int64, C-contiguous
+        Every pool's rep pos and rep row, in layout order.
+
+    Returns
+    -------
+    (how, tail) : arrays of int64, shape (n,)
+        The way of each sequence (`NEW`, `NONE` or `SCAN`; `LOOK` is the verifier's
+        to decide) and its tail (`NO_TAIL` where it has none). A last kept pool
+        outside the columns is `IndexError`.
+    """
+    how = np.empty(kept.size, dtype=np.int64)
+    tail = np.empty(kept.size, dtype=np.int64)
+    s = _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
+                           too_many, how, tail)
+    if s >= 0:
+        raise IndexError(f"sequence {s}: its last kept pool is outside the layout's columns")
+    return how, tail
+
+
+@numba.njit("i8(i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+def _least_pair(rows, pos, at):
+    least = _NO_PAIR
+    for i in range(rows.size):
+        c = rows[i]
+        if c < 0 or c >= pos.size:
+            at[0] = i
+            return least
+        p = (pos[c] << _CELL_BITS) | c
+        if p < least:
+            least = p
+    return least
+
+
+def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:
+    """The least pair `pos << CELL_BITS | cell` of the cells `cells` of a stream whose
+    cells have the positions `pos` (INT64_MAX for no cell). A cell outside the stream
+    is `IndexError`."""
+    at = np.full(1, -1, dtype=np.int64)
+    least = _least_pair(cells, pos, at)
+    if at[0] >= 0:
+        raise IndexError(f"cells[{at[0]}] is cell {cells[at[0]]}, outside the stream")
+    return int(least)

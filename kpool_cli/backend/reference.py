@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same nine kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same eleven kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
@@ -16,9 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import rows_equal, rows_max, unique
-from ..cache.cells import CELL_MASK, make_keys
+from ..cache.cells import CELL_BITS, CELL_MASK, make_keys
 from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import POW2, key_rows_from_state
+from .recheck import NEW, NO_TAIL, NONE, SCAN
 
 
 def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
@@ -211,3 +212,39 @@ def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
     off = np.concatenate(([0], np.cumsum(np.bincount(col, minlength=has.shape[0]))))
     held = cells[i]
     return off.astype(np.int64), make_keys(pos[held], held)
+
+
+def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool) -> tuple[np.ndarray, np.ndarray]:
+    """How each sequence finds its pools to recheck, and its kept tail (recheck.py's
+    rule, vectorised over the sequences)."""
+    n_pools = np.diff(start)
+    how = np.where((kept < n_bad) | (n_bad < n_pools), NEW, NONE).astype(np.int64)
+    tail = np.full(kept.size, NO_TAIL, dtype=np.int64)
+    if dirty:
+        look = known & (kept > 0)
+        scan = (n_pools > 0) & ~known
+        if too_many:
+            scan |= look
+        elif look.any():
+            last = (start[:-1] + kept - 1)[look]
+            if last.min() < 0 or last.max() >= min(rep_pos.size, rep_rows.size):
+                s = int(np.flatnonzero(look)[np.flatnonzero(
+                    (last < 0) | (last >= min(rep_pos.size, rep_rows.size)))[0]])
+                raise IndexError(f"sequence {s}: its last kept pool is outside the layout's "
+                                 "columns")
+            tail[look] = (rep_pos[last] << CELL_BITS) | (rep_rows[last] % kv_size)
+        how[scan] = SCAN
+    return how, tail
+
+
+def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:
+    """The least pair `pos << CELL_BITS | cell` of the cells `cells` of a stream whose
+    cells have the positions `pos` (INT64_MAX for no cell)."""
+    outside = np.flatnonzero((cells < 0) | (cells >= pos.size))
+    if outside.size:
+        k = int(outside[0])
+        raise IndexError(f"cells[{k}] is cell {cells[k]}, outside the stream")
+    return int(make_keys(pos[cells], cells).min()) if cells.size else int(
+        np.iinfo(np.int64).max)

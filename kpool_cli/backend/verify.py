@@ -32,12 +32,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import unique
-from ..cache.cells import CELL_BITS, Stream, global_row, make_keys
+from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
+from .recheck import LOOK, NEW, NO_TAIL, NONE, SCAN
 from .slots import SlotTable
 from .writers import Writers
 
@@ -125,37 +126,31 @@ class Verifier:
     def _sequences(self, layout: Layout, change: LayoutChange, cache: KvCache,
                    dirty: _DirtyPairs) -> tuple[np.ndarray, np.ndarray]:
         """(seqs, how): the sequences whose bad pools may have changed (ascending) and
-        how each finds its pools to recheck, decided for all at once: `_NEW`, the
-        pools the update cut, regrouped or added alone; `_LOOK`, those and the pools
+        how each finds its pools to recheck, decided for all at once: `NEW`, the
+        pools the update cut, regrouped or added alone; `LOOK`, those and the pools
         holding a changed pair, looked up by their pairs (`pools_of_pairs`), where the
         layout knows s's pairs equal the cache's (`Layout.known_equal`) and a changed
         pair lies at or before the last pair of the pools the update kept (past them,
         a pair is in a new pool or in none: the tail a decode just appended, most
-        ubatches' only change); `_SCAN`, those and the pools a pass over s's pools
+        ubatches' only change); `SCAN`, those and the pools a pass over s's pools
         finds changed (`_scanned`), elsewhere while a row changed. A sequence left out
         has no pool to recheck."""
         n = len(layout.seqs)
-        start = layout.pool_start()
-        n_p = np.diff(start)
         n_bad = np.fromiter((b.size for b in self.bad), dtype=np.int64, count=n)
         kept = np.asarray(change.kept, dtype=np.int64)
-        how = np.where((kept < n_bad) | (n_bad < n_p), _NEW, _NONE)
-        if self._kdirty_rows or self._pdirty_rows:
-            known = layout.known_equal_seqs(cache)
-            scan = (n_p > 0) & ~known
-            look = known & (kept > 0)
-            if look.any():
-                last = (start[:-1] + kept - 1)[look]  # the last kept pool, global
-                tail = np.full(n, -1, dtype=np.int64)  # its rep pair (global_row's cell)
-                tail[look] = (layout.pool_rep_pos()[last] << CELL_BITS) | \
-                    (layout.pool_cells()[last] % self.kv_size)
-                if dirty.too_many:  # too many changed rows to look up
-                    scan |= look
-                elif dirty.least() <= int(tail.max()):
-                    # a changed pair may lie at or before a kept tail: whose, by sequence
-                    how[look & (dirty.lowest(n) <= tail)] = _LOOK
-            how[scan] = _SCAN
-        seqs = np.flatnonzero(how != _NONE)
+        changed = bool(self._kdirty_rows or self._pdirty_rows)
+        if changed:  # the tails are read only then
+            known, rep_pos, rep_rows = (layout.known_equal_seqs(cache), layout.pool_rep_pos(),
+                                        layout.pool_cells())
+        else:
+            known, rep_pos, rep_rows = np.zeros(n, dtype=bool), _NO_PAIRS, _NO_PAIRS
+        how, tail = self.kernels.recheck_ways(layout.pool_start(), n_bad, kept, known,
+                                              rep_pos, rep_rows, changed, dirty.too_many)
+        top = int(tail.max()) if n else NO_TAIL
+        if top != NO_TAIL and dirty.least() <= top:
+            # a changed pair may lie at or before a kept tail: whose, by sequence
+            how[(tail != NO_TAIL) & (dirty.lowest(n) <= tail)] = LOOK
+        seqs = np.flatnonzero(how != NONE)
         return seqs, how[seqs]
 
     def _candidates(self, layout: Layout, change: LayoutChange, s: int, how: int,
@@ -174,13 +169,13 @@ class Verifier:
         if change.kept[s] < n_p:
             parts.append(change.new_pools(s, n_p))
         found = None
-        if how == _LOOK:
+        if how == LOOK:
             pairs = dirty.of(s)
             if pairs is not None:
                 found = self.kernels.pools_of_pairs(sq.keys.view, sq.pools.view, *pairs)
             if found is None:  # a pair not found: scan
-                how = _SCAN
-        if how == _SCAN:
+                how = SCAN
+        if how == SCAN:
             found = self._scanned(layout, s, dirty)
         if found is not None and found.size:
             parts.append(found)
@@ -223,15 +218,15 @@ class Verifier:
         the cache the layout was updated from (as it is now).
 
         A sequence whose only pools to recheck are those past the ones the update kept
-        (`_NEW`, or every sequence after a clear: a step of parallel slots closes a
+        (`NEW`, or every sequence after a clear: a step of parallel slots closes a
         pool in each of its 64) is handled with the others of its kind at once: its
         candidates are a range, and its verdict is the kept part's with the range's
-        appended. The others (`_LOOK`, `_SCAN`) find their candidates one by one."""
+        appended. The others (`LOOK`, `SCAN`) find their candidates one by one."""
         dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
         n_seq = len(layout.seqs)
         if self._all_dirty:
             seqs = np.arange(n_seq, dtype=np.int64)
-            how = np.full(n_seq, _NEW, dtype=np.int64)
+            how = np.full(n_seq, NEW, dtype=np.int64)
         else:
             seqs, how = self._sequences(layout, change, cache, dirty)
         if seqs.size:
@@ -248,7 +243,7 @@ class Verifier:
                  seqs: np.ndarray, how: np.ndarray) -> None:
         """`verify` of sequences `seqs` (ascending), whose pools to recheck are found
         as `how` says (`_sequences`). From `_RANGED_FROM` sequences on (and after a
-        clear), the `_NEW` ones whose kept verdicts are there to keep are rechecked as
+        clear), the `NEW` ones whose kept verdicts are there to keep are rechecked as
         ranges, together; the others (and a sequence alone) one by one."""
         start, bad, all_new = layout.pool_start(), self.bad, self._all_dirty
         ips: list[np.ndarray] = []  # the range sequences' candidates, then the others'
@@ -257,7 +252,7 @@ class Verifier:
         if all_new or seqs.size >= _RANGED_FROM:  # after a clear, every pool is new
             kept = (np.zeros(len(layout.seqs), dtype=np.int64) if all_new
                     else np.asarray(change.kept, dtype=np.int64))
-            ranged = (how == _NEW) & (kept[seqs] <= np.fromiter(
+            ranged = (how == NEW) & (kept[seqs] <= np.fromiter(
                 (bad[s].size for s in seqs.tolist()), dtype=np.int64, count=seqs.size))
             r_seqs = seqs[ranged]
             r_kept = kept[r_seqs]
@@ -305,9 +300,7 @@ class Verifier:
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
 _NO_PAIR = int(np.iinfo(np.int64).max)  # above every pair: no changed pair
-# how a sequence's pools to recheck are found (`Verifier._sequences`)
-_NONE, _NEW, _LOOK, _SCAN = -1, 0, 1, 2
-# from this many sequences to recheck (and after a clear), `_NEW` ones are rechecked as
+# from this many sequences to recheck (and after a clear), `NEW` ones are rechecked as
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
 # less by itself
 _RANGED_FROM = 2
@@ -375,6 +368,13 @@ class _DirtyPairs:
         step of slots at one length, each appending its new pair: W2's), this alone
         says so; slots at different lengths, or a changed cell that was freed (pos -1),
         leave it to `lowest`."""
+        if self._cells is None and len(self.cache.streams) == 1:
+            # one stream: a row is its cell (global_row's), paired in one kernel pass
+            rows = [*self.kdirty, *self.pdirty]
+            if not rows:
+                return _NO_PAIR
+            return self.kernels.least_pair(rows[0] if len(rows) == 1 else np.concatenate(rows),
+                                           self.cache.streams[0].pos)
         return min((int(pairs.min()) for _st, _cells, pairs in self._changed()),
                    default=_NO_PAIR)
 
