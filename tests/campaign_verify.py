@@ -11,6 +11,11 @@ bad pools), on two generators' random traces:
   under every engine version on both cores, on `--jobs` processes.
 
     python tests/campaign_verify.py [--value-traces 10000] [--traces 10000] [--seed 0] [--jobs 2]
+                                    [--backend numpy]
+
+`--backend` names the value kernels the backend runs: numpy's (the default, as the
+suite runs them) or numba's, held to numpy's bit for bit by tests/test_backend_kernels.py
+and here to the full recomputation as well.
 
 prints one line per generator (and per version and core for the fuzzer's: traces,
 ubatches, ubatches with a bad pool, failures, seconds) and exits 1 on any failure,
@@ -30,18 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, as pytest 
 from campaign import chunked, told
 
 
-def _chunk(args: tuple[str, str, list[int]]) -> tuple[int, int, list[str]]:
+def _chunk(args: tuple[str, str, str, list[int]]) -> tuple[int, int, list[str]]:
     from test_backend_incremental import check_incremental
 
     from kpool_cli.gen.random_trace import random_trace
     from kpool_cli.versions import VERSIONS
 
-    version, core, seeds = args
+    version, core, backend, seeds = args
     n = n_bad = 0
     failed = []
     for seed in seeds:
         try:
-            u, b = check_incremental(random_trace(seed), VERSIONS[version], core)
+            u, b = check_incremental(random_trace(seed), VERSIONS[version], core, backend)
         except Exception as e:  # an assertion of the property, or a crash
             failed.append(f"seed {seed}: {type(e).__name__}: {str(e)[:200]}")
             continue
@@ -49,7 +54,7 @@ def _chunk(args: tuple[str, str, list[int]]) -> tuple[int, int, list[str]]:
     return n, n_bad, failed
 
 
-def value_campaign(n_traces: int) -> bool:
+def value_campaign(n_traces: int, backend: str) -> bool:
     """`n_traces` of the suite's generator; True when every one holds."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
@@ -63,7 +68,7 @@ def value_campaign(n_traces: int) -> bool:
     @given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)),
            core=st.sampled_from(["reference", "compiled"]))
     def each(t, engine: str, core: str) -> None:
-        n, n_bad = check_incremental(t, VARIANTS[engine], core)
+        n, n_bad = check_incremental(t, VARIANTS[engine], core, backend)
         seen["traces"] += 1
         seen["ubatches"] += n
         seen["bad"] += n_bad > 0
@@ -89,13 +94,14 @@ def main() -> int:
     ap.add_argument("--traces", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--backend", choices=("numpy", "numba"), default="numpy")
     a = ap.parse_args()
-    failed = not value_campaign(a.value_traces) if a.value_traces else False
+    failed = not value_campaign(a.value_traces, a.backend) if a.value_traces else False
     seeds = list(range(a.seed, a.seed + a.traces))
     for version in VERSIONS if a.traces else ():
         for core in ("reference", "compiled"):
             t0 = time.perf_counter()
-            parts = chunked(_chunk, (version, core), seeds, 100, a.jobs)
+            parts = chunked(_chunk, (version, core, a.backend), seeds, 100, a.jobs)
             n = sum(p[0] for p in parts)
             n_bad = sum(p[1] for p in parts)
             bad = [f for p in parts for f in p[2]]

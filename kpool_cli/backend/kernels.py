@@ -638,10 +638,10 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
 
 
 @numba.njit("i8(i8[::1], i8[::1], i8[::1])", cache=_CACHED)
-def _least_pair(rows, pos, at):
+def _least_pair(cells, pos, at):
     least = _NO_PAIR
-    for i in range(rows.size):
-        c = rows[i]
+    for i in range(cells.size):
+        c = cells[i]
         if c < 0 or c >= pos.size:
             at[0] = i
             return least

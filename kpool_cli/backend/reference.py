@@ -229,9 +229,9 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
             scan |= look
         elif look.any():
             last = (start[:-1] + kept - 1)[look]
-            if last.min() < 0 or last.max() >= min(rep_pos.size, rep_rows.size):
-                s = int(np.flatnonzero(look)[np.flatnonzero(
-                    (last < 0) | (last >= min(rep_pos.size, rep_rows.size)))[0]])
+            outside = (last < 0) | (last >= min(rep_pos.size, rep_rows.size))
+            if outside.any():
+                s = int(np.flatnonzero(look)[np.argmax(outside)])
                 raise IndexError(f"sequence {s}: its last kept pool is outside the layout's "
                                  "columns")
             tail[look] = (rep_pos[last] << CELL_BITS) | (rep_rows[last] % kv_size)
