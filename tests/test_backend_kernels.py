@@ -390,37 +390,39 @@ def test_held_pairs_agrees() -> None:
 
 
 def test_recheck_ways_by_hand() -> None:
-    """recheck.py's rule by hand, kv_size 100, four sequences with 3, 2, 0 and 2 pools
-    (start 0, 3, 5, 5, 7); every pool's rep at pos 10 * (its index + 1), rep row
-    100 + its index (cell = row % 100: the index).
+    """recheck.py's rule by hand, kv_size 100, five sequences with 3, 2, 0, 2 and 2
+    pools (start 0, 3, 5, 5, 7, 9); every pool's rep at pos 10 * (its index + 1), rep
+    row 100 + its index (cell = row % 100: the index).
     - s0: kept 3 of 3, 3 verdicts, known: nothing new; its tail is pool 2's rep pair
       (30, cell 2);
     - s1: kept 1 of 2 (a pool added), 1 verdict, not known: NEW, and SCAN once a row
       changed;
     - s2: no pool, none kept, 1 verdict (its pool was cut): NEW; not known but poolless,
       so no scan;
-    - s3: kept 2, 3 verdicts (a pool cut), known: NEW; tail pool 6 (70, cell 6).
+    - s3: kept 2, 3 verdicts (a pool cut), known: NEW; tail pool 6 (70, cell 6);
+    - s4: kept none of its 2 pools, no verdict, known: NEW (2 pools past its verdicts),
+      and no tail (it kept no pool), so no look-up and no scan, even with too many.
     With no row changed there is no tail and no scan; with too many, s0 and s3 (known,
     kept pools) scan."""
-    start = np.array([0, 3, 5, 5, 7], np.int64)
-    n_bad = np.array([3, 1, 1, 3], np.int64)
-    kept = np.array([3, 1, 0, 2], np.int64)
-    known = np.array([True, False, False, True])
-    rep_pos = 10 * np.arange(1, 8, dtype=np.int64)
-    rep_rows = 100 + np.arange(7, dtype=np.int64)
+    start = np.array([0, 3, 5, 5, 7, 9], np.int64)
+    n_bad = np.array([3, 1, 1, 3, 0], np.int64)
+    kept = np.array([3, 1, 0, 2, 0], np.int64)
+    known = np.array([True, False, False, True, True])
+    rep_pos = 10 * np.arange(1, 10, dtype=np.int64)
+    rep_rows = 100 + np.arange(9, dtype=np.int64)
     NONE, NEW, SCAN = recheck.NONE, recheck.NEW, recheck.SCAN
     no = recheck.NO_TAIL
     for k in (kernels, reference):
         how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
                                    True, False)
-        assert how.tolist() == [NONE, SCAN, NEW, NEW]
-        assert tail.tolist() == [(30 << 32) | 2, no, no, (70 << 32) | 6]
+        assert how.tolist() == [NONE, SCAN, NEW, NEW, NEW]
+        assert tail.tolist() == [(30 << 32) | 2, no, no, (70 << 32) | 6, no]
         how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
                                    False, False)
-        assert how.tolist() == [NONE, NEW, NEW, NEW] and tail.tolist() == [no] * 4
+        assert how.tolist() == [NONE, NEW, NEW, NEW, NEW] and tail.tolist() == [no] * 5
         how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
                                    True, True)
-        assert how.tolist() == [SCAN, SCAN, NEW, SCAN] and tail.tolist() == [no] * 4
+        assert how.tolist() == [SCAN, SCAN, NEW, SCAN, NEW] and tail.tolist() == [no] * 5
         with pytest.raises(IndexError, match="sequence 3"):  # pool 6 past the columns
             k.recheck_ways(start, n_bad, kept, known, rep_pos[:6], rep_rows, 100, True,
                            False)
@@ -428,11 +430,11 @@ def test_recheck_ways_by_hand() -> None:
 
 def test_recheck_ways_agrees() -> None:
     rng = np.random.default_rng(11)
-    for n in (1, 2, 64):
+    for n in (0, 1, 2, 64):
         for _ in range(50):
             n_pools = rng.integers(0, 6, n)
             start = np.concatenate(([0], np.cumsum(n_pools))).astype(np.int64)
-            kept = (n_pools * rng.random(n)).astype(np.int64)
+            kept = rng.integers(0, n_pools + 1).astype(np.int64)  # none to every pool
             n_bad = rng.integers(0, 7, n).astype(np.int64)
             known = rng.random(n) < 0.5
             rep_pos = rng.integers(0, 1 << 20, int(start[-1])).astype(np.int64)
@@ -770,12 +772,6 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
             np.array([0, 2, 2]), np.array([2]), np.array([2]), np.array([True]),
             np.arange(2), np.arange(2), True, False),
          "3 pool starts, 1 kept verdicts and 1 known-equal flags for 1 sequences"),
-        ("recheck ways", lambda: be.kernels.recheck_ways(
-            np.array([0, 2]), np.array([2]), np.array([3]), np.array([True]), np.arange(2),
-            np.arange(2), True, False),  # 3 kept of 2 pools: the last one past the columns
-         "sequence 0: its last kept pool is outside the layout's columns"),
-        ("least pair", lambda: be.kernels.least_pair(np.array([0, 8]), np.zeros(8, np.int64)),
-         "cells[1] is cell 8, outside the stream"),
     ]
     before = state(be)
     for where, call, says in doors:
@@ -794,6 +790,12 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     with refused("dirty pools", "pool 0: a member pair or cell outside the arrays"):
         be.kernels.dirty_pools(np.arange(8, dtype=np.int64) + 8, np.array([0]),
                                np.zeros(8, bool))  # cell 8 of an 8-cell stream
+    with refused("recheck ways", "sequence 0: its last kept pool is outside the layout's "
+                                 "columns"):  # 3 kept of 2 pools: the last past the columns
+        be.kernels.recheck_ways(np.array([0, 2]), np.array([2]), np.array([3]),
+                                np.array([True]), np.arange(2), np.arange(2), True, False)
+    with refused("least pair", "cells[1] is cell 8, outside the stream"):
+        be.kernels.least_pair(np.array([0, 8]), np.zeros(8, np.int64))
     pooled = be.slots.pooled
     be.slots.pooled = np.asfortranarray(pooled)
     with refused("gather", "the pooled array is float32"):

@@ -7,7 +7,7 @@ choices: `recheck_ways`, `least_pair`), and the time spent inside each (`time`,
 seconds by kernel name: the benchmark's breakdown). The kernels come from
 `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays. The
 value kernels index the slot arrays (`slots.py`) with slots, never rows, and check
-nothing. The last seven read a scatter's rows through `slot_of`, a sequence's pairs,
+nothing. The last six read a scatter's rows through `slot_of`, a sequence's pairs,
 a dirty-cell mask, a stream's cells or the layout's rep columns: their doors
 check types and shapes, and the kernels check each index as they read it (a pass
 over them at the door would cost what the kernels save), refusing with `IndexError`,

@@ -15,7 +15,9 @@ where one iteration writes each row) and raise `PlanError` otherwise, so it is
 never handed an index outside its arrays; they index the arrays by slot (a row's
 place in the backend's storage), not by row. The kernels that read rows, pairs or
 cells (`fresh_groups`, `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`,
-`least_pair`) check each index as they read it instead, and raise IndexError naming where.
+`least_pair`) check each index as they read it instead, and raise IndexError naming
+where (`recheck_ways` its reads of the rep columns; its per-sequence arrays are as
+long as the door checks them to be).
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).

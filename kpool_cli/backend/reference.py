@@ -7,8 +7,11 @@ compared as uint32). The arithmetic order is the one `keys.py` fixes: an explici
 loop over the kpool axis, vectorised over entries and dimensions, never `np.sum`.
 
 Wrappers (`guarded.py`, `GuardedKernels`) check dtypes, contiguity, shapes and
-that every index is inside its array (`PlanError` otherwise); these functions do
-not (numpy would raise on most bad indices, but wrap a negative one silently).
+that every index is inside its array (`PlanError` otherwise). The value kernels
+here do not (numpy would raise on most bad indices, but wrap a negative one
+silently); those whose numba twins check each index as they read it (`fresh_groups`,
+`dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse what their twins
+refuse, with the same `IndexError` or `ValueError`.
 """
 
 from __future__ import annotations

@@ -139,11 +139,10 @@ class Verifier:
         n_bad = np.fromiter((b.size for b in self.bad), dtype=np.int64, count=n)
         kept = np.asarray(change.kept, dtype=np.int64)
         changed = bool(self._kdirty_rows or self._pdirty_rows)
-        if changed:  # the tails are read only then
-            known, rep_pos, rep_rows = (layout.known_equal_seqs(cache), layout.pool_rep_pos(),
-                                        layout.pool_cells())
-        else:
-            known, rep_pos, rep_rows = np.zeros(n, dtype=bool), _NO_PAIRS, _NO_PAIRS
+        known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
+        # the rep columns are read only for a tail: a known sequence's, once a row changed
+        rep_pos, rep_rows = ((layout.pool_rep_pos(), layout.pool_cells()) if known.any()
+                             else (_NO_PAIRS, _NO_PAIRS))
         how, tail = self.kernels.recheck_ways(layout.pool_start(), n_bad, kept, known,
                                               rep_pos, rep_rows, changed, dirty.too_many)
         top = int(tail.max()) if n else NO_TAIL
@@ -319,9 +318,12 @@ class _DirtyPairs:
     member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
     a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) it is
     `too_many`: `of` gives None and `lowest` is not asked, as a pass over the pairs
-    costs less than that many look-ups. `least` and `lowest` share one pairing of the
-    changed cells (`_changed`). `rep_scan`: the scan's `_rep_dirty`, once some
-    sequence needs it."""
+    costs less than that many look-ups. `lowest` pairs the changed cells by stream
+    (`_changed`, kept); `least` takes them from there once they are, else, for a
+    one-stream cache, pairs them in one kernel pass (`least_pair`) and keeps nothing,
+    so a `lowest` after it pairs them again (the rare case: a changed pair at or
+    before a kept tail). `rep_scan`: the scan's `_rep_dirty`, once some sequence
+    needs it."""
 
     LOOKUP_MAX_ROWS = 4096
 
