@@ -6,6 +6,7 @@ schema read both forms. The expected runs are worked out by hand from the traces
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
@@ -25,6 +26,7 @@ from kpool_cli.report.json_report import (
     pool_ids_json,
     pools_json,
     rows_json,
+    scatter_json,
 )
 from kpool_cli.verdict.codes import CODES
 
@@ -290,30 +292,81 @@ def test_pool_spans_by_hand_on_both_cores():
                                            np.ones(5, dtype=bool))) == [[2, 4]]
 
 
+def _random_listing(rng: np.random.Generator, kpool: int
+                    ) -> tuple[Pools, np.ndarray, np.ndarray, np.ndarray]:
+    """A random listing built of arithmetic stretches with a few defects each (a
+    padding entry, a rep off its last member, a member off its step, a new sequence,
+    a skipped k, a flipped `new`, a position off): its pools, and the scatter entries
+    of the same rows (member rows, rep rows, padding)."""
+    n = int(rng.integers(0, 40))
+    first = np.cumsum(rng.choice([1, 2, 4, 8], n)).astype(np.int64)
+    first[rng.random(n) < 0.1] += 3
+    d = rng.choice([1, 1, 1, 2, 64], n) if rng.random() < 0.3 else np.full(n, 1)
+    cells = (first[:, None] * kpool + np.arange(kpool)[None, :] * d[:, None]).astype(np.int64)
+    cells[rng.random((n, kpool)) < 0.02] += 1
+    rep = cells[:, -1].copy()
+    rep[rng.random(n) < 0.05] += 1
+    pad = rng.random(n) < 0.05
+    seq = np.cumsum(rng.random(n) < 0.1).astype(np.int64)
+    k = np.arange(n, dtype=np.int64) + np.cumsum(rng.random(n) < 0.05)
+    pos = (np.arange(n, dtype=np.int64) * kpool
+           + np.cumsum(rng.random(n) < 0.05) * kpool + (rng.random(n) < 0.03))
+    last = pos + kpool - 1 + (rng.random(n) < 0.03)
+    new = rng.random(n) < 0.95
+    return Pools(seq, k, pos, last, cells, rep, new), cells, rep, pad
+
+
 @pytest.mark.parametrize("kpool", [1, 2, 3, 4])
 def test_spans_agree_on_random_listings(kpool: int):
-    """Random listings built of arithmetic stretches with a few defects each (a
-    padding entry, a rep off its last member, a member off its step, a new sequence,
-    a skipped k, a flipped `new`, a position off): the compiled core's spans are
+    """On random listings (`_random_listing`), the compiled core's spans are
     contracts/runs.py's, and both runs and singles are exercised."""
     rng = np.random.default_rng(kpool)
     n_runs = 0
     for _ in range(300):
-        n = int(rng.integers(0, 40))
-        first = np.cumsum(rng.choice([1, 2, 4, 8], n)).astype(np.int64)
-        first[rng.random(n) < 0.1] += 3
-        d = rng.choice([1, 1, 1, 2, 64], n) if rng.random() < 0.3 else np.full(n, 1)
-        cells = (first[:, None] * kpool + np.arange(kpool)[None, :] * d[:, None]).astype(np.int64)
-        cells[rng.random((n, kpool)) < 0.02] += 1
-        rep = cells[:, -1].copy()
-        rep[rng.random(n) < 0.05] += 1
-        pad = rng.random(n) < 0.05
+        p, cells, rep, pad = _random_listing(rng, kpool)
         n_runs += len(_spans_both("scatter_spans", cells, rep, pad))
-        seq = np.cumsum(rng.random(n) < 0.1).astype(np.int64)
-        k = np.arange(n, dtype=np.int64) + np.cumsum(rng.random(n) < 0.05)
-        pos = (np.arange(n, dtype=np.int64) * kpool
-               + np.cumsum(rng.random(n) < 0.05) * kpool + (rng.random(n) < 0.03))
-        last = pos + kpool - 1 + (rng.random(n) < 0.03)
-        new = rng.random(n) < 0.95
-        n_runs += len(_spans_both("pool_spans", Pools(seq, k, pos, last, cells, rep, new)))
+        n_runs += len(_spans_both("pool_spans", p))
+    assert n_runs > 100
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 3, 4])
+def test_the_run_form_reads_back_as_the_full_listing(kpool: int):
+    """docs/FORMATS.md "Runs", applied by hand to each run the writer gives: pool
+    k0 + i of a pool run starts at first_pos + i kpool, its member j on row
+    c0 + i e + j d, its rep its last member; entry i of a scatter run pools rows
+    c0 + i e + j d into its last member. Expanded so, the run form of random listings
+    (`_random_listing`) is the full listing, one object per pool or entry, in order."""
+    rng = np.random.default_rng(10 + kpool)
+    n_runs = 0
+    for _ in range(300):
+        p, cells, rep, pad = _random_listing(rng, kpool)
+        pools = []
+        for o in pools_json(p, kpool):
+            if not isinstance(o["k"], list):
+                pools.append(o)
+                continue
+            n_runs += 1
+            (k0, k1), (c0, d, e) = o["k"], o["cells"]
+            assert kpool > 1 or d == 1  # one member: its d is written as 1
+            for i in range(k1 - k0):
+                members = [c0 + i * e + j * d for j in range(kpool)]
+                pos = o["first_pos"] + i * kpool
+                pools.append({"seq": o["seq"], "k": k0 + i, "first_pos": pos,
+                              "last_pos": pos + kpool - 1, "cells": members,
+                              "rep": members[-1], "new": o["new"]})
+        assert pools == pools_json(p, 0)
+        record = SimpleNamespace(scatter_rows=cells, scatter_rep=rep, scatter_pad=pad,
+                                 scatter_spans=None)
+        entries = []
+        for o in scatter_json(record, kpool):
+            if "n" not in o:
+                entries.append(o)
+                continue
+            n_runs += 1
+            c0, d, e = o["cells"]
+            assert kpool > 1 or d == 1
+            for i in range(o["n"]):
+                members = [c0 + i * e + j * d for j in range(kpool)]
+                entries.append({"rep": members[-1], "cells": members, "pad": False})
+        assert entries == scatter_json(record, 0)
     assert n_runs > 100

@@ -79,8 +79,9 @@ def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndar
     return runs(rows, regular[:-1] & regular[1:] & (d[1:] == d[:-1]))
 
 
-def run_cells(rows: np.ndarray, a: int) -> list[int]:
-    """[c0, d, e] of the run from entry a: member j of entry a + i is row
-    c0 + i e + j d (d 1 where kpool is 1)."""
-    d = int(rows[a, 1] - rows[a, 0]) if rows.shape[1] > 1 else 1
-    return [int(rows[a, 0]), d, int(rows[a + 1, 0] - rows[a, 0])]
+def run_cells(rows: np.ndarray, a: np.ndarray) -> list[list[int]]:
+    """[c0, d, e] of each run, from its first entry a (every run's at once): member j
+    of entry a + i is row c0 + i e + j d (d 1 where kpool is 1)."""
+    heads, nexts = rows[a].tolist(), rows[a + 1, 0].tolist()
+    return [[h[0], h[1] - h[0] if len(h) > 1 else 1, x - h[0]]
+            for h, x in zip(heads, nexts, strict=True)]

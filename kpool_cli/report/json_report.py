@@ -157,7 +157,8 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
         return [dict(zip(keys, row, strict=True)) for row in zip(
             p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
             p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
-    found = (pool_spans(p) if spans is None else spans).tolist()
+    span = pool_spans(p) if spans is None else spans
+    found = span.tolist()
     alone = np.ones(n, dtype=bool)
     for a, b in found:
         alone[a:b] = False
@@ -166,15 +167,20 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
         p.seq[idx].tolist(), p.k[idx].tolist(), p.first_pos[idx].tolist(),
         p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
         p.new[idx].tolist(), strict=True), strict=True))
+    # each run's fields, read a column at a time (W2's changed plans list 128 runs)
+    first = span[:, 0]
+    runs = [dict(zip(POOL_RUN.names, (s, [k0, k1 + 1], p0, cells, new), strict=True))
+            for s, k0, k1, p0, cells, new in zip(
+                p.seq[first].tolist(), p.k[first].tolist(), p.k[span[:, 1] - 1].tolist(),
+                p.first_pos[first].tolist(), run_cells(p.cells, first),
+                p.new[first].tolist(), strict=True)]
     out: list[dict] = []
     at = 0
-    for a, b in [*found, (n, n)]:
-        out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
-        if a < n:
-            out.append(POOL_RUN.make(
-                seq=int(p.seq[a]), k=[int(p.k[a]), int(p.k[b - 1]) + 1],
-                first_pos=int(p.first_pos[a]), cells=run_cells(p.cells, a),
-                new=bool(p.new[a])))
+    for (a, b), run in zip([*found, (n, n)], [*runs, None], strict=True):
+        if at < a:
+            out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
+        if run is not None:
+            out.append(run)
         at = b
     return out
 
@@ -195,9 +201,11 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     out: list[dict] = []
     at = 0
-    for a, b in found.tolist():
-        out += singles(at, a)
-        out.append(SCATTER_RUN.make(n=b - a, cells=run_cells(rows, a), pad=False))
+    names = SCATTER_RUN.names
+    for (a, b), cells in zip(found.tolist(), run_cells(rows, found[:, 0]), strict=True):
+        if at < a:
+            out += singles(at, a)
+        out.append(dict(zip(names, (b - a, cells, False), strict=True)))
         at = b
     return out + singles(at, n)
 
