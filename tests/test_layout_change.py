@@ -7,6 +7,7 @@ engine's full rebuild. Numbers derived by hand in each test."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import run
 from hypothesis import given
 from hypothesis import strategies as st
@@ -249,4 +250,33 @@ def test_pool_members_carry_the_kept_pools_over_a_change_and_look_up_the_new():
     lay.update(c, [C, C], False)
     want += [[12, 13], [14, 15]]
     assert lay.pool_members().tolist() == want
-    assert Layout.members_of(lay, lay.every_pool()).tolist() == want
+    assert Layout._look_up_members(lay, lay.every_pool()).tolist() == want
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_members_of_reads_pool_members_while_the_pools_stand(compiled: bool):
+    """Layout.members_of once pool_members is built (a re-pool-all ubatch's marking
+    builds it; its plan, verification and listing ask again): the layout of
+    `test_every_pool_is_one_array_while_the_pools_stand` (members 0,1 / 2,3 / 4,5 /
+    6,7 / 8,9). Pools 4, 0, 2, out of order: [8, 9], [0, 1], [4, 5], read in the built
+    columns (a spoiled copy of them shows it), in a new array (writing it leaves them
+    as they were). Once seq 0's pos 6, 7 (cells 10, 11) close a pool, the columns are
+    gone and pools 3, 5 are looked up: [10, 11] (seq 0's new pool 3) and [8, 9]."""
+    c = KvCache(CacheConfig(kv_size=64, kpool=2, n_seq_max=2))
+    lay = CompiledLayout(2, 2, False, 64, 64) if compiled else Layout(2, 2, False, 64)
+    decode(c, 0, range(6))
+    decode(c, 1, range(4))
+    lay.update(c, [C, C], False)
+    ips = np.array([4, 0, 2])
+    assert lay.members_of(ips).tolist() == [[8, 9], [0, 1], [4, 5]]  # looked up
+    members = lay.pool_members()
+    members[4] = [60, 61]  # spoiled, to see where the answer comes from
+    got = lay.members_of(ips)
+    assert got.tolist() == [[60, 61], [0, 1], [4, 5]]
+    members[4] = [8, 9]
+    got[:] = -1
+    assert lay.pool_members().tolist() == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    decode(c, 0, [6, 7])
+    lay.update(c, [C, C], False)
+    assert lay._every is None
+    assert lay.members_of(np.array([3, 5])).tolist() == [[10, 11], [8, 9]]

@@ -133,7 +133,7 @@ class CompiledLayout(Layout):
                 fresh.append(every[a + n_kept:b])
         if fresh:
             ips = np.concatenate(fresh)
-            members[ips] = self.members_of(ips)
+            members[ips] = self._look_up_members(ips)
         return members
 
     def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
@@ -180,11 +180,12 @@ class CompiledLayout(Layout):
         cut = np.searchsorted(ips, start).tolist()
         return [(s, cut[s], cut[s + 1]) for s in range(len(self.seqs)) if cut[s] < cut[s + 1]]
 
-    def members_of(self, ips: np.ndarray) -> np.ndarray:
-        """Layout.members_of, a sequence's pools at a time through `kernels.members`."""
+    def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
+        """Layout._look_up_members, a sequence's pools at a time through
+        `kernels.members`."""
         runs = self._runs(ips)
         if runs is None:
-            return super().members_of(ips)
+            return super()._look_up_members(ips)
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
         start = self.pool_start()
         for s, a, b in runs:

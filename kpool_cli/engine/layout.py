@@ -385,7 +385,7 @@ class Layout:
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """`pool_members` as it is built again after the pools changed: looked up."""
-        return self.members_of(every)
+        return self._look_up_members(every)
 
     def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
         """[n_seq_max] bool: `known_equal` of every sequence (none, here)."""
@@ -430,7 +430,16 @@ class Layout:
         return seq, ips - start[seq]
 
     def members_of(self, ips: np.ndarray) -> np.ndarray:
-        """[len(ips), kpool] global member rows of the pools with global indices ips."""
+        """[len(ips), kpool] global member rows of the pools with global indices ips: read
+        in `pool_members` while it is built for the pools as they stand (a re-pool-all
+        ubatch's plan, its verification and its listing ask again for what marking had
+        built), else looked up (a new array either way)."""
+        if self._every is not None:
+            return self._every[2][ips]
+        return self._look_up_members(ips)
+
+    def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
+        """`members_of`, from each sequence's pairs."""
         seq, k = self.locate(ips)
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
         for s in unique(seq).tolist():
