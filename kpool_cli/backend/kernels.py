@@ -52,7 +52,7 @@ from ..jit import cache_for
 from ..signals import masked
 from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
-from .recheck import NEW, NO_TAIL, NONE, SCAN
+from .recheck import NEW, NO_PAIR, NO_TAIL, NONE, SCAN
 
 _U27 = np.uint64(27)
 _U30 = np.uint64(30)
@@ -578,7 +578,7 @@ def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
 
 
 _NEW, _NONE, _SCAN, _NO_TAIL = np.int64(NEW), np.int64(NONE), np.int64(SCAN), np.int64(NO_TAIL)
-_NO_PAIR = np.int64(np.iinfo(np.int64).max)  # above every pair
+_NO_PAIR = np.int64(NO_PAIR)
 
 
 @numba.njit("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, i8[::1], "

@@ -22,7 +22,7 @@ from ..arrays import rows_equal, rows_max, unique
 from ..cache.cells import CELL_BITS, CELL_MASK, make_keys
 from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import POW2, key_rows_from_state
-from .recheck import NEW, NO_TAIL, NONE, SCAN
+from .recheck import NEW, NO_PAIR, NO_TAIL, NONE, SCAN
 
 
 def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
@@ -249,5 +249,4 @@ def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:
     if outside.size:
         k = int(outside[0])
         raise IndexError(f"cells[{k}] is cell {cells[k]}, outside the stream")
-    return int(make_keys(pos[cells], cells).min()) if cells.size else int(
-        np.iinfo(np.int64).max)
+    return int(make_keys(pos[cells], cells).min()) if cells.size else NO_PAIR

@@ -38,7 +38,7 @@ from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
-from .recheck import LOOK, NEW, NO_TAIL, NONE, SCAN
+from .recheck import LOOK, NEW, NO_PAIR, NO_TAIL, NONE, SCAN
 from .slots import SlotTable
 from .writers import Writers
 
@@ -298,7 +298,6 @@ class Verifier:
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
-_NO_PAIR = int(np.iinfo(np.int64).max)  # above every pair: no changed pair
 # from this many sequences to recheck (and after a clear), `NEW` ones are rechecked as
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
 # less by itself
@@ -318,12 +317,11 @@ class _DirtyPairs:
     member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
     a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) it is
     `too_many`: `of` gives None and `lowest` is not asked, as a pass over the pairs
-    costs less than that many look-ups. `lowest` pairs the changed cells by stream
-    (`_changed`, kept); `least` takes them from there once they are, else, for a
-    one-stream cache, pairs them in one kernel pass (`least_pair`) and keeps nothing,
-    so a `lowest` after it pairs them again (the rare case: a changed pair at or
-    before a kept tail). `rep_scan`: the scan's `_rep_dirty`, once some sequence
-    needs it."""
+    costs less than that many look-ups. `least` and `lowest` share one split of the
+    changed cells by stream (`_by_stream`): `least` reads each stream's least pair in
+    one kernel pass (`least_pair`), `lowest` pairs them all (`_changed`, the rare case:
+    a changed pair at or before a kept tail). `rep_scan`: the scan's `_rep_dirty`,
+    once some sequence needs it."""
 
     LOOKUP_MAX_ROWS = 4096
 
@@ -334,6 +332,7 @@ class _DirtyPairs:
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > self.LOOKUP_MAX_ROWS)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+        self._streams: list[tuple[Stream, np.ndarray]] | None = None
         self._cells: list[tuple[Stream, np.ndarray, np.ndarray]] | None = None
         self.rep_scan: list[np.ndarray | None] | None = None
 
@@ -355,11 +354,11 @@ class _DirtyPairs:
         holds none), for all at once: a cell's pair is the same in every sequence that
         holds it, so a stream's changed cells are paired once and each column takes the
         least of those it holds. Asked only when not `too_many` (else: scan)."""
-        low = np.full(n_seq, _NO_PAIR, dtype=np.int64)
+        low = np.full(n_seq, NO_PAIR, dtype=np.int64)
         for st, cells, pairs in self._changed():
             # a stream's columns are distinct sequences, held by no other stream
             ids = np.asarray(st.seq_ids, dtype=np.int64)
-            mins = np.where(st.has[:, cells], pairs, _NO_PAIR).min(axis=1)
+            mins = np.where(st.has[:, cells], pairs, NO_PAIR).min(axis=1)
             low[ids] = np.minimum(low[ids], mins)
         return low
 
@@ -370,28 +369,29 @@ class _DirtyPairs:
         step of slots at one length, each appending its new pair: W2's), this alone
         says so; slots at different lengths, or a changed cell that was freed (pos -1),
         leave it to `lowest`."""
-        if self._cells is None and len(self.cache.streams) == 1:
-            # one stream: a row is its cell (global_row's), paired in one kernel pass
+        return min((self.kernels.least_pair(cells, st.pos) for st, cells in self._by_stream()),
+                   default=NO_PAIR)
+
+    def _by_stream(self) -> list[tuple[Stream, np.ndarray]]:
+        """Per stream with a changed row: the stream and its changed cells (member and
+        rep lists end to end)."""
+        if self._streams is None:
             rows = [*self.kdirty, *self.pdirty]
-            if not rows:
-                return _NO_PAIR
-            return self.kernels.least_pair(rows[0] if len(rows) == 1 else np.concatenate(rows),
-                                           self.cache.streams[0].pos)
-        return min((int(pairs.min()) for _st, _cells, pairs in self._changed()),
-                   default=_NO_PAIR)
+            rows_a = (rows[0] if len(rows) == 1 else np.concatenate(rows) if rows
+                      else np.empty(0, dtype=np.int64))
+            streams = self.cache.streams
+            if len(streams) == 1:  # a row is its cell (global_row's)
+                by_stream = [(0, rows_a)]
+            else:
+                strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's
+                by_stream = [(t, cells[strm == t]) for t in unique(strm).tolist()]
+            self._streams = [(streams[t], c) for t, c in by_stream if c.size]
+        return self._streams
 
     def _changed(self) -> list[tuple[Stream, np.ndarray, np.ndarray]]:
-        """Per stream with a changed row: the stream, its changed cells (member and rep
-        lists end to end) and their pairs."""
+        """`_by_stream`, with the changed cells' pairs."""
         if self._cells is None:
-            rows = [*self.kdirty, *self.pdirty]
-            rows_a = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
-            strm, cells = np.divmod(rows_a, self.cache.config.kv_size)  # global_row's
-            streams = self.cache.streams
-            by_stream = ([(0, cells)] if len(streams) == 1 else
-                         [(t, cells[strm == t]) for t in unique(strm).tolist()])
-            self._cells = [(streams[t], c, make_keys(streams[t].pos[c], c))
-                           for t, c in by_stream if c.size]
+            self._cells = [(st, c, make_keys(st.pos[c], c)) for st, c in self._by_stream()]
         return self._cells
 
     def _split(self, members: dict[int, tuple[np.ndarray, np.ndarray]],

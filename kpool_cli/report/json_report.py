@@ -157,8 +157,8 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
         return [dict(zip(keys, row, strict=True)) for row in zip(
             p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
             p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
-    span = pool_spans(p) if spans is None else spans
-    found = span.tolist()
+    spans = pool_spans(p) if spans is None else spans
+    found = spans.tolist()
     alone = np.ones(n, dtype=bool)
     for a, b in found:
         alone[a:b] = False
@@ -168,10 +168,10 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
         p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
         p.new[idx].tolist(), strict=True), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
-    first = span[:, 0]
+    first = spans[:, 0]
     runs = [dict(zip(POOL_RUN.names, (s, [k0, k1 + 1], p0, cells, new), strict=True))
             for s, k0, k1, p0, cells, new in zip(
-                p.seq[first].tolist(), p.k[first].tolist(), p.k[span[:, 1] - 1].tolist(),
+                p.seq[first].tolist(), p.k[first].tolist(), p.k[spans[:, 1] - 1].tolist(),
                 p.first_pos[first].tolist(), run_cells(p.cells, first),
                 p.new[first].tolist(), strict=True)]
     out: list[dict] = []
