@@ -71,7 +71,14 @@ from .contracts.records import (
     Pools,
     UbatchRecord,
 )
-from .engine.context import OpContext, UbatchContext, race_groups
+from .engine.context import (
+    Groups,
+    OpContext,
+    RacedWriters,
+    UbatchContext,
+    race_groups,
+    raced_writers,
+)
 from .engine.edits import Staleness, check_edit
 from .engine.layout import POS_CLEAN, Layout
 from .engine.marking import Marking, gen_zeroed, mark, n_new_graph
@@ -116,7 +123,6 @@ def auto_compiled_from(backend: str | None) -> int:
     """The ubatches from which `auto` runs the compiled core, for a value backend
     named `backend` (None: model only)."""
     return AUTO_COMPILED_FROM["numba" if backend == "numba" else "other"]
-Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +137,7 @@ class Core:
     mark: Callable[..., Marking]
     build_plan: Callable[..., ScatterPlan]
     race_groups: Callable[[m.CacheConfig], Groups]
+    raced_writers: RacedWriters
     pool_spans: Callable[[Pools], np.ndarray]  # contracts/runs.py's
     scatter_spans: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -153,8 +160,8 @@ def core_of(name: str) -> Core:
     if name == "reference":
         return Core(name, KvCache,
                     lambda c: Layout(c.n_seq_max, c.kpool, c.by_order, c.kv_size),
-                    mark, build_plan, lambda c: race_groups, runs.pool_spans,
-                    runs.scatter_spans)
+                    mark, build_plan, lambda c: race_groups, raced_writers,
+                    runs.pool_spans, runs.scatter_spans)
     if name == "compiled":
         from .compiled import marking as cm
         from .compiled import runs as cr
@@ -165,7 +172,8 @@ def core_of(name: str) -> Core:
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
                     cm.mark, partial(build_plan, padding=cm.padding, visibility=cm.visible),
-                    lambda c: cm.race_groups(c.n_rows), cr.pool_spans, cr.scatter_spans)
+                    lambda c: cm.race_groups(c.n_rows), cm.raced_writers, cr.pool_spans,
+                    cr.scatter_spans)
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
@@ -488,7 +496,7 @@ class Replayer:
         except EngineAbort as e:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),
-                               self.groups)
+                               self.groups, self.core.raced_writers)
         values = self.backend.run_ubatch(ctx) if self.backend and plan is not None else None
         findings: list[Finding] = []
         for chk in self.checks:

@@ -188,6 +188,62 @@ def test_group_writers_are_the_writers_of_each_groups_entries_in_entry_order():
     assert ctx.group_writers(np.array([], dtype=np.int64)) == []
 
 
+def test_the_raced_writers_are_the_entries_of_groups_of_two_or_more_in_entry_order():
+    """engine/context.py `raced_writers`, by hand, on both cores' twins: entries 0..5
+    write rows 7, 3, 7, 9, 3, 7 and pool the global pools 12, 0, -1 (padding), 21, 4,
+    10, pool p being (seq p // 10, k p % 10) by pool_start [0, 10, 20, 30] (pools 0
+    and 10 begin their sequences). Groups: row 3 (group 0: entries 1, 4), row 7
+    (group 1: 0, 2, 5), row 9 (group 2: 3, alone, so not raced). The raced entries in
+    entry order are 0, 1, 2, 4, 5: writers (1, 2), (0, 0), padding, (0, 4), (1, 0);
+    groups 1, 0, 1, 0, 1."""
+    from kpool_cli.compiled import marking as cm
+
+    order, starts, _rows = context.race_groups(np.array([7, 3, 7, 9, 3, 7]))
+    entry_pool = np.array([12, 0, -1, 21, 4, 10])
+    layout = _layout_of(_POOL_START)
+    for twin in (context.raced_writers, cm.raced_writers):
+        entries, writers, group = twin(order, starts, entry_pool, layout)
+        assert entries.tolist() == [0, 1, 2, 4, 5], twin
+        assert writers.tolist() == [[1, 2], [0, 0], [-1, -1], [0, 4], [1, 0]], twin
+        assert group.tolist() == [1, 0, 1, 0, 1], twin
+
+
+def test_the_compiled_raced_writers_are_the_references_on_random_plans():
+    """compiled/marking.py `raced_writers` (one kernel) against engine/context.py's
+    numpy, on random plans: 0 to 3000 entries over a few rows or many (groups of one
+    to dozens), a tenth padding, pools spread over sequences some of which are
+    empty."""
+    from kpool_cli.compiled import marking as cm
+
+    rng = np.random.default_rng(29)
+    for n in (0, 1, 2, 65, 3000):
+        for n_rows in (3, 50, 100_000):
+            counts = rng.integers(0, 40, 6)
+            counts[rng.integers(0, 6)] = 0
+            start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+            layout = _layout_of(start)
+            rep = rng.integers(0, n_rows, n).astype(np.int64)
+            entry_pool = rng.integers(0, max(int(start[-1]), 1), n).astype(np.int64)
+            entry_pool[rng.random(n) < 0.1] = -1
+            if start[-1] == 0:
+                entry_pool[:] = -1
+            order, starts, _rows = context.race_groups(rep)
+            want = context.raced_writers(order, starts, entry_pool, layout)
+            got = cm.raced_writers(order, starts, entry_pool, layout)
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and np.array_equal(g, w), (n, n_rows)
+
+
+def _layout_of(start: np.ndarray) -> SimpleNamespace:
+    """A layout as `writers_of` and the compiled `raced_writers` read it: `pool_start`,
+    and `locate` by it (a binary search, as Layout.locate's)."""
+    def locate(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        seq = np.searchsorted(start, p, side="right") - 1
+        return seq, p - start[seq]
+
+    return SimpleNamespace(locate=locate, pool_start=lambda: start)
+
+
 _POOL_START = np.array([0, 10, 20, 30])
 
 
@@ -198,8 +254,9 @@ def _race_context(rep: list[int], entry_pool: list[int]) -> SimpleNamespace:
     layout = SimpleNamespace(locate=lambda p: (p // 10, p % 10), pool_start=lambda: _POOL_START)
     ctx = SimpleNamespace(order=order, starts=starts, rows=rows, layout=layout,
                           sizes=np.diff(starts), raced=np.flatnonzero(np.diff(starts) > 1),
-                          plan=SimpleNamespace(entry_pool=np.array(entry_pool)))
-    for name in ("raced_entries", "group_writers"):
+                          plan=SimpleNamespace(entry_pool=np.array(entry_pool)),
+                          raced_of=context.raced_writers)
+    for name in ("raced_writers", "group_writers"):
         setattr(ctx, name, getattr(context.UbatchContext, name).__get__(ctx))
     return ctx
 

@@ -440,6 +440,41 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
 
 
 @kernel
+def raced_writers(order, starts, entry_pool, pool_start, entries, writers, group
+                  ):  # pragma: no cover - compiled
+    """engine/context.py `raced_writers`, into `entries`, `writers` and `group` (each
+    of the entries' size): the entries of the race groups of two or more
+    (`order[starts[g]:starts[g + 1]]`), in entry order, the [seq, k] of each (its
+    global pool's sequence by `pool_start`, as `Layout.locate` finds it; -1, -1 for
+    padding) and its group. Returns how many."""
+    n = order.size
+    of = np.full(n, -1, dtype=np.int64)  # each entry's group, when raced
+    for g in range(starts.size - 1):
+        a = starts[g]
+        b = starts[g + 1]
+        if b - a > 1:
+            for j in range(a, b):
+                of[order[j]] = g
+    m = 0
+    for e in range(n):
+        g = of[e]
+        if g < 0:
+            continue
+        entries[m] = e
+        group[m] = g
+        p = entry_pool[e]
+        if p < 0:
+            writers[m, 0] = -1
+            writers[m, 1] = -1
+        else:
+            s = _bisect_in(pool_start, p, True) - 1
+            writers[m, 0] = s
+            writers[m, 1] = p - pool_start[s]
+        m += 1
+    return m
+
+
+@kernel
 def first_difference(have, want):  # pragma: no cover - compiled
     """engine/layout.py `Layout.drift`: the first index where the two key arrays
     differ (min of their sizes when one is a prefix of the other), -1 if equal."""

@@ -1,14 +1,14 @@
 """The compiled core's marking, padding rows, visibility and race groups (ENGINE.md
 §6-7): engine/marking.py's `mark`, engine/scatter.py's `padding_rows` and
 `visible_pools` (which the reference `build_plan` takes) and engine/context.py's
-`race_groups`, with their loops over tokens, pools and rows in kernels
-(compiled/kernels.py).
+`race_groups` and `raced_writers`, with their loops over tokens, pools and rows in
+kernels (compiled/kernels.py).
 
-Owns: `mark`, `padding`, `visible`, `race_groups`, each the reference function's
-result for the same arguments (the same arrays, the same EngineAbort messages), which
-the tests hold byte for byte. The decisions (which candidate wins, which rows pad) are the
-reference's rules, cited in the kernels; the stale candidates and the grouping by
-sequence are the reference's own functions.
+Owns: `mark`, `padding`, `visible`, `race_groups`, `raced_writers`, each the reference
+function's result for the same arguments (the same arrays, the same EngineAbort
+messages), which the tests hold byte for byte. The decisions (which candidate wins,
+which rows pad) are the reference's rules, cited in the kernels; the stale candidates
+and the grouping by sequence are the reference's own functions.
 """
 
 from __future__ import annotations
@@ -110,3 +110,17 @@ def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndar
         return order, starts, rows
 
     return SameArrays(groups)
+
+
+def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+                  layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """engine/context.py `raced_writers` through `kernels.raced_writers`: one pass over
+    the groups and one over the entries, where the reference's numpy takes ten (KP001
+    reads them again whenever a cache-safe plan gains a pool)."""
+    n = order.size
+    entries = np.empty(n, dtype=np.int64)
+    writers = np.empty((n, 2), dtype=np.int64)
+    group = np.empty(n, dtype=np.int64)
+    m = k.raced_writers(order, starts, entry_pool, layout.pool_start(), entries, writers,
+                        group)
+    return entries[:m], writers[:m], group[:m]

@@ -4,8 +4,11 @@ read them (ENGINE.md §8), built by the replay: `UbatchContext` once a ubatch,
 
 Owns: `UbatchContext`, `race_groups` (the scatter entries grouped by the row they
 write, computed once a ubatch: the static checks, the value backend's scatter and
-KP001's value evidence all read them here), `writers_of` (the pool each entry
-scatters, `PAD_WRITER` for padding) and `OpContext`.
+KP001's value evidence all read them here), `raced_writers` (the entries that write
+a raced row, their writers and their groups: what KP001 reads of a plan),
+`writers_of` (the pool each entry scatters, `PAD_WRITER` for padding) and
+`OpContext`. A core may compute the race groups and the raced writers its own way
+(`Groups`, `RacedWriters`: the compiled core's kernels), to the same arrays.
 
 Invariants: a context is built by `UbatchContext.of` only, so its groups are those of
 its plan; `plan` is None exactly when the engine aborted before its scatter plan
@@ -46,6 +49,24 @@ def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, starts, srep[head]
 
 
+def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+                  layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries that write a raced row (a race group `order[starts[g]:starts[g +
+    1]]` of two or more), in entry order; the [seq, k] of each (`writers_of`, its
+    global pool `entry_pool[e]` in `layout`: PAD_WRITER for padding); and the race
+    group of each."""
+    sizes = np.diff(starts)
+    group = np.empty(order.size, dtype=np.int64)
+    group[order] = np.repeat(np.arange(sizes.size), sizes)
+    entries = np.flatnonzero((sizes > 1)[group])
+    return entries, writers_of(layout, entry_pool[entries]), group[entries]
+
+
+Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+RacedWriters = Callable[[np.ndarray, np.ndarray, np.ndarray, Layout],
+                        tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
 def _groups_raced(starts: np.ndarray) -> np.ndarray:
     """The race groups of two or more entries, of groups that start at `starts`."""
     return np.flatnonzero(np.diff(starts) > 1)
@@ -61,7 +82,8 @@ class UbatchContext:
     what the update changed, the scatter plan (None when the engine aborted before it,
     `abort` saying why), the ubatch's tokens (their pos, their seq ids), and the race
     groups of the plan (as `race_groups` gives them) with `raced`, the groups of two
-    or more entries (the rows KP001 names)."""
+    or more entries (the rows KP001 names), and how the core finds the writers of
+    those (`raced_of`: `raced_writers`, or its equal twin)."""
 
     cache: KvCache
     layout: Layout
@@ -74,15 +96,16 @@ class UbatchContext:
     starts: np.ndarray
     rows: np.ndarray
     raced: np.ndarray
+    raced_of: RacedWriters
 
     @classmethod
     def of(cls, cache: KvCache, layout: Layout, change: LayoutChange,
            plan: ScatterPlan | None, abort: str | None, token_pos: np.ndarray,
            token_seqs: tuple[tuple[int, ...], ...],
-           groups: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
-           | None = None) -> UbatchContext:
-        """`groups`: how the race groups are computed (`race_groups`, or a core's
-        equal twin)."""
+           groups: Groups | None = None, raced_of: RacedWriters | None = None
+           ) -> UbatchContext:
+        """`groups`, `raced_of`: how the race groups and the writers of the raced rows
+        are computed (`race_groups`, `raced_writers`, or a core's equal twins)."""
         assert (plan is None) == (abort is not None), "a plan, or the abort that stopped it"
         if plan is None:
             order, starts, rows = _EMPTY, np.zeros(1, dtype=np.int64), _EMPTY
@@ -90,19 +113,18 @@ class UbatchContext:
             order, starts, rows = (groups or race_groups)(plan.entry_rep)
         raced = _raced(starts)
         return cls(cache, layout, change, plan, abort, token_pos, token_seqs, order, starts,
-                   rows, raced)
+                   rows, raced, raced_of or raced_writers)
 
     @property
     def sizes(self) -> np.ndarray:
         """[n_groups] the entries of each group."""
         return np.diff(self.starts)
 
-    def raced_entries(self) -> np.ndarray:
-        """The entries (in entry order) that write a raced row."""
-        sizes = self.sizes
-        hit = np.zeros(self.order.size, dtype=bool)
-        hit[self.order[np.repeat(sizes > 1, sizes)]] = True
-        return np.flatnonzero(hit)
+    def raced_writers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The entries that write a raced row (in entry order), the [seq, k] of each
+        and each one's race group (`raced_writers`)."""
+        assert self.plan is not None
+        return self.raced_of(self.order, self.starts, self.plan.entry_pool, self.layout)
 
     def group_writers(self, groups: np.ndarray) -> list[list[list[int]]]:
         """Per group of `groups` (indices into the groups): the [seq, k] of each of its

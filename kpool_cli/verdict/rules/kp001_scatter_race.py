@@ -22,7 +22,7 @@ from ... import wording as words
 from ...arrays import SameArrays, SameValues
 from ...backend.facts import ValueFacts
 from ...contracts.finding import EVIDENCE_ROWS, Code, Finding, PoolIds, RowIds
-from ...engine.context import UbatchContext, writers_of
+from ...engine.context import UbatchContext
 from ..rule import PLAN, Explanation, doc
 from ..rule import Check as RuleCheck
 
@@ -105,16 +105,10 @@ def race_key(*_kept_by: np.ndarray, ctx: UbatchContext
     """What KP001 reads of the plan of `ctx` (which has a raced row): (rows, counts,
     writers, group), the raced rows (ascending), each one's count of entries, the
     [seq, k] of the entries that write them in entry order (PAD_WRITER for padding),
-    and the race group of each of those entries. (`_kept_by`: the arrays `Check`
-    keeps it by.)"""
-    plan = ctx.plan
-    assert plan is not None
-    entries = ctx.raced_entries()
-    sizes = ctx.sizes
-    group = np.empty(ctx.order.size, dtype=np.int64)
-    group[ctx.order] = np.repeat(np.arange(sizes.size), sizes)
-    writers = writers_of(ctx.layout, plan.entry_pool[entries])
-    return ctx.rows[ctx.raced], sizes[ctx.raced], writers, group[entries]
+    and the race group of each of those entries (`UbatchContext.raced_writers`).
+    (`_kept_by`: the arrays `Check` keeps it by.)"""
+    _entries, writers, group = ctx.raced_writers()
+    return ctx.rows[ctx.raced], ctx.sizes[ctx.raced], writers, group
 
 
 def race(rows: np.ndarray, counts: np.ndarray, writers: np.ndarray) -> Finding:
