@@ -147,26 +147,30 @@ def event_json(e: OpEvent) -> dict:
                       stale={str(s): p for s, p in e.stale.items()}, **more)
 
 
+def _pools_alone(p: Pools, at: np.ndarray | slice) -> list[dict]:
+    """The pools `at` of the listing, one object each (a pool each: no make() each)."""
+    seq_, k_, first_, last_, cells_, rep_, new_ = POOL.names
+    return [{seq_: s, k_: k, first_: f, last_: la, cells_: c, rep_: r, new_: w}
+            for s, k, f, la, c, r, w in zip(
+                p.seq[at].tolist(), p.k[at].tolist(), p.first_pos[at].tolist(),
+                p.last_pos[at].tolist(), p.cells[at].tolist(), p.rep[at].tolist(),
+                p.new[at].tolist(), strict=True)]
+
+
 def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[dict]:
     """The listed pools, in order (kpool 0: no runs). A run of pools (contracts/runs.py
     `pool_spans`; `spans`, when the core found them) is written as one
     {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, d, e], "new"}."""
     n = len(p)
-    keys = POOL.names
     if n < 2 or not kpool:  # no run can form: every pool alone
-        return [dict(zip(keys, row, strict=True)) for row in zip(
-            p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
-            p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
+        return _pools_alone(p, slice(None))
     spans = pool_spans(p) if spans is None else spans
     found = spans.tolist()
     alone = np.ones(n, dtype=bool)
     for a, b in found:
         alone[a:b] = False
     idx = np.flatnonzero(alone)
-    singles = dict(zip(idx.tolist(), zip(
-        p.seq[idx].tolist(), p.k[idx].tolist(), p.first_pos[idx].tolist(),
-        p.last_pos[idx].tolist(), p.cells[idx].tolist(), p.rep[idx].tolist(),
-        p.new[idx].tolist(), strict=True), strict=True))
+    singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
     runs = [dict(zip(POOL_RUN.names, (s, [k0, k1 + 1], p0, cells, new), strict=True))
@@ -178,7 +182,7 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     at = 0
     for (a, b), run in zip([*found, (n, n)], [*runs, None], strict=True):
         if at < a:
-            out += [dict(zip(keys, singles[i], strict=True)) for i in range(at, a)]
+            out += [singles[i] for i in range(at, a)]
         if run is not None:
             out.append(run)
         at = b
@@ -193,7 +197,8 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     n = int(rep.size)
 
     def singles(lo: int, hi: int) -> list[dict]:
-        return [dict(zip(SCATTER.names, entry, strict=True)) for entry in zip(
+        rep_, cells_, pad_ = SCATTER.names  # an entry each: no make() each
+        return [{rep_: w, cells_: c, pad_: d} for w, c, d in zip(
             rep[lo:hi].tolist(), rows[lo:hi].tolist(), pad[lo:hi].tolist(), strict=True)]
 
     if n < 2 or not kpool:  # no run can form: every entry alone
@@ -242,13 +247,11 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
     `--pools all` asks for: the full listing)."""
     kpool = int(r.scatter_rows.shape[1]) if run_form else 0
     pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
-    tokens = []
-    for k, (p, ss, row) in enumerate(zip(r.token_pos.tolist(), r.token_seqs,
-                                         r.token_rows.tolist(), strict=True)):
-        t = {pos_: p, seq_: list(ss), cell_: row}
-        if r.token_ext is not None:
-            t[ext_] = r.token_ext[k].tolist()
-        tokens.append(t)
+    tokens = [{pos_: p, seq_: list(ss), cell_: row} for p, ss, row in zip(
+        r.token_pos.tolist(), r.token_seqs, r.token_rows.tolist(), strict=True)]
+    if r.token_ext is not None:
+        for t, ext in zip(tokens, r.token_ext.tolist(), strict=True):
+            t[ext_] = ext
     return UBATCH.make(
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
