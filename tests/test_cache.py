@@ -214,6 +214,14 @@ def test_s3_validation_of_one_token_per_sequence():
         "seq 0: the cache's last position is X = 3 but the batch starts at Y = 5; it is "
         "required that Y = X + 1")
     assert check(toks((5, [0]), (0, [3])), c) == "token 1: invalid seq_id 3 (n_seq_max = 3)"
+    # a stream per sequence: each one's X is its own stream's (seq 1: X = 1 in stream 1)
+    c = cache(n_seq_max=3, unified=False)
+    decode(c, 0, range(4))
+    decode(c, 1, range(2))
+    assert check(toks((4, [0]), (2, [1]), (0, [2])), c) is None
+    assert check(toks((4, [0]), (4, [1])), c) == (
+        "seq 1: the cache's last position is X = 1 but the batch starts at Y = 4; it is "
+        "required that Y = X + 1")
 
 
 def test_s3_decreasing_positions_are_accepted_as_the_code_does():

@@ -34,6 +34,7 @@ class SeqPositions(Protocol):
 
     def seq_pos_min(self, s: int) -> int: ...
     def seq_pos_max(self, s: int) -> int: ...
+    def seq_pos_maxes(self, seqs: list[int]) -> list[int]: ...  # seq_pos_max of each
 
 
 def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, mrope: bool,
@@ -73,9 +74,9 @@ def _validate_ends(ends: dict[int, tuple[int, int, int]], coupled: set[tuple[int
                    cache: SeqPositions, *, mrope: bool, embd: bool) -> str | None:
     """The checks per sequence, from its first and last position and its count of
     distinct positions, then those of the coupled pairs."""
-    for s in sorted(ends):
+    seqs = sorted(ends)
+    for s, x in zip(seqs, cache.seq_pos_maxes(seqs), strict=True):
         y, y_max, n_distinct = ends[s]
-        x = cache.seq_pos_max(s)
         if mrope:
             # M-RoPE: text needs X < Y, image embeddings X <= Y; no continuity check
             if x >= 0 and (x > y if embd else x >= y):

@@ -25,6 +25,8 @@ needs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..arrays import unique
@@ -91,6 +93,10 @@ class GrowArray:
             grown[: self._n] = self._a[: self._n]
             self._a = grown
         return self._a
+
+    def last(self) -> int:
+        """The last live value (precondition: one is live)."""
+        return int(self._a[self._n - 1])
 
     def set_len(self, n: int) -> None:
         """The first n values of the buffer are live (n within what `spare` gave)."""
@@ -209,8 +215,13 @@ class Stream:
 
     def seq_pos_max(self, s: int) -> int:
         """-1 when s holds no cell."""
-        k = self.seq_keys[s].view
-        return int(k[-1] >> CELL_BITS) if k.size else -1
+        return self.seq_pos_maxes((s,))[0]
+
+    def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
+        """`seq_pos_max` of each of `seqs` (a batch of parallel slots asks for each of
+        its sequences at once)."""
+        index = self.seq_keys
+        return [k.last() >> CELL_BITS if len(k) else -1 for k in map(index.__getitem__, seqs)]
 
     def live_cells(self) -> np.ndarray:
         """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""

@@ -81,6 +81,10 @@ class RecurrentChild:
         p = self.seq_pos(s)
         return -1 if p is None else max(p, -1)
 
+    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
+        """`seq_pos_max` of each of `seqs`."""
+        return [self.seq_pos_max(s) for s in seqs]
+
     # -- edits -------------------------------------------------------------------------
 
     def clear(self) -> None:
@@ -374,3 +378,6 @@ class HybridPositions:
 
     def seq_pos_max(self, s: int) -> int:
         return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
+
+    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
+        return list(map(min, self.kv.seq_pos_maxes(seqs), self.recurrent.seq_pos_maxes(seqs)))
