@@ -73,8 +73,7 @@ class CompiledLayout(Layout):
                 # the last apply only wrote past s's pairs, which equalled the cache's:
                 # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs
                 # close no pool past j_next (step 4); s stays equal and settled
-                sq.keys.spare(sp.size)[n:sp.size] = sp[n:]
-                sq.keys.set_len(sp.size)
+                sq.keys.extend(sp[n:])
                 scanned += sp.size - n
                 kept.append(n_before)
                 continue
