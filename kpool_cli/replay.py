@@ -129,7 +129,8 @@ def auto_compiled_from(backend: str | None) -> int:
 class Core:
     """One implementation of a ubatch's steps over the shared state: the cache and
     layout classes (their find_slot, writes and update) and the marking, scatter
-    plan and race groups. Every field computes what the reference's does."""
+    plan, race groups, writers of the raced rows and runs of a listing. Every field
+    computes what the reference's does."""
 
     name: str
     cache: Callable[[m.CacheConfig], KvCache]

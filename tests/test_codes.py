@@ -26,6 +26,7 @@ import pytest
 from kpool_cli.backend.store import make_backend
 from kpool_cli.contracts.records import ExpectResult, UbatchRecord
 from kpool_cli.engine import context
+from kpool_cli.engine.layout import Layout
 from kpool_cli.replay import replay
 from kpool_cli.report.json_report import finding_json
 from kpool_cli.trace.load import load_trace, load_trace_text
@@ -148,6 +149,7 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
     scatter and KP001's value evidence all read its groups (on either core)."""
     import kpool_cli.replay as replay_module
     from kpool_cli.compiled import kernels
+    from kpool_cli.compiled import marking as cm
 
     calls = []
     module, name = (replay_module, "race_groups") if core == "reference" else \
@@ -161,12 +163,23 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
         return real(rep, *more)
 
     monkeypatch.setattr(module, name, counted)
+    # and KP001's raced writers, each core's own (the compiled core hands the context
+    # its kernel's twin): counted on both, called on its own alone
+    writers_called = {"reference": 0, "compiled": 0}
+    for where, owner in (("reference", replay_module), ("compiled", cm)):
+        def counted_writers(*args, real=owner.raced_writers, where=where):
+            writers_called[where] += 1
+            return real(*args)
+
+        monkeypatch.setattr(owner, "raced_writers", counted_writers)
     trace = load_trace(ROOT / "traces" / "shared-prefix-race.yaml")
     recs = [r for r in replay(trace, VERSIONS["cache-safe"], make_backend("numpy", trace),
                               core=core) if isinstance(r, UbatchRecord)]
     with_plan = [r for r in recs if not r.aborted]
     assert any(f.code == "KP001" for r in recs for f in r.findings)  # some race is judged
     assert calls == [r.n_new_g for r in with_plan]
+    other = "reference" if core == "compiled" else "compiled"
+    assert writers_called[core] > 0 and writers_called[other] == 0, writers_called
 
 
 def test_the_context_groups_entries_by_row_in_entry_order():
@@ -188,70 +201,64 @@ def test_group_writers_are_the_writers_of_each_groups_entries_in_entry_order():
     assert ctx.group_writers(np.array([], dtype=np.int64)) == []
 
 
-def test_the_raced_writers_are_the_entries_of_groups_of_two_or_more_in_entry_order():
+def test_the_raced_writers_are_the_writers_of_groups_of_two_or_more_in_entry_order():
     """engine/context.py `raced_writers`, by hand, on both cores' twins: entries 0..5
     write rows 7, 3, 7, 9, 3, 7 and pool the global pools 12, 0, -1 (padding), 21, 4,
-    10, pool p being (seq p // 10, k p % 10) by pool_start [0, 10, 20, 30] (pools 0
-    and 10 begin their sequences). Groups: row 3 (group 0: entries 1, 4), row 7
-    (group 1: 0, 2, 5), row 9 (group 2: 3, alone, so not raced). The raced entries in
-    entry order are 0, 1, 2, 4, 5: writers (1, 2), (0, 0), padding, (0, 4), (1, 0);
-    groups 1, 0, 1, 0, 1."""
+    10 of a layout whose sequences hold 10, 0, 20 and 0 pools (pool_start [0, 10, 10,
+    30, 30]: pool p < 10 is (0, p), p >= 10 is (2, p - 10), sequence 1 empty). Groups:
+    row 3 (group 0: entries 1, 4), row 7 (group 1: 0, 2, 5), row 9 (group 2: 3, alone,
+    so not raced). The raced entries in entry order are 0, 1, 2, 4, 5: writers (2,
+    2), (0, 0), padding, (0, 4), (2, 0); groups 1, 0, 1, 0, 1."""
     from kpool_cli.compiled import marking as cm
 
     order, starts, _rows = context.race_groups(np.array([7, 3, 7, 9, 3, 7]))
     entry_pool = np.array([12, 0, -1, 21, 4, 10])
-    layout = _layout_of(_POOL_START)
     for twin in (context.raced_writers, cm.raced_writers):
-        entries, writers, group = twin(order, starts, entry_pool, layout)
-        assert entries.tolist() == [0, 1, 2, 4, 5], twin
-        assert writers.tolist() == [[1, 2], [0, 0], [-1, -1], [0, 4], [1, 0]], twin
+        writers, group = twin(order, starts, entry_pool, _layout_of([10, 0, 20, 0]))
+        assert writers.tolist() == [[2, 2], [0, 0], [-1, -1], [0, 4], [2, 0]], twin
         assert group.tolist() == [1, 0, 1, 0, 1], twin
 
 
 def test_the_compiled_raced_writers_are_the_references_on_random_plans():
-    """compiled/marking.py `raced_writers` (one kernel) against engine/context.py's
-    numpy, on random plans: 0 to 3000 entries over a few rows or many (groups of one
-    to dozens), a tenth padding, pools spread over sequences some of which are
-    empty."""
+    """compiled/marking.py `raced_writers` (one kernel, a binary search in pool_start)
+    against engine/context.py's numpy (`Layout.locate`, which reads `pool_seq`), on
+    random plans: 0 to 3000 entries over a few rows or many (groups of one to
+    dozens), a tenth padding, pools spread over sequences a third of which are
+    empty (the first, the last, runs of them)."""
     from kpool_cli.compiled import marking as cm
 
     rng = np.random.default_rng(29)
     for n in (0, 1, 2, 65, 3000):
         for n_rows in (3, 50, 100_000):
-            counts = rng.integers(0, 40, 6)
-            counts[rng.integers(0, 6)] = 0
-            start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-            layout = _layout_of(start)
+            counts = rng.integers(1, 40, 9) * (rng.random(9) < 0.67)
+            counts[rng.integers(0, 9)] = 0
+            layout = _layout_of(counts.tolist())
+            n_pools = int(counts.sum())
             rep = rng.integers(0, n_rows, n).astype(np.int64)
-            entry_pool = rng.integers(0, max(int(start[-1]), 1), n).astype(np.int64)
-            entry_pool[rng.random(n) < 0.1] = -1
-            if start[-1] == 0:
-                entry_pool[:] = -1
+            entry_pool = rng.integers(0, max(n_pools, 1), n).astype(np.int64)
+            entry_pool[(rng.random(n) < 0.1) | (n_pools == 0)] = -1
             order, starts, _rows = context.race_groups(rep)
             want = context.raced_writers(order, starts, entry_pool, layout)
             got = cm.raced_writers(order, starts, entry_pool, layout)
             for g, w in zip(got, want, strict=True):
-                assert g.dtype == w.dtype and np.array_equal(g, w), (n, n_rows)
+                assert g.dtype == w.dtype and np.array_equal(g, w), (n, n_rows, counts)
 
 
-def _layout_of(start: np.ndarray) -> SimpleNamespace:
-    """A layout as `writers_of` and the compiled `raced_writers` read it: `pool_start`,
-    and `locate` by it (a binary search, as Layout.locate's)."""
-    def locate(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        seq = np.searchsorted(start, p, side="right") - 1
-        return seq, p - start[seq]
-
-    return SimpleNamespace(locate=locate, pool_start=lambda: start)
-
-
-_POOL_START = np.array([0, 10, 20, 30])
+def _layout_of(counts: list[int]) -> Layout:
+    """A layout whose sequences hold `counts` pools (what `locate` and `pool_start`
+    read; the pools' own columns are not asked)."""
+    layout = Layout(len(counts), 4, False, 64)
+    for sq, n in zip(layout.seqs, counts, strict=True):
+        sq.pools.assign(np.zeros(n, dtype=np.int64))
+    layout.n_pool_real = sum(counts)
+    return layout
 
 
 def _race_context(rep: list[int], entry_pool: list[int]) -> SimpleNamespace:
     """A ubatch context as KP001 reads it: the plan's entries writing rows `rep` and
     pooling global pools `entry_pool`, pool p being (seq p // 10, k p % 10)."""
     order, starts, rows = context.race_groups(np.array(rep))
-    layout = SimpleNamespace(locate=lambda p: (p // 10, p % 10), pool_start=lambda: _POOL_START)
+    layout = _layout_of([10, 10, 10])
     ctx = SimpleNamespace(order=order, starts=starts, rows=rows, layout=layout,
                           sizes=np.diff(starts), raced=np.flatnonzero(np.diff(starts) > 1),
                           plan=SimpleNamespace(entry_pool=np.array(entry_pool)),

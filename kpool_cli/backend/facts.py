@@ -43,7 +43,7 @@ class RowContent:
 class ValueFacts:
     """One ubatch's values, once pooled, scattered and verified.
 
-    `equal` [n_groups] bool: the entries of race group g (`UbatchContext.race_groups`)
+    `equal` [n_groups] bool: the entries of race group g (`engine.context.race_groups`)
     write equal values. `bad[s]` [n_pools of s] bool: pool k of s reads wrong (its
     row, or a racing writer's value, differs from the pooling of its current
     members). `first_bad[s]`: for each sequence with a bad pool, its first bad pool k

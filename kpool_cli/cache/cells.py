@@ -95,7 +95,8 @@ class GrowArray:
         return self._a
 
     def last(self) -> int:
-        """The last live value (precondition: one is live)."""
+        """The last live value."""
+        assert self._n, "no live value"
         return int(self._a[self._n - 1])
 
     def set_len(self, n: int) -> None:
@@ -160,6 +161,11 @@ class SortedKeys(GrowArray):
         return cur[lo:hi]
 
 
+def _last_pos(index: SortedKeys) -> int:
+    """The pos of a sequence's last pair (its index of keys), -1 when it holds none."""
+    return index.last() >> CELL_BITS if len(index) else -1
+
+
 class Stream:
     """`kv_size` cells. `seq_ids` are the sequences this stream can hold: all of them
     in a unified cache, only its own sequence in a non-unified one."""
@@ -215,13 +221,12 @@ class Stream:
 
     def seq_pos_max(self, s: int) -> int:
         """-1 when s holds no cell."""
-        return self.seq_pos_maxes((s,))[0]
+        return _last_pos(self.seq_keys[s])
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs` (a batch of parallel slots asks for each of
         its sequences at once)."""
-        index = self.seq_keys
-        return [k.last() >> CELL_BITS if len(k) else -1 for k in map(index.__getitem__, seqs)]
+        return list(map(_last_pos, map(self.seq_keys.__getitem__, seqs)))
 
     def live_cells(self) -> np.ndarray:
         """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""

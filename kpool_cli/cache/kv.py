@@ -163,9 +163,9 @@ class KvCache:
 
     def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs`."""
-        if self.config.unified:
-            return self.streams[0].seq_pos_maxes(seqs)
-        return [self.streams[s].seq_pos_max(s) for s in seqs]
+        if self.config.unified:  # one stream holds them all
+            return self.stream(0).seq_pos_maxes(seqs)
+        return [self.stream(s).seq_pos_max(s) for s in seqs]
 
     def holds_in(self, s: int, p0: int, p1: int) -> bool:
         """Whether a seq_rm(s, p0, p1) would find a cell to drop s from (s < 0: any

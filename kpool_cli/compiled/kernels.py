@@ -440,32 +440,26 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
 
 
 @kernel
-def raced_writers(order, starts, entry_pool, pool_start, entries, writers, group
+def raced_writers(order, starts, entry_pool, pool_start, pad_seq, pad_k, writers, group
                   ):  # pragma: no cover - compiled
-    """engine/context.py `raced_writers`, into `entries`, `writers` and `group` (each
-    of the entries' size): the entries of the race groups of two or more
-    (`order[starts[g]:starts[g + 1]]`), in entry order, the [seq, k] of each (its
-    global pool's sequence by `pool_start`, as `Layout.locate` finds it; -1, -1 for
-    padding) and its group. Returns how many."""
-    n = order.size
-    of = np.full(n, -1, dtype=np.int64)  # each entry's group, when raced
-    for g in range(starts.size - 1):
-        a = starts[g]
-        b = starts[g + 1]
-        if b - a > 1:
-            for j in range(a, b):
-                of[order[j]] = g
+    """engine/context.py `raced_writers`: into writers[:m] and group[:m] (`group` of the
+    entries' size, `writers` as many rows), the [seq, k] of each entry of the race
+    groups of two or more (`order[starts[g]:starts[g + 1]]`), in entry order (its
+    global pool's sequence by `pool_start`, as `Layout.locate` finds it; pad_seq,
+    pad_k for padding) and its group. Returns m."""
+    for g in range(starts.size - 1):  # each entry's group
+        for j in range(starts[g], starts[g + 1]):
+            group[order[j]] = g
     m = 0
-    for e in range(n):
-        g = of[e]
-        if g < 0:
+    for e in range(order.size):  # the raced ones, compacted in place (m <= e)
+        g = group[e]
+        if starts[g + 1] - starts[g] < 2:
             continue
-        entries[m] = e
         group[m] = g
         p = entry_pool[e]
         if p < 0:
-            writers[m, 0] = -1
-            writers[m, 1] = -1
+            writers[m, 0] = pad_seq
+            writers[m, 1] = pad_k
         else:
             s = _bisect_in(pool_start, p, True) - 1
             writers[m, 0] = s

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..arrays import SameArrays
 from ..cache.aborts import EngineAbort
+from ..engine.context import PAD_WRITER
 from ..engine.layout import Layout, by_sequence
 from ..engine.marking import Marking, stale_candidates, token_pairs
 from ..engine.scatter import NO_ROW_LEFT, visible_pools
@@ -113,14 +114,13 @@ def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndar
 
 
 def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
-                  layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  layout: Layout) -> tuple[np.ndarray, np.ndarray]:
     """engine/context.py `raced_writers` through `kernels.raced_writers`: one pass over
     the groups and one over the entries, where the reference's numpy takes ten (KP001
     reads them again whenever a cache-safe plan gains a pool)."""
     n = order.size
-    entries = np.empty(n, dtype=np.int64)
     writers = np.empty((n, 2), dtype=np.int64)
     group = np.empty(n, dtype=np.int64)
-    m = k.raced_writers(order, starts, entry_pool, layout.pool_start(), entries, writers,
+    m = k.raced_writers(order, starts, entry_pool, layout.pool_start(), *PAD_WRITER, writers,
                         group)
-    return entries[:m], writers[:m], group[:m]
+    return writers[:m], group[:m]

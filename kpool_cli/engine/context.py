@@ -4,8 +4,8 @@ read them (ENGINE.md §8), built by the replay: `UbatchContext` once a ubatch,
 
 Owns: `UbatchContext`, `race_groups` (the scatter entries grouped by the row they
 write, computed once a ubatch: the static checks, the value backend's scatter and
-KP001's value evidence all read them here), `raced_writers` (the entries that write
-a raced row, their writers and their groups: what KP001 reads of a plan),
+KP001's value evidence all read them here), `raced_writers` (the writers of the
+entries that write a raced row, and their groups: what KP001 reads of a plan),
 `writers_of` (the pool each entry scatters, `PAD_WRITER` for padding) and
 `OpContext`. A core may compute the race groups and the raced writers its own way
 (`Groups`, `RacedWriters`: the compiled core's kernels), to the same arrays.
@@ -50,21 +50,21 @@ def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
-                  layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The entries that write a raced row (a race group `order[starts[g]:starts[g +
-    1]]` of two or more), in entry order; the [seq, k] of each (`writers_of`, its
-    global pool `entry_pool[e]` in `layout`: PAD_WRITER for padding); and the race
+                  layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """Of the entries that write a raced row (a race group `order[starts[g]:starts[g +
+    1]]` of two or more), in entry order: the [seq, k] of each (`writers_of`, its
+    global pool `entry_pool[e]` in `layout`: PAD_WRITER for padding), and the race
     group of each."""
     sizes = np.diff(starts)
     group = np.empty(order.size, dtype=np.int64)
     group[order] = np.repeat(np.arange(sizes.size), sizes)
     entries = np.flatnonzero((sizes > 1)[group])
-    return entries, writers_of(layout, entry_pool[entries]), group[entries]
+    return writers_of(layout, entry_pool[entries]), group[entries]
 
 
 Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
 RacedWriters = Callable[[np.ndarray, np.ndarray, np.ndarray, Layout],
-                        tuple[np.ndarray, np.ndarray, np.ndarray]]
+                        tuple[np.ndarray, np.ndarray]]
 
 
 def _groups_raced(starts: np.ndarray) -> np.ndarray:
@@ -120,8 +120,8 @@ class UbatchContext:
         """[n_groups] the entries of each group."""
         return np.diff(self.starts)
 
-    def raced_writers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The entries that write a raced row (in entry order), the [seq, k] of each
+    def raced_writers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Of the entries that write a raced row, in entry order: the [seq, k] of each
         and each one's race group (`raced_writers`)."""
         assert self.plan is not None
         return self.raced_of(self.order, self.starts, self.plan.entry_pool, self.layout)

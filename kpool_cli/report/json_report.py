@@ -148,8 +148,8 @@ def event_json(e: OpEvent) -> dict:
 
 
 def _pools_alone(p: Pools, at: np.ndarray | slice) -> list[dict]:
-    """The pools `at` of the listing, one object each (a pool each: no make() each)."""
-    seq_, k_, first_, last_, cells_, rep_, new_ = POOL.names
+    """The pools `at` of the listing, one object each."""
+    seq_, k_, first_, last_, cells_, rep_, new_ = POOL.names  # a pool each: no make() each
     return [{seq_: s, k_: k, first_: f, last_: la, cells_: c, rep_: r, new_: w}
             for s, k, f, la, c, r, w in zip(
                 p.seq[at].tolist(), p.k[at].tolist(), p.first_pos[at].tolist(),

@@ -107,7 +107,7 @@ def race_key(*_kept_by: np.ndarray, ctx: UbatchContext
     [seq, k] of the entries that write them in entry order (PAD_WRITER for padding),
     and the race group of each of those entries (`UbatchContext.raced_writers`).
     (`_kept_by`: the arrays `Check` keeps it by.)"""
-    _entries, writers, group = ctx.raced_writers()
+    writers, group = ctx.raced_writers()
     return ctx.rows[ctx.raced], ctx.sizes[ctx.raced], writers, group
 
 
