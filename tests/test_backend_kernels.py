@@ -459,6 +459,76 @@ def test_least_pair_by_hand() -> None:
             k.least_pair(np.array([4, 6], np.int64), pos)
 
 
+def _writer_arrays(n_slots: int) -> tuple[np.ndarray, ...]:
+    """A slot table's writer columns (w_kind int8, w_ubatch, w_a, w_b), all 9."""
+    return (np.full(n_slots, 9, np.int8), *(np.full(n_slots, 9, np.int64) for _ in range(3)))
+
+
+def test_stamp_winners_by_hand() -> None:
+    """`stamp_winners`: each race group's row gets its last entry as writer. Entries
+    0..4 write rows (groups) A: entries 3, 0 (last 0, pool 5), B: 1 (padding), C: 4, 2
+    (last 2, pool 10); pool_start [0, 5, 5, 12] (sequence 1 empty), so pool 5 is (2,
+    0) and pool 10 is (2, 5); the rows' slots are 3, 1, 2 of 5; ubatch 7, kinds
+    POOLED = 1 and PADDING = 2 here. Slots 0 and 4 keep what they held (9)."""
+    order = np.array([3, 0, 1, 4, 2], np.int64)
+    starts = np.array([0, 2, 3, 5], np.int64)
+    entry_pool = np.array([5, -1, 10, 0, 11], np.int64)
+    pool_start = np.array([0, 5, 5, 12], np.int64)
+    slots = np.array([3, 1, 2], np.int64)
+    for k in (kernels, reference):
+        kind, ubatch, a, b = _writer_arrays(5)
+        k.stamp_winners(order, starts, entry_pool, pool_start, slots, 7, 1, 2, kind,
+                        ubatch, a, b)
+        assert kind.tolist() == [9, 2, 1, 1, 9], k
+        assert ubatch.tolist() == [9, 7, 7, 7, 9], k
+        assert a.tolist() == [9, -1, 2, 2, 9] and b.tolist() == [9, -1, 5, 0, 9], k
+        # refused, naming the first group at fault, and nothing written: a group's end
+        # past the entries, its last entry outside them, its pool past the layout's,
+        # its slot the zero row's or past the table; groups that are not the slots'
+        refusals = [
+            (IndexError, 1, dict(starts=np.array([0, 2, 6, 5], np.int64))),
+            (IndexError, 0, dict(order=np.array([3, 5, 1, 4, 2], np.int64))),
+            (IndexError, 2, dict(order=np.array([3, 0, 1, 4, -1], np.int64))),
+            (IndexError, 2, dict(entry_pool=np.array([5, -1, 12, 0, 11], np.int64))),
+            (IndexError, 1, dict(slots=np.array([3, 0, 2], np.int64))),
+            (IndexError, 2, dict(slots=np.array([3, 1, 5], np.int64))),
+            (ValueError, 0, dict(slots=np.array([3, 1], np.int64))),
+        ]
+        for error, g, spoiled in refusals:
+            args = dict(order=order, starts=starts, entry_pool=entry_pool,
+                        pool_start=pool_start, slots=slots) | spoiled
+            held = _writer_arrays(5)
+            with pytest.raises(error, match=f"^race group {g}: "):
+                k.stamp_winners(args["order"], args["starts"], args["entry_pool"],
+                                args["pool_start"], args["slots"], 7, 1, 2, *held)
+            assert all((h == 9).all() for h in held), (k, spoiled)
+
+
+def test_stamp_winners_agrees() -> None:
+    """On random scatters (groups of one to six entries, a tenth padding, pools over
+    sequences some of them empty, distinct slots), the kernel and its twin stamp the
+    same writers."""
+    rng = np.random.default_rng(31)
+    for n in (0, 1, 7, 500, 3000):
+        counts = rng.integers(1, 50, 8) * (rng.random(8) < 0.7)
+        pool_start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        sizes = rng.integers(1, 7, max(n, 1))
+        sizes = sizes[:np.searchsorted(np.cumsum(sizes), n, side="right")]
+        if sizes.sum() < n:
+            sizes = np.append(sizes, n - sizes.sum())
+        starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        order = rng.permutation(n).astype(np.int64)
+        entry_pool = rng.integers(0, max(int(pool_start[-1]), 1), n).astype(np.int64)
+        entry_pool[(rng.random(n) < 0.1) | (pool_start[-1] == 0)] = -1
+        n_slots = 2 * sizes.size + 1
+        slots = (1 + rng.permutation(n_slots - 1)[:sizes.size]).astype(np.int64)
+        got, want = _writer_arrays(n_slots), _writer_arrays(n_slots)
+        kernels.stamp_winners(order, starts, entry_pool, pool_start, slots, 3, 1, 2, *got)
+        reference.stamp_winners(order, starts, entry_pool, pool_start, slots, 3, 1, 2, *want)
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w), n
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)

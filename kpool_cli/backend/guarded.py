@@ -1,17 +1,17 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
-`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, the pools a changed
-row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the verification's
-choices: `recheck_ways`, `least_pair`), and the time spent inside each (`time`,
-seconds by kernel name: the benchmark's breakdown). The kernels come from
-`kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays. The
-value kernels index the slot arrays (`slots.py`) with slots, never rows, and check
-nothing. The last six read a scatter's rows through `slot_of`, a sequence's pairs,
-a dirty-cell mask, a stream's cells or the layout's rep columns: their doors
-check types and shapes, and the kernels check each index as they read it (a pass
-over them at the door would cost what the kernels save), refusing with `IndexError`,
-which the door turns into `PlanError`.
+`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
+pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
+verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
+each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
+from `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
+The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
+check nothing. The last seven read a scatter's rows through `slot_of`, its race
+groups and their slots, a sequence's pairs, a dirty-cell mask, a stream's cells or
+the layout's rep columns: their doors check types and shapes, and the kernels check
+each index as they read it (a pass over them at the door would cost what the kernels
+save), refusing with `IndexError`, which the door turns into `PlanError`.
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs
@@ -117,6 +117,25 @@ class GuardedKernels:
         try:
             return self._timed(where, self.k.fresh_groups, t.slot_of, t.pool_of, t.pool_gen,
                                t.key_gen, entry_rows, rep, order, starts, rows)
+        except (IndexError, ValueError) as e:
+            raise PlanError(f"{where}: {e}", where, "race groups") from None
+
+    def stamp_winners(self, order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+                      pool_start: np.ndarray, slots: np.ndarray, n_ubatch: int, pooled: int,
+                      padding: int) -> None:
+        """The writer of each race group's row (`order[starts[g]:starts[g + 1]]`, in
+        slot `slots[g]`): its last entry, of kind `pooled` with its pool's (seq, k)
+        by `pool_start`, or `padding`, at ubatch `n_ubatch` (`writers.py`). The
+        kernel checks each group's last entry, its pool and its slot before its
+        first write."""
+        where = "stamp"
+        t = self.slots
+        _one_d(where, ("group entries", order, I64), ("group starts", starts, I64),
+               ("entry pools", entry_pool, I64), ("pool starts", pool_start, I64),
+               ("slots", slots, I64))
+        try:
+            self._timed(where, self.k.stamp_winners, order, starts, entry_pool, pool_start,
+                        slots, n_ubatch, pooled, padding, t.w_kind, t.w_ubatch, t.w_a, t.w_b)
         except (IndexError, ValueError) as e:
             raise PlanError(f"{where}: {e}", where, "race groups") from None
 

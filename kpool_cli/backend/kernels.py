@@ -1,5 +1,6 @@
 """The numba kernels of the value backend: key rows, pool, scatter, gather, check,
-`fresh_groups` (which scatter entries keep their pooling), the pools a changed row
+`fresh_groups` (which scatter entries keep their pooling), `stamp_winners` (the
+writer of each row a scatter wrote), the pools a changed row
 dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
 choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
 
@@ -14,8 +15,9 @@ shapes that agree, every slot in use, sources within the values, distinct slots
 where one iteration writes each row) and raise `PlanError` otherwise, so it is
 never handed an index outside its arrays; they index the arrays by slot (a row's
 place in the backend's storage), not by row. The kernels that read rows, pairs or
-cells (`fresh_groups`, `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`,
-`least_pair`) check each index as they read it instead, and raise IndexError naming
+cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`, `held_pairs`,
+`recheck_ways`, `least_pair`) check each index as they read it instead, and raise
+IndexError naming
 where (`recheck_ways` its reads of the rep columns; its per-sequence arrays are as
 long as the door checks them to be).
 
@@ -406,6 +408,85 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     return fresh, keep, int(n_kept)
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _bisect(a, x, right):
+    """np.searchsorted(a, x, side="right" if right else "left") for a sorted array.
+    compiled/kernels.py has its own: numba's on-disk cache tells a kernel is stale by
+    its own file alone, so a kernel here calling into that module would keep old code
+    when that one changed (numba/numba#8396, "Extend cache invalidation to include
+    changes in other files", not merged)."""
+    lo, hi = 0, a.size
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] < x or (right and a[mid] == x):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@numba.njit("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, "
+            "i1[::1], i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+def _stamp_winners_into(order, starts, entry_pool, pool_start, slots, n_ubatch, pooled,
+                        padding, w_kind, w_ubatch, w_a, w_b):
+    n = order.size
+    n_groups = slots.size
+    n_slots = min(w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    if starts.size != n_groups + 1 or pool_start.size == 0:
+        return 0, NOT_RACE_GROUPS
+    n_pools = pool_start[pool_start.size - 1]
+    for g in range(n_groups):  # every index checked before the first write
+        b = starts[g + 1]
+        if b < 1 or b > n:
+            return g, OUTSIDE
+        e = order[b - 1]
+        if e < 0 or e >= entry_pool.size or entry_pool[e] >= n_pools:
+            return g, OUTSIDE
+        if slots[g] < 1 or slots[g] >= n_slots:
+            return g, OUTSIDE
+    for g in range(n_groups):
+        p = entry_pool[order[starts[g + 1] - 1]]
+        s = slots[g]
+        w_ubatch[s] = n_ubatch
+        if p < 0:
+            w_kind[s] = padding
+            w_a[s] = -1
+            w_b[s] = -1
+        else:  # its pool's sequence, as Layout.locate finds it, and k within it
+            q = _bisect(pool_start, p, True) - 1
+            w_kind[s] = pooled
+            w_a[s] = q
+            w_b[s] = p - pool_start[q]
+    return -1, 0
+
+
+def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+                  pool_start: np.ndarray, slots: np.ndarray, n_ubatch: int, pooled: int,
+                  padding: int, w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray,
+                  w_b: np.ndarray) -> None:
+    """The writer of each race group's row, stamped in its slot: the group's last entry
+    (`order[starts[g + 1] - 1]`, the one whose value the row keeps), which wrote it at
+    ubatch `n_ubatch` as kind `pooled` with its pool's (seq, k) (`entry_pool`, global,
+    its sequence found in `pool_start`) or, a padding entry (pool < 0), as kind
+    `padding` with (-1, -1).
+
+    Parameters
+    ----------
+    order, starts : arrays of int64: race group g is entries order[starts[g]:starts[g + 1]]
+    entry_pool : array of int64, shape (n,): each entry's global pool, -1 for padding
+    pool_start : array of int64: each sequence's first global pool, and the total
+    slots : array of int64, shape (n_groups,): the slot of each group's row
+    w_kind, w_ubatch, w_a, w_b : the slots' writer arrays (int8, int64 x 3)
+
+    Refuses the first group whose last entry, its pool or its slot is outside its
+    array (IndexError), or groups that do not match `slots` (ValueError), before the
+    first write (`guards.group_refusal`)."""
+    g, why = _stamp_winners_into(order, starts, entry_pool, pool_start, slots, n_ubatch,
+                                 pooled, padding, w_kind, w_ubatch, w_a, w_b)
+    if g >= 0:
+        raise group_refusal(int(g), int(why))
+
+
 @numba.njit("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])", cache=_CACHED)
 def _dirty_pools_into(keys, starts, kpool, dirty, out):
     n = 0
@@ -457,24 +538,10 @@ def _pools_of_pairs_into(keys, starts, kpool, members, reps, out):
     for which in range(2):
         wanted = members if which == 0 else reps
         for w in wanted:
-            lo, hi = 0, keys.size  # the first pair >= w
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if keys[mid] < w:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo == keys.size or keys[lo] != w:
+            j = _bisect(keys, w, False)  # the first pair >= w
+            if j == keys.size or keys[j] != w:
                 return -1
-            j = lo
-            lo, hi = 0, starts.size  # the last pool starting at or before j
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if starts[mid] <= j:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            k = lo - 1
+            k = _bisect(starts, j, True) - 1  # the last pool starting at or before j
             if k < 0:
                 continue
             last = starts[k] + kpool - 1

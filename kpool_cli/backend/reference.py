@@ -170,6 +170,35 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     return fresh, keep, int(np.count_nonzero(kept_e))
 
 
+def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
+                  pool_start: np.ndarray, slots: np.ndarray, n_ubatch: int, pooled: int,
+                  padding: int, w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray,
+                  w_b: np.ndarray) -> None:
+    """kernels.stamp_winners: each race group's last entry, stamped in its row's slot
+    as its writer (`pooled` with its pool's seq and k by `pool_start`, or `padding`
+    with -1, -1), at ubatch `n_ubatch`; refuses as the kernel does, before the first
+    write."""
+    n, n_groups = order.size, slots.size
+    n_slots = min(w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    if starts.size != n_groups + 1 or pool_start.size == 0:
+        raise group_refusal(0, NOT_RACE_GROUPS)
+    b = starts[1:]
+    bad = (b < 1) | (b > n)
+    e = np.where(bad, -1, order[np.clip(b - 1, 0, max(n - 1, 0))] if n else -1)
+    bad |= (e < 0) | (e >= entry_pool.size)
+    p = np.where(bad, 0, entry_pool[np.clip(e, 0, max(entry_pool.size - 1, 0))]
+                 if entry_pool.size else 0)
+    bad |= (p >= pool_start[-1]) | (slots < 1) | (slots >= n_slots)
+    if bad.any():
+        raise group_refusal(int(np.argmax(bad)), OUTSIDE)
+    real = p >= 0
+    seq = np.searchsorted(pool_start, p[real], side="right") - 1
+    w_ubatch[slots] = n_ubatch
+    w_kind[slots[~real]], w_a[slots[~real]], w_b[slots[~real]] = padding, -1, -1
+    w_kind[slots[real]], w_a[slots[real]] = pooled, seq
+    w_b[slots[real]] = p[real] - pool_start[seq]
+
+
 def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndarray
                 ) -> np.ndarray:
     """The pools (indices into `starts`) one of whose members' cells is `dirty`:

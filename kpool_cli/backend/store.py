@@ -67,8 +67,6 @@ from ..trace.model import CacheConfig, Trace
 from .facts import (
     DECODE_ZERO,
     DROP_ZERO,
-    PADDING,
-    POOLED,
     RowContent,
     ValueFacts,
     groups_equal,
@@ -125,24 +123,6 @@ class _Saved:
     def nbytes(self) -> int:
         return (self.key.nbytes + self.gate.nbytes + self.pooled.nbytes
                 + sum(Writers.ALT_ROW_BYTES + w.nbytes for w in self.alt.values()))
-
-
-def _winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
-             _pool_start: np.ndarray, *, layout: Layout
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each race group's last entry (`order`, `starts`: the one whose value its row
-    keeps), which of those write a real pool, and that pool's (seq, k) in `layout`
-    (whose `pool_start` is `_pool_start`)."""
-    win = order[starts[1:] - 1]
-    pools = entry_pool[win]
-    real = pools >= 0
-    if not real.any():
-        return win, real, _NO_POOLS, _NO_POOLS
-    seq, k = layout.locate(pools[real])
-    return win, real, seq, k
-
-
-_NO_POOLS = np.empty(0, dtype=np.int64)
 
 
 class _Standing:
@@ -245,7 +225,6 @@ class ValueBackend:
         # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
         # race groups (`SameArrays`): their checks and their winners' pools stand too
         self._plan_checked = SameArrays(self._check_plan)
-        self._winners = SameArrays(_winners)
         self._standing = _Standing(self.n_rows)
 
     # -- what the parts keep, as the rules, the tests and the benchmark read it ------------
@@ -439,8 +418,11 @@ class ValueBackend:
         entries alone (every entry of a group has the same rep row, so the same slot)
         writes equal values and leaves its row as it was. Only the other groups' values
         are pooled, gathered, scattered and compared, and have their pooling recorded;
-        every winner's slot is stamped. Under cache-safe, which re-marks every pool,
-        a ubatch so touches the float rows of the pools that changed alone; and while
+        every winner's slot is stamped (`Writers.stamp_winners`, one kernel pass; the
+        plan's pools were checked first, by `_check_plan`, and its groups by
+        `fresh_groups`, before the first write, so its refusal is kpool's bug). Under
+        cache-safe, which re-marks every pool, a ubatch so touches the float rows of
+        the pools that changed alone; and while
         the last plan stands (`_Standing`: the same plan, none of its rows written
         since), nothing is asked of its entries at all."""
         layout, plan = ctx.layout, ctx.plan
@@ -473,8 +455,6 @@ class ValueBackend:
             return np.ones(0, dtype=bool)
         self.pools_kept += n_kept
         todo = np.flatnonzero(fresh)
-        win, real, seq, k = self._winners(order, starts, plan.entry_pool, layout.pool_start(),
-                                          layout=layout)
         # the fresh groups' entries (ascending), with their slots as they are before
         # `own` below hands the zero rows theirs
         if todo.size:
@@ -493,15 +473,16 @@ class ValueBackend:
             at[ents] = np.arange(ents.size)
             vals = self._values(members, reps, keep)
             st = s[todo]
+            src = at[order[starts[todo + 1] - 1]]  # each fresh group's last entry
             before = t.pooled[st].view(np.uint32).copy()
-            self.kernels.scatter(st, vals, at[win[todo]])
+            self.kernels.scatter(st, vals, src)
             # a row that got the value it held changes no verdict: only the others (and
             # the rows whose racing writers change) are re-checked
             changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
             # a group of kept entries alone leaves its slot's pooling as it was
             # recorded: pool_of is their members already, and pool_gen still above
             # their key_gen
-            t.pool_of[st] = members[at[win[todo]]]
+            t.pool_of[st] = members[src]
             t.pool_gen[st] = t.gen
             raced = fresh & (sizes > 1)  # a group of kept entries alone writes equal values
             if raced.any():
@@ -512,9 +493,8 @@ class ValueBackend:
                 equal[raced], one_pooling = groups_equal(
                     vals.view(np.uint32), entry_rows[ents], at[sub], sub_starts)
                 stands = stands and bool(one_pooling.all())
-        writers.stamp(s[~real], PADDING)
-        if seq.size:
-            writers.stamp(s[real], POOLED, seq, k)
+        writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
+                              layout.pool_start(), s)
         writers.drop_raced(rows)
         unequal = np.flatnonzero(~equal)
         if unequal.size:

@@ -4,7 +4,8 @@ messages, and the racing writers of KP001.
 Owns:
 - who last wrote each slot (`w_kind`, `w_ubatch`, `w_a`, `w_b`: per-slot arrays the
   slot table keeps, `slots.py`), stamped by `stamp` with the current ubatch
-  (`n_ubatch`: run_ubatch calls so far, the index of the current ubatch); a zero
+  (`n_ubatch`: run_ubatch calls so far, the index of the current ubatch), a
+  scatter's rows by `stamp_winners` (one kernel pass over its race groups); a zero
   row's writer is its stream's (`NEVER`, `CLEARED` since a clear, `COPIED` since a
   cross-stream copy): zeroing a row that has no slot (only a pending copy's
   destination can be one) changes nothing a reader can see;
@@ -31,7 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace.model import CacheConfig
-from .facts import CLEARED, COPIED, NEVER, RESTORED, RowContent
+from .facts import CLEARED, COPIED, NEVER, PADDING, POOLED, RESTORED, RowContent
+from .guarded import GuardedKernels
 from .slots import SlotTable
 
 
@@ -82,6 +84,17 @@ class Writers:
         t.w_ubatch[slots] = self.n_ubatch
         t.w_a[slots] = a
         t.w_b[slots] = b
+
+    def stamp_winners(self, kernels: GuardedKernels, order: np.ndarray, starts: np.ndarray,
+                      entry_pool: np.ndarray, pool_start: np.ndarray, slots: np.ndarray
+                      ) -> None:
+        """A scatter wrote the rows of its race groups (`order`, `starts`; the rows'
+        `slots`): each row's writer now is its group's last entry, POOLED with its
+        pool's (seq, k) (`entry_pool`, global; `pool_start`, the layout's) or PADDING.
+        One kernel pass (`kernels.stamp_winners`), what `stamp` would write for each
+        kind."""
+        kernels.stamp_winners(order, starts, entry_pool, pool_start, slots, self.n_ubatch,
+                              POOLED, PADDING)
 
     def wrote_again(self, slots: np.ndarray) -> None:
         """`slots` were written now by the writers that wrote them last (the same kind,
