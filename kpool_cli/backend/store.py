@@ -223,7 +223,7 @@ class ValueBackend:
         self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
         self.ubatches_standing = 0  # scatters that kept every entry by the last plan's
         # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
-        # race groups (`SameArrays`): their checks and their winners' pools stand too
+        # race groups (`SameArrays`): their checks stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._standing = _Standing(self.n_rows)
 
@@ -422,9 +422,9 @@ class ValueBackend:
         plan's pools were checked first, by `_check_plan`, and its groups by
         `fresh_groups`, before the first write, so its refusal is kpool's bug). Under
         cache-safe, which re-marks every pool, a ubatch so touches the float rows of
-        the pools that changed alone; and while
-        the last plan stands (`_Standing`: the same plan, none of its rows written
-        since), nothing is asked of its entries at all."""
+        the pools that changed alone; and while the last plan stands (`_Standing`: the
+        same plan, none of its rows written since), nothing is asked of its entries at
+        all."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
         rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
