@@ -1,8 +1,8 @@
 """The numba kernels of the value backend: key rows, pool, scatter, gather, check,
 `fresh_groups` (which scatter entries keep their pooling), `stamp_winners` (the
-writer of each row a scatter wrote), the pools a changed row
-dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
-choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
+writer of each row a scatter wrote), the pools a changed row dirties (`dirty_pools`,
+`pools_of_pairs`, `held_pairs`), and the verification's choices for every sequence
+at once (`recheck_ways`, `least_pair`: recheck.py).
 
 Owns: every numba kernel of kpool (this is the only module that imports numba).
 Each kernel is a plain Python function jitted at module level with an explicit
@@ -17,9 +17,8 @@ never handed an index outside its arrays; they index the arrays by slot (a row's
 place in the backend's storage), not by row. The kernels that read rows, pairs or
 cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`, `held_pairs`,
 `recheck_ways`, `least_pair`) check each index as they read it instead, and raise
-IndexError naming
-where (`recheck_ways` its reads of the rep columns; its per-sequence arrays are as
-long as the door checks them to be).
+IndexError naming where (`recheck_ways` its reads of the rep columns; its
+per-sequence arrays are as long as the door checks them to be).
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).

@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same eleven kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same twelve kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
@@ -10,8 +10,8 @@ Wrappers (`guarded.py`, `GuardedKernels`) check dtypes, contiguity, shapes and
 that every index is inside its array (`PlanError` otherwise). The value kernels
 here do not (numpy would raise on most bad indices, but wrap a negative one
 silently); those whose numba twins check each index as they read it (`fresh_groups`,
-`dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse what their twins
-refuse, with the same `IndexError` or `ValueError`.
+`stamp_winners`, `dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse
+what their twins refuse, with the same `IndexError` or `ValueError`.
 """
 
 from __future__ import annotations
