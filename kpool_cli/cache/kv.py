@@ -179,7 +179,7 @@ class KvCache:
 
     def seq_keys(self, s: int) -> np.ndarray:
         """s's (pos, cell) pairs as sorted keys; cells are stream-local."""
-        return self.stream(s).cells_of(s)
+        return self.streams[self.stream_of(s)].seq_keys[s].view
 
     def take_touched(self) -> set[int]:
         """The sequences whose pairs changed since the last call (cleared by it)."""

@@ -380,12 +380,14 @@ def padding_rows(pool_cells, n_pad, n_rows, out):  # pragma: no cover - compiled
 
 
 @kernel
-def members(keys, pools, ks, kpool, strm, kv_size, out, at):  # pragma: no cover
-    """`SeqLayout.members`: out[at[i]] = the global rows of pool ks[i]'s members."""
-    for i in range(ks.size):
-        j = pools[ks[i]]
+def members(keys, pools, ips, lo, hi, k0, kpool, strm, kv_size, out):  # pragma: no cover
+    """`SeqLayout.members` of a sequence whose first pool has the global index k0:
+    for i in [lo, hi), out[i] = the global rows of the members of the pool with the
+    global index ips[i] (one of this sequence's)."""
+    for i in range(lo, hi):
+        j = pools[ips[i] - k0]
         for q in range(kpool):
-            out[at[i], q] = strm * kv_size + (keys[j + q] & _CELL_MASK)
+            out[i, q] = strm * kv_size + (keys[j + q] & _CELL_MASK)
 
 
 # race_groups' radix: rows sorted 11 bits a pass (2,048 buckets): two passes for any

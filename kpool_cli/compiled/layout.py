@@ -16,6 +16,8 @@ one new pool costs its own look-up and a copy, not a look-up of every pool.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..cache.cells import CELL_BITS
@@ -58,25 +60,27 @@ class CompiledLayout(Layout):
         read: set[int] = set()
         changed: set[int] = set()
         sharing = track_sharing and unified
+        equal, kpool = self._equal, self.kpool
         for s, sq in enumerate(self.seqs):
-            n_before = len(sq.pools)
-            if stale[s] == POS_CLEAN and s not in touched and sq.settled:
-                kept.append(n_before)
+            clean = stale[s] == POS_CLEAN
+            if clean and s not in touched and sq.settled:
+                kept.append(len(sq.pools))
                 continue
             read.add(s)
             sp = cache.seq_keys(s)
             sq.strm = cache.stream_of(s)
-            clean = stale[s] == POS_CLEAN
-            n = len(sq.keys)
-            if (clean and s in appended and self._equal[s] and sq.settled and n
-                    and sp.size - self.kpool < sq.j_next and (sq.shared or not sharing)):
+            keys = sq.keys
+            n = len(keys)
+            if (clean and s in appended and equal[s] and sq.settled and n
+                    and sp.size - kpool < sq.j_next and (sq.shared or not sharing)):
                 # the last apply only wrote past s's pairs, which equalled the cache's:
                 # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs
                 # close no pool past j_next (step 4); s stays equal and settled
-                sq.keys.extend(sp[n:])
+                keys.extend(sp[n:])
                 scanned += sp.size - n
-                kept.append(n_before)
+                kept.append(len(sq.pools))
                 continue
+            n_before = len(sq.pools)
             append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
             n_pools = n_before
             n_kept = 0
@@ -141,32 +145,33 @@ class CompiledLayout(Layout):
         scanned, or -(scanned + 1) when the append left the count off (a rebuild is
         due and nothing past the append ran)."""
         kpool = self.kpool
-        n = len(sq.keys)
+        keys = sq.keys
+        n = len(keys)
         # room for the append (exactly, as GrowArray.extend grows), and for the pools
         # those pairs can hold (pools never overlap)
-        n_cap = n
-        if append and n + sp.size > sq.keys.capacity:
-            last = sq.keys.view[-1]
+        n_cap = n + sp.size if append else n
+        if n_cap > keys.capacity:
+            last = keys.last()
             # sp is strictly increasing: when it holds the last pair at the same index
             # (a decode appended past it: the common case), sp[n:] is what is new
-            at = (n if n <= sp.size and sp[n - 1] == last
-                  else int(np.searchsorted(sp, last, side="right")))
-            n_cap = n + sp.size - at
-        elif append:
-            n_cap = n + sp.size
+            n_cap -= (n if n <= sp.size and sp[n - 1] == last
+                      else int(np.searchsorted(sp, last, side="right")))
         p_cap = n_cap // kpool + 1
-        keys = sq.keys.spare(n_cap)
-        seq_count = cache.streams[sq.strm].seq_count
+        pools, rep_rows, rep_pos, first_pos = sq.pools, sq.rep_rows, sq.rep_pos_, sq.first_pos_
+        n_pools0 = len(pools)
         n_keys, _kept, j_next, n_pools, shared, scanned, rebuild = k.layout_step(
-            sp, keys, len(sq.keys), append, n_kept, sq.j_next, sq.pos_min, kpool,
-            self.by_order, sq.strm, self.kv_size, sq.pools.spare(p_cap),
-            sq.rep_rows.spare(p_cap), sq.rep_pos_.spare(p_cap), sq.first_pos_.spare(p_cap),
-            len(sq.pools), seq_count, sharing, sq.shared)
-        sq.keys.set_len(n_keys)
+            sp, keys.spare(n_cap), n, append, n_kept, sq.j_next, sq.pos_min, kpool,
+            self.by_order, sq.strm, self.kv_size, pools.spare(p_cap), rep_rows.spare(p_cap),
+            rep_pos.spare(p_cap), first_pos.spare(p_cap), n_pools0,
+            cache.streams[sq.strm].seq_count, sharing, sq.shared)
+        keys.set_len(n_keys)
         if rebuild:
             return -(scanned + 1)
-        for c in (sq.pools, sq.rep_rows, sq.rep_pos_, sq.first_pos_):
-            c.set_len(n_pools)
+        if n_pools != n_pools0:
+            pools.set_len(n_pools)
+            rep_rows.set_len(n_pools)
+            rep_pos.set_len(n_pools)
+            first_pos.set_len(n_pools)
         sq.j_next, sq.shared = j_next, shared
         return int(scanned)
 
@@ -175,9 +180,8 @@ class CompiledLayout(Layout):
         (ascending); None when ips are not."""
         if ips.size > 1 and bool((ips[1:] < ips[:-1]).any()):
             return None
-        start = self.pool_start()
-        cut = np.searchsorted(ips, start).tolist()
-        return [(s, cut[s], cut[s + 1]) for s in range(len(self.seqs)) if cut[s] < cut[s + 1]]
+        cut = np.searchsorted(ips, self.pool_start()).tolist()
+        return [(s, a, b) for s, (a, b) in enumerate(itertools.pairwise(cut)) if a < b]
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
         """Layout._look_up_members, a sequence's pools at a time through
@@ -186,11 +190,12 @@ class CompiledLayout(Layout):
         if runs is None:
             return super()._look_up_members(ips)
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
-        start = self.pool_start()
+        start = self.pool_start().tolist()
+        seqs, kpool, kv_size = self.seqs, self.kpool, self.kv_size
         for s, a, b in runs:
-            sq = self.seqs[s]
-            k.members(sq.keys.view, sq.pools.view, ips[a:b] - start[s], self.kpool, sq.strm,
-                      self.kv_size, out, np.arange(a, b))
+            sq = seqs[s]
+            k.members(sq.keys.view, sq.pools.view, ips, a, b, start[s], kpool, sq.strm,
+                      kv_size, out)
         return out
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
