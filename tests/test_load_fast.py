@@ -103,3 +103,175 @@ def test_a_plain_token_past_the_visit_bound_is_refused_where_the_walk_refuses_it
     for bound in range(visits[0] - 6, visits[0] + 2):
         monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
         assert _outcome(text, monkeypatch, True)[0] == _outcome(text, monkeypatch, False)[0]
+
+
+# --- the recorder's token lines, composed from the text (yaml_safe/composer.py) ------
+
+import hypothesis.strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+
+from kpool_cli.trace.load import SHAPE  # noqa: E402
+from kpool_cli.trace.yaml_safe import composer  # noqa: E402
+from kpool_cli.trace.yaml_safe.nodes import Node, Scalar, Seq  # noqa: E402
+
+HEAD = "kpool_trace: 1\nname: t\ncache: {kv_size: 4096, kpool: 4, n_seq_max: 4}\nops:\n"
+
+
+def _lines(n: int, indent: int = 8, first: int = 0) -> str:
+    return "".join(f"{' ' * indent}- {{pos: {first + i}, seq: {i % 4}}}\n" for i in range(n))
+
+
+def _decode(n: int, first: int = 0) -> str:
+    return "  - decode:\n      tokens:\n" + _lines(n, first=first)
+
+
+def _tree(node: Node | None) -> object:
+    """A node as plain values: kind, tag, where, and what it holds."""
+    if node is None:
+        return None
+    if isinstance(node, Scalar):
+        return ("s", node.tag, node.line, node.column, node.value, node.plain)
+    if isinstance(node, Seq):
+        return ("l", node.tag, node.line, node.column, [_tree(v) for v in node.value])
+    return ("m", node.tag, node.line, node.column,
+            [(_tree(k), _tree(v)) for k, v in node.value])
+
+
+def _composed(text: str, monkeypatch: pytest.MonkeyPatch, lines: bool) -> tuple[object, bool]:
+    """(the composed tree or the problems, whether it was composed once, from the
+    token lines: `lines` False turns them off)."""
+    made: list[composer.Composer] = []
+    init = composer.Composer.__init__
+
+    def keep(self: composer.Composer, *a: object) -> None:
+        init(self, *a)  # type: ignore[arg-type]
+        made.append(self)
+
+    with monkeypatch.context() as m:
+        if not lines:
+            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+        m.setattr(composer.Composer, "__init__", keep)
+        try:
+            got: object = _tree(composer.compose(text, "t.yaml", 1 << 40, SHAPE))
+        except TraceError as e:
+            got = e.problems
+    return got, len(made) == 1 and made[0].lines is not None
+
+
+def _same_either_way(text: str, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The text composes to the same tree (or problems) with and without the token
+    lines; returns whether they were taken."""
+    fast, taken = _composed(text, monkeypatch, True)
+    plain, _ = _composed(text, monkeypatch, False)
+    assert fast == plain
+    with monkeypatch.context() as m:
+        m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+        try:
+            want: object = load_trace_text(text)
+        except TraceError as e:
+            want = e.problems
+    try:
+        got: object = load_trace_text(text)
+    except TraceError as e:
+        got = e.problems
+    assert got == want
+    return taken
+
+
+N = composer._TOKEN_LINES_MIN
+
+
+def test_a_recorders_trace_is_composed_from_its_token_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    text = HEAD + _decode(N) + _decode(N, first=N)
+    assert _same_either_way(text, monkeypatch)
+    t = load_trace_text(text)
+    assert [(tk.pos, tk.seq) for tk in t.ops[1].tokens][:2] == [(N, (0,)), (N + 1, (1,))]
+
+
+def test_too_few_token_lines_are_composed_the_plain_way(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert composer._token_lines(HEAD + _decode(N - 1)) is None
+    assert not _same_either_way(HEAD + _decode(N - 1), monkeypatch)
+
+
+# a trace of token lines, each twisted so that some line that looks like a token is
+# none (or the file is refused): the plain way's result, or its problems, either way
+TWISTS = {
+    # inside a literal block scalar: the note's text, not tokens
+    "block scalar": HEAD.replace("ops:\n", "note: |\n" + _lines(N, 2) + "ops:\n") + _decode(4),
+    # inside a double-quoted string that spans lines
+    "quoted": HEAD.replace("ops:\n", 'note: "a\n' + _lines(N, 2) + '  b"\nops:\n') + _decode(4),
+    # a more indented line continues the line's last scalar
+    "continued": HEAD + _decode(N) + "          more\n",
+    # token lines as ops: each a mapping op (a problem), not a token
+    "as ops": HEAD + _lines(N, 2),
+    # as the items of a decode's pos list (a token list that takes ints)
+    "in a pos list": HEAD + "  - decode:\n      seq: 0\n      pos:\n" + _lines(N),
+    # values the walk refuses
+    "out of range": HEAD + _decode(N).replace("{pos: 3, seq: 3}", "{pos: 3, seq: 9}")
+    .replace("{pos: 5,", f"{{pos: {POS_LIMIT},"),
+    # YAML that libyaml refuses, past the token lines
+    "invalid yaml": HEAD + _decode(N) + "  - decode: {seq: 0, pos: [1, 2}\n",
+    # a second document
+    "two documents": HEAD + _decode(N) + "---\nx: 1\n",
+    # an anchored token list, and its alias
+    "alias": HEAD + "  - decode:\n      tokens: &t\n" + _lines(N) + "  - seq_rm: {seq: 0}\n"
+    + "  - decode:\n      tokens: *t\n",
+    # the token lines of ubatches (each ubatch's first token shares its line with `- `)
+    "ubatches": HEAD + "  - decode:\n      ubatches:\n        -\n" + _lines(N, 10)
+    + "        -\n" + _lines(N, 10, first=N),
+    # a line break libyaml counts and the regex does not
+    "crlf": (HEAD + _decode(N)).replace("\n", "\r\n"),
+    "line separator": HEAD + "name2: 'a\u2028b'\n" + _decode(N),
+    # a comment after a token line's mapping
+    "comment": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}  # c\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(TWISTS))
+def test_a_token_line_that_is_no_token_item_is_read_the_plain_way(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _same_either_way(TWISTS[name], monkeypatch)
+
+
+def test_a_bound_crossed_among_token_lines_is_refused_as_the_plain_way_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    text = HEAD + _decode(2 * N)
+    for max_tokens in (N, N + 1, 2 * N - 1):
+        with monkeypatch.context() as m:
+            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+            with pytest.raises(TraceError) as plain:
+                load_trace_text(text, max_tokens=max_tokens)
+        with pytest.raises(TraceError) as fast:
+            load_trace_text(text, max_tokens=max_tokens)
+        assert fast.value.problems == plain.value.problems
+    import kpool_cli.trace.yaml_safe.limits as limits
+    for bound in (N, 5 * N + 3, 5 * N + 20):
+        monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
+        _same_either_way(text, monkeypatch)
+
+
+_LINE = st.sampled_from([
+    "        - {pos: 1, seq: 0}", "        - {pos: 1, seq: 7}", "        - {pos: 01, seq: 0}",
+    "          - {pos: 1, seq: 0}", "      - {pos: 1, seq: 0}", "        - {seq: 0, pos: 1}",
+    "        -  {pos: 1, seq: 0}", "        - {pos: 1, seq: 0} ", "  note: |", "  x: 'a",
+    "    b'", "        # c", "", "  - decode:", "      tokens:", "        - {pos: 2, seq: [0, 1]}",
+    "  - seq_rm: {seq: 0}", "\t- {pos: 1, seq: 0}",
+])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_LINE, max_size=40), st.integers(0, 3))
+def test_any_mixture_of_lines_composes_as_the_plain_way_composes_it(
+        mix: list[str], where: int) -> None:
+    """Token lines among near misses and the constructs that swallow lines: the same
+    tree or problems either way (the bound on token lines lowered to 1, so that the
+    text is always tried from its token lines first)."""
+    body = HEAD + _decode(3)
+    lines = body.split("\n")
+    lines[len(lines) * where // 4:len(lines) * where // 4] = mix
+    text = "\n".join(lines)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(composer, "_TOKEN_LINES_MIN", 1)
+        _same_either_way(text, m)

@@ -12,6 +12,12 @@ Invariants:
   resolver). So no Python object is ever built from a tag: `NodeReader` (`reader`)
   accepts only the standard scalar, list and mapping tags (`!!python/...`,
   `!custom`, `!!set`, merge keys `<<` are problems).
+- The recorder's token lines (`- {pos: P, seq: S}`, one a line: most of a server
+  trace) are composed from the text, not from libyaml's six events each
+  (`_TokenLines`): into the very nodes the events make, and only when every such
+  line turned out to be an item of a token list where its mapping stood; else the
+  text is composed again the plain way, whose result and problems are then the
+  ones given.
 - Every bound of `limits` but the bytes is checked as each node is made (the
   composer stops at the first bound crossed and names the node there: line, column,
   field), so a hostile file is refused after at most the bound's worth of work. A
@@ -113,6 +119,62 @@ class _Anchor:
     tokens: int = 0
 
 
+# --- the recorder's token lines -----------------------------------------------------
+#
+# A server trace is mostly token lines, `- {pos: P, seq: S}` (the form `dump_trace`
+# writes, P and S plain decimal), and libyaml makes six events of each, which cost
+# most of its load. `_token_lines` finds them in the text (lines broken by "\n" alone,
+# so that its line numbers are libyaml's) and gives the text with each mapping
+# replaced by a plain scalar, one event; the composer makes, of each such scalar
+# that is an item of a token list at its line and column, the nodes the mapping's
+# events would have made (`Composer.token_line`). The placeholder stands where the
+# mapping stood and ends its line, as the mapping did, so what precedes it parses
+# alike; a line that was no token item (inside a block scalar or a quoted string,
+# a more indented line continuing the placeholder) is found out because some
+# placeholder was not taken as one, and the text is then composed the plain way.
+
+_TOKEN_LINE = re.compile(r"^ *- \{pos: (0|[1-9][0-9]*), seq: (0|[1-9][0-9]*)\}$", re.M)
+_TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
+_PLACEHOLDER = "0"
+# line breaks other than "\n" that libyaml counts: with any, line numbers would differ
+_OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
+
+
+@dataclass(slots=True)
+class _TokenLines:
+    """The text with each token line's mapping replaced by `_PLACEHOLDER`, and per
+    such line (0-based) the column of its mapping's `{` (0-based), P and S."""
+
+    text: str
+    at: dict[int, tuple[int, str, str]]
+    taken: int = 0  # how many the composer made nodes of
+
+
+class _NotTokenLines(Exception):
+    """A token line was not what it looked like: compose the text the plain way."""
+
+
+def _token_lines(text: str) -> _TokenLines | None:
+    """The token lines of `text`, when it has `_TOKEN_LINES_MIN` of them and no line
+    break but "\n"; else None."""
+    if any(b in text for b in _OTHER_BREAKS):
+        return None
+    at: dict[int, tuple[int, str, str]] = {}
+    parts: list[str] = []
+    done = line = last = 0
+    for m in _TOKEN_LINE.finditer(text):
+        start, brace = m.start(), m.start(1) - len("{pos: ")
+        line += text.count("\n", last, start)
+        last = start
+        at[line] = (brace - start, m.group(1), m.group(2))
+        parts += (text[done:brace], _PLACEHOLDER)
+        done = m.end()
+    if len(at) < _TOKEN_LINES_MIN:
+        return None
+    parts.append(text[done:])
+    return _TokenLines("".join(parts), at)
+
+
 class Composer:
     """Composes the single document of `text` into light nodes, bounding as it goes:
     - at most `MAX_NODE_VISITS` nodes, an alias counting as the size of the node it
@@ -147,6 +209,7 @@ class Composer:
         self.depth = 0
         self.memo: dict[str, tuple[str, str]] = {}  # plain scalar text -> (text, tag)
         self.line0, self.line = -1, 0  # the last node's line (0-based, 1-based)
+        self.lines: _TokenLines | None = None  # set when `text` is `_TokenLines.text`
 
     def document(self) -> Node | None:
         """The root node (None for an empty stream). Mirrors `Composer.get_single_node`,
@@ -304,6 +367,7 @@ class Composer:
         path.append(0)
         at = len(path) - 1
         get, scalar, node_ = self.get, self.scalar, self.node
+        lines = self.lines.at if tokens and self.lines is not None else None
         while True:
             e = get()
             if e.__class__ is SequenceEndEvent:
@@ -312,6 +376,11 @@ class Composer:
             path[at] = n
             if tokens:
                 self.count_token(e)
+                if lines is not None and e.__class__ is ScalarEvent:
+                    token = self.token_line(e, lines)
+                    if token is not None:
+                        items.append(token)
+                        continue
             elif n >= cap:
                 raise self.refuse(e, (
                     f"more than {limits.MAX_OPS:,} ops in the trace: refusing it"
@@ -326,6 +395,31 @@ class Composer:
         if anchor is not None:
             anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
         return node
+
+    def token_line(self, ev: Any, lines: dict[int, tuple[int, str, str]]) -> Map | None:
+        """The nodes of the mapping `{pos: P, seq: S}` that the scalar `ev`, an item
+        of a token list, stands for when it is on a token line (`_TokenLines`), as
+        `mapping` and `scalar` make them of the mapping's events; None off the token
+        lines. `_NotTokenLines` when `ev` is not its line's placeholder, or the nodes
+        would cross the bound (the plain way then refuses the trace, where it does)."""
+        m = ev.start_mark
+        line = lines.get(m.line)
+        if line is None:
+            return None
+        column, p, s = line
+        if (m.column != column or ev.value != _PLACEHOLDER or ev.style or ev.tag is not None
+                or ev.anchor is not None or self.nodes + 5 > self.node_limit):
+            raise _NotTokenLines
+        self.nodes += 5
+        assert self.lines is not None
+        self.lines.taken += 1
+        n = m.line + 1
+        c = column + 1 + len("{pos: ")  # 1-based, P's
+        c_seq = c + len(p) + len(", ")
+        return Map(_MAP_TAG, [
+            (Scalar(STR, "pos", n, column + 2, True), Scalar(INT, p, n, c, True)),
+            (Scalar(STR, "seq", n, c_seq, True), Scalar(INT, s, n, c_seq + len("seq: "), True)),
+        ], n, column + 1)
 
     def mapping(self, ev: Any, context: int) -> Map:
         nodes0, tokens0 = self.nodes, self.tokens
@@ -370,6 +464,11 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
     """The root node of the single document of `text` (None for an empty stream),
     bounded as `Composer` says. Raises `TraceError`, with one located problem, for
     invalid YAML, a bound crossed or a second document."""
+    lines = _token_lines(text)
+    if lines is not None:
+        done, root = _compose_token_lines(lines, max_tokens, shape)
+        if done:
+            return root
     c = Composer(text, max_tokens, shape)
     try:
         return c.document()
@@ -386,6 +485,22 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
         raise TraceError([Problem(file, 0, 0, "<yaml>", "YAML nested too deeply")]) from None
     finally:
         c.events.dispose()
+
+
+def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape
+                         ) -> tuple[bool, Node | None]:
+    """(True, the root node) when `lines.text` composes with every token line taken
+    as the token item it looked like; else (False, None), nothing of it kept (the
+    caller composes the text the plain way, and finds its problem there)."""
+    c = Composer(lines.text, max_tokens, shape)
+    c.lines = lines
+    try:
+        root = c.document()
+    except (yaml.YAMLError, _Refused, _MultipleDocuments, _NotTokenLines, RecursionError):
+        return False, None
+    finally:
+        c.events.dispose()
+    return (True, root) if lines.taken == len(lines.at) else (False, None)
 
 
 _YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
