@@ -104,6 +104,11 @@ class DecodeWalk(FieldReader):
             items = self.list_(m["tokens"], f"{f}.tokens", "a list of tokens")
             if items is None:
                 return None
+            plain = self.plain_tokens(items)
+            if plain is not None:  # as below, where `check_decode` finds nothing in them
+                if len(self.problems) != before:
+                    return None
+                return Decode(tokens=plain, ubatches=None, loc=loc)
             toks = [self.token(it, f"{f}.tokens[{i}]") for i, it in enumerate(items)]
             if not toks:
                 self.problem(m["tokens"], f"{f}.tokens", "a decode needs at least one token")
@@ -192,6 +197,26 @@ class DecodeWalk(FieldReader):
             assert pos is not None and seq is not None
             token = Token(pos=pos, seq=seq, ext=ext, cell=cell)
         return _Tok(token, f, node, m.get("ext"), m.get("cell"))
+
+    def plain_tokens(self, items: list[Node]) -> tuple[Token, ...] | None:
+        """The tokens of a decode's `tokens` list when every item is `plain_token`'s
+        form and reading them one by one (`token`) would cross no bound; None
+        otherwise, and then nothing was counted. Either way the walk ends with the same
+        tokens, counts and nodes visited: the decode-wide checks find nothing in plain
+        tokens (no ext, no cell)."""
+        n = len(items)
+        if (not n or self.n_tokens + n > self.max_tokens
+                or self.visits + 5 * n > limits.MAX_NODE_VISITS):
+            return None
+        out = []
+        for node in items:
+            token = self.plain_token(node)
+            if token is None:
+                return None
+            out.append(token)
+        self.n_tokens += n
+        self.visits += 5 * n
+        return tuple(out)
 
     def plain_token(self, node: Node) -> Token | None:
         """The token of `node` when it is the form a recorder writes, `{pos: P, seq:
