@@ -49,6 +49,8 @@ from kpool_cli.trace.yaml_safe import (
     Node,
     Scalar,
     Seq,
+    TokenMap,
+    decimal_int,
     describe,
     limits,
     not_decimal,
@@ -224,19 +226,23 @@ class DecodeWalk(FieldReader):
         other node, which `token` reads field by field. Either way the token, the
         count and the nodes visited are the same (tests/test_load_fast.py): this is
         the common case (a server trace holds a mapping per token), not a rule."""
-        if (node.__class__ is not Map or node.tag != MAP or len(node.value) != 2
-                or self.visits + 5 > limits.MAX_NODE_VISITS):
+        if self.visits + 5 > limits.MAX_NODE_VISITS:
             return None
-        (k0, v0), (k1, v1) = node.value
-        if not (k0.__class__ is Scalar and k0.tag == STR and k1.__class__ is Scalar
-                and k1.tag == STR and v0.__class__ is Scalar and v1.__class__ is Scalar):
-            return None
-        if k0.value == "pos" and k1.value == "seq":
-            pos, seq = plain_int(v0), plain_int(v1)
-        elif k0.value == "seq" and k1.value == "pos":
-            pos, seq = plain_int(v1), plain_int(v0)
+        if node.__class__ is TokenMap:  # a token line: its P and S, without its pairs
+            pos, seq = decimal_int(node.pos), decimal_int(node.seq)
         else:
-            return None
+            if node.__class__ is not Map or node.tag != MAP or len(node.value) != 2:
+                return None
+            (k0, v0), (k1, v1) = node.value
+            if not (k0.__class__ is Scalar and k0.tag == STR and k1.__class__ is Scalar
+                    and k1.tag == STR and v0.__class__ is Scalar and v1.__class__ is Scalar):
+                return None
+            if k0.value == "pos" and k1.value == "seq":
+                pos, seq = plain_int(v0), plain_int(v1)
+            elif k0.value == "seq" and k1.value == "pos":
+                pos, seq = plain_int(v1), plain_int(v0)
+            else:
+                return None
         if (pos is None or seq is None or not _POS_LO <= pos <= _POS_HI
                 or not 0 <= seq <= self.seq_hi()):
             return None

@@ -8,7 +8,8 @@ One module per part, each with its invariants:
 - `problems`: `Problem` and `TraceError`, located problems, and how a problem quotes
   (`clip`, `quote`, `suggest`, `join`);
 - `text`: `read_trace_file` and `encode_trace_text` (text and hash, bounded);
-- `nodes`: the light nodes `Scalar`/`Seq`/`Map` and the tags they carry;
+- `nodes`: the light nodes `Scalar`/`Seq`/`Map` (and `TokenMap`) and the tags they
+  carry;
 - `composer`: `compose` (text to light nodes, bounded as it goes; `Shape` says where
   in the document the ops, the cache block, a decode and its token lists are);
 - `decimal`: the one int syntax, plain decimal (`DECIMAL`, `not_decimal`,
@@ -36,7 +37,7 @@ from .composer import (
     Shape,
     compose,
 )
-from .decimal import DECIMAL, NUMBER_LIKE, not_decimal, plain_int
+from .decimal import DECIMAL, NUMBER_LIKE, decimal_int, not_decimal, plain_int
 from .limits import (
     MAX_BYTES,
     MAX_DEPTH,
@@ -48,7 +49,7 @@ from .limits import (
     MAX_TOKENS,
     check_max_tokens,
 )
-from .nodes import BOOL, BOOLS, MAP, STR, Map, Node, Scalar, Seq, describe
+from .nodes import BOOL, BOOLS, MAP, STR, Map, Node, Scalar, Seq, TokenMap, describe
 from .problems import Problem, TraceError, clip, quote, suggest
 from .reader import NodeReader, Parse, Stop
 from .text import encode_trace_text, read_trace_file
@@ -85,10 +86,12 @@ __all__ = [
     "Seq",
     "Shape",
     "Stop",
+    "TokenMap",
     "TraceError",
     "check_max_tokens",
     "clip",
     "compose",
+    "decimal_int",
     "describe",
     "encode_trace_text",
     "not_decimal",

@@ -49,7 +49,7 @@ from yaml.events import (
 )
 
 from . import limits
-from .nodes import INT, STR, Map, Node, Scalar, Seq
+from .nodes import INT, STR, Map, Node, Scalar, Seq, TokenMap
 from .problems import Problem, TraceError, clip, join, quote
 
 # --- YAML composition ---------------------------------------------------------------
@@ -397,11 +397,12 @@ class Composer:
         return node
 
     def token_line(self, ev: Any, lines: dict[int, tuple[int, str, str]]) -> Map | None:
-        """The nodes of the mapping `{pos: P, seq: S}` that the scalar `ev`, an item
-        of a token list, stands for when it is on a token line (`_TokenLines`), as
-        `mapping` and `scalar` make them of the mapping's events; None off the token
-        lines. `_NotTokenLines` when `ev` is not its line's placeholder, or the nodes
-        would cross the bound (the plain way then refuses the trace, where it does)."""
+        """The node of the mapping `{pos: P, seq: S}` that the scalar `ev`, an item
+        of a token list, stands for when it is on a token line (`_TokenLines`): a
+        `TokenMap`, whose pairs are the nodes `mapping` and `scalar` make of the
+        mapping's events; None off the token lines. `_NotTokenLines` when `ev` is not
+        its line's placeholder, or the nodes would cross the bound (the plain way then
+        refuses the trace, where it does)."""
         m = ev.start_mark
         line = lines.get(m.line)
         if line is None:
@@ -413,13 +414,7 @@ class Composer:
         self.nodes += 5
         assert self.lines is not None
         self.lines.taken += 1
-        n = m.line + 1
-        c = column + 1 + len("{pos: ")  # 1-based, P's
-        c_seq = c + len(p) + len(", ")
-        return Map(_MAP_TAG, [
-            (Scalar(STR, "pos", n, column + 2, True), Scalar(INT, p, n, c, True)),
-            (Scalar(STR, "seq", n, c_seq, True), Scalar(INT, s, n, c_seq + len("seq: "), True)),
-        ], n, column + 1)
+        return TokenMap(p, s, m.line + 1, column + 1)
 
     def mapping(self, ev: Any, context: int) -> Map:
         nodes0, tokens0 = self.nodes, self.tokens

@@ -102,7 +102,11 @@ def plain_int(node: Scalar | None) -> int | None:
     `MAX_INT_DIGITS` characters); None for any other node."""
     if node is None or node.tag != INT:
         return None
-    text = node.value
+    return decimal_int(node.value)
+
+
+def decimal_int(text: str) -> int | None:
+    """`plain_int` of an INT scalar of this text."""
     if text in _PLAIN:
         return _PLAIN[text]
     v = (int(text) if len(text) <= limits.MAX_INT_DIGITS and DECIMAL.fullmatch(text)

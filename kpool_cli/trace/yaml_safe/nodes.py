@@ -1,6 +1,7 @@
 """The light nodes a trace's YAML is composed into, and the tags they carry.
 
-Owns: `Scalar`, `Seq` and `Map` (`Node`: any of them), the standard tags (`STR`,
+Owns: `Scalar`, `Seq` and `Map` (`Node`: any of them; `TokenMap`, a token line's
+`Map`, made lazily), the standard tags (`STR`,
 `INT`, `BOOL`, `FLOAT`, `NULL`, `TIMESTAMP`, `SEQ`, `MAP`, `MERGE`), `BOOLS`
 (YAML 1.1's bools, by lowercased text), and a node in words for a problem
 (`describe`, `short_tag`).
@@ -66,6 +67,37 @@ class Map:
         self.value = value
         self.line = line
         self.column = column
+
+
+class TokenMap(Map):
+    """The mapping of a recorder's token line, `{pos: P, seq: S}` with P and S plain
+    decimal (the composer's `_TokenLines`): a `Map` whose pairs, the very nodes the
+    mapping's events make, are made when first read. `pos` and `seq` hold P and S, so
+    a reader of that form takes them without the pairs."""
+
+    __slots__ = ("_pairs", "pos", "seq")
+
+    def __init__(self, pos: str, seq: str, line: int, column: int) -> None:
+        # Map.__init__ is not called: `value` is the property below
+        self.tag, self.line, self.column = MAP, line, column
+        self.pos, self.seq = pos, seq
+        self._pairs: list[tuple[Node, Node]] | None = None
+
+    @property
+    def value(self) -> list[tuple[Node, Node]]:
+        if self._pairs is None:
+            n, c = self.line, self.column + len("{pos: ")  # P's column
+            c_seq = c + len(self.pos) + len(", ")
+            self._pairs = [
+                (Scalar(STR, "pos", n, self.column + 1, True), Scalar(INT, self.pos, n, c, True)),
+                (Scalar(STR, "seq", n, c_seq, True),
+                 Scalar(INT, self.seq, n, c_seq + len("seq: "), True)),
+            ]
+        return self._pairs
+
+    @value.setter
+    def value(self, pairs: list[tuple[Node, Node]]) -> None:
+        self._pairs = pairs
 
 
 Node = Scalar | Seq | Map

@@ -40,6 +40,7 @@ from .nodes import (
     Node,
     Scalar,
     Seq,
+    TokenMap,
     describe,
     short_tag,
 )
@@ -64,6 +65,7 @@ _ALLOWED_TAGS: dict[type, frozenset[str]] = {
     Scalar: frozenset({STR, INT, BOOL, FLOAT, NULL, TIMESTAMP}),
     Seq: frozenset({SEQ}),
     Map: frozenset({MAP}),
+    TokenMap: frozenset({MAP}),
 }
 _NUMBER_LIKE_TAGS = frozenset({STR, FLOAT, TIMESTAMP})
 
