@@ -260,6 +260,13 @@ TWISTS = {
     "line separator": HEAD + "name2: 'a\u2028b'\n" + _decode(N),
     # a comment after a token line's mapping
     "comment": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}  # c\n"),
+    # a run broken by a blank line, a comment line, a line indented more or less
+    "blank line": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}\n\n"),
+    "comment line": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}\n        # c\n"),
+    "indented more": HEAD + _decode(N).replace("seq: 1}\n        -", "seq: 1}\n          -"),
+    "indented less": HEAD + _decode(N).replace("seq: 1}\n        -", "seq: 1}\n      -"),
+    # the runs of two decodes, back to back at one indentation
+    "two decodes": HEAD + _decode(N) + _decode(N, first=N),
 }
 
 

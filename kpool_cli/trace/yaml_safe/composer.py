@@ -14,10 +14,10 @@ Invariants:
   `!custom`, `!!set`, merge keys `<<` are problems).
 - The recorder's token lines (`- {pos: P, seq: S}`, one a line: most of a server
   trace) are composed from the text, not from libyaml's six events each
-  (`_TokenLines`): into the very nodes the events make, and only when every such
-  line turned out to be an item of a token list where its mapping stood; else the
-  text is composed again the plain way, whose result and problems are then the
-  ones given.
+  (`_TokenLines`): a run of them from one event, into nodes that read as the very
+  nodes the events make (`TokenMap`), and only when every such run turned out to be
+  items of a token list where its mappings stood; else the text is composed again
+  the plain way, whose result and problems are then the ones given.
 - Every bound of `limits` but the bytes is checked as each node is made (the
   composer stops at the first bound crossed and names the node there: line, column,
   field), so a hostile file is refused after at most the bound's worth of work. A
@@ -124,13 +124,16 @@ class _Anchor:
 # A server trace is mostly token lines, `- {pos: P, seq: S}` (the form `dump_trace`
 # writes, P and S plain decimal), and libyaml makes six events of each, which cost
 # most of its load. `_token_lines` finds them in the text (lines broken by "\n" alone,
-# so that its line numbers are libyaml's) and gives the text with each mapping
-# replaced by a plain scalar, one event; the composer makes, of each such scalar
-# that is an item of a token list at its line and column, the nodes the mapping's
-# events would have made (`Composer.token_line`). The placeholder stands where the
-# mapping stood and ends its line, as the mapping did, so what precedes it parses
-# alike; a line that was no token item (inside a block scalar or a quoted string,
-# a more indented line continuing the placeholder) is found out because some
+# so that its line numbers are libyaml's) and gives the text with each run of them
+# (consecutive lines, one indentation: a decode's tokens) made one line holding a
+# plain scalar, the placeholder, where the first mapping stood, and blank lines: one
+# event for the run. The composer makes, of each placeholder that is an item of a
+# token list at its line and column, the run's nodes (`Composer.token_run`): a
+# `TokenMap` a line, whose pairs are the nodes the mapping's events would have made.
+# The placeholder ends its line, as the mapping did, so what precedes it parses
+# alike, and a block sequence's next items after blank lines are what follows the
+# run; a line that was no token item (inside a block scalar or a quoted string, a
+# more indented line continuing the placeholder) is found out because some
 # placeholder was not taken as one, and the text is then composed the plain way.
 
 _TOKEN_LINE = re.compile(r"^ *- \{pos: (0|[1-9][0-9]*), seq: (0|[1-9][0-9]*)\}$", re.M)
@@ -142,12 +145,13 @@ _OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
 
 @dataclass(slots=True)
 class _TokenLines:
-    """The text with each token line's mapping replaced by `_PLACEHOLDER`, and per
-    such line (0-based) the column of its mapping's `{` (0-based), P and S."""
+    """The text with each run of token lines made its placeholder and blank lines,
+    and per run, by the line of its placeholder (0-based), the column of its
+    mappings' `{` (0-based) and the P and S of each of its lines."""
 
     text: str
-    at: dict[int, tuple[int, str, str]]
-    taken: int = 0  # how many the composer made nodes of
+    runs: dict[int, tuple[int, list[tuple[str, str]]]]
+    taken: int = 0  # how many runs the composer made nodes of
 
 
 class _NotTokenLines(Exception):
@@ -159,20 +163,29 @@ def _token_lines(text: str) -> _TokenLines | None:
     break but "\n"; else None."""
     if any(b in text for b in _OTHER_BREAKS):
         return None
-    at: dict[int, tuple[int, str, str]] = {}
+    runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
     parts: list[str] = []
-    done = line = last = 0
+    run: list[tuple[str, str]] = []
+    done = line = last = n = 0
+    run_line = run_column = -2
     for m in _TOKEN_LINE.finditer(text):
         start, brace = m.start(), m.start(1) - len("{pos: ")
         line += text.count("\n", last, start)
         last = start
-        at[line] = (brace - start, m.group(1), m.group(2))
-        parts += (text[done:brace], _PLACEHOLDER)
+        column = brace - start
+        if line == run_line + len(run) and column == run_column:
+            parts.append(text[done:start])  # the line, blank
+        else:
+            run, run_line, run_column = [], line, column
+            runs[line] = (column, run)
+            parts += (text[done:brace], _PLACEHOLDER)
+        run.append((m.group(1), m.group(2)))
         done = m.end()
-    if len(at) < _TOKEN_LINES_MIN:
+        n += 1
+    if n < _TOKEN_LINES_MIN:
         return None
     parts.append(text[done:])
-    return _TokenLines("".join(parts), at)
+    return _TokenLines("".join(parts), runs)
 
 
 class Composer:
@@ -367,7 +380,7 @@ class Composer:
         path.append(0)
         at = len(path) - 1
         get, scalar, node_ = self.get, self.scalar, self.node
-        lines = self.lines.at if tokens and self.lines is not None else None
+        lines = self.lines.runs if tokens and self.lines is not None else None
         while True:
             e = get()
             if e.__class__ is SequenceEndEvent:
@@ -377,9 +390,9 @@ class Composer:
             if tokens:
                 self.count_token(e)
                 if lines is not None and e.__class__ is ScalarEvent:
-                    token = self.token_line(e, lines)
-                    if token is not None:
-                        items.append(token)
+                    run = self.token_run(e, lines)
+                    if run is not None:
+                        items += run
                         continue
             elif n >= cap:
                 raise self.refuse(e, (
@@ -396,25 +409,30 @@ class Composer:
             anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
         return node
 
-    def token_line(self, ev: Any, lines: dict[int, tuple[int, str, str]]) -> Map | None:
-        """The node of the mapping `{pos: P, seq: S}` that the scalar `ev`, an item
-        of a token list, stands for when it is on a token line (`_TokenLines`): a
-        `TokenMap`, whose pairs are the nodes `mapping` and `scalar` make of the
-        mapping's events; None off the token lines. `_NotTokenLines` when `ev` is not
-        its line's placeholder, or the nodes would cross the bound (the plain way then
-        refuses the trace, where it does)."""
+    def token_run(self, ev: Any, runs: dict[int, tuple[int, list[tuple[str, str]]]]
+                  ) -> list[TokenMap] | None:
+        """The nodes of the run of token lines whose placeholder is the scalar `ev`,
+        an item of a token list (counted as one token already), when it is one
+        (`_TokenLines`): a `TokenMap` a line; None off the runs. `_NotTokenLines`
+        when `ev` is not its run's placeholder, or the run would cross a bound (the
+        plain way then refuses the trace, where it does)."""
         m = ev.start_mark
-        line = lines.get(m.line)
-        if line is None:
+        got = runs.get(m.line)
+        if got is None:
             return None
-        column, p, s = line
+        column, run = got
         if (m.column != column or ev.value != _PLACEHOLDER or ev.style or ev.tag is not None
-                or ev.anchor is not None or self.nodes + 5 > self.node_limit):
+                or ev.anchor is not None or self.nodes + 5 * len(run) > self.node_limit):
             raise _NotTokenLines
-        self.nodes += 5
+        try:
+            self.count_token(ev, len(run) - 1)
+        except _Refused:
+            raise _NotTokenLines from None
+        self.nodes += 5 * len(run)
         assert self.lines is not None
         self.lines.taken += 1
-        return TokenMap(p, s, m.line + 1, column + 1)
+        line, column = m.line + 1, column + 1
+        return [TokenMap(p, s, line + i, column) for i, (p, s) in enumerate(run)]
 
     def mapping(self, ev: Any, context: int) -> Map:
         nodes0, tokens0 = self.nodes, self.tokens
@@ -495,7 +513,7 @@ def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape
         return False, None
     finally:
         c.events.dispose()
-    return (True, root) if lines.taken == len(lines.at) else (False, None)
+    return (True, root) if lines.taken == len(lines.runs) else (False, None)
 
 
 _YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
