@@ -136,7 +136,11 @@ class _Anchor:
 # more indented line continuing the placeholder) is found out because some
 # placeholder was not taken as one, and the text is then composed the plain way.
 
-_TOKEN_LINE = re.compile(r"^ *- \{pos: (0|[1-9][0-9]*), seq: (0|[1-9][0-9]*)\}$", re.M)
+_MAPPING = r"\{pos: (0|[1-9][0-9]*), seq: (0|[1-9][0-9]*)\}"
+_TOKEN_MAPPING = re.compile(_MAPPING)
+# a run: a token line, then every next line that is one at the same indentation
+_TOKEN_RUN = re.compile(r"^( *)- " + _MAPPING.replace("(0|", "(?:0|")
+                        + r"$(?:\n\1- " + _MAPPING.replace("(0|", "(?:0|") + r"$)*", re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
 _PLACEHOLDER = "0"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
@@ -165,23 +169,16 @@ def _token_lines(text: str) -> _TokenLines | None:
         return None
     runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
     parts: list[str] = []
-    run: list[tuple[str, str]] = []
-    done = line = last = n = 0
-    run_line = run_column = -2
-    for m in _TOKEN_LINE.finditer(text):
-        start, brace = m.start(), m.start(1) - len("{pos: ")
-        line += text.count("\n", last, start)
-        last = start
-        column = brace - start
-        if line == run_line + len(run) and column == run_column:
-            parts.append(text[done:start])  # the line, blank
-        else:
-            run, run_line, run_column = [], line, column
-            runs[line] = (column, run)
-            parts += (text[done:brace], _PLACEHOLDER)
-        run.append((m.group(1), m.group(2)))
+    done = line = n = 0
+    for m in _TOKEN_RUN.finditer(text):
+        start, brace = m.start(), m.end(1) + len("- ")
+        line += text.count("\n", done, start)
+        run = _TOKEN_MAPPING.findall(text, brace, m.end())
+        runs[line] = (brace - start, run)
+        parts += (text[done:brace], _PLACEHOLDER, "\n" * (len(run) - 1))
+        line += len(run) - 1
         done = m.end()
-        n += 1
+        n += len(run)
     if n < _TOKEN_LINES_MIN:
         return None
     parts.append(text[done:])
