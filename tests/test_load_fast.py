@@ -225,7 +225,7 @@ def test_a_recorders_trace_is_composed_from_its_token_lines(
 
 def test_too_few_token_lines_are_composed_the_plain_way(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    assert composer._token_lines(HEAD + _decode(N - 1)) is None
+    assert composer._token_lines(HEAD + _decode(N - 1), 1 << 30) is None
     assert not _same_either_way(HEAD + _decode(N - 1), monkeypatch)
 
 
@@ -291,6 +291,39 @@ def test_a_bound_crossed_among_token_lines_is_refused_as_the_plain_way_refuses_i
     for bound in (N, 5 * N + 3, 5 * N + 20):
         monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
         _same_either_way(text, monkeypatch)
+
+
+def test_past_the_bounds_no_token_line_is_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """More token lines than the bounds allow (each is 5 nodes and a token): the scan
+    gives up before it reads them (a hostile file of millions of them holds nothing),
+    and the plain way refuses the file where it refuses it without the scan."""
+    text = HEAD + _decode(3 * N)
+    assert composer._token_lines(text, 3 * N) is not None
+    assert composer._token_lines(text, 3 * N - 1) is None
+    # reading stops at the run that crosses the bound: none of its pairs is made
+    made: list[int] = []
+    findall = composer._TOKEN_MAPPING.findall
+    with monkeypatch.context() as m:
+        m.setattr(composer, "_TOKEN_MAPPING", type("P", (), {
+            "findall": staticmethod(lambda *a: made.append(1) or findall(*a))})())
+        assert composer._token_lines(HEAD + _decode(N) + _decode(N, first=N), N + 5) is None
+    assert made == [1]
+    import kpool_cli.trace.yaml_safe.limits as limits
+    for bound in (5 * N, 5 * 3 * N + 40):
+        monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
+        _same_either_way(text, monkeypatch)
+    for max_tokens in (2 * N, 3 * N):
+        with monkeypatch.context() as m:
+            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+            try:
+                want: object = load_trace_text(text, max_tokens=max_tokens)
+            except TraceError as e:
+                want = e.problems
+        try:
+            got: object = load_trace_text(text, max_tokens=max_tokens)
+        except TraceError as e:
+            got = e.problems
+        assert got == want
 
 
 _LINE = st.sampled_from([

@@ -136,11 +136,15 @@ class _Anchor:
 # more indented line continuing the placeholder) is found out because some
 # placeholder was not taken as one, and the text is then composed the plain way.
 
-_MAPPING = r"\{pos: (0|[1-9][0-9]*), seq: (0|[1-9][0-9]*)\}"
-_TOKEN_MAPPING = re.compile(_MAPPING)
+
+def _mapping(group: str) -> str:
+    """A token line's mapping, P and S plain decimal, each in a `group` (`(` or `(?:`)."""
+    return rf"\{{pos: {group}0|[1-9][0-9]*), seq: {group}0|[1-9][0-9]*)\}}"
+
+
+_TOKEN_MAPPING = re.compile(_mapping("("))
 # a run: a token line, then every next line that is one at the same indentation
-_TOKEN_RUN = re.compile(r"^( *)- " + _MAPPING.replace("(0|", "(?:0|")
-                        + r"$(?:\n\1- " + _MAPPING.replace("(0|", "(?:0|") + r"$)*", re.M)
+_TOKEN_RUN = re.compile(rf"^( *)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$)*", re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
 _PLACEHOLDER = "0"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
@@ -162,9 +166,11 @@ class _NotTokenLines(Exception):
     """A token line was not what it looked like: compose the text the plain way."""
 
 
-def _token_lines(text: str) -> _TokenLines | None:
-    """The token lines of `text`, when it has `_TOKEN_LINES_MIN` of them and no line
-    break but "\n"; else None."""
+def _token_lines(text: str, most: int) -> _TokenLines | None:
+    """The token lines of `text`, when it has from `_TOKEN_LINES_MIN` to `most` of
+    them and no line break but "\n"; else None. (More than `most`, a bound of the
+    composer's, and the plain way refuses the file: none of them is read here, so
+    what this holds stays below the bound's worth.)"""
     if any(b in text for b in _OTHER_BREAKS):
         return None
     runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
@@ -173,6 +179,8 @@ def _token_lines(text: str) -> _TokenLines | None:
     for m in _TOKEN_RUN.finditer(text):
         start, brace = m.start(), m.end(1) + len("- ")
         line += text.count("\n", done, start)
+        if n + text.count("\n", brace, m.end()) + 1 > most:
+            return None
         run = _TOKEN_MAPPING.findall(text, brace, m.end())
         runs[line] = (brace - start, run)
         parts += (text[done:brace], _PLACEHOLDER, "\n" * (len(run) - 1))
@@ -474,7 +482,8 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
     """The root node of the single document of `text` (None for an empty stream),
     bounded as `Composer` says. Raises `TraceError`, with one located problem, for
     invalid YAML, a bound crossed or a second document."""
-    lines = _token_lines(text)
+    # a token line is 5 nodes and a token: past either bound, the file is refused
+    lines = _token_lines(text, min(max_tokens, limits.MAX_NODE_VISITS // 5))
     if lines is not None:
         done, root = _compose_token_lines(lines, max_tokens, shape)
         if done:
