@@ -326,6 +326,19 @@ def test_past_the_bounds_no_token_line_is_read_ahead(monkeypatch: pytest.MonkeyP
         assert got == want
 
 
+def test_a_run_longer_than_its_bound_is_read_as_runs_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's match holds at most `_RUN_MOST` lines (the regex engine keeps a state
+    per line it repeats over); the lines past it start a run of their own, in the
+    same token list."""
+    most = composer._RUN_MOST
+    text = HEAD + _decode(most + 76)
+    lines = composer._token_lines(text, 1 << 30)
+    assert lines is not None
+    assert [len(run) for _, run in lines.runs.values()] == [most, 76]
+    assert _same_either_way(text, monkeypatch)
+
+
 _LINE = st.sampled_from([
     "        - {pos: 1, seq: 0}", "        - {pos: 1, seq: 7}", "        - {pos: 01, seq: 0}",
     "          - {pos: 1, seq: 0}", "      - {pos: 1, seq: 0}", "        - {seq: 0, pos: 1}",

@@ -143,8 +143,12 @@ def _mapping(group: str) -> str:
 
 
 _TOKEN_MAPPING = re.compile(_mapping("("))
-# a run: a token line, then every next line that is one at the same indentation
-_TOKEN_RUN = re.compile(rf"^( *)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$)*", re.M)
+# a run: a token line, then every next line that is one at the same indentation, up
+# to `_RUN_MOST` lines (the regex engine keeps a state per repetition: a longer run is
+# the next match's, a run of its own)
+_RUN_MOST = 1024
+_TOKEN_RUN = re.compile(
+    rf"^( *)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}", re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
 _PLACEHOLDER = "0"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
