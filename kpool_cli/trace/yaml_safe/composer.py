@@ -148,7 +148,7 @@ _TOKEN_MAPPING = re.compile(_mapping("("))
 # the next match's, a run of its own)
 _RUN_MOST = 1024
 _TOKEN_RUN = re.compile(
-    rf"^( *)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}", re.M)
+    rf"^( *+)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}", re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
 _PLACEHOLDER = "0"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
