@@ -507,7 +507,7 @@ except ImportError:  # a kpool without them
     _token_lines = None
 if _token_lines is not None:
     t0 = time.perf_counter()
-    lines = _token_lines(read())
+    lines = _token_lines(read(), 1 << 62)
     if lines is not None:
         n_lines = events(lines.text)
         secs_lines = time.perf_counter() - t0

@@ -260,6 +260,10 @@ TWISTS = {
     "line separator": HEAD + "name2: 'a\u2028b'\n" + _decode(N),
     # a comment after a token line's mapping
     "comment": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}  # c\n"),
+    # a tab on the line after a run: invalid YAML after a mapping (libyaml skips
+    # spaces only there), which the placeholder must not swallow
+    "tab after": HEAD + _decode(N) + "         \t\n",
+    "tab between": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}\n         \t\n"),
     # a run broken by a blank line, a comment line, a line indented more or less
     "blank line": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}\n\n"),
     "comment line": HEAD + _decode(N).replace("seq: 1}\n", "seq: 1}\n        # c\n"),
@@ -324,6 +328,13 @@ def test_past_the_bounds_no_token_line_is_read_ahead(monkeypatch: pytest.MonkeyP
         except TraceError as e:
             got = e.problems
         assert got == want
+
+
+def test_a_token_run_is_no_deeper_than_the_depth_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lowered below where token maps sit, the depth bound refuses the trace either way."""
+    import kpool_cli.trace.yaml_safe.limits as limits
+    monkeypatch.setattr(limits, "MAX_DEPTH", 5)
+    _same_either_way(HEAD + _decode(N), monkeypatch)
 
 
 def test_a_run_longer_than_its_bound_is_read_as_runs_of_its_own(

@@ -150,7 +150,9 @@ _RUN_MOST = 1024
 _TOKEN_RUN = re.compile(
     rf"^( *+)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}", re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
-_PLACEHOLDER = "0"
+# an empty single-quoted scalar: after it, as after a flow mapping's `}`, libyaml
+# skips spaces only (a plain scalar would swallow a tab line after it)
+_PLACEHOLDER = "''"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
 _OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
 
@@ -429,8 +431,10 @@ class Composer:
         got = runs.get(m.line)
         if got is None:
             return None
+        if self.depth + 1 > limits.MAX_DEPTH:  # a TokenMap is a collection a level down
+            raise _NotTokenLines
         column, run = got
-        if (m.column != column or ev.value != _PLACEHOLDER or ev.style or ev.tag is not None
+        if (m.column != column or ev.value != "" or ev.style != "'" or ev.tag is not None
                 or ev.anchor is not None or self.nodes + 5 * len(run) > self.node_limit):
             raise _NotTokenLines
         try:
@@ -492,6 +496,7 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
         done, root = _compose_token_lines(lines, max_tokens, shape)
         if done:
             return root
+        del lines  # nothing of the scan outlives it
     c = Composer(text, max_tokens, shape)
     try:
         return c.document()
