@@ -13,7 +13,7 @@ One module per part, each with its invariants:
 - `composer`: `compose` (text to light nodes, bounded as it goes; `Shape` says where
   in the document the ops, the cache block, a decode and its token lists are);
 - `decimal`: the one int syntax, plain decimal (`DECIMAL`, `not_decimal`,
-  `plain_int`);
+  `plain_int`, `decimal_int`);
 - `reader`: `NodeReader`, the base of the loader's walk: it reads nodes as typed
   values and collects located problems.
 

@@ -49,7 +49,7 @@ from yaml.events import (
 )
 
 from . import limits
-from .nodes import INT, STR, Map, Node, Scalar, Seq, TokenMap
+from .nodes import INT, STR, Map, Node, Scalar, Seq, TokenMap, token_mapping
 from .problems import Problem, TraceError, clip, join, quote
 
 # --- YAML composition ---------------------------------------------------------------
@@ -137,18 +137,14 @@ class _Anchor:
 # placeholder was not taken as one, and the text is then composed the plain way.
 
 
-def _mapping(group: str) -> str:
-    """A token line's mapping, P and S plain decimal, each in a `group` (`(` or `(?:`)."""
-    return rf"\{{pos: {group}0|[1-9][0-9]*), seq: {group}0|[1-9][0-9]*)\}}"
-
-
-_TOKEN_MAPPING = re.compile(_mapping("("))
+_TOKEN_MAPPING = re.compile(token_mapping("("))
 # a run: a token line, then every next line that is one at the same indentation, up
 # to `_RUN_MOST` lines (the regex engine keeps a state per repetition: a longer run is
 # the next match's, a run of its own)
 _RUN_MOST = 1024
 _TOKEN_RUN = re.compile(
-    rf"^( *+)- {_mapping('(?:')}$(?:\n\1- {_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}", re.M)
+    rf"^( *+)- {token_mapping('(?:')}$(?:\n\1- {token_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}",
+    re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
 # an empty single-quoted scalar: after it, as after a flow mapping's `}`, libyaml
 # skips spaces only (a plain scalar would swallow a tab line after it)
@@ -160,12 +156,11 @@ _OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
 @dataclass(slots=True)
 class _TokenLines:
     """The text with each run of token lines made its placeholder and blank lines,
-    and per run, by the line of its placeholder (0-based), the column of its
-    mappings' `{` (0-based) and the P and S of each of its lines."""
+    and per run not yet taken, by the line of its placeholder (0-based), the column
+    of its mappings' `{` (0-based) and the P and S of each of its lines."""
 
     text: str
-    runs: dict[int, tuple[int, list[tuple[str, str]]]]
-    taken: int = 0  # how many runs the composer made nodes of
+    runs: dict[int, tuple[int, list[tuple[str, str]]]]  # the composer pops each it takes
 
 
 class _NotTokenLines(Exception):
@@ -428,7 +423,7 @@ class Composer:
         when `ev` is not its run's placeholder, or the run would cross a bound (the
         plain way then refuses the trace, where it does)."""
         m = ev.start_mark
-        got = runs.get(m.line)
+        got = runs.pop(m.line, None)
         if got is None:
             return None
         if self.depth + 1 > limits.MAX_DEPTH:  # a TokenMap is a collection a level down
@@ -442,8 +437,6 @@ class Composer:
         except _Refused:
             raise _NotTokenLines from None
         self.nodes += 5 * len(run)
-        assert self.lines is not None
-        self.lines.taken += 1
         line, column = m.line + 1, column + 1
         return [TokenMap(p, s, line + i, column) for i, (p, s) in enumerate(run)]
 
@@ -528,7 +521,7 @@ def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape
         return False, None
     finally:
         c.events.dispose()
-    return (True, root) if lines.taken == len(lines.runs) else (False, None)
+    return (True, root) if not lines.runs else (False, None)
 
 
 _YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")

@@ -3,7 +3,7 @@
 Owns: `DECIMAL` (the only int syntax), `NUMBER_LIKE` (a text written as a number of
 some kind), `not_decimal` (why such a text is not an int of a trace, and what to
 write instead) and `plain_int` (a scalar's int, when it is one, for the shape the
-composer is given).
+composer is given; `decimal_int`, the same of a text known to be an INT scalar's).
 
 Invariants:
 - Ints are plain decimal, `-?[0-9]+` with no leading zero (`DECIMAL`): YAML 1.1's

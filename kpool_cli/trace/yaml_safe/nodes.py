@@ -1,7 +1,7 @@
 """The light nodes a trace's YAML is composed into, and the tags they carry.
 
 Owns: `Scalar`, `Seq` and `Map` (`Node`: any of them; `TokenMap`, a token line's
-`Map`, made lazily), the standard tags (`STR`,
+`Map`, made lazily, and `token_mapping`, that line's text), the standard tags (`STR`,
 `INT`, `BOOL`, `FLOAT`, `NULL`, `TIMESTAMP`, `SEQ`, `MAP`, `MERGE`), `BOOLS`
 (YAML 1.1's bools, by lowercased text), and a node in words for a problem
 (`describe`, `short_tag`).
@@ -15,6 +15,8 @@ Invariants:
 """
 
 from __future__ import annotations
+
+import re
 
 from .problems import clip, quote
 
@@ -69,6 +71,18 @@ class Map:
         self.column = column
 
 
+# a token line's mapping as the writer gives it; `TokenMap` places its nodes by it
+_TOKEN_HEAD, _TOKEN_SEP, _TOKEN_SEQ = "{pos: ", ", ", "seq: "
+
+
+def token_mapping(group: str) -> str:
+    """The regex of a token line's mapping, `{pos: P, seq: S}` with P and S plain
+    decimal, each in a `group` (`(` to capture them, `(?:` not)."""
+    number = rf"{group}0|[1-9][0-9]*)"
+    return (re.escape(_TOKEN_HEAD) + number + re.escape(_TOKEN_SEP + _TOKEN_SEQ) + number
+            + re.escape("}"))
+
+
 class TokenMap(Map):
     """The mapping of a recorder's token line, `{pos: P, seq: S}` with P and S plain
     decimal (the composer's `_TokenLines`): a `Map` whose pairs, the very nodes the
@@ -86,16 +100,16 @@ class TokenMap(Map):
     @property
     def value(self) -> list[tuple[Node, Node]]:
         if self._pairs is None:
-            n, c = self.line, self.column + len("{pos: ")  # P's column
-            c_seq = c + len(self.pos) + len(", ")
+            n, c = self.line, self.column + len(_TOKEN_HEAD)  # P's column
+            c_seq = c + len(self.pos) + len(_TOKEN_SEP)
             self._pairs = [
                 (Scalar(STR, "pos", n, self.column + 1, True), Scalar(INT, self.pos, n, c, True)),
                 (Scalar(STR, "seq", n, c_seq, True),
-                 Scalar(INT, self.seq, n, c_seq + len("seq: "), True)),
+                 Scalar(INT, self.seq, n, c_seq + len(_TOKEN_SEQ), True)),
             ]
         return self._pairs
 
-    @value.setter
+    @value.setter  # Map's `value` is writable: a subclass keeps it so
     def value(self, pairs: list[tuple[Node, Node]]) -> None:
         self._pairs = pairs
 
