@@ -373,3 +373,74 @@ def test_any_mixture_of_lines_composes_as_the_plain_way_composes_it(
     with pytest.MonkeyPatch.context() as m:
         m.setattr(composer, "_TOKEN_LINES_MIN", 1)
         _same_either_way(text, m)
+
+
+def _tried(text: str, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether the text's token lines were found and composed from (whatever came of
+    it): the case `Composer.token_run`'s own bounds are for."""
+    tried: list[bool] = []
+    fast = composer._compose_token_lines
+
+    def spy(*a: object) -> tuple[bool, Node | None]:
+        tried.append(True)
+        return fast(*a)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as m:
+        m.setattr(composer, "_compose_token_lines", spy)
+        _composed(text, m, True)
+    return bool(tried)
+
+
+def test_a_run_that_crosses_the_node_bound_is_refused_as_the_plain_way_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan lets through a run of at most MAX_NODE_VISITS // 5 lines; the nodes
+    before it can still take the count past the bound inside the run, which
+    `token_run` checks itself: for every bound from there, refused at the node the
+    plain way names, or composed alike."""
+    import kpool_cli.trace.yaml_safe.limits as limits
+    text = HEAD + _decode(N)
+    engaged = 0
+    for bound in range(5 * N, 5 * N + 40):
+        monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
+        if _tried(text, monkeypatch):
+            engaged += 1
+        _same_either_way(text, monkeypatch)
+    assert engaged > 10  # the scan let the run through, and the bound fell inside it
+
+
+def test_a_run_that_crosses_the_token_bounds_is_refused_as_the_plain_way_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens counted before the run (a flow list's) and the one decode's cap (from
+    the cache block: kv_size) are crossed inside the run, where the scan could not
+    tell: `token_run` counts the run's tokens, and the plain way's problem is given."""
+    before = "  - decode:\n      tokens: [{pos: 0, seq: 0}, {pos: 1, seq: 0}]\n"
+    text = HEAD + before + _decode(N, first=2)
+    assert _tried(text, monkeypatch)
+    for max_tokens in (N, N + 1):  # the run holds N; 2 before it
+        with monkeypatch.context() as m:
+            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+            with pytest.raises(TraceError) as plain:
+                load_trace_text(text, max_tokens=max_tokens)
+        with pytest.raises(TraceError) as fast:
+            load_trace_text(text, max_tokens=max_tokens)
+        assert fast.value.problems == plain.value.problems
+    from kpool_cli.trace.load import shape
+    monkeypatch.setattr(shape, "LISTED_PAST_THE_CACHE", 16)  # the cap: kv_size * n_stream
+    small = HEAD.replace("kv_size: 4096", "kv_size: 32") + _decode(N)
+    assert _tried(small, monkeypatch)
+    _same_either_way(small, monkeypatch)
+    with pytest.raises(TraceError) as cap:
+        load_trace_text(small)
+    assert "a decode listing more than" in cap.value.problems[0].message
+
+
+def test_a_token_line_of_a_5000_digit_pos_reads_as_the_plain_way_reads_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A P past Python's int-from-string digit limit (4,300) on a token line: the
+    same problem either way, not a ValueError."""
+    text = HEAD + _decode(N).replace("{pos: 5,", "{pos: " + "7" * 5000 + ",")
+    assert _tried(text, monkeypatch)
+    _same_either_way(text, monkeypatch)
+    with pytest.raises(TraceError) as e:
+        load_trace_text(text)
+    assert "pos" in e.value.problems[0].field
