@@ -508,8 +508,8 @@ except ImportError:  # a kpool without them
 if _token_lines is not None:
     t0 = time.perf_counter()
     lines = _token_lines(read(), 1 << 62)
-    if lines is not None:
-        n_lines = events(lines.text)
+    if lines is not None:  # a reader of the text (older kpools: the text itself)
+        n_lines = events(getattr(lines, "text", lines))
         secs_lines = time.perf_counter() - t0
         if secs_lines < secs:
             n, secs = n_lines, secs_lines

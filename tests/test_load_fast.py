@@ -215,6 +215,16 @@ def _same_either_way(text: str, monkeypatch: pytest.MonkeyPatch) -> bool:
 N = composer._TOKEN_LINES_MIN
 
 
+def _read_all(text: str, most: int) -> composer._TokenLines | None:
+    """`_token_lines(text, most)`, read to the end as libyaml would read it (a text
+    shorter than `_PARSED_BEHIND`: nothing takes its runs)."""
+    lines = composer._token_lines(text, most)
+    if lines is not None:
+        while lines.read(1 << 14):
+            pass
+    return lines
+
+
 def test_a_recorders_trace_is_composed_from_its_token_lines(
         monkeypatch: pytest.MonkeyPatch) -> None:
     text = HEAD + _decode(N) + _decode(N, first=N)
@@ -226,6 +236,7 @@ def test_a_recorders_trace_is_composed_from_its_token_lines(
 def test_too_few_token_lines_are_composed_the_plain_way(
         monkeypatch: pytest.MonkeyPatch) -> None:
     assert composer._token_lines(HEAD + _decode(N - 1), 1 << 30) is None
+    assert composer._token_lines(HEAD + _decode(N), 1 << 30) is not None
     assert not _same_either_way(HEAD + _decode(N - 1), monkeypatch)
 
 
@@ -298,20 +309,14 @@ def test_a_bound_crossed_among_token_lines_is_refused_as_the_plain_way_refuses_i
 
 
 def test_past_the_bounds_no_token_line_is_read_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """More token lines than the bounds allow (each is 5 nodes and a token): the scan
-    gives up before it reads them (a hostile file of millions of them holds nothing),
-    and the plain way refuses the file where it refuses it without the scan."""
+    """More token lines than the bounds allow (each is 5 nodes and a token): none is
+    read (a hostile file of millions of them holds nothing of them), and the plain
+    way refuses the file where it refuses it without the scan."""
     text = HEAD + _decode(3 * N)
-    assert composer._token_lines(text, 3 * N) is not None
+    assert _read_all(text, 3 * N) is not None
     assert composer._token_lines(text, 3 * N - 1) is None
-    # reading stops at the run that crosses the bound: none of its pairs is made
-    made: list[int] = []
-    findall = composer._TOKEN_MAPPING.findall
-    with monkeypatch.context() as m:
-        m.setattr(composer, "_TOKEN_MAPPING", type("P", (), {
-            "findall": staticmethod(lambda *a: made.append(1) or findall(*a))})())
-        assert composer._token_lines(HEAD + _decode(N) + _decode(N, first=N), N + 5) is None
-    assert made == [1]
+    # counted by the text each holds: a line that only looks like one counts too
+    assert composer._token_lines(text.replace("seq: 1}", "seq: [1]}"), 3 * N - 1) is None
     import kpool_cli.trace.yaml_safe.limits as limits
     for bound in (5 * N, 5 * 3 * N + 40):
         monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
@@ -344,7 +349,7 @@ def test_a_run_longer_than_its_bound_is_read_as_runs_of_its_own(
     same token list."""
     most = composer._RUN_MOST
     text = HEAD + _decode(most + 76)
-    lines = composer._token_lines(text, 1 << 30)
+    lines = _read_all(text, 1 << 30)
     assert lines is not None
     assert [len(run) for _, run in lines.runs.values()] == [most, 76]
     assert _same_either_way(text, monkeypatch)
@@ -444,3 +449,57 @@ def test_a_token_line_of_a_5000_digit_pos_reads_as_the_plain_way_reads_it(
     with pytest.raises(TraceError) as e:
         load_trace_text(text)
     assert "pos" in e.value.problems[0].field
+
+
+def _furthest_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Where each `_TokenLines.read` left the text read (its `_done`), from now on."""
+    furthest: list[int] = []
+    read = composer._TokenLines.read
+
+    def spy(self: composer._TokenLines, size: int = -1) -> str:
+        try:
+            return read(self, size)
+        finally:
+            furthest.append(self._done)
+
+    monkeypatch.setattr(composer._TokenLines, "read", spy)
+    return furthest
+
+
+@pytest.mark.parametrize("chunk", [1, 37, 4096])
+@pytest.mark.parametrize("name", ["recorder", "two decodes", "ubatches", "block scalar",
+                                  "continued", "tab after"])
+def test_any_chunk_of_the_text_reads_as_the_whole_of_it(
+        chunk: int, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libyaml reads the text a chunk of whole lines at a time: a run cut by a chunk's
+    end is two runs, and each is taken (or found out) as the whole one was."""
+    text = HEAD + _decode(N) + _decode(N, first=N) if name == "recorder" else TWISTS[name]
+    monkeypatch.setattr(composer, "_CHUNK", chunk)
+    taken = _same_either_way(text, monkeypatch)
+    assert taken == (name in ("recorder", "two decodes", "ubatches"))
+
+
+def test_a_run_that_was_no_token_item_is_found_out_before_the_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token lines inside a block scalar near the top of a large trace: the composition
+    from the token lines stops once libyaml has parsed `_PARSED_BEHIND` past them,
+    not at the end of the file, and the plain way gives the trace."""
+    text = (HEAD + "  - note: |\n" + _lines(N, 6)
+            + "".join(_decode(N, first=i * N) for i in range(120)))
+    assert len(text) > 3 * composer._PARSED_BEHIND
+    with monkeypatch.context() as m:
+        furthest = _furthest_read(m)
+        fast, taken = _composed(text, m, True)
+    assert not taken
+    assert max(furthest) < composer._PARSED_BEHIND + 3 * composer._CHUNK < len(text)
+    assert fast == _composed(text, monkeypatch, False)[0]
+    assert load_trace_text(text).ops[-1].tokens[-1].pos == 120 * N - 1
+
+
+def test_a_yaml_error_near_the_top_is_found_before_the_rest_is_read(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file the plain way refuses near its top costs no scan of the rest."""
+    text = HEAD + "  - decode: {seq: 0, pos: [1, 2}\n" + _decode(N) * 200
+    furthest = _furthest_read(monkeypatch)
+    _same_either_way(text, monkeypatch)
+    assert furthest and max(furthest) <= 2 * composer._CHUNK < len(text)

@@ -27,6 +27,7 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -123,18 +124,21 @@ class _Anchor:
 #
 # A server trace is mostly token lines, `- {pos: P, seq: S}` (the form `dump_trace`
 # writes, P and S plain decimal), and libyaml makes six events of each, which cost
-# most of its load. `_token_lines` finds them in the text (lines broken by "\n" alone,
-# so that its line numbers are libyaml's) and gives the text with each run of them
-# (consecutive lines, one indentation: a decode's tokens) made one line holding a
-# plain scalar, the placeholder, where the first mapping stood, and blank lines: one
-# event for the run. The composer makes, of each placeholder that is an item of a
-# token list at its line and column, the run's nodes (`Composer.token_run`): a
+# most of its load. `_TokenLines` is what libyaml reads instead of the text (lines
+# broken by "\n" alone, so that its line numbers are libyaml's): the text with each
+# run of token lines (consecutive lines, one indentation: a decode's tokens) made one
+# line holding a scalar, the placeholder, where the first mapping stood, and blank
+# lines: one event for the run. It is scanned a chunk at a time as libyaml reads, so
+# a file refused near its top costs what the plain way costs, and only the runs of
+# the last chunks are held. The composer makes, of each placeholder that is an item
+# of a token list at its line and column, the run's nodes (`Composer.token_run`): a
 # `TokenMap` a line, whose pairs are the nodes the mapping's events would have made.
 # The placeholder ends its line, as the mapping did, so what precedes it parses
 # alike, and a block sequence's next items after blank lines are what follows the
 # run; a line that was no token item (inside a block scalar or a quoted string, a
-# more indented line continuing the placeholder) is found out because some
-# placeholder was not taken as one, and the text is then composed the plain way.
+# more indented line continuing the placeholder) is found out because its
+# placeholder was not taken as one (by the time libyaml reads two chunks past it,
+# or at the end), and the text is then composed the plain way.
 
 
 _TOKEN_MAPPING = re.compile(token_mapping("("))
@@ -146,6 +150,11 @@ _TOKEN_RUN = re.compile(
     rf"^( *+)- {token_mapping('(?:')}$(?:\n\1- {token_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}",
     re.M)
 _TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
+_TOKEN_LINE_HEAD = "- {pos: "  # in every token line: counted, a bound on how many
+_CHUNK = 1 << 16  # the text scanned per read, at least (whole lines)
+# more than libyaml (or PyYAML's reader) holds read and not parsed: its buffers, 64 KiB
+# (and a token's look-ahead, 1,024 characters)
+_PARSED_BEHIND = 1 << 18
 # an empty single-quoted scalar: after it, as after a flow mapping's `}`, libyaml
 # skips spaces only (a plain scalar would swallow a tab line after it)
 _PLACEHOLDER = "''"
@@ -153,14 +162,58 @@ _PLACEHOLDER = "''"
 _OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
 
 
-@dataclass(slots=True)
 class _TokenLines:
-    """The text with each run of token lines made its placeholder and blank lines,
-    and per run not yet taken, by the line of its placeholder (0-based), the column
-    of its mappings' `{` (0-based) and the P and S of each of its lines."""
+    """What libyaml reads (`read`, a file's) in place of `source`: the text with each
+    run of token lines made its placeholder and blank lines, `_CHUNK` characters of
+    whole lines at a time; and per run read and not yet taken (`runs`, which the
+    composer pops each it takes), by the line of its placeholder (0-based), the
+    column of its mappings' `{` (0-based) and the P and S of each of its lines.
 
-    text: str
-    runs: dict[int, tuple[int, list[tuple[str, str]]]]  # the composer pops each it takes
+    `read` raises `_NotTokenLines` (libyaml hands it on, and the text is composed the
+    plain way) when a run read `_PARSED_BEHIND` characters or more before is still
+    not taken: libyaml has parsed past it (its buffers hold less), so it was no
+    token item."""
+
+    __slots__ = ("_chunks", "_done", "_line", "runs", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
+        self._done = 0  # source[:_done] is read
+        self._line = 0  # the line at _done (0-based)
+        # (where, its line) of the chunks read, from the last at or before
+        # _PARSED_BEHIND characters back
+        self._chunks: collections.deque[tuple[int, int]] = collections.deque()
+
+    def read(self, size: int = -1) -> str:
+        """The next chunk (`size`, libyaml's wish, is not binding: a file's `read` may
+        give more or less); "" at the end."""
+        text, done = self.source, self._done
+        if done >= len(text):
+            return ""
+        chunks = self._chunks
+        while len(chunks) > 1 and chunks[1][0] <= done - _PARSED_BEHIND:
+            chunks.popleft()
+        runs = self.runs
+        if (runs and chunks and chunks[0][0] <= done - _PARSED_BEHIND
+                and next(iter(runs)) < chunks[0][1]):
+            raise _NotTokenLines  # libyaml has parsed past a run that was not taken
+        chunks.append((done, self._line))
+        cut = text.find("\n", done + _CHUNK) + 1 or len(text)
+        parts: list[str] = []
+        at, line = done, self._line
+        for m in _TOKEN_RUN.finditer(text, done, cut):
+            start, brace = m.start(), m.end(1) + len("- ")
+            line += text.count("\n", at, start)
+            run = _TOKEN_MAPPING.findall(text, brace, m.end())
+            runs[line] = (brace - start, run)
+            parts += (text[at:brace], _PLACEHOLDER, "\n" * (len(run) - 1))
+            line += len(run) - 1
+            at = m.end()
+        parts.append(text[at:cut])
+        self._line = line + text.count("\n", at, cut)
+        self._done = cut
+        return "".join(parts)
 
 
 class _NotTokenLines(Exception):
@@ -168,30 +221,16 @@ class _NotTokenLines(Exception):
 
 
 def _token_lines(text: str, most: int) -> _TokenLines | None:
-    """The token lines of `text`, when it has from `_TOKEN_LINES_MIN` to `most` of
-    them and no line break but "\n"; else None. (More than `most`, a bound of the
-    composer's, and the plain way refuses the file: none of them is read here, so
-    what this holds stays below the bound's worth.)"""
-    if any(b in text for b in _OTHER_BREAKS):
+    """What libyaml reads of `text` with its token lines made runs (`_TokenLines`),
+    when it may have from `_TOKEN_LINES_MIN` to `most` of them (counted by the text
+    every token line holds, `_TOKEN_LINE_HEAD`: at least as many) and no line break
+    but "\n"; else None, the plain way. (More than `most`, a bound of the composer's,
+    and the plain way refuses a trace of them: none is read here, so what this holds
+    stays below the bound's worth.)"""
+    n = text.count(_TOKEN_LINE_HEAD)
+    if not _TOKEN_LINES_MIN <= n <= most or any(b in text for b in _OTHER_BREAKS):
         return None
-    runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
-    parts: list[str] = []
-    done = line = n = 0
-    for m in _TOKEN_RUN.finditer(text):
-        start, brace = m.start(), m.end(1) + len("- ")
-        line += text.count("\n", done, start)
-        if n + text.count("\n", brace, m.end()) + 1 > most:
-            return None
-        run = _TOKEN_MAPPING.findall(text, brace, m.end())
-        runs[line] = (brace - start, run)
-        parts += (text[done:brace], _PLACEHOLDER, "\n" * (len(run) - 1))
-        line += len(run) - 1
-        done = m.end()
-        n += len(run)
-    if n < _TOKEN_LINES_MIN:
-        return None
-    parts.append(text[done:])
-    return _TokenLines("".join(parts), runs)
+    return _TokenLines(text)
 
 
 class Composer:
@@ -210,7 +249,7 @@ class Composer:
     on a valid trace: an alias's tokens are counted only where it stands in the same
     context as the node it names)."""
 
-    def __init__(self, text: str, max_tokens: int, shape: Shape) -> None:
+    def __init__(self, text: str | _TokenLines, max_tokens: int, shape: Shape) -> None:
         self.events = _Events(text)
         self.shape = shape
         self.routes = shape.routes
@@ -228,7 +267,7 @@ class Composer:
         self.depth = 0
         self.memo: dict[str, tuple[str, str]] = {}  # plain scalar text -> (text, tag)
         self.line0, self.line = -1, 0  # the last node's line (0-based, 1-based)
-        self.lines: _TokenLines | None = None  # set when `text` is `_TokenLines.text`
+        self.lines: _TokenLines | None = None  # set when `text` is it
 
     def document(self) -> Node | None:
         """The root node (None for an empty stream). Mirrors `Composer.get_single_node`,
@@ -510,10 +549,10 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
 
 def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape
                          ) -> tuple[bool, Node | None]:
-    """(True, the root node) when `lines.text` composes with every token line taken
+    """(True, the root node) when `lines` composes with every token line taken
     as the token item it looked like; else (False, None), nothing of it kept (the
     caller composes the text the plain way, and finds its problem there)."""
-    c = Composer(lines.text, max_tokens, shape)
+    c = Composer(lines, max_tokens, shape)
     c.lines = lines
     try:
         root = c.document()
