@@ -162,9 +162,17 @@ def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_matches_every_sequence()
     c = decoded(child(), ((0,), 3), ((1,), 5))
     c.seq_rm(0, 3, -1)
     assert c.rs_idx[0] == 1 and c.seq_pos(0) == 2
+    # seq_pos_maxes (batch validation's, for a step of parallel slots) in any order
+    assert c.seq_pos_maxes([1, 0, 2, 7]) == [5, 2, -1, -1]
     c.seq_rm(-1, -1, -1)
     assert state(c) == [(-1, [])] * 4 and c.rs_idx == [0, 0, 0, 0] and c.used == 0
     assert c.tail == [0, 1, -1, -1] and c.seq_pos(0) is None and c.seq_pos_max(1) == -1
+    assert c.seq_pos_maxes([0, 1]) == [-1, -1]  # the tails dangle: no state
+    # a tail on a cell that holds another sequence's state (pos 4) is no state either:
+    # seq_pos_max scans the cells holding the sequence
+    c = decoded(child(), ((0,), 4))
+    c.tail[1] = c.tail[0]
+    assert (c.seq_pos_max(1), c.seq_pos_maxes([1, 0])) == (-1, [-1, 4])
 
 
 def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_needs_all_or_nothing():
@@ -332,6 +340,7 @@ def test_llama_memory_recurrent_state_read_restores_a_negative_pos():
     c.state_read(1, "s")
     assert c.seq_pos(1) == -2 and c.tail[1] >= 0
     assert (c.seq_pos_min(1), c.seq_pos_max(1)) == (-2, -1)
+    assert c.seq_pos_maxes([1]) == [-1]
 
 
 def test_llama_memory_hybrid_idx_state_drop_ignores_the_refusal():

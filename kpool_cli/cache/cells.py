@@ -226,7 +226,11 @@ class Stream:
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs` (a batch of parallel slots asks for each of
         its sequences at once)."""
-        return list(map(_last_pos, map(self.seq_keys.__getitem__, seqs)))
+        keys, out = self.seq_keys, []
+        for s in seqs:  # `_last_pos` of each, without a call each
+            k = keys[s]
+            out.append(int(k._a[k._n - 1]) >> CELL_BITS if k._n else -1)
+        return out
 
     def live_cells(self) -> np.ndarray:
         """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""
