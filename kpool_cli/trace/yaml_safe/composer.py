@@ -14,10 +14,11 @@ Invariants:
   `!custom`, `!!set`, merge keys `<<` are problems).
 - The recorder's token lines (`- {pos: P, seq: S}`, one a line: most of a server
   trace) are composed from the text, not from libyaml's six events each
-  (`_TokenLines`): a run of them from one event, into nodes that read as the very
-  nodes the events make (`TokenMap`), and only when every such run turned out to be
-  items of a token list where its mappings stood; else the text is composed again
-  the plain way, whose result and problems are then the ones given.
+  (`_TokenLines`, scanned a chunk at a time as libyaml reads): a run of them from
+  one event, into nodes that read as the very nodes the events make (`TokenMap`),
+  and only when every such run turned out to be items of a token list where its
+  mappings stood; else the text is composed again the plain way, whose result and
+  problems are then the ones given.
 - Every bound of `limits` but the bytes is checked as each node is made (the
   composer stops at the first bound crossed and names the node there: line, column,
   field), so a hostile file is refused after at most the bound's worth of work. A
@@ -137,7 +138,7 @@ class _Anchor:
 # alike, and a block sequence's next items after blank lines are what follows the
 # run; a line that was no token item (inside a block scalar or a quoted string, a
 # more indented line continuing the placeholder) is found out because its
-# placeholder was not taken as one (by the time libyaml reads two chunks past it,
+# placeholder was not taken as one (once libyaml has read `_PARSED_BEHIND` past it,
 # or at the end), and the text is then composed the plain way.
 
 
