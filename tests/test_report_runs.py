@@ -370,3 +370,41 @@ def test_the_run_form_reads_back_as_the_full_listing(kpool: int):
                 entries.append({"rep": members[-1], "cells": members, "pad": False})
         assert entries == scatter_json(record, 0)
     assert n_runs > 100
+
+
+def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_encoded_once(monkeypatch):
+    """json_report.ubatch_text: the very text `dumps(ubatch_json(rec))` gives, for
+    every ubatch of the race trace under cache-safe (KP001 re-found each ubatch, the
+    same Finding handed on), with each distinct finding encoded once; a finding whose
+    text is not ASCII sends the ubatch dumps's other way, whole (escaped)."""
+    import dataclasses
+
+    from kpool_cli.backend.store import make_backend
+    from kpool_cli.contracts.records import UbatchRecord
+    from kpool_cli.replay import replay as replay_trace
+    from kpool_cli.report import json_report
+    from kpool_cli.trace.load import load_trace
+    from kpool_cli.versions import CACHE_SAFE
+
+    t = load_trace("traces/shared-prefix-race.yaml")
+    recs = [r for r in replay_trace(t, CACHE_SAFE, make_backend("numba", t), spans=True)
+            if isinstance(r, UbatchRecord)]
+    distinct = {id(f) for r in recs for f in r.findings}
+    assert len(distinct) < sum(len(r.findings) for r in recs)  # some handed on
+    want = [dumps(json_report.ubatch_json(r)) for r in recs]
+    encoded: list[Finding] = []
+    real = json_report.finding_json
+
+    def counted(f: Finding) -> dict:
+        encoded.append(f)
+        return real(f)
+
+    monkeypatch.setattr(json_report, "finding_json", counted)
+    texts = json_report.FindingTexts()
+    assert [json_report.ubatch_text(r, True, texts) for r in recs] == want
+    assert len(encoded) == len(distinct)
+    odd = dataclasses.replace(recs[-1], findings=tuple(
+        dataclasses.replace(f, message=f.message + " \u202e") for f in recs[-1].findings))
+    text = json_report.ubatch_text(odd, True, texts)
+    assert text == dumps(real_json := json_report.ubatch_json(odd)) and "\\u202e" in text
+    assert json.loads(text) == json.loads(json.dumps(real_json))

@@ -241,10 +241,12 @@ def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
                          kpool=kpool)
 
 
-def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
+def ubatch_json(r: UbatchRecord, run_form: bool = True,
+                finding: Callable[[Finding], object] = finding_json) -> dict:
     """A ubatch. `run_form`: pools and scatter entries that follow each other are
     written as runs (pools_json, scatter_json); without it, one object each (what
-    `--pools all` asks for: the full listing)."""
+    `--pools all` asks for: the full listing). `finding`: each finding's value
+    (`finding_json`, or its text already encoded: `FindingTexts`)."""
     kpool = int(r.scatter_rows.shape[1]) if run_form else 0
     pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
     tokens = [{pos_: p, seq_: list(ss), cell_: row} for p, ss, row in zip(
@@ -257,8 +259,45 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True) -> dict:
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
         pools=_listed_json(r, kpool), scatter=_entries_json(r, kpool),
-        cost=COST.make(**r.cost), findings=[finding_json(f) for f in r.findings],
+        cost=COST.make(**r.cost), findings=[finding(f) for f in r.findings],
     )
+
+
+class FindingTexts:
+    """Each finding's JSON text (`finding_json(f)` as orjson writes it), encoded
+    once while the rules hand on the very same (frozen) `Finding`: a race that
+    stands, re-found each ubatch (W4 cache-safe's KP001, 4.5 KB of each 5 KB
+    ubatch). An orjson `Fragment`, which `ubatch_text` places as it is. Holds the
+    last `KEEP` findings met."""
+
+    KEEP = 16
+
+    def __init__(self) -> None:
+        self._texts: dict[int, tuple[Finding, orjson.Fragment]] = {}
+
+    def __call__(self, f: Finding) -> orjson.Fragment:
+        got = self._texts.get(id(f))  # held with its finding: the id stays its own
+        if got is not None:
+            return got[1]
+        if len(self._texts) >= self.KEEP:
+            self._texts.clear()
+        # not ASCII, the ubatch's text is not either: `ubatch_text` then writes it
+        # the other way; orjson refusing it (JSONEncodeError) does the same
+        text = orjson.Fragment(orjson.dumps(finding_json(f), option=_ORJSON))
+        self._texts[id(f)] = (f, text)
+        return text
+
+
+def ubatch_text(r: UbatchRecord, run_form: bool, texts: FindingTexts) -> str:
+    """`dumps(ubatch_json(r, run_form))`, with the findings' texts from `texts` (the
+    same bytes: orjson writes a nested value as it writes it alone)."""
+    try:
+        raw = orjson.dumps(ubatch_json(r, run_form, texts), option=_ORJSON)
+        if raw.isascii():
+            return raw.decode("ascii")
+    except orjson.JSONEncodeError:
+        pass
+    return dumps(ubatch_json(r, run_form))  # as dumps writes what orjson does not
 
 
 def report_header(trace: Trace, engine: str, backend: str | None) -> dict:
@@ -291,12 +330,13 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     events, expects = [], []
     first = True
     signal_met: KeyboardInterrupt | None = None
+    texts = FindingTexts()
 
     def take(rec: OpEvent | UbatchRecord | ExpectResult) -> None:
         nonlocal first
         if isinstance(rec, UbatchRecord):
             out.write(("\n" if first else ",\n") + f"{indent}    "
-                      + dumps(ubatch_json(rec, run_form)))
+                      + ubatch_text(rec, run_form, texts))
             first = False
         elif isinstance(rec, OpEvent):
             events.append(event_json(rec))
