@@ -508,8 +508,18 @@ except ImportError:  # a kpool without them
 if _token_lines is not None:
     t0 = time.perf_counter()
     lines = _token_lines(read(), 1 << 62)
-    if lines is not None:  # a reader of the text (older kpools: the text itself)
-        n_lines = events(getattr(lines, "text", lines))
+    if lines is not None:
+        if hasattr(lines, "text"):  # before f460bfb: the text, made at once
+            source = lines.text
+        else:  # a reader; each run is taken as it is read, as kpool's composer takes it
+
+            class Taken:
+                def read(self, size):
+                    lines.runs.clear()
+                    return lines.read(size)
+
+            source = Taken()
+        n_lines = events(source)
         secs_lines = time.perf_counter() - t0
         if secs_lines < secs:
             n, secs = n_lines, secs_lines
