@@ -386,7 +386,7 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_encoded_once(monk
     from kpool_cli.trace.load import load_trace
     from kpool_cli.versions import CACHE_SAFE
 
-    t = load_trace("traces/shared-prefix-race.yaml")
+    t = load_trace(RACE)
     recs = [r for r in replay_trace(t, CACHE_SAFE, make_backend("numba", t), spans=True)
             if isinstance(r, UbatchRecord)]
     distinct = {id(f) for r in recs for f in r.findings}
