@@ -212,6 +212,18 @@ def _same_either_way(text: str, monkeypatch: pytest.MonkeyPatch) -> bool:
     return taken
 
 
+def _refused_alike(text: str, monkeypatch: pytest.MonkeyPatch, max_tokens: int) -> None:
+    """The text is refused at `max_tokens` with the token lines and without them, with
+    the same problems."""
+    with monkeypatch.context() as m:
+        m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+        with pytest.raises(TraceError) as plain:
+            load_trace_text(text, max_tokens=max_tokens)
+    with pytest.raises(TraceError) as fast:
+        load_trace_text(text, max_tokens=max_tokens)
+    assert fast.value.problems == plain.value.problems
+
+
 N = composer._TOKEN_LINES_MIN
 
 
@@ -295,13 +307,7 @@ def test_a_bound_crossed_among_token_lines_is_refused_as_the_plain_way_refuses_i
         monkeypatch: pytest.MonkeyPatch) -> None:
     text = HEAD + _decode(2 * N)
     for max_tokens in (N, N + 1, 2 * N - 1):
-        with monkeypatch.context() as m:
-            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
-            with pytest.raises(TraceError) as plain:
-                load_trace_text(text, max_tokens=max_tokens)
-        with pytest.raises(TraceError) as fast:
-            load_trace_text(text, max_tokens=max_tokens)
-        assert fast.value.problems == plain.value.problems
+        _refused_alike(text, monkeypatch, max_tokens)
     import kpool_cli.trace.yaml_safe.limits as limits
     for bound in (N, 5 * N + 3, 5 * N + 20):
         monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
@@ -422,13 +428,7 @@ def test_a_run_that_crosses_the_token_bounds_is_refused_as_the_plain_way_refuses
     text = HEAD + before + _decode(N, first=2)
     assert _tried(text, monkeypatch)
     for max_tokens in (N, N + 1):  # the run holds N; 2 before it
-        with monkeypatch.context() as m:
-            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
-            with pytest.raises(TraceError) as plain:
-                load_trace_text(text, max_tokens=max_tokens)
-        with pytest.raises(TraceError) as fast:
-            load_trace_text(text, max_tokens=max_tokens)
-        assert fast.value.problems == plain.value.problems
+        _refused_alike(text, monkeypatch, max_tokens)
     from kpool_cli.trace.load import shape
     monkeypatch.setattr(shape, "LISTED_PAST_THE_CACHE", 16)  # the cap: kv_size * n_stream
     small = HEAD.replace("kv_size: 4096", "kv_size: 32") + _decode(N)

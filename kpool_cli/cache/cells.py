@@ -162,8 +162,10 @@ class SortedKeys(GrowArray):
 
 
 def _last_pos(index: SortedKeys) -> int:
-    """The pos of a sequence's last pair (its index of keys), -1 when it holds none."""
-    return index.last() >> CELL_BITS if len(index) else -1
+    """The pos of a sequence's last pair (its index of keys), -1 when it holds none.
+    (Read in place: batch validation asks it of every slot of a step.)"""
+    n = index._n
+    return int(index._a[n - 1]) >> CELL_BITS if n else -1
 
 
 class Stream:
@@ -226,11 +228,8 @@ class Stream:
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs` (a batch of parallel slots asks for each of
         its sequences at once)."""
-        keys, out = self.seq_keys, []
-        for s in seqs:  # `_last_pos` of each, without a call each
-            k = keys[s]
-            out.append(int(k._a[k._n - 1]) >> CELL_BITS if k._n else -1)
-        return out
+        keys = self.seq_keys
+        return [_last_pos(keys[s]) for s in seqs]
 
     def live_cells(self) -> np.ndarray:
         """Every non-empty cell, ascending, from the index (O(pairs), not O(kv_size))."""

@@ -82,13 +82,8 @@ class RecurrentChild:
         return -1 if p is None else max(p, -1)
 
     def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
-        """`seq_pos_max` of each of `seqs` (`seq_pos`'s look-up, without a call each)."""
-        tail, cells, size, out = self.tail, self.cells, self.size, []
-        for s in seqs:
-            t = tail[s] if 0 <= s < size else -1
-            c = cells[t] if t >= 0 else None
-            out.append(max(c.pos, -1) if c is not None and s in c.seqs else -1)
-        return out
+        """`seq_pos_max` of each of `seqs`."""
+        return [self.seq_pos_max(s) for s in seqs]
 
     # -- edits -------------------------------------------------------------------------
 

@@ -60,15 +60,15 @@ class CompiledLayout(Layout):
         read: set[int] = set()
         changed: set[int] = set()
         sharing = track_sharing and unified
-        equal, kpool, streams, stream_of = self._equal, self.kpool, cache.streams, cache.stream_of
+        equal, kpool = self._equal, self.kpool
         for s, sq in enumerate(self.seqs):
             clean = stale[s] == POS_CLEAN
             if clean and s not in touched and sq.settled:
                 kept.append(len(sq.pools))
                 continue
             read.add(s)
-            sq.strm = strm = stream_of(s)
-            sp = streams[strm].seq_keys[s].view  # cache.seq_keys(s)
+            sp = cache.seq_keys(s)
+            sq.strm = cache.stream_of(s)
             keys = sq.keys
             n = len(keys)
             if (clean and s in appended and equal[s] and sq.settled and n
