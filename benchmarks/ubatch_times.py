@@ -5,7 +5,7 @@ Runs `kpool replay ARGS...` in this process (the CLI's own collector thresholds,
 signal handlers) with a timer around each ubatch (`Replayer._ubatch`, which leaves
 out the report's writing) and, with `--time MODULE:QUALNAME`, around any function or
 method it names. Prints the whole command's wall time, the sum of the ubatches'
-times, and each timed part's mean per ubatch, grouped by the ubatch's index modulo
+times, and each timed part's mean (or `--median`) per call, grouped by the ubatch's index modulo
 `--every` (W4's slot 0 changes the plan every fourth ubatch: `--every 4` sets that
 ubatch apart from the three others). Two commits compared: run it with each on
 PYTHONPATH in turn, a few times, and read a bucket against another of the same run.
@@ -48,6 +48,10 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=4, help="group ubatches by index modulo this")
     ap.add_argument("--time", action="append", default=[], metavar="MODULE:QUALNAME",
                     help="also time this function or method (repeatable)")
+    ap.add_argument("--median", action="store_true",
+                    help="each part's median per call, not its mean: a part whose first call "
+                         "loads a kernel (numba's on-disk cache, once a process) costs "
+                         "that once, which a mean spreads over every call")
     ap.add_argument("kpool", nargs=argparse.REMAINDER, help="-- then kpool's arguments")
     a = ap.parse_args()
     args = a.kpool[1:] if a.kpool[:1] == ["--"] else a.kpool
@@ -82,13 +86,14 @@ def main() -> int:
     total = sum(sum(spent[("ubatch", r)]) for r in range(a.every))
     print(f"wall {wall:.2f} s, {index[0] + 1} ubatches, their sum {total:.2f} s")
     labels = dict.fromkeys(label for label, _ in spent)
-    head = f"mean us, by ubatch index mod {a.every}"
+    stat, name = (statistics.median, "median") if a.median else (statistics.fmean, "mean")
+    head = f"{name} us per call, by ubatch index mod {a.every}"
     width = max(len(head), *map(len, labels))
     print(f"{head:{width}s}"
           + "".join(f" | {r:>9d}" for r in range(a.every)))
     for label in labels:
         print(f"{label:{width}s}" + "".join(
-            f" | {statistics.fmean(spent[(label, r)]) * 1e6:9.1f}" if spent[(label, r)]
+            f" | {stat(spent[(label, r)]) * 1e6:9.1f}" if spent[(label, r)]
             else f" | {'-':>9s}" for r in range(a.every)))
     return 0
 

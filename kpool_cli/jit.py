@@ -146,24 +146,29 @@ def inner(fn: F) -> F:
     return jitted
 
 
-def kernel(fn: F) -> F:
+def kernel(fn: F, name: str | None = None) -> F:
     """`fn` as a numba kernel compiled on its first call (for the argument types it is
     given), from numba's on-disk cache when `cache_for` allows: a run loads only the
     kernels it calls. No fastmath, no parallel: integer work, in one thread. The
     first call loads under `cache_loads_only`, with SIGINT and SIGTERM held until
     the load is done, then puts the kernel itself in its module in place of this
-    first-call stub (callers look it up there each call)."""
+    first-call stub (callers look it up there each call). `name`: the module
+    attribute the stub is bound to, when it is not fn's own (`x = kernel(_x)`, where
+    `_x` is an `inner` too): a stub left bound pays the signal mask and the loader's
+    swap on every call, some 12 us."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
     module = sys.modules[fn.__module__]
+    bound = name or fn.__name__
 
     def first_call(*args: Any) -> Any:
         # numba loads (or compiles) here: a signal waits until it is done, as it does
         # for the value kernels (backend/store.py `kernel_module`)
         with masked(), cache_loads_only():
             out = jitted(*args)
-        setattr(module, fn.__name__, jitted)
+        setattr(module, bound, jitted)
         return out
 
     first_call.__doc__ = fn.__doc__
-    first_call.__name__ = fn.__name__
+    first_call.__name__ = bound
+    first_call.stub_of = fn  # type: ignore[attr-defined]  # marks the stub
     return first_call  # type: ignore[return-value]

@@ -154,7 +154,7 @@ def _sorted_add(a, n, keys):  # pragma: no cover - compiled
     return n + m
 
 
-sorted_add = kernel(_sorted_add)
+sorted_add = kernel(_sorted_add, "sorted_add")
 _sorted_add_in = inner(_sorted_add)  # for the kernels that add keys
 
 
@@ -331,7 +331,7 @@ def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - 
     return _sorted_in(win[:n])
 
 
-first_winners = kernel(_first_winners)
+first_winners = kernel(_first_winners, "first_winners")
 _first_winners_in = inner(_first_winners)
 
 
