@@ -172,7 +172,7 @@ def core_of(name: str) -> Core:
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
-                    cm.mark, partial(build_plan, padding=cm.padding, visibility=cm.visible),
+                    cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible),
                     lambda c: cm.race_groups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans)
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")

@@ -305,3 +305,41 @@ def test_race_groups_kernel_groups_as_the_context_does() -> None:
             got, want = k.race_groups(rep, n_rows), race_groups(rep)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(g, w), (n_rows, n)
+
+
+def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
+    """engine/scatter.py `padding_rows` (ENGINE.md §7): the smallest rows that are no
+    pool's rep. Reps 3, 0, 6, 1 of a cache of 8 rows: free rows 2, 4, 5, 7. Two pads:
+    2, 4 (a pass); then one, from the same array: 2, kept (no pass); three: 2, 4, 5
+    (more than kept: a pass); five: only four are free, GGML_ASSERT; four: 2, 4, 5, 7,
+    kept from the failed pass; five again aborts, kept. Another cache size is a new
+    pass (7 rows: 2, 4, 5 are below it, four pads abort), and so is a new array (reps
+    0, 2: free 1, 3, 4, 5, 6): 1, 3. A pass finds as many rows as the most asked so
+    far (five, from the fourth call on)."""
+    from kpool_cli.cache.aborts import EngineAbort
+    from kpool_cli.compiled import kernels as k
+    from kpool_cli.compiled.marking import Padding
+
+    passes = []
+    kernel = k.padding_rows
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        passes.append(args[1])
+        return kernel(*args)
+
+    monkeypatch.setattr(k, "padding_rows", counted)
+    pad = Padding()
+    cells = np.array([3, 0, 6, 1], dtype=np.int64)
+    assert pad(cells, 2, 8, False)[0].tolist() == [2, 4]
+    assert pad(cells, 1, 8, False)[0].tolist() == [2]
+    assert pad(cells, 3, 8, False)[0].tolist() == [2, 4, 5]
+    with pytest.raises(EngineAbort):
+        pad(cells, 5, 8, False)
+    assert pad(cells, 4, 8, False)[0].tolist() == [2, 4, 5, 7]
+    with pytest.raises(EngineAbort):
+        pad(cells, 5, 8, False)
+    assert passes == [2, 3, 5]
+    with pytest.raises(EngineAbort):
+        pad(cells, 4, 7, False)
+    assert pad(np.array([0, 2], dtype=np.int64), 2, 8, False)[0].tolist() == [1, 3]
+    assert passes == [2, 3, 5, 5, 5]

@@ -4,7 +4,7 @@
 `race_groups` and `raced_writers`, with their loops over tokens, pools and rows in
 kernels (compiled/kernels.py).
 
-Owns: `mark`, `padding`, `visible`, `race_groups`, `raced_writers`, each the reference
+Owns: `mark`, `Padding`, `visible`, `race_groups`, `raced_writers`, each the reference
 function's result for the same arguments (the same arrays, the same EngineAbort
 messages), which the tests hold byte for byte. The decisions (which candidate wins,
 which rows pad) are the reference's rules, cited in the kernels; the stale candidates
@@ -13,6 +13,7 @@ and the grouping by sequence are the reference's own functions.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -76,16 +77,44 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     return Marking(marked, int(marked.size), False)
 
 
-def padding(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
-            ) -> tuple[np.ndarray, np.ndarray]:
+class Padding:
     """engine/scatter.py `padding_rows` through `kernels.padding_rows`: the rows it
-    picks are no pool's rep, so they have no reader (row zero: the pools on row 0)."""
-    if row_zero:
-        return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
-    rows = np.empty(n_pad, dtype=np.int64)
-    if k.padding_rows(pool_cells, n_pad, n_rows, rows) < n_pad:
-        raise EngineAbort(NO_ROW_LEFT)
-    return rows, np.empty(0, dtype=np.int64)
+    picks are no pool's rep, so they have no reader (row zero: the pools on row 0).
+
+    One per replay. It keeps the last rows it found while the layout's rep rows
+    stand: called again with the same `pool_cells` array (the layout's whole-layout
+    column, one array until the pools change: every rep-once decode that closes no
+    pool) and at most as many rows, it gives the first `n_pad` of them, without the
+    pass over every pool. They are the rows a pass would find: the smallest rows
+    that are no pool's rep, in ascending order, so the n smallest are the first n
+    of any more. A pass finds as many rows as the most any call asked (a decode step
+    of W2's 64 slots pads 16 entries when it closes pools, 80 when it does not), so
+    the steps after it keep them. The array is held weakly (a dead one never
+    matches a new array at its address), and nothing writes it."""
+
+    __slots__ = ("_last", "_most")
+
+    def __init__(self) -> None:
+        self._last: tuple[weakref.ref, int, np.ndarray, int] | None = None
+        self._most = 0
+
+    def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        if row_zero:
+            return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
+        last = self._last
+        if (last is not None and last[0]() is pool_cells and last[1] == n_rows
+                and n_pad <= last[2].size):
+            rows, found = last[2][:n_pad].copy(), last[3]
+        else:
+            self._most = most = max(self._most, n_pad)
+            kept = np.empty(most, dtype=np.int64)
+            found = int(k.padding_rows(pool_cells, most, n_rows, kept))
+            self._last = (weakref.ref(pool_cells), n_rows, kept, found)
+            rows = kept[:n_pad].copy()
+        if found < n_pad:  # the rows found below n_rows, smallest first
+            raise EngineAbort(NO_ROW_LEFT)
+        return rows, np.empty(0, dtype=np.int64)
 
 
 def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
