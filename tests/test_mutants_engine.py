@@ -72,10 +72,10 @@ def test_s7_row_zero_padding_puts_every_padding_entry_on_row_0():
     takes the smallest rows that are no pool's rep. The readers (KP004): the pools whose
     rep row is a padding row, pool 0 (rep row 0) under row-zero, none otherwise. The
     compiled core's twin gives the same."""
-    from kpool_cli.compiled.marking import padding
+    from kpool_cli.compiled.marking import Padding
 
     reps = np.array([0, 1, 5], dtype=np.int64)
-    for pick in (padding_rows, padding):
+    for pick in (padding_rows, Padding()):
         rows, readers = pick(reps, 3, 64, True)
         assert rows.tolist() == [0, 0, 0] and readers.tolist() == [0]
         rows, readers = pick(reps, 3, 64, False)
