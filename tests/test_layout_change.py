@@ -280,3 +280,40 @@ def test_members_of_reads_pool_members_while_the_pools_stand(compiled: bool):
     lay.update(c, [C, C], False)
     assert lay._every is None
     assert lay.members_of(np.array([3, 5])).tolist() == [[10, 11], [8, 9]]
+
+
+def test_compiled_members_look_up_is_kept_while_the_pools_stand(monkeypatch):
+    """CompiledLayout `_look_up_members` keeps its last look-up of pools of several
+    sequences (a decode step's plan and its verification ask for the same new pools).
+    Kpool 2, seq 0 pos 0..5 (cells 0..5: pools 0, 1, 2 = members 0,1 / 2,3 / 4,5), seq
+    1 pos 0..3 (cells 6..9: pools 3, 4 = 6,7 / 8,9). Pools 2, 3 (one of each): [4, 5],
+    [6, 7], two kernel calls; asked again (an equal array), the same rows with no
+    call, in a new array each time (writing one changes no later answer). Seq 0's pos
+    6, 7 (cells 10, 11) close its pool 3, placed before seq 1's: pools 2, 3 are now
+    [4, 5], [10, 11], looked up again."""
+    from kpool_cli.compiled import kernels as k
+
+    calls = []
+    kernel = k.members
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        calls.append(args[3:5])
+        return kernel(*args)
+
+    monkeypatch.setattr(k, "members", counted)
+    c = KvCache(CacheConfig(kv_size=64, kpool=2, n_seq_max=2))
+    lay = CompiledLayout(2, 2, False, 64, 64)
+    decode(c, 0, range(6))
+    decode(c, 1, range(4))
+    lay.update(c, [C, C], False)
+    got = lay.members_of(np.array([2, 3]))
+    assert got.tolist() == [[4, 5], [6, 7]] and len(calls) == 2
+    got[:] = -1
+    again = lay.members_of(np.array([2, 3]))
+    assert again.tolist() == [[4, 5], [6, 7]] and len(calls) == 2
+    again[:] = -1
+    assert lay.members_of(np.array([2, 3])).tolist() == [[4, 5], [6, 7]]
+    decode(c, 0, [6, 7])
+    lay.update(c, [C, C], False)
+    assert lay.members_of(np.array([2, 3])).tolist() == [[4, 5], [10, 11]]
+    assert len(calls) == 3  # one sequence's pools: seq 0's 2 and 3

@@ -26,6 +26,9 @@ from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
 from . import kernels as k
 from .cache import CompiledKvCache
 
+# the most pools whose looked-up members `_look_up_members` keeps (a copy of each)
+_KEPT_LOOK_UP = 4096
+
 
 class CompiledLayout(Layout):
     def __init__(self, n_seq_max: int, kpool: int, by_order: bool, kv_size: int,
@@ -40,6 +43,9 @@ class CompiledLayout(Layout):
         # were built with and the pools the change kept (`_every_members`); None when
         # none were built since the change before
         self._carry: tuple[np.ndarray, list[int], tuple[int, ...]] | None = None
+        # the last few pools' members looked up, while the pools stand (`_end_update`
+        # drops them): a step's plan and its verification ask for the same new pools
+        self._looked_up: tuple[np.ndarray, np.ndarray] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -113,6 +119,7 @@ class CompiledLayout(Layout):
                     ) -> LayoutChange:
         """Layout._end_update, after noting what `_every_members` carries over."""
         if changed:
+            self._looked_up = None
             every, start = self._every, self._pool_start
             self._carry = (None if every is None or start is None
                            else (every[2], start.tolist(), tuple(kept)))
@@ -185,7 +192,12 @@ class CompiledLayout(Layout):
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
         """Layout._look_up_members, a sequence's pools at a time through
-        `kernels.members`."""
+        `kernels.members`; the last look-up of up to `_KEPT_LOOK_UP` pools again (a
+        copy) for the same pools while they stand (W2's closing step: the plan's
+        and the verification's 64 new pools, 64 kernel calls each)."""
+        last = self._looked_up
+        if last is not None and last[0].size == ips.size and np.array_equal(last[0], ips):
+            return last[1].copy()
         runs = self._runs(ips)
         if runs is None:
             return super()._look_up_members(ips)
@@ -196,6 +208,8 @@ class CompiledLayout(Layout):
             sq = seqs[s]
             k.members(sq.keys.view, sq.pools.view, ips, a, b, start[s], kpool, sq.strm,
                       kv_size, out)
+        if len(runs) > 1 and ips.size <= _KEPT_LOOK_UP:
+            self._looked_up = (ips.copy(), out.copy())
         return out
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
