@@ -86,9 +86,14 @@ class SameValues(Generic[T]):
 
 def same_objects(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> bool:
     """Whether `objects` are, one by one, the very objects `refs` refer to (a dead
-    reference matches nothing)."""
-    return len(refs) == len(objects) and all(
-        r() is o for r, o in zip(refs, objects, strict=True))
+    reference matches nothing). A loop, not `all` over a generator: a ubatch asks
+    this some ten times, at a third of the cost (0.4 us against 1.3 for seven)."""
+    if len(refs) != len(objects):
+        return False
+    for r, o in zip(refs, objects, strict=True):  # noqa: SIM110 - the loop is the point
+        if r() is not o:
+            return False
+    return True
 
 
 def unique(a: np.ndarray) -> np.ndarray:

@@ -37,6 +37,20 @@ def test_equal_arrays_that_are_other_objects_are_asked_again():
     assert f(a[:], b) == 9 and len(calls) == 4  # a view is another object
 
 
+def test_fewer_or_more_arrays_are_asked_again():
+    """The same first arrays with one array fewer or more are other arguments."""
+    calls: list[int] = []
+
+    def count(*arrays: np.ndarray) -> int:
+        calls.append(1)
+        return len(arrays)
+
+    f = SameArrays(count)
+    a, b = np.arange(4), np.ones(3, dtype=np.int64)
+    assert f(a, b) == 2 and f(a) == 1 and f(a, b, a) == 3 and f(a, b, a) == 3
+    assert len(calls) == 3
+
+
 def test_an_array_that_died_matches_nothing():
     """The key is held weakly: once the array is gone, the memo holds no reference to
     it, and a new array is computed afresh."""
