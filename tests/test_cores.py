@@ -343,3 +343,31 @@ def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
         pad(cells, 4, 7, False)
     assert pad(np.array([0, 2], dtype=np.int64), 2, 8, False)[0].tolist() == [1, 3]
     assert passes == [2, 3, 5, 5, 5]
+
+
+def test_padding_equals_the_reference_over_calls_that_keep_and_pass() -> None:
+    """`Padding` against engine/scatter.py `padding_rows` on 3,000 calls that alternate
+    between three rep-row arrays and draw the pads and the cache size at random: the
+    same rows, or the same GGML_ASSERT, whether its answer was kept or passed for."""
+    from kpool_cli.cache.aborts import EngineAbort
+    from kpool_cli.compiled.marking import Padding
+    from kpool_cli.engine.scatter import padding_rows
+
+    rng = np.random.default_rng(29994)
+    arrays = [rng.choice(96, size=n, replace=False).astype(np.int64) for n in (10, 40, 80)]
+    pad = Padding()
+
+    def answer(pick, cells, n_pad, n_rows):  # type: ignore[no-untyped-def]
+        try:
+            return pick(cells, n_pad, n_rows, False)[0].tolist()
+        except EngineAbort:
+            return "abort"
+
+    aborts = 0
+    for _ in range(3000):
+        cells = arrays[int(rng.integers(3)) if rng.random() < 0.2 else 0]
+        n_pad, n_rows = int(rng.integers(1, 40)), int(rng.choice([96, 100, 128]))
+        want = answer(padding_rows, cells, n_pad, n_rows)
+        assert answer(pad, cells, n_pad, n_rows) == want, (cells.size, n_pad, n_rows)
+        aborts += want == "abort"
+    assert 0 < aborts < 3000

@@ -89,8 +89,10 @@ class Padding:
     that are no pool's rep, in ascending order, so the n smallest are the first n
     of any more. A pass finds as many rows as the most any call asked (a decode step
     of W2's 64 slots pads 16 entries when it closes pools, 80 when it does not), so
-    the steps after it keep them. The array is held weakly (a dead one never
-    matches a new array at its address), and nothing writes it."""
+    the steps after it keep them; that most never falls, and costs a pass no more
+    than its pad's length (the pools are most of its span). The array is held
+    weakly (a dead one never matches a new array at its address), and nothing
+    writes it."""
 
     __slots__ = ("_last", "_most")
 
