@@ -5,9 +5,9 @@ Runs `kpool replay ARGS...` in this process (the CLI's own collector thresholds,
 signal handlers) with a timer around each ubatch (`Replayer._ubatch`, which leaves
 out the report's writing) and, with `--time MODULE:QUALNAME`, around any function or
 method it names. Prints the whole command's wall time, the sum of the ubatches'
-times, and each timed part's mean (or `--median`) per call, grouped by the ubatch's index modulo
-`--every` (W4's slot 0 changes the plan every fourth ubatch: `--every 4` sets that
-ubatch apart from the three others). Two commits compared: run it with each on
+times, and each timed part's mean (or `--median`) per call, grouped by the ubatch's
+index modulo `--every` (W4's slot 0 changes the plan every fourth ubatch: `--every 4`
+sets that ubatch apart from the three others). Two commits compared: run it with each on
 PYTHONPATH in turn, a few times, and read a bucket against another of the same run.
 
     python benchmarks/ubatch_times.py [--every 4] [--time kpool_cli.report.json_report:ubatch_json]
