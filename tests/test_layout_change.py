@@ -317,3 +317,9 @@ def test_compiled_members_look_up_is_kept_while_the_pools_stand(monkeypatch):
     lay.update(c, [C, C], False)
     assert lay.members_of(np.array([2, 3])).tolist() == [[4, 5], [10, 11]]
     assert len(calls) == 3  # one sequence's pools: seq 0's 2 and 3
+    # more member rows than it may keep (KEPT_MEMBER_ROWS, counted by the memory
+    # bound): pools 2 and 4 (seqs 0 and 1) are 4 rows, looked up each time
+    monkeypatch.setattr("kpool_cli.compiled.layout.KEPT_MEMBER_ROWS", 3)
+    for _ in range(2):
+        assert lay.members_of(np.array([2, 4])).tolist() == [[4, 5], [6, 7]]
+    assert len(calls) == 7

@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from ..cache.kv import KvCache, Reach
+from ..compiled import KEPT_MEMBER_ROWS
 from ..trace.model import CacheConfig, Trace
 from .store import BACKENDS, ValueBackend
 
@@ -66,7 +67,9 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     # the compiled core's marking scratch (compiled/layout.py `scratch`): a byte per
     # global row or pool, twice over while it grows
     scratch = 2 * max(config.n_rows, pools)
-    return layout + growth + plan + record + tokens + cells + scratch
+    # its last look-up of members, kept (compiled/layout.py): rows and pool indices
+    kept = 2 * 8 * KEPT_MEMBER_ROWS
+    return layout + growth + plan + record + tokens + cells + scratch + kept
 
 
 @dataclass(frozen=True, slots=True)

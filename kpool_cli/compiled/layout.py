@@ -23,11 +23,9 @@ import numpy as np
 from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
+from . import KEPT_MEMBER_ROWS
 from . import kernels as k
 from .cache import CompiledKvCache
-
-# the most pools whose looked-up members `_look_up_members` keeps (a copy of each)
-_KEPT_LOOK_UP = 4096
 
 
 class CompiledLayout(Layout):
@@ -192,8 +190,8 @@ class CompiledLayout(Layout):
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
         """Layout._look_up_members, a sequence's pools at a time through
-        `kernels.members`; the last look-up of up to `_KEPT_LOOK_UP` pools again (a
-        copy) for the same pools while they stand (W2's closing step: the plan's
+        `kernels.members`; the last look-up of up to `KEPT_MEMBER_ROWS` member rows
+        again (a copy) for the same pools while they stand (W2's closing step: the plan's
         and the verification's 64 new pools, 64 kernel calls each)."""
         last = self._looked_up
         if last is not None and last[0].size == ips.size and np.array_equal(last[0], ips):
@@ -208,7 +206,7 @@ class CompiledLayout(Layout):
             sq = seqs[s]
             k.members(sq.keys.view, sq.pools.view, ips, a, b, start[s], kpool, sq.strm,
                       kv_size, out)
-        if len(runs) > 1 and ips.size <= _KEPT_LOOK_UP:
+        if len(runs) > 1 and out.size <= KEPT_MEMBER_ROWS:
             self._looked_up = (ips.copy(), out.copy())
         return out
 
