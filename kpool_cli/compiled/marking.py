@@ -105,18 +105,15 @@ class Padding:
         if row_zero:
             return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
         last = self._last
-        if (last is not None and last[0]() is pool_cells and last[1] == n_rows
-                and n_pad <= last[2].size):
-            rows, found = last[2][:n_pad].copy(), last[3]
-        else:
+        if (last is None or last[0]() is not pool_cells or last[1] != n_rows
+                or n_pad > last[2].size):  # a pass
             self._most = most = max(self._most, n_pad)
             kept = np.empty(most, dtype=np.int64)
             found = int(k.padding_rows(pool_cells, most, n_rows, kept))
-            self._last = (weakref.ref(pool_cells), n_rows, kept, found)
-            rows = kept[:n_pad].copy()
-        if found < n_pad:  # the rows found below n_rows, smallest first
+            last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
+        if last[3] < n_pad:  # the rows found below n_rows, smallest first
             raise EngineAbort(NO_ROW_LEFT)
-        return rows, np.empty(0, dtype=np.int64)
+        return last[2][:n_pad].copy(), np.empty(0, dtype=np.int64)
 
 
 def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
