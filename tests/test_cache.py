@@ -344,3 +344,18 @@ def test_sorted_keys_push_appends_only_past_the_end() -> None:
     for key in range(6, 30):
         assert sk.push(key)
     assert sk.view.tolist() == list(range(5, 30))
+
+
+def test_grow_array_append_is_extend_by_one() -> None:
+    """GrowArray.append, the compiled layout's one pair of a decode step: each value
+    lands after the live part, past the first capacity of 16 too, and a value a
+    truncate dropped is overwritten, not kept."""
+    from kpool_cli.cache.cells import GrowArray
+
+    ga = GrowArray()
+    for v in range(20):
+        ga.append(v * 3)
+    assert ga.view.tolist() == [v * 3 for v in range(20)] and ga.capacity >= 20
+    ga.truncate(5)
+    ga.append(-1)
+    assert ga.view.tolist() == [0, 3, 6, 9, 12, -1]

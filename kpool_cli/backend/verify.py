@@ -246,7 +246,7 @@ class Verifier:
         ranges, together; the others (and a sequence alone) one by one."""
         start, bad, all_new = layout.pool_start(), self.bad, self._all_dirty
         ips: list[np.ndarray] = []  # the range sequences' candidates, then the others'
-        r_seqs = r_kept = r_ends = np.empty(0, dtype=np.int64)
+        r_seqs = r_kept = r_n = r_ends = np.empty(0, dtype=np.int64)
         rest = zip(seqs.tolist(), how.tolist(), strict=True)
         if all_new or seqs.size >= _RANGED_FROM:  # after a clear, every pool is new
             kept = (np.zeros(len(layout.seqs), dtype=np.int64) if all_new
@@ -283,18 +283,29 @@ class Verifier:
                 verdict = np.empty_like(got)
                 verdict[order] = got
             self.pools_checked += every.size
+        bad_seqs = self.bad_seqs
+        # a range sequence has a bad pool when its range has one, or its kept part
+        # (`bad_seqs` says, when the update kept every pool it had)
+        hits = np.zeros(int(r_ends[-1]) + 1 if r_ends.size else 1, dtype=np.int64)
+        np.cumsum(verdict[:hits.size - 1], out=hits[1:])
+        range_bad = (hits[r_ends] > hits[r_ends - r_n]).tolist()
         at = 0
-        for s, k, b in zip(r_seqs.tolist(), r_kept.tolist(), r_ends.tolist(), strict=True):
-            bad[s] = np.concatenate((bad[s][:k], verdict[at:b]))
+        for s, k, b, nb in zip(r_seqs.tolist(), r_kept.tolist(), r_ends.tolist(), range_bad,
+                               strict=True):
+            old = bad[s]
+            bad[s] = np.concatenate((old[:k], verdict[at:b]))
             at = b
+            if nb or (s in bad_seqs if k == old.size else bool(old[:k].any())):
+                bad_seqs.add(s)
+            else:
+                bad_seqs.discard(s)
         for s, cand in one_by_one:
             bad[s][cand] = verdict[at:at + cand.size]
             at += cand.size
-        for s in seqs.tolist():  # the others' bad pools are as they were
             if bad[s].any():
-                self.bad_seqs.add(s)
+                bad_seqs.add(s)
             else:
-                self.bad_seqs.discard(s)
+                bad_seqs.discard(s)
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)

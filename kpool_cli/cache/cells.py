@@ -77,6 +77,12 @@ class GrowArray:
         self._a[self._n:need] = values
         self._n = need
 
+    def append(self, value: int) -> None:
+        """`extend` by one value."""
+        n = self._n
+        (self._a if n < self._a.size else self.spare(n + 1))[n] = value
+        self._n = n + 1
+
     def assign(self, values: np.ndarray) -> None:
         self._n = 0
         self.extend(values)
@@ -132,8 +138,7 @@ class SortedKeys(GrowArray):
         n = self._n
         if n and key <= int(self._a[n - 1]):
             return False
-        self.spare(n + 1)[n] = key
-        self._n = n + 1
+        self.append(key)
         return True
 
     def remove(self, keys: np.ndarray) -> None:

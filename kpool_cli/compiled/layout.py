@@ -65,14 +65,15 @@ class CompiledLayout(Layout):
         changed: set[int] = set()
         sharing = track_sharing and unified
         equal, kpool = self._equal, self.kpool
+        stream_of, indices = cache.stream_of, [st.seq_keys for st in cache.streams]
         for s, sq in enumerate(self.seqs):
             clean = stale[s] == POS_CLEAN
             if clean and s not in touched and sq.settled:
                 kept.append(len(sq.pools))
                 continue
             read.add(s)
-            sp = cache.seq_keys(s)
-            sq.strm = cache.stream_of(s)
+            sq.strm = strm = stream_of(s)
+            sp = indices[strm][s].view  # cache.seq_keys(s)
             keys = sq.keys
             n = len(keys)
             if (clean and s in appended and equal[s] and sq.settled and n
@@ -80,7 +81,10 @@ class CompiledLayout(Layout):
                 # the last apply only wrote past s's pairs, which equalled the cache's:
                 # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs
                 # close no pool past j_next (step 4); s stays equal and settled
-                keys.extend(sp[n:])
+                if sp.size == n + 1:  # a decode step's one token
+                    keys.append(int(sp[n]))
+                else:
+                    keys.extend(sp[n:])
                 scanned += sp.size - n
                 kept.append(len(sq.pools))
                 continue
