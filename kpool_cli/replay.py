@@ -51,6 +51,7 @@ from .cache.batch import (
     Ubatch,
     decode_split,
     first_ubatch_len,
+    one_seq_each,
     split_refusal,
     validate,
     validate_span,
@@ -220,6 +221,8 @@ def planned_ubatches(trace: m.Trace) -> int:
 def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]:
     """Each sequence set of a ubatch (its first token's seq ids, in order) with the pos
     of its last token in ubatch order: what the recurrent child's find_slot records."""
+    if one_seq_each(seqs) is not None:  # parallel slots: each token is its own set
+        return list(zip(map(tuple, seqs), pos.tolist(), strict=True))
     last: dict[frozenset[int], tuple[tuple[int, ...], int]] = {}
     for p, ss in zip(pos.tolist(), seqs, strict=True):
         key = frozenset(ss)
@@ -421,8 +424,8 @@ class Replayer:
             yield self._reject(i, split)
             return
         ubs = []
-        for ub in split:
-            tk = [tokens[j] for j in ub.tokens]
+        tks = [[tokens[j] for j in ub.tokens] for ub in split]
+        for tk in tks:
             recorded = (np.array([t.cell for t in tk], dtype=np.int64)
                         if tk[0].cell is not None else None)
             ubs.append((np.array([t.pos for t in tk], dtype=np.int64),
@@ -442,8 +445,8 @@ class Replayer:
 
         stale_batch = list(self.staleness.stale)
         is_new_size = 0
-        for b, (ub, (pos, seqs, _), pl) in enumerate(zip(split, ubs, placements, strict=True)):
-            tk = [tokens[j] for j in ub.tokens]
+        for b, (ub, tk, (pos, seqs, _), pl) in enumerate(zip(split, tks, ubs, placements,
+                                                              strict=True)):
             ext = (np.array([t.ext or (0, 0) for t in tk], dtype=np.int64)
                    if cfg.by_order else None)
             rec = self._ubatch(i, b, ub, pos, seqs, ext, pl, stale_batch, is_new_size)

@@ -359,3 +359,27 @@ def test_grow_array_append_is_extend_by_one() -> None:
     ga.truncate(5)
     ga.append(-1)
     assert ga.view.tolist() == [0, 3, 6, 9, 12, -1]
+
+
+@pytest.mark.parametrize(("unified", "sets", "want"), [
+    (True, [(3,), (0, 5), (7,)], 0),  # one stream holds every sequence
+    (False, [(2,), (2, 1)], 2),  # each set's first id: stream 2
+    (False, [(2,), (1,)], None),  # two streams
+])
+def test_one_stream_is_the_stream_of_every_sets_first_id(unified, sets, want) -> None:
+    """KvCache.one_stream, the compiled find_slot's one-stream test: the stream of each
+    set's first seq id (its own sequence's when not unified), when they agree."""
+    kv = KvCache(CacheConfig(kv_size=16, kpool=4, n_seq_max=8, unified=unified))
+    assert kv.one_stream(sets) == want
+
+
+def test_state_positions_of_parallel_slots_and_of_shared_sets() -> None:
+    """replay.py `_state_positions`, what the recurrent child's find_slot records: each
+    sequence set in the order of its first token, with its last token's pos. A step of
+    parallel slots is each token's own set; sets met again keep their first place."""
+    from kpool_cli.replay import _state_positions
+
+    pos = np.array([5, 7, 9], dtype=np.int64)
+    assert _state_positions(pos, [(2,), (0,), (1,)]) == [((2,), 5), ((0,), 7), ((1,), 9)]
+    assert _state_positions(pos, [(2,), (0,), (2,)]) == [((2,), 9), ((0,), 7)]
+    assert _state_positions(pos, [(0, 1), (1, 0), (3,)]) == [((0, 1), 7), ((3,), 9)]

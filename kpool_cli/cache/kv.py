@@ -152,6 +152,14 @@ class KvCache:
     def stream_of(self, s: int) -> int:
         return 0 if self.config.unified else s
 
+    def one_stream(self, seq_sets: list[tuple[int, ...]]) -> int | None:
+        """The stream of every set's first seq id when it is one stream (always, in a
+        unified cache), else None."""
+        k = self.stream_of(seq_sets[0][0])
+        if self.config.unified:  # one stream holds them all
+            return k
+        return k if all(self.stream_of(ss[0]) == k for ss in seq_sets) else None
+
     def stream(self, s: int) -> Stream:
         return self.streams[self.stream_of(s)]
 

@@ -143,8 +143,8 @@ class CompiledKvCache(KvCache):
         ubatches (a failed one restores no head: nothing was placed)."""
         if len(ubatches) == 1 and ubatches[0][2] is None:
             seqs = ubatches[0][1]
-            k = self.stream_of(seqs[0][0])
-            if all(self.stream_of(ss[0]) == k for ss in seqs):
+            k = self.one_stream(seqs)
+            if k is not None:
                 st = self.streams[k]
                 got = self._find_slot(st, st.used, self._heads[k], len(seqs))
                 if got is None:
