@@ -136,7 +136,7 @@ class Verifier:
         finds changed (`_scanned`), elsewhere while a row changed. A sequence left out
         has no pool to recheck."""
         n = len(layout.seqs)
-        n_bad = np.fromiter((b.size for b in self.bad), dtype=np.int64, count=n)
+        n_bad = np.array(list(map(len, self.bad)), dtype=np.int64)  # each one-dimensional
         kept = np.asarray(change.kept, dtype=np.int64)
         changed = bool(self._kdirty_rows or self._pdirty_rows)
         known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
@@ -251,8 +251,8 @@ class Verifier:
         if all_new or seqs.size >= _RANGED_FROM:  # after a clear, every pool is new
             kept = (np.zeros(len(layout.seqs), dtype=np.int64) if all_new
                     else np.asarray(change.kept, dtype=np.int64))
-            ranged = (how == NEW) & (kept[seqs] <= np.fromiter(
-                (bad[s].size for s in seqs.tolist()), dtype=np.int64, count=seqs.size))
+            ranged = (how == NEW) & (kept[seqs] <= np.array(
+                [len(bad[s]) for s in seqs.tolist()], dtype=np.int64))
             r_seqs = seqs[ranged]
             r_kept = kept[r_seqs]
             r_n = start[r_seqs + 1] - start[r_seqs] - r_kept
@@ -387,7 +387,8 @@ class _DirtyPairs:
         """Per stream with a changed row: the stream and its changed cells (member and
         rep lists end to end)."""
         if self._streams is None:
-            rows = [*self.kdirty, *self.pdirty]
+            # a decode's rows are touched as keys and as pooled rows alike: once here
+            rows = list({id(r): r for r in (*self.kdirty, *self.pdirty)}.values())
             rows_a = (rows[0] if len(rows) == 1 else np.concatenate(rows) if rows
                       else np.empty(0, dtype=np.int64))
             streams = self.cache.streams
