@@ -83,7 +83,7 @@ from .engine.context import (
 from .engine.edits import Staleness, check_edit
 from .engine.layout import POS_CLEAN, Layout
 from .engine.marking import Marking, gen_zeroed, mark, n_new_graph
-from .engine.scatter import ScatterPlan, build_plan
+from .engine.scatter import ScatterPlan, build_plan, padding_entries
 from .trace import model as m
 from .trace.load import Problem, TraceError
 from .verdict.expect import with_expectations
@@ -173,7 +173,8 @@ def core_of(name: str) -> Core:
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
-                    cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible),
+                    cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible,
+                                     padding_alone=SameArrays(padding_entries)),
                     lambda c: cm.race_groups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans)
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")

@@ -682,3 +682,45 @@ def test_a_scatter_that_hands_out_a_slot_does_not_stand() -> None:
         got.append((be.ubatches_standing, be.pools_kept,
                     be.row_values("pooled", np.array([1])).tobytes()))
     assert got[0][:2] == (0, 0) and got[0][2] == got[1][2]
+
+
+def test_padded_steps_stand_on_the_compiled_core() -> None:
+    """A decode step that marks no pool pads the same entries as the step before while
+    the rep rows stand: the compiled core's `Padding` gives the very rows it gave,
+    engine/scatter.py `build_plan` the very entry arrays (and `Marking.of` one empty
+    marked array), so the listing's memo, the race groups and the value backend's
+    standing scatter are kept by identity, equal in lockstep to pooling every entry
+    (`kept_equals_pooled`).
+
+    By hand: kpool 4, an 8-token prompt of seq 0 (pools at pos 0-3 and 4-7) copied to
+    seq 1, then steps of one token per slot at pos 8 .. 14. Pos 8 marks seq 1's two
+    copied pools (the update gives seq 1 its pools); pos 9 and 10 mark none and pad 2
+    entries (rows 0 and 1, the smallest that are no pool's rep: 3 and 7 are); pos 11
+    closes pool 2 of each slot (reps 14 and 15 in the cells they took, 8 .. 15 in
+    turn); pos 12 .. 14 mark none again. The first padded step after the pools change
+    (pos 9, pos 12) finds its rows (a new rep column) and scatters them; each padded
+    step after it (pos 10, 13, 14: three) is the same plan and stands. The reference
+    core builds fresh arrays each step, and none stands."""
+    t = trace("\n".join([
+        "kpool_trace: 1",
+        "cache: {kv_size: 64, kpool: 4, n_seq_max: 2, n_ubatch: 16, n_embd: 8}",
+        "ops:",
+        "  - decode: {seq: 0, pos: 0..8}",
+        "  - seq_cp: {src: 0, dst: 1}",
+        *(f"  - decode: {{tokens: [{{pos: {p}, seq: 0}}, {{pos: {p}, seq: 1}}]}}"
+          for p in range(8, 15))]))
+    for core, standing in (("compiled", [10, 13, 14]), ("reference", [])):
+        prev = None
+        same = []
+        for rec in Replayer(t, REP_ONCE, ValueBackend(t.cache, t.seed, "numpy"),
+                            core=core).run():
+            if isinstance(rec, UbatchRecord):
+                if rec.n_new == 0:
+                    assert rec.scatter_rep.tolist() == [0, 1]
+                if prev is not None and rec.scatter_rep is prev.scatter_rep:
+                    assert rec.scatter_rows is prev.scatter_rows
+                    assert rec.scatter_pad is prev.scatter_pad  # the listing's memo
+                    same.append(int(rec.token_pos[0]))
+                prev = rec
+        assert same == standing, core
+        assert kept_equals_pooled(t, REP_ONCE, core).ubatches_standing == len(standing)

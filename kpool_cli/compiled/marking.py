@@ -51,7 +51,7 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
         if not ok:
             raise EngineAbort(f"GGML_ASSERT(r >= 0): a token of seq {s} is not in its "
                               "sequence's layout (by-order rank lookup)")
-        return Marking(marked, int(marked.size), False)
+        return Marking.of(marked)
     pair_tok, pair_seq = token_pairs(seqs)
     pair_ip = np.empty(pair_tok.size, dtype=np.int64)
     if not layout.by_order:  # by position: every sequence's tokens in one call
@@ -71,10 +71,9 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     candidates.append(pair_ip[pair_ip >= 0])
     cand = np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
     if cand.size == 0:
-        return Marking(cand, 0, False)
+        return Marking.of(cand)
     seen = layout.scratch(n_pool)
-    marked = k.first_winners(cand, layout.pool_cells(), once_per_rep, seen)
-    return Marking(marked, int(marked.size), False)
+    return Marking.of(k.first_winners(cand, layout.pool_cells(), once_per_rep, seen))
 
 
 class Padding:
@@ -92,12 +91,18 @@ class Padding:
     the steps after it keep them; that most never falls, and costs a pass no more
     than its pad's length (the pools are most of its span). The array is held
     weakly (a dead one never matches a new array at its address), and nothing
-    writes it."""
+    writes it.
 
-    __slots__ = ("_last", "_most")
+    Asked again for as many rows as the last call, it gives the very array it gave
+    then (one object while the rep rows stand: a decode step that marks no pool pads
+    the same entries each time, and `build_plan` keeps what it builds from them by
+    identity). Nothing may write the rows it gives."""
+
+    __slots__ = ("_given", "_last", "_most")
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, int, np.ndarray, int] | None = None
+        self._given: np.ndarray | None = None  # the last rows given, of the kept ones
         self._most = 0
 
     def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
@@ -111,9 +116,16 @@ class Padding:
             kept = np.empty(most, dtype=np.int64)
             found = int(k.padding_rows(pool_cells, most, n_rows, kept))
             last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
+            self._given = None
         if last[3] < n_pad:  # the rows found below n_rows, smallest first
             raise EngineAbort(NO_ROW_LEFT)
-        return last[2][:n_pad].copy(), np.empty(0, dtype=np.int64)
+        given = self._given
+        if given is None or given.size != n_pad:
+            given = self._given = last[2][:n_pad]
+        return given, _NO_READERS
+
+
+_NO_READERS = np.empty(0, dtype=np.int64)  # nothing may write it (it holds nothing)
 
 
 def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,

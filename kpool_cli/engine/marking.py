@@ -30,6 +30,16 @@ class Marking:
     n_new: int
     repool_all: bool  # cache-safe with a shared layout: every pool marked
 
+    @classmethod
+    def of(cls, marked: np.ndarray) -> Marking:
+        """The marking of the pools `marked` (not re-pool-all); none marked is
+        `NONE_MARKED`, one array, so that what a ubatch that marks nothing builds from
+        its plan alone is kept by identity while the padding stands (arrays.SameArrays)."""
+        return cls(marked if marked.size else NONE_MARKED, int(marked.size), False)
+
+
+NONE_MARKED = np.empty(0, dtype=np.int64)  # nothing may write it (it holds nothing)
+
 
 def _first_of_each(values: np.ndarray) -> np.ndarray:
     """Indices of the first occurrence of each distinct value, in input order."""
@@ -85,8 +95,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
         winners = cand[_first_of_each(layout.pool_cells()[cand])] if cand.size else cand
     else:
         winners = cand[_first_of_each(cand)]
-    marked = np.sort(winners)
-    return Marking(marked, int(marked.size), False)
+    return Marking.of(np.sort(winners))
 
 
 def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.ndarray]:

@@ -47,6 +47,7 @@ NO_ROW_LEFT = "GGML_ASSERT(pad_cell < kv_size*n_stream): no row left for a paddi
 
 Padding = Callable[[np.ndarray, int, int, bool], tuple[np.ndarray, np.ndarray]]
 Visibility = Callable[[Layout, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+PaddingEntries = Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 def padding_rows(pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
@@ -104,14 +105,30 @@ def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
     return visible
 
 
+def padding_entries(pad: np.ndarray, _pool_cells: np.ndarray, *, kpool: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(entry_pool, entry_rows, entry_rep) of a plan of padding entries alone, on
+    rows `pad` of the layout whose rep rows are `_pool_cells` (which fixes kpool).
+    A core whose padding gives the same rows while the rep rows stand hands
+    `build_plan` this through `arrays.SameArrays`, one per replay: a decode step that
+    marks no pool then pads with the same arrays, and what is built from the plan
+    alone is kept (the race groups, the listing, the value backend's standing
+    scatter)."""
+    rows = np.empty((pad.size, kpool), dtype=np.int64)
+    rows[:] = pad[:, None]
+    return np.full(pad.size, -1, dtype=np.int64), rows, pad.astype(np.int64, copy=True)
+
+
 def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray,
                seqs: list[tuple[int, ...]], token_cells: np.ndarray, n_rows: int,
                padding_policy: str, padding: Padding = padding_rows,
-               visibility: Visibility = visible_pools) -> ScatterPlan:
+               visibility: Visibility = visible_pools,
+               padding_alone: PaddingEntries = padding_entries) -> ScatterPlan:
     """ENGINE.md §7 for one ubatch; `padding_policy` is `EngineVersion.padding`;
     `padding` picks the rows of the policies that give padding rows of their own
     (`padding_rows`, or a core's equal twin), `visibility` what each token sees
-    (`visible_pools`, or a core's equal twin)."""
+    (`visible_pools`, or a core's equal twin), `padding_alone` the entries of a plan
+    of padding alone (`padding_entries`, or the same kept by identity)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
 
@@ -133,23 +150,30 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         return ScatterPlan(pool_cells, marked, layout.pool_members(), pool_cells,
                            visibility(layout, first, pos, token_cells), n_new, 0,
                            np.empty(0, dtype=np.int64))
-    rows = np.empty((n_new_g, kpool), dtype=np.int64)
-    rep = np.empty(n_new_g, dtype=np.int64)
-    entry_pool = np.full(n_new_g, -1, dtype=np.int64)
-    entry_pool[:n_new] = marked
-    rows[:n_new] = layout.members_of(marked)
-    rep[:n_new] = pool_cells[marked]
     reps_sorted = 0
     readers = np.empty(0, dtype=np.int64)
-    if n_new_g > n_new and padding_policy == "repeat-pool":
-        members, rep[n_new:], readers = repeated_pool(layout, seqs)
-        rows[n_new:] = members[None, :]
-    elif n_new_g > n_new:
+    pad = None
+    if n_new_g > n_new and padding_policy != "repeat-pool":  # rows of their own
         reps_sorted = int(pool_cells.size)
         pad, readers = padding(pool_cells, n_new_g - n_new, n_rows,
                                padding_policy == "row-zero")
-        rep[n_new:] = pad
-        rows[n_new:] = pad[:, None]
+    if pad is not None and n_new == 0:
+        # padding alone: its entries are its rows', the same arrays while `padding`
+        # gives the same rows (the compiled core's, while the rep rows stand)
+        entry_pool, rows, rep = padding_alone(pad, pool_cells, kpool=kpool)
+    else:
+        rows = np.empty((n_new_g, kpool), dtype=np.int64)
+        rep = np.empty(n_new_g, dtype=np.int64)
+        entry_pool = np.full(n_new_g, -1, dtype=np.int64)
+        entry_pool[:n_new] = marked
+        rows[:n_new] = layout.members_of(marked)
+        rep[:n_new] = pool_cells[marked]
+        if pad is not None:
+            rep[n_new:] = pad
+            rows[n_new:] = pad[:, None]
+        elif n_new_g > n_new:  # repeat-pool
+            members, rep[n_new:], readers = repeated_pool(layout, seqs)
+            rows[n_new:] = members[None, :]
 
     visible = visibility(layout, first, pos, token_cells)
     assert pad_bound(pool_cells.size) > pool_cells.size
