@@ -391,3 +391,29 @@ def test_padding_equals_the_reference_over_calls_that_keep_and_pass() -> None:
         assert answer(pad, cells, n_pad, n_rows) == want, (cells.size, n_pad, n_rows)
         aborts += want == "abort"
     assert 0 < aborts < 3000
+
+
+def test_compiled_cache_tells_the_sequences_a_step_only_appended_to() -> None:
+    """`CompiledKvCache.take_appended` after a step of parallel slots (one token each,
+    noted together: `CompiledStream._note_all`): a sequence is an append when its new
+    pair sorts after its last and nothing touched it since the last `take_touched`.
+    By hand: seqs 0, 1, 2 write pos 0, then pos 1 (both steps: all three appends);
+    seq 1's pos 1 is removed (touched, not taken); then pos 2, 1, 0: seq 0 appends,
+    seq 1 writes past its end but was touched, seq 2's pos 0 sorts before its pos 1."""
+    from kpool_cli.compiled.cache import CompiledKvCache
+    from kpool_cli.trace import model as m
+
+    c = CompiledKvCache(m.CacheConfig(kv_size=16, kpool=4, n_seq_max=4))
+
+    def step(pos: list[int]) -> tuple[set[int], set[int]]:
+        p, seqs = np.array(pos, dtype=np.int64), [(0,), (1,), (2,)]
+        placed = c.plan([(p, seqs, None)])
+        assert placed is not None
+        c.apply(placed[0], p, None, seqs)
+        return c.take_appended(), c.take_touched()
+
+    assert step([0, 0, 0]) == ({0, 1, 2}, {0, 1, 2})
+    assert step([1, 1, 1]) == ({0, 1, 2}, {0, 1, 2})
+    c.seq_rm(1, 1, 2)
+    assert step([2, 1, 0]) == ({0}, {0, 1, 2})
+    assert c.seq_keys(2).tolist() == sorted(c.seq_keys(2).tolist())  # the pair inserted

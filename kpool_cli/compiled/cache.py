@@ -78,33 +78,41 @@ class CompiledStream(Stream):
                       self.ext, self.has, self.seq_count, self.key_id)
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
-        if firsts is not None:
+        if firsts is not None:  # distinct sequences: their notes at once
+            indices = self.seq_keys
+            past = []
             for s, key in zip(firsts, keys.tolist(), strict=True):
-                self._add_one(s, key)
+                if indices[s].push(key):
+                    past.append(s)
+                else:
+                    self._add(s, np.array([key], dtype=np.int64))
+            self._note_all(past, True)
         else:
             for s, idx in by_seq.items():
                 self._add(s, keys[idx])
 
     def _note(self, s: int, past_end: bool) -> None:
         """s's index changed; only past its end, and nothing touched it before?"""
-        if past_end and s not in self.touched:
-            self.appends.add(s)
+        self._note_all((s,), past_end)
+
+    def _note_all(self, seqs: list[int] | tuple[int, ...], past_end: bool) -> None:
+        """`_note` of each of the distinct sequences `seqs`, all changed as `past_end`
+        says: a sequence nothing touched before that changed only past its end is an
+        append; any other is not."""
+        if not seqs:
+            return
+        changed = set(seqs)
+        if past_end:
+            self.appends -= changed & self.touched
+            self.appends |= changed - self.touched
         else:
-            self.appends.discard(s)
-        self.touched.add(s)
+            self.appends -= changed
+        self.touched |= changed
 
     def _add(self, s: int, keys: np.ndarray) -> None:
         index = self.seq_keys[s]
         self._note(s, len(index) == 0 or int(keys.min()) > int(index.view[-1]))
         add_keys(index, keys)
-
-    def _add_one(self, s: int, key: int) -> None:
-        """`_add` of one key, without arrays."""
-        index = self.seq_keys[s]
-        past_end = index.push(key)
-        self._note(s, past_end)
-        if not past_end:
-            add_keys(index, np.array([key], dtype=np.int64))
 
 
 class CompiledKvCache(KvCache):
