@@ -350,7 +350,8 @@ def kept_equals_pooled(t: m.Trace, version: EngineVersion, core: str = "referenc
     lockstep: every row's pooled value, its writer and every verdict must be equal
     after each op. Returns the backend that keeps them (`pools_kept`,
     `ubatches_standing`: a plan stands only on the compiled core, whose re-pool-all
-    plans and race groups are the same arrays while the pools stand)."""
+    plans and race groups are the same arrays while the pools stand, and its plans of
+    padding alone while the rep rows stand)."""
     kept, fresh = ValueBackend(t.cache, t.seed, "numpy"), PoolEveryEntry(t.cache, t.seed, "numpy")
     rows = range(t.cache.n_rows)
     for a, b in zip(Replayer(t, version, kept, core=core).run(),

@@ -69,7 +69,11 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     scratch = 2 * max(config.n_rows, pools)
     # its last look-up of members, kept (compiled/layout.py): rows and pool indices
     kept = 2 * 8 * KEPT_MEMBER_ROWS
-    return layout + growth + plan + record + tokens + cells + scratch + kept
+    # its padding rows and its last plan of padding alone (compiled/marking.py
+    # `Padding`, engine/scatter.py `padding_entries`), kept: a row, a pool, kpool members
+    # and a rep per entry at most
+    padding = entries * 8 * (kpool + 3)
+    return layout + growth + plan + record + tokens + cells + scratch + kept + padding
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,8 @@ class _Standing:
     written, not the pools marked.
 
     Memory: a stamp per global row (`ROW_BYTES`), the plan's rows stamped the first
-    time the plan is met again (a plan never met again, rep-once's, costs none), and
+    time the plan is met again (a plan never met again costs none; rep-once's padded
+    steps that mark no pool meet theirs again while the rep rows stand), and
     the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
     row is the standing plan's when it holds the plan's stamp, so a new plan unstamps
     nothing: its stamp is the next one. After the last stamp, every row is unstamped
@@ -222,8 +223,9 @@ class ValueBackend:
         self.snapshots: dict[str, _Saved] = {}
         self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
         self.ubatches_standing = 0  # scatters that kept every entry by the last plan's
-        # a re-pool-all ubatch on pools that stand hands on the last plan's entries and
-        # race groups (`SameArrays`): their checks stand too
+        # a re-pool-all ubatch on pools that stand, or a padded one that marks no pool
+        # on rep rows that stand, hands on the last plan's entries and race groups
+        # (`SameArrays`): their checks stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._standing = _Standing(self.n_rows)
 

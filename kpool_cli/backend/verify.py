@@ -342,6 +342,9 @@ class _DirtyPairs:
         # past this many changed rows a pass over the pairs costs less than look-ups
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > self.LOOKUP_MAX_ROWS)
+        # a decode's rows are touched as keys and as pooled rows alike: the same lists
+        self._same = len(kdirty) == len(pdirty) and all(
+            a is b for a, b in zip(kdirty, pdirty, strict=True))
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._streams: list[tuple[Stream, np.ndarray]] | None = None
         self._cells: list[tuple[Stream, np.ndarray, np.ndarray]] | None = None
@@ -353,10 +356,7 @@ class _DirtyPairs:
             return None
         if self._by_seq is None:
             members = self._pairs(self.kdirty)
-            # a decode's rows are touched as keys and as pooled rows alike
-            same = len(self.kdirty) == len(self.pdirty) and all(
-                a is b for a, b in zip(self.kdirty, self.pdirty, strict=True))
-            self._by_seq = self._split(members, members if same else
+            self._by_seq = self._split(members, members if self._same else
                                        self._pairs(self.pdirty))
         return self._by_seq.get(s, (_NO_PAIRS, _NO_PAIRS))
 
@@ -387,8 +387,7 @@ class _DirtyPairs:
         """Per stream with a changed row: the stream and its changed cells (member and
         rep lists end to end)."""
         if self._streams is None:
-            # a decode's rows are touched as keys and as pooled rows alike: once here
-            rows = list({id(r): r for r in (*self.kdirty, *self.pdirty)}.values())
+            rows = self.kdirty if self._same else [*self.kdirty, *self.pdirty]
             rows_a = (rows[0] if len(rows) == 1 else np.concatenate(rows) if rows
                       else np.empty(0, dtype=np.int64))
             streams = self.cache.streams

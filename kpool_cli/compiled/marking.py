@@ -96,7 +96,7 @@ class Padding:
     Asked again for as many rows as the last call, it gives the very array it gave
     then (one object while the rep rows stand: a decode step that marks no pool pads
     the same entries each time, and `build_plan` keeps what it builds from them by
-    identity). Nothing may write the rows it gives."""
+    identity), read-only."""
 
     __slots__ = ("_given", "_last", "_most")
 
@@ -122,10 +122,12 @@ class Padding:
         given = self._given
         if given is None or given.size != n_pad:
             given = self._given = last[2][:n_pad]
+            given.flags.writeable = False
         return given, _NO_READERS
 
 
-_NO_READERS = np.empty(0, dtype=np.int64)  # nothing may write it (it holds nothing)
+_NO_READERS = np.empty(0, dtype=np.int64)
+_NO_READERS.flags.writeable = False
 
 
 def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
@@ -144,7 +146,8 @@ def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndar
                                                                   np.ndarray]]:
     """engine/context.py `race_groups` for a cache of n_rows global rows, through
     `kernels.race_groups`; the last groups again for the same rep array (a
-    re-pool-all plan's entries while the pools stand: `SameArrays`)."""
+    re-pool-all plan's entries while the pools stand, a plan of padding alone while
+    the rep rows do: `SameArrays`)."""
 
     def groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         order, starts, rows = k.race_groups(rep, n_rows)

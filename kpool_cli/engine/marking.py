@@ -38,7 +38,8 @@ class Marking:
         return cls(marked if marked.size else NONE_MARKED, int(marked.size), False)
 
 
-NONE_MARKED = np.empty(0, dtype=np.int64)  # nothing may write it (it holds nothing)
+NONE_MARKED = np.empty(0, dtype=np.int64)
+NONE_MARKED.flags.writeable = False
 
 
 def _first_of_each(values: np.ndarray) -> np.ndarray:

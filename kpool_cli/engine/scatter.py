@@ -105,15 +105,14 @@ def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
     return visible
 
 
-def padding_entries(pad: np.ndarray, _pool_cells: np.ndarray, *, kpool: int
+def padding_entries(pad: np.ndarray, *, kpool: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(entry_pool, entry_rows, entry_rep) of a plan of padding entries alone, on
-    rows `pad` of the layout whose rep rows are `_pool_cells` (which fixes kpool).
-    A core whose padding gives the same rows while the rep rows stand hands
-    `build_plan` this through `arrays.SameArrays`, one per replay: a decode step that
-    marks no pool then pads with the same arrays, and what is built from the plan
-    alone is kept (the race groups, the listing, the value backend's standing
-    scatter)."""
+    rows `pad`. A core whose padding gives the same rows while the rep rows stand
+    hands `build_plan` this through `arrays.SameArrays`, one per replay (so one
+    kpool): a decode step that marks no pool then pads with the same arrays, and what
+    is built from the plan alone is kept (the race groups, the listing, the value
+    backend's standing scatter). Nothing may write them."""
     rows = np.empty((pad.size, kpool), dtype=np.int64)
     rows[:] = pad[:, None]
     return np.full(pad.size, -1, dtype=np.int64), rows, pad.astype(np.int64, copy=True)
@@ -160,7 +159,7 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     if pad is not None and n_new == 0:
         # padding alone: its entries are its rows', the same arrays while `padding`
         # gives the same rows (the compiled core's, while the rep rows stand)
-        entry_pool, rows, rep = padding_alone(pad, pool_cells, kpool=kpool)
+        entry_pool, rows, rep = padding_alone(pad, kpool=kpool)
     else:
         rows = np.empty((n_new_g, kpool), dtype=np.int64)
         rep = np.empty(n_new_g, dtype=np.int64)
