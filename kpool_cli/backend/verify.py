@@ -286,9 +286,11 @@ class Verifier:
         bad_seqs = self.bad_seqs
         # a range sequence has a bad pool when its range has one, or its kept part
         # (`bad_seqs` says, when the update kept every pool it had)
-        hits = np.zeros(int(r_ends[-1]) + 1 if r_ends.size else 1, dtype=np.int64)
-        np.cumsum(verdict[:hits.size - 1], out=hits[1:])
-        range_bad = (hits[r_ends] > hits[r_ends - r_n]).tolist()
+        range_bad: list[bool] = []
+        if r_seqs.size:
+            hits = np.zeros(int(r_ends[-1]) + 1, dtype=np.int64)
+            np.cumsum(verdict[:hits.size - 1], out=hits[1:])
+            range_bad = (hits[r_ends] > hits[r_ends - r_n]).tolist()
         at = 0
         for s, k, b, nb in zip(r_seqs.tolist(), r_kept.tolist(), r_ends.tolist(), range_bad,
                                strict=True):

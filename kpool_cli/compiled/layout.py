@@ -65,15 +65,14 @@ class CompiledLayout(Layout):
         changed: set[int] = set()
         sharing = track_sharing and unified
         equal, kpool = self._equal, self.kpool
-        stream_of, indices = cache.stream_of, [st.seq_keys for st in cache.streams]
         for s, sq in enumerate(self.seqs):
             clean = stale[s] == POS_CLEAN
             if clean and s not in touched and sq.settled:
                 kept.append(len(sq.pools))
                 continue
             read.add(s)
-            sq.strm = strm = stream_of(s)
-            sp = indices[strm][s].view  # cache.seq_keys(s)
+            sp = cache.seq_keys(s)
+            sq.strm = cache.stream_of(s)
             keys = sq.keys
             n = len(keys)
             if (clean and s in appended and equal[s] and sq.settled and n
