@@ -62,6 +62,7 @@ class CompiledLayout(Layout):
         scanned = 0
         kept: list[int] = []
         read: set[int] = set()
+        ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2)
         changed: set[int] = set()
         sharing = track_sharing and unified
         equal, kpool = self._equal, self.kpool
@@ -87,6 +88,7 @@ class CompiledLayout(Layout):
                 scanned += sp.size - n
                 kept.append(len(sq.pools))
                 continue
+            ran.add(s)
             n_before = len(sq.pools)
             append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
             n_pools = n_before
@@ -114,17 +116,19 @@ class CompiledLayout(Layout):
             n_keys = len(sq.keys)
             sq.settled = (n_keys == sp.size
                           and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
-        return self._end_update(kept, read, changed, scanned)
+        return self._end_update(kept, read, changed, scanned, ran)
 
-    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int
-                    ) -> LayoutChange:
-        """Layout._end_update, after noting what `_every_members` carries over."""
+    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int,
+                    reshared: set[int] | None = None) -> LayoutChange:
+        """Layout._end_update, after noting what `_every_members` carries over. The
+        appends of the fast path change no `shared` flag: only the sequences whose
+        steps ran are `reshared`."""
         if changed:
             self._looked_up = None
             every, start = self._every, self._pool_start
             self._carry = (None if every is None or start is None
                            else (every[2], start.tolist(), tuple(kept)))
-        return super()._end_update(kept, read, changed, scanned)
+        return super()._end_update(kept, read, changed, scanned, reshared)
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """Layout._every_members: the kept pools' rows copied from the members built

@@ -230,15 +230,19 @@ class Layout:
             sq.settled = (n == sp.size and (n == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
         return self._end_update(kept, read, changed, scanned)
 
-    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int
-                    ) -> LayoutChange:
+    def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int,
+                    reshared: set[int] | None = None) -> LayoutChange:
         """An update's end, whatever ran it: the whole-layout columns of a layout whose
-        pools changed are built again on their next read, and what changed is told."""
+        pools changed are built again on their next read, and what changed is told.
+        `n_pool_real` can move only with the pools of `changed`, `cache_safe` only with
+        the `shared` flags of `reshared` (default `read`: the sequences whose steps
+        ran), so each is summed again only then."""
         if changed:
             self._pool_start = self._pool_seq = self._pool_cells = self._pool_pos = None
             self._every = None
-        self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
-        self.cache_safe = not any(sq.shared for sq in self.seqs)
+            self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
+        if read if reshared is None else reshared:
+            self.cache_safe = not any(sq.shared for sq in self.seqs)
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
 
     def step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
