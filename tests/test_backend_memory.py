@@ -132,6 +132,45 @@ def test_rows_are_stored_whole_and_slots_are_reused() -> None:
     assert np.array_equal(be.slots.slot_row[be.slots.slot_of[live]], live)
 
 
+def _resident_pages(a: np.ndarray) -> int:
+    """How many of the pages under `a` are resident (mincore(2), Linux)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    lo = a.ctypes.data // page * page
+    n = -(-(a.ctypes.data + a.nbytes - lo) // page)
+    vec = (ctypes.c_ubyte * n)()
+    assert libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(n * page), vec) == 0
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore(2) as Linux has it")
+def test_a_decode_leaves_the_pooled_rows_of_slots_never_handed_out_untouched() -> None:
+    """slots.py `pristine`: a decode's new slots come from the anonymous maps, zero
+    already, so write_rows zeroes the pooled row of a slot only when it was handed
+    out before (a rewritten row, a slot reused after a clear); the pooled rows of
+    new slots stay untouched pages until a scatter writes a rep's."""
+    t = trace(HUGE_CLEAR)  # n_embd 4096: a pooled row is 16 KB, four pages
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    be.write_rows(np.arange(1000), np.arange(1, 1001))
+    assert be.slots.pristine == 1001
+    assert _resident_pages(be.slots.pooled[1:1001]) == 0
+    assert _resident_pages(be.slots.key[1:1001]) == 1000 * 4
+    # a slot handed out before holds what was written there: zeroed when handed again
+    be.slots.pooled[1:3] = 7.0
+    be.clear()
+    be.write_rows(np.arange(500, 502), np.arange(1001, 1003))
+    assert np.array_equal(be.slots.slot_of[500:502], [1, 2])
+    assert not be.row_values("pooled", np.arange(500, 502)).any()
+    # and a row written again keeps no pooled value either
+    be.slots.pooled[1] = 7.0
+    be.write_rows(np.arange(500, 501), np.arange(1003, 1004))
+    assert not be.row_values("pooled", np.arange(500, 501)).any()
+    assert be.slots.pristine == 1001  # a clear hands the used slots out again
+
+
 def test_growth_is_safe_while_a_view_of_the_rows_is_alive() -> None:
     """The slot arrays grow in place; with a view still alive (the map cannot move) they
     are copied to a new map instead, and both the view and the rows stay intact."""

@@ -34,7 +34,11 @@ Invariants:
   `wrote`), and every write of a pooled row but the scatter's, sets `pool_gen` to 0;
 - which slot a row gets never changes a value: every reader goes through
   `slot_of`, and a slot handed out holds zeros or is written whole before it is
-  read.
+  read;
+- slots at or past `pristine` were never handed out (not even before a `clear`):
+  they hold zeros in every array, as the anonymous maps gave them, so a caller
+  that hands one out need not zero it, and its pages stay untouched (a decode's
+  pooled rows: only a rep row's is ever written).
 
 Memory: `bytes_held` (what the table holds now) and `bytes_bound` (what a trace
 can make it hold); the value backend adds the other parts (`store.py`).
@@ -99,6 +103,7 @@ class SlotTable:
         self.gen = 0  # the generation of the last call that wrote values
         self._grow(min(self.SLOTS_MIN, self._max_slots))
         self.n_handed = 1  # slots [0, n_handed) handed out since the last clear
+        self.pristine = 1  # slots [pristine, ...) never handed out: zeros throughout
         self._free = np.empty(0, dtype=np.int64)  # freed slots below n_handed
 
     # -- memory --------------------------------------------------------------------------
@@ -163,10 +168,12 @@ class SlotTable:
 
     def own(self, rows: np.ndarray, zero_new: bool) -> np.ndarray:
         """The slots of `rows` (distinct), giving each zero row a slot of its own; the
-        new slots hold zeros when `zero_new` (else the caller writes all three rows)."""
+        new slots hold zeros when `zero_new` (else the caller writes all three rows;
+        one `pristine` before the call holds zeros already)."""
         s = self.of(rows)
         new = np.flatnonzero(s == 0)
         if new.size:
+            pristine = self.pristine
             ids = self._take(int(new.size))
             r = rows[new]
             self.slot_of[r] = ids
@@ -174,8 +181,9 @@ class SlotTable:
             self.wrote(ids)
             s[new] = ids
             if zero_new:
+                used = ids[ids < pristine]
                 for a in (self.key, self.gate, self.pooled):
-                    a[ids] = 0
+                    a[used] = 0
         return s
 
     def release(self, rows: np.ndarray) -> None:
@@ -227,6 +235,7 @@ class SlotTable:
                 self._grow(hi)
             ids = np.concatenate((ids, np.arange(self.n_handed, hi, dtype=np.int64)))
             self.n_handed = hi
+            self.pristine = max(self.pristine, hi)
         return ids
 
     def _grow(self, need: int) -> None:

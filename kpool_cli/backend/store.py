@@ -319,9 +319,10 @@ class ValueBackend:
                                 "key id")
         t = self.slots
         t.next_gen()
+        pristine = t.pristine
         s = t.own(rows, zero_new=False)
         self.kernels.write_keys(s, key_ids)
-        t.pooled[s] = 0
+        t.pooled[s[s < pristine]] = 0  # a slot never handed out holds zeros (slots.py)
         t.wrote(s)
         self.writers.stamp(s, DECODE_ZERO)
         self.writers.drop_raced(rows)
