@@ -331,9 +331,8 @@ class PoolEveryEntry(ValueBackend):
     def _standing_slots(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray | None:
         return None
 
-    def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-                      starts: np.ndarray, rows: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, int]:
+    def _fresh(self, ctx, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+               starts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0
 
 
@@ -398,6 +397,76 @@ def test_cache_safe_keeps_the_unchanged_pools_and_repools_a_rewritten_one() -> N
     assert reps[3] == [1, 5, 7, 1, 3]
     assert kept == [0, 4, 8, 11]
     assert kept_equals_pooled(t, VERSIONS["cache-safe"]).pools_kept == 11
+
+
+@pytest.mark.parametrize("core", ["reference", "compiled"])
+def test_cache_safe_asks_only_the_pools_an_update_added(core: str) -> None:
+    """store.py `_Standing.new_entries`. kpool 2, cache-safe, seq 1 shares seq 0's
+    cells 0..3 (every ubatch marks every pool from then on). Ubatch 0 (pos 0..3):
+    pools 0:0, 0:1 and a padding entry (n_new_g 3), asked, none kept. Ubatch 1 (pos
+    4): the update adds 1:0, 1:1 and keeps 0:0, 0:1, whose entries the standing plan
+    vouches for; the groups of rows 1 and 3 are asked (4 entries), all kept: 4.
+    Ubatch 2 (pos 5): it adds 0:2 (rows 4, 5): one entry asked, new keys, not kept;
+    the other 4 vouched: 8. Ubatch 3 (pos 6): no pool added, none asked (the compiled
+    core's plan stands; the reference's new arrays are all vouched for): 13. Ubatch 4
+    (pos 7): 0:3 (rows 6, 7), one entry asked: 18. seq_rm of seq 1 makes both
+    sequences stale from pos 0 (their cells were shared): ubatch 5 (pos 8) rebuilds
+    seq 0, unshared now, and marks its 4 pools as stale, not every pool: all 4
+    asked, all kept (their rows untouched): 22."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 16, kpool: 2, n_seq_max: 2, n_embd: 4}
+        ops:
+          - decode: {seq: 0, pos: 0..4}
+          - seq_cp: {src: 0, dst: 1}
+          - decode: {seq: 0, pos: 4}
+          - decode: {seq: 0, pos: 5}
+          - decode: {seq: 0, pos: 6}
+          - decode: {seq: 0, pos: 7}
+          - seq_rm: {seq: 1}
+          - decode: {seq: 0, pos: 8}
+        """)
+    be = ValueBackend(t.cache, t.seed, "numpy")
+    asked: list[int] = []
+    fresh_groups = be._fresh_groups
+
+    def counted(entry_rows, rep, order, starts, rows):  # type: ignore[no-untyped-def]
+        asked.append(int(rep.size))
+        return fresh_groups(entry_rows, rep, order, starts, rows)
+
+    be._fresh_groups = counted  # type: ignore[method-assign]
+    kept = [be.pools_kept for rec in Replayer(t, VERSIONS["cache-safe"], be, core=core).run()
+            if isinstance(rec, UbatchRecord)]
+    assert kept == [0, 4, 8, 13, 18, 22]
+    assert asked == [3, 4, 1, 1, 4]
+    assert kept_equals_pooled(t, VERSIONS["cache-safe"], core).pools_kept == 22
+
+
+def test_a_standing_every_pool_plan_vouches_for_the_very_next_update_alone() -> None:
+    """store._Standing.new_entries, by hand: a standing plan of every pool (members
+    0..3, rep 3), left by update 5. Update 6 keeps 2 pools of seq 0 and 1 of seq 1
+    and leaves 3 and 1 (pool_start 0, 3, 4): the entries it does not vouch for are
+    seq 0's third pool, entry 2. The same change as update 7 (one in between, not
+    scattered), a plan that is not every pool, or a touched row of the plan: none."""
+    from types import SimpleNamespace as NS
+
+    from kpool_cli.backend.store import _Standing
+
+    standing = _Standing(16)
+    members = np.arange(4, dtype=np.int64)[None, :]
+    standing.set((members,), members, np.array([3]), np.array([1]), 5)
+    every = np.arange(4)
+    layout = NS(is_every_pool=lambda ips: ips is every,
+                pool_start=lambda: np.array([0, 3, 4]))
+
+    def new(serial: int, pools: np.ndarray = every, touched: tuple[int, ...] = (9,)):
+        change = LayoutChange((2, 1), frozenset(), frozenset(), 0, serial)
+        got = standing.new_entries(layout, change, pools,  # type: ignore[arg-type]
+                                   lambda: np.array(touched, dtype=np.int64))
+        return None if got is None else got.tolist()
+
+    assert new(6) == [2]
+    assert new(7) is None and new(6, np.arange(4)) is None and new(6, touched=(1,)) is None
 
 
 def test_shipped_traces_keep_poolings_bit_equal() -> None:
@@ -512,9 +581,11 @@ def test_a_standing_plan_asks_nothing_of_its_pools() -> None:
     padding entry, pos 8's is every pool of both sequences (0:0 0:1 1:0 1:1, the
     layout's own columns): both are asked of all their entries (3, then 4), and every
     entry of pos 8's keeps its pooling. pos 9 and 10 write rows 9 and 10, in no pool:
-    the plan stands and nothing is asked. pos 11 completes 0:2, a new plan of 5 entries:
-    asked. pos 12 writes row 12, in no pool: it stands again. (The compiled core: its
-    race groups of a re-pool-all plan are the same arrays while the pools stand.)"""
+    the plan stands and nothing is asked. pos 11 completes 0:2, a new plan of 5 entries,
+    of which the standing plan vouches for its own 4 (the update only added 0:2): 0:2's
+    entry alone is asked. pos 12 writes row 12, in no pool: it stands again. (The
+    compiled core: its race groups of a re-pool-all plan are the same arrays while the
+    pools stand.)"""
     t = trace(SHARED_PROMPT)
     be = ValueBackend(t.cache, t.seed, "numpy")
     calls = _asked(be)
@@ -523,7 +594,7 @@ def test_a_standing_plan_asks_nothing_of_its_pools() -> None:
         if isinstance(rec, UbatchRecord):
             seen.append((list(calls), be.ubatches_standing, be.pools_kept))
             calls.clear()
-    assert seen == [([3], 0, 0), ([4], 0, 4), ([], 1, 8), ([], 2, 12), ([5], 2, 16),
+    assert seen == [([3], 0, 0), ([4], 0, 4), ([], 1, 8), ([], 2, 12), ([1], 2, 16),
                     ([], 3, 21)]
 
 
@@ -669,10 +740,10 @@ def test_a_scatter_that_hands_out_a_slot_does_not_stand() -> None:
     cfg = m.CacheConfig(kv_size=16, kpool=2, n_seq_max=1, n_embd=4)
     plan = NS(entry_rep=np.array([1]), entry_rows=np.array([[0, 1]]), entry_pool=np.array([0]))
     start = np.array([0, 1])
-    layout = NS(n_pool_real=1, pool_start=lambda: start,
+    layout = NS(n_pool_real=1, pool_start=lambda: start, is_every_pool=lambda ips: False,
                 locate=lambda ips: (np.zeros(ips.size, dtype=np.int64), ips.copy()))
     ctx = NS(layout=layout, plan=plan, order=np.array([0]), starts=np.array([0, 1]),
-             rows=np.array([1]))
+             rows=np.array([1]), change=None)
     got = []
     for cls in (ValueBackend, PoolEveryEntry):
         be = cls(cfg, 0, "numpy")

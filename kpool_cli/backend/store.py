@@ -58,10 +58,10 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays, same_objects
+from ..arrays import SameArrays, same_objects, unique
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
-from ..engine.layout import Layout
+from ..engine.layout import Layout, LayoutChange
 from ..signals import masked
 from ..trace.model import CacheConfig, Trace
 from .facts import (
@@ -143,6 +143,14 @@ class _Standing:
     writers, now). So a ubatch of cache-safe on pools that stand costs the rows
     written, not the pools marked.
 
+    A standing plan that was every pool of the layout (a re-pool-all plan, unpadded)
+    also vouches for part of the next such plan, built on the very next update
+    (`new_entries`): the pools that update kept (`LayoutChange.kept`: the same pairs,
+    so the same member and rep rows) were the standing plan's, and while none of its
+    rows is touched each of their entries keeps its pooling, as above; only the race
+    groups of the other entries (the pools added or regrouped) are asked. So a ubatch
+    of cache-safe whose update closed a pool asks the new pool, not every pool.
+
     Memory: a stamp per global row (`ROW_BYTES`), the plan's rows stamped the first
     time the plan is met again (a plan never met again costs none; rep-once's padded
     steps that mark no pool meet theirs again while the rep rows stand), and
@@ -162,15 +170,19 @@ class _Standing:
         self._stamped = False  # `_plan`'s rows hold `_stamp`
         self._arrays: tuple[weakref.ref, ...] = ()
         self._slots: np.ndarray | None = None  # the slots of its race groups' rows
+        # an every-pool plan's layout: the serial of the update that left it
+        self._every: int | None = None
 
     def set(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray, rep: np.ndarray,
-            slots: np.ndarray) -> None:
+            slots: np.ndarray, every: int | None = None) -> None:
         self.clear()
         self._plan, self._arrays, self._slots = (entry_rows, rep), tuple(
             map(weakref.ref, arrays)), slots
+        self._every = every
 
     def clear(self) -> None:
         self._plan, self._stamped, self._arrays, self._slots = (), False, (), None
+        self._every = None
 
     def slots(self, arrays: tuple[np.ndarray, ...],
               touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
@@ -178,9 +190,36 @@ class _Standing:
         none of its rows is `touched()` (None: every row is); else None."""
         if self._slots is None or not same_objects(self._arrays, arrays):
             return None
+        return self._slots if self._untouched(touched) else None
+
+    def stood(self, change: LayoutChange) -> None:
+        """A scatter of the very plan kept every entry after the update `change` (which
+        changed no pool of an every-pool plan: its arrays are the layout's own)."""
+        if self._every is not None:
+            self._every = change.serial
+
+    def new_entries(self, layout: Layout, change: LayoutChange, entry_pool: np.ndarray,
+                    touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
+        """The entries (ascending) of a plan of every pool of `layout` that the standing
+        plan does not vouch for, when it vouches for the others: it was every pool of
+        the layout as the update before `change` left it, and none of its rows is
+        `touched()`. The others are the pools `change` kept, each its entry in the
+        standing plan, keeping its pooling. Else None."""
+        if (self._every is None or change.serial != self._every + 1
+                or not layout.is_every_pool(entry_pool) or not self._untouched(touched)):
+            return None
+        kept = np.asarray(change.kept, dtype=np.int64)
+        now = layout.pool_start()
+        added = np.diff(now) - kept  # each sequence's other pools follow its kept ones
+        first = now[:-1] + kept
+        ends = np.cumsum(added)
+        return np.repeat(first - (ends - added), added) + np.arange(int(ends[-1]))
+
+    def _untouched(self, touched: Callable[[], np.ndarray | None]) -> bool:
+        """None of the standing plan's rows is `touched()` (None: every row is)."""
         rows = touched()
         if rows is None:
-            return None
+            return False
         if not self._stamped:
             if self._stamp == self._STAMP_LAST:
                 self.rows = np.zeros(self.rows.size, dtype=np.uint8)
@@ -189,7 +228,7 @@ class _Standing:
             for a in self._plan:
                 self.rows[a] = self._stamp
             self._stamped = True
-        return None if (self.rows[rows] == self._stamp).any() else self._slots
+        return not bool((self.rows[rows] == self._stamp).any())
 
     def bytes_held(self) -> int:
         return (self.rows.nbytes + sum(a.nbytes for a in self._plan)
@@ -443,6 +482,7 @@ class ValueBackend:
             # every entry keeps its pooling (`_Standing`): what the pass below would do,
             # which changes no row (so it tells the verifier of none)
             t.next_gen()
+            standing.stood(ctx.change)
             self.pools_kept += n
             self.ubatches_standing += 1
             writers.wrote_again(kept_slots)
@@ -451,7 +491,7 @@ class ValueBackend:
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
-        fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
+        fresh, kept, n_kept = self._fresh(ctx, entry_rows, rep, order, starts, rows)
         standing.clear()
         t.next_gen()
         if n == 0:
@@ -507,7 +547,8 @@ class ValueBackend:
         self.verifier.touch(rows[changed], False, True)
         self.verifier.scattered()
         if stands:
-            standing.set(arrays, entry_rows, rep, s)
+            standing.set(arrays, entry_rows, rep, s, ctx.change.serial
+                         if layout.is_every_pool(plan.entry_pool) else None)
         return equal
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
@@ -527,6 +568,34 @@ class ValueBackend:
         """When the scatter of the plan of `arrays` keeps every entry because the last
         one's stands (`_Standing`), the slots of its race groups' rows; else None."""
         return self._standing.slots(arrays, self.verifier.touched)
+
+    def _fresh(self, ctx: UbatchContext, entry_rows: np.ndarray, rep: np.ndarray,
+               order: np.ndarray, starts: np.ndarray, rows: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        """`_fresh_groups` of the plan of `ctx`, asked of the race groups of the entries
+        the standing plan does not vouch for alone (`_Standing.new_entries`: a group
+        of vouched entries alone keeps its pooling, as the kernel would find), or of
+        every group."""
+        assert ctx.plan is not None
+        new = self._standing.new_entries(ctx.layout, ctx.change, ctx.plan.entry_pool,
+                                         self.verifier.touched)
+        if new is None:
+            return self._fresh_groups(entry_rows, rep, order, starts, rows)
+        if new.size == 0:  # every entry vouched for
+            return np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size
+        # the groups of the new entries (each entry's rep row is its group's row, and
+        # the rows ascend) and their entries, asked as a plan of their own
+        g = unique(np.searchsorted(rows, rep[new]))
+        sizes = starts[g + 1] - starts[g]
+        sub = np.concatenate(([0], np.cumsum(sizes)))
+        ents = order[np.repeat(starts[g] - sub[:-1], sizes) + np.arange(int(sub[-1]))]
+        sub_fresh, sub_kept, _ = self._fresh_groups(entry_rows[ents], rep[ents],
+                                                    np.arange(ents.size), sub, rows[g])
+        fresh = np.zeros(rows.size, dtype=bool)
+        fresh[g] = sub_fresh
+        kept = np.ones(rep.size, dtype=bool)
+        kept[ents] = sub_kept
+        return fresh, kept, int(np.count_nonzero(kept))
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray

@@ -145,12 +145,15 @@ class LayoutChange:
     whose pairs the update read (the others' cells did not change, so neither did
     their layout nor its drift); `changed` those whose pools differ from before;
     `cells_scanned` is what the real engine scanned (ENGINE.md §8), whatever kpool
-    itself looked at."""
+    itself looked at; `serial` counts the layout's updates, this one included (so a
+    reader that kept what an update left can tell that this change is the very next
+    one)."""
 
     kept: tuple[int, ...]
     read: frozenset[int]
     changed: frozenset[int]
     cells_scanned: int
+    serial: int = 0
 
     def new_pools(self, s: int, n_pools: int) -> np.ndarray:
         """Sequence s's pools that are new or regrouped."""
@@ -167,6 +170,7 @@ class Layout:
         self.seqs = [SeqLayout() for _ in range(n_seq_max)]
         self.n_pool_real = 0
         self.cache_safe = True
+        self.n_updates = 0  # `LayoutChange.serial` of the last update
         self._pool_start: np.ndarray | None = None
         self._pool_seq: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
@@ -243,7 +247,9 @@ class Layout:
             self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
         if read if reshared is None else reshared:
             self.cache_safe = not any(sq.shared for sq in self.seqs)
-        return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned)
+        self.n_updates += 1
+        return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned,
+                            self.n_updates)
 
     def step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
                truncate: str | None, n_pools: int, n_kept: int) -> tuple[int, int, int, bool]:
