@@ -2,7 +2,8 @@
 
 Owns: per sequence its copy of the (pos, cell) pairs, its pools (start indices into
 those pairs), the rep row of each pool, `j_next` and `pos_min`, and (versions that
-track sharing) its `shared` flag; the layout's `n_pool_real` and `cache_safe`.
+track sharing) its `shared` flag; the layout's `n_pool_real`, `cache_safe` and the
+count of its updates (`n_updates`, each `LayoutChange`'s `serial`).
 
 Invariants:
 - a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
