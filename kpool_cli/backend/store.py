@@ -204,7 +204,9 @@ class _Standing:
         plan does not vouch for, when it vouches for the others: it was every pool of
         the layout as the update before `change` left it, and none of its rows is
         `touched()`. The others are the pools `change` kept, each its entry in the
-        standing plan, keeping its pooling. Else None."""
+        standing plan, keeping its pooling. Else None. (It rests on the layout's
+        pools changing only in `Layout.update`, which counts `serial`, and on a
+        sequence's stream never moving, so a kept pool's member rows are its own.)"""
         if (self._every is None or change.serial != self._every + 1
                 or not layout.is_every_pool(entry_pool) or not self._untouched(touched)):
             return None
