@@ -96,6 +96,14 @@ def same_objects(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> 
     return True
 
 
+def ranges(lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The indices of ranges lo[i] .. lo[i] + sizes[i] - 1, end to end (int64): a
+    few groups' entries, a few sequences' pools, without a loop over them."""
+    ends = np.cumsum(sizes)
+    n = int(ends[-1]) if ends.size else 0
+    return np.repeat(lo - (ends - sizes), sizes) + np.arange(n, dtype=np.int64)
+
+
 def unique(a: np.ndarray) -> np.ndarray:
     """`np.unique(a)` for an integer array (of any shape): its distinct values, sorted,
     flat, of `a`'s dtype."""

@@ -58,7 +58,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays, same_objects, unique
+from ..arrays import SameArrays, ranges, same_objects, unique
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext
 from ..engine.layout import Layout, LayoutChange
@@ -212,10 +212,8 @@ class _Standing:
             return None
         kept = np.asarray(change.kept, dtype=np.int64)
         now = layout.pool_start()
-        added = np.diff(now) - kept  # each sequence's other pools follow its kept ones
-        first = now[:-1] + kept
-        ends = np.cumsum(added)
-        return np.repeat(first - (ends - added), added) + np.arange(int(ends[-1]))
+        # each sequence's other pools follow its kept ones
+        return ranges(now[:-1] + kept, np.diff(now) - kept)
 
     def _untouched(self, touched: Callable[[], np.ndarray | None]) -> bool:
         """None of the standing plan's rows is `touched()` (None: every row is)."""
@@ -590,7 +588,7 @@ class ValueBackend:
         g = unique(np.searchsorted(rows, rep[new]))
         sizes = starts[g + 1] - starts[g]
         sub = np.concatenate(([0], np.cumsum(sizes)))
-        ents = order[np.repeat(starts[g] - sub[:-1], sizes) + np.arange(int(sub[-1]))]
+        ents = order[ranges(starts[g], sizes)]
         sub_fresh, sub_kept, _ = self._fresh_groups(entry_rows[ents], rep[ents],
                                                     np.arange(ents.size), sub, rows[g])
         fresh = np.zeros(rows.size, dtype=bool)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import unique
+from ..arrays import ranges, unique
 from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
@@ -258,8 +258,7 @@ class Verifier:
             r_n = start[r_seqs + 1] - start[r_seqs] - r_kept
             r_ends = np.cumsum(r_n)
             if r_seqs.size:
-                ips.append(np.repeat(start[r_seqs] + r_kept - (r_ends - r_n), r_n)
-                           + np.arange(int(r_ends[-1]), dtype=np.int64))
+                ips.append(ranges(start[r_seqs] + r_kept, r_n))
             rest = zip(seqs[~ranged].tolist(), how[~ranged].tolist(), strict=True)
         one_by_one: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
         for s, h in rest:

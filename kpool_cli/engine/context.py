@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import SameArrays
+from ..arrays import SameArrays, ranges
 from ..cache.kv import KvCache
 from .layout import Layout, LayoutChange
 from .scatter import ScatterPlan
@@ -134,9 +134,9 @@ class UbatchContext:
         KP001 shows 64 groups, the scatter the few whose values differ."""
         assert self.plan is not None
         lo, sizes = self.starts[groups], np.diff(self.starts)[groups]
+        flat = writers_of(self.layout, self.plan.entry_pool[self.order[ranges(lo, sizes)]]
+                          ).tolist()
         ends = np.cumsum(sizes)
-        at = np.repeat(lo - (ends - sizes), sizes) + np.arange(int(ends[-1]) if ends.size else 0)
-        flat = writers_of(self.layout, self.plan.entry_pool[self.order[at]]).tolist()
         return [flat[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist(), strict=True)]
 
 
