@@ -46,12 +46,15 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
     singles = one_seq_each([t.seq for t in tokens])
     if singles is not None:  # parallel slots: each token's set is its own sequence
-        for i, s in enumerate(singles):
-            if not 0 <= s < n_seq_max:
-                return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
-        if not mrope and all(x < 0 or t.pos == x + 1 for x, t in zip(
-                cache.seq_pos_maxes(singles), tokens, strict=True)):
-            return None  # `_validate_ends`' checks of one token a sequence, all passed
+        if min(singles) < 0 or max(singles) >= n_seq_max:
+            i, s = next((i, s) for i, s in enumerate(singles) if not 0 <= s < n_seq_max)
+            return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+        if not mrope:
+            for x, t in zip(cache.seq_pos_maxes(singles), tokens, strict=True):
+                if x >= 0 and t.pos != x + 1:
+                    break
+            else:
+                return None  # `_validate_ends`' checks of one token a sequence, all passed
         ends = {s: (t.pos, t.pos, 1) for s, t in zip(singles, tokens, strict=True)}
         return _validate_ends(ends, set(), cache, mrope=mrope, embd=embd)
     positions: dict[int, set[int]] = {}

@@ -143,6 +143,10 @@ class KvCache:
         else:
             self.streams = [self.STREAM(config.kv_size, [s]) for s in range(config.n_seq_max)]
         self._heads = [0] * len(self.streams)  # per stream: where find_slot starts
+        # per sequence: its stream and that stream's index of its pairs (a stream's
+        # `seq_keys` are made once and never replaced: `reset` empties them in place)
+        self.strm_of = [self.stream_of(s) for s in range(config.n_seq_max)]
+        self.seq_indices = [self.streams[k].seq_keys[s] for s, k in enumerate(self.strm_of)]
         self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream)
         self.snapshots: dict[str, Snapshot] = {}
         self.n_key_writes = 0  # the per-write counter: key ids are 1, 2, ...
@@ -187,7 +191,7 @@ class KvCache:
 
     def seq_keys(self, s: int) -> np.ndarray:
         """s's (pos, cell) pairs as sorted keys; cells are stream-local."""
-        return self.streams[self.stream_of(s)].seq_keys[s].view
+        return self.seq_indices[s].view
 
     def take_touched(self) -> set[int]:
         """The sequences whose pairs changed since the last call (cleared by it)."""

@@ -67,9 +67,18 @@ class RecurrentChild:
 
     def seq_pos(self, s: int) -> int | None:
         """s's state position, None without a state (a seq_add can move it below 0)."""
-        t = self.tail[s] if 0 <= s < self.size else -1
-        # seq_pos_min/max scan the cells holding s: a dangling tail is no state
-        return self.cells[t].pos if t >= 0 and s in self.cells[t].seqs else None
+        return self._state_pos((s,))[0]
+
+    def _state_pos(self, seqs: Iterable[int]) -> list[int | None]:
+        """`seq_pos` of each of `seqs` (a step of parallel slots asks for each of its
+        sequences at once)."""
+        tail, cells, size = self.tail, self.cells, self.size
+        out: list[int | None] = []
+        for s in seqs:
+            t = tail[s] if 0 <= s < size else -1
+            # seq_pos_min/max scan the cells holding s: a dangling tail is no state
+            out.append(cells[t].pos if t >= 0 and s in cells[t].seqs else None)
+        return out
 
     def seq_pos_min(self, s: int) -> int:
         """llama_memory_recurrent::seq_pos_min: the state's pos, -1 without one."""
@@ -78,12 +87,11 @@ class RecurrentChild:
 
     def seq_pos_max(self, s: int) -> int:
         """llama_memory_recurrent::seq_pos_max: the state's pos, at least -1."""
-        p = self.seq_pos(s)
-        return -1 if p is None else max(p, -1)
+        return self.seq_pos_maxes((s,))[0]
 
-    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
+    def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs`."""
-        return [self.seq_pos_max(s) for s in seqs]
+        return [-1 if p is None else max(p, -1) for p in self._state_pos(seqs)]
 
     # -- edits -------------------------------------------------------------------------
 

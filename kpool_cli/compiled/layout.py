@@ -66,14 +66,15 @@ class CompiledLayout(Layout):
         changed: set[int] = set()
         sharing = track_sharing and unified
         equal, kpool = self._equal, self.kpool
+        indices, strm_of = cache.seq_indices, cache.strm_of
         for s, sq in enumerate(self.seqs):
             clean = stale[s] == POS_CLEAN
             if clean and s not in touched and sq.settled:
                 kept.append(len(sq.pools))
                 continue
             read.add(s)
-            sp = cache.seq_keys(s)
-            sq.strm = cache.stream_of(s)
+            sp = indices[s].view  # cache.seq_keys(s)
+            sq.strm = strm_of[s]
             keys = sq.keys
             n = len(keys)
             if (clean and s in appended and equal[s] and sq.settled and n
