@@ -280,7 +280,7 @@ def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
     from kpool_cli.backend.facts import ValueFacts
     from kpool_cli.verdict.rules.kp001_scatter_race import Check
 
-    facts = ValueFacts(np.ones(3, dtype=bool), (), {})
+    facts = ValueFacts(np.ones(3, dtype=bool), {}, {})
     check = Check()
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found_a,) = check.at_ubatch(a)

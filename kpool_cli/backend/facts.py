@@ -44,13 +44,14 @@ class ValueFacts:
     """One ubatch's values, once pooled, scattered and verified.
 
     `equal` [n_groups] bool: the entries of race group g (`engine.context.race_groups`)
-    write equal values. `bad[s]` [n_pools of s] bool: pool k of s reads wrong (its
-    row, or a racing writer's value, differs from the pooling of its current
-    members). `first_bad[s]`: for each sequence with a bad pool, its first bad pool k
-    and what that pool's rep row holds."""
+    write equal values. `bad[s]` [n_pools of s] bool, for each sequence s with a bad
+    pool: pool k of s reads wrong (its row, or a racing writer's value, differs from
+    the pooling of its current members); every pool of another sequence reads right.
+    `first_bad[s]`: for each sequence with a bad pool, its first bad pool k and what
+    that pool's rep row holds."""
 
     equal: np.ndarray
-    bad: tuple[np.ndarray, ...]
+    bad: dict[int, np.ndarray]
     first_bad: dict[int, tuple[int, int, RowContent]]  # s -> (k, rep row, content)
 
 

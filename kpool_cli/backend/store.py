@@ -438,14 +438,14 @@ class ValueBackend:
         sequence, and what the first bad pool of each holds."""
         equal = self._scatter(ctx)
         self.verifier.verify(ctx.layout, ctx.change, ctx.cache)
-        bad = self.verifier.bad
+        bad = {s: self.verifier.bad_of(s) for s in sorted(self.verifier.bad_seqs)}
         first_bad = {}
-        for s in sorted(self.verifier.bad_seqs):
-            k = int(np.argmax(bad[s]))
+        for s, pools in bad.items():
+            k = int(np.argmax(pools))
             row = int(ctx.layout.seqs[s].rep_rows.view[k])
             first_bad[s] = (k, row, self.content(row))
         self.writers.n_ubatch += 1
-        return ValueFacts(equal, tuple(bad), first_bad)
+        return ValueFacts(equal, bad, first_bad)
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 

@@ -1,23 +1,28 @@
 """The bad pools of every sequence, rechecked only where something changed.
 
-Owns: the bad pools of every sequence (`bad[s]`, bool [n_pools of s]; `bad_seqs`, the
-sequences with one), what changed since they were last checked (`touch`: per-row
-masks of the rows whose key/gate changed and of the rows whose pooled slot changed,
-2 bytes a row next to the cache's ~37, and the rows set in them; or everything,
-after a clear), the incremental verification (`verify`: the sequences whose bad
-pools may have changed, found for all at once; of those, the new or regrouped
-pools, and those whose member keys or rep row changed, found by looking the changed
-cells up where the layout knows a sequence's pairs equal the cache's, else by a
-pass over its pools) and the full check of given pools (`differ`, the oracle the
-tests hold `verify` to). `pools_checked` counts the pools rechecked.
+Owns: the bad pools of every sequence (`bad_of(s)`, bool [n_pools of s]; `bad_seqs`,
+the sequences with one; `n_checked`, how many pools of each have a verdict), what
+changed since they were last checked (`touch`: per-row masks of the rows whose
+key/gate changed and of the rows whose pooled slot changed, 2 bytes a row next to the
+cache's ~37, and the rows set in them; or everything, after a clear), the incremental
+verification (`verify`: the sequences whose bad pools may have changed, found for all
+at once; of those, the new or regrouped pools, and those whose member keys or rep row
+changed, found by looking the changed cells up where the layout knows a sequence's
+pairs equal the cache's, else by a pass over its pools) and the full check of given
+pools (`differ`, the oracle the tests hold `verify` to).
+`pools_checked` counts the pools rechecked.
 
 Invariants:
-- after `verify` (the value backend runs it every ubatch), `bad[s][k]` is True
+- after `verify` (the value backend runs it every ubatch), `bad_of(s)[k]` is True
   exactly when the rep row of pool k of s differs from the pooling of the pool's
   current members with their current keys and gates, or is in `alt` (a race of
   different values: `writers.py`); tests/test_backend_incremental.py recomputes that
   from scratch (`differ` over every pool) and holds the two equal; `bad_seqs` is
-  the sequences s with `bad[s].any()`;
+  the sequences s with `bad_of(s).any()`;
+- a sequence's verdicts are held (`_bad[s]`, `n_checked[s]` of them) only while it
+  has a bad pool: every verdict of a sequence outside `bad_seqs` is False, and its
+  held array may be short or stale. So a step whose every slot adds a pool and
+  none is bad (W2's closing step) keeps 64 counts, not 64 arrays;
 - every write of a key, gate or pooled row between two checks is `touch`ed (or
   `all_changed`): a pool none of whose rows changed keeps its verdict;
 - a mask is True only at rows of its dirty-row list, so `verify` resets it at
@@ -53,7 +58,10 @@ class Verifier:
                  writers: Writers) -> None:
         self.slots, self.kernels, self.writers = slots, kernels, writers
         self.kpool, self.kv_size, self.n_rows = config.kpool, config.kv_size, config.n_rows
-        self.bad = [np.zeros(0, dtype=bool) for _ in range(config.n_seq_max)]
+        # per sequence: its verdicts while it is in `bad_seqs` (module docstring), and
+        # how many of its pools have one
+        self._bad = [np.zeros(0, dtype=bool) for _ in range(config.n_seq_max)]
+        self.n_checked = np.zeros(config.n_seq_max, dtype=np.int64)
         # what changed since the last check: rows whose key/gate changed, rows whose
         # pooled slot changed (masks and the rows set in them), or everything
         self._kdirty = np.zeros(self.n_rows, dtype=bool)
@@ -66,6 +74,18 @@ class Verifier:
         self._all_since_scatter = False
         self.pools_checked = 0
         self.bad_seqs: set[int] = set()  # the sequences with a bad pool
+
+    def bad_of(self, s: int) -> np.ndarray:
+        """[n_checked[s]] bool: which pools of sequence s are bad (all False outside
+        `bad_seqs`)."""
+        if s in self.bad_seqs:
+            return self._bad[s]
+        return np.zeros(int(self.n_checked[s]), dtype=bool)
+
+    @property
+    def bad(self) -> list[np.ndarray]:
+        """`bad_of` of every sequence."""
+        return [self.bad_of(s) for s in range(self.n_checked.size)]
 
     # -- memory --------------------------------------------------------------------------
 
@@ -136,7 +156,7 @@ class Verifier:
         finds changed (`_scanned`), elsewhere while a row changed. A sequence left out
         has no pool to recheck."""
         n = len(layout.seqs)
-        n_bad = np.array(list(map(len, self.bad)), dtype=np.int64)  # each one-dimensional
+        n_bad = self.n_checked
         kept = np.asarray(change.kept, dtype=np.int64)
         changed = bool(self._kdirty_rows or self._pdirty_rows)
         known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
@@ -244,15 +264,15 @@ class Verifier:
         as `how` says (`_sequences`). From `_RANGED_FROM` sequences on (and after a
         clear), the `NEW` ones whose kept verdicts are there to keep are rechecked as
         ranges, together; the others (and a sequence alone) one by one."""
-        start, bad, all_new = layout.pool_start(), self.bad, self._all_dirty
+        start, all_new = layout.pool_start(), self._all_dirty
+        bad, n_checked, bad_seqs = self._bad, self.n_checked, self.bad_seqs
         ips: list[np.ndarray] = []  # the range sequences' candidates, then the others'
         r_seqs = r_kept = r_n = r_ends = np.empty(0, dtype=np.int64)
         rest = zip(seqs.tolist(), how.tolist(), strict=True)
         if all_new or seqs.size >= _RANGED_FROM:  # after a clear, every pool is new
             kept = (np.zeros(len(layout.seqs), dtype=np.int64) if all_new
                     else np.asarray(change.kept, dtype=np.int64))
-            ranged = (how == NEW) & (kept[seqs] <= np.array(
-                [len(bad[s]) for s in seqs.tolist()], dtype=np.int64))
+            ranged = (how == NEW) & (kept[seqs] <= n_checked[seqs])
             r_seqs = seqs[ranged]
             r_kept = kept[r_seqs]
             r_n = start[r_seqs + 1] - start[r_seqs] - r_kept
@@ -263,9 +283,10 @@ class Verifier:
         one_by_one: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
         for s, h in rest:
             n = len(layout.seqs[s].pools)
-            bad[s] = bad[s][:change.kept[s]]
+            bad[s] = self.bad_of(s)[:change.kept[s]]
             if bad[s].size < n:
                 bad[s] = np.concatenate((bad[s], np.zeros(n - bad[s].size, dtype=bool)))
+            n_checked[s] = n
             cand = self._candidates(layout, change, s, h, dirty)
             one_by_one.append((s, cand))
             ips.append(start[s] + cand)
@@ -282,24 +303,23 @@ class Verifier:
                 verdict = np.empty_like(got)
                 verdict[order] = got
             self.pools_checked += every.size
-        bad_seqs = self.bad_seqs
-        # a range sequence has a bad pool when its range has one, or its kept part
-        # (`bad_seqs` says, when the update kept every pool it had)
-        range_bad: list[bool] = []
+        # a range sequence has a bad pool when its range has one, or its kept part;
+        # one with neither, outside `bad_seqs` before and after, keeps only its count
+        at = int(r_ends[-1]) if r_seqs.size else 0
         if r_seqs.size:
-            hits = np.zeros(int(r_ends[-1]) + 1, dtype=np.int64)
-            np.cumsum(verdict[:hits.size - 1], out=hits[1:])
-            range_bad = (hits[r_ends] > hits[r_ends - r_n]).tolist()
-        at = 0
-        for s, k, b, nb in zip(r_seqs.tolist(), r_kept.tolist(), r_ends.tolist(), range_bad,
-                               strict=True):
-            old = bad[s]
-            bad[s] = np.concatenate((old[:k], verdict[at:b]))
-            at = b
-            if nb or (s in bad_seqs if k == old.size else bool(old[:k].any())):
-                bad_seqs.add(s)
-            else:
-                bad_seqs.discard(s)
+            hits = np.zeros(at + 1, dtype=np.int64)
+            np.cumsum(verdict[:at], out=hits[1:])
+            range_bad = hits[r_ends] > hits[r_ends - r_n]
+            held = [i for i, s in enumerate(r_seqs.tolist()) if s in bad_seqs]
+            for i in sorted({*held, *np.flatnonzero(range_bad).tolist()}):
+                s, k, b = int(r_seqs[i]), int(r_kept[i]), int(r_ends[i])
+                old = self.bad_of(s)
+                bad[s] = np.concatenate((old[:k], verdict[b - int(r_n[i]):b]))
+                if range_bad[i] or bool(old[:k].any()):
+                    bad_seqs.add(s)
+                else:
+                    bad_seqs.discard(s)
+            n_checked[r_seqs] = r_kept + r_n
         for s, cand in one_by_one:
             bad[s][cand] = verdict[at:at + cand.size]
             at += cand.size
