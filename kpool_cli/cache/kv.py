@@ -3,8 +3,9 @@
 Owns: the streams and their heads (find_slot's, kept here: a `Stream` holds cells
 only), the pending cross-stream copies, the state snapshots, and the key write
 counter. Outside cache/ it is read through its queries (`seq_pos_min`,
-`seq_keys`, `is_empty`, `row_pos`, `seq_codes`, `seq_counts`, `holds`, `heads`) and
-changed through its mutators, never through a stream's arrays.
+`seq_keys`, `is_empty`, `row_pos`, `seq_codes`, `seq_counts`, `holds`, `heads`; and,
+for a loop over every sequence, `strm_of` and `seq_indices`, whose `view` is
+`seq_keys`) and changed through its mutators, never through a stream's arrays.
 
 What it does not own: staleness (the engine's, ENGINE.md §4), pooled rows (the
 backend's). Every mutator returns the global rows whose *data* it changed, so the
