@@ -559,11 +559,10 @@ class Replayer:
                      entry_rows: np.ndarray, entry_rep: np.ndarray
                      ) -> tuple[Pools, np.ndarray, np.ndarray | None, np.ndarray | None]:
         """What a ubatch's record takes from its plan alone (`_from_plan` keeps it while
-        the plan's arrays are the same: a re-pool-all ubatch on pools that stand, or a
-        padded one that marks no pool on rep rows that stand):
-        the marked pools, whose members and rep rows are the plan's first entries
-        (scatter.py's invariant), read there rather than looked up again; the padding
-        entries; and the spans of both listings when the report asks."""
+        the plan stands, engine/scatter.py): the marked pools, whose members and rep
+        rows are the plan's first entries (scatter.py's invariant), read there rather
+        than looked up again; the padding entries; and the spans of both listings when
+        the report asks."""
         pad = entry_pool < 0
         n = marked.size
         pools = (Pools(*self.layout.columns(marked), entry_rows[:n], entry_rep[:n],

@@ -399,6 +399,18 @@ def test_cache_safe_keeps_the_unchanged_pools_and_repools_a_rewritten_one() -> N
     assert kept_equals_pooled(t, VERSIONS["cache-safe"]).pools_kept == 11
 
 
+def _asked(be: ValueBackend) -> list[int]:
+    """Spies on `be`'s `fresh_groups` kernel: the entries of each call, as they come."""
+    calls: list[int] = []
+    real = be.kernels.fresh_groups
+
+    def spy(entry_rows, *rest):
+        calls.append(len(entry_rows))
+        return real(entry_rows, *rest)
+    be.kernels.fresh_groups = spy  # type: ignore[method-assign]
+    return calls
+
+
 @pytest.mark.parametrize("core", ["reference", "compiled"])
 def test_cache_safe_asks_only_the_pools_an_update_added(core: str) -> None:
     """store.py `_Standing.new_entries`. kpool 2, cache-safe, seq 1 shares seq 0's
@@ -427,14 +439,7 @@ def test_cache_safe_asks_only_the_pools_an_update_added(core: str) -> None:
           - decode: {seq: 0, pos: 8}
         """)
     be = ValueBackend(t.cache, t.seed, "numpy")
-    asked: list[int] = []
-    fresh_groups = be._fresh_groups
-
-    def counted(entry_rows, rep, order, starts, rows):  # type: ignore[no-untyped-def]
-        asked.append(int(rep.size))
-        return fresh_groups(entry_rows, rep, order, starts, rows)
-
-    be._fresh_groups = counted  # type: ignore[method-assign]
+    asked = _asked(be)
     kept = [be.pools_kept for rec in Replayer(t, VERSIONS["cache-safe"], be, core=core).run()
             if isinstance(rec, UbatchRecord)]
     assert kept == [0, 4, 8, 13, 18, 22]
@@ -562,18 +567,6 @@ def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
         ([3, 7, 11, 3, 7], [("pool", 1), ("scatter", 1)], 16),
         ([3, 7, 11, 3, 7], [], 21),
     ]
-
-
-def _asked(be: ValueBackend) -> list[int]:
-    """Spies on `be`'s `fresh_groups` kernel: the entries of each call, as they come."""
-    calls: list[int] = []
-    real = be.kernels.fresh_groups
-
-    def spy(entry_rows, *rest):
-        calls.append(len(entry_rows))
-        return real(entry_rows, *rest)
-    be.kernels.fresh_groups = spy  # type: ignore[method-assign]
-    return calls
 
 
 def test_a_standing_plan_asks_nothing_of_its_pools() -> None:

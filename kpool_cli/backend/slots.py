@@ -181,10 +181,15 @@ class SlotTable:
             self.wrote(ids)
             s[new] = ids
             if zero_new:
-                used = ids[ids < pristine]
-                for a in (self.key, self.gate, self.pooled):
-                    a[used] = 0
+                self.zero(ids, pristine, self.key, self.gate, self.pooled)
         return s
+
+    def zero(self, slots: np.ndarray, pristine: int, *arrays: np.ndarray) -> None:
+        """Zero `arrays` at `slots`, but for the slots at or past `pristine` (the mark
+        as it was before they were handed out), which hold zeros already."""
+        used = slots[slots < pristine]
+        for a in arrays:
+            a[used] = 0
 
     def release(self, rows: np.ndarray) -> None:
         """Rows with a slot become zero rows; their slots are free for reuse."""

@@ -262,9 +262,8 @@ class ValueBackend:
         self.snapshots: dict[str, _Saved] = {}
         self.pools_kept = 0  # scatter entries that kept their rep slot's pooling
         self.ubatches_standing = 0  # scatters that kept every entry by the last plan's
-        # a re-pool-all ubatch on pools that stand, or a padded one that marks no pool
-        # on rep rows that stand, hands on the last plan's entries and race groups
-        # (`SameArrays`): their checks stand too
+        # a plan that stands (engine/scatter.py) hands on the last plan's entries and
+        # race groups (`SameArrays`): their checks stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._standing = _Standing(self.n_rows)
 
@@ -361,7 +360,7 @@ class ValueBackend:
         pristine = t.pristine
         s = t.own(rows, zero_new=False)
         self.kernels.write_keys(s, key_ids)
-        t.pooled[s[s < pristine]] = 0  # a slot never handed out holds zeros (slots.py)
+        t.zero(s, pristine, t.pooled)
         t.wrote(s)
         self.writers.stamp(s, DECODE_ZERO)
         self.writers.drop_raced(rows)

@@ -156,15 +156,15 @@ class Verifier:
         finds changed (`_scanned`), elsewhere while a row changed. A sequence left out
         has no pool to recheck."""
         n = len(layout.seqs)
-        n_bad = self.n_checked
         kept = np.asarray(change.kept, dtype=np.int64)
         changed = bool(self._kdirty_rows or self._pdirty_rows)
         known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
         # the rep columns are read only for a tail: a known sequence's, once a row changed
         rep_pos, rep_rows = ((layout.pool_rep_pos(), layout.pool_cells()) if known.any()
                              else (_NO_PAIRS, _NO_PAIRS))
-        how, tail = self.kernels.recheck_ways(layout.pool_start(), n_bad, kept, known,
-                                              rep_pos, rep_rows, changed, dirty.too_many)
+        how, tail = self.kernels.recheck_ways(layout.pool_start(), self.n_checked, kept,
+                                              known, rep_pos, rep_rows, changed,
+                                              dirty.too_many)
         top = int(tail.max()) if n else NO_TAIL
         if top != NO_TAIL and dirty.least() <= top:
             # a changed pair may lie at or before a kept tail: whose, by sequence

@@ -72,8 +72,7 @@ def _groups_raced(starts: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.diff(starts) > 1)
 
 
-# a re-pool-all ubatch on pools that stand (a padded one that marks no pool, on rep
-# rows that stand) hands on the last plan's groups
+# a plan that stands (scatter.py) hands on the last plan's groups
 _raced = SameArrays(_groups_raced)
 
 

@@ -6,6 +6,12 @@ what each token of the ubatch sees (`visible_pools`).
 
 Invariants: entries 0 .. n_new-1 are the marked pools in layout order; entries
 n_new .. n_new_g-1 are padding, each writing `rep` from `kpool` copies of that row.
+
+A plan *stands* when its arrays are the very arrays of the plan before (the readers
+that keep what they built from a plan, by `arrays.SameArrays`, hand it on then): a
+re-pool-all ubatch's on pools that stand (its entries are the layout's own columns),
+or a padded ubatch's that marks no pool, on rep rows that stand (the compiled core's
+padding gives the same rows, and `padding_entries` the same entries).
 """
 
 from __future__ import annotations

@@ -215,10 +215,9 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     return out + singles(at, n)
 
 
-# A re-pool-all ubatch on pools that stand (or a padded one that marks no pool, on rep
-# rows that stand) lists the last one's pools and entries, in the same arrays with the
-# same spans (replay.py `_from_plan`): written once, the lists are shared (never
-# written). Kept only in run form with the core's spans.
+# A plan that stands (engine/scatter.py) lists the last one's pools and entries, in
+# the same arrays with the same spans (replay.py `_from_plan`): written once, the
+# lists are shared (never written). Kept only in run form with the core's spans.
 _POOLS_JSON: SameArrays[list[dict]] = SameArrays(
     lambda *_kept_by, p, kpool, spans: pools_json(p, kpool, spans))
 _SCATTER_JSON: SameArrays[list[dict]] = SameArrays(

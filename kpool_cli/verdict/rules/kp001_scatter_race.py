@@ -70,9 +70,8 @@ class Check(RuleCheck):
     reads = PLAN
 
     def __init__(self) -> None:
-        # a re-pool-all ubatch on pools that stand (or a padded one that marks no pool,
-        # on rep rows that stand) hands on the last plan's entries and race groups, and
-        # the layout's pool_start (what `locate` reads): its race is
+        # a plan that stands (engine/scatter.py) hands on the last plan's entries and
+        # race groups, and the layout's pool_start (what `locate` reads): its race is
         # the last one's (`SameArrays`). A new plan whose raced rows, their writers (in
         # entry order) and those writers' groups are the last one's (a cache-safe slot
         # closing a pool no other slot shares) finds the same race, and the same valued
