@@ -282,48 +282,34 @@ def test_members_of_reads_pool_members_while_the_pools_stand(compiled: bool):
     assert lay.members_of(np.array([3, 5])).tolist() == [[10, 11], [8, 9]]
 
 
-def test_compiled_members_look_up_is_kept_while_the_pools_stand(monkeypatch):
-    """CompiledLayout `_look_up_members` keeps its last look-up of pools of several
-    sequences (a decode step's plan and its verification ask for the same new pools).
-    Kpool 2, seq 0 pos 0..5 (cells 0..5: pools 0, 1, 2 = members 0,1 / 2,3 / 4,5), seq
-    1 pos 0..3 (cells 6..9: pools 3, 4 = 6,7 / 8,9). Pools 2, 3 (one of each): [4, 5],
-    [6, 7], two kernel calls; asked again (an equal array), the same rows with no
-    call, in a new array each time (writing one changes no later answer). Seq 0's pos
-    6, 7 (cells 10, 11) close its pool 3, placed before seq 1's: pools 2, 3 are now
-    [4, 5], [10, 11], looked up again."""
+def test_compiled_members_look_up_reads_every_sequence_in_one_call(monkeypatch):
+    """CompiledLayout `_look_up_members` looks up pools of several sequences, in any
+    order, in one `kernels.members` call over the flat columns. Kpool 2, seq 0 pos
+    0..5 (cells 0..5: pools 0, 1, 2 = members 0,1 / 2,3 / 4,5), seq 1 pos 0..3 (cells
+    6..9: pools 3, 4 = 6,7 / 8,9). Pools 3, 0, 2: [6, 7], [0, 1], [4, 5]. Seq 0's pos
+    6, 7 (cells 10, 11) close its pool 3, placed before seq 1's: pools 2, 3, 5 are now
+    [4, 5], [10, 11], [8, 9]."""
     from kpool_cli.compiled import kernels as k
 
     calls = []
     # the kernel loaded first: a first-call stub puts the kernel in its module, over
-    # the counter (so alone, as the first test to look members up, this one failed)
-    k.members(np.zeros(2, dtype=np.int64), np.zeros(1, dtype=np.int64),
-              np.zeros(1, dtype=np.int64), 0, 0, 0, 2, 0, 64, np.empty((1, 2), dtype=np.int64))
+    # the counter
+    lay = CompiledLayout(2, 2, False, 64, 64)
+    lay.members_of(np.zeros(0, dtype=np.int64))
     kernel = k.members
 
     def counted(*args):  # type: ignore[no-untyped-def]
-        calls.append(args[3:5])
+        calls.append(args[4].tolist())
         return kernel(*args)
 
     monkeypatch.setattr(k, "members", counted)
     c = KvCache(CacheConfig(kv_size=64, kpool=2, n_seq_max=2))
-    lay = CompiledLayout(2, 2, False, 64, 64)
     decode(c, 0, range(6))
     decode(c, 1, range(4))
     lay.update(c, [C, C], False)
-    got = lay.members_of(np.array([2, 3]))
-    assert got.tolist() == [[4, 5], [6, 7]] and len(calls) == 2
-    got[:] = -1
-    again = lay.members_of(np.array([2, 3]))
-    assert again.tolist() == [[4, 5], [6, 7]] and len(calls) == 2
-    again[:] = -1
-    assert lay.members_of(np.array([2, 3])).tolist() == [[4, 5], [6, 7]]
+    assert lay.members_of(np.array([3, 0, 2])).tolist() == [[6, 7], [0, 1], [4, 5]]
+    assert calls == [[3, 0, 2]]
     decode(c, 0, [6, 7])
     lay.update(c, [C, C], False)
-    assert lay.members_of(np.array([2, 3])).tolist() == [[4, 5], [10, 11]]
-    assert len(calls) == 3  # one sequence's pools: seq 0's 2 and 3
-    # more member rows than it may keep (KEPT_MEMBER_ROWS, counted by the memory
-    # bound): pools 2 and 4 (seqs 0 and 1) are 4 rows, looked up each time
-    monkeypatch.setattr("kpool_cli.compiled.layout.KEPT_MEMBER_ROWS", 3)
-    for _ in range(2):
-        assert lay.members_of(np.array([2, 4])).tolist() == [[4, 5], [6, 7]]
-    assert len(calls) == 7
+    assert lay.members_of(np.array([2, 3, 5])).tolist() == [[4, 5], [10, 11], [8, 9]]
+    assert calls == [[3, 0, 2], [2, 3, 5]]

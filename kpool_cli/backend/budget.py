@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 
 from ..cache.kv import KvCache, Reach
-from ..compiled import KEPT_MEMBER_ROWS
+from ..compiled.arena import Arena
 from ..trace.model import CacheConfig, Trace
 from .store import BACKENDS, ValueBackend
 
@@ -41,8 +41,6 @@ from .store import BACKENDS, ValueBackend
 RUNTIME_BYTES = {"none": 64 << 20, "numpy": 64 << 20, "numba": 256 << 20}
 
 # the engine's share (home: engine/layout.py, engine/scatter.py, replay.py)
-LAYOUT_PAIR_BYTES = 2 * 8  # a sequence's copy of its (pos, cell) pairs: GrowArray, 2x
-LAYOUT_POOL_BYTES = 4 * 2 * 8 + 8  # pools, rep_rows, rep_pos_, first_pos_ (2x); pool_cells
 ENTRY_BYTES = 4 * 8  # a scatter entry's rep, pool, visible, race order (int64 each)
 POOL_INFO_BYTES = 256  # a listed pool's columns in a record, and its JSON while written
 TOKEN_BYTES = 512  # a decode token's Python objects in the replay (seqs, split, records)
@@ -58,8 +56,11 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     n_seq, kpool, c = config.n_seq_max, config.kpool, reach.cells
     pools = n_seq * (c // kpool)
     entries = pools + 64
-    layout = n_seq * (LAYOUT_PAIR_BYTES * c + 5 * 16 * 8) + LAYOUT_POOL_BYTES * pools
-    growth = LAYOUT_PAIR_BYTES * c  # a GrowArray's new array next to the old one
+    # every sequence's copy of its (pos, cell) pairs and its four pool columns, as the
+    # compiled core holds them (compiled/arena.py; the reference core's GrowArrays,
+    # twice the values and one sequence's growth, hold less), and pool_cells
+    layout = (Arena.bytes_bound(n_seq, c) + 4 * Arena.bytes_bound(n_seq, c // kpool + 1)
+              + 8 * pools)
     plan = entries * (ENTRY_BYTES + 3 * 8 * kpool)  # members_of, plan rows, the copies
     record = entries * POOL_INFO_BYTES
     tokens = reach.decode_tokens * TOKEN_BYTES
@@ -67,13 +68,11 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     # the compiled core's marking scratch (compiled/layout.py `scratch`): a byte per
     # global row or pool, twice over while it grows
     scratch = 2 * max(config.n_rows, pools)
-    # its last look-up of members, kept (compiled/layout.py): rows and pool indices
-    kept = 2 * 8 * KEPT_MEMBER_ROWS
     # its padding rows and its last plan of padding alone (compiled/marking.py
     # `Padding`, engine/scatter.py `padding_entries`), kept: a row, a pool, kpool members
     # and a rep per entry at most
     padding = entries * 8 * (kpool + 3)
-    return layout + growth + plan + record + tokens + cells + scratch + kept + padding
+    return layout + plan + record + tokens + cells + scratch + padding
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,8 +180,10 @@ class Stream:
     # bytes per cell of the arrays __init__ allocates: pos, ext, seq_count, key_id (and
     # one `has` byte per sequence column); tests hold it equal to a built stream's
     CELL_BYTES = 8 + 2 * 8 + 4 + 8
-    # the index (SortedKeys) per (sequence, cell) pair: capacity up to twice the pairs
-    PAIR_BYTES = 2 * 8
+    # the index per (sequence, cell) pair: a SortedKeys, capacity up to twice the
+    # pairs; in the compiled core an arena row (compiled/arena.py), up to twice the
+    # widest row's pairs and the old row beside it while the arena widens
+    PAIR_BYTES = 3 * 8
     # the first chunk `empty_cells` scans (it doubles each step)
     SCAN_CHUNK = 4096
 

@@ -8,9 +8,3 @@ Owns: the compiled classes and functions the replay picks with `--core compiled`
 loads numba for it. Invariant: for every trace, version and backend its records are
 the reference core's, byte for byte in every report (tests/test_cores.py).
 """
-
-# the most member rows (pools x kpool) the compiled layout keeps from its last look-up
-# (compiled/layout.py `_look_up_members`), with at most as many pool indices: counted
-# in the engine's memory bound (backend/budget.py); here, so that the bound needs no
-# numba
-KEPT_MEMBER_ROWS = 1 << 15

@@ -10,13 +10,16 @@ reports byte-identical); every other mutator is the reference's own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..cache.batch import one_seq_each
-from ..cache.cells import EMPTY_POS, SortedKeys, Stream, global_row
+from ..cache.cells import CELL_BITS, EMPTY_POS, SortedKeys, Stream, global_row
 from ..cache.kv import KvCache, Placement
 from ..trace.model import CacheConfig
 from . import kernels as k
+from .arena import Arena, ArenaKeys
 
 _NO_CELLS = np.empty(0, dtype=np.int64)
 
@@ -31,10 +34,28 @@ def add_keys(index: SortedKeys, keys: np.ndarray) -> None:
 class CompiledStream(Stream):
     def __init__(self, kv_size: int, seq_ids: list[int]) -> None:
         super().__init__(kv_size, seq_ids)
+        # the index: sequence column i's keys are row i of one arena (compiled/arena.py),
+        # so a step of parallel slots pushes each slot's key in one kernel call
+        self.index = Arena(len(self.seq_ids), kv_size)
+        self.seq_keys = {s: ArenaKeys(self.index, i) for i, s in enumerate(self.seq_ids)}
+        self._rows_are_ids = self.seq_ids == list(range(len(self.seq_ids)))  # unified
         # the sequences whose pairs, since the owner last took `touched`, changed only
         # by writes past their last pair (so a copy of the old pairs plus the new
         # ones is the index): what CompiledLayout's drift flags rely on
         self.appends: set[int] = set()
+        # what the last write added past the pairs of the sequences it pushed to, as
+        # (seq [m], off [m + 1], keys): seq[i]'s pairs gained keys[off[i]:off[i + 1]]
+        # at their end (`CompiledKvCache.take_added`)
+        self.added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
+        """Stream.seq_pos_maxes: the last key of each sequence's row at once."""
+        rows = (np.array(seqs, dtype=np.int64) if self._rows_are_ids
+                else np.fromiter((self._col[s] for s in seqs), dtype=np.int64))
+        n = self.index.lens[rows]
+        last = self.index.buf[rows, n - 1] >> CELL_BITS  # row -1 for none: replaced
+        last[n == 0] = -1
+        return last.tolist()
 
     def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]], key_ids: np.ndarray) -> None:
@@ -56,6 +77,10 @@ class CompiledStream(Stream):
             index.set_len(n1)
             self.used += n
             self._note(s, bool(past_end))
+            if past_end and n1 > n0:
+                self.added.append((np.array([s], dtype=np.int64),
+                                   np.array([0, n1 - n0], dtype=np.int64),
+                                   index.view[n0:n1].copy()))
             return
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
         firsts = one_seq_each(seqs)
@@ -79,14 +104,21 @@ class CompiledStream(Stream):
         self.used += int(cells.size)
         keys = (pos.astype(np.int64) << 32) | cells
         if firsts is not None:  # distinct sequences: their notes at once
-            indices = self.seq_keys
-            past = []
-            for s, key in zip(firsts, keys.tolist(), strict=True):
-                if indices[s].push(key):
-                    past.append(s)
-                else:
-                    self._add(s, np.array([key], dtype=np.int64))
-            self._note_all(past, True)
+            # each token's key pushed onto its sequence's row (`SortedKeys.push`), the
+            # others inserted (`_add`)
+            pushed = np.empty(n, dtype=bool)
+            while (got := int(k.push_keys(flat, keys, self.index.buf, self.index.lens,
+                                          pushed))) < 0:
+                self.index.reserve(-got)
+            if pushed.all():  # the common case, a decode step
+                self._note_all(firsts, True)
+                self.added.append((np.array(firsts, dtype=np.int64),
+                                   np.arange(n + 1, dtype=np.int64), keys))
+            else:
+                self._note_all([s for s, p in zip(firsts, pushed.tolist(), strict=True)
+                                if p], True)
+                for i in np.flatnonzero(~pushed).tolist():
+                    self._add(firsts[i], keys[i:i + 1])
         else:
             for s, idx in by_seq.items():
                 self._add(s, keys[idx])
@@ -121,6 +153,7 @@ class CompiledKvCache(KvCache):
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
         self._appended: set[int] = set()
+        self._added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def _appends(self) -> list[set[int]]:
         return [st.appends for st in self.streams if isinstance(st, CompiledStream)]
@@ -128,8 +161,10 @@ class CompiledKvCache(KvCache):
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
-        for appends in self._appends():
-            appends.clear()
+        for st in self.streams:
+            if isinstance(st, CompiledStream):
+                st.appends.clear()
+                st.added.clear()
         strm = placement.strm
         if strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
             # one stream: KvCache.apply without its grouping by stream
@@ -142,6 +177,8 @@ class CompiledKvCache(KvCache):
         else:
             out = super().apply(placement, pos, ext, seqs)
         self._appended = set().union(*self._appends())
+        self._added = [a for st in self.streams if isinstance(st, CompiledStream)
+                       for a in st.added]
         return out
 
     def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
@@ -165,6 +202,21 @@ class CompiledKvCache(KvCache):
         nothing else changed since the last `take_touched` (cleared by the call)."""
         out, self._appended = self._appended, set()
         return out
+
+    def take_added(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """What the last `apply` wrote past the pairs of the sequences it pushed to:
+        (seq [m], off [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None
+        when it pushed none (cleared by the call). Of these, the sequences of
+        `take_appended` had no other change since the last `take_touched`."""
+        added, self._added = self._added, []
+        if not added:
+            return None
+        if len(added) == 1:
+            return added[0]
+        seq = np.concatenate([a[0] for a in added])
+        keys = np.concatenate([a[2] for a in added])
+        sizes = np.concatenate([np.diff(a[1]) for a in added])
+        return seq, np.concatenate(([0], np.cumsum(sizes))), keys
 
     @staticmethod
     def _find_slot(st: Stream, used: int, head: int, n: int,

@@ -187,42 +187,11 @@ def write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_c
     return _sorted_add_in(index, n, keys), past_end, True
 
 
-@kernel
-def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_order,
-                strm, kv_size, pools, rep_rows, rep_pos, first_pos, n_pools,
-                seq_count, scan_sharing, shared):  # pragma: no cover - compiled
-    """engine/layout.py `Layout.update` for one sequence: step 1's append (when
-    `append`: the pairs of sp that sort after keys[n_keys - 1]); then, unless the
-    count check of step 2 now calls for a rebuild (returned as `rebuild`, with
-    nothing more done: the caller rebuilds and calls again without `append`), step
-    3's sharing scan from pair n_kept (when `scan_sharing` and not yet `shared`) and
-    step 4's pool scan from j_next (`scan_pools`), adding each pool's columns
-    (`SeqLayout.add_pools`). Capacity for every pair of sp and every pool they can
-    hold is reserved by the caller.
-
-    Returns (n_keys, n_kept, j_next, n_pools, shared, scanned, rebuild)."""
-    scanned = 0
-    if append:
-        n_kept = n_keys
-        at = _bisect_in(sp, keys[n_keys - 1], True)
-        for q in range(at, sp.size):
-            keys[n_keys] = sp[q]
-            n_keys += 1
-        scanned += sp.size - at
-        if n_keys != sp.size:
-            return n_keys, n_kept, j_next, n_pools, shared, scanned, True
-    if scan_sharing and not shared and n_keys > n_kept:
-        hit = -1
-        for q in range(n_kept, n_keys):
-            if seq_count[keys[q] & _CELL_MASK] > 1:
-                hit = q
-                break
-        if hit >= 0:
-            shared = True
-            scanned += hit - n_kept + 1
-        else:
-            scanned += n_keys - n_kept
-    # step 4, as scan_pools: every candidate start is accepted
+def _scan_pools(keys, n_keys, j_next, pos_min, kpool, by_order, strm, kv_size, pools,
+                rep_rows, rep_pos, first_pos, n_pools):  # pragma: no cover - compiled
+    """ENGINE.md §5 step 4 over keys[:n_keys] from j_next, as engine/layout.py
+    `scan_pools` (every candidate start is accepted), adding each pool's columns
+    (`SeqLayout.add_pools`) past n_pools. Returns (n_pools, j_next)."""
     last = n_keys - kpool
     n_from = n_pools
     j = j_next
@@ -254,7 +223,124 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
         rep_rows[k] = strm * kv_size + (rep & _CELL_MASK)
         rep_pos[k] = rep >> _CELL_BITS
         first_pos[k] = keys[j] >> _CELL_BITS
+    return n_pools, j_next
+
+
+_scan_pools_in = inner(_scan_pools)
+
+
+def _share_scan(keys, n_kept, n_keys, seq_count):  # pragma: no cover - compiled
+    """ENGINE.md §5 step 3 over keys[n_kept:n_keys]: (found a cell another sequence
+    holds too, the cells scanned: up to that one)."""
+    for q in range(n_kept, n_keys):
+        if seq_count[keys[q] & _CELL_MASK] > 1:
+            return True, q - n_kept + 1
+    return False, n_keys - n_kept
+
+
+_share_scan_in = inner(_share_scan)
+
+
+@kernel
+def push_keys(rows, keys, buf, lens, pushed):  # pragma: no cover - compiled
+    """`SortedKeys.push` of keys[i] into arena row rows[i] (compiled/arena.py; the
+    rows distinct): appended when it sorts after the row's last key (pushed[i]),
+    else left for the caller to insert. Returns 0, or, changing nothing, -(the row
+    width needed) when the arena is narrower."""
+    need = 0
+    for i in range(rows.size):
+        need = max(need, lens[rows[i]] + 1)
+    if need > buf.shape[1]:
+        return -need
+    for i in range(rows.size):
+        r = rows[i]
+        n = lens[r]
+        pushed[i] = n == 0 or keys[i] > buf[r, n - 1]
+        if pushed[i]:
+            buf[r, n] = keys[i]
+            lens[r] = n + 1
+    return 0
+
+
+@kernel
+def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_order,
+                strm, kv_size, pools, rep_rows, rep_pos, first_pos, n_pools,
+                seq_count, scan_sharing, shared):  # pragma: no cover - compiled
+    """engine/layout.py `Layout.update` for one sequence: step 1's append (when
+    `append`: the pairs of sp that sort after keys[n_keys - 1]); then, unless the
+    count check of step 2 now calls for a rebuild (returned as `rebuild`, with
+    nothing more done: the caller rebuilds and calls again without `append`), step
+    3's sharing scan from pair n_kept (when `scan_sharing` and not yet `shared`) and
+    step 4's pool scan from j_next (`_scan_pools`). Capacity for every pair of sp and
+    every pool they can hold is reserved by the caller.
+
+    Returns (n_keys, n_kept, j_next, n_pools, shared, scanned, rebuild)."""
+    scanned = 0
+    if append:
+        n_kept = n_keys
+        at = _bisect_in(sp, keys[n_keys - 1], True)
+        for q in range(at, sp.size):
+            keys[n_keys] = sp[q]
+            n_keys += 1
+        scanned += sp.size - at
+        if n_keys != sp.size:
+            return n_keys, n_kept, j_next, n_pools, shared, scanned, True
+    if scan_sharing and not shared and n_keys > n_kept:
+        shared, got = _share_scan_in(keys, n_kept, n_keys, seq_count)
+        scanned += got
+    n_pools, j_next = _scan_pools_in(keys, n_keys, j_next, pos_min, kpool, by_order, strm,
+                                     kv_size, pools, rep_rows, rep_pos, first_pos, n_pools)
     return n_keys, n_kept, j_next, n_pools, shared, scanned, False
+
+
+@kernel
+def layout_appends(seq, off, added, appended, clean, equal, settled, take, keys, n_keys,
+                   pools, n_pools, rep_rows, n_rep_rows, rep_pos, n_rep_pos, first_pos,
+                   n_first_pos, j_next, pos_min, strm, shared, kpool, by_order, kv_size,
+                   seq_count, scan_sharing, grew):  # pragma: no cover - compiled
+    """`layout_step`'s append path for many sequences at once, over the layout's flat
+    columns (compiled/arena.py: row s of each 2-D array is sequence s's, its length
+    in the 1-D one after it). Sequence seq[i] is taken (take[i]) when the last apply
+    wrote only past its pairs (`appended`), which equalled the cache's (`equal`), it
+    is clean and settled and holds pairs: it appends added[off[i]:off[i + 1]], the
+    pairs that apply wrote (so the count check of step 2 holds), then runs step 3's
+    sharing scan from its old end (when `scan_sharing` and not yet shared) and step
+    4's pool scan. grew[i]: its pools grew. Returns the cells scanned, or, changing
+    nothing, -(the row width the taken sequences need) when the columns are
+    narrower (the caller widens them and calls again)."""
+    need = 0
+    for i in range(seq.size):
+        s = seq[i]
+        take[i] = (appended[s] and clean[s] and equal[s] and settled[s] and n_keys[s] > 0)
+        if take[i]:
+            need = max(need, n_keys[s] + off[i + 1] - off[i])
+    if need > keys.shape[1] or need // kpool + 1 > pools.shape[1]:
+        return -need
+    scanned = 0
+    for i in range(seq.size):
+        grew[i] = False
+        if not take[i]:
+            continue
+        s = seq[i]
+        row = keys[s]
+        n_kept = n_keys[s]
+        n = n_kept
+        for q in range(off[i], off[i + 1]):
+            row[n] = added[q]
+            n += 1
+        n_keys[s] = n
+        scanned += n - n_kept
+        if scan_sharing and not shared[s] and n > n_kept:
+            hit, got = _share_scan_in(row, n_kept, n, seq_count)
+            shared[s] = hit
+            scanned += got
+        before = n_pools[s]
+        after, j_next[s] = _scan_pools_in(row, n, j_next[s], pos_min[s], kpool, by_order,
+                                          strm[s], kv_size, pools[s], rep_rows[s],
+                                          rep_pos[s], first_pos[s], before)
+        n_pools[s] = n_rep_rows[s] = n_rep_pos[s] = n_first_pos[s] = after
+        grew[i] = after != before
+    return scanned
 
 
 def _pool_of(keys, n_pools, first_pos, rep_pos, p, c, by_order, kpool):  # pragma: no cover
@@ -380,14 +466,29 @@ def padding_rows(pool_cells, n_pad, n_rows, out):  # pragma: no cover - compiled
 
 
 @kernel
-def members(keys, pools, ips, lo, hi, k0, kpool, strm, kv_size, out):  # pragma: no cover
-    """`SeqLayout.members` of a sequence whose first pool has the global index k0:
-    for i in [lo, hi), out[i] = the global rows of the members of the pool with the
-    global index ips[i] (one of this sequence's)."""
-    for i in range(lo, hi):
-        j = pools[ips[i] - k0]
+def members(keys, pools, start, strm, ips, kpool, kv_size, out):  # pragma: no cover
+    """`SeqLayout.members` of any pools, over the layout's flat columns
+    (compiled/arena.py: row s of `keys` and `pools` is sequence s's; its first pool
+    has the global index start[s]): out[i] = the global rows of the members of the
+    pool with the global index ips[i] (each below start[-1])."""
+    for i in range(ips.size):
+        s = _bisect_in(start, ips[i], True) - 1
+        j = pools[s, ips[i] - start[s]]
+        row = keys[s]
+        base = strm[s] * kv_size
         for q in range(kpool):
-            out[i, q] = strm * kv_size + (keys[j + q] & _CELL_MASK)
+            out[i, q] = base + (row[j + q] & _CELL_MASK)
+
+
+@kernel
+def joined_rows(buf, lens, out):  # pragma: no cover - compiled
+    """Rows of `buf` end to end, each its first lens[s] values (out: their sum)."""
+    q = 0
+    for s in range(lens.size):
+        row = buf[s]
+        for j in range(lens[s]):
+            out[q + j] = row[j]
+        q += lens[s]
 
 
 # race_groups' radix: rows sorted 11 bits a pass (2,048 buckets): two passes for any

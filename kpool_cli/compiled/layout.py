@@ -1,11 +1,20 @@
-"""The compiled core's layout: engine/layout.py's `Layout`, whose update runs step 1
-(the append), step 3 (the sharing scan) and step 4 (the pool scan) of ENGINE.md §5
-for a sequence in one kernel call (`kernels.layout_step`), over the same columns.
+"""The compiled core's layout: engine/layout.py's `Layout` over flat columns
+(`SeqColumns`: every sequence's pairs and pool columns in arenas, compiled/arena.py,
+and its scalars in arrays), so that kernels read and write many sequences at once.
 
-Owns: `CompiledLayout`. Step 2 (the rebuild, the fork's truncate) is the
-reference's own `Layout.step_2`: it runs when a sequence is stale or its count is
-off, rare next to the decodes. Invariants: the columns after `update` are the reference's,
-pair for pair and pool for pool, and so is the returned `LayoutChange`.
+Owns: `CompiledLayout`, `SeqColumns` and `ArenaSeq` (a sequence's `SeqLayout` read
+and written in the columns, so the reference's steps run on it unchanged).
+Invariants: the columns after `update` are the reference's, pair for pair and pool
+for pool, and so is the returned `LayoutChange`.
+
+`update` runs ENGINE.md §5 for the sequences a decode step only appended to (the
+cache's `take_added`: the pairs the last apply wrote past theirs, which equalled
+the cache's) in one `kernels.layout_appends` call: step 1 (the append), step 3 (the
+sharing scan) and step 4 (the pool scan) of every parallel slot at once. Any other
+sequence it reads (stale, edited, first filled) runs its steps alone: step 2 (the
+rebuild, the fork's truncate) is the reference's own `Layout.step_2`, steps 1, 3
+and 4 one `kernels.layout_step` call. The whole-layout columns are the arenas' rows
+joined (`kernels.joined_rows`), and members of any pools one `kernels.members` call.
 
 `pool_members` (every pool's member rows, what a re-pool-all plan is built from) is
 built again after the pools change, as the reference builds it, but the pools each
@@ -13,37 +22,94 @@ update kept (`LayoutChange.kept`: same pairs, so the same member rows) take thei
 rows from the columns built before (`_every_members`): under cache-safe, slot 0's
 one new pool costs its own look-up and a copy, not a look-up of every pool.
 """
-
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
 from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
-from . import KEPT_MEMBER_ROWS
 from . import kernels as k
+from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
+
+_NO_COUNT = np.zeros(0, dtype=np.int32)  # no sharing scan: no stream's seq_count
+
+
+class SeqColumns:
+    """Every sequence's layout, flat: its five columns in arenas (compiled/arena.py)
+    and its scalars in arrays, indexed by seq id. What `kernels.layout_appends`
+    updates for many sequences in one call; `ArenaSeq` is one sequence's part."""
+
+    def __init__(self, n_seq_max: int, kpool: int, kv_size: int) -> None:
+        self.keys = Arena(n_seq_max, kv_size)
+        n_pools = kv_size // kpool + 1
+        self.pools, self.rep_rows, self.rep_pos, self.first_pos = (
+            Arena(n_seq_max, n_pools) for _ in range(4))
+        self.strm = np.zeros(n_seq_max, dtype=np.int64)
+        self.pos_min = np.zeros(n_seq_max, dtype=np.int64)
+        self.j_next = np.zeros(n_seq_max, dtype=np.int64)
+        self.shared = np.zeros(n_seq_max, dtype=bool)
+        self.settled = np.zeros(n_seq_max, dtype=bool)
+
+    def reserve(self, n_keys: int, kpool: int) -> None:
+        """Room in every row for n_keys pairs and the pools they can hold."""
+        self.keys.reserve(n_keys)
+        for col in (self.pools, self.rep_rows, self.rep_pos, self.first_pos):
+            col.reserve(n_keys // kpool + 1)
+
+
+def _scalar(name: str, kind: type) -> property:
+    def get(self: ArenaSeq) -> object:
+        return kind(getattr(self._cols, name)[self._s])
+
+    def put(self: ArenaSeq, value: object) -> None:
+        getattr(self._cols, name)[self._s] = value
+
+    return property(get, put)
+
+
+class ArenaSeq(SeqLayout):
+    """engine/layout.py's `SeqLayout` of sequence s, read and written in `SeqColumns`:
+    its columns are arena rows (GrowArrays), its scalars elements of the arrays, so
+    the reference layout's steps run on it unchanged."""
+
+    __slots__ = ("_cols", "_rows", "_s")
+
+    def __init__(self, cols: SeqColumns, s: int) -> None:  # no SeqLayout.__init__
+        self._cols, self._s = cols, s
+        self._rows = (ArenaRow(cols.keys, s), ArenaRow(cols.pools, s),
+                      ArenaRow(cols.rep_rows, s), ArenaRow(cols.rep_pos, s),
+                      ArenaRow(cols.first_pos, s))
+
+    keys = property(lambda self: self._rows[0])
+    pools = property(lambda self: self._rows[1])
+    rep_rows = property(lambda self: self._rows[2])
+    rep_pos_ = property(lambda self: self._rows[3])
+    first_pos_ = property(lambda self: self._rows[4])
+    strm = _scalar("strm", int)
+    pos_min = _scalar("pos_min", int)
+    j_next = _scalar("j_next", int)
+    shared = _scalar("shared", bool)
+    settled = _scalar("settled", bool)
 
 
 class CompiledLayout(Layout):
     def __init__(self, n_seq_max: int, kpool: int, by_order: bool, kv_size: int,
                  n_rows: int) -> None:
         super().__init__(n_seq_max, kpool, by_order, kv_size)
+        self.cols = SeqColumns(n_seq_max, kpool, kv_size)
+        self.seqs = [ArenaSeq(self.cols, s) for s in range(n_seq_max)]
         self.n_rows = n_rows
         self._seen = np.zeros(0, dtype=bool)
         # per sequence: its pairs equal the cache's as of the last update (so, while
         # nothing has touched it since, it has no drift: `drift` is O(1))
-        self._equal = [True] * n_seq_max
+        self._equal = np.ones(n_seq_max, dtype=bool)
+        self._strm_set = False  # cols.strm holds the cache's streams (the first update)
         # the pool_members built before the pools last changed, the pool_start they
         # were built with and the pools the change kept (`_every_members`); None when
         # none were built since the change before
         self._carry: tuple[np.ndarray, list[int], tuple[int, ...]] | None = None
-        # the last few pools' members looked up, while the pools stand (`_end_update`
-        # drops them): a step's plan and its verification ask for the same new pools
-        self._looked_up: tuple[np.ndarray, np.ndarray] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -58,66 +124,114 @@ class CompiledLayout(Layout):
         """Layout.update, step for step (its docstring); see the module docstring."""
         unified = cache.config.unified
         touched = cache.take_touched()
-        appended = cache.take_appended() if isinstance(cache, CompiledKvCache) else set()
-        scanned = 0
-        kept: list[int] = []
-        read: set[int] = set()
-        ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2)
-        changed: set[int] = set()
+        appended: set[int] = set()
+        added = None
+        if isinstance(cache, CompiledKvCache):
+            appended, added = cache.take_appended(), cache.take_added()
+        cols = self.cols
         sharing = track_sharing and unified
-        equal, kpool = self._equal, self.kpool
-        indices, strm_of = cache.seq_indices, cache.strm_of
-        for s, sq in enumerate(self.seqs):
-            clean = stale[s] == POS_CLEAN
-            if clean and s not in touched and sq.settled:
-                kept.append(len(sq.pools))
-                continue
-            read.add(s)
-            sp = indices[s].view  # cache.seq_keys(s)
-            sq.strm = strm_of[s]
-            keys = sq.keys
-            n = len(keys)
-            if (clean and s in appended and equal[s] and sq.settled and n
-                    and sp.size - kpool < sq.j_next and (sq.shared or not sharing)):
-                # the last apply only wrote past s's pairs, which equalled the cache's:
-                # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs
-                # close no pool past j_next (step 4); s stays equal and settled
-                if sp.size == n + 1:  # a decode step's one token
-                    keys.append(int(sp[n]))
-                else:
-                    keys.extend(sp[n:])
-                scanned += sp.size - n
-                kept.append(len(sq.pools))
-                continue
-            ran.add(s)
-            n_before = len(sq.pools)
-            append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
-            n_pools = n_before
-            n_kept = 0
-            rebuilt = False
-            if not append:
-                n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
-                                                               truncate, n_pools, 0)
-                scanned += copied
-            got = self._run(sq, sp, append, n_kept, cache, sharing)
-            if got < 0:  # the appended count is off: step 2 rebuilds, then on
-                n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale[s],
-                                                               truncate, n_pools, 0)
-                scanned += -got - 1 + copied
-                got = self._run(sq, sp, False, n_kept, cache, sharing)
-            scanned += got
-            # a rebuild copies sp; an append to pairs that were equal, when the cells
-            # changed only past them, copies exactly what was added; else compare
-            self._equal[s] = (rebuilt or (append and self._equal[s]
-                                          and (s in appended or s not in touched))
-                              or int(k.first_difference(sq.keys.view, sp)) < 0)
-            kept.append(n_pools)
-            if n_pools < n_before or n_pools < len(sq.pools):
-                changed.add(s)
-            n_keys = len(sq.keys)
-            sq.settled = (n_keys == sp.size
-                          and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
-        return self._end_update(kept, read, changed, scanned, ran)
+        if not self._strm_set:
+            cols.strm[:] = cache.strm_of
+            self._strm_set = True
+        stale_a = np.asarray(stale, dtype=np.int64)
+        clean = stale_a == POS_CLEAN
+        kept = cols.pools.lens.copy()
+        # the sequences read: all but those clean, untouched and settled (Layout.update)
+        todo = ~(clean & cols.settled)
+        if touched:
+            todo[list(touched)] = True
+        scanned = 0
+        changed: set[int] = set()
+        ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2, the kernel)
+        if added is not None:
+            seq_count = cache.streams[0].seq_count if sharing else _NO_COUNT
+            took, scanned = self._append_all(added, appended, clean, sharing, seq_count,
+                                             changed, ran)
+            todo[added[0]] &= ~took
+        read = ran | set(np.flatnonzero(todo).tolist())
+        for s in np.flatnonzero(todo).tolist():
+            scanned += self._update_one(s, cache, stale[s], clean[s], touched, appended,
+                                        sharing, truncate, changed, ran, kept)
+        return self._end_update(kept.tolist(), read, changed, scanned, ran)
+
+    def _append_all(self, added: tuple[np.ndarray, np.ndarray, np.ndarray],
+                    appended: set[int], clean: np.ndarray, sharing: bool,
+                    seq_count: np.ndarray, changed: set[int], ran: set[int]
+                    ) -> tuple[np.ndarray, int]:
+        """Steps 1, 3 and 4 of every sequence whose pairs the last apply only extended
+        (`added`: its new pairs), when they equalled the cache's before (so the count
+        check of step 2 holds), it is clean and settled, and holds pairs: one
+        `kernels.layout_appends` call. They stay equal and settled. Returns which
+        entries of `added` it took, and the cells scanned."""
+        seq, off, keys = added
+        cols = self.cols
+        is_appended = np.zeros(len(self.seqs), dtype=bool)
+        is_appended[list(appended)] = True
+        took = np.empty(seq.size, dtype=bool)
+        grew = np.empty(seq.size, dtype=bool)
+        while True:
+            got = int(k.layout_appends(
+                seq, off, keys, is_appended, clean, self._equal, cols.settled, took,
+                cols.keys.buf, cols.keys.lens, cols.pools.buf, cols.pools.lens,
+                cols.rep_rows.buf, cols.rep_rows.lens, cols.rep_pos.buf, cols.rep_pos.lens,
+                cols.first_pos.buf, cols.first_pos.lens, cols.j_next, cols.pos_min,
+                cols.strm, cols.shared, self.kpool, self.by_order, self.kv_size, seq_count,
+                sharing, grew))
+            if got >= 0:
+                break
+            cols.reserve(-got, self.kpool)
+        ran.update(seq[took].tolist())
+        changed.update(seq[grew].tolist())
+        return took, got
+
+    def _update_one(self, s: int, cache: KvCache, stale: int, clean: bool, touched: set[int],
+                    appended: set[int], sharing: bool, truncate: str | None,
+                    changed: set[int], ran: set[int], kept: np.ndarray) -> int:
+        """Layout.update's steps for sequence s, which it reads; returns the cells
+        scanned, sets kept[s]."""
+        sq = self.seqs[s]
+        kpool = self.kpool
+        sp = cache.seq_indices[s].view  # cache.seq_keys(s)
+        sq.strm = cache.strm_of[s]
+        keys = sq.keys
+        n = len(keys)
+        if (clean and s in appended and self._equal[s] and sq.settled and n
+                and sp.size - kpool < sq.j_next and (sq.shared or not sharing)):
+            # the last apply only wrote past s's pairs, which equalled the cache's:
+            # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs close
+            # no pool past j_next (step 4); s stays equal and settled
+            keys.extend(sp[n:])
+            return int(sp.size - n)
+        scanned = 0
+        ran.add(s)
+        n_before = len(sq.pools)
+        append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
+        n_pools = n_before
+        n_kept = 0
+        rebuilt = False
+        if not append:
+            n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
+                                                           n_pools, 0)
+            scanned += copied
+        got = self._run(sq, sp, append, n_kept, cache, sharing)
+        if got < 0:  # the appended count is off: step 2 rebuilds, then on
+            n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
+                                                           n_pools, 0)
+            scanned += -got - 1 + copied
+            got = self._run(sq, sp, False, n_kept, cache, sharing)
+        scanned += got
+        # a rebuild copies sp; an append to pairs that were equal, when the cells
+        # changed only past them, copies exactly what was added; else compare
+        self._equal[s] = (rebuilt or (append and self._equal[s]
+                                      and (s in appended or s not in touched))
+                          or int(k.first_difference(sq.keys.view, sp)) < 0)
+        kept[s] = n_pools
+        if n_pools < n_before or n_pools < len(sq.pools):
+            changed.add(s)
+        n_keys = len(sq.keys)
+        sq.settled = (n_keys == sp.size
+                      and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+        return scanned
 
     def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int,
                     reshared: set[int] | None = None) -> LayoutChange:
@@ -125,11 +239,18 @@ class CompiledLayout(Layout):
         appends of the fast path change no `shared` flag: only the sequences whose
         steps ran are `reshared`."""
         if changed:
-            self._looked_up = None
             every, start = self._every, self._pool_start
             self._carry = (None if every is None or start is None
                            else (every[2], start.tolist(), tuple(kept)))
         return super()._end_update(kept, read, changed, scanned, reshared)
+
+    def pool_counts(self) -> np.ndarray:
+        """Layout.pool_counts: the pools arena's row lengths."""
+        return self.cols.pools.lens.copy()
+
+    def _any_shared(self) -> bool:
+        """Layout._any_shared: the flags' array."""
+        return bool(self.cols.shared.any())
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """Layout._every_members: the kept pools' rows copied from the members built
@@ -188,34 +309,21 @@ class CompiledLayout(Layout):
         sq.j_next, sq.shared = j_next, shared
         return int(scanned)
 
-    def _runs(self, ips: np.ndarray) -> list[tuple[int, int, int]] | None:
-        """(seq, a, b): ips[a:b] are sequence seq's pools, for ips in layout order
-        (ascending); None when ips are not."""
-        if ips.size > 1 and bool((ips[1:] < ips[:-1]).any()):
-            return None
-        cut = np.searchsorted(ips, self.pool_start()).tolist()
-        return [(s, a, b) for s, (a, b) in enumerate(itertools.pairwise(cut)) if a < b]
-
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
-        """Layout._look_up_members, a sequence's pools at a time through
-        `kernels.members`; the last look-up of up to `KEPT_MEMBER_ROWS` member rows
-        again (a copy) for the same pools while they stand (W2's closing step: the plan's
-        and the verification's 64 new pools, 64 kernel calls each)."""
-        last = self._looked_up
-        if last is not None and last[0].size == ips.size and np.array_equal(last[0], ips):
-            return last[1].copy()
-        runs = self._runs(ips)
-        if runs is None:
-            return super()._look_up_members(ips)
+        """Layout._look_up_members: every pool's in one `kernels.members` call over
+        the flat columns."""
         out = np.empty((ips.size, self.kpool), dtype=np.int64)
-        start = self.pool_start().tolist()
-        seqs, kpool, kv_size = self.seqs, self.kpool, self.kv_size
-        for s, a, b in runs:
-            sq = seqs[s]
-            k.members(sq.keys.view, sq.pools.view, ips, a, b, start[s], kpool, sq.strm,
-                      kv_size, out)
-        if len(runs) > 1 and out.size <= KEPT_MEMBER_ROWS:
-            self._looked_up = (ips.copy(), out.copy())
+        cols = self.cols
+        k.members(cols.keys.buf, cols.pools.buf, self.pool_start(), cols.strm,
+                  np.ascontiguousarray(ips, dtype=np.int64), self.kpool, self.kv_size, out)
+        return out
+
+    def _column(self, name: str) -> np.ndarray:
+        """Layout._column: the arena's rows joined in one `kernels.joined_rows` call."""
+        arena = {"rep_rows": self.cols.rep_rows, "first_pos_": self.cols.first_pos,
+                 "rep_pos_": self.cols.rep_pos}[name]
+        out = np.empty(int(arena.lens.sum()), dtype=np.int64)
+        k.joined_rows(arena.buf, arena.lens, out)
         return out
 
     def known_equal(self, cache: KvCache, s: int) -> bool:

@@ -245,9 +245,9 @@ class Layout:
         if changed:
             self._pool_start = self._pool_seq = self._pool_cells = self._pool_pos = None
             self._every = None
-            self.n_pool_real = sum(len(sq.pools) for sq in self.seqs)
+            self.n_pool_real = int(self.pool_counts().sum())
         if read if reshared is None else reshared:
-            self.cache_safe = not any(sq.shared for sq in self.seqs)
+            self.cache_safe = not self._any_shared()
         self.n_updates += 1
         return LayoutChange(tuple(kept), frozenset(read), frozenset(changed), scanned,
                             self.n_updates)
@@ -334,12 +334,19 @@ class Layout:
     # are built on first use after it (several readers per ubatch share one build).
     # Nothing writes them: the scatter plan and the records hold them as they are.
 
+    def pool_counts(self) -> np.ndarray:
+        """[n_seq_max] each sequence's pools (a new array)."""
+        return np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
+                           count=len(self.seqs))
+
+    def _any_shared(self) -> bool:
+        """Some sequence's `shared` flag is set (ENGINE.md §5 step 3)."""
+        return any(sq.shared for sq in self.seqs)
+
     def pool_start(self) -> np.ndarray:
         """[n_seq_max + 1] global index of each sequence's first pool (and the total)."""
         if self._pool_start is None:
-            counts = np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
-                                 count=len(self.seqs))
-            self._pool_start = np.concatenate(([0], np.cumsum(counts)))
+            self._pool_start = np.concatenate(([0], np.cumsum(self.pool_counts())))
         return self._pool_start
 
     def pool_seq(self) -> np.ndarray:
@@ -353,7 +360,7 @@ class Layout:
     def pool_cells(self) -> np.ndarray:
         """[n_pool_real] global rep row of every pool, in layout order (ENGINE.md §7)."""
         if self._pool_cells is None:
-            self._pool_cells = _joined([sq.rep_rows.view for sq in self.seqs])
+            self._pool_cells = self._column("rep_rows")
         return self._pool_cells
 
     def pool_first_pos(self) -> np.ndarray:
@@ -366,9 +373,14 @@ class Layout:
 
     def _pos_columns(self) -> tuple[np.ndarray, np.ndarray]:
         if self._pool_pos is None:
-            self._pool_pos = (_joined([sq.first_pos_.view for sq in self.seqs]),
-                              _joined([sq.rep_pos_.view for sq in self.seqs]))
+            self._pool_pos = (self._column("first_pos_"), self._column("rep_pos_"))
         return self._pool_pos
+
+    def _column(self, name: str) -> np.ndarray:
+        """[n_pool_real] the per-pool column `name` of every sequence (a SeqLayout
+        GrowArray: rep_rows, first_pos_, rep_pos_), end to end: in layout order."""
+        parts = [a for a in (getattr(sq, name).view for sq in self.seqs) if a.size]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def every_pool(self) -> np.ndarray:
         """[n_pool_real] every pool's global index, in layout order (what a re-pool-all
@@ -466,8 +478,3 @@ class Layout:
             return seq, k, self.pool_first_pos(), self.pool_rep_pos()
         return seq, k, self.pool_first_pos()[ips], self.pool_rep_pos()[ips]
 
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """The sequences' columns end to end: a whole-layout column, in layout order."""
-    parts = [a for a in parts if a.size]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

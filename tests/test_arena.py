@@ -1,0 +1,61 @@
+"""compiled/arena.py: an arena's rows are GrowArrays (cache/cells.py), each holding
+what a GrowArray given the same calls holds, whatever the other rows do (one row's
+growth widens them all)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kpool_cli.cache.cells import GrowArray
+from kpool_cli.compiled.arena import Arena, ArenaRow
+
+_OPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(
+    ["extend", "append", "assign", "spare", "truncate"]), st.integers(0, 40)), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS)
+def test_an_arena_row_holds_what_a_grow_array_holds(ops):
+    arena = Arena(3, cap_max=1000, cap=2)
+    rows = [ArenaRow(arena, s) for s in range(3)]
+    plain = [GrowArray() for _ in range(3)]
+    value = 0
+    for s, op, n in ops:
+        for a in (rows[s], plain[s]):
+            values = np.arange(value, value + n, dtype=np.int64)
+            if op == "extend":
+                a.extend(values)
+            elif op == "append":
+                a.append(value)
+            elif op == "assign":
+                a.assign(values)
+            elif op == "spare":  # a kernel writes past the end, then sets the length
+                buf = a.spare(len(a) + n)
+                buf[len(a):len(a) + n] = values
+                a.set_len(len(a) + n)
+            else:
+                a.truncate(n)
+        value += n + 1
+        for r, g in zip(rows, plain, strict=True):
+            assert r.view.tolist() == g.view.tolist()
+            assert len(r) == len(g)
+            if len(g):
+                assert r.last() == g.last()
+            assert r.capacity >= len(r)
+
+
+def test_a_row_grows_every_row_and_keeps_their_values():
+    """Row 1 asks for 5 values in an arena 2 wide: every row is widened (to 5, past
+    doubling), row 0's two values kept; cap_max stops the doubling, never a need."""
+    arena = Arena(2, cap_max=6, cap=2)
+    r0, r1 = ArenaRow(arena, 0), ArenaRow(arena, 1)
+    r0.extend(np.array([7, 8]))
+    r1.extend(np.arange(5))
+    assert arena.cap == 5 and r0.view.tolist() == [7, 8] and r1.view.tolist() == [0, 1, 2, 3, 4]
+    r1.append(5)  # 6: doubling would give 10, cap_max 6
+    assert arena.cap == 6
+    r1.append(6)  # a need past cap_max is met
+    assert arena.cap == 7 and r1.view.tolist() == list(range(7))
+    assert arena.lens.tolist() == [2, 7]
