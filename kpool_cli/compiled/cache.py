@@ -43,9 +43,10 @@ class CompiledStream(Stream):
         # by writes past their last pair (so a copy of the old pairs plus the new
         # ones is the index): what CompiledLayout's drift flags rely on
         self.appends: set[int] = set()
-        # what the last write added past the pairs of the sequences it pushed to, as
-        # (seq [m], off [m + 1], keys): seq[i]'s pairs gained keys[off[i]:off[i + 1]]
-        # at their end (`CompiledKvCache.take_added`)
+        # what the last write, a step of parallel slots, added past the pairs of the
+        # sequences it appended to (of `appends`), as (seq [m], off [m + 1], keys):
+        # seq[i]'s pairs gained keys[off[i]:off[i + 1]] at their end
+        # (`CompiledKvCache.take_added`)
         self.added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
@@ -77,10 +78,6 @@ class CompiledStream(Stream):
             index.set_len(n1)
             self.used += n
             self._note(s, bool(past_end))
-            if past_end and n1 > n0:
-                self.added.append((np.array([s], dtype=np.int64),
-                                   np.array([0, n1 - n0], dtype=np.int64),
-                                   index.view[n0:n1].copy()))
             return
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
         firsts = one_seq_each(seqs)
@@ -110,8 +107,8 @@ class CompiledStream(Stream):
             while (got := int(k.push_keys(flat, keys, self.index.buf, self.index.lens,
                                           pushed))) < 0:
                 self.index.reserve(-got)
-            if pushed.all():  # the common case, a decode step
-                self._note_all(firsts, True)
+            if pushed.all() and self.touched.isdisjoint(firsts):  # a decode step
+                self._note_all(firsts, True)  # each an append
                 self.added.append((np.array(firsts, dtype=np.int64),
                                    np.arange(n + 1, dtype=np.int64), keys))
             else:
@@ -204,10 +201,11 @@ class CompiledKvCache(KvCache):
         return out
 
     def take_added(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """What the last `apply` wrote past the pairs of the sequences it pushed to:
-        (seq [m], off [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None
-        when it pushed none (cleared by the call). Of these, the sequences of
-        `take_appended` had no other change since the last `take_touched`."""
+        """What the last `apply` wrote past the pairs of sequences of `take_appended`
+        when it was a step of parallel slots (a token a sequence): (seq [m], off
+        [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None when it noted
+        none (cleared by the call). A decode of one sequence notes none: its update is
+        one sequence's steps anyway."""
         added, self._added = self._added, []
         if not added:
             return None

@@ -294,29 +294,33 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
 
 
 @kernel
-def layout_appends(seq, off, added, appended, clean, equal, settled, take, keys, n_keys,
+def layout_appends(seq, off, added, clean, equal, settled, take, keys, n_keys,
                    pools, n_pools, rep_rows, n_rep_rows, rep_pos, n_rep_pos, first_pos,
                    n_first_pos, j_next, pos_min, strm, shared, kpool, by_order, kv_size,
                    seq_count, scan_sharing, grew):  # pragma: no cover - compiled
     """`layout_step`'s append path for many sequences at once, over the layout's flat
     columns (compiled/arena.py: row s of each 2-D array is sequence s's, its length
-    in the 1-D one after it). Sequence seq[i] is taken (take[i]) when the last apply
-    wrote only past its pairs (`appended`), which equalled the cache's (`equal`), it
-    is clean and settled and holds pairs: it appends added[off[i]:off[i + 1]], the
+    in the 1-D one after it). The last apply wrote only past the pairs of each
+    seq[i]; it is taken (take[i]) when they equalled the cache's (`equal`), it is
+    clean and settled and holds pairs: it appends added[off[i]:off[i + 1]], the
     pairs that apply wrote (so the count check of step 2 holds), then runs step 3's
     sharing scan from its old end (when `scan_sharing` and not yet shared) and step
-    4's pool scan. grew[i]: its pools grew. Returns the cells scanned, or, changing
-    nothing, -(the row width the taken sequences need) when the columns are
-    narrower (the caller widens them and calls again)."""
+    4's pool scan. grew[i]: its pools grew. Returns (the cells scanned, how many it
+    took, how many grew), or, changing nothing, (-(the row width the taken
+    sequences need), 0, 0) when the columns are narrower (the caller widens them and
+    calls again)."""
     need = 0
+    n_took = 0
     for i in range(seq.size):
         s = seq[i]
-        take[i] = (appended[s] and clean[s] and equal[s] and settled[s] and n_keys[s] > 0)
+        take[i] = clean[s] and equal[s] and settled[s] and n_keys[s] > 0
         if take[i]:
+            n_took += 1
             need = max(need, n_keys[s] + off[i + 1] - off[i])
     if need > keys.shape[1] or need // kpool + 1 > pools.shape[1]:
-        return -need
+        return -need, 0, 0
     scanned = 0
+    n_grew = 0
     for i in range(seq.size):
         grew[i] = False
         if not take[i]:
@@ -340,7 +344,8 @@ def layout_appends(seq, off, added, appended, clean, equal, settled, take, keys,
                                           rep_pos[s], first_pos[s], before)
         n_pools[s] = n_rep_rows[s] = n_rep_pos[s] = n_first_pos[s] = after
         grew[i] = after != before
-    return scanned
+        n_grew += grew[i]
+    return scanned, n_took, n_grew
 
 
 def _pool_of(keys, n_pools, first_pos, rep_pos, p, c, by_order, kpool):  # pragma: no cover

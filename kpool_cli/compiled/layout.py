@@ -52,6 +52,10 @@ class SeqColumns:
         self.shared = np.zeros(n_seq_max, dtype=bool)
         self.settled = np.zeros(n_seq_max, dtype=bool)
 
+    def scalars(self) -> tuple[np.ndarray, ...]:
+        """strm, pos_min, j_next, shared, settled (ArenaSeq's `_scalar` order)."""
+        return self.strm, self.pos_min, self.j_next, self.shared, self.settled
+
     def reserve(self, n_keys: int, kpool: int) -> None:
         """Room in every row for n_keys pairs and the pools they can hold."""
         self.keys.reserve(n_keys)
@@ -59,12 +63,13 @@ class SeqColumns:
             col.reserve(n_keys // kpool + 1)
 
 
-def _scalar(name: str, kind: type) -> property:
+def _scalar(i: int, kind: type) -> property:
+    """ArenaSeq's scalar `SeqColumns.scalars()[i]`, a `kind`."""
     def get(self: ArenaSeq) -> object:
-        return kind(getattr(self._cols, name)[self._s])
+        return kind(self._scalars[i][self._s])
 
     def put(self: ArenaSeq, value: object) -> None:
-        getattr(self._cols, name)[self._s] = value
+        self._scalars[i][self._s] = value
 
     return property(get, put)
 
@@ -74,10 +79,11 @@ class ArenaSeq(SeqLayout):
     its columns are arena rows (GrowArrays), its scalars elements of the arrays, so
     the reference layout's steps run on it unchanged."""
 
-    __slots__ = ("_cols", "_rows", "_s")
+    __slots__ = ("_rows", "_s", "_scalars")
 
     def __init__(self, cols: SeqColumns, s: int) -> None:  # no SeqLayout.__init__
-        self._cols, self._s = cols, s
+        self._s = s
+        self._scalars = cols.scalars()
         self._rows = (ArenaRow(cols.keys, s), ArenaRow(cols.pools, s),
                       ArenaRow(cols.rep_rows, s), ArenaRow(cols.rep_pos, s),
                       ArenaRow(cols.first_pos, s))
@@ -87,11 +93,11 @@ class ArenaSeq(SeqLayout):
     rep_rows = property(lambda self: self._rows[2])
     rep_pos_ = property(lambda self: self._rows[3])
     first_pos_ = property(lambda self: self._rows[4])
-    strm = _scalar("strm", int)
-    pos_min = _scalar("pos_min", int)
-    j_next = _scalar("j_next", int)
-    shared = _scalar("shared", bool)
-    settled = _scalar("settled", bool)
+    strm = _scalar(0, int)
+    pos_min = _scalar(1, int)
+    j_next = _scalar(2, int)
+    shared = _scalar(3, bool)
+    settled = _scalar(4, bool)
 
 
 class CompiledLayout(Layout):
@@ -106,6 +112,11 @@ class CompiledLayout(Layout):
         # nothing has touched it since, it has no drift: `drift` is O(1))
         self._equal = np.ones(n_seq_max, dtype=bool)
         self._strm_set = False  # cols.strm holds the cache's streams (the first update)
+        self._clean = np.ones(n_seq_max, dtype=bool)  # every sequence clean
+        self._clean.flags.writeable = False
+        # `_append_all`'s per-entry flags (a sequence at most once an apply)
+        self._took = np.empty(n_seq_max, dtype=bool)
+        self._grew = np.empty(n_seq_max, dtype=bool)
         # the pool_members built before the pools last changed, the pool_start they
         # were built with and the pools the change kept (`_every_members`); None when
         # none were built since the change before
@@ -133,79 +144,79 @@ class CompiledLayout(Layout):
         if not self._strm_set:
             cols.strm[:] = cache.strm_of
             self._strm_set = True
-        stale_a = np.asarray(stale, dtype=np.int64)
-        clean = stale_a == POS_CLEAN
+        all_clean = stale.count(POS_CLEAN) == len(stale)
         kept = cols.pools.lens.copy()
-        # the sequences read: all but those clean, untouched and settled (Layout.update)
-        todo = ~(clean & cols.settled)
-        if touched:
-            todo[list(touched)] = True
         scanned = 0
         changed: set[int] = set()
-        ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2, the kernel)
+        ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2)
+        took: set[int] = set()
         if added is not None:
+            clean = (self._clean if all_clean
+                     else np.asarray(stale, dtype=np.int64) == POS_CLEAN)
             seq_count = cache.streams[0].seq_count if sharing else _NO_COUNT
-            took, scanned = self._append_all(added, appended, clean, sharing, seq_count,
-                                             changed, ran)
-            todo[added[0]] &= ~took
-        read = ran | set(np.flatnonzero(todo).tolist())
-        for s in np.flatnonzero(todo).tolist():
-            scanned += self._update_one(s, cache, stale[s], clean[s], touched, appended,
-                                        sharing, truncate, changed, ran, kept)
-        return self._end_update(kept.tolist(), read, changed, scanned, ran)
+            took, scanned = self._append_all(added, clean, sharing, seq_count, changed)
+            if sharing:  # step 3 ran
+                ran |= took
+        # the others it reads: all but the clean, untouched and settled (Layout.update)
+        others = set(touched)
+        if not all_clean:
+            others.update(s for s, p in enumerate(stale) if p != POS_CLEAN)
+        if not cols.settled.all():
+            others.update(np.flatnonzero(~cols.settled).tolist())
+        others -= took
+        for s in sorted(others):
+            scanned += self._update_one(s, cache, stale[s], touched, appended, sharing,
+                                        truncate, changed, ran, kept)
+        return self._end_update(kept.tolist(), took | others, changed, scanned, ran)
 
     def _append_all(self, added: tuple[np.ndarray, np.ndarray, np.ndarray],
-                    appended: set[int], clean: np.ndarray, sharing: bool,
-                    seq_count: np.ndarray, changed: set[int], ran: set[int]
-                    ) -> tuple[np.ndarray, int]:
+                    clean: np.ndarray, sharing: bool, seq_count: np.ndarray,
+                    changed: set[int]) -> tuple[set[int], int]:
         """Steps 1, 3 and 4 of every sequence whose pairs the last apply only extended
         (`added`: its new pairs), when they equalled the cache's before (so the count
         check of step 2 holds), it is clean and settled, and holds pairs: one
-        `kernels.layout_appends` call. They stay equal and settled. Returns which
-        entries of `added` it took, and the cells scanned."""
+        `kernels.layout_appends` call. They stay equal and settled. Returns the
+        sequences it took, and the cells scanned."""
         seq, off, keys = added
         cols = self.cols
-        is_appended = np.zeros(len(self.seqs), dtype=bool)
-        is_appended[list(appended)] = True
-        took = np.empty(seq.size, dtype=bool)
-        grew = np.empty(seq.size, dtype=bool)
+        m = seq.size
+        took, grew = self._took[:m], self._grew[:m]
         while True:
-            got = int(k.layout_appends(
-                seq, off, keys, is_appended, clean, self._equal, cols.settled, took,
+            got, n_took, n_grew = k.layout_appends(
+                seq, off, keys, clean, self._equal, cols.settled, took,
                 cols.keys.buf, cols.keys.lens, cols.pools.buf, cols.pools.lens,
                 cols.rep_rows.buf, cols.rep_rows.lens, cols.rep_pos.buf, cols.rep_pos.lens,
                 cols.first_pos.buf, cols.first_pos.lens, cols.j_next, cols.pos_min,
                 cols.strm, cols.shared, self.kpool, self.by_order, self.kv_size, seq_count,
-                sharing, grew))
+                sharing, grew)
             if got >= 0:
                 break
             cols.reserve(-got, self.kpool)
-        ran.update(seq[took].tolist())
-        changed.update(seq[grew].tolist())
-        return took, got
+        if n_grew:
+            changed.update(seq[grew].tolist())
+        return set((seq if n_took == m else seq[took]).tolist()), int(got)
 
-    def _update_one(self, s: int, cache: KvCache, stale: int, clean: bool, touched: set[int],
+    def _update_one(self, s: int, cache: KvCache, stale: int, touched: set[int],
                     appended: set[int], sharing: bool, truncate: str | None,
                     changed: set[int], ran: set[int], kept: np.ndarray) -> int:
         """Layout.update's steps for sequence s, which it reads; returns the cells
         scanned, sets kept[s]."""
-        sq = self.seqs[s]
-        kpool = self.kpool
+        sq, cols = self.seqs[s], self.cols
+        clean = stale == POS_CLEAN
         sp = cache.seq_indices[s].view  # cache.seq_keys(s)
-        sq.strm = cache.strm_of[s]
-        keys = sq.keys
-        n = len(keys)
-        if (clean and s in appended and self._equal[s] and sq.settled and n
-                and sp.size - kpool < sq.j_next and (sq.shared or not sharing)):
+        n = int(cols.keys.lens[s])
+        settled, pos_min = bool(cols.settled[s]), int(cols.pos_min[s])
+        if (clean and s in appended and self._equal[s] and settled and n
+                and sp.size - self.kpool < cols.j_next[s] and (cols.shared[s] or not sharing)):
             # the last apply only wrote past s's pairs, which equalled the cache's:
             # step 1 appends sp[n:], step 3 has nothing to scan, and the pairs close
             # no pool past j_next (step 4); s stays equal and settled
-            keys.extend(sp[n:])
+            sq.keys.extend(sp[n:])
             return int(sp.size - n)
         scanned = 0
         ran.add(s)
-        n_before = len(sq.pools)
-        append = bool(clean and n and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS))
+        n_before = int(cols.pools.lens[s])
+        append = bool(clean and n and sp.size and pos_min == int(sp[0] >> CELL_BITS))
         n_pools = n_before
         n_kept = 0
         rebuilt = False
@@ -213,24 +224,24 @@ class CompiledLayout(Layout):
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                            n_pools, 0)
             scanned += copied
-        got = self._run(sq, sp, append, n_kept, cache, sharing)
+        got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                            n_pools, 0)
             scanned += -got - 1 + copied
-            got = self._run(sq, sp, False, n_kept, cache, sharing)
+            got = self._run(s, sp, False, n_kept, cache, sharing)
         scanned += got
+        n_keys = int(cols.keys.lens[s])
         # a rebuild copies sp; an append to pairs that were equal, when the cells
         # changed only past them, copies exactly what was added; else compare
         self._equal[s] = (rebuilt or (append and self._equal[s]
                                       and (s in appended or s not in touched))
-                          or int(k.first_difference(sq.keys.view, sp)) < 0)
+                          or int(k.first_difference(cols.keys.buf[s, :n_keys], sp)) < 0)
         kept[s] = n_pools
-        if n_pools < n_before or n_pools < len(sq.pools):
+        if n_pools < n_before or n_pools < cols.pools.lens[s]:
             changed.add(s)
-        n_keys = len(sq.keys)
-        sq.settled = (n_keys == sp.size
-                      and (n_keys == 0 or sq.pos_min == int(sp[0] >> CELL_BITS)))
+        cols.settled[s] = (n_keys == sp.size
+                           and (n_keys == 0 or int(cols.pos_min[s]) == int(sp[0] >> CELL_BITS)))
         return scanned
 
     def _end_update(self, kept: list[int], read: set[int], changed: set[int], scanned: int,
@@ -273,40 +284,37 @@ class CompiledLayout(Layout):
             members[ips] = self._look_up_members(ips)
         return members
 
-    def _run(self, sq: SeqLayout, sp: np.ndarray, append: bool, n_kept: int,
-             cache: KvCache, sharing: bool) -> int:
-        """One `kernels.layout_step` call on sq's columns; returns the cells it
+    def _run(self, s: int, sp: np.ndarray, append: bool, n_kept: int, cache: KvCache,
+             sharing: bool) -> int:
+        """One `kernels.layout_step` call on sequence s's columns; returns the cells it
         scanned, or -(scanned + 1) when the append left the count off (a rebuild is
         due and nothing past the append ran)."""
-        kpool = self.kpool
-        keys = sq.keys
-        n = len(keys)
-        # room for the append (exactly, as GrowArray.extend grows), and for the pools
-        # those pairs can hold (pools never overlap)
+        cols, kpool = self.cols, self.kpool
+        keys = cols.keys
+        n = int(keys.lens[s])
+        # room for the append, and for the pools those pairs can hold (pools never
+        # overlap); exactly, when the arena must widen for it
         n_cap = n + sp.size if append else n
-        if n_cap > keys.capacity:
-            last = keys.last()
+        if n_cap > keys.cap:
+            last = keys.buf[s, n - 1]
             # sp is strictly increasing: when it holds the last pair at the same index
             # (a decode appended past it: the common case), sp[n:] is what is new
             n_cap -= (n if n <= sp.size and sp[n - 1] == last
                       else int(np.searchsorted(sp, last, side="right")))
-        p_cap = n_cap // kpool + 1
-        pools, rep_rows, rep_pos, first_pos = sq.pools, sq.rep_rows, sq.rep_pos_, sq.first_pos_
-        n_pools0 = len(pools)
+        cols.reserve(n_cap, kpool)
+        n_pools0 = int(cols.pools.lens[s])
+        strm = int(cols.strm[s])
         n_keys, _kept, j_next, n_pools, shared, scanned, rebuild = k.layout_step(
-            sp, keys.spare(n_cap), n, append, n_kept, sq.j_next, sq.pos_min, kpool,
-            self.by_order, sq.strm, self.kv_size, pools.spare(p_cap), rep_rows.spare(p_cap),
-            rep_pos.spare(p_cap), first_pos.spare(p_cap), n_pools0,
-            cache.streams[sq.strm].seq_count, sharing, sq.shared)
-        keys.set_len(n_keys)
+            sp, keys.buf[s], n, append, n_kept, int(cols.j_next[s]), int(cols.pos_min[s]),
+            kpool, self.by_order, strm, self.kv_size, cols.pools.buf[s],
+            cols.rep_rows.buf[s], cols.rep_pos.buf[s], cols.first_pos.buf[s], n_pools0,
+            cache.streams[strm].seq_count, sharing, bool(cols.shared[s]))
+        keys.lens[s] = n_keys
         if rebuild:
             return -(scanned + 1)
-        if n_pools != n_pools0:
-            pools.set_len(n_pools)
-            rep_rows.set_len(n_pools)
-            rep_pos.set_len(n_pools)
-            first_pos.set_len(n_pools)
-        sq.j_next, sq.shared = j_next, shared
+        for col in (cols.pools, cols.rep_rows, cols.rep_pos, cols.first_pos):
+            col.lens[s] = n_pools
+        cols.j_next[s], cols.shared[s] = j_next, shared
         return int(scanned)
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
