@@ -101,6 +101,43 @@ ops:
   - decode: {seq: 1, pos: 10}
   - decode: {seq: 1, pos: 11}
 """,
+    # the same drift met by a step of parallel slots (compiled/layout.py
+    # `_append_all`): op 7 pushes seq 1's pos 7 (cell 0) past its cells' last pair,
+    # (pos 6, cell 8), so the cache hands it to the layout with seq 2's, but seq 1's
+    # pairs are not the layout's (its last is still (pos 7, cell 8)): the kernel must
+    # leave it to the engine's append, whose count is off (a rebuild), as above.
+    "parallel-append-after-a-drift": """
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 3}
+ops:
+  - decode: {seq: 2, pos: 0}
+  - decode: {seq: 0, pos: 0..8}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_rm: {seq: 2}
+  - decode: {seq: 2, pos: 0, cell: 20}
+  - seq_add: {seq: 0, p0: 7, p1: 8, shift: -1}
+  - decode: {seq: 2, pos: 1, cell: 21}
+  - decode:
+      tokens:
+        - {seq: 1, pos: 7, cell: 0}
+        - {seq: 2, pos: 2, cell: 22}
+  - decode:
+      tokens:
+        - {seq: 1, pos: 8}
+        - {seq: 2, pos: 3}
+  - decode:
+      tokens:
+        - {seq: 1, pos: 9}
+        - {seq: 2, pos: 4}
+  - decode:
+      tokens:
+        - {seq: 1, pos: 10}
+        - {seq: 2, pos: 5}
+  - decode:
+      tokens:
+        - {seq: 1, pos: 11}
+        - {seq: 2, pos: 6}
+""",
     # KP007's watch skips the sequences the layout knows equal to their cells, and
     # must still forget their old drift: seq 1 drifts (op 3), is rebuilt (ops 5-6),
     # then drifts again (op 10), which is a second finding (`test_redrift_...`).
@@ -417,3 +454,32 @@ def test_compiled_cache_tells_the_sequences_a_step_only_appended_to() -> None:
     c.seq_rm(1, 1, 2)
     assert step([2, 1, 0]) == ({0}, {0, 1, 2})
     assert c.seq_keys(2).tolist() == sorted(c.seq_keys(2).tolist())  # the pair inserted
+
+
+def test_compiled_cache_hands_the_layout_the_pairs_a_step_appended() -> None:
+    """`CompiledKvCache.take_added` after a step of parallel slots: each sequence's new
+    pair (`pos << 32 | cell`), when every one of the step's sequences appended (the
+    layout then runs their steps in one `kernels.layout_appends` call); nothing when
+    one of them was touched since the last `take_touched` (it is no append, and its
+    pairs are read from the cache). By hand: seqs 0, 1 write pos 0 in cells 0, 1, then
+    pos 1 in cells 2, 3; seq 1's pos 1 is removed (cell 3 touched and freed); pos 2
+    and pos 1 are pushed past each one's last pair, but seq 1 was touched."""
+    from kpool_cli.compiled.cache import CompiledKvCache
+    from kpool_cli.trace import model as m
+
+    c = CompiledKvCache(m.CacheConfig(kv_size=16, kpool=4, n_seq_max=2))
+
+    def step(pos: list[int]):  # type: ignore[no-untyped-def]
+        p, seqs = np.array(pos, dtype=np.int64), [(0,), (1,)]
+        placed = c.plan([(p, seqs, None)])
+        assert placed is not None
+        c.apply(placed[0], p, None, seqs)
+        appended, added = c.take_appended(), c.take_added()
+        c.take_touched()
+        return appended, None if added is None else [a.tolist() for a in added]
+
+    assert step([0, 0]) == ({0, 1}, [[0, 1], [0, 1, 2], [0, 1]])
+    assert step([1, 1]) == ({0, 1}, [[0, 1], [0, 1, 2], [(1 << 32) | 2, (1 << 32) | 3]])
+    c.seq_rm(1, 1, 2)
+    assert step([2, 1]) == ({0}, None)
+    assert [key >> 32 for key in c.seq_keys(1).tolist()] == [0, 1]  # pushed all the same
