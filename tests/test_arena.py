@@ -1,6 +1,6 @@
-"""compiled/arena.py: an arena's rows are GrowArrays (cache/cells.py), each holding
-what a GrowArray given the same calls holds, whatever the other rows do (one row's
-growth widens them all)."""
+"""compiled/arena.py: an arena's rows are GrowArrays and SortedKeys (cache/cells.py),
+each holding what one of those given the same calls holds, whatever the other rows
+do (one row's growth widens them all)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.cache.cells import GrowArray
-from kpool_cli.compiled.arena import Arena, ArenaRow
+from kpool_cli.cache.cells import GrowArray, SortedKeys
+from kpool_cli.compiled.arena import Arena, ArenaKeys, ArenaRow
 
 _OPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(
     ["extend", "append", "assign", "spare", "truncate"]), st.integers(0, 40)), max_size=60)
@@ -59,3 +59,33 @@ def test_a_row_grows_every_row_and_keeps_their_values():
     r1.append(6)  # a need past cap_max is met
     assert arena.cap == 7 and r1.view.tolist() == list(range(7))
     assert arena.lens.tolist() == [2, 7]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["add", "push", "remove", "range"]),
+                          st.lists(st.integers(0, 60), max_size=8)), max_size=40))
+def test_an_arena_keys_row_holds_what_sorted_keys_hold(ops):
+    """ArenaKeys (a stream's index in the compiled core) against SortedKeys, given the
+    same inserts (of absent keys), pushes, removals (of present keys) and ranges, two
+    rows sharing one arena 2 wide."""
+    arena = Arena(2, cap_max=1000, cap=2)
+    rows = [ArenaKeys(arena, s) for s in range(2)]
+    plain = [SortedKeys() for _ in range(2)]
+    for s, op, values in ops:
+        have = set(plain[s].view.tolist())
+        if op == "add":
+            keys = np.array(sorted(set(values) - have), dtype=np.int64)
+            rows[s].add(keys)
+            plain[s].add(keys)
+        elif op == "push":
+            for v in values:
+                assert rows[s].push(v) == plain[s].push(v)
+        elif op == "remove":
+            keys = np.array(sorted(set(values) & have), dtype=np.int64)
+            rows[s].remove(keys)
+            plain[s].remove(keys)
+        else:
+            lo, hi = (min(values, default=0), max(values, default=0) + 1)
+            assert rows[s].range(lo, hi).tolist() == plain[s].range(lo, hi).tolist()
+        for r, p in zip(rows, plain, strict=True):
+            assert r.view.tolist() == p.view.tolist()

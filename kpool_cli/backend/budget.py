@@ -40,7 +40,8 @@ from .store import BACKENDS, ValueBackend
 # numpy 42 MB, numba 150 MB with its cache warm and 181 MB compiling every kernel)
 RUNTIME_BYTES = {"none": 64 << 20, "numpy": 64 << 20, "numba": 256 << 20}
 
-# the engine's share (home: engine/layout.py, engine/scatter.py, replay.py)
+# the engine's share (home: engine/layout.py and compiled/arena.py, engine/scatter.py,
+# replay.py)
 ENTRY_BYTES = 4 * 8  # a scatter entry's rep, pool, visible, race order (int64 each)
 POOL_INFO_BYTES = 256  # a listed pool's columns in a record, and its JSON while written
 TOKEN_BYTES = 512  # a decode token's Python objects in the replay (seqs, split, records)

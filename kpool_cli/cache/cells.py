@@ -203,9 +203,9 @@ class Stream:
     @classmethod
     def bytes_bound(cls, kv_size: int, n_col: int, cells: int) -> int:
         """Bytes a stream holds with at most `cells` live cells: the per-cell arrays
-        (allocated at once) and the index, a SortedKeys per sequence column (each
-        sequence holds at most every live cell; capacity at most twice its keys, at
-        least 16)."""
+        (allocated at once) and the index, a sequence column's keys (each sequence
+        holds at most every live cell): a SortedKeys, capacity at most twice its keys
+        and at least 16, or in the compiled core an arena row (`PAIR_BYTES`)."""
         cells = min(cells, kv_size)
         return kv_size * (cls.CELL_BYTES + n_col) + n_col * (cls.PAIR_BYTES * cells + 16 * 8)
 

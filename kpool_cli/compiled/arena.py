@@ -10,8 +10,8 @@ reference layout's steps run on it unchanged, and `ArenaKeys`, a row as a
 Invariants:
 - row s's live values are `buf[s, :lens[s]]`; `lens[s] <= cap` (the array's width);
 - the width only grows, for every row at once, to what a row asks, doubling while
-  under `cap_max` (what no row needs to pass: a sequence holds at most `kv_size`
-  pairs, and a kpool-th of them pool);
+  under `cap_max` (a sequence holds at most `kv_size` pairs, and a kpool-th of them
+  pool); no row is asked for more than its sequence can hold (`bytes_bound`);
 - a `view` or `spare` of any row is stale once any row of the same arena grows (a
   GrowArray's only once its own does): nothing keeps one across a mutation.
 
@@ -51,14 +51,11 @@ class Arena:
         grown[:, :width] = self.buf[:, :width]
         self.buf = grown
 
-    def row(self, s: int) -> ArenaRow:
-        return ArenaRow(self, s)
-
     @staticmethod
     def bytes_bound(n_rows: int, values: int) -> int:
-        """Bytes an arena of `n_rows` rows holds when no row passes `values` live
-        values: twice the width at most, and the old array beside the new one while
-        it grows (at most half as wide)."""
+        """Bytes an arena of `n_rows` rows holds when no row is asked for more than
+        `values` values: the width below twice that (a doubling from below it), and
+        the old array beside the new one while it grows (narrower than `values`)."""
         return 3 * 8 * n_rows * max(values, 16)
 
 

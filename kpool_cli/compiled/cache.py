@@ -1,11 +1,16 @@
 """The compiled core's cache: the reference cache (cache/kv.py, cache/cells.py) whose
 per-ubatch work, find_slot and a decode's writes with their index, runs as kernels
-(compiled/kernels.py) over the same arrays.
+(compiled/kernels.py) over the same cell arrays, with each stream's index of its
+sequences' cells in an arena (compiled/arena.py: row i is sequence column i's keys).
 
-Owns: `CompiledStream` (Stream.write) and `CompiledKvCache` (KvCache._find_slot).
-Invariants: the state is the reference's, cell for cell and key for key (the
-streams' `check_invariants` hold after every op, and tests hold the two cores'
-reports byte-identical); every other mutator is the reference's own.
+Owns: `CompiledStream` (Stream.write, `seq_pos_maxes`; the index arena; `appends`
+and `added`, what its last write only appended) and `CompiledKvCache`
+(KvCache._find_slot; `take_appended` and `take_added`, which the compiled layout's
+update reads). Invariants: the state is the reference's, cell for cell and key for
+key (the streams' `check_invariants` hold after every op, and tests hold the two
+cores' reports byte-identical); every other mutator is the reference's own; `added`
+holds exactly the pairs a step of parallel slots pushed past the pairs of
+sequences nothing else touched since the owner last took `touched`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from . import kernels as k
 from .arena import Arena, ArenaKeys
 
 _NO_CELLS = np.empty(0, dtype=np.int64)
+# a step's pairs written past each sequence's: (seq [m], off [m + 1], keys)
+Added = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def add_keys(index: SortedKeys, keys: np.ndarray) -> None:
@@ -46,8 +53,8 @@ class CompiledStream(Stream):
         # what the last write, a step of parallel slots, added past the pairs of the
         # sequences it appended to (of `appends`), as (seq [m], off [m + 1], keys):
         # seq[i]'s pairs gained keys[off[i]:off[i + 1]] at their end
-        # (`CompiledKvCache.take_added`)
-        self.added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # (`CompiledKvCache.take_added`); None when it noted none
+        self.added: Added | None = None
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """Stream.seq_pos_maxes: the last key of each sequence's row at once."""
@@ -109,8 +116,8 @@ class CompiledStream(Stream):
                 self.index.reserve(-got)
             if pushed.all() and self.touched.isdisjoint(firsts):  # a decode step
                 self._note_all(firsts, True)  # each an append
-                self.added.append((np.array(firsts, dtype=np.int64),
-                                   np.arange(n + 1, dtype=np.int64), keys))
+                self.added = (np.array(firsts, dtype=np.int64),
+                              np.arange(n + 1, dtype=np.int64), keys)
             else:
                 self._note_all([s for s, p in zip(firsts, pushed.tolist(), strict=True)
                                 if p], True)
@@ -150,18 +157,15 @@ class CompiledKvCache(KvCache):
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
         self._appended: set[int] = set()
-        self._added: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-
-    def _appends(self) -> list[set[int]]:
-        return [st.appends for st in self.streams if isinstance(st, CompiledStream)]
+        self._added: Added | None = None
+        self._compiled = [st for st in self.streams if isinstance(st, CompiledStream)]
 
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
-        for st in self.streams:
-            if isinstance(st, CompiledStream):
-                st.appends.clear()
-                st.added.clear()
+        for st in self._compiled:
+            st.appends.clear()
+            st.added = None
         strm = placement.strm
         if strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
             # one stream: KvCache.apply without its grouping by stream
@@ -173,9 +177,10 @@ class CompiledKvCache(KvCache):
             out = global_row(k, placement.cells, self.kv_size), ids
         else:
             out = super().apply(placement, pos, ext, seqs)
-        self._appended = set().union(*self._appends())
-        self._added = [a for st in self.streams if isinstance(st, CompiledStream)
-                       for a in st.added]
+        self._appended = set().union(*(st.appends for st in self._compiled))
+        # a step of parallel slots is one stream's write (a unified cache): at most one
+        self._added = next((st.added for st in self._compiled if st.added is not None),
+                           None)
         return out
 
     def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
@@ -200,21 +205,14 @@ class CompiledKvCache(KvCache):
         out, self._appended = self._appended, set()
         return out
 
-    def take_added(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def take_added(self) -> Added | None:
         """What the last `apply` wrote past the pairs of sequences of `take_appended`
-        when it was a step of parallel slots (a token a sequence): (seq [m], off
-        [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None when it noted
-        none (cleared by the call). A decode of one sequence notes none: its update is
-        one sequence's steps anyway."""
-        added, self._added = self._added, []
-        if not added:
-            return None
-        if len(added) == 1:
-            return added[0]
-        seq = np.concatenate([a[0] for a in added])
-        keys = np.concatenate([a[2] for a in added])
-        sizes = np.concatenate([np.diff(a[1]) for a in added])
-        return seq, np.concatenate(([0], np.cumsum(sizes))), keys
+        when it was a step of parallel slots (a token a sequence, on one stream):
+        (seq [m], off [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None
+        when it noted none (cleared by the call). A decode of one sequence notes none:
+        its update is one sequence's steps anyway."""
+        added, self._added = self._added, None
+        return added
 
     @staticmethod
     def _find_slot(st: Stream, used: int, head: int, n: int,

@@ -1,6 +1,7 @@
 """The compiled core's numba kernels: the per-ubatch steps of the cache model and the
-engine over the same flat arrays the reference core keeps (cache/cells.py's streams,
-engine/layout.py's per-sequence columns).
+engine over flat arrays: the reference core's own (cache/cells.py's streams) and the
+compiled core's arenas of every sequence's index and layout columns
+(compiled/arena.py).
 
 Owns: every kernel of the compiled core. Each is the loop that one reference step
 runs as a chain of numpy calls, written once as a plain loop; the rule it computes
@@ -268,23 +269,24 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
                 seq_count, scan_sharing, shared):  # pragma: no cover - compiled
     """engine/layout.py `Layout.update` for one sequence: step 1's append (when
     `append`: the pairs of sp that sort after keys[n_keys - 1]); then, unless the
-    count check of step 2 now calls for a rebuild (returned as `rebuild`, with
-    nothing more done: the caller rebuilds and calls again without `append`), step
-    3's sharing scan from pair n_kept (when `scan_sharing` and not yet `shared`) and
-    step 4's pool scan from j_next (`_scan_pools`). Capacity for every pair of sp and
-    every pool they can hold is reserved by the caller.
+    count check of step 2 calls for a rebuild (returned as `rebuild`, the append's
+    pairs counted in `scanned` but not copied, nothing more done: the caller
+    rebuilds and calls again without `append`), step 3's sharing scan from pair
+    n_kept (when `scan_sharing` and not yet `shared`) and step 4's pool scan from
+    j_next (`_scan_pools`). Capacity for every pair of sp and every pool they can
+    hold is reserved by the caller.
 
     Returns (n_keys, n_kept, j_next, n_pools, shared, scanned, rebuild)."""
     scanned = 0
     if append:
         n_kept = n_keys
         at = _bisect_in(sp, keys[n_keys - 1], True)
+        scanned += sp.size - at
+        if n_keys + sp.size - at != sp.size:  # the count is off: nothing is copied
+            return n_keys, n_kept, j_next, n_pools, shared, scanned, True
         for q in range(at, sp.size):
             keys[n_keys] = sp[q]
             n_keys += 1
-        scanned += sp.size - at
-        if n_keys != sp.size:
-            return n_keys, n_kept, j_next, n_pools, shared, scanned, True
     if scan_sharing and not shared and n_keys > n_kept:
         shared, got = _share_scan_in(keys, n_kept, n_keys, seq_count)
         scanned += got

@@ -7,13 +7,16 @@ and written in the columns, so the reference's steps run on it unchanged).
 Invariants: the columns after `update` are the reference's, pair for pair and pool
 for pool, and so is the returned `LayoutChange`.
 
-`update` runs ENGINE.md §5 for the sequences a decode step only appended to (the
-cache's `take_added`: the pairs the last apply wrote past theirs, which equalled
-the cache's) in one `kernels.layout_appends` call: step 1 (the append), step 3 (the
-sharing scan) and step 4 (the pool scan) of every parallel slot at once. Any other
-sequence it reads (stale, edited, first filled) runs its steps alone: step 2 (the
-rebuild, the fork's truncate) is the reference's own `Layout.step_2`, steps 1, 3
-and 4 one `kernels.layout_step` call. The whole-layout columns are the arenas' rows
+`update` runs ENGINE.md §5 for the sequences a step of parallel slots only appended
+to (the cache's `take_added`: the pairs the last apply wrote past theirs, which
+equalled the cache's) in one `kernels.layout_appends` call: step 1 (the append),
+step 3 (the sharing scan) and step 4 (the pool scan) of every slot at once. Any
+other sequence it reads (decoded alone, stale, edited, first filled) runs its steps
+alone (`_update_one`): one it knows equal to the cache's that the last apply only
+appended to, whose new pairs close no pool, takes them with no kernel (the same
+test as `layout_appends`', and no pool to scan); else step 2 (the rebuild, the
+fork's truncate) is the reference's own `Layout.step_2`, steps 1, 3 and 4 one
+`kernels.layout_step` call. The whole-layout columns are the arenas' rows
 joined (`kernels.joined_rows`), and members of any pools one `kernels.members` call.
 
 `pool_members` (every pool's member rows, what a re-pool-all plan is built from) is
@@ -39,7 +42,9 @@ _NO_COUNT = np.zeros(0, dtype=np.int32)  # no sharing scan: no stream's seq_coun
 class SeqColumns:
     """Every sequence's layout, flat: its five columns in arenas (compiled/arena.py)
     and its scalars in arrays, indexed by seq id. What `kernels.layout_appends`
-    updates for many sequences in one call; `ArenaSeq` is one sequence's part."""
+    updates for many sequences in one call; `ArenaSeq` is one sequence's part.
+    Invariant: the four pool columns have one width (`reserve` widens them
+    together) and a sequence's four lengths are equal (each writer sets all four)."""
 
     def __init__(self, n_seq_max: int, kpool: int, kv_size: int) -> None:
         self.keys = Arena(n_seq_max, kv_size)
@@ -226,6 +231,9 @@ class CompiledLayout(Layout):
             scanned += copied
         got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on
+            # the pairs the append would have copied are counted, not kept: step 2
+            # must see the count off whatever is left (the reference's keys hold them)
+            cols.keys.lens[s] = 0
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                            n_pools, 0)
             scanned += -got - 1 + copied
@@ -292,16 +300,10 @@ class CompiledLayout(Layout):
         cols, kpool = self.cols, self.kpool
         keys = cols.keys
         n = int(keys.lens[s])
-        # room for the append, and for the pools those pairs can hold (pools never
-        # overlap); exactly, when the arena must widen for it
-        n_cap = n + sp.size if append else n
-        if n_cap > keys.cap:
-            last = keys.buf[s, n - 1]
-            # sp is strictly increasing: when it holds the last pair at the same index
-            # (a decode appended past it: the common case), sp[n:] is what is new
-            n_cap -= (n if n <= sp.size and sp[n - 1] == last
-                      else int(np.searchsorted(sp, last, side="right")))
-        cols.reserve(n_cap, kpool)
+        # room for the pairs the append keeps (sp's, when its count holds: the kernel
+        # copies nothing when it does not) and the pools they can hold (pools never
+        # overlap): no row past a sequence's pairs (arena.py's bound)
+        cols.reserve(max(n, sp.size) if append else n, kpool)
         n_pools0 = int(cols.pools.lens[s])
         strm = int(cols.strm[s])
         n_keys, _kept, j_next, n_pools, shared, scanned, rebuild = k.layout_step(
@@ -336,7 +338,7 @@ class CompiledLayout(Layout):
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """The update found s's pairs equal to the cache's, and nothing touched s since."""
-        return self._equal[s] and s not in cache.stream(s).touched
+        return bool(self._equal[s]) and s not in cache.stream(s).touched
 
     def known_equal_seqs(self, cache: KvCache) -> np.ndarray:
         """`known_equal` of every sequence: a stream's `touched` holds its own."""
