@@ -231,8 +231,8 @@ class CompiledLayout(Layout):
             scanned += copied
         got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on
-            # the pairs the append would have copied are counted, not kept: step 2
-            # must see the count off whatever is left (the reference's keys hold them)
+            # the kernel counted the pairs the append copies but kept none of them:
+            # step 2's count check must fail, as the reference's does on them
             cols.keys.lens[s] = 0
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                            n_pools, 0)
