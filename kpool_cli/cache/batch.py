@@ -121,6 +121,10 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
+    if len(tokens) == 1:  # a decode step of one sequence: its one set, its one token
+        n_unq = len(set(tokens[0].seq))
+        refused = split_refusal(n_unq > 1, n_ubatch, sequential, n_keep_tail)
+        return refused if refused is not None else [Ubatch((0,), n_unq)]
     if not sequential and 1 < len(tokens) <= n_ubatch and one_seq_each([t.seq for t in tokens]):
         # parallel slots: every set is collected (at most n_ubatch of them), the first
         # round takes each set's one token in batch order and leaves none to keep
