@@ -57,12 +57,22 @@ class CompiledStream(Stream):
         self.added: Added | None = None
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
-        """Stream.seq_pos_maxes: the last key of each sequence's row at once."""
+        """Stream.seq_pos_maxes: the last key of each sequence's row, a few read one by
+        one (numpy's calls cost more than they save below 8 rows), more at once."""
+        seqs = list(seqs)
+        lens, buf = self.index.lens, self.index.buf
+        if len(seqs) < 8:
+            out = []
+            for s in seqs:
+                r = self._col[s]
+                n = int(lens[r])
+                out.append(int(buf[r, n - 1]) >> CELL_BITS if n else -1)
+            return out
         rows = (np.array(seqs, dtype=np.int64) if self._rows_are_ids
                 else np.fromiter((self._col[s] for s in seqs), dtype=np.int64))
-        n = self.index.lens[rows]
-        last = self.index.buf[rows, n - 1] >> CELL_BITS  # row -1 for none: replaced
-        last[n == 0] = -1
+        n_of = lens[rows]
+        last = buf[rows, n_of - 1] >> CELL_BITS  # row -1 for none: replaced
+        last[n_of == 0] = -1
         return last.tolist()
 
     def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,
