@@ -84,20 +84,16 @@ class ArenaSeq(SeqLayout):
     its columns are arena rows (GrowArrays), its scalars elements of the arrays, so
     the reference layout's steps run on it unchanged."""
 
-    __slots__ = ("_rows", "_s", "_scalars")
+    __slots__ = ("_s", "_scalars")
 
     def __init__(self, cols: SeqColumns, s: int) -> None:  # no SeqLayout.__init__
         self._s = s
         self._scalars = cols.scalars()
-        self._rows = (ArenaRow(cols.keys, s), ArenaRow(cols.pools, s),
-                      ArenaRow(cols.rep_rows, s), ArenaRow(cols.rep_pos, s),
-                      ArenaRow(cols.first_pos, s))
+        # SeqLayout's own fields, each the sequence's row of its arena
+        self.keys, self.pools = ArenaRow(cols.keys, s), ArenaRow(cols.pools, s)
+        self.rep_rows, self.rep_pos_ = ArenaRow(cols.rep_rows, s), ArenaRow(cols.rep_pos, s)
+        self.first_pos_ = ArenaRow(cols.first_pos, s)
 
-    keys = property(lambda self: self._rows[0])
-    pools = property(lambda self: self._rows[1])
-    rep_rows = property(lambda self: self._rows[2])
-    rep_pos_ = property(lambda self: self._rows[3])
-    first_pos_ = property(lambda self: self._rows[4])
     strm = _scalar(0, int)
     pos_min = _scalar(1, int)
     j_next = _scalar(2, int)
