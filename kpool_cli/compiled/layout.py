@@ -17,7 +17,8 @@ appended to, whose new pairs close no pool, takes them with no kernel (the same
 test as `layout_appends`', and no pool to scan); else step 2 (the rebuild, the
 fork's truncate) is the reference's own `Layout.step_2`, steps 1, 3 and 4 one
 `kernels.layout_step` call. The whole-layout columns are the arenas' rows
-joined (`kernels.joined_rows`), and members of any pools one `kernels.members` call.
+joined (`kernels.joined_rows` for many), and the members of any pools one
+`kernels.members` call.
 
 `pool_members` (every pool's member rows, what a re-pool-all plan is built from) is
 built again after the pools change, as the reference builds it, but the pools each
@@ -325,11 +326,19 @@ class CompiledLayout(Layout):
         return out
 
     def _column(self, name: str) -> np.ndarray:
-        """Layout._column: the arena's rows joined in one `kernels.joined_rows` call."""
+        """Layout._column: the arena's rows joined, a few that hold pools as copies
+        (one sequence: one copy), more in one `kernels.joined_rows` call (W2's 64: the
+        copies' own calls would cost more than the kernel's loop)."""
         arena = {"rep_rows": self.cols.rep_rows, "first_pos_": self.cols.first_pos,
                  "rep_pos_": self.cols.rep_pos}[name]
-        out = np.empty(int(arena.lens.sum()), dtype=np.int64)
-        k.joined_rows(arena.buf, arena.lens, out)
+        lens = arena.lens
+        held = np.flatnonzero(lens)
+        if held.size <= 8:
+            parts = [arena.buf[s, :lens[s]] for s in held.tolist()]
+            return (parts[0].copy() if len(parts) == 1 else np.concatenate(parts) if parts
+                    else np.empty(0, dtype=np.int64))
+        out = np.empty(int(lens.sum()), dtype=np.int64)
+        k.joined_rows(arena.buf, lens, out)
         return out
 
     def known_equal(self, cache: KvCache, s: int) -> bool:
