@@ -261,8 +261,8 @@ class CompiledLayout(Layout):
         return super()._end_update(kept, read, changed, scanned, reshared)
 
     def pool_counts(self) -> np.ndarray:
-        """Layout.pool_counts: the pools arena's row lengths."""
-        return self.cols.pools.lens.copy()
+        """Layout.pool_counts: the pools arena's row lengths themselves."""
+        return self.cols.pools.lens
 
     def _any_shared(self) -> bool:
         """Layout._any_shared: the flags' array."""

@@ -335,7 +335,8 @@ class Layout:
     # Nothing writes them: the scatter plan and the records hold them as they are.
 
     def pool_counts(self) -> np.ndarray:
-        """[n_seq_max] each sequence's pools (a new array)."""
+        """[n_seq_max] each sequence's pools (read it, never write it: the compiled
+        layout's is its own)."""
         return np.fromiter((len(sq.pools) for sq in self.seqs), dtype=np.int64,
                            count=len(self.seqs))
 
