@@ -76,15 +76,11 @@ def test_shipped_and_found_traces_give_byte_identical_reports(trace: Path) -> No
 
 # Corners of the compiled core's shortcuts that random traces rarely reach, each a
 # trace the two cores must replay to the same report.
-CORNERS = {
-    # compiled/layout.py `update`: the append shortcut needs s's pairs known equal to
-    # the cache's. Seq 0 holds pos 0..7 in cells 1..8 (op 0 took cell 0), shared by
-    # seq 1; op 5's seq_add moves pos 7 to 6 in cell 8, so seq 1's pairs are not
-    # equal (a drift). Op 7 appends pos 7 in cell 0 (freed by op 3), whose pair sorts
-    # before the layout's last one, (pos 7, cell 8): the engine's append finds the
-    # count off and rebuilds (the reference: n_pool_real 2, no pool new). Without the
-    # guard the compiled core appended and found a third pool.
-    "append-after-a-drift": """
+
+# A drift (ops 0-6): seq 0 holds pos 0..7 in cells 1..8 (op 0 took cell 0), shared by
+# seq 1; op 5's seq_add moves pos 7 to 6 in cell 8, so seq 1's pairs are not the
+# layout's (its last is still (pos 7, cell 8)); op 3 freed cell 0.
+_DRIFT = """
 kpool_trace: 1
 cache: {kv_size: 32, kpool: 4, n_seq_max: 3}
 ops:
@@ -95,6 +91,14 @@ ops:
   - decode: {seq: 2, pos: 0, cell: 20}
   - seq_add: {seq: 0, p0: 7, p1: 8, shift: -1}
   - decode: {seq: 2, pos: 1, cell: 21}
+"""
+CORNERS = {
+    # compiled/layout.py `update`: the append shortcut needs s's pairs known equal to
+    # the cache's. After _DRIFT, op 7 appends seq 1's pos 7 in cell 0, whose pair
+    # sorts before the layout's last one: the engine's append finds the count off
+    # and rebuilds (the reference: n_pool_real 2, no pool new). Without the guard the
+    # compiled core appended and found a third pool.
+    "append-after-a-drift": _DRIFT + """
   - decode: {seq: 1, pos: 7, cell: 0}
   - decode: {seq: 1, pos: 8}
   - decode: {seq: 1, pos: 9}
@@ -104,39 +108,14 @@ ops:
     # the same drift met by a step of parallel slots (compiled/layout.py
     # `_append_all`): op 7 pushes seq 1's pos 7 (cell 0) past its cells' last pair,
     # (pos 6, cell 8), so the cache hands it to the layout with seq 2's, but seq 1's
-    # pairs are not the layout's (its last is still (pos 7, cell 8)): the kernel must
-    # leave it to the engine's append, whose count is off (a rebuild), as above.
-    "parallel-append-after-a-drift": """
-kpool_trace: 1
-cache: {kv_size: 32, kpool: 4, n_seq_max: 3}
-ops:
-  - decode: {seq: 2, pos: 0}
-  - decode: {seq: 0, pos: 0..8}
-  - seq_cp: {src: 0, dst: 1}
-  - seq_rm: {seq: 2}
-  - decode: {seq: 2, pos: 0, cell: 20}
-  - seq_add: {seq: 0, p0: 7, p1: 8, shift: -1}
-  - decode: {seq: 2, pos: 1, cell: 21}
-  - decode:
-      tokens:
-        - {seq: 1, pos: 7, cell: 0}
-        - {seq: 2, pos: 2, cell: 22}
-  - decode:
-      tokens:
-        - {seq: 1, pos: 8}
-        - {seq: 2, pos: 3}
-  - decode:
-      tokens:
-        - {seq: 1, pos: 9}
-        - {seq: 2, pos: 4}
-  - decode:
-      tokens:
-        - {seq: 1, pos: 10}
-        - {seq: 2, pos: 5}
-  - decode:
-      tokens:
-        - {seq: 1, pos: 11}
-        - {seq: 2, pos: 6}
+    # pairs are not the layout's: the kernel must leave it to the engine's append,
+    # whose count is off (a rebuild), as above.
+    "parallel-append-after-a-drift": _DRIFT + """
+  - decode: {tokens: [{seq: 1, pos: 7, cell: 0}, {seq: 2, pos: 2, cell: 22}]}
+  - decode: {tokens: [{seq: 1, pos: 8}, {seq: 2, pos: 3}]}
+  - decode: {tokens: [{seq: 1, pos: 9}, {seq: 2, pos: 4}]}
+  - decode: {tokens: [{seq: 1, pos: 10}, {seq: 2, pos: 5}]}
+  - decode: {tokens: [{seq: 1, pos: 11}, {seq: 2, pos: 6}]}
 """,
     # KP007's watch skips the sequences the layout knows equal to their cells, and
     # must still forget their old drift: seq 1 drifts (op 3), is rebuilt (ops 5-6),

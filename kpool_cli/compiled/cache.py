@@ -167,7 +167,6 @@ class CompiledKvCache(KvCache):
     def __init__(self, config: CacheConfig) -> None:
         super().__init__(config)
         self._appended: set[int] = set()
-        self._added: Added | None = None
         self._compiled = [st for st in self.streams if isinstance(st, CompiledStream)]
 
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
@@ -188,9 +187,6 @@ class CompiledKvCache(KvCache):
         else:
             out = super().apply(placement, pos, ext, seqs)
         self._appended = set().union(*(st.appends for st in self._compiled))
-        # a step of parallel slots is one stream's write (a unified cache): at most one
-        self._added = next((st.added for st in self._compiled if st.added is not None),
-                           None)
         return out
 
     def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
@@ -221,7 +217,10 @@ class CompiledKvCache(KvCache):
         (seq [m], off [m + 1], keys), seq[i]'s new pairs keys[off[i]:off[i + 1]]; None
         when it noted none (cleared by the call). A decode of one sequence notes none:
         its update is one sequence's steps anyway."""
-        added, self._added = self._added, None
+        # a step of parallel slots is one stream's write (a unified cache): at most one
+        added = next((st.added for st in self._compiled if st.added is not None), None)
+        for st in self._compiled:
+            st.added = None
         return added
 
     @staticmethod
