@@ -5,9 +5,10 @@ Runs `kpool replay ARGS...` in this process (the CLI's own collector thresholds,
 signal handlers) with a timer around each ubatch (`Replayer._ubatch`, which leaves
 out the report's writing) and, with `--time MODULE:QUALNAME`, around any function or
 method it names. Prints the whole command's wall time, the sum of the ubatches'
-times, and each timed part's mean (or `--median`) per call, grouped by the ubatch's
-index modulo `--every` (W4's slot 0 changes the plan every fourth ubatch: `--every 4`
-sets that ubatch apart from the three others). Two commits compared: run it with each on
+times, and each timed part's mean (or `--median`) per call and its count of calls,
+grouped by the ubatch's index modulo `--every` (W4's slot 0 changes the plan every
+fourth ubatch: `--every 4` sets that ubatch apart from the three others; `--skip 40`
+leaves out its prefill). Two commits compared: run it with each on
 PYTHONPATH in turn, a few times, and read a bucket against another of the same run.
 
     python benchmarks/ubatch_times.py [--every 4] [--time kpool_cli.report.json_report:ubatch_json]
@@ -27,10 +28,10 @@ import time
 from collections.abc import Callable
 
 
-def _timed(owner: object, name: str, label: str, at: Callable[[], int],
+def _timed(owner: object, name: str, label: str, at: Callable[[], int | None],
            spent: dict[tuple[str, int], list[float]]) -> None:
     """Replace `owner.name` with a timer that files each call's time under (label,
-    the current ubatch's index)."""
+    the current ubatch's bucket), or nowhere when `at()` is None."""
     fn = getattr(owner, name)
 
     def timer(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -38,7 +39,9 @@ def _timed(owner: object, name: str, label: str, at: Callable[[], int],
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[(label, at())].append(time.perf_counter() - t0)
+            bucket = at()
+            if bucket is not None:
+                spent[(label, bucket)].append(time.perf_counter() - t0)
 
     setattr(owner, name, timer)
 
@@ -52,6 +55,10 @@ def main() -> int:
                     help="each part's median per call, not its mean: a part whose first call "
                          "loads a kernel (numba's on-disk cache, once a process) costs "
                          "that once, which a mean spreads over every call")
+    ap.add_argument("--skip", type=int, default=0, metavar="N",
+                    help="file no time of the first N ubatches (a prefill's), whose calls "
+                         "would otherwise make up the whole of a bucket where the steady "
+                         "state skips a part (a plan kept by identity)")
     ap.add_argument("kpool", nargs=argparse.REMAINDER, help="-- then kpool's arguments")
     a = ap.parse_args()
     args = a.kpool[1:] if a.kpool[:1] == ["--"] else a.kpool
@@ -61,8 +68,8 @@ def main() -> int:
     spent: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
     index = [-1]
 
-    def at() -> int:
-        return index[0] % a.every
+    def at() -> int | None:
+        return None if index[0] < a.skip else index[0] % a.every
 
     for spec in a.time:
         module, qual = spec.split(":")
@@ -84,17 +91,19 @@ def main() -> int:
         cli.cli.main(args=args, prog_name="kpool", standalone_mode=False)
     wall = time.perf_counter() - t0
     total = sum(sum(spent[("ubatch", r)]) for r in range(a.every))
-    print(f"wall {wall:.2f} s, {index[0] + 1} ubatches, their sum {total:.2f} s")
+    kept = f" after the first {a.skip}" if a.skip else ""
+    print(f"wall {wall:.2f} s, {index[0] + 1} ubatches, the sum of those{kept} {total:.2f} s")
     labels = dict.fromkeys(label for label, _ in spent)
     stat, name = (statistics.median, "median") if a.median else (statistics.fmean, "mean")
     head = f"{name} us per call, by ubatch index mod {a.every}"
     width = max(len(head), *map(len, labels))
     print(f"{head:{width}s}"
-          + "".join(f" | {r:>9d}" for r in range(a.every)))
+          + "".join(f" | {r:>9d}" for r in range(a.every)) + " |  calls")
     for label in labels:
         print(f"{label:{width}s}" + "".join(
             f" | {stat(spent[(label, r)]) * 1e6:9.1f}" if spent[(label, r)]
-            else f" | {'-':>9s}" for r in range(a.every)))
+            else f" | {'-':>9s}" for r in range(a.every))
+              + f" | {sum(len(spent[(label, r)]) for r in range(a.every)):6d}")
     return 0
 
 

@@ -332,8 +332,9 @@ class PoolEveryEntry(ValueBackend):
         return None
 
     def _fresh(self, ctx, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-               starts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0
+               starts: np.ndarray, rows: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, int, None]:
+        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0, None
 
 
 def as_json(rec, t: m.Trace) -> dict:
@@ -653,6 +654,34 @@ def test_a_standing_plan_is_broken_by_its_own_rows_alone_across_plans_and_the_wr
     c = plan(8)
     standing.set(*c, slots)
     assert asks(c[0], [1, 5]) and not asks(c[0], [9])
+
+
+def test_a_grown_plan_carries_the_stamp_and_stamps_its_new_entries_alone() -> None:
+    """store._Standing.set with `new`, by hand, on 16 rows. Plan A (members 0..3, rep
+    3; members 8..11, rep 11) is met again: stamped. Plan B keeps A's first entry and
+    adds members 4..7, rep 7 (entry 1, new): the stamp carries (it does not move)
+    and rows 4..7 take it. Row 5 (B's new entry) and row 1 (its kept one) break B;
+    row 9, of the entry B dropped, still holds the stamp and breaks it too (the
+    conservative side: a full scatter then stamps afresh); row 12 leaves it standing."""
+    from kpool_cli.backend.store import _Standing
+
+    standing = _Standing(16)
+    slots = np.array([42])
+
+    def asks(arrays, touched: list[int]) -> bool:
+        return standing.slots(arrays, lambda: np.array(touched, dtype=np.int64)) is slots
+
+    a_members = np.array([[0, 1, 2, 3], [8, 9, 10, 11]], dtype=np.int64)
+    a_rep = np.array([3, 11])
+    standing.set((a_members, a_rep), a_members, a_rep, slots)
+    assert asks((a_members, a_rep), [12])
+    stamp = standing._stamp
+    b_members = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=np.int64)
+    b_rep = np.array([3, 7])
+    b = (b_members, b_rep)
+    standing.set(b, b_members, b_rep, slots, new=np.array([1]))
+    assert standing._stamp == stamp
+    assert [asks(b, [r]) for r in (5, 1, 9, 12)] == [False, False, False, True]
 
 
 def test_standing_plans_equal_pooling_again_on_fuzzer_traces() -> None:

@@ -153,7 +153,9 @@ class _Standing:
 
     Memory: a stamp per global row (`ROW_BYTES`), the plan's rows stamped the first
     time the plan is met again (a plan never met again costs none; rep-once's padded
-    steps that mark no pool meet theirs again while the rep rows stand), and
+    steps that mark no pool meet theirs again while the rep rows stand; a plan the
+    last one vouched for but a few entries stamps those entries' rows alone: `set`),
+    and
     the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
     row is the standing plan's when it holds the plan's stamp, so a new plan unstamps
     nothing: its stamp is the next one. After the last stamp, every row is unstamped
@@ -174,11 +176,24 @@ class _Standing:
         self._every: int | None = None
 
     def set(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray, rep: np.ndarray,
-            slots: np.ndarray, every: int | None = None) -> None:
+            slots: np.ndarray, every: int | None = None, new: np.ndarray | None = None
+            ) -> None:
+        """The plan of `arrays` (member rows `entry_rows`, rep rows `rep`, its race
+        groups' `slots`) stands. `new`: when the last standing plan vouched for every
+        entry of this one but `new` (`new_entries`, which found none of its rows
+        touched, so they hold the stamp), the stamp carries: only the new entries'
+        rows take it now, where a plan met afresh stamps all its rows the first time
+        it is met again. The rows of the last plan's pools that this one dropped keep
+        the stamp: a write to one of them only sends a later ubatch down the full
+        path (`_untouched` says touched), which stamps afresh."""
         self.clear()
         self._plan, self._arrays, self._slots = (entry_rows, rep), tuple(
             map(weakref.ref, arrays)), slots
         self._every = every
+        if new is not None:
+            self.rows[entry_rows[new]] = self._stamp
+            self.rows[rep[new]] = self._stamp
+            self._stamped = True
 
     def clear(self) -> None:
         self._plan, self._stamped, self._arrays, self._slots = (), False, (), None
@@ -490,7 +505,7 @@ class ValueBackend:
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
-        fresh, kept, n_kept = self._fresh(ctx, entry_rows, rep, order, starts, rows)
+        fresh, kept, n_kept, new = self._fresh(ctx, entry_rows, rep, order, starts, rows)
         standing.clear()
         t.next_gen()
         if n == 0:
@@ -498,10 +513,11 @@ class ValueBackend:
         self.pools_kept += n_kept
         todo = np.flatnonzero(fresh)
         # the fresh groups' entries (ascending), with their slots as they are before
-        # `own` below hands the zero rows theirs
+        # `own` below hands the zero rows theirs: what follows costs the fresh groups
+        # (under cache-safe, the pools that changed), not every group
         if todo.size:
-            sizes = np.diff(starts)
-            ents = np.sort(order[np.repeat(fresh, sizes)])
+            sizes = starts[todo + 1] - starts[todo]
+            ents = np.sort(order[ranges(starts[todo], sizes)])
             members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
         n_slots = t.n_slots
         s = t.own(rows, zero_new=True)
@@ -511,11 +527,10 @@ class ValueBackend:
         changed = writers.raced(rows)  # a row whose racing writers go is re-checked
         equal = np.ones(rows.size, dtype=bool)
         if todo.size:
-            at = np.full(n, -1, dtype=np.int64)
-            at[ents] = np.arange(ents.size)
             vals = self._values(members, reps, keep)
             st = s[todo]
-            src = at[order[starts[todo + 1] - 1]]  # each fresh group's last entry
+            # each fresh group's last entry, as an index into `ents`
+            src = np.searchsorted(ents, order[starts[todo + 1] - 1])
             before = t.pooled[st].view(np.uint32).copy()
             self.kernels.scatter(st, vals, src)
             # a row that got the value it held changes no verdict: only the others (and
@@ -526,14 +541,15 @@ class ValueBackend:
             # their key_gen
             t.pool_of[st] = members[src]
             t.pool_gen[st] = t.gen
-            raced = fresh & (sizes > 1)  # a group of kept entries alone writes equal values
-            if raced.any():
-                sub = order[np.repeat(raced, sizes)]
+            raced = sizes > 1  # of the fresh groups: a group of kept entries alone
+            if raced.any():      # writes equal values
+                sub = order[ranges(starts[todo[raced]], sizes[raced])]
                 sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
                 # a group of kept entries alone names one pooling: each of these must
                 # too, or the plan does not stand
-                equal[raced], one_pooling = groups_equal(
-                    vals.view(np.uint32), entry_rows[ents], at[sub], sub_starts)
+                equal[todo[raced]], one_pooling = groups_equal(
+                    vals.view(np.uint32), entry_rows[ents], np.searchsorted(ents, sub),
+                    sub_starts)
                 stands = stands and bool(one_pooling.all())
         writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
                               layout.pool_start(), s)
@@ -547,7 +563,7 @@ class ValueBackend:
         self.verifier.scattered()
         if stands:
             standing.set(arrays, entry_rows, rep, s, ctx.change.serial
-                         if layout.is_every_pool(plan.entry_pool) else None)
+                         if layout.is_every_pool(plan.entry_pool) else None, new)
         return equal
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
@@ -570,18 +586,19 @@ class ValueBackend:
 
     def _fresh(self, ctx: UbatchContext, entry_rows: np.ndarray, rep: np.ndarray,
                order: np.ndarray, starts: np.ndarray, rows: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int]:
+               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
         """`_fresh_groups` of the plan of `ctx`, asked of the race groups of the entries
         the standing plan does not vouch for alone (`_Standing.new_entries`: a group
         of vouched entries alone keeps its pooling, as the kernel would find), or of
-        every group."""
+        every group; and those entries (None: every group was asked)."""
         assert ctx.plan is not None
         new = self._standing.new_entries(ctx.layout, ctx.change, ctx.plan.entry_pool,
                                          self.verifier.touched)
         if new is None:
-            return self._fresh_groups(entry_rows, rep, order, starts, rows)
+            return (*self._fresh_groups(entry_rows, rep, order, starts, rows), None)
         if new.size == 0:  # every entry vouched for
-            return np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size
+            return (np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size,
+                    new)
         # the groups of the new entries (each entry's rep row is its group's row, and
         # the rows ascend) and their entries, asked as a plan of their own
         g = unique(np.searchsorted(rows, rep[new]))
@@ -594,7 +611,7 @@ class ValueBackend:
         fresh[g] = sub_fresh
         kept = np.ones(rep.size, dtype=bool)
         kept[ents] = sub_kept
-        return fresh, kept, int(np.count_nonzero(kept))
+        return fresh, kept, int(np.count_nonzero(kept)), new
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
