@@ -300,6 +300,31 @@ def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
     assert valued_b.evidence["values"][7]["writers"] == [[0, 3], [-1, -1], [1, 3]]
 
 
+def test_a_race_judged_again_on_the_very_same_arrays_follows_its_values():
+    """kp001 `Check.with_values`, by hand, on plan A above (groups: row 3, row 7, row
+    9; rows 3 and 7 raced) kept whole, as a plan that stands is: judged with one
+    all-True equality array, then again with it (the very same valued finding, no
+    look at the values), then with row 7's entries unequal (a new array: its values
+    differ, and seq 1 may lose its value: row 7's writers are (1, 2), padding,
+    (1, 3)), then with the first array again (equal again)."""
+    from kpool_cli.backend.facts import ValueFacts
+    from kpool_cli.verdict.rules.kp001_scatter_race import Check
+
+    check = Check()
+    a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    (found,) = check.at_ubatch(a)
+    equal = ValueFacts(np.ones(3, dtype=bool), {}, {})
+    unequal = ValueFacts(np.array([True, False, True]), {}, {})
+    (first,) = check.with_values(a, equal, [found])
+    assert first.message.endswith("values equal: every racing entry writes the same value")
+    assert check.with_values(a, equal, [found])[0] is first
+    (differ,) = check.with_values(a, unequal, [found])
+    assert differ.message.endswith("values differ on 1 row(s) (row 7: 1:2, padding, 1:3): "
+                                   "seqs 1 may lose their value")
+    assert differ.evidence["values"][7]["equal"] is False
+    assert check.with_values(a, equal, [found])[0].message == first.message
+
+
 def _write_expected(codes: list[str]) -> None:
     """Write the named codes' expected findings (by hand, for a new code or a change
     of its findings; read each against its trace before committing it)."""

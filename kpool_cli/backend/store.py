@@ -281,6 +281,7 @@ class ValueBackend:
         # race groups (`SameArrays`): their checks stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._standing = _Standing(self.n_rows)
+        self._equal = np.ones(0, dtype=bool)  # `_all_equal`'s
 
     # -- what the parts keep, as the rules, the tests and the benchmark read it ------------
 
@@ -501,7 +502,7 @@ class ValueBackend:
             self.ubatches_standing += 1
             writers.wrote_again(kept_slots)
             self.verifier.scattered()
-            return np.ones(rows.size, dtype=bool)
+            return self._all_equal(rows.size)
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
@@ -564,7 +565,18 @@ class ValueBackend:
         if stands:
             standing.set(arrays, entry_rows, rep, s, ctx.change.serial
                          if layout.is_every_pool(plan.entry_pool) else None, new)
-        return equal
+        return equal if unequal.size else self._all_equal(rows.size)
+
+    def _all_equal(self, n_groups: int) -> np.ndarray:
+        """[n_groups] True, read-only: the same array while the count holds, so a
+        plan's ubatches whose groups all write equal values (every one of a plan that
+        stands) hand KP001 the very equality it judged last (its `SameArrays`)."""
+        got = self._equal
+        if got.size != n_groups:
+            got = np.ones(n_groups, dtype=bool)
+            got.flags.writeable = False
+            self._equal = got
+        return got
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
                     entry_pool: np.ndarray, *, n_pool_real: int

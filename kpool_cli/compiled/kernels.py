@@ -556,14 +556,21 @@ def raced_writers(order, starts, entry_pool, pool_start, pad_seq, pad_k, writers
     entries' size, `writers` as many rows), the [seq, k] of each entry of the race
     groups of two or more (`order[starts[g]:starts[g + 1]]`), in entry order (its
     global pool's sequence by `pool_start`, as `Layout.locate` finds it; pad_seq,
-    pad_k for padding) and its group. Returns m."""
-    for g in range(starts.size - 1):  # each entry's group
-        for j in range(starts[g], starts[g + 1]):
+    pad_k for padding) and its group. Returns m. Each entry's sequence is the one
+    before's when its pool lies in that one's range (a re-pool-all plan lists the
+    pools in order), else a binary search."""
+    for g in range(starts.size - 1):  # each entry's group; -1 for a group of one
+        a, b = starts[g], starts[g + 1]
+        if b - a < 2:
+            group[order[a]] = -1
+            continue
+        for j in range(a, b):
             group[order[j]] = g
     m = 0
+    s = 0
     for e in range(order.size):  # the raced ones, compacted in place (m <= e)
         g = group[e]
-        if starts[g + 1] - starts[g] < 2:
+        if g < 0:
             continue
         group[m] = g
         p = entry_pool[e]
@@ -571,7 +578,8 @@ def raced_writers(order, starts, entry_pool, pool_start, pad_seq, pad_k, writers
             writers[m, 0] = pad_seq
             writers[m, 1] = pad_k
         else:
-            s = _bisect_in(pool_start, p, True) - 1
+            if p < pool_start[s] or p >= pool_start[s + 1]:
+                s = _bisect_in(pool_start, p, True) - 1
             writers[m, 0] = s
             writers[m, 1] = p - pool_start[s]
         m += 1

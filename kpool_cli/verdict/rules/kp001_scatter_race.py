@@ -80,6 +80,10 @@ class Check(RuleCheck):
         self._key = SameArrays(race_key)
         self._race = SameValues(race)
         self._valued = SameValues(_valued)
+        # and while the key, the groups' equality (a plan that stands: the backend's
+        # one all-True array) and the raced groups are the very same arrays, the last
+        # valued findings without a look at their values
+        self._valued_kept = SameArrays(self._valued_all)
 
     def _key_of(self, ctx: UbatchContext) -> tuple[np.ndarray, ...]:
         assert ctx.plan is not None
@@ -95,9 +99,17 @@ class Check(RuleCheck):
                     ) -> list[Finding]:
         if not found:
             return found
-        equal = values.equal
-        return [self._valued(*self._key_of(ctx), equal[ctx.raced], found=f, ctx=ctx,
-                             equal=equal) for f in found]
+        return self._valued_kept(*self._key_of(ctx), values.equal, ctx.raced, found=found,
+                                 ctx=ctx)
+
+    def _valued_all(self, *arrays: np.ndarray, found: list[Finding], ctx: UbatchContext
+                    ) -> list[Finding]:
+        """`with_values` of `found` by `_valued`: `arrays` are `race_key`'s values, then
+        the groups' equality and the raced groups (which decide it, `found` being
+        what the key found)."""
+        *key, equal, raced = arrays
+        return [self._valued(*key, equal[raced], found=f, ctx=ctx, equal=equal)
+                for f in found]
 
 
 def race_key(*_kept_by: np.ndarray, ctx: UbatchContext
