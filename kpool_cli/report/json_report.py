@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from .. import __version__, signals
-from ..arrays import SameArrays
+from ..arrays import SameArrays, ranges
 from ..contracts.finding import Finding, PoolIds
 from ..contracts.records import ExpectResult, OpEvent, Pools, UbatchRecord
 from ..contracts.report_format import (
@@ -166,14 +166,17 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
         return _pools_alone(p, slice(None))
     spans = pool_spans(p) if spans is None else spans
     found = spans.tolist()
-    alone = np.ones(n, dtype=bool)
-    for a, b in found:
-        alone[a:b] = False
-    idx = np.flatnonzero(alone)
+    # the pools between the runs, found from the runs' ends (a listing of every pool
+    # is a few runs over tens of thousands of pools)
+    gaps = np.empty((len(found) + 1, 2), dtype=np.int64)
+    gaps[0, 0], gaps[-1, 1] = 0, n
+    gaps[1:, 0], gaps[:-1, 1] = spans[:, 1], spans[:, 0]
+    idx = ranges(gaps[:, 0], gaps[:, 1] - gaps[:, 0])
     singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
-    runs = [dict(zip(POOL_RUN.names, (s, [k0, k1 + 1], p0, cells, new), strict=True))
+    seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
+    runs = [{seq_: s, k_: [k0, k1 + 1], first_: p0, cells_: cells, new_: new}
             for s, k0, k1, p0, cells, new in zip(
                 p.seq[first].tolist(), p.k[first].tolist(), p.k[spans[:, 1] - 1].tolist(),
                 p.first_pos[first].tolist(), run_cells(p.cells, first),
@@ -206,11 +209,11 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     out: list[dict] = []
     at = 0
-    names = SCATTER_RUN.names
+    n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
     for (a, b), cells in zip(found.tolist(), run_cells(rows, found[:, 0]), strict=True):
         if at < a:
             out += singles(at, a)
-        out.append(dict(zip(names, (b - a, cells, False), strict=True)))
+        out.append({n_: b - a, cells_: cells, pad_: False})
         at = b
     return out + singles(at, n)
 
