@@ -171,8 +171,11 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     gaps = np.empty((len(found) + 1, 2), dtype=np.int64)
     gaps[0, 0], gaps[-1, 1] = 0, n
     gaps[1:, 0], gaps[:-1, 1] = spans[:, 1], spans[:, 0]
-    idx = ranges(gaps[:, 0], gaps[:, 1] - gaps[:, 0])
-    singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
+    sizes = gaps[:, 1] - gaps[:, 0]
+    singles = {}
+    if sizes.any():
+        idx = ranges(gaps[:, 0], sizes)
+        singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
     seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
