@@ -155,10 +155,10 @@ class _Standing:
     time the plan is met again (a plan never met again costs none; rep-once's padded
     steps that mark no pool meet theirs again while the rep rows stand; a plan the
     last one vouched for but a few entries stamps those entries' rows alone: `set`),
-    and
-    the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
+    and the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
     row is the standing plan's when it holds the plan's stamp, so a new plan unstamps
-    nothing: its stamp is the next one. After the last stamp, every row is unstamped
+    nothing: its stamp is the next one (a plan grown from the standing one keeps its
+    stamp, `set`). After the last stamp, every row is unstamped
     at once (a new zeroed array), once every 255 plans."""
 
     ROW_BYTES = 1

@@ -6,8 +6,9 @@ and each writer's group; kept while the plan and groups are the same arrays) and
 `race` (the rows written by two or more entries, from that key; kept while the key's
 values are the same); with values, `with_values` (the same finding with the value
 backend's evidence: whether each raced row's entries carry equal values, and which
-sequences may lose theirs; kept while the key and the raced groups' equality are the
-same).
+sequences may lose theirs; kept while the key, the groups' equality and the raced
+groups are the same arrays, and then while the key and the raced groups' equality
+have the same values).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
