@@ -8,7 +8,8 @@ method it names. Prints the whole command's wall time, the sum of the ubatches'
 times, and each timed part's mean (or `--median`) per call and its count of calls,
 grouped by the ubatch's index modulo `--every` (W4's slot 0 changes the plan every
 fourth ubatch: `--every 4` sets that ubatch apart from the three others; `--skip 40`
-leaves out its prefill). Two commits compared: run it with each on
+leaves out its prefill; a call before the first ubatch, the trace's load say, is
+filed nowhere). Two commits compared: run it with each on
 PYTHONPATH in turn, a few times, and read a bucket against another of the same run.
 
     python benchmarks/ubatch_times.py [--every 4] [--time kpool_cli.report.json_report:ubatch_json]

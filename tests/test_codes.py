@@ -311,13 +311,22 @@ def test_a_race_judged_again_on_the_very_same_arrays_follows_its_values():
     from kpool_cli.verdict.rules.kp001_scatter_race import Check
 
     check = Check()
+    valued = check._valued
+    looked = []  # each look at the values (the SameValues behind the identity cache)
+
+    def counted(*args, **kwargs):
+        looked.append(1)
+        return valued(*args, **kwargs)
+
+    check._valued = counted  # type: ignore[method-assign]
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found,) = check.at_ubatch(a)
     equal = ValueFacts(np.ones(3, dtype=bool), {}, {})
     unequal = ValueFacts(np.array([True, False, True]), {}, {})
     (first,) = check.with_values(a, equal, [found])
     assert first.message.endswith("values equal: every racing entry writes the same value")
-    assert check.with_values(a, equal, [found])[0] is first
+    assert len(looked) == 1
+    assert check.with_values(a, equal, [found])[0] is first and len(looked) == 1
     (differ,) = check.with_values(a, unequal, [found])
     assert differ.message.endswith("values differ on 1 row(s) (row 7: 1:2, padding, 1:3): "
                                    "seqs 1 may lose their value")

@@ -156,10 +156,12 @@ class _Standing:
     steps that mark no pool meet theirs again while the rep rows stand; a plan the
     last one vouched for but a few entries stamps those entries' rows alone: `set`),
     and the plan's member and rep rows and its race groups' slots (`ENTRY_BYTES` each). A
-    row is the standing plan's when it holds the plan's stamp, so a new plan unstamps
-    nothing: its stamp is the next one (a plan grown from the standing one keeps its
-    stamp, `set`). After the last stamp, every row is unstamped
-    at once (a new zeroed array), once every 255 plans."""
+    row of the standing plan holds the plan's stamp, so a new plan unstamps nothing:
+    its stamp is the next one. A plan grown from the standing one keeps its stamp
+    (`set`), and so do the rows of the pools it dropped: a row that holds the stamp
+    is the plan's or was, which can only send a scatter down the full path. After
+    the last stamp, every row is unstamped at once (a new zeroed array), at most once
+    every 255 plans."""
 
     ROW_BYTES = 1
     ENTRY_BYTES = 8  # per member row and rep row kept, and per race group's slot
