@@ -450,17 +450,20 @@ def test_cache_safe_asks_only_the_pools_an_update_added(core: str) -> None:
 
 def test_a_standing_every_pool_plan_vouches_for_the_very_next_update_alone() -> None:
     """store._Standing.new_entries, by hand: a standing plan of every pool (members
-    0..3, rep 3), left by update 5. Update 6 keeps 2 pools of seq 0 and 1 of seq 1
-    and leaves 3 and 1 (pool_start 0, 3, 4): the entries it does not vouch for are
-    seq 0's third pool, entry 2. The same change as update 7 (one in between, not
-    scattered), a plan that is not every pool, or a touched row of the plan: none."""
+    0..3, rep 3), left by update 5 with 2 pools in seq 0 and 1 in seq 1 (pool_start
+    0, 2, 3). Update 6 keeps 2 pools of seq 0 and 1 of seq 1 and leaves 3 and 1
+    (pool_start 0, 3, 4): the entries it does not vouch for are seq 0's third pool,
+    entry 2, and it dropped none of the plan's pools (`dropped_none`). The same change
+    as update 7 (one in between, not scattered), a plan that is not every pool, or a
+    touched row of the plan: none. Left with 3 and 1 pools (pool_start 0, 3, 4), the
+    same update dropped seq 0's third."""
     from types import SimpleNamespace as NS
 
     from kpool_cli.backend.store import _Standing
 
     standing = _Standing(16)
     members = np.arange(4, dtype=np.int64)[None, :]
-    standing.set((members,), members, np.array([3]), np.array([1]), 5)
+    standing.set((members,), members, np.array([3]), np.array([1]), (5, np.array([0, 2, 3])))
     every = np.arange(4)
     layout = NS(is_every_pool=lambda ips: ips is every,
                 pool_start=lambda: np.array([0, 3, 4]))
@@ -472,7 +475,11 @@ def test_a_standing_every_pool_plan_vouches_for_the_very_next_update_alone() -> 
         return None if got is None else got.tolist()
 
     assert new(6) == [2]
+    change = LayoutChange((2, 1), frozenset(), frozenset(), 0, 6)
+    assert standing.dropped_none(change)
     assert new(7) is None and new(6, np.arange(4)) is None and new(6, touched=(1,)) is None
+    standing.set((members,), members, np.array([3]), np.array([1]), (5, np.array([0, 3, 4])))
+    assert new(6) == [2] and not standing.dropped_none(change)
 
 
 def test_shipped_traces_keep_poolings_bit_equal() -> None:

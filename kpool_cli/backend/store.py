@@ -176,10 +176,11 @@ class _Standing:
         self._slots: np.ndarray | None = None  # the slots of its race groups' rows
         # an every-pool plan's layout: the serial of the update that left it
         self._every: int | None = None
+        self._every_start: np.ndarray | None = None  # its layout's pool_start
 
     def set(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray, rep: np.ndarray,
-            slots: np.ndarray, every: int | None = None, new: np.ndarray | None = None
-            ) -> None:
+            slots: np.ndarray, every: tuple[int, np.ndarray] | None = None,
+            new: np.ndarray | None = None) -> None:
         """The plan of `arrays` (member rows `entry_rows`, rep rows `rep`, its race
         groups' `slots`) stands. `new`: when the last standing plan vouched for every
         entry of this one but `new` (`new_entries`, which found none of its rows
@@ -187,11 +188,14 @@ class _Standing:
         rows take it now, where a plan met afresh stamps all its rows the first time
         it is met again. The rows of the last plan's pools that this one dropped keep
         the stamp: a write to one of them only sends a later ubatch down the full
-        path (`_untouched` says touched), which stamps afresh."""
+        path (`_untouched` says touched), which stamps afresh. `every`: the plan is every
+        pool of the layout as the update of serial every[0] left it, whose pool_start
+        is every[1]."""
         self.clear()
         self._plan, self._arrays, self._slots = (entry_rows, rep), tuple(
             map(weakref.ref, arrays)), slots
-        self._every = every
+        if every is not None:
+            self._every, self._every_start = every
         if new is not None:
             self.rows[entry_rows[new]] = self._stamp
             self.rows[rep[new]] = self._stamp
@@ -199,7 +203,7 @@ class _Standing:
 
     def clear(self) -> None:
         self._plan, self._stamped, self._arrays, self._slots = (), False, (), None
-        self._every = None
+        self._every = self._every_start = None
 
     def slots(self, arrays: tuple[np.ndarray, ...],
               touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
@@ -231,6 +235,15 @@ class _Standing:
         now = layout.pool_start()
         # each sequence's other pools follow its kept ones
         return ranges(now[:-1] + kept, np.diff(now) - kept)
+
+    def dropped_none(self, change: LayoutChange) -> bool:
+        """The update `change`, which `new_entries` found the standing plan vouches
+        for (ask it first), kept every pool of that plan: its new plan is the standing
+        one with pools appended to its sequences, and each race group without a new
+        entry is one of the standing plan's, with the same entries (the same pools, in
+        the same order) and so the same last one."""
+        assert self._every_start is not None
+        return bool(np.array_equal(np.diff(self._every_start), change.kept))
 
     def _untouched(self, touched: Callable[[], np.ndarray | None]) -> bool:
         """None of the standing plan's rows is `touched()` (None: every row is)."""
@@ -477,7 +490,9 @@ class ValueBackend:
         entries alone (every entry of a group has the same rep row, so the same slot)
         writes equal values and leaves its row as it was. Only the other groups' values
         are pooled, gathered, scattered and compared, and have their pooling recorded;
-        every winner's slot is stamped (`Writers.stamp_winners`, one kernel pass; the
+        every winner's slot is stamped (`Writers.stamp_winners`, one kernel pass, over
+        the new entries' groups alone when the standing plan grew by appended pools,
+        the other groups' winners writing again: `_Standing.dropped_none`; the
         plan's pools were checked first, by `_check_plan`, and its groups by
         `fresh_groups`, before the first write, so its refusal is kpool's bug). Under
         cache-safe, which re-marks every pool, a ubatch so touches the float rows of
@@ -509,6 +524,8 @@ class ValueBackend:
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
         fresh, kept, n_kept, new = self._fresh(ctx, entry_rows, rep, order, starts, rows)
+        # the standing plan with pools appended alone (`dropped_none`)
+        appended = new is not None and standing.dropped_none(ctx.change)
         standing.clear()
         t.next_gen()
         if n == 0:
@@ -554,8 +571,18 @@ class ValueBackend:
                     vals.view(np.uint32), entry_rows[ents], np.searchsorted(ents, sub),
                     sub_starts)
                 stands = stands and bool(one_pooling.all())
-        writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
-                              layout.pool_start(), s)
+        if appended:
+            # a group without a new entry has the standing plan's last entry, which
+            # wrote it again; the new entries' groups are stamped
+            writers.wrote_again(s)
+            grown = unique(np.searchsorted(rows, rep[new]))
+            sizes_g = starts[grown + 1] - starts[grown]
+            writers.stamp_winners(self.kernels, order[ranges(starts[grown], sizes_g)],
+                                  np.concatenate(([0], np.cumsum(sizes_g))), plan.entry_pool,
+                                  layout.pool_start(), s[grown])
+        else:
+            writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
+                                  layout.pool_start(), s)
         writers.drop_raced(rows)
         unequal = np.flatnonzero(~equal)
         if unequal.size:
@@ -565,7 +592,7 @@ class ValueBackend:
         self.verifier.touch(rows[changed], False, True)
         self.verifier.scattered()
         if stands:
-            standing.set(arrays, entry_rows, rep, s, ctx.change.serial
+            standing.set(arrays, entry_rows, rep, s, (ctx.change.serial, layout.pool_start())
                          if layout.is_every_pool(plan.entry_pool) else None, new)
         return equal if unequal.size else self._all_equal(rows.size)
 
