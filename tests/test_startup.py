@@ -297,6 +297,43 @@ def test_every_compiled_kernel_replaces_its_first_call_stub_where_it_is_bound() 
     assert r.stdout.split() == ["[]", "True", "False"]
 
 
+_VALUE_STUBS = """
+import numpy as np
+from kpool_cli.backend.store import kernel_module
+kernels = kernel_module("numba")
+stubs = sorted(n for n, fn in vars(kernels).items() if getattr(fn, "stub_of", None) is not None)
+print(len(stubs), "_least_pair" in stubs, "scatter" in stubs)
+got = kernels.least_pair(np.array([2, 0], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64))
+print(got == (5 << 20 | 0) or got, getattr(kernels._least_pair, "stub_of", None) is None,
+      len(kernels._least_pair.signatures), "scatter" in
+      [n for n, fn in vars(kernels).items() if getattr(fn, "stub_of", None) is not None])
+try:
+    kernels._least_pair(np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int64),
+                        np.zeros(1, dtype=np.int64))
+    print("took-int32")
+except TypeError:
+    print("refused-int32")
+"""
+
+
+def test_a_value_kernel_loads_on_its_first_call_for_its_signature_alone() -> None:
+    """backend/kernels.py's 13 value kernels are first-call stubs (`_value_kernel`,
+    jit.kernel with a signature) after the module's import: `least_pair`'s first call
+    loads `_least_pair` and binds the kernel in its stub's place, the others stay
+    stubs (`scatter` among them), and the kernel takes its signature's types alone
+    (int32 cells: numba's TypeError, not a new compile). The least pair of cells 2
+    and 0 at positions 7 and 5: pos 5 << CELL_BITS | cell 0. In a process of its
+    own, so no other test loaded a kernel first."""
+    from kpool_cli.cache.cells import CELL_BITS
+
+    code = _VALUE_STUBS.replace("<< 20", f"<< {CELL_BITS}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["13", "True", "True", "True", "True", "1", "True",
+                                "refused-int32"]
+
+
 _THRESHOLDS = """
 import gc, sys
 from kpool_cli.cli.main import main

@@ -4,20 +4,21 @@ writer of each row a scatter wrote), the pools a changed row dirties (`dirty_poo
 `pools_of_pairs`, `held_pairs`), and the verification's choices for every sequence
 at once (`recheck_ways`, `least_pair`: recheck.py).
 
-Owns: every numba kernel of kpool (this is the only module that imports numba).
-Each kernel is a plain Python function jitted at module level with an explicit
-signature on C-contiguous arrays and numba's cache (unless it can cache nowhere:
-below); `reference.py` is its numpy twin, and the tests hold the two equal bit for
-bit. numba does not check an index (unless NUMBA_BOUNDSCHECK=1, which the tests
-use). The value kernels never validate: the wrappers in `guarded.py`
-(`GuardedKernels`) check every index array before one runs (int64, C-contiguous,
-shapes that agree, every slot in use, sources within the values, distinct slots
-where one iteration writes each row) and raise `PlanError` otherwise, so it is
-never handed an index outside its arrays; they index the arrays by slot (a row's
-place in the backend's storage), not by row. The kernels that read rows, pairs or
-cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`, `held_pairs`,
-`recheck_ways`, `least_pair`) check each index as they read it instead, and raise
-IndexError naming where (`recheck_ways` its reads of the rep columns; its
+Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
+Each kernel is a plain Python function jitted with an explicit signature on
+C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
+first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
+the 13 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+and the tests hold the two equal bit for bit. numba does not check an index (unless
+NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
+wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
+(int64, C-contiguous, shapes that agree, every slot in use, sources within the values,
+distinct slots where one iteration writes each row) and raise `PlanError` otherwise,
+so it is never handed an index outside its arrays; they index the arrays by slot (a
+row's place in the backend's storage), not by row. The kernels that read rows, pairs
+or cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`,
+`held_pairs`, `recheck_ways`, `least_pair`) check each index as they read it instead,
+and raise IndexError naming where (`recheck_ways` its reads of the rep columns; its
 per-sequence arrays are as long as the door checks them to be).
 
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
@@ -34,10 +35,11 @@ them above a work threshold; `PARALLEL_USED` records whether a run used them.
 
 Where the compiled kernels are cached: `kpool_cli/jit.py` decides (`CACHE`).
 
-Loading the cached kernels: `store.kernel_module` imports this module under
+Loading the cached kernels: each kernel's first call loads it under
 `jit.cache_loads_only()`, which spares numba's cache loads the refresh of numba's
-whole target context (about 0.25 s of a warm start; see there). Imported otherwise,
-every kernel loads as numba loads it.
+whole target context (about 0.25 s of a warm start; see there), and so does
+`store.kernel_module`'s import of this module for the one function jitted as it is
+imported (`_mix_jit`, which `write_keys` inlines).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import numpy as np
 from numba import prange
 
 from ..cache.cells import CELL_BITS, CELL_MASK
-from ..jit import cache_for
+from ..jit import cache_for, kernel
 from ..signals import masked
 from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
@@ -104,6 +106,13 @@ def _mix(x):
 _mix_jit = numba.njit("u8(u8)", cache=_CACHED, inline="always")(_mix)
 
 
+def _value_kernel(sig: str | list[str]):
+    """A value kernel for numba signature(s) `sig`: loaded (or compiled) on its first
+    call, under the signal mask and `cache_loads_only` (`jit.kernel`), so a replay
+    loads the kernels it calls alone; then it takes no other types."""
+    return lambda fn: kernel(fn, sig=sig)
+
+
 def _write_keys(state, rows, key_ids, key, gate):
     n_embd = key.shape[1]
     for j in prange(rows.size):
@@ -124,7 +133,7 @@ def _write_keys(state, rows, key_ids, key, gate):
 
 
 _WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], f4[:, ::1])"
-_write_keys_serial = numba.njit(_WRITE_KEYS_SIG, cache=_CACHED)(_write_keys)
+_write_keys_serial = kernel(_write_keys, "_write_keys_serial", _WRITE_KEYS_SIG)
 
 
 def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.ndarray,
@@ -202,7 +211,7 @@ def _pool_into_parallel(key, gate, members, out, w, bits):  # scratch per entry 
 
 
 _POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1])"
-_pool_serial = numba.njit(_POOL_SIG, cache=_CACHED)(_pool_into)
+_pool_serial = kernel(_pool_into, "_pool_serial", _POOL_SIG)
 
 
 def _scratch(kpool: int, n_embd: int) -> tuple[np.ndarray, np.ndarray]:
@@ -234,7 +243,7 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])", cache=_CACHED)
+@_value_kernel("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])")
 def scatter(pooled, rows, values, src):
     """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
 
@@ -256,7 +265,7 @@ def scatter(pooled, rows, values, src):
             pooled[r, d] = values[v, d]
 
 
-@numba.njit("void(f4[:, ::1], i8[::1], f4[:, ::1])", cache=_CACHED)
+@_value_kernel("void(f4[:, ::1], i8[::1], f4[:, ::1])")
 def _gather_into(pooled, rows, out):
     n_embd = pooled.shape[1]
     for j in range(rows.size):
@@ -272,8 +281,8 @@ def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], f4[:, ::1], "
-            "i4[:, ::1], f4[::1], b1[::1])", cache=_CACHED)
+@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], f4[:, ::1], "
+                "i4[:, ::1], f4[::1], b1[::1])")
 def _pools_differ_into(key, gate, pooled, members, rows, w, bits, want, out):
     n_embd = key.shape[1]
     for e in range(members.shape[0]):
@@ -312,7 +321,7 @@ _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1]
               "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1])")
 
 
-@numba.njit([_FRESH_SIG.format("i4"), _FRESH_SIG.format("i8")], cache=_CACHED)
+@_value_kernel([_FRESH_SIG.format("i4"), _FRESH_SIG.format("i8")])
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
                        rows, fresh, keep):
     n = rep.size
@@ -424,8 +433,8 @@ def _bisect(a, x, right):
     return lo
 
 
-@numba.njit("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, "
-            "i1[::1], i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+@_value_kernel("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, "
+                "i1[::1], i8[::1], i8[::1], i8[::1])")
 def _stamp_winners_into(order, starts, entry_pool, pool_start, slots, n_ubatch, pooled,
                         padding, w_kind, w_ubatch, w_a, w_b):
     n = order.size
@@ -486,7 +495,7 @@ def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
         raise group_refusal(int(g), int(why))
 
 
-@numba.njit("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])", cache=_CACHED)
+@_value_kernel("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])")
 def _dirty_pools_into(keys, starts, kpool, dirty, out):
     n = 0
     for k in range(starts.size):
@@ -531,7 +540,7 @@ def dirty_pools(keys: np.ndarray, starts: np.ndarray, kpool: int, dirty: np.ndar
     return out[:n]
 
 
-@numba.njit("i8(i8[::1], i8[::1], i8, i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+@_value_kernel("i8(i8[::1], i8[::1], i8, i8[::1], i8[::1], i8[::1])")
 def _pools_of_pairs_into(keys, starts, kpool, members, reps, out):
     n = 0
     for which in range(2):
@@ -585,7 +594,7 @@ def pools_of_pairs(keys: np.ndarray, starts: np.ndarray, kpool: int, members: np
     return None if n < 0 else out[:n]
 
 
-@numba.njit("i8(i8[::1], b1[:, ::1], i8[::1])", cache=_CACHED)
+@_value_kernel("i8(i8[::1], b1[:, ::1], i8[::1])")
 def _held_counts(cells, has, off):
     n_col, kv = has.shape
     for c in range(n_col + 1):
@@ -602,7 +611,7 @@ def _held_counts(cells, has, off):
     return 0
 
 
-@numba.njit("void(i8[::1], b1[:, ::1], i8[::1], i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+@_value_kernel("void(i8[::1], b1[:, ::1], i8[::1], i8[::1], i8[::1], i8[::1])")
 def _held_fill(cells, has, pos, off, at, out):
     n_col = has.shape[0]
     for c in range(n_col):
@@ -647,8 +656,8 @@ _NEW, _NONE, _SCAN, _NO_TAIL = np.int64(NEW), np.int64(NONE), np.int64(SCAN), np
 _NO_PAIR = np.int64(NO_PAIR)
 
 
-@numba.njit("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, i8[::1], "
-            "i8[::1])", cache=_CACHED)
+@_value_kernel("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, i8[::1], "
+                "i8[::1])")
 def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
                        too_many, how, tail):
     for s in range(kept.size):
@@ -705,7 +714,7 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
     return how, tail
 
 
-@numba.njit("i8(i8[::1], i8[::1], i8[::1])", cache=_CACHED)
+@_value_kernel("i8(i8[::1], i8[::1], i8[::1])")
 def _least_pair(cells, pos, at):
     least = _NO_PAIR
     for i in range(cells.size):

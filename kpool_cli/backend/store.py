@@ -88,7 +88,8 @@ DEFAULT_BACKEND = "numba"
 def kernel_module(name: str) -> ModuleType:
     """The kernels of backend `name` ("numba" imports numba: do it only when asked)."""
     if name == "numba":
-        # numba loads (or compiles) every kernel while kernels.py is imported
+        # numba loads (or compiles) each kernel on its first call, and an inner one
+        # while kernels.py is imported
         from ..jit import cache_loads_only
 
         with masked(), cache_loads_only():
