@@ -331,10 +331,13 @@ class PoolEveryEntry(ValueBackend):
     def _standing_slots(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray | None:
         return None
 
-    def _fresh(self, ctx, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
-               starts: np.ndarray, rows: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int, None]:
-        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0, None
+    def _vouched(self, ctx) -> None:
+        return None
+
+    def _fresh(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+               starts: np.ndarray, rows: np.ndarray, grown: np.ndarray | None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0
 
 
 def as_json(rec, t: m.Trace) -> dict:

@@ -524,7 +524,12 @@ class ValueBackend:
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
-        fresh, kept, n_kept, new = self._fresh(ctx, entry_rows, rep, order, starts, rows)
+        new = self._vouched(ctx)
+        # the race groups of the entries the standing plan does not vouch for (each
+        # entry's rep row is its group's row, and the rows ascend); None: it vouches
+        # for none
+        grown = None if new is None else unique(np.searchsorted(rows, rep[new]))
+        fresh, kept, n_kept = self._fresh(entry_rows, rep, order, starts, rows, grown)
         # the standing plan with pools appended alone (`dropped_none`)
         appended = new is not None and standing.dropped_none(ctx.change)
         standing.clear()
@@ -575,8 +580,8 @@ class ValueBackend:
         if appended:
             # a group without a new entry has the standing plan's last entry, which
             # wrote it again; the new entries' groups are stamped
+            assert grown is not None
             writers.wrote_again(s)
-            grown = unique(np.searchsorted(rows, rep[new]))
             sizes_g = starts[grown + 1] - starts[grown]
             writers.stamp_winners(self.kernels, order[ranges(starts[grown], sizes_g)],
                                   np.concatenate(([0], np.cumsum(sizes_g))), plan.entry_pool,
@@ -626,34 +631,35 @@ class ValueBackend:
         one's stands (`_Standing`), the slots of its race groups' rows; else None."""
         return self._standing.slots(arrays, self.verifier.touched)
 
-    def _fresh(self, ctx: UbatchContext, entry_rows: np.ndarray, rep: np.ndarray,
-               order: np.ndarray, starts: np.ndarray, rows: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
-        """`_fresh_groups` of the plan of `ctx`, asked of the race groups of the entries
-        the standing plan does not vouch for alone (`_Standing.new_entries`: a group
-        of vouched entries alone keeps its pooling, as the kernel would find), or of
-        every group; and those entries (None: every group was asked)."""
+    def _vouched(self, ctx: UbatchContext) -> np.ndarray | None:
+        """The entries (ascending) of the plan of `ctx` that the standing plan does not
+        vouch for, when it vouches for the others (`_Standing.new_entries`); else None."""
         assert ctx.plan is not None
-        new = self._standing.new_entries(ctx.layout, ctx.change, ctx.plan.entry_pool,
-                                         self.verifier.touched)
-        if new is None:
-            return (*self._fresh_groups(entry_rows, rep, order, starts, rows), None)
-        if new.size == 0:  # every entry vouched for
-            return (np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size,
-                    new)
-        # the groups of the new entries (each entry's rep row is its group's row, and
-        # the rows ascend) and their entries, asked as a plan of their own
-        g = unique(np.searchsorted(rows, rep[new]))
-        sizes = starts[g + 1] - starts[g]
+        return self._standing.new_entries(ctx.layout, ctx.change, ctx.plan.entry_pool,
+                                          self.verifier.touched)
+
+    def _fresh(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+               starts: np.ndarray, rows: np.ndarray, grown: np.ndarray | None
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+        """`_fresh_groups` asked of the race groups `grown` (ascending), those of the
+        entries the standing plan does not vouch for (`_vouched`: a group of vouched
+        entries alone keeps its pooling, as the kernel would find), or of every group
+        (None)."""
+        if grown is None:
+            return self._fresh_groups(entry_rows, rep, order, starts, rows)
+        if grown.size == 0:  # every entry vouched for
+            return np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size
+        # those groups' entries, asked as a plan of their own
+        sizes = starts[grown + 1] - starts[grown]
         sub = np.concatenate(([0], np.cumsum(sizes)))
-        ents = order[ranges(starts[g], sizes)]
+        ents = order[ranges(starts[grown], sizes)]
         sub_fresh, sub_kept, _ = self._fresh_groups(entry_rows[ents], rep[ents],
-                                                    np.arange(ents.size), sub, rows[g])
+                                                    np.arange(ents.size), sub, rows[grown])
         fresh = np.zeros(rows.size, dtype=bool)
-        fresh[g] = sub_fresh
+        fresh[grown] = sub_fresh
         kept = np.ones(rep.size, dtype=bool)
         kept[ents] = sub_kept
-        return fresh, kept, int(np.count_nonzero(kept)), new
+        return fresh, kept, int(np.count_nonzero(kept))
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
