@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -90,6 +90,9 @@ from .verdict.expect import with_expectations
 from .verdict.rule import Check
 from .verdict.rules import RULES
 from .versions import EngineVersion
+
+if TYPE_CHECKING:  # the compiled core imports numba: only when it runs
+    from .compiled.runs import EverySpans
 
 
 class Backend(Protocol):
@@ -142,6 +145,9 @@ class Core:
     raced_writers: RacedWriters
     pool_spans: Callable[[Pools], np.ndarray]  # contracts/runs.py's
     scatter_spans: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+    # both of a re-pool-all plan's listings, from the last ones' where the pools grew
+    # (compiled/runs.py `EverySpans`); None: found whole
+    every_spans: EverySpans | None = None
 
 
 def resolve_core(core: str, trace: m.Trace, backend: str | None = None) -> str:
@@ -176,7 +182,7 @@ def core_of(name: str) -> Core:
                     cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible,
                                      padding_alone=SameArrays(padding_entries)),
                     lambda c: cm.race_groups(c.n_rows), cm.raced_writers, cr.pool_spans,
-                    cr.scatter_spans)
+                    cr.scatter_spans, cr.EverySpans())
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
@@ -567,6 +573,10 @@ class Replayer:
         n = marked.size
         pools = (Pools(*self.layout.columns(marked), entry_rows[:n], entry_rep[:n],
                        np.ones(n, dtype=bool)) if n else Pools.none(self.cfg.kpool))
+        every = self.core.every_spans
+        if (self.want_spans and every is not None and entry_pool is marked
+                and self.layout.is_every_pool(marked)):  # re-pool-all, unpadded
+            return (pools, pad, *every(pools, entry_rows, pad, self.layout.every_growth()))
         return (pools, pad, *self._spans(pools, entry_rows, entry_rep, pad))
 
     def _spans(self, pools: Pools, rows: np.ndarray, rep: np.ndarray, pad: np.ndarray

@@ -329,6 +329,77 @@ def test_spans_agree_on_random_listings(kpool: int):
     assert n_runs > 100
 
 
+def _take(p: Pools, pad: np.ndarray, at: np.ndarray) -> tuple[Pools, np.ndarray]:
+    """The entries `at` of a listing and of its padding."""
+    return Pools(p.seq[at], p.k[at], p.first_pos[at], p.last_pos[at],
+                 np.ascontiguousarray(p.cells[at]), p.rep[at], p.new[at]), pad[at]
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 4])
+def test_spans_found_from_the_last_listing_are_the_whole_listing_s(kpool: int):
+    """compiled/runs.py `EverySpans`: a listing cut into segments (as a layout's pools
+    are, by sequence), each keeping a prefix of its entries and gaining new ones (a
+    pool closed, pools cut by an edit), has the spans contracts/runs.py finds over
+    the whole of it, for the pool listing and the scatter entries alike, when they
+    are found from the last listing's spans through the growth. Random listings
+    (`_random_listing`), cut at random, keep from none to all of each segment, and
+    gain random entries (most segments none: those links are read, not asked)."""
+    from kpool_cli.compiled.runs import EverySpans
+    from kpool_cli.contracts import runs
+
+    rng = np.random.default_rng(40 + kpool)
+    n_runs = 0
+    for _ in range(400):
+        old, _, _, old_pad = _random_listing(rng, kpool)
+        n_old = len(old)
+        n_seg = int(rng.integers(1, 6))
+        before = np.sort(np.concatenate(([0, n_old], rng.integers(0, n_old + 1, n_seg - 1))))
+        before = before.astype(np.int64)
+        fresh, fresh_cells, fresh_rep, fresh_pad = _random_listing(rng, kpool)
+        fresh = Pools(fresh.seq, fresh.k, fresh.first_pos, fresh.last_pos, fresh_cells,
+                      fresh_rep, fresh.new)
+        kept = np.empty(n_seg, dtype=np.int64)
+        parts_old, parts_new, start = [], [], [0]
+        used = 0
+        for j in range(n_seg):
+            n_j = int(before[j + 1] - before[j])
+            grow = rng.random() < 0.4
+            kept[j] = n_j if not grow else int(rng.integers(0, n_j + 1))
+            add = 0 if not grow else min(int(rng.integers(0, 4)), len(fresh) - used)
+            parts_old.append(np.arange(before[j], before[j] + kept[j]))
+            parts_new.append(np.arange(used, used + add))
+            used += add
+            start.append(start[-1] + int(kept[j]) + add)
+        # the listing now: each segment's kept entries, then its new ones
+        now, now_pad = _concat(old, old_pad, fresh, fresh_pad, parts_old, parts_new)
+        every = EverySpans()
+        members_old = np.ascontiguousarray(old.cells)
+        every(old, members_old, old_pad, None)  # the last listing's spans, found whole
+        growth = (members_old, before, kept, np.array(start, dtype=np.int64))
+        got = every(now, np.ascontiguousarray(now.cells), now_pad, growth)
+        want = (runs.pool_spans(now), runs.scatter_spans(now.cells, now.rep, now_pad))
+        assert [g.tolist() for g in got] == [w.tolist() for w in want]
+        n_runs += sum(len(w) for w in want)
+    assert n_runs > 200
+
+
+def _concat(old: Pools, old_pad: np.ndarray, fresh: Pools, fresh_pad: np.ndarray,
+            parts_old: list[np.ndarray], parts_new: list[np.ndarray]
+            ) -> tuple[Pools, np.ndarray]:
+    """Segment by segment, the entries `parts_old[j]` of `old`, then `parts_new[j]`
+    of `fresh`."""
+    cols = []
+    for src, src_pad, parts in ((old, old_pad, parts_old), (fresh, fresh_pad, parts_new)):
+        cols.append([_take(src, src_pad, np.asarray(a, dtype=np.int64)) for a in parts])
+    pieces = [piece for pair in zip(*cols, strict=True) for piece in pair]
+    pools = Pools(*(np.concatenate([getattr(q, f) for q, _ in pieces])
+                    for f in ("seq", "k", "first_pos", "last_pos")),
+                  np.ascontiguousarray(np.concatenate([q.cells for q, _ in pieces])),
+                  np.concatenate([q.rep for q, _ in pieces]),
+                  np.concatenate([q.new for q, _ in pieces]))
+    return pools, np.concatenate([d for _, d in pieces])
+
+
 @pytest.mark.parametrize("kpool", [1, 2, 3, 4])
 def test_the_run_form_reads_back_as_the_full_listing(kpool: int):
     """docs/FORMATS.md "Runs", applied by hand to each run the writer gives: pool

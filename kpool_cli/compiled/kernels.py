@@ -644,20 +644,50 @@ def _link_spans(rows, link, out):  # pragma: no cover - compiled
 _link_spans_in = inner(_link_spans)
 
 
+def _scatter_regular(rows, rep, pad, i):  # pragma: no cover - compiled
+    """contracts/runs.py `scatter_spans`: (entry i is regular: its members step evenly,
+    its rep row is its last member and it is no padding; its member step)."""
+    ok, d = _evenly_in(rows, i)
+    return ok and rep[i] == rows[i, rows.shape[1] - 1] and not pad[i], d
+
+
+_scatter_regular_in = inner(_scatter_regular)
+
+
+def _pool_regular(cells, rep, first_pos, last_pos, i):  # pragma: no cover - compiled
+    """contracts/runs.py `pool_spans`: (pool i is regular: its members step evenly, its
+    rep row is its last member and its positions span kpool; its member step)."""
+    kpool = cells.shape[1]
+    ok, d = _evenly_in(cells, i)
+    return (ok and rep[i] == cells[i, kpool - 1]
+            and last_pos[i] == first_pos[i] + kpool - 1), d
+
+
+_pool_regular_in = inner(_pool_regular)
+
+
+def _pool_follows(seq, k, first_pos, new, kpool, i):  # pragma: no cover - compiled
+    """contracts/runs.py `pool_spans`: pool i follows pool i - 1, as a link asks
+    besides both being regular with one member step: the same sequence, the next
+    k, the next kpool positions, the same `new`."""
+    return (seq[i] == seq[i - 1] and k[i] == k[i - 1] + 1
+            and first_pos[i] == first_pos[i - 1] + kpool and new[i] == new[i - 1])
+
+
+_pool_follows_in = inner(_pool_follows)
+
+
 @kernel
 def scatter_spans(rows, rep, pad, link, out):  # pragma: no cover - compiled
-    """contracts/runs.py `scatter_spans` in one pass: an entry is regular when its
-    members step evenly, its rep row is its last member and it is no padding; a
-    regular entry links to a regular next one with the same member step. link
+    """contracts/runs.py `scatter_spans` in one pass: a regular entry
+    (`_scatter_regular`) links to a regular next one with the same member step. link
     [n - 1] is scratch; out [n // 2, 2] gets the spans; returns how many."""
-    n, kpool = rows.shape
+    n = rows.shape[0]
     if n < 2:
         return 0
-    ok, d = _evenly_in(rows, 0)
-    reg = ok and rep[0] == rows[0, kpool - 1] and not pad[0]
+    reg, d = _scatter_regular_in(rows, rep, pad, 0)
     for i in range(1, n):
-        ok, d2 = _evenly_in(rows, i)
-        reg2 = ok and rep[i] == rows[i, kpool - 1] and not pad[i]
+        reg2, d2 = _scatter_regular_in(rows, rep, pad, i)
         link[i - 1] = reg and reg2 and d2 == d
         reg, d = reg2, d2
     return _link_spans_in(rows, link, out)
@@ -666,22 +696,125 @@ def scatter_spans(rows, rep, pad, link, out):  # pragma: no cover - compiled
 @kernel
 def pool_spans(seq, k, first_pos, last_pos, cells, rep, new, link, out
                ):  # pragma: no cover - compiled
-    """contracts/runs.py `pool_spans` in one pass: a pool is regular when its members
-    step evenly, its rep row is its last member and its positions span kpool; a
-    regular pool links to a regular next one of the same sequence, the next k, the
-    next kpool positions, the same `new` and the same member step. link [n - 1] is
-    scratch; out [n // 2, 2] gets the spans; returns how many."""
+    """contracts/runs.py `pool_spans` in one pass: a regular pool (`_pool_regular`)
+    links to a regular next one with the same member step that follows it
+    (`_pool_follows`). link [n - 1] is scratch; out [n // 2, 2] gets the spans;
+    returns how many."""
     n, kpool = cells.shape
     if n < 2:
         return 0
-    ok, d = _evenly_in(cells, 0)
-    reg = ok and rep[0] == cells[0, kpool - 1] and last_pos[0] == first_pos[0] + kpool - 1
+    reg, d = _pool_regular_in(cells, rep, first_pos, last_pos, 0)
     for i in range(1, n):
-        ok, d2 = _evenly_in(cells, i)
-        reg2 = (ok and rep[i] == cells[i, kpool - 1]
-                and last_pos[i] == first_pos[i] + kpool - 1)
-        link[i - 1] = (reg and reg2 and seq[i] == seq[i - 1] and k[i] == k[i - 1] + 1
-                       and first_pos[i] == first_pos[i - 1] + kpool and new[i] == new[i - 1]
-                       and d2 == d)
+        reg2, d2 = _pool_regular_in(cells, rep, first_pos, last_pos, i)
+        link[i - 1] = (reg and reg2 and d2 == d
+                       and _pool_follows_in(seq, k, first_pos, new, kpool, i))
         reg, d = reg2, d2
     return _link_spans_in(cells, link, out)
+
+
+def _linked(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i
+            ):  # pragma: no cover - compiled
+    """Whether entries i and i + 1 link, before `_link_spans`'s step rule: the pool
+    listing's rule (`pools`) or the scatter entries'."""
+    if pools:
+        r0, d0 = _pool_regular_in(rows, rep, first_pos, last_pos, i)
+        if not r0:
+            return False
+        r1, d1 = _pool_regular_in(rows, rep, first_pos, last_pos, i + 1)
+        return r1 and d1 == d0 and _pool_follows_in(seq, k, first_pos, new, rows.shape[1],
+                                                    i + 1)
+    r0, d0 = _scatter_regular_in(rows, rep, pad, i)
+    if not r0:
+        return False
+    r1, d1 = _scatter_regular_in(rows, rep, pad, i + 1)
+    return r1 and d1 == d0
+
+
+_linked_in = inner(_linked)
+
+
+def _runs_on(run, x, y, out, m):  # pragma: no cover - compiled
+    """Links x..y (inclusive, past every link handed before) are on: extend the run
+    being built (`run`: its first and last link, -1 for none) when they follow its
+    last, else write that run to out[m] as a span and start another. Returns m."""
+    if run[0] >= 0 and x == run[1] + 1:
+        run[1] = y
+        return m
+    if run[0] >= 0:
+        out[m, 0] = run[0]
+        out[m, 1] = run[1] + 2
+        m += 1
+    run[0] = x
+    run[1] = y
+    return m
+
+
+_runs_on_in = inner(_runs_on)
+
+
+def _old_runs(old, lo, hi, shift, run, out, m):  # pragma: no cover - compiled
+    """The links lo..hi of the listing before, on where its spans `old` say, handed to
+    `_runs_on` at their places now (less `shift`). Returns m."""
+    j = _bisect_in(old[:, 1], lo + 1, True)  # the first span whose last link >= lo
+    while j < old.shape[0] and old[j, 0] <= hi:
+        x, y = max(old[j, 0], lo), min(old[j, 1] - 2, hi)
+        if x <= y:
+            m = _runs_on_in(run, x - shift, y - shift, out, m)
+        j += 1
+    return m
+
+
+_old_runs_in = inner(_old_runs)
+
+
+@kernel
+def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, start,
+                before, kept, run, out):  # pragma: no cover - compiled
+    """The spans of a listing (the pool listing's when `pools`, else the scatter
+    entries'; its columns as `pool_spans` and `scatter_spans` take them) made of the
+    listing before, whose spans were `old`: segment j (a sequence's pools) is entries
+    start[j]..start[j + 1] - 1, of which the first kept[j] are the entries
+    before[j]..before[j] + kept[j] - 1 of the listing before, unchanged, and the rest
+    new. What the old spans say of a link holds while the link's three entries
+    (`_link_spans`'s step rule reads the one before it) are kept ones that stood in a
+    row before: only the links about a segment that changed are asked again
+    (`_linked` and the step rule), the others read from `old`. run [2] is scratch;
+    out [n // 2, 2] gets the spans, the very ones `pool_spans` or `scatter_spans`
+    find over the whole listing; returns how many."""
+    m_seg = kept.size
+    n_links = start[m_seg] - 1
+    run[0] = -1
+    run[1] = -1
+    m = 0
+    at = 0  # the first link not handed yet
+    for j in range(m_seg):
+        n_now = start[j + 1] - start[j]
+        if kept[j] == n_now and kept[j] == before[j + 1] - before[j]:
+            continue  # this segment's links, and those to the next, stand
+        # its links from the one before its first new entry (or the boundary, when
+        # it only lost entries) to the one after its last
+        lo = max(start[j] + kept[j] - 1, 0)
+        hi = min(start[j + 1], n_links - 1)
+        end = min(lo, n_links)
+        if at < end:  # a stretch that stands, up to them: its links as they were
+            shift = before[j] - start[j]  # the same from the last segment that changed
+            m = _old_runs_in(old, at + shift, end - 1 + shift, shift, run, out, m)
+            at = end
+        for i in range(max(lo, at), hi + 1):  # asked again
+            on = _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i)
+            if (on and i > 0
+                    and _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad,
+                                   i - 1)
+                    and rows[i + 1, 0] - rows[i, 0] != rows[i, 0] - rows[i - 1, 0]):
+                on = False
+            if on:
+                m = _runs_on_in(run, i, i, out, m)
+        at = max(at, hi + 1)
+    if at < n_links:
+        shift = before[m_seg] - start[m_seg]
+        m = _old_runs_in(old, at + shift, n_links - 1 + shift, shift, run, out, m)
+    if run[0] >= 0:
+        out[m, 0] = run[0]
+        out[m, 1] = run[1] + 2
+        m += 1
+    return m

@@ -123,6 +123,8 @@ class CompiledLayout(Layout):
         # were built with and the pools the change kept (`_every_members`); None when
         # none were built since the change before
         self._carry: tuple[np.ndarray, list[int], tuple[int, ...]] | None = None
+        # what the every-pool columns as they stand were built from (`every_growth`)
+        self._growth: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -258,7 +260,13 @@ class CompiledLayout(Layout):
             every, start = self._every, self._pool_start
             self._carry = (None if every is None or start is None
                            else (every[2], start.tolist(), tuple(kept)))
+            self._growth = None
         return super()._end_update(kept, read, changed, scanned, reshared)
+
+    def every_growth(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """Layout.every_growth: what `_every_members` carried the kept pools' rows from,
+        while the columns it built stand."""
+        return self._growth if self._every is not None else None
 
     def pool_counts(self) -> np.ndarray:
         """Layout.pool_counts: the pools arena's row lengths themselves."""
@@ -272,10 +280,14 @@ class CompiledLayout(Layout):
         """Layout._every_members: the kept pools' rows copied from the members built
         before the change, a sequence at a time, the other pools' looked up."""
         carry, self._carry = self._carry, None
+        self._growth = None
         if carry is None:
             return super()._every_members(every)
         old, before, kept = carry
-        start = self.pool_start().tolist()
+        start_now = self.pool_start()
+        self._growth = (old, np.array(before, dtype=np.int64), np.array(kept, dtype=np.int64),
+                        start_now)
+        start = start_now.tolist()
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         fresh = []
         for s, n_kept in enumerate(kept):

@@ -394,6 +394,14 @@ class Layout:
         (`members_of(every_pool())`)."""
         return self._every_columns()[2]
 
+    def every_growth(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """How the every-pool columns as they stand grew from those built before the
+        pools last changed: (those columns' `pool_members` array, their `pool_start`,
+        the pools each sequence kept then, `LayoutChange.kept`, and `pool_start` now),
+        every kept pool the same pool at its new place; None when not known (the
+        reference layout builds its columns anew)."""
+        return None
+
     def is_every_pool(self, ips: np.ndarray) -> bool:
         """Whether `ips` is the `every_pool` array of the layout as it stands (never
         builds it)."""
