@@ -77,7 +77,7 @@ from .engine.context import (
     OpContext,
     RacedWriters,
     UbatchContext,
-    race_groups,
+    plan_groups,
     raced_writers,
 )
 from .engine.edits import Staleness, check_edit
@@ -168,7 +168,7 @@ def core_of(name: str) -> Core:
     if name == "reference":
         return Core(name, KvCache,
                     lambda c: Layout(c.n_seq_max, c.kpool, c.by_order, c.kv_size),
-                    mark, build_plan, lambda c: race_groups, raced_writers,
+                    mark, build_plan, lambda c: plan_groups, raced_writers,
                     runs.pool_spans, runs.scatter_spans)
     if name == "compiled":
         from .compiled import marking as cm
@@ -181,7 +181,7 @@ def core_of(name: str) -> Core:
                                              c.n_rows),
                     cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible,
                                      padding_alone=SameArrays(padding_entries)),
-                    lambda c: cm.race_groups(c.n_rows), cm.raced_writers, cr.pool_spans,
+                    lambda c: cm.EveryGroups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans, cr.EverySpans())
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 

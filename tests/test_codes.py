@@ -152,17 +152,26 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
     from kpool_cli.compiled import marking as cm
 
     calls = []
-    module, name = (replay_module, "race_groups") if core == "reference" else \
-        (kernels, "race_groups")
-    if core == "compiled":  # a kernel's first call puts it in its module in place of the
-        kernels.race_groups(np.zeros(1, dtype=np.int64), 1)  # stub (jit.kernel): load it
-    real = getattr(module, name)
+    # the reference sorts every plan's rep rows; the compiled core sorts them or grows
+    # the last plan's groups by its new entries (compiled/marking.py `EveryGroups`)
+    if core == "reference":
+        module, names = context, ["race_groups"]
+    else:  # a kernel's first call puts it in its module in place of the stub
+        module, names = kernels, ["race_groups", "grown_race_groups"]
+        one = np.zeros(1, dtype=np.int64)  # (jit.kernel): load them first
+        kernels.race_groups(one, 1)
+        kernels.grown_race_groups(one, np.array([0, 1]), one, one, np.array([0, 1]),
+                                  np.ones(1, dtype=np.int64), np.array([0, 1]), one.copy(),
+                                  one.copy(), one.copy(), np.zeros(2, dtype=np.int64),
+                                  one.copy())
+    for name in names:
+        real = getattr(module, name)
 
-    def counted(rep, *more):
-        calls.append(rep.size)
-        return real(rep, *more)
+        def counted(*args, real=real, name=name):  # the plan's rep rows: counted
+            calls.append(args[0 if name == "race_groups" else 3].size)
+            return real(*args)
 
-    monkeypatch.setattr(module, name, counted)
+        monkeypatch.setattr(module, name, counted)
     # and KP001's raced writers, each core's own (the compiled core hands the context
     # its kernel's twin): counted on both, called on its own alone
     writers_called = {"reference": 0, "compiled": 0}
@@ -254,15 +263,17 @@ def _layout_of(counts: list[int]) -> Layout:
     return layout
 
 
-def _race_context(rep: list[int], entry_pool: list[int]) -> SimpleNamespace:
+def _race_context(rep: list[int], entry_pool: list[int], raced_kept: bool = False
+                  ) -> SimpleNamespace:
     """A ubatch context as KP001 reads it: the plan's entries writing rows `rep` and
-    pooling global pools `entry_pool`, pool p being (seq p // 10, k p % 10)."""
+    pooling global pools `entry_pool`, pool p being (seq p // 10, k p % 10);
+    `raced_kept` as its race groups say (`RaceGroups`)."""
     order, starts, rows = context.race_groups(np.array(rep))
     layout = _layout_of([10, 10, 10])
     ctx = SimpleNamespace(order=order, starts=starts, rows=rows, layout=layout,
                           sizes=np.diff(starts), raced=np.flatnonzero(np.diff(starts) > 1),
                           plan=SimpleNamespace(entry_pool=np.array(entry_pool)),
-                          raced_of=context.raced_writers)
+                          raced_of=context.raced_writers, raced_kept=raced_kept)
     for name in ("raced_writers", "group_writers"):
         setattr(ctx, name, getattr(context.UbatchContext, name).__get__(ctx))
     return ctx
@@ -298,6 +309,37 @@ def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
     (valued_b,) = check.with_values(b, facts, [found_b])
     assert valued_b.evidence["values"][3]["writers"] == [[1, 2], [0, 4]]
     assert valued_b.evidence["values"][7]["writers"] == [[0, 3], [-1, -1], [1, 3]]
+
+
+def test_a_race_whose_groups_are_kept_is_read_from_the_last_plan():
+    """kp001 `Check`, by hand: a context whose race groups say the raced ones are the
+    last plan's (`RaceGroups.raced_kept`, compiled/marking.py `EveryGroups`: a
+    cache-safe slot closing a pool no other slot shares) is judged on the last plan's
+    key, without a look at its writers: plan A above, then plan A's pools moved one
+    entry on (an entry appended before them: pools 3 and 21 now at entries 2 and 4,
+    the same raced rows and writers), kept: the very finding and valued finding of
+    A, and no raced writers asked. The same moved plan not kept asks its writers,
+    and finds the same finding by value."""
+    from kpool_cli.backend.facts import ValueFacts
+    from kpool_cli.verdict.rules.kp001_scatter_race import Check
+
+    facts = ValueFacts(np.ones(4, dtype=bool), {}, {})
+    asked = []
+    check = Check()
+    a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
+    (found_a,) = check.at_ubatch(a)
+    (valued_a,) = check.with_values(a, ValueFacts(np.ones(3, dtype=bool), {}, {}), [found_a])
+    moved = [7, 8, 3, 7, 9, 3, 7], [12, 40, 3, -1, 21, 4, 13]
+    kept = _race_context(*moved, raced_kept=True)
+    kept.raced_of = lambda *args: asked.append(1)  # never asked: it would fail
+    (found,) = check.at_ubatch(kept)
+    assert found is found_a and not asked
+    assert check.with_values(kept, facts, [found])[0] is valued_a and not asked
+    again = _race_context(*moved)
+    real = again.raced_of
+    again.raced_of = lambda *args: asked.append(1) or real(*args)
+    (found,) = check.at_ubatch(again)
+    assert asked and found is found_a
 
 
 def test_a_race_judged_again_on_the_very_same_arrays_follows_its_values():

@@ -323,6 +323,77 @@ def test_race_groups_kernel_groups_as_the_context_does() -> None:
                 assert np.array_equal(g, w), (n_rows, n)
 
 
+def _grown(old_rep: np.ndarray, before: list[int], added: list[list[int]]
+           ) -> tuple[np.ndarray, int, bool, tuple[np.ndarray, ...], np.ndarray]:
+    """kernels.grown_race_groups of the plan `old_rep` (segments at `before`) grown by
+    appending the rows `added[j]` to segment j: (the new rep rows, then the kernel's
+    groups, its verdict on the raced ones, the old groups and the new order)."""
+    from kpool_cli.compiled import kernels as k
+    from kpool_cli.engine.context import race_groups
+
+    parts = [np.concatenate((old_rep[before[j]:before[j + 1]], np.array(a, dtype=np.int64)))
+             for j, a in enumerate(added)]
+    rep = np.concatenate(parts).astype(np.int64)
+    start = np.concatenate(([0], np.cumsum([p.size for p in parts]))).astype(np.int64)
+    b = np.array(before, dtype=np.int64)
+    old = race_groups(old_rep)
+    n = rep.size
+    order, starts, rows = (np.empty(n, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
+                           np.empty(n, dtype=np.int64))
+    g, same = k.grown_race_groups(*old, rep, b, np.diff(b), start,
+                                  np.empty(old_rep.size, dtype=np.int64),
+                                  np.empty(8, dtype=np.int64), order, starts, rows)
+    return rep, g, bool(same), old, (order, starts[:g + 1], rows[:g])
+
+
+def test_race_groups_grown_by_appended_entries_are_the_sorted_ones() -> None:
+    """kernels.grown_race_groups (compiled/marking.py `EveryGroups`): the race groups of
+    a plan grown by entries appended to its segments (a cache-safe slot closing a
+    pool) are engine/context.py's of the grown plan. By hand: segments [7, 3, 7] and
+    [3, 9] (rows 3: entries 1, 3; 7: 0, 2; 9: 4). Appending row 12 to segment 0 (entry
+    3): groups 3: 1, 4; 7: 0, 2; 9: 5; 12: 3, the raced ones (rows 3, 7, groups 0
+    and 1) as they were. Appending row 9 to segment 0 instead joins row 9's group
+    (entries 3, 5): a new raced group. Appending row 1 to segment 1 puts a group
+    before the raced ones: they move. Then random plans, few rows (races) and many,
+    against the sort, with the verdict checked by its definition."""
+    from kpool_cli.engine.context import groups_raced, race_groups
+
+    old_rep = np.array([7, 3, 7, 3, 9], dtype=np.int64)
+    rep, g, same, _, (order, starts, rows) = _grown(old_rep, [0, 3, 5], [[12], []])
+    assert rows.tolist() == [3, 7, 9, 12] and starts.tolist() == [0, 2, 4, 5, 6]
+    assert order.tolist() == [1, 4, 0, 2, 5, 3] and g == 4 and same
+    assert rep.tolist() == [7, 3, 7, 12, 3, 9]
+    assert not _grown(old_rep, [0, 3, 5], [[9], []])[2]
+    assert not _grown(old_rep, [0, 3, 5], [[], [1]])[2]
+    rng = np.random.default_rng(5)
+    n_same = n_moved = 0
+    for _ in range(3000):
+        n_seg = int(rng.integers(1, 5))
+        n_rows = int(rng.choice([4, 40, 4000]))
+        old_rep = rng.integers(0, n_rows, int(rng.integers(0, 30))).astype(np.int64)
+        before = sorted([0, old_rep.size, *rng.integers(0, old_rep.size + 1, n_seg - 1)])
+        added = [rng.integers(0, n_rows, int(rng.integers(0, 3))).tolist()
+                 for _ in range(n_seg)]
+        if sum(map(len, added)) > 8:
+            continue
+        rep, _, same, old, got = _grown(old_rep, before, added)
+        want = race_groups(rep)
+        for a, b in zip(got, want, strict=True):
+            assert np.array_equal(a, b)
+        # the verdict: the raced groups at the same indices, with the same entries
+        # moved where their segments moved (their rows then the same)
+        old_raced, new_raced = groups_raced(old[1]), groups_raced(want[1])
+        shift = np.repeat(np.cumsum([0, *map(len, added)])[:-1], np.diff(before))
+        moved = old[0] + shift[old[0]]
+        kept = np.array_equal(old_raced, new_raced) and all(
+            np.array_equal(moved[old[1][h]:old[1][h + 1]], want[0][want[1][h]:want[1][h + 1]])
+            for h in old_raced.tolist())
+        assert same == kept, (old_rep, before, added)
+        n_same += same
+        n_moved += not same
+    assert n_same > 300 and n_moved > 300
+
+
 def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
     """engine/scatter.py `padding_rows` (ENGINE.md §7): the smallest rows that are no
     pool's rep. Reps 3, 0, 6, 1 of a cache of 8 rows: free rows 2, 4, 5, 7. Two pads:

@@ -549,6 +549,102 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
     return order, heads[:g + 1].copy(), rows[:g].copy()
 
 
+def _copy_groups(old_order, old_starts, old_rows, remap, a, b, order, starts, rows, w, g
+                 ):  # pragma: no cover - compiled
+    """Old groups a..b-1, their entries at their new places (`remap`), written from
+    group g and entry w on: returns (the next w, the next g)."""
+    lo = old_starts[a]
+    for h in range(a, b):
+        starts[g + h - a] = old_starts[h] - lo + w
+        rows[g + h - a] = old_rows[h]
+    for i in range(lo, old_starts[b]):
+        order[w + i - lo] = remap[old_order[i]]
+    return w + old_starts[b] - lo, g + b - a
+
+
+_copy_groups_in = inner(_copy_groups)
+
+
+@kernel
+def grown_race_groups(old_order, old_starts, old_rows, rep, before, kept, start, remap,
+                      fresh, order, starts, rows):  # pragma: no cover - compiled
+    """engine/context.py `race_groups` of a plan (rep rows `rep`) made of the plan
+    before, whose groups were (old_order, old_starts, old_rows), by entries
+    appended: segment j (a sequence's pools) is entries start[j]..start[j + 1] - 1,
+    of which the first kept[j] are the entries before[j]..before[j] + kept[j] - 1 of
+    the plan before (every one of them: kept[j] = before[j + 1] - before[j]), with
+    their rows, and the rest new. The old groups are copied at their entries' new
+    places (still in entry order), a new entry joining the group of its row, in
+    entry order, the others making groups of their own, in row order: the groups a
+    sort of `rep` finds, without the sort. remap [entries before] and fresh (room
+    for the new entries) are scratch; order, starts, rows are written as
+    `race_groups` gives them (starts one longer). Returns (the groups, whether the
+    raced groups, those of two entries or more, are those before at the same
+    indices, with the same entries), or (-1, False) when an entry before was dropped
+    or the new entries outnumber `fresh`: sort instead."""
+    m_seg = kept.size
+    n_fresh = 0
+    for j in range(m_seg):
+        if kept[j] != before[j + 1] - before[j]:
+            return -1, False
+        shift = start[j] - before[j]
+        for e in range(before[j], before[j + 1]):
+            remap[e] = e + shift
+        for i in range(start[j] + kept[j], start[j + 1]):
+            if n_fresh == fresh.size:
+                return -1, False
+            fresh[n_fresh] = i
+            n_fresh += 1
+    for x in range(1, n_fresh):  # by row, then entry (few: an insertion sort)
+        e = fresh[x]
+        y = x - 1
+        while y >= 0 and rep[fresh[y]] > rep[e]:
+            fresh[y + 1] = fresh[y]
+            y -= 1
+        fresh[y + 1] = e
+    n_old = old_rows.size
+    last_raced = -1  # the last old group of two entries or more
+    for h in range(n_old - 1, -1, -1):
+        if old_starts[h + 1] - old_starts[h] > 1:
+            last_raced = h
+            break
+    same = True
+    g_in = g = w = f = 0
+    while f < n_fresh:
+        r = rep[fresh[f]]
+        at = _bisect_in(old_rows, r, False)  # the first old group whose row >= r
+        w, g = _copy_groups_in(old_order, old_starts, old_rows, remap, g_in, at, order,
+                               starts, rows, w, g)
+        g_in = at
+        starts[g] = w
+        rows[g] = r
+        if at < n_old and old_rows[at] == r:  # the new entries join this old group
+            i = old_starts[at]
+            while i < old_starts[at + 1] or (f < n_fresh and rep[fresh[f]] == r):
+                if i < old_starts[at + 1] and (f == n_fresh or rep[fresh[f]] != r
+                                              or remap[old_order[i]] < fresh[f]):
+                    order[w] = remap[old_order[i]]
+                    i += 1
+                else:
+                    order[w] = fresh[f]
+                    f += 1
+                w += 1
+            g_in = at + 1
+            same = False
+        else:  # a group of new entries alone
+            while f < n_fresh and rep[fresh[f]] == r:
+                order[w] = fresh[f]
+                w += 1
+                f += 1
+            if w - starts[g] > 1 or at <= last_raced:
+                same = False
+        g += 1
+    w, g = _copy_groups_in(old_order, old_starts, old_rows, remap, g_in, n_old, order,
+                           starts, rows, w, g)
+    starts[g] = w
+    return g, same
+
+
 @kernel
 def raced_writers(order, starts, entry_pool, pool_start, pad_seq, pad_k, writers, group
                   ):  # pragma: no cover - compiled

@@ -4,7 +4,7 @@
 `race_groups` and `raced_writers`, with their loops over tokens, pools and rows in
 kernels (compiled/kernels.py).
 
-Owns: `mark`, `Padding`, `visible`, `race_groups`, `raced_writers`, each the reference
+Owns: `mark`, `Padding`, `visible`, `EveryGroups`, `raced_writers`, each the reference
 function's result for the same arguments (the same arrays, the same EngineAbort
 messages), which the tests hold byte for byte. The decisions (which candidate wins,
 which rows pad) are the reference's rules, cited in the kernels; the stale candidates
@@ -14,16 +14,14 @@ and the grouping by sequence are the reference's own functions.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 
 import numpy as np
 
-from ..arrays import SameArrays
 from ..cache.aborts import EngineAbort
-from ..engine.context import PAD_WRITER
+from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import Layout, by_sequence
 from ..engine.marking import Marking, stale_candidates, token_pairs
-from ..engine.scatter import NO_ROW_LEFT, visible_pools
+from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, visible_pools
 from . import kernels as k
 from .layout import CompiledLayout
 
@@ -142,18 +140,68 @@ def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
     return out
 
 
-def race_groups(n_rows: int) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray,
-                                                                  np.ndarray]]:
-    """engine/context.py `race_groups` for a cache of n_rows global rows, through
-    `kernels.race_groups`; the last groups again for the same rep array (a
-    re-pool-all plan's entries while the pools stand, a plan of padding alone while
-    the rep rows do: `SameArrays`)."""
+class EveryGroups:
+    """engine/context.py `plan_groups` for a cache of n_rows global rows, one per
+    replay: the groups of a plan through `kernels.race_groups`, the last ones again
+    for the same rep array (a re-pool-all plan's entries while the pools stand, a
+    plan of padding alone while the rep rows do: `raced_kept`), and those of a
+    re-pool-all plan (every pool, unpadded) whose layout's pools only grew, by pools
+    appended to its sequences, since the last groups, a plan of the same kind
+    (`Layout.every_growth`), grown from those (`kernels.grown_race_groups`): a
+    cache-safe slot closing a pool costs a pass that copies the groups, not a sort
+    of every entry. The grown groups say whether the raced ones stand
+    (`RaceGroups.raced_kept`: the kernel saw none gain an entry or move, and no new
+    one); then `raced` is the last array again."""
 
-    def groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        order, starts, rows = k.race_groups(rep, n_rows)
-        return order, starts, rows
+    # the new entries the grown groups take; past them, a sort
+    FRESH_MOST = 256
 
-    return SameArrays(groups)
+    __slots__ = ("_again", "_every_rows", "_fresh", "_last", "_n_rows", "_rep")
+
+    def __init__(self, n_rows: int) -> None:
+        self._n_rows = n_rows
+        self._last: RaceGroups | None = None
+        self._again: RaceGroups | None = None  # the last, as the same plan's again
+        self._rep: weakref.ref | None = None  # the last plan's rep rows
+        self._every_rows: np.ndarray | None = None  # its member rows, a re-pool-all's
+        self._fresh = np.empty(self.FRESH_MOST, dtype=np.int64)
+
+    def __call__(self, plan: ScatterPlan, layout: Layout) -> RaceGroups:
+        rep, last, again = plan.entry_rep, self._last, self._again
+        if again is not None and self._rep is not None and self._rep() is rep:
+            return again  # the same plan's
+        every = (layout.is_every_pool(plan.entry_pool) and plan.entry_pool.size == rep.size
+                 and plan.entry_rows is layout.pool_members())
+        growth = layout.every_growth() if every else None
+        got = None
+        if (growth is not None and last is not None and growth[0] is self._every_rows
+                and int(growth[1][-1]) == last.order.size):
+            got = self._grown(rep, last, growth)
+        if got is None:
+            order, starts, rows = k.race_groups(rep, self._n_rows)
+            got = RaceGroups(order, starts, rows, groups_raced(starts))
+        self._last, self._rep = got, weakref.ref(rep)
+        self._again = got._replace(raced_kept=True)
+        self._every_rows = plan.entry_rows if every else None
+        return got
+
+    def _grown(self, rep: np.ndarray, last: RaceGroups,
+               growth: tuple[np.ndarray, ...]) -> RaceGroups | None:
+        """The groups of `rep` grown from `last` by `growth`; None when a pool was
+        dropped, or past FRESH_MOST new entries."""
+        _, before, kept, start = growth
+        n = rep.size
+        order = np.empty(n, dtype=np.int64)
+        starts = np.empty(n + 1, dtype=np.int64)
+        rows = np.empty(n, dtype=np.int64)
+        g, same = k.grown_race_groups(last.order, last.starts, last.rows, rep, before, kept,
+                                      start, np.empty(last.order.size, dtype=np.int64),
+                                      self._fresh, order, starts, rows)
+        if g < 0:
+            return None
+        starts, rows = starts[:g + 1], rows[:g]
+        return RaceGroups(order, starts, rows, last.raced if same else groups_raced(starts),
+                          bool(same))
 
 
 def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,

@@ -3,12 +3,13 @@ read them (ENGINE.md §8), built by the replay: `UbatchContext` once a ubatch,
 `OpContext` once an op that is not a ubatch.
 
 Owns: `UbatchContext`, `race_groups` (the scatter entries grouped by the row they
-write, computed once a ubatch: the static checks, the value backend's scatter and
-KP001's value evidence all read them here), `raced_writers` (the writers of the
-entries that write a raced row, and their groups: what KP001 reads of a plan),
-`writers_of` (the pool each entry scatters, `PAD_WRITER` for padding) and
-`OpContext`. A core may compute the race groups and the raced writers its own way
-(`Groups`, `RacedWriters`: the compiled core's kernels), to the same arrays.
+write; `RaceGroups` and `plan_groups`, the form a ubatch takes them in; computed
+once a ubatch: the static checks, the value backend's scatter and KP001's value
+evidence all read them here), `raced_writers` (the writers of the entries that write
+a raced row, and their groups: what KP001 reads of a plan), `writers_of` (the pool
+each entry scatters, `PAD_WRITER` for padding) and `OpContext`. A core may compute
+the race groups and the raced writers its own way (`Groups`, `RacedWriters`: the
+compiled core's kernels), to the same arrays.
 
 Invariants: a context is built by `UbatchContext.of` only, so its groups are those of
 its plan; `plan` is None exactly when the engine aborted before its scatter plan
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -62,18 +64,39 @@ def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
     return writers_of(layout, entry_pool[entries]), group[entries]
 
 
-Groups = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+class RaceGroups(NamedTuple):
+    """A plan's race groups as `race_groups` gives them (order, starts, rows), the
+    raced ones (`raced`: the groups of two or more entries), and `raced_kept`: those
+    are the raced groups the same `Groups` gave last, at the same indices, with the
+    same entries' pools in the same order (so the same rows, counts and writers:
+    what KP001 reads). False promises nothing."""
+
+    order: np.ndarray
+    starts: np.ndarray
+    rows: np.ndarray
+    raced: np.ndarray
+    raced_kept: bool = False
+
+
+Groups = Callable[[ScatterPlan, Layout], RaceGroups]
 RacedWriters = Callable[[np.ndarray, np.ndarray, np.ndarray, Layout],
                         tuple[np.ndarray, np.ndarray]]
 
 
-def _groups_raced(starts: np.ndarray) -> np.ndarray:
+def groups_raced(starts: np.ndarray) -> np.ndarray:
     """The race groups of two or more entries, of groups that start at `starts`."""
     return np.flatnonzero(np.diff(starts) > 1)
 
 
 # a plan that stands (scatter.py) hands on the last plan's groups
-_raced = SameArrays(_groups_raced)
+_raced = SameArrays(groups_raced)
+
+
+def plan_groups(plan: ScatterPlan, layout: Layout) -> RaceGroups:
+    """The race groups of `plan` (`race_groups` of its rep rows), as `Groups` gives
+    them, promising nothing of the last ones."""
+    order, starts, rows = race_groups(plan.entry_rep)
+    return RaceGroups(order, starts, rows, _raced(starts))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +105,9 @@ class UbatchContext:
     what the update changed, the scatter plan (None when the engine aborted before it,
     `abort` saying why), the ubatch's tokens (their pos, their seq ids), and the race
     groups of the plan (as `race_groups` gives them) with `raced`, the groups of two
-    or more entries (the rows KP001 names), and how the core finds the writers of
-    those (`raced_of`: `raced_writers`, or its equal twin)."""
+    or more entries (the rows KP001 names), `raced_kept` (`RaceGroups`: those are
+    the last plan's raced groups, as they were), and how the core finds the writers
+    of those (`raced_of`: `raced_writers`, or its equal twin)."""
 
     cache: KvCache
     layout: Layout
@@ -96,6 +120,7 @@ class UbatchContext:
     starts: np.ndarray
     rows: np.ndarray
     raced: np.ndarray
+    raced_kept: bool
     raced_of: RacedWriters
 
     @classmethod
@@ -105,15 +130,15 @@ class UbatchContext:
            groups: Groups | None = None, raced_of: RacedWriters | None = None
            ) -> UbatchContext:
         """`groups`, `raced_of`: how the race groups and the writers of the raced rows
-        are computed (`race_groups`, `raced_writers`, or a core's equal twins)."""
+        are computed (`plan_groups`, `raced_writers`, or a core's equal twins)."""
         assert (plan is None) == (abort is not None), "a plan, or the abort that stopped it"
         if plan is None:
-            order, starts, rows = _EMPTY, np.zeros(1, dtype=np.int64), _EMPTY
+            starts = np.zeros(1, dtype=np.int64)
+            g = RaceGroups(_EMPTY, starts, _EMPTY, _raced(starts))
         else:
-            order, starts, rows = (groups or race_groups)(plan.entry_rep)
-        raced = _raced(starts)
-        return cls(cache, layout, change, plan, abort, token_pos, token_seqs, order, starts,
-                   rows, raced, raced_of or raced_writers)
+            g = (groups or plan_groups)(plan, layout)
+        return cls(cache, layout, change, plan, abort, token_pos, token_seqs, *g,
+                   raced_of or raced_writers)
 
     @property
     def sizes(self) -> np.ndarray:

@@ -85,11 +85,18 @@ class Check(RuleCheck):
         # one all-True array) and the raced groups are the very same arrays, the last
         # valued findings without a look at their values
         self._valued_kept = SameArrays(self._valued_all)
+        # the key of the last plan with a raced row: a plan whose raced groups are the
+        # last plan's (`UbatchContext.raced_kept`: a cache-safe slot closing a pool no
+        # other slot shares, grown from the last plan) reads the same, unlooked
+        self._kept_key: tuple[np.ndarray, ...] | None = None
 
     def _key_of(self, ctx: UbatchContext) -> tuple[np.ndarray, ...]:
         assert ctx.plan is not None
-        return self._key(ctx.plan.entry_pool, ctx.order, ctx.starts, ctx.rows,
-                         ctx.layout.pool_start(), ctx=ctx)
+        key = self._kept_key
+        if not ctx.raced_kept or key is None:
+            key = self._kept_key = self._key(ctx.plan.entry_pool, ctx.order, ctx.starts,
+                                             ctx.rows, ctx.layout.pool_start(), ctx=ctx)
+        return key
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
         if ctx.plan is None or ctx.raced.size == 0:
