@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import ranges
 from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
@@ -278,27 +279,21 @@ class CompiledLayout(Layout):
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """Layout._every_members: the kept pools' rows copied from the members built
-        before the change, a sequence at a time, the other pools' looked up."""
+        before the change (`kernels.carried_rows`, every sequence in one call: W2's 64
+        slices cost more than the rows), the other pools' looked up."""
         carry, self._carry = self._carry, None
         self._growth = None
         if carry is None:
             return super()._every_members(every)
-        old, before, kept = carry
-        start_now = self.pool_start()
-        self._growth = (old, np.array(before, dtype=np.int64), np.array(kept, dtype=np.int64),
-                        start_now)
-        start = start_now.tolist()
+        old, before_l, kept_l = carry
+        start = self.pool_start()
+        before, kept = np.array(before_l, dtype=np.int64), np.array(kept_l, dtype=np.int64)
+        self._growth = (old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
-        fresh = []
-        for s, n_kept in enumerate(kept):
-            a, b = start[s], start[s + 1]
-            if n_kept:
-                members[a:a + n_kept] = old[before[s]:before[s] + n_kept]
-            if a + n_kept < b:
-                fresh.append(every[a + n_kept:b])
-        if fresh:
-            ips = np.concatenate(fresh)
-            members[ips] = self._look_up_members(ips)
+        k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
+        fresh = ranges(start[:-1] + kept, np.diff(start) - kept)
+        if fresh.size:
+            members[fresh] = self._look_up_members(fresh)
         return members
 
     def _run(self, s: int, sp: np.ndarray, append: bool, n_kept: int, cache: KvCache,
