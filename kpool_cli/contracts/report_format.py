@@ -117,6 +117,8 @@ class Record:
         """The record with the given fields, in the declared order. Fields may be left
         out (optional ones, or those a streaming writer adds later); a name the record
         does not declare raises ValueError."""
+        if tuple(values) == self._order:  # every field, in order (a ubatch, its cost)
+            return values
         extra = values.keys() - self._names
         if extra:
             raise ValueError(f"{self.name} declares no field {', '.join(sorted(extra))}")
