@@ -171,7 +171,7 @@ class SlotTable:
         new slots hold zeros when `zero_new` (else the caller writes all three rows;
         one `pristine` before the call holds zeros already)."""
         s = self.of(rows)
-        new = np.flatnonzero(s == 0)
+        new = (s == 0).nonzero()[0]  # s is flat: flatnonzero's ravel is a call more
         if new.size:
             pristine = self.pristine
             ids = self._take(int(new.size))
@@ -231,16 +231,21 @@ class SlotTable:
         self._free = np.empty(0, dtype=np.int64)
 
     def _take(self, n: int) -> np.ndarray:
+        """n slots: freed ones first (the last freed first), then new ones."""
         k = min(n, int(self._free.size))
-        ids = self._free[self._free.size - k:].copy()
-        self._free = self._free[: self._free.size - k]
+        ids = None
+        if k:
+            ids = self._free[self._free.size - k:].copy()
+            self._free = self._free[: self._free.size - k]
         if n > k:
             hi = self.n_handed + n - k
             if hi > self._cap:
                 self._grow(hi)
-            ids = np.concatenate((ids, np.arange(self.n_handed, hi, dtype=np.int64)))
+            fresh = np.arange(self.n_handed, hi, dtype=np.int64)
+            ids = fresh if ids is None else np.concatenate((ids, fresh))
             self.n_handed = hi
             self.pristine = max(self.pristine, hi)
+        assert ids is not None  # n >= 1
         return ids
 
     def _grow(self, need: int) -> None:
