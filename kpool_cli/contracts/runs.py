@@ -82,6 +82,13 @@ def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndar
 def run_cells(rows: np.ndarray, a: np.ndarray) -> list[list[int]]:
     """[c0, d, e] of each run, from its first entry a (every run's at once): member j
     of entry a + i is row c0 + i e + j d (d 1 where kpool is 1)."""
-    heads, nexts = rows[a].tolist(), rows[a + 1, 0].tolist()
-    return [[h[0], h[1] - h[0] if len(h) > 1 else 1, x - h[0]]
-            for h, x in zip(heads, nexts, strict=True)]
+    if a.size <= _FEW_RUNS:  # row by row: two fancy indexings cost more
+        pairs = [(rows[i].tolist(), int(rows[i + 1, 0])) for i in a.tolist()]
+    else:
+        pairs = list(zip(rows[a].tolist(), rows[a + 1, 0].tolist(), strict=True))
+    return [[h[0], h[1] - h[0] if len(h) > 1 else 1, x - h[0]] for h, x in pairs]
+
+
+# up to this many runs, a listing's runs are read run by run (a re-pool-all listing of
+# two sequences is two runs), not by fancy indexing of whole columns
+_FEW_RUNS = 8

@@ -167,14 +167,12 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     spans = pool_spans(p) if spans is None else spans
     found = spans.tolist()
     # the pools between the runs, found from the runs' ends (a listing of every pool
-    # is a few runs over tens of thousands of pools)
-    gaps = np.empty((len(found) + 1, 2), dtype=np.int64)
-    gaps[0, 0], gaps[-1, 1] = 0, n
-    gaps[1:, 0], gaps[:-1, 1] = spans[:, 1], spans[:, 0]
-    sizes = gaps[:, 1] - gaps[:, 0]
+    # is a few runs over tens of thousands of pools, often end to end: none)
     singles = {}
-    if sizes.any():
-        idx = ranges(gaps[:, 0], sizes)
+    ends = [0, *(x for ab in found for x in ab), n]
+    if any(ends[i] != ends[i + 1] for i in range(0, len(ends), 2)):
+        gaps = np.array(ends, dtype=np.int64).reshape(-1, 2)
+        idx = ranges(gaps[:, 0], gaps[:, 1] - gaps[:, 0])
         singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
