@@ -622,6 +622,13 @@ def test_write_rows_takes_any_integer_rows_in_any_layout(backend: str) -> None:
             assert same(be.row_values(name), want.row_values(name)), (rows.dtype, name)
 
 
+def _big_members(i: int, j: int, row: int) -> np.ndarray:
+    """30 entries' member rows (120 rows: numpy's check), all 0 but [i, j] = row."""
+    members = np.zeros((30, 4), dtype=np.int64)
+    members[i, j] = row
+    return members
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_row_taking_method_refuses_bad_rows(backend: str) -> None:
     be = written(backend)
@@ -641,6 +648,11 @@ def test_every_row_taking_method_refuses_bad_rows(backend: str) -> None:
          "rep rows has shape (2,), expected shape (1,)"),
         ("check", lambda: be.verifier.differ(np.array([[0, 1, 2]]), np.array([3])),
          "member rows has shape (1, 3), expected shape (n, 4)"),
+        # past 48 elements numpy checks them (rows from 0: one pass, as unsigned)
+        ("check", lambda: be.verifier.differ(_big_members(20, 1, -1), np.zeros(30, dtype=int)),
+         "member rows[20, 1] is row -1,"),
+        ("check", lambda: be.verifier.differ(_big_members(25, 3, 16), np.zeros(30, dtype=int)),
+         "member rows[25, 3] is row 16,"),
         ("gather", lambda: be.gather(SimpleNamespace(pool_cells=lambda: np.array([3, 40]))),
          "the layout's pool_cells[1] is row 40,"),
     ]

@@ -86,7 +86,9 @@ def checked_index(a, lo: int | None, hi: int, shape: tuple[int | None, ...] | No
         if (min(values) >= lo and max(values) < hi
                 and (not distinct or n == 1 or len(set(values)) == n)):
             return a
-    elif int(a.min()) >= lo and int(a.max()) < hi and (not distinct or _distinct(a)):
+    elif ((int(a.view(np.uint64).max()) < hi if lo == 0  # one pass: a negative is huge
+           else int(a.min()) >= lo and int(a.max()) < hi)
+          and (not distinct or _distinct(a))):
         return a
     raise _index_error(a, lo, hi, where, name, unit)
 
