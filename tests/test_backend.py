@@ -191,6 +191,25 @@ def test_coupled_rep_conflict_under_cache_safe_races_with_different_values() -> 
     assert any(f.tokens[0] == (4, 1) and "pool 0:0's value" in f.message for f in kp3)
 
 
+@pytest.mark.parametrize("trace", ["coupled-rep-conflict.yaml", "shared-prefix-race.yaml"])
+def test_the_facts_say_every_group_equal_exactly_when_it_is(monkeypatch, trace: str) -> None:
+    """`ValueFacts.all_equal` (KP001 keys its valued finding by it): said of a ubatch
+    exactly when every race group's entries write equal values; the coupled trace's
+    cache-safe race has a group whose values differ, the shared prefix's none."""
+    got = []
+    run_ubatch = ValueBackend.run_ubatch
+
+    def kept(self, ctx):  # type: ignore[no-untyped-def]
+        facts = run_ubatch(self, ctx)
+        got.append((facts.all_equal, bool(facts.equal.all())))
+        return facts
+
+    monkeypatch.setattr(ValueBackend, "run_ubatch", kept)
+    replay_values(load_trace(ROOT / "traces" / trace), "cache-safe")
+    assert got and all(said == true for said, true in got)
+    assert any(not true for _, true in got) == (trace == "coupled-rep-conflict.yaml")
+
+
 def test_expects_of_the_coupled_trace_hold_under_both_engines() -> None:
     t = load_trace(ROOT / "traces" / "coupled-rep-conflict.yaml")
     for engine in ENGINES:

@@ -319,22 +319,36 @@ def test_a_race_whose_groups_are_kept_is_read_from_the_last_plan():
     entry on (an entry appended before them: pools 3 and 21 now at entries 2 and 4,
     the same raced rows and writers), kept: the very finding and valued finding of
     A, and no raced writers asked. The same moved plan not kept asks its writers,
-    and finds the same finding by value."""
+    and finds the same finding by value. With every group's values equal, said so
+    (`ValueFacts.all_equal`, the backend's), the kept race's valued finding is the
+    last one without a look at the values either (A had 3 groups, the moved plan 4)."""
     from kpool_cli.backend.facts import ValueFacts
     from kpool_cli.verdict.rules.kp001_scatter_race import Check
 
-    facts = ValueFacts(np.ones(4, dtype=bool), {}, {})
     asked = []
     check = Check()
+    valued, looked = check._valued, []
+
+    def counted(*args, **kwargs):
+        looked.append(1)
+        return valued(*args, **kwargs)
+
+    check._valued = counted  # type: ignore[method-assign]
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found_a,) = check.at_ubatch(a)
-    (valued_a,) = check.with_values(a, ValueFacts(np.ones(3, dtype=bool), {}, {}), [found_a])
+    (valued_a,) = check.with_values(a, ValueFacts(np.ones(3, dtype=bool), {}, {}, True),
+                                    [found_a])
     moved = [7, 8, 3, 7, 9, 3, 7], [12, 40, 3, -1, 21, 4, 13]
     kept = _race_context(*moved, raced_kept=True)
+    kept.raced = a.raced  # the raced groups' very array, as `EveryGroups` hands it on
     kept.raced_of = lambda *args: asked.append(1)  # never asked: it would fail
     (found,) = check.at_ubatch(kept)
     assert found is found_a and not asked
-    assert check.with_values(kept, facts, [found])[0] is valued_a and not asked
+    facts = ValueFacts(np.ones(4, dtype=bool), {}, {}, True)
+    assert check.with_values(kept, facts, [found])[0] is valued_a
+    assert not asked and looked == [1]
+    facts = ValueFacts(np.ones(4, dtype=bool), {}, {})  # not said: looked at, the same
+    assert check.with_values(kept, facts, [found])[0] is valued_a and looked == [1, 1]
     again = _race_context(*moved)
     real = again.raced_of
     again.raced_of = lambda *args: asked.append(1) or real(*args)

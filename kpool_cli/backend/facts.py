@@ -48,11 +48,13 @@ class ValueFacts:
     pool: pool k of s reads wrong (its row, or a racing writer's value, differs from
     the pooling of its current members); every pool of another sequence reads right.
     `first_bad[s]`: for each sequence with a bad pool, its first bad pool k and what
-    that pool's rep row holds."""
+    that pool's rep row holds. `all_equal`: every group writes equal values (`equal`
+    is all True), said whenever it holds."""
 
     equal: np.ndarray
     bad: dict[int, np.ndarray]
     first_bad: dict[int, tuple[int, int, RowContent]]  # s -> (k, rep row, content)
+    all_equal: bool = False
 
 
 def groups_equal(bits: np.ndarray, members: np.ndarray, order: np.ndarray,

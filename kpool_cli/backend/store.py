@@ -476,7 +476,7 @@ class ValueBackend:
             row = int(ctx.layout.seqs[s].rep_rows.view[k])
             first_bad[s] = (k, row, self.content(row))
         self.writers.n_ubatch += 1
-        return ValueFacts(equal, bad, first_bad)
+        return ValueFacts(equal, bad, first_bad, equal is self._equal)
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 

@@ -107,17 +107,24 @@ class Check(RuleCheck):
                     ) -> list[Finding]:
         if not found:
             return found
-        return self._valued_kept(*self._key_of(ctx), values.equal, ctx.raced, found=found,
-                                 ctx=ctx)
+        # every group writing equal values (a plan that stands, or grew by pools no
+        # other writes) is one key, whatever the count of groups
+        equal = _EVERY_GROUP_EQUAL if values.all_equal else values.equal
+        return self._valued_kept(*self._key_of(ctx), equal, ctx.raced, found=found,
+                                 ctx=ctx, equal=values.equal)
 
-    def _valued_all(self, *arrays: np.ndarray, found: list[Finding], ctx: UbatchContext
-                    ) -> list[Finding]:
+    def _valued_all(self, *arrays: np.ndarray, found: list[Finding], ctx: UbatchContext,
+                    equal: np.ndarray) -> list[Finding]:
         """`with_values` of `found` by `_valued`: `arrays` are `race_key`'s values, then
-        the groups' equality and the raced groups (which decide it, `found` being
-        what the key found)."""
-        *key, equal, raced = arrays
+        the groups' equality (or `_EVERY_GROUP_EQUAL`) and the raced groups (which
+        decide it, `found` being what the key found); `equal`, the equality."""
+        *key, _, raced = arrays
         return [self._valued(*key, equal[raced], found=f, ctx=ctx, equal=equal)
                 for f in found]
+
+
+# `with_values`' key for "every group writes equal values" (never read)
+_EVERY_GROUP_EQUAL = np.ones(0, dtype=bool)
 
 
 def race_key(*_kept_by: np.ndarray, ctx: UbatchContext
