@@ -98,7 +98,11 @@ def same_objects(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> 
 
 def ranges(lo: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """The indices of ranges lo[i] .. lo[i] + sizes[i] - 1, end to end (int64): a
-    few groups' entries, a few sequences' pools, without a loop over them."""
+    few groups' entries, a few sequences' pools, without a loop over them (one range,
+    the most common, is an arange: 0.6 us against 4)."""
+    if lo.size == 1:
+        a = int(lo[0])
+        return np.arange(a, a + int(sizes[0]), dtype=np.int64)
     ends = np.cumsum(sizes)
     n = int(ends[-1]) if ends.size else 0
     return np.repeat(lo - (ends - sizes), sizes) + np.arange(n, dtype=np.int64)

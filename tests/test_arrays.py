@@ -1,5 +1,5 @@
 """kpool_cli/arrays.py's `SameArrays`: the last answer again for the very same arrays,
-by identity alone; and `SameValues`, for arrays equal value for value."""
+by identity alone; `SameValues`, for arrays equal value for value; `ranges`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 
-from kpool_cli.arrays import SameArrays, SameValues
+from kpool_cli.arrays import SameArrays, SameValues, ranges
 
 
 def _counted():
@@ -81,3 +81,13 @@ def test_same_values_give_the_last_answer_and_any_other_value_asks_again():
     assert f(np.array([1, 4], dtype=np.int32), np.array([3])) == 8 and len(calls) == 3
     assert f(np.array([[1, 4]], dtype=np.int32), np.array([3])) == 8 and len(calls) == 4
     assert f(np.array([[1, 4]], dtype=np.int32)) == 5 and len(calls) == 5
+
+
+def test_ranges_are_the_indices_of_each_range_end_to_end():
+    """`ranges`, by hand: one range (its own path), several (an empty one among them),
+    none; int64 whatever the input's dtype."""
+    cases = [(([3], [2]), [3, 4]), (([7], [0]), []),
+             (([5, 0, 9], [2, 0, 3]), [5, 6, 9, 10, 11]), (([], []), [])]
+    for (lo, sizes), want in cases:
+        got = ranges(np.array(lo, dtype=np.int32), np.array(sizes, dtype=np.int32))
+        assert got.tolist() == want and got.dtype == np.int64, (lo, sizes)

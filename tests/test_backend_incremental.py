@@ -336,8 +336,10 @@ class PoolEveryEntry(ValueBackend):
 
     def _fresh(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                starts: np.ndarray, rows: np.ndarray, grown: np.ndarray | None
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-        return np.ones(rows.size, dtype=bool), np.zeros(rep.size, dtype=bool), 0
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        # every group fresh, every entry pooled afresh
+        return (np.arange(rows.size), np.arange(rep.size), np.zeros(rep.size, dtype=bool),
+                0)
 
 
 def as_json(rec, t: m.Trace) -> dict:

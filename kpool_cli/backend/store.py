@@ -244,7 +244,7 @@ class _Standing:
         entry is one of the standing plan's, with the same entries (the same pools, in
         the same order) and so the same last one."""
         assert self._every_start is not None
-        return bool(np.array_equal(np.diff(self._every_start), change.kept))
+        return tuple(np.diff(self._every_start).tolist()) == change.kept
 
     def _untouched(self, touched: Callable[[], np.ndarray | None]) -> bool:
         """None of the standing plan's rows is `touched()` (None: every row is)."""
@@ -529,7 +529,10 @@ class ValueBackend:
         # entry's rep row is its group's row, and the rows ascend); None: it vouches
         # for none
         grown = None if new is None else unique(np.searchsorted(rows, rep[new]))
-        fresh, kept, n_kept = self._fresh(entry_rows, rep, order, starts, rows, grown)
+        # the fresh groups, their entries (ascending) and which of those keep their
+        # pooling: what follows costs the fresh groups (under cache-safe, the pools
+        # that changed), not every group
+        todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows, grown)
         # the standing plan with pools appended alone (`dropped_none`)
         appended = new is not None and standing.dropped_none(ctx.change)
         standing.clear()
@@ -537,14 +540,11 @@ class ValueBackend:
         if n == 0:
             return np.ones(0, dtype=bool)
         self.pools_kept += n_kept
-        todo = np.flatnonzero(fresh)
-        # the fresh groups' entries (ascending), with their slots as they are before
-        # `own` below hands the zero rows theirs: what follows costs the fresh groups
-        # (under cache-safe, the pools that changed), not every group
+        # the fresh entries' slots as they are before `own` below hands the zero rows
+        # theirs
         if todo.size:
             sizes = starts[todo + 1] - starts[todo]
-            ents = np.sort(order[ranges(starts[todo], sizes)])
-            members, reps, keep = t.of(entry_rows[ents]), t.of(rep[ents]), kept[ents]
+            members, reps = t.of(entry_rows[ents]), t.of(rep[ents])
         n_slots = t.n_slots
         s = t.own(rows, zero_new=True)
         # a slot handed out now may be a member's that entries read as a zero row: the
@@ -640,26 +640,30 @@ class ValueBackend:
 
     def _fresh(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                starts: np.ndarray, rows: np.ndarray, grown: np.ndarray | None
-               ) -> tuple[np.ndarray, np.ndarray, int]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """`_fresh_groups` asked of the race groups `grown` (ascending), those of the
         entries the standing plan does not vouch for (`_vouched`: a group of vouched
         entries alone keeps its pooling, as the kernel would find), or of every group
-        (None)."""
+        (None): (the fresh groups, ascending; their entries, ascending; which of those
+        keep their pooling; the entries kept, of all)."""
         if grown is None:
-            return self._fresh_groups(entry_rows, rep, order, starts, rows)
+            fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
+            todo = np.flatnonzero(fresh)
+            ents = np.sort(order[ranges(starts[todo], starts[todo + 1] - starts[todo])])
+            return todo, ents, kept[ents], n_kept
         if grown.size == 0:  # every entry vouched for
-            return np.zeros(rows.size, dtype=bool), np.ones(rep.size, dtype=bool), rep.size
+            return grown, grown, np.ones(0, dtype=bool), rep.size
         # those groups' entries, asked as a plan of their own
         sizes = starts[grown + 1] - starts[grown]
-        sub = np.concatenate(([0], np.cumsum(sizes)))
         ents = order[ranges(starts[grown], sizes)]
-        sub_fresh, sub_kept, _ = self._fresh_groups(entry_rows[ents], rep[ents],
-                                                    np.arange(ents.size), sub, rows[grown])
-        fresh = np.zeros(rows.size, dtype=bool)
-        fresh[grown] = sub_fresh
-        kept = np.ones(rep.size, dtype=bool)
-        kept[ents] = sub_kept
-        return fresh, kept, int(np.count_nonzero(kept))
+        sub_fresh, sub_kept, n_sub_kept = self._fresh_groups(
+            entry_rows[ents], rep[ents], np.arange(ents.size),
+            np.concatenate(([0], np.cumsum(sizes))), rows[grown])
+        in_fresh = np.repeat(sub_fresh, sizes)
+        ents, keep = ents[in_fresh], sub_kept[in_fresh]
+        by_entry = np.argsort(ents, kind="stable")
+        return (grown[sub_fresh], ents[by_entry], keep[by_entry],
+                rep.size - sub_kept.size + n_sub_kept)
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
