@@ -84,10 +84,13 @@ def test_same_values_give_the_last_answer_and_any_other_value_asks_again():
 
 
 def test_ranges_are_the_indices_of_each_range_end_to_end():
-    """`ranges`, by hand: one range (its own path), several (an empty one among them),
-    none; int64 whatever the input's dtype."""
-    cases = [(([3], [2]), [3, 4]), (([7], [0]), []),
-             (([5, 0, 9], [2, 0, 3]), [5, 6, 9, 10, 11]), (([], []), [])]
+    """`ranges`, by hand: one range, one that is empty, several (empty ones among
+    them), none, and more than `_FEW` (numpy's path); int64 whatever the input's
+    dtype."""
+    many = (list(range(0, 100, 10)), [1, 0, 2, 0, 0, 3, 1, 0, 0, 2])  # past `_FEW`
+    cases = [(([3], [2]), [3, 4]), (([7], [0]), []), (([4, 8], [0, 1]), [8]),
+             (([5, 0, 9], [2, 0, 3]), [5, 6, 9, 10, 11]), (([], []), []),
+             (many, [0, 20, 21, 50, 51, 52, 60, 90, 91])]
     for (lo, sizes), want in cases:
         got = ranges(np.array(lo, dtype=np.int32), np.array(sizes, dtype=np.int32))
         assert got.tolist() == want and got.dtype == np.int64, (lo, sizes)

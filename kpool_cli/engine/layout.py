@@ -347,7 +347,11 @@ class Layout:
     def pool_start(self) -> np.ndarray:
         """[n_seq_max + 1] global index of each sequence's first pool (and the total)."""
         if self._pool_start is None:
-            self._pool_start = np.concatenate(([0], np.cumsum(self.pool_counts())))
+            counts = self.pool_counts()
+            start = np.empty(counts.size + 1, dtype=np.int64)
+            start[0] = 0
+            np.cumsum(counts, out=start[1:])
+            self._pool_start = start
         return self._pool_start
 
     def pool_seq(self) -> np.ndarray:
