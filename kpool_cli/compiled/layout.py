@@ -288,6 +288,10 @@ class CompiledLayout(Layout):
         old, before_l, kept_l = carry
         start = self.pool_start()
         before, kept = np.array(before_l, dtype=np.int64), np.array(kept_l, dtype=np.int64)
+        # the kernel reads and writes what these bound: the old rows, each sequence's
+        # kept pools within its pools then and now
+        assert (old.shape == (before[-1], self.kpool) and start[-1] == every.size
+                and (kept <= np.diff(before)).all() and (kept <= np.diff(start)).all())
         self._growth = (old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))

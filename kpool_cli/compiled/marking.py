@@ -174,8 +174,7 @@ class EveryGroups:
                  and plan.entry_rows is layout.pool_members())
         growth = layout.every_growth() if every else None
         got = None
-        if (growth is not None and last is not None and growth[0] is self._every_rows
-                and int(growth[1][-1]) == last.order.size):
+        if growth is not None and last is not None and growth[0] is self._every_rows:
             got = self._grown(rep, last, growth)
         if got is None:
             order, starts, rows = k.race_groups(rep, self._n_rows)
@@ -191,6 +190,7 @@ class EveryGroups:
         dropped, or past FRESH_MOST new entries."""
         _, before, kept, start = growth
         n = rep.size
+        assert start[-1] == n and before[-1] == last.order.size  # what the kernel indexes
         order = np.empty(n, dtype=np.int64)
         starts = np.empty(n + 1, dtype=np.int64)
         rows = np.empty(n, dtype=np.int64)

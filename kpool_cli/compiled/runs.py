@@ -81,6 +81,8 @@ class EverySpans:
         its rep rows (`pad`: its entries' padding, none)."""
         last = self._last
         if growth is not None and last is not None and growth[0] is last[0]:
+            # the kernel reads what these bound: the listing now, the old one's spans
+            assert growth[3][-1] == len(p) and growth[1][-1] == last[0].shape[0]
             spans = (_grown(True, p, pad, last[1], growth), _grown(False, p, pad, last[2],
                                                                    growth))
         else:
