@@ -134,7 +134,8 @@ class Core:
     """One implementation of a ubatch's steps over the shared state: the cache and
     layout classes (their find_slot, writes and update) and the marking, scatter
     plan, race groups, writers of the raced rows and runs of a listing. Every field
-    computes what the reference's does."""
+    computes what the reference's does (a core's groups may also say that the raced
+    ones are the last ones: `RaceGroups.raced_kept`)."""
 
     name: str
     cache: Callable[[m.CacheConfig], KvCache]
@@ -181,7 +182,7 @@ def core_of(name: str) -> Core:
                                              c.n_rows),
                     cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible,
                                      padding_alone=SameArrays(padding_entries)),
-                    lambda c: cm.EveryGroups(c.n_rows), cm.raced_writers, cr.pool_spans,
+                    lambda c: cm.GrowingGroups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans, cr.EverySpans())
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 

@@ -153,7 +153,7 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
 
     calls = []
     # the reference sorts every plan's rep rows; the compiled core sorts them or grows
-    # the last plan's groups by its new entries (compiled/marking.py `EveryGroups`)
+    # the last plan's groups by its new entries (compiled/marking.py `GrowingGroups`)
     if core == "reference":
         module, names = context, ["race_groups"]
     else:  # a kernel's first call puts it in its module in place of the stub
@@ -313,7 +313,7 @@ def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
 
 def test_a_race_whose_groups_are_kept_is_read_from_the_last_plan():
     """kp001 `Check`, by hand: a context whose race groups say the raced ones are the
-    last plan's (`RaceGroups.raced_kept`, compiled/marking.py `EveryGroups`: a
+    last plan's (`RaceGroups.raced_kept`, compiled/marking.py `GrowingGroups`: a
     cache-safe slot closing a pool no other slot shares) is judged on the last plan's
     key, without a look at its writers: plan A above, then plan A's pools moved one
     entry on (an entry appended before them: pools 3 and 21 now at entries 2 and 4,
@@ -340,7 +340,7 @@ def test_a_race_whose_groups_are_kept_is_read_from_the_last_plan():
                                     [found_a])
     moved = [7, 8, 3, 7, 9, 3, 7], [12, 40, 3, -1, 21, 4, 13]
     kept = _race_context(*moved, raced_kept=True)
-    kept.raced = a.raced  # the raced groups' very array, as `EveryGroups` hands it on
+    kept.raced = a.raced  # the raced groups' very array, as `GrowingGroups` hands it on
     kept.raced_of = lambda *args: asked.append(1)  # never asked: it would fail
     (found,) = check.at_ubatch(kept)
     assert found is found_a and not asked

@@ -347,7 +347,7 @@ def _grown(old_rep: np.ndarray, before: list[int], added: list[list[int]]
 
 
 def test_race_groups_grown_by_appended_entries_are_the_sorted_ones() -> None:
-    """kernels.grown_race_groups (compiled/marking.py `EveryGroups`): the race groups of
+    """kernels.grown_race_groups (compiled/marking.py `GrowingGroups`): the race groups of
     a plan grown by entries appended to its segments (a cache-safe slot closing a
     pool) are engine/context.py's of the grown plan. By hand: segments [7, 3, 7] and
     [3, 9] (rows 3: entries 1, 3; 7: 0, 2; 9: 4). Appending row 12 to segment 0 (entry
@@ -392,6 +392,74 @@ def test_race_groups_grown_by_appended_entries_are_the_sorted_ones() -> None:
         n_same += same
         n_moved += not same
     assert n_same > 300 and n_moved > 300
+
+
+def test_race_groups_are_not_grown_past_a_dropped_pool_or_the_room_for_new_ones() -> None:
+    """kernels.grown_race_groups says -1 (`GrowingGroups` then sorts) when a pool of
+    the plan before was dropped (segment 0 keeps one of its two entries and gains
+    one) or when the new entries outnumber its scratch (two new, one a segment, room
+    for one); with room for two it grows them (the groups of rows 3: entries 1, 4;
+    7: 0, 2; 8: 3, 6; 9: 5)."""
+    from kpool_cli.compiled import kernels as k
+    from kpool_cli.engine.context import race_groups
+
+    old_rep = np.array([7, 3, 7, 3, 9], dtype=np.int64)
+    old = race_groups(old_rep)
+
+    def grown(rep, before, kept, start, room):  # type: ignore[no-untyped-def]
+        n = len(rep)
+        out = (np.empty(n, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
+               np.empty(n, dtype=np.int64))
+        g, _ = k.grown_race_groups(*old, np.array(rep, dtype=np.int64),
+                                   *(np.array(x, dtype=np.int64) for x in (before, kept, start)),
+                                   np.empty(5, dtype=np.int64), np.empty(room, dtype=np.int64),
+                                   *out)
+        return g, out
+
+    # segment 0 (entries 0..2) keeps 2, drops its third, gains row 8: a pool dropped
+    assert grown([7, 3, 8, 3, 9], [0, 3, 5], [2, 2], [0, 3, 5], 4)[0] == -1
+    rep = [7, 3, 7, 8, 3, 9, 8]  # each segment kept whole, a row 8 appended to each
+    assert grown(rep, [0, 3, 5], [3, 2], [0, 4, 7], 1)[0] == -1
+    g, (order, starts, rows) = grown(rep, [0, 3, 5], [3, 2], [0, 4, 7], 2)
+    want = race_groups(np.array(rep))
+    assert g == 4 and rows[:g].tolist() == want[2].tolist() == [3, 7, 8, 9]
+    assert order.tolist() == want[0].tolist() == [1, 4, 0, 2, 3, 6, 5]
+    assert starts[:g + 1].tolist() == want[1].tolist()
+
+
+def test_race_groups_grow_only_from_the_plan_the_growth_names() -> None:
+    """compiled/marking.py `GrowingGroups`, on stand-in plans and layouts: a growth
+    of the layout's every-pool columns from plan A's member rows grows A's groups
+    (A rows [7, 3, 7], then a pool of row 9 appended: its groups grown, the raced
+    one kept); but after a plan B in between (not every pool, rows [5, 5, 6]), the
+    same growth names A's rows, not B's: C's groups are found by a sort, as
+    engine/context.py `race_groups` gives them, never B's grown."""
+    from types import SimpleNamespace
+
+    from kpool_cli.compiled.marking import GrowingGroups
+    from kpool_cli.engine.context import race_groups
+    from kpool_cli.engine.layout import PoolGrowth
+
+    def plan(rep, every):  # type: ignore[no-untyped-def]
+        rep = np.array(rep, dtype=np.int64)
+        rows = np.repeat(rep[:, None], 2, axis=1)
+        pool = np.arange(rep.size)
+        layout = SimpleNamespace(is_every_pool=lambda ips: every and ips is pool,
+                                 pool_members=lambda: rows, every_growth=lambda: None)
+        return SimpleNamespace(entry_rep=rep, entry_pool=pool, entry_rows=rows), layout
+
+    a, lay_a = plan([7, 3, 7], True)
+    growth = PoolGrowth(a.entry_rows, np.array([0, 3]), np.array([3]), np.array([0, 4]))
+    c, lay_c = plan([7, 3, 7, 9], True)
+    lay_c.every_growth = lambda: growth
+    for between in (False, True):
+        groups = GrowingGroups(64)
+        groups(a, lay_a)
+        if between:
+            groups(*plan([5, 5, 6], False))
+        got = groups(c, lay_c)
+        assert [g.tolist() for g in got[:3]] == [w.tolist() for w in race_groups(c.entry_rep)]
+        assert got.raced_kept is not between  # grown from A (raced row 7 kept), or sorted
 
 
 def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:

@@ -20,6 +20,7 @@ from kpool_cli.cli import cli
 from kpool_cli.contracts.finding import Finding, PoolIds, RowIds
 from kpool_cli.contracts.records import Pools
 from kpool_cli.contracts.report_format import report_schema
+from kpool_cli.engine.layout import PoolGrowth
 from kpool_cli.report.json_report import (
     dumps,
     finding_json,
@@ -335,69 +336,87 @@ def _take(p: Pools, pad: np.ndarray, at: np.ndarray) -> tuple[Pools, np.ndarray]
                  np.ascontiguousarray(p.cells[at]), p.rep[at], p.new[at]), pad[at]
 
 
+def _continued(p: Pools, last: int, n: int) -> tuple[Pools, np.ndarray]:
+    """n entries that continue entry `last` of `p` as the two before it step (the
+    next pools of its sequence, as a closing pool makes them), no padding."""
+    t = np.arange(1, n + 1)
+
+    def step(col: np.ndarray) -> np.ndarray:
+        return col[last] + t * (col[last] - col[last - 1])
+
+    cells = p.cells[last] + t[:, None] * (p.cells[last] - p.cells[last - 1])
+    return Pools(np.full(n, p.seq[last]), step(p.k), step(p.first_pos), step(p.last_pos),
+                 cells, cells[:, -1].copy(), np.full(n, p.new[last])), np.zeros(n, bool)
+
+
+def _grow(rng: np.random.Generator, kpool: int, old: Pools, old_pad: np.ndarray
+          ) -> tuple[Pools, np.ndarray, PoolGrowth]:
+    """`old` (with its padding) cut into segments (as a layout's pools are, by
+    sequence), each keeping a prefix of its entries and gaining new ones: random
+    ones, or ones that continue its last kept entries' runs (a pool closed); most
+    segments gain none. The listing now, its padding, and the growth."""
+    n_old = len(old)
+    n_seg = int(rng.integers(1, 6))
+    before = np.sort(np.concatenate(([0, n_old], rng.integers(0, n_old + 1, n_seg - 1))))
+    kept = np.empty(n_seg, dtype=np.int64)
+    pieces, start = [], [0]
+    for j in range(n_seg):
+        lo, n_j = int(before[j]), int(before[j + 1] - before[j])
+        grow = rng.random() < 0.4
+        kept[j] = n_j if not grow else int(rng.integers(0, n_j + 1))
+        pieces.append(_take(old, old_pad, np.arange(lo, lo + kept[j])))
+        add = 0 if not grow else int(rng.integers(0, 4))
+        if add and kept[j] >= 2 and rng.random() < 0.5:
+            pieces.append(_continued(old, lo + int(kept[j]) - 1, add))
+        elif add:
+            fresh, cells, rep, pad = _random_listing(rng, kpool)
+            fresh = Pools(fresh.seq, fresh.k, fresh.first_pos, fresh.last_pos, cells, rep,
+                          fresh.new)
+            add = min(add, len(fresh))
+            pieces.append(_take(fresh, pad, np.arange(add)))
+        start.append(start[-1] + int(kept[j]) + add)
+    now = Pools(*(np.concatenate([getattr(q, f) for q, _ in pieces])
+                  for f in ("seq", "k", "first_pos", "last_pos")),
+                np.ascontiguousarray(np.concatenate([q.cells for q, _ in pieces])),
+                np.concatenate([q.rep for q, _ in pieces]),
+                np.concatenate([q.new for q, _ in pieces]))
+    growth = PoolGrowth(np.ascontiguousarray(old.cells), before.astype(np.int64), kept,
+                        np.array(start, dtype=np.int64))
+    return now, np.concatenate([d for _, d in pieces]), growth
+
+
 @pytest.mark.parametrize("kpool", [1, 2, 4])
 def test_spans_found_from_the_last_listing_are_the_whole_listing_s(kpool: int):
-    """compiled/runs.py `EverySpans`: a listing cut into segments (as a layout's pools
-    are, by sequence), each keeping a prefix of its entries and gaining new ones (a
-    pool closed, pools cut by an edit), has the spans contracts/runs.py finds over
-    the whole of it, for the pool listing and the scatter entries alike, when they
-    are found from the last listing's spans through the growth. Random listings
-    (`_random_listing`), cut at random, keep from none to all of each segment, and
-    gain random entries (most segments none: those links are read, not asked)."""
+    """compiled/runs.py `EverySpans`: a listing grown from the last one (`_grow`) has
+    the spans contracts/runs.py finds over the whole of it, for the pool listing and
+    the scatter entries alike, when they are found from the last listing's spans
+    through the growth; runs that continue across a segment's kept and new entries
+    are among them. Spans found for another listing are not grown by a growth that
+    names another array (grown, they would be that listing's spans, spliced): they
+    are found whole."""
     from kpool_cli.compiled.runs import EverySpans
     from kpool_cli.contracts import runs
 
     rng = np.random.default_rng(40 + kpool)
-    n_runs = 0
+    n_runs = n_across = 0
     for _ in range(400):
         old, _, _, old_pad = _random_listing(rng, kpool)
-        n_old = len(old)
-        n_seg = int(rng.integers(1, 6))
-        before = np.sort(np.concatenate(([0, n_old], rng.integers(0, n_old + 1, n_seg - 1))))
-        before = before.astype(np.int64)
-        fresh, fresh_cells, fresh_rep, fresh_pad = _random_listing(rng, kpool)
-        fresh = Pools(fresh.seq, fresh.k, fresh.first_pos, fresh.last_pos, fresh_cells,
-                      fresh_rep, fresh.new)
-        kept = np.empty(n_seg, dtype=np.int64)
-        parts_old, parts_new, start = [], [], [0]
-        used = 0
-        for j in range(n_seg):
-            n_j = int(before[j + 1] - before[j])
-            grow = rng.random() < 0.4
-            kept[j] = n_j if not grow else int(rng.integers(0, n_j + 1))
-            add = 0 if not grow else min(int(rng.integers(0, 4)), len(fresh) - used)
-            parts_old.append(np.arange(before[j], before[j] + kept[j]))
-            parts_new.append(np.arange(used, used + add))
-            used += add
-            start.append(start[-1] + int(kept[j]) + add)
-        # the listing now: each segment's kept entries, then its new ones
-        now, now_pad = _concat(old, old_pad, fresh, fresh_pad, parts_old, parts_new)
+        now, now_pad, growth = _grow(rng, kpool, old, old_pad)
+        want = [runs.pool_spans(now).tolist(),
+                runs.scatter_spans(now.cells, now.rep, now_pad).tolist()]
         every = EverySpans()
-        members_old = np.ascontiguousarray(old.cells)
-        every(old, members_old, old_pad, None)  # the last listing's spans, found whole
-        growth = (members_old, before, kept, np.array(start, dtype=np.int64))
+        every(old, growth.old_members, old_pad, None)  # the last listing's, found whole
         got = every(now, np.ascontiguousarray(now.cells), now_pad, growth)
-        want = (runs.pool_spans(now), runs.scatter_spans(now.cells, now.rep, now_pad))
-        assert [g.tolist() for g in got] == [w.tolist() for w in want]
-        n_runs += sum(len(w) for w in want)
-    assert n_runs > 200
-
-
-def _concat(old: Pools, old_pad: np.ndarray, fresh: Pools, fresh_pad: np.ndarray,
-            parts_old: list[np.ndarray], parts_new: list[np.ndarray]
-            ) -> tuple[Pools, np.ndarray]:
-    """Segment by segment, the entries `parts_old[j]` of `old`, then `parts_new[j]`
-    of `fresh`."""
-    cols = []
-    for src, src_pad, parts in ((old, old_pad, parts_old), (fresh, fresh_pad, parts_new)):
-        cols.append([_take(src, src_pad, np.asarray(a, dtype=np.int64)) for a in parts])
-    pieces = [piece for pair in zip(*cols, strict=True) for piece in pair]
-    pools = Pools(*(np.concatenate([getattr(q, f) for q, _ in pieces])
-                    for f in ("seq", "k", "first_pos", "last_pos")),
-                  np.ascontiguousarray(np.concatenate([q.cells for q, _ in pieces])),
-                  np.concatenate([q.rep for q, _ in pieces]),
-                  np.concatenate([q.new for q, _ in pieces]))
-    return pools, np.concatenate([d for _, d in pieces])
+        assert [g.tolist() for g in got] == want
+        n_runs += sum(map(len, want))
+        seams = (growth.start[:-1] + growth.kept)[growth.kept > 0].tolist()
+        n_across += sum(a < x < b for w in want for a, b in w for x in seams)
+        # spans found for another listing: the growth names not its array
+        other, (old2, _, _, pad2) = EverySpans(), _random_listing(rng, kpool)
+        other(old2, np.ascontiguousarray(old2.cells), pad2, None)
+        got = other(now, np.ascontiguousarray(now.cells), now_pad, growth)
+        assert [g.tolist() for g in got] == want
+    assert n_runs > 200 and n_across > 50
 
 
 @pytest.mark.parametrize("kpool", [1, 2, 3, 4])

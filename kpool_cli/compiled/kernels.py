@@ -730,6 +730,15 @@ def _evenly(rows, i):  # pragma: no cover - compiled
 _evenly_in = inner(_evenly)
 
 
+def _step_breaks(rows, i):  # pragma: no cover - compiled
+    """contracts/runs.py `runs`: the link of entries i and i + 1 follows a linked pair
+    with another step of the first member, so it starts no run."""
+    return rows[i + 1, 0] - rows[i, 0] != rows[i, 0] - rows[i - 1, 0]
+
+
+_step_breaks_in = inner(_step_breaks)
+
+
 def _link_spans(rows, link, out):  # pragma: no cover - compiled
     """contracts/runs.py `runs`: the runs of linked entries (`link[i]` links i and
     i + 1) whose first member steps evenly, written to out as [a, b); returns how
@@ -740,7 +749,7 @@ def _link_spans(rows, link, out):  # pragma: no cover - compiled
     before = False  # link[i - 1], as given
     for i in range(link.size):
         on = link[i]
-        if on and before and rows[i + 1, 0] - rows[i, 0] != rows[i, 0] - rows[i - 1, 0]:
+        if on and before and _step_breaks_in(rows, i):
             on = False
         before = link[i]
         if on:
@@ -850,6 +859,19 @@ def _linked(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i
 _linked_in = inner(_linked)
 
 
+def _run_out(run, out, m):  # pragma: no cover - compiled
+    """The run being built (`_runs_on`), if any, written to out[m] as a span.
+    Returns m."""
+    if run[0] >= 0:
+        out[m, 0] = run[0]
+        out[m, 1] = run[1] + 2
+        m += 1
+    return m
+
+
+_run_out_in = inner(_run_out)
+
+
 def _runs_on(run, x, y, out, m):  # pragma: no cover - compiled
     """Links x..y (inclusive, past every link handed before) are on: extend the run
     being built (`run`: its first and last link, -1 for none) when they follow its
@@ -857,10 +879,7 @@ def _runs_on(run, x, y, out, m):  # pragma: no cover - compiled
     if run[0] >= 0 and x == run[1] + 1:
         run[1] = y
         return m
-    if run[0] >= 0:
-        out[m, 0] = run[0]
-        out[m, 1] = run[1] + 2
-        m += 1
+    m = _run_out_in(run, out, m)
     run[0] = x
     run[1] = y
     return m
@@ -922,7 +941,7 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
             if (on and i > 0
                     and _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad,
                                    i - 1)
-                    and rows[i + 1, 0] - rows[i, 0] != rows[i, 0] - rows[i - 1, 0]):
+                    and _step_breaks_in(rows, i)):
                 on = False
             if on:
                 m = _runs_on_in(run, i, i, out, m)
@@ -930,8 +949,4 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
     if at < n_links:
         shift = before[m_seg] - start[m_seg]
         m = _old_runs_in(old, at + shift, n_links - 1 + shift, shift, run, out, m)
-    if run[0] >= 0:
-        out[m, 0] = run[0]
-        out[m, 1] = run[1] + 2
-        m += 1
-    return m
+    return _run_out_in(run, out, m)

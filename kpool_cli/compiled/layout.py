@@ -33,7 +33,7 @@ import numpy as np
 from ..arrays import ranges
 from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
-from ..engine.layout import POS_CLEAN, Layout, LayoutChange, SeqLayout
+from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout
 from . import kernels as k
 from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
@@ -125,7 +125,7 @@ class CompiledLayout(Layout):
         # none were built since the change before
         self._carry: tuple[np.ndarray, list[int], tuple[int, ...]] | None = None
         # what the every-pool columns as they stand were built from (`every_growth`)
-        self._growth: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._growth: PoolGrowth | None = None
 
     def scratch(self, n_pool: int) -> np.ndarray:
         """An all-False bool array for marking's first-wins test, indexed by a rep row
@@ -264,7 +264,7 @@ class CompiledLayout(Layout):
             self._growth = None
         return super()._end_update(kept, read, changed, scanned, reshared)
 
-    def every_growth(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    def every_growth(self) -> PoolGrowth | None:
         """Layout.every_growth: what `_every_members` carried the kept pools' rows from,
         while the columns it built stand."""
         return self._growth if self._every is not None else None
@@ -292,7 +292,7 @@ class CompiledLayout(Layout):
         # kept pools within its pools then and now
         assert (old.shape == (before[-1], self.kpool) and start[-1] == every.size
                 and (kept <= np.diff(before)).all() and (kept <= np.diff(start)).all())
-        self._growth = (old, before, kept, start)
+        self._growth = PoolGrowth(old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
         fresh = ranges(start[:-1] + kept, np.diff(start) - kept)

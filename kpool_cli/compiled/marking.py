@@ -4,9 +4,11 @@
 `race_groups` and `raced_writers`, with their loops over tokens, pools and rows in
 kernels (compiled/kernels.py).
 
-Owns: `mark`, `Padding`, `visible`, `EveryGroups`, `raced_writers`, each the reference
+Owns: `mark`, `Padding`, `visible`, `GrowingGroups`, `raced_writers`, each the reference
 function's result for the same arguments (the same arrays, the same EngineAbort
-messages), which the tests hold byte for byte. The decisions (which candidate wins,
+messages), which the tests hold byte for byte; `GrowingGroups` also says when the
+raced groups are the last ones (`RaceGroups.raced_kept`), which the reference's
+`plan_groups` never claims. The decisions (which candidate wins,
 which rows pad) are the reference's rules, cited in the kernels; the stale candidates
 and the grouping by sequence are the reference's own functions.
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
-from ..engine.layout import Layout, by_sequence
+from ..engine.layout import Layout, PoolGrowth, by_sequence
 from ..engine.marking import Marking, stale_candidates, token_pairs
 from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, visible_pools
 from . import kernels as k
@@ -140,7 +142,7 @@ def visible(layout: Layout, first: np.ndarray, pos: np.ndarray,
     return out
 
 
-class EveryGroups:
+class GrowingGroups:
     """engine/context.py `plan_groups` for a cache of n_rows global rows, one per
     replay: the groups of a plan through `kernels.race_groups`, the last ones again
     for the same rep array (a re-pool-all plan's entries while the pools stand, a
@@ -156,7 +158,7 @@ class EveryGroups:
     # the new entries the grown groups take; past them, a sort
     FRESH_MOST = 256
 
-    __slots__ = ("_again", "_every_rows", "_fresh", "_last", "_n_rows", "_rep")
+    __slots__ = ("_again", "_every_rows", "_last", "_n_rows", "_new", "_rep")
 
     def __init__(self, n_rows: int) -> None:
         self._n_rows = n_rows
@@ -164,17 +166,18 @@ class EveryGroups:
         self._again: RaceGroups | None = None  # the last, as the same plan's again
         self._rep: weakref.ref | None = None  # the last plan's rep rows
         self._every_rows: np.ndarray | None = None  # its member rows, a re-pool-all's
-        self._fresh = np.empty(self.FRESH_MOST, dtype=np.int64)
+        self._new = np.empty(self.FRESH_MOST, dtype=np.int64)  # the kernel's scratch
 
     def __call__(self, plan: ScatterPlan, layout: Layout) -> RaceGroups:
         rep, last, again = plan.entry_rep, self._last, self._again
         if again is not None and self._rep is not None and self._rep() is rep:
             return again  # the same plan's
-        every = (layout.is_every_pool(plan.entry_pool) and plan.entry_pool.size == rep.size
+        # a re-pool-all plan, unpadded (a padded one's entries are arrays of their own)
+        every = (layout.is_every_pool(plan.entry_pool)
                  and plan.entry_rows is layout.pool_members())
         growth = layout.every_growth() if every else None
         got = None
-        if growth is not None and last is not None and growth[0] is self._every_rows:
+        if growth is not None and last is not None and growth.old_members is self._every_rows:
             got = self._grown(rep, last, growth)
         if got is None:
             order, starts, rows = k.race_groups(rep, self._n_rows)
@@ -184,8 +187,8 @@ class EveryGroups:
         self._every_rows = plan.entry_rows if every else None
         return got
 
-    def _grown(self, rep: np.ndarray, last: RaceGroups,
-               growth: tuple[np.ndarray, ...]) -> RaceGroups | None:
+    def _grown(self, rep: np.ndarray, last: RaceGroups, growth: PoolGrowth
+               ) -> RaceGroups | None:
         """The groups of `rep` grown from `last` by `growth`; None when a pool was
         dropped, or past FRESH_MOST new entries."""
         _, before, kept, start = growth
@@ -196,7 +199,7 @@ class EveryGroups:
         rows = np.empty(n, dtype=np.int64)
         g, same = k.grown_race_groups(last.order, last.starts, last.rows, rep, before, kept,
                                       start, np.empty(last.order.size, dtype=np.int64),
-                                      self._fresh, order, starts, rows)
+                                      self._new, order, starts, rows)
         if g < 0:
             return None
         starts, rows = starts[:g + 1], rows[:g]

@@ -14,10 +14,8 @@ import numpy as np
 
 from ..contracts.records import Pools
 from ..contracts.runs import NO_SPANS
+from ..engine.layout import PoolGrowth
 from . import kernels as k
-
-# how the layout's every-pool columns grew from the last ones (`Layout.every_growth`)
-Growth = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def _spans(kernel, n: int, *columns: np.ndarray) -> np.ndarray:
@@ -42,7 +40,7 @@ def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndar
     return _spans(k.scatter_spans, int(rep.size), rows, rep, pad)
 
 
-def _grown(pools: bool, p: Pools, pad: np.ndarray, old: np.ndarray, growth: Growth
+def _grown(pools: bool, p: Pools, pad: np.ndarray, old: np.ndarray, growth: PoolGrowth
            ) -> np.ndarray:
     """`kernels.grown_spans` of the listing `p` (the pool listing's spans when `pools`,
     else its entries' as a plan's, with padding `pad`) from the last listing's
@@ -50,11 +48,10 @@ def _grown(pools: bool, p: Pools, pad: np.ndarray, old: np.ndarray, growth: Grow
     n = len(p)
     if n < 2:
         return NO_SPANS
-    _, before, kept, start = growth
     out = np.empty((n // 2, 2), dtype=np.int64)
     m = k.grown_spans(pools, p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new, pad,
-                      old if old.flags.writeable else old.copy(), start, before, kept,
-                      np.empty(2, dtype=np.int64), out)
+                      old if old.flags.writeable else old.copy(), growth.start,
+                      growth.before, growth.kept, np.empty(2, dtype=np.int64), out)
     return out[:m]
 
 
@@ -74,15 +71,15 @@ class EverySpans:
         # the last listing's member rows and its two listings' spans
         self._last: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def __call__(self, p: Pools, members: np.ndarray, pad: np.ndarray, growth: Growth | None
+    def __call__(self, p: Pools, members: np.ndarray, pad: np.ndarray, growth: PoolGrowth | None
                  ) -> tuple[np.ndarray, np.ndarray]:
         """(pool spans, scatter spans) of the listing `p` of every pool, whose cells are
         `members`, the plan's entry rows (the layout's `pool_members`), and whose reps
         its rep rows (`pad`: its entries' padding, none)."""
         last = self._last
-        if growth is not None and last is not None and growth[0] is last[0]:
+        if growth is not None and last is not None and growth.old_members is last[0]:
             # the kernel reads what these bound: the listing now, the old one's spans
-            assert growth[3][-1] == len(p) and growth[1][-1] == last[0].shape[0]
+            assert growth.start[-1] == len(p) and growth.before[-1] == last[0].shape[0]
             spans = (_grown(True, p, pad, last[1], growth), _grown(False, p, pad, last[2],
                                                                    growth))
         else:

@@ -3,7 +3,8 @@
 Owns: per sequence its copy of the (pos, cell) pairs, its pools (start indices into
 those pairs), the rep row of each pool, `j_next` and `pos_min`, and (versions that
 track sharing) its `shared` flag; the layout's `n_pool_real`, `cache_safe` and the
-count of its updates (`n_updates`, each `LayoutChange`'s `serial`).
+count of its updates (`n_updates`, each `LayoutChange`'s `serial`); and the form in
+which a layout may say how its every-pool columns grew (`PoolGrowth`).
 
 Invariants:
 - a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
@@ -19,6 +20,7 @@ Pools are numbered globally in layout order: sequence 0's pools, then 1's, ...
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -136,6 +138,19 @@ def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order
     starts = j_from + np.flatnonzero(ok).astype(np.int64)
     j_next = max(int(starts[-1]) + kpool if starts.size else j_from, last + 1)
     return starts, j_next
+
+
+class PoolGrowth(NamedTuple):
+    """How a layout's every-pool columns grew from those built before its pools last
+    changed (`Layout.every_growth`): sequence s's first kept[s] pools are the pools
+    before[s].. of those columns and now start[s].., the same pools (the same pairs:
+    the same members, positions and rep rows); its other pools are new. A reader that
+    holds what it built from `old_members` (by identity) may grow it."""
+
+    old_members: np.ndarray  # the `pool_members` array built before
+    before: np.ndarray  # [n_seq_max + 1] the `pool_start` it was built with
+    kept: np.ndarray  # [n_seq_max] the pools each sequence kept (`LayoutChange.kept`)
+    start: np.ndarray  # [n_seq_max + 1] `pool_start` now
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,12 +413,10 @@ class Layout:
         (`members_of(every_pool())`)."""
         return self._every_columns()[2]
 
-    def every_growth(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    def every_growth(self) -> PoolGrowth | None:
         """How the every-pool columns as they stand grew from those built before the
-        pools last changed: (those columns' `pool_members` array, their `pool_start`,
-        the pools each sequence kept then, `LayoutChange.kept`, and `pool_start` now),
-        every kept pool the same pool at its new place; None when not known (the
-        reference layout builds its columns anew)."""
+        pools last changed (`PoolGrowth`); None when not known (the reference layout
+        builds its columns anew)."""
         return None
 
     def is_every_pool(self, ips: np.ndarray) -> bool:

@@ -2,13 +2,16 @@
 
 Owns: the code, its explanation and its `Check`: at a ubatch, `race_key` (all the
 rule reads of the plan: the raced rows, their counts, their writers in entry order
-and each writer's group; kept while the plan and groups are the same arrays) and
+and each writer's group; kept while the plan and groups are the same arrays, and
+read unlooked when the context's race groups say the raced ones are the last
+plan's, `UbatchContext.raced_kept`) and
 `race` (the rows written by two or more entries, from that key; kept while the key's
 values are the same); with values, `with_values` (the same finding with the value
 backend's evidence: whether each raced row's entries carry equal values, and which
-sequences may lose theirs; kept while the key, the groups' equality and the raced
-groups are the same arrays, and then while the key and the raced groups' equality
-have the same values).
+sequences may lose theirs; kept while the key, the groups' equality (or, when every
+group writes equal values, `ValueFacts.all_equal`, that alone) and the raced groups
+are the same arrays, and then while the key and the raced groups' equality have the
+same values).
 
 Invariants: the rows are the context's raced groups, ascending; the pools are the
 real entries that write them, in entry order; `with_values` changes neither, only
@@ -81,9 +84,10 @@ class Check(RuleCheck):
         self._key = SameArrays(race_key)
         self._race = SameValues(race)
         self._valued = SameValues(_valued)
-        # and while the key, the groups' equality (a plan that stands: the backend's
-        # one all-True array) and the raced groups are the very same arrays, the last
-        # valued findings without a look at their values
+        # and while the key, the groups' equality (every group equal, the backend
+        # says: one key, `_EVERY_GROUP_EQUAL`, whatever the count of groups) and the
+        # raced groups are the very same arrays, the last valued findings without a
+        # look at their values
         self._valued_kept = SameArrays(self._valued_all)
         # the key of the last plan with a raced row: a plan whose raced groups are the
         # last plan's (`UbatchContext.raced_kept`: a cache-safe slot closing a pool no
