@@ -290,8 +290,10 @@ class CompiledLayout(Layout):
         before, kept = np.array(before_l, dtype=np.int64), np.array(kept_l, dtype=np.int64)
         # the kernel reads and writes what these bound: the old rows, each sequence's
         # kept pools within its pools then and now
-        assert (old.shape == (before[-1], self.kpool) and start[-1] == every.size
-                and (kept <= np.diff(before)).all() and (kept <= np.diff(start)).all())
+        now = start.tolist()
+        assert old.shape == (before_l[-1], self.kpool) and now[-1] == every.size and all(
+            n <= min(b1 - b0, s1 - s0) for n, b0, b1, s0, s1 in zip(
+                kept_l, before_l, before_l[1:], now, now[1:], strict=False))
         self._growth = PoolGrowth(old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
