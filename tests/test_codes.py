@@ -279,6 +279,19 @@ def _race_context(rep: list[int], entry_pool: list[int], raced_kept: bool = Fals
     return ctx
 
 
+def _count_looks(check) -> list[int]:  # type: ignore[no-untyped-def]
+    """KP001 `check`'s looks at a race's values (the `SameValues` behind its identity
+    cache), one item each, in the list returned."""
+    valued, looked = check._valued, []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        looked.append(1)
+        return valued(*args, **kwargs)
+
+    check._valued = counted
+    return looked
+
+
 def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
     """kp001 `Check`, by hand. Plan A: entries 0..5 write rows 7, 3, 7, 9, 3, 7 and pool
     12, 3, -1, 21, 4, 13 (as above): rows 3 (entries 1, 4) and 7 (0, 2, 5) are raced, by
@@ -327,13 +340,7 @@ def test_a_race_whose_groups_are_kept_is_read_from_the_last_plan():
 
     asked = []
     check = Check()
-    valued, looked = check._valued, []
-
-    def counted(*args, **kwargs):
-        looked.append(1)
-        return valued(*args, **kwargs)
-
-    check._valued = counted  # type: ignore[method-assign]
+    looked = _count_looks(check)
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found_a,) = check.at_ubatch(a)
     (valued_a,) = check.with_values(a, ValueFacts(np.ones(3, dtype=bool), {}, {}, True),
@@ -367,14 +374,7 @@ def test_a_race_judged_again_on_the_very_same_arrays_follows_its_values():
     from kpool_cli.verdict.rules.kp001_scatter_race import Check
 
     check = Check()
-    valued = check._valued
-    looked = []  # each look at the values (the SameValues behind the identity cache)
-
-    def counted(*args, **kwargs):
-        looked.append(1)
-        return valued(*args, **kwargs)
-
-    check._valued = counted  # type: ignore[method-assign]
+    looked = _count_looks(check)
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found,) = check.at_ubatch(a)
     equal = ValueFacts(np.ones(3, dtype=bool), {}, {})

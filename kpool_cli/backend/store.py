@@ -58,10 +58,10 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays, ranges, same_objects, unique
+from ..arrays import SameArrays, same_objects, unique
 from ..cache.kv import Reach
-from ..engine.context import UbatchContext
-from ..engine.layout import Layout, LayoutChange
+from ..engine.context import UbatchContext, groups_entries
+from ..engine.layout import Layout, LayoutChange, pools_past
 from ..signals import masked
 from ..trace.model import CacheConfig, Trace
 from .facts import (
@@ -232,10 +232,8 @@ class _Standing:
         if (self._every is None or change.serial != self._every + 1
                 or not layout.is_every_pool(entry_pool) or not self._untouched(touched)):
             return None
-        kept = np.asarray(change.kept, dtype=np.int64)
-        now = layout.pool_start()
         # each sequence's other pools follow its kept ones
-        return ranges(now[:-1] + kept, np.diff(now) - kept)
+        return pools_past(layout.pool_start(), np.asarray(change.kept, dtype=np.int64))
 
     def dropped_none(self, change: LayoutChange) -> bool:
         """The update `change`, which `new_entries` found the standing plan vouches
@@ -569,8 +567,7 @@ class ValueBackend:
             t.pool_gen[st] = t.gen
             raced = sizes > 1  # of the fresh groups: a group of kept entries alone
             if raced.any():      # writes equal values
-                sub = order[ranges(starts[todo[raced]], sizes[raced])]
-                sub_starts = np.concatenate(([0], np.cumsum(sizes[raced])))
+                sub, sub_starts = groups_entries(order, starts, todo[raced])
                 # a group of kept entries alone names one pooling: each of these must
                 # too, or the plan does not stand
                 equal[todo[raced]], one_pooling = groups_equal(
@@ -582,10 +579,8 @@ class ValueBackend:
             # wrote it again; the new entries' groups are stamped
             assert grown is not None
             writers.wrote_again(s)
-            sizes_g = starts[grown + 1] - starts[grown]
-            writers.stamp_winners(self.kernels, order[ranges(starts[grown], sizes_g)],
-                                  np.concatenate(([0], np.cumsum(sizes_g))), plan.entry_pool,
-                                  layout.pool_start(), s[grown])
+            writers.stamp_winners(self.kernels, *groups_entries(order, starts, grown),
+                                  plan.entry_pool, layout.pool_start(), s[grown])
         else:
             writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
                                   layout.pool_start(), s)
@@ -603,9 +598,9 @@ class ValueBackend:
         return equal if unequal.size else self._all_equal(rows.size)
 
     def _all_equal(self, n_groups: int) -> np.ndarray:
-        """[n_groups] True, read-only: the same array while the count holds, so a
-        plan's ubatches whose groups all write equal values (every one of a plan that
-        stands) hand KP001 the very equality it judged last (its `SameArrays`)."""
+        """[n_groups] True, read-only: the same array while the count holds (no array
+        a ubatch of a plan that stands), and by its identity `run_ubatch` says every
+        group equal (`ValueFacts.all_equal`, which KP001 keys its valued finding by)."""
         got = self._equal
         if got.size != n_groups:
             got = np.ones(n_groups, dtype=bool)
@@ -649,17 +644,15 @@ class ValueBackend:
         if grown is None:
             fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
             todo = np.flatnonzero(fresh)
-            ents = np.sort(order[ranges(starts[todo], starts[todo + 1] - starts[todo])])
+            ents = np.sort(groups_entries(order, starts, todo)[0])
             return todo, ents, kept[ents], n_kept
         if grown.size == 0:  # every entry vouched for
             return grown, grown, np.ones(0, dtype=bool), rep.size
         # those groups' entries, asked as a plan of their own
-        sizes = starts[grown + 1] - starts[grown]
-        ents = order[ranges(starts[grown], sizes)]
+        ents, sub = groups_entries(order, starts, grown)
         sub_fresh, sub_kept, n_sub_kept = self._fresh_groups(
-            entry_rows[ents], rep[ents], np.arange(ents.size),
-            np.concatenate(([0], np.cumsum(sizes))), rows[grown])
-        in_fresh = np.repeat(sub_fresh, sizes)
+            entry_rows[ents], rep[ents], np.arange(ents.size), sub, rows[grown])
+        in_fresh = np.repeat(sub_fresh, np.diff(sub))
         ents, keep = ents[in_fresh], sub_kept[in_fresh]
         by_entry = np.argsort(ents, kind="stable")
         return (grown[sub_fresh], ents[by_entry], keep[by_entry],

@@ -479,11 +479,10 @@ def carried_rows(old, before, kept, start, width, out):  # pragma: no cover - co
     now, rows start[j].. of out; `old` and `out` flat, `width` a row (one loop a
     sequence, which compiles to a copy). The other rows of out are left alone."""
     for j in range(kept.size):
-        n = kept[j] * width
+        n, a, b = kept[j] * width, before[j] * width, start[j] * width
         # views, indexed from 0: numba then knows no index is negative, and the loop
         # is a copy (indexed from an offset, it wrapped each index: 4.5x the time)
-        src, dst = old[before[j] * width:before[j] * width + n], out[start[j] * width:
-                                                                      start[j] * width + n]
+        src, dst = old[a:a + n], out[b:b + n]
         for i in range(n):
             dst[i] = src[i]
 

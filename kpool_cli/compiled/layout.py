@@ -28,12 +28,13 @@ one new pool costs its own look-up and a copy, not a look-up of every pool.
 """
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 
-from ..arrays import ranges
 from ..cache.cells import CELL_BITS
 from ..cache.kv import KvCache
-from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout
+from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout, pools_past
 from . import kernels as k
 from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
@@ -292,12 +293,12 @@ class CompiledLayout(Layout):
         # kept pools within its pools then and now
         now = start.tolist()
         assert old.shape == (before_l[-1], self.kpool) and now[-1] == every.size and all(
-            n <= min(b1 - b0, s1 - s0) for n, b0, b1, s0, s1 in zip(
-                kept_l, before_l, before_l[1:], now, now[1:], strict=False))
+            n <= min(b1 - b0, s1 - s0) for n, (b0, b1), (s0, s1) in zip(
+                kept_l, pairwise(before_l), pairwise(now), strict=True))
         self._growth = PoolGrowth(old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
-        fresh = ranges(start[:-1] + kept, np.diff(start) - kept)
+        fresh = pools_past(start, kept)
         if fresh.size:
             members[fresh] = self._look_up_members(fresh)
         return members

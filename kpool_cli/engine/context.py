@@ -7,7 +7,8 @@ write; `RaceGroups` and `plan_groups`, the form a ubatch takes them in; computed
 once a ubatch: the static checks, the value backend's scatter and KP001's value
 evidence all read them here), `raced_writers` (the writers of the entries that write
 a raced row, and their groups: what KP001 reads of a plan), `writers_of` (the pool
-each entry scatters, `PAD_WRITER` for padding) and `OpContext`. A core may compute
+each entry scatters, `PAD_WRITER` for padding), `groups_entries` (the entries of
+some groups, as a plan of their own) and `OpContext`. A core may compute
 the race groups and the raced writers its own way (`Groups`, `RacedWriters`: the
 compiled core's kernels), to the same arrays.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
@@ -49,6 +51,18 @@ def race_groups(rep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         _EMPTY
     starts = np.concatenate((head, [srep.size])).astype(np.int64)
     return order, starts, srep[head]
+
+
+def groups_entries(order: np.ndarray, starts: np.ndarray, groups: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The entries of race groups `groups` (of `order`, `starts`: `race_groups`'),
+    group after group, each in entry order, and where each group's begin among them
+    ([len(groups) + 1], the race groups of those entries as a plan of their own)."""
+    sizes = starts[groups + 1] - starts[groups]
+    sub = np.empty(sizes.size + 1, dtype=np.int64)
+    sub[0] = 0
+    np.cumsum(sizes, out=sub[1:])
+    return order[ranges(starts[groups], sizes)], sub
 
 
 def raced_writers(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
@@ -157,11 +171,10 @@ class UbatchContext:
         those entries alone: a cache-safe ubatch has an entry for every pool, and
         KP001 shows 64 groups, the scatter the few whose values differ."""
         assert self.plan is not None
-        lo, sizes = self.starts[groups], np.diff(self.starts)[groups]
-        flat = writers_of(self.layout, self.plan.entry_pool[self.order[ranges(lo, sizes)]]
-                          ).tolist()
-        ends = np.cumsum(sizes)
-        return [flat[e - n:e] for e, n in zip(ends.tolist(), sizes.tolist(), strict=True)]
+        entries, sub = groups_entries(self.order, self.starts, groups)
+        flat = writers_of(self.layout, self.plan.entry_pool[entries]).tolist()
+        bounds = sub.tolist()
+        return [flat[a:b] for a, b in pairwise(bounds)]
 
 
 def writers_of(layout: Layout, entry_pool: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@ Owns: per sequence its copy of the (pos, cell) pairs, its pools (start indices i
 those pairs), the rep row of each pool, `j_next` and `pos_min`, and (versions that
 track sharing) its `shared` flag; the layout's `n_pool_real`, `cache_safe` and the
 count of its updates (`n_updates`, each `LayoutChange`'s `serial`); and the form in
-which a layout may say how its every-pool columns grew (`PoolGrowth`).
+which a layout may say how its every-pool columns grew (`PoolGrowth`), and the pools
+past each sequence's kept ones (`pools_past`).
 
 Invariants:
 - a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
@@ -24,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..arrays import unique
+from ..arrays import ranges, unique
 from ..cache.cells import CELL_BITS, CELL_MASK, GrowArray, global_row
 from ..cache.kv import KvCache
 
@@ -138,6 +139,12 @@ def scan_pools(keys: np.ndarray, j_from: int, pos_min: int, kpool: int, by_order
     starts = j_from + np.flatnonzero(ok).astype(np.int64)
     j_next = max(int(starts[-1]) + kpool if starts.size else j_from, last + 1)
     return starts, j_next
+
+
+def pools_past(start: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The global indices (ascending) of each sequence's pools past its first kept[s]
+    (`pool_start` `start`): the pools an update added or regrouped."""
+    return ranges(start[:-1] + kept, np.diff(start) - kept)
 
 
 class PoolGrowth(NamedTuple):
