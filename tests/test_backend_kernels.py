@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from conftest import ENGINES
 
-from kpool_cli.backend import keys, recheck, reference
+from kpool_cli.backend import guards, keys, recheck, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.context import UbatchContext
@@ -93,6 +93,28 @@ def test_parallel_builds_agree() -> None:
     kernels._parallel("pool", kernels._pool_into_parallel, kernels._POOL_SIG)(
         a[0], a[1], members, out, *kernels._scratch(4, 16))
     assert same(out, reference.pool(a[2], a[3], members))
+
+
+def test_a_large_write_takes_its_keys_from_the_parallel_build(monkeypatch) -> None:
+    """Past the work threshold, with the parallel builds on, `write_rows` leaves the
+    key rows to `write_keys`' parallel build (used, and recorded as used), and writes
+    what the serial pass writes."""
+    n = 300
+    rows = np.arange(n, dtype=np.int64)[::-1].copy()
+    ids = np.arange(1, n + 1, dtype=np.int64)
+    got = []
+    for parallel in (False, True):
+        monkeypatch.setattr(kernels, "PARALLEL", parallel)
+        monkeypatch.setattr(kernels, "PARALLEL_MIN_KEYS", 16 * n)
+        monkeypatch.setitem(kernels.PARALLEL_USED, "write_keys", False)
+        a = _slot_table(n + 1, n, 16, np.int32)
+        out = np.empty(n, np.int64)
+        assert _write_rows(kernels, np.uint64(9), rows, ids, np.empty(0, np.int64), 1, 1, a,
+                           out) == (guards.WROTE, n)
+        assert kernels.PARALLEL_USED["write_keys"] is parallel
+        got.append(a)
+    for name in got[0]:
+        assert np.array_equal(got[0][name].view(np.uint8), got[1][name].view(np.uint8)), name
 
 
 @pytest.mark.parametrize("kpool", [1, 2, 4, 8])
@@ -459,6 +481,135 @@ def test_least_pair_by_hand() -> None:
             k.least_pair(np.array([4, 6], np.int64), pos)
 
 
+def _slot_table(n_slots: int, n_rows: int, n_embd: int, slot_dtype: type
+                ) -> dict[str, np.ndarray]:
+    """The arrays `write_rows` reads and writes, every one holding 9 (slot_of 0)."""
+    return dict(slot_of=np.zeros(n_rows, slot_dtype),
+                key=np.full((n_slots, n_embd), 9, np.float32),
+                gate=np.full((n_slots, n_embd), 9, np.float32),
+                pooled=np.full((n_slots, n_embd), 9, np.float32),
+                slot_row=np.full(n_slots, 9, np.int64), key_gen=np.full(n_slots, 9, np.int64),
+                pool_gen=np.full(n_slots, 9, np.int64), w_kind=np.full(n_slots, 9, np.int8),
+                w_ubatch=np.full(n_slots, 9, np.int64), w_a=np.full(n_slots, 9, np.int64),
+                w_b=np.full(n_slots, 9, np.int64))
+
+
+def _write_rows(k, state: np.uint64, rows: np.ndarray, key_ids: np.ndarray,
+                free: np.ndarray, n_handed: int, pristine: int, a: dict[str, np.ndarray],
+                out: np.ndarray) -> tuple[int, int]:
+    """`k.write_rows` at generation 5, ubatch 7, writer kind 3."""
+    return k.write_rows(state, rows, key_ids, a["slot_of"], free, n_handed, pristine, 5, 7,
+                        3, a["key"], a["gate"], a["pooled"], a["slot_row"], a["key_gen"],
+                        a["pool_gen"], a["w_kind"], a["w_ubatch"], a["w_a"], a["w_b"], out)
+
+
+def test_write_rows_by_hand() -> None:
+    """`write_rows`, the slot table's `own` and a decode's writes in one pass. Slots
+    1..5 handed out (n_handed 6), free list [2, 4], pristine 7. Rows 10, 11, 12, 13
+    with key ids 21, 0, 22, 23: row 10 has slot 3; the three others take the free
+    list's two slots in its order (11: 2, 12: 4), then the new slot 6. Each slot gets
+    its key id's rows (key id 0: zeros), a zeroed pooled row (slot 6 too: below
+    pristine 7), key_gen 5, pool_gen 0 and the writer (3, 7, -1, -1); slots 0, 1, 5,
+    7, 8 and rows 14, 15 keep what they held. One new row takes the free list's last
+    slot (4); past pristine a pooled row is not written (it holds zeros already)."""
+    st = keys.seed_state(4)
+    rows = np.array([10, 11, 12, 13], np.int64)
+    ids = np.array([21, 0, 22, 23], np.int64)
+    want_key, want_gate = keys.key_rows_from_state(st, ids, 8)
+    for k in (kernels, reference):
+        for slot_dtype in (np.int32, np.int64):
+            a = _slot_table(9, 16, 8, slot_dtype)
+            a["slot_of"][10] = 3
+            out = np.full(4, -9, np.int64)
+            got = _write_rows(k, st, rows, ids, np.array([2, 4], np.int64), 6, 7, a, out)
+            assert got == (guards.WROTE, 3), k
+            assert out.tolist() == [3, 2, 4, 6], k
+            assert a["slot_of"].tolist() == [0] * 10 + [3, 2, 4, 6, 0, 0], k
+            assert a["slot_row"].tolist() == [9, 9, 11, 9, 12, 9, 13, 9, 9], k  # row 10: 3's
+            assert same(a["key"][out], want_key) and same(a["gate"][out], want_gate), k
+            assert not a["key"][2].any() and not a["gate"][2].any(), k  # key id 0
+            assert (a["pooled"][out] == 0).all(), k
+            for name, value in (("key_gen", 5), ("pool_gen", 0), ("w_kind", 3),
+                                ("w_ubatch", 7), ("w_a", -1), ("w_b", -1)):
+                assert (a[name][out] == value).all(), (k, name)
+            untouched = [0, 1, 5, 7, 8]
+            for name in ("key", "gate", "pooled", "key_gen", "pool_gen", "w_kind",
+                         "w_ubatch", "w_a", "w_b"):
+                assert (a[name][untouched] == 9).all(), (k, name)
+        a = _slot_table(9, 16, 8, np.int32)
+        out = np.empty(1, np.int64)
+        assert _write_rows(k, st, rows[1:2], ids[1:2], np.array([2, 4], np.int64), 6, 7, a,
+                           out) == (guards.WROTE, 1)
+        assert out.tolist() == [4], k
+        # past pristine a slot holds zeros already: not written again
+        a = _slot_table(9, 16, 8, np.int32)
+        out = np.empty(2, np.int64)
+        assert _write_rows(k, st, rows[:2], ids[:2], np.empty(0, np.int64), 6, 7, a,
+                           out) == (guards.WROTE, 2)
+        assert out.tolist() == [6, 7], k
+        assert (a["pooled"][6] == 0).all() and (a["pooled"][7] == 9).all(), k
+
+
+def test_write_rows_refuses_before_it_writes() -> None:
+    """What `write_rows` refuses, naming where, having written nothing: the room it
+    lacks (NO_ROOM, the rows that would get a slot: 2 new slots past 4 slots of
+    room), a row outside the slot map, a row whose slot is 0's or past those handed
+    out, a free slot that is."""
+    st = keys.seed_state(1)
+    rows = np.array([3, 5, 6], np.int64)
+    ids = np.array([1, 2, 3], np.int64)
+    cases = [
+        (dict(n_handed=3), (guards.NO_ROOM, 2)),
+        (dict(rows=np.array([3, 16, 6], np.int64)), (guards.ROW_OUTSIDE, 1)),
+        (dict(rows=np.array([3, 5, -1], np.int64)), (guards.ROW_OUTSIDE, 2)),
+        (dict(slot=(6, 3)), (guards.SLOT_OUTSIDE, 2)),
+        (dict(slot=(5, -2)), (guards.SLOT_OUTSIDE, 1)),
+        (dict(free=np.array([1, 0], np.int64)), (guards.FREE_OUTSIDE, 1)),
+        (dict(free=np.array([2, 1, 2], np.int64)), (guards.FREE_OUTSIDE, 2)),
+    ]
+    for k in (kernels, reference):
+        for spoiled, want in cases:
+            a = _slot_table(4, 16, 8, np.int32)
+            a["slot_of"][3] = 1
+            if "slot" in spoiled:
+                a["slot_of"][spoiled["slot"][0]] = spoiled["slot"][1]
+            held = {name: x.copy() for name, x in a.items()}
+            got = _write_rows(k, st, spoiled.get("rows", rows), ids,
+                              spoiled.get("free", np.empty(0, np.int64)),
+                              spoiled.get("n_handed", 2), 2, a, np.empty(3, np.int64))
+            assert got == want, (k, spoiled)
+            assert all(np.array_equal(a[name], held[name]) for name in a), (k, spoiled)
+
+
+def test_write_rows_agrees() -> None:
+    """On random slot tables (rows with and without slots, free lists long and short,
+    key id 0 among the ids, pristine anywhere past the slots handed out), the kernel
+    and its twin write the same slots, rows and writers, bit for bit."""
+    rng = np.random.default_rng(47)
+    st = keys.seed_state(12)
+    for n in (0, 1, 5, 64, 700):
+        n_rows, n_slots = 2000, 1600
+        n_handed = int(rng.integers(1, 800))
+        live = rng.permutation(n_handed - 1)[:int(rng.integers(0, n_handed))] + 1
+        free = np.setdiff1d(np.arange(1, n_handed), live).astype(np.int64)
+        free = rng.permutation(free)
+        with_slot = rng.permutation(n_rows)[:live.size]
+        rows = rng.permutation(n_rows)[:n].astype(np.int64)
+        ids = rng.integers(0, 50, n).astype(np.int64)
+        pristine = n_handed + int(rng.integers(0, 20))
+        tables = []
+        for k in (kernels, reference):
+            a = _slot_table(n_slots, n_rows, 16, np.int32)
+            a["slot_of"][with_slot] = live
+            out = np.empty(n, np.int64)
+            got = _write_rows(k, st, rows, ids, free, n_handed, pristine, a, out)
+            tables.append((got, out, a))
+        (g1, o1, a1), (g2, o2, a2) = tables
+        assert g1 == g2 and g1[0] == guards.WROTE and np.array_equal(o1, o2), n
+        for name in a1:
+            assert np.array_equal(a1[name].view(np.uint8), a2[name].view(np.uint8)), (n, name)
+
+
 def _writer_arrays(n_slots: int) -> tuple[np.ndarray, ...]:
     """A slot table's writer columns (w_kind int8, w_ubatch, w_a, w_b), all 9."""
     return (np.full(n_slots, 9, np.int8), *(np.full(n_slots, 9, np.int64) for _ in range(3)))
@@ -796,10 +947,14 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     # the kernels' own doors, with what the slot map cannot express
     vals = np.zeros((2, CFG.n_embd), np.float32)
     doors = [
-        ("write_keys", lambda: be.kernels.write_keys(np.array([0]), np.array([1])),
-         "slots[0] is slot 0, but it may only name slots 1.."),
-        ("write_keys", lambda: be.kernels.write_keys(np.array([1, 1]), np.array([1, 2])),
-         "slot 1 is in slots more than once (the kernel takes one writer per slot)"),
+        ("write_keys", lambda: be.kernels.write_rows(np.array([3]), np.array([1, 2]), 0, 3),
+         "2 key ids for 1 rows"),
+        ("write_keys", lambda: be.kernels.write_rows(np.array([3], np.int32), np.array([1]),
+                                                     0, 3),
+         "the rows are not a C-contiguous 1-D int64 array"),
+        ("write_keys", lambda: be.kernels.write_rows(np.array([2, be.n_rows]),
+                                                     np.array([1, 2]), 0, 3),
+         f"rows[1] is row {be.n_rows}, but it may only name rows 0..{be.n_rows - 1}"),
         ("pool", lambda: be.kernels.pool(np.array([[0, 1, 2, n]])),
          f"member slots[0, 3] is slot {n},"),
         ("pool", lambda: be.kernels.pool(np.zeros((1, 0), np.int64)),
@@ -878,6 +1033,15 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
                                 np.array([True]), np.arange(2), np.arange(2), True, False)
     with refused("least pair", "cells[1] is cell 8, outside the stream"):
         be.kernels.least_pair(np.array([0, 8]), np.zeros(8, np.int64))
+    # a free slot outside those handed out: refused before the first row is written
+    free = be.slots._free
+    be.slots._free = np.array([2, n + 5], np.int64)
+    before = state(be)
+    with refused("write_keys", f"free slots[1] is slot {n + 5}, but it may only name "
+                               f"slots 1..{n - 1}"):
+        be.kernels.write_rows(np.array([3, 12]), np.array([1, 2]), 0, 3)  # 12: no slot
+    assert state(be) == before
+    be.slots._free = free
     pooled = be.slots.pooled
     be.slots.pooled = np.asfortranarray(pooled)
     with refused("gather", "the pooled array is float32"):

@@ -200,6 +200,10 @@ def test_continuity_counts_distinct_positions():
     decode(c, 0, range(5))
     assert check(toks((5, [0]), (5, [0]), (6, [0])), c) is None
     assert "not continuous" in check(toks((5, [0]), (7, [0])), c)
+    # one sequence's tokens: an id out of range is token 0's, whatever the positions
+    assert check(toks((5, [2]), (7, [2])), c) == "token 0: invalid seq_id 2 (n_seq_max = 2)"
+    assert check(toks((5, [-1]), (6, [-1])), c) == (
+        "token 0: invalid seq_id -1 (n_seq_max = 2)")
 
 
 def test_s3_validation_of_one_token_per_sequence():
@@ -383,3 +387,6 @@ def test_state_positions_of_parallel_slots_and_of_shared_sets() -> None:
     assert _state_positions(pos, [(2,), (0,), (1,)]) == [((2,), 5), ((0,), 7), ((1,), 9)]
     assert _state_positions(pos, [(2,), (0,), (2,)]) == [((2,), 9), ((0,), 7)]
     assert _state_positions(pos, [(0, 1), (1, 0), (3,)]) == [((0, 1), 7), ((3,), 9)]
+    # one set (a decode of one sequence): its last token's pos
+    assert _state_positions(pos, [(1, 0), (1, 0), (1, 0)]) == [((1, 0), 9)]
+    assert _state_positions(pos[:1], [(4,)]) == [((4,), 5)]

@@ -1,6 +1,6 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
-Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_keys`,
+Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows`,
 `pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
 pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
 verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
@@ -30,7 +30,19 @@ from types import ModuleType
 
 import numpy as np
 
-from .guards import ANY, I64, PlanError, checked_index, is_rows
+from .guards import (
+    ANY,
+    FREE_OUTSIDE,
+    I64,
+    NO_ROOM,
+    ROW_OUTSIDE,
+    SLOT_OUTSIDE,
+    WROTE,
+    PlanError,
+    checked_index,
+    is_rows,
+    outside_error,
+)
 from .slots import SlotTable
 
 
@@ -51,16 +63,37 @@ class GuardedKernels:
         self.time[name] += time.perf_counter() - t0
         return out
 
-    def write_keys(self, s: np.ndarray, key_ids: np.ndarray) -> None:
+    def write_rows(self, rows: np.ndarray, key_ids: np.ndarray, n_ubatch: int, kind: int
+                   ) -> np.ndarray:
+        """A decode's rows written (`kernels.write_rows`): a slot for each row that has
+        none, its key and gate rows, a zeroed pooled row, the writer `kind` at
+        `n_ubatch`. Returns the rows' slots. `rows`: distinct (the caller checks them
+        against n_rows); the kernel checks each row, slot and free slot before its
+        first write, and the slot arrays grow first when they lack the room."""
         where = "write_keys"
         t = self.slots
         t.check_tables(where)
-        s = checked_index(s, 1, t.n_handed, ANY, True, where, "slots", "slot")
-        if type(key_ids) is not np.ndarray or key_ids.dtype is not I64 \
-                or key_ids.shape != s.shape or not key_ids.flags.c_contiguous:
-            key_ids = checked_index(key_ids, None, 0, s.shape, False, where, "key_ids",
-                                    "key id")
-        self._timed(where, self.k.write_keys, self.state, s, key_ids, t.key, t.gate)
+        _one_d(where, ("rows", rows, I64), ("key ids", key_ids, I64))
+        if key_ids.shape != rows.shape:
+            raise PlanError(f"{where}: {key_ids.size} key ids for {rows.size} rows", where,
+                            "key ids")
+        out = np.empty(rows.size, dtype=np.int64)
+        while True:
+            why, at = self._timed(where, self.k.write_rows, self.state, rows, key_ids,
+                                  t.slot_of, t.free, t.n_handed, t.pristine, t.gen, n_ubatch,
+                                  kind, t.key, t.gate, t.pooled, t.slot_row, t.key_gen,
+                                  t.pool_gen, t.w_kind, t.w_ubatch, t.w_a, t.w_b, out)
+            if why != NO_ROOM:
+                break
+            t.make_room(at)
+        if why == WROTE:
+            t.handed_out(at)
+            return out
+        if why == ROW_OUTSIDE:
+            raise outside_error(rows, at, 0, t.slot_of.size, where, "rows", "row")
+        assert why in (SLOT_OUTSIDE, FREE_OUTSIDE), why
+        name, a = ("slots", t.of(rows)) if why == SLOT_OUTSIDE else ("free slots", t.free)
+        raise outside_error(a, at, 1, t.n_handed, where, name, "slot")
 
     def pool(self, members: np.ndarray) -> np.ndarray:
         where = "pool"

@@ -104,6 +104,10 @@ def checked_rows(rows, n_rows: int, shape: tuple[int | None, ...] | None, distin
 # with the first group it refuses
 OUTSIDE, NOT_RACE_GROUPS = 1, 2
 
+# what `write_rows` (both twins) did: wrote, or wrote nothing because the slot arrays
+# lack the room, or a row, a row's slot or a free slot is outside its array
+WROTE, NO_ROOM, ROW_OUTSIDE, SLOT_OUTSIDE, FREE_OUTSIDE = range(5)
+
 
 def group_refusal(g: int, why: int) -> Exception:
     """The error of a pass over race groups refusing group `g` for `why`: IndexError
@@ -136,6 +140,16 @@ def _distinct(a: np.ndarray) -> bool:
     return not np.any(srt[1:] == srt[:-1])
 
 
+def outside_error(a: np.ndarray, bad: int, lo: int, hi: int, where: str, name: str,
+                  unit: str) -> PlanError:
+    """The PlanError of index array `a`'s element `bad` (flat), outside [lo, hi)."""
+    at = ", ".join(str(int(i)) for i in np.unravel_index(bad, a.shape))
+    units = unit[:-1] + "ies" if unit.endswith("y") else unit + "s"
+    valid = f"{units} {lo}..{hi - 1}" if hi > lo else f"no {unit} at all"
+    return PlanError(f"{where}: {name}[{at}] is {unit} {int(a.flat[bad])}, but it may "
+                     f"only name {valid} (a bug in kpool: no kernel was run)", where, name)
+
+
 def _index_error(a: np.ndarray, lo: int, hi: int, where: str, name: str, unit: str
                  ) -> PlanError:
     """The PlanError of an index array `checked_index` refused: its first element out
@@ -143,12 +157,7 @@ def _index_error(a: np.ndarray, lo: int, hi: int, where: str, name: str, unit: s
     flat = a.ravel()
     out = np.flatnonzero((flat < lo) | (flat >= hi))
     if out.size:
-        bad = int(out[0])
-        at = ", ".join(str(int(i)) for i in np.unravel_index(bad, a.shape))
-        units = unit[:-1] + "ies" if unit.endswith("y") else unit + "s"
-        valid = f"{units} {lo}..{hi - 1}" if hi > lo else f"no {unit} at all"
-        return PlanError(f"{where}: {name}[{at}] is {unit} {int(flat[bad])}, but it may "
-                         f"only name {valid} (a bug in kpool: no kernel was run)", where, name)
+        return outside_error(a, int(out[0]), lo, hi, where, name, unit)
     srt = np.sort(flat)
     dup = int(srt[np.flatnonzero(srt[1:] == srt[:-1])[0]])
     return PlanError(f"{where}: {unit} {dup} is in {name} more than once (the kernel "

@@ -1,14 +1,15 @@
-"""The numba kernels of the value backend: key rows, pool, scatter, gather, check,
-`fresh_groups` (which scatter entries keep their pooling), `stamp_winners` (the
-writer of each row a scatter wrote), the pools a changed row dirties (`dirty_pools`,
-`pools_of_pairs`, `held_pairs`), and the verification's choices for every sequence
-at once (`recheck_ways`, `least_pair`: recheck.py).
+"""The numba kernels of the value backend: key rows (`write_rows`: a decode's rows
+written, their slots handed out and their writers stamped, in one pass), pool,
+scatter, gather, check, `fresh_groups` (which scatter entries keep their pooling),
+`stamp_winners` (the writer of each row a scatter wrote), the pools a changed row
+dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
+choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
 
 Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 13 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 14 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -24,8 +25,9 @@ per-sequence arrays are as long as the door checks them to be).
 Arithmetic: exactly the order `keys.py` fixes (no fastmath, so no reassociation
 and no fused multiply-add; no transcendental function; float32 throughout).
 
-Parallelism (DESIGN.md "Numba kernels"): `write_keys` and `pool`
-are written once and can be jitted twice, serially and with `parallel=True`. The
+Parallelism (DESIGN.md "Numba kernels"): `write_keys` (which `write_rows` calls for
+a large write) and `pool` are written once and can be jitted twice, serially and
+with `parallel=True`. The
 parallel builds write by ownership only (each output row by one iteration), so
 their results do not depend on the thread count or order. Measured on the 2-core
 machine of the benchmark they do not pay (512 key rows: 135 us serial, 137 us
@@ -53,7 +55,16 @@ from numba import prange
 from ..cache.cells import CELL_BITS, CELL_MASK
 from ..jit import cache_for, kernel
 from ..signals import masked
-from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
+from .guards import (
+    FREE_OUTSIDE,
+    NO_ROOM,
+    NOT_RACE_GROUPS,
+    OUTSIDE,
+    ROW_OUTSIDE,
+    SLOT_OUTSIDE,
+    WROTE,
+    group_refusal,
+)
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
 from .recheck import NEW, NO_PAIR, NO_TAIL, NONE, SCAN
 
@@ -113,23 +124,27 @@ def _value_kernel(sig: str | list[str]):
     return lambda fn: kernel(fn, sig=sig)
 
 
-def _write_keys(state, rows, key_ids, key, gate):
+@numba.njit(cache=_CACHED, inline="always")
+def _key_row(state, kid, key, gate, r):
+    """Row r of `key` and `gate`: the key and gate of key id `kid` (`keys.py`)."""
     n_embd = key.shape[1]
-    for j in prange(rows.size):
-        r = rows[j]
-        kid = key_ids[j]
-        if kid == 0:
-            for d in range(n_embd):
-                key[r, d] = np.float32(0.0)
-                gate[r, d] = np.float32(0.0)
-            continue
-        base = _mix_jit(state ^ (np.uint64(kid) * KEY_MUL))
+    if kid == 0:
         for d in range(n_embd):
-            dd = np.uint64(d)
-            hk = _mix_jit(base + (_U2 * dd + _U1) * GOLDEN)
-            hg = _mix_jit(base + (_U2 * dd + _U2) * GOLDEN)
-            key[r, d] = np.float32(np.int64(hk >> _U40) - np.int64(1 << 23)) * _SCALE
-            gate[r, d] = np.float32(np.int64((hg >> _U32) % _NGATE) - np.int64(GATE_MAX))
+            key[r, d] = np.float32(0.0)
+            gate[r, d] = np.float32(0.0)
+        return
+    base = _mix_jit(state ^ (np.uint64(kid) * KEY_MUL))
+    for d in range(n_embd):
+        dd = np.uint64(d)
+        hk = _mix_jit(base + (_U2 * dd + _U1) * GOLDEN)
+        hg = _mix_jit(base + (_U2 * dd + _U2) * GOLDEN)
+        key[r, d] = np.float32(np.int64(hk >> _U40) - np.int64(1 << 23)) * _SCALE
+        gate[r, d] = np.float32(np.int64((hg >> _U32) % _NGATE) - np.int64(GATE_MAX))
+
+
+def _write_keys(state, rows, key_ids, key, gate):
+    for j in prange(rows.size):
+        _key_row(state, key_ids[j], key, gate, rows[j])
 
 
 _WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], f4[:, ::1])"
@@ -155,6 +170,89 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         _parallel("write_keys", _write_keys, _WRITE_KEYS_SIG)(state, rows, key_ids, key, gate)
     else:
         _write_keys_serial(state, rows, key_ids, key, gate)
+
+
+_WRITE_ROWS_SIG = [
+    f"UniTuple(i8, 2)(u8, i8[::1], i8[::1], {so}[::1], i8[::1], i8, i8, i8, i8, i1, "
+    "f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[::1], i8[::1], i8[::1], i1[::1], i8[::1], "
+    "i8[::1], i8[::1], i8[::1], b1)" for so in ("i4", "i8")]
+
+
+@_value_kernel(_WRITE_ROWS_SIG)
+def _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch,
+                     kind, key, gate, pooled, slot_row, key_gen, pool_gen, w_kind, w_ubatch,
+                     w_a, w_b, out, with_keys):
+    n = rows.size
+    n_rows = slot_of.size
+    room = min(key.shape[0], gate.shape[0], pooled.shape[0], slot_row.size, key_gen.size,
+               pool_gen.size, w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    n_new = 0
+    for j in range(n):  # every index checked before the first write
+        r = rows[j]
+        if r < 0 or r >= n_rows:
+            return ROW_OUTSIDE, j
+        s = slot_of[r]
+        if s == 0:
+            n_new += 1
+        elif s < 1 or s >= n_handed:
+            return SLOT_OUTSIDE, j
+    n_free = free.size
+    k = min(n_new, n_free)
+    for i in range(n_free - k, n_free):
+        if free[i] < 1 or free[i] >= n_handed:
+            return FREE_OUTSIDE, i
+    if n_handed > room or n_handed + n_new - k > room:
+        return NO_ROOM, n_new
+    taken = 0
+    for j in range(n):
+        r = rows[j]
+        s = np.int64(slot_of[r])
+        if s == 0:  # freed slots first, the last freed first, then new ones (`_take`)
+            s = free[n_free - k + taken] if taken < k else n_handed + taken - k
+            taken += 1
+            slot_of[r] = s
+            slot_row[s] = r
+        out[j] = s
+        if with_keys:
+            _key_row(state, key_ids[j], key, gate, s)
+        if s < pristine:  # past it, a slot never handed out holds zeros
+            for d in range(pooled.shape[1]):
+                pooled[s, d] = np.float32(0.0)
+        key_gen[s] = gen
+        pool_gen[s] = 0
+        w_kind[s] = kind
+        w_ubatch[s] = n_ubatch
+        w_a[s] = -1
+        w_b[s] = -1
+    return WROTE, n_new
+
+
+def write_rows(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
+               free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
+               kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+               slot_row: np.ndarray, key_gen: np.ndarray, pool_gen: np.ndarray,
+               w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray, w_b: np.ndarray,
+               out: np.ndarray) -> tuple[int, int]:
+    """A decode's cells written, in one pass (`slots.py`, `writers.py`): each row of
+    `rows` (distinct) that has no slot (`slot_of` 0) gets one, the free list's from
+    its end (`free`, the last freed first), then new ones from `n_handed`; every
+    row's slot gets the key and gate of its key id (`write_keys`), a zeroed pooled
+    row (below `pristine`: past it a slot holds zeros already), `key_gen` = `gen`,
+    `pool_gen` = 0, and the writer (`kind`, `n_ubatch`, -1, -1). `out[j]` is row j's
+    slot.
+
+    Returns (WROTE, the rows that got a slot), or, having written nothing: (NO_ROOM,
+    the rows that would get one) when the slot arrays lack the room;
+    (ROW_OUTSIDE, j) for a row outside `slot_of`; (SLOT_OUTSIDE, j) for a row whose
+    slot is not in [1, n_handed); (FREE_OUTSIDE, i) for a free slot that is not. The
+    key rows of a large write come from `write_keys`' parallel build, when it is on."""
+    parallel = PARALLEL and rows.size * key.shape[1] >= PARALLEL_MIN_KEYS
+    got = _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
+                           n_ubatch, kind, key, gate, pooled, slot_row, key_gen, pool_gen,
+                           w_kind, w_ubatch, w_a, w_b, out, not parallel)
+    if parallel and got[0] == WROTE:
+        write_keys(state, out, key_ids, key, gate)
+    return got
 
 
 @numba.njit(cache=_CACHED, inline="always")

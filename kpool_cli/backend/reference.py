@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same twelve kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same thirteen kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
@@ -20,7 +20,16 @@ import numpy as np
 
 from ..arrays import rows_equal, rows_max, unique
 from ..cache.cells import CELL_BITS, CELL_MASK, make_keys
-from .guards import NOT_RACE_GROUPS, OUTSIDE, group_refusal
+from .guards import (
+    FREE_OUTSIDE,
+    NO_ROOM,
+    NOT_RACE_GROUPS,
+    OUTSIDE,
+    ROW_OUTSIDE,
+    SLOT_OUTSIDE,
+    WROTE,
+    group_refusal,
+)
 from .keys import POW2, key_rows_from_state
 from .recheck import NEW, NO_PAIR, NO_TAIL, NONE, SCAN
 
@@ -43,6 +52,47 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
     k, g = key_rows_from_state(state, key_ids, key.shape[1])
     key[rows] = k
     gate[rows] = g
+
+
+def write_rows(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
+               free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
+               kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+               slot_row: np.ndarray, key_gen: np.ndarray, pool_gen: np.ndarray,
+               w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray, w_b: np.ndarray,
+               out: np.ndarray) -> tuple[int, int]:
+    """`kernels.write_rows`: the slots handed out, keys written, pooled rows zeroed
+    and the writer stamped, or what it refuses, before it writes."""
+    inside = (rows >= 0) & (rows < slot_of.size)
+    s = np.where(inside, slot_of[np.where(inside, rows, 0)], 0).astype(np.int64)
+    wrong = ~inside | ((s != 0) & ((s < 1) | (s >= n_handed)))
+    if wrong.any():
+        j = int(np.argmax(wrong))
+        return (ROW_OUTSIDE if not inside[j] else SLOT_OUTSIDE), j
+    new = np.flatnonzero(s == 0)
+    k = min(new.size, free.size)
+    reused = free[free.size - k:]
+    bad = (reused < 1) | (reused >= n_handed)
+    if bad.any():
+        return FREE_OUTSIDE, free.size - k + int(np.argmax(bad))
+    room = min(key.shape[0], gate.shape[0], pooled.shape[0], slot_row.size, key_gen.size,
+               pool_gen.size, w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    if n_handed > room or n_handed + new.size - k > room:
+        return NO_ROOM, new.size
+    ids = np.concatenate((reused, np.arange(n_handed, n_handed + new.size - k,
+                                            dtype=np.int64)))
+    slot_of[rows[new]] = ids
+    slot_row[ids] = rows[new]
+    s[new] = ids
+    write_keys(state, s, key_ids, key, gate)
+    pooled[s[s < pristine]] = 0
+    key_gen[s] = gen
+    pool_gen[s] = 0
+    w_kind[s] = kind
+    w_ubatch[s] = n_ubatch
+    w_a[s] = -1
+    w_b[s] = -1
+    out[:] = s
+    return WROTE, int(new.size)
 
 
 def _weights(g: np.ndarray) -> list[np.ndarray]:

@@ -4,8 +4,9 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
 - `slot_of[row]`, the row's slot, 0 for a row that holds zeros (never written,
   cleared, or copied from such a row). Slot 0 is the zero row, never written; a
   row gets a slot of its own the first time something non-zero may land in it
-  (a decode's key write, a restore, a stream copy of a row with a slot, a scatter:
-  `own`), keeps it until a `clear` (or a stream copy that zeroes it: `release`)
+  (a decode's key write: `kernels.write_rows`, which hands slots out in `_take`'s
+  order; a restore, a stream copy of a row with a slot, a scatter: `own`), keeps it
+  until a `clear` (or a stream copy that zeroes it: `release`)
   frees it, and freed slots are reused. So memory follows the rows written, not
   kv_size * n_stream: a `clear` or a cross-stream copy costs the rows that have
   slots;
@@ -231,22 +232,32 @@ class SlotTable:
         self._free = np.empty(0, dtype=np.int64)
 
     def _take(self, n: int) -> np.ndarray:
-        """n slots: freed ones first (the last freed first), then new ones."""
+        """n slots, in the order they are handed out: freed ones first (the last freed
+        first), then new ones (`kernels.write_rows` hands them out so too)."""
+        self.make_room(n)
         k = min(n, int(self._free.size))
-        ids = None
-        if k:
-            ids = self._free[self._free.size - k:].copy()
-            self._free = self._free[: self._free.size - k]
-        if n > k:
-            hi = self.n_handed + n - k
-            if hi > self._cap:
-                self._grow(hi)
-            fresh = np.arange(self.n_handed, hi, dtype=np.int64)
-            ids = fresh if ids is None else np.concatenate((ids, fresh))
-            self.n_handed = hi
-            self.pristine = max(self.pristine, hi)
-        assert ids is not None  # n >= 1
+        ids = np.concatenate((self._free[self._free.size - k:],
+                              np.arange(self.n_handed, self.n_handed + n - k, dtype=np.int64)))
+        self.handed_out(n)
         return ids
+
+    def make_room(self, n: int) -> None:
+        """Room in the slot arrays for n slots more (the free list's first)."""
+        hi = self.n_handed + n - min(n, int(self._free.size))
+        if hi > self._cap:
+            self._grow(hi)
+
+    def handed_out(self, n: int) -> None:
+        """n slots were handed out (`_take`'s order): the free list and the marks follow."""
+        k = min(n, int(self._free.size))
+        self._free = self._free[: self._free.size - k]
+        self.n_handed += n - k
+        self.pristine = max(self.pristine, self.n_handed)
+
+    @property
+    def free(self) -> np.ndarray:
+        """The free list (slots below n_handed), the last freed last."""
+        return self._free
 
     def _grow(self, need: int) -> None:
         """Capacity for `need` slots, by 1/SLOT_GROWTH at least. Each per-slot array

@@ -381,18 +381,14 @@ class ValueBackend:
     # -- the Backend protocol (kpool_cli.replay) ----------------------------------------------
 
     def write_rows(self, rows: np.ndarray, key_ids: np.ndarray) -> None:
-        """A ubatch's cells are written: new key and gate rows, pooled slots zeroed."""
+        """A ubatch's cells are written: new key and gate rows, pooled slots zeroed, the
+        writer stamped (`GuardedKernels.write_rows`, one kernel pass with the slots
+        the rows without one are handed)."""
         rows = checked_rows(rows, self.n_rows, ANY, True, "write_rows", "rows")
         key_ids = checked_index(key_ids, None, 0, rows.shape, False, "write_rows", "key_ids",
                                 "key id")
-        t = self.slots
-        t.next_gen()
-        pristine = t.pristine
-        s = t.own(rows, zero_new=False)
-        self.kernels.write_keys(s, key_ids)
-        t.zero(s, pristine, t.pooled)
-        t.wrote(s)
-        self.writers.stamp(s, DECODE_ZERO)
+        self.slots.next_gen()
+        self.kernels.write_rows(rows, key_ids, self.writers.n_ubatch, DECODE_ZERO)
         self.writers.drop_raced(rows)
         self.verifier.touch(rows, True, True)
 
@@ -554,7 +550,8 @@ class ValueBackend:
             vals = self._values(members, reps, keep)
             st = s[todo]
             # each fresh group's last entry, as an index into `ents`
-            src = np.searchsorted(ents, order[starts[todo + 1] - 1])
+            last = order[starts[todo + 1] - 1]
+            src = last if ents.size == n else np.searchsorted(ents, last)
             before = t.pooled[st].view(np.uint32).copy()
             self.kernels.scatter(st, vals, src)
             # a row that got the value it held changes no verdict: only the others (and
@@ -644,6 +641,8 @@ class ValueBackend:
         if grown is None:
             fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
             todo = np.flatnonzero(fresh)
+            if todo.size == fresh.size:  # every group: every entry (groups partition them)
+                return todo, np.arange(rep.size, dtype=np.int64), kept, n_kept
             ents = np.sort(groups_entries(order, starts, todo)[0])
             return todo, ents, kept[ents], n_kept
         if grown.size == 0:  # every entry vouched for

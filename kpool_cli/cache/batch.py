@@ -57,6 +57,14 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
                 return None  # `_validate_ends`' checks of one token a sequence, all passed
         ends = {s: (t.pos, t.pos, 1) for s, t in zip(singles, tokens, strict=True)}
         return _validate_ends(ends, set(), cache, mrope=mrope, embd=embd)
+    first = tokens[0].seq if tokens else ()
+    if len(first) == 1 and all(t.seq == first for t in tokens):  # one sequence's tokens
+        s = first[0]
+        if not 0 <= s < n_seq_max:
+            return f"token 0: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+        ps = {t.pos for t in tokens}
+        return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
+                              embd=embd)
     positions: dict[int, set[int]] = {}
     for i, t in enumerate(tokens):
         for s in t.seq:

@@ -242,7 +242,8 @@ class RecurrentChild:
         on a dangling tail (RecurrentAssert): a sequence whose first appearance in the
         decode is as the first id of a set; appearing coupled after the first id, it
         leaves its cell instead, and once placed its tail holds it."""
-        if not any(self._dangles(s) for s in range(self.size)):
+        cells = self.cells
+        if not any(t >= 0 and s not in cells[t].seqs for s, t in enumerate(self.tail)):
             return
         placed: set[int] = set()
         for seq_sets in ubatches:
@@ -266,10 +267,11 @@ class RecurrentChild:
             self.head = 0
         lo = self._in_place(sets)
         if lo is not None:  # nothing leaves, moves or swaps: each set takes its last pos
-            for k, (_seqs, last) in enumerate(sets):
-                self.cells[lo + k].pos = last
+            cells = self.cells
+            for k, (_seqs, last) in enumerate(sets, lo):
+                cells[k].pos = last
             self.head, self.n = lo, n_seqs
-            self.used = sum(1 for c in self.cells if c.seqs)
+            self.used = sum(1 for c in cells if c.seqs)
             return
         for seqs, _ in sets:
             for s in seqs[1:]:
