@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.cache.cells import GrowArray, SortedKeys
+from kpool_cli.cache.cells import GrowArray, SortedKeys, make_keys
 from kpool_cli.compiled.arena import Arena, ArenaKeys, ArenaRow
 
 _OPS = st.lists(st.tuples(st.integers(0, 2), st.sampled_from(
@@ -89,3 +89,25 @@ def test_an_arena_keys_row_holds_what_sorted_keys_hold(ops):
             assert rows[s].range(lo, hi).tolist() == plain[s].range(lo, hi).tolist()
         for r, p in zip(rows, plain, strict=True):
             assert r.view.tolist() == p.view.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 15), st.integers(0, 3)), max_size=40, unique=True),
+       st.integers(0, 17), st.integers(1, 6), st.integers(0, 1))
+def test_cutting_a_range_is_removing_the_keys_the_range_finds(pairs, p0, width, s):
+    """SortedKeys.cut_range (a seq_rm's removal, cache/cells.py) is `range` then
+    `remove` of what it found, on both kinds of index: the same keys returned, the
+    same keys left. Keys are (pos, cell) pairs, positions 0..15, a range of 1..6
+    positions from p0 (past the last key, inside, or the tail)."""
+    keys = np.array(sorted(make_keys(np.array([p for p, _ in pairs], dtype=np.int64),
+                                     np.array([c for _, c in pairs], dtype=np.int64))
+                           .tolist()), dtype=np.int64)
+    arena = Arena(2, cap_max=1000, cap=2)
+    want = SortedKeys()
+    want.add(keys)
+    found = want.range(p0, p0 + width).copy()
+    want.remove(found)
+    for index in (SortedKeys(), ArenaKeys(arena, s)):
+        index.add(keys)
+        assert index.cut_range(p0, p0 + width).tolist() == found.tolist()
+        assert index.view.tolist() == want.view.tolist()

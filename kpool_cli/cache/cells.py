@@ -161,9 +161,27 @@ class SortedKeys(GrowArray):
     def range(self, p0: int, p1: int) -> np.ndarray:
         """Keys with p0 <= pos < p1 (p0 >= 0, p1 > p0)."""
         cur = self._a[: self._n]
-        lo = np.searchsorted(cur, np.int64(p0) << CELL_BITS)
-        hi = np.searchsorted(cur, np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)
+        lo, hi = self._range_ends(cur, p0, p1)
         return cur[lo:hi]
+
+    def cut_range(self, p0: int, p1: int) -> np.ndarray:
+        """`range(p0, p1)`, removed: a copy of those keys (a slice of the set, so
+        removing them moves the keys past it down; the tail, a rejected draft's
+        seq_rm, moves none)."""
+        n = self._n
+        cur = self._a[:n]
+        lo, hi = self._range_ends(cur, p0, p1)
+        out = cur[lo:hi].copy()
+        if hi < n:
+            cur[lo:n - (hi - lo)] = cur[hi:].copy()
+        self._n = n - (hi - lo)
+        return out
+
+    @staticmethod
+    def _range_ends(cur: np.ndarray, p0: int, p1: int) -> tuple[int, int]:
+        """Where the keys with p0 <= pos < p1 start and end in `cur`."""
+        return (int(np.searchsorted(cur, np.int64(p0) << CELL_BITS)),
+                int(np.searchsorted(cur, np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)))
 
 
 def _last_pos(index: SortedKeys) -> int:
@@ -315,11 +333,10 @@ class Stream:
     def seq_rm(self, s: int, p0: int, p1: int) -> np.ndarray:
         """Drop s from its cells with p0 <= pos < p1 (p0 >= 0, p1 > p0 after the caller
         resolves -1). Returns the cells that became empty, ascending."""
-        keys = self.seq_keys[s].range(p0, p1)
+        keys = self.seq_keys[s].cut_range(p0, p1)
         if keys.size == 0:
             return np.empty(0, dtype=np.int64)
         cells = np.sort(key_cell(keys))
-        self.seq_keys[s].remove(keys)
         self.touched.add(s)
         self.has[self._col[s], cells] = False
         self.seq_count[cells] -= 1
