@@ -1,4 +1,4 @@
-"""The loader's one step for a plain token (`DecodeWalk.plain_token`, trace/load/decode.py)
+"""The loader's one step for a plain token (`plain_token_of`, trace/load/decode.py)
 reads what the field-by-field walk reads: the same tokens, the same problems, the
 same count of nodes visited, for the form a recorder writes and for every near miss
 of it (each of which the walk must read the general way)."""
@@ -9,6 +9,7 @@ import pytest
 
 from kpool_cli.trace.format import POS_LIMIT
 from kpool_cli.trace.load import TraceError, load_trace_text
+from kpool_cli.trace.load import decode as decode_walk
 from kpool_cli.trace.load.decode import DecodeWalk
 
 # tokens of a decode (with `{pos: 7, seq: 1}` after each, so a decode holds two);
@@ -59,21 +60,21 @@ def _outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool):
     many tokens the one step read)."""
     visits: list[int] = []
     taken = [0]
-    decode, plain = DecodeWalk.op_decode, DecodeWalk.plain_token
+    decode, plain = DecodeWalk.op_decode, decode_walk.plain_token_of
 
     def counted(self, *args):
         got = decode(self, *args)
         visits.append(self.visits)
         return got
 
-    def one_step(self, node):
-        tok = plain(self, node) if fast else None
+    def one_step(node, seq_hi):
+        tok = plain(node, seq_hi) if fast else None
         taken[0] += tok is not None
         return tok
 
     with monkeypatch.context() as m:
         m.setattr(DecodeWalk, "op_decode", counted)
-        m.setattr(DecodeWalk, "plain_token", one_step)
+        m.setattr(decode_walk, "plain_token_of", one_step)
         try:
             got = load_trace_text(text)
         except TraceError as e:
@@ -128,7 +129,7 @@ def test_a_decode_of_plain_tokens_reads_as_the_walk_reads_it(
         for fast_ in (True, False):
             with monkeypatch.context() as m:
                 if not fast_:
-                    m.setattr(DecodeWalk, "plain_token", lambda self, node: None)
+                    m.setattr(decode_walk, "plain_token_of", lambda node, seq_hi: None)
                 try:
                     outcomes.append(load_trace_text(text, max_tokens=max_tokens))
                 except TraceError as e:

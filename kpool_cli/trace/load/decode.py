@@ -84,6 +84,33 @@ class _Tok:
     cell_node: Node | None
 
 
+def plain_token_of(node: Node, seq_hi: int) -> Token | None:
+    """The token of `node` when it is the form a recorder writes, `{pos: P, seq: S}`
+    with P and S plain decimal ints in range (S up to `seq_hi`), read in one step;
+    None for any other node, which `DecodeWalk.token` reads field by field. Either way
+    the token, the count and the nodes visited are the same (tests/test_load_fast.py):
+    this is the common case (a server trace holds a mapping per token), not a rule."""
+    if node.__class__ is TokenMap:  # a token line: its P and S, without its pairs
+        pos, seq = decimal_int(node.pos), decimal_int(node.seq)
+    else:
+        if node.__class__ is not Map or node.tag != MAP or len(node.value) != 2:
+            return None
+        (k0, v0), (k1, v1) = node.value
+        if not (k0.__class__ is Scalar and k0.tag == STR and k1.__class__ is Scalar
+                and k1.tag == STR and v0.__class__ is Scalar and v1.__class__ is Scalar):
+            return None
+        if k0.value == "pos" and k1.value == "seq":
+            pos, seq = plain_int(v0), plain_int(v1)
+        elif k0.value == "seq" and k1.value == "pos":
+            pos, seq = plain_int(v1), plain_int(v0)
+        else:
+            return None
+    if (pos is None or seq is None or not _POS_LO <= pos <= _POS_HI
+            or not 0 <= seq <= seq_hi):
+        return None
+    return Token(pos, (seq,))
+
+
 class DecodeWalk(FieldReader):
     """A decode, and the fields of its tokens."""
 
@@ -211,8 +238,9 @@ class DecodeWalk(FieldReader):
                 or self.visits + 5 * n > limits.MAX_NODE_VISITS):
             return None
         out = []
+        seq_hi = self.seq_hi()  # the visits were checked for all n above
         for node in items:
-            token = self.plain_token(node)
+            token = plain_token_of(node, seq_hi)
             if token is None:
                 return None
             out.append(token)
@@ -221,32 +249,10 @@ class DecodeWalk(FieldReader):
         return tuple(out)
 
     def plain_token(self, node: Node) -> Token | None:
-        """The token of `node` when it is the form a recorder writes, `{pos: P, seq:
-        S}` with P and S plain decimal ints in range, read in one step; None for any
-        other node, which `token` reads field by field. Either way the token, the
-        count and the nodes visited are the same (tests/test_load_fast.py): this is
-        the common case (a server trace holds a mapping per token), not a rule."""
+        """`plain_token_of(node)` within the bound on nodes visited."""
         if self.visits + 5 > limits.MAX_NODE_VISITS:
             return None
-        if node.__class__ is TokenMap:  # a token line: its P and S, without its pairs
-            pos, seq = decimal_int(node.pos), decimal_int(node.seq)
-        else:
-            if node.__class__ is not Map or node.tag != MAP or len(node.value) != 2:
-                return None
-            (k0, v0), (k1, v1) = node.value
-            if not (k0.__class__ is Scalar and k0.tag == STR and k1.__class__ is Scalar
-                    and k1.tag == STR and v0.__class__ is Scalar and v1.__class__ is Scalar):
-                return None
-            if k0.value == "pos" and k1.value == "seq":
-                pos, seq = plain_int(v0), plain_int(v1)
-            elif k0.value == "seq" and k1.value == "pos":
-                pos, seq = plain_int(v1), plain_int(v0)
-            else:
-                return None
-        if (pos is None or seq is None or not _POS_LO <= pos <= _POS_HI
-                or not 0 <= seq <= self.seq_hi()):
-            return None
-        return Token(pos, (seq,))
+        return plain_token_of(node, self.seq_hi())
 
     def check_decode(self, toks: list[_Tok]) -> None:
         """The decode-wide rules on explicit tokens: ext needs by_order; all or no
