@@ -25,6 +25,12 @@ from kpool_cli.report.json_report import event_json, ubatch_json
 from kpool_cli.trace import model as m
 from kpool_cli.versions import REP_ONCE, VERSIONS, EngineVersion
 
+
+def pooling(be: ValueBackend, members: np.ndarray) -> np.ndarray:
+    """The pooling of member slots `members` [n, kpool] by the numpy twin, on the
+    backend's key and gate rows."""
+    return reference.pool(be.slots.key, be.slots.gate, members)
+
 ROW_ZERO = dataclasses.replace(REP_ONCE, name="rep-once-row-zero", padding="row-zero")
 VARIANTS = {**VERSIONS, ROW_ZERO.name: ROW_ZERO}
 
@@ -242,7 +248,8 @@ def test_incremental_check_after_any_row_change(moves, core: str) -> None:
             src = np.array(b[: len(a)], dtype=np.int64)
             members = np.repeat(src[:, None], 2, axis=1)
             slots = be.slots.own(rows[: src.size], zero_new=True)
-            be.slots.pooled[slots] = be.k.pool(be.slots.key, be.slots.gate, be.slots.of(members))
+            be.slots.pooled[slots] = reference.pool(be.slots.key, be.slots.gate,
+                                                    be.slots.of(members))
             be.slots.pool_gen[slots] = 0  # as every write of a pooled row but the scatter's
             be.verifier.touch(rows[: src.size], False, True)
         else:
@@ -254,9 +261,8 @@ def test_incremental_check_after_any_row_change(moves, core: str) -> None:
             reps = be.slots.of(sq.rep_rows.view[ks])
             keep = reference.kept(be.slots.pool_of, be.slots.pool_gen, be.slots.key_gen,
                                   members, reps)
-            assert np.array_equal(be._values(members, reps, keep)
-                                  .view(np.uint32),
-                                  be.kernels.pool(members).view(np.uint32)), (kind, a, b)
+            assert np.array_equal(be.slots.pooled[reps[keep]].view(np.uint32),
+                                  pooling(be, members[keep]).view(np.uint32)), (kind, a, b)
         be.verifier.verify(lay, LayoutChange(tuple(len(sq.pools) for sq in lay.seqs),
                                              frozenset(), frozenset(), 0), rp.cache)
         full = full_bad(be, lay)
@@ -516,7 +522,7 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
     be.write_rows(np.array([0, 1, 8, 9]), np.array([1, 2, 3, 4]))
     s = be.slots.of(np.array([0, 1, 8, 9]))
     be.slots.next_gen()  # what a scatter does: a pooling of rows 8, 9 into row 9
-    be.slots.pooled[s[3]] = be.kernels.pool(s[None, 2:])[0]
+    be.slots.pooled[s[3]] = pooling(be, s[None, 2:])[0]
     be.slots.pool_of[s[3]], be.slots.pool_gen[s[3]] = s[2:], be.slots.gen
     members, rep = s[None, 2:].copy(), s[3:]
 
@@ -525,8 +531,7 @@ def test_a_stream_copy_forgets_the_destination_poolings() -> None:
                                        np.array([0, 1]), np.array([9]))[1].tolist()
 
     assert kept() == [True]  # kept: the pooling is still right
-    assert be._values(members, rep, np.array([True])).tobytes() \
-        == be.kernels.pool(members).tobytes()
+    assert be.slots.pooled[rep].tobytes() == pooling(be, members).tobytes()
     be.slots.pooled[s[1]] = 7
     be.copy_stream(0, 1)
     assert (be.row_values("pooled", np.array([9])) == 7).all()
@@ -559,25 +564,24 @@ def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
     scattered, the other four kept. pos 12 keeps all five."""
     t = trace(SHARED_PROMPT)
     be = ValueBackend(t.cache, t.seed, "numpy")
-    calls: list[tuple[str, int]] = []
-    for name in ("pool", "gather", "scatter"):
-        real = getattr(be.kernels, name)
+    calls: list[tuple[int, int, int]] = []  # (entries pooled, entries kept, rows written)
+    real = be.kernels.scatter_fresh
 
-        def spy(*args, _real=real, _name=name):
-            calls.append((_name, len(args[0])))
-            return _real(*args)
-        setattr(be.kernels, name, spy)
+    def spy(members, reps, keep, s, src):
+        calls.append((int((~keep).sum()), int(keep.sum()), len(s)))
+        return real(members, reps, keep, s, src)
+    be.kernels.scatter_fresh = spy  # type: ignore[method-assign]
     seen = []
     for rec in Replayer(t, VERSIONS["cache-safe"], be).run():
         if isinstance(rec, UbatchRecord):
             seen.append((rec.scatter_rep.tolist(), list(calls), be.pools_kept))
             calls.clear()
     assert seen == [
-        ([3, 7, 0], [("pool", 3), ("scatter", 3)], 0),
+        ([3, 7, 0], [(3, 0, 3)], 0),
         ([3, 7, 3, 7], [], 4),
         ([3, 7, 3, 7], [], 8),
         ([3, 7, 3, 7], [], 12),
-        ([3, 7, 11, 3, 7], [("pool", 1), ("scatter", 1)], 16),
+        ([3, 7, 11, 3, 7], [(1, 0, 1)], 16),
         ([3, 7, 11, 3, 7], [], 21),
     ]
 
@@ -633,7 +637,7 @@ def test_a_member_written_between_ubatches_breaks_the_standing_plan() -> None:
     assert calls == [4] and be.ubatches_standing == 1
     members = be.slots.of(np.arange(4, dtype=np.int64))[None, :]
     now = be.row_values("pooled", np.array([3]))
-    assert now.tobytes() == be.kernels.pool(members).tobytes() != before.tobytes()
+    assert now.tobytes() == pooling(be, members).tobytes() != before.tobytes()
     assert not any(b.any() for b in be.bad)
 
 

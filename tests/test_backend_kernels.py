@@ -131,15 +131,25 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
     pk = kernels.pool(key, gate, members)
     pn = reference.pool(key, gate, members)
     assert same(pk, pn)
-    # scatter (distinct rows) and gather
+    # scatter_fresh (distinct rows; a third of the entries that are no row's source
+    # kept, so every row written holds a pooling) and gather
     pooled_k = rng.standard_normal((n_rows, n_embd)).astype(np.float32)
     pooled_n = pooled_k.copy()
     m = min(n, n_rows)
     rows = rng.permutation(n_rows)[:m].astype(np.int64)
     src = rng.integers(0, max(n, 1), m).astype(np.int64)
-    kernels.scatter(pooled_k, rows, pk, src)
-    reference.scatter(pooled_n, rows, pn, src)
-    assert same(pooled_k, pooled_n)
+    reps = rng.integers(0, n_rows, n).astype(np.int64)
+    keep = (rng.random(n) < 0.3) & ~np.isin(np.arange(n), src)
+    gens = [(np.zeros((n_rows, kpool), np.int64), np.zeros(n_rows, np.int64)) for _ in "kn"]
+    vals_k, vals_n = (np.empty((n, n_embd), np.float32) for _ in "kn")
+    got_k = kernels.scatter_fresh(key, gate, pooled_k, *gens[0], 5, members, reps, keep, rows,
+                                  src, vals_k)
+    got_n = reference.scatter_fresh(key, gate, pooled_n, *gens[1], 5, members, reps, keep,
+                                    rows, src, vals_n)
+    assert same(vals_k, vals_n) and same(pooled_k, pooled_n)
+    assert np.array_equal(got_k, got_n)
+    assert all(np.array_equal(a, b) for a, b in zip(*gens, strict=True))
+    pk = pn = vals_k
     look = rng.integers(0, n_rows, 50).astype(np.int64)
     assert same(kernels.gather(pooled_k, look), reference.gather(pooled_n, look))
     # the check: rows just scattered agree with their pooling, perturbed ones do not
@@ -151,6 +161,37 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
         dn = reference.pools_differ(key, gate, pooled_n, members_m, rows)
         assert np.array_equal(dk, dn)
         assert dk[0] and not dk[1:].any()
+
+
+def test_scatter_fresh_by_hand() -> None:
+    """`scatter_fresh`, kpool 2, n_embd 4: entry 0 pools slots 1, 2 (not kept), entry
+    1 is kept (its rep slot 3's value), entry 2 pools 2, 1; groups write slot 3 with
+    entry 0 and slot 4 with entry 2 (src 0, 2). Every value is read before the first
+    write: entry 1 takes slot 3's old value though slot 3 is written. Slot 3's bits
+    change; slot 4 held entry 2's pooling already: written, not changed. Each written
+    slot records its source's members and generation 7; slots 0..2 keep theirs."""
+    st = keys.seed_state(2)
+    for k in (kernels, reference):
+        key = np.zeros((5, 4), np.float32)
+        gate = np.zeros((5, 4), np.float32)
+        reference.write_keys(st, np.arange(1, 5), np.array([11, 12, 13, 14]), key, gate)
+        members = np.array([[1, 2], [3, 4], [2, 1]], np.int64)
+        pools = reference.pool(key, gate, members)
+        pooled = np.full((5, 4), 0.5, np.float32)
+        pooled[4] = pools[2]
+        old3 = pooled[3].copy()
+        pool_of = np.full((5, 2), 9, np.int64)
+        pool_gen = np.full(5, 9, np.int64)
+        vals = np.empty((3, 4), np.float32)
+        changed = k.scatter_fresh(key, gate, pooled, pool_of, pool_gen, 7, members,
+                                  np.array([0, 3, 0], np.int64), np.array([False, True, False]),
+                                  np.array([3, 4], np.int64), np.array([0, 2], np.int64), vals)
+        assert same(vals, np.stack([pools[0], old3, pools[2]])), k
+        assert same(pooled[3], pools[0]) and same(pooled[4], pools[2]), k
+        assert (pooled[:3] == 0.5).all(), k
+        assert changed.tolist() == [True, False], k
+        assert pool_of.tolist() == [[9, 9]] * 3 + [[1, 2], [2, 1]], k
+        assert pool_gen.tolist() == [9, 9, 9, 7, 7], k
 
 
 def test_kept_is_the_pooling_of_the_same_unwritten_members() -> None:
@@ -945,7 +986,11 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
             call()
     be.slots.slot_of[3] = 0
     # the kernels' own doors, with what the slot map cannot express
-    vals = np.zeros((2, CFG.n_embd), np.float32)
+
+    def fresh(**spoiled):
+        args = dict(members=np.array([[1, 2, 3, 4], [4, 3, 2, 1]]), reps=np.array([1, 2]),
+                    keep=np.array([False, True]), s=np.array([1, 2]), src=np.array([0, 1]))
+        return be.kernels.scatter_fresh(**(args | spoiled))
     doors = [
         ("write_keys", lambda: be.kernels.write_rows(np.array([3]), np.array([1, 2]), 0, 3),
          "2 key ids for 1 rows"),
@@ -955,20 +1000,19 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("write_keys", lambda: be.kernels.write_rows(np.array([2, be.n_rows]),
                                                      np.array([1, 2]), 0, 3),
          f"rows[1] is row {be.n_rows}, but it may only name rows 0..{be.n_rows - 1}"),
-        ("pool", lambda: be.kernels.pool(np.array([[0, 1, 2, n]])),
+        ("scatter", lambda: fresh(members=np.array([[0, 1, 2, n], [1, 2, 3, 4]])),
          f"member slots[0, 3] is slot {n},"),
-        ("pool", lambda: be.kernels.pool(np.zeros((1, 0), np.int64)),
-         "member slots has shape (1, 0), expected shape (n, 4)"),
-        ("scatter", lambda: be.kernels.scatter(np.array([1, 2]), vals, np.array([0, 2])),
+        ("scatter", lambda: fresh(members=np.zeros((2, 0), np.int64)),
+         "member slots has shape (2, 0), expected shape (n, 4)"),
+        ("scatter", lambda: fresh(reps=np.array([1, n])), f"rep slots[1] is slot {n},"),
+        ("scatter", lambda: fresh(reps=np.array([1])), "rep slots has shape (1,)"),
+        ("scatter", lambda: fresh(keep=np.array([0, 1])),
+         "the kept flags are not a C-contiguous bool array of 2"),
+        ("scatter", lambda: fresh(src=np.array([0, 2])),
          "sources[1] is entry 2, but it may only name entries 0..1"),
-        ("scatter", lambda: be.kernels.scatter(np.array([1, 2]), vals, np.array([0])),
-         "sources has shape (1,)"),
-        ("scatter", lambda: be.kernels.scatter(np.array([2, 2]), vals, np.array([0, 1])),
-         "slot 2 is in slots more than once"),
-        ("scatter", lambda: be.kernels.scatter(np.array([1]), vals[:, :3].copy(), np.array([0])),
-         "the values are float32 (2, 3)"),
-        ("scatter", lambda: be.kernels.scatter(np.array([1]), vals.astype(np.float64),
-                                          np.array([0])), "the values are float64"),
+        ("scatter", lambda: fresh(src=np.array([0])), "sources has shape (1,)"),
+        ("scatter", lambda: fresh(s=np.array([2, 2])), "slot 2 is in slots more than once"),
+        ("scatter", lambda: fresh(s=np.array([0, 2])), "slots[0] is slot 0,"),
         ("gather", lambda: be.kernels.gather(np.array([-1])), "slots[0] is slot -1,"),
         ("check", lambda: be.kernels.pools_differ(np.array([[1, 2, 3, 4]]), np.array([1, 2])),
          "rep slots has shape (2,)"),
@@ -1092,12 +1136,14 @@ def test_numba_boundscheck_is_on() -> None:
     p = np.zeros((4, 8), np.float32)
     with pytest.raises(IndexError):
         kernels.gather(p, np.array([4], np.int64))
-    with pytest.raises(IndexError):
-        kernels.scatter(p.copy(), np.array([4], np.int64), np.zeros((1, 8), np.float32),
-                        np.array([0], np.int64))
-    with pytest.raises(IndexError):
-        kernels.scatter(p.copy(), np.array([0], np.int64), np.zeros((1, 8), np.float32),
-                        np.array([1], np.int64))
+    one = np.array([[0, 1]], np.int64)
+    gens = (np.zeros((4, 2), np.int64), np.zeros(4, np.int64))
+    for spoiled in (dict(st=np.array([4])), dict(src=np.array([1])), dict(reps=np.array([4]))):
+        args = dict(reps=np.array([0]), keep=np.array([True]), st=np.array([0]),
+                    src=np.array([0])) | spoiled
+        with pytest.raises(IndexError):
+            kernels.scatter_fresh(p, p, p.copy(), *gens, 1, one, args["reps"], args["keep"],
+                                  args["st"], args["src"], np.zeros((1, 8), np.float32))
     with pytest.raises(IndexError):
         kernels.pool(p, p, np.array([[0, 1, 2, 4]], np.int64))
     with pytest.raises(IndexError):

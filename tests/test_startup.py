@@ -302,10 +302,10 @@ import numpy as np
 from kpool_cli.backend.store import kernel_module
 kernels = kernel_module("numba")
 stubs = sorted(n for n, fn in vars(kernels).items() if getattr(fn, "stub_of", None) is not None)
-print(len(stubs), "_least_pair" in stubs, "scatter" in stubs)
+print(len(stubs), "_least_pair" in stubs, "_scatter_fresh_into" in stubs)
 got = kernels.least_pair(np.array([2, 0], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64))
 print(got == (5 << 20 | 0) or got, getattr(kernels._least_pair, "stub_of", None) is None,
-      len(kernels._least_pair.signatures), "scatter" in
+      len(kernels._least_pair.signatures), "_scatter_fresh_into" in
       [n for n, fn in vars(kernels).items() if getattr(fn, "stub_of", None) is not None])
 try:
     kernels._least_pair(np.zeros(1, dtype=np.int32), np.zeros(1, dtype=np.int64),
@@ -320,7 +320,7 @@ def test_a_value_kernel_loads_on_its_first_call_for_its_signature_alone() -> Non
     """backend/kernels.py's 14 value kernels are first-call stubs (`_value_kernel`,
     jit.kernel with a signature) after the module's import: `least_pair`'s first call
     loads `_least_pair` and binds the kernel in its stub's place, the others stay
-    stubs (`scatter` among them), and the kernel takes its signature's types alone
+    stubs (`scatter_fresh`'s among them), and the kernel takes its signature's types alone
     (int32 cells: numba's TypeError, not a new compile). The least pair of cells 2
     and 0 at positions 7 and 5: pos 5 << CELL_BITS | cell 0. In a process of its
     own, so no other test loaded a kernel first."""

@@ -1,7 +1,7 @@
 """Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows`,
-`pool`, `scatter`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
+`scatter_fresh`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
 pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
 verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
 each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
@@ -40,7 +40,6 @@ from .guards import (
     WROTE,
     PlanError,
     checked_index,
-    is_rows,
     outside_error,
 )
 from .slots import SlotTable
@@ -95,24 +94,31 @@ class GuardedKernels:
         name, a = ("slots", t.of(rows)) if why == SLOT_OUTSIDE else ("free slots", t.free)
         raise outside_error(a, at, 1, t.n_handed, where, name, "slot")
 
-    def pool(self, members: np.ndarray) -> np.ndarray:
-        where = "pool"
-        t = self.slots
-        t.check_tables(where)
-        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
-                                "member slots", "slot")
-        return self._timed(where, self.k.pool, t.key, t.gate, members)
-
-    def scatter(self, s: np.ndarray, vals: np.ndarray, src: np.ndarray) -> None:
+    def scatter_fresh(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray,
+                      s: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A scatter's fresh groups (`kernels.scatter_fresh`): each entry's value (its
+        rep slot's `reps[e]` where `keep[e]`, else the pooling of its member slots
+        `members[e]`), then each group's row slot `s[g]` written with its last entry's
+        value and pooling, `vals[src[g]]`, at the current generation. Returns (the
+        entries' values, [groups] the row's bits changed)."""
         where = "scatter"
         t = self.slots
         t.check_tables(where)
+        t.check_generations(where)
+        members = checked_index(members, 0, t.n_handed, (None, self.kpool), False, where,
+                                "member slots", "slot")
+        reps = checked_index(reps, 0, t.n_handed, members.shape[:1], False, where,
+                             "rep slots", "slot")
+        if type(keep) is not np.ndarray or keep.dtype != np.bool_ \
+                or keep.shape != reps.shape or not keep.flags.c_contiguous:
+            raise PlanError(f"{where}: the kept flags are not a C-contiguous bool array of "
+                            f"{reps.size}", where, "kept flags")
         s = checked_index(s, 1, t.n_handed, ANY, True, where, "slots", "slot")
-        if not is_rows(vals, self.n_embd):
-            raise PlanError(f"{where}: the values are {vals.dtype} {vals.shape}, not a "
-                            f"C-contiguous float32 array of n x {self.n_embd}", where, "values")
-        src = checked_index(src, 0, vals.shape[0], s.shape, False, where, "sources", "entry")
-        self._timed(where, self.k.scatter, t.pooled, s, vals, src)
+        src = checked_index(src, 0, reps.size, s.shape, False, where, "sources", "entry")
+        vals = np.empty((reps.size, self.n_embd), dtype=np.float32)
+        changed = self._timed(where, self.k.scatter_fresh, t.key, t.gate, t.pooled, t.pool_of,
+                              t.pool_gen, t.gen, members, reps, keep, s, src, vals)
+        return vals, changed
 
     def gather(self, s: np.ndarray) -> np.ndarray:
         where = "gather"

@@ -1,6 +1,7 @@
 """The numba kernels of the value backend: key rows (`write_rows`: a decode's rows
-written, their slots handed out and their writers stamped, in one pass), pool,
-scatter, gather, check, `fresh_groups` (which scatter entries keep their pooling),
+written, their slots handed out and their writers stamped, in one pass), pool and
+scatter (`scatter_fresh`: a scatter's fresh groups pooled, written and compared in
+one pass), gather, check, `fresh_groups` (which scatter entries keep their pooling),
 `stamp_winners` (the writer of each row a scatter wrote), the pools a changed row
 dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
 choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
@@ -8,7 +9,7 @@ choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
 Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
-first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
+first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 7 of
 the 14 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
@@ -341,26 +342,62 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
-@_value_kernel("void(f4[:, ::1], i8[::1], f4[:, ::1], i8[::1])")
-def scatter(pooled, rows, values, src):
-    """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
+@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1], i8[:, ::1], i8[::1], i8, "
+                "i8[:, ::1], i8[::1], b1[::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], "
+                "b1[::1], b1, f4[:, ::1], i4[:, ::1])")
+def _scatter_fresh_into(key, gate, pooled, pooled_bits, pool_of, pool_gen, gen, members, reps,
+                        keep, st, src, vals, vals_bits, changed, pool_fresh, w, bits):
+    n_embd = pooled.shape[1]
+    kpool = members.shape[1]
+    for e in range(members.shape[0]):  # every value before the first write
+        if keep[e]:
+            r = reps[e]
+            for d in range(n_embd):
+                vals[e, d] = pooled[r, d]
+        elif pool_fresh:
+            _pool_entry(key, gate, members[e], w, bits, vals[e])
+    for g in range(st.size):
+        r = st[g]
+        e = src[g]
+        differs = False
+        for d in range(n_embd):
+            if pooled_bits[r, d] != vals_bits[e, d]:
+                differs = True
+            pooled[r, d] = vals[e, d]
+        changed[g] = differs
+        for i in range(kpool):
+            pool_of[r, i] = members[e, i]
+        pool_gen[r] = gen
+
+
+def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                  pool_of: np.ndarray, pool_gen: np.ndarray, gen: int, members: np.ndarray,
+                  reps: np.ndarray, keep: np.ndarray, st: np.ndarray, src: np.ndarray,
+                  vals: np.ndarray) -> np.ndarray:
+    """A scatter's fresh groups, in one pass: each entry's value (`vals[e]`: its rep
+    slot's `reps[e]` where `keep[e]`, else the pooling of its member slots
+    `members[e]`, all before the first write), then each group's row slot `st[g]`
+    gets its last entry's value `vals[src[g]]` and that entry's pooling (`pool_of`,
+    `pool_gen` = `gen`). Returns [groups] bool: the row's bits changed.
 
     Parameters
     ----------
-    pooled : array of float32, shape (n_slots, n_embd), C-contiguous, updated in place
-    rows : array of int64, shape (m,), distinct
-    values : array of float32, shape (n, n_embd), C-contiguous
-    src : array of int64, shape (m,), indices into values
-
-    Serial: a ubatch writes at most a few hundred rows, too few for a thread launch
-    to pay (measured); with distinct rows a prange here would be race-free.
+    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    pool_of : array of int64, shape (n_slots, kpool); pool_gen : array of int64
+    members : array of int64, shape (m, kpool); reps : int64 (m,); keep : bool (m,)
+    st : array of int64, shape (g,), distinct; src : int64 (g,), indices into the m
+    vals : array of float32, shape (m, n_embd), C-contiguous, written
     """
-    n_embd = pooled.shape[1]
-    for j in range(rows.size):
-        r = rows[j]
-        v = src[j]
-        for d in range(n_embd):
-            pooled[r, d] = values[v, d]
+    changed = np.empty(st.size, dtype=np.bool_)
+    fresh = ~keep
+    parallel = (PARALLEL and int(fresh.sum()) * members.shape[1] * key.shape[1]
+                >= PARALLEL_MIN_POOL)
+    if parallel:  # the fresh poolings from the parallel build, the rest below
+        vals[fresh] = pool(key, gate, members[fresh])
+    _scatter_fresh_into(key, gate, pooled, pooled.view(np.int32), pool_of, pool_gen, gen,
+                        members, reps, keep, st, src, vals, vals.view(np.int32), changed,
+                        not parallel, *_scratch(members.shape[1], key.shape[1]))
+    return changed
 
 
 @_value_kernel("void(f4[:, ::1], i8[::1], f4[:, ::1])")

@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same thirteen kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same fourteen kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
@@ -130,17 +130,20 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
-def scatter(pooled: np.ndarray, rows: np.ndarray, values: np.ndarray, src: np.ndarray) -> None:
-    """`pooled[rows[j]] = values[src[j]]`; `rows` are distinct (one writer per row).
-
-    Parameters
-    ----------
-    pooled : array of float32, shape (n_slots, n_embd), updated in place
-    rows : array of int64, shape (m,), distinct
-    values : array of float32, shape (n, n_embd)
-    src : array of int64, shape (m,), indices into values
-    """
-    pooled[rows] = values[src]
+def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                  pool_of: np.ndarray, pool_gen: np.ndarray, gen: int, members: np.ndarray,
+                  reps: np.ndarray, keep: np.ndarray, st: np.ndarray, src: np.ndarray,
+                  vals: np.ndarray) -> np.ndarray:
+    """`kernels.scatter_fresh`: the entries' values (their rep slots' where kept, else
+    pooled), then each group's row written with its last entry's value and pooling;
+    which rows' bits changed."""
+    vals[keep] = pooled[reps[keep]]
+    vals[~keep] = pool(key, gate, members[~keep])
+    before = pooled[st].view(np.uint32).copy()
+    pooled[st] = vals[src]
+    pool_of[st] = members[src]
+    pool_gen[st] = gen
+    return np.any(pooled[st].view(np.uint32) != before, axis=1)
 
 
 def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -289,9 +289,9 @@ class SlotTable:
     # -- what the kernels are handed -------------------------------------------------------
 
     def check_generations(self, where: str) -> None:
-        """The slot arrays the `fresh_groups` kernel reads: int64, C-contiguous, `pool_of`
-        kpool wide, with a row for every slot in use (true by construction). Raises
-        PlanError (`guards.py`)."""
+        """The slot arrays the `fresh_groups` kernel reads (and `scatter_fresh` writes):
+        int64, C-contiguous, `pool_of` kpool wide, with a row for every slot in use
+        (true by construction). Raises PlanError (`guards.py`)."""
         for name, a, shape in (("pool_of", self.pool_of, (self.kpool,)),
                                ("pool_gen", self.pool_gen, ()), ("key_gen", self.key_gen, ())):
             if (a.dtype != np.int64 or not a.flags.c_contiguous or a.shape[1:] != shape

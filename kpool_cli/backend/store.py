@@ -484,7 +484,8 @@ class ValueBackend:
         pooling (`_fresh_groups`) writes the value that slot holds, so a race group of such
         entries alone (every entry of a group has the same rep row, so the same slot)
         writes equal values and leaves its row as it was. Only the other groups' values
-        are pooled, gathered, scattered and compared, and have their pooling recorded;
+        are pooled (or gathered), scattered and compared, and have their pooling
+        recorded, in one kernel pass (`kernels.scatter_fresh`);
         every winner's slot is stamped (`Writers.stamp_winners`, one kernel pass, over
         the new entries' groups alone when the standing plan grew by appended pools,
         the other groups' winners writing again: `_Standing.dropped_none`; the
@@ -547,21 +548,17 @@ class ValueBackend:
         changed = writers.raced(rows)  # a row whose racing writers go is re-checked
         equal = np.ones(rows.size, dtype=bool)
         if todo.size:
-            vals = self._values(members, reps, keep)
-            st = s[todo]
             # each fresh group's last entry, as an index into `ents`
             last = order[starts[todo + 1] - 1]
             src = last if ents.size == n else np.searchsorted(ents, last)
-            before = t.pooled[st].view(np.uint32).copy()
-            self.kernels.scatter(st, vals, src)
+            # the entries' values (a kept one's: its rep slot's, bit-equal to pooling
+            # it), each fresh group's row written with its last one's and its pooling
+            # (a group of kept entries alone leaves its slot's pooling as recorded:
+            # pool_of is their members already, pool_gen still above their key_gen)
+            vals, wrote_new = self.kernels.scatter_fresh(members, reps, keep, s[todo], src)
             # a row that got the value it held changes no verdict: only the others (and
             # the rows whose racing writers change) are re-checked
-            changed[todo] |= np.any(t.pooled[st].view(np.uint32) != before, axis=1)
-            # a group of kept entries alone leaves its slot's pooling as it was
-            # recorded: pool_of is their members already, and pool_gen still above
-            # their key_gen
-            t.pool_of[st] = members[src]
-            t.pool_gen[st] = t.gen
+            changed[todo] |= wrote_new
             raced = sizes > 1  # of the fresh groups: a group of kept entries alone
             if raced.any():      # writes equal values
                 sub, sub_starts = groups_entries(order, starts, todo[raced])
@@ -668,19 +665,6 @@ class ValueBackend:
         `fresh_groups` kernel, one pass over the entries by their rows, which also
         refuses groups that are not the race groups of `rep` (PlanError)."""
         return self.kernels.fresh_groups(entry_rows, rep, order, starts, rows)
-
-    def _values(self, members: np.ndarray, reps: np.ndarray, keep: np.ndarray) -> np.ndarray:
-        """The pooled value of each entry: its rep slot's where `keep`, else pooled now.
-        Bit-equal to pooling every entry."""
-        kernels = self.kernels
-        if keep.all():
-            return kernels.gather(reps)  # a kept entry's rep slot: in use (gen > 0)
-        if not keep.any():
-            return kernels.pool(members)
-        out = np.empty((members.shape[0], self.n_embd), dtype=np.float32)
-        out[keep] = kernels.gather(reps[keep])
-        out[~keep] = kernels.pool(members[~keep])
-        return out
 
     def gather(self, layout: Layout) -> np.ndarray:
         """[n_pool_real, n_embd] float32: every pool's row through pool_cells
