@@ -43,6 +43,8 @@ def child(backend: str, prefill: int, decodes: int) -> None:
 
     t = build_trace(prefill, decodes)
     be = make_backend(backend, t)
+    if be is not None:
+        be.time_kernels()
     t0 = time.perf_counter()
     phase = {}
     n_find = 0

@@ -163,6 +163,17 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
         assert dk[0] and not dk[1:].any()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kernels_are_timed_when_asked(backend: str) -> None:
+    """A backend's kernels run unclocked until `time_kernels`; from then on each
+    kernel's door adds the seconds inside it (the benchmark's breakdown)."""
+    be = written(backend)
+    assert be.kernel_time == {}
+    be.time_kernels()
+    be.write_rows(np.array([9, 10]), np.array([3, 4]))
+    assert list(be.kernel_time) == ["write_keys"] and be.kernel_time["write_keys"] > 0
+
+
 def test_scatter_fresh_by_hand() -> None:
     """`scatter_fresh`, kpool 2, n_embd 4: entry 0 pools slots 1, 2 (not kept), entry
     1 is kept (its rep slot 3's value), entry 2 pools 2, 1; groups write slot 3 with

@@ -1,11 +1,13 @@
-"""Kernel safety, the doors: every value kernel runs behind its checks, and is timed.
+"""Kernel safety, the doors: every value kernel runs behind its checks, and is timed
+when asked.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows`,
 `scatter_fresh`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
 pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
 verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
-each (`time`, seconds by kernel name: the benchmark's breakdown). The kernels come
-from `kernels.py` (numba) or `reference.py` (numpy); both give bit-identical arrays.
+each once `time_kernels` asks (`time`, seconds by kernel name: the benchmark's
+breakdown). The kernels come from `kernels.py` (numba) or `reference.py` (numpy);
+both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
 check nothing. The last seven read a scatter's rows through `slot_of`, its race
 groups and their slots, a sequence's pairs, a dirty-cell mask, a stream's cells or
@@ -56,7 +58,16 @@ class GuardedKernels:
         self.n_embd, self.kpool = slots.n_embd, slots.kpool
         self.time: dict[str, float] = defaultdict(float)
 
-    def _timed(self, name: str, fn, *args):
+    def time_kernels(self) -> None:
+        """From now on, add the seconds spent inside each kernel to `time` (the
+        benchmark's breakdown; a replay does not pay the clock: two reads a call)."""
+        self._timed = self._clocked  # type: ignore[method-assign]
+
+    @staticmethod
+    def _timed(name: str, fn, *args):
+        return fn(*args)
+
+    def _clocked(self, name: str, fn, *args):
         t0 = time.perf_counter()
         out = fn(*args)
         self.time[name] += time.perf_counter() - t0

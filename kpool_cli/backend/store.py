@@ -314,9 +314,13 @@ class ValueBackend:
         """run_ubatch calls so far: the index of the current ubatch."""
         return self.writers.n_ubatch
 
+    def time_kernels(self) -> None:
+        """Time each kernel from now on (`kernel_time`)."""
+        self.kernels.time_kernels()
+
     @property
     def kernel_time(self) -> dict[str, float]:
-        """Seconds spent inside each kernel (`guarded.py`)."""
+        """Seconds spent inside each kernel since `time_kernels` (`guarded.py`)."""
         return self.kernels.time
 
     @property
