@@ -117,6 +117,35 @@ def test_a_large_write_takes_its_keys_from_the_parallel_build(monkeypatch) -> No
         assert np.array_equal(got[0][name].view(np.uint8), got[1][name].view(np.uint8)), name
 
 
+def test_many_fresh_entries_pool_in_the_parallel_build(monkeypatch) -> None:
+    """Past the work threshold, with the parallel builds on, `scatter_fresh` pools its
+    fresh entries in `pool`'s parallel build (used, and recorded as used) and writes
+    what the serial pass writes."""
+    rng = np.random.default_rng(1)
+    n_rows, n_embd, kpool, n = 300, 32, 4, 600
+    key, gate = np.zeros((n_rows, n_embd), np.float32), np.zeros((n_rows, n_embd), np.float32)
+    reference.write_keys(keys.seed_state(3), np.arange(n_rows), rng.integers(0, 10**6, n_rows),
+                         key, gate)
+    members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
+    reps = rng.integers(0, n_rows, n).astype(np.int64)
+    keep = rng.random(n) < 0.3
+    st = rng.permutation(n_rows)[:200].astype(np.int64)
+    src = rng.integers(0, n, 200).astype(np.int64)
+    got = []
+    for parallel in (False, True):
+        monkeypatch.setattr(kernels, "PARALLEL", parallel)
+        monkeypatch.setattr(kernels, "PARALLEL_MIN_POOL", kpool * n_embd * 100)
+        monkeypatch.setitem(kernels.PARALLEL_USED, "pool", False)
+        pooled = np.full((n_rows, n_embd), 0.25, np.float32)
+        gens = (np.zeros((n_rows, kpool), np.int64), np.zeros(n_rows, np.int64))
+        vals = np.empty((n, n_embd), np.float32)
+        changed = kernels.scatter_fresh(key, gate, pooled, *gens, 3, members, reps, keep, st,
+                                        src, vals)
+        assert kernels.PARALLEL_USED["pool"] is parallel
+        got.append((bits(pooled), *gens, bits(vals), changed))
+    assert all(np.array_equal(a, b) for a, b in zip(*got, strict=True))
+
+
 @pytest.mark.parametrize("kpool", [1, 2, 4, 8])
 @pytest.mark.parametrize("n", [0, 1, 37, 5000])
 def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:

@@ -389,11 +389,10 @@ def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
     vals : array of float32, shape (m, n_embd), C-contiguous, written
     """
     changed = np.empty(st.size, dtype=np.bool_)
-    fresh = ~keep
-    parallel = (PARALLEL and int(fresh.sum()) * members.shape[1] * key.shape[1]
+    parallel = (PARALLEL and int((~keep).sum()) * members.shape[1] * key.shape[1]
                 >= PARALLEL_MIN_POOL)
     if parallel:  # the fresh poolings from the parallel build, the rest below
-        vals[fresh] = pool(key, gate, members[fresh])
+        vals[~keep] = pool(key, gate, members[~keep])
     _scatter_fresh_into(key, gate, pooled, pooled.view(np.int32), pool_of, pool_gen, gen,
                         members, reps, keep, st, src, vals, vals.view(np.int32), changed,
                         not parallel, *_scratch(members.shape[1], key.shape[1]))
