@@ -10,7 +10,7 @@ Owns: the value backend's numba kernels (the compiled core's are compiled/kernel
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 7 of
-the 14 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 16 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -173,13 +173,11 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         _write_keys_serial(state, rows, key_ids, key, gate)
 
 
-_WRITE_ROWS_SIG = [
-    f"UniTuple(i8, 2)(u8, i8[::1], i8[::1], {so}[::1], i8[::1], i8, i8, i8, i8, i1, "
-    "f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[::1], i8[::1], i8[::1], i1[::1], i8[::1], "
-    "i8[::1], i8[::1], i8[::1], b1)" for so in ("i4", "i8")]
+_WRITE_ROWS_SIG = ("UniTuple(i8, 2)(u8, i8[::1], i8[::1], {}[::1], i8[::1], i8, i8, i8, i8, "
+                   "i1, f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[::1], i8[::1], i8[::1], "
+                   "i1[::1], i8[::1], i8[::1], i8[::1], i8[::1], b1)")
 
 
-@_value_kernel(_WRITE_ROWS_SIG)
 def _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch,
                      kind, key, gate, pooled, slot_row, key_gen, pool_gen, w_kind, w_ubatch,
                      w_a, w_b, out, with_keys):
@@ -228,6 +226,12 @@ def _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, ge
     return WROTE, n_new
 
 
+# one kernel per slot map dtype (`slots._slot_dtype`: int64 only past 2**31 rows), so a
+# replay compiles (or loads) the one it calls
+_write_rows_i4 = kernel(_write_rows_into, "_write_rows_i4", _WRITE_ROWS_SIG.format("i4"))
+_write_rows_i8 = kernel(_write_rows_into, "_write_rows_i8", _WRITE_ROWS_SIG.format("i8"))
+
+
 def write_rows(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
                free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
                kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
@@ -248,9 +252,10 @@ def write_rows(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of:
     slot is not in [1, n_handed); (FREE_OUTSIDE, i) for a free slot that is not. The
     key rows of a large write come from `write_keys`' parallel build, when it is on."""
     parallel = PARALLEL and rows.size * key.shape[1] >= PARALLEL_MIN_KEYS
-    got = _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
-                           n_ubatch, kind, key, gate, pooled, slot_row, key_gen, pool_gen,
-                           w_kind, w_ubatch, w_a, w_b, out, not parallel)
+    into = _write_rows_i4 if slot_of.dtype == np.int32 else _write_rows_i8
+    got = into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch, kind,
+               key, gate, pooled, slot_row, key_gen, pool_gen, w_kind, w_ubatch, w_a, w_b, out,
+               not parallel)
     if parallel and got[0] == WROTE:
         write_keys(state, out, key_ids, key, gate)
     return got
@@ -455,7 +460,6 @@ _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1]
               "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1])")
 
 
-@_value_kernel([_FRESH_SIG.format("i4"), _FRESH_SIG.format("i8")])
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
                        rows, fresh, keep):
     n = rep.size
@@ -509,6 +513,11 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
     return n_kept, -1, 0
 
 
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_fresh_groups_i4 = kernel(_fresh_groups_into, "_fresh_groups_i4", _FRESH_SIG.format("i4"))
+_fresh_groups_i8 = kernel(_fresh_groups_into, "_fresh_groups_i8", _FRESH_SIG.format("i8"))
+
+
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
                  order: np.ndarray, starts: np.ndarray, rows: np.ndarray
@@ -543,8 +552,9 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     """
     fresh = np.empty(rows.size, dtype=np.bool_)
     keep = np.zeros(rep.size, dtype=np.bool_)
-    n_kept, g, why = _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep,
-                                        order, starts, rows, fresh, keep)
+    into = _fresh_groups_i4 if slot_of.dtype == np.int32 else _fresh_groups_i8
+    n_kept, g, why = into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
+                          rows, fresh, keep)
     if g >= 0:
         raise group_refusal(int(g), int(why))
     return fresh, keep, int(n_kept)
