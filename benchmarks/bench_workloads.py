@@ -16,8 +16,9 @@ runs, with no option, and the output says so. The parent measures each child's w
 from os.wait4), and reads the report's size and `summary` (ubatches, tokens, status;
 exit 1, findings, is a completed run, its status shown in the notes). The reports of the
 two cores are compared byte for byte (the report is deterministic: they must be equal).
-Before the runs, one small replay per engine and core warms numba's on-disk cache, so no
-run pays for JIT compilation. Figures come from one run each (`--repeat N`: a child's
+Before the runs, each workload built at a small scale (its shape kept) is replayed once
+per engine and core: numba's on-disk cache then holds the kernels it calls, so no run
+pays for JIT compilation. Figures come from one run each (`--repeat N`: a child's
 median wall over N runs in turn, for a machine whose speed moves); there is no assertion.
 
     workload                                                    target
@@ -419,15 +420,28 @@ def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
     return r
 
 
-def warm_up(engines: list[str], cores: list[str | None], timeout: float,
-            env: dict[str, str]) -> None:
-    """One small replay per engine and core: numba compiles (or loads) its kernels here."""
+# the scale of the warm-up's workloads: each keeps its shape (its sequences, its edits,
+# its plan changes), so it calls the kernels the workload calls, in a few hundred ubatches
+WARM_SCALE = 0.02
+
+
+def warm_up(only: list[str], engines: list[str], cores: list[str | None], timeout: float,
+            env: dict[str, str], n_embd: int) -> None:
+    """One small replay of each workload run (built at WARM_SCALE) per engine and core:
+    numba compiles (or loads) the kernels the workload calls here, so no timed run
+    pays for compiling one (a shipped trace alone left W2's and W4's cache-safe
+    kernels, the parallel slots' and the grown plans', to their first timed run)."""
+    from kpool_cli.trace.write import dump_trace
+
     with tempfile.TemporaryDirectory() as d:
-        for e in engines:
-            for c in cores:
-                out = Path(d) / "warm.json"
-                run(replay_cmd(ROOT / "traces/mtp3-speculative.yaml", e, c, "full", out),
-                    out, Path(d) / "warm.log", timeout, env)
+        for name in only:
+            path = Path(d) / f"warm-{name}.yaml"
+            path.write_text(dump_trace(BUILDERS[name](WARM_SCALE, n_embd).trace))
+            for e in engines:
+                for c in cores:
+                    out = Path(d) / "warm.json"
+                    run(replay_cmd(path, e, c, "full", out), out, Path(d) / "warm.log",
+                        timeout, env)
 
 
 # the JSON encoding floor, in a child: parse the report, then time its encoding in the
@@ -1015,7 +1029,7 @@ def main() -> None:
         b = Bench(a, engines, cores, core_opt,
                   ["full"] if a.no_model_only else list(MODES), out_dir, env)
         b.log(f"warming numba's cache ({', '.join(engines)}; cores {', '.join(cores)}) ...")
-        warm_up(engines, list(cores) if core_opt else [None], a.timeout, env)
+        warm_up(only, engines, list(cores) if core_opt else [None], a.timeout, env, a.n_embd)
         measure(b, only)
         print_main(b)
         print_floors(b)
