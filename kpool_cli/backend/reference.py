@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same fourteen kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same thirteen kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
