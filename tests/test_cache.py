@@ -318,14 +318,14 @@ def test_split_equal_sequential_chain_stops_at_a_missing_seq_id():
 
 
 @pytest.mark.parametrize(("gone", "left"), [
-    ([50, 40], [10, 20, 30]),  # the tail, named out of order: cut in O(keys)
+    ([50, 40], [10, 20, 30]),  # the tail, named out of order
     ([20, 40], [10, 30, 50]),  # inside: rebuilt
     ([10, 20, 30, 40, 50], []),
     ([30, 40, 50], [10, 20]),
 ])
 def test_sorted_keys_remove_keeps_the_rest_in_order(gone, left) -> None:
-    """SortedKeys.remove, whether the keys removed are its tail (a rejected draft's
-    seq_rm) or not: the keys left, ascending; then an add past the end still appends."""
+    """SortedKeys.remove, whether the keys removed are its tail or not: the keys left,
+    ascending; then an add past the end still appends."""
     from kpool_cli.cache.cells import SortedKeys
 
     sk = SortedKeys()

@@ -48,7 +48,7 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     if singles is not None:  # parallel slots: each token's set is its own sequence
         if min(singles) < 0 or max(singles) >= n_seq_max:
             i, s = next((i, s) for i, s in enumerate(singles) if not 0 <= s < n_seq_max)
-            return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+            return _invalid_seq(i, s, n_seq_max)
         if not mrope:
             for x, t in zip(cache.seq_pos_maxes(singles), tokens, strict=True):
                 if x >= 0 and t.pos != x + 1:
@@ -61,7 +61,7 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     if len(first) == 1 and all(t.seq == first for t in tokens):  # one sequence's tokens
         s = first[0]
         if not 0 <= s < n_seq_max:
-            return f"token 0: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+            return _invalid_seq(0, s, n_seq_max)
         ps = {t.pos for t in tokens}
         return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
                               embd=embd)
@@ -69,11 +69,16 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     for i, t in enumerate(tokens):
         for s in t.seq:
             if not 0 <= s < n_seq_max:
-                return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+                return _invalid_seq(i, s, n_seq_max)
             positions.setdefault(s, set()).add(t.pos)
     ends = {s: (min(ps), max(ps), len(ps)) for s, ps in positions.items()}
     coupled = {(a, b) for t in tokens for a in t.seq for b in t.seq if a < b}
     return _validate_ends(ends, coupled, cache, mrope=mrope, embd=embd)
+
+
+def _invalid_seq(i: int, s: int, n_seq_max: int) -> str:
+    """The refusal of token i's seq id s, outside [0, n_seq_max)."""
+    return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
 
 
 def validate_span(span: Span, cache: SeqPositions, *, mrope: bool) -> str | None:

@@ -11,7 +11,8 @@ Invariants (checked by `check_invariants`, which tests run after every op):
 - `used` is the number of non-empty cells;
 - `touched` holds every sequence whose pairs changed since the owner last took it
   (so a layout update can skip the others: they cost nothing).
-The per-sequence keys are a derived index: only `_index_rm` / `_index_add` touch them.
+The per-sequence keys are a derived index: only the stream's mutators touch them
+(a range's removal cuts it: `SortedKeys.cut_range`).
 
 Every mutator states its precondition and returns the cells whose *emptiness*
 changed, so the caller (the cache) can move `head` as llama_kv_cache does.
@@ -148,10 +149,6 @@ class SortedKeys(GrowArray):
         cur = self._a[: self._n]
         idx = np.searchsorted(cur, keys)
         assert np.all(cur[idx] == keys), "removing a key that is not in the set"
-        lo = self._n - keys.size
-        if int(idx.min()) == lo and np.array_equal(np.sort(idx), np.arange(lo, self._n)):
-            self._n = lo  # the tail (a rejected draft's seq_rm): O(keys), not O(set)
-            return
         keep = np.ones(self._n, dtype=bool)
         keep[idx] = False
         rest = cur[keep]
@@ -167,7 +164,7 @@ class SortedKeys(GrowArray):
     def cut_range(self, p0: int, p1: int) -> np.ndarray:
         """`range(p0, p1)`, removed: a copy of those keys (a slice of the set, so
         removing them moves the keys past it down; the tail, a rejected draft's
-        seq_rm, moves none)."""
+        seq_rm, moves none). What a seq_rm removes; `remove` takes any keys."""
         n = self._n
         cur = self._a[:n]
         lo, hi = self._range_ends(cur, p0, p1)
@@ -348,9 +345,14 @@ class Stream:
         """seq_rm(-1, p0, p1): empty every cell with p0 <= pos < p1 (p0 >= 0). Returns
         them, ascending. Every live cell holds a sequence, so the sequences' ranges
         find them all."""
-        parts = [key_cell(k.range(p0, p1)) for k in self.seq_keys.values() if len(k)]
+        parts = []
+        for s, k in self.seq_keys.items():
+            # a cell in the range is a pair in the range of every sequence holding it
+            got = k.cut_range(p0, p1)
+            if got.size:
+                parts.append(key_cell(got))
+                self.touched.add(s)
         cells = unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
-        self._index_rm(cells)
         self._empty(cells)
         return cells
 

@@ -242,8 +242,7 @@ class RecurrentChild:
         on a dangling tail (RecurrentAssert): a sequence whose first appearance in the
         decode is as the first id of a set; appearing coupled after the first id, it
         leaves its cell instead, and once placed its tail holds it."""
-        cells = self.cells
-        if not any(t >= 0 and s not in cells[t].seqs for s, t in enumerate(self.tail)):
+        if not any(self._dangles(s) for s in range(self.size)):
             return
         placed: set[int] = set()
         for seq_sets in ubatches:
