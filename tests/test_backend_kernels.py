@@ -506,7 +506,14 @@ def test_recheck_ways_by_hand() -> None:
     - s4: kept none of its 2 pools, no verdict, known: NEW (2 pools past its verdicts),
       and no tail (it kept no pool), so no look-up and no scan, even with too many.
     With no row changed there is no tail and no scan; with too many, s0 and s3 (known,
-    kept pools) scan."""
+    kept pools) scan.
+
+    `before`, whether the least changed pair lies at or before a tail (the tails
+    (30, 2) and (70, 6)): cell 5 of a stream whose cell 5 is at pos 40 makes the pair
+    (40, 5), past s0's tail but before s3's: True; at pos 80, past both: False; no
+    changed cell: False; another stream's least pair (30, 2), s0's tail itself: True
+    ("at or before"); with no tail (no row changed, or too many) nothing is before
+    one, whatever the pairs."""
     start = np.array([0, 3, 5, 5, 7, 9], np.int64)
     n_bad = np.array([3, 1, 1, 3, 0], np.int64)
     kept = np.array([3, 1, 0, 2, 0], np.int64)
@@ -514,21 +521,36 @@ def test_recheck_ways_by_hand() -> None:
     rep_pos = 10 * np.arange(1, 10, dtype=np.int64)
     rep_rows = 100 + np.arange(9, dtype=np.int64)
     NONE, NEW, SCAN = recheck.NONE, recheck.NEW, recheck.SCAN
-    no = recheck.NO_TAIL
+    no, none = recheck.NO_TAIL, recheck.NO_PAIR
+    cell5 = np.array([5], np.int64)
+    at40, at80 = (np.array([0, 0, 0, 0, 0, p], np.int64) for p in (40, 80))
+    empty = np.empty(0, np.int64)
     for k in (kernels, reference):
-        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
-                                   True, False)
+        how, tail, before = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                           True, False, cell5, at40, none)
         assert how.tolist() == [NONE, SCAN, NEW, NEW, NEW]
         assert tail.tolist() == [(30 << 32) | 2, no, no, (70 << 32) | 6, no]
-        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
-                                   False, False)
+        assert before is True
+        assert k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100, True,
+                              False, cell5, at80, none)[2] is False
+        assert k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100, True,
+                              False, empty, at80, none)[2] is False
+        assert k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100, True,
+                              False, cell5, at80, (30 << 32) | 2)[2] is True
+        how, tail, before = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                           False, False, cell5, at40, none)
         assert how.tolist() == [NONE, NEW, NEW, NEW, NEW] and tail.tolist() == [no] * 5
-        how, tail = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
-                                   True, True)
+        assert before is False
+        how, tail, before = k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100,
+                                           True, True, cell5, at40, none)
         assert how.tolist() == [SCAN, SCAN, NEW, SCAN, NEW] and tail.tolist() == [no] * 5
+        assert before is False
         with pytest.raises(IndexError, match="sequence 3"):  # pool 6 past the columns
             k.recheck_ways(start, n_bad, kept, known, rep_pos[:6], rep_rows, 100, True,
-                           False)
+                           False, cell5, at40, none)
+        with pytest.raises(IndexError, match=r"cells\[1\] is cell 6, outside the stream"):
+            k.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows, 100, True,
+                           False, np.array([5, 6], np.int64), at40, none)
 
 
 def test_recheck_ways_agrees() -> None:
@@ -542,12 +564,16 @@ def test_recheck_ways_agrees() -> None:
             known = rng.random(n) < 0.5
             rep_pos = rng.integers(0, 1 << 20, int(start[-1])).astype(np.int64)
             rep_rows = rng.integers(0, 3 * 512, int(start[-1])).astype(np.int64)
+            # a stream's changed cells (some freed: pos -1) and another stream's least
+            pos = rng.integers(-1, 1 << 20, 512).astype(np.int64)
+            cells = rng.choice(512, int(rng.integers(0, 5)), replace=False).astype(np.int64)
+            least = int(rng.choice([recheck.NO_PAIR, int(rng.integers(0, 1 << 52))]))
             for dirty, too_many in ((True, False), (True, True), (False, False)):
-                got = kernels.recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows,
-                                           512, dirty, too_many)
-                want = reference.recheck_ways(start, n_bad, kept, known, rep_pos,
-                                              rep_rows, 512, dirty, too_many)
+                args = (start, n_bad, kept, known, rep_pos, rep_rows, 512, dirty, too_many,
+                        cells, pos, least)
+                got, want = kernels.recheck_ways(*args), reference.recheck_ways(*args)
                 assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+                assert got[2] is want[2]
 
 
 def test_least_pair_by_hand() -> None:
@@ -1087,12 +1113,17 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
          "the member pairs are not a C-contiguous 1-D int64 array"),
         ("recheck ways", lambda: be.kernels.recheck_ways(
             np.array([0, 2]), np.array([2]), np.array([2]), np.array([1]), np.arange(2),
-            np.arange(2), True, False),
+            np.arange(2), True, False, np.arange(1), np.zeros(8, np.int64), 0),
          "the known-equal flags are not a C-contiguous 1-D bool array"),
         ("recheck ways", lambda: be.kernels.recheck_ways(
             np.array([0, 2, 2]), np.array([2]), np.array([2]), np.array([True]),
-            np.arange(2), np.arange(2), True, False),
+            np.arange(2), np.arange(2), True, False, np.arange(1), np.zeros(8, np.int64), 0),
          "3 pool starts, 1 kept verdicts and 1 known-equal flags for 1 sequences"),
+        ("recheck ways", lambda: be.kernels.recheck_ways(
+            np.array([0, 2]), np.array([2]), np.array([2]), np.array([True]),
+            np.arange(2), np.arange(2), True, False, np.arange(1.0), np.zeros(8, np.int64),
+            0),
+         "the cells are not a C-contiguous 1-D int64 array"),
     ]
     before = state(be)
     for where, call, says in doors:
@@ -1114,7 +1145,12 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     with refused("recheck ways", "sequence 0: its last kept pool is outside the layout's "
                                  "columns"):  # 3 kept of 2 pools: the last past the columns
         be.kernels.recheck_ways(np.array([0, 2]), np.array([2]), np.array([3]),
-                                np.array([True]), np.arange(2), np.arange(2), True, False)
+                                np.array([True]), np.arange(2), np.arange(2), True, False,
+                                np.arange(1), np.zeros(8, np.int64), recheck.NO_PAIR)
+    with refused("recheck ways", "cells[1] is cell 8, outside the stream"):
+        be.kernels.recheck_ways(np.array([0, 2]), np.array([2]), np.array([2]),
+                                np.array([True]), np.arange(2), np.arange(2), True, False,
+                                np.array([0, 8]), np.zeros(8, np.int64), recheck.NO_PAIR)
     with refused("least pair", "cells[1] is cell 8, outside the stream"):
         be.kernels.least_pair(np.array([0, 8]), np.zeros(8, np.int64))
     # a free slot outside those handed out: refused before the first row is written

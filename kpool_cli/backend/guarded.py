@@ -231,14 +231,18 @@ class GuardedKernels:
 
     def recheck_ways(self, start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray,
                      known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
-                     dirty: bool, too_many: bool) -> tuple[np.ndarray, np.ndarray]:
-        """How each sequence finds its pools to recheck, and its kept tail
-        (`recheck.py`). The kernel checks each last kept pool against the columns as
-        it reads it."""
+                     dirty: bool, too_many: bool, cells: np.ndarray, pos: np.ndarray,
+                     least: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """How each sequence finds its pools to recheck, its kept tail (`recheck.py`),
+        and whether the least changed pair (`least`, the other streams', and the pairs
+        of one stream's changed cells `cells`, its positions `pos`) lies at or before
+        some tail. The kernel checks each cell against the stream, and each last kept
+        pool against the columns, as it reads it."""
         where = "recheck ways"
         _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
                ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
-               ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64))
+               ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
+               ("cells", cells, I64), ("positions", pos, I64))
         n = kept.size
         if start.size != n + 1 or n_bad.size != n or known.size != n:
             raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
@@ -246,9 +250,11 @@ class GuardedKernels:
                             "kept pools")
         try:
             return self._timed(where, self.k.recheck_ways, start, n_bad, kept, known, rep_pos,
-                               rep_rows, self.slots.kv_size, dirty, too_many)
+                               rep_rows, self.slots.kv_size, dirty, too_many, cells, pos,
+                               least)
         except IndexError as e:
-            raise PlanError(f"{where}: {e}", where, "kept pools") from None
+            raise PlanError(f"{where}: {e}", where,
+                            "cells" if str(e).startswith("cells") else "kept pools") from None
 
     def least_pair(self, cells: np.ndarray, pos: np.ndarray) -> int:
         """The least pair of a stream's cells `cells` (their positions `pos`). The

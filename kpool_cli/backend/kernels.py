@@ -802,10 +802,31 @@ _NEW, _NONE, _SCAN, _NO_TAIL = np.int64(NEW), np.int64(NONE), np.int64(SCAN), np
 _NO_PAIR = np.int64(NO_PAIR)
 
 
-@_value_kernel("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, i8[::1], "
-                "i8[::1])")
+@numba.njit(cache=_CACHED, inline="always")
+def _least_of(cells, pos):
+    """(the least pair `pos << CELL_BITS | cell` of `cells`, INT64_MAX for none; the
+    first index whose cell is outside `pos`, or -1)."""
+    least = _NO_PAIR
+    for i in range(cells.size):
+        c = cells[i]
+        if c < 0 or c >= pos.size:
+            return least, i
+        p = (pos[c] << _CELL_BITS) | c
+        if p < least:
+            least = p
+    return least, -1
+
+
+@_value_kernel("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, "
+                "b1, i8[::1], i8[::1], i8, i8[::1], i8[::1])")
 def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
-                       too_many, how, tail):
+                       too_many, cells, pos, least, how, tail):
+    got, bad = _least_of(cells, pos)
+    if bad >= 0:
+        return -2 - bad, 0
+    if got < least:
+        least = got
+    before = 0
     for s in range(kept.size):
         n_pools = start[s + 1] - start[s]
         h = _NEW if kept[s] < n_bad[s] or n_bad[s] < n_pools else _NONE
@@ -820,18 +841,22 @@ def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
                 else:
                     last = start[s] + kept[s] - 1
                     if last < 0 or last >= rep_pos.size or last >= rep_rows.size:
-                        return s
+                        return s, 0
                     t = (rep_pos[last] << _CELL_BITS) | (rep_rows[last] % kv_size)
+                    if least <= t:
+                        before = 1
         how[s] = h
         tail[s] = t
-    return -1
+    return -1, before
 
 
 def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
                  rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
-                 too_many: bool) -> tuple[np.ndarray, np.ndarray]:
-    """How each sequence finds its pools to recheck, and its kept tail (recheck.py's
-    rule, for every sequence in one pass).
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, least: int
+                 ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """How each sequence finds its pools to recheck, its kept tail (recheck.py's rule,
+    for every sequence in one pass), and whether the least changed pair lies at or
+    before some tail.
 
     Parameters
     ----------
@@ -843,34 +868,36 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
         Whether each sequence's pairs are known to equal the cache's.
     rep_pos, rep_rows : arrays of int64, C-contiguous
         Every pool's rep pos and rep row, in layout order.
+    cells, pos : arrays of int64, C-contiguous
+        Changed cells of one stream and that stream's cell positions: their pairs are
+        changed pairs (`least_pair`'s rule).
+    least : int
+        The least changed pair of the other streams (INT64_MAX for none).
 
     Returns
     -------
-    (how, tail) : arrays of int64, shape (n,)
+    (how, tail, before) : arrays of int64, shape (n,), and a bool
         The way of each sequence (`NEW`, `NONE` or `SCAN`; `LOOK` is the verifier's
-        to decide) and its tail (`NO_TAIL` where it has none). A last kept pool
-        outside the columns is `IndexError`.
+        to decide), its tail (`NO_TAIL` where it has none), and whether the least of
+        `least` and the pairs of `cells` is at or below some tail. A cell outside the
+        stream, or a last kept pool outside the columns, is `IndexError`.
     """
     how = np.empty(kept.size, dtype=np.int64)
     tail = np.empty(kept.size, dtype=np.int64)
-    s = _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
-                           too_many, how, tail)
-    if s >= 0:
-        raise IndexError(f"sequence {s}: its last kept pool is outside the layout's columns")
-    return how, tail
+    err, before = _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size,
+                                     dirty, too_many, cells, pos, least, how, tail)
+    if err <= -2:
+        i = -2 - err
+        raise IndexError(f"cells[{i}] is cell {cells[i]}, outside the stream")
+    if err >= 0:
+        raise IndexError(f"sequence {err}: its last kept pool is outside the layout's columns")
+    return how, tail, bool(before)
 
 
 @_value_kernel("i8(i8[::1], i8[::1], i8[::1])")
 def _least_pair(cells, pos, at):
-    least = _NO_PAIR
-    for i in range(cells.size):
-        c = cells[i]
-        if c < 0 or c >= pos.size:
-            at[0] = i
-            return least
-        p = (pos[c] << _CELL_BITS) | c
-        if p < least:
-            least = p
+    least, bad = _least_of(cells, pos)
+    at[0] = bad
     return least
 
 

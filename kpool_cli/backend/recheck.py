@@ -16,7 +16,9 @@ its pairs are known to equal the cache's (`known[s]`):
   (`too_many`), else its `tail`, the pair of its last kept pool's rep
   (`rep_pos << CELL_BITS | cell`): the verifier makes it `LOOK` when a changed pair
   lies at or before it (`_DirtyPairs.lowest`). Every other sequence's tail is
-  `NO_TAIL`, below every pair.
+  `NO_TAIL`, below every pair;
+- `before`: the least changed pair, whoever holds it (`least_pair` of the changed
+  cells), lies at or before some sequence's tail. Only then is `lowest` asked.
 """
 
 from __future__ import annotations

@@ -301,9 +301,12 @@ def held_pairs(cells: np.ndarray, has: np.ndarray, pos: np.ndarray
 
 def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
                  rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
-                 too_many: bool) -> tuple[np.ndarray, np.ndarray]:
-    """How each sequence finds its pools to recheck, and its kept tail (recheck.py's
-    rule, vectorised over the sequences)."""
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, least: int
+                 ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """How each sequence finds its pools to recheck, its kept tail (recheck.py's rule,
+    vectorised over the sequences), and whether the least changed pair (of `least` and
+    `cells`' pairs, `least_pair`) lies at or before some tail."""
+    least = min(least, least_pair(cells, pos))
     n_pools = np.diff(start)
     how = np.where((kept < n_bad) | (n_bad < n_pools), NEW, NONE).astype(np.int64)
     tail = np.full(kept.size, NO_TAIL, dtype=np.int64)
@@ -321,7 +324,8 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
                                  "columns")
             tail[look] = (rep_pos[last] << CELL_BITS) | (rep_rows[last] % kv_size)
         how[scan] = SCAN
-    return how, tail
+    before = bool(((tail != NO_TAIL) & (least <= tail)).any())
+    return how, tail, before
 
 
 def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:

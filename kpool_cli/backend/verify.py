@@ -162,11 +162,10 @@ class Verifier:
         # the rep columns are read only for a tail: a known sequence's, once a row changed
         rep_pos, rep_rows = ((layout.pool_rep_pos(), layout.pool_cells()) if known.any()
                              else (_NO_PAIRS, _NO_PAIRS))
-        how, tail = self.kernels.recheck_ways(layout.pool_start(), self.n_checked, kept,
-                                              known, rep_pos, rep_rows, changed,
-                                              dirty.too_many)
-        top = int(tail.max()) if n else NO_TAIL
-        if top != NO_TAIL and dirty.least() <= top:
+        how, tail, before = self.kernels.recheck_ways(
+            layout.pool_start(), self.n_checked, kept, known, rep_pos, rep_rows, changed,
+            dirty.too_many, *dirty.least_parts())
+        if before:
             # a changed pair may lie at or before a kept tail: whose, by sequence
             how[(tail != NO_TAIL) & (dirty.lowest(n) <= tail)] = LOOK
         seqs = np.flatnonzero(how != NONE)
@@ -349,11 +348,11 @@ class _DirtyPairs:
     member keys and the rep rows apart, built on first use (`held_pairs`, a stream at
     a time). Past `LOOKUP_MAX_ROWS` changed rows (a copy of a long prompt, say) it is
     `too_many`: `of` gives None and `lowest` is not asked, as a pass over the pairs
-    costs less than that many look-ups. `least` and `lowest` share one split of the
-    changed cells by stream (`_by_stream`): `least` reads each stream's least pair in
-    one kernel pass (`least_pair`), `lowest` pairs them all (`_changed`, the rare case:
-    a changed pair at or before a kept tail). `rep_scan`: the scan's `_rep_dirty`,
-    once some sequence needs it."""
+    costs less than that many look-ups. `least_parts` and `lowest` share one split of
+    the changed cells by stream (`_by_stream`): `recheck_ways` reads one stream's
+    least pair in its own pass (several streams: `least_pair`, each in one), `lowest`
+    pairs them all (`_changed`, the rare case: a changed pair at or before a kept
+    tail). `rep_scan`: the scan's `_rep_dirty`, once some sequence needs it."""
 
     LOOKUP_MAX_ROWS = 4096
 
@@ -394,15 +393,24 @@ class _DirtyPairs:
             low[ids] = np.minimum(low[ids], mins)
         return low
 
-    def least(self) -> int:
-        """The least pair of any changed cell, whoever holds it (INT64_MAX without
-        one): no sequence's `lowest` is below it. O(rows changed), with no look at who
-        holds what: when every changed pair lies past every sequence's kept tail (a
-        step of slots at one length, each appending its new pair: W2's), this alone
-        says so; slots at different lengths, or a changed cell that was freed (pos -1),
-        leave it to `lowest`."""
-        return min((self.kernels.least_pair(cells, st.pos) for st, cells in self._by_stream()),
-                   default=NO_PAIR)
+    def least_parts(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """What `recheck_ways` reads the least pair of any changed cell from, whoever
+        holds it (INT64_MAX without one; no sequence's `lowest` is below it): the
+        changed cells of the one stream that has some and its positions, in the
+        kernel's own pass; of several streams, their least pair (`least_pair`, a
+        stream at a time). O(rows changed), with no look at who holds what: when every
+        changed pair lies past every sequence's kept tail (a step of slots at one
+        length, each appending its new pair: W2's), this alone says so; slots at
+        different lengths, or a changed cell that was freed (pos -1), leave it to
+        `lowest`."""
+        if not (self.kdirty or self.pdirty):
+            return _NO_PAIRS, _NO_PAIRS, NO_PAIR
+        parts = self._by_stream()
+        if len(parts) == 1:
+            st, cells = parts[0]
+            return cells, st.pos, NO_PAIR
+        return _NO_PAIRS, _NO_PAIRS, min(
+            (self.kernels.least_pair(cells, st.pos) for st, cells in parts), default=NO_PAIR)
 
     def _by_stream(self) -> list[tuple[Stream, np.ndarray]]:
         """Per stream with a changed row: the stream and its changed cells (member and
