@@ -478,7 +478,8 @@ def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
     passes = []
     # the kernel loaded first: a first-call stub puts the kernel in its module, over
     # the counter (so alone, as the first test to pad, this one counted one pass)
-    k.padding_rows(np.zeros(1, dtype=np.int64), 0, 8, np.empty(0, dtype=np.int64))
+    k.padding_rows(np.zeros(1, dtype=np.int64), 0, 8, np.empty(0, dtype=np.int64),
+                   np.zeros(1, dtype=bool))
     kernel = k.padding_rows
 
     def counted(*args):  # type: ignore[no-untyped-def]

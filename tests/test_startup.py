@@ -88,6 +88,24 @@ def test_a_numba_replay_does_import_numba(tmp_path: Path) -> None:
     assert "numba.np.arrayobj" not in modules  # no value kernel allocates
 
 
+@pytest.mark.parametrize("trace", ["shared-prefix-race", "mtp3-speculative", "non-unified"])
+def test_a_compiled_replay_loads_no_array_library(trace: str, tmp_path: Path) -> None:
+    """The compiled core's kernels allocate nothing (compiled/kernels.py: the caller
+    sizes every array and scratch), so loading them from numba's cache never imports
+    numba's array library, `numba.np.arrayobj` and the unicode and charseq modules it
+    pulls in: about 40 ms of every compiled replay (a cached kernel that calls
+    `np.empty` rebuilds its environment by importing it). The second of two runs:
+    the first compiles what conftest.py's warm-up did not (a compile imports it), so
+    the second sees loads alone."""
+    args = ("replay", str(ROOT / "traces" / f"{trace}.yaml"), "-q", "--format", "json",
+            "--core", "compiled", "--backend", "numba", "-o", str(tmp_path / "r.json"))
+    loaded(*args)
+    code, modules = loaded(*args)
+    assert code in (0, 1)
+    assert "kpool_cli.compiled.kernels" in modules
+    assert "numba.np.arrayobj" not in modules
+
+
 def test_a_text_replay_into_a_file_imports_no_rich(tmp_path: Path) -> None:
     code, modules = loaded("replay", RACE, "-q", "-o", str(tmp_path / "r.txt"))
     assert code in (0, 1)
@@ -274,11 +292,11 @@ import numpy as np
 from kpool_cli.compiled import kernels
 stubs = {name: fn for name, fn in vars(kernels).items()
          if getattr(fn, "stub_of", None) is not None}
-assert {"first_winners", "sorted_add", "race_groups"} <= set(stubs), sorted(stubs)
+assert {"_first_winners_k", "_sorted_add_k", "_race_groups_k"} <= set(stubs), sorted(stubs)
 wrong = [(name, fn.__name__) for name, fn in stubs.items() if fn.__name__ != name]
 kernels.first_winners(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), True,
                       np.zeros(1, dtype=bool))
-print(wrong, getattr(kernels.first_winners, "stub_of", None) is None,
+print(wrong, getattr(kernels._first_winners_k, "stub_of", None) is None,
       hasattr(kernels._first_winners, "py_func"))
 """
 
@@ -288,11 +306,12 @@ def test_every_compiled_kernel_replaces_its_first_call_stub_where_it_is_bound() 
     to: `first_winners = kernel(_first_winners)` once replaced `_first_winners`, so
     every call of `first_winners` went on through the stub, paying the signal mask
     and the loader's swap (about 12 us of a 1 us kernel) ever after. In a process of
-    its own: a kernel called before (by another test) is no stub any more."""
+    its own: a kernel called before (by another test) is no stub any more. (The
+    kernel is `_first_winners_k` now, which `first_winners` calls with its scratch.)"""
     r = subprocess.run([sys.executable, "-c", _STUBS], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
-    # no stub bound under another name; first_winners is the kernel after its first
+    # no stub bound under another name; _first_winners_k is the kernel after its first
     # call; _first_winners (an inner's Python function too) is left as it was
     assert r.stdout.split() == ["[]", "True", "False"]
 

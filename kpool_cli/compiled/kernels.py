@@ -5,9 +5,13 @@ compiled core's arenas of every sequence's index and layout columns
 
 Owns: every kernel of the compiled core. Each is the loop that one reference step
 runs as a chain of numpy calls, written once as a plain loop; the rule it computes
-is the reference's, cited where that lives. Kernels never allocate what the caller
-can size (they write into arrays the caller reserved and return counts) and never
-raise: a case a kernel does not handle is one its caller never hands it.
+is the reference's, cited where that lives. Kernels never allocate (they write into
+arrays and scratch the caller sized, here in a Python function of the kernel's
+public name where a kernel needs scratch, and return counts or views of them) and
+never raise: a case a kernel does not handle is one its caller never hands it. A
+cached kernel that allocated (`np.empty` inside) would import numba's array library
+as it loads, about 40 ms of every compiled replay
+(tests/test_startup.py `test_a_compiled_replay_loads_no_array_library`).
 
 Keys are `pos << 32 | cell` (cache/cells.py `make_keys`); POS_CLEAN and EMPTY_POS
 are passed in, never redefined here.
@@ -42,13 +46,14 @@ def _bisect(a, x, right):  # pragma: no cover - compiled
 _bisect_in = inner(_bisect)
 
 
-def _stable_order(v):  # pragma: no cover - compiled
-    """The stable argsort of int64 `v` (equal values keep their order): a bottom-up
-    merge sort, written here so that no kernel compiles numba's own sorts (the
-    slowest part of a first compile)."""
+def _stable_order(v, a, b):  # pragma: no cover - compiled
+    """The stable argsort of int64 `v` (equal values keep their order), in scratch `a`
+    or `b` (each of v.size at least): returns the one that holds it, cut to v.size.
+    A bottom-up merge sort, written here so that no kernel compiles numba's own sorts
+    (the slowest part of a first compile)."""
     n = v.size
-    a = np.arange(n)
-    b = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        a[i] = i
     width = 1
     while width < n:
         for lo in range(0, n, 2 * width):
@@ -73,19 +78,26 @@ def _stable_order(v):  # pragma: no cover - compiled
                 w += 1
         a, b = b, a
         width *= 2
-    return a
+    return a[:n]
 
 
 _stable_order_in = inner(_stable_order)
 
 
-def _sorted(v):  # pragma: no cover - compiled
-    """`v` sorted ascending (a copy); an already sorted `v` (a decode's keys, most
-    often) costs one pass."""
-    for i in range(1, v.size):
+def _sorted(v, scratch):  # pragma: no cover - compiled
+    """`v` sorted ascending, in scratch[:v.size] (scratch: 3 * v.size at least), which
+    it returns; an already sorted `v` (a decode's keys, most often) costs one pass."""
+    n = v.size
+    out = scratch[:n]
+    for i in range(1, n):
         if v[i] < v[i - 1]:
-            return v[_stable_order_in(v)]
-    return v.copy()
+            order = _stable_order_in(v, scratch[n:2 * n], scratch[2 * n:3 * n])
+            for j in range(n):
+                out[j] = v[order[j]]
+            return out
+    for j in range(n):
+        out[j] = v[j]
+    return out
 
 
 _sorted_in = inner(_sorted)
@@ -131,10 +143,11 @@ def write_cells(cells, pos, ext, has_ext, tok_ptr, tok_cols, key_ids,
         key_id[c] = key_ids[i]
 
 
-def _sorted_add(a, n, keys):  # pragma: no cover - compiled
+def _sorted_add(a, n, keys, scratch):  # pragma: no cover - compiled
     """cache/cells.py `SortedKeys.add` into a[:n] (capacity reserved for every key):
-    keys (not present yet) sorted in, a[:n] staying sorted. Returns the new n."""
-    ks = _sorted_in(keys)
+    keys (not present yet) sorted in, a[:n] staying sorted (scratch: 3 * keys.size at
+    least). Returns the new n."""
+    ks = _sorted_in(keys, scratch)
     m = ks.size
     if m == 0:
         return n
@@ -155,22 +168,22 @@ def _sorted_add(a, n, keys):  # pragma: no cover - compiled
     return n + m
 
 
-sorted_add = kernel(_sorted_add, "sorted_add")
+_sorted_add_k = kernel(_sorted_add, "_sorted_add_k")
 _sorted_add_in = inner(_sorted_add)  # for the kernels that add keys
 
 
-@kernel
-def write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_count,
-              key_id, index, n):  # pragma: no cover - compiled
-    """cache/cells.py `Stream.write` of a ubatch whose every token holds the one
-    sequence of column `col`, with its index (`SortedKeys.add` into index[:n],
-    capacity reserved). Returns (new n, whether every new pair sorts past the old
-    last one, whether every cell was empty: when not, nothing was written)."""
+def sorted_add(a: np.ndarray, n: int, keys: np.ndarray) -> int:
+    """`_sorted_add`, its scratch sized here."""
+    return _sorted_add_k(a, n, keys, np.empty(3 * keys.size, dtype=np.int64))
+
+
+def _write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_count,
+               key_id, index, n, scratch):  # pragma: no cover - compiled
     m = cells.size
     for i in range(m):
         if st_pos[cells[i]] != -1:
             return n, False, False
-    keys = np.empty(m, dtype=np.int64)
+    keys = scratch[:m]
     for i in range(m):
         c = cells[i]
         st_pos[c] = pos[i]
@@ -185,7 +198,23 @@ def write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_c
     if n > 0:
         for i in range(m):
             past_end = past_end and keys[i] > index[n - 1]
-    return _sorted_add_in(index, n, keys), past_end, True
+    return _sorted_add_in(index, n, keys, scratch[m:]), past_end, True
+
+
+_write_seq_k = kernel(_write_seq, "_write_seq_k")
+
+
+def write_seq(cells: np.ndarray, pos: np.ndarray, ext: np.ndarray, has_ext: bool, col: int,
+              key_ids: np.ndarray, st_pos: np.ndarray, st_ext: np.ndarray, has: np.ndarray,
+              seq_count: np.ndarray, key_id: np.ndarray, index: np.ndarray, n: int
+              ) -> tuple[int, bool, bool]:
+    """cache/cells.py `Stream.write` of a ubatch whose every token holds the one
+    sequence of column `col`, with its index (`SortedKeys.add` into index[:n],
+    capacity reserved). Returns (new n, whether every new pair sorts past the old
+    last one, whether every cell was empty: when not, nothing was written)."""
+    return _write_seq_k(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has,
+                        seq_count, key_id, index, n,
+                        np.empty(4 * cells.size, dtype=np.int64))
 
 
 def _scan_pools(keys, n_keys, j_next, pos_min, kpool, by_order, strm, kv_size, pools,
@@ -406,11 +435,13 @@ def visible_by_pos(rep_pos, start, first, pos, out):  # pragma: no cover - compi
         out[i] = _bisect_in(rep_pos[start[s]:start[s + 1]], pos[i], True)
 
 
-def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - compiled
+def _first_winners(cand, pool_cells, once_per_rep, seen, scratch):  # pragma: no cover
     """engine/marking.py `mark`: the first candidate per pool (cache-safe) or per rep
-    row (rep-once, PR #29994) wins; returns the winners sorted (layout order).
-    `seen` is scratch indexed by a rep row or a pool, all False, and is left so."""
-    win = np.empty(cand.size, dtype=np.int64)
+    row (rep-once, PR #29994) wins; returns the winners sorted (layout order), a view
+    of `scratch` (4 * cand.size at least). `seen` is scratch indexed by a rep row or a
+    pool, all False, and is left so."""
+    c_n = cand.size
+    win = scratch[:c_n]
     n = 0
     for c in cand:
         key = pool_cells[c] if once_per_rep else c
@@ -421,21 +452,25 @@ def _first_winners(cand, pool_cells, once_per_rep, seen):  # pragma: no cover - 
     for i in range(n):
         c = win[i]
         seen[pool_cells[c] if once_per_rep else c] = False
-    return _sorted_in(win[:n])
+    return _sorted_in(win[:n], scratch[c_n:])
 
 
-first_winners = kernel(_first_winners, "first_winners")
+_first_winners_k = kernel(_first_winners, "_first_winners_k")
 _first_winners_in = inner(_first_winners)
 
 
-@kernel
-def mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, kpool,
-                      base, stale, pool_cells, once_per_rep, seen):  # pragma: no cover
-    """engine/marking.py `mark` of a ubatch whose every token holds one sequence (its
-    pools start at global pool `base`): the candidates are the stale pools `stale`,
-    then each token's pool in token order (`_pool_of`); `_first_winners` decides.
-    Returns (the marked pools, False when a token is not in a by-order layout)."""
-    cand = np.empty(stale.size + pos.size, dtype=np.int64)
+def first_winners(cand: np.ndarray, pool_cells: np.ndarray, once_per_rep: bool,
+                  seen: np.ndarray) -> np.ndarray:
+    """`_first_winners`, its scratch sized here."""
+    return _first_winners_k(cand, pool_cells, once_per_rep, seen,
+                            np.empty(4 * cand.size, dtype=np.int64))
+
+
+def _mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, kpool,
+                       base, stale, pool_cells, once_per_rep, seen, scratch
+                       ):  # pragma: no cover - compiled
+    m0 = stale.size + pos.size
+    cand = scratch[:m0]
     m = 0
     for c in stale:
         cand[m] = c
@@ -448,15 +483,32 @@ def mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, k
         if k >= 0:
             cand[m] = base + k
             m += 1
-    return _first_winners_in(cand[:m], pool_cells, once_per_rep, seen), True
+    return _first_winners_in(cand[:m], pool_cells, once_per_rep, seen, scratch[m0:]), True
+
+
+_mark_one_sequence_k = kernel(_mark_one_sequence, "_mark_one_sequence_k")
+
+
+def mark_one_sequence(keys: np.ndarray, n_pools: int, first_pos: np.ndarray,
+                      rep_pos: np.ndarray, pos: np.ndarray, cells: np.ndarray,
+                      by_order: bool, kpool: int, base: int, stale: np.ndarray,
+                      pool_cells: np.ndarray, once_per_rep: bool, seen: np.ndarray
+                      ) -> tuple[np.ndarray, bool]:
+    """engine/marking.py `mark` of a ubatch whose every token holds one sequence (its
+    pools start at global pool `base`): the candidates are the stale pools `stale`,
+    then each token's pool in token order (`_pool_of`); `_first_winners` decides.
+    Returns (the marked pools, False when a token is not in a by-order layout)."""
+    return _mark_one_sequence_k(keys, n_pools, first_pos, rep_pos, pos, cells, by_order,
+                                kpool, base, stale, pool_cells, once_per_rep, seen,
+                                np.empty(5 * (stale.size + pos.size), dtype=np.int64))
 
 
 @kernel
-def padding_rows(pool_cells, n_pad, n_rows, out):  # pragma: no cover - compiled
+def padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - compiled
     """engine/scatter.py `padding_rows`, not row-zero: the n_pad smallest rows that
-    are no pool's rep. Returns how many were found below n_rows."""
+    are no pool's rep (`taken`: all False, n_pad + pool_cells.size long, scratch).
+    Returns how many were found below n_rows."""
     span = n_pad + pool_cells.size
-    taken = np.zeros(span, dtype=np.bool_)
     for r in pool_cells:
         if r < span:
             taken[r] = True
@@ -520,19 +572,11 @@ _RADIX_BITS = 11
 _RADIX_MASK = (1 << _RADIX_BITS) - 1
 
 
-@kernel
-def race_groups(rep, n_rows):  # pragma: no cover - compiled
-    """engine/context.py `race_groups`: (order, starts, rows) of the entries grouped
-    by the row they write (every row < n_rows), stably: a least-significant-digit
-    radix sort by row (stable counting passes of 11 bits, as many as n_rows needs)
-    when the entries are many, else a stable argsort. O(entries) a pass, whatever
-    n_rows (a counting sort over every row would pay for all 262,144 of W2's cache
-    each ubatch)."""
+def _race_groups(rep, n_rows, order, spare, count, heads, rows):  # pragma: no cover
     n = rep.size
     if n > 64:
-        order = np.arange(n)
-        spare = np.empty(n, dtype=np.int64)
-        count = np.empty(_RADIX_MASK + 2, dtype=np.int64)
+        for i in range(n):
+            order[i] = i
         shift = 0
         while True:
             for d in range(count.size):
@@ -551,9 +595,7 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
             if (n_rows - 1) >> shift <= 0:
                 break
     else:
-        order = _stable_order_in(rep)
-    heads = np.empty(n + 1, dtype=np.int64)
-    rows = np.empty(n, dtype=np.int64)
+        order = _stable_order_in(rep, order, spare)
     g = 0
     for i in range(n):
         r = rep[order[i]]
@@ -562,6 +604,25 @@ def race_groups(rep, n_rows):  # pragma: no cover - compiled
             rows[g] = r
             g += 1
     heads[g] = n
+    return order, g
+
+
+_race_groups_k = kernel(_race_groups, "_race_groups_k")
+
+
+def race_groups(rep: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """engine/context.py `race_groups`: (order, starts, rows) of the entries grouped
+    by the row they write (every row < n_rows), stably: a least-significant-digit
+    radix sort by row (stable counting passes of 11 bits, as many as n_rows needs)
+    when the entries are many, else a stable argsort. O(entries) a pass, whatever
+    n_rows (a counting sort over every row would pay for all 262,144 of W2's cache
+    each ubatch)."""
+    n = rep.size
+    heads = np.empty(n + 1, dtype=np.int64)
+    rows = np.empty(n, dtype=np.int64)
+    order, g = _race_groups_k(rep, n_rows, np.empty(n, dtype=np.int64),
+                              np.empty(n, dtype=np.int64),
+                              np.empty(_RADIX_MASK + 2, dtype=np.int64), heads, rows)
     return order, heads[:g + 1].copy(), rows[:g].copy()
 
 

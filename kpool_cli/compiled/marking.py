@@ -114,7 +114,8 @@ class Padding:
                 or n_pad > last[2].size):  # a pass
             self._most = most = max(self._most, n_pad)
             kept = np.empty(most, dtype=np.int64)
-            found = int(k.padding_rows(pool_cells, most, n_rows, kept))
+            found = int(k.padding_rows(pool_cells, most, n_rows, kept,
+                                       np.zeros(most + pool_cells.size, dtype=bool)))
             last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
             self._given = None
         if last[3] < n_pad:  # the rows found below n_rows, smallest first
