@@ -299,19 +299,21 @@ def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() 
 
 def test_race_groups_kernel_groups_as_the_context_does() -> None:
     """kernels.race_groups (a radix sort by row, 11 bits a pass, past 64 entries; a
-    merge sort below) gives engine/context.py's grouping: by hand, entries 0..69
+    merge sort below) gives engine/context.py's grouping, and its raced groups
+    (`groups_raced`) from the same pass: by hand, entries 0..69
     writing rows 5000, 3, 5000, 2051, 3, five at a time (rows 3 and 2051 = 2048 + 3
     share their low 11 bits: only the second pass tells them apart), so row 3 is
     entries 1, 4, 6, 9, ... (28), row 2051 entries 3, 8, ... (14), row 5000 entries
     0, 2, 5, ... (28); then random entries over caches of 1 to 2**26 rows (one to
     three passes), few and many."""
     from kpool_cli.compiled import kernels as k
-    from kpool_cli.engine.context import race_groups
+    from kpool_cli.engine.context import groups_raced, race_groups
 
     rep = np.array([5000, 3, 5000, 2051, 3] * 14, dtype=np.int64)
-    order, starts, rows = k.race_groups(rep, 8192)
+    order, starts, rows, raced = k.race_groups(rep, 8192)
     assert rows.tolist() == [3, 2051, 5000]
     assert starts.tolist() == [0, 28, 42, 70]
+    assert raced.tolist() == [0, 1, 2]  # every group holds two entries or more
     assert order[:4].tolist() == [1, 4, 6, 9] and order[28:30].tolist() == [3, 8]
     assert order[42:45].tolist() == [0, 2, 5]
     rng = np.random.default_rng(23)
@@ -319,7 +321,7 @@ def test_race_groups_kernel_groups_as_the_context_does() -> None:
         for n in (0, 1, 64, 65, 3000):
             rep = rng.integers(0, n_rows, n).astype(np.int64)
             got, want = k.race_groups(rep, n_rows), race_groups(rep)
-            for g, w in zip(got, want, strict=True):
+            for g, w in zip(got, (*want, groups_raced(want[1])), strict=True):
                 assert np.array_equal(g, w), (n_rows, n)
 
 

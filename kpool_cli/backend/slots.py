@@ -93,6 +93,7 @@ class SlotTable:
         self._cap = 0
         self._maps: dict[str, mmap.mmap] = {}
         self._tables: tuple | None = None  # key, gate, pooled as last checked, their rows
+        self._gens: tuple | None = None  # pool_of, pool_gen, key_gen as last checked, rows
         # key, gate, pooled: [slots, n_embd] float32 | slot, d | key, gate logit, pooled
         # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src
         # stream / slot index), w_b (k); slot_row [slots] int64: its row, or -1
@@ -266,7 +267,7 @@ class SlotTable:
         is used. Where a map cannot grow (a view of the array still alive, another
         platform) a new one is mapped and the slots copied."""
         new = min(self._max_slots, max(need, self._cap + self._cap // self.SLOT_GROWTH))
-        self._tables = None  # it holds the arrays: the maps could not grow in place
+        self._tables = self._gens = None  # they hold the arrays: the maps could not grow
         for name, dtype, wide in self.SLOT_ARRAYS:
             width = getattr(self, wide) if isinstance(wide, str) else 1
             nbytes = new * width * np.dtype(dtype).itemsize
@@ -291,7 +292,12 @@ class SlotTable:
     def check_generations(self, where: str) -> None:
         """The slot arrays the `fresh_groups` kernel reads (and `scatter_fresh` writes):
         int64, C-contiguous, `pool_of` kpool wide, with a row for every slot in use
-        (true by construction). Raises PlanError (`guards.py`)."""
+        (true by construction). Checked whole when they are new, else only their room,
+        as `check_tables`. Raises PlanError (`guards.py`)."""
+        g = self._gens
+        if (g is not None and g[0] is self.pool_of and g[1] is self.pool_gen
+                and g[2] is self.key_gen and self.n_handed <= g[3]):
+            return
         for name, a, shape in (("pool_of", self.pool_of, (self.kpool,)),
                                ("pool_gen", self.pool_gen, ()), ("key_gen", self.key_gen, ())):
             if (a.dtype != np.int64 or not a.flags.c_contiguous or a.shape[1:] != shape
@@ -299,6 +305,8 @@ class SlotTable:
                 raise PlanError(f"{where}: the {name} array is {a.dtype} {a.shape}, not a "
                                 f"C-contiguous int64 array of {self.n_handed} slots"
                                 + (f" x {self.kpool}" if shape else ""), where, name)
+        self._gens = (self.pool_of, self.pool_gen, self.key_gen,
+                      min(self.pool_of.shape[0], self.pool_gen.shape[0], self.key_gen.shape[0]))
 
     def check_tables(self, where: str) -> None:
         """The slot arrays a kernel reads and writes: float32, C-contiguous, n_embd

@@ -572,7 +572,8 @@ _RADIX_BITS = 11
 _RADIX_MASK = (1 << _RADIX_BITS) - 1
 
 
-def _race_groups(rep, n_rows, order, spare, count, heads, rows):  # pragma: no cover
+def _race_groups(rep, n_rows, order, spare, count, heads, rows, raced
+                 ):  # pragma: no cover - compiled
     n = rep.size
     if n > 64:
         for i in range(n):
@@ -604,26 +605,35 @@ def _race_groups(rep, n_rows, order, spare, count, heads, rows):  # pragma: no c
             rows[g] = r
             g += 1
     heads[g] = n
-    return order, g
+    m = 0
+    for h in range(g):
+        if heads[h + 1] - heads[h] > 1:
+            raced[m] = h
+            m += 1
+    return order, g, m
 
 
 _race_groups_k = kernel(_race_groups, "_race_groups_k")
 
 
-def race_groups(rep: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def race_groups(rep: np.ndarray, n_rows: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """engine/context.py `race_groups`: (order, starts, rows) of the entries grouped
     by the row they write (every row < n_rows), stably: a least-significant-digit
     radix sort by row (stable counting passes of 11 bits, as many as n_rows needs)
     when the entries are many, else a stable argsort. O(entries) a pass, whatever
     n_rows (a counting sort over every row would pay for all 262,144 of W2's cache
-    each ubatch)."""
+    each ubatch). Then, from the same pass, `groups_raced` of the starts: the groups
+    of two or more entries."""
     n = rep.size
     heads = np.empty(n + 1, dtype=np.int64)
     rows = np.empty(n, dtype=np.int64)
-    order, g = _race_groups_k(rep, n_rows, np.empty(n, dtype=np.int64),
-                              np.empty(n, dtype=np.int64),
-                              np.empty(_RADIX_MASK + 2, dtype=np.int64), heads, rows)
-    return order, heads[:g + 1].copy(), rows[:g].copy()
+    raced = np.empty(n, dtype=np.int64)
+    order, g, m = _race_groups_k(rep, n_rows, np.empty(n, dtype=np.int64),
+                                 np.empty(n, dtype=np.int64),
+                                 np.empty(_RADIX_MASK + 2, dtype=np.int64), heads, rows,
+                                 raced)
+    return order, heads[:g + 1].copy(), rows[:g].copy(), raced[:m].copy()
 
 
 def _copy_groups(old_order, old_starts, old_rows, remap, a, b, order, starts, rows, w, g

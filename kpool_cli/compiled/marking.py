@@ -181,8 +181,7 @@ class GrowingGroups:
         if growth is not None and last is not None and growth.old_members is self._every_rows:
             got = self._grown(rep, last, growth)
         if got is None:
-            order, starts, rows = k.race_groups(rep, self._n_rows)
-            got = RaceGroups(order, starts, rows, groups_raced(starts))
+            got = RaceGroups(*k.race_groups(rep, self._n_rows))
         self._last, self._rep = got, weakref.ref(rep)
         self._again = got._replace(raced_kept=True)
         self._every_rows = plan.entry_rows if every else None
