@@ -282,14 +282,16 @@ def test_fresh_groups_are_the_race_groups_with_an_entry_not_kept() -> None:
     starts = np.array([0, 2, 4, 6], np.int64)
     rows = np.array([15, 16, 17], np.int64)
     for k in (kernels, reference):
-        fresh, keep, n_kept = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen, entry_rows,
-                                             rep, order, starts, rows)
+        fresh, keep, n_kept, in_fresh = k.fresh_groups(slot_of, pool_of, pool_gen, key_gen,
+                                                       entry_rows, rep, order, starts, rows)
         assert fresh.tolist() == [False, True, True] and n_kept == 3
         assert keep.tolist() == [True, False, True, True, False, False]
-        fresh, keep, n_kept = k.fresh_groups(slot_of.astype(np.int64), pool_of, pool_gen,
-                                             key_gen, entry_rows[:0], rep[:0], order[:0],
-                                             starts[:1], rows[:0])
-        assert fresh.tolist() == [] and n_kept == 0 and keep.size == 0
+        # the fresh groups' entries: 1, 4 (row 16) and 3, 5 (row 17), not 0, 2 (row 15)
+        assert in_fresh.tolist() == [False, True, False, True, True, True]
+        fresh, keep, n_kept, in_fresh = k.fresh_groups(
+            slot_of.astype(np.int64), pool_of, pool_gen, key_gen, entry_rows[:0], rep[:0],
+            order[:0], starts[:1], rows[:0])
+        assert fresh.tolist() == [] and n_kept == 0 and keep.size == 0 == in_fresh.size
     # an entry, a row, a slot, a group end outside its array: IndexError, naming the
     # first group that holds one
     far_slot = slot_of.copy()
@@ -381,6 +383,7 @@ def test_fresh_groups_agrees(kpool: int) -> None:
             assert isinstance(want, tuple)
             assert np.array_equal(got[0], want[0]) and got[2] == want[2]
             assert np.array_equal(got[1], want[1]) and got[2] == np.count_nonzero(got[1])
+            assert np.array_equal(got[3], want[3])
             assert 0 < got[2] < n and 0 < np.count_nonzero(got[0]) < starts.size - 1
     assert n_refused == {"IndexError", "ValueError"}  # both refusals are exercised
 

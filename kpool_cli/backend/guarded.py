@@ -148,10 +148,11 @@ class GuardedKernels:
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                      starts: np.ndarray, rows: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, int]:
+                     ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         """`kept` of every entry (member rows `entry_rows`, rep row `rep`) through the
         rows' slots, per race group `order[starts[g]:starts[g + 1]]` (writing
-        `rows[g]`): (fresh groups, each entry kept, entries kept). The kernel checks
+        `rows[g]`): (fresh groups, each entry kept, entries kept, each entry in a
+        fresh group). The kernel checks
         each entry, row and slot as it reads it, and that the groups are race groups
         of `rep`."""
         where = "kept"

@@ -459,11 +459,11 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members:
 
 
 _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], "
-              "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1])")
+              "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1], b1[::1])")
 
 
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                       rows, fresh, keep):
+                       rows, fresh, keep, in_fresh):
     n = rep.size
     n_rows = slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
@@ -512,6 +512,8 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
         if not grouped:
             return n_kept, g, NOT_RACE_GROUPS
         fresh[g] = f
+        for j in range(a, b):
+            in_fresh[order[j]] = f
     return n_kept, -1, 0
 
 
@@ -523,11 +525,12 @@ _fresh_groups_i8 = kernel(_fresh_groups_into, "_fresh_groups_i8", _FRESH_SIG.for
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
                  order: np.ndarray, starts: np.ndarray, rows: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, int]:
+                 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """`kept` asked of every scatter entry, by rows, and its answer per race group: an
     entry (member rows `entry_rows[e]`, rep row `rep[e]`) is kept when its rep row's
     slot (`slot_of`) holds the pooling of its member rows' slots, none of them
-    written since; a group is fresh when one of its entries is not kept.
+    written since; a group is fresh when one of its entries is not kept, and so is
+    each of its entries.
 
     Parameters
     ----------
@@ -541,8 +544,9 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
 
     Returns
     -------
-    (fresh, keep, n_kept) : arrays of bool, shapes (len(rows),) and (n,), and the
-        entries kept (`keep[e]`: entry e keeps).
+    (fresh, keep, n_kept, in_fresh) : arrays of bool, shapes (len(rows),) and (n,),
+        the entries kept (`keep[e]`: entry e keeps), and bool (n,): entry e is in a
+        fresh group.
         One pass over the entries, each row looked up where it is read: under
         cache-safe, which re-marks every pool each ubatch, this is asked of every
         pool (8.7k in a W4 ubatch, 32k in a W2 one), and few are fresh. The pass
@@ -554,12 +558,13 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     """
     fresh = np.empty(rows.size, dtype=np.bool_)
     keep = np.zeros(rep.size, dtype=np.bool_)
+    in_fresh = np.zeros(rep.size, dtype=np.bool_)
     into = _fresh_groups_i4 if slot_of.dtype == np.int32 else _fresh_groups_i8
     n_kept, g, why = into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                          rows, fresh, keep)
+                          rows, fresh, keep, in_fresh)
     if g >= 0:
         raise group_refusal(int(g), int(why))
-    return fresh, keep, int(n_kept)
+    return fresh, keep, int(n_kept), in_fresh
 
 
 @numba.njit(cache=_CACHED, inline="always")

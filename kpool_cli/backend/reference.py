@@ -177,10 +177,11 @@ def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members
 def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
                  key_gen: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray,
                  order: np.ndarray, starts: np.ndarray, rows: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, int]:
+                 ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
     """`kept` of every entry by its rows (`slot_of`), per race group
     order[starts[g]:starts[g + 1]] writing rows[g]: (fresh: a group with an entry not
-    kept, keep: each entry of a group kept, the entries kept). Refuses the first group
+    kept, keep: each entry of a group kept, the entries kept, in_fresh: each entry of
+    a fresh group). Refuses the first group
     with an entry, row or slot outside its array (IndexError), or else that is not a
     race group of `rep` (ValueError): `guards.group_refusal`."""
     n, n_rows, n_groups = rep.size, slot_of.size, rows.size
@@ -220,7 +221,9 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     np.logical_or.at(fresh, group, ~kept_e)
     keep = np.zeros(n, dtype=bool)
     keep[e] = kept_e  # an entry listed twice is kept or not alike
-    return fresh, keep, int(np.count_nonzero(kept_e))
+    in_fresh = np.zeros(n, dtype=bool)
+    in_fresh[e] = fresh[group]
+    return fresh, keep, int(np.count_nonzero(kept_e)), in_fresh
 
 
 def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,

@@ -640,19 +640,19 @@ class ValueBackend:
         (None): (the fresh groups, ascending; their entries, ascending; which of those
         keep their pooling; the entries kept, of all)."""
         if grown is None:
-            fresh, kept, n_kept = self._fresh_groups(entry_rows, rep, order, starts, rows)
+            fresh, kept, n_kept, in_fresh = self._fresh_groups(entry_rows, rep, order,
+                                                               starts, rows)
             todo = np.flatnonzero(fresh)
             if todo.size == fresh.size:  # every group: every entry (groups partition them)
                 return todo, np.arange(rep.size, dtype=np.int64), kept, n_kept
-            ents = np.sort(groups_entries(order, starts, todo)[0])
+            ents = np.flatnonzero(in_fresh)
             return todo, ents, kept[ents], n_kept
         if grown.size == 0:  # every entry vouched for
             return grown, grown, np.ones(0, dtype=bool), rep.size
-        # those groups' entries, asked as a plan of their own
+        # those groups' entries, asked as a plan of their own (its entries in order)
         ents, sub = groups_entries(order, starts, grown)
-        sub_fresh, sub_kept, n_sub_kept = self._fresh_groups(
+        sub_fresh, sub_kept, n_sub_kept, in_fresh = self._fresh_groups(
             entry_rows[ents], rep[ents], np.arange(ents.size), sub, rows[grown])
-        in_fresh = np.repeat(sub_fresh, np.diff(sub))
         ents, keep = ents[in_fresh], sub_kept[in_fresh]
         by_entry = np.argsort(ents, kind="stable")
         return (grown[sub_fresh], ents[by_entry], keep[by_entry],
@@ -660,14 +660,15 @@ class ValueBackend:
 
     def _fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                       starts: np.ndarray, rows: np.ndarray
-                      ) -> tuple[np.ndarray, np.ndarray, int]:
-        """[n_groups] bool, [n] bool, int: the race groups (`order`, `starts`, `rows`)
-        with an entry that does not keep its rep slot's pooling, which entries keep it,
-        and how many. An entry (member rows `entry_rows`, rep row `rep`) keeps the value
-        its rep slot holds when that is the pooling of the same member slots, none of
-        them written since (`pool_of`, `pool_gen`; slots.py's invariants): the
-        `fresh_groups` kernel, one pass over the entries by their rows, which also
-        refuses groups that are not the race groups of `rep` (PlanError)."""
+                      ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """[n_groups] bool, [n] bool, int, [n] bool: the race groups (`order`, `starts`,
+        `rows`) with an entry that does not keep its rep slot's pooling, which entries
+        keep it, how many, and which entries are in such a group. An entry (member
+        rows `entry_rows`, rep row `rep`) keeps the value its rep slot holds when that
+        is the pooling of the same member slots, none of them written since
+        (`pool_of`, `pool_gen`; slots.py's invariants): the `fresh_groups` kernel,
+        one pass over the entries by their rows, which also refuses groups that are
+        not the race groups of `rep` (PlanError)."""
         return self.kernels.fresh_groups(entry_rows, rep, order, starts, rows)
 
     def gather(self, layout: Layout) -> np.ndarray:
