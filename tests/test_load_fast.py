@@ -55,6 +55,15 @@ def _trace(token: str) -> str:
             f"ops:\n  - decode:\n      tokens:\n        - {token}\n        - {{pos: 7, seq: 1}}\n")
 
 
+def _loaded(text: str, max_tokens: int | None = None):
+    """The trace of `text`, or its problems."""
+    try:
+        return load_trace_text(text, **({} if max_tokens is None else
+                                        {"max_tokens": max_tokens}))
+    except TraceError as e:
+        return e.problems
+
+
 def _outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool):
     """(the trace or its problems, the nodes visited once each decode was read, how
     many tokens the one step read)."""
@@ -75,10 +84,7 @@ def _outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool):
     with monkeypatch.context() as m:
         m.setattr(DecodeWalk, "op_decode", counted)
         m.setattr(decode_walk, "plain_token_of", one_step)
-        try:
-            got = load_trace_text(text)
-        except TraceError as e:
-            got = e.problems  # type: ignore[assignment]
+        got = _loaded(text)
     return got, visits, taken[0]
 
 
@@ -130,14 +136,107 @@ def test_a_decode_of_plain_tokens_reads_as_the_walk_reads_it(
             with monkeypatch.context() as m:
                 if not fast_:
                     m.setattr(decode_walk, "plain_token_of", lambda node, seq_hi: None)
-                try:
-                    outcomes.append(load_trace_text(text, max_tokens=max_tokens))
-                except TraceError as e:
-                    outcomes.append(e.problems)
+                outcomes.append(_loaded(text, max_tokens))
         assert outcomes[0] == outcomes[1]
         # two tokens: refused at a bound of one, where the walk refuses the second
         assert isinstance(outcomes[0], list) == (max_tokens == 1)
     assert any("more than 1 tokens" in p.message for p in outcomes[0])  # type: ignore[attr-defined]
+
+
+# --- a plain decode step, read in one step (`DecodeWalk.plain_decode`) ---------------
+
+# ops items after a note (the cache has n_seq_max 4), and whether each is the plain form
+DECODES = [
+    ("decode: {seq: 0, pos: 5}", True),
+    ("decode: {pos: 5, seq: 3}", True),
+    ('"decode": {seq: 0, pos: 5}', True),
+    ("decode: !!map {seq: 0, pos: 5}", True),
+    ("!!map {decode: {seq: 0, pos: 5}}", True),
+    (f"decode: {{seq: 0, pos: {POS_LIMIT - 1}}}", True),
+    ("decode: {seq: 4, pos: 5}", False),
+    ("decode: {seq: 0, pos: -1}", False),
+    ("decode: {seq: 0, pos: 05}", False),
+    ("decode: {seq: 0, pos: '5'}", False),
+    ("decode: {seq: 0, pos: 0..4}", False),
+    ("decode: {seq: 0, pos: [5]}", False),
+    ("decode: {seq: [0], pos: 5}", False),
+    ("decode: {seq: 0, pos: 5, cell: 3}", False),
+    ("decode: {seq: 0, pos: 5, ext: [1, 2]}", False),
+    ("decode: {seq: 0}", False),
+    ("decode: {tokens: [{pos: 5, seq: 0}]}", False),
+    ("{decode: {seq: 0, pos: 5}, note: x}", False),
+    ("dekode: {seq: 0, pos: 5}", False),
+    ("decode: [{pos: 5, seq: 0}]", False),
+    ("!!omap [{decode: {seq: 0, pos: 5}}]", False),
+    ("!custom {decode: {seq: 0, pos: 5}}", False),
+]
+
+
+def _ops_trace(*items: str) -> str:
+    return ("kpool_trace: 1\nname: t\ncache: {kv_size: 64, kpool: 4, n_seq_max: 4}\n"
+            "ops:\n  - note: first\n" + "".join(f"  - {it}\n" for it in items)
+            + "  - expect: {findings: []}\n")
+
+
+def _ops_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
+                 max_tokens: int | None = None):
+    """(the trace or its problems, the nodes visited and tokens counted at the end of
+    the walk, how many items the one step read)."""
+    from kpool_cli.trace.load import walk
+
+    seen: list[tuple[int, int]] = []
+    taken = [0]
+    plain, trace = DecodeWalk.plain_decode, walk._Walker.trace
+
+    def one_step(self, item):  # type: ignore[no-untyped-def]
+        got = plain(self, item) if fast else None
+        taken[0] += got is not None
+        return got
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        try:
+            return trace(self, *args)
+        finally:
+            seen.append((self.visits, self.n_tokens))
+
+    with monkeypatch.context() as m:
+        m.setattr(DecodeWalk, "plain_decode", one_step)
+        m.setattr(walk._Walker, "trace", counted)
+        got = _loaded(text, max_tokens)
+    return got, seen, taken[0]
+
+
+@pytest.mark.parametrize(("item", "plain"), DECODES, ids=[d for d, _ in DECODES])
+def test_a_plain_decode_step_reads_as_the_walk_reads_it(item: str, plain: bool,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same trace (or problems), nodes visited and tokens counted, whether the
+    item is read in one step or field by field; the one step takes the plain form
+    alone (a plain step follows each item, so two are read when the item is plain)."""
+    text = _ops_trace(item, "decode: {seq: 1, pos: 0}")
+    fast, fast_seen, taken = _ops_outcome(text, monkeypatch, True)
+    slow, slow_seen, none = _ops_outcome(text, monkeypatch, False)
+    assert fast == slow
+    assert fast_seen == slow_seen and fast_seen
+    assert none == 0 and taken == 1 + plain
+
+
+def test_a_plain_decode_step_at_the_bounds_is_refused_where_the_walk_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three plain steps under a bound of 1, 2, 3 tokens (refused at the second, the
+    third, or read whole), and under every bound on nodes visited from before the
+    first step to past the last: the same trace or the same problems either way."""
+    text = _ops_trace("decode: {seq: 0, pos: 0}", "decode: {seq: 0, pos: 1}",
+                      "decode: {seq: 0, pos: 2}")
+    for max_tokens in (1, 2, 3):
+        fast = _ops_outcome(text, monkeypatch, True, max_tokens)
+        assert fast[:2] == _ops_outcome(text, monkeypatch, False, max_tokens)[:2]
+        assert isinstance(fast[0], list) == (max_tokens < 3)
+    visits = _ops_outcome(text, monkeypatch, False)[1][0][0]
+    import kpool_cli.trace.yaml_safe.limits as limits
+    for bound in range(visits - 24, visits + 2):
+        monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
+        assert (_ops_outcome(text, monkeypatch, True)[0]
+                == _ops_outcome(text, monkeypatch, False)[0]), bound
 
 
 # --- the recorder's token lines, composed from the text (yaml_safe/composer.py) ------

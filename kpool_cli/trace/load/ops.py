@@ -76,7 +76,11 @@ class OpsWalk(FieldReader):
 
     def op(self, item: Node, f: str) -> tuple[str | None, Op | None]:
         """One item of `ops`: a mapping with exactly one key, the op name. Returns the
-        op name when it is a known one (even if the op is invalid) and the op."""
+        op name when it is a known one (even if the op is invalid) and the op. A plain
+        decode step is read in one step (`DecodeWalk.plain_decode`)."""
+        plain = self.plain_decode(item)
+        if plain is not None:
+            return "decode", plain
         if not self.visit(item, f):
             return None, None
         if not isinstance(item, Map):
