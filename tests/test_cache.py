@@ -390,3 +390,44 @@ def test_state_positions_of_parallel_slots_and_of_shared_sets() -> None:
     # one set (a decode of one sequence): its last token's pos
     assert _state_positions(pos, [(1, 0), (1, 0), (1, 0)]) == [((1, 0), 9)]
     assert _state_positions(pos[:1], [(4,)]) == [((4,), 5)]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_stream_keeps_the_least_pair_each_sequence_changed(compiled: bool):
+    """`Stream.changed_from`: of each sequence touched since the owner took `touched`,
+    a key at or below every pair added or removed. Keys are pos << 32 | cell. Seq 0
+    holds pos 0..5 at cells 0..5, taken; seq_rm(0, 3, 6) removes (3, 3) (4, 4) (5, 5):
+    (3, 3); a write of pos 3 at cell 6 adds (3, 6), above it: (3, 3) stays; seq_cp to
+    seq 1 of pos 0..2 adds (0, 0) to seq 1: 0; seq_add(0, 0, 2, +10) moves (0, 0) and
+    (1, 1) of seqs 0 and 1 (cell 0 is shared): 0 for both; taking clears them, and the
+    cache hands them on (`KvCache.changed_from`); a clear touches every holder: -1."""
+    from kpool_cli.compiled.cache import CompiledKvCache
+
+    cfg = CacheConfig(kv_size=16, kpool=4, n_seq_max=2)
+    c = CompiledKvCache(cfg) if compiled else KvCache(cfg)
+    st = c.streams[0]
+
+    def write(seq: int, positions: list[int]) -> None:
+        pos = np.array(positions, dtype=np.int64)
+        seqs = [(seq,)] * pos.size
+        (pl,) = c.plan([(pos, seqs, None)])
+        c.apply(pl, pos, None, seqs)
+
+    def key(pos: int, cell: int) -> int:
+        return (pos << 32) | cell
+
+    write(0, list(range(6)))
+    assert c.take_touched() == {0} and c.changed_from == {0: key(0, 0)}
+    c.seq_rm(0, 3, -1)
+    assert st.changed_from == {0: key(3, 3)}
+    write(0, [3])
+    assert st.changed_from == {0: key(3, 3)}
+    c.seq_cp(0, 1, 0, 3)
+    assert st.changed_from == {0: key(3, 3), 1: key(0, 0)}
+    assert c.take_touched() == {0, 1} and c.changed_from == {0: key(3, 3), 1: key(0, 0)}
+    assert st.changed_from == {} and st.touched == set()
+    c.seq_add(0, 0, 2, 10)
+    assert st.changed_from == {0: key(0, 0), 1: key(0, 0)}
+    c.take_touched()
+    c.clear()
+    assert st.changed_from == {0: -1, 1: -1}

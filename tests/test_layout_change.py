@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kpool_cli.cache.cells import make_keys
 from kpool_cli.cache.kv import KvCache
+from kpool_cli.compiled.cache import CompiledKvCache
 from kpool_cli.compiled.layout import CompiledLayout
 from kpool_cli.engine.layout import POS_CLEAN, Layout, SeqLayout, scan_pools
 from kpool_cli.trace.model import CacheConfig
@@ -89,17 +90,50 @@ def test_s5_a_stale_position_inside_a_pool_regroups_it():
     assert ch.kept == (1, 0) and pools(lay) == [(0, 3), (4, 7), (8, 11)]
 
 
-def test_s5_pairs_changed_below_the_stale_position_rebuild_whole():
+def compiled_setup(kpool: int = 4, n_seq_max: int = 2) -> tuple[KvCache, Layout]:
+    cfg = CacheConfig(kv_size=64, kpool=kpool, n_seq_max=n_seq_max)
+    return CompiledKvCache(cfg), CompiledLayout(n_seq_max, kpool, False, 64, 64)
+
+
+@pytest.mark.parametrize("made", [setup, compiled_setup], ids=["reference", "compiled"])
+def test_s5_pairs_changed_below_the_stale_position_rebuild_whole(made):
     """Pos 0..11, then pos 1 removed while the update is told stale 5 (a staleness
     that does not cover the change, as when a shared cell moved): the pairs below
     pos 5 differ from the layout's, so the rebuild is the engine's full one: kept 0;
-    pos_min 0, pos 1 missing: pools 4-7 and 8-11 only."""
-    c, lay = setup()
+    pos_min 0, pos 1 missing: pools 4-7 and 8-11 only. The compiled layout, which
+    trusts the pairs below the least changed pair (`Stream.changed_from`, here pos 1)
+    without comparing them, compares here: pos 5 is above it."""
+    c, lay = made()
     decode(c, 0, range(12))
     lay.update(c, [C, C], False)
     c.seq_rm(0, 1, 2)
     ch = lay.update(c, [5, C], False)
     assert ch.kept == (0, 0) and pools(lay) == [(4, 7), (8, 11)]
+
+
+def test_s5_the_compiled_layout_trusts_the_pairs_below_the_least_change(monkeypatch):
+    """Pos 0..11 (pools 0-3, 4-7, 8-11), seq_rm(0, 10, -1), stale 10, then pos 10
+    again: the least pair changed since the update is pos 10's, at the stale
+    position's key, so the compiled layout keeps pools 0-3 and 4-7 without comparing
+    the 10 pairs below it (a compare would raise here), and finds pool 8-11 again:
+    kept 2, the reference's result. The reference layout compares them."""
+    import kpool_cli.engine.layout as layout_module
+
+    got = []
+    for made in (setup, compiled_setup):
+        c, lay = made()
+        decode(c, 0, range(12))
+        lay.update(c, [C, C], False)
+        c.seq_rm(0, 10, -1)
+        decode(c, 0, [10, 11])
+        with monkeypatch.context() as m:
+            if made is compiled_setup:
+                def no_compare(*args):  # type: ignore[no-untyped-def]
+                    raise AssertionError("compared")
+                m.setattr(layout_module.np, "array_equal", no_compare)
+            ch = lay.update(c, [10, C], False)
+        got.append((ch.kept, pools(lay)))
+    assert got[0] == got[1] == ((2, 0), [(0, 3), (4, 7), (8, 11)])
 
 
 def test_s5_a_moved_pos_min_rebuilds_whole():

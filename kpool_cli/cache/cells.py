@@ -10,7 +10,9 @@ Invariants (checked by `check_invariants`, which tests run after every op):
   (so "ordered by pos, then cell", the order of the real `seq_pos` sets);
 - `used` is the number of non-empty cells;
 - `touched` holds every sequence whose pairs changed since the owner last took it
-  (so a layout update can skip the others: they cost nothing).
+  (so a layout update can skip the others: they cost nothing), and
+  `changed_from[s]` of each a key at or below every pair of s added or removed
+  since (so its pairs below that key are as they were; -1: any may have changed).
 The per-sequence keys are a derived index: only the stream's mutators touch them
 (a range's removal cuts it: `SortedKeys.cut_range`).
 
@@ -213,6 +215,7 @@ class Stream:
         self.key_id = np.zeros(kv_size, dtype=np.int64)  # [kv_size] | cell | key write id
         self.seq_keys: dict[int, SortedKeys] = {s: SortedKeys() for s in self.seq_ids}
         self.touched: set[int] = set()
+        self.changed_from: dict[int, int] = {}  # of the sequences in `touched`
         self.used = 0
 
     @classmethod
@@ -284,22 +287,31 @@ class Stream:
 
     # -- derived index, touched only here ---------------------------------------
 
+    def touch(self, s: int, low: int) -> None:
+        """s's pairs changed, none below the key `low` (-1: any)."""
+        self.touched.add(s)
+        got = self.changed_from.get(s)
+        if got is None or low < got:
+            self.changed_from[s] = low
+
     def _index_rm(self, cells: np.ndarray) -> None:
         """Drop every (pos, cell) pair of these cells from every sequence's keys."""
         keys = make_keys(self.pos[cells], cells)
         for s in self.seq_ids:
             col = self.has[self._col[s], cells]
             if col.any():
-                self.seq_keys[s].remove(keys[col])
-                self.touched.add(s)
+                gone = keys[col]
+                self.seq_keys[s].remove(gone)
+                self.touch(s, int(gone.min()))
 
     def _index_add(self, cells: np.ndarray) -> None:
         keys = make_keys(self.pos[cells], cells)
         for s in self.seq_ids:
             col = self.has[self._col[s], cells]
             if col.any():
-                self.seq_keys[s].add(keys[col])
-                self.touched.add(s)
+                new = keys[col]
+                self.seq_keys[s].add(new)
+                self.touch(s, int(new.min()))
 
     def _empty(self, cells: np.ndarray) -> None:
         """Make these cells empty (their pairs are already out of the index)."""
@@ -334,7 +346,7 @@ class Stream:
         if keys.size == 0:
             return np.empty(0, dtype=np.int64)
         cells = np.sort(key_cell(keys))
-        self.touched.add(s)
+        self.touch(s, int(keys[0]))  # the cut keys ascend
         self.has[self._col[s], cells] = False
         self.seq_count[cells] -= 1
         freed = cells[self.seq_count[cells] == 0]
@@ -351,7 +363,7 @@ class Stream:
             got = k.cut_range(p0, p1)
             if got.size:
                 parts.append(key_cell(got))
-                self.touched.add(s)
+                self.touch(s, int(got[0]))
         cells = unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
         self._empty(cells)
         return cells
@@ -365,8 +377,9 @@ class Stream:
         if new.size:
             self.has[self._col[dst], new] = True
             self.seq_count[new] += 1
-            self.seq_keys[dst].add(make_keys(self.pos[new], new))
-            self.touched.add(dst)
+            added = make_keys(self.pos[new], new)
+            self.seq_keys[dst].add(added)
+            self.touch(dst, int(added.min()))
         return new
 
     def seq_keep(self, s: int) -> np.ndarray:
@@ -383,8 +396,9 @@ class Stream:
                 if t != s:
                     col = self.has[self._col[t], shared]
                     if col.any():
-                        self.seq_keys[t].remove(keys[col])
-                        self.touched.add(t)
+                        gone = keys[col]
+                        self.seq_keys[t].remove(gone)
+                        self.touch(t, int(gone.min()))
             self.has[:, shared] = False
             self.has[self._col[s], shared] = True
             self.seq_count[shared] = 1
@@ -421,7 +435,7 @@ class Stream:
         for s, k in self.seq_keys.items():
             if len(k):
                 k.assign(np.empty(0, dtype=np.int64))
-                self.touched.add(s)
+                self.touch(s, -1)
         self._empty(cells)
 
     def copy_from(self, other: Stream, src: int, dst: int) -> None:

@@ -148,6 +148,7 @@ class KvCache:
         # `seq_keys` are made once and never replaced: `reset` empties them in place)
         self.strm_of = [self.stream_of(s) for s in range(config.n_seq_max)]
         self.seq_indices = [self.streams[k].seq_keys[s] for s, k in enumerate(self.strm_of)]
+        self.changed_from: dict[int, int] = {}  # `take_touched`'s
         self.pending_copies: list[tuple[int, int]] = []  # (src stream, dst stream)
         self.snapshots: dict[str, Snapshot] = {}
         self.n_key_writes = 0  # the per-write counter: key ids are 1, 2, ...
@@ -195,11 +196,16 @@ class KvCache:
         return self.seq_indices[s].view
 
     def take_touched(self) -> set[int]:
-        """The sequences whose pairs changed since the last call (cleared by it)."""
+        """The sequences whose pairs changed since the last call (cleared by it);
+        `changed_from` holds, of each, a key at or below every pair of it that changed
+        in that time (`Stream.changed_from`), until the next call."""
         out: set[int] = set()
+        self.changed_from = {}
         for st in self.streams:
             out |= st.touched
+            self.changed_from.update(st.changed_from)
             st.touched = set()
+            st.changed_from = {}
         return out
 
     def global_rows(self, s: int, cells: np.ndarray) -> np.ndarray:

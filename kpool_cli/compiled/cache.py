@@ -87,14 +87,14 @@ class CompiledStream(Stream):
             index = self.seq_keys[s]
             n0 = len(index)
             buf = index.spare(n0 + n)
-            n1, past_end, empty = k.write_seq(
+            n1, past_end, empty, low = k.write_seq(
                 cells, pos, ext if ext is not None else self.ext[:0], ext is not None,
                 col[s], key_ids, self.pos, self.ext, self.has, self.seq_count, self.key_id,
                 buf, n0)
             assert empty, "writing a cell that is not empty"
             index.set_len(n1)
             self.used += n
-            self._note(s, bool(past_end))
+            self._note_all((s,), bool(past_end), int(low))
             return
         assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
         firsts = one_seq_each(seqs)
@@ -124,27 +124,25 @@ class CompiledStream(Stream):
             while (got := int(k.push_keys(flat, keys, self.index.buf, self.index.lens,
                                           pushed))) < 0:
                 self.index.reserve(-got)
+            low = int(keys.min())  # at or below each sequence's new pair
             if pushed.all() and self.touched.isdisjoint(firsts):  # a decode step
-                self._note_all(firsts, True)  # each an append
+                self._note_all(firsts, True, low)  # each an append
                 self.added = (np.array(firsts, dtype=np.int64),
                               np.arange(n + 1, dtype=np.int64), keys)
             else:
                 self._note_all([s for s, p in zip(firsts, pushed.tolist(), strict=True)
-                                if p], True)
+                                if p], True, low)
                 for i in np.flatnonzero(~pushed).tolist():
                     self._add(firsts[i], keys[i:i + 1])
         else:
             for s, idx in by_seq.items():
                 self._add(s, keys[idx])
 
-    def _note(self, s: int, past_end: bool) -> None:
-        """s's index changed; only past its end, and nothing touched it before?"""
-        self._note_all((s,), past_end)
-
-    def _note_all(self, seqs: list[int] | tuple[int, ...], past_end: bool) -> None:
-        """`_note` of each of the distinct sequences `seqs`, all changed as `past_end`
-        says: a sequence nothing touched before that changed only past its end is an
-        append; any other is not."""
+    def _note_all(self, seqs: list[int] | tuple[int, ...], past_end: bool, low: int
+                  ) -> None:
+        """The index of each of the distinct sequences `seqs` changed, none below the
+        key `low` (`Stream.touch`), all as `past_end` says: a sequence nothing touched
+        before that changed only past its end is an append; any other is not."""
         if not seqs:
             return
         changed = set(seqs)
@@ -153,11 +151,17 @@ class CompiledStream(Stream):
             self.appends |= changed - self.touched
         else:
             self.appends -= changed
-        self.touched |= changed
+        if changed.isdisjoint(self.touched):  # most steps: no low of theirs to keep
+            self.changed_from.update(dict.fromkeys(changed, low))
+            self.touched |= changed
+        else:
+            for s in changed:
+                self.touch(s, low)
 
     def _add(self, s: int, keys: np.ndarray) -> None:
         index = self.seq_keys[s]
-        self._note(s, len(index) == 0 or int(keys.min()) > int(index.view[-1]))
+        low = int(keys.min())
+        self._note_all((s,), len(index) == 0 or low > int(index.view[-1]), low)
         add_keys(index, keys)
 
 

@@ -182,7 +182,7 @@ def _write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_
     m = cells.size
     for i in range(m):
         if st_pos[cells[i]] != -1:
-            return n, False, False
+            return n, False, False, -1
     keys = scratch[:m]
     for i in range(m):
         c = cells[i]
@@ -195,10 +195,13 @@ def _write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_
         key_id[c] = key_ids[i]
         keys[i] = (pos[i] << _CELL_BITS) | c
     past_end = True
-    if n > 0:
-        for i in range(m):
+    low = keys[0] if m else -1
+    for i in range(m):
+        if n > 0:
             past_end = past_end and keys[i] > index[n - 1]
-    return _sorted_add_in(index, n, keys, scratch[m:]), past_end, True
+        if keys[i] < low:
+            low = keys[i]
+    return _sorted_add_in(index, n, keys, scratch[m:]), past_end, True, low
 
 
 _write_seq_k = kernel(_write_seq, "_write_seq_k")
@@ -207,11 +210,12 @@ _write_seq_k = kernel(_write_seq, "_write_seq_k")
 def write_seq(cells: np.ndarray, pos: np.ndarray, ext: np.ndarray, has_ext: bool, col: int,
               key_ids: np.ndarray, st_pos: np.ndarray, st_ext: np.ndarray, has: np.ndarray,
               seq_count: np.ndarray, key_id: np.ndarray, index: np.ndarray, n: int
-              ) -> tuple[int, bool, bool]:
+              ) -> tuple[int, bool, bool, int]:
     """cache/cells.py `Stream.write` of a ubatch whose every token holds the one
     sequence of column `col`, with its index (`SortedKeys.add` into index[:n],
     capacity reserved). Returns (new n, whether every new pair sorts past the old
-    last one, whether every cell was empty: when not, nothing was written)."""
+    last one, whether every cell was empty: when not, nothing was written, the least
+    new pair)."""
     return _write_seq_k(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has,
                         seq_count, key_id, index, n,
                         np.empty(4 * cells.size, dtype=np.int64))

@@ -40,6 +40,7 @@ from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
 
 _NO_COUNT = np.zeros(0, dtype=np.int32)  # no sharing scan: no stream's seq_count
+_UNCHANGED = int(np.iinfo(np.int64).max)  # above every pair: none changed
 
 
 class SeqColumns:
@@ -227,8 +228,11 @@ class CompiledLayout(Layout):
         n_kept = 0
         rebuilt = False
         if not append:
+            # the pairs equalled the cache's at the last update that read them: below
+            # the least pair changed since, they still do (`Stream.changed_from`)
+            known = cache.changed_from.get(s, _UNCHANGED) if self._equal[s] else -1
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
-                                                           n_pools, 0)
+                                                           n_pools, 0, known)
             scanned += copied
         got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on

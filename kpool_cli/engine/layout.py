@@ -275,14 +275,16 @@ class Layout:
                             self.n_updates)
 
     def step_2(self, cache: KvCache, sq: SeqLayout, sp: np.ndarray, stale: int,
-               truncate: str | None, n_pools: int, n_kept: int) -> tuple[int, int, int, bool]:
+               truncate: str | None, n_pools: int, n_kept: int, known_below: int = -1
+               ) -> tuple[int, int, int, bool]:
         """ENGINE.md §5 step 2 for one sequence, after step 1: the fork's truncate (a
         stale sequence it does not spare is cut at its stale position and extended by
         the append path, its kept pairs unchecked), then the rebuild when the count is
         off or the sequence is stale (and not truncated). `truncate`: None (no
         truncate), or which sequences it spares (`EngineVersion.truncate_spares`).
-        `n_pools`, `n_kept`: the pools and pairs kept so far. Returns (pools kept,
-        pairs kept, pairs copied, rebuilt)."""
+        `n_pools`, `n_kept`: the pools and pairs kept so far. `known_below`: a key
+        below which the layout's pairs are known to be the cache's (`_rebuild`; -1:
+        none). Returns (pools kept, pairs kept, pairs copied, rebuilt)."""
         clean = stale == POS_CLEAN
         copied = 0
         # the fork's condition (patch.py `_TRUNCATE`): stale, `!sq.shared` (or the
@@ -296,7 +298,7 @@ class Layout:
             n_pools, n_kept, copied = self._truncate(sq, sp, stale)
         rebuilt = len(sq.keys) != sp.size or (not clean and not truncated)
         if rebuilt:
-            n_pools = self._rebuild(sq, sp, stale)
+            n_pools = self._rebuild(sq, sp, stale, -1 if truncated else known_below)
             n_kept = 0
             copied += sp.size
         return n_pools, n_kept, copied, rebuilt
@@ -328,13 +330,16 @@ class Layout:
         sq.keys.extend(tail)
         return n_pools, n, int(tail.size)
 
-    def _rebuild(self, sq: SeqLayout, sp: np.ndarray, stale: int) -> int:
+    def _rebuild(self, sq: SeqLayout, sp: np.ndarray, stale: int, known_below: int = -1
+                 ) -> int:
         """ENGINE.md §5 step 2, the engine's rebuild from sp; returns how many of the
         old pools the rebuild reproduces. The result is the full rebuild's, but when
         the pairs below the stale position are the layout's own (the staleness
         contract of §4: nothing below it changed, and no drift) the pools inside them
         are kept rather than found again: a pool is a function of its kpool pairs and
-        pos_min alone (scan_pools), so the full scan would find the same ones."""
+        pos_min alone (scan_pools), so the full scan would find the same ones. Whether
+        they are is compared, unless the caller knows it: the stale position's key is
+        at or below `known_below`, below which the layout's pairs are the cache's."""
         if (stale == POS_CLEAN or not len(sq.keys) or not sp.size
                 or sq.pos_min != int(sp[0] >> CELL_BITS)):
             sq.rebuild(sp)
@@ -342,7 +347,8 @@ class Layout:
         cut = np.int64(min(stale, POS_CLEAN)) << CELL_BITS
         have = sq.keys.view
         n = int(np.searchsorted(have, cut))
-        if int(np.searchsorted(sp, cut)) != n or not np.array_equal(have[:n], sp[:n]):
+        if cut > known_below and (int(np.searchsorted(sp, cut)) != n
+                                  or not np.array_equal(have[:n], sp[:n])):
             sq.rebuild(sp)
             return 0
         n_pools = int(np.searchsorted(sq.pools.view, n - self.kpool, side="right"))
