@@ -6,8 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import toks
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kpool_cli.cache.batch import split_equal, validate
+from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache
 from kpool_cli.trace.model import CacheConfig, Token
 
@@ -431,3 +434,42 @@ def test_a_stream_keeps_the_least_pair_each_sequence_changed(compiled: bool):
     c.take_touched()
     c.clear()
     assert st.changed_from == {0: -1, 1: -1}
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.sets(st.integers(0, 2), min_size=1)),
+                min_size=0, max_size=40),
+       st.integers(0, 2), st.integers(0, 34), st.integers(1, 36))
+def test_a_compiled_seq_rm_is_the_streams_own(tokens, s, p0, width):
+    """`CompiledStream.seq_rm` (one kernel pass) against `Stream.seq_rm` on the same
+    random cells: tokens of up to three sequences each (a cell per token, its pos drawn
+    with repeats across sequences, its set shared or not), then a seq_rm of s over
+    [p0, p0 + width): the same cells made empty (ascending), and the same pos, ext,
+    holders, counts, used, pairs, `touched` and `changed_from` after it."""
+    from kpool_cli.compiled.cache import CompiledStream
+
+    ref, got = Stream(64, [0, 1, 2]), CompiledStream(64, [0, 1, 2])
+    placed: dict[int, set[int]] = {q: set() for q in range(3)}
+    cells, pos, seqs = [], [], []
+    for c, (p, ss) in enumerate(tokens):
+        if any(p in placed[q] for q in ss):  # a sequence holds a pos once
+            continue
+        for q in ss:
+            placed[q].add(p)
+        cells.append(c)
+        pos.append(p)
+        seqs.append(tuple(sorted(ss)))
+    for stream in (ref, got):
+        if cells:
+            stream.write(np.array(cells, dtype=np.int64), np.array(pos, dtype=np.int64),
+                         None, seqs, np.arange(1, len(cells) + 1, dtype=np.int64))
+        stream.touched, stream.changed_from = set(), {}
+    want_freed = ref.seq_rm(s, p0, p0 + width)
+    got_freed = got.seq_rm(s, p0, p0 + width)
+    assert got_freed.tolist() == want_freed.tolist()
+    assert np.array_equal(got.pos, ref.pos) and np.array_equal(got.ext, ref.ext)
+    assert np.array_equal(got.has, ref.has) and np.array_equal(got.seq_count, ref.seq_count)
+    assert got.used == ref.used
+    for q in range(3):
+        assert got.seq_keys[q].view.tolist() == ref.seq_keys[q].view.tolist()
+    assert (got.touched, got.changed_from) == (ref.touched, ref.changed_from)
+    got.check_invariants()

@@ -160,7 +160,7 @@ class SortedKeys(GrowArray):
     def range(self, p0: int, p1: int) -> np.ndarray:
         """Keys with p0 <= pos < p1 (p0 >= 0, p1 > p0)."""
         cur = self._a[: self._n]
-        lo, hi = self._range_ends(cur, p0, p1)
+        lo, hi = self.range_ends(cur, p0, p1)
         return cur[lo:hi]
 
     def cut_range(self, p0: int, p1: int) -> np.ndarray:
@@ -169,7 +169,7 @@ class SortedKeys(GrowArray):
         seq_rm, moves none). What a seq_rm removes; `remove` takes any keys."""
         n = self._n
         cur = self._a[:n]
-        lo, hi = self._range_ends(cur, p0, p1)
+        lo, hi = self.range_ends(cur, p0, p1)
         out = cur[lo:hi].copy()
         if hi < n:
             cur[lo:n - (hi - lo)] = cur[hi:].copy()
@@ -177,7 +177,7 @@ class SortedKeys(GrowArray):
         return out
 
     @staticmethod
-    def _range_ends(cur: np.ndarray, p0: int, p1: int) -> tuple[int, int]:
+    def range_ends(cur: np.ndarray, p0: int, p1: int) -> tuple[int, int]:
         """Where the keys with p0 <= pos < p1 start and end in `cur`."""
         return (int(np.searchsorted(cur, np.int64(p0) << CELL_BITS)),
                 int(np.searchsorted(cur, np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)))

@@ -138,6 +138,24 @@ class CompiledStream(Stream):
             for s, idx in by_seq.items():
                 self._add(s, keys[idx])
 
+    def seq_rm(self, s: int, p0: int, p1: int) -> np.ndarray:
+        """Stream.seq_rm, the keys found by `SortedKeys.range`'s search, then one
+        `kernels.seq_rm` pass over s's index row and the cells (a rejected draft's
+        tail: W3's every step)."""
+        index = self.seq_keys[s]
+        have = index.view
+        lo, hi = SortedKeys.range_ends(have, p0, p1)
+        if lo == hi:
+            return _NO_CELLS
+        low = int(have[lo])
+        scratch = np.empty(4 * (hi - lo), dtype=np.int64)
+        n_freed = k.seq_rm(index.spare(have.size), have.size, lo, hi, self._col[s],
+                           self.has, self.seq_count, self.pos, self.ext, EMPTY_POS, scratch)
+        index.set_len(have.size - (hi - lo))
+        self.used -= n_freed
+        self.touch(s, low)  # the cut keys ascend
+        return scratch[hi - lo:hi - lo + n_freed]
+
     def _note_all(self, seqs: list[int] | tuple[int, ...], past_end: bool, low: int
                   ) -> None:
         """The index of each of the distinct sequences `seqs` changed, none below the

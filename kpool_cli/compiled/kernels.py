@@ -221,6 +221,43 @@ def write_seq(cells: np.ndarray, pos: np.ndarray, ext: np.ndarray, has_ext: bool
                         np.empty(4 * cells.size, dtype=np.int64))
 
 
+@kernel
+def seq_rm(index, n, lo, hi, col, has, seq_count, st_pos, st_ext, empty_pos, scratch
+           ):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.seq_rm` of the sequence of column `col`, whose index is
+    index[:n]: its keys index[lo:hi] cut (the keys past them moved down), their cells
+    dropped from it, those it held alone made empty. `scratch` (int64, 4 * (hi - lo)):
+    the cells cut, sorted, in scratch[:m], then the cells made empty, ascending.
+    Returns the count of those."""
+    m = hi - lo
+    cut = scratch[3 * m:4 * m]
+    for i in range(m):
+        cut[i] = index[lo + i] & _CELL_MASK
+    for i in range(hi, n):
+        index[i - m] = index[i]
+    order = _stable_order_in(cut, scratch[m:2 * m], scratch[2 * m:3 * m])
+    cells = scratch[:m]
+    for j in range(m):
+        cells[j] = cut[order[j]]
+    k = 0
+    freed = scratch[m:2 * m]  # the order is read: its room is free again
+    for j in range(m):
+        c = cells[j]
+        has[col, c] = False
+        seq_count[c] -= 1
+        if seq_count[c] == 0:
+            freed[k] = c
+            k += 1
+    for j in range(k):  # `Stream._empty`
+        c = freed[j]
+        st_pos[c] = empty_pos
+        st_ext[c, 0] = 0
+        st_ext[c, 1] = 0
+        for r in range(has.shape[0]):
+            has[r, c] = False
+    return k
+
+
 def _scan_pools(keys, n_keys, j_next, pos_min, kpool, by_order, strm, kv_size, pools,
                 rep_rows, rep_pos, first_pos, n_pools):  # pragma: no cover - compiled
     """ENGINE.md §5 step 4 over keys[:n_keys] from j_next, as engine/layout.py
