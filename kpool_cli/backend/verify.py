@@ -174,7 +174,7 @@ class Verifier:
     def _candidates(self, layout: Layout, change: LayoutChange, s: int, how: int,
                     dirty: _DirtyPairs) -> np.ndarray:
         """Pools of s to recheck (ascending, distinct), found as `how` (`_sequences`)
-        says. `bad[s]` has been cut to the pools the update kept.
+        says.
 
         Looked up, the pools whose member key or rep row changed are found from the
         changed rows alone: each changed cell s holds is the pair (its pos, the cell)
@@ -279,15 +279,11 @@ class Verifier:
             if r_seqs.size:
                 ips.append(ranges(start[r_seqs] + r_kept, r_n))
             rest = zip(seqs[~ranged].tolist(), how[~ranged].tolist(), strict=True)
-        one_by_one: list[tuple[int, np.ndarray]] = []  # (s, its pools to recheck)
+        # (s, its pools, its pools to recheck)
+        one_by_one: list[tuple[int, int, np.ndarray]] = []
         for s, h in rest:
-            n = len(layout.seqs[s].pools)
-            bad[s] = self.bad_of(s)[:change.kept[s]]
-            if bad[s].size < n:
-                bad[s] = np.concatenate((bad[s], np.zeros(n - bad[s].size, dtype=bool)))
-            n_checked[s] = n
             cand = self._candidates(layout, change, s, h, dirty)
-            one_by_one.append((s, cand))
+            one_by_one.append((s, len(layout.seqs[s].pools), cand))
             ips.append(start[s] + cand)
         every = np.concatenate(ips) if ips else np.empty(0, dtype=np.int64)
         verdict = np.empty(0, dtype=bool)
@@ -319,13 +315,21 @@ class Verifier:
                 else:
                     bad_seqs.discard(s)
             n_checked[r_seqs] = r_kept + r_n
-        for s, cand in one_by_one:
-            bad[s][cand] = verdict[at:at + cand.size]
+        for s, n, cand in one_by_one:
+            got = verdict[at:at + cand.size]
             at += cand.size
-            if bad[s].any():
-                bad_seqs.add(s)
-            else:
-                bad_seqs.discard(s)
+            if s in bad_seqs or got.any():  # else: no bad pool before or now, a count
+                verdicts = self.bad_of(s)[:change.kept[s]]
+                if verdicts.size < n:
+                    verdicts = np.concatenate((verdicts, np.zeros(n - verdicts.size,
+                                                                  dtype=bool)))
+                verdicts[cand] = got
+                bad[s] = verdicts
+                if verdicts.any():
+                    bad_seqs.add(s)
+                else:
+                    bad_seqs.discard(s)
+            n_checked[s] = n
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
