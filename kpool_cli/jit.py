@@ -112,7 +112,8 @@ def cache_loads_only() -> Iterator[bool]:
     whole target context: it imports and registers every typing and lowering
     implementation it has (numpy, lists, dicts, random, jitclass ...), about 0.25 s,
     half of a warm replay's time in numba. Loading machine code needs none of it
-    but the runtime (NRT) the allocating kernels call, which this starts itself. A
+    but the runtime (NRT), which every kernel's arrays use (their reference counts,
+    a view returned), and which this starts itself. A
     function that is not in the cache is compiled as ever: numba's compiler refreshes
     the context itself first, so what a compilation sees is unchanged. Yields whether
     the load was replaced: not when this numba lacks the methods it relies on (every

@@ -1031,6 +1031,30 @@ def test_a_spoiled_plan_is_refused_and_changes_nothing(path: Path, engine: str,
         assert same(doctored.row_values(name), clean.row_values(name)), name
 
 
+def test_the_generation_arrays_are_checked_again_once_replaced() -> None:
+    """`SlotTable.check_generations` checks the three generation arrays whole once and
+    then only their room, while they are the same arrays: 8 rows written (9 slots
+    handed out), checked; a pool_gen replaced by an int32 copy, or by one of 2 slots,
+    is refused; the array back, it passes; more slots handed out than the arrays hold
+    are refused though the arrays are the ones checked."""
+    t = written("numba").slots
+    t.check_generations("x")
+    good = t.pool_gen
+    t.pool_gen = good.astype(np.int32)
+    with refused("x", "the pool_gen array is int32"):
+        t.check_generations("x")
+    t.pool_gen = good[:2]
+    with refused("x", "the pool_gen array is int64 (2,), not a C-contiguous int64 array "
+                      "of 9 slots"):
+        t.check_generations("x")
+    t.pool_gen = good
+    t.check_generations("x")
+    handed, t.n_handed = t.n_handed, good.size + 1
+    with refused("x", "the pool_of array is int64"):
+        t.check_generations("x")
+    t.n_handed = handed
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
     """Slots are checked at the kernel's door too: a row whose slot is not in use

@@ -11,6 +11,7 @@ from kpool_cli.trace.format import POS_LIMIT
 from kpool_cli.trace.load import TraceError, load_trace_text
 from kpool_cli.trace.load import decode as decode_walk
 from kpool_cli.trace.load.decode import DecodeWalk
+from kpool_cli.trace.load.ops import OpsWalk
 
 # tokens of a decode (with `{pos: 7, seq: 1}` after each, so a decode holds two);
 # the cache has n_seq_max 4: seq ids 0..3
@@ -143,7 +144,7 @@ def test_a_decode_of_plain_tokens_reads_as_the_walk_reads_it(
     assert any("more than 1 tokens" in p.message for p in outcomes[0])  # type: ignore[attr-defined]
 
 
-# --- a plain decode step, read in one step (`DecodeWalk.plain_decode`) ---------------
+# --- a plain decode step, read in one step (`OpsWalk.plain_decode`) ------------------
 
 # ops items after a note (the cache has n_seq_max 4), and whether each is the plain form
 DECODES = [
@@ -186,7 +187,7 @@ def _ops_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
 
     seen: list[tuple[int, int]] = []
     taken = [0]
-    plain, trace = DecodeWalk.plain_decode, walk._Walker.trace
+    plain, trace = OpsWalk.plain_decode, walk._Walker.trace
 
     def one_step(self, item):  # type: ignore[no-untyped-def]
         got = plain(self, item) if fast else None
@@ -200,7 +201,7 @@ def _ops_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
             seen.append((self.visits, self.n_tokens))
 
     with monkeypatch.context() as m:
-        m.setattr(DecodeWalk, "plain_decode", one_step)
+        m.setattr(OpsWalk, "plain_decode", one_step)
         m.setattr(walk._Walker, "trace", counted)
         got = _loaded(text, max_tokens)
     return got, seen, taken[0]

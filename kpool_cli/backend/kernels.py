@@ -20,8 +20,9 @@ so it is never handed an index outside its arrays; they index the arrays by slot
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
 or cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`,
 `held_pairs`, `recheck_ways`, `least_pair`) check each index as they read it instead,
-and raise IndexError naming where (`recheck_ways` its reads of the rep columns; its
-per-sequence arrays are as long as the door checks them to be); `write_rows` checks
+and raise IndexError naming where (`recheck_ways` its reads of the changed cells
+and of the rep columns; its per-sequence arrays are as long as the door checks them
+to be); `write_rows` checks
 every row, slot and free slot it will use before its first write and says which
 one it refuses (`guards.py`'s codes, which its door turns into `PlanError`).
 

@@ -1,9 +1,9 @@
 """How the verification finds a sequence's pools to recheck, decided for every
 sequence at once (`verify.py`, `Verifier._sequences`): the ways and the rule.
 
-Owns: the ways (`NONE`, `NEW`, `LOOK`, `SCAN`), `NO_TAIL` and `NO_PAIR`, which the
-kernels `recheck_ways` and `least_pair` (kernels.py, their numpy twins in
-reference.py) and the verifier share.
+Owns: the ways (`NONE`, `NEW`, `LOOK`, `SCAN`) and `NO_TAIL`, which the kernels
+`recheck_ways` and `least_pair` (kernels.py, their numpy twins in reference.py) and
+the verifier share, with cache/cells.py's `NO_PAIR` (re-exported here).
 
 The rule, per sequence s of the layout, from its pools (`start[s]:start[s + 1]`),
 the verdicts kept (`n_bad[s]`), the pools the update kept (`kept[s]`) and whether
@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache.cells import NO_PAIR
+
 NONE, NEW, LOOK, SCAN = -1, 0, 1, 2
 NO_TAIL = int(np.iinfo(np.int64).min)  # below every pair: no kept tail to look before
-NO_PAIR = int(np.iinfo(np.int64).max)  # above every pair: no changed pair
+__all__ = ["LOOK", "NEW", "NONE", "NO_PAIR", "NO_TAIL", "SCAN"]

@@ -37,6 +37,7 @@ from ..arrays import unique
 EMPTY_POS = -1
 CELL_BITS = 32
 CELL_MASK = (1 << CELL_BITS) - 1
+NO_PAIR = int(np.iinfo(np.int64).max)  # above every key: no pair (none changed, ...)
 
 
 def make_keys(pos: np.ndarray, cells: np.ndarray) -> np.ndarray:
@@ -485,3 +486,4 @@ class Stream:
             cells = np.flatnonzero(self.has[self._col[s]])
             want = np.sort(make_keys(self.pos[cells], cells))
             assert np.array_equal(self.seq_keys[s].view, want), f"seq {s} index out of sync"
+        assert set(self.changed_from) == self.touched, "changed_from out of sync"

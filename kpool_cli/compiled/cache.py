@@ -3,12 +3,13 @@ per-ubatch work, find_slot and a decode's writes with their index, runs as kerne
 (compiled/kernels.py) over the same cell arrays, with each stream's index of its
 sequences' cells in an arena (compiled/arena.py: row i is sequence column i's keys).
 
-Owns: `CompiledStream` (Stream.write, `seq_pos_maxes`; the index arena; `appends`
-and `added`, what its last write only appended) and `CompiledKvCache`
+Owns: `CompiledStream` (Stream.write, `seq_rm`, `seq_pos_maxes`; the index arena;
+`appends` and `added`, what its last write only appended) and `CompiledKvCache`
 (KvCache._find_slot; `take_appended` and `take_added`, which the compiled layout's
 update reads). Invariants: the state is the reference's, cell for cell and key for
 key (the streams' `check_invariants` hold after every op, and tests hold the two
-cores' reports byte-identical); every other mutator is the reference's own; `added`
+cores' reports byte-identical, and `seq_rm` to `Stream.seq_rm` on random streams);
+every other mutator is the reference's own; `added`
 holds exactly the pairs a step of parallel slots pushed past the pairs of
 sequences nothing else touched since the owner last took `touched`.
 """
@@ -169,7 +170,8 @@ class CompiledStream(Stream):
             self.appends |= changed - self.touched
         else:
             self.appends -= changed
-        if changed.isdisjoint(self.touched):  # most steps: no low of theirs to keep
+        if changed.isdisjoint(self.touched):  # most steps: `touch` of each, at once
+            # (untouched, so no `changed_from` of theirs: cells.py's invariant)
             self.changed_from.update(dict.fromkeys(changed, low))
             self.touched |= changed
         else:

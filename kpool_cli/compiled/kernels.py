@@ -6,8 +6,8 @@ compiled core's arenas of every sequence's index and layout columns
 Owns: every kernel of the compiled core. Each is the loop that one reference step
 runs as a chain of numpy calls, written once as a plain loop; the rule it computes
 is the reference's, cited where that lives. Kernels never allocate (they write into
-arrays and scratch the caller sized, here in a Python function of the kernel's
-public name where a kernel needs scratch, and return counts or views of them) and
+arrays and scratch the caller sized, most in a Python function here of the kernel's
+public name, and return counts or views of them) and
 never raise: a case a kernel does not handle is one its caller never hands it. A
 cached kernel that allocated (`np.empty` inside) would import numba's array library
 as it loads, about 40 ms of every compiled replay

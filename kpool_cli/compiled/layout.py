@@ -32,7 +32,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from ..cache.cells import CELL_BITS
+from ..cache.cells import CELL_BITS, NO_PAIR
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout, pools_past
 from . import kernels as k
@@ -40,7 +40,6 @@ from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
 
 _NO_COUNT = np.zeros(0, dtype=np.int32)  # no sharing scan: no stream's seq_count
-_UNCHANGED = int(np.iinfo(np.int64).max)  # above every pair: none changed
 
 
 class SeqColumns:
@@ -230,7 +229,7 @@ class CompiledLayout(Layout):
         if not append:
             # the pairs equalled the cache's at the last update that read them: below
             # the least pair changed since, they still do (`Stream.changed_from`)
-            known = cache.changed_from.get(s, _UNCHANGED) if self._equal[s] else -1
+            known = cache.changed_from.get(s, NO_PAIR) if self._equal[s] else -1
             n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                            n_pools, 0, known)
             scanned += copied

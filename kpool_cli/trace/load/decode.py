@@ -23,9 +23,10 @@ Invariants of a decode read:
 - An explicit `ubatches` split has non-empty ubatches of at most `n_ubatch` tokens,
   whose tokens' sequence sets are equal or disjoint (split_equal's ubatches).
 - The plain forms a recorder or generator writes most (a token `{pos: P, seq: S}`,
-  `plain_token_of`; a decode step `- decode: {seq: S, pos: P}`, `plain_decode`) are
-  read in one step, with the same result, count and nodes visited as the walk
-  field by field (tests/test_load_fast.py); anything else is read the general way.
+  `plain_token_of`; a decode step `- decode: {seq: S, pos: P}`, ops.py
+  `OpsWalk.plain_decode`) are read in one step, with the same result, count and
+  nodes visited as the walk field by field (tests/test_load_fast.py); anything
+  else is read the general way.
 """
 
 from __future__ import annotations
@@ -64,9 +65,6 @@ from kpool_cli.trace.yaml_safe import (
 
 from .fields import FieldReader, static_bounds
 
-# the nodes the walk visits in a plain decode item: the item, its key, the mapping,
-# its two keys and their values
-_PLAIN_DECODE_VISITS = 7
 POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see DECIMAL
 SHORTHAND = DECODE_FORMS[0]  # {seq, pos} (+ ext, cell); the others have one key each
 _POS_LO, _POS_HI = static_bounds(POS)
@@ -254,28 +252,6 @@ class DecodeWalk(FieldReader):
         self.n_tokens += n
         self.visits += 5 * n
         return tuple(out)
-
-    def plain_decode(self, item: Node) -> Decode | None:
-        """The decode of the ops item `item` when it is `- decode: {seq: S, pos: P}`
-        (the keys in either order) with P and S plain decimal ints in range: its
-        mapping is `plain_token_of`'s form, read in one step, and reading it field by
-        field would cross no bound; None for any other item, which `OpsWalk.op` reads
-        the general way. Either way the decode, the tokens counted and the nodes
-        visited (`_PLAIN_DECODE_VISITS`) are the same (tests/test_load_fast.py): a
-        decode step a generator writes, not a rule."""
-        if (item.__class__ is not Map or item.tag != MAP or len(item.value) != 1
-                or self.n_tokens + 1 > self.max_tokens
-                or self.visits + _PLAIN_DECODE_VISITS > limits.MAX_NODE_VISITS):
-            return None
-        ((key, value),) = item.value
-        if key.__class__ is not Scalar or key.tag != STR or key.value != "decode":
-            return None
-        token = plain_token_of(value, self.seq_hi())
-        if token is None:
-            return None
-        self.n_tokens += 1
-        self.visits += _PLAIN_DECODE_VISITS
-        return Decode(tokens=(token,), loc=Loc(self.file, item.line, item.column))
 
     def plain_token(self, node: Node) -> Token | None:
         """`plain_token_of(node)` within the bound on nodes visited."""

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kpool_cli.trace.format import SEQ, Field, Type
-from kpool_cli.trace.model import Op
 from kpool_cli.trace.yaml_safe import MAX_TOKENS, Node, NodeReader, Parse
 
 
@@ -63,11 +62,6 @@ class FieldReader(NodeReader, ABC):
     @abstractmethod
     def reader(self, fld: Field) -> Parse:
         """The parser of the declared field `fld`, for `NodeReader.fields`."""
-
-    @abstractmethod
-    def plain_decode(self, item: Node) -> Op | None:
-        """The op of an ops item read in one step when it is a plain decode step
-        (`DecodeWalk.plain_decode`), else None: the ops' walk asks it first."""
 
     # -- seq ids, read by every section
 

@@ -26,8 +26,9 @@ import re
 from collections.abc import Callable
 
 from kpool_cli.trace.format import BOUND, OP_STATUSES, OPS, POOL, SLOT, Section
-from kpool_cli.trace.model import OP_TYPES, Loc, Note, Op, StateRead, StateWrite
+from kpool_cli.trace.model import OP_TYPES, Decode, Loc, Note, Op, StateRead, StateWrite
 from kpool_cli.trace.yaml_safe import (
+    MAP,
     STR,
     Map,
     Node,
@@ -39,7 +40,12 @@ from kpool_cli.trace.yaml_safe import (
     suggest,
 )
 
+from .decode import plain_token_of
 from .fields import FieldReader, static_bounds
+
+# the nodes the walk visits in a plain decode item: the item, its key, the mapping,
+# its two keys and their values (`OpsWalk.plain_decode`)
+_PLAIN_DECODE_VISITS = 7
 
 FINDING_CODE = re.compile(r"KP[0-9]{3}", re.ASCII)
 
@@ -77,7 +83,7 @@ class OpsWalk(FieldReader):
     def op(self, item: Node, f: str) -> tuple[str | None, Op | None]:
         """One item of `ops`: a mapping with exactly one key, the op name. Returns the
         op name when it is a known one (even if the op is invalid) and the op. A plain
-        decode step is read in one step (`DecodeWalk.plain_decode`)."""
+        decode step is read in one step (`plain_decode`)."""
         plain = self.plain_decode(item)
         if plain is not None:
             return "decode", plain
@@ -119,6 +125,28 @@ class OpsWalk(FieldReader):
         if build is None:
             return name, self.op_fields(OPS[name], value, f"{f}.{name}", loc)
         return name, build(value, f"{f}.{name}", loc)
+
+    def plain_decode(self, item: Node) -> Decode | None:
+        """The decode of the ops item `item` when it is `- decode: {seq: S, pos: P}`
+        (the keys in either order) with P and S plain decimal ints in range: its
+        mapping is `plain_token_of`'s form, read in one step, and reading it field by
+        field would cross no bound; None for any other item, which `op` reads the
+        general way. Either way the decode, the tokens counted and the nodes
+        visited (`_PLAIN_DECODE_VISITS`) are the same (tests/test_load_fast.py): a
+        decode step a generator writes, not a rule."""
+        if (item.__class__ is not Map or item.tag != MAP or len(item.value) != 1
+                or self.n_tokens + 1 > self.max_tokens
+                or self.visits + _PLAIN_DECODE_VISITS > limits.MAX_NODE_VISITS):
+            return None
+        ((key, value),) = item.value
+        if key.__class__ is not Scalar or key.tag != STR or key.value != "decode":
+            return None
+        token = plain_token_of(value, self.seq_hi())
+        if token is None:
+            return None
+        self.n_tokens += 1
+        self.visits += _PLAIN_DECODE_VISITS
+        return Decode(tokens=(token,), loc=Loc(self.file, item.line, item.column))
 
     def op_fields(self, op: Section, node: Node, f: str, loc: Loc) -> Op | None:
         """An op that is a mapping of its declared fields, each read by its type; the
