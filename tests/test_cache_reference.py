@@ -271,6 +271,31 @@ def test_split_equal_of_one_seq_id_a_token_agrees(seqs: list[int], n_ubatch: int
     assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
 
 
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(seq=st.sets(st.integers(0, 3), min_size=1, max_size=3), n=st.integers(1, 14),
+       n_ubatch=st.integers(1, 12), keep=st.integers(0, 3), sequential=st.booleans())
+def test_split_equal_of_one_sequence_set_agrees(seq: set[int], n: int, n_ubatch: int,
+                                                 keep: int, sequential: bool) -> None:
+    """kpool's split_equal (cache/batch.py, with its shortcut for the tokens of one
+    sequence set that fit one ubatch: a decode step, a draft) against the reference's,
+    on n tokens of one set, coupled or not: the same ubatches, or the same refusal
+    or abort."""
+    ss = tuple(sorted(seq))
+    toks = tuple(Token(p, ss) for p in range(n))
+    want = rc.split_equal(toks, n_ubatch, sequential, n_keep_tail=keep)
+    try:
+        got = split_equal(toks, n_ubatch, sequential, keep)
+    except KeepTailAssert:
+        assert want == rc.SPLIT_ABORT
+        return
+    if isinstance(got, str):
+        assert want is None
+        return
+    assert want is not None and want != rc.SPLIT_ABORT
+    assert [list(u.tokens) for u in got] == want
+    assert [u.n_seqs_unq for u in got] == [len(seq)] * len(want)
+
+
 def test_reference_clear_keeps_the_queued_stream_copies() -> None:
     """docs/ENGINE-NOTES.md: clear leaves sc_info alone; the next valid decode takes it."""
     ref, _ = _ref("""

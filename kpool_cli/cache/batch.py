@@ -134,16 +134,26 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
-    if len(tokens) == 1:  # a decode step of one sequence: its one set, its one token
-        n_unq = len(set(tokens[0].seq))
+    n = len(tokens)
+    first = tokens[0].seq if n else ()
+    if 0 < n <= max(n_ubatch, 1) and all(t.seq == first for t in tokens):
+        # a decode step of one sequence set (one token, or a draft's few): the walk
+        # below collects the set, takes its every token in one ubatch, and leaves no
+        # tail to keep
+        n_unq = len(set(first))
         refused = split_refusal(n_unq > 1, n_ubatch, sequential, n_keep_tail)
-        return refused if refused is not None else [Ubatch((0,), n_unq)]
-    if not sequential and 1 < len(tokens) <= n_ubatch and one_seq_each([t.seq for t in tokens]):
+        return refused if refused is not None else [Ubatch(tuple(range(n)), n_unq)]
+    if not sequential and 1 < n <= n_ubatch and one_seq_each([t.seq for t in tokens]):
         # parallel slots: every set is collected (at most n_ubatch of them), the first
         # round takes each set's one token in batch order and leaves none to keep
         refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
-        return refused if refused is not None else [Ubatch(tuple(range(len(tokens))),
-                                                           len(tokens))]
+        return refused if refused is not None else [Ubatch(tuple(range(n)), n)]
+    return _split_walk(tokens, n_ubatch, sequential, n_keep_tail)
+
+
+def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
+                n_keep_tail: int) -> list[Ubatch] | str:
+    """`split_equal` the general way: the walk its docstring describes."""
     by_set = _token_sets(tokens)
     refused = split_refusal(any(len(s) > 1 for s in by_set), n_ubatch, sequential, n_keep_tail)
     if refused is not None:
