@@ -260,15 +260,26 @@ def test_split_equal_of_one_seq_id_a_token_agrees(seqs: list[int], n_ubatch: int
     slots: each token its own sequence) against the reference's, on tokens of one seq
     id each, distinct or not: the same ubatches, or the same refusal or abort."""
     toks = tuple(Token(p, (s,)) for p, s in enumerate(seqs))
+    got, want = _both_splits(toks, n_ubatch, sequential, keep)
+    if got is None:
+        return
+    assert not isinstance(got, str) and want is not None
+    assert [list(u.tokens) for u in got] == want
+    assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
+
+
+def _both_splits(toks: tuple[Token, ...], n_ubatch: int, sequential: bool, keep: int):
+    """(kpool's split_equal, the reference's) of `toks`; (None, None) once both
+    abort alike (GGML_ASSERT(n_ubatch > n_keep_tail)); else the reference's is no
+    abort."""
     want = rc.split_equal(toks, n_ubatch, sequential, n_keep_tail=keep)
     try:
         got = split_equal(toks, n_ubatch, sequential, keep)
     except KeepTailAssert:
         assert want == rc.SPLIT_ABORT
-        return
-    assert not isinstance(got, str) and want is not None and want != rc.SPLIT_ABORT
-    assert [list(u.tokens) for u in got] == want
-    assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
+        return None, None
+    assert want != rc.SPLIT_ABORT
+    return got, want
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -280,18 +291,14 @@ def test_split_equal_of_one_sequence_set_agrees(seq: set[int], n: int, n_ubatch:
     sequence set that fit one ubatch: a decode step, a draft) against the reference's,
     on n tokens of one set, coupled or not: the same ubatches, or the same refusal
     or abort."""
-    ss = tuple(sorted(seq))
-    toks = tuple(Token(p, ss) for p in range(n))
-    want = rc.split_equal(toks, n_ubatch, sequential, n_keep_tail=keep)
-    try:
-        got = split_equal(toks, n_ubatch, sequential, keep)
-    except KeepTailAssert:
-        assert want == rc.SPLIT_ABORT
+    got, want = _both_splits(tuple(Token(p, tuple(sorted(seq))) for p in range(n)),
+                             n_ubatch, sequential, keep)
+    if got is None:
         return
-    if isinstance(got, str):
+    if isinstance(got, str):  # a sequential split of coupled sequences
         assert want is None
         return
-    assert want is not None and want != rc.SPLIT_ABORT
+    assert want is not None
     assert [list(u.tokens) for u in got] == want
     assert [u.n_seqs_unq for u in got] == [len(seq)] * len(want)
 
