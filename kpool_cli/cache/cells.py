@@ -295,6 +295,16 @@ class Stream:
         if got is None or low < got:
             self.changed_from[s] = low
 
+    def touch_all(self, seqs: set[int], low: int) -> None:
+        """`touch` of each of `seqs`; of sequences not touched yet (a step of parallel
+        slots, most often), at once: none has a `changed_from` to keep."""
+        if seqs.isdisjoint(self.touched):
+            self.changed_from.update(dict.fromkeys(seqs, low))
+            self.touched |= seqs
+        else:
+            for s in seqs:
+                self.touch(s, low)
+
     def _index_rm(self, cells: np.ndarray) -> None:
         """Drop every (pos, cell) pair of these cells from every sequence's keys."""
         keys = make_keys(self.pos[cells], cells)

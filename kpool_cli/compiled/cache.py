@@ -170,13 +170,7 @@ class CompiledStream(Stream):
             self.appends |= changed - self.touched
         else:
             self.appends -= changed
-        if changed.isdisjoint(self.touched):  # most steps: `touch` of each, at once
-            # (untouched, so no `changed_from` of theirs: cells.py's invariant)
-            self.changed_from.update(dict.fromkeys(changed, low))
-            self.touched |= changed
-        else:
-            for s in changed:
-                self.touch(s, low)
+        self.touch_all(changed, low)
 
     def _add(self, s: int, keys: np.ndarray) -> None:
         index = self.seq_keys[s]
