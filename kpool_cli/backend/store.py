@@ -214,6 +214,11 @@ class _Standing:
             return None
         return self._slots if self._untouched(touched) else None
 
+    @property
+    def race_slots(self) -> np.ndarray | None:
+        """The slots of the standing plan's race groups' rows (never written)."""
+        return self._slots
+
     def stood(self, change: LayoutChange) -> None:
         """A scatter of the very plan kept every entry after the update `change` (which
         changed no pool of an every-pool plan: its arrays are the layout's own)."""
@@ -532,8 +537,10 @@ class ValueBackend:
         # pooling: what follows costs the fresh groups (under cache-safe, the pools
         # that changed), not every group
         todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows, grown)
-        # the standing plan with pools appended alone (`dropped_none`)
+        # the standing plan with pools appended alone (`dropped_none`), whose race
+        # groups' slots are this plan's but the new groups'
         appended = new is not None and standing.dropped_none(ctx.change)
+        grown_from = standing.race_slots if appended else None
         standing.clear()
         t.next_gen()
         if n == 0:
@@ -576,7 +583,7 @@ class ValueBackend:
             # a group without a new entry has the standing plan's last entry, which
             # wrote it again; the new entries' groups are stamped
             assert grown is not None
-            writers.wrote_again(s)
+            writers.wrote_again(s, grown_from)
             writers.stamp_winners(self.kernels, *groups_entries(order, starts, grown),
                                   plan.entry_pool, layout.pool_start(), s[grown])
         else:

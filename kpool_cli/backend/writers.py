@@ -21,7 +21,13 @@ Owns:
 Invariants: a row is in `alt` exactly while what it holds came from a scatter race
 of different values (directly, or restored or stream-copied with it): every other
 write of the row drops it (`drop_raced`, `copy_stream`, `clear`); `content` of a
-row is a function of the trace alone, whichever slot the row has.
+row is a function of the trace alone, whichever slot the row has; every write of
+`w_ubatch` writes the current ubatch, so a slot's `w_ubatch` never falls, and the
+slots a standing plan writes again each ubatch (`wrote_again`, the same array while
+it stands) are held as that array and the last ubatch (`_again`), their `w_ubatch`
+the larger of the two: a ubatch of a plan that stands costs no pass over its race
+groups (issue 23, point 3), and the array is written in (`_settle`) when another
+comes or `content` reads.
 
 Memory: `bytes_held` (the racing writers), `bytes_bound` (what a trace can make
 `alt` hold).
@@ -54,6 +60,9 @@ class Writers:
         self._zero_a = np.full(n_stream, -1, dtype=np.int64)
         self.alt: dict[int, np.ndarray] = {}  # row -> racing writers, int64 [g, 2]
         self.slot_names: list[str] = []
+        # slots written again by their last writers, and the last ubatch that did
+        # (`wrote_again`): w_ubatch of each is at least that ubatch, not written yet
+        self._again: tuple[np.ndarray, int] | None = None
 
     # -- memory --------------------------------------------------------------------------
 
@@ -96,10 +105,28 @@ class Writers:
         kernels.stamp_winners(order, starts, entry_pool, pool_start, slots, self.n_ubatch,
                               POOLED, PADDING)
 
-    def wrote_again(self, slots: np.ndarray) -> None:
+    def wrote_again(self, slots: np.ndarray, grown_from: np.ndarray | None = None) -> None:
         """`slots` were written now by the writers that wrote them last (the same kind,
-        sequence and pool): only their `w_ubatch` changes."""
-        self.slots.w_ubatch[slots] = self.n_ubatch
+        sequence and pool): only their `w_ubatch` changes, to now. Held, not written
+        (the module's invariants): the very array again (a plan that stands hands in
+        its race groups' slots each ubatch) moves the held ubatch alone. `grown_from`:
+        an array `slots` holds every slot of (a plan grown from the standing one by
+        appended pools: the standing plan's race groups' slots); when it is the one
+        held, `slots` takes its place, none written. The caller never writes `slots`
+        after."""
+        again = self._again
+        if again is not None and again[0] is not slots and again[0] is not grown_from:
+            self._settle()
+        self._again = (slots, self.n_ubatch)
+
+    def _settle(self) -> None:
+        """Write the held `wrote_again` into `w_ubatch`: each held slot's is the later
+        of its own (a write since, of the current ubatch then) and the held one."""
+        if self._again is not None:
+            slots, when = self._again
+            w = self.slots.w_ubatch
+            w[slots] = np.maximum(w[slots], when)
+            self._again = None
 
     def drop_raced(self, rows: np.ndarray) -> None:
         """`rows` were written by something else than a racing scatter."""
@@ -151,6 +178,7 @@ class Writers:
 
     def content(self, row: int) -> RowContent:
         """What row `row`'s pooled slot holds, and who wrote it."""
+        self._settle()
         t = self.slots
         slot = int(t.slot_of[row])
         if slot:
