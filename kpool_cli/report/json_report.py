@@ -165,15 +165,6 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     if n < 2 or not kpool:  # no run can form: every pool alone
         return _pools_alone(p, slice(None))
     spans = pool_spans(p) if spans is None else spans
-    found = spans.tolist()
-    # the pools between the runs, found from the runs' ends (a listing of every pool
-    # is a few runs over tens of thousands of pools, often end to end: none)
-    singles = {}
-    ends = [0, *(x for ab in found for x in ab), n]
-    if any(ends[i] != ends[i + 1] for i in range(0, len(ends), 2)):
-        gaps = np.array(ends, dtype=np.int64).reshape(-1, 2)
-        idx = ranges(gaps[:, 0], gaps[:, 1] - gaps[:, 0])
-        singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
     seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
@@ -182,6 +173,15 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
                 p.seq[first].tolist(), p.k[first].tolist(), p.k[spans[:, 1] - 1].tolist(),
                 p.first_pos[first].tolist(), run_cells(p.cells, first),
                 p.new[first].tolist(), strict=True)]
+    # the pools between the runs, found from the runs' ends (a listing of every pool
+    # is a few runs over tens of thousands of pools, often end to end: none)
+    ends = np.concatenate(([0], spans.ravel(), [n])).reshape(-1, 2)
+    gap = ends[:, 1] - ends[:, 0]
+    if not gap.any():
+        return runs
+    idx = ranges(ends[:, 0], gap)
+    singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
+    found = spans.tolist()
     out: list[dict] = []
     at = 0
     for (a, b), run in zip([*found, (n, n)], [*runs, None], strict=True):
@@ -208,13 +208,18 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     if n < 2 or not kpool:  # no run can form: every entry alone
         return singles(0, n)
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
+    n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
+    runs = [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
+        (found[:, 1] - found[:, 0]).tolist(), run_cells(rows, found[:, 0]), strict=True)]
+    ends = np.concatenate(([0], found.ravel(), [n])).reshape(-1, 2)
+    if not (ends[:-1, 1] - ends[:-1, 0]).any():  # the runs end to end: the entries past them
+        return runs + singles(int(ends[-1, 0]), n)
     out: list[dict] = []
     at = 0
-    n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
-    for (a, b), cells in zip(found.tolist(), run_cells(rows, found[:, 0]), strict=True):
+    for (a, b), run in zip(found.tolist(), runs, strict=True):
         if at < a:
             out += singles(at, a)
-        out.append({n_: b - a, cells_: cells, pad_: False})
+        out.append(run)
         at = b
     return out + singles(at, n)
 
