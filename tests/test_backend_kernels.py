@@ -184,12 +184,43 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
     # the check: rows just scattered agree with their pooling, perturbed ones do not
     if m:
         members_m = members[src]
-        pooled_k[rows[0], 0] += 1
-        pooled_n[rows[0], 0] += 1
-        dk = kernels.pools_differ(key, gate, pooled_k, members_m, rows)
-        dn = reference.pools_differ(key, gate, pooled_n, members_m, rows)
+        key_gen = np.zeros(n_rows, np.int64)  # no key written since the scatter
+        for (_pool_of, pool_gen), pooled in ((gens[0], pooled_k), (gens[1], pooled_n)):
+            pooled[rows[0], 0] += 1
+            pool_gen[rows[0]] = 0  # a pooled row written outside a scatter (slots.py)
+        dk = kernels.pools_differ(key, gate, pooled_k, *gens[0], key_gen, members_m, rows)
+        dn = reference.pools_differ(key, gate, pooled_n, *gens[1], key_gen, members_m, rows)
         assert np.array_equal(dk, dn)
         assert dk[0] and not dk[1:].any()
+
+
+def test_pools_differ_judges_a_kept_pooling_by_its_generations() -> None:
+    """Slots 5 and 6 hold the pooling of member slots (1, 2) and (3, 4), pooled at
+    generation 3, every key written at generation 1. The numba twin reads the
+    generations (slots.py's invariants): with both rows zeroed behind them (a state
+    no writer leaves, made here to see which entries are pooled again) it finds
+    neither differs, where the numpy twin, which pools every entry, finds both do.
+    Each part of the rule sends an entry to the pooling, which then differs from
+    the zeroed row: members other than `pool_of` ((2, 1)), a member key written at
+    the pooling's generation (key_gen 3), a pooled row of generation 0."""
+    rng = np.random.default_rng(7)
+    n_slots, n_embd = 8, 4
+    key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    members, rows = np.array([[1, 2], [3, 4]], np.int64), np.array([5, 6], np.int64)
+    pooled = np.zeros((n_slots, n_embd), np.float32)
+    pool_of, pool_gen = np.zeros((n_slots, 2), np.int64), np.zeros(n_slots, np.int64)
+    key_gen = np.ones(n_slots, np.int64)
+    pool_of[rows], pool_gen[rows] = members, 3
+
+    def differ(twin, m=members, kg=key_gen, pg=pool_gen):
+        return twin.pools_differ(key, gate, pooled, pool_of, pg, kg, m, rows).tolist()
+
+    assert differ(kernels) == [False, False]
+    assert differ(reference) == [True, True]
+    assert differ(kernels, m=np.array([[2, 1], [3, 4]], np.int64)) == [True, False]
+    assert differ(kernels, kg=np.where(np.arange(n_slots) == 4, 3, key_gen)) == [False, True]
+    assert differ(kernels, pg=np.where(np.arange(n_slots) == 5, 0, pool_gen)) == [True, False]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -1250,7 +1281,8 @@ def test_numba_boundscheck_is_on() -> None:
     with pytest.raises(IndexError):
         kernels.pool(p, p, np.array([[0, 1, 2, 4]], np.int64))
     with pytest.raises(IndexError):
-        kernels.pools_differ(p, p, p, np.array([[0, 1]], np.int64), np.array([-5], np.int64))
+        kernels.pools_differ(p, p, p, *gens, np.zeros(4, np.int64), np.array([[0, 1]], np.int64),
+                             np.array([-5], np.int64))
     with pytest.raises(IndexError):
         kernels.write_keys(np.uint64(1), np.array([4], np.int64), np.array([3], np.int64),
                            p.copy(), p.copy())

@@ -142,9 +142,10 @@ class GuardedKernels:
         where = "check"
         t = self.slots
         t.check_tables(where)
+        t.check_generations(where)
         members, reps = self._entries(where, members, reps)
-        return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, members,
-                           reps)
+        return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, t.pool_of,
+                           t.pool_gen, t.key_gen, members, reps)
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                      starts: np.ndarray, rows: np.ndarray

@@ -1,7 +1,9 @@
 """The numba kernels of the value backend: key rows (`write_rows`: a decode's rows
 written, their slots handed out and their writers stamped, in one pass), pool and
 scatter (`scatter_fresh`: a scatter's fresh groups pooled, written and compared in
-one pass), gather, check, `fresh_groups` (which scatter entries keep their pooling),
+one pass), gather, check (`pools_differ`: a rep row that holds its pooling by the
+slots' generations is judged without pooling again; its numpy twin pools every entry,
+the oracle), `fresh_groups` (which scatter entries keep their pooling),
 `stamp_winners` (the writer of each row a scatter wrote), the pools a changed row
 dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
 choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
@@ -423,27 +425,49 @@ def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], f4[:, ::1], "
-                "i4[:, ::1], f4[::1], b1[::1])")
-def _pools_differ_into(key, gate, pooled, members, rows, w, bits, want, out):
+@numba.njit(cache=_CACHED, inline="always")
+def _holds_pooling(pool_of, pool_gen, key_gen, m, r):
+    """Slot r's pooled row is the pooling of member slots m, none written since
+    (slots.py's invariants; `reference.kept`, the rule by slots)."""
+    gen = pool_gen[r]
+    if gen <= 0:
+        return False
+    for q in range(m.size):  # noqa: SIM110 - numba compiles no generator here
+        if pool_of[r, q] != m[q] or key_gen[m[q]] >= gen:
+            return False
+    return True
+
+
+@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
+                "i8[:, ::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
+def _pools_differ_into(key, gate, pooled, pool_of, pool_gen, key_gen, members, rows, w, bits,
+                       want, out):
     n_embd = key.shape[1]
     for e in range(members.shape[0]):
-        _pool_entry(key, gate, members[e], w, bits, want)
         r = rows[e]
         out[e] = False
+        if _holds_pooling(pool_of, pool_gen, key_gen, members[e], r):
+            continue  # bit-equal to the pooling below, found by generation alone
+        _pool_entry(key, gate, members[e], w, bits, want)
         for d in range(n_embd):
             if want[d] != pooled[r, d]:
                 out[e] = True
                 break
 
 
-def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members: np.ndarray,
+def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                 pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
                  rows: np.ndarray) -> np.ndarray:
-    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
+    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`: not
+    where slot `rows[e]` holds the pooling of those member slots, none written since
+    (`pool_of`, `pool_gen`, `key_gen`: slots.py's invariants make it bit-equal), which
+    costs a look at the generations (issue 23, point 3: a pool whose members and keys
+    did not change is judged by generation); else pooled again and compared.
 
     Parameters
     ----------
     key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    pool_of : array of int64, shape (n_slots, kpool); pool_gen, key_gen : int64 (n_slots,)
     members : array of int64, shape (n, kpool), C-contiguous
     rows : array of int64, shape (n,)
 
@@ -454,7 +478,7 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members:
     """
     out = np.zeros(members.shape[0], dtype=np.bool_)
     want = np.empty(key.shape[1], dtype=np.float32)
-    _pools_differ_into(key, gate, pooled, members, rows,
+    _pools_differ_into(key, gate, pooled, pool_of, pool_gen, key_gen, members, rows,
                        *_scratch(members.shape[1], key.shape[1]), want, out)
     return out
 

@@ -151,9 +151,13 @@ def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return pooled[rows]
 
 
-def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, members: np.ndarray,
+def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                 pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
                  rows: np.ndarray) -> np.ndarray:
-    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`.
+    """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`, every
+    entry pooled again: the oracle of the numba twin, which skips the entries whose
+    generations say they hold their pooling (`pool_of`, `pool_gen`, `key_gen`, read
+    here by no step).
 
     Returns
     -------

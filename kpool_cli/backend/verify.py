@@ -134,7 +134,9 @@ class Verifier:
 
     def differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
         """[n] bool: rep row differs from the pooling, or raced with different values
-        (then one of them differs from any pooling)."""
+        (then one of them differs from any pooling). A rep row whose slot holds the
+        pooling of the members' slots, none written since, is judged by those
+        generations (`kernels.pools_differ`)."""
         members = checked_rows(members, self.n_rows, (None, self.kpool), False, "check",
                                "member rows")
         reps = checked_rows(reps, self.n_rows, members.shape[:1], False, "check", "rep rows")
