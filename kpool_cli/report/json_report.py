@@ -165,6 +165,8 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     if n < 2 or not kpool:  # no run can form: every pool alone
         return _pools_alone(p, slice(None))
     spans = pool_spans(p) if spans is None else spans
+    if not spans.size:  # no run formed
+        return _pools_alone(p, slice(None))
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
     seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
@@ -208,6 +210,8 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     if n < 2 or not kpool:  # no run can form: every entry alone
         return singles(0, n)
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
+    if not found.size:  # no run formed (a decode step's few entries)
+        return singles(0, n)
     n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
     runs = [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
         (found[:, 1] - found[:, 0]).tolist(), run_cells(rows, found[:, 0]), strict=True)]
