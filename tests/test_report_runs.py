@@ -268,6 +268,9 @@ def test_scatter_spans_by_hand_on_both_cores():
     rep = rows[:, -1].copy()
     assert _spans_both("scatter_spans", rows, rep, pad) == [[0, 2], [3, 5]]
     assert _spans_both("scatter_spans", rows[:1], rep[:1], pad[:1]) == []
+    rows, rep, pad = entries([0, 2])
+    pad[1] = True  # a decode step's pool and its padding: one real entry, no run
+    assert _spans_both("scatter_spans", rows, rep, pad) == []
 
 
 def test_pool_spans_by_hand_on_both_cores():
