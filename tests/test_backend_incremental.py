@@ -160,6 +160,22 @@ def test_incremental_bad_pools_equal_a_full_recomputation(t: m.Trace, engine: st
     check_incremental(t, VARIANTS[engine], core)
 
 
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)),
+       core=st.sampled_from(["reference", "compiled"]))
+def test_judging_by_generation_finds_the_bad_pools_pooling_finds(t: m.Trace, engine: str,
+                                                                core: str) -> None:
+    """The numba backend judges a rep row that holds its pooling by the slots'
+    generations (`kernels.pools_differ`); the numpy twin pools every checked pool
+    again. Replayed in lockstep, after every op both have the same bad pools and the
+    same records."""
+    by_gen, pooled = (ValueBackend(t.cache, t.seed, b) for b in ("numba", "numpy"))
+    for a, b in zip(Replayer(t, VARIANTS[engine], by_gen, core=core).run(),
+                    Replayer(t, VARIANTS[engine], pooled, core=core).run(), strict=True):
+        assert [x.tolist() for x in by_gen.bad] == [x.tolist() for x in pooled.bad]
+        assert as_json(a, t) == as_json(b, t)
+
+
 def test_the_random_traces_reach_bad_pools() -> None:
     """The property above is not vacuous: its generator reaches bad pools often."""
     seen = []
@@ -325,6 +341,31 @@ def test_after_a_clear_every_kept_pool_of_one_sequence_is_rechecked(core: str) -
     be.verifier.verify(lay, kept, rp.cache)
     assert be.bad[0].tolist() == [False, False] and be.verifier.bad_seqs == set()
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, lay)]
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_member_key_written_after_the_pooling_makes_the_pool_bad(backend: str) -> None:
+    """seq 0 holds pos 0..7 in cells 0..7, kpool 4: pools on rows 0..3 and 4..7, rep
+    rows 3 and 7, each pooled by the scatter (its slot records the member slots and
+    when). A new key on member row 1, with no scatter since: the rep slot of pool 0
+    still names the same member slots, but one was written after the pooling, so
+    the numba twin, which judges by generation, must pool it again: pool 0 is bad,
+    pool 1 is not, as the numpy twin (which pools every pool) finds."""
+    t = trace("""
+    kpool_trace: 1
+    cache: {kv_size: 16, kpool: 4, n_seq_max: 1, n_embd: 4}
+    ops:
+      - decode: {seq: 0, pos: 0..8}
+    """)
+    be = ValueBackend(t.cache, t.seed, backend)
+    rp = Replayer(t, REP_ONCE, be, core="compiled")
+    for _ in rp.run():
+        pass
+    lay = rp.layout
+    assert lay.seqs[0].rep_rows.view.tolist() == [3, 7] and be.bad[0].tolist() == [False] * 2
+    be.write_rows(np.array([1]), np.array([1000]))
+    be.verifier.verify(lay, LayoutChange((2,), frozenset(), frozenset(), 0), rp.cache)
+    assert be.bad[0].tolist() == [True, False]
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------
