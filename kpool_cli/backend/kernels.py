@@ -461,8 +461,8 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
     """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`: not
     where slot `rows[e]` holds the pooling of those member slots, none written since
     (`pool_of`, `pool_gen`, `key_gen`: slots.py's invariants make it bit-equal), which
-    costs a look at the generations (issue 23, point 3: a pool whose members and keys
-    did not change is judged by generation); else pooled again and compared.
+    costs a look at the generations, not a pooling (most pools a verification asks
+    are those the scatter just pooled); else pooled again and compared.
 
     Parameters
     ----------

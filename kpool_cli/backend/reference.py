@@ -156,8 +156,8 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
                  rows: np.ndarray) -> np.ndarray:
     """Whether row `rows[e]` of `pooled` differs from the pooling of `members[e]`, every
     entry pooled again: the oracle of the numba twin, which skips the entries whose
-    generations say they hold their pooling (`pool_of`, `pool_gen`, `key_gen`, read
-    here by no step).
+    generations (`pool_of`, `pool_gen`, `key_gen`) say they hold their pooling; this
+    twin takes them and reads none.
 
     Returns
     -------

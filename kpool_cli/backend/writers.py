@@ -26,8 +26,8 @@ row is a function of the trace alone, whichever slot the row has; every write of
 slots a standing plan writes again each ubatch (`wrote_again`, the same array while
 it stands) are held as that array and the last ubatch (`_again`), their `w_ubatch`
 the larger of the two: a ubatch of a plan that stands costs no pass over its race
-groups (issue 23, point 3), and the array is written in (`_settle`) when another
-comes or `content` reads.
+groups, and the array is written in (`_settle`) when another comes or `content`
+reads.
 
 Memory: `bytes_held` (the racing writers), `bytes_bound` (what a trace can make
 `alt` hold).
