@@ -29,8 +29,8 @@ the larger of the two: a ubatch of a plan that stands costs no pass over its rac
 groups, and the array is written in (`_settle`) when another comes or `content`
 reads.
 
-Memory: `bytes_held` (the racing writers), `bytes_bound` (what a trace can make
-`alt` hold).
+Memory: `bytes_held` (the racing writers, the held slots), `bytes_bound` (what a
+trace can make `alt` and the held slots hold).
 """
 
 from __future__ import annotations
@@ -77,12 +77,15 @@ class Writers:
     def bytes_bound(cls, config: CacheConfig, slots: int, entries: int) -> int:
         """Bytes `alt` can hold: at most an entry per row with a slot (`slots`, the
         zero row included), a writer per sequence (and row 0's padding under
-        row-zero padding, a writer per entry of a ubatch of `entries`)."""
-        return (slots - 1) * cls.alt_row_bytes(config) + 16 * entries
+        row-zero padding, a writer per entry of a ubatch of `entries`); and the
+        slots written again that are held (`wrote_again`: a plan's race groups, at
+        most one per entry), which may outlive the plan that stood."""
+        return (slots - 1) * cls.alt_row_bytes(config) + 16 * entries + 8 * entries
 
     def bytes_held(self) -> int:
-        """Bytes of the racing writers."""
-        return sum(self.ALT_ROW_BYTES + w.nbytes for w in self.alt.values())
+        """Bytes of the racing writers and of the held slots written again."""
+        return (sum(self.ALT_ROW_BYTES + w.nbytes for w in self.alt.values())
+                + (0 if self._again is None else self._again[0].nbytes))
 
     # -- writes -------------------------------------------------------------------------
 
