@@ -80,3 +80,15 @@ def test_a_standing_plan_writes_no_slot_until_read() -> None:
     w.stamp(held[1:2], POOLED, 0, 1)
     assert [w.content(r).ubatch for r in (0, 1, 2)] == [7, 9, 7]
     assert be.slots.w_ubatch[held].tolist() == [7, 9, 7]
+
+
+def test_held_slots_are_counted_until_written_in() -> None:
+    """The held array is memory the budget sees: 3 slots held, 24 bytes; none once
+    `content` writes them in."""
+    be, slots = writers_with_slots()
+    w = be.writers
+    assert w.bytes_held() == 0
+    w.wrote_again(slots[:3].copy())
+    assert w.bytes_held() == 24
+    w.content(0)
+    assert w.bytes_held() == 0
