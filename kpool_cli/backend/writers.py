@@ -156,7 +156,9 @@ class Writers:
             self.alt[r - src * kv + dst * kv] = v
 
     def clear(self) -> None:
-        """Every row zeroed: every stream's zero rows cleared now, no race left."""
+        """Every row zeroed: every stream's zero rows cleared now, no race left (and no
+        slot held: they are all freed)."""
+        self._settle()
         self._zero_kind[:] = CLEARED
         self._zero_ubatch[:] = self.n_ubatch
         self._zero_a[:] = -1
