@@ -484,11 +484,11 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
 
 
 _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], "
-              "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1], b1[::1])")
+              "i8[::1], i8[::1], i8[::1], b1[::1], b1[::1], b1[::1], i8[::1])")
 
 
 def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                       rows, fresh, keep, in_fresh):
+                       rows, fresh, keep, in_fresh, ms):
     n = rep.size
     n_rows = slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
@@ -516,19 +516,17 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
             r = slot_of[rep[e]]
             if r < 0 or r >= n_slots:
                 return n_kept, g, OUTSIDE
-            # kept (slots.py's invariants), read through the rows' slots in the same
-            # loop as the checks: `reference.kept` is the rule by slots, which the numpy
-            # twin is built on, and the tests hold the two twins equal
-            gen = pool_gen[r]
-            ok = gen > 0
-            for q in range(kpool):  # every member checked, read once checked
+            for q in range(kpool):  # every member checked, its slot read once checked
                 m = entry_rows[e, q]
                 if m < 0 or m >= n_rows:
                     return n_kept, g, OUTSIDE
                 sm = slot_of[m]
                 if sm < 0 or sm >= n_slots:
                     return n_kept, g, OUTSIDE
-                ok = ok and pool_of[r, q] == sm and key_gen[sm] < gen
+                ms[q] = sm
+            # kept: the rule by slots (`reference.kept` the numpy twin's; the tests
+            # hold the two twins equal)
+            ok = _holds_pooling(pool_of, pool_gen, key_gen, ms, r)
             keep[e] = ok
             if ok:
                 n_kept += 1
@@ -586,7 +584,8 @@ def fresh_groups(slot_of: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
     in_fresh = np.zeros(rep.size, dtype=np.bool_)
     into = _fresh_groups_i4 if slot_of.dtype == np.int32 else _fresh_groups_i8
     n_kept, g, why = into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, order, starts,
-                          rows, fresh, keep, in_fresh)
+                          rows, fresh, keep, in_fresh,
+                          np.empty(entry_rows.shape[1], dtype=np.int64))
     if g >= 0:
         raise group_refusal(int(g), int(why))
     return fresh, keep, int(n_kept), in_fresh

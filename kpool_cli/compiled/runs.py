@@ -18,17 +18,15 @@ from ..engine.layout import PoolGrowth
 from . import kernels as k
 
 
-def _spans(kernel, m: int, *columns: np.ndarray, n: int | None = None) -> np.ndarray:
-    """The spans `kernel` writes over `columns` (n entries, m of which can be in a
-    run; n = m by default): none below two, without a call (most decodes list one
-    pool or none)."""
-    if m < 2:
+def _spans(kernel, n: int, *columns: np.ndarray) -> np.ndarray:
+    """The spans `kernel` writes over `columns` (n entries): none below two entries,
+    without a call (most decodes list one pool or none)."""
+    if n < 2:
         return NO_SPANS
-    n = m if n is None else n
     out = np.empty((n // 2, 2), dtype=np.int64)  # a span holds two entries or more
-    got = kernel(*(np.ascontiguousarray(c) for c in columns),
-                 np.empty(n - 1, dtype=np.bool_), out)
-    return out[:got]
+    m = kernel(*(np.ascontiguousarray(c) for c in columns),
+               np.empty(n - 1, dtype=np.bool_), out)
+    return out[:m]
 
 
 def pool_spans(p: Pools) -> np.ndarray:
@@ -40,8 +38,9 @@ def pool_spans(p: Pools) -> np.ndarray:
 def scatter_spans(rows: np.ndarray, rep: np.ndarray, pad: np.ndarray) -> np.ndarray:
     """contracts/runs.py `scatter_spans`: a run holds real entries alone, so none forms
     below two (a decode step's pool and its padding: no call)."""
-    n = int(rep.size)
-    return _spans(k.scatter_spans, n - int(np.count_nonzero(pad)), rows, rep, pad, n=n)
+    if rep.size - int(np.count_nonzero(pad)) < 2:
+        return NO_SPANS
+    return _spans(k.scatter_spans, int(rep.size), rows, rep, pad)
 
 
 def _grown(pools: bool, p: Pools, pad: np.ndarray, old: np.ndarray, growth: PoolGrowth
