@@ -180,14 +180,15 @@ def _ops_trace(*items: str) -> str:
 
 
 def _ops_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
-                 max_tokens: int | None = None):
+                 max_tokens: int | None = None, step: str = "plain_decode"):
     """(the trace or its problems, the nodes visited and tokens counted at the end of
-    the walk, how many items the one step read)."""
+    the walk, how many items the one step `step` (an `OpsWalk` method) read). With
+    `plain_op`, the op lines are composed from the text (`_OP_LINES_MIN` 1)."""
     from kpool_cli.trace.load import walk
 
     seen: list[tuple[int, int]] = []
     taken = [0]
-    plain, trace = OpsWalk.plain_decode, walk._Walker.trace
+    plain, trace = getattr(OpsWalk, step), walk._Walker.trace
 
     def one_step(self, item):  # type: ignore[no-untyped-def]
         got = plain(self, item) if fast else None
@@ -201,7 +202,9 @@ def _ops_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
             seen.append((self.visits, self.n_tokens))
 
     with monkeypatch.context() as m:
-        m.setattr(OpsWalk, "plain_decode", one_step)
+        if step == "plain_op":
+            m.setattr(composer, "_OP_LINES_MIN", 1)
+        m.setattr(OpsWalk, step, one_step)
         m.setattr(walk._Walker, "trace", counted)
         got = _loaded(text, max_tokens)
     return got, seen, taken[0]
@@ -260,6 +263,12 @@ def _decode(n: int, first: int = 0) -> str:
     return "  - decode:\n      tokens:\n" + _lines(n, first=first)
 
 
+def _plain_way(m: pytest.MonkeyPatch) -> None:
+    """Compose every text the plain way: no run of token lines or op lines is looked for."""
+    m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+    m.setattr(composer, "_OP_LINES_MIN", 1 << 62)
+
+
 def _tree(node: Node | None) -> object:
     """A node as plain values: kind, tag, where, and what it holds."""
     if node is None:
@@ -284,7 +293,7 @@ def _composed(text: str, monkeypatch: pytest.MonkeyPatch, lines: bool) -> tuple[
 
     with monkeypatch.context() as m:
         if not lines:
-            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+            _plain_way(m)
         m.setattr(composer.Composer, "__init__", keep)
         try:
             got: object = _tree(composer.compose(text, "t.yaml", 1 << 40, SHAPE))
@@ -300,7 +309,7 @@ def _same_either_way(text: str, monkeypatch: pytest.MonkeyPatch) -> bool:
     plain, _ = _composed(text, monkeypatch, False)
     assert fast == plain
     with monkeypatch.context() as m:
-        m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+        _plain_way(m)
         try:
             want: object = load_trace_text(text)
         except TraceError as e:
@@ -317,7 +326,7 @@ def _refused_alike(text: str, monkeypatch: pytest.MonkeyPatch, max_tokens: int) 
     """The text is refused at `max_tokens` with the token lines and without them, with
     the same problems."""
     with monkeypatch.context() as m:
-        m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+        _plain_way(m)
         with pytest.raises(TraceError) as plain:
             load_trace_text(text, max_tokens=max_tokens)
     with pytest.raises(TraceError) as fast:
@@ -430,7 +439,7 @@ def test_past_the_bounds_no_token_line_is_read_ahead(monkeypatch: pytest.MonkeyP
         _same_either_way(text, monkeypatch)
     for max_tokens in (2 * N, 3 * N):
         with monkeypatch.context() as m:
-            m.setattr(composer, "_TOKEN_LINES_MIN", 1 << 62)
+            _plain_way(m)
             try:
                 want: object = load_trace_text(text, max_tokens=max_tokens)
             except TraceError as e:
@@ -458,7 +467,7 @@ def test_a_run_longer_than_its_bound_is_read_as_runs_of_its_own(
     text = HEAD + _decode(most + 76)
     lines = _read_all(text, 1 << 30)
     assert lines is not None
-    assert [len(run) for _, run in lines.runs.values()] == [most, 76]
+    assert [len(run) for _, run, _ in lines.runs.values()] == [most, 76]
     assert _same_either_way(text, monkeypatch)
 
 
@@ -604,3 +613,272 @@ def test_a_yaml_error_near_the_top_is_found_before_the_rest_is_read(
     furthest = _furthest_read(monkeypatch)
     _same_either_way(text, monkeypatch)
     assert furthest and max(furthest) <= 2 * composer._CHUNK < len(text)
+
+
+# --- op lines: composed from the text, read in one step (`Composer.op_run`,
+# `OpsWalk.plain_op`) -----------------------------------------------------------------
+
+# op lines among others (n_seq_max 4, kv_size 64), and whether the walk reads each in
+# one step; every one is an op line to the composer (`op_mapping`)
+OP_LINES = [
+    ("decode: {seq: 0, pos: 5}", True),
+    ("decode: {pos: 5, seq: 3}", True),
+    ("decode: {seq: -0, pos: -0}", True),
+    ("decode: {seq: 0, pos: 0..4}", True),
+    ("decode: {pos: 60..64, seq: 2}", True),
+    ("decode: {seq: 0, pos: 0..64}", True),  # as many tokens as the stream has cells
+    ("decode: {seq: 0, pos: 0..65}", False),  # more: kept unbuilt, a Span
+    (f"decode: {{seq: 0, pos: {POS_LIMIT - 1}}}", True),
+    (f"decode: {{seq: 0, pos: {POS_LIMIT - 2}..{POS_LIMIT}}}", True),
+    (f"decode: {{seq: 0, pos: {POS_LIMIT}}}", False),
+    (f"decode: {{seq: 0, pos: {POS_LIMIT - 2}..{POS_LIMIT + 1}}}", False),
+    ("decode: {seq: 0, pos: 1234567890123456}", False),
+    ("decode: {seq: 0, pos: 4..4}", False),
+    ("decode: {seq: 0, pos: 5..4}", False),
+    ("decode: {seq: 0, pos: -1..4}", False),
+    ("decode: {seq: 4, pos: 5}", False),
+    ("decode: {seq: -1, pos: 5}", False),
+    ("decode: {seq: 0..1, pos: 5}", False),
+    ("decode: {seq: 0, pos: 5, cell: 3}", False),
+    ("decode: {seq: 0}", False),
+    ("decode: {seq: 0, seq: 1}", False),
+    ("decode: {pos: 5, pos: 6}", False),
+    ("decode: {sq: 0, pos: 5}", False),
+    ("seq_rm: {seq: 0, p0: 5}", True),
+    ("seq_rm: {seq: -1}", True),
+    ("seq_rm: {p1: -1, seq: 0, p0: 5}", True),
+    ("seq_rm: {seq: 0, p0: 2147483647}", True),
+    ("seq_rm: {seq: 0, p0: 2147483648}", False),
+    ("seq_rm: {seq: 0, p0: -2}", False),
+    ("seq_rm: {seq: 4}", False),
+    ("seq_rm: {p0: 5}", False),
+    ("seq_rm: {seq: 0, p0: 5, p0: 6}", False),
+    ("seq_rm: {seq: 0, p2: 5}", False),
+    ("seq_rm: {seq: 0, p0: 1..2}", False),
+    ("seq_rm: {y: 0}", False),  # a bool key
+    ("seq_rm: {seq: 0, null: 1}", False),  # a null key
+    ("seq_cp: {src: 0, dst: 1}", True),
+    ("seq_cp: {src: 0, dst: -1}", False),
+    ("seq_keep: {seq: 3}", True),
+    ("seq_add: {seq: 0, p0: 0, p1: 8, shift: -4}", True),
+    ("seq_add: {seq: 0, shift: -2147483648}", True),
+    ("seq_add: {seq: 0, shift: -2147483649}", False),
+    ("seq_div: {seq: 0, d: 2}", True),
+    ("seq_div: {seq: 0, d: 0}", False),
+    ("state_drop: {seq: -1}", True),
+    ("state_write: {seq: 0, slot: 1}", False),  # a slot is a string
+    ("clear: {seq: 1}", False),
+    ("note: {seq: 1}", False),
+    ("expect: {n_new: 1, ubatch: -1}", True),
+    ("expect: {n_new: -1}", False),
+    ("expect: {n_new: 1, findings: 1}", False),
+    ("seq_rmm: {seq: 0}", False),
+    ("y: {seq: 0}", False),  # a bool name
+    ("null: {seq: 0}", False),
+]
+
+
+def _op_lines_trace(*items: str, indent: int = 2) -> str:
+    """A trace whose ops are op lines alone: a plain decode, the items, a plain seq_rm."""
+    pad = " " * indent
+    return ("kpool_trace: 1\nname: t\ncache: {kv_size: 64, kpool: 4, n_seq_max: 4}\nops:\n"
+            + "".join(f"{pad}- {it}\n" for it in ("decode: {seq: 1, pos: 0}", *items,
+                                                  "seq_rm: {seq: 1, p0: 0}")))
+
+
+def _op_lines_outcome(text: str, monkeypatch: pytest.MonkeyPatch, fast: bool,
+                      max_tokens: int | None = None):
+    """`_ops_outcome` of the op lines' one step."""
+    return _ops_outcome(text, monkeypatch, fast, max_tokens, "plain_op")
+
+
+@pytest.mark.parametrize(("item", "plain"), OP_LINES, ids=[d for d, _ in OP_LINES])
+def test_an_op_line_reads_as_the_walk_reads_it(item: str, plain: bool,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Composed from the text, an op line is the nodes libyaml's events make; read in
+    one step, it is the op (or the problems), nodes visited and tokens counted the
+    walk field by field gives; the one step takes the plain forms alone (the lines
+    around the item are plain: three are read when the item is)."""
+    text = _op_lines_trace(item)
+    with monkeypatch.context() as m:
+        m.setattr(composer, "_OP_LINES_MIN", 1)
+        assert _same_either_way(text, m)  # composed from the op lines
+    fast, fast_seen, taken = _op_lines_outcome(text, monkeypatch, True)
+    slow, slow_seen, none = _op_lines_outcome(text, monkeypatch, False)
+    assert fast == slow
+    assert fast_seen == slow_seen and fast_seen
+    assert none == 0 and taken == 2 + plain
+
+
+def test_op_lines_at_the_bounds_are_refused_where_the_walk_refuses_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range decode and plain steps under every bound on tokens around them, and
+    under every bound on nodes visited from before the first line to past the last:
+    the same trace or the same problems, one step or field by field."""
+    text = _op_lines_trace("decode: {seq: 0, pos: 0..5}", "seq_rm: {seq: 0, p0: 3}",
+                           "decode: {seq: 0, pos: 3}")
+    outcomes = set()
+    for max_tokens in range(4, 10):
+        fast = _op_lines_outcome(text, monkeypatch, True, max_tokens)
+        assert fast[:2] == _op_lines_outcome(text, monkeypatch, False, max_tokens)[:2]
+        outcomes.add(isinstance(fast[0], list))
+    assert outcomes == {True, False}  # refused below 7 tokens, read from 7
+    visits = _op_lines_outcome(text, monkeypatch, False)[1][0][0]
+    import kpool_cli.trace.yaml_safe.limits as limits
+    for bound in range(visits - 30, visits + 2):
+        monkeypatch.setattr(limits, "MAX_NODE_VISITS", bound)
+        assert (_op_lines_outcome(text, monkeypatch, True)[0]
+                == _op_lines_outcome(text, monkeypatch, False)[0]), bound
+
+
+M = composer._OP_LINES_MIN
+_STEPS = "".join(f"  - decode: {{seq: 0, pos: {4 * i}..{4 * i + 4}}}\n"
+                 f"  - seq_rm: {{seq: 0, p0: {4 * i + 2}}}\n" for i in range(M))
+
+# a trace of op lines, each twisted so that some line that looks like an op line is
+# none (or the file is refused): the plain way's result, or its problems, either way
+OP_TWISTS = {
+    "block scalar": HEAD.replace("ops:\n", "note: |\n" + _STEPS.replace("  - ", "    - ")
+                                 + "ops:\n") + "  - decode: {seq: 0, pos: 0}\n",
+    "quoted": HEAD.replace("ops:\n", 'note: "a\n' + _STEPS + '  b"\nops:\n')
+    + "  - decode: {seq: 0, pos: 0}\n",
+    "continued": HEAD + _STEPS + "      more\n",
+    "as tokens": HEAD + "  - decode:\n      tokens:\n" + _STEPS.replace("  - ", "        - "),
+    "as a pos list": HEAD + "  - decode:\n      seq: 0\n      pos:\n" + _STEPS,
+    "under another key": "x:\n" + _STEPS + HEAD,
+    "comment": HEAD + _STEPS.replace("p0: 6}\n", "p0: 6}  # c\n"),
+    "comment line": HEAD + _STEPS.replace("p0: 6}\n", "p0: 6}\n  # c\n"),
+    "tab after": HEAD + _STEPS + "   \t\n",
+    "indented more": HEAD + _STEPS.replace("p0: 6}\n  -", "p0: 6}\n   -"),
+    "crlf": (HEAD + _STEPS).replace("\n", "\r\n"),
+    "among token lines": HEAD + _STEPS + _decode(N) + _STEPS,
+    "out of range": HEAD + _STEPS.replace("p0: 6}", "p0: -6}").replace("seq: 0, pos: 8.",
+                                                                       "seq: 9, pos: 8."),
+    "two documents": HEAD + _STEPS + "---\nx: 1\n",
+    "unknown op": HEAD + _STEPS.replace("seq_rm: {seq: 0, p0: 6}", "seq_rn: {seq: 0, p0: 6}"),
+    "at column 0": HEAD + _STEPS.replace("  - ", "- "),
+}
+
+
+@pytest.mark.parametrize("name", list(OP_TWISTS))
+def test_an_op_line_that_is_no_op_item_is_read_the_plain_way(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _same_either_way(OP_TWISTS[name], monkeypatch)
+
+
+def test_a_generated_trace_is_composed_from_its_op_lines(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """W3's shape (range decodes and seq_rm, `benchmarks/bench_workloads.py`): every
+    op line taken, in runs of at most `_RUN_MOST`, the same trace as the plain way."""
+    text = HEAD + _STEPS * 3
+    assert _same_either_way(text, monkeypatch)
+    lines = _read_all(text, 1 << 30)
+    assert lines is not None
+    runs = list(lines.runs.values())
+    assert all(is_op for _, _, is_op in runs)
+    assert [len(run) for _, run, _ in runs] == [composer._RUN_MOST, 6 * M - composer._RUN_MOST]
+    t = load_trace_text(text)
+    assert [(op.tokens[0].pos, len(op.tokens)) for op in t.ops[:3:2]] == [(0, 4), (4, 4)]
+    assert t.ops[1].p0 == 2  # type: ignore[union-attr]
+
+
+def test_op_lines_past_the_bounds_are_refused_as_the_plain_way_refuses_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that crosses the bound on ops, on nodes or on depth falls back: refused
+    at the node the plain way names, or composed alike; more op lines than the
+    bounds allow are not scanned at all."""
+    import kpool_cli.trace.yaml_safe.limits as limits
+    text = HEAD + _STEPS
+    for bound in (M, 2 * M - 1, 2 * M, 2 * M + 1):
+        with monkeypatch.context() as m:
+            m.setattr(limits, "MAX_OPS", bound)
+            _same_either_way(text, m)
+    nodes = 10 + 7 * 2 * M  # the head's, then each line's
+    for bound in range(nodes - 12, nodes + 4):
+        with monkeypatch.context() as m:
+            m.setattr(limits, "MAX_NODE_VISITS", bound)
+            _same_either_way(text, m)
+    with monkeypatch.context() as m:
+        m.setattr(limits, "MAX_DEPTH", 3)
+        _same_either_way(text, m)
+    with monkeypatch.context() as m:
+        m.setattr(limits, "MAX_OPS", 2 * M - 1)
+        assert composer._token_lines(text, 1 << 30) is None
+        m.setattr(limits, "MAX_OPS", 2 * M + 1)  # `: {` in the cache's line too
+        assert composer._token_lines(text, 1 << 30) is not None
+
+
+_OP_LINE_MIX = st.sampled_from([
+    "  - decode: {seq: 0, pos: 1}", "  - decode: {seq: 0, pos: 1..3}", "  - seq_rm: {seq: 0}",
+    "  - seq_rm: {seq: 9, p0: 1}", "   - seq_rm: {seq: 0}", "- seq_rm: {seq: 0}",
+    "  - seq_rm: {seq: 0} ", "  - seq_rm:  {seq: 0}", "  - seq_rm: {seq: 0,p0: 1}",
+    "  - y: {n: 1}", "  - note: |", "  - note: 'a", "    b'", "  # c", "",
+    "  - decode:", "      tokens:", "        - {pos: 2, seq: 0}", "      - seq_rm: {seq: 0}",
+    "\t- seq_rm: {seq: 0}", "  - seq_cp: {src: 0, dst: 1}", "  - clear:",
+])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_OP_LINE_MIX, max_size=40), st.integers(0, 3))
+def test_any_mixture_of_op_lines_composes_as_the_plain_way_composes_it(
+        mix: list[str], where: int) -> None:
+    """Op lines among near misses, token lines and the constructs that swallow lines:
+    the same tree or problems either way (both kinds' bounds lowered to 1, so that
+    the text is always tried from its runs first)."""
+    lines = (HEAD + _STEPS[:200]).split("\n")
+    lines[len(lines) * where // 4:len(lines) * where // 4] = mix
+    text = "\n".join(lines)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(composer, "_TOKEN_LINES_MIN", 1)
+        m.setattr(composer, "_OP_LINES_MIN", 1)
+        _same_either_way(text, m)
+
+
+def test_a_run_past_the_room_left_in_ops_is_refused_as_the_plain_way_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops that are no op lines before a run: the text holds few enough op lines for
+    the bound on ops, but the run crosses it, at the op the plain way names."""
+    import kpool_cli.trace.yaml_safe.limits as limits
+    text = HEAD + "  - clear:\n" * 10 + _STEPS
+    for bound in (2 * M + 1, 2 * M + 9, 2 * M + 10):
+        with monkeypatch.context() as m:
+            m.setattr(limits, "MAX_OPS", bound)
+            assert composer._token_lines(text, 1 << 30) is not None
+            assert _tried(text, m)
+            _same_either_way(text, m)
+
+
+def test_an_op_line_past_the_walks_bound_on_visits_is_refused_where_the_walk_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's own bound on nodes visited (the composer's is the same, and refuses
+    first on a file: here the nodes are composed under a higher one), falling before,
+    inside and after each op line: the same trace or problems, one step or field by
+    field."""
+    import kpool_cli.trace.yaml_safe.limits as limits
+    from kpool_cli.trace.load import walk
+    from kpool_cli.trace.yaml_safe import Stop
+
+    text = _op_lines_trace("decode: {seq: 0, pos: 0..5}", "seq_rm: {seq: 0, p0: 3}")
+    monkeypatch.setattr(composer, "_OP_LINES_MIN", 1)
+    root = composer.compose(text, "t.yaml", 1 << 40, SHAPE)
+
+    def walked(bound: int, fast: bool) -> object:
+        with monkeypatch.context() as m:
+            m.setattr(limits, "MAX_NODE_VISITS", bound)
+            if not fast:
+                m.setattr(OpsWalk, "plain_op", lambda self, item: None)
+            w = walk._Walker("t.yaml")
+            try:
+                got: object = w.trace(root, "0" * 64)
+            except Stop:  # the walk stopped at the bound, as the loader sees it
+                got = "stopped"
+            return got, sorted((p.line, p.column, p.message) for p in w.problems)
+
+    full = walk._Walker("t.yaml")
+    assert full.trace(root, "0" * 64) is not None
+    refused = 0
+    for bound in range(full.visits - 30, full.visits + 2):
+        fast = walked(bound, True)
+        assert fast == walked(bound, False), bound
+        refused += bool(fast[1])
+    assert refused == 30  # refused below the visits the walk makes, read at them

@@ -24,9 +24,10 @@ Invariants of a decode read:
   whose tokens' sequence sets are equal or disjoint (split_equal's ubatches).
 - The plain forms a recorder or generator writes most (a token `{pos: P, seq: S}`,
   `plain_token_of`; a decode step `- decode: {seq: S, pos: P}`, ops.py
-  `OpsWalk.plain_decode`) are read in one step, with the same result, count and
-  nodes visited as the walk field by field (tests/test_load_fast.py); anything
-  else is read the general way.
+  `OpsWalk.plain_decode`; an op line's decode of one position or a range,
+  `line_decode`) are read in one step, with the same result, count and nodes
+  visited as the walk field by field (tests/test_load_fast.py); anything else is
+  read the general way.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from kpool_cli.trace.format import (
 from kpool_cli.trace.model import Decode, Loc, Span, Token
 from kpool_cli.trace.yaml_safe import (
     DECIMAL,
+    INT,
     MAP,
     NUMBER_LIKE,
     STR,
@@ -157,6 +159,41 @@ class DecodeWalk(FieldReader):
         if len(self.problems) != before:
             return None
         return Decode(tokens=tuple(t.token for t in toks), ubatches=ubatches, loc=loc)  # type: ignore[misc]
+
+    def line_decode(self, fields: tuple[tuple[str, str, str, str], ...], loc: Loc
+                    ) -> Decode | None:
+        """The decode of an op line's texts (ops.py `OpsWalk.plain_op`) when it is the
+        shorthand `{seq: S, pos: P}` or `{seq: S, pos: A..B}` (the keys in either
+        order), S and P (A and B) plain decimal in range, a range no longer than its
+        stream (a longer one is kept unbuilt: `beyond_the_stream`), of tokens within
+        the bound: its tokens, counted. None for any other, nothing counted."""
+        if len(fields) != 2:
+            return None
+        (k0, t0, v0, vt0), (k1, t1, v1, vt1) = fields
+        if t0 != STR or t1 != STR or {k0, k1} != {"seq", "pos"}:
+            return None
+        (seq_text, seq_tag), (pos_text, pos_tag) = ((v0, vt0), (v1, vt1)) if k0 == "seq" \
+            else ((v1, vt1), (v0, vt0))
+        seq = decimal_int(seq_text) if seq_tag == INT else None
+        if seq is None or not 0 <= seq <= self.seq_hi():
+            return None
+        if pos_tag == INT:
+            a = decimal_int(pos_text)
+            if a is None or not _POS_LO <= a <= _POS_HI:
+                return None
+            b = a + 1
+        elif pos_tag == STR:
+            first, _, last = pos_text.partition("..")
+            a, b = decimal_int(first), decimal_int(last)  # type: ignore[assignment]
+            if (a is None or b is None or not 0 <= a < b <= POS_LIMIT
+                    or self.beyond_the_stream(b - a, seq)):
+                return None
+        else:
+            return None
+        if self.n_tokens + (b - a) > self.max_tokens:
+            return None
+        self.n_tokens += b - a
+        return Decode(tokens=tuple(Token(p, (seq,)) for p in range(a, b)), loc=loc)
 
     def ubatches(
         self, node: Node, f: str

@@ -63,6 +63,11 @@ class FieldReader(NodeReader, ABC):
     def reader(self, fld: Field) -> Parse:
         """The parser of the declared field `fld`, for `NodeReader.fields`."""
 
+    @abstractmethod
+    def plain_bounds(self, fld: Field) -> tuple[int, int] | None:
+        """[lo, hi]: a plain decimal int in it is what the declared field `fld` reads
+        it as, with no problem (its reader's bounds); None when `fld` is no int."""
+
     # -- seq ids, read by every section
 
     def seq_id(self, node: Node, field: str, *, allow_all: bool = False) -> int | None:

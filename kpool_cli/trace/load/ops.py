@@ -18,6 +18,11 @@ Invariants:
 - Every `state_read` names a slot written by an earlier `state_write` (a slot is
   written even if its op is otherwise wrong: no cascade of problems).
 - A position bound (`p0`, `p1`) is a position >= 0, or -1 for no bound.
+- An op line the composer made of the text (`OpMap`) in a plain form is read in one
+  step from its texts (`plain_op`: an op with rules of its own by its `line_<name>`
+  method, the others by their declared ints, `FieldReader.plain_bounds`), with the
+  same op, count and nodes visited as the walk field by field
+  (tests/test_load_fast.py); anything else is read the general way.
 """
 
 from __future__ import annotations
@@ -28,12 +33,15 @@ from collections.abc import Callable
 from kpool_cli.trace.format import BOUND, OP_STATUSES, OPS, POOL, SLOT, Section
 from kpool_cli.trace.model import OP_TYPES, Decode, Loc, Note, Op, StateRead, StateWrite
 from kpool_cli.trace.yaml_safe import (
+    INT,
     MAP,
     STR,
     Map,
     Node,
+    OpMap,
     Scalar,
     clip,
+    decimal_int,
     describe,
     limits,
     quote,
@@ -43,9 +51,10 @@ from kpool_cli.trace.yaml_safe import (
 from .decode import plain_token_of
 from .fields import FieldReader, static_bounds
 
-# the nodes the walk visits in a plain decode item: the item, its key, the mapping,
-# its two keys and their values (`OpsWalk.plain_decode`)
-_PLAIN_DECODE_VISITS = 7
+# the nodes the walk visits in an op item besides its mapping's pairs (a key and a
+# value each): the item, its key, the mapping (`OpsWalk.plain_decode`, `plain_op`)
+_OP_VISITS = 3
+_PLAIN_DECODE_VISITS = _OP_VISITS + 2 * 2
 
 FINDING_CODE = re.compile(r"KP[0-9]{3}", re.ASCII)
 
@@ -83,10 +92,16 @@ class OpsWalk(FieldReader):
     def op(self, item: Node, f: str) -> tuple[str | None, Op | None]:
         """One item of `ops`: a mapping with exactly one key, the op name. Returns the
         op name when it is a known one (even if the op is invalid) and the op. A plain
-        decode step is read in one step (`plain_decode`)."""
-        plain = self.plain_decode(item)
-        if plain is not None:
-            return "decode", plain
+        decode step is read in one step (`plain_decode`), and so is an op line of a
+        plain form (`plain_op`)."""
+        if item.__class__ is OpMap:
+            line = self.plain_op(item)
+            if line is not None:
+                return line
+        else:
+            plain = self.plain_decode(item)
+            if plain is not None:
+                return "decode", plain
         if not self.visit(item, f):
             return None, None
         if not isinstance(item, Map):
@@ -147,6 +162,52 @@ class OpsWalk(FieldReader):
         self.n_tokens += 1
         self.visits += _PLAIN_DECODE_VISITS
         return Decode(tokens=(token,), loc=Loc(self.file, item.line, item.column))
+
+    def plain_op(self, item: OpMap) -> tuple[str, Op] | None:
+        """(its name, the op) of the op line `item` (the composer's `OpMap`) when it is
+        a plain form a generator writes, read in one step from its texts: an op with
+        rules of its own by its `line_<name>` method (a decode's `line_decode`), any
+        other read by its declared fields alone (`op_fields`) when each is there at
+        most once, the required ones are, and each value is a plain decimal int
+        within its field's bounds (`plain_bounds`). None for any other line, which
+        `op` reads the general way, and when reading it so would cross the bound on
+        nodes visited. Either way the op, the tokens counted and the nodes visited
+        are the same (tests/test_load_fast.py)."""
+        name, fields = item.name, item.fields
+        visits = _OP_VISITS + 2 * len(fields)
+        if (item.name_tag != STR or name not in OPS
+                or self.visits + visits > limits.MAX_NODE_VISITS):
+            return None
+        loc = Loc(self.file, item.line, item.column)
+        line: Callable[[tuple[tuple[str, str, str, str], ...], Loc], Op | None] | None = (
+            getattr(self, f"line_{name}", None))
+        if line is not None:
+            op = line(fields, loc)
+        elif hasattr(self, f"op_{name}"):
+            return None
+        else:
+            op = self.plain_fields(OPS[name], fields, loc)
+        if op is None:
+            return None
+        self.visits += visits
+        return name, op
+
+    def plain_fields(self, op: Section, fields: tuple[tuple[str, str, str, str], ...],
+                     loc: Loc) -> Op | None:
+        """`op_fields` of an op line's texts when each is its field's plain decimal
+        int (`plain_op`); None otherwise."""
+        got: dict[str, object] = {}
+        for key, key_tag, value, value_tag in fields:
+            if key_tag != STR or value_tag != INT or key not in op or key in got:
+                return None
+            bounds = self.plain_bounds(op[key])
+            v = decimal_int(value)
+            if bounds is None or v is None or not bounds[0] <= v <= bounds[1]:
+                return None
+            got[key] = v
+        if any(k not in got for k in op.required):
+            return None
+        return OP_TYPES[op.name](loc=loc, **{**op.defaults, **got})
 
     def op_fields(self, op: Section, node: Node, f: str, loc: Loc) -> Op | None:
         """An op that is a mapping of its declared fields, each read by its type; the

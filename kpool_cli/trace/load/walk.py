@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kpool_cli.trace.format import FORMAT_VERSION, TOP, Field
+from kpool_cli.trace.format import BOUND, FORMAT_VERSION, TOP, Field
 from kpool_cli.trace.model import Trace
 from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
 from kpool_cli.versions import VERSIONS, is_registered
 
 from .cache import CacheWalk
 from .decode import DecodeWalk
+from .fields import static_bounds
 from .ops import OpsWalk
 
 
@@ -88,6 +89,11 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
         read = _READ[fld.type.name]
         return lambda node, path: read(self, fld, node, path)
 
+    def plain_bounds(self, fld: Field) -> tuple[int, int] | None:
+        """FieldReader.plain_bounds, by the field's type (`_PLAIN_BOUNDS`)."""
+        bounds = _PLAIN_BOUNDS.get(fld.type.name)
+        return None if bounds is None else bounds(self, fld)
+
 
 # How the walk reads a field of each declared type (`trace.format`): the checks that
 # depend on the cache are in the readers of seq ids and cells.
@@ -108,4 +114,15 @@ _READ: dict[str, Callable[[_Walker, Field, Node, str], Any]] = {
     "findings": lambda w, f, n, p: w.findings(n, p),
     "pools": lambda w, f, n, p: w.pools(n, p),
     "status": lambda w, f, n, p: w.status(n, p),
+}
+
+# Of the types `_READ` reads as ints, the bounds within which its reader takes a plain
+# decimal int as it is (the op lines' one step, ops.py `OpsWalk.plain_op`): an int's
+# declared bounds, a seq id's below the cache's n_seq_max (and -1 where it may be
+# every sequence), a position bound's.
+_PLAIN_BOUNDS: dict[str, Callable[[_Walker, Field], tuple[int, int] | None]] = {
+    "int": lambda w, f: None if f.lo is None or f.hi is None else (f.lo, f.hi),
+    "seq": lambda w, f: (0, w.seq_hi()),
+    "seq_or_all": lambda w, f: (-1, w.seq_hi()),
+    "bound": lambda w, f: static_bounds(BOUND),
 }

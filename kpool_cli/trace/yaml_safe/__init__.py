@@ -8,7 +8,7 @@ One module per part, each with its invariants:
 - `problems`: `Problem` and `TraceError`, located problems, and how a problem quotes
   (`clip`, `quote`, `suggest`, `join`);
 - `text`: `read_trace_file` and `encode_trace_text` (text and hash, bounded);
-- `nodes`: the light nodes `Scalar`/`Seq`/`Map` (and `TokenMap`) and the tags they
+- `nodes`: the light nodes `Scalar`/`Seq`/`Map` (and `TokenMap`, `OpMap`) and the tags they
   carry;
 - `composer`: `compose` (text to light nodes, bounded as it goes; `Shape` says where
   in the document the ops, the cache block, a decode and its token lists are);
@@ -49,7 +49,7 @@ from .limits import (
     MAX_TOKENS,
     check_max_tokens,
 )
-from .nodes import BOOL, BOOLS, MAP, STR, Map, Node, Scalar, Seq, TokenMap, describe
+from .nodes import BOOL, BOOLS, INT, MAP, STR, Map, Node, OpMap, Scalar, Seq, TokenMap, describe
 from .problems import Problem, TraceError, clip, quote, suggest
 from .reader import NodeReader, Parse, Stop
 from .text import encode_trace_text, read_trace_file
@@ -65,6 +65,7 @@ __all__ = [
     "C_TOKENS",
     "C_UBATCHES",
     "DECIMAL",
+    "INT",
     "MAP",
     "MAX_BYTES",
     "MAX_DEPTH",
@@ -80,6 +81,7 @@ __all__ = [
     "Map",
     "Node",
     "NodeReader",
+    "OpMap",
     "Parse",
     "Problem",
     "Scalar",

@@ -13,12 +13,13 @@ Invariants:
   accepts only the standard scalar, list and mapping tags (`!!python/...`,
   `!custom`, `!!set`, merge keys `<<` are problems).
 - The recorder's token lines (`- {pos: P, seq: S}`, one a line: most of a server
-  trace) are composed from the text, not from libyaml's six events each
-  (`_TokenLines`, scanned a chunk at a time as libyaml reads): a run of them from
-  one event, into nodes that read as the very nodes the events make (`TokenMap`),
-  and only when every such run turned out to be items of a token list where its
-  mappings stood; else the text is composed again the plain way, whose result and
-  problems are then the ones given.
+  trace) and a generator's op lines (`- seq_rm: {seq: S, p0: P}`: plain words and
+  decimal values) are composed from the text, not from libyaml's six or more
+  events each (`_TokenLines`, scanned a chunk at a time as libyaml reads): a run of
+  them from one event, into nodes that read as the very nodes the events make
+  (`TokenMap`, `OpMap`), and only when every such run turned out to be items of a
+  token list (of the ops list) where its lines stood; else the text is composed
+  again the plain way, whose result and problems are then the ones given.
 - Every bound of `limits` but the bytes is checked as each node is made (the
   composer stops at the first bound crossed and names the node there: line, column,
   field), so a hostile file is refused after at most the bound's worth of work. A
@@ -51,7 +52,7 @@ from yaml.events import (
 )
 
 from . import limits
-from .nodes import INT, STR, Map, Node, Scalar, Seq, TokenMap, token_mapping
+from .nodes import INT, STR, Map, Node, OpMap, Scalar, Seq, TokenMap, op_mapping, token_mapping
 from .problems import Problem, TraceError, clip, join, quote
 
 # --- YAML composition ---------------------------------------------------------------
@@ -121,37 +122,48 @@ class _Anchor:
     tokens: int = 0
 
 
-# --- the recorder's token lines -----------------------------------------------------
+# --- the recorder's token lines, and op lines ---------------------------------------
 #
 # A server trace is mostly token lines, `- {pos: P, seq: S}` (the form `dump_trace`
 # writes, P and S plain decimal), and libyaml makes six events of each, which cost
-# most of its load. `_TokenLines` is what libyaml reads instead of the text (lines
-# broken by "\n" alone, so that its line numbers are libyaml's): the text with each
-# run of token lines (consecutive lines, one indentation: a decode's tokens) made one
-# line holding a scalar, the placeholder, where the first mapping stood, and blank
+# most of its load; a generated or converted trace is mostly op lines, `- decode:
+# {seq: S, pos: P}`, `- seq_rm: {seq: S, p0: P}` (`op_mapping`: plain words and
+# decimal values), seven events and more each. `_TokenLines` is what libyaml reads
+# instead of the text (lines broken by "\n" alone, so that its line numbers are
+# libyaml's): the text with each run of token lines (consecutive lines, one
+# indentation: a decode's tokens) or of op lines (an ops list's items) made one line
+# holding a scalar, the placeholder, where the first line's mapping stood, and blank
 # lines: one event for the run. It is scanned a chunk at a time as libyaml reads, so
 # a file refused near its top costs what the plain way costs, and only the runs of
 # the last chunks are held. The composer makes, of each placeholder that is an item
-# of a token list at its line and column, the run's nodes (`Composer.token_run`): a
-# `TokenMap` a line, whose pairs are the nodes the mapping's events would have made.
-# The placeholder ends its line, as the mapping did, so what precedes it parses
-# alike, and a block sequence's next items after blank lines are what follows the
-# run; a line that was no token item (inside a block scalar or a quoted string, a
-# more indented line continuing the placeholder) is found out because its
-# placeholder was not taken as one (once libyaml has read `_PARSED_BEHIND` past it,
-# or at the end), and the text is then composed the plain way.
+# of a token list (of the ops list) at its line and column, the run's nodes
+# (`Composer.token_run`, `Composer.op_run`): a `TokenMap` (an `OpMap`) a line, whose
+# pairs are the nodes the mapping's events would have made. The placeholder ends its
+# line, as the mapping did, so what precedes it parses alike, and a block sequence's
+# next items after blank lines are what follows the run; a line that was no such
+# item (inside a block scalar or a quoted string, a more indented line continuing
+# the placeholder, a token line among the ops) is found out because its placeholder
+# was not taken as one (once libyaml has read `_PARSED_BEHIND` past it, or at the
+# end), and the text is then composed the plain way.
 
 
 _TOKEN_MAPPING = re.compile(token_mapping("("))
-# a run: a token line, then every next line that is one at the same indentation, up
-# to `_RUN_MOST` lines (the regex engine keeps a state per repetition: a longer run is
-# the next match's, a run of its own)
+_OP_LINE = re.compile("- " + op_mapping("("))  # an op line's item, from its `- `
+# a run: a token line (an op line), then every next line that is one at the same
+# indentation, up to `_RUN_MOST` lines (the regex engine keeps a state per
+# repetition: a longer run is the next match's, a run of its own); group 1 is a token
+# run, group 3 an op run
 _RUN_MOST = 1024
-_TOKEN_RUN = re.compile(
-    rf"^( *+)- {token_mapping('(?:')}$(?:\n\1- {token_mapping('(?:')}$){{0,{_RUN_MOST - 1}}}",
-    re.M)
-_TOKEN_LINES_MIN = 256  # fewer token lines: the plain way, whatever it saves
+_TOKEN_RUN = (rf"(^( *+)- {token_mapping('(?:')}$"
+              rf"(?:\n\2- {token_mapping('(?:')}$){{0,{_RUN_MOST - 1}}})")
+_OP_RUN = rf"(^( *+)- {op_mapping('(?:')}$(?:\n\4- {op_mapping('(?:')}$){{0,{_RUN_MOST - 1}}})"
+_RUNS = re.compile(f"{_TOKEN_RUN}|{_OP_RUN}", re.M)
+# fewer token lines than this, and fewer op lines than that: the plain way, whatever
+# it saves
+_TOKEN_LINES_MIN = _OP_LINES_MIN = 256
 _TOKEN_LINE_HEAD = "- {pos: "  # in every token line: counted, a bound on how many
+_OP_LINE_HEAD = ": {"  # in every op line
+_OP_NODES = 3  # an op line's item, its name and its mapping, besides two a pair
 _CHUNK = 1 << 16  # the text scanned per read, at least (whole lines)
 # more than libyaml (or PyYAML's reader) holds read and not parsed: its buffers, 64 KiB
 # (and a token's look-ahead, 1,024 characters)
@@ -161,25 +173,29 @@ _PARSED_BEHIND = 1 << 18
 _PLACEHOLDER = "''"
 # line breaks other than "\n" that libyaml counts: with any, line numbers would differ
 _OTHER_BREAKS = ("\r", "\x85", "\u2028", "\u2029")
+# a run read and not yet taken: the column (0-based) of its first mapping (of its
+# first op's name), its lines' P and S (an op line's name and its mapping's inside),
+# and whether it is a run of op lines
+_Run = tuple[int, list[tuple[str, str]], bool]
 
 
 class _TokenLines:
     """What libyaml reads (`read`, a file's) in place of `source`: the text with each
-    run of token lines made its placeholder and blank lines, `_CHUNK` characters of
-    whole lines at a time; and per run read and not yet taken (`runs`, which the
-    composer pops each it takes), by the line of its placeholder (0-based), the
-    column of its mappings' `{` (0-based) and the P and S of each of its lines.
+    run of token lines and of op lines made its placeholder and blank lines, `_CHUNK`
+    characters of whole lines at a time; and per run read and not yet taken (`runs`,
+    which the composer pops each it takes), by the line of its placeholder
+    (0-based), the run (`_Run`).
 
     `read` raises `_NotTokenLines` (libyaml hands it on, and the text is composed the
     plain way) when a run read `_PARSED_BEHIND` characters or more before is still
     not taken: libyaml has parsed past it (its buffers hold less), so it was no
-    token item."""
+    token item (no op item)."""
 
     __slots__ = ("_chunks", "_done", "_line", "runs", "source")
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self.runs: dict[int, tuple[int, list[tuple[str, str]]]] = {}
+        self.runs: dict[int, _Run] = {}
         self._done = 0  # source[:_done] is read
         self._line = 0  # the line at _done (0-based)
         # (where, its line) of the chunks read, from the last at or before
@@ -203,12 +219,14 @@ class _TokenLines:
         cut = text.find("\n", done + _CHUNK) + 1 or len(text)
         parts: list[str] = []
         at, line = done, self._line
-        for m in _TOKEN_RUN.finditer(text, done, cut):
-            start, brace = m.start(), m.end(1) + len("- ")
+        for m in _RUNS.finditer(text, done, cut):
+            is_op = m.start(3) >= 0
+            start, head = m.start(), m.end(4 if is_op else 2) + len("- ")
             line += text.count("\n", at, start)
-            run = _TOKEN_MAPPING.findall(text, brace, m.end())
-            runs[line] = (brace - start, run)
-            parts += (text[at:brace], _PLACEHOLDER, "\n" * (len(run) - 1))
+            run = (_OP_LINE if is_op else _TOKEN_MAPPING).findall(
+                text, head - (len("- ") if is_op else 0), m.end())
+            runs[line] = (head - start, run, is_op)
+            parts += (text[at:head], _PLACEHOLDER, "\n" * (len(run) - 1))
             line += len(run) - 1
             at = m.end()
         parts.append(text[at:cut])
@@ -218,18 +236,23 @@ class _TokenLines:
 
 
 class _NotTokenLines(Exception):
-    """A token line was not what it looked like: compose the text the plain way."""
+    """A token line (an op line) was not what it looked like: compose the text the
+    plain way."""
 
 
 def _token_lines(text: str, most: int) -> _TokenLines | None:
-    """What libyaml reads of `text` with its token lines made runs (`_TokenLines`),
-    when it may have from `_TOKEN_LINES_MIN` to `most` of them (counted by the text
-    every token line holds, `_TOKEN_LINE_HEAD`: at least as many) and no line break
-    but "\n"; else None, the plain way. (More than `most`, a bound of the composer's,
-    and the plain way refuses a trace of them: none is read here, so what this holds
-    stays below the bound's worth.)"""
-    n = text.count(_TOKEN_LINE_HEAD)
-    if not _TOKEN_LINES_MIN <= n <= most or any(b in text for b in _OTHER_BREAKS):
+    """What libyaml reads of `text` with its token lines and op lines made runs
+    (`_TokenLines`), when it may have from `_TOKEN_LINES_MIN` to `most` token lines,
+    or from `_OP_LINES_MIN` op lines (each counted by the text every such line holds,
+    `_TOKEN_LINE_HEAD`, `_OP_LINE_HEAD`: at least as many), and at most `most` token
+    lines and as many op lines as the bounds on ops and nodes allow, and no line
+    break but "\n"; else None, the plain way. (More than `most`, a bound of the
+    composer's, or than those, and the plain way refuses a trace of them: none is
+    read here, so what this holds stays below the bound's worth.)"""
+    n, n_ops = text.count(_TOKEN_LINE_HEAD), text.count(_OP_LINE_HEAD)
+    most_ops = min(limits.MAX_OPS, limits.MAX_NODE_VISITS // (_OP_NODES + 2))
+    if (n > most or n_ops > most_ops or (n < _TOKEN_LINES_MIN and n_ops < _OP_LINES_MIN)
+            or any(b in text for b in _OTHER_BREAKS)):
         return None
     return _TokenLines(text)
 
@@ -345,15 +368,7 @@ class Composer:
             implicit = ev.implicit
             if implicit[0]:
                 hit = self.memo.get(value)
-                if hit is None:
-                    if value.isdigit() and value.isascii() and (value[0] != "0" or value == "0"):
-                        tag = INT  # what the resolver says of plain decimal, sooner
-                    else:
-                        tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
-                    if len(value) <= 16 and len(self.memo) < 4096:
-                        self.memo[value] = (value, tag)
-                else:
-                    value, tag = hit  # the same string object: less memory
+                value, tag = self.plain(value) if hit is None else hit
             else:
                 tag = _RESOLVER.resolve(yaml.nodes.ScalarNode, value, implicit)
         m = ev.start_mark
@@ -363,6 +378,19 @@ class Composer:
         if ev.anchor is not None:
             self.open_anchor(ev, node, context).size = 1
         return node
+
+    def plain(self, value: str) -> tuple[str, str]:
+        """(the text, the tag) of a plain scalar `value`, as PyYAML's safe resolver
+        tags it; a short text is kept (`memo`: its later scalars share the string)."""
+        hit = self.memo.get(value)
+        if hit is None:
+            if value.isdigit() and value.isascii() and (value[0] != "0" or value == "0"):
+                hit = (value, INT)  # what the resolver says of plain decimal, sooner
+            else:
+                hit = (value, _RESOLVER.resolve(yaml.nodes.ScalarNode, value, (True, False)))
+            if len(value) <= 16 and len(self.memo) < 4096:
+                self.memo[value] = hit
+        return hit
 
     def alias(self, ev: Any, context: int) -> Node:
         name = ev.anchor
@@ -426,7 +454,8 @@ class Composer:
         path.append(0)
         at = len(path) - 1
         get, scalar, node_ = self.get, self.scalar, self.node
-        lines = self.lines.runs if tokens and self.lines is not None else None
+        lines = (self.lines.runs if (tokens or context == C_OPS) and self.lines is not None
+                 else None)
         while True:
             e = get()
             if e.__class__ is SequenceEndEvent:
@@ -448,6 +477,11 @@ class Composer:
                     f"a list of more than {limits.MAX_ITEMS:,} items: refusing the trace"
                     " (no list of a trace but ops and a decode's tokens is that long)"
                 ))
+            elif lines is not None and e.__class__ is ScalarEvent:  # an op's, in `ops`
+                ops = self.op_run(e, lines, cap - n)
+                if ops is not None:
+                    items += ops
+                    continue
             items.append(scalar(e, item_context) if e.__class__ is ScalarEvent
                          else node_(e, item_context))
         path.pop()
@@ -455,30 +489,72 @@ class Composer:
             anchor.size, anchor.tokens = self.nodes - nodes0, self.tokens - tokens0
         return node
 
-    def token_run(self, ev: Any, runs: dict[int, tuple[int, list[tuple[str, str]]]]
-                  ) -> list[TokenMap] | None:
+    def taken(self, ev: Any, runs: dict[int, _Run], ops: bool
+              ) -> tuple[int, list[tuple[str, str]]] | None:
+        """The run (its column, its lines) whose placeholder is the scalar `ev`, an item
+        of a token list (of `ops` when `ops`), taken off the runs; None when no run's
+        placeholder is on its line. `_NotTokenLines` when `ev` is not its run's
+        placeholder, or the run is of the other kind (a token line among the ops)."""
+        m = ev.start_mark
+        got = runs.pop(m.line, None)
+        if got is None:
+            return None
+        column, run, is_op = got
+        if (is_op is not ops or m.column != column or ev.value != "" or ev.style != "'"
+                or ev.tag is not None or ev.anchor is not None):
+            raise _NotTokenLines
+        return column, run
+
+    def token_run(self, ev: Any, runs: dict[int, _Run]) -> list[TokenMap] | None:
         """The nodes of the run of token lines whose placeholder is the scalar `ev`,
         an item of a token list (counted as one token already), when it is one
         (`_TokenLines`): a `TokenMap` a line; None off the runs. `_NotTokenLines`
         when `ev` is not its run's placeholder, or the run would cross a bound (the
         plain way then refuses the trace, where it does)."""
-        m = ev.start_mark
-        got = runs.pop(m.line, None)
+        got = self.taken(ev, runs, False)
         if got is None:
             return None
-        if self.depth + 1 > limits.MAX_DEPTH:  # a TokenMap is a collection a level down
-            raise _NotTokenLines
         column, run = got
-        if (m.column != column or ev.value != "" or ev.style != "'" or ev.tag is not None
-                or ev.anchor is not None or self.nodes + 5 * len(run) > self.node_limit):
+        # a TokenMap is a collection a level down
+        if self.depth + 1 > limits.MAX_DEPTH or self.nodes + 5 * len(run) > self.node_limit:
             raise _NotTokenLines
         try:
             self.count_token(ev, len(run) - 1)
         except _Refused:
             raise _NotTokenLines from None
         self.nodes += 5 * len(run)
-        line, column = m.line + 1, column + 1
+        line, column = ev.start_mark.line + 1, column + 1
         return [TokenMap(p, s, line + i, column) for i, (p, s) in enumerate(run)]
+
+    def op_run(self, ev: Any, runs: dict[int, _Run], room: int) -> list[OpMap] | None:
+        """The nodes of the run of op lines whose placeholder is the scalar `ev`, an
+        item of `ops` with room for `room` more, when it is one (`_TokenLines`): an
+        `OpMap` a line, each name, key and value tagged as `scalar` tags them; None
+        off the runs. `_NotTokenLines` when `ev` is not its run's placeholder, or the
+        run would cross a bound (the plain way then refuses the trace, where it
+        does)."""
+        got = self.taken(ev, runs, True)
+        if got is None:
+            return None
+        column, run = got
+        # an op's item is a collection a level down, its mapping two
+        if self.depth + 2 > limits.MAX_DEPTH or len(run) > room:
+            raise _NotTokenLines
+        plain = self.plain
+        line, column = ev.start_mark.line + 1, column + 1
+        out: list[OpMap] = []
+        nodes = 0
+        for i, (name, inside) in enumerate(run):
+            fields = tuple((*plain(k), *plain(v)) for k, v in (
+                pair.split(": ") for pair in inside.split(", ")))
+            nodes += _OP_NODES + 2 * len(fields)
+            out.append(OpMap(*plain(name), fields, line + i, column))
+        if self.nodes + nodes > self.node_limit:
+            raise _NotTokenLines
+        # (a decode's mapping sets `decode_tokens` to 0 as it starts: an op line holds
+        # no token list, and the next decode's sets it again)
+        self.nodes += nodes
+        return out
 
     def mapping(self, ev: Any, context: int) -> Map:
         nodes0, tokens0 = self.nodes, self.tokens

@@ -114,6 +114,60 @@ class TokenMap(Map):
         self._pairs = pairs
 
 
+# an op line's item as the writer gives it, `NAME: {KEY: VALUE, ...}`: plain words
+# and values (a decimal int, maybe negative, or two joined by `..`), single spaces;
+# `OpMap` places its nodes by it
+_OP_WORD = r"[a-z][a-z0-9_]{0,31}"
+_OP_VALUE = r"-?(?:0|[1-9][0-9]{0,15})(?:\.\.(?:0|[1-9][0-9]{0,15}))?"
+OP_PAIRS_MOST = 8  # pairs in an op line's mapping (an op declares at most 7 fields)
+_OP_PAIR = rf"{_OP_WORD}: {_OP_VALUE}"
+
+
+def op_mapping(group: str) -> str:
+    """The regex of an op line's item, `NAME: {K: V, ...}` (`OP_PAIRS_MOST` pairs at
+    most), its name and its mapping's inside each in a `group` (`(` to capture them,
+    `(?:` not)."""
+    return (rf"{group}{_OP_WORD}): \{{{group}{_OP_PAIR}(?:, {_OP_PAIR})"
+            rf"{{0,{OP_PAIRS_MOST - 1}}})\}}")
+
+
+class OpMap(Map):
+    """The item of an op line, `NAME: {K: V, ...}` (`op_mapping`; the composer's
+    `_TokenLines`): a `Map` whose pair, the name and its mapping, and the mapping's
+    pairs are made when first read, the very nodes the events make. `name` and
+    `fields` hold the texts and their tags (`fields`: (key, its tag, value, its tag)
+    a pair), so that a reader of the plain forms takes them without the nodes."""
+
+    __slots__ = ("_pairs", "fields", "name", "name_tag")
+
+    def __init__(self, name: str, name_tag: str, fields: tuple[tuple[str, str, str, str], ...],
+                 line: int, column: int) -> None:
+        # Map.__init__ is not called: `value` is the property below
+        self.tag, self.line, self.column = MAP, line, column
+        self.name, self.name_tag, self.fields = name, name_tag, fields
+        self._pairs: list[tuple[Node, Node]] | None = None
+
+    @property
+    def value(self) -> list[tuple[Node, Node]]:
+        if self._pairs is None:
+            n = self.line
+            brace = self.column + len(self.name) + len(": ")  # the `{`'s column
+            c = brace + 1  # the first key's
+            pairs: list[tuple[Node, Node]] = []
+            for key, key_tag, value, value_tag in self.fields:
+                c_value = c + len(key) + len(": ")
+                pairs.append((Scalar(key_tag, key, n, c, True),
+                               Scalar(value_tag, value, n, c_value, True)))
+                c = c_value + len(value) + len(", ")
+            self._pairs = [(Scalar(self.name_tag, self.name, n, self.column, True),
+                            Map(MAP, pairs, n, brace))]
+        return self._pairs
+
+    @value.setter  # Map's `value` is writable: a subclass keeps it so
+    def value(self, pairs: list[tuple[Node, Node]]) -> None:
+        self._pairs = pairs
+
+
 Node = Scalar | Seq | Map
 
 

@@ -38,6 +38,7 @@ from .nodes import (
     TIMESTAMP,
     Map,
     Node,
+    OpMap,
     Scalar,
     Seq,
     TokenMap,
@@ -66,6 +67,7 @@ _ALLOWED_TAGS: dict[type, frozenset[str]] = {
     Seq: frozenset({SEQ}),
     Map: frozenset({MAP}),
     TokenMap: frozenset({MAP}),
+    OpMap: frozenset({MAP}),
 }
 _NUMBER_LIKE_TAGS = frozenset({STR, FLOAT, TIMESTAMP})
 
