@@ -4,8 +4,9 @@ jitted, and the decorator the compiled core's kernels use.
 Layer 1 (docs/ARCHITECTURE.md): it holds signals while numba loads.
 
 Owns: `cache_for` (the choice, per kernel file), `cache_loads_only` (loading a
-cached kernel without numba's refresh of its whole target context), `kernel` and
-`inner`. Imported only by
+cached kernel without numba's refresh of its whole target context, nor its
+plug-ins), numba's plug-in discovery imported when it first runs
+(`_plugins_when_compiling`), `kernel` and `inner`. Imported only by
 modules that hold numba kernels (backend/kernels.py, compiled/kernels.py), so a
 command that runs none never imports numba.
 
@@ -24,16 +25,63 @@ results). `cache_for` says which: "numba" (numba's own place), a directory, or "
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import stat
 import sys
 import tempfile
+import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-import numba
-
 from .signals import masked
+
+_PLUGINS = "numba.core.entrypoints"
+
+
+def _plugins_when_compiling() -> types.ModuleType | None:
+    """numba's plug-in discovery (`numba.core.entrypoints`), imported when it is first
+    run rather than with numba.
+
+    numba imports it as it is imported, and it imports `importlib.metadata` (with
+    email, zipfile and csv: 25-40 ms of every replay that loads a kernel) to find the
+    packages' `numba_extensions` entry points, which it runs before each compilation
+    and each load of a cached kernel. Loading machine code needs no plug-in (one that
+    mattered to a kernel's types was there when it was compiled); a compilation runs
+    them as ever, from the target context's refresh (`cache_loads_only`). So a stand-in
+    takes the module's place until `init_all` is first called, which imports the real
+    module and runs it. Returns the stand-in; None when numba was imported before
+    (then nothing is changed)."""
+    if "numba" in sys.modules or _PLUGINS in sys.modules:
+        return None
+    stand_in = types.ModuleType(_PLUGINS, "numba's plug-in discovery, imported on first use "
+                                "(kpool_cli/jit.py)")
+
+    def real() -> Any:
+        """The module itself, in the stand-in's place from now on."""
+        if sys.modules.get(_PLUGINS) is stand_in:
+            del sys.modules[_PLUGINS]
+        module = importlib.import_module(_PLUGINS)
+        numba_core: Any = sys.modules["numba.core"]
+        numba_core.entrypoints = module
+        return module
+
+    def init_all() -> None:
+        real().init_all()
+
+    # `init_all` runs them; any other name (PEP 562) is the module's own
+    vars(stand_in).update(init_all=init_all, __getattr__=lambda name: getattr(real(), name))
+    sys.modules[_PLUGINS] = stand_in
+    return stand_in
+
+
+_stand_in = _plugins_when_compiling()
+
+import numba  # noqa: E402 - after the stand-in, which numba's import takes
+
+if _stand_in is not None and "entrypoints" not in vars(numba.core):
+    # the import system binds a submodule to its package only when it loads it
+    vars(numba.core)["entrypoints"] = _stand_in
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -115,18 +163,25 @@ def cache_loads_only() -> Iterator[bool]:
     but the runtime (NRT), which every kernel's arrays use (their reference counts,
     a view returned), and which this starts itself. A
     function that is not in the cache is compiled as ever: numba's compiler refreshes
-    the context itself first, so what a compilation sees is unchanged. Yields whether
-    the load was replaced: not when this numba lacks the methods it relies on (every
-    load then refreshes, as numba does); the original is back once the block ends."""
+    the context itself first, so what a compilation sees is unchanged. Nor does a load
+    run the packages' numba plug-ins (`_compilation_chain_init_hook`, which numba
+    runs before any compilation or load): a compilation runs them from that refresh.
+    Yields whether the load was replaced: not when this numba lacks the methods it
+    relies on (every load then refreshes, as numba does); the originals are back
+    once the block ends."""
     from numba.core import caching
     from numba.core.runtime import nrt
 
     cache: Any = caching.Cache  # private methods: no stubs know them
     original = cache.__dict__.get("load_overload")
-    if original is None or not all(hasattr(cache, name) for name in (
+    # the dispatcher class that runs the plug-ins before a compilation or a load
+    hooked: Any = next((c for c in numba.core.dispatcher.Dispatcher.__mro__
+                        if "_compilation_chain_init_hook" in c.__dict__), None)
+    if original is None or hooked is None or not all(hasattr(cache, name) for name in (
             "_load_overload", "_guard_against_spurious_io_errors")):
         yield False
         return
+    hook = hooked.__dict__["_compilation_chain_init_hook"]
 
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
         nrt.rtsys.initialize(target_context)  # all a loaded kernel needs of the refresh
@@ -134,10 +189,14 @@ def cache_loads_only() -> Iterator[bool]:
             return self._load_overload(sig, target_context)
 
     cache.load_overload = load_overload
+    # numba runs the packages' plug-ins before a load too: a compilation runs them
+    # from the refresh (`_plugins_when_compiling`)
+    hooked._compilation_chain_init_hook = lambda self: None
     try:
         yield True
     finally:
         cache.load_overload = original
+        hooked._compilation_chain_init_hook = hook
 
 
 def inner(fn: F) -> F:

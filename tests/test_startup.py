@@ -47,7 +47,8 @@ except SystemExit as e:
 print(json.dumps({"code": code, "modules": sorted(m for m in sys.modules
                                                    if m.split(".")[0] in ("numba", "numpy",
                                                    "yaml", "rich", "multiprocessing",
-                                                   "kpool_cli"))}), file=sys.__stderr__)
+                                                   "kpool_cli", "importlib"))}),
+      file=sys.__stderr__)
 """
 
 
@@ -104,6 +105,9 @@ def test_a_compiled_replay_loads_no_array_library(trace: str, tmp_path: Path) ->
     assert code in (0, 1)
     assert "kpool_cli.compiled.kernels" in modules
     assert "numba.np.arrayobj" not in modules
+    # nor numba's plug-in discovery, which imports importlib.metadata: a load runs no
+    # plug-in (jit.py `_plugins_when_compiling`)
+    assert "importlib.metadata" not in modules
 
 
 def test_a_text_replay_into_a_file_imports_no_rich(tmp_path: Path) -> None:
@@ -237,6 +241,54 @@ def test_cache_loads_only_compiles_a_miss_and_loads_a_hit(tmp_path: Path) -> Non
     for r in runs:
         assert r.returncode == 0, r.stderr[-3000:]
     assert [r.stdout.split() for r in runs] == [["0", "1"], ["1", "0"]]
+
+
+_PLUGIN = """
+import pathlib
+pathlib.Path(__file__).with_name("ran").open("a").write("plug-in\\n")
+def init():
+    pathlib.Path(__file__).with_name("ran").open("a").write("init\\n")
+"""
+
+_PLUGGED = '''
+import sys
+import kpool_cli.jit  # first, as kpool's kernel modules import it: numba after it
+import numba
+from kpool_cli.jit import cache_loads_only, kernel
+
+def triple(a):
+    return a * 3
+
+with cache_loads_only():
+    k = numba.njit("i8(i8)", cache=True)(triple)
+print(k(14), "importlib.metadata" in sys.modules)
+'''
+
+
+def test_a_kernel_load_runs_no_numba_plug_in_and_a_compilation_does(tmp_path: Path) -> None:
+    """A package's numba plug-in (a `numba_extensions` entry point `init`): a kernel
+    compiled under `cache_loads_only` (a cache miss) runs it, as numba does; the next
+    process loads the kernel and neither runs it nor imports `importlib.metadata`,
+    and the kernel computes the same."""
+    site = tmp_path / "site"
+    (site / "plug").mkdir(parents=True)
+    (site / "plug" / "__init__.py").write_text(_PLUGIN)
+    info = site / "plug-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: plug\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[numba_extensions]\ninit = plug:init\n")
+    script = tmp_path / "plugged.py"
+    script.write_text(_PLUGGED)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    ran = site / "plug" / "ran"
+    outs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append((r.stdout.split(), ran.read_text() if ran.exists() else ""))
+    assert outs == [(["42", "True"], "plug-in\ninit\n"), (["42", "False"], "plug-in\ninit\n")]
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8, np.intp])
