@@ -45,9 +45,9 @@ Where the compiled kernels are cached: `kpool_cli/jit.py` decides (`CACHE`).
 
 Loading the cached kernels: each kernel's first call loads it under
 `jit.cache_loads_only()`, which spares numba's cache loads the refresh of numba's
-whole target context (about 0.25 s of a warm start; see there), and so does
-`store.kernel_module`'s import of this module for the one function jitted as it is
-imported (`_mix_jit`, which `write_keys` inlines).
+whole target context (about 0.25 s of a warm start; see there). Nothing is jitted as
+this module is imported (`store.kernel_module` imports it under the same block, for
+a numba that would).
 """
 
 from __future__ import annotations
@@ -120,7 +120,9 @@ def _mix(x):
     return z ^ (z >> _U31)
 
 
-_mix_jit = numba.njit("u8(u8)", cache=_CACHED, inline="always")(_mix)
+# typed where it is inlined, as every inline function here: a signature would compile
+# (or load) it as this module is imported, 27 ms of every numba replay
+_mix_jit = numba.njit(cache=_CACHED, inline="always")(_mix)
 
 
 def _value_kernel(sig: str | list[str]):
