@@ -128,6 +128,14 @@ def unique(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def union(parts: list[np.ndarray]) -> np.ndarray:
+    """The ascending distinct union of `parts`, int64 arrays each ascending and
+    distinct (one part: itself)."""
+    if len(parts) == 1:
+        return parts[0]
+    return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+
 def rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """`np.all(a == b, axis=1)` for 2-D arrays of one shape."""
     out = np.ones(a.shape[0], dtype=bool)

@@ -58,7 +58,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays, same_objects, unique
+from ..arrays import SameArrays, same_objects, union, unique
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext, groups_entries
 from ..engine.layout import Layout, LayoutChange, pools_past
@@ -124,6 +124,10 @@ class _Saved:
     def nbytes(self) -> int:
         return (self.key.nbytes + self.gate.nbytes + self.pooled.nbytes
                 + sum(Writers.ALT_ROW_BYTES + w.nbytes for w in self.alt.values()))
+
+
+_NO_GROUPS = np.empty(0, dtype=np.int64)
+_NO_GROUPS.flags.writeable = False
 
 
 class _Standing:
@@ -300,7 +304,9 @@ class ValueBackend:
         # race groups (`SameArrays`): their checks stand too
         self._plan_checked = SameArrays(self._check_plan)
         self._standing = _Standing(self.n_rows)
-        self._equal = np.ones(0, dtype=bool)  # `_all_equal`'s
+        self._ones = _NO_GROUPS.astype(bool)  # `_all_equal`'s: read-only, grown by doubling
+        self._ones.flags.writeable = False
+        self._equal = self._ones  # `_all_equal`'s last
 
     # -- what the parts keep, as the rules, the tests and the benchmark read it ------------
 
@@ -556,8 +562,12 @@ class ValueBackend:
         # a slot handed out now may be a member's that entries read as a zero row: the
         # plan stands from a scatter that hands out none
         stands = t.n_slots == n_slots
-        changed = writers.raced(rows)  # a row whose racing writers go is re-checked
-        equal = np.ones(rows.size, dtype=bool)
+        # the groups whose rows are re-checked (a row whose racing writers go, one
+        # written with another value), and those whose entries write unequal values:
+        # fresh groups alone can be (others keep their pooling), so neither is a pass
+        # over every group
+        changed = [np.flatnonzero(writers.raced(rows))] if writers.alt else []
+        unequal = _NO_GROUPS
         if todo.size:
             # each fresh group's last entry, as an index into `ents`
             last = order[starts[todo + 1] - 1]
@@ -569,15 +579,16 @@ class ValueBackend:
             vals, wrote_new = self.kernels.scatter_fresh(members, reps, keep, s[todo], src)
             # a row that got the value it held changes no verdict: only the others (and
             # the rows whose racing writers change) are re-checked
-            changed[todo] |= wrote_new
+            changed.append(todo[wrote_new])
             raced = sizes > 1  # of the fresh groups: a group of kept entries alone
             if raced.any():      # writes equal values
                 sub, sub_starts = groups_entries(order, starts, todo[raced])
                 # a group of kept entries alone names one pooling: each of these must
                 # too, or the plan does not stand
-                equal[todo[raced]], one_pooling = groups_equal(
+                equal, one_pooling = groups_equal(
                     vals.view(np.uint32), entry_rows[ents], np.searchsorted(ents, sub),
                     sub_starts)
+                unequal = todo[raced][~equal]
                 stands = stands and bool(one_pooling.all())
         if appended:
             # a group without a new entry has the standing plan's last entry, which
@@ -590,27 +601,34 @@ class ValueBackend:
             writers.stamp_winners(self.kernels, order, starts, plan.entry_pool,
                                   layout.pool_start(), s)
         writers.drop_raced(rows)
-        unequal = np.flatnonzero(~equal)
         if unequal.size:
             for g, racers in zip(unequal.tolist(), ctx.group_writers(unequal), strict=True):
                 writers.alt[int(rows[g])] = np.array(racers, dtype=np.int64)
-            changed[unequal] = True
-        self.verifier.touch(rows[changed], False, True)
+            changed.append(unequal)
+        # ascending, each once (the groups' rows ascend)
+        self.verifier.touch(rows[union(changed)], False, True)
         self.verifier.scattered()
         if stands:
             standing.set(arrays, entry_rows, rep, s, (ctx.change.serial, layout.pool_start())
                          if layout.is_every_pool(plan.entry_pool) else None, new)
-        return equal if unequal.size else self._all_equal(rows.size)
+        if not unequal.size:
+            return self._all_equal(rows.size)
+        equal_groups = np.ones(rows.size, dtype=bool)
+        equal_groups[unequal] = False
+        return equal_groups
 
     def _all_equal(self, n_groups: int) -> np.ndarray:
         """[n_groups] True, read-only: the same array while the count holds (no array
         a ubatch of a plan that stands), and by its identity `run_ubatch` says every
-        group equal (`ValueFacts.all_equal`, which KP001 keys its valued finding by)."""
+        group equal (`ValueFacts.all_equal`, which KP001 keys its valued finding by).
+        A view of `_ones`, which grows by doubling: a count that grows (a cache-safe
+        plan's, each pool a slot closes) costs no pass."""
         got = self._equal
         if got.size != n_groups:
-            got = np.ones(n_groups, dtype=bool)
-            got.flags.writeable = False
-            self._equal = got
+            if self._ones.size < n_groups:
+                self._ones = np.ones(max(n_groups, 2 * self._ones.size), dtype=bool)
+                self._ones.flags.writeable = False
+            got = self._equal = self._ones[:n_groups]
         return got
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import ranges, unique
+from ..arrays import ranges, union, unique
 from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
@@ -199,7 +199,7 @@ class Verifier:
             found = self._scanned(layout, s, dirty)
         if found is not None and found.size:
             parts.append(found)
-        return _union(parts)
+        return union(parts)
 
     def _scanned(self, layout: Layout, s: int, dirty: _DirtyPairs) -> np.ndarray:
         """s's pools with a changed member key (a pass over its pooled pairs) or a
@@ -215,7 +215,7 @@ class Verifier:
         rep = dirty.rep_scan[s]
         if rep is not None:
             found.append(rep)
-        return _union(found)
+        return union(found)
 
     def _rep_dirty(self, layout: Layout) -> list[np.ndarray | None]:
         """Per sequence, its pools whose rep row's pooled slot changed (one look-up over
@@ -339,13 +339,6 @@ _NO_PAIRS = np.empty(0, dtype=np.int64)
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
 # less by itself
 _RANGED_FROM = 2
-
-
-def _union(parts: list[np.ndarray]) -> np.ndarray:
-    """The ascending distinct union of `parts` (each ascending and distinct)."""
-    if len(parts) == 1:
-        return parts[0]
-    return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
 
 
 class _DirtyPairs:
