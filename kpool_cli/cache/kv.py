@@ -328,9 +328,10 @@ class KvCache:
         head = list(self._heads)
         out: list[Placement] = []
         heads_before: list[list[int]] = []
+        strm_of = self.strm_of
         for _pos, seqs, recorded in ubatches:
             heads_before.append(list(head))
-            strm = np.array([self.stream_of(ss[0]) for ss in seqs], dtype=np.int64)
+            strm = np.fromiter((strm_of[ss[0]] for ss in seqs), dtype=np.int64, count=len(seqs))
             cells = np.empty(len(seqs), dtype=np.int64)
             for k in unique(strm).tolist():
                 mine = np.flatnonzero(strm == k)
