@@ -490,8 +490,8 @@ with open(out, "w") as f:
 
 # the YAML floor, in a child: libyaml's C parser reading every event of the trace, the
 # least an event-driven YAML loader of it does (no node, no check, no model built); or,
-# when less, kpool's scan for the trace's token lines plus libyaml's events of the text
-# with each token line's mapping as one scalar (trace/yaml_safe/composer.py,
+# when less, kpool's scan for the trace's token lines and op lines plus libyaml's events
+# of the text with each run of them as one scalar (trace/yaml_safe/composer.py,
 # `_token_lines`): the least kpool's own loader reads
 YAML_CHILD = r"""
 import sys, time
@@ -877,7 +877,7 @@ def print_floors(b: Bench) -> None:
     for trace, secs in b.yamls.items():
         rows.append([f"libyaml events of {trace}", "-" if secs is None else f"{secs:.2f}",
                      "libyaml's C parser reading every event of the trace (or, when less, "
-                     "kpool's scan for its token lines and the events of the rest), timed "
+                     "kpool's scan for its token and op lines and the events of the rest), timed "
                      "inside its child: the least a YAML load of it pays"])
     table(["command", "wall s", "what it means"], rows, {1})
 
