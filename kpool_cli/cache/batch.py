@@ -253,7 +253,7 @@ def first_ubatch_len(span: Span, n_ubatch: int, n_keep_tail: int) -> int:
     ubatch exactly as the whole span does (a remainder of n_keep_tail or more is
     kept whole); so at most that many tokens are built."""
     n = min(len(span), n_ubatch + n_keep_tail)
-    head = tuple(Token(span.start + k, span.seq, span.ext) for k in range(n))
+    head = Token.each(range(span.start, span.start + n), span.seq, span.ext)
     split = split_equal(head, n_ubatch, sequential=False, n_keep_tail=n_keep_tail)
     assert not isinstance(split, str), split  # one set always splits
     return len(split[0].tokens)

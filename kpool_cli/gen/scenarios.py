@@ -323,7 +323,7 @@ def _weight(*ops: Op) -> Written:
 
 
 def _run(seq: int, start: int, n: int) -> tuple[Token, ...]:
-    return tuple(Token(p, (seq,)) for p in range(start, start + n))
+    return Token.each(range(start, start + n), (seq,))
 
 
 def _how(name: str, seed: int, sizes: tuple[Size, ...], values: dict[str, int]) -> str:

@@ -19,7 +19,9 @@ Invariants (enforced by `trace.load`, assumed everywhere else):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import NamedTuple
 
 from kpool_cli.trace.format import CACHE
@@ -86,6 +88,16 @@ class Token(NamedTuple):
     seq: tuple[int, ...]
     ext: tuple[int, int] | None = None
     cell: int | None = None
+
+    @classmethod
+    def each(cls, positions: Iterable[int], seq: tuple[int, ...],
+             ext: tuple[int, int] | None = None, cell: int | None = None
+             ) -> tuple[Token, ...]:
+        """A token at each of `positions`, of sequence set `seq` (one tuple, shared),
+        `ext` and `cell`: made in one pass of C (half the time of a `Token(...)` each,
+        what a prefill's range of 65,536 tokens costs)."""
+        return tuple(map(tuple.__new__, repeat(cls), zip(
+            positions, repeat(seq), repeat(ext), repeat(cell))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -193,7 +193,7 @@ class DecodeWalk(FieldReader):
         if self.n_tokens + (b - a) > self.max_tokens:
             return None
         self.n_tokens += b - a
-        return Decode(tokens=tuple(Token(p, (seq,)) for p in range(a, b)), loc=loc)
+        return Decode(tokens=Token.each(range(a, b), (seq,)), loc=loc)
 
     def ubatches(
         self, node: Node, f: str
@@ -364,7 +364,7 @@ class DecodeWalk(FieldReader):
         if isinstance(ps, range) and self.beyond_the_stream(len(ps), seq[0]):
             return Decode(tokens=(), span=Span(seq, ps.start, ps.stop, ext), loc=loc)
         self.count_tokens(len(ps), m["pos"], f"{f}.pos")
-        return Decode(tokens=tuple(Token(p, seq, ext, cell) for p in ps), loc=loc)
+        return Decode(tokens=Token.each(ps, seq, ext, cell), loc=loc)
 
     # -- the fields of a token, and counting them
 
