@@ -75,14 +75,21 @@ def composers(monkeypatch: pytest.MonkeyPatch) -> list[yaml_safe.Composer]:
 
 @pytest.fixture
 def tokens_built(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many `Token`s the loader built (one count per call)."""
+    """How many `Token`s the loader built (one count a token, made alone or by
+    `Token.each`)."""
     calls: list[int] = []
 
-    def counting(*args: object, **kw: object) -> Token:
-        calls.append(1)
-        return Token(*args, **kw)  # type: ignore[arg-type]
+    class Counting:
+        def __call__(self, *args: object, **kw: object) -> Token:
+            calls.append(1)
+            return Token(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(decode_mod, "Token", counting)
+        def each(self, *args: object, **kw: object) -> tuple[Token, ...]:
+            made = Token.each(*args, **kw)  # type: ignore[arg-type]
+            calls.extend([1] * len(made))
+            return made
+
+    monkeypatch.setattr(decode_mod, "Token", Counting())
     return calls
 
 
