@@ -44,7 +44,7 @@ def _plugins_when_compiling() -> types.ModuleType | None:
     run rather than with numba.
 
     numba imports it as it is imported, and it imports `importlib.metadata` (with
-    email, zipfile and csv: 25-40 ms of every replay that loads a kernel) to find the
+    email, zipfile and csv: 20-40 ms of every replay that loads a kernel) to find the
     packages' `numba_extensions` entry points, which it runs before each compilation
     and each load of a cached kernel. Loading machine code needs no plug-in (one that
     mattered to a kernel's types was there when it was compiled); a compilation runs
