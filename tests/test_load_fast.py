@@ -217,11 +217,19 @@ def test_a_plain_decode_step_reads_as_the_walk_reads_it(item: str, plain: bool,
     item is read in one step or field by field; the one step takes the plain form
     alone (a plain step follows each item, so two are read when the item is plain)."""
     text = _ops_trace(item, "decode: {seq: 1, pos: 0}")
-    fast, fast_seen, taken = _ops_outcome(text, monkeypatch, True)
-    slow, slow_seen, none = _ops_outcome(text, monkeypatch, False)
+    assert _read_alike(text, monkeypatch, "plain_decode") == 1 + plain
+
+
+def _read_alike(text: str, monkeypatch: pytest.MonkeyPatch, step: str) -> int:
+    """`text` read with the one step `step` and without it: the same trace (or
+    problems), nodes visited and tokens counted; returns how many items the step
+    read (none without it)."""
+    fast, fast_seen, taken = _ops_outcome(text, monkeypatch, True, step=step)
+    slow, slow_seen, none = _ops_outcome(text, monkeypatch, False, step=step)
     assert fast == slow
     assert fast_seen == slow_seen and fast_seen
-    assert none == 0 and taken == 1 + plain
+    assert none == 0
+    return taken
 
 
 def test_a_plain_decode_step_at_the_bounds_is_refused_where_the_walk_refuses_it(
@@ -703,11 +711,7 @@ def test_an_op_line_reads_as_the_walk_reads_it(item: str, plain: bool,
     with monkeypatch.context() as m:
         m.setattr(composer, "_OP_LINES_MIN", 1)
         assert _same_either_way(text, m)  # composed from the op lines
-    fast, fast_seen, taken = _op_lines_outcome(text, monkeypatch, True)
-    slow, slow_seen, none = _op_lines_outcome(text, monkeypatch, False)
-    assert fast == slow
-    assert fast_seen == slow_seen and fast_seen
-    assert none == 0 and taken == 2 + plain
+    assert _read_alike(text, monkeypatch, "plain_op") == 2 + plain
 
 
 def test_op_lines_at_the_bounds_are_refused_where_the_walk_refuses_them(

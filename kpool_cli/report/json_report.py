@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import TextIO, TypeVar
 
 import numpy as np
@@ -175,23 +176,26 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
                 p.seq[first].tolist(), p.k[first].tolist(), p.k[spans[:, 1] - 1].tolist(),
                 p.first_pos[first].tolist(), run_cells(p.cells, first),
                 p.new[first].tolist(), strict=True)]
-    # the pools between the runs, found from the runs' ends (a listing of every pool
-    # is a few runs over tens of thousands of pools, often end to end: none)
+    return _with_singles(runs, spans, n, lambda idx: _pools_alone(p, idx))
+
+
+def _with_singles(runs: list[dict], spans: np.ndarray, n: int,
+                  singles: Callable[[np.ndarray | slice], list[dict]]) -> list[dict]:
+    """A listing of `n` items in order: its `runs` (over `spans`, contracts/runs.py)
+    and, before, between and after them, the items no run holds, `singles` of their
+    indices (ascending) made in one call. A listing of every pool is a few runs over
+    tens of thousands of pools, often end to end (no single: the runs themselves) or
+    with a plan's padding past them (the runs and the entries past them)."""
     ends = np.concatenate(([0], spans.ravel(), [n])).reshape(-1, 2)
     gap = ends[:, 1] - ends[:, 0]
-    if not gap.any():
-        return runs
-    idx = ranges(ends[:, 0], gap)
-    singles = dict(zip(idx.tolist(), _pools_alone(p, idx), strict=True))
-    found = spans.tolist()
+    if not gap[:-1].any():
+        return runs + singles(slice(int(ends[-1, 0]), n)) if gap[-1] else runs
+    alone = iter(singles(ranges(ends[:, 0], gap)))
     out: list[dict] = []
-    at = 0
-    for (a, b), run in zip([*found, (n, n)], [*runs, None], strict=True):
-        if at < a:
-            out += [singles[i] for i in range(at, a)]
+    for g, run in zip(gap.tolist(), [*runs, None], strict=True):
+        out += islice(alone, g)
         if run is not None:
             out.append(run)
-        at = b
     return out
 
 
@@ -202,30 +206,20 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
 
-    def singles(lo: int, hi: int) -> list[dict]:
+    def singles(at: np.ndarray | slice) -> list[dict]:
         rep_, cells_, pad_ = SCATTER.names  # an entry each: no make() each
         return [{rep_: w, cells_: c, pad_: d} for w, c, d in zip(
-            rep[lo:hi].tolist(), rows[lo:hi].tolist(), pad[lo:hi].tolist(), strict=True)]
+            rep[at].tolist(), rows[at].tolist(), pad[at].tolist(), strict=True)]
 
     if n < 2 or not kpool:  # no run can form: every entry alone
-        return singles(0, n)
+        return singles(slice(None))
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     if not found.size:  # no run formed (a decode step's few entries)
-        return singles(0, n)
+        return singles(slice(None))
     n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
     runs = [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
         (found[:, 1] - found[:, 0]).tolist(), run_cells(rows, found[:, 0]), strict=True)]
-    ends = np.concatenate(([0], found.ravel(), [n])).reshape(-1, 2)
-    if not (ends[:-1, 1] - ends[:-1, 0]).any():  # the runs end to end: the entries past them
-        return runs + singles(int(ends[-1, 0]), n)
-    out: list[dict] = []
-    at = 0
-    for (a, b), run in zip(found.tolist(), runs, strict=True):
-        if at < a:
-            out += singles(at, a)
-        out.append(run)
-        at = b
-    return out + singles(at, n)
+    return _with_singles(runs, found, n, singles)
 
 
 # A plan that stands (engine/scatter.py) lists the last one's pools and entries, in
