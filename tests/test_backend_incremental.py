@@ -388,6 +388,9 @@ class PoolEveryEntry(ValueBackend):
         return (np.arange(rows.size), np.arange(rep.size), np.zeros(rep.size, dtype=bool),
                 0)
 
+    def _scatter_singles(self, *plan: np.ndarray) -> None:
+        return None  # the pass that pools every entry afresh (`_fresh`), not the one pass
+
 
 def as_json(rec, t: m.Trace) -> dict:
     """A record as the report writes it (findings with their value evidence)."""
@@ -453,14 +456,20 @@ def test_cache_safe_keeps_the_unchanged_pools_and_repools_a_rewritten_one() -> N
 
 
 def _asked(be: ValueBackend) -> list[int]:
-    """Spies on `be`'s `fresh_groups` kernel: the entries of each call, as they come."""
+    """Spies on `be`'s `fresh_groups` kernel, and on `scatter_singles`, which asks it
+    of every entry too: the entries of each call, as they come."""
     calls: list[int] = []
-    real = be.kernels.fresh_groups
+    real, one_pass = be.kernels.fresh_groups, be.kernels.scatter_singles
 
     def spy(entry_rows, *rest):
         calls.append(len(entry_rows))
         return real(entry_rows, *rest)
+
+    def spy_one_pass(entry_rows, *rest):
+        calls.append(len(entry_rows))
+        return one_pass(entry_rows, *rest)
     be.kernels.fresh_groups = spy  # type: ignore[method-assign]
+    be.kernels.scatter_singles = spy_one_pass  # type: ignore[method-assign]
     return calls
 
 
@@ -605,13 +614,22 @@ def test_a_ubatch_of_kept_poolings_touches_no_pooled_row() -> None:
     scattered, the other four kept. pos 12 keeps all five."""
     t = trace(SHARED_PROMPT)
     be = ValueBackend(t.cache, t.seed, "numpy")
-    calls: list[tuple[int, int, int]] = []  # (entries pooled, entries kept, rows written)
-    real = be.kernels.scatter_fresh
+    # (entries pooled, entries of fresh groups kept, rows written), of `scatter_fresh`
+    # or of `scatter_singles` (whose fresh groups are one entry each: none kept)
+    calls: list[tuple[int, int, int]] = []
+    real, one_pass = be.kernels.scatter_fresh, be.kernels.scatter_singles
 
     def spy(members, reps, keep, s, src):
         calls.append((int((~keep).sum()), int(keep.sum()), len(s)))
         return real(members, reps, keep, s, src)
+
+    def spy_one_pass(entry_rows, *rest):
+        got = one_pass(entry_rows, *rest)
+        if got is not None and len(entry_rows) > got[2]:
+            calls.append((len(entry_rows) - got[2], 0, len(entry_rows) - got[2]))
+        return got
     be.kernels.scatter_fresh = spy  # type: ignore[method-assign]
+    be.kernels.scatter_singles = spy_one_pass  # type: ignore[method-assign]
     seen = []
     for rec in Replayer(t, VERSIONS["cache-safe"], be).run():
         if isinstance(rec, UbatchRecord):

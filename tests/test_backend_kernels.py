@@ -29,10 +29,12 @@ from types import SimpleNamespace
 import numba
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from conftest import ENGINES
 
 from kpool_cli.backend import guards, keys, recheck, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
+from kpool_cli.cli.main import cli
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.context import UbatchContext
 from kpool_cli.replay import Replayer
@@ -821,6 +823,205 @@ def test_stamp_winners_agrees() -> None:
             assert np.array_equal(g, w), n
 
 
+def _singles_table(slot_dtype: type = np.int32) -> dict[str, np.ndarray]:
+    """The slot table of `test_scatter_singles_by_hand`: kpool 2, n_embd 4, 8 slots,
+    slots 1..7 handed out; rows 10..13 are slots 1..4 (keys of key ids 11..14), rows
+    20, 21, 24 slots 5, 6, 7; row 25 a zero row. Slot 5 pooled slots 1, 2 at
+    generation 3 (their keys at 2); slot 7 holds slots 2, 1's pooling, unknown
+    (pool_gen 0); the other pooled rows hold 0.5; every writer column 9."""
+    st = keys.seed_state(2)
+    a = _slot_table(8, 30, 4, slot_dtype)
+    a["key"][:] = a["gate"][:] = 0
+    reference.write_keys(st, np.arange(1, 5), np.array([11, 12, 13, 14]), a["key"], a["gate"])
+    a["slot_of"][[10, 11, 12, 13, 20, 21, 24]] = 1, 2, 3, 4, 5, 6, 7
+    a["slot_row"][:] = -1
+    a["slot_row"][1:] = 10, 11, 12, 13, 20, 21, 24
+    a["pooled"][:] = 0.5
+    a["pooled"][7] = reference.pool(a["key"], a["gate"], np.array([[2, 1]], np.int64))[0]
+    a["pool_of"] = np.full((8, 2), 9, np.int64)
+    a["pool_of"][5] = 1, 2
+    a["pool_gen"][:] = 0
+    a["pool_gen"][5] = 3
+    a["key_gen"][:] = 2
+    return a
+
+
+def _scatter_singles(k, a: dict[str, np.ndarray], **plan: np.ndarray):
+    """`k.scatter_singles` on table `a` at generation 7, ubatch 9, POOLED = 1 and
+    PADDING = 2 here, of `plan` (entry_rows, rep, order, rows, entry_pool, pool_start)."""
+    return k.scatter_singles(a["slot_of"], a["slot_row"], 8, a["key"], a["gate"], a["pooled"],
+                             a["pool_of"], a["pool_gen"], a["key_gen"], 7, plan["entry_rows"],
+                             plan["rep"], plan["order"], plan["rows"], plan["entry_pool"],
+                             plan["pool_start"], 9, 1, 2, a["w_kind"], a["w_ubatch"],
+                             a["w_a"], a["w_b"])
+
+
+def test_scatter_singles_by_hand() -> None:
+    """`scatter_singles`: `fresh_groups`, `scatter_fresh` and `stamp_winners` of race
+    groups of one entry each, in one pass (the table: `_singles_table`). Entries 0
+    (members rows 12, 13 -> rep row 21, padding), 1 (10, 11 -> 20, pool 4) and 2
+    (11, 10 -> 24, pool 5); pool_start [0, 3, 6] (pools 4, 5 are seq 1's k 1, 2); the
+    groups by row: 20, 21, 24 (entries 1, 0, 2), slots 5, 6, 7.
+    - group 0: slot 5 holds the pooling of slots 1, 2, unwritten since: kept, its row
+      (0.5) and pooling left as they were; stamped (POOLED, seq 1, k 1);
+    - group 1: slot 6 never pooled: pooled from slots 3, 4, whose bits change (from
+      0.5), pool_of [3, 4], generation 7; stamped PADDING (-1, -1);
+    - group 2: slot 7 not known to hold a pooling: pooled from 2, 1, written with the
+      bits it held (not changed), pool_of [2, 1], generation 7; stamped (1, 1, 2).
+    So slots [5, 6, 7], changed [1], one entry kept; ubatch 9 on the three slots;
+    slots 0..4 keep what they held."""
+    plan = dict(entry_rows=np.array([[12, 13], [10, 11], [11, 10]], np.int64),
+                rep=np.array([21, 20, 24], np.int64), order=np.array([1, 0, 2], np.int64),
+                rows=np.array([20, 21, 24], np.int64),
+                entry_pool=np.array([-1, 4, 5], np.int64),
+                pool_start=np.array([0, 3, 6], np.int64))
+    for k in (kernels, reference):
+        for slot_dtype in (np.int32, np.int64):
+            a = _singles_table(slot_dtype)
+            want = reference.pool(a["key"], a["gate"], np.array([[3, 4], [2, 1]], np.int64))
+            s, changed, n_kept = _scatter_singles(k, a, **plan)
+            assert (s.tolist(), changed.tolist(), n_kept) == ([5, 6, 7], [1], 1), k
+            assert (a["pooled"][:7][[0, 1, 2, 3, 4, 5]] == 0.5).all(), k
+            assert same(a["pooled"][6], want[0]) and same(a["pooled"][7], want[1]), k
+            assert a["pool_of"][5:].tolist() == [[1, 2], [3, 4], [2, 1]], k
+            assert a["pool_gen"].tolist() == [0, 0, 0, 0, 0, 3, 7, 7], k
+            assert a["w_kind"].tolist() == [9] * 5 + [1, 2, 1], k
+            assert a["w_ubatch"].tolist() == [9] * 5 + [9, 9, 9], k
+            assert a["w_a"].tolist() == [9] * 5 + [1, -1, 1], k
+            assert a["w_b"].tolist() == [9] * 5 + [1, -1, 2], k
+    # refused, naming the first group at fault, or None (a zero row, whose slot is
+    # handed out first), and nothing written either way
+    refusals = [
+        (None, 2, dict(rows=np.array([20, 21, 25], np.int64),
+                       rep=np.array([21, 20, 25], np.int64))),  # row 25 has no slot
+        (IndexError, 1, dict(order=np.array([1, 3, 2], np.int64))),  # no entry 3
+        (IndexError, 2, dict(rows=np.array([20, 21, 30], np.int64),
+                             rep=np.array([21, 20, 30], np.int64))),  # past the 30 rows
+        (IndexError, 2, dict(entry_pool=np.array([-1, 4, 6], np.int64))),  # past pool 5
+        (IndexError, 0, dict(entry_rows=np.array([[12, 13], [10, 30], [11, 10]],
+                                                 np.int64))),  # a member row past them
+        (ValueError, 1, dict(rep=np.array([22, 20, 24], np.int64))),  # 22 != 21
+        (ValueError, 1, dict(rows=np.array([21, 20, 24], np.int64),
+                             order=np.array([0, 1, 2], np.int64))),  # not ascending
+        (ValueError, 0, dict(order=np.array([1, 0], np.int64))),  # an entry in no group
+    ]
+    for k in (kernels, reference):
+        for error, g, spoiled in refusals:
+            a = _singles_table()
+            held = {name: v.copy() for name, v in a.items()}
+            if error is None:
+                assert _scatter_singles(k, a, **(plan | spoiled)) is None, (k, spoiled)
+            else:
+                with pytest.raises(error, match=f"^race group {g}: "):
+                    _scatter_singles(k, a, **(plan | spoiled))
+            assert all(np.array_equal(held[name], v) for name, v in a.items()), (k, spoiled)
+        a = _singles_table()
+        a["slot_row"][6] = 22  # slot 6 is not row 21's alone: refused, nothing written
+        held = {name: v.copy() for name, v in a.items()}
+        with pytest.raises(IndexError, match=r"^race group 1: "):
+            _scatter_singles(k, a, **plan)
+        assert all(np.array_equal(held[name], v) for name, v in a.items()), k
+
+
+def test_scatter_singles_agrees() -> None:
+    """On random scatters of single-entry groups over random slot tables (some entries
+    keeping a pooling, some rows holding their entry's value already, a tenth padding,
+    now and then a zero row), the kernel and its twin answer and write alike."""
+    rng = np.random.default_rng(41)
+    seen = dict.fromkeys(("none", "kept", "changed"), 0)
+    for kpool in (1, 2, 4):
+        for n in (1, 3, 60):
+            for _ in range(20):
+                n_rows, n_slots = 400, 300
+                slot_of = np.zeros(n_rows, np.int32)
+                held = rng.choice(n_rows, n_slots - 1, replace=False)
+                slot_of[held] = 1 + rng.permutation(n_slots - 1)
+                slot_row = np.full(n_slots, -1, np.int64)
+                slot_row[slot_of[held]] = held
+                if rng.random() < 0.2:  # a zero row among the groups' rows, maybe
+                    held = np.append(held, np.flatnonzero(slot_of == 0)[:1])
+                rows = np.sort(rng.choice(held, n, replace=False)).astype(np.int64)
+                order = rng.permutation(n).astype(np.int64)
+                rep = np.empty(n, np.int64)
+                rep[order] = rows
+                entry_rows = rng.choice(held, (n, kpool)).astype(np.int64)
+                pool_start = np.array([0, 40, 40, 100], np.int64)
+                entry_pool = rng.integers(0, 100, n).astype(np.int64)
+                entry_pool[rng.random(n) < 0.1] = -1
+                key = rng.standard_normal((n_slots, 8)).astype(np.float32)
+                gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1,
+                                    (n_slots, 8)).astype(np.float32)
+                pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
+                pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
+                pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                for e in range(n):  # a third keep their pooling, some rows hold it
+                    r, m = slot_of[rep[e]], slot_of[entry_rows[e]]
+                    if r and rng.random() < 0.3:
+                        pool_of[r], pool_gen[r], key_gen[m] = m, 5, 4
+                    elif r and rng.random() < 0.3:
+                        pooled[r] = reference.pool(key, gate, m[None, :].astype(np.int64))[0]
+                tables = [[a.copy() for a in (slot_of, slot_row, key, gate, pooled, pool_of,
+                                              pool_gen, key_gen)] + list(_writer_arrays(n_slots))
+                          for _ in range(2)]
+                got = []
+                for k, t in zip((kernels, reference), tables, strict=True):
+                    so, sr, ky, gt, pl, po, pg, kg, *w = t
+                    got.append(k.scatter_singles(so, sr, n_slots, ky, gt, pl, po, pg, kg, 6,
+                                                 entry_rows, rep, order, rows, entry_pool,
+                                                 pool_start, 3, 1, 2, *w))
+                if got[0] is None or got[1] is None:
+                    assert got[0] is got[1] is None
+                    seen["none"] += 1
+                else:
+                    seen["kept"] += got[0][2]
+                    seen["changed"] += got[0][1].size
+                    assert all(np.array_equal(x, y) for x, y in zip(got[0][:2], got[1][:2],
+                                                                      strict=True))
+                    assert got[0][2] == got[1][2]
+                for x, y in zip(*tables, strict=True):
+                    assert np.array_equal(x.view(np.uint8), y.view(np.uint8))
+    assert min(seen.values()) > 0, seen
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
+        backend: str, monkeypatch) -> None:
+    """store.py `_scatter`: a plan whose race groups hold one entry each, none racing
+    and none vouched for by the standing plan (rep-once's, most ubatches), is
+    scattered by `scatter_singles` in one call. With that door answering None, as for
+    a zero row, every scatter takes the pass of three kernels instead: the JSON
+    reports of these traces, under both engines, are byte-identical either way."""
+    from kpool_cli.backend.guarded import GuardedKernels
+
+    traces = [ROOT / "traces" / f"{name}.yaml" for name in (
+        "shared-prefix-race", "partial-copy", "non-unified", "mtp3-speculative",
+        "server-session", "state-restore")]
+    calls = {"one pass": 0}
+    one_pass = GuardedKernels.scatter_singles
+
+    def counted(self, *args):
+        got = one_pass(self, *args)
+        calls["one pass"] += got is not None
+        return got
+
+    def reports() -> list[str]:
+        out = []
+        for trace in traces:
+            for engine in ENGINES:
+                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
+                                             "--backend", backend, "--format", "json", "-q"])
+                assert r.exit_code in (0, 1), r.output
+                out.append(r.output)
+        return out
+
+    monkeypatch.setattr(GuardedKernels, "scatter_singles", counted)
+    fast = reports()
+    assert calls["one pass"] > 40  # of these replays, 52 scatters
+    monkeypatch.setattr(GuardedKernels, "scatter_singles", lambda self, *args: None)
+    assert reports() == fast
+
+
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
@@ -1024,7 +1225,7 @@ class Doctored(ValueBackend):
                        for name, (spoil, says) in BAD_PLANS.items()}
             spoiled[GROUPS_OF_ANOTHER_PLAN] = (
                 dataclasses.replace(ctx, rows=ctx.rows + 1),
-                r"kept: race group 0: not a race group of the entries' rep rows")
+                r"(kept|scatter): race group 0: not a race group of the entries' rep rows")
             for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
@@ -1159,6 +1360,22 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         ("kept", lambda: be.kernels.fresh_groups(np.array([[0, 1, 2, 3]]), np.array([3]),
                                                  np.array([0]), np.array([0, 1]),
                                                  np.array([4])),
+         "race group 0: not a race group of the entries' rep rows"),
+        ("scatter", lambda: be.kernels.scatter_singles(
+            np.array([[0, 1, 2, 3]]), np.array([3]), np.array([0]), np.array([3], np.int32),
+            np.array([-1]), np.array([0, 1]), 0, 1, 2),
+         "the group rows are not a C-contiguous 1-D int64 array"),
+        ("scatter", lambda: be.kernels.scatter_singles(
+            np.array([[0, 1, 2]]), np.array([3]), np.array([0]), np.array([3]),
+            np.array([-1]), np.array([0, 1]), 0, 1, 2),
+         "the member rows are not a C-contiguous int64 array of 1 x 4"),
+        ("scatter", lambda: be.kernels.scatter_singles(
+            np.array([[0, 1, 2, 3]]), np.array([be.n_rows]), np.array([0]),
+            np.array([be.n_rows]), np.array([-1]), np.array([0, 1]), 0, 1, 2),
+         "race group 0: an entry, row or slot outside the arrays"),
+        ("scatter", lambda: be.kernels.scatter_singles(
+            np.array([[0, 1, 2, 3]]), np.array([3]), np.array([0]), np.array([4]),
+            np.array([-1]), np.array([0, 1]), 0, 1, 2),
          "race group 0: not a race group of the entries' rep rows"),
         ("dirty pools", lambda: be.kernels.dirty_pools(
             np.arange(8, dtype=np.int64), np.array([0, 4], np.int32), np.zeros(8, bool)),

@@ -2,14 +2,15 @@
 when asked.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows`,
-`scatter_fresh`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the
+`scatter_fresh`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the three
+of a scatter of single-entry groups at once: `scatter_singles`, the
 pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
 verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
 each once `time_kernels` asks (`time`, seconds by kernel name: the benchmark's
 breakdown). The kernels come from `kernels.py` (numba) or `reference.py` (numpy);
 both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. The last seven read a scatter's rows through `slot_of`, its race
+check nothing. The last eight read a scatter's rows through `slot_of`, its race
 groups and their slots, a sequence's pairs, a dirty-cell mask, a stream's cells or
 the layout's rep columns: their doors check types and shapes, and the kernels check
 each index as they read it (a pass over them at the door would cost what the kernels
@@ -161,11 +162,7 @@ class GuardedKernels:
         t.check_generations(where)
         _one_d(where, ("rep rows", rep, I64), ("group entries", order, I64),
                ("group starts", starts, I64), ("group rows", rows, I64))
-        if type(entry_rows) is not np.ndarray or entry_rows.dtype != I64 \
-                or entry_rows.shape != (rep.size, self.kpool) \
-                or not entry_rows.flags.c_contiguous:
-            raise PlanError(f"{where}: the member rows are not a C-contiguous int64 array "
-                            f"of {rep.size} x {self.kpool}", where, "member rows")
+        self._member_rows(where, entry_rows, rep.size)
         try:
             return self._timed(where, self.k.fresh_groups, t.slot_of, t.pool_of, t.pool_gen,
                                t.key_gen, entry_rows, rep, order, starts, rows)
@@ -188,6 +185,34 @@ class GuardedKernels:
         try:
             self._timed(where, self.k.stamp_winners, order, starts, entry_pool, pool_start,
                         slots, n_ubatch, pooled, padding, t.w_kind, t.w_ubatch, t.w_a, t.w_b)
+        except (IndexError, ValueError) as e:
+            raise PlanError(f"{where}: {e}", where, "race groups") from None
+
+    def scatter_singles(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                        rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+                        n_ubatch: int, pooled: int, padding: int
+                        ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """`fresh_groups`, `scatter_fresh` and `stamp_winners` of a scatter whose race
+        groups hold one entry each (group g: entry `order[g]`, writing row `rows[g]`),
+        in one kernel pass: (each group's row's slot, the groups whose row's bits
+        changed, the entries kept), or None, nothing written, when a group's row has
+        no slot yet. The kernel checks each entry, row, member row and slot as it
+        reads it (each slot its row's alone, by `slot_row`), and that the groups are
+        race groups of `rep`, before its first write."""
+        where = "scatter"
+        t = self.slots
+        t.check_tables(where)
+        t.check_generations(where)
+        _one_d(where, ("rep rows", rep, I64), ("group entries", order, I64),
+               ("group rows", rows, I64), ("entry pools", entry_pool, I64),
+               ("pool starts", pool_start, I64))
+        self._member_rows(where, entry_rows, rep.size)
+        try:
+            return self._timed(where, self.k.scatter_singles, t.slot_of, t.slot_row,
+                               t.n_handed, t.key, t.gate, t.pooled, t.pool_of, t.pool_gen,
+                               t.key_gen, t.gen, entry_rows, rep, order, rows, entry_pool,
+                               pool_start, n_ubatch, pooled, padding, t.w_kind, t.w_ubatch,
+                               t.w_a, t.w_b)
         except (IndexError, ValueError) as e:
             raise PlanError(f"{where}: {e}", where, "race groups") from None
 
@@ -267,6 +292,13 @@ class GuardedKernels:
             return self._timed(where, self.k.least_pair, cells, pos)
         except IndexError as e:
             raise PlanError(f"{where}: {e}", where, "cells") from None
+
+    def _member_rows(self, where: str, entry_rows: np.ndarray, n: int) -> None:
+        """`entry_rows`: a C-contiguous int64 array of n entries x kpool, or PlanError."""
+        if type(entry_rows) is not np.ndarray or entry_rows.dtype != I64 \
+                or entry_rows.shape != (n, self.kpool) or not entry_rows.flags.c_contiguous:
+            raise PlanError(f"{where}: the member rows are not a C-contiguous int64 array "
+                            f"of {n} x {self.kpool}", where, "member rows")
 
     def _entries(self, where: str, members: np.ndarray, reps: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray]:

@@ -101,8 +101,9 @@ def checked_rows(rows, n_rows: int, shape: tuple[int | None, ...] | None, distin
 
 
 # what a pass over a scatter's race groups (`fresh_groups`, both twins) found wrong
-# with the first group it refuses
-OUTSIDE, NOT_RACE_GROUPS = 1, 2
+# with the first group it refuses; NO_SLOT: `scatter_singles` met a group whose row
+# has no slot yet, and wrote nothing (not an error: the caller hands slots out first)
+OUTSIDE, NOT_RACE_GROUPS, NO_SLOT = 1, 2, 3
 
 # what `write_rows` (both twins) did: wrote, or wrote nothing because the slot arrays
 # lack the room, or a row, a row's slot or a free slot is outside its array

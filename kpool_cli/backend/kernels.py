@@ -64,6 +64,7 @@ from ..signals import masked
 from .guards import (
     FREE_OUTSIDE,
     NO_ROOM,
+    NO_SLOT,
     NOT_RACE_GROUPS,
     OUTSIDE,
     ROW_OUTSIDE,
@@ -354,13 +355,27 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
     return out
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _write_pooling(pooled, pooled_bits, pool_of, pool_gen, gen, r, val, val_bits, m):
+    """Slot r's pooled row written with `val`, the pooling of member slots m at
+    generation `gen` (`pool_of`, `pool_gen`); returns whether its bits changed."""
+    differs = False
+    for d in range(pooled.shape[1]):
+        if pooled_bits[r, d] != val_bits[d]:
+            differs = True
+        pooled[r, d] = val[d]
+    for i in range(m.size):
+        pool_of[r, i] = m[i]
+    pool_gen[r] = gen
+    return differs
+
+
 @_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1], i8[:, ::1], i8[::1], i8, "
                 "i8[:, ::1], i8[::1], b1[::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], "
                 "b1[::1], b1, f4[:, ::1], i4[:, ::1])")
 def _scatter_fresh_into(key, gate, pooled, pooled_bits, pool_of, pool_gen, gen, members, reps,
                         keep, st, src, vals, vals_bits, changed, pool_fresh, w, bits):
     n_embd = pooled.shape[1]
-    kpool = members.shape[1]
     for e in range(members.shape[0]):  # every value before the first write
         if keep[e]:
             r = reps[e]
@@ -369,17 +384,9 @@ def _scatter_fresh_into(key, gate, pooled, pooled_bits, pool_of, pool_gen, gen, 
         elif pool_fresh:
             _pool_entry(key, gate, members[e], w, bits, vals[e])
     for g in range(st.size):
-        r = st[g]
         e = src[g]
-        differs = False
-        for d in range(n_embd):
-            if pooled_bits[r, d] != vals_bits[e, d]:
-                differs = True
-            pooled[r, d] = vals[e, d]
-        changed[g] = differs
-        for i in range(kpool):
-            pool_of[r, i] = members[e, i]
-        pool_gen[r] = gen
+        changed[g] = _write_pooling(pooled, pooled_bits, pool_of, pool_gen, gen, st[g],
+                                    vals[e], vals_bits[e], members[e])
 
 
 def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
@@ -610,6 +617,22 @@ def _bisect(a, x, right):
     return lo
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _stamp(s, p, pool_start, n_ubatch, pooled, padding, w_kind, w_ubatch, w_a, w_b):
+    """Slot s's writer: an entry of global pool p (< 0: padding), at ubatch n_ubatch, of
+    kind `pooled` with its pool's (seq, k) or `padding` with (-1, -1)."""
+    w_ubatch[s] = n_ubatch
+    if p < 0:
+        w_kind[s] = padding
+        w_a[s] = -1
+        w_b[s] = -1
+    else:  # its pool's sequence, as Layout.locate finds it, and k within it
+        q = _bisect(pool_start, p, True) - 1
+        w_kind[s] = pooled
+        w_a[s] = q
+        w_b[s] = p - pool_start[q]
+
+
 @_value_kernel("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, "
                 "i1[::1], i8[::1], i8[::1], i8[::1])")
 def _stamp_winners_into(order, starts, entry_pool, pool_start, slots, n_ubatch, pooled,
@@ -630,18 +653,8 @@ def _stamp_winners_into(order, starts, entry_pool, pool_start, slots, n_ubatch, 
         if slots[g] < 1 or slots[g] >= n_slots:
             return g, OUTSIDE
     for g in range(n_groups):
-        p = entry_pool[order[starts[g + 1] - 1]]
-        s = slots[g]
-        w_ubatch[s] = n_ubatch
-        if p < 0:
-            w_kind[s] = padding
-            w_a[s] = -1
-            w_b[s] = -1
-        else:  # its pool's sequence, as Layout.locate finds it, and k within it
-            q = _bisect(pool_start, p, True) - 1
-            w_kind[s] = pooled
-            w_a[s] = q
-            w_b[s] = p - pool_start[q]
+        _stamp(slots[g], entry_pool[order[starts[g + 1] - 1]], pool_start, n_ubatch, pooled,
+               padding, w_kind, w_ubatch, w_a, w_b)
     return -1, 0
 
 
@@ -670,6 +683,129 @@ def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
                                  pooled, padding, w_kind, w_ubatch, w_a, w_b)
     if g >= 0:
         raise group_refusal(int(g), int(why))
+
+
+_SINGLES_SIG = ("UniTuple(i8, 4)({}[::1], i8[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], "
+                "i4[:, ::1], i8[:, ::1], i8[::1], i8[::1], i8, i8[:, ::1], i8[::1], i8[::1], "
+                "i8[::1], i8[::1], i8[::1], i8, i8, i8, i1[::1], i8[::1], i8[::1], i8[::1], "
+                "i8[::1], i8[::1], i8[::1], f4[::1], i4[::1], f4[:, ::1], i4[:, ::1])")
+
+
+def _scatter_singles_into(slot_of, slot_row, n_handed, key, gate, pooled, pooled_bits,
+                          pool_of, pool_gen, key_gen, gen, entry_rows, rep, order, rows,
+                          entry_pool, pool_start, n_ubatch, pooled_kind, padding_kind,
+                          w_kind, w_ubatch, w_a, w_b, s_out, changed, ms, val, val_bits, w,
+                          bits):
+    n = rep.size
+    n_rows = slot_of.size
+    kpool = entry_rows.shape[1]
+    room = min(key.shape[0], gate.shape[0], pooled.shape[0], pool_of.shape[0], pool_gen.size,
+               key_gen.size, slot_row.size, w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    if order.size != n or rows.size != n or n_handed > room or pool_start.size == 0:
+        return 0, NOT_RACE_GROUPS, 0, 0
+    n_pools = pool_start[pool_start.size - 1]
+    n_kept = 0
+    for g in range(n):  # every index checked, and each entry's pooling kept or not,
+        e = order[g]    # before the first write
+        if e < 0 or e >= n:
+            return g, OUTSIDE, 0, 0
+        r = rows[g]
+        if r < 0 or r >= n_rows or entry_pool[e] >= n_pools:
+            return g, OUTSIDE, 0, 0
+        if rep[e] != r or (g > 0 and r <= rows[g - 1]):  # one entry a group, rows ascending
+            return g, NOT_RACE_GROUPS, 0, 0
+        st = np.int64(slot_of[r])
+        if st == 0:  # a zero row: its slot is handed out first (`SlotTable.own`)
+            return g, NO_SLOT, 0, 0
+        if st < 1 or st >= n_handed or slot_row[st] != r:  # so distinct: one row a slot
+            return g, OUTSIDE, 0, 0
+        for q in range(kpool):
+            m = entry_rows[e, q]
+            if m < 0 or m >= n_rows:
+                return g, OUTSIDE, 0, 0
+            sm = slot_of[m]
+            if sm < 0 or sm >= n_handed:
+                return g, OUTSIDE, 0, 0
+            ms[q] = sm
+        s_out[g] = st
+        # kept: `fresh_groups`' rule, and then `scatter_fresh` leaves the slot as it is
+        if _holds_pooling(pool_of, pool_gen, key_gen, ms, st):
+            n_kept += 1
+            s_out[g] = -st - 1  # marked kept until the writes below
+    n_changed = 0
+    for g in range(n):  # `scatter_fresh` of each fresh group, then `stamp_winners`
+        st = s_out[g]
+        e = order[g]
+        if st < 0:
+            st = -st - 1
+            s_out[g] = st
+        else:
+            for q in range(kpool):
+                ms[q] = slot_of[entry_rows[e, q]]
+            _pool_entry(key, gate, ms, w, bits, val)
+            if _write_pooling(pooled, pooled_bits, pool_of, pool_gen, gen, st, val, val_bits,
+                              ms):
+                changed[n_changed] = g
+                n_changed += 1
+        _stamp(st, entry_pool[e], pool_start, n_ubatch, pooled_kind, padding_kind, w_kind,
+               w_ubatch, w_a, w_b)
+    return -1, 0, n_changed, n_kept
+
+
+_scatter_singles_i4 = kernel(_scatter_singles_into, "_scatter_singles_i4",
+                             _SINGLES_SIG.format("i4"))
+_scatter_singles_i8 = kernel(_scatter_singles_into, "_scatter_singles_i8",
+                             _SINGLES_SIG.format("i8"))
+
+
+def scatter_singles(slot_of: np.ndarray, slot_row: np.ndarray, n_handed: int,
+                    key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                    pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, gen: int,
+                    entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                    rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+                    n_ubatch: int, pooled_kind: int, padding_kind: int, w_kind: np.ndarray,
+                    w_ubatch: np.ndarray, w_a: np.ndarray, w_b: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """A scatter whose race groups hold one entry each (group g is entry order[g],
+    writing row rows[g] = rep[order[g]]) in one pass: `fresh_groups`, `scatter_fresh`
+    and `stamp_winners` of those groups, as the three kernels do them in turn, and no
+    array made for them between. Every group's row must have a slot: where one is a
+    zero row (whose slot `SlotTable.own` hands out first), None, nothing written.
+
+    Parameters
+    ----------
+    slot_of : array of int32 or int64, shape (n_rows,): row -> slot; slot_row its inverse
+    n_handed : the slots handed out (slots in use are below it)
+    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    pool_of, pool_gen, key_gen, gen : the poolings and generations (`slots.py`)
+    entry_rows, rep, order, rows, entry_pool : the plan's entries and their groups
+    pool_start, n_ubatch, pooled_kind, padding_kind, w_kind, w_ubatch, w_a, w_b :
+        as `stamp_winners`
+
+    Returns
+    -------
+    (slots, changed, n_kept) : the slot of each group's row, int64 (n,); the groups
+        whose row's bits changed, ascending; the entries that kept their pooling. A
+        group's entry, row, member row or slot outside its array, a slot that is not
+        its row's alone, or groups that are not race groups of one entry each
+        (`guards.group_refusal`) are refused before the first write.
+    """
+    n = rep.size
+    s = np.empty(n, dtype=np.int64)
+    changed = np.empty(n, dtype=np.int64)
+    val = np.empty(pooled.shape[1], dtype=np.float32)
+    into = _scatter_singles_i4 if slot_of.dtype == np.int32 else _scatter_singles_i8
+    g, why, n_changed, n_kept = into(
+        slot_of, slot_row, n_handed, key, gate, pooled, pooled.view(np.int32), pool_of,
+        pool_gen, key_gen, gen, entry_rows, rep, order, rows, entry_pool, pool_start, n_ubatch,
+        pooled_kind, padding_kind, w_kind, w_ubatch, w_a, w_b, s, changed,
+        np.empty(entry_rows.shape[1], dtype=np.int64), val, val.view(np.int32),
+        *_scratch(entry_rows.shape[1], pooled.shape[1]))
+    if g >= 0:
+        if why == NO_SLOT:
+            return None
+        raise group_refusal(int(g), int(why))
+    return s, changed[:n_changed], int(n_kept)
 
 
 @_value_kernel("i8(i8[::1], i8[::1], i8, b1[::1], i8[::1])")

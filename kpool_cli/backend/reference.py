@@ -146,6 +146,49 @@ def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
     return np.any(pooled[st].view(np.uint32) != before, axis=1)
 
 
+def scatter_singles(slot_of: np.ndarray, slot_row: np.ndarray, n_handed: int,
+                    key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                    pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, gen: int,
+                    entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                    rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+                    n_ubatch: int, pooled_kind: int, padding_kind: int, w_kind: np.ndarray,
+                    w_ubatch: np.ndarray, w_a: np.ndarray, w_b: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """kernels.scatter_singles: this module's `kept`, `scatter_fresh` and
+    `stamp_winners` of race groups of one entry each, in turn, after the kernel's
+    checks group by group (None, nothing written, at a group whose row has no slot)."""
+    n, n_rows = rep.size, slot_of.size
+    room = min(key.shape[0], gate.shape[0], pooled.shape[0], pool_of.shape[0], pool_gen.size,
+               key_gen.size, slot_row.size, w_kind.size, w_ubatch.size, w_a.size, w_b.size)
+    if order.size != n or rows.size != n or n_handed > room or pool_start.size == 0:
+        raise group_refusal(0, NOT_RACE_GROUPS)
+    for g, (e, r) in enumerate(zip(order.tolist(), rows.tolist(), strict=True)):
+        if not 0 <= e < n or not 0 <= r < n_rows or entry_pool[e] >= pool_start[-1]:
+            raise group_refusal(g, OUTSIDE)
+        if rep[e] != r or (g > 0 and r <= rows[g - 1]):
+            raise group_refusal(g, NOT_RACE_GROUPS)
+        st = int(slot_of[r])
+        if st == 0:
+            return None
+        m = entry_rows[e]
+        if (not 1 <= st < n_handed or slot_row[st] != r or (m < 0).any()
+                or (m >= n_rows).any() or (slot_of[m] >= n_handed).any()
+                or (slot_of[m] < 0).any()):
+            raise group_refusal(g, OUTSIDE)
+    s = slot_of[rows].astype(np.int64)
+    members = slot_of[entry_rows[order]].astype(np.int64)
+    keep = kept(pool_of, pool_gen, key_gen, members, s)
+    fresh = np.flatnonzero(~keep)
+    vals = np.empty((fresh.size, pooled.shape[1]), dtype=np.float32)
+    wrote_new = scatter_fresh(key, gate, pooled, pool_of, pool_gen, gen,
+                              np.ascontiguousarray(members[fresh]), s[fresh],
+                              np.zeros(fresh.size, dtype=bool), s[fresh],
+                              np.arange(fresh.size), vals)
+    stamp_winners(order, np.arange(n + 1), entry_pool, pool_start, s, n_ubatch, pooled_kind,
+                  padding_kind, w_kind, w_ubatch, w_a, w_b)
+    return s, fresh[wrote_new], int(np.count_nonzero(keep))
+
+
 def gather(pooled: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """`pooled[rows]`: array of float32, shape (m, n_embd)."""
     return pooled[rows]

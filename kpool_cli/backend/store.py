@@ -509,7 +509,9 @@ class ValueBackend:
         cache-safe, which re-marks every pool, a ubatch so touches the float rows of
         the pools that changed alone; and while the last plan stands (`_Standing`: the
         same plan, none of its rows written since), nothing is asked of its entries at
-        all."""
+        all. A plan of race groups of one entry each, none racing and none vouched for
+        (rep-once's, most ubatches) takes the three kernel passes in one
+        (`_scatter_singles`), with no array made between them."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
         rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
@@ -539,10 +541,15 @@ class ValueBackend:
         # entry's rep row is its group's row, and the rows ascend); None: it vouches
         # for none
         grown = None if new is None else unique(np.searchsorted(rows, rep[new]))
-        # the fresh groups, their entries (ascending) and which of those keep their
-        # pooling: what follows costs the fresh groups (under cache-safe, the pools
-        # that changed), not every group
-        todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows, grown)
+        # every group of one entry, none racing, none vouched for (a rep-once decode's
+        # plan, most ubatches): the pass below in one kernel call (`_singles`)
+        singles = grown is None and 0 < n == rows.size and not writers.alt
+        if not singles:
+            # the fresh groups, their entries (ascending) and which of those keep their
+            # pooling: what follows costs the fresh groups (under cache-safe, the
+            # pools that changed), not every group
+            todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows,
+                                                   grown)
         # the standing plan with pools appended alone (`dropped_none`), whose race
         # groups' slots are this plan's but the new groups'
         appended = new is not None and standing.dropped_none(ctx.change)
@@ -551,6 +558,22 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
+        if singles:
+            got = self._scatter_singles(entry_rows, rep, order, rows, plan.entry_pool,
+                                        layout.pool_start())
+            if got is not None:
+                # what the pass below does after its writes, for groups none of which
+                # races, of a scatter that handed out no slot: the plan stands
+                s, wrote_new, n_kept = got
+                self.pools_kept += n_kept
+                self.verifier.touch(rows[wrote_new], False, True)
+                self.verifier.scattered()
+                standing.set(arrays, entry_rows, rep, s, (ctx.change.serial, layout.pool_start())
+                             if layout.is_every_pool(plan.entry_pool) else None, new)
+                return self._all_equal(rows.size)
+            # a group's row is a zero row, whose slot `own` hands out: the pass below
+            todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows,
+                                                   grown)
         self.pools_kept += n_kept
         # the fresh entries' slots as they are before `own` below hands the zero rows
         # theirs
@@ -616,6 +639,17 @@ class ValueBackend:
         equal_groups = np.ones(rows.size, dtype=bool)
         equal_groups[unequal] = False
         return equal_groups
+
+    def _scatter_singles(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                         rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """`_fresh`, `scatter_fresh` and the winners' stamps of a plan of race groups of
+        one entry each (group g: entry `order[g]`, row `rows[g]`), none racing, in one
+        kernel pass (`Writers.scatter_singles`): (the groups' slots, the groups whose
+        bits changed, the entries kept), or None, nothing written, when a group's row
+        has no slot yet."""
+        return self.writers.scatter_singles(self.kernels, entry_rows, rep, order, rows,
+                                            entry_pool, pool_start)
 
     def _all_equal(self, n_groups: int) -> np.ndarray:
         """[n_groups] True, read-only: the same array while the count holds (no array

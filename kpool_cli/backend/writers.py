@@ -108,6 +108,16 @@ class Writers:
         kernels.stamp_winners(order, starts, entry_pool, pool_start, slots, self.n_ubatch,
                               POOLED, PADDING)
 
+    def scatter_singles(self, kernels: GuardedKernels, entry_rows: np.ndarray,
+                        rep: np.ndarray, order: np.ndarray, rows: np.ndarray,
+                        entry_pool: np.ndarray, pool_start: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, int] | None:
+        """A scatter of race groups of one entry each, its winners stamped as
+        `stamp_winners` stamps them, in one kernel pass (`GuardedKernels.scatter_singles`,
+        whose answer this is)."""
+        return kernels.scatter_singles(entry_rows, rep, order, rows, entry_pool, pool_start,
+                                       self.n_ubatch, POOLED, PADDING)
+
     def wrote_again(self, slots: np.ndarray, grown_from: np.ndarray | None = None) -> None:
         """`slots` were written now by the writers that wrote them last (the same kind,
         sequence and pool): only their `w_ubatch` changes, to now. Held, not written
