@@ -540,7 +540,7 @@ class ValueBackend:
         # the race groups of the entries the standing plan does not vouch for (each
         # entry's rep row is its group's row, and the rows ascend); None: it vouches
         # for none
-        grown = None if new is None else unique(np.searchsorted(rows, rep[new]))
+        grown = None if new is None else unique(rows.searchsorted(rep[new]))
         # every group of one entry, none racing, none vouched for (a rep-once decode's
         # plan, most ubatches): the pass below in one kernel call (`_singles`)
         singles = grown is None and 0 < n == rows.size and not writers.alt
@@ -594,7 +594,7 @@ class ValueBackend:
         if todo.size:
             # each fresh group's last entry, as an index into `ents`
             last = order[starts[todo + 1] - 1]
-            src = last if ents.size == n else np.searchsorted(ents, last)
+            src = last if ents.size == n else ents.searchsorted(last)
             # the entries' values (a kept one's: its rep slot's, bit-equal to pooling
             # it), each fresh group's row written with its last one's and its pooling
             # (a group of kept entries alone leaves its slot's pooling as recorded:
@@ -609,7 +609,7 @@ class ValueBackend:
                 # a group of kept entries alone names one pooling: each of these must
                 # too, or the plan does not stand
                 equal, one_pooling = groups_equal(
-                    vals.view(np.uint32), entry_rows[ents], np.searchsorted(ents, sub),
+                    vals.view(np.uint32), entry_rows[ents], ents.searchsorted(sub),
                     sub_starts)
                 unequal = todo[raced][~equal]
                 stands = stands and bool(one_pooling.all())

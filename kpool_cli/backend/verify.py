@@ -170,7 +170,7 @@ class Verifier:
         if before:
             # a changed pair may lie at or before a kept tail: whose, by sequence
             how[(tail != NO_TAIL) & (dirty.lowest(n) <= tail)] = LOOK
-        seqs = np.flatnonzero(how != NONE)
+        seqs = (how != NONE).nonzero()[0]
         return seqs, how[seqs]
 
     def _candidates(self, layout: Layout, change: LayoutChange, s: int, how: int,
@@ -226,7 +226,7 @@ class Verifier:
         hit = np.flatnonzero(self._pdirty[layout.pool_cells()])
         if hit.size:
             start = layout.pool_start()
-            cut = np.searchsorted(hit, start).tolist()
+            cut = hit.searchsorted(start).tolist()
             for s in range(len(layout.seqs)):
                 if cut[s] < cut[s + 1]:
                     out[s] = hit[cut[s]:cut[s + 1]] - start[s]

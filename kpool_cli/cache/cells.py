@@ -150,7 +150,7 @@ class SortedKeys(GrowArray):
         if keys.size == 0:
             return
         cur = self._a[: self._n]
-        idx = np.searchsorted(cur, keys)
+        idx = cur.searchsorted(keys)
         assert np.all(cur[idx] == keys), "removing a key that is not in the set"
         keep = np.ones(self._n, dtype=bool)
         keep[idx] = False
@@ -180,8 +180,8 @@ class SortedKeys(GrowArray):
     @staticmethod
     def range_ends(cur: np.ndarray, p0: int, p1: int) -> tuple[int, int]:
         """Where the keys with p0 <= pos < p1 start and end in `cur`."""
-        return (int(np.searchsorted(cur, np.int64(p0) << CELL_BITS)),
-                int(np.searchsorted(cur, np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)))
+        return (int(cur.searchsorted(np.int64(p0) << CELL_BITS)),
+                int(cur.searchsorted(np.int64(min(p1, (1 << 31) - 1)) << CELL_BITS)))
 
 
 def _last_pos(index: SortedKeys) -> int:
@@ -276,7 +276,7 @@ class Stream:
             e = min(hi, c + step)
             free = self.pos[c:e] == EMPTY_POS
             if taken is not None and taken.size:
-                a, b = np.searchsorted(taken, (c, e))
+                a, b = taken.searchsorted((c, e))
                 free[taken[a:b] - c] = False
             got = np.flatnonzero(free)[: n - found]
             if got.size:

@@ -349,7 +349,7 @@ class CompiledLayout(Layout):
         arena = {"rep_rows": self.cols.rep_rows, "first_pos_": self.cols.first_pos,
                  "rep_pos_": self.cols.rep_pos}[name]
         lens = arena.lens
-        held = np.flatnonzero(lens)
+        held = lens.nonzero()[0]  # lens is flat: flatnonzero's ravel is a call more
         if held.size <= 8:
             parts = [arena.buf[s, :lens[s]] for s in held.tolist()]
             return (parts[0].copy() if len(parts) == 1 else np.concatenate(parts) if parts

@@ -232,7 +232,7 @@ class Layout:
             # step 1: the append path
             if clean and len(sq.keys) and sp.size and sq.pos_min == int(sp[0] >> CELL_BITS):
                 n_kept = len(sq.keys)
-                tail = sp[np.searchsorted(sp, sq.keys.view[-1], side="right"):]
+                tail = sp[sp.searchsorted(sq.keys.view[-1], side="right"):]
                 sq.keys.extend(tail)
                 scanned += tail.size
             n_pools, n_kept, copied, _rebuilt = self.step_2(cache, sq, sp, stale[s],
@@ -319,14 +319,14 @@ class Layout:
         change), then append every pair of sp that sorts after the last kept one.
         Nothing kept: the full rebuild. Returns (pools kept, pairs kept, pairs copied)."""
         have = sq.keys.view
-        n = int(np.searchsorted(have, np.int64(min(stale, POS_CLEAN)) << CELL_BITS))
+        n = int(have.searchsorted(np.int64(min(stale, POS_CLEAN)) << CELL_BITS))
         if n == 0:
             sq.rebuild(sp)
             return 0, 0, int(sp.size)
-        n_pools = int(np.searchsorted(sq.pools.view, n - self.kpool, side="right"))
+        n_pools = int(sq.pools.view.searchsorted(n - self.kpool, side="right"))
         last = have[n - 1]
         sq.cut(n, n_pools, self.kpool)
-        tail = sp[np.searchsorted(sp, last, side="right"):]
+        tail = sp[sp.searchsorted(last, side="right"):]
         sq.keys.extend(tail)
         return n_pools, n, int(tail.size)
 
@@ -346,12 +346,12 @@ class Layout:
             return 0
         cut = np.int64(min(stale, POS_CLEAN)) << CELL_BITS
         have = sq.keys.view
-        n = int(np.searchsorted(have, cut))
-        if cut > known_below and (int(np.searchsorted(sp, cut)) != n
+        n = int(have.searchsorted(cut))
+        if cut > known_below and (int(sp.searchsorted(cut)) != n
                                   or not np.array_equal(have[:n], sp[:n])):
             sq.rebuild(sp)
             return 0
-        n_pools = int(np.searchsorted(sq.pools.view, n - self.kpool, side="right"))
+        n_pools = int(sq.pools.view.searchsorted(n - self.kpool, side="right"))
         sq.cut(n, n_pools, self.kpool)
         sq.keys.extend(sp[n:])
         return n_pools
@@ -486,7 +486,7 @@ class Layout:
             return self.pool_seq(), self._every_columns()[1]
         start = self.pool_start()
         if self._pool_seq is None and ips.size < self.n_pool_real // 8:
-            seq = np.searchsorted(start, ips, side="right") - 1
+            seq = start.searchsorted(ips, side="right") - 1
         else:
             seq = self.pool_seq()[ips]
         return seq, ips - start[seq]

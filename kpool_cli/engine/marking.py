@@ -74,7 +74,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
             # a token's rank among s's (pos, cell) pairs gives its pool: rank // kpool
             keys = sq.keys.view
             want = make_keys(p, token_cells[pair_tok[sel]])
-            rank = np.searchsorted(keys, want, side="left")
+            rank = keys.searchsorted(want, side="left")
             found = rank < keys.size
             found[found] &= keys[rank[found]] == want[found]
             if not found.all():
@@ -84,7 +84,7 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
             ok = k < len(sq.pools)
         else:
             # the last pool whose first pos <= p, if p <= its rep pos
-            k = np.searchsorted(sq.first_pos(), p, side="right") - 1
+            k = sq.first_pos().searchsorted(p, side="right") - 1
             ok = k >= 0
             ok[ok] = p[ok] <= sq.rep_pos()[k[ok]]
         pair_ip[sel[ok]] = start[s] + k[ok]
@@ -109,7 +109,7 @@ def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.nd
     for s, sq in enumerate(layout.seqs):
         if stale_from[s] == POS_CLEAN or not len(sq.pools):
             continue
-        first = int(np.searchsorted(sq.rep_pos(), stale_from[s], side="left"))
+        first = int(sq.rep_pos().searchsorted(stale_from[s], side="left"))
         out.append(np.arange(start[s] + first, start[s + 1], dtype=np.int64))
     return out
 

@@ -104,10 +104,10 @@ def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
     for s, sel in by_sequence(first):
         sq = layout.seqs[s]
         if layout.by_order:
-            rank = np.searchsorted(sq.keys.view, make_keys(pos[sel], token_cells[sel]))
+            rank = sq.keys.view.searchsorted(make_keys(pos[sel], token_cells[sel]))
             visible[sel] = np.minimum(len(sq.pools), (rank + 1) // layout.kpool)
         else:
-            visible[sel] = np.searchsorted(sq.rep_pos(), pos[sel], side="right")
+            visible[sel] = sq.rep_pos().searchsorted(pos[sel], side="right")
     return visible
 
 
@@ -141,7 +141,7 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     # padded gathers; a drifted layout can miss it (GGML_ASSERT)
     sq0 = layout.seqs[seqs[0][0]]
     keys = sq0.keys.view
-    at = int(np.searchsorted(keys, np.int64(pos[0]) << CELL_BITS, side="left"))
+    at = int(keys.searchsorted(np.int64(pos[0]) << CELL_BITS, side="left"))
     if at >= keys.size or int(keys[at] >> CELL_BITS) != int(pos[0]):
         raise EngineAbort(f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
                           f"{int(pos[0])}) is not in its sequence's layout")
