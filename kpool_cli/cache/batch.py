@@ -44,6 +44,15 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
+    first = tokens[0].seq if tokens else ()
+    if len(tokens) > 1 and len(first) == 1 and all(t.seq == first for t in tokens):
+        # one sequence's tokens (a decode of a slot, a draft): no set of its own each
+        s = first[0]
+        if not 0 <= s < n_seq_max:
+            return _invalid_seq(0, s, n_seq_max)
+        ps = {t.pos for t in tokens}
+        return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
+                              embd=embd)
     singles = one_seq_each([t.seq for t in tokens])
     if singles is not None:  # parallel slots: each token's set is its own sequence
         if min(singles) < 0 or max(singles) >= n_seq_max:
@@ -57,14 +66,6 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
                 return None  # `_validate_ends`' checks of one token a sequence, all passed
         ends = {s: (t.pos, t.pos, 1) for s, t in zip(singles, tokens, strict=True)}
         return _validate_ends(ends, set(), cache, mrope=mrope, embd=embd)
-    first = tokens[0].seq if tokens else ()
-    if len(first) == 1 and all(t.seq == first for t in tokens):  # one sequence's tokens
-        s = first[0]
-        if not 0 <= s < n_seq_max:
-            return _invalid_seq(0, s, n_seq_max)
-        ps = {t.pos for t in tokens}
-        return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
-                              embd=embd)
     positions: dict[int, set[int]] = {}
     for i, t in enumerate(tokens):
         for s in t.seq:
