@@ -674,6 +674,8 @@ def race_groups(rep: np.ndarray, n_rows: int
                                  np.empty(n, dtype=np.int64),
                                  np.empty(_RADIX_MASK + 2, dtype=np.int64), heads, rows,
                                  raced)
+    if g == n:  # every row written once (a rep-once plan's): the arrays are whole
+        return order, heads, rows, raced[:0].copy()
     return order, heads[:g + 1].copy(), rows[:g].copy(), raced[:m].copy()
 
 

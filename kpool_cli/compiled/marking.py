@@ -171,8 +171,10 @@ class GrowingGroups:
 
     def __call__(self, plan: ScatterPlan, layout: Layout) -> RaceGroups:
         rep, last, again = plan.entry_rep, self._last, self._again
-        if again is not None and self._rep is not None and self._rep() is rep:
-            return again  # the same plan's
+        if last is not None and self._rep is not None and self._rep() is rep:
+            if again is None:  # the same plan's, made once it is met again
+                again = self._again = last._replace(raced_kept=True)
+            return again
         # a re-pool-all plan, unpadded (a padded one's entries are arrays of their own)
         every = (layout.is_every_pool(plan.entry_pool)
                  and plan.entry_rows is layout.pool_members())
@@ -182,8 +184,7 @@ class GrowingGroups:
             got = self._grown(rep, last, growth)
         if got is None:
             got = RaceGroups(*k.race_groups(rep, self._n_rows))
-        self._last, self._rep = got, weakref.ref(rep)
-        self._again = got._replace(raced_kept=True)
+        self._last, self._rep, self._again = got, weakref.ref(rep), None
         self._every_rows = plan.entry_rows if every else None
         return got
 
