@@ -4,15 +4,17 @@ scatter (`scatter_fresh`: a scatter's fresh groups pooled, written and compared 
 one pass), gather, check (`pools_differ`: a rep row that holds its pooling by the
 slots' generations is judged without pooling again; its numpy twin pools every entry,
 the oracle), `fresh_groups` (which scatter entries keep their pooling),
-`stamp_winners` (the writer of each row a scatter wrote), the pools a changed row
-dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the verification's
-choices for every sequence at once (`recheck_ways`, `least_pair`: recheck.py).
+`stamp_winners` (the writer of each row a scatter wrote), the three at once for a
+scatter of race groups of one entry each (`scatter_singles`, rep-once's plans), the
+pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the
+verification's choices for every sequence at once (`recheck_ways`, `least_pair`:
+recheck.py).
 
 Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
-first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 7 of
-the 16 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
+the 18 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -20,8 +22,9 @@ wrappers in `guarded.py` (`GuardedKernels`) check every index array before one r
 distinct slots where one iteration writes each row) and raise `PlanError` otherwise,
 so it is never handed an index outside its arrays; they index the arrays by slot (a
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
-or cells (`fresh_groups`, `stamp_winners`, `dirty_pools`, `pools_of_pairs`,
-`held_pairs`, `recheck_ways`, `least_pair`) check each index as they read it instead,
+or cells (`fresh_groups`, `stamp_winners`, `scatter_singles`, `dirty_pools`,
+`pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`) check each index as
+they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
 to be); `write_rows` checks

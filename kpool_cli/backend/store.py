@@ -542,7 +542,7 @@ class ValueBackend:
         # for none
         grown = None if new is None else unique(rows.searchsorted(rep[new]))
         # every group of one entry, none racing, none vouched for (a rep-once decode's
-        # plan, most ubatches): the pass below in one kernel call (`_singles`)
+        # plan, most ubatches): the pass below in one kernel call (`_scatter_singles`)
         singles = grown is None and 0 < n == rows.size and not writers.alt
         if not singles:
             # the fresh groups, their entries (ascending) and which of those keep their
@@ -558,6 +558,9 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
+        # what a plan that stands keeps of a re-pool-all plan (`_Standing.set`)
+        every = ((ctx.change.serial, layout.pool_start())
+                 if layout.is_every_pool(plan.entry_pool) else None)
         if singles:
             got = self._scatter_singles(entry_rows, rep, order, rows, plan.entry_pool,
                                         layout.pool_start())
@@ -568,8 +571,7 @@ class ValueBackend:
                 self.pools_kept += n_kept
                 self.verifier.touch(rows[wrote_new], False, True)
                 self.verifier.scattered()
-                standing.set(arrays, entry_rows, rep, s, (ctx.change.serial, layout.pool_start())
-                             if layout.is_every_pool(plan.entry_pool) else None, new)
+                standing.set(arrays, entry_rows, rep, s, every, new)
                 return self._all_equal(rows.size)
             # a group's row is a zero row, whose slot `own` hands out: the pass below
             todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows,
@@ -632,8 +634,7 @@ class ValueBackend:
         self.verifier.touch(rows[union(changed)], False, True)
         self.verifier.scattered()
         if stands:
-            standing.set(arrays, entry_rows, rep, s, (ctx.change.serial, layout.pool_start())
-                         if layout.is_every_pool(plan.entry_pool) else None, new)
+            standing.set(arrays, entry_rows, rep, s, every, new)
         if not unequal.size:
             return self._all_equal(rows.size)
         equal_groups = np.ones(rows.size, dtype=bool)
