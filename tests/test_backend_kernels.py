@@ -225,6 +225,91 @@ def test_pools_differ_judges_a_kept_pooling_by_its_generations() -> None:
     assert differ(kernels, pg=np.where(np.arange(n_slots) == 5, 0, pool_gen)) == [True, False]
 
 
+def test_rows_differ_reads_each_row_through_the_slot_map() -> None:
+    """`rows_differ`: `pools_differ` of entries given by rows. Rows 10, 11, 12, 13,
+    20, 21 are slots 1, 2, 3, 4, 5, 6 (slot_of int32, 6 + 1 slots handed out); slot 5
+    holds the pooling of slots 1, 2 (generation 3, keys at 1), slot 6 a zeroed row.
+    Entry (10, 11 -> 20) holds its pooling: False for the numba twin, though row 20's
+    pooled values are zeroed behind it (judged by the generations), True for the
+    numpy twin, which pools every entry (`test_pools_differ_judges_a_kept_pooling_by_
+    its_generations`); (12, 13 -> 21) differs: True. Each twin answers as its own
+    `pools_differ` does for the same entries as slots. A row past the 30 rows, a
+    negative one, a row whose slot is past those handed out: None, in a member or the
+    rep row alike."""
+    rng = np.random.default_rng(3)
+    n_slots, n_embd = 8, 4
+    key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    pooled = np.zeros((n_slots, n_embd), np.float32)
+    pool_of, pool_gen = np.zeros((n_slots, 2), np.int64), np.zeros(n_slots, np.int64)
+    key_gen = np.ones(n_slots, np.int64)
+    pool_of[5], pool_gen[5] = (1, 2), 3
+    slot_of = np.zeros(30, np.int32)
+    slot_of[[10, 11, 12, 13, 20, 21]] = 1, 2, 3, 4, 5, 6
+    slot_of[25] = 7  # past the 7 slots handed out
+    members = np.array([[10, 11], [12, 13]], np.int64)
+    reps = np.array([20, 21], np.int64)
+    for k in (kernels, reference):
+        def differ(m=members, r=reps, k=k):
+            got = k.rows_differ(slot_of, 7, key, gate, pooled, pool_of, pool_gen, key_gen,
+                                m, r)
+            return None if got is None else got.tolist()
+
+        by_slots = k.pools_differ(key, gate, pooled, pool_of, pool_gen, key_gen,
+                                  np.array([[1, 2], [3, 4]], np.int64),
+                                  np.array([5, 6], np.int64)).tolist()
+        assert differ() == by_slots == ([False, True] if k is kernels else [True, True]), k
+        assert differ(m=members[:0], r=reps[:0]) == [], k
+        for m, r in ((np.array([[10, 30], [12, 13]]), reps), (members, np.array([20, -1])),
+                     (np.array([[10, 11], [25, 13]]), reps), (members, np.array([25, 21]))):
+            assert differ(m=m.astype(np.int64), r=r.astype(np.int64)) is None, (k, m, r)
+
+
+def test_rows_differ_agrees() -> None:
+    """On random tables (a third of the entries told by their generations that they
+    hold their pooling, some rows outside the map or on slots past those handed out),
+    each twin's verdicts are its own `pools_differ`'s on the rows' slots, and both
+    twins answer None alike."""
+    rng = np.random.default_rng(5)
+    seen = {"none": 0, "differ": 0, "same": 0}
+    for kpool in (1, 2, 4):
+        for n in (0, 1, 9, 80):
+            for _ in range(15):
+                n_rows, n_slots = 300, 200
+                slot_of = rng.integers(0, n_slots, n_rows).astype(np.int32)
+                n_handed = n_slots - int(rng.random() < 0.2) * 20  # some slots past it
+                key = rng.standard_normal((n_slots, 8)).astype(np.float32)
+                gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1,
+                                    (n_slots, 8)).astype(np.float32)
+                pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
+                pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
+                pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
+                reps = rng.integers(0, n_rows, n).astype(np.int64)
+                if n and rng.random() < 0.1:
+                    reps[rng.integers(n)] = n_rows  # past the rows
+                for e in range(n):
+                    if rng.random() < 0.3:
+                        r, m = slot_of[reps[e]] if reps[e] < n_rows else 0, slot_of[members[e]]
+                        pool_of[r], pool_gen[r], key_gen[m] = m, 5, 4
+                args = (slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+                        members, reps)
+                got = [k.rows_differ(*args) for k in (kernels, reference)]
+                if got[1] is None:
+                    assert got[0] is None
+                    seen["none"] += 1
+                    continue
+                for k, verdicts in zip((kernels, reference), got, strict=True):
+                    by_slots = k.pools_differ(
+                        key, gate, pooled, pool_of, pool_gen, key_gen,
+                        slot_of[members].astype(np.int64), slot_of[reps].astype(np.int64))
+                    assert verdicts is not None and np.array_equal(verdicts, by_slots), k
+                seen["differ"] += int(got[0].sum())
+                seen["same"] += int((~got[0]).sum())
+    assert min(seen.values()) > 0, seen
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_kernels_are_timed_when_asked(backend: str) -> None:
     """A backend's kernels run unclocked until `time_kernels`; from then on each
@@ -1020,6 +1105,50 @@ def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
     assert calls["one pass"] > 40  # of these replays, 52 scatters
     monkeypatch.setattr(GuardedKernels, "scatter_singles", lambda self, *args: None)
     assert reports() == fast
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_verification_reads_its_rows_in_the_kernel_and_changes_no_report(
+        backend: str, monkeypatch) -> None:
+    """verify.py `Verifier.differ`: the pools a verification rechecks are judged by
+    `rows_differ`, which reads their rows through the slot map in the kernel, and
+    `pools_differ`'s door is never asked on replays whose rows are all in the map;
+    with `rows_differ` answering None, as for a row outside it, every check takes the
+    long way (rows checked, then looked up): the JSON reports of these traces, under
+    both engines, are byte-identical either way."""
+    from kpool_cli.backend.guarded import GuardedKernels
+
+    traces = [ROOT / "traces" / f"{name}.yaml" for name in (
+        "shared-prefix-race", "partial-copy", "non-unified", "mtp3-speculative",
+        "state-restore", "seq-add-drift")]
+    calls = {"by rows": 0, "by slots": 0}
+    by_rows, by_slots = GuardedKernels.rows_differ, GuardedKernels.pools_differ
+
+    def counted_rows(self, *args):
+        calls["by rows"] += 1
+        return by_rows(self, *args)
+
+    def counted_slots(self, *args):
+        calls["by slots"] += 1
+        return by_slots(self, *args)
+
+    def reports() -> list[str]:
+        out = []
+        for trace in traces:
+            for engine in ENGINES:
+                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
+                                             "--backend", backend, "--format", "json", "-q"])
+                assert r.exit_code in (0, 1), r.output
+                out.append(r.output)
+        return out
+
+    monkeypatch.setattr(GuardedKernels, "rows_differ", counted_rows)
+    monkeypatch.setattr(GuardedKernels, "pools_differ", counted_slots)
+    fast = reports()
+    assert calls["by rows"] > 30 and calls["by slots"] == 0, calls  # 39 checks
+    monkeypatch.setattr(GuardedKernels, "rows_differ", lambda self, *args: None)
+    assert reports() == fast
+    assert calls["by slots"] > 30, calls
 
 
 def test_pool_is_the_base2_softmax_mean() -> None:

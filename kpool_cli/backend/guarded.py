@@ -2,19 +2,20 @@
 when asked.
 
 Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows`,
-`scatter_fresh`, `gather`, `pools_differ`, `fresh_groups`, `stamp_winners`, the three
-of a scatter of single-entry groups at once: `scatter_singles`, the
-pools a changed row dirties: `dirty_pools`, `pools_of_pairs`, `held_pairs`, and the
-verification's choices: `recheck_ways`, `least_pair`), and the time spent inside
-each once `time_kernels` asks (`time`, seconds by kernel name: the benchmark's
-breakdown). The kernels come from `kernels.py` (numba) or `reference.py` (numpy);
-both give bit-identical arrays.
+`scatter_fresh`, `gather`, `pools_differ` and, by rows, `rows_differ`, `fresh_groups`,
+`stamp_winners`, the three of a scatter of single-entry groups at once:
+`scatter_singles`, the pools a changed row dirties: `dirty_pools`, `pools_of_pairs`,
+`held_pairs`, and the verification's choices: `recheck_ways`, `least_pair`), and the
+time spent inside each once `time_kernels` asks (`time`, seconds by kernel name: the
+benchmark's breakdown). The kernels come from `kernels.py` (numba) or `reference.py`
+(numpy); both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. The last eight read a scatter's rows through `slot_of`, its race
-groups and their slots, a sequence's pairs, a dirty-cell mask, a stream's cells or
-the layout's rep columns: their doors check types and shapes, and the kernels check
-each index as they read it (a pass over them at the door would cost what the kernels
-save), refusing with `IndexError`, which the door turns into `PlanError`.
+check nothing. `rows_differ` and the last eight read a scatter's rows through
+`slot_of`, its race groups and their slots, a sequence's pairs, a dirty-cell mask, a
+stream's cells or the layout's rep columns: their doors check types and shapes, and
+the kernels check each index as they read it (a pass over them at the door would
+cost what the kernels save), refusing with `IndexError`, which the door turns into
+`PlanError` (`rows_differ` answers None, and the verifier's own checks say what).
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs
@@ -147,6 +148,25 @@ class GuardedKernels:
         members, reps = self._entries(where, members, reps)
         return self._timed(where, self.k.pools_differ, t.key, t.gate, t.pooled, t.pool_of,
                            t.pool_gen, t.key_gen, members, reps)
+
+    def rows_differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray | None:
+        """`pools_differ` of entries given by their rows (member rows [n, kpool], rep
+        rows [n]), read through the slot map in one kernel pass, which checks each row
+        and its slot as it reads it. None, nothing done, when the arrays are not int64
+        and C-contiguous of those shapes, or a row or its slot is outside its array:
+        the caller then checks them the long way, which says what (`checked_rows`,
+        `pools_differ`'s door)."""
+        where = "check"
+        t = self.slots
+        t.check_tables(where)
+        t.check_generations(where)
+        if (type(members) is not np.ndarray or members.dtype != I64 or members.ndim != 2
+                or members.shape[1] != self.kpool or not members.flags.c_contiguous
+                or type(reps) is not np.ndarray or reps.dtype != I64
+                or reps.shape != members.shape[:1] or not reps.flags.c_contiguous):
+            return None
+        return self._timed(where, self.k.rows_differ, t.slot_of, t.n_handed, t.key, t.gate,
+                           t.pooled, t.pool_of, t.pool_gen, t.key_gen, members, reps)
 
     def fresh_groups(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                      starts: np.ndarray, rows: np.ndarray

@@ -3,7 +3,8 @@ written, their slots handed out and their writers stamped, in one pass), pool an
 scatter (`scatter_fresh`: a scatter's fresh groups pooled, written and compared in
 one pass), gather, check (`pools_differ`: a rep row that holds its pooling by the
 slots' generations is judged without pooling again; its numpy twin pools every entry,
-the oracle), `fresh_groups` (which scatter entries keep their pooling),
+the oracle; `rows_differ`, the same of entries given by rows, read through the slot
+map in the pass), `fresh_groups` (which scatter entries keep their pooling),
 `stamp_winners` (the writer of each row a scatter wrote), the three at once for a
 scatter of race groups of one entry each (`scatter_singles`, rep-once's plans), the
 pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the
@@ -14,7 +15,7 @@ Owns: the value backend's numba kernels (the compiled core's are compiled/kernel
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 18 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 20 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -22,9 +23,9 @@ wrappers in `guarded.py` (`GuardedKernels`) check every index array before one r
 distinct slots where one iteration writes each row) and raise `PlanError` otherwise,
 so it is never handed an index outside its arrays; they index the arrays by slot (a
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
-or cells (`fresh_groups`, `stamp_winners`, `scatter_singles`, `dirty_pools`,
-`pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`) check each index as
-they read it instead,
+or cells (`rows_differ`, `fresh_groups`, `stamp_winners`, `scatter_singles`,
+`dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`) check
+each index as they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
 to be); `write_rows` checks
@@ -450,21 +451,27 @@ def _holds_pooling(pool_of, pool_gen, key_gen, m, r):
     return True
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _differs(key, gate, pooled, pool_of, pool_gen, key_gen, m, r, w, bits, want):
+    """Slot r's pooled row differs from the pooling of member slots m: not where it
+    holds that pooling by the generations (bit-equal to it, found without pooling),
+    else pooled again (into `want`) and compared."""
+    if _holds_pooling(pool_of, pool_gen, key_gen, m, r):
+        return False
+    _pool_entry(key, gate, m, w, bits, want)
+    for d in range(pooled.shape[1]):  # noqa: SIM110 - numba compiles no generator here
+        if want[d] != pooled[r, d]:
+            return True
+    return False
+
+
 @_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
                 "i8[:, ::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
 def _pools_differ_into(key, gate, pooled, pool_of, pool_gen, key_gen, members, rows, w, bits,
                        want, out):
-    n_embd = key.shape[1]
     for e in range(members.shape[0]):
-        r = rows[e]
-        out[e] = False
-        if _holds_pooling(pool_of, pool_gen, key_gen, members[e], r):
-            continue  # bit-equal to the pooling below, found by generation alone
-        _pool_entry(key, gate, members[e], w, bits, want)
-        for d in range(n_embd):
-            if want[d] != pooled[r, d]:
-                out[e] = True
-                break
+        out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, members[e], rows[e],
+                          w, bits, want)
 
 
 def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
@@ -493,6 +500,67 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
     _pools_differ_into(key, gate, pooled, pool_of, pool_gen, key_gen, members, rows,
                        *_scratch(members.shape[1], key.shape[1]), want, out)
     return out
+
+
+_ROWS_DIFFER_SIG = ("i8({}[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], "
+                    "i8[::1], i8[:, ::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], "
+                    "b1[::1])")
+
+
+def _rows_differ_into(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+                      members, reps, ms, w, bits, want, out):
+    n_rows = slot_of.size
+    kpool = members.shape[1]
+    for e in range(reps.size):
+        r = reps[e]
+        if r < 0 or r >= n_rows:
+            return e
+        sr = np.int64(slot_of[r])
+        if sr < 0 or sr >= n_handed:
+            return e
+        for q in range(kpool):
+            m = members[e, q]
+            if m < 0 or m >= n_rows:
+                return e
+            sm = slot_of[m]
+            if sm < 0 or sm >= n_handed:
+                return e
+            ms[q] = sm
+        out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits, want)
+    return -1
+
+
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_rows_differ_i4 = kernel(_rows_differ_into, "_rows_differ_i4", _ROWS_DIFFER_SIG.format("i4"))
+_rows_differ_i8 = kernel(_rows_differ_into, "_rows_differ_i8", _ROWS_DIFFER_SIG.format("i8"))
+
+
+def rows_differ(slot_of: np.ndarray, n_handed: int, key: np.ndarray, gate: np.ndarray,
+                pooled: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
+                key_gen: np.ndarray, members: np.ndarray, reps: np.ndarray
+                ) -> np.ndarray | None:
+    """`pools_differ` of entries given by their rows (member rows `members`, rep rows
+    `reps`), each read through `slot_of` as the pass reaches it: one call where the
+    slots' look-up and checks would be four. None when a row, or its slot, is
+    outside its array (a slot in use is below `n_handed`): the caller then says which.
+
+    Parameters
+    ----------
+    slot_of : array of int32 or int64, shape (n_rows,): row -> slot
+    key, gate, pooled, pool_of, pool_gen, key_gen : as `pools_differ`
+    members : array of int64, shape (n, kpool), C-contiguous; reps : int64 (n,)
+
+    Returns
+    -------
+    array of bool, shape (n,), or None
+    """
+    out = np.zeros(reps.size, dtype=np.bool_)
+    want = np.empty(key.shape[1], dtype=np.float32)
+    into = _rows_differ_i4 if slot_of.dtype == np.int32 else _rows_differ_i8
+    e = into(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen, members, reps,
+             np.empty(members.shape[1], dtype=np.int64), *_scratch(members.shape[1],
+                                                                    key.shape[1]), want, out)
+    return None if e >= 0 else out
 
 
 _FRESH_SIG = ("UniTuple(i8, 3)({}[::1], i8[:, ::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], "

@@ -211,6 +211,21 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
     return np.any(pooled[rows] != pool(key, gate, members), axis=1)
 
 
+def rows_differ(slot_of: np.ndarray, n_handed: int, key: np.ndarray, gate: np.ndarray,
+                pooled: np.ndarray, pool_of: np.ndarray, pool_gen: np.ndarray,
+                key_gen: np.ndarray, members: np.ndarray, reps: np.ndarray
+                ) -> np.ndarray | None:
+    """kernels.rows_differ: the rows' slots looked up and checked, then this module's
+    `pools_differ`; None when a row or its slot is outside its array."""
+    n_rows = slot_of.size
+    if ((members < 0) | (members >= n_rows)).any() or ((reps < 0) | (reps >= n_rows)).any():
+        return None
+    ms, rs = slot_of[members].astype(np.int64), slot_of[reps].astype(np.int64)
+    if ((ms < 0) | (ms >= n_handed)).any() or ((rs < 0) | (rs >= n_handed)).any():
+        return None
+    return pools_differ(key, gate, pooled, pool_of, pool_gen, key_gen, ms, rs)
+
+
 def kept(pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray, members: np.ndarray,
          reps: np.ndarray) -> np.ndarray:
     """Whether rep slot `reps[e]` holds the pooling of the member slots `members[e]`,

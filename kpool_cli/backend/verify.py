@@ -136,11 +136,17 @@ class Verifier:
         """[n] bool: rep row differs from the pooling, or raced with different values
         (then one of them differs from any pooling). A rep row whose slot holds the
         pooling of the members' slots, none written since, is judged by those
-        generations (`kernels.pools_differ`)."""
-        members = checked_rows(members, self.n_rows, (None, self.kpool), False, "check",
-                               "member rows")
-        reps = checked_rows(reps, self.n_rows, members.shape[:1], False, "check", "rep rows")
-        bad = self.kernels.pools_differ(self.slots.of(members), self.slots.of(reps))
+        generations (`kernels.pools_differ`). The rows are read through the slot map
+        in the same kernel pass (`rows_differ`); rows it does not take (another dtype,
+        a row or slot outside its array) are checked and looked up here, which says
+        what is wrong with them."""
+        bad = self.kernels.rows_differ(members, reps)
+        if bad is None:
+            members = checked_rows(members, self.n_rows, (None, self.kpool), False, "check",
+                                   "member rows")
+            reps = checked_rows(reps, self.n_rows, members.shape[:1], False, "check",
+                                "rep rows")
+            bad = self.kernels.pools_differ(self.slots.of(members), self.slots.of(reps))
         if self.writers.alt:
             bad |= self.writers.raced(reps)
         return bad
