@@ -1069,6 +1069,19 @@ def test_scatter_singles_agrees() -> None:
     assert min(seen.values()) > 0, seen
 
 
+def _json_reports(traces: list[Path], backend: str) -> list[str]:
+    """`kpool replay TRACE --engine E --backend B --format json -q` of each trace under
+    each engine: the reports, as the CLI prints them."""
+    out = []
+    for trace in traces:
+        for engine in ENGINES:
+            r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
+                                         "--backend", backend, "--format", "json", "-q"])
+            assert r.exit_code in (0, 1), r.output
+            out.append(r.output)
+    return out
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
         backend: str, monkeypatch) -> None:
@@ -1090,21 +1103,11 @@ def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
         calls["one pass"] += got is not None
         return got
 
-    def reports() -> list[str]:
-        out = []
-        for trace in traces:
-            for engine in ENGINES:
-                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
-                                             "--backend", backend, "--format", "json", "-q"])
-                assert r.exit_code in (0, 1), r.output
-                out.append(r.output)
-        return out
-
     monkeypatch.setattr(GuardedKernels, "scatter_singles", counted)
-    fast = reports()
+    fast = _json_reports(traces, backend)
     assert calls["one pass"] > 40  # of these replays, 52 scatters
     monkeypatch.setattr(GuardedKernels, "scatter_singles", lambda self, *args: None)
-    assert reports() == fast
+    assert _json_reports(traces, backend) == fast
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -1132,22 +1135,12 @@ def test_a_verification_reads_its_rows_in_the_kernel_and_changes_no_report(
         calls["by slots"] += 1
         return by_slots(self, *args)
 
-    def reports() -> list[str]:
-        out = []
-        for trace in traces:
-            for engine in ENGINES:
-                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
-                                             "--backend", backend, "--format", "json", "-q"])
-                assert r.exit_code in (0, 1), r.output
-                out.append(r.output)
-        return out
-
     monkeypatch.setattr(GuardedKernels, "rows_differ", counted_rows)
     monkeypatch.setattr(GuardedKernels, "pools_differ", counted_slots)
-    fast = reports()
+    fast = _json_reports(traces, backend)
     assert calls["by rows"] > 30 and calls["by slots"] == 0, calls  # 39 checks
     monkeypatch.setattr(GuardedKernels, "rows_differ", lambda self, *args: None)
-    assert reports() == fast
+    assert _json_reports(traces, backend) == fast
     assert calls["by slots"] > 30, calls
 
 
