@@ -225,6 +225,20 @@ def test_pools_differ_judges_a_kept_pooling_by_its_generations() -> None:
     assert differ(kernels, pg=np.where(np.arange(n_slots) == 5, 0, pool_gen)) == [True, False]
 
 
+def _random_slot_values(rng: np.random.Generator, n_slots: int, kpool: int
+                        ) -> tuple[np.ndarray, ...]:
+    """Random key, gate (in the gates' range) and pooled rows (n_embd 8), poolings and
+    generations (0..3) of n_slots slots: a slot table's values for the twins'
+    agreement tests."""
+    key = rng.standard_normal((n_slots, 8)).astype(np.float32)
+    gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1, (n_slots, 8)).astype(np.float32)
+    pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
+    pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
+    pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+    key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+    return key, gate, pooled, pool_of, pool_gen, key_gen
+
+
 def test_rows_differ_reads_each_row_through_the_slot_map() -> None:
     """`rows_differ`: `pools_differ` of entries given by rows. Rows 10, 11, 12, 13,
     20, 21 are slots 1, 2, 3, 4, 5, 6 (slot_of int32, 6 + 1 slots handed out); slot 5
@@ -278,13 +292,8 @@ def test_rows_differ_agrees() -> None:
                 n_rows, n_slots = 300, 200
                 slot_of = rng.integers(0, n_slots, n_rows).astype(np.int32)
                 n_handed = n_slots - int(rng.random() < 0.2) * 20  # some slots past it
-                key = rng.standard_normal((n_slots, 8)).astype(np.float32)
-                gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1,
-                                    (n_slots, 8)).astype(np.float32)
-                pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
-                pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
-                pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
-                key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                key, gate, pooled, pool_of, pool_gen, key_gen = _random_slot_values(
+                    rng, n_slots, kpool)
                 members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
                 reps = rng.integers(0, n_rows, n).astype(np.int64)
                 if n and rng.random() < 0.1:
@@ -1033,13 +1042,8 @@ def test_scatter_singles_agrees() -> None:
                 pool_start = np.array([0, 40, 40, 100], np.int64)
                 entry_pool = rng.integers(0, 100, n).astype(np.int64)
                 entry_pool[rng.random(n) < 0.1] = -1
-                key = rng.standard_normal((n_slots, 8)).astype(np.float32)
-                gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1,
-                                    (n_slots, 8)).astype(np.float32)
-                pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
-                pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
-                pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
-                key_gen = rng.integers(0, 4, n_slots).astype(np.int64)
+                key, gate, pooled, pool_of, pool_gen, key_gen = _random_slot_values(
+                    rng, n_slots, kpool)
                 for e in range(n):  # a third keep their pooling, some rows hold it
                     r, m = slot_of[rep[e]], slot_of[entry_rows[e]]
                     if r and rng.random() < 0.3:
