@@ -297,6 +297,100 @@ def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() 
     assert out.tolist() == [2, 1, 0, 0, 1, 2]
 
 
+def _mark_plan(keys, pools, rep_pos, pool_cells, pos, stale, *, base=0, g_floor=3,
+               n_rows=16, row_base=8):  # type: ignore[no-untyped-def]
+    """`kernels.mark_plan_one_sequence` of one sequence of kpool 2 by position (rep-once),
+    its `seen` scratch checked all False after: (marked, entries written, the entries'
+    pools, member rows and rep rows, the tokens' visible pools)."""
+    from kpool_cli.compiled import kernels as k
+
+    a = [np.array(x, dtype=np.int64) for x in (keys, pools, rep_pos, pool_cells, pos, stale)]
+    keys, pools, rep_pos, pool_cells, pos, stale = a
+    first_pos = rep_pos - 1
+    room = max(stale.size + pos.size, g_floor)
+    rows, rep, entry = np.empty((room, 2), np.int64), np.empty(room, np.int64), \
+        np.empty(room, np.int64)
+    visible = np.empty(pos.size, np.int64)
+    seen = np.zeros(64, dtype=bool)
+    marked, n_g = k.mark_plan_one_sequence(
+        keys, pools, pools.size, first_pos, rep_pos, pos, pos.copy(), 2, base, stale,
+        pool_cells, True, seen, np.empty(5 * (stale.size + pos.size), np.int64), row_base,
+        g_floor, n_rows, rows, rep, entry, visible)
+    assert not seen.any()
+    return (marked.tolist(), int(n_g), entry[:n_g].tolist(), rows[:n_g].tolist(),
+            rep[:n_g].tolist(), visible.tolist())
+
+
+def test_mark_plan_one_sequence_marks_and_plans_as_the_two_steps() -> None:
+    """compiled/kernels.py `mark_plan_one_sequence`: ENGINE.md §6's marking, then §7's
+    plan, in one call. One sequence of kpool 2 on stream 1 of a cache of 8 cells (its
+    rows 8..15), pos p at cell p: pools at pairs 0, 2, 4 (pos 0-1, 2-3, 4-5), rep rows
+    9, 11, 13. Tokens at pos 4, 5 fall in pool 2; pool 1 is stale. Candidates 1, 2, 2:
+    marked 1, 2. The graph holds max(2, 3) = 3 entries: pool 1 (rows 10, 11, rep 11),
+    pool 2 (12, 13, rep 13), and one padding entry on the smallest row that is no
+    pool's rep, row 0. Token at pos 4 sees the pools with rep pos <= 4 (1, 3): 2; at
+    pos 5, 3. Below the graph's floor (g_floor 1), no padding: two entries."""
+    keys = [(p << 32) | p for p in range(6)]
+    pools, rep_pos, reps = [0, 2, 4], [1, 3, 5], [9, 11, 13]
+    assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [1]) == (
+        [1, 2], 3, [1, 2, -1], [[10, 11], [12, 13], [0, 0]], [11, 13, 0], [2, 3])
+    assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [1], g_floor=1)[1:5] == (
+        2, [1, 2], [[10, 11], [12, 13]], [11, 13])
+
+
+def test_mark_plan_one_sequence_leaves_to_build_plan_what_it_does_not_plan() -> None:
+    """`mark_plan_one_sequence` writes no plan (0 entries), only the marking, where
+    engine/scatter.py `build_plan` has more to say: nothing marked (a token at pos 6,
+    past the pools, none stale: padding alone, which `build_plan` keeps by identity);
+    the first token's pos not among the pairs (pos 7, then pos 4 of pool 2: GGML_ASSERT);
+    too few rows for the padding (a cache of 1 row: row 0 is the only candidate, and
+    with n_rows 0 none is left: GGML_ASSERT); a stale pool of another sequence (this
+    one's pools start at global pool 1, and pool 0 is stale)."""
+    keys = [(p << 32) | p for p in range(6)]
+    pools, rep_pos, reps = [0, 2, 4], [1, 3, 5], [9, 11, 13]
+    assert _mark_plan([*keys, 6 << 32 | 6], pools, rep_pos, reps, [6], [])[:2] == ([], 0)
+    assert _mark_plan(keys, pools, rep_pos, reps, [7, 4], [])[:2] == ([2], 0)
+    assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [], n_rows=0)[:2] == ([2], 0)
+    assert _mark_plan(keys, pools, rep_pos, [0, *reps], [4, 5], [0], base=1)[1] == 0
+
+
+def test_one_call_for_marking_and_plan_changes_no_report(monkeypatch) -> None:
+    """replay.py `_ubatch` asks the compiled core's `mark_and_plan` for a ubatch of one
+    sequence by position under an engine whose padding takes rows of its own, and
+    marks and plans apart otherwise. With it answering None throughout, the compiled
+    core's JSON reports of these traces, under both engines and with the numba value
+    backend, are byte-identical."""
+    from kpool_cli.compiled import marking as cm
+
+    traces = [ROOT / "traces" / f"{name}.yaml" for name in (
+        "shared-prefix-race", "partial-copy", "non-unified", "mtp3-speculative",
+        "server-session", "state-restore", "seq-add-drift")]
+    planned = {"both": 0}
+    both = cm.mark_and_plan
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        got = both(*args, **kwargs)
+        planned["both"] += got is not None and got[1] is not None
+        return got
+
+    def reports() -> list[str]:
+        out = []
+        for trace in traces:
+            for engine in ("rep-once", "cache-safe"):
+                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
+                                             "--core", "compiled", "--backend", "numba",
+                                             "--format", "json", "-q"])
+                assert r.exit_code in (0, 1), r.output
+                out.append(r.output)
+        return out
+
+    monkeypatch.setattr(cm, "mark_and_plan", counted)
+    one_call = reports()
+    assert planned["both"] > 20, planned
+    monkeypatch.setattr(cm, "mark_and_plan", lambda *args, **kwargs: None)
+    assert reports() == one_call
+
+
 def test_race_groups_kernel_groups_as_the_context_does() -> None:
     """kernels.race_groups (a radix sort by row, 11 bits a pass, past 64 entries; a
     merge sort below) gives engine/context.py's grouping, and its raced groups

@@ -528,6 +528,7 @@ def _mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, 
 
 
 _mark_one_sequence_k = kernel(_mark_one_sequence, "_mark_one_sequence_k")
+_mark_one_sequence_in = inner(_mark_one_sequence)
 
 
 def mark_one_sequence(keys: np.ndarray, n_pools: int, first_pos: np.ndarray,
@@ -545,10 +546,57 @@ def mark_one_sequence(keys: np.ndarray, n_pools: int, first_pos: np.ndarray,
 
 
 @kernel
-def padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - compiled
+def mark_plan_one_sequence(keys, pools, n_pools, first_pos, rep_pos, pos, cells, kpool,
+                           base, stale, pool_cells, once_per_rep, seen, scratch, row_base,
+                           g_floor, n_rows, rows, rep, entry_pool, visible
+                           ):  # pragma: no cover - compiled
+    """`_mark_one_sequence` by position, then engine/scatter.py `build_plan` (ENGINE.md
+    §7) of its plan with padding rows of their own, in the same call: the marked pools'
+    entries (pool, member rows `row_base` + each member's cell, rep row), then the
+    padding entries up to the graph's size max(n_new, `g_floor`) (engine/marking.py
+    `n_new_graph`), each on its row (`_padding_rows`, below `n_rows`), and each token's
+    visible pools (how many of the sequence's pools have a rep pos <= its pos). `keys`,
+    `pools`, `first_pos`, `rep_pos`: the sequence's columns; `seen`: all False, as
+    long as the pools and the padding entries together at least, and left so; `rows`,
+    `rep`, `entry_pool` hold max(stale.size + pos.size, g_floor) entries, `visible`
+    pos.size. Returns (the marked pools, the entries written); 0 entries when none was
+    marked, another sequence's stale pool was, the first token's pos is not among the
+    sequence's pairs, or too few rows are left for the padding: `build_plan` then
+    plans (and says what is wrong)."""
+    marked, _ok = _mark_one_sequence_in(keys, n_pools, first_pos, rep_pos, pos, cells,
+                                        False, kpool, base, stale, pool_cells,
+                                        once_per_rep, seen, scratch)
+    n_new = marked.size
+    at = _bisect_in(keys, pos[0] << _CELL_BITS, False)  # build_plan's first-token check
+    if n_new == 0 or at >= keys.size or (keys[at] >> _CELL_BITS) != pos[0]:
+        return marked, 0
+    n_g = max(n_new, g_floor)
+    n_pad = n_g - n_new
+    if n_pad and _padding_rows_in(pool_cells, n_pad, n_rows, rep[n_new:], seen) < n_pad:
+        return marked, 0
+    for e in range(n_new):
+        c = marked[e]
+        if c < base or c >= base + n_pools:  # another sequence's stale pool
+            return marked, 0
+        entry_pool[e] = c
+        rep[e] = pool_cells[c]
+        j = pools[c - base]
+        for q in range(kpool):
+            rows[e, q] = row_base + (keys[j + q] & _CELL_MASK)
+    for e in range(n_new, n_g):  # rep[e]: its row
+        r = rep[e]
+        entry_pool[e] = -1
+        for q in range(kpool):
+            rows[e, q] = r
+    for i in range(pos.size):
+        visible[i] = _bisect_in(rep_pos[:n_pools], pos[i], True)
+    return marked, n_g
+
+
+def _padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - compiled
     """engine/scatter.py `padding_rows`, not row-zero: the n_pad smallest rows that
-    are no pool's rep (`taken`: all False, n_pad + pool_cells.size long, scratch).
-    Returns how many were found below n_rows."""
+    are no pool's rep (`taken`: all False, n_pad + pool_cells.size long at least,
+    scratch, left all False). Returns how many were found below n_rows."""
     span = n_pad + pool_cells.size
     for r in pool_cells:
         if r < span:
@@ -559,10 +607,17 @@ def padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - c
             break
         if not taken[r]:
             if r >= n_rows:
-                return k
+                break
             out[k] = r
             k += 1
+    for r in pool_cells:
+        if r < span:
+            taken[r] = False
     return k
+
+
+padding_rows = kernel(_padding_rows, "padding_rows")
+_padding_rows_in = inner(_padding_rows)
 
 
 @kernel

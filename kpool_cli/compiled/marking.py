@@ -20,9 +20,10 @@ import weakref
 import numpy as np
 
 from ..cache.aborts import EngineAbort
+from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import Layout, PoolGrowth, by_sequence
-from ..engine.marking import Marking, stale_candidates, token_pairs
+from ..engine.marking import Marking, pad_bound, stale_candidates, token_pairs
 from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, visible_pools
 from . import kernels as k
 from .layout import CompiledLayout
@@ -74,6 +75,52 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
         return Marking.of(cand)
     seen = layout.scratch(n_pool)
     return Marking.of(k.first_winners(cand, layout.pool_cells(), once_per_rep, seen))
+
+
+def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
+                  token_cells: np.ndarray, stale_from: list[int] | None, *, once_per_rep: bool,
+                  g_floor: int, n_rows: int) -> tuple[Marking, ScatterPlan | None] | None:
+    """`mark` (not re-pool-all) and then engine/scatter.py `build_plan` with padding
+    rows of their own ("unused-rows"), in one `kernels.mark_plan_one_sequence` call,
+    for a ubatch whose every token holds one sequence, by position (a prefill's
+    ubatches, a draft's: W3's steps). `g_floor`: engine/marking.py `n_new_graph` of no
+    marked pool, so the graph's size is max(n_new, g_floor). Returns None for another
+    ubatch (mark, then plan, apart); (the marking, None) when the kernel marked and
+    left the plan to `build_plan` (nothing marked: a plan of padding alone, which it
+    keeps by identity; a stale pool of another sequence; what `build_plan` refuses);
+    else (the marking, its plan): the arrays the two steps give apart."""
+    first = seqs[0]
+    if layout.by_order or len(first) != 1 or not all(ss == first for ss in seqs):
+        return None
+    s = first[0]
+    sq = layout.seqs[s]
+    start = layout.pool_start()
+    n_pool = int(start[-1])
+    candidates = stale_candidates(layout, stale_from)
+    stale = (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
+             if candidates else np.empty(0, dtype=np.int64))
+    pool_cells = layout.pool_cells()
+    n_cand = stale.size + pos.size
+    room = max(n_cand, g_floor)
+    rows = np.empty((room, layout.kpool), dtype=np.int64)
+    rep = np.empty(room, dtype=np.int64)
+    entry_pool = np.empty(room, dtype=np.int64)
+    visible = np.empty(pos.size, dtype=np.int64)
+    n_pools = len(sq.pools)
+    marked, n_g = k.mark_plan_one_sequence(
+        sq.keys.view, sq.pools.view, n_pools, sq.first_pos(), sq.rep_pos(), pos,
+        token_cells, layout.kpool, int(start[s]), stale, pool_cells, once_per_rep,
+        layout.scratch(n_pool + g_floor), np.empty(5 * n_cand, dtype=np.int64),
+        global_row(sq.strm, 0, layout.kv_size), g_floor, n_rows, rows, rep, entry_pool,
+        visible)
+    marking = Marking.of(marked)
+    if not n_g:
+        return marking, None
+    n_new = marking.n_new
+    assert pad_bound(pool_cells.size) > pool_cells.size
+    return marking, ScatterPlan(pool_cells, entry_pool[:n_g], rows[:n_g], rep[:n_g], visible,
+                                n_new, int(pool_cells.size) if n_g > n_new else 0,
+                                _NO_READERS)
 
 
 class Padding:

@@ -131,7 +131,9 @@ def pad_bound(n_pool_real: int) -> int:
 
 def n_new_graph(n_new: int, n_tokens: int, n_seqs_unq: int, n_pool_real: int,
                 kv_size: int, kpool: int, n_seq_max: int, repool_all: bool) -> int:
-    """ENGINE.md §6: the graph size of the new list, stable across decode steps."""
+    """ENGINE.md §6: the graph size of the new list, stable across decode steps.
+    Not re-pool-all, it is max(n_new, its value for n_new = 0): a floor a core may
+    take before it marks (compiled/marking.py `mark_and_plan`)."""
     if repool_all:
         return max(n_new, 1)
     bound = n_tokens // kpool + n_seqs_unq
