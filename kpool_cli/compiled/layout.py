@@ -358,6 +358,15 @@ class CompiledLayout(Layout):
         k.joined_rows(arena.buf, lens, out)
         return out
 
+    def columns(self, ips: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Layout.columns: a few pools' positions read in the arenas, at (seq, k), not in
+        the whole-layout columns (a decode's listing: no copy of every pool's)."""
+        if self.is_every_pool(ips) or ips.size >= self.n_pool_real // 8:
+            return super().columns(ips)
+        seq, k = self.locate(ips)
+        return seq, k, self.cols.first_pos.buf[seq, k], self.cols.rep_pos.buf[seq, k]
+
     def known_equal(self, cache: KvCache, s: int) -> bool:
         """The update found s's pairs equal to the cache's, and nothing touched s since."""
         return bool(self._equal[s]) and s not in cache.stream(s).touched

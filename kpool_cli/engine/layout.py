@@ -197,7 +197,8 @@ class Layout:
         self._pool_start: np.ndarray | None = None
         self._pool_seq: np.ndarray | None = None
         self._pool_cells: np.ndarray | None = None
-        self._pool_pos: tuple[np.ndarray, np.ndarray] | None = None
+        self._pool_first_pos: np.ndarray | None = None
+        self._pool_rep_pos: np.ndarray | None = None
         self._every: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def update(self, cache: KvCache, stale: list[int], track_sharing: bool,
@@ -265,7 +266,8 @@ class Layout:
         the `shared` flags of `reshared` (default `read`: the sequences whose steps
         ran), so each is summed again only then."""
         if changed:
-            self._pool_start = self._pool_seq = self._pool_cells = self._pool_pos = None
+            self._pool_start = self._pool_seq = self._pool_cells = None
+            self._pool_first_pos = self._pool_rep_pos = None
             self._every = None
             self.n_pool_real = int(self.pool_counts().sum())
         if read if reshared is None else reshared:
@@ -398,16 +400,15 @@ class Layout:
 
     def pool_first_pos(self) -> np.ndarray:
         """[n_pool_real] the first member's pos of every pool, in layout order."""
-        return self._pos_columns()[0]
+        if self._pool_first_pos is None:
+            self._pool_first_pos = self._column("first_pos_")
+        return self._pool_first_pos
 
     def pool_rep_pos(self) -> np.ndarray:
         """[n_pool_real] the rep's pos of every pool, in layout order."""
-        return self._pos_columns()[1]
-
-    def _pos_columns(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._pool_pos is None:
-            self._pool_pos = (self._column("first_pos_"), self._column("rep_pos_"))
-        return self._pool_pos
+        if self._pool_rep_pos is None:  # apart from first_pos: the verification's alone
+            self._pool_rep_pos = self._column("rep_pos_")
+        return self._pool_rep_pos
 
     def _column(self, name: str) -> np.ndarray:
         """[n_pool_real] the per-pool column `name` of every sequence (a SeqLayout
