@@ -180,14 +180,15 @@ def core_of(name: str) -> Core:
         from .compiled.cache import CompiledKvCache
         from .compiled.layout import CompiledLayout
 
+        padding = cm.Padding()  # one a replay: both ways of planning keep its rows
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
-                    cm.mark, partial(build_plan, padding=cm.Padding(), visibility=cm.visible,
+                    cm.mark, partial(build_plan, padding=padding, visibility=cm.visible,
                                      padding_alone=SameArrays(padding_entries)),
                     lambda c: cm.GrowingGroups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans, cr.EverySpans(),
-                    cm.mark_and_plan)
+                    partial(cm.mark_and_plan, padding=padding))
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
@@ -504,25 +505,24 @@ class Replayer:
         marked = np.empty(0, dtype=np.int64)
         n_new = n_new_g = 0
         try:
-            graph = partial(n_new_graph, n_tokens=pos.size, n_seqs_unq=ub.n_seqs_unq,
-                            n_pool_real=layout.n_pool_real, kv_size=cfg.kv_size,
-                            kpool=cfg.kpool, n_seq_max=cfg.n_seq_max, repool_all=repool_all)
+            graph = (pos.size, ub.n_seqs_unq, layout.n_pool_real, cfg.kv_size, cfg.kpool,
+                     cfg.n_seq_max, repool_all)  # n_new_graph's, after n_new
             stale_from = stale_batch if first else None
             both = None
             if (self.core.mark_and_plan is not None and not repool_all
                     and v.padding == "unused-rows"):  # padding rows of their own
                 both = self.core.mark_and_plan(layout, pos, seqs, pl.cells, stale_from,
                                                once_per_rep=v.mark_once_per_rep,
-                                               g_floor=graph(0), n_rows=cfg.n_rows)
+                                               g_floor=n_new_graph(0, *graph),
+                                               n_rows=cfg.n_rows)
             marking, plan = both or (self.core.mark(
                 layout, pos, seqs, pl.cells, stale_from, repool_all=repool_all,
                 once_per_rep=v.mark_once_per_rep), None)
             marked, n_new = marking.marked, marking.n_new
-            n_new_g = graph(n_new)
+            n_new_g = n_new_graph(n_new, *graph)
             if plan is None:
                 plan = self.core.build_plan(layout, marked, n_new_g, pos, seqs, pl.cells,
                                             cfg.n_rows, v.padding)
-            assert plan.n_new_g == n_new_g
         except EngineAbort as e:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),

@@ -298,10 +298,11 @@ def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() 
 
 
 def _mark_plan(keys, pools, rep_pos, pool_cells, pos, stale, *, base=0, g_floor=3,
-               n_rows=16, row_base=8):  # type: ignore[no-untyped-def]
+               pad=(0, 1, 2), row_base=8):  # type: ignore[no-untyped-def]
     """`kernels.mark_plan_one_sequence` of one sequence of kpool 2 by position (rep-once),
-    its `seen` scratch checked all False after: (marked, entries written, the entries'
-    pools, member rows and rep rows, the tokens' visible pools)."""
+    its `seen` scratch checked all False after, on the padding rows `pad`: (marked,
+    entries written, the entries' pools, member rows and rep rows, the tokens' visible
+    pools)."""
     from kpool_cli.compiled import kernels as k
 
     a = [np.array(x, dtype=np.int64) for x in (keys, pools, rep_pos, pool_cells, pos, stale)]
@@ -315,7 +316,7 @@ def _mark_plan(keys, pools, rep_pos, pool_cells, pos, stale, *, base=0, g_floor=
     marked, n_g = k.mark_plan_one_sequence(
         keys, pools, pools.size, first_pos, rep_pos, pos, pos.copy(), 2, base, stale,
         pool_cells, True, seen, np.empty(5 * (stale.size + pos.size), np.int64), row_base,
-        g_floor, n_rows, rows, rep, entry, visible)
+        g_floor, np.array(pad, dtype=np.int64), rows, rep, entry, visible)
     assert not seen.any()
     return (marked.tolist(), int(n_g), entry[:n_g].tolist(), rows[:n_g].tolist(),
             rep[:n_g].tolist(), visible.tolist())
@@ -327,9 +328,10 @@ def test_mark_plan_one_sequence_marks_and_plans_as_the_two_steps() -> None:
     rows 8..15), pos p at cell p: pools at pairs 0, 2, 4 (pos 0-1, 2-3, 4-5), rep rows
     9, 11, 13. Tokens at pos 4, 5 fall in pool 2; pool 1 is stale. Candidates 1, 2, 2:
     marked 1, 2. The graph holds max(2, 3) = 3 entries: pool 1 (rows 10, 11, rep 11),
-    pool 2 (12, 13, rep 13), and one padding entry on the smallest row that is no
-    pool's rep, row 0. Token at pos 4 sees the pools with rep pos <= 4 (1, 3): 2; at
-    pos 5, 3. Below the graph's floor (g_floor 1), no padding: two entries."""
+    pool 2 (12, 13, rep 13), and one padding entry on the first padding row (the
+    smallest rows that are no pool's rep: 0, 1, 2), row 0. Token at pos 4 sees the
+    pools with rep pos <= 4 (1, 3): 2; at pos 5, 3. Below the graph's floor (g_floor
+    1), no padding: two entries."""
     keys = [(p << 32) | p for p in range(6)]
     pools, rep_pos, reps = [0, 2, 4], [1, 3, 5], [9, 11, 13]
     assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [1]) == (
@@ -343,14 +345,13 @@ def test_mark_plan_one_sequence_leaves_to_build_plan_what_it_does_not_plan() -> 
     engine/scatter.py `build_plan` has more to say: nothing marked (a token at pos 6,
     past the pools, none stale: padding alone, which `build_plan` keeps by identity);
     the first token's pos not among the pairs (pos 7, then pos 4 of pool 2: GGML_ASSERT);
-    too few rows for the padding (a cache of 1 row: row 0 is the only candidate, and
-    with n_rows 0 none is left: GGML_ASSERT); a stale pool of another sequence (this
+    too few padding rows (none found: GGML_ASSERT); a stale pool of another sequence (this
     one's pools start at global pool 1, and pool 0 is stale)."""
     keys = [(p << 32) | p for p in range(6)]
     pools, rep_pos, reps = [0, 2, 4], [1, 3, 5], [9, 11, 13]
     assert _mark_plan([*keys, 6 << 32 | 6], pools, rep_pos, reps, [6], [])[:2] == ([], 0)
     assert _mark_plan(keys, pools, rep_pos, reps, [7, 4], [])[:2] == ([2], 0)
-    assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [], n_rows=0)[:2] == ([2], 0)
+    assert _mark_plan(keys, pools, rep_pos, reps, [4, 5], [], pad=())[:2] == ([2], 0)
     assert _mark_plan(keys, pools, rep_pos, [0, *reps], [4, 5], [0], base=1)[1] == 0
 
 

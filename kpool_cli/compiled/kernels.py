@@ -548,21 +548,20 @@ def mark_one_sequence(keys: np.ndarray, n_pools: int, first_pos: np.ndarray,
 @kernel
 def mark_plan_one_sequence(keys, pools, n_pools, first_pos, rep_pos, pos, cells, kpool,
                            base, stale, pool_cells, once_per_rep, seen, scratch, row_base,
-                           g_floor, n_rows, rows, rep, entry_pool, visible
+                           g_floor, pad, rows, rep, entry_pool, visible
                            ):  # pragma: no cover - compiled
     """`_mark_one_sequence` by position, then engine/scatter.py `build_plan` (ENGINE.md
     §7) of its plan with padding rows of their own, in the same call: the marked pools'
     entries (pool, member rows `row_base` + each member's cell, rep row), then the
     padding entries up to the graph's size max(n_new, `g_floor`) (engine/marking.py
-    `n_new_graph`), each on its row (`_padding_rows`, below `n_rows`), and each token's
-    visible pools (how many of the sequence's pools have a rep pos <= its pos). `keys`,
-    `pools`, `first_pos`, `rep_pos`: the sequence's columns; `seen`: all False, as
-    long as the pools and the padding entries together at least, and left so; `rows`,
-    `rep`, `entry_pool` hold max(stale.size + pos.size, g_floor) entries, `visible`
-    pos.size. Returns (the marked pools, the entries written); 0 entries when none was
-    marked, another sequence's stale pool was, the first token's pos is not among the
-    sequence's pairs, or too few rows are left for the padding: `build_plan` then
-    plans (and says what is wrong)."""
+    `n_new_graph`), each on its row of `pad` (the smallest rows that are no pool's rep,
+    `padding_rows`), and each token's visible pools (how many of the sequence's pools
+    have a rep pos <= its pos). `keys`, `pools`, `first_pos`, `rep_pos`: the
+    sequence's columns; `rows`, `rep`, `entry_pool` hold max(stale.size + pos.size,
+    g_floor) entries, `visible` pos.size. Returns (the marked pools, the entries
+    written); 0 entries when none was marked, another sequence's stale pool was, the
+    first token's pos is not among the sequence's pairs, or `pad` is too short:
+    `build_plan` then plans (and says what is wrong)."""
     marked, _ok = _mark_one_sequence_in(keys, n_pools, first_pos, rep_pos, pos, cells,
                                         False, kpool, base, stale, pool_cells,
                                         once_per_rep, seen, scratch)
@@ -571,8 +570,7 @@ def mark_plan_one_sequence(keys, pools, n_pools, first_pos, rep_pos, pos, cells,
     if n_new == 0 or at >= keys.size or (keys[at] >> _CELL_BITS) != pos[0]:
         return marked, 0
     n_g = max(n_new, g_floor)
-    n_pad = n_g - n_new
-    if n_pad and _padding_rows_in(pool_cells, n_pad, n_rows, rep[n_new:], seen) < n_pad:
+    if n_g - n_new > pad.size:
         return marked, 0
     for e in range(n_new):
         c = marked[e]
@@ -583,9 +581,10 @@ def mark_plan_one_sequence(keys, pools, n_pools, first_pos, rep_pos, pos, cells,
         j = pools[c - base]
         for q in range(kpool):
             rows[e, q] = row_base + (keys[j + q] & _CELL_MASK)
-    for e in range(n_new, n_g):  # rep[e]: its row
-        r = rep[e]
+    for e in range(n_new, n_g):
+        r = pad[e - n_new]
         entry_pool[e] = -1
+        rep[e] = r
         for q in range(kpool):
             rows[e, q] = r
     for i in range(pos.size):
@@ -593,10 +592,11 @@ def mark_plan_one_sequence(keys, pools, n_pools, first_pos, rep_pos, pos, cells,
     return marked, n_g
 
 
-def _padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - compiled
+@kernel
+def padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - compiled
     """engine/scatter.py `padding_rows`, not row-zero: the n_pad smallest rows that
-    are no pool's rep (`taken`: all False, n_pad + pool_cells.size long at least,
-    scratch, left all False). Returns how many were found below n_rows."""
+    are no pool's rep (`taken`: all False, n_pad + pool_cells.size long, scratch).
+    Returns how many were found below n_rows."""
     span = n_pad + pool_cells.size
     for r in pool_cells:
         if r < span:
@@ -607,17 +607,10 @@ def _padding_rows(pool_cells, n_pad, n_rows, out, taken):  # pragma: no cover - 
             break
         if not taken[r]:
             if r >= n_rows:
-                break
+                return k
             out[k] = r
             k += 1
-    for r in pool_cells:
-        if r < span:
-            taken[r] = False
     return k
-
-
-padding_rows = kernel(_padding_rows, "padding_rows")
-_padding_rows_in = inner(_padding_rows)
 
 
 @kernel

@@ -22,7 +22,7 @@ import numpy as np
 from ..cache.aborts import EngineAbort
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
-from ..engine.layout import Layout, PoolGrowth, by_sequence
+from ..engine.layout import POS_CLEAN, Layout, PoolGrowth, by_sequence
 from ..engine.marking import Marking, pad_bound, stale_candidates, token_pairs
 from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, visible_pools
 from . import kernels as k
@@ -79,9 +79,11 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
 
 def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
                   token_cells: np.ndarray, stale_from: list[int] | None, *, once_per_rep: bool,
-                  g_floor: int, n_rows: int) -> tuple[Marking, ScatterPlan | None] | None:
+                  g_floor: int, n_rows: int, padding: Padding
+                  ) -> tuple[Marking, ScatterPlan | None] | None:
     """`mark` (not re-pool-all) and then engine/scatter.py `build_plan` with padding
-    rows of their own ("unused-rows"), in one `kernels.mark_plan_one_sequence` call,
+    rows of their own ("unused-rows", from `padding`, the one `build_plan` is given,
+    which keeps its rows for the next), in one `kernels.mark_plan_one_sequence` call,
     for a ubatch whose every token holds one sequence, by position (a prefill's
     ubatches, a draft's: W3's steps). `g_floor`: engine/marking.py `n_new_graph` of no
     marked pool, so the graph's size is max(n_new, g_floor). Returns None for another
@@ -94,25 +96,32 @@ def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int,
         return None
     s = first[0]
     sq = layout.seqs[s]
+    rep_pos = sq.rep_pos()
+    candidates = ([] if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from)
+                  else stale_candidates(layout, stale_from))
+    if not candidates and (not rep_pos.size or (
+            pos.min() if pos.size > 1 else pos[0]) > rep_pos[rep_pos.size - 1]):
+        return None  # by position, no token is in a pool: nothing is marked
     start = layout.pool_start()
-    n_pool = int(start[-1])
-    candidates = stale_candidates(layout, stale_from)
     stale = (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
              if candidates else np.empty(0, dtype=np.int64))
     pool_cells = layout.pool_cells()
     n_cand = stale.size + pos.size
     room = max(n_cand, g_floor)
-    rows = np.empty((room, layout.kpool), dtype=np.int64)
-    rep = np.empty(room, dtype=np.int64)
-    entry_pool = np.empty(room, dtype=np.int64)
-    visible = np.empty(pos.size, dtype=np.int64)
-    n_pools = len(sq.pools)
+    kpool = layout.kpool
+    # one allocation: the entries' rows, rep rows and pools, the tokens' visible
+    # pools, the kernel's scratch
+    at = room * (kpool + 2)
+    out = np.empty(at + pos.size + 5 * n_cand, dtype=np.int64)
+    rows = out[:room * kpool].reshape(room, kpool)
+    rep, entry_pool = out[room * kpool:at - room], out[at - room:at]
+    visible = out[at:at + pos.size]
     marked, n_g = k.mark_plan_one_sequence(
-        sq.keys.view, sq.pools.view, n_pools, sq.first_pos(), sq.rep_pos(), pos,
-        token_cells, layout.kpool, int(start[s]), stale, pool_cells, once_per_rep,
-        layout.scratch(n_pool + g_floor), np.empty(5 * n_cand, dtype=np.int64),
-        global_row(sq.strm, 0, layout.kv_size), g_floor, n_rows, rows, rep, entry_pool,
-        visible)
+        sq.keys.view, sq.pools.view, rep_pos.size, sq.first_pos(), rep_pos, pos,
+        token_cells, kpool, int(start[s]), stale, pool_cells, once_per_rep,
+        layout.scratch(int(start[-1])), out[at + pos.size:],
+        global_row(sq.strm, 0, layout.kv_size), g_floor,
+        padding.up_to(pool_cells, g_floor, n_rows), rows, rep, entry_pool, visible)
     marking = Marking.of(marked)
     if not n_g:
         return marking, None
@@ -156,6 +165,26 @@ class Padding:
                  ) -> tuple[np.ndarray, np.ndarray]:
         if row_zero:
             return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
+        last = self._kept(pool_cells, n_pad, n_rows)
+        if last[3] < n_pad:  # the rows found below n_rows, smallest first
+            raise EngineAbort(NO_ROW_LEFT)
+        given = self._given
+        if given is None or given.size != n_pad:
+            given = self._given = last[2][:n_pad]
+            given.flags.writeable = False
+        return given, _NO_READERS
+
+    def up_to(self, pool_cells: np.ndarray, n_pad: int, n_rows: int) -> np.ndarray:
+        """The rows a call for `n_pad` would give, or as many of them as are found
+        below `n_rows` (where the call raises), from the same kept rows (a view:
+        nothing may write it)."""
+        _ref, _n_rows, kept, found = self._kept(pool_cells, n_pad, n_rows)
+        return kept[:min(n_pad, found)]
+
+    def _kept(self, pool_cells: np.ndarray, n_pad: int, n_rows: int
+              ) -> tuple[weakref.ref, int, np.ndarray, int]:
+        """(the rep rows' array, n_rows, the rows kept, how many of them are below
+        n_rows), from a pass unless the kept rows serve (the class docstring)."""
         last = self._last
         if (last is None or last[0]() is not pool_cells or last[1] != n_rows
                 or n_pad > last[2].size):  # a pass
@@ -165,13 +194,7 @@ class Padding:
                                        np.zeros(most + pool_cells.size, dtype=bool)))
             last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
             self._given = None
-        if last[3] < n_pad:  # the rows found below n_rows, smallest first
-            raise EngineAbort(NO_ROW_LEFT)
-        given = self._given
-        if given is None or given.size != n_pad:
-            given = self._given = last[2][:n_pad]
-            given.flags.writeable = False
-        return given, _NO_READERS
+        return last
 
 
 _NO_READERS = np.empty(0, dtype=np.int64)
