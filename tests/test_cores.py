@@ -261,6 +261,96 @@ def test_layout_step_finds_the_pools_of_engine_md_5() -> None:
     assert rep_rows == [100 + 11, 100 + 14]  # stream 1 of kv_size 100
 
 
+def _rebuild_step(sp_pos, sp_cells, known_below=-1):  # type: ignore[no-untyped-def]
+    """`kernels.layout_rebuild_step` of the layout of positions 0..5 in cells 10..15
+    (kpool 2, pos_min 0, stream 1 of kv_size 100: pools at pairs 0, 2, 4, rep rows
+    111, 113, 115), stale from pos 4, against the cache's pairs `sp`: (what it
+    returns, the pairs, and the pools' start, rep row, rep pos and first pos)."""
+    from kpool_cli.compiled import kernels as k
+
+    old = (np.arange(6, dtype=np.int64) << 32) | np.arange(10, 16)
+    keys = np.zeros(10, dtype=np.int64)
+    keys[:6] = old
+    cols = [np.zeros(5, dtype=np.int64) for _ in range(4)]
+    for c, v in zip(cols, ([0, 2, 4], [111, 113, 115], [1, 3, 5], [0, 2, 4]), strict=True):
+        c[:3] = v
+    sp = (np.array(sp_pos, dtype=np.int64) << 32) | np.array(sp_cells, dtype=np.int64)
+    got = k.layout_rebuild_step(sp, keys, 6, 4 << 32, known_below, 0, 2, False, 1, 100,
+                                *cols, 3, np.ones(32, dtype=np.int32), False)
+    n = int(got[3]) if got[6] else 3
+    return (tuple(int(x) for x in got), (keys[:int(got[0])] >> 32).tolist(),
+            [c[:n].tolist() for c in cols])
+
+
+def test_layout_rebuild_step_keeps_the_pools_below_the_stale_position() -> None:
+    """ENGINE.md §5 step 2's rebuild of a stale sequence, then steps 3 and 4, in one
+    call. Pos 4.. removed, then decoded again in cells 20, 21, 22 (pos 4, 5, 6): the
+    pairs below pos 4 (4 of them) are the cache's, so the pools that end below pair
+    4 stay (those at 0 and 2: 2 kept), the scan resumes at pair 2 + 2 = 4 and finds
+    the pool at pair 4 (pos 4, 5: rep cell 21, row 121, rep pos 5); pair 5 is the
+    last one a pool can start at, pos 5 is odd: j_next = max(4 + 2, 5 + 1) = 6. The
+    sequence holds 7 pairs and 3 pools; nothing was scanned for sharing."""
+    got, pos, cols = _rebuild_step([0, 1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 20, 21, 22])
+    assert got == (7, 6, 2, 3, 0, 0, 1)
+    assert pos == [0, 1, 2, 3, 4, 5, 6]
+    assert cols == [[0, 2, 4], [111, 113, 121], [1, 3, 5], [0, 2, 4]]
+
+
+def test_layout_rebuild_step_leaves_the_full_rebuild_to_step_2() -> None:
+    """`layout_rebuild_step` writes nothing (done False) where the reference rebuilds
+    from nothing: a pair below the stale position that is not the cache's (pos 1 now
+    in cell 30), or a first position that is not pos_min (the cache's pairs start at
+    pos 1, compared or not). The compare is skipped where the caller knows the pairs
+    below a key equal (`known_below` at pos 4's key): then the pools at pairs 0 and 2
+    are kept as they were."""
+    differ = ([0, 1, 2, 3, 4], [10, 30, 12, 13, 20])
+    got, pos, cols = _rebuild_step(*differ)
+    assert got[6] == 0 and pos == [0, 1, 2, 3, 4, 5]
+    assert cols[0] == [0, 2, 4]
+    for known_below in (-1, 4 << 32):  # compared or not
+        got, pos, _ = _rebuild_step([1, 2, 3, 4], [11, 12, 13, 20], known_below)
+        assert got[6] == 0 and pos == [0, 1, 2, 3, 4, 5]
+    got, _pos, cols = _rebuild_step(*differ, known_below=4 << 32)
+    assert got[6] == 1 and got[2] == 2 and cols[1][:2] == [111, 113]
+
+
+def test_one_call_for_a_stale_sequences_rebuild_changes_no_report(monkeypatch) -> None:
+    """compiled/layout.py `_update_one` runs step 2's rebuild of a stale sequence and
+    steps 3 and 4 in one call (`_rebuild_run`) under an engine without the fork's
+    truncate. With it answering None throughout (step 2, then the step kernel, as
+    before), the compiled core's JSON reports of these traces, under both engines,
+    are byte-identical."""
+    from kpool_cli.compiled.layout import CompiledLayout
+
+    traces = [ROOT / "traces" / f"{name}.yaml" for name in (
+        "mtp3-speculative", "seq-add-drift", "state-restore", "partial-copy",
+        "server-session", "shared-prefix-race", "non-unified")]
+    calls = {"one call": 0}
+    one_call = CompiledLayout._rebuild_run
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        got = one_call(self, *args)
+        calls["one call"] += got is not None
+        return got
+
+    def reports() -> list[str]:
+        out = []
+        for trace in traces:
+            for engine in ("rep-once", "cache-safe"):
+                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
+                                             "--core", "compiled", "--backend", "numba",
+                                             "--format", "json", "-q"])
+                assert r.exit_code in (0, 1), r.output
+                out.append(r.output)
+        return out
+
+    monkeypatch.setattr(CompiledLayout, "_rebuild_run", counted)
+    fast = reports()
+    assert calls["one call"] > 10, calls
+    monkeypatch.setattr(CompiledLayout, "_rebuild_run", lambda self, *args: None)
+    assert reports() == fast
+
+
 def test_pools_of_pairs_by_pos_finds_each_tokens_pool_in_its_sequence() -> None:
     """engine/marking.py `mark` by position (ENGINE.md §6), for tokens of several
     sequences at once over the whole-layout columns. Sequence 0 has pools at global

@@ -357,12 +357,61 @@ def layout_step(sp, keys, n_keys, append, n_kept, j_next, pos_min, kpool, by_ord
         for q in range(at, sp.size):
             keys[n_keys] = sp[q]
             n_keys += 1
+    j_next, n_pools, shared, got = _steps_3_4_in(
+        keys, n_keys, n_kept, j_next, pos_min, kpool, by_order, strm, kv_size, pools,
+        rep_rows, rep_pos, first_pos, n_pools, seq_count, scan_sharing, shared)
+    return n_keys, n_kept, j_next, n_pools, shared, scanned + got, False
+
+
+def _steps_3_4(keys, n_keys, n_kept, j_next, pos_min, kpool, by_order, strm, kv_size, pools,
+               rep_rows, rep_pos, first_pos, n_pools, seq_count, scan_sharing, shared
+               ):  # pragma: no cover - compiled
+    """ENGINE.md §5 steps 3 and 4 of one sequence: the sharing scan from pair n_kept
+    (when `scan_sharing` and not yet `shared`), the pool scan from j_next. Returns
+    (j_next, n_pools, shared, scanned)."""
+    scanned = 0
     if scan_sharing and not shared and n_keys > n_kept:
-        shared, got = _share_scan_in(keys, n_kept, n_keys, seq_count)
-        scanned += got
+        shared, scanned = _share_scan_in(keys, n_kept, n_keys, seq_count)
     n_pools, j_next = _scan_pools_in(keys, n_keys, j_next, pos_min, kpool, by_order, strm,
                                      kv_size, pools, rep_rows, rep_pos, first_pos, n_pools)
-    return n_keys, n_kept, j_next, n_pools, shared, scanned, False
+    return j_next, n_pools, shared, scanned
+
+
+_steps_3_4_in = inner(_steps_3_4)
+
+
+@kernel
+def layout_rebuild_step(sp, keys, n_keys, stale_key, known_below, pos_min, kpool, by_order,
+                        strm, kv_size, pools, rep_rows, rep_pos, first_pos, n_pools,
+                        seq_count, scan_sharing):  # pragma: no cover - compiled
+    """engine/layout.py `Layout._rebuild` of a stale sequence whose pairs below its
+    stale position (`stale_key`: that position's key) are its cache's, so the pools
+    that end below it stay (ENGINE.md §5 step 2, the rebuild), then `layout_step`'s
+    steps 3 and 4 from the first pair (no append). The pairs are compared with sp's
+    up to the stale position unless it is at or below `known_below` (below which
+    they are known to be). Capacity for every pair of sp and every pool they can
+    hold is reserved by the caller.
+
+    Returns (n_keys, j_next, the pools the rebuild kept, n_pools, shared, scanned,
+    done): done False, nothing written, where the full rebuild is due (no pair, no
+    pair in sp, a first position that is not pos_min, or pairs that differ)."""
+    if n_keys == 0 or sp.size == 0 or (sp[0] >> _CELL_BITS) != pos_min:
+        return n_keys, 0, 0, n_pools, False, 0, False
+    n = _bisect_in(keys[:n_keys], stale_key, False)
+    if stale_key > known_below:
+        if _bisect_in(sp, stale_key, False) != n:
+            return n_keys, 0, 0, n_pools, False, 0, False
+        for j in range(n):
+            if keys[j] != sp[j]:
+                return n_keys, 0, 0, n_pools, False, 0, False
+    kept = _bisect_in(pools[:n_pools], n - kpool, True)
+    j_next = pools[kept - 1] + kpool if kept else 0
+    for j in range(n, sp.size):
+        keys[j] = sp[j]
+    j_next, n_all, shared, scanned = _steps_3_4_in(
+        keys, sp.size, 0, j_next, pos_min, kpool, by_order, strm, kv_size, pools, rep_rows,
+        rep_pos, first_pos, kept, seq_count, scan_sharing, False)
+    return sp.size, j_next, kept, n_all, shared, scanned, True
 
 
 @kernel

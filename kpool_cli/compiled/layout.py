@@ -226,14 +226,23 @@ class CompiledLayout(Layout):
         n_pools = n_before
         n_kept = 0
         rebuilt = False
+        got = -1
         if not append:
             # the pairs equalled the cache's at the last update that read them: below
             # the least pair changed since, they still do (`Stream.changed_from`)
             known = cache.changed_from.get(s, NO_PAIR) if self._equal[s] else -1
-            n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
-                                                           n_pools, 0, known)
-            scanned += copied
-        got = self._run(s, sp, append, n_kept, cache, sharing)
+            ran_all = (self._rebuild_run(s, sp, stale, known, cache, sharing)
+                       if truncate is None and not clean else None)
+            if ran_all is not None:  # step 2's rebuild, then steps 3 and 4: one call
+                n_pools, got = ran_all
+                rebuilt = True
+                scanned += int(sp.size)
+            else:
+                n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
+                                                               n_pools, 0, known)
+                scanned += copied
+        if got < 0:
+            got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on
             # the kernel counted the pairs the append copies but kept none of them:
             # step 2's count check must fail, as the reference's does on them
@@ -332,6 +341,32 @@ class CompiledLayout(Layout):
             col.lens[s] = n_pools
         cols.j_next[s], cols.shared[s] = j_next, shared
         return int(scanned)
+
+    def _rebuild_run(self, s: int, sp: np.ndarray, stale: int, known_below: int,
+                     cache: KvCache, sharing: bool) -> tuple[int, int] | None:
+        """Layout.step_2 of a stale sequence under an engine without the fork's
+        truncate, whose pairs below the stale position are its cache's: the rebuild
+        that keeps the pools below it (`Layout._rebuild`), then steps 3 and 4, in one
+        `kernels.layout_rebuild_step` call. Returns (the pools the rebuild kept, the
+        cells steps 3 and 4 scanned), or None, nothing changed, where the full rebuild
+        is due (`step_2` then runs it)."""
+        cols, kpool = self.cols, self.kpool
+        cols.reserve(int(sp.size), kpool)
+        keys = cols.keys
+        strm = int(cols.strm[s])
+        n_keys, j_next, kept, n_pools, shared, scanned, done = k.layout_rebuild_step(
+            sp, keys.buf[s], int(keys.lens[s]), min(stale, POS_CLEAN) << CELL_BITS,
+            known_below, int(cols.pos_min[s]), kpool, self.by_order, strm, self.kv_size,
+            cols.pools.buf[s], cols.rep_rows.buf[s], cols.rep_pos.buf[s],
+            cols.first_pos.buf[s], int(cols.pools.lens[s]), cache.streams[strm].seq_count,
+            sharing)
+        if not done:
+            return None
+        keys.lens[s] = n_keys
+        for col in (cols.pools, cols.rep_rows, cols.rep_pos, cols.first_pos):
+            col.lens[s] = n_pools
+        cols.j_next[s], cols.shared[s] = j_next, shared
+        return int(kept), int(scanned)
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:
         """Layout._look_up_members: every pool's in one `kernels.members` call over
