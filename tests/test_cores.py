@@ -333,22 +333,11 @@ def test_one_call_for_a_stale_sequences_rebuild_changes_no_report(monkeypatch) -
         calls["one call"] += got is not None
         return got
 
-    def reports() -> list[str]:
-        out = []
-        for trace in traces:
-            for engine in ("rep-once", "cache-safe"):
-                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
-                                             "--core", "compiled", "--backend", "numba",
-                                             "--format", "json", "-q"])
-                assert r.exit_code in (0, 1), r.output
-                out.append(r.output)
-        return out
-
     monkeypatch.setattr(CompiledLayout, "_rebuild_run", counted)
-    fast = reports()
+    fast = _compiled_reports(traces)
     assert calls["one call"] > 10, calls
     monkeypatch.setattr(CompiledLayout, "_rebuild_run", lambda self, *args: None)
-    assert reports() == fast
+    assert _compiled_reports(traces) == fast
 
 
 def test_pools_of_pairs_by_pos_finds_each_tokens_pool_in_its_sequence() -> None:
@@ -385,6 +374,20 @@ def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() 
     out = np.empty(first.size, dtype=np.int64)
     k.visible_by_pos(rep_pos, start, first, pos, out)
     assert out.tolist() == [2, 1, 0, 0, 1, 2]
+
+
+def _compiled_reports(traces: list[Path]) -> list[str]:
+    """`kpool replay TRACE --engine E --core compiled --backend numba --format json -q`
+    of each trace under both engines: the reports, as the CLI prints them."""
+    out = []
+    for trace in traces:
+        for engine in ("rep-once", "cache-safe"):
+            r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine, "--core",
+                                         "compiled", "--backend", "numba", "--format", "json",
+                                         "-q"])
+            assert r.exit_code in (0, 1), r.output
+            out.append(r.output)
+    return out
 
 
 def _mark_plan(keys, pools, rep_pos, pool_cells, pos, stale, *, base=0, g_floor=3,
@@ -464,22 +467,11 @@ def test_one_call_for_marking_and_plan_changes_no_report(monkeypatch) -> None:
         planned["both"] += got is not None and got[1] is not None
         return got
 
-    def reports() -> list[str]:
-        out = []
-        for trace in traces:
-            for engine in ("rep-once", "cache-safe"):
-                r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine,
-                                             "--core", "compiled", "--backend", "numba",
-                                             "--format", "json", "-q"])
-                assert r.exit_code in (0, 1), r.output
-                out.append(r.output)
-        return out
-
     monkeypatch.setattr(cm, "mark_and_plan", counted)
-    one_call = reports()
+    one_call = _compiled_reports(traces)
     assert planned["both"] > 20, planned
     monkeypatch.setattr(cm, "mark_and_plan", lambda *args, **kwargs: None)
-    assert reports() == one_call
+    assert _compiled_reports(traces) == one_call
 
 
 def test_race_groups_kernel_groups_as_the_context_does() -> None:
