@@ -4,6 +4,7 @@ by identity alone; `SameValues`, for arrays equal value for value; `ranges`."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numpy as np
 
@@ -51,17 +52,20 @@ def test_fewer_or_more_arrays_are_asked_again():
     assert len(calls) == 3
 
 
-def test_an_array_that_died_matches_nothing():
-    """The key is held weakly: once the array is gone, the memo holds no reference to
-    it, and a new array is computed afresh."""
+def test_the_last_arrays_are_held_until_the_next_call():
+    """The key is held: an array the caller dropped stays alive in the memo, so no new
+    array can take its address and match it; the next call's arrays replace it, and
+    it is freed."""
     f, calls = _counted()
     a, b = np.arange(4), np.ones(3, dtype=np.int64)
     f(a, b)
-    ref = f._last[0][0]  # type: ignore[index]
+    ref = weakref.ref(a)
     del a
     gc.collect()
-    assert ref() is None
+    assert ref() is not None  # held by the memo
     assert f(np.arange(5), b) == 13 and len(calls) == 2
+    gc.collect()
+    assert ref() is None
 
 
 def test_same_values_give_the_last_answer_and_any_other_value_asks_again():
