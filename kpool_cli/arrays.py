@@ -1,7 +1,8 @@
 """Array helpers every layer may use.
 
 Owns `SameArrays`: a pure function of arrays that gives its last answer again when
-called with the very same array objects (by identity, O(1): `same_objects`), and
+called with the very same array objects (by identity, O(1): `same_objects`, or
+`same_referents` through weak references), and
 `SameValues`, the same for arrays equal value for value (O(n)); `unique`: the sorted
 distinct values of an integer array, as `np.unique(a)` returns them; and
 `rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's kpool members),
@@ -16,6 +17,7 @@ itself, so a numba replay still does).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -32,8 +34,9 @@ class SameArrays(Generic[T]):
     (`Layout.every_pool`): a re-pool-all ubatch's plan, race groups and listing are
     the last one's while the pools stand. Nothing may write an array it was given.
 
-    The last call's arguments are held (one ubatch's arrays, until the next call):
-    an array held cannot die, so no new array takes its address and matches it
+    The last call's arguments are held (one ubatch's arrays, until the next call: a
+    module's instance keeps the last replay's until its next one, or the process's
+    end): an array held cannot die, so no new array takes its address and matches it
     (weak references cost 1.5-2 us a ubatch to make, a decode's JSON listing
     alone). The last call is one tuple, replaced whole, so threads that share an
     instance at worst recompute."""
@@ -83,6 +86,12 @@ class SameValues(Generic[T]):
         out = self._fn(*arrays, **given)
         self._last = (arrays, out)
         return out
+
+
+def same_referents(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> bool:
+    """Whether `objects` are, one by one, the very objects `refs` refer to (a dead
+    reference matches nothing): `same_objects` for a holder that must not keep them."""
+    return len(refs) == len(objects) and same_objects(tuple(r() for r in refs), objects)
 
 
 def same_objects(held: tuple[object, ...], objects: tuple[object, ...]) -> bool:

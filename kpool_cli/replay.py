@@ -508,13 +508,10 @@ class Replayer:
             graph = (pos.size, ub.n_seqs_unq, layout.n_pool_real, cfg.kv_size, cfg.kpool,
                      cfg.n_seq_max, repool_all)  # n_new_graph's, after n_new
             stale_from = stale_batch if first else None
-            both = None
-            if (self.core.mark_and_plan is not None and not repool_all
-                    and v.padding == "unused-rows"):  # padding rows of their own
-                both = self.core.mark_and_plan(layout, pos, seqs, pl.cells, stale_from,
-                                               once_per_rep=v.mark_once_per_rep,
-                                               g_floor=n_new_graph(0, *graph),
-                                               n_rows=cfg.n_rows)
+            both = None if self.core.mark_and_plan is None else self.core.mark_and_plan(
+                layout, pos, seqs, pl.cells, stale_from, repool_all=repool_all,
+                once_per_rep=v.mark_once_per_rep, padding_policy=v.padding,
+                g_floor=n_new_graph(0, *graph), n_rows=cfg.n_rows)
             marking, plan = both or (self.core.mark(
                 layout, pos, seqs, pl.cells, stale_from, repool_all=repool_all,
                 once_per_rep=v.mark_once_per_rep), None)
@@ -523,6 +520,8 @@ class Replayer:
             if plan is None:
                 plan = self.core.build_plan(layout, marked, n_new_g, pos, seqs, pl.cells,
                                             cfg.n_rows, v.padding)
+            else:  # the one call's graph size is n_new_graph's (its floor, then max)
+                assert plan.n_new_g == n_new_g
         except EngineAbort as e:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),

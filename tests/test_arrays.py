@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from kpool_cli.arrays import SameArrays, SameValues, ranges
+from kpool_cli.arrays import SameArrays, SameValues, ranges, same_referents
 
 
 def _counted():
@@ -66,6 +66,18 @@ def test_the_last_arrays_are_held_until_the_next_call():
     assert f(np.arange(5), b) == 13 and len(calls) == 2
     gc.collect()
     assert ref() is None
+
+
+def test_same_referents_match_the_very_objects_alive():
+    """`same_referents`: weak references match the very objects, one by one; another
+    object, another count, or a reference whose object died matches nothing."""
+    a, b = np.arange(4), np.ones(3, dtype=np.int64)
+    refs = (weakref.ref(a), weakref.ref(b))
+    assert same_referents(refs, (a, b))
+    assert not same_referents(refs, (a, b.copy())) and not same_referents(refs, (a,))
+    del a
+    gc.collect()
+    assert not same_referents(refs, (np.arange(4), b))
 
 
 def test_same_values_give_the_last_answer_and_any_other_value_asks_again():

@@ -211,6 +211,33 @@ def test_fuzz_reports_a_core_difference_as_a_defect(monkeypatch) -> None:
     assert core and "differs from the reference core's" in core[0][2], defects
 
 
+def test_fuzz_reports_a_difference_of_the_one_call_plan_as_a_defect(monkeypatch) -> None:
+    """A one-call plan (`mark_and_plan`) whose tokens see one pool too many is caught:
+    mtp3-speculative's drafts (one sequence by position) take the one call, and
+    run_checked says the records differ."""
+    import dataclasses
+
+    from kpool_cli.compiled import marking as cm
+    from kpool_cli.trace.load import load_trace
+
+    real = cm.mark_and_plan
+    broken_plans = []
+
+    def broken(*a, **kw):  # type: ignore[no-untyped-def]
+        got = real(*a, **kw)
+        if got is None or got[1] is None:
+            return got
+        broken_plans.append(1)
+        return got[0], dataclasses.replace(got[1], visible=got[1].visible + 1)
+
+    monkeypatch.setattr(cm, "mark_and_plan", broken)
+    t = load_trace(ROOT / "traces/mtp3-speculative.yaml")
+    _, defects, _ = fuzz.run_checked(t, "rep-once")
+    assert broken_plans
+    core = [d for d in defects if d[0] == fuzz.INV_CORE]
+    assert core and "differs from the reference core's" in core[0][2], defects
+
+
 # -- the kernels' rules, by hand ----------------------------------------------------------
 
 
@@ -302,7 +329,7 @@ def test_layout_rebuild_step_leaves_the_full_rebuild_to_step_2() -> None:
     in cell 30), or a first position that is not pos_min (the cache's pairs start at
     pos 1, compared or not). The compare is skipped where the caller knows the pairs
     below a key equal (`known_below` at pos 4's key): then the pools at pairs 0 and 2
-    are kept as they were."""
+    are kept as they were; their count is checked all the same."""
     differ = ([0, 1, 2, 3, 4], [10, 30, 12, 13, 20])
     got, pos, cols = _rebuild_step(*differ)
     assert got[6] == 0 and pos == [0, 1, 2, 3, 4, 5]
@@ -310,8 +337,11 @@ def test_layout_rebuild_step_leaves_the_full_rebuild_to_step_2() -> None:
     for known_below in (-1, 4 << 32):  # compared or not
         got, pos, _ = _rebuild_step([1, 2, 3, 4], [11, 12, 13, 20], known_below)
         assert got[6] == 0 and pos == [0, 1, 2, 3, 4, 5]
-    got, _pos, cols = _rebuild_step(*differ, known_below=4 << 32)
+    got, pos, cols = _rebuild_step(*differ, known_below=4 << 32)
     assert got[6] == 1 and got[2] == 2 and cols[1][:2] == [111, 113]
+    assert pos == [0, 1, 2, 3, 4]  # the kept pairs, then sp's from pos 4
+    # known or not, sp's count below the stale position is checked: two pairs, not 4
+    assert _rebuild_step([0, 1, 4], [10, 11, 20], known_below=4 << 32)[0][6] == 0
 
 
 def test_one_call_for_a_stale_sequences_rebuild_changes_no_report(monkeypatch) -> None:

@@ -58,7 +58,7 @@ from types import ModuleType
 
 import numpy as np
 
-from ..arrays import SameArrays, union, unique
+from ..arrays import SameArrays, same_referents, union, unique
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext, groups_entries
 from ..engine.layout import Layout, LayoutChange, pools_past
@@ -214,20 +214,10 @@ class _Standing:
               touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         """The slots of the race groups' rows when `arrays` are the standing plan's and
         none of its rows is `touched()` (None: every row is); else None."""
-        if self._slots is None or not self._same(arrays):
+        # held weakly: the plan's memory is its rows and slots alone
+        if self._slots is None or not same_referents(self._arrays, arrays):
             return None
         return self._slots if self._untouched(touched) else None
-
-    def _same(self, arrays: tuple[np.ndarray, ...]) -> bool:
-        """Whether `arrays` are the standing plan's, one by one (held weakly: the plan's
-        memory is its rows and slots alone; a dead one matches nothing)."""
-        held = self._arrays
-        if len(held) != len(arrays):
-            return False
-        for r, a in zip(held, arrays, strict=True):  # noqa: SIM110 - a loop is the cheapest
-            if r() is not a:
-                return False
-        return True
 
     @property
     def race_slots(self) -> np.ndarray | None:

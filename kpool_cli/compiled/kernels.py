@@ -387,9 +387,10 @@ def layout_rebuild_step(sp, keys, n_keys, stale_key, known_below, pos_min, kpool
     """engine/layout.py `Layout._rebuild` of a stale sequence whose pairs below its
     stale position (`stale_key`: that position's key) are its cache's, so the pools
     that end below it stay (ENGINE.md §5 step 2, the rebuild), then `layout_step`'s
-    steps 3 and 4 from the first pair (no append). The pairs are compared with sp's
-    up to the stale position unless it is at or below `known_below` (below which
-    they are known to be). Capacity for every pair of sp and every pool they can
+    steps 3 and 4 without the append: the sharing scan from the first pair, the pool
+    scan from the kept pools' end. The pairs below the stale position are compared
+    with sp's unless it is at or below `known_below` (below which they are known to
+    be); their count always is. Capacity for every pair of sp and every pool they can
     hold is reserved by the caller.
 
     Returns (n_keys, j_next, the pools the rebuild kept, n_pools, shared, scanned,
@@ -398,9 +399,9 @@ def layout_rebuild_step(sp, keys, n_keys, stale_key, known_below, pos_min, kpool
     if n_keys == 0 or sp.size == 0 or (sp[0] >> _CELL_BITS) != pos_min:
         return n_keys, 0, 0, n_pools, False, 0, False
     n = _bisect_in(keys[:n_keys], stale_key, False)
+    if _bisect_in(sp, stale_key, False) != n:
+        return n_keys, 0, 0, n_pools, False, 0, False
     if stale_key > known_below:
-        if _bisect_in(sp, stale_key, False) != n:
-            return n_keys, 0, 0, n_pools, False, 0, False
         for j in range(n):
             if keys[j] != sp[j]:
                 return n_keys, 0, 0, n_pools, False, 0, False

@@ -14,11 +14,13 @@ step 3 (the sharing scan) and step 4 (the pool scan) of every slot at once. Any
 other sequence it reads (decoded alone, stale, edited, first filled) runs its steps
 alone (`_update_one`): one it knows equal to the cache's that the last apply only
 appended to, whose new pairs close no pool, takes them with no kernel (the same
-test as `layout_appends`', and no pool to scan); else step 2 (the rebuild, the
-fork's truncate) is the reference's own `Layout.step_2`, steps 1, 3 and 4 one
-`kernels.layout_step` call. The whole-layout columns are the arenas' rows
-joined (`kernels.joined_rows` for many), and the members of any pools one
-`kernels.members` call.
+test as `layout_appends`', and no pool to scan); a stale one under an engine
+without the fork's truncate, whose pairs below its stale position are the cache's,
+takes step 2's rebuild and steps 3 and 4 in one `kernels.layout_rebuild_step` call
+(`_rebuild_run`); else step 2 (the rebuild, the fork's truncate) is the reference's
+own `Layout.step_2`, steps 1, 3 and 4 one `kernels.layout_step` call. The
+whole-layout columns are the arenas' rows joined (`kernels.joined_rows` for many),
+and the members of any pools one `kernels.members` call.
 
 `pool_members` (every pool's member rows, what a re-pool-all plan is built from) is
 built again after the pools change, as the reference builds it, but the pools each
@@ -337,10 +339,16 @@ class CompiledLayout(Layout):
         keys.lens[s] = n_keys
         if rebuild:
             return -(scanned + 1)
+        self._ran(s, n_pools, j_next, shared)
+        return int(scanned)
+
+    def _ran(self, s: int, n_pools: int, j_next: int, shared: bool) -> None:
+        """What a step kernel left of sequence s's pools: the four pool columns'
+        length, j_next and the sharing flag."""
+        cols = self.cols
         for col in (cols.pools, cols.rep_rows, cols.rep_pos, cols.first_pos):
             col.lens[s] = n_pools
         cols.j_next[s], cols.shared[s] = j_next, shared
-        return int(scanned)
 
     def _rebuild_run(self, s: int, sp: np.ndarray, stale: int, known_below: int,
                      cache: KvCache, sharing: bool) -> tuple[int, int] | None:
@@ -363,9 +371,7 @@ class CompiledLayout(Layout):
         if not done:
             return None
         keys.lens[s] = n_keys
-        for col in (cols.pools, cols.rep_rows, cols.rep_pos, cols.first_pos):
-            col.lens[s] = n_pools
-        cols.j_next[s], cols.shared[s] = j_next, shared
+        self._ran(s, n_pools, j_next, shared)
         return int(kept), int(scanned)
 
     def _look_up_members(self, ips: np.ndarray) -> np.ndarray:

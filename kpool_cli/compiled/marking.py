@@ -6,7 +6,9 @@ kernels (compiled/kernels.py).
 
 Owns: `mark`, `Padding`, `visible`, `GrowingGroups`, `raced_writers`, each the reference
 function's result for the same arguments (the same arrays, the same EngineAbort
-messages), which the tests hold byte for byte; `GrowingGroups` also says when the
+messages), which the tests hold byte for byte; `mark_and_plan`, `mark` and then the
+reference `build_plan` of a one-sequence ubatch in one kernel call, the same marking
+and plan, or None where it leaves them to the two; `GrowingGroups` also says when the
 raced groups are the last ones (`RaceGroups.raced_kept`), which the reference's
 `plan_groups` never claims. The decisions (which candidate wins,
 which rows pad) are the reference's rules, cited in the kernels; the stale candidates
@@ -23,8 +25,8 @@ from ..cache.aborts import EngineAbort
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import POS_CLEAN, Layout, PoolGrowth, by_sequence
-from ..engine.marking import Marking, pad_bound, stale_candidates, token_pairs
-from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, visible_pools
+from ..engine.marking import Marking, stale_candidates, token_pairs
+from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, reps_sorted, visible_pools
 from . import kernels as k
 from .layout import CompiledLayout
 
@@ -39,12 +41,10 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     if repool_all:
         return Marking(layout.every_pool(), n_pool, True)
     candidates = stale_candidates(layout, stale_from)
-    first = seqs[0]
-    if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence: one call
-        s = first[0]
+    s = _one_sequence(seqs)
+    if s is not None:  # one call
         sq = layout.seqs[s]
-        stale = (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
-                 if candidates else np.empty(0, dtype=np.int64))
+        stale = _joined(candidates)
         marked, ok = k.mark_one_sequence(
             sq.keys.view, len(sq.pools), sq.first_pos(), sq.rep_pos(), pos, token_cells,
             layout.by_order, kpool, int(start[s]), stale, layout.pool_cells(),
@@ -77,59 +77,83 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
     return Marking.of(k.first_winners(cand, layout.pool_cells(), once_per_rep, seen))
 
 
-def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
-                  token_cells: np.ndarray, stale_from: list[int] | None, *, once_per_rep: bool,
-                  g_floor: int, n_rows: int, padding: Padding
-                  ) -> tuple[Marking, ScatterPlan | None] | None:
-    """`mark` (not re-pool-all) and then engine/scatter.py `build_plan` with padding
-    rows of their own ("unused-rows", from `padding`, the one `build_plan` is given,
-    which keeps its rows for the next), in one `kernels.mark_plan_one_sequence` call,
-    for a ubatch whose every token holds one sequence, by position (a prefill's
-    ubatches, a draft's: W3's steps). `g_floor`: engine/marking.py `n_new_graph` of no
-    marked pool, so the graph's size is max(n_new, g_floor). Returns None for another
-    ubatch (mark, then plan, apart); (the marking, None) when the kernel marked and
-    left the plan to `build_plan` (nothing marked: a plan of padding alone, which it
-    keeps by identity; a stale pool of another sequence; what `build_plan` refuses);
-    else (the marking, its plan): the arrays the two steps give apart."""
+def _one_sequence(seqs: list[tuple[int, ...]]) -> int | None:
+    """The sequence every token holds alone, or None."""
     first = seqs[0]
-    if layout.by_order or len(first) != 1 or not all(ss == first for ss in seqs):
+    return first[0] if len(first) == 1 and all(ss == first for ss in seqs) else None
+
+
+def _joined(candidates: list[np.ndarray]) -> np.ndarray:
+    """`stale_candidates`' arrays end to end."""
+    return (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
+            if candidates else np.empty(0, dtype=np.int64))
+
+
+def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
+                  token_cells: np.ndarray, stale_from: list[int] | None, *,
+                  repool_all: bool, once_per_rep: bool, padding_policy: str, g_floor: int,
+                  n_rows: int, padding: Padding
+                  ) -> tuple[Marking, ScatterPlan | None] | None:
+    """`mark` and then engine/scatter.py `build_plan` in one
+    `kernels.mark_plan_one_sequence` call, for a ubatch that is not re-pool-all,
+    whose every token holds one sequence, by position, under padding rows of their
+    own ("unused-rows", from `padding`, the one `build_plan` is given, which keeps
+    its rows for the next): a prefill's ubatches, a draft's (W3's steps). `g_floor`:
+    engine/marking.py `n_new_graph` of no marked pool, so the graph's size is
+    max(n_new, g_floor).
+
+    Returns None for any other ubatch, and for one whose tokens, by position, are in
+    no pool with no pool stale (nothing is marked): the caller marks, then plans.
+    (the marking, None) when the kernel marked and left the plan to `build_plan`: a
+    stale pool of another sequence, what `build_plan` refuses. Else (the marking,
+    its plan), the arrays the two steps give."""
+    if repool_all or padding_policy != "unused-rows" or layout.by_order:
         return None
-    s = first[0]
+    s = _one_sequence(seqs)
+    if s is None:
+        return None
     sq = layout.seqs[s]
     rep_pos = sq.rep_pos()
     candidates = ([] if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from)
                   else stale_candidates(layout, stale_from))
     if not candidates and (not rep_pos.size or (
             pos.min() if pos.size > 1 else pos[0]) > rep_pos[rep_pos.size - 1]):
-        return None  # by position, no token is in a pool: nothing is marked
+        return None
     start = layout.pool_start()
-    stale = (np.concatenate(candidates) if len(candidates) > 1 else candidates[0]
-             if candidates else np.empty(0, dtype=np.int64))
+    stale = _joined(candidates)
     pool_cells = layout.pool_cells()
     n_cand = stale.size + pos.size
     room = max(n_cand, g_floor)
     kpool = layout.kpool
-    # one allocation: the entries' rows, rep rows and pools, the tokens' visible
-    # pools, the kernel's scratch
+    # one allocation: the entries' rows, rep rows and pools, the tokens' visible pools
     at = room * (kpool + 2)
-    out = np.empty(at + pos.size + 5 * n_cand, dtype=np.int64)
+    out = np.empty(at + pos.size, dtype=np.int64)
     rows = out[:room * kpool].reshape(room, kpool)
-    rep, entry_pool = out[room * kpool:at - room], out[at - room:at]
-    visible = out[at:at + pos.size]
+    rep, entry_pool, visible = out[room * kpool:at - room], out[at - room:at], out[at:]
+    # a plan marks one pool at least: at most g_floor - 1 padding entries
+    pad = padding.up_to(pool_cells, g_floor - 1, n_rows) if g_floor > 1 else _NO_ROWS
     marked, n_g = k.mark_plan_one_sequence(
         sq.keys.view, sq.pools.view, rep_pos.size, sq.first_pos(), rep_pos, pos,
         token_cells, kpool, int(start[s]), stale, pool_cells, once_per_rep,
-        layout.scratch(int(start[-1])), out[at + pos.size:],
-        global_row(sq.strm, 0, layout.kv_size), g_floor,
-        padding.up_to(pool_cells, g_floor, n_rows), rows, rep, entry_pool, visible)
+        layout.scratch(int(start[-1])), np.empty(5 * n_cand, dtype=np.int64),
+        global_row(sq.strm, 0, layout.kv_size), g_floor, pad, rows, rep, entry_pool, visible)
     marking = Marking.of(marked)
     if not n_g:
         return marking, None
+    rows, rep, entry_pool = rows[:n_g], rep[:n_g], entry_pool[:n_g]
+    if out.nbytes > max(_KEEP_BYTES, 2 * (rows.nbytes + 2 * rep.nbytes + visible.nbytes)):
+        # a record keeps its plan: not the room a large ubatch's entries had
+        rows, rep, entry_pool, visible = rows.copy(), rep.copy(), entry_pool.copy(), \
+            visible.copy()
     n_new = marking.n_new
-    assert pad_bound(pool_cells.size) > pool_cells.size
-    return marking, ScatterPlan(pool_cells, entry_pool[:n_g], rows[:n_g], rep[:n_g], visible,
-                                n_new, int(pool_cells.size) if n_g > n_new else 0,
+    return marking, ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new,
+                                reps_sorted(pool_cells, n_g - n_new, padding_policy),
                                 _NO_READERS)
+
+
+# `mark_and_plan`: a plan's arrays are copied out of their room past this many bytes
+_KEEP_BYTES = 4096
+_NO_ROWS = np.empty(0, dtype=np.int64)  # no padding row (writable, as `up_to`'s)
 
 
 class Padding:

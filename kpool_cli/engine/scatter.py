@@ -155,11 +155,9 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         return ScatterPlan(pool_cells, marked, layout.pool_members(), pool_cells,
                            visibility(layout, first, pos, token_cells), n_new, 0,
                            np.empty(0, dtype=np.int64))
-    reps_sorted = 0
     readers = np.empty(0, dtype=np.int64)
     pad = None
     if n_new_g > n_new and padding_policy != "repeat-pool":  # rows of their own
-        reps_sorted = int(pool_cells.size)
         pad, readers = padding(pool_cells, n_new_g - n_new, n_rows,
                                padding_policy == "row-zero")
     if pad is not None and n_new == 0:
@@ -182,5 +180,11 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
 
     visible = visibility(layout, first, pos, token_cells)
     assert pad_bound(pool_cells.size) > pool_cells.size
-    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new, reps_sorted,
-                       readers)
+    return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new,
+                       reps_sorted(pool_cells, n_new_g - n_new, padding_policy), readers)
+
+
+def reps_sorted(pool_cells: np.ndarray, n_pad: int, padding_policy: str) -> int:
+    """The rep rows a plan sorts to pick its `n_pad` padding rows (a cost the report
+    counts): every pool's when padding entries take rows of their own, else none."""
+    return int(pool_cells.size) if n_pad > 0 and padding_policy != "repeat-pool" else 0
