@@ -90,8 +90,14 @@ class SameValues(Generic[T]):
 
 def same_referents(refs: tuple[weakref.ref, ...], objects: tuple[object, ...]) -> bool:
     """Whether `objects` are, one by one, the very objects `refs` refer to (a dead
-    reference matches nothing): `same_objects` for a holder that must not keep them."""
-    return len(refs) == len(objects) and same_objects(tuple(r() for r in refs), objects)
+    reference matches nothing): `same_objects` for a holder that must not keep them,
+    in a loop of its own (a tuple of the referents first costs a ubatch 1 us)."""
+    if len(refs) != len(objects):
+        return False
+    for r, o in zip(refs, objects, strict=True):  # noqa: SIM110 - the loop is the point
+        if r() is not o:
+            return False
+    return True
 
 
 def same_objects(held: tuple[object, ...], objects: tuple[object, ...]) -> bool:
