@@ -784,6 +784,28 @@ def test_compiled_cache_tells_the_sequences_a_step_only_appended_to() -> None:
     assert c.seq_keys(2).tolist() == sorted(c.seq_keys(2).tolist())  # the pair inserted
 
 
+def test_a_one_stream_placement_names_its_stream_and_applies_as_any_other() -> None:
+    """`CompiledKvCache.plan` of a one-stream decode names the stream in its
+    `Placement` (`stream`), so `apply` skips asking the tokens' streams; the same
+    cells placed without the name (-1) are written the same way. Non-unified, seq 1
+    is stream 1 (kv_size 8: global rows 8..15): its 3 tokens go to cells 0, 1, 2,
+    rows 8, 9, 10, key ids 1, 2, 3."""
+    from kpool_cli.cache.kv import Placement
+    from kpool_cli.compiled.cache import CompiledKvCache
+    from kpool_cli.trace import model as m
+
+    cfg = m.CacheConfig(kv_size=8, kpool=4, n_seq_max=2, unified=False)
+    pos, seqs = np.arange(3, dtype=np.int64), [(1,)] * 3
+    named, unnamed = CompiledKvCache(cfg), CompiledKvCache(cfg)
+    placed = named.plan([(pos, seqs, None)])
+    assert placed is not None and placed[0].stream == 1
+    rows, ids = named.apply(placed[0], pos, None, seqs)
+    assert rows.tolist() == [8, 9, 10] and ids.tolist() == [1, 2, 3]
+    again = unnamed.apply(Placement(placed[0].strm, placed[0].cells), pos, None, seqs)
+    assert again[0].tolist() == [8, 9, 10] and again[1].tolist() == [1, 2, 3]
+    assert named.seq_keys(1).tolist() == unnamed.seq_keys(1).tolist()
+
+
 def test_compiled_cache_hands_the_layout_the_pairs_a_step_appended() -> None:
     """`CompiledKvCache.take_added` after a step of parallel slots: each sequence's new
     pair (`pos << 32 | cell`), when every one of the step's sequences appended (the

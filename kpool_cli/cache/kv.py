@@ -38,10 +38,12 @@ def resolve_range(p0: int, p1: int) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a ubatch's tokens go: per token its stream and stream-local cell."""
+    """Where a ubatch's tokens go: per token its stream and stream-local cell; and the
+    one stream they all go to, when the planner placed them as one (else -1)."""
 
     strm: np.ndarray  # [n_tokens] | token | stream
     cells: np.ndarray  # [n_tokens] | token | cell
+    stream: int = -1
 
 
 @dataclass(frozen=True, slots=True)

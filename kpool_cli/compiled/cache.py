@@ -193,10 +193,10 @@ class CompiledKvCache(KvCache):
         for st in self._compiled:
             st.appends.clear()
             st.added = None
-        strm = placement.strm
-        if strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
-            # one stream: KvCache.apply without its grouping by stream
+        strm, k = placement.strm, placement.stream
+        if k < 0 and strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
             k = int(strm[0])
+        if k >= 0:  # one stream: KvCache.apply without its grouping by stream
             ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + pos.size)
             self.n_key_writes += int(pos.size)
             self.streams[k].write(placement.cells, pos, ext, seqs, ids)
@@ -220,7 +220,7 @@ class CompiledKvCache(KvCache):
                 got = self._find_slot(st, st.used, self._heads[k], len(seqs))
                 if got is None:
                     return None
-                return [Placement(np.full(len(seqs), k, dtype=np.int64), got)]
+                return [Placement(np.full(len(seqs), k, dtype=np.int64), got, k)]
         return super().plan(ubatches)
 
     def take_appended(self) -> set[int]:

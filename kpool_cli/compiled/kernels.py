@@ -709,12 +709,13 @@ def joined_rows(buf, lens, out):  # pragma: no cover - compiled
 # cache of up to 4M rows
 _RADIX_BITS = 11
 _RADIX_MASK = (1 << _RADIX_BITS) - 1
+_SORTED_UP_TO = 64  # race groups of this many entries or fewer: a stable argsort
 
 
 def _race_groups(rep, n_rows, order, spare, count, heads, rows, raced
                  ):  # pragma: no cover - compiled
     n = rep.size
-    if n > 64:
+    if n > _SORTED_UP_TO:  # the radix sort, `count` its digits' counts
         for i in range(n):
             order[i] = i
         shift = 0
@@ -765,13 +766,18 @@ def race_groups(rep: np.ndarray, n_rows: int
     each ubatch). Then, from the same pass, `groups_raced` of the starts: the groups
     of two or more entries."""
     n = rep.size
-    heads = np.empty(n + 1, dtype=np.int64)
-    rows = np.empty(n, dtype=np.int64)
-    raced = np.empty(n, dtype=np.int64)
-    order, g, m = _race_groups_k(rep, n_rows, np.empty(n, dtype=np.int64),
-                                 np.empty(n, dtype=np.int64),
-                                 np.empty(_RADIX_MASK + 2, dtype=np.int64), heads, rows,
-                                 raced)
+    if n <= _SORTED_UP_TO:  # a decode's few entries: one allocation, no radix counts
+        buf = np.empty(5 * n + 1, dtype=np.int64)
+        a, b, heads, rows, raced = (buf[:n], buf[n:2 * n], buf[2 * n:3 * n + 1],
+                                    buf[3 * n + 1:4 * n + 1], buf[4 * n + 1:])
+        count = buf[:0]
+    else:
+        a, b = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        heads = np.empty(n + 1, dtype=np.int64)
+        rows = np.empty(n, dtype=np.int64)
+        raced = np.empty(n, dtype=np.int64)
+        count = np.empty(_RADIX_MASK + 2, dtype=np.int64)
+    order, g, m = _race_groups_k(rep, n_rows, a, b, count, heads, rows, raced)
     if g == n:  # every row written once (a rep-once plan's): the arrays are whole
         return order, heads, rows, raced[:0].copy()
     return order, heads[:g + 1].copy(), rows[:g].copy(), raced[:m].copy()
