@@ -228,22 +228,22 @@ class CompiledLayout(Layout):
         n_pools = n_before
         n_kept = 0
         rebuilt = False
-        got = -1
+        ran_all = None  # step 2's rebuild, then steps 3 and 4, in one call: what it kept
         if not append:
             # the pairs equalled the cache's at the last update that read them: below
             # the least pair changed since, they still do (`Stream.changed_from`)
             known = cache.changed_from.get(s, NO_PAIR) if self._equal[s] else -1
-            ran_all = (self._rebuild_run(s, sp, stale, known, cache, sharing)
-                       if truncate is None and not clean else None)
-            if ran_all is not None:  # step 2's rebuild, then steps 3 and 4: one call
-                n_pools, got = ran_all
-                rebuilt = True
-                scanned += int(sp.size)
-            else:
+            if truncate is None and not clean:
+                ran_all = self._rebuild_run(s, sp, stale, known, cache, sharing)
+            if ran_all is None:
                 n_pools, n_kept, copied, rebuilt = self.step_2(cache, sq, sp, stale, truncate,
                                                                n_pools, 0, known)
                 scanned += copied
-        if got < 0:
+        if ran_all is not None:
+            n_pools, got = ran_all
+            rebuilt = True
+            scanned += int(sp.size)  # step 2's copy of sp
+        else:
             got = self._run(s, sp, append, n_kept, cache, sharing)
         if got < 0:  # the appended count is off: step 2 rebuilds, then on
             # the kernel counted the pairs the append copies but kept none of them:
@@ -403,7 +403,7 @@ class CompiledLayout(Layout):
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Layout.columns: a few pools' positions read in the arenas, at (seq, k), not in
         the whole-layout columns (a decode's listing: no copy of every pool's)."""
-        if self.is_every_pool(ips) or ips.size >= self.n_pool_real // 8:
+        if self.is_every_pool(ips) or not self._few(ips):
             return super().columns(ips)
         seq, k = self.locate(ips)
         return seq, k, self.cols.first_pos.buf[seq, k], self.cols.rep_pos.buf[seq, k]

@@ -486,11 +486,16 @@ class Layout:
         if self.is_every_pool(ips):
             return self.pool_seq(), self._every_columns()[1]
         start = self.pool_start()
-        if self._pool_seq is None and ips.size < self.n_pool_real // 8:
+        if self._pool_seq is None and self._few(ips):
             seq = start.searchsorted(ips, side="right") - 1
         else:
             seq = self.pool_seq()[ips]
         return seq, ips - start[seq]
+
+    def _few(self, ips: np.ndarray) -> bool:
+        """`ips` are few enough of the pools to be looked up one by one rather than
+        through a whole-layout column."""
+        return ips.size < self.n_pool_real // 8
 
     def members_of(self, ips: np.ndarray) -> np.ndarray:
         """[len(ips), kpool] global member rows of the pools with global indices ips: read
