@@ -52,6 +52,7 @@ from .cache.batch import (
     decode_split,
     first_ubatch_len,
     one_seq_each,
+    one_set,
     split_refusal,
     validate,
     validate_span,
@@ -234,8 +235,8 @@ def planned_ubatches(trace: m.Trace) -> int:
 def _state_positions(pos: np.ndarray, seqs) -> list[tuple[tuple[int, ...], int]]:
     """Each sequence set of a ubatch (its first token's seq ids, in order) with the pos
     of its last token in ubatch order: what the recurrent child's find_slot records."""
-    first = seqs[0]
-    if all(ss == first for ss in seqs):  # one set (a decode of one sequence)
+    first = one_set(seqs)
+    if first is not None:  # a decode of one sequence
         return [(tuple(first), int(pos[-1]))]
     if one_seq_each(seqs) is not None:  # parallel slots: each token is its own set
         return list(zip(map(tuple, seqs), pos.tolist(), strict=True))

@@ -168,7 +168,7 @@ class Verifier:
         changed = bool(self._kdirty_rows or self._pdirty_rows)
         known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
         # the rep columns are read only for a tail: a known sequence's, once a row changed
-        rep_pos, rep_rows = ((layout.pool_rep_pos(), layout.pool_cells()) if known.any()
+        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if known.any()
                              else (_NO_PAIRS, _NO_PAIRS))
         how, tail, before = self.kernels.recheck_ways(
             layout.pool_start(), self.n_checked, kept, known, rep_pos, rep_rows, changed,
@@ -272,6 +272,12 @@ class Verifier:
         clear), the `NEW` ones whose kept verdicts are there to keep are rechecked as
         ranges, together; the others (and a sequence alone) one by one."""
         start, all_new = layout.pool_start(), self._all_dirty
+        if seqs.size == 1 and not all_new:  # one sequence (a decode's), its pools alone
+            s = int(seqs[0])
+            cand = self._candidates(layout, change, s, int(how[0]), dirty)
+            got = self._checked(layout, start[s] + cand) if cand.size else _NO_VERDICTS
+            self._rechecked(s, len(layout.seqs[s].pools), cand, got, change)
+            return
         bad, n_checked, bad_seqs = self._bad, self.n_checked, self.bad_seqs
         ips: list[np.ndarray] = []  # the range sequences' candidates, then the others'
         r_seqs = r_kept = r_n = r_ends = np.empty(0, dtype=np.int64)
@@ -298,14 +304,12 @@ class Verifier:
         if every.size:  # one check of every sequence's candidates, by their global indices
             # each kind alone is in the layout's order already; both: sort them into it
             order = np.argsort(every, kind="stable") if one_by_one and r_seqs.size else None
-            asc = every if order is None else every[order]
-            got = self.differ(layout.members_of(asc), layout.pool_cells()[asc])
+            got = self._checked(layout, every if order is None else every[order])
             if order is None:
                 verdict = got
             else:
                 verdict = np.empty_like(got)
                 verdict[order] = got
-            self.pools_checked += every.size
         # a range sequence has a bad pool when its range has one, or its kept part;
         # one with neither, outside `bad_seqs` before and after, keeps only its count
         at = int(r_ends[-1]) if r_seqs.size else 0
@@ -324,23 +328,34 @@ class Verifier:
                     bad_seqs.discard(s)
             n_checked[r_seqs] = r_kept + r_n
         for s, n, cand in one_by_one:
-            got = verdict[at:at + cand.size]
+            self._rechecked(s, n, cand, verdict[at:at + cand.size], change)
             at += cand.size
-            if s in bad_seqs or got.any():  # else: no bad pool before or now, a count
-                verdicts = self.bad_of(s)[:change.kept[s]]
-                if verdicts.size < n:
-                    verdicts = np.concatenate((verdicts, np.zeros(n - verdicts.size,
-                                                                  dtype=bool)))
-                verdicts[cand] = got
-                bad[s] = verdicts
-                if verdicts.any():
-                    bad_seqs.add(s)
-                else:
-                    bad_seqs.discard(s)
-            n_checked[s] = n
+
+    def _checked(self, layout: Layout, ips: np.ndarray) -> np.ndarray:
+        """`differ` of the pools `ips` (global indices, ascending), counted."""
+        self.pools_checked += ips.size
+        return self.differ(layout.members_of(ips), layout.pool_cells()[ips])
+
+    def _rechecked(self, s: int, n: int, cand: np.ndarray, got: np.ndarray,
+                   change: LayoutChange) -> None:
+        """Sequence s, of n pools now, has verdicts `got` for its pools `cand` (the
+        others as they were, those past its kept pools none bad)."""
+        if s in self.bad_seqs or got.any():  # else: no bad pool before or now, a count
+            verdicts = self.bad_of(s)[:change.kept[s]]
+            if verdicts.size < n:
+                verdicts = np.concatenate((verdicts, np.zeros(n - verdicts.size,
+                                                              dtype=bool)))
+            verdicts[cand] = got
+            self._bad[s] = verdicts
+            if verdicts.any():
+                self.bad_seqs.add(s)
+            else:
+                self.bad_seqs.discard(s)
+        self.n_checked[s] = n
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
+_NO_VERDICTS = np.empty(0, dtype=bool)
 # from this many sequences to recheck (and after a clear), `NEW` ones are rechecked as
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
 # less by itself

@@ -196,6 +196,13 @@ def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     return out
 
 
+def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The seq ids of every set, when all the sets are the same (a decode of one
+    sequence, a prefill: one set for every token); else None."""
+    first = seq_sets[0]
+    return first if seq_sets.count(first) == len(seq_sets) else None
+
+
 def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> list[int] | None:
     """Each set's one seq id, when every set has exactly one and no two share it (the
     tokens of a step of parallel slots); else None."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..cache.batch import one_seq_each
+from ..cache.batch import one_seq_each, one_set
 from ..cache.cells import CELL_BITS, EMPTY_POS, SortedKeys, Stream, global_row
 from ..cache.kv import KvCache, Placement
 from ..trace.model import CacheConfig
@@ -82,8 +82,8 @@ class CompiledStream(Stream):
         new pairs into its index."""
         col = self._col
         n = len(seqs)
-        first = seqs[0]
-        if len(first) == 1 and all(ss == first for ss in seqs):  # one sequence
+        first = one_set(seqs)
+        if first is not None and len(first) == 1:  # one sequence
             s = first[0]
             index = self.seq_keys[s]
             n0 = len(index)

@@ -383,18 +383,19 @@ class CompiledLayout(Layout):
                   np.ascontiguousarray(ips, dtype=np.int64), self.kpool, self.kv_size, out)
         return out
 
-    def _column(self, name: str) -> np.ndarray:
+    def _column(self, name: str, view: bool = False) -> np.ndarray:
         """Layout._column: the arena's rows joined, a few that hold pools as copies
-        (one sequence: one copy), more in one `kernels.joined_rows` call (W2's 64: the
-        copies' own calls would cost more than the kernel's loop)."""
+        (one sequence: one copy, or its row itself with `view`), more in one
+        `kernels.joined_rows` call (W2's 64: the copies' own calls would cost more
+        than the kernel's loop)."""
         arena = {"rep_rows": self.cols.rep_rows, "first_pos_": self.cols.first_pos,
                  "rep_pos_": self.cols.rep_pos}[name]
         lens = arena.lens
         held = lens.nonzero()[0]  # lens is flat: flatnonzero's ravel is a call more
         if held.size <= 8:
             parts = [arena.buf[s, :lens[s]] for s in held.tolist()]
-            return (parts[0].copy() if len(parts) == 1 else np.concatenate(parts) if parts
-                    else np.empty(0, dtype=np.int64))
+            return ((parts[0] if view else parts[0].copy()) if len(parts) == 1
+                    else np.concatenate(parts) if parts else np.empty(0, dtype=np.int64))
         out = np.empty(int(lens.sum()), dtype=np.int64)
         k.joined_rows(arena.buf, lens, out)
         return out

@@ -22,6 +22,7 @@ import weakref
 import numpy as np
 
 from ..cache.aborts import EngineAbort
+from ..cache.batch import one_set
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import POS_CLEAN, Layout, PoolGrowth, by_sequence
@@ -79,8 +80,8 @@ def mark(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
 
 def _one_sequence(seqs: list[tuple[int, ...]]) -> int | None:
     """The sequence every token holds alone, or None."""
-    first = seqs[0]
-    return first[0] if len(first) == 1 and all(ss == first for ss in seqs) else None
+    first = one_set(seqs)
+    return first[0] if first is not None and len(first) == 1 else None
 
 
 def _joined(candidates: list[np.ndarray]) -> np.ndarray:

@@ -410,10 +410,21 @@ class Layout:
             self._pool_rep_pos = self._column("rep_pos_")
         return self._pool_rep_pos
 
-    def _column(self, name: str) -> np.ndarray:
+    def pool_rep_pos_now(self) -> np.ndarray:
+        """`pool_rep_pos` for a reader done with it before the next update: the column
+        when it is built, else the one sequence's own array when one holds every pool
+        (a view: a decode of one sequence copies no column), else the column."""
+        if self._pool_rep_pos is not None:
+            return self._pool_rep_pos
+        return self._column("rep_pos_", view=True)
+
+    def _column(self, name: str, view: bool = False) -> np.ndarray:
         """[n_pool_real] the per-pool column `name` of every sequence (a SeqLayout
-        GrowArray: rep_rows, first_pos_, rep_pos_), end to end: in layout order."""
+        GrowArray: rep_rows, first_pos_, rep_pos_), end to end: in layout order.
+        `view`: one sequence's own array as it is, when it holds every pool."""
         parts = [a for a in (getattr(sq, name).view for sq in self.seqs) if a.size]
+        if view and len(parts) == 1:
+            return parts[0]
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
     def every_pool(self) -> np.ndarray:
