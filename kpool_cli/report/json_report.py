@@ -148,14 +148,16 @@ def event_json(e: OpEvent) -> dict:
                       stale={str(s): p for s, p in e.stale.items()}, **more)
 
 
-def _pools_alone(p: Pools, at: np.ndarray | slice) -> list[dict]:
-    """The pools `at` of the listing, one object each."""
+def _pools_alone(p: Pools, at: np.ndarray | slice | None = None) -> list[dict]:
+    """The pools `at` of the listing (None: every one), one object each."""
+    if at is not None:
+        p = Pools(p.seq[at], p.k[at], p.first_pos[at], p.last_pos[at], p.cells[at],
+                  p.rep[at], p.new[at])
     seq_, k_, first_, last_, cells_, rep_, new_ = POOL.names  # a pool each: no make() each
     return [{seq_: s, k_: k, first_: f, last_: la, cells_: c, rep_: r, new_: w}
             for s, k, f, la, c, r, w in zip(
-                p.seq[at].tolist(), p.k[at].tolist(), p.first_pos[at].tolist(),
-                p.last_pos[at].tolist(), p.cells[at].tolist(), p.rep[at].tolist(),
-                p.new[at].tolist(), strict=True)]
+                p.seq.tolist(), p.k.tolist(), p.first_pos.tolist(), p.last_pos.tolist(),
+                p.cells.tolist(), p.rep.tolist(), p.new.tolist(), strict=True)]
 
 
 def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[dict]:
@@ -164,10 +166,10 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     {"seq", "k": [k0, k1], "first_pos": p0, "cells": [c0, d, e], "new"}."""
     n = len(p)
     if n < 2 or not kpool:  # no run can form: every pool alone
-        return _pools_alone(p, slice(None))
+        return _pools_alone(p)
     spans = pool_spans(p) if spans is None else spans
     if not spans.size:  # no run formed
-        return _pools_alone(p, slice(None))
+        return _pools_alone(p)
     # each run's fields, read a column at a time (W2's changed plans list 128 runs)
     first = spans[:, 0]
     seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
@@ -206,16 +208,17 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
 
-    def singles(at: np.ndarray | slice) -> list[dict]:
+    def singles(at: np.ndarray | slice | None = None) -> list[dict]:
         rep_, cells_, pad_ = SCATTER.names  # an entry each: no make() each
+        reps, members, pads = (rep, rows, pad) if at is None else (rep[at], rows[at], pad[at])
         return [{rep_: w, cells_: c, pad_: d} for w, c, d in zip(
-            rep[at].tolist(), rows[at].tolist(), pad[at].tolist(), strict=True)]
+            reps.tolist(), members.tolist(), pads.tolist(), strict=True)]
 
     if n < 2 or not kpool:  # no run can form: every entry alone
-        return singles(slice(None))
+        return singles()
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     if not found.size:  # no run formed (a decode step's few entries)
-        return singles(slice(None))
+        return singles()
     n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
     runs = [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
         (found[:, 1] - found[:, 0]).tolist(), run_cells(rows, found[:, 0]), strict=True)]
@@ -229,20 +232,23 @@ _POOLS_JSON: SameArrays[list[dict]] = SameArrays(
     lambda *_kept_by, p, kpool, spans: pools_json(p, kpool, spans))
 _SCATTER_JSON: SameArrays[list[dict]] = SameArrays(
     lambda *_kept_by, r, kpool: scatter_json(r, kpool))
+# a listing of at most this many items is written again, not looked up (a decode's
+# pool or two: comparing its arrays costs what writing them does)
+_FEW_LISTED = 4
 
 
 def _listed_json(r: UbatchRecord, kpool: int) -> list[dict]:
-    """`pools_json` of the record's listing."""
+    """`pools_json` of the record's listing (a few pools: written, not looked up)."""
     p, spans = r.pools, r.pool_spans
-    if not kpool or spans is None:
+    if not kpool or spans is None or len(p) <= _FEW_LISTED:
         return pools_json(p, kpool, spans)
     return _POOLS_JSON(p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new, spans,
                        p=p, kpool=kpool, spans=spans)
 
 
 def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
-    """`scatter_json` of the record."""
-    if not kpool or r.scatter_spans is None:
+    """`scatter_json` of the record (a few entries: written, not looked up)."""
+    if not kpool or r.scatter_spans is None or r.scatter_rep.size <= _FEW_LISTED:
         return scatter_json(r, kpool)
     return _SCATTER_JSON(r.scatter_rows, r.scatter_rep, r.scatter_pad, r.scatter_spans, r=r,
                          kpool=kpool)
