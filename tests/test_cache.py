@@ -9,7 +9,7 @@ from conftest import toks
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kpool_cli.cache.batch import split_equal, validate
+from kpool_cli.cache.batch import one_seq_each, one_set, split_equal, validate
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache
 from kpool_cli.trace.model import CacheConfig, Token
@@ -473,3 +473,14 @@ def test_a_compiled_seq_rm_is_the_streams_own(tokens, s, p0, width):
         assert got.seq_keys[q].view.tolist() == ref.seq_keys[q].view.tolist()
     assert (got.touched, got.changed_from) == (ref.touched, ref.changed_from)
     got.check_invariants()
+
+
+def test_one_set_and_one_seq_each_by_hand():
+    """cache/batch.py: `one_set` is the seq ids every token holds when all hold the same
+    (a decode of seq 3, or of seqs (0, 1) alike), else None; `one_seq_each` the tokens'
+    one seq id each when no two share one (parallel slots), else None."""
+
+    assert one_set([(3,), (3,), (3,)]) == (3,) and one_set([(0, 1), (0, 1)]) == (0, 1)
+    assert one_set([(3,), (4,)]) is None and one_set([(0, 1), (0,)]) is None
+    assert one_seq_each([(2,), (0,), (5,)]) == [2, 0, 5]
+    assert one_seq_each([(2,), (2,)]) is None and one_seq_each([(2,), (0, 1)]) is None

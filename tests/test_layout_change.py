@@ -357,3 +357,23 @@ def test_compiled_members_look_up_reads_every_sequence_in_one_call(monkeypatch):
     lay.update(c, [C, C], False)
     assert lay.members_of(np.array([2, 3, 5])).tolist() == [[4, 5], [10, 11], [8, 9]]
     assert calls == [[3, 0, 2], [2, 3, 5]]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_rep_pos_now_reads_the_one_sequences_own_array_and_else_the_column(compiled: bool):
+    """Layout.pool_rep_pos_now, by hand, kpool 2: seq 1 alone holds pools (pos 0..5,
+    reps at pos 1, 3, 5): its own array, a view (no copy, and none kept). Once seq 0
+    holds pools too (pos 0..3: reps 1, 3), the whole column in layout order, seq 0's
+    first: [1, 3, 1, 3, 5]; once `pool_rep_pos` has built it, that very array."""
+    c = KvCache(CacheConfig(kv_size=64, kpool=2, n_seq_max=2))
+    lay = CompiledLayout(2, 2, False, 64, 64) if compiled else Layout(2, 2, False, 64)
+    decode(c, 1, range(6))
+    lay.update(c, [C, C], False)
+    now = lay.pool_rep_pos_now()
+    assert now.tolist() == [1, 3, 5] == lay.seqs[1].rep_pos().tolist()
+    assert lay._pool_rep_pos is None and now.base is not None  # a view, kept by no one
+    decode(c, 0, range(4))
+    lay.update(c, [C, C], False)
+    whole = lay.pool_rep_pos_now()
+    assert whole.tolist() == [1, 3, 1, 3, 5]
+    assert lay.pool_rep_pos() is lay.pool_rep_pos_now()
