@@ -479,7 +479,6 @@ def test_one_set_and_one_seq_each_by_hand():
     """cache/batch.py: `one_set` is the seq ids every token holds when all hold the same
     (a decode of seq 3, or of seqs (0, 1) alike), else None; `one_seq_each` the tokens'
     one seq id each when no two share one (parallel slots), else None."""
-
     assert one_set([(3,), (3,), (3,)]) == (3,) and one_set([(0, 1), (0, 1)]) == (0, 1)
     assert one_set([(3,), (4,)]) is None and one_set([(0, 1), (0,)]) is None
     assert one_seq_each([(2,), (0,), (5,)]) == [2, 0, 5]
