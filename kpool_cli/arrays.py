@@ -5,7 +5,8 @@ called with the very same array objects (by identity, O(1): `same_objects`, or
 `same_referents` through weak references), and
 `SameValues`, the same for arrays equal value for value (O(n)); `unique`: the sorted
 distinct values of an integer array, as `np.unique(a)` returns them; and
-`rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's kpool members),
+`any_set`, `all_set`: `a.any()`, `a.all()` of a small bool array at a fifth of
+numpy's cost; `rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's kpool members),
 what `np.all(a == b, axis=1)` and `a.max(axis=1)` give, a column at a time (numpy's
 reductions along a short axis cost 5-8x as much: 224 us against 47 for 8192 x 4).
 numpy 2 imports `numpy.ma` (about 0.1 s) the first time `np.unique` is called
@@ -150,6 +151,18 @@ def union(parts: list[np.ndarray]) -> np.ndarray:
     if len(parts) == 1:
         return parts[0]
     return unique(np.concatenate(parts)) if parts else np.empty(0, dtype=np.int64)
+
+
+def any_set(a: np.ndarray) -> bool:
+    """`a.any()` for a bool array: numpy's method goes through a Python-level wrapper
+    to a reduction (0.9 us however small the array, and a decode asks a few each
+    step); `count_nonzero` takes a C path (0.2 us)."""
+    return bool(np.count_nonzero(a))
+
+
+def all_set(a: np.ndarray) -> bool:
+    """`a.all()` for a bool array, as `any_set` says."""
+    return int(np.count_nonzero(a)) == a.size
 
 
 def rows_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -8,7 +8,14 @@ import weakref
 
 import numpy as np
 
-from kpool_cli.arrays import SameArrays, SameValues, ranges, same_referents
+from kpool_cli.arrays import (
+    SameArrays,
+    SameValues,
+    all_set,
+    any_set,
+    ranges,
+    same_referents,
+)
 
 
 def _counted():
@@ -110,3 +117,11 @@ def test_ranges_are_the_indices_of_each_range_end_to_end():
     for (lo, sizes), want in cases:
         got = ranges(np.array(lo, dtype=np.int32), np.array(sizes, dtype=np.int32))
         assert got.tolist() == want and got.dtype == np.int64, (lo, sizes)
+
+
+def test_any_set_and_all_set_are_numpys_any_and_all():
+    """arrays.any_set / all_set: `a.any()`, `a.all()` of bool arrays, empty ones
+    included (any: False; all: True), each a Python bool."""
+    for bits in ([], [False], [True], [False, True, False], [True] * 70, [False] * 70):
+        a = np.array(bits, dtype=bool)
+        assert any_set(a) is bool(a.any()) and all_set(a) is bool(a.all())

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import ranges, union, unique
+from ..arrays import any_set, ranges, union, unique
 from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
 from ..engine.layout import Layout, LayoutChange
@@ -168,7 +168,7 @@ class Verifier:
         changed = bool(self._kdirty_rows or self._pdirty_rows)
         known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
         # the rep columns are read only for a tail: a known sequence's, once a row changed
-        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if known.any()
+        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
                              else (_NO_PAIRS, _NO_PAIRS))
         how, tail, before = self.kernels.recheck_ways(
             layout.pool_start(), self.n_checked, kept, known, rep_pos, rep_rows, changed,
@@ -340,7 +340,7 @@ class Verifier:
                    change: LayoutChange) -> None:
         """Sequence s, of n pools now, has verdicts `got` for its pools `cand` (the
         others as they were, those past its kept pools none bad)."""
-        if s in self.bad_seqs or got.any():  # else: no bad pool before or now, a count
+        if s in self.bad_seqs or any_set(got):  # else: no bad pool before or now, a count
             verdicts = self.bad_of(s)[:change.kept[s]]
             if verdicts.size < n:
                 verdicts = np.concatenate((verdicts, np.zeros(n - verdicts.size,

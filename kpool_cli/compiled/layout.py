@@ -34,6 +34,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from ..arrays import all_set, any_set
 from ..cache.cells import CELL_BITS, NO_PAIR
 from ..cache.kv import KvCache
 from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout, pools_past
@@ -169,7 +170,7 @@ class CompiledLayout(Layout):
         others = set(touched)
         if not all_clean:
             others.update(s for s, p in enumerate(stale) if p != POS_CLEAN)
-        if not cols.settled.all():
+        if not all_set(cols.settled):
             others.update(np.flatnonzero(~cols.settled).tolist())
         others -= took
         for s in sorted(others):
@@ -290,7 +291,7 @@ class CompiledLayout(Layout):
 
     def _any_shared(self) -> bool:
         """Layout._any_shared: the flags' array."""
-        return bool(self.cols.shared.any())
+        return any_set(self.cols.shared)
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """Layout._every_members: the kept pools' rows copied from the members built
