@@ -8,8 +8,8 @@ distinct values of an integer array, as `np.unique(a)` returns them; and
 `any_set`, `all_set`: `a.any()`, `a.all()` of a small bool array at a fifth of
 numpy's cost; `rows_equal`, `rows_max`: per row of a narrow 2-D array (a pool's
 kpool members), what `np.all(a == b, axis=1)` and `a.max(axis=1)` give, a column at
-a time (numpy's
-reductions along a short axis cost 5-8x as much: 224 us against 47 for 8192 x 4).
+a time (numpy's reductions along a short axis cost 5-8x as much: 224 us against 47
+for 8192 x 4).
 numpy 2 imports `numpy.ma` (about 0.1 s) the first time `np.unique` is called
 without `return_index`, `return_inverse` or `return_counts`, to ask whether its
 argument is masked: kpool never hands it a masked array, and a replay with the numpy
