@@ -748,6 +748,41 @@ def test_s2_kp007_seq_add_moves_a_shared_cell_of_a_clean_sequence(engine: str) -
     assert "KP007" not in codes(nxt)  # reported where it appears
 
 
+DRIFT_MANY = scenario("""
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 6}
+ops:
+  - decode: {seq: 0, pos: 0..9}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_cp: {src: 0, dst: 2}
+  - seq_cp: {src: 0, dst: 3}
+  - seq_cp: {src: 0, dst: 4}
+  - seq_cp: {src: 0, dst: 5}
+  - decode: {seq: 0, pos: 9}
+  - seq_add: {seq: 0, p0: 4, p1: -1, shift: -2}
+  - decode: {seq: 0, pos: 8}
+  - decode: {seq: 0, pos: 9}
+""")
+
+
+def test_s2_kp007_every_clean_sequence_sharing_the_moved_cells_drifts(engine: str) -> None:
+    """`test_s2_kp007_seq_add_moves_a_shared_cell_of_a_clean_sequence` with five
+    sequences sharing seq 0's cells where it had one: the shift moves them for all
+    five, none of which is staled, so at the next decode each of seqs 1..5 has
+    drifted, one KP007 each, reported where it appears. Six sequences are read (seq 0
+    stale, the five touched): more than the rule asks one by one
+    (`_ASKED_ONE_BY_ONE`), so its array of every sequence's flags answers."""
+    from kpool_cli.verdict.rules import kp007_layout_drift
+
+    st = steps(DRIFT_MANY, engine)
+    ub = st[8][0]
+    assert isinstance(ub, UbatchRecord) and ub.op == 8
+    assert len(ub.token_pos) == 1 and kp007_layout_drift._ASKED_ONE_BY_ONE < 6
+    assert sorted(f.seqs for f in findings(ub, "KP007")) == [(1,), (2,), (3,), (4,), (5,)]
+    nxt = st[9][0]
+    assert isinstance(nxt, UbatchRecord) and nxt.op == 9 and "KP007" not in codes(nxt)
+
+
 REBUILD_COUNT = scenario("""
 kpool_trace: 1
 cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
