@@ -833,3 +833,19 @@ def test_compiled_cache_hands_the_layout_the_pairs_a_step_appended() -> None:
     c.seq_rm(1, 1, 2)
     assert step([2, 1]) == ({0}, None)
     assert [key >> 32 for key in c.seq_keys(1).tolist()] == [0, 1]  # pushed all the same
+
+
+def test_the_reference_planner_names_a_ubatchs_one_stream_and_not_two() -> None:
+    """`KvCache.plan` names the stream of a ubatch whose tokens all go to one
+    (`Placement.stream`, what `CompiledKvCache.apply` reads), and -1 for one whose
+    tokens go to two. Non-unified, two sequences (stream s is seq s's): a ubatch of
+    seq 1's two tokens is stream 1's; one of seq 0's token and seq 1's is neither."""
+    from kpool_cli.cache.kv import KvCache
+    from kpool_cli.trace import model as m
+
+    cfg = m.CacheConfig(kv_size=8, kpool=4, n_seq_max=2, unified=False)
+    pos = np.arange(2, dtype=np.int64)
+    one = KvCache(cfg).plan([(pos, [(1,), (1,)], None)])
+    two = KvCache(cfg).plan([(pos, [(0,), (1,)], None)])
+    assert one is not None and one[0].stream == 1 and one[0].strm.tolist() == [1, 1]
+    assert two is not None and two[0].stream == -1 and two[0].strm.tolist() == [0, 1]

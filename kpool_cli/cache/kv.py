@@ -39,7 +39,8 @@ def resolve_range(p0: int, p1: int) -> tuple[int, int]:
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where a ubatch's tokens go: per token its stream and stream-local cell; and the
-    one stream they all go to, when the planner placed them as one (else -1)."""
+    one stream they all go to, when they go to one (else -1: several, or a placement
+    built outside `KvCache.plan`)."""
 
     strm: np.ndarray  # [n_tokens] | token | stream
     cells: np.ndarray  # [n_tokens] | token | cell
@@ -335,7 +336,8 @@ class KvCache:
             heads_before.append(list(head))
             strm = np.fromiter((strm_of[ss[0]] for ss in seqs), dtype=np.int64, count=len(seqs))
             cells = np.empty(len(seqs), dtype=np.int64)
-            for k in unique(strm).tolist():
+            streams = unique(strm).tolist()
+            for k in streams:
                 mine = np.flatnonzero(strm == k)
                 got: np.ndarray | None
                 if recorded is not None:
@@ -353,7 +355,7 @@ class KvCache:
                             else np.sort(np.concatenate((before, got)), kind="stable"))
                 used[k] += int(got.size)
                 head[k] = int(got[-1]) + 1  # the last token's cell in placement order
-            out.append(Placement(strm, cells))
+            out.append(Placement(strm, cells, streams[0] if len(streams) == 1 else -1))
         return out
 
     def prepare_unplaceable(self, strm: int, first_len: int) -> None:

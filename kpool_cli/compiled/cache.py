@@ -193,9 +193,7 @@ class CompiledKvCache(KvCache):
         for st in self._compiled:
             st.appends.clear()
             st.added = None
-        strm, k = placement.strm, placement.stream
-        if k < 0 and strm.size and strm[0] == strm[-1] and bool((strm == strm[0]).all()):
-            k = int(strm[0])
+        k = placement.stream
         if k >= 0:  # one stream: KvCache.apply without its grouping by stream
             ids = np.arange(self.n_key_writes + 1, self.n_key_writes + 1 + pos.size)
             self.n_key_writes += int(pos.size)
