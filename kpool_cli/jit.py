@@ -5,7 +5,8 @@ Layer 1 (docs/ARCHITECTURE.md): it holds signals while numba loads.
 
 Owns: `cache_for` (the choice, per kernel file), `cache_loads_only` (loading a
 cached kernel without numba's refresh of its whole target context, nor its
-plug-ins), numba's plug-in discovery imported when it first runs
+plug-ins, nor a parse of its LLVM module before a compilation links it:
+`_unserialize_lazily`), numba's plug-in discovery imported when it first runs
 (`_plugins_when_compiling`), `kernel` and `inner`. Imported only by
 modules that hold numba kernels (backend/kernels.py, compiled/kernels.py), so a
 command that runs none never imports numba.
@@ -28,6 +29,7 @@ import contextlib
 import importlib
 import os
 import stat
+import struct
 import sys
 import tempfile
 import types
@@ -169,7 +171,7 @@ def cache_loads_only() -> Iterator[bool]:
     Yields whether the load was replaced: not when this numba lacks the methods it
     relies on (every load then refreshes, as numba does); the originals are back
     once the block ends."""
-    from numba.core import caching
+    from numba.core import caching, codegen
     from numba.core.runtime import nrt
 
     cache: Any = caching.Cache  # private methods: no stubs know them
@@ -184,7 +186,8 @@ def cache_loads_only() -> Iterator[bool]:
     hook = hooked.__dict__["_compilation_chain_init_hook"]
 
     def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
-        nrt.rtsys.initialize(target_context)  # all a loaded kernel needs of the refresh
+        # all a loaded kernel needs of the refresh
+        _initialize_nrt(nrt, target_context, getattr(self, "cache_path", None))
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
 
@@ -192,11 +195,162 @@ def cache_loads_only() -> Iterator[bool]:
     # numba runs the packages' plug-ins before a load too: a compilation runs them
     # from the refresh (`_plugins_when_compiling`)
     hooked._compilation_chain_init_hook = lambda self: None
+    library: Any = codegen.CPUCodeLibrary  # private methods, as above
+    unserialize = library.__dict__.get("_unserialize")
+    if _unserialize_lazily_fits(library, unserialize):
+        library._unserialize = classmethod(_unserialize_lazily(unserialize.__func__))
     try:
         yield True
     finally:
         cache.load_overload = original
         hooked._compilation_chain_init_hook = hook
+        if unserialize is not None:
+            library._unserialize = unserialize
+
+
+def _initialize_nrt(nrt: Any, ctx: Any, where: str | None) -> None:
+    """numba's runtime (NRT) initialized, its few compiled functions loaded from a file
+    in the cache directory `where` (a kernel's) rather than compiled each process.
+
+    numba compiles them from LLVM IR whenever a process first loads or compiles a
+    kernel, and caches them nowhere: 15-17 ms of every replay with kernels on this
+    project's machine (loaded: about 1 ms). The first process compiles them as numba
+    does, with the object code kept, and saves them (`kpool-nrt-<key>.nbn`, written
+    whole or not at all); the key names numba's and llvmlite's versions and the CPU
+    the code is for (`magic_tuple`, as numba keys its own cache). A file that does
+    not load, and a directory that cannot be written, leave numba's way. The file is
+    read with pickle, as numba's own cache files in the same directory are."""
+    if getattr(nrt.rtsys, "_init", True) or not where:
+        nrt.rtsys.initialize(ctx)
+        return
+    import hashlib
+    import pickle
+
+    import llvmlite  # type: ignore[import-untyped]
+    from numba.core.runtime import nrtdynmod
+
+    codegen = ctx.codegen()
+    key = hashlib.sha256(repr((numba.__version__, llvmlite.__version__,
+                               codegen.magic_tuple())).encode()).hexdigest()[:20]
+    path = os.path.join(where, f"kpool-nrt-{key}.nbn")
+    numbas = nrtdynmod.compile_nrt_functions
+
+    def compiled(ctx: Any) -> Any:
+        # numba's way below, for a file that is missing or does not load
+        with contextlib.suppress(Exception), open(path, "rb") as f:
+            return codegen.unserialize_library(pickle.load(f))
+        module, library = nrtdynmod.create_nrt_module(ctx)
+        library.add_ir_module(module)
+        library.enable_object_caching()
+        library.finalize()
+        with contextlib.suppress(OSError):
+            fd, tmp = tempfile.mkstemp(dir=where, prefix=".kpool-nrt-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    pickle.dump(library.serialize_using_object_code(), f)
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        return library
+
+    nrtdynmod.compile_nrt_functions = compiled
+    try:
+        nrt.rtsys.initialize(ctx)
+    finally:
+        nrtdynmod.compile_nrt_functions = numbas
+
+
+def _unserialize_lazily_fits(library: Any, unserialize: Any) -> bool:
+    """Whether this numba unserializes a cached library as `_unserialize_lazily`
+    expects (its own methods are used otherwise)."""
+    return (isinstance(unserialize, classmethod) and sys.byteorder == "little"
+            and all(hasattr(library, name) for name in (
+                "enable_object_caching", "_set_compiled_object", "_finalize_final_module",
+                "_get_module_for_linking")))
+
+
+def _unserialize_lazily(numbas: Callable[..., Any]) -> Callable[..., Any]:
+    """numba's `CPUCodeLibrary._unserialize` (`numbas`) of a cached kernel's machine
+    code, without parsing the LLVM module it keeps beside it until someone links
+    with it.
+
+    numba caches a kernel as its object code and its whole LLVM module (for a later
+    compilation that inlines it). Loading it, numba parses that module only to learn
+    which symbols the library defines: about 2 ms a kernel on this project's machine
+    (a W3 replay's 15 loads take 42-44 ms this way, 72-77 ms numba's). The object
+    code's own symbol table says
+    the same (`_elf_defined`: every global symbol the module defines; the module's
+    private constants, which nothing looks up by name, are all it adds), so this
+    reads it there and parses the module only when a compilation asks for it
+    (`_get_module_for_linking`, through `_LinkedLazily`). An object that is not
+    ELF (macOS, Windows) or not readable as such is loaded by numba's own method."""
+
+    def load(cls: Any, codegen: Any, state: Any) -> Any:
+        name, kind, data = state
+        defined = _elf_defined(data[0]) if kind == "object" else None
+        engine: Any = getattr(codegen, "_engine", None)
+        if defined is None or not hasattr(engine, "_defined_symbols"):
+            return numbas(cls, codegen, state)
+        lib = codegen.create_library(name)
+        lib.enable_object_caching()
+        lib._set_compiled_object(data[0])
+        lib.__class__ = _linked_lazily(type(lib))
+        lib._kpool_linking_bitcode = data[1]
+        lib._finalize_final_module()
+        engine._defined_symbols.update(defined)
+        return lib
+
+    return load
+
+
+_LAZY: dict[type, type] = {}  # a library class -> its `_LinkedLazily` subclass
+
+
+def _linked_lazily(cls: type) -> type:
+    """`cls` (a numba code library class) with its module for linking parsed on first
+    use from the bitcode `_unserialize_lazily` kept."""
+    if cls not in _LAZY:
+        from llvmlite import binding
+
+        def _get_module_for_linking(self: Any) -> Any:
+            if self._shared_module is None:
+                self._shared_module = binding.parse_bitcode(self._kpool_linking_bitcode)
+            return self._shared_module
+
+        _LAZY[cls] = type(f"{cls.__name__}LinkedLazily", (cls,),
+                          {"_get_module_for_linking": _get_module_for_linking})
+    return _LAZY[cls]
+
+
+def _elf_defined(obj: bytes) -> set[str] | None:
+    """The names of the global and weak symbols a 64-bit little-endian ELF object
+    defines (its symbol tables' entries with a section, local ones left out); None
+    when `obj` is not such an object or does not read as one."""
+    if obj[:6] != b"\x7fELF\x02\x01":  # the magic, ELFCLASS64, ELFDATA2LSB
+        return None
+    try:
+        shoff, = struct.unpack_from("<Q", obj, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+        names: set[str] = set()
+        for i in range(shnum):
+            head = shoff + i * shentsize
+            if struct.unpack_from("<I", obj, head + 4)[0] != _SHT_SYMTAB:
+                continue
+            offset, size, link = struct.unpack_from("<QQI", obj, head + 0x18)
+            entsize, = struct.unpack_from("<Q", obj, head + 0x38)
+            strings, = struct.unpack_from("<Q", obj, shoff + link * shentsize + 0x18)
+            for at in range(offset, offset + size - entsize + 1, entsize):
+                name, info, _other, section = struct.unpack_from("<IBBH", obj, at)
+                if section != _SHN_UNDEF and info >> 4 in (_STB_GLOBAL, _STB_WEAK):
+                    start = strings + name
+                    names.add(obj[start:obj.index(b"\0", start)].decode())
+        return names
+    except (struct.error, ValueError, UnicodeDecodeError):
+        return None
+
+
+_SHT_SYMTAB, _SHN_UNDEF, _STB_GLOBAL, _STB_WEAK = 2, 0, 1, 2
 
 
 def inner(fn: F) -> F:

@@ -208,8 +208,12 @@ _KERNEL = '''
 import sys
 import numba, numpy as np
 from numba.core import caching
+from numba.core.runtime import nrtdynmod
 from kpool_cli.jit import cache_loads_only
 original = caching.Cache.load_overload
+made = []  # numba's runtime functions compiled from IR
+create = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda ctx: made.append(1) or create(ctx)
 with cache_loads_only() as replaced:
     assert replaced
     assert caching.Cache.load_overload is not original
@@ -225,22 +229,33 @@ assert caching.Cache.load_overload is original
 a = np.arange(10, dtype=np.float32)
 got = pick(a, np.array([9, 0, 4], dtype=np.int64))
 assert got.tolist() == [27.0, 0.0, 12.0], got
-print(len(pick.stats.cache_hits), len(pick.stats.cache_misses))
+print(len(pick.stats.cache_hits), len(pick.stats.cache_misses), len(made))
 '''
 
 
 def test_cache_loads_only_compiles_a_miss_and_loads_a_hit(tmp_path: Path) -> None:
     """Under `cache_loads_only`, a kernel not in the cache is compiled (numba's compiler
     refreshes the context itself) and saved; the next process loads it without the
-    refresh and it computes the same; numba's method is back after the block."""
+    refresh and it computes the same; numba's method is back after the block. numba's
+    runtime (NRT), which the kernel's array uses, is compiled by the first process
+    and saved beside the kernel (`jit._initialize_nrt`); the second loads it."""
     script = tmp_path / "kernel.py"
     script.write_text(_KERNEL)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    runs = [subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           cwd=ROOT, env=env, timeout=300) for _ in range(2)]
-    for r in runs:
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           cwd=ROOT, env=env, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
-    assert [r.stdout.split() for r in runs] == [["0", "1"], ["1", "0"]]
+        runs.append(r.stdout.split())
+    saved = list((tmp_path / "numba").rglob("kpool-nrt-*.nbn"))
+    assert runs == [["0", "1", "1"], ["1", "0", "0"]] and len(saved) == 1
+    # a file that does not load: numba's way, and a file that does is written again
+    saved[0].write_bytes(b"not a pickle")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["1", "0", "1"], r.stderr[-3000:]
+    assert saved[0].read_bytes() != b"not a pickle"
 
 
 _PLUGIN = """
@@ -425,3 +440,83 @@ def test_a_command_collects_cycles_less_often_than_python_does() -> None:
     status, gen0, gen1, gen2 = map(int, r.stdout.split("status ")[-1].split())
     assert status == 0
     assert gen0 >= 10_000 and gen1 > 0 and gen2 > 0
+
+
+_LINKED = '''
+import sys
+import numba, numpy as np
+from kpool_cli import jit
+
+def _twice(x):
+    return 2 * x
+
+twice = jit.inner(_twice)
+
+def first(a):
+    return twice(a[0])
+
+def second(a):
+    return twice(a[1]) + 1
+
+made = {}
+with jit.cache_loads_only():
+    for fn in (first, second):
+        if fn.__name__ in sys.argv[1:]:
+            made[fn.__name__] = numba.njit("i8(i8[::1])", cache=True)(fn)
+a = np.array([5, 7], dtype=np.int64)
+print(*(made[n](a) if n in made else "-" for n in ("first", "second")),
+      sum(len(k.stats.cache_hits) for k in made.values()),
+      sorted(c.__name__ for c in jit._LAZY.values()))
+'''
+
+
+def test_a_loaded_kernel_is_linked_lazily_and_a_compilation_links_it(tmp_path: Path) -> None:
+    """`jit._unserialize_lazily`: a kernel loaded from the cache computes what it did
+    when compiled, its library of the lazily linked class; and a kernel compiled in
+    the same process (a cache miss) whose helper comes from the cache links that
+    helper's module, parsed on first use: its own object code holds the helper, so a
+    process that loads it alone runs it."""
+    script = tmp_path / "linked.py"
+    script.write_text(_LINKED)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    outs = []
+    for which in (["first"], ["first", "second"], ["second"]):
+        r = subprocess.run([sys.executable, str(script), *which], capture_output=True,
+                           text=True, cwd=ROOT, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(r.stdout.strip().split(None, 3))
+    lazy = "['JITCodeLibraryLinkedLazily']" if sys.platform == "linux" else "[]"  # ELF
+    assert outs[0] == ["10", "-", "0", "[]"]  # compiled: nothing loaded
+    # loaded: `first` (a hit) and `twice` for `second`'s compilation, both lazily
+    assert outs[1] == ["10", "15", "1", lazy]
+    assert outs[2] == ["-", "15", "1", lazy]  # `second` alone
+
+
+def test_elf_defined_names_the_modules_global_definitions() -> None:
+    """`jit._elf_defined` reads, from a compiled kernel's object code, the names its
+    LLVM module defines with a linkage others can see (llvmlite's own reading of the
+    module, cached beside the object code); not ELF or cut short, None."""
+    import numba
+    from llvmlite import binding
+
+    from kpool_cli.jit import _elf_defined
+
+    @numba.njit("f8(f8[::1])")
+    def total(a):  # type: ignore[no-untyped-def]
+        s = 0.0
+        for x in a:
+            s += x
+        return s
+
+    _name, kind, (obj, bitcode) = total.overloads[total.signatures[0]].library \
+        .serialize_using_object_code()
+    assert kind == "object"
+    module = binding.parse_bitcode(bitcode)
+    hidden = {binding.Linkage.private, binding.Linkage.internal}
+    want = {gv.name for gvs in (module.functions, module.global_variables) for gv in gvs
+            if not gv.is_declaration and gv.linkage not in hidden}
+    got = _elf_defined(obj)
+    assert got == want and any("total" in n for n in got)
+    assert _elf_defined(b"\xcf\xfa\xed\xfe" + obj[4:]) is None  # Mach-O's magic
+    assert _elf_defined(obj[:0x30]) is None  # its section headers cut off
+    assert _elf_defined(obj[:len(obj) // 2]) is None  # its section headers, at the end, gone
