@@ -200,12 +200,46 @@ def cache_loads_only() -> Iterator[bool]:
     if _unserialize_lazily_fits(library, unserialize):
         library._unserialize = classmethod(_unserialize_lazily(unserialize.__func__))
     try:
-        yield True
+        with _no_masked_arrays():
+            yield True
     finally:
         cache.load_overload = original
         hooked._compilation_chain_init_hook = hook
         if unserialize is not None:
             library._unserialize = unserialize
+
+
+class _NoMaskedArray:
+    """numpy.ma's MaskedArray before numpy.ma is imported: nothing is one."""
+
+
+@contextlib.contextmanager
+def _no_masked_arrays() -> Iterator[None]:
+    """numba's `typeof` of an array (a kernel's first call types its arguments) asks
+    whether it is a `numpy.ma.MaskedArray`, which makes numpy import numpy.ma: 6-7 ms
+    of a replay's first kernel call on this project's machine (W3's `find_slot`: 10
+    -> 3.6 ms). Until numpy.ma is
+    imported, no array can be one; so for the block, when it is not, `numpy.ma` is a
+    stand-in whose `MaskedArray` nothing is an instance of, and any other name of it
+    imports the real module (as an import of numpy.ma does, which puts the module in
+    the stand-in's place). After the block, numpy's own lazy attribute is back."""
+    import numpy
+
+    if "numpy.ma" in sys.modules or "ma" in vars(numpy):
+        yield
+        return
+
+    def real(name: str) -> Any:
+        return getattr(importlib.import_module("numpy.ma"), name)
+
+    stand_in = types.ModuleType("numpy.ma", "numpy.ma until it is imported (kpool_cli/jit.py)")
+    vars(stand_in).update(MaskedArray=_NoMaskedArray, __getattr__=real)
+    vars(numpy)["ma"] = stand_in
+    try:
+        yield
+    finally:
+        if vars(numpy).get("ma") is stand_in:
+            del vars(numpy)["ma"]
 
 
 def _initialize_nrt(nrt: Any, ctx: Any, where: str | None) -> None:

@@ -87,6 +87,7 @@ def test_a_numba_replay_does_import_numba(tmp_path: Path) -> None:
     assert {"numba", "kpool_cli.backend.kernels"} <= modules
     assert "rich" not in modules  # nothing is drawn: JSON into a file, no progress bar
     assert "numba.np.arrayobj" not in modules  # no value kernel allocates
+    assert "numpy.ma" not in modules  # typing the kernels' arrays (jit._no_masked_arrays)
 
 
 @pytest.mark.parametrize("trace", ["shared-prefix-race", "mtp3-speculative", "non-unified"])
@@ -105,6 +106,7 @@ def test_a_compiled_replay_loads_no_array_library(trace: str, tmp_path: Path) ->
     assert code in (0, 1)
     assert "kpool_cli.compiled.kernels" in modules
     assert "numba.np.arrayobj" not in modules
+    assert "numpy.ma" not in modules
     # nor numba's plug-in discovery, which imports importlib.metadata: a load runs no
     # plug-in (jit.py `_plugins_when_compiling`)
     assert "importlib.metadata" not in modules
@@ -520,3 +522,28 @@ def test_elf_defined_names_the_modules_global_definitions() -> None:
     assert _elf_defined(b"\xcf\xfa\xed\xfe" + obj[4:]) is None  # Mach-O's magic
     assert _elf_defined(obj[:0x30]) is None  # its section headers cut off
     assert _elf_defined(obj[:len(obj) // 2]) is None  # its section headers, at the end, gone
+
+
+_MASKED = """
+import sys
+import numba, numpy as np
+from kpool_cli import jit
+with jit._no_masked_arrays():
+    seen = [numba.typeof(np.zeros(2)).dtype, "numpy.ma" in sys.modules]
+    import numpy.ma
+    try:
+        numba.typeof(numpy.ma.masked_array([1.0, 2.0]))
+    except numba.core.errors.NumbaTypeError:
+        seen.append("refused")
+print(*seen, np.ma is sys.modules["numpy.ma"])
+"""
+
+
+def test_no_masked_arrays_types_arrays_and_still_refuses_a_masked_one() -> None:
+    """`jit._no_masked_arrays`: numba types a plain array without importing numpy.ma;
+    once numpy.ma is imported inside the block, a masked array is refused as numba
+    refuses it; and numpy's own numpy.ma is in place after the block."""
+    r = subprocess.run([sys.executable, "-c", _MASKED], capture_output=True, text=True,
+                       cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["float64", "False", "refused", "True"]
