@@ -53,6 +53,8 @@ from .cache.batch import (
     first_ubatch_len,
     one_seq_each,
     one_set,
+    positions,
+    seq_sets,
     split_refusal,
     validate,
     validate_span,
@@ -441,12 +443,11 @@ class Replayer:
             yield self._reject(i, split)
             return
         ubs = []
-        tks = [[tokens[j] for j in ub.tokens] for ub in split]
+        tks = [list(map(tokens.__getitem__, ub.tokens)) for ub in split]
         for tk in tks:
             recorded = (np.array([t.cell for t in tk], dtype=np.int64)
                         if tk[0].cell is not None else None)
-            ubs.append((np.array([t.pos for t in tk], dtype=np.int64),
-                        [t.seq for t in tk], recorded))
+            ubs.append((np.array(positions(tk), dtype=np.int64), seq_sets(tk), recorded))
         self._check_recorded_cells(op, ubs)
         try:
             # llama_memory_hybrid_idx::init_batch prepares the recurrent child first

@@ -288,11 +288,12 @@ def test_layout_step_finds_the_pools_of_engine_md_5() -> None:
     assert rep_rows == [100 + 11, 100 + 14]  # stream 1 of kv_size 100
 
 
-def _rebuild_step(sp_pos, sp_cells, known_below=-1):  # type: ignore[no-untyped-def]
+def _rebuild_step(sp_pos, sp_cells, known_below=-1, seq_count=None):  # type: ignore[no-untyped-def]
     """`kernels.layout_rebuild_step` of the layout of positions 0..5 in cells 10..15
     (kpool 2, pos_min 0, stream 1 of kv_size 100: pools at pairs 0, 2, 4, rep rows
     111, 113, 115), stale from pos 4, against the cache's pairs `sp`: (what it
-    returns, the pairs, and the pools' start, rep row, rep pos and first pos)."""
+    returns, the pairs, and the pools' start, rep row, rep pos and first pos). With
+    `seq_count`, the sharing scan (step 3) runs over it."""
     from kpool_cli.compiled import kernels as k
 
     old = (np.arange(6, dtype=np.int64) << 32) | np.arange(10, 16)
@@ -303,7 +304,9 @@ def _rebuild_step(sp_pos, sp_cells, known_below=-1):  # type: ignore[no-untyped-
         c[:3] = v
     sp = (np.array(sp_pos, dtype=np.int64) << 32) | np.array(sp_cells, dtype=np.int64)
     got = k.layout_rebuild_step(sp, keys, 6, 4 << 32, known_below, 0, 2, False, 1, 100,
-                                *cols, 3, np.ones(32, dtype=np.int32), False)
+                                *cols, 3,
+                                np.ones(32, dtype=np.int32) if seq_count is None else seq_count,
+                                seq_count is not None)
     n = int(got[3]) if got[6] else 3
     return (tuple(int(x) for x in got), (keys[:int(got[0])] >> 32).tolist(),
             [c[:n].tolist() for c in cols])
@@ -321,6 +324,21 @@ def test_layout_rebuild_step_keeps_the_pools_below_the_stale_position() -> None:
     assert got == (7, 6, 2, 3, 0, 0, 1)
     assert pos == [0, 1, 2, 3, 4, 5, 6]
     assert cols == [[0, 2, 4], [111, 113, 121], [1, 3, 5], [0, 2, 4]]
+
+
+def test_sharing_scan_of_a_one_sequence_cache_reads_no_count() -> None:
+    """ENGINE.md §5 step 3 after the rebuild above (cache-safe resets `shared`, so the
+    scan starts at pair 0 of the 7): no cell held twice, it scans all 7 and finds
+    none; cell 12 (pair 2) held by two sequences, it stops there, 3 scanned. With no
+    counts (compiled/layout.py `_counts`: a cache of one sequence, where no cell can
+    be held twice) it gives the first answer without reading any."""
+    sp = ([0, 1, 2, 3, 4, 5, 6], [10, 11, 12, 13, 20, 21, 22])
+    twice = np.ones(32, dtype=np.int32)
+    twice[12] = 2
+    got = [_rebuild_step(*sp, seq_count=c)[0] for c in (
+        np.ones(32, dtype=np.int32), twice, np.zeros(0, dtype=np.int32))]
+    assert [(g[4], g[5]) for g in got] == [(0, 7), (1, 3), (0, 7)]
+    assert got[0][:4] == got[1][:4] == got[2][:4] == (7, 6, 2, 3)
 
 
 def test_layout_rebuild_step_leaves_the_full_rebuild_to_step_2() -> None:

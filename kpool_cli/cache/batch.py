@@ -13,6 +13,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 from typing import Protocol
 
 from ..trace.model import Span, Token
@@ -44,16 +46,17 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
-    first = tokens[0].seq if tokens else ()
-    if len(tokens) > 1 and len(first) == 1 and all(t.seq == first for t in tokens):
+    sets = seq_sets(tokens)
+    first = sets[0] if sets else ()
+    if len(sets) > 1 and len(first) == 1 and sets.count(first) == len(sets):
         # one sequence's tokens (a decode of a slot, a draft): no set of its own each
         s = first[0]
         if not 0 <= s < n_seq_max:
             return _invalid_seq(0, s, n_seq_max)
-        ps = {t.pos for t in tokens}
+        ps = set(map(_POS, tokens))
         return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
                               embd=embd)
-    singles = one_seq_each([t.seq for t in tokens])
+    singles = one_seq_each(sets)
     if singles is not None:  # parallel slots: each token's set is its own sequence
         if min(singles) < 0 or max(singles) >= n_seq_max:
             i, s = next((i, s) for i, s in enumerate(singles) if not 0 <= s < n_seq_max)
@@ -144,7 +147,7 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
         n_unq = len(set(first))
         refused = split_refusal(n_unq > 1, n_ubatch, sequential, n_keep_tail)
         return refused if refused is not None else [Ubatch(tuple(range(n)), n_unq)]
-    if not sequential and 1 < n <= n_ubatch and one_seq_each([t.seq for t in tokens]):
+    if not sequential and 1 < n <= n_ubatch and one_seq_each(seq_sets(tokens)):
         # parallel slots: every set is collected (at most n_ubatch of them), the first
         # round takes each set's one token in batch order and leaves none to keep
         refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
@@ -188,12 +191,26 @@ def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
                 break
         if n_keep_tail > 0:
             n_used += _keep_tails(cur, per_set, by_set, cursor, n_ubatch, n_keep_tail)
-        order = tuple(i for lst in per_set for i in lst)
+        order = tuple(chain.from_iterable(per_set))
         # every token of per_set[k] has the seq ids cur[k]
         n_unq = len(frozenset().union(*(ss for ss, lst in zip(cur, per_set, strict=True)
                                          if lst)))
         out.append(Ubatch(order, n_unq))
     return out
+
+
+_POS, _SEQ = attrgetter("pos"), attrgetter("seq")
+
+
+def seq_sets(tokens: Sequence[Token]) -> list[tuple[int, ...]]:
+    """Each token's sequence set, in batch order (one pass in C: a prefill's 65,536
+    tokens are asked several times)."""
+    return list(map(_SEQ, tokens))
+
+
+def positions(tokens: Sequence[Token]) -> list[int]:
+    """Each token's pos, in batch order (one pass in C)."""
+    return list(map(_POS, tokens))
 
 
 def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -216,8 +233,9 @@ def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:
     sequence) is one set, known without a set per token."""
     if not tokens:
         return {}
-    first = tokens[0].seq
-    if all(t.seq == first for t in tokens):
+    sets = seq_sets(tokens)
+    first = sets[0]
+    if sets.count(first) == len(sets):
         return {frozenset(first): list(range(len(tokens)))}
     by_set: dict[frozenset[int], list[int]] = {}
     for i, t in enumerate(tokens):

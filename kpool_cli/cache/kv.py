@@ -26,6 +26,7 @@ import numpy as np
 from ..arrays import unique
 from ..trace import model as m
 from ..trace.model import CacheConfig
+from .batch import one_set
 from .cells import Stream, global_row, key_cell
 
 POS_INF = (1 << 31) - 1  # llama.cpp: std::numeric_limits<llama_pos>::max()
@@ -334,7 +335,10 @@ class KvCache:
         strm_of = self.strm_of
         for _pos, seqs, recorded in ubatches:
             heads_before.append(list(head))
-            strm = np.fromiter((strm_of[ss[0]] for ss in seqs), dtype=np.int64, count=len(seqs))
+            first = one_set(seqs) if seqs else None  # a prefill's, a draft's: one stream
+            strm = (np.full(len(seqs), strm_of[first[0]], dtype=np.int64) if first is not None
+                    else np.fromiter((strm_of[ss[0]] for ss in seqs), dtype=np.int64,
+                                     count=len(seqs)))
             cells = np.empty(len(seqs), dtype=np.int64)
             streams = unique(strm).tolist()
             for k in streams:

@@ -302,7 +302,11 @@ _scan_pools_in = inner(_scan_pools)
 
 def _share_scan(keys, n_kept, n_keys, seq_count):  # pragma: no cover - compiled
     """ENGINE.md §5 step 3 over keys[n_kept:n_keys]: (found a cell another sequence
-    holds too, the cells scanned: up to that one)."""
+    holds too, the cells scanned: up to that one). `seq_count` empty: the cache holds
+    one sequence at most (compiled/layout.py `_counts`), so the scan reads every cell
+    and finds none, without reading them."""
+    if seq_count.size == 0:
+        return False, n_keys - n_kept
     for q in range(n_kept, n_keys):
         if seq_count[keys[q] & _CELL_MASK] > 1:
             return True, q - n_kept + 1

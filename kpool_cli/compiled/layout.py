@@ -42,7 +42,9 @@ from . import kernels as k
 from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
 
-_NO_COUNT = np.zeros(0, dtype=np.int32)  # no sharing scan: no stream's seq_count
+# no stream's seq_count: no sharing scan, or a scan that can find no shared cell
+# (`CompiledLayout._counts`)
+_NO_COUNT = np.zeros(0, dtype=np.int32)
 
 
 class SeqColumns:
@@ -162,7 +164,7 @@ class CompiledLayout(Layout):
         if added is not None:
             clean = (self._clean if all_clean
                      else np.asarray(stale, dtype=np.int64) == POS_CLEAN)
-            seq_count = cache.streams[0].seq_count if sharing else _NO_COUNT
+            seq_count = self._counts(cache, 0) if sharing else _NO_COUNT
             took, scanned = self._append_all(added, clean, sharing, seq_count, changed)
             if sharing:  # step 3 ran
                 ran |= took
@@ -318,6 +320,14 @@ class CompiledLayout(Layout):
             members[fresh] = self._look_up_members(fresh)
         return members
 
+    def _counts(self, cache: KvCache, strm: int) -> np.ndarray:
+        """What the sharing scan (ENGINE.md §5 step 3, `kernels._share_scan`) reads of
+        stream strm: each cell's count of sequences; none (`_NO_COUNT`) where the cache
+        holds one sequence at most (n_seq_max 1: W1's, W3's), whose cells no second
+        sequence can hold, so the scan finds none and its count of cells scanned is
+        all it gives (a stale sequence's rebuild scans every cell from the first)."""
+        return _NO_COUNT if cache.config.n_seq_max == 1 else cache.streams[strm].seq_count
+
     def _run(self, s: int, sp: np.ndarray, append: bool, n_kept: int, cache: KvCache,
              sharing: bool) -> int:
         """One `kernels.layout_step` call on sequence s's columns; returns the cells it
@@ -336,7 +346,7 @@ class CompiledLayout(Layout):
             sp, keys.buf[s], n, append, n_kept, int(cols.j_next[s]), int(cols.pos_min[s]),
             kpool, self.by_order, strm, self.kv_size, cols.pools.buf[s],
             cols.rep_rows.buf[s], cols.rep_pos.buf[s], cols.first_pos.buf[s], n_pools0,
-            cache.streams[strm].seq_count, sharing, bool(cols.shared[s]))
+            self._counts(cache, strm), sharing, bool(cols.shared[s]))
         keys.lens[s] = n_keys
         if rebuild:
             return -(scanned + 1)
@@ -367,7 +377,7 @@ class CompiledLayout(Layout):
             sp, keys.buf[s], int(keys.lens[s]), min(stale, POS_CLEAN) << CELL_BITS,
             known_below, int(cols.pos_min[s]), kpool, self.by_order, strm, self.kv_size,
             cols.pools.buf[s], cols.rep_rows.buf[s], cols.rep_pos.buf[s],
-            cols.first_pos.buf[s], int(cols.pools.lens[s]), cache.streams[strm].seq_count,
+            cols.first_pos.buf[s], int(cols.pools.lens[s]), self._counts(cache, strm),
             sharing)
         if not done:
             return None
