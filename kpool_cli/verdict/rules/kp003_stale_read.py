@@ -74,6 +74,8 @@ def check(ctx: UbatchContext, values: ValueFacts) -> Finding | None:
     """The tokens of the ubatch that see a bad pool (`values.bad[s]` [n_pools of s]
     bool: pool k of s reads wrong)."""
     assert ctx.plan is not None  # the backend runs on a plan
+    if not values.first_bad:  # no sequence has a bad pool: no token reads one
+        return None
     layout, visible, token_seqs, bad = ctx.layout, ctx.plan.visible, ctx.token_seqs, values.bad
     first_bad = {s: k for s, (k, _row, _c) in values.first_bad.items()}
     readers: list[int] = []
