@@ -218,11 +218,11 @@ def _no_masked_arrays() -> Iterator[None]:
     """numba's `typeof` of an array (a kernel's first call types its arguments) asks
     whether it is a `numpy.ma.MaskedArray`, which makes numpy import numpy.ma: 6-7 ms
     of a replay's first kernel call on this project's machine (W3's `find_slot`: 10
-    -> 3.6 ms). Until numpy.ma is
-    imported, no array can be one; so for the block, when it is not, `numpy.ma` is a
-    stand-in whose `MaskedArray` nothing is an instance of, and any other name of it
-    imports the real module (as an import of numpy.ma does, which puts the module in
-    the stand-in's place). After the block, numpy's own lazy attribute is back."""
+    -> 3.6 ms). Until numpy.ma is imported, no array can be one; so for the block,
+    when it is not, `numpy.ma` is a stand-in whose `MaskedArray` nothing is an
+    instance of, and any other name of it imports the real module (as an import of
+    numpy.ma does, which puts the module in the stand-in's place). After the block,
+    numpy's own lazy attribute is back."""
     import numpy
 
     if "numpy.ma" in sys.modules or "ma" in vars(numpy):
@@ -298,7 +298,7 @@ def _initialize_nrt(nrt: Any, ctx: Any, where: str | None) -> None:
 def _unserialize_lazily_fits(library: Any, unserialize: Any) -> bool:
     """Whether this numba unserializes a cached library as `_unserialize_lazily`
     expects (its own methods are used otherwise)."""
-    return (isinstance(unserialize, classmethod) and sys.byteorder == "little"
+    return (isinstance(unserialize, classmethod)
             and all(hasattr(library, name) for name in (
                 "enable_object_caching", "_set_compiled_object", "_finalize_final_module",
                 "_get_module_for_linking")))
@@ -312,13 +312,14 @@ def _unserialize_lazily(numbas: Callable[..., Any]) -> Callable[..., Any]:
     numba caches a kernel as its object code and its whole LLVM module (for a later
     compilation that inlines it). Loading it, numba parses that module only to learn
     which symbols the library defines: about 2 ms a kernel on this project's machine
-    (a W3 replay's 15 loads take 42-44 ms this way, 72-77 ms numba's). The object
-    code's own symbol table says
-    the same (`_elf_defined`: every global symbol the module defines; the module's
-    private constants, which nothing looks up by name, are all it adds), so this
-    reads it there and parses the module only when a compilation asks for it
-    (`_get_module_for_linking`, through `_LinkedLazily`). An object that is not
-    ELF (macOS, Windows) or not readable as such is loaded by numba's own method."""
+    (the first calls of a W3 replay's 15 kernels: 69-73 ms with numba's method, 42-44
+    ms with this one). The object code's own symbol table says the same
+    (`_elf_defined`: every global symbol the module defines; the module's private
+    constants, which nothing looks up by name, are all it adds), so this reads it
+    there and parses the module only when a compilation asks for it
+    (`_get_module_for_linking`, of the class `_linked_lazily` makes). An object that
+    is not ELF (macOS, Windows) or not readable as such is loaded by numba's own
+    method."""
 
     def load(cls: Any, codegen: Any, state: Any) -> Any:
         name, kind, data = state

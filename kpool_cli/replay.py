@@ -53,9 +53,9 @@ from .cache.batch import (
     first_ubatch_len,
     one_seq_each,
     one_set,
-    positions,
     seq_sets,
     split_refusal,
+    token_positions,
     validate,
     validate_span,
 )
@@ -447,7 +447,7 @@ class Replayer:
         for tk in tks:
             recorded = (np.array([t.cell for t in tk], dtype=np.int64)
                         if tk[0].cell is not None else None)
-            ubs.append((np.array(positions(tk), dtype=np.int64), seq_sets(tk), recorded))
+            ubs.append((np.array(token_positions(tk), dtype=np.int64), seq_sets(tk), recorded))
         self._check_recorded_cells(op, ubs)
         try:
             # llama_memory_hybrid_idx::init_batch prepares the recurrent child first

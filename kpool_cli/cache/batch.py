@@ -208,7 +208,7 @@ def seq_sets(tokens: Sequence[Token]) -> list[tuple[int, ...]]:
     return list(map(_SEQ, tokens))
 
 
-def positions(tokens: Sequence[Token]) -> list[int]:
+def token_positions(tokens: Sequence[Token]) -> list[int]:
     """Each token's pos, in batch order (one pass in C)."""
     return list(map(_POS, tokens))
 
