@@ -120,10 +120,11 @@ AUTO = "auto"
 CORE_CHOICES = (AUTO, *CORES)
 DEFAULT_CORE = AUTO
 # ubatches from which the compiled core saves more than it costs to start: about
-# 0.15 ms a decode ubatch against loading its kernels (0.2 s) and, when the value
-# backend has not imported numba already, numba itself (0.3-0.5 s); measured on the
-# project's 2-core machine (README, "Performance")
-AUTO_COMPILED_FROM = {"numba": 1500, "other": 5000}
+# 0.15 ms a decode ubatch against its kernels' module and loads (about 0.03 s) and,
+# when the value backend has not imported numba already, numba itself (0.12-0.15 s);
+# on the project's 2-core machine the two cores' whole commands are even at about 200
+# ubatches with the numba backend and 1,000 without it (README, "Two replay cores")
+AUTO_COMPILED_FROM = {"numba": 300, "other": 1500}
 
 
 def auto_compiled_from(backend: str | None) -> int:
