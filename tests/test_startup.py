@@ -9,12 +9,16 @@
 - a JSON replay into a file draws nothing, so it imports no rich, and neither does
   a text replay into a file (the plain view);
 - the value kernels load from numba's cache without numba's array module (none of
-  them allocates: an allocating kernel's load imports it, 0.1 s);
+  them allocates: an allocating kernel's load imports it, 0.1 s) nor numpy.ma;
 - `leave`, the script's end: atexit handlers run and their output is kept, the exit
   status is the command's, and a live thread is waited for;
 - `jit.cache_loads_only` (numba's cache loads without the refresh of its target
   context) gives back numba's own method, and a kernel compiled under it (a cache
-  miss) and one loaded under it (a hit) compute what numba computes;
+  miss) and one loaded under it (a hit) compute what numba computes; numba's runtime
+  is compiled once and loaded after (`_initialize_nrt`); a loaded kernel's LLVM
+  module is parsed only when a compilation links it (`_unserialize_lazily`, with
+  `_elf_defined` held to llvmlite's reading of the module); a kernel's first call
+  types its arrays without importing numpy.ma (`_no_masked_arrays`);
 - `arrays.unique` is `np.unique`, without its import of numpy.ma.
 
 Each command runs in a fresh interpreter, in-process there (`cli.main(args,
