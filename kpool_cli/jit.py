@@ -328,9 +328,12 @@ def _unserialize_lazily(numbas: Callable[..., Any]) -> Callable[..., Any]:
         if defined is None or not hasattr(engine, "_defined_symbols"):
             return numbas(cls, codegen, state)
         lib = codegen.create_library(name)
+        try:
+            lib.__class__ = _linked_lazily(type(lib))
+        except TypeError:  # a library class whose layout a subclass cannot take
+            return numbas(cls, codegen, state)
         lib.enable_object_caching()
         lib._set_compiled_object(data[0])
-        lib.__class__ = _linked_lazily(type(lib))
         lib._kpool_linking_bitcode = data[1]
         lib._finalize_final_module()
         engine._defined_symbols.update(defined)
