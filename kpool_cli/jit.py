@@ -163,7 +163,8 @@ def cache_loads_only() -> Iterator[bool]:
     implementation it has (numpy, lists, dicts, random, jitclass ...), about 0.25 s,
     half of a warm replay's time in numba. Loading machine code needs none of it
     but the runtime (NRT), which every kernel's arrays use (their reference counts,
-    a view returned), and which this starts itself. A
+    a view returned), and which this starts itself, its compiled functions read from
+    the cache once a process has saved them (`_initialize_nrt`). A
     function that is not in the cache is compiled as ever: numba's compiler refreshes
     the context itself first, so what a compilation sees is unchanged. Nor does a load
     run the packages' numba plug-ins (`_compilation_chain_init_hook`, which numba
