@@ -477,9 +477,11 @@ def test_a_compiled_seq_rm_is_the_streams_own(tokens, s, p0, width):
 
 def test_one_set_and_one_seq_each_by_hand():
     """cache/batch.py: `one_set` is the seq ids every token holds when all hold the same
-    (a decode of seq 3, or of seqs (0, 1) alike), else None; `one_seq_each` the tokens'
-    one seq id each when no two share one (parallel slots), else None."""
+    (a decode of seq 3, or of seqs (0, 1) alike), else None (and for no token);
+    `one_seq_each` the tokens' one seq id each when no two share one (parallel slots),
+    else None."""
     assert one_set([(3,), (3,), (3,)]) == (3,) and one_set([(0, 1), (0, 1)]) == (0, 1)
     assert one_set([(3,), (4,)]) is None and one_set([(0, 1), (0,)]) is None
+    assert one_set([]) is None  # no token: no set (an empty batch's split and validation)
     assert one_seq_each([(2,), (0,), (5,)]) == [2, 0, 5]
     assert one_seq_each([(2,), (2,)]) is None and one_seq_each([(2,), (0, 1)]) is None

@@ -47,8 +47,8 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
     sets = seq_sets(tokens)
-    first = sets[0] if sets else ()
-    if len(sets) > 1 and len(first) == 1 and sets.count(first) == len(sets):
+    first = one_set(sets) if len(sets) > 1 else None
+    if first is not None and len(first) == 1:
         # one sequence's tokens (a decode of a slot, a draft): no set of its own each
         s = first[0]
         if not 0 <= s < n_seq_max:
@@ -139,15 +139,16 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
     n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
     n = len(tokens)
-    first = tokens[0].seq if n else ()
-    if 0 < n <= max(n_ubatch, 1) and all(t.seq == first for t in tokens):
+    sets = seq_sets(tokens) if n <= max(n_ubatch, 1) else None
+    first = one_set(sets) if sets else None
+    if first is not None:
         # a decode step of one sequence set (one token, or a draft's few): the walk
         # below collects the set, takes its every token in one ubatch, and leaves no
         # tail to keep
         n_unq = len(set(first))
         refused = split_refusal(n_unq > 1, n_ubatch, sequential, n_keep_tail)
         return refused if refused is not None else [Ubatch(tuple(range(n)), n_unq)]
-    if not sequential and 1 < n <= n_ubatch and one_seq_each(seq_sets(tokens)):
+    if not sequential and 1 < n <= n_ubatch and sets and one_seq_each(sets):
         # parallel slots: every set is collected (at most n_ubatch of them), the first
         # round takes each set's one token in batch order and leaves none to keep
         refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
@@ -215,7 +216,9 @@ def token_positions(tokens: Sequence[Token]) -> list[int]:
 
 def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The seq ids of every set, when all the sets are the same (a decode of one
-    sequence, a prefill: one set for every token); else None."""
+    sequence, a prefill: one set for every token); else None (no set, or several)."""
+    if not seq_sets:
+        return None
     first = seq_sets[0]
     return first if seq_sets.count(first) == len(seq_sets) else None
 
@@ -231,11 +234,8 @@ def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:
     """The batch's tokens by sequence set, each set's in batch order, the sets in the
     order of their first token. A batch of one seq id tuple (a prefill, a decode of one
     sequence) is one set, known without a set per token."""
-    if not tokens:
-        return {}
-    sets = seq_sets(tokens)
-    first = sets[0]
-    if sets.count(first) == len(sets):
+    first = one_set(seq_sets(tokens))
+    if first is not None:
         return {frozenset(first): list(range(len(tokens)))}
     by_set: dict[frozenset[int], list[int]] = {}
     for i, t in enumerate(tokens):

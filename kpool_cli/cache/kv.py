@@ -335,7 +335,7 @@ class KvCache:
         strm_of = self.strm_of
         for _pos, seqs, recorded in ubatches:
             heads_before.append(list(head))
-            first = one_set(seqs) if seqs else None  # a prefill's, a draft's: one stream
+            first = one_set(seqs)  # a prefill's, a draft's: one stream
             strm = (np.full(len(seqs), strm_of[first[0]], dtype=np.int64) if first is not None
                     else np.fromiter((strm_of[ss[0]] for ss in seqs), dtype=np.int64,
                                      count=len(seqs)))
