@@ -115,6 +115,9 @@ class Backend(Protocol):
 
 Observer = Callable[[UbatchRecord, UbatchContext], None]
 
+_NO_POOLS = np.empty(0, dtype=np.int64)  # no pool marked, no entry (read-only)
+_NO_POOLS.flags.writeable = False
+
 CORES = ("compiled", "reference")
 AUTO = "auto"
 CORE_CHOICES = (AUTO, *CORES)
@@ -505,7 +508,7 @@ class Replayer:
         first = b == 0
         plan = None
         abort = None
-        marked = np.empty(0, dtype=np.int64)
+        marked = _NO_POOLS
         n_new = n_new_g = 0
         try:
             graph = (pos.size, ub.n_seqs_unq, layout.n_pool_real, cfg.kv_size, cfg.kpool,
@@ -545,16 +548,20 @@ class Replayer:
                                      v.mark_once_per_rep, cfg.n_rows),
             "reps_sorted": plan.reps_sorted if plan is not None else 0,
         }
-        empty = np.empty(0, dtype=np.int64)
         if plan is not None and not self.pools_all:
-            scatter_rows, scatter_rep = plan.entry_rows, plan.entry_rep
+            scatter_rows, scatter_rep, scatter_pool = plan.entry_rows, plan.entry_rep, \
+                plan.entry_pool
             pools, scatter_pad, pool_spans, scatter_spans = self._from_plan(
-                marked, plan.entry_pool, scatter_rows, scatter_rep)
+                marked, scatter_pool, scatter_rows, scatter_rep)
         else:
             pools = self._listed_from_layout(marked)
-            scatter_rows = plan.entry_rows if plan is not None else empty.reshape(0, cfg.kpool)
-            scatter_rep = plan.entry_rep if plan is not None else empty
-            scatter_pad = plan.pad if plan is not None else empty.astype(bool)
+            if plan is not None:
+                scatter_rows, scatter_rep, scatter_pad, scatter_pool = \
+                    plan.entry_rows, plan.entry_rep, plan.pad, plan.entry_pool
+            else:
+                empty = np.empty(0, dtype=np.int64)
+                scatter_rows, scatter_rep, scatter_pad, scatter_pool = \
+                    empty.reshape(0, cfg.kpool), empty, empty.astype(bool), empty
             pool_spans, scatter_spans = self._spans(pools, scatter_rows, scatter_rep,
                                                     scatter_pad)
         rec = UbatchRecord(
@@ -566,7 +573,7 @@ class Replayer:
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
             pools=pools, scatter_rep=scatter_rep, scatter_rows=scatter_rows,
             scatter_pad=scatter_pad,
-            scatter_pool=plan.entry_pool if plan is not None else empty,
+            scatter_pool=scatter_pool,
             cost=cost, findings=tuple(findings), aborted=plan is None,
             cell_map=self._cell_map() if self.want_cell_map else None,
             pool_spans=pool_spans, scatter_spans=scatter_spans,

@@ -1785,7 +1785,8 @@ def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout()
     """ENGINE.md §8 KP002: `Conflicts`, fed each ubatch's LayoutChange, equals
     `conflicts(layout)` recomputed from every pool, after every ubatch of the shipped,
     found and 150 random traces
-    (shared prefixes, partial copies, edits that regroup) under every engine."""
+    (shared prefixes, partial copies, edits that regroup) under every engine; and a
+    layout of one sequence has none (`Check` asks nothing of it)."""
     from kpool_cli.gen.random_trace import random_trace
     from kpool_cli.replay import Replayer
     from kpool_cli.trace.load import load_trace
@@ -1794,18 +1795,22 @@ def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout()
     root = Path(__file__).resolve().parent.parent / "traces"
     paths = sorted(root.glob("*.yaml")) + sorted(root.glob("found/*.yaml"))
     shipped = [load_trace(p) for p in paths]
-    seen_conflict = 0
+    seen_conflict = seen_one = 0
     for seed, t in enumerate([*shipped, *(random_trace(seed) for seed in range(150))]):
         for name in VERSIONS:
             tracked = Conflicts()
 
             def look(rec, ctx, tracked=tracked, where=(seed, name)) -> None:
-                nonlocal seen_conflict
+                nonlocal seen_conflict, seen_one
                 tracked.update(ctx.layout, ctx.change)
                 want = conflicts(ctx.layout)
                 assert tracked.now() == want, (where, rec.index)
                 seen_conflict += bool(want)
+                if len(ctx.layout.seqs) == 1:
+                    assert not want, (where, rec.index)
+                    seen_one += ctx.layout.n_pool_real > 1
 
             for _ in Replayer(t, VERSIONS[name], observer=look).run():
                 pass
     assert seen_conflict > 10  # ubatches with a conflict: the traces reach the condition
+    assert seen_one > 100  # ubatches of one sequence with pools to share a row

@@ -45,6 +45,8 @@ from .cache import CompiledKvCache
 # no stream's seq_count: no sharing scan, or a scan that can find no shared cell
 # (`CompiledLayout._counts`)
 _NO_COUNT = np.zeros(0, dtype=np.int32)
+# Layout._column's names -> the arena (SeqColumns) that holds that column
+_ARENA_OF = {"rep_rows": "rep_rows", "first_pos_": "first_pos", "rep_pos_": "rep_pos"}
 
 
 class SeqColumns:
@@ -399,8 +401,7 @@ class CompiledLayout(Layout):
         (one sequence: one copy, or its row itself with `view`), more in one
         `kernels.joined_rows` call (W2's 64: the copies' own calls would cost more
         than the kernel's loop)."""
-        arena = {"rep_rows": self.cols.rep_rows, "first_pos_": self.cols.first_pos,
-                 "rep_pos_": self.cols.rep_pos}[name]
+        arena = getattr(self.cols, _ARENA_OF[name])
         lens = arena.lens
         held = lens.nonzero()[0]  # lens is flat: flatnonzero's ravel is a call more
         if held.size <= 8:

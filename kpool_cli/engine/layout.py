@@ -380,7 +380,7 @@ class Layout:
             counts = self.pool_counts()
             start = np.empty(counts.size + 1, dtype=np.int64)
             start[0] = 0
-            np.cumsum(counts, out=start[1:])
+            np.add.accumulate(counts, out=start[1:])  # cumsum's, without its wrapper
             self._pool_start = start
         return self._pool_start
 
@@ -496,6 +496,8 @@ class Layout:
         changed since it was), a binary search in `pool_start` each."""
         if self.is_every_pool(ips):
             return self.pool_seq(), self._every_columns()[1]
+        if len(self.seqs) == 1:  # one sequence's pools: k is the global index
+            return np.zeros(ips.size, dtype=np.int64), ips.astype(np.int64)
         start = self.pool_start()
         if self._pool_seq is None and self._few(ips):
             seq = start.searchsorted(ips, side="right") - 1

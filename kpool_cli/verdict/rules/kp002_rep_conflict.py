@@ -8,6 +8,8 @@ changes).
 
 Invariants: a conflict is a rep row shared by pools of which two have different
 member rows; the finding names those rows ascending and, per row, every pool on it.
+A layout of one sequence has none (its pairs are distinct cells, so its pools' rep
+rows are): `Check` asks nothing of it.
 `Conflicts.now()` equals `conflicts(layout)` after every update it was fed
 (tests/test_engine_rules.py holds them equal on random traces).
 """
@@ -162,6 +164,10 @@ class Check(RuleCheck):
         self._conflicts: dict[int, tuple[tuple[int, int], ...]] = {}
 
     def at_ubatch(self, ctx: UbatchContext) -> list[Finding]:
+        if len(ctx.layout.seqs) < 2:
+            # one sequence: each of its pairs is a cell of its own, so its pools' rep
+            # rows are distinct and no row is the rep of two (W1's, W3's every ubatch)
+            return []
         if ctx.change.changed:
             self._tracked.update(ctx.layout, ctx.change)
             self._conflicts = self._tracked.now()
