@@ -8,8 +8,8 @@ changes).
 
 Invariants: a conflict is a rep row shared by pools of which two have different
 member rows; the finding names those rows ascending and, per row, every pool on it.
-A layout of one sequence has none (its pairs are distinct cells, so its pools' rep
-rows are): `Check` asks nothing of it.
+A layout of one sequence has none: each of its pairs is a cell of its own, so no two
+of its pools share a rep row, and `Check` asks nothing of it.
 `Conflicts.now()` equals `conflicts(layout)` after every update it was fed
 (tests/test_engine_rules.py holds them equal on random traces).
 """
