@@ -87,13 +87,17 @@ def _state(cfg: m.CacheConfig, ops: list) -> Replayer:
     return rp
 
 
+_SEVERAL = st.integers(2, 3)  # value_traces' sequences, unless asked
+
+
 @st.composite
-def value_traces(draw) -> m.Trace:
+def value_traces(draw, n_seq: st.SearchStrategy[int] = _SEVERAL) -> m.Trace:
     """Decodes that pass validation (each step looks at the cache the ops so far
-    leave, under rep-once), mixed with the edits that move rows and keys."""
+    leave, under rep-once), mixed with the edits that move rows and keys; `n_seq`
+    draws n_seq_max."""
     unified = draw(st.integers(0, 3)) > 0
     cfg = m.CacheConfig(kv_size=draw(st.sampled_from([16, 24, 32])),
-                        kpool=draw(st.integers(2, 4)), n_seq_max=draw(st.integers(2, 3)),
+                        kpool=draw(st.integers(2, 4)), n_seq_max=draw(n_seq),
                         unified=unified, n_ubatch=draw(st.sampled_from([3, 512])), n_embd=4)
     n = cfg.n_seq_max
     seq = st.integers(0, n - 1)
@@ -174,6 +178,51 @@ def test_judging_by_generation_finds_the_bad_pools_pooling_finds(t: m.Trace, eng
                     Replayer(t, VARIANTS[engine], pooled, core=core).run(), strict=True):
         assert [x.tolist() for x in by_gen.bad] == [x.tolist() for x in pooled.bad]
         assert as_json(a, t) == as_json(b, t)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(t=value_traces(n_seq=st.just(1)), engine=st.sampled_from(sorted(VARIANTS)),
+       core=st.sampled_from(["reference", "compiled"]),
+       backend=st.sampled_from(["numpy", "numba"]))
+def test_one_sequence_bad_pools_equal_a_full_recomputation(t: m.Trace, engine: str,
+                                                          core: str, backend: str) -> None:
+    """A layout of one sequence is verified in one kernel call where its way is NONE or
+    NEW (`Verifier._one_sequence`), by both kernel twins: after every ubatch its bad
+    pools equal a full recomputation, as the general way's do."""
+    check_incremental(t, VARIANTS[engine], core, backend)
+
+
+def test_one_sequence_verification_takes_both_ways() -> None:
+    """The property above is not vacuous: on its traces the one-call verification
+    answers most ubatches, with both ways (NONE, NEW), and hands some to the general way
+    (the reference core's layout, which never knows its pairs equal the cache's,
+    scans). A layout of one sequence holds no rep conflict, so these traces reach no
+    bad pool: `test_a_new_pool_not_pooled_is_bad_in_one_call` makes one."""
+    from kpool_cli.backend import recheck
+    from kpool_cli.backend.guarded import GuardedKernels
+
+    ways: list[int | None] = []
+    real = GuardedKernels.recheck_one
+
+    def counted(self, *args):  # type: ignore[no-untyped-def]
+        got = real(self, *args)
+        ways.append(None if got is None else got[0])
+        return got
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None, derandomize=True)
+    @given(t=value_traces(n_seq=st.just(1)), engine=st.sampled_from(sorted(VARIANTS)),
+           core=st.sampled_from(["reference", "compiled"]))
+    def probe(t: m.Trace, engine: str, core: str) -> None:
+        check_incremental(t, VARIANTS[engine], core, "numba")
+
+    GuardedKernels.recheck_one = counted  # type: ignore[method-assign]
+    try:
+        probe()
+    finally:
+        GuardedKernels.recheck_one = real  # type: ignore[method-assign]
+    assert ways.count(recheck.NONE) > 50 and ways.count(recheck.NEW) > 50, ways
+    assert ways.count(None) >= 10, ways
 
 
 def test_the_random_traces_reach_bad_pools() -> None:
@@ -343,14 +392,10 @@ def test_after_a_clear_every_kept_pool_of_one_sequence_is_rechecked(core: str) -
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, lay)]
 
 
-@pytest.mark.parametrize("backend", ["numba", "numpy"])
-def test_a_member_key_written_after_the_pooling_makes_the_pool_bad(backend: str) -> None:
-    """seq 0 holds pos 0..7 in cells 0..7, kpool 4: pools on rows 0..3 and 4..7, rep
-    rows 3 and 7, each pooled by the scatter (its slot records the member slots and
-    when). A new key on member row 1, with no scatter since: the rep slot of pool 0
-    still names the same member slots, but one was written after the pooling, so
-    the numba twin, which judges by generation, must pool it again: pool 0 is bad,
-    pool 1 is not, as the numpy twin (which pools every pool) finds."""
+def _two_pools(backend: str) -> tuple[ValueBackend, Replayer]:
+    """seq 0 at pos 0..7 in cells 0..7, kpool 4, replayed on the compiled core: pools
+    on rows 0..3 and 4..7, rep rows 3 and 7, each pooled by the scatter (its slot
+    records the member slots and when), none bad."""
     t = trace("""
     kpool_trace: 1
     cache: {kv_size: 16, kpool: 4, n_seq_max: 1, n_embd: 4}
@@ -361,11 +406,42 @@ def test_a_member_key_written_after_the_pooling_makes_the_pool_bad(backend: str)
     rp = Replayer(t, REP_ONCE, be, core="compiled")
     for _ in rp.run():
         pass
-    lay = rp.layout
-    assert lay.seqs[0].rep_rows.view.tolist() == [3, 7] and be.bad[0].tolist() == [False] * 2
+    assert rp.layout.seqs[0].rep_rows.view.tolist() == [3, 7]
+    assert be.bad[0].tolist() == [False] * 2
+    return be, rp
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_member_key_written_after_the_pooling_makes_the_pool_bad(backend: str) -> None:
+    """`_two_pools`. A new key on member row 1, with no scatter since: the rep slot of
+    pool 0 still names the same member slots, but one was written after the pooling,
+    so the numba twin, which judges by generation, must pool it again: pool 0 is bad,
+    pool 1 is not, as the numpy twin (which pools every pool) finds."""
+    be, rp = _two_pools(backend)
     be.write_rows(np.array([1]), np.array([1000]))
-    be.verifier.verify(lay, LayoutChange((2,), frozenset(), frozenset(), 0), rp.cache)
+    be.verifier.verify(rp.layout, LayoutChange((2,), frozenset(), frozenset(), 0), rp.cache)
     assert be.bad[0].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_new_pool_not_pooled_is_bad_in_one_call(backend: str) -> None:
+    """`_two_pools`. A new key on row 5, then an update said to keep pool 0 alone: pool
+    1 is past the kept ones (NEW), the changed pair (5, cell 5) lies past the kept
+    tail (pool 0's rep pair, (3, cell 3)), so the one-call verification
+    (`Verifier._one_sequence`) answers, and finds pool 1 bad (a member written after
+    its pooling) and pool 0 as it was: [False, True], what a full recomputation
+    finds."""
+    from kpool_cli.backend import recheck
+
+    be, rp = _two_pools(backend)
+    be.write_rows(np.array([5]), np.array([1000]))
+    ways = []
+    door = be.kernels.recheck_one
+    be.kernels.recheck_one = lambda *a: ways.append(got := door(*a)) or got  # type: ignore
+    be.verifier.verify(rp.layout, LayoutChange((1,), frozenset(), frozenset(), 0), rp.cache)
+    assert [w if w is None else w[0] for w in ways] == [recheck.NEW]
+    assert be.bad[0].tolist() == [False, True] and be.verifier.bad_seqs == {0}
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------

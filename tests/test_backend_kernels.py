@@ -34,6 +34,7 @@ from conftest import ENGINES
 
 from kpool_cli.backend import guards, keys, recheck, reference
 from kpool_cli.backend.store import PlanError, ValueBackend, kernel_module
+from kpool_cli.cache.cells import CELL_MASK
 from kpool_cli.cli.main import cli
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.context import UbatchContext
@@ -704,6 +705,120 @@ def test_recheck_ways_agrees() -> None:
                 got, want = kernels.recheck_ways(*args), reference.recheck_ways(*args)
                 assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
                 assert got[2] is want[2]
+
+
+def _one_sequence(rng: np.random.Generator, n_rows: int, kpool: int, n_pools: int
+                  ) -> tuple[np.ndarray, ...]:
+    """A sequence of n_pools pools of kpool pairs each on distinct random rows of one
+    stream of n_rows cells (row0 0), its pair j at pos j: (its pairs, its pools' first
+    pairs, their rep rows and rep positions, the stream's cell positions)."""
+    cells = rng.choice(n_rows, n_pools * kpool, replace=False).astype(np.int64)
+    pos = np.full(n_rows, -1, np.int64)
+    pos[cells] = np.arange(cells.size)
+    pairs = (np.arange(cells.size, dtype=np.int64) << 32) | cells
+    pools = np.arange(0, cells.size, kpool, dtype=np.int64)
+    return pairs, pools, cells[pools + kpool - 1], pools + kpool - 1, pos
+
+
+def test_recheck_one_is_the_way_then_the_new_pools_rows_differ() -> None:
+    """`recheck_one` of one sequence: three pools of kpool 2 on rows 10..15 (pairs at
+    pos 0..5; pool k on rows 10 + 2k, 11 + 2k, its rep row 11 + 2k at pos 1 + 2k),
+    rows 10..15 on slots 1..6. Slot 4 (row 13) holds the pooling of slots 3, 4
+    (generation 3, keys at 1); slot 6 (row 15) a zeroed row never pooled.
+    - one pool kept of three, one verdict, known, row 14 changed (pair (4, 14), past
+      the kept tail (1, 11)): NEW, and pools 1 and 2 judged as each twin's
+      `rows_differ` judges rows (12, 13 -> 13) and (14, 15 -> 15): the numba twin
+      False, True (slot 4 holds its pooling by the generations), the numpy twin
+      pools both;
+    - every pool kept and judged, nothing changed: NONE, no verdict;
+    - row 10 changed (pair (0, 10), at or before the tail): None (a look-up);
+      not known: None (a scan); too many changed rows: None;
+    - a pool's first pair past the pairs, a member's slot past those handed out, a
+      changed cell outside the stream: None."""
+    rng = np.random.default_rng(4)
+    n_slots, n_embd, kpool = 8, 4, 2
+    key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    pooled = np.zeros((n_slots, n_embd), np.float32)
+    pool_of, pool_gen = np.zeros((n_slots, kpool), np.int64), np.zeros(n_slots, np.int64)
+    key_gen = np.ones(n_slots, np.int64)
+    pool_of[4], pool_gen[4] = (3, 4), 3
+    slot_of = np.zeros(20, np.int32)
+    slot_of[10:16] = np.arange(1, 7)
+    pairs = (np.arange(6, dtype=np.int64) << 32) | np.arange(10, 16)
+    pools = np.array([0, 2, 4], np.int64)
+    rep_rows, rep_pos = np.array([11, 13, 15], np.int64), np.array([1, 3, 5], np.int64)
+    pos = np.full(20, -1, np.int64)
+    pos[10:16] = np.arange(6)
+    NONE, NEW = recheck.NONE, recheck.NEW
+    for k in (kernels, reference):
+        def one(n_bad=1, kept=1, known=True, dirty=True, too_many=False, cells=(14,),
+                pools=pools, n_handed=7, k=k):
+            return k.recheck_one(np.array([0, 3], np.int64), np.array([n_bad], np.int64),
+                                 np.array([kept], np.int64), np.array([known]), rep_pos,
+                                 rep_rows, 20, dirty, too_many, np.array(cells, np.int64),
+                                 pos, pairs, pools, 0, slot_of, n_handed, key, gate, pooled,
+                                 pool_of, pool_gen, key_gen)
+
+        way, verdicts = one()
+        want = k.rows_differ(slot_of, 7, key, gate, pooled, pool_of, pool_gen, key_gen,
+                             np.array([[12, 13], [14, 15]], np.int64),
+                             np.array([13, 15], np.int64))
+        assert way == NEW and verdicts.tolist() == want.tolist(), k
+        assert verdicts.tolist() == ([False, True] if k is kernels else [True, True])
+        way, verdicts = one(n_bad=3, kept=3, dirty=False, cells=())
+        assert way == NONE and verdicts.size == 0
+        assert one(cells=(10,)) is None and one(known=False) is None
+        assert one(too_many=True) is None
+        assert one(pools=np.array([0, 2, 5], np.int64)) is None
+        assert one(n_handed=5) is None
+        assert one(cells=(20,)) is None
+
+
+def test_recheck_one_agrees() -> None:
+    """On random sequences and tables, each twin's `recheck_one` is its own
+    `recheck_ways` of the sequence, then for NEW its own `rows_differ` of the pools
+    past the kept ones (None where that way looks up or scans, or a pair is before the
+    tail), and the twins answer None alike."""
+    rng = np.random.default_rng(9)
+    seen = {"none": 0, "new": 0, "never": 0}
+    for kpool in (1, 2, 4):
+        for _ in range(60):
+            n_rows, n_slots = 64, 80
+            n_pools = int(rng.integers(0, 6))
+            pairs, pools, rep_rows, rep_pos, pos = _one_sequence(rng, n_rows, kpool, n_pools)
+            slot_of = rng.integers(0, n_slots, n_rows).astype(np.int64)
+            n_handed = n_slots - int(rng.random() < 0.2) * 10
+            key, gate, pooled, pool_of, pool_gen, key_gen = _random_slot_values(
+                rng, n_slots, kpool)
+            kept = int(rng.integers(0, n_pools + 1))
+            n_bad = int(rng.integers(0, n_pools + 1))
+            known = bool(rng.random() < 0.8)
+            cells = rng.choice(n_rows, int(rng.integers(0, 3)), replace=False).astype(np.int64)
+            dirty = bool(cells.size) or bool(rng.random() < 0.3)
+            args = (np.array([0, n_pools], np.int64), np.array([n_bad], np.int64),
+                    np.array([kept], np.int64), np.array([known]), rep_pos, rep_rows, n_rows,
+                    dirty, False, cells, pos, pairs, pools, 0, slot_of, n_handed, key, gate,
+                    pooled, pool_of, pool_gen, key_gen)
+            got = [k.recheck_one(*args) for k in (kernels, reference)]
+            if got[1] is None:
+                assert got[0] is None
+                seen["none"] += 1
+                continue
+            for k, (way, verdicts) in zip((kernels, reference), got, strict=True):
+                how, _tail, before = k.recheck_ways(*args[:11], recheck.NO_PAIR)
+                assert not before and way == how[0], k
+                if way == recheck.NONE:
+                    assert verdicts.size == 0
+                    seen["never"] += 1
+                    continue
+                ks = np.arange(kept, n_pools)
+                members = pairs[pools[ks][:, None] + np.arange(kpool)] & CELL_MASK
+                want = k.rows_differ(slot_of, n_handed, key, gate, pooled, pool_of,
+                                     pool_gen, key_gen, members, rep_rows[ks])
+                assert want is not None and np.array_equal(verdicts, want), k
+                seen["new"] += 1
+    assert min(seen.values()) > 0, seen
 
 
 def test_least_pair_by_hand() -> None:
@@ -1525,6 +1640,15 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
             np.arange(2), np.arange(2), True, False, np.arange(1.0), np.zeros(8, np.int64),
             0),
          "the cells are not a C-contiguous 1-D int64 array"),
+        ("recheck one", lambda: be.kernels.recheck_one(
+            2, 2, 2, True, np.arange(2), np.arange(2), True, False, np.arange(1),
+            np.zeros(8, np.int64), np.arange(8, dtype=np.int64), np.array([0, 4], np.int32),
+            0),
+         "the pool starts are not a C-contiguous 1-D int64 array"),
+        ("recheck one", lambda: be.kernels.recheck_one(
+            2, 2, -1, True, np.arange(2), np.arange(2), True, False, np.arange(1),
+            np.zeros(8, np.int64), np.arange(8, dtype=np.int64), np.array([0, 4]), 0),
+         "2 pools, 2 kept verdicts and -1 kept pools"),
     ]
     before = state(be)
     for where, call, says in doors:

@@ -5,17 +5,19 @@ Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows
 `scatter_fresh`, `gather`, `pools_differ` and, by rows, `rows_differ`, `fresh_groups`,
 `stamp_winners`, the three of a scatter of single-entry groups at once:
 `scatter_singles`, the pools a changed row dirties: `dirty_pools`, `pools_of_pairs`,
-`held_pairs`, and the verification's choices: `recheck_ways`, `least_pair`), and the
+`held_pairs`, and the verification's choices: `recheck_ways`, `least_pair`, and of a
+layout of one sequence, its way and verdicts at once: `recheck_one`), and the
 time spent inside each once `time_kernels` asks (`time`, seconds by kernel name: the
 benchmark's breakdown). The kernels come from `kernels.py` (numba) or `reference.py`
 (numpy); both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. `rows_differ` and the last eight read a scatter's rows through
+check nothing. `rows_differ` and the last nine read a scatter's rows through
 `slot_of`, its race groups and their slots, a sequence's pairs, a dirty-cell mask, a
 stream's cells or the layout's rep columns: their doors check types and shapes, and
 the kernels check each index as they read it (a pass over them at the door would
 cost what the kernels save), refusing with `IndexError`, which the door turns into
-`PlanError` (`rows_differ` answers None, and the verifier's own checks say what).
+`PlanError` (`rows_differ` and `recheck_one` answer None, and the verifier's own
+checks say what).
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs
@@ -59,6 +61,10 @@ class GuardedKernels:
         self.slots = slots
         self.n_embd, self.kpool = slots.n_embd, slots.kpool
         self.time: dict[str, float] = defaultdict(float)
+        # `recheck_one`'s arrays of its one sequence, made here, filled each call: the
+        # pool starts [0, n], its kept verdicts, its kept pools; whether it is known equal
+        one = np.zeros(4, dtype=np.int64)
+        self._one = one[:2], one[2:3], one[3:], np.zeros(1, dtype=np.bool_)
 
     def time_kernels(self) -> None:
         """From now on, add the seconds spent inside each kernel to `time` (the
@@ -302,6 +308,36 @@ class GuardedKernels:
         except IndexError as e:
             raise PlanError(f"{where}: {e}", where,
                             "cells" if str(e).startswith("cells") else "kept pools") from None
+
+    def recheck_one(self, n_pools: int, n_bad: int, kept: int, known: bool,
+                    rep_pos: np.ndarray, rep_rows: np.ndarray, dirty: bool, too_many: bool,
+                    cells: np.ndarray, pos: np.ndarray, keys: np.ndarray, pools: np.ndarray,
+                    row0: int) -> tuple[int, np.ndarray] | None:
+        """The verification of a layout of one sequence (`n_pools` pools, `n_bad`
+        verdicts, `kept` pools kept by the update, `known` equal to the cache's, its
+        rep columns, its pairs `keys`, its pools' first pairs `pools`, its rows from
+        `row0`) in one pass where its way is NONE or NEW (`kernels.recheck_one`): the
+        way and the verdicts of the pools past the kept ones, or None where the general
+        way must answer. The door checks the arrays' types (the one sequence's counts
+        go in arrays of its own); the kernel checks each cell, pair, row and slot as
+        it reads it, and answers None for one outside its array (the general way then
+        says which)."""
+        where = "recheck one"
+        t = self.slots
+        t.check_tables(where)
+        t.check_generations(where)
+        _one_d(where, ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
+               ("cells", cells, I64), ("positions", pos, I64), ("pairs", keys, I64),
+               ("pool starts", pools, I64))
+        if min(n_pools, n_bad, kept) < 0:
+            raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
+                            "pools", where, "kept pools")
+        start, n_bad_a, kept_a, known_a = self._one
+        start[1], n_bad_a[0], kept_a[0], known_a[0] = n_pools, n_bad, kept, known
+        return self._timed(where, self.k.recheck_one, start, n_bad_a, kept_a, known_a,
+                           rep_pos, rep_rows, t.kv_size, dirty, too_many, cells, pos, keys,
+                           pools, row0, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
+                           t.pool_of, t.pool_gen, t.key_gen)
 
     def least_pair(self, cells: np.ndarray, pos: np.ndarray) -> int:
         """The least pair of a stream's cells `cells` (their positions `pos`). The

@@ -7,15 +7,16 @@ the oracle; `rows_differ`, the same of entries given by rows, read through the s
 map in the pass), `fresh_groups` (which scatter entries keep their pooling),
 `stamp_winners` (the writer of each row a scatter wrote), the three at once for a
 scatter of race groups of one entry each (`scatter_singles`, rep-once's plans), the
-pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), and the
+pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), the
 verification's choices for every sequence at once (`recheck_ways`, `least_pair`:
-recheck.py).
+recheck.py), and the verification of a layout of one sequence in one pass where its
+way is NONE or NEW (`recheck_one`: that rule, then `rows_differ` of its new pools).
 
 Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 20 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 22 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -24,8 +25,8 @@ distinct slots where one iteration writes each row) and raise `PlanError` otherw
 so it is never handed an index outside its arrays; they index the arrays by slot (a
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
 or cells (`rows_differ`, `fresh_groups`, `stamp_winners`, `scatter_singles`,
-`dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`) check
-each index as they read it instead,
+`dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`,
+`recheck_one`) check each index as they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
 to be); `write_rows` checks
@@ -63,7 +64,7 @@ import numpy as np
 from numba import prange
 
 from ..cache.cells import CELL_BITS, CELL_MASK
-from ..jit import cache_for, kernel
+from ..jit import cache_for, inner, kernel
 from ..signals import masked
 from .guards import (
     FREE_OUTSIDE,
@@ -507,25 +508,27 @@ _ROWS_DIFFER_SIG = ("i8({}[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, :
                     "b1[::1])")
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _slot(slot_of, n_handed, r):
+    """Row r's slot, or -1 where the row is outside `slot_of` or its slot is not one
+    handed out."""
+    if r < 0 or r >= slot_of.size:
+        return np.int64(-1)
+    s = np.int64(slot_of[r])
+    return s if 0 <= s < n_handed else np.int64(-1)
+
+
 def _rows_differ_into(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
                       members, reps, ms, w, bits, want, out):
-    n_rows = slot_of.size
     kpool = members.shape[1]
     for e in range(reps.size):
-        r = reps[e]
-        if r < 0 or r >= n_rows:
-            return e
-        sr = np.int64(slot_of[r])
-        if sr < 0 or sr >= n_handed:
+        sr = _slot(slot_of, n_handed, reps[e])
+        if sr < 0:
             return e
         for q in range(kpool):
-            m = members[e, q]
-            if m < 0 or m >= n_rows:
+            ms[q] = _slot(slot_of, n_handed, members[e, q])
+            if ms[q] < 0:
                 return e
-            sm = slot_of[m]
-            if sm < 0 or sm >= n_handed:
-                return e
-            ms[q] = sm
         out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits, want)
     return -1
 
@@ -1055,10 +1058,8 @@ def _least_of(cells, pos):
     return least, -1
 
 
-@_value_kernel("UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, "
-                "b1, i8[::1], i8[::1], i8, i8[::1], i8[::1])")
-def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
-                       too_many, cells, pos, least, how, tail):
+def _recheck_ways_rule(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
+                       too_many, cells, pos, least, how, tail):  # pragma: no cover
     got, bad = _least_of(cells, pos)
     if bad >= 0:
         return -2 - bad, 0
@@ -1086,6 +1087,99 @@ def _recheck_ways_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
         how[s] = h
         tail[s] = t
     return -1, before
+
+
+# recheck.py's rule, once: `recheck_ways`' kernel, and inside `recheck_one`'s
+_recheck_ways_into = kernel(_recheck_ways_rule, "_recheck_ways_into",
+                            "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], "
+                            "i8[::1], i8, b1, b1, i8[::1], i8[::1], i8, i8[::1], i8[::1])")
+_recheck_ways_in = inner(_recheck_ways_rule)
+
+
+def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many,
+                      cells, pos, how, tail, keys, pools, row0, slot_of, n_handed, key, gate,
+                      pooled, pool_of, pool_gen, key_gen, ms, w, bits, want, out
+                      ):  # pragma: no cover - compiled
+    err, before = _recheck_ways_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size,
+                                   dirty, too_many, cells, pos, _NO_PAIR, how, tail)
+    if err != -1 or before:
+        return _ASK_AGAIN
+    if how[0] == _NONE:
+        return NONE
+    if how[0] != _NEW:
+        return _ASK_AGAIN
+    kpool = ms.size
+    k0 = kept[0]
+    for k in range(k0, start[1] - start[0]):  # `rows_differ` of the pools past the kept
+        j0 = pools[k]
+        if j0 < 0 or j0 > keys.size - kpool or k >= rep_rows.size:
+            return _ASK_AGAIN
+        sr = _slot(slot_of, n_handed, rep_rows[k])
+        if sr < 0:
+            return _ASK_AGAIN
+        for q in range(kpool):
+            # member q's row (`SeqLayout.members`)
+            ms[q] = _slot(slot_of, n_handed, row0 + (keys[j0 + q] & _CELL_MASK))
+            if ms[q] < 0:
+                return _ASK_AGAIN
+        out[k - k0] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits,
+                               want)
+    return NEW
+
+
+_ASK_AGAIN = np.int64(-2)  # `recheck_one`: the verifier's general way answers
+_RECHECK_ONE_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
+                    "i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, {}[::1], i8, "
+                    "f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
+                    "i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_recheck_one_i4 = kernel(_recheck_one_into, "_recheck_one_i4", _RECHECK_ONE_SIG.format("i4"))
+_recheck_one_i8 = kernel(_recheck_one_into, "_recheck_one_i8", _RECHECK_ONE_SIG.format("i8"))
+
+
+def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                too_many: bool, cells: np.ndarray, pos: np.ndarray, keys: np.ndarray,
+                pools: np.ndarray, row0: int, slot_of: np.ndarray, n_handed: int,
+                key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                pool_gen: np.ndarray, key_gen: np.ndarray
+                ) -> tuple[int, np.ndarray] | None:
+    """The verification of a layout of one sequence in one pass, where its way is `NONE`
+    or `NEW` (recheck.py): the way, by `recheck_ways`' rule, then for `NEW` the
+    verdicts of the pools past the kept ones, as `rows_differ` gives them.
+
+    Parameters
+    ----------
+    start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells, pos :
+        as `recheck_ways`, of one sequence (start (2,), the others (1,)), the changed
+        cells those of its one stream, with no least pair of another
+    keys, pools : arrays of int64, C-contiguous
+        The sequence's pairs and its pools' first pairs (engine/layout.py `SeqLayout`);
+        member q of pool k is row `row0 + (keys[pools[k] + q] & CELL_MASK)`, its rep row
+        `rep_rows[k]`
+    slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen : as `rows_differ`
+
+    Returns
+    -------
+    (way, verdicts), or None
+        `NONE` and no verdict, or `NEW` and, for each pool k of kept[0]..n_pools (in
+        order), whether its rep row differs from its pooling. None where the verifier's
+        general way must answer: a way that looks up or scans, a changed pair at or
+        before the kept tail, or a cell, pair, row or slot outside its array (that way
+        says which).
+    """
+    n_new = max(int(start[1] - start[0] - kept[0]), 0)
+    out = np.zeros(n_new, dtype=np.bool_)
+    want = np.empty(key.shape[1], dtype=np.float32)
+    into = _recheck_one_i4 if slot_of.dtype == np.int32 else _recheck_one_i8
+    way = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
+               pos, np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64), keys, pools,
+               row0, slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+               np.empty(pool_of.shape[1], dtype=np.int64),
+               *_scratch(pool_of.shape[1], key.shape[1]), want, out)
+    if way == _ASK_AGAIN:
+        return None
+    return int(way), out if way == NEW else out[:0]
 
 
 def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,

@@ -1,4 +1,4 @@
-"""The numpy twin of `kernels.py`: the same thirteen kernels, in plain numpy, and `kept`,
+"""The numpy twin of `kernels.py`: the same kernels, in plain numpy, and `kept`,
 the rule by slots that its `fresh_groups` is built on.
 
 Owns nothing but functions. Each has the signature, the dtypes and the result of
@@ -11,7 +11,8 @@ that every index is inside its array (`PlanError` otherwise). The value kernels
 here do not (numpy would raise on most bad indices, but wrap a negative one
 silently); those whose numba twins check each index as they read it (`fresh_groups`,
 `stamp_winners`, `dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse
-what their twins refuse, with the same `IndexError` or `ValueError`.
+what their twins refuse, with the same `IndexError` or `ValueError`, and
+`recheck_one` answers None where its twin does.
 """
 
 from __future__ import annotations
@@ -391,6 +392,39 @@ def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
         how[scan] = SCAN
     before = bool(((tail != NO_TAIL) & (least <= tail)).any())
     return how, tail, before
+
+
+def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                too_many: bool, cells: np.ndarray, pos: np.ndarray, keys: np.ndarray,
+                pools: np.ndarray, row0: int, slot_of: np.ndarray, n_handed: int,
+                key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                pool_gen: np.ndarray, key_gen: np.ndarray
+                ) -> tuple[int, np.ndarray] | None:
+    """kernels.recheck_one: this module's `recheck_ways` of the one sequence, then for
+    `NEW` its `rows_differ` of the pools past the kept ones; None where either refuses
+    (or asks for a look-up or a scan)."""
+    try:
+        how, _tail, before = recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows,
+                                          kv_size, dirty, too_many, cells, pos, NO_PAIR)
+    except IndexError:
+        return None
+    way = int(how[0])
+    if before or way not in (NONE, NEW):
+        return None
+    if way == NONE:
+        return way, np.zeros(0, dtype=np.bool_)
+    ks = np.arange(kept[0], start[1] - start[0], dtype=np.int64)  # the pools past the kept
+    kpool = pool_of.shape[1]
+    if ks.size and int(ks[-1]) >= min(pools.size, rep_rows.size):
+        return None
+    j0 = pools[ks]
+    if ((j0 < 0) | (j0 > keys.size - kpool)).any():
+        return None
+    members = row0 + (keys[j0[:, None] + np.arange(kpool)] & CELL_MASK)
+    verdicts = rows_differ(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+                           members, rep_rows[ks])
+    return None if verdicts is None else (way, verdicts)
 
 
 def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:

@@ -8,8 +8,9 @@ cache's ~37, and the rows set in them; or everything, after a clear), the increm
 verification (`verify`: the sequences whose bad pools may have changed, found for all
 at once; of those, the new or regrouped pools, and those whose member keys or rep row
 changed, found by looking the changed cells up where the layout knows a sequence's
-pairs equal the cache's, else by a pass over its pools) and the full check of given
-pools (`differ`, the oracle the tests hold `verify` to).
+pairs equal the cache's, else by a pass over its pools; a layout of one sequence whose
+only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`) and
+the full check of given pools (`differ`, the oracle the tests hold `verify` to).
 `pools_checked` counts the pools rechecked.
 
 Invariants:
@@ -247,16 +248,20 @@ class Verifier:
         (`NEW`, or every sequence after a clear: a step of parallel slots closes a
         pool in each of its 64) is handled with the others of its kind at once: its
         candidates are a range, and its verdict is the kept part's with the range's
-        appended. The others (`LOOK`, `SCAN`) find their candidates one by one."""
-        dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
-        n_seq = len(layout.seqs)
-        if self._all_dirty:
-            seqs = np.arange(n_seq, dtype=np.int64)
-            how = np.full(n_seq, NEW, dtype=np.int64)
-        else:
-            seqs, how = self._sequences(layout, change, cache, dirty)
-        if seqs.size:
-            self._recheck(layout, change, dirty, seqs, how)
+        appended. The others (`LOOK`, `SCAN`) find their candidates one by one. A
+        layout of one sequence whose way is `NONE` or `NEW` (a decode that appends:
+        every step of one slot) takes the way and the verdicts in one kernel call
+        (`_one_sequence`)."""
+        if not self._one_sequence(layout, change, cache):
+            dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
+            n_seq = len(layout.seqs)
+            if self._all_dirty:
+                seqs = np.arange(n_seq, dtype=np.int64)
+                how = np.full(n_seq, NEW, dtype=np.int64)
+            else:
+                seqs, how = self._sequences(layout, change, cache, dirty)
+            if seqs.size:
+                self._recheck(layout, change, dirty, seqs, how)
         for rows in self._kdirty_rows:
             self._kdirty[rows] = False
         for rows in self._pdirty_rows:
@@ -264,6 +269,34 @@ class Verifier:
         self._kdirty_rows.clear()
         self._pdirty_rows.clear()
         self._all_dirty = False
+
+    def _one_sequence(self, layout: Layout, change: LayoutChange, cache: KvCache) -> bool:
+        """`verify` of a layout of one sequence in one kernel call
+        (`GuardedKernels.recheck_one`: `_sequences`' way, by the same rule, then
+        `_checked` of the pools the update did not keep), where that way is `NONE` or
+        `NEW` and no race is remembered: the verdicts `_recheck` would set. False,
+        nothing done, where the general way must answer (the kernel's None: a look-up,
+        a scan, or something outside its array, which that way says)."""
+        if self._all_dirty or len(layout.seqs) != 1 or self.writers.alt:
+            return False
+        rows = self._kdirty_rows + self._pdirty_rows  # its one stream's changed cells
+        cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
+        sq = layout.seqs[0]
+        n = len(sq.pools)
+        dirty = bool(rows)
+        got = self.kernels.recheck_one(
+            n, int(self.n_checked[0]), change.kept[0], dirty and layout.known_equal(cache, 0),
+            sq.rep_pos(), sq.rep_rows.view, dirty, cells.size > _DirtyPairs.LOOKUP_MAX_ROWS,
+            cells, cache.streams[0].pos, sq.keys.view, sq.pools.view,
+            global_row(sq.strm, 0, self.kv_size))
+        if got is None:
+            return False
+        way, verdicts = got
+        if way == NEW:
+            cand = change.new_pools(0, n)
+            self.pools_checked += cand.size
+            self._rechecked(0, n, cand, verdicts, change)
+        return True
 
     def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
                  seqs: np.ndarray, how: np.ndarray) -> None:
