@@ -733,8 +733,8 @@ def test_recheck_one_is_the_way_then_the_new_pools_rows_differ() -> None:
     - every pool kept and judged, nothing changed: NONE, no verdict;
     - row 10 changed (pair (0, 10), at or before the tail): None (a look-up);
       not known: None (a scan); too many changed rows: None;
-    - a pool's first pair past the pairs, a member's slot past those handed out, a
-      changed cell outside the stream: None."""
+    - a pool's first pair past the pairs, a pool with no first pair, a member's slot
+      past those handed out, a changed cell outside the stream: None."""
     rng = np.random.default_rng(4)
     n_slots, n_embd, kpool = 8, 4, 2
     key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
@@ -771,6 +771,7 @@ def test_recheck_one_is_the_way_then_the_new_pools_rows_differ() -> None:
         assert one(cells=(10,)) is None and one(known=False) is None
         assert one(too_many=True) is None
         assert one(pools=np.array([0, 2, 5], np.int64)) is None
+        assert one(pools=np.array([0, 2], np.int64)) is None  # pool 2 has no first pair
         assert one(n_handed=5) is None
         assert one(cells=(20,)) is None
 
@@ -1644,7 +1645,7 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
             2, 2, 2, True, np.arange(2), np.arange(2), True, False, np.arange(1),
             np.zeros(8, np.int64), np.arange(8, dtype=np.int64), np.array([0, 4], np.int32),
             0),
-         "the pool starts are not a C-contiguous 1-D int64 array"),
+         "the pools' first pairs are not a C-contiguous 1-D int64 array"),
         ("recheck one", lambda: be.kernels.recheck_one(
             2, 2, -1, True, np.arange(2), np.arange(2), True, False, np.arange(1),
             np.zeros(8, np.int64), np.arange(8, dtype=np.int64), np.array([0, 4]), 0),

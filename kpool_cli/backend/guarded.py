@@ -328,7 +328,7 @@ class GuardedKernels:
         t.check_generations(where)
         _one_d(where, ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
                ("cells", cells, I64), ("positions", pos, I64), ("pairs", keys, I64),
-               ("pool starts", pools, I64))
+               ("pools' first pairs", pools, I64))
         if min(n_pools, n_bad, kept) < 0:
             raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
                             "pools", where, "kept pools")

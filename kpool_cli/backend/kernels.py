@@ -1111,8 +1111,10 @@ def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dir
     kpool = ms.size
     k0 = kept[0]
     for k in range(k0, start[1] - start[0]):  # `rows_differ` of the pools past the kept
+        if k >= pools.size or k >= rep_rows.size:
+            return _ASK_AGAIN
         j0 = pools[k]
-        if j0 < 0 or j0 > keys.size - kpool or k >= rep_rows.size:
+        if j0 < 0 or j0 > keys.size - kpool:
             return _ASK_AGAIN
         sr = _slot(slot_of, n_handed, rep_rows[k])
         if sr < 0:

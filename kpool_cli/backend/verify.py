@@ -277,7 +277,8 @@ class Verifier:
         `NEW` and no race is remembered: the verdicts `_recheck` would set. False,
         nothing done, where the general way must answer (the kernel's None: a look-up,
         a scan, or something outside its array, which that way says)."""
-        if self._all_dirty or len(layout.seqs) != 1 or self.writers.alt:
+        if (self._all_dirty or len(layout.seqs) != 1 or len(cache.streams) != 1
+                or self.writers.alt):
             return False
         rows = self._kdirty_rows + self._pdirty_rows  # its one stream's changed cells
         cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
