@@ -226,7 +226,8 @@ def test_one_sequence_verification_takes_both_ways() -> None:
 
 
 def test_the_random_traces_reach_bad_pools() -> None:
-    """The property above is not vacuous: its generator reaches bad pools often."""
+    """`test_incremental_bad_pools_equal_a_full_recomputation` is not vacuous: its
+    generator reaches bad pools often."""
     seen = []
 
     @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
