@@ -518,17 +518,23 @@ def _slot(slot_of, n_handed, r):
     return s if 0 <= s < n_handed else np.int64(-1)
 
 
+@numba.njit(cache=_CACHED, inline="always")
+def _member_slots(slot_of, n_handed, members, ms):
+    """ms[q] = the slot of member row members[q] (`_slot`), for every member; False at
+    the first member outside (ms then partly written)."""
+    for q in range(members.size):
+        ms[q] = _slot(slot_of, n_handed, members[q])
+        if ms[q] < 0:
+            return False
+    return True
+
+
 def _rows_differ_into(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
                       members, reps, ms, w, bits, want, out):
-    kpool = members.shape[1]
     for e in range(reps.size):
         sr = _slot(slot_of, n_handed, reps[e])
-        if sr < 0:
+        if sr < 0 or not _member_slots(slot_of, n_handed, members[e], ms):
             return e
-        for q in range(kpool):
-            ms[q] = _slot(slot_of, n_handed, members[e, q])
-            if ms[q] < 0:
-                return e
         out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits, want)
     return -1
 
@@ -575,7 +581,6 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
     n = rep.size
     n_rows = slot_of.size
     n_slots = min(pool_gen.size, key_gen.size, pool_of.shape[0])
-    kpool = entry_rows.shape[1]
     n_groups = fresh.size
     if starts.size != n_groups + 1 or rows.size != n_groups or (n_groups == 0 and n > 0):
         return 0, 0, NOT_RACE_GROUPS
@@ -597,16 +602,9 @@ def _fresh_groups_into(slot_of, pool_of, pool_gen, key_gen, entry_rows, rep, ord
             if rep[e] != rows[g]:
                 grouped = False
             r = slot_of[rep[e]]
-            if r < 0 or r >= n_slots:
+            if r < 0 or r >= n_slots or not _member_slots(slot_of, n_slots, entry_rows[e],
+                                                          ms):
                 return n_kept, g, OUTSIDE
-            for q in range(kpool):  # every member checked, its slot read once checked
-                m = entry_rows[e, q]
-                if m < 0 or m >= n_rows:
-                    return n_kept, g, OUTSIDE
-                sm = slot_of[m]
-                if sm < 0 or sm >= n_slots:
-                    return n_kept, g, OUTSIDE
-                ms[q] = sm
             # kept: the rule by slots (`reference.kept` the numpy twin's; the tests
             # hold the two twins equal)
             ok = _holds_pooling(pool_of, pool_gen, key_gen, ms, r)
@@ -793,14 +791,8 @@ def _scatter_singles_into(slot_of, slot_row, n_handed, key, gate, pooled, pooled
             return g, NO_SLOT, 0, 0
         if st < 1 or st >= n_handed or slot_row[st] != r:  # so distinct: one row a slot
             return g, OUTSIDE, 0, 0
-        for q in range(kpool):
-            m = entry_rows[e, q]
-            if m < 0 or m >= n_rows:
-                return g, OUTSIDE, 0, 0
-            sm = slot_of[m]
-            if sm < 0 or sm >= n_handed:
-                return g, OUTSIDE, 0, 0
-            ms[q] = sm
+        if not _member_slots(slot_of, n_handed, entry_rows[e], ms):
+            return g, OUTSIDE, 0, 0
         s_out[g] = st
         # kept: `fresh_groups`' rule, and then `scatter_fresh` leaves the slot as it is
         if _holds_pooling(pool_of, pool_gen, key_gen, ms, st):
@@ -1096,6 +1088,9 @@ _recheck_ways_into = kernel(_recheck_ways_rule, "_recheck_ways_into",
 _recheck_ways_in = inner(_recheck_ways_rule)
 
 
+_ASK_AGAIN = np.int64(-2)  # `recheck_one`: the verifier's general way answers
+
+
 def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many,
                       cells, pos, how, tail, keys, pools, row0, slot_of, n_handed, key, gate,
                       pooled, pool_of, pool_gen, key_gen, ms, w, bits, want, out
@@ -1119,8 +1114,7 @@ def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dir
         sr = _slot(slot_of, n_handed, rep_rows[k])
         if sr < 0:
             return _ASK_AGAIN
-        for q in range(kpool):
-            # member q's row (`SeqLayout.members`)
+        for q in range(kpool):  # member q's row (`SeqLayout.members`), then its slot
             ms[q] = _slot(slot_of, n_handed, row0 + (keys[j0 + q] & _CELL_MASK))
             if ms[q] < 0:
                 return _ASK_AGAIN
@@ -1129,7 +1123,6 @@ def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dir
     return NEW
 
 
-_ASK_AGAIN = np.int64(-2)  # `recheck_one`: the verifier's general way answers
 _RECHECK_ONE_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
                     "i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, {}[::1], i8, "
                     "f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
