@@ -107,9 +107,11 @@ class Backend(Protocol):
     def snapshot(self, slot: str, rows: np.ndarray) -> None: ...
     def restore(self, slot: str, rows: np.ndarray) -> None: ...
     def clear(self) -> None: ...
-    def run_ubatch(self, ctx: UbatchContext) -> ValueFacts:
-        """Pool, scatter and verify the ubatch of `ctx` (which has a plan); return
-        what the rules read of its values."""
+    def run_ubatch(self, ctx: UbatchContext,
+                   written: tuple[np.ndarray, np.ndarray] | None = None) -> ValueFacts:
+        """Write `written` (the ubatch's rows and key ids, as `write_rows`), then pool,
+        scatter and verify the ubatch of `ctx` (which has a plan); return what the
+        rules read of its values."""
         ...
 
 
@@ -500,8 +502,6 @@ class Replayer:
         cfg, cache, layout, v = self.cfg, self.cache, self.layout, self.version
         rows, key_ids = cache.apply(pl, pos, ext, seqs)
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
-        if self.backend:
-            self.backend.write_rows(rows, key_ids)
         change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared,
                                truncate=v.truncate_spares if v.truncate_stale_tail else None)
         repool_all = v.repool_all_when_shared and not layout.cache_safe
@@ -532,7 +532,14 @@ class Replayer:
             abort = str(e)
         ctx = UbatchContext.of(cache, layout, change, plan, abort, pos, tuple(seqs),
                                self.groups, self.core.raced_writers)
-        values = self.backend.run_ubatch(ctx) if self.backend and plan is not None else None
+        values = None
+        if self.backend:
+            # the cells' key rows are written first; nothing reads the values before
+            # the plan, so the backend takes the write with it (one call: `run_ubatch`)
+            if plan is None:
+                self.backend.write_rows(rows, key_ids)
+            else:
+                values = self.backend.run_ubatch(ctx, (rows, key_ids))
         findings: list[Finding] = []
         for chk in self.checks:
             found = chk.at_ubatch(ctx)

@@ -199,8 +199,8 @@ def test_the_facts_say_every_group_equal_exactly_when_it_is(monkeypatch, trace: 
     got = []
     run_ubatch = ValueBackend.run_ubatch
 
-    def kept(self, ctx):  # type: ignore[no-untyped-def]
-        facts = run_ubatch(self, ctx)
+    def kept(self, ctx, written=None):  # type: ignore[no-untyped-def]
+        facts = run_ubatch(self, ctx, written)
         got.append((facts.all_equal, bool(facts.equal.all())))
         return facts
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kpool_cli.backend import reference
+from kpool_cli.backend.guards import RECHECKED, SCATTERED, WROTE_NOTHING
 from kpool_cli.backend.store import ValueBackend
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.layout import LayoutChange
@@ -192,6 +193,20 @@ def test_one_sequence_bad_pools_equal_a_full_recomputation(t: m.Trace, engine: s
     check_incremental(t, VARIANTS[engine], core, backend)
 
 
+def _check_one_sequence_traces() -> None:
+    """`check_incremental` of 100 one-sequence random traces (`value_traces`), each
+    under an engine variant and a core, on the numba backend: the probes below count
+    what the kernels answered."""
+    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None, derandomize=True)
+    @given(t=value_traces(n_seq=st.just(1)), engine=st.sampled_from(sorted(VARIANTS)),
+           core=st.sampled_from(["reference", "compiled"]))
+    def check(t: m.Trace, engine: str, core: str) -> None:
+        check_incremental(t, VARIANTS[engine], core, "numba")
+
+    check()
+
+
 def test_one_sequence_verification_takes_both_ways() -> None:
     """The property above is not vacuous: on its traces the one-call verification
     answers most ubatches, with both ways (NONE, NEW), and hands some to the general way
@@ -202,27 +217,65 @@ def test_one_sequence_verification_takes_both_ways() -> None:
     from kpool_cli.backend.guarded import GuardedKernels
 
     ways: list[int | None] = []
-    real = GuardedKernels.recheck_one
+    real, real_step = GuardedKernels.recheck_one, GuardedKernels.one_step
 
     def counted(self, *args):  # type: ignore[no-untyped-def]
         got = real(self, *args)
         ways.append(None if got is None else got[0])
         return got
 
-    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None, derandomize=True)
-    @given(t=value_traces(n_seq=st.just(1)), engine=st.sampled_from(sorted(VARIANTS)),
-           core=st.sampled_from(["reference", "compiled"]))
-    def probe(t: m.Trace, engine: str, core: str) -> None:
-        check_incremental(t, VARIANTS[engine], core, "numba")
+    def counted_step(self, *args):  # type: ignore[no-untyped-def]
+        # the one call's verification: its way, or None where it hands back
+        got = real_step(self, *args)
+        if got is not None and got[0] >= SCATTERED:
+            ways.append(got[6] if got[0] == RECHECKED else None)
+        return got
 
     GuardedKernels.recheck_one = counted  # type: ignore[method-assign]
+    GuardedKernels.one_step = counted_step  # type: ignore[method-assign]
     try:
-        probe()
+        _check_one_sequence_traces()
     finally:
         GuardedKernels.recheck_one = real  # type: ignore[method-assign]
+        GuardedKernels.one_step = real_step  # type: ignore[method-assign]
     assert ways.count(recheck.NONE) > 50 and ways.count(recheck.NEW) > 50, ways
     assert ways.count(None) >= 10, ways
+
+
+def test_one_step_twins_agree_and_reach_every_stage(monkeypatch) -> None:
+    """store.py `ValueBackend._one_step` (`kernels.one_step`: a ubatch of one sequence's
+    write, scatter and verification in one numba call): on the one-sequence random
+    traces above, each call gives what its numpy twin (reference.py `one_step`: that
+    module's `write_rows`, `scatter_singles` and `recheck_one` in turn, each held to
+    its numba twin elsewhere) gives from a copy of the same state: the same answer,
+    and every array either writes the same, bit for bit. The calls reach a scatter
+    whose verification hands back (a look-up or a scan) and all three parts; the
+    other stages are test_backend_kernels.py's, by hand."""
+    from kpool_cli.backend import guards, kernels, reference
+
+    reached: list[int] = []
+    real = kernels.one_step
+
+    def twinned(*args):  # type: ignore[no-untyped-def]
+        copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        want = reference.one_step(*copies)
+        got = real(*args)
+        assert (got is None) == (want is None)
+        if got is not None:
+            reached.append(got[0])
+            assert got[:3] == want[:3] and got[5:7] == want[5:7], (got, want)
+            for x, y in (*zip(got[3:5], want[3:5], strict=True), (got[7], want[7])):
+                assert x.dtype == y.dtype and np.array_equal(x, y), (got, want)
+        for a, c in zip(args, copies, strict=True):
+            if isinstance(a, np.ndarray):
+                assert a.tobytes() == c.tobytes()
+        return got
+
+    monkeypatch.setattr(kernels, "one_step", twinned)
+
+    _check_one_sequence_traces()
+    seen = {stage: reached.count(stage) for stage in (guards.SCATTERED, guards.RECHECKED)}
+    assert min(seen.values()) > 100, seen
 
 
 def test_the_random_traces_reach_bad_pools() -> None:
@@ -467,6 +520,9 @@ class PoolEveryEntry(ValueBackend):
 
     def _scatter_singles(self, *plan: np.ndarray) -> None:
         return None  # the pass that pools every entry afresh (`_fresh`), not the one pass
+
+    def _one_step(self, ctx, rows: np.ndarray, key_ids: np.ndarray) -> tuple[int, None]:
+        return WROTE_NOTHING, None  # each part on its own, as above: not the one call
 
 
 def as_json(rec, t: m.Trace) -> dict:

@@ -822,6 +822,93 @@ def test_recheck_one_agrees() -> None:
     assert min(seen.values()) > 0, seen
 
 
+def _a_one_step(monkeypatch) -> tuple:
+    """The arguments of a `one_step` call that ran all three parts: the first of
+    traces/mtp3-speculative.yaml (one sequence) under rep-once on the compiled core
+    (whose layout knows its pairs equal the cache's), copied before it ran."""
+    calls: list[tuple] = []
+    real = kernels.one_step
+
+    def kept(*args):  # type: ignore[no-untyped-def]
+        copies = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+        got = real(*args)
+        if got is not None and got[0] == guards.RECHECKED and not calls:
+            calls.append(copies)
+        return got
+
+    monkeypatch.setattr(kernels, "one_step", kept)
+    t = load_trace(ROOT / "traces" / "mtp3-speculative.yaml")
+    list(Replayer(t, VERSIONS["rep-once"], ValueBackend(t.cache, t.seed, "numba"),
+                  core="compiled").run())
+    monkeypatch.undo()
+    return calls[0]
+
+
+# `one_step`'s arguments by name, in its order
+_ONE_STEP_ARGS = (
+    "state", "rows", "key_ids", "slot_of", "free", "n_handed", "pristine", "gen", "n_ubatch",
+    "decode_kind", "key", "gate", "pooled", "slot_row", "key_gen", "pool_gen", "pool_of",
+    "w_kind", "w_ubatch", "w_a", "w_b", "entry_rows", "rep", "order", "grows", "entry_pool",
+    "pool_start", "pooled_kind", "padding_kind", "start", "n_bad", "kept", "known", "rep_pos",
+    "rep_rows", "kv_size", "lookup_max", "dirty_before", "pos", "keys", "pools", "row0")
+
+
+def test_one_step_stops_where_a_part_hands_back(monkeypatch) -> None:
+    """`one_step` (both twins) from a real call's state (`_a_one_step`): rows written
+    twice are refused before anything is written (NOT_DISTINCT); slot arrays one row
+    short of a new slot are refused before anything is written (NO_ROOM, with the
+    rows that would get one); a plan whose last group writes a row without a slot
+    (the highest row, which the trace never wrote) stops after the write
+    (ROWS_WRITTEN: the rows' slots and keys written, no pooled row); the call itself
+    runs all three (RECHECKED). The twins give the same answers and leave the same
+    arrays."""
+    base = dict(zip(_ONE_STEP_ARGS, _a_one_step(monkeypatch), strict=True))
+    n_handed = base["n_handed"]
+    free_row = base["slot_of"].size - 1
+    assert base["slot_of"][free_row] == 0 and base["rep"].size == base["grows"].size
+    last = base["grows"].size - 1  # the last group (its row the highest), its entry e
+    e = int(base["order"][last])
+    variants = {
+        "as it ran": ({}, guards.RECHECKED, None),
+        "a row twice": ({"rows": np.repeat(base["rows"][:1], 2),
+                         "key_ids": np.repeat(base["key_ids"][:1], 2)},
+                        guards.WROTE_NOTHING, guards.NOT_DISTINCT),
+        "no room": ({"key": base["key"][:n_handed].copy()}, guards.WROTE_NOTHING,
+                    guards.NO_ROOM),
+        "a row without a slot": ({"rep": _with(base["rep"], e, free_row),
+                                  "grows": _with(base["grows"], last, free_row)},
+                                 guards.ROWS_WRITTEN, guards.WROTE),
+    }
+    for name, (changes, stage, why) in variants.items():
+        outs = []
+        for k in (kernels, reference):
+            args = {a: v.copy() if isinstance(v, np.ndarray) else v
+                    for a, v in {**base, **changes}.items()}
+            got = k.one_step(*args.values())
+            assert got is not None and got[0] == stage, (name, k, got)
+            if why is not None:
+                assert got[1] == why, (name, k, got)
+            outs.append((got, args))
+        (got, a), (want, b) = outs
+        assert got[:3] == want[:3] and got[5:7] == want[5:7], name
+        for x, y in (*zip(got[3:5], want[3:5], strict=True), (got[7], want[7])):
+            assert np.array_equal(x, y), name
+        for arg in _ONE_STEP_ARGS:
+            if isinstance(a[arg], np.ndarray):
+                assert a[arg].tobytes() == b[arg].tobytes(), (name, arg)
+        if stage == guards.WROTE_NOTHING:  # nothing written
+            assert all(a[arg].tobytes() == (changes.get(arg, base[arg])).tobytes()
+                       for arg in _ONE_STEP_ARGS if isinstance(a[arg], np.ndarray)), name
+        if name == "no room":
+            assert got[2] == np.count_nonzero(base["slot_of"][base["rows"]] == 0) > 0
+        if name == "a row without a slot":  # written: the rows' slots and keys alone
+            s = a["slot_of"][base["rows"]]
+            assert (s > 0).all() and not np.array_equal(a["key"][s], base["key"][s])
+            pooled = base["pooled"].copy()
+            pooled[s] = 0  # `write_rows` zeroes a written row's pooled row
+            assert a["pooled"].tobytes() == pooled.tobytes()
+
+
 def test_least_pair_by_hand() -> None:
     """Cells 4, 1, 5 at pos 14, 11, -1 (cell 5 freed): the least pair is the freed
     cell's, (-1 << 32) | 5; without it, (11, cell 1); of no cell, INT64_MAX."""
@@ -1207,26 +1294,36 @@ def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
         backend: str, monkeypatch) -> None:
     """store.py `_scatter`: a plan whose race groups hold one entry each, none racing
     and none vouched for by the standing plan (rep-once's, most ubatches), is
-    scattered by `scatter_singles` in one call. With that door answering None, as for
-    a zero row, every scatter takes the pass of three kernels instead: the JSON
+    scattered by `scatter_singles` in one call (or, a layout of one sequence, by
+    `one_step`, with its write and verification). With both doors answering None, as
+    for a zero row, every scatter takes the pass of three kernels instead: the JSON
     reports of these traces, under both engines, are byte-identical either way."""
     from kpool_cli.backend.guarded import GuardedKernels
+    from kpool_cli.backend.guards import SCATTERED
 
     traces = [ROOT / "traces" / f"{name}.yaml" for name in (
         "shared-prefix-race", "partial-copy", "non-unified", "mtp3-speculative",
         "server-session", "state-restore")]
-    calls = {"one pass": 0}
-    one_pass = GuardedKernels.scatter_singles
+    calls = {"one pass": 0, "one step": 0}
+    one_pass, one_step = GuardedKernels.scatter_singles, GuardedKernels.one_step
 
     def counted(self, *args):
         got = one_pass(self, *args)
         calls["one pass"] += got is not None
         return got
 
+    def counted_step(self, *args):
+        got = one_step(self, *args)
+        calls["one step"] += got is not None and got[0] >= SCATTERED
+        return got
+
     monkeypatch.setattr(GuardedKernels, "scatter_singles", counted)
+    monkeypatch.setattr(GuardedKernels, "one_step", counted_step)
     fast = _json_reports(traces, backend)
-    assert calls["one pass"] > 40  # of these replays, 52 scatters
+    # of these replays, 52 scatters: 38 by scatter_singles, 14 by one_step
+    assert calls["one pass"] > 30 and calls["one step"] > 10, calls
     monkeypatch.setattr(GuardedKernels, "scatter_singles", lambda self, *args: None)
+    monkeypatch.setattr(GuardedKernels, "one_step", lambda self, *args: None)
     assert _json_reports(traces, backend) == fast
 
 
@@ -1450,16 +1547,22 @@ GROUPS_OF_ANOTHER_PLAN = "race groups of another plan"
 
 
 class Doctored(ValueBackend):
-    """Hands run_ubatch every spoiled version of each plan first (each must be refused,
-    leaving the backend as it was), then the real one."""
+    """Hands run_ubatch every spoiled version of each plan first, each with the
+    ubatch's write as the replay hands it in (each must be refused, leaving the
+    backend as the write alone leaves it: a refused plan changes nothing, and the
+    one-call path, `_one_step`, writes no value of it), then the real one."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.refused: set[str] = set()
 
-    def run_ubatch(self, ctx):
+    def run_ubatch(self, ctx, written=None):
         plan, layout = ctx.plan, ctx.layout
         if plan.n_new_g:
+            if written is not None:
+                # the state the write leaves (written again, as each call below does,
+                # the rows hold the same slots, keys and writers)
+                self.write_rows(*written)
             n = self.n_rows
             spoiled = {name: (UbatchContext.of(ctx.cache, layout, ctx.change,
                                                spoil(plan, n, layout), None, ctx.token_pos,
@@ -1471,7 +1574,7 @@ class Doctored(ValueBackend):
             for name, (bad, says) in spoiled.items():
                 before = state(self)
                 with pytest.raises(PlanError) as e:
-                    super().run_ubatch(bad)
+                    super().run_ubatch(bad, written)
                 # the plan's arrays are checked as they come in; the groups by the
                 # kernel that reads them
                 says = says if name == GROUPS_OF_ANOTHER_PLAN else "run_ubatch: " + says
@@ -1479,14 +1582,15 @@ class Doctored(ValueBackend):
                                 str(e.value)), (name, str(e.value))
                 assert state(self) == before, name
                 self.refused.add(name)
-        return super().run_ubatch(ctx)
+        return super().run_ubatch(ctx, written)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("path", [p for p in TRACE_FILES
                                   if p.stem in ("shared-prefix-race", "partial-copy",
-                                                "non-unified")], ids=lambda p: p.stem)
+                                                "non-unified", "mtp3-speculative")],
+                         ids=lambda p: p.stem)
 def test_a_spoiled_plan_is_refused_and_changes_nothing(path: Path, engine: str,
                                                        backend: str) -> None:
     t = load_trace(path)

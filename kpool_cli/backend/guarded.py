@@ -44,6 +44,7 @@ from .guards import (
     ROW_OUTSIDE,
     SLOT_OUTSIDE,
     WROTE,
+    WROTE_NOTHING,
     PlanError,
     checked_index,
     outside_error,
@@ -338,6 +339,53 @@ class GuardedKernels:
                            rep_pos, rep_rows, t.kv_size, dirty, too_many, cells, pos, keys,
                            pools, row0, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
                            t.pool_of, t.pool_gen, t.key_gen)
+
+    def one_step(self, rows: np.ndarray, key_ids: np.ndarray, n_ubatch: int, decode_kind: int,
+                 entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+                 grows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+                 pooled_kind: int, padding_kind: int, n_pools: int, n_bad: int, kept: int,
+                 known: bool, rep_pos: np.ndarray, rep_rows: np.ndarray,
+                 lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray, keys: np.ndarray,
+                 pools: np.ndarray, row0: int) -> tuple | None:
+        """A ubatch of one sequence in one pass (`kernels.one_step`): `write_rows`,
+        `scatter_singles` and `recheck_one` in turn, at generations `gen + 1` and
+        `gen + 2` (the caller takes them: `SlotTable.next_gen`), the slot arrays grown
+        first when the write lacks the room and the slots the write handed out counted
+        (`handed_out`). Returns the kernel's answer (how far it went: `guards.py`), or
+        None, nothing done, where the parts must each run alone: an array numba's
+        signature does not take (a type the general way's doors then name), or rows
+        the pass does not take. The kernel checks the rows' distinctness and every
+        index as each part's kernel does, before that part's first write."""
+        where = "one step"
+        t = self.slots
+        if (key_ids.shape != rows.shape or entry_rows.shape != (rep.size, self.kpool)
+                or entry_pool.shape != rep.shape):
+            return None  # shapes that do not agree: the general way's doors say which
+        if min(n_pools, n_bad, kept) < 0:
+            raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
+                            "pools", where, "kept pools")
+        start, n_bad_a, kept_a, known_a = self._one
+        start[1], n_bad_a[0], kept_a[0], known_a[0] = n_pools, n_bad, kept, known
+        while True:
+            t.check_tables(where)
+            t.check_generations(where)
+            try:
+                got = self._timed(where, self.k.one_step, self.state, rows, key_ids, t.slot_of,
+                                  t.free, t.n_handed, t.pristine, t.gen + 1, n_ubatch,
+                                  decode_kind, t.key, t.gate, t.pooled, t.slot_row, t.key_gen,
+                                  t.pool_gen, t.pool_of, t.w_kind, t.w_ubatch, t.w_a, t.w_b,
+                                  entry_rows, rep, order, grows, entry_pool, pool_start,
+                                  pooled_kind, padding_kind, start, n_bad_a, kept_a, known_a,
+                                  rep_pos, rep_rows, t.kv_size, lookup_max, dirty_before, pos,
+                                  keys, pools, row0)
+            except TypeError:  # numba's dispatch, before the kernel ran
+                return None
+            if got is None or got[0] != WROTE_NOTHING or got[1] != NO_ROOM:
+                break
+            t.make_room(got[2])
+        if got is not None and got[0] != WROTE_NOTHING:
+            t.handed_out(got[2])
+        return got
 
     def least_pair(self, cells: np.ndarray, pos: np.ndarray) -> int:
         """The least pair of a stream's cells `cells` (their positions `pos`). The

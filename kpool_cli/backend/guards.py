@@ -108,6 +108,13 @@ OUTSIDE, NOT_RACE_GROUPS, NO_SLOT = 1, 2, 3
 # what `write_rows` (both twins) did: wrote, or wrote nothing because the slot arrays
 # lack the room, or a row, a row's slot or a free slot is outside its array
 WROTE, NO_ROOM, ROW_OUTSIDE, SLOT_OUTSIDE, FREE_OUTSIDE = range(5)
+# ... or, `one_step`'s write alone, that the rows are not distinct (`checked_rows` says
+# which, on the general way)
+NOT_DISTINCT = 5
+
+# how far `one_step` (both twins) went: each stage's writes stand, none of the next
+# one's were made (the caller runs the rest the general way)
+WROTE_NOTHING, ROWS_WRITTEN, SCATTERED, RECHECKED = range(4)
 
 
 def group_refusal(g: int, why: int) -> Exception:

@@ -9,14 +9,17 @@ map in the pass), `fresh_groups` (which scatter entries keep their pooling),
 scatter of race groups of one entry each (`scatter_singles`, rep-once's plans), the
 pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), the
 verification's choices for every sequence at once (`recheck_ways`, `least_pair`:
-recheck.py), and the verification of a layout of one sequence in one pass where its
-way is NONE or NEW (`recheck_one`: that rule, then `rows_differ` of its new pools).
+recheck.py), the verification of a layout of one sequence in one pass where its
+way is NONE or NEW (`recheck_one`: that rule, then `rows_differ` of its new pools),
+and a ubatch of one sequence in one pass (`one_step`: `write_rows`, `scatter_singles`
+and `recheck_one` in turn, each part as its own kernel runs it, stopping at the first
+that hands back).
 
 Owns: the value backend's numba kernels (the compiled core's are compiled/kernels.py).
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 22 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 24 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -26,7 +29,7 @@ so it is never handed an index outside its arrays; they index the arrays by slot
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
 or cells (`rows_differ`, `fresh_groups`, `stamp_winners`, `scatter_singles`,
 `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`,
-`recheck_one`) check each index as they read it instead,
+`recheck_one`, `one_step`) check each index as they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
 to be); `write_rows` checks
@@ -70,11 +73,16 @@ from .guards import (
     FREE_OUTSIDE,
     NO_ROOM,
     NO_SLOT,
+    NOT_DISTINCT,
     NOT_RACE_GROUPS,
     OUTSIDE,
+    RECHECKED,
     ROW_OUTSIDE,
+    ROWS_WRITTEN,
+    SCATTERED,
     SLOT_OUTSIDE,
     WROTE,
+    WROTE_NOTHING,
     group_refusal,
 )
 from .keys import GATE_MAX, GOLDEN, KEY_MUL, KEY_SCALE, MIX1, MIX2
@@ -782,7 +790,7 @@ def _scatter_singles_into(slot_of, slot_row, n_handed, key, gate, pooled, pooled
         if e < 0 or e >= n:
             return g, OUTSIDE, 0, 0
         r = rows[g]
-        if r < 0 or r >= n_rows or entry_pool[e] >= n_pools:
+        if r < 0 or r >= n_rows or entry_pool[e] < -1 or entry_pool[e] >= n_pools:
             return g, OUTSIDE, 0, 0
         if rep[e] != r or (g > 0 and r <= rows[g - 1]):  # one entry a group, rows ascending
             return g, NOT_RACE_GROUPS, 0, 0
@@ -1175,6 +1183,150 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
     if way == _ASK_AGAIN:
         return None
     return int(way), out if way == NEW else out[:0]
+
+
+# -- a step of one sequence in one call ------------------------------------------------
+
+# the three passes `one_step` runs in turn, each as its own kernel runs it
+_write_rows_in = inner(_write_rows_into)
+_scatter_singles_in = inner(_scatter_singles_into)
+_recheck_one_in = inner(_recheck_one_into)
+
+# `one_step` asks no more rows than this to be distinct, pair by pair
+ONE_STEP_MAX_ROWS = 64
+
+
+def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch,
+                   decode_kind, key, gate, pooled, pooled_bits, slot_row, key_gen, pool_gen,
+                   pool_of, w_kind, w_ubatch, w_a, w_b, out, entry_rows, rep, order, grows,
+                   entry_pool, pool_start, pooled_kind, padding_kind, s_out, changed, start,
+                   n_bad, kept, known, rep_pos, rep_rows, kv_size, lookup_max, dirty_before,
+                   pos, keys, pools, row0, cells, how, tail, ms, val, val_bits, w, bits, want,
+                   verdicts, got):  # pragma: no cover - compiled
+    n = rows.size
+    for j in range(1, n):  # distinct, as `write_rows`' door asks them
+        for i in range(j):
+            if rows[i] == rows[j]:
+                got[0] = NOT_DISTINCT
+                return WROTE_NOTHING
+    why, at = _write_rows_in(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
+                             n_ubatch, decode_kind, key, gate, pooled, slot_row, key_gen,
+                             pool_gen, w_kind, w_ubatch, w_a, w_b, out, True)
+    got[0] = why
+    got[1] = at
+    if why != WROTE:
+        return WROTE_NOTHING
+    handed = n_handed + at - min(at, free.size)  # `SlotTable.handed_out`
+    g, _why, n_changed, n_kept = _scatter_singles_in(
+        slot_of, slot_row, handed, key, gate, pooled, pooled_bits, pool_of, pool_gen, key_gen,
+        gen + 1, entry_rows, rep, order, grows, entry_pool, pool_start, n_ubatch, pooled_kind,
+        padding_kind, w_kind, w_ubatch, w_a, w_b, s_out, changed, ms, val, val_bits, w, bits)
+    if g >= 0:
+        return ROWS_WRITTEN
+    got[2] = n_changed
+    got[3] = n_kept
+    # the changed cells the verification reads: those before, the rows written (keys
+    # and pooled rows), the rows the scatter changed (`Verifier.touch`, in any order:
+    # the rule reads their least pair and their count)
+    m = dirty_before.size
+    for i in range(m):
+        cells[i] = dirty_before[i]
+    for j in range(n):
+        cells[m + j] = rows[j]
+        cells[m + n + j] = rows[j]
+    m += 2 * n
+    for i in range(n_changed):
+        cells[m + i] = grows[changed[i]]
+    m += n_changed
+    way = _recheck_one_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, True,
+                          m > lookup_max, cells[:m], pos, how, tail, keys, pools, row0,
+                          slot_of, handed, key, gate, pooled, pool_of, pool_gen, key_gen, ms,
+                          w, bits, want, verdicts)
+    if way == _ASK_AGAIN:
+        return SCATTERED
+    got[4] = way
+    return RECHECKED
+
+
+_ONE_STEP_SIG = ("i8(u8, i8[::1], i8[::1], {}[::1], i8[::1], i8, i8, i8, i8, i1, f4[:, ::1], "
+                 "f4[:, ::1], f4[:, ::1], i4[:, ::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], "
+                 "i1[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], i8[::1], "
+                 "i8[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], i8[::1], "
+                 "i8[::1], b1[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], "
+                 "i8[::1], i8, i8[::1], i8[::1], i8[::1], i8[::1], f4[::1], i4[::1], "
+                 "f4[:, ::1], i4[:, ::1], f4[::1], b1[::1], i8[::1])")
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_one_step_i4 = kernel(_one_step_into, "_one_step_i4", _ONE_STEP_SIG.format("i4"))
+_one_step_i8 = kernel(_one_step_into, "_one_step_i8", _ONE_STEP_SIG.format("i8"))
+
+
+def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
+             free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
+             decode_kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+             slot_row: np.ndarray, key_gen: np.ndarray, pool_gen: np.ndarray,
+             pool_of: np.ndarray, w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray,
+             w_b: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+             grows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+             pooled_kind: int, padding_kind: int, start: np.ndarray, n_bad: np.ndarray,
+             kept: np.ndarray, known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
+             kv_size: int, lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray,
+             keys: np.ndarray, pools: np.ndarray, row0: int) -> tuple | None:
+    """A ubatch of one sequence in one pass, where each of its three parts can: the
+    decode's rows written (`write_rows`, at generation `gen`), the scatter of a plan of
+    race groups of one entry each (`scatter_singles`, at `gen + 1`, with the slots the
+    write handed out), then the verification of the layout's one sequence (`recheck_one`,
+    its changed cells `dirty_before`, the rows written and the rows the scatter
+    changed). Each part runs as its own kernel runs it; the first that hands back (or
+    refuses) ends the pass, none of its writes made.
+
+    Parameters
+    ----------
+    state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch, decode_kind,
+    key, gate, pooled, slot_row, key_gen, pool_gen, w_kind, w_ubatch, w_a, w_b :
+        as `write_rows` (`decode_kind` its `kind`); `rows` distinct (checked here)
+    pool_of, entry_rows, rep, order, grows, entry_pool, pool_start, pooled_kind,
+    padding_kind : as `scatter_singles` (`grows` its group rows)
+    start, n_bad, kept, known, rep_pos, rep_rows, kv_size, pos, keys, pools, row0 :
+        as `recheck_one`
+    lookup_max : int
+        The changed cells past which the verification scans (`too_many`).
+    dirty_before : array of int64
+        The one stream's cells changed before this ubatch.
+
+    Returns
+    -------
+    (reached, why, at, slots, changed, n_kept, way, verdicts), or None, nothing done
+        (more than `ONE_STEP_MAX_ROWS` rows, or a write the parallel key build takes).
+        `reached`: `WROTE_NOTHING` (`why`, `at`: `write_rows`' refusal, or
+        `NOT_DISTINCT`), `ROWS_WRITTEN` (`at`: the rows that got a slot; the scatter
+        refused or met a row without a slot), `SCATTERED` (also `slots`, `changed`,
+        `n_kept`: `scatter_singles`' answer; the verification hands back) or
+        `RECHECKED` (also `way`, `verdicts`: `recheck_one`'s answer).
+    """
+    n = rows.size
+    if n > ONE_STEP_MAX_ROWS or (PARALLEL and n * key.shape[1] >= PARALLEL_MIN_KEYS):
+        return None
+    n_groups, kpool, n_embd = rep.size, pool_of.shape[1], key.shape[1]
+    s = np.empty(n_groups, dtype=np.int64)
+    changed = np.empty(n_groups, dtype=np.int64)
+    val = np.empty(n_embd, dtype=np.float32)
+    verdicts = np.zeros(max(int(start[1] - start[0] - kept[0]), 0), dtype=np.bool_)
+    got = np.array([0, 0, 0, 0, NONE], dtype=np.int64)  # `way` NONE unless it rechecked
+    into = _one_step_i4 if slot_of.dtype == np.int32 else _one_step_i8
+    reached = into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch,
+                   decode_kind, key, gate, pooled, pooled.view(np.int32), slot_row, key_gen,
+                   pool_gen, pool_of, w_kind, w_ubatch, w_a, w_b, np.empty(n, dtype=np.int64),
+                   entry_rows, rep, order, grows, entry_pool, pool_start, pooled_kind,
+                   padding_kind, s, changed, start, n_bad, kept, known, rep_pos, rep_rows,
+                   kv_size, lookup_max, dirty_before, pos, keys, pools, row0,
+                   np.empty(dirty_before.size + 2 * n + n_groups, dtype=np.int64),
+                   np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64),
+                   np.empty(kpool, dtype=np.int64), val, val.view(np.int32),
+                   *_scratch(kpool, n_embd), np.empty(n_embd, dtype=np.float32), verdicts,
+                   got)
+    why, at, n_changed, n_kept, way = got.tolist()
+    return (int(reached), why, at, s if reached >= SCATTERED else s[:0], changed[:n_changed],
+            n_kept, way, verdicts if reached == RECHECKED and way == NEW else verdicts[:0])
 
 
 def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,

@@ -24,11 +24,16 @@ from ..cache.cells import CELL_BITS, CELL_MASK, make_keys
 from .guards import (
     FREE_OUTSIDE,
     NO_ROOM,
+    NOT_DISTINCT,
     NOT_RACE_GROUPS,
     OUTSIDE,
+    RECHECKED,
     ROW_OUTSIDE,
+    ROWS_WRITTEN,
+    SCATTERED,
     SLOT_OUTSIDE,
     WROTE,
+    WROTE_NOTHING,
     group_refusal,
 )
 from .keys import POW2, key_rows_from_state
@@ -164,7 +169,7 @@ def scatter_singles(slot_of: np.ndarray, slot_row: np.ndarray, n_handed: int,
     if order.size != n or rows.size != n or n_handed > room or pool_start.size == 0:
         raise group_refusal(0, NOT_RACE_GROUPS)
     for g, (e, r) in enumerate(zip(order.tolist(), rows.tolist(), strict=True)):
-        if not 0 <= e < n or not 0 <= r < n_rows or entry_pool[e] >= pool_start[-1]:
+        if not 0 <= e < n or not 0 <= r < n_rows or not -1 <= entry_pool[e] < pool_start[-1]:
             raise group_refusal(g, OUTSIDE)
         if rep[e] != r or (g > 0 and r <= rows[g - 1]):
             raise group_refusal(g, NOT_RACE_GROUPS)
@@ -425,6 +430,55 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
     verdicts = rows_differ(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
                            members, rep_rows[ks])
     return None if verdicts is None else (way, verdicts)
+
+
+# as kernels.ONE_STEP_MAX_ROWS
+ONE_STEP_MAX_ROWS = 64
+
+
+def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
+             free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
+             decode_kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+             slot_row: np.ndarray, key_gen: np.ndarray, pool_gen: np.ndarray,
+             pool_of: np.ndarray, w_kind: np.ndarray, w_ubatch: np.ndarray, w_a: np.ndarray,
+             w_b: np.ndarray, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
+             grows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
+             pooled_kind: int, padding_kind: int, start: np.ndarray, n_bad: np.ndarray,
+             kept: np.ndarray, known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
+             kv_size: int, lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray,
+             keys: np.ndarray, pools: np.ndarray, row0: int) -> tuple | None:
+    """kernels.one_step: this module's `write_rows`, `scatter_singles` and `recheck_one`
+    in turn, the first that hands back or refuses ending the pass."""
+    n = rows.size
+    if n > ONE_STEP_MAX_ROWS:
+        return None
+    no = np.empty(0, dtype=np.int64)
+    if unique(rows).size != n:
+        return WROTE_NOTHING, NOT_DISTINCT, 0, no, no, 0, NONE, np.zeros(0, dtype=np.bool_)
+    out = np.empty(n, dtype=np.int64)
+    why, at = write_rows(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
+                         n_ubatch, decode_kind, key, gate, pooled, slot_row, key_gen,
+                         pool_gen, w_kind, w_ubatch, w_a, w_b, out)
+    if why != WROTE:
+        return WROTE_NOTHING, why, at, no, no, 0, NONE, np.zeros(0, dtype=np.bool_)
+    handed = n_handed + at - min(at, free.size)
+    try:
+        got = scatter_singles(slot_of, slot_row, handed, key, gate, pooled, pool_of, pool_gen,
+                              key_gen, gen + 1, entry_rows, rep, order, grows, entry_pool,
+                              pool_start, n_ubatch, pooled_kind, padding_kind, w_kind,
+                              w_ubatch, w_a, w_b)
+    except (IndexError, ValueError):
+        got = None
+    if got is None:
+        return ROWS_WRITTEN, why, at, no, no, 0, NONE, np.zeros(0, dtype=np.bool_)
+    s, changed, n_kept = got
+    cells = np.concatenate((dirty_before, rows, rows, grows[changed]))
+    way = recheck_one(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, True,
+                      cells.size > lookup_max, cells, pos, keys, pools, row0, slot_of, handed,
+                      key, gate, pooled, pool_of, pool_gen, key_gen)
+    if way is None:
+        return SCATTERED, why, at, s, changed, n_kept, NONE, np.zeros(0, dtype=np.bool_)
+    return (RECHECKED, why, at, s, changed, n_kept, *way)
 
 
 def least_pair(cells: np.ndarray, pos: np.ndarray) -> int:

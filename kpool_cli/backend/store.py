@@ -23,6 +23,14 @@ cache-safe re-pools every pool each ubatch; a pool whose members and keys did no
 change pools to the same bits). A scatter of the last plan again, none of its rows
 written since, keeps every entry without asking (`_Standing`).
 
+A ubatch of one sequence (every step of one slot) hands its write in with its plan
+(`run_ubatch(ctx, written)`: nothing reads the values between the cells' write and
+the plan) and, where its plan is race groups of one entry each that no standing plan
+keeps, runs the write, the scatter and the verification in one kernel call
+(`_one_step`, `GuardedKernels.one_step`); each part that call ran is told to the
+parts that keep track as its own call tells them, and the parts it handed back run
+as they always do.
+
 Invariants:
 - the stored state is a function of the trace alone: the scatter picks one writer
   per row (the last entry) before any kernel runs, so thread order never matters;
@@ -67,15 +75,26 @@ from ..trace.model import CacheConfig, Trace
 from .facts import (
     DECODE_ZERO,
     DROP_ZERO,
+    PADDING,
+    POOLED,
     RowContent,
     ValueFacts,
     groups_equal,
 )
 from .guarded import GuardedKernels
-from .guards import ANY, PlanError, checked_index, checked_rows
+from .guards import (
+    ANY,
+    RECHECKED,
+    ROWS_WRITTEN,
+    SCATTERED,
+    WROTE_NOTHING,
+    PlanError,
+    checked_index,
+    checked_rows,
+)
 from .keys import seed_state
 from .slots import SlotTable
-from .verify import Verifier
+from .verify import LOOKUP_MAX_ROWS, Verifier
 from .writers import Writers
 
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "PlanError", "ValueBackend", "kernel_module",
@@ -210,12 +229,16 @@ class _Standing:
         self._plan, self._stamped, self._arrays, self._slots = (), False, (), None
         self._every = self._every_start = None
 
+    def is_plan(self, arrays: tuple[np.ndarray, ...]) -> bool:
+        """`arrays` are the standing plan's (`slots` then asks what was touched)."""
+        # held weakly: the plan's memory is its rows and slots alone
+        return self._slots is not None and same_referents(self._arrays, arrays)
+
     def slots(self, arrays: tuple[np.ndarray, ...],
               touched: Callable[[], np.ndarray | None]) -> np.ndarray | None:
         """The slots of the race groups' rows when `arrays` are the standing plan's and
         none of its rows is `touched()` (None: every row is); else None."""
-        # held weakly: the plan's memory is its rows and slots alone
-        if self._slots is None or not same_referents(self._arrays, arrays):
+        if not self.is_plan(arrays):
             return None
         return self._slots if self._untouched(touched) else None
 
@@ -239,11 +262,17 @@ class _Standing:
         standing plan, keeping its pooling. Else None. (It rests on the layout's
         pools changing only in `Layout.update`, which counts `serial`, and on a
         sequence's stream never moving, so a kept pool's member rows are its own.)"""
-        if (self._every is None or change.serial != self._every + 1
-                or not layout.is_every_pool(entry_pool) or not self._untouched(touched)):
+        if not self.may_vouch(layout, change, entry_pool) or not self._untouched(touched):
             return None
         # each sequence's other pools follow its kept ones
         return pools_past(layout.pool_start(), np.asarray(change.kept, dtype=np.int64))
+
+    def may_vouch(self, layout: Layout, change: LayoutChange, entry_pool: np.ndarray) -> bool:
+        """The standing plan was every pool of `layout` as the update before `change`
+        left it, and the plan of `entry_pool` is every pool of it now: `new_entries`
+        then asks what was touched."""
+        return (self._every is not None and change.serial == self._every + 1
+                and layout.is_every_pool(entry_pool))
 
     def dropped_none(self, change: LayoutChange) -> bool:
         """The update `change`, which `new_entries` found the standing plan vouches
@@ -472,13 +501,30 @@ class ValueBackend:
         self.verifier.all_changed()
         self._standing.clear()
 
-    def run_ubatch(self, ctx: UbatchContext) -> ValueFacts:
+    def run_ubatch(self, ctx: UbatchContext,
+                   written: tuple[np.ndarray, np.ndarray] | None = None) -> ValueFacts:
         """Pool the new entries of the ubatch of `ctx` (which has a plan), scatter them,
-        verify what changed (`ctx.change`: the layout update's). Returns the facts the
-        rules read: which race groups write equal values, the bad pools of every
-        sequence, and what the first bad pool of each holds."""
-        equal = self._scatter(ctx)
-        self.verifier.verify(ctx.layout, ctx.change, ctx.cache)
+        verify what changed (`ctx.change`: the layout update's). `written`: the
+        ubatch's rows and key ids, written first (`write_rows`), where the replay
+        hands them in here (nothing reads the values between its cells' write and
+        its plan). Returns the facts the rules read: which race groups write equal
+        values, the bad pools of every sequence, and what the first bad pool of each
+        holds.
+
+        A ubatch of one sequence whose plan is race groups of one entry each (every
+        step of one slot: `_one_step`) runs the write, the scatter and the
+        verification in one kernel call where each can; what that call hands back
+        runs here as it always does."""
+        # how far the one call went (`guards.py`): the rest runs here
+        reached, equal = (self._one_step(ctx, *written) if written is not None
+                          else (ROWS_WRITTEN, None))
+        if reached == WROTE_NOTHING:
+            self.write_rows(*written)  # type: ignore[misc]
+        if equal is None:
+            equal = self._scatter(ctx)
+        if reached != RECHECKED:
+            self.verifier.verify(ctx.layout, ctx.change, ctx.cache,
+                                 one_tried=reached == SCATTERED)
         bad = {s: self.verifier.bad_of(s) for s in sorted(self.verifier.bad_seqs)}
         first_bad = {}
         for s, pools in bad.items():
@@ -487,6 +533,57 @@ class ValueBackend:
             first_bad[s] = (k, row, self.content(row))
         self.writers.n_ubatch += 1
         return ValueFacts(equal, bad, first_bad, equal is self._equal)
+
+    def _one_step(self, ctx: UbatchContext, rows: np.ndarray, key_ids: np.ndarray
+                  ) -> tuple[int, np.ndarray | None]:
+        """`write_rows(rows, key_ids)`, `_scatter(ctx)` and `verify` in one kernel call
+        (`GuardedKernels.one_step`), where the ubatch is what that call takes: a
+        layout and cache of one sequence and one stream whose one-call verification
+        may answer (`Verifier.one_open`), a plan of race groups of one entry each
+        that no standing plan keeps or vouches for (`_Standing.is_plan`,
+        `may_vouch`: `_scatter`'s `singles`, decided before the write). Each part
+        the call ran is told to the parts that keep track, in the order and the
+        words of `write_rows`, `_scatter` and `verify`. Returns how far the call went
+        (`guards.py`: `WROTE_NOTHING` for a ubatch it does not take) and, when it
+        scattered, the groups' `_all_equal`."""
+        layout, plan, cache, change = ctx.layout, ctx.plan, ctx.cache, ctx.change
+        assert plan is not None  # the replay runs a backend on a plan only
+        standing, writers, verifier = self._standing, self.writers, self.verifier
+        n = plan.entry_rep.size
+        if n == 0 or n != ctx.rows.size or not verifier.one_open(layout, cache):
+            return WROTE_NOTHING, None
+        pool_start = layout.pool_start()
+        arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, ctx.order, ctx.starts,
+                  ctx.rows, pool_start)
+        if standing.is_plan(arrays) or standing.may_vouch(layout, change, plan.entry_pool):
+            return WROTE_NOTHING, None
+        n_pools, n_bad, kept, known, rep_pos, rep_rows, before, pos, keys, pools, row0 = \
+            verifier.one_args(layout, change, cache, True)
+        got = self.kernels.one_step(
+            rows, key_ids, writers.n_ubatch, DECODE_ZERO, plan.entry_rows, plan.entry_rep,
+            ctx.order, ctx.rows, plan.entry_pool, pool_start, POOLED, PADDING, n_pools, n_bad,
+            kept, known, rep_pos, rep_rows, LOOKUP_MAX_ROWS, before, pos, keys, pools, row0)
+        if got is None or got[0] == WROTE_NOTHING:
+            return WROTE_NOTHING, None
+        reached, _why, _at, slots, changed, n_kept, way, verdicts = got
+        t = self.slots
+        # `write_rows`, after its kernel (the slots handed out are counted: the door)
+        t.next_gen()
+        verifier.touch(rows, True, True)
+        if reached == ROWS_WRITTEN:
+            return reached, None
+        # `_scatter`'s singles, after their kernel
+        standing.clear()
+        t.next_gen()
+        self.pools_kept += n_kept
+        verifier.touch(ctx.rows[changed], False, True)
+        verifier.scattered()
+        every = ((change.serial, pool_start) if layout.is_every_pool(plan.entry_pool)
+                 else None)
+        standing.set(arrays, plan.entry_rows, plan.entry_rep, slots, every)
+        if reached == RECHECKED:
+            verifier.verified_one(layout, change, way, verdicts)
+        return reached, self._all_equal(n)
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 

@@ -239,7 +239,8 @@ class Verifier:
                     out[s] = hit[cut[s]:cut[s + 1]] - start[s]
         return out
 
-    def verify(self, layout: Layout, change: LayoutChange, cache: KvCache) -> None:
+    def verify(self, layout: Layout, change: LayoutChange, cache: KvCache,
+               one_tried: bool = False) -> None:
         """Recheck the pools whose verdict may have changed since the last ubatch: the
         new or regrouped ones, and those whose member keys or rep row changed. `cache`:
         the cache the layout was updated from (as it is now).
@@ -251,8 +252,9 @@ class Verifier:
         appended. The others (`LOOK`, `SCAN`) find their candidates one by one. A
         layout of one sequence whose way is `NONE` or `NEW` (a decode that appends:
         every step of one slot) takes the way and the verdicts in one kernel call
-        (`_one_sequence`)."""
-        if not self._one_sequence(layout, change, cache):
+        (`_one_sequence`), unless `one_tried` says that call handed back already
+        (`ValueBackend`'s one pass, `GuardedKernels.one_step`)."""
+        if one_tried or not self._one_sequence(layout, change, cache):
             dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
             n_seq = len(layout.seqs)
             if self._all_dirty:
@@ -262,6 +264,10 @@ class Verifier:
                 seqs, how = self._sequences(layout, change, cache, dirty)
             if seqs.size:
                 self._recheck(layout, change, dirty, seqs, how)
+        self._settle()
+
+    def _settle(self) -> None:
+        """What changed is verified: the dirty masks and lists start again."""
         for rows in self._kdirty_rows:
             self._kdirty[rows] = False
         for rows in self._pdirty_rows:
@@ -270,6 +276,29 @@ class Verifier:
         self._pdirty_rows.clear()
         self._all_dirty = False
 
+    def one_open(self, layout: Layout, cache: KvCache) -> bool:
+        """The one-call verification may answer (`_one_sequence`): a layout and a cache
+        of one sequence and one stream, no clear since the last verification, no
+        race remembered."""
+        return (not self._all_dirty and len(layout.seqs) == 1 and len(cache.streams) == 1
+                and not self.writers.alt)
+
+    def one_args(self, layout: Layout, change: LayoutChange, cache: KvCache, dirty: bool
+                 ) -> tuple:
+        """What the one-call verification of a layout of one sequence reads (`one_open`),
+        `GuardedKernels.recheck_one`'s arguments but `dirty` and `too_many`, in its
+        order: its pools, its verdicts kept, the pools the update kept, whether its
+        pairs are known equal to the cache's (asked only when a row changed:
+        `dirty`), its rep columns, the one stream's cells changed so far, that
+        stream's positions, its pairs, its pools' first pairs, its first row."""
+        rows = self._kdirty_rows + self._pdirty_rows  # its one stream's changed cells
+        cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
+        sq = layout.seqs[0]
+        return (len(sq.pools), int(self.n_checked[0]), change.kept[0],
+                dirty and layout.known_equal(cache, 0), sq.rep_pos(), sq.rep_rows.view,
+                cells, cache.streams[0].pos, sq.keys.view, sq.pools.view,
+                global_row(sq.strm, 0, self.kv_size))
+
     def _one_sequence(self, layout: Layout, change: LayoutChange, cache: KvCache) -> bool:
         """`verify` of a layout of one sequence in one kernel call
         (`GuardedKernels.recheck_one`: `_sequences`' way, by the same rule, then
@@ -277,27 +306,34 @@ class Verifier:
         `NEW` and no race is remembered: the verdicts `_recheck` would set. False,
         nothing done, where the general way must answer (the kernel's None: a look-up,
         a scan, or something outside its array, which that way says)."""
-        if (self._all_dirty or len(layout.seqs) != 1 or len(cache.streams) != 1
-                or self.writers.alt):
+        if not self.one_open(layout, cache):
             return False
-        rows = self._kdirty_rows + self._pdirty_rows  # its one stream's changed cells
-        cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
-        sq = layout.seqs[0]
-        n = len(sq.pools)
-        dirty = bool(rows)
-        got = self.kernels.recheck_one(
-            n, int(self.n_checked[0]), change.kept[0], dirty and layout.known_equal(cache, 0),
-            sq.rep_pos(), sq.rep_rows.view, dirty, cells.size > _DirtyPairs.LOOKUP_MAX_ROWS,
-            cells, cache.streams[0].pos, sq.keys.view, sq.pools.view,
-            global_row(sq.strm, 0, self.kv_size))
+        dirty = bool(self._kdirty_rows or self._pdirty_rows)
+        n, n_bad, kept, known, rep_pos, rep_rows, cells, pos, keys, pools, row0 = \
+            self.one_args(layout, change, cache, dirty)
+        got = self.kernels.recheck_one(n, n_bad, kept, known, rep_pos, rep_rows, dirty,
+                                       cells.size > _DirtyPairs.LOOKUP_MAX_ROWS, cells, pos,
+                                       keys, pools, row0)
         if got is None:
             return False
-        way, verdicts = got
+        self.took_one(layout, change, *got)
+        return True
+
+    def took_one(self, layout: Layout, change: LayoutChange, way: int, verdicts: np.ndarray
+                 ) -> None:
+        """The one-call verification answered: way `way` (`NONE` or `NEW`) and, for
+        `NEW`, the verdicts of the pools past those the update kept."""
         if way == NEW:
+            n = len(layout.seqs[0].pools)
             cand = change.new_pools(0, n)
             self.pools_checked += cand.size
             self._rechecked(0, n, cand, verdicts, change)
-        return True
+
+    def verified_one(self, layout: Layout, change: LayoutChange, way: int,
+                     verdicts: np.ndarray) -> None:
+        """`verify`, whose one-call verification answered elsewhere (`took_one`)."""
+        self.took_one(layout, change, way, verdicts)
+        self._settle()
 
     def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
                  seqs: np.ndarray, how: np.ndarray) -> None:
@@ -389,6 +425,9 @@ class Verifier:
 
 
 _NO_PAIRS = np.empty(0, dtype=np.int64)
+# past this many changed rows a pass over the pairs costs less than look-ups
+# (`_DirtyPairs`, and the one-call verification's `too_many`)
+LOOKUP_MAX_ROWS = 4096
 _NO_VERDICTS = np.empty(0, dtype=bool)
 # from this many sequences to recheck (and after a clear), `NEW` ones are rechecked as
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
@@ -408,7 +447,7 @@ class _DirtyPairs:
     pairs them all (`_changed`, the rare case: a changed pair at or before a kept
     tail). `rep_scan`: the scan's `_rep_dirty`, once some sequence needs it."""
 
-    LOOKUP_MAX_ROWS = 4096
+    LOOKUP_MAX_ROWS = LOOKUP_MAX_ROWS
 
     def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
                  pdirty: list[np.ndarray]) -> None:
