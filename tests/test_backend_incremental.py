@@ -249,11 +249,13 @@ def test_one_step_twins_agree_and_reach_every_stage(monkeypatch) -> None:
     module's `write_rows`, `scatter_singles` and `recheck_one` in turn, each held to
     its numba twin elsewhere) gives from a copy of the same state: the same answer,
     and every array either writes the same, bit for bit. The calls reach a scatter
-    whose verification hands back (a look-up or a scan) and all three parts; the
-    other stages are test_backend_kernels.py's, by hand."""
+    whose verification hands back (a look-up or a scan), all three parts, and the
+    write and verification of a plan that stands (no scatter); the other stages are
+    test_backend_kernels.py's, by hand."""
     from kpool_cli.backend import guards, kernels, reference
 
     reached: list[int] = []
+    stood = [0]  # the calls of a plan that stands: no scatter
     real = kernels.one_step
 
     def twinned(*args):  # type: ignore[no-untyped-def]
@@ -263,6 +265,7 @@ def test_one_step_twins_agree_and_reach_every_stage(monkeypatch) -> None:
         assert (got is None) == (want is None)
         if got is not None:
             reached.append(got[0])
+            stood[0] += not args[-1]
             assert got[:3] == want[:3] and got[5:7] == want[5:7], (got, want)
             for x, y in (*zip(got[3:5], want[3:5], strict=True), (got[7], want[7])):
                 assert x.dtype == y.dtype and np.array_equal(x, y), (got, want)
@@ -275,7 +278,7 @@ def test_one_step_twins_agree_and_reach_every_stage(monkeypatch) -> None:
 
     _check_one_sequence_traces()
     seen = {stage: reached.count(stage) for stage in (guards.SCATTERED, guards.RECHECKED)}
-    assert min(seen.values()) > 100, seen
+    assert min(seen.values()) > 100 and stood[0] > 10, (seen, stood)
 
 
 def test_the_random_traces_reach_bad_pools() -> None:

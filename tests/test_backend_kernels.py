@@ -850,7 +850,8 @@ _ONE_STEP_ARGS = (
     "decode_kind", "key", "gate", "pooled", "slot_row", "key_gen", "pool_gen", "pool_of",
     "w_kind", "w_ubatch", "w_a", "w_b", "entry_rows", "rep", "order", "grows", "entry_pool",
     "pool_start", "pooled_kind", "padding_kind", "start", "n_bad", "kept", "known", "rep_pos",
-    "rep_rows", "kv_size", "lookup_max", "dirty_before", "pos", "keys", "pools", "row0")
+    "rep_rows", "kv_size", "lookup_max", "dirty_before", "pos", "keys", "pools", "row0",
+    "scatter")
 
 
 def test_one_step_stops_where_a_part_hands_back(monkeypatch) -> None:
@@ -859,9 +860,10 @@ def test_one_step_stops_where_a_part_hands_back(monkeypatch) -> None:
     short of a new slot are refused before anything is written (NO_ROOM, with the
     rows that would get one); a plan whose last group writes a row without a slot
     (the highest row, which the trace never wrote) stops after the write
-    (ROWS_WRITTEN: the rows' slots and keys written, no pooled row); the call itself
-    runs all three (RECHECKED). The twins give the same answers and leave the same
-    arrays."""
+    (ROWS_WRITTEN: the rows' slots and keys written, no pooled row); without its
+    scatter (a plan that stands) it writes and verifies alone (RECHECKED, no slot of
+    a group, no pooled row); the call itself runs all three (RECHECKED). The twins
+    give the same answers and leave the same arrays."""
     base = dict(zip(_ONE_STEP_ARGS, _a_one_step(monkeypatch), strict=True))
     n_handed = base["n_handed"]
     free_row = base["slot_of"].size - 1
@@ -878,6 +880,7 @@ def test_one_step_stops_where_a_part_hands_back(monkeypatch) -> None:
         "a row without a slot": ({"rep": _with(base["rep"], e, free_row),
                                   "grows": _with(base["grows"], last, free_row)},
                                  guards.ROWS_WRITTEN, guards.WROTE),
+        "no scatter": ({"scatter": False}, guards.RECHECKED, guards.WROTE),
     }
     for name, (changes, stage, why) in variants.items():
         outs = []
@@ -901,7 +904,9 @@ def test_one_step_stops_where_a_part_hands_back(monkeypatch) -> None:
                        for arg in _ONE_STEP_ARGS if isinstance(a[arg], np.ndarray)), name
         if name == "no room":
             assert got[2] == np.count_nonzero(base["slot_of"][base["rows"]] == 0) > 0
-        if name == "a row without a slot":  # written: the rows' slots and keys alone
+        if name == "no scatter":  # the plan stands: no group's slot, no pooled row
+            assert got[3].size == got[4].size == got[5] == 0
+        if name in ("a row without a slot", "no scatter"):  # the rows' slots and keys alone
             s = a["slot_of"][base["rows"]]
             assert (s > 0).all() and not np.array_equal(a["key"][s], base["key"][s])
             pooled = base["pooled"].copy()

@@ -346,12 +346,12 @@ class GuardedKernels:
                  pooled_kind: int, padding_kind: int, n_pools: int, n_bad: int, kept: int,
                  known: bool, rep_pos: np.ndarray, rep_rows: np.ndarray,
                  lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray, keys: np.ndarray,
-                 pools: np.ndarray, row0: int) -> tuple | None:
+                 pools: np.ndarray, row0: int, scatter: bool) -> tuple | None:
         """A ubatch of one sequence in one pass (`kernels.one_step`): `write_rows`,
-        `scatter_singles` and `recheck_one` in turn, at generations `gen + 1` and
-        `gen + 2` (the caller takes them: `SlotTable.next_gen`), the slot arrays grown
-        first when the write lacks the room and the slots the write handed out counted
-        (`handed_out`). Returns the kernel's answer (how far it went: `guards.py`), or
+        `scatter_singles` (when `scatter`) and `recheck_one` in turn, at generations
+        `gen + 1` and `gen + 2` (the caller takes them: `SlotTable.next_gen`), the slot
+        arrays grown first when the write lacks the room and the slots the write handed
+        out counted (`handed_out`). Returns the kernel's answer (how far it went: `guards.py`), or
         None, nothing done, where the parts must each run alone: an array numba's
         signature does not take (a type the general way's doors then name), or rows
         the pass does not take. The kernel checks the rows' distinctness and every
@@ -377,7 +377,7 @@ class GuardedKernels:
                                   entry_rows, rep, order, grows, entry_pool, pool_start,
                                   pooled_kind, padding_kind, start, n_bad_a, kept_a, known_a,
                                   rep_pos, rep_rows, t.kv_size, lookup_max, dirty_before, pos,
-                                  keys, pools, row0)
+                                  keys, pools, row0, scatter)
             except TypeError:  # numba's dispatch, before the kernel ran
                 return None
             if got is None or got[0] != WROTE_NOTHING or got[1] != NO_ROOM:

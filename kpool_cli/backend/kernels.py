@@ -1201,8 +1201,8 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
                    pool_of, w_kind, w_ubatch, w_a, w_b, out, entry_rows, rep, order, grows,
                    entry_pool, pool_start, pooled_kind, padding_kind, s_out, changed, start,
                    n_bad, kept, known, rep_pos, rep_rows, kv_size, lookup_max, dirty_before,
-                   pos, keys, pools, row0, cells, how, tail, ms, val, val_bits, w, bits, want,
-                   verdicts, got):  # pragma: no cover - compiled
+                   pos, keys, pools, row0, scatter, cells, how, tail, ms, val, val_bits, w,
+                   bits, want, verdicts, got):  # pragma: no cover - compiled
     n = rows.size
     for j in range(1, n):  # distinct, as `write_rows`' door asks them
         for i in range(j):
@@ -1217,14 +1217,17 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
     if why != WROTE:
         return WROTE_NOTHING
     handed = n_handed + at - min(at, free.size)  # `SlotTable.handed_out`
-    g, _why, n_changed, n_kept = _scatter_singles_in(
-        slot_of, slot_row, handed, key, gate, pooled, pooled_bits, pool_of, pool_gen, key_gen,
-        gen + 1, entry_rows, rep, order, grows, entry_pool, pool_start, n_ubatch, pooled_kind,
-        padding_kind, w_kind, w_ubatch, w_a, w_b, s_out, changed, ms, val, val_bits, w, bits)
-    if g >= 0:
-        return ROWS_WRITTEN
-    got[2] = n_changed
-    got[3] = n_kept
+    n_changed = 0
+    if scatter:
+        g, _why, n_changed, n_kept = _scatter_singles_in(
+            slot_of, slot_row, handed, key, gate, pooled, pooled_bits, pool_of, pool_gen,
+            key_gen, gen + 1, entry_rows, rep, order, grows, entry_pool, pool_start, n_ubatch,
+            pooled_kind, padding_kind, w_kind, w_ubatch, w_a, w_b, s_out, changed, ms, val,
+            val_bits, w, bits)
+        if g >= 0:
+            return ROWS_WRITTEN
+        got[2] = n_changed
+        got[3] = n_kept
     # the changed cells the verification reads: those before, the rows written (keys
     # and pooled rows), the rows the scatter changed (`Verifier.touch`, in any order:
     # the rule reads their least pair and their count)
@@ -1253,7 +1256,7 @@ _ONE_STEP_SIG = ("i8(u8, i8[::1], i8[::1], {}[::1], i8[::1], i8, i8, i8, i8, i1,
                  "i1[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], i8[::1], "
                  "i8[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], i8[::1], "
                  "i8[::1], b1[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], "
-                 "i8[::1], i8, i8[::1], i8[::1], i8[::1], i8[::1], f4[::1], i4[::1], "
+                 "i8[::1], i8, b1, i8[::1], i8[::1], i8[::1], i8[::1], f4[::1], i4[::1], "
                  "f4[:, ::1], i4[:, ::1], f4[::1], b1[::1], i8[::1])")
 # one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
 _one_step_i4 = kernel(_one_step_into, "_one_step_i4", _ONE_STEP_SIG.format("i4"))
@@ -1270,14 +1273,15 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
              pooled_kind: int, padding_kind: int, start: np.ndarray, n_bad: np.ndarray,
              kept: np.ndarray, known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
              kv_size: int, lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray,
-             keys: np.ndarray, pools: np.ndarray, row0: int) -> tuple | None:
+             keys: np.ndarray, pools: np.ndarray, row0: int, scatter: bool = True
+             ) -> tuple | None:
     """A ubatch of one sequence in one pass, where each of its three parts can: the
     decode's rows written (`write_rows`, at generation `gen`), the scatter of a plan of
     race groups of one entry each (`scatter_singles`, at `gen + 1`, with the slots the
-    write handed out), then the verification of the layout's one sequence (`recheck_one`,
-    its changed cells `dirty_before`, the rows written and the rows the scatter
-    changed). Each part runs as its own kernel runs it; the first that hands back (or
-    refuses) ends the pass, none of its writes made.
+    write handed out; not `scatter`: none, the plan standing), then the verification of
+    the layout's one sequence (`recheck_one`, its changed cells `dirty_before`, the rows
+    written and the rows the scatter changed). Each part runs as its own kernel runs
+    it; the first that hands back (or refuses) ends the pass, none of its writes made.
 
     Parameters
     ----------
@@ -1301,7 +1305,8 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
         `NOT_DISTINCT`), `ROWS_WRITTEN` (`at`: the rows that got a slot; the scatter
         refused or met a row without a slot), `SCATTERED` (also `slots`, `changed`,
         `n_kept`: `scatter_singles`' answer; the verification hands back) or
-        `RECHECKED` (also `way`, `verdicts`: `recheck_one`'s answer).
+        `RECHECKED` (also `way`, `verdicts`: `recheck_one`'s answer). Without
+        `scatter`, `slots` and `changed` are empty and `n_kept` 0.
     """
     n = rows.size
     if n > ONE_STEP_MAX_ROWS or (PARALLEL and n * key.shape[1] >= PARALLEL_MIN_KEYS):
@@ -1318,14 +1323,15 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
                    pool_gen, pool_of, w_kind, w_ubatch, w_a, w_b, np.empty(n, dtype=np.int64),
                    entry_rows, rep, order, grows, entry_pool, pool_start, pooled_kind,
                    padding_kind, s, changed, start, n_bad, kept, known, rep_pos, rep_rows,
-                   kv_size, lookup_max, dirty_before, pos, keys, pools, row0,
+                   kv_size, lookup_max, dirty_before, pos, keys, pools, row0, scatter,
                    np.empty(dirty_before.size + 2 * n + n_groups, dtype=np.int64),
                    np.empty(1, dtype=np.int64), np.empty(1, dtype=np.int64),
                    np.empty(kpool, dtype=np.int64), val, val.view(np.int32),
                    *_scratch(kpool, n_embd), np.empty(n_embd, dtype=np.float32), verdicts,
                    got)
     why, at, n_changed, n_kept, way = got.tolist()
-    return (int(reached), why, at, s if reached >= SCATTERED else s[:0], changed[:n_changed],
+    return (int(reached), why, at, s if reached >= SCATTERED and scatter else s[:0],
+            changed[:n_changed],
             n_kept, way, verdicts if reached == RECHECKED and way == NEW else verdicts[:0])
 
 

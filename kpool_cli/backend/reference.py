@@ -446,9 +446,10 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
              pooled_kind: int, padding_kind: int, start: np.ndarray, n_bad: np.ndarray,
              kept: np.ndarray, known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray,
              kv_size: int, lookup_max: int, dirty_before: np.ndarray, pos: np.ndarray,
-             keys: np.ndarray, pools: np.ndarray, row0: int) -> tuple | None:
-    """kernels.one_step: this module's `write_rows`, `scatter_singles` and `recheck_one`
-    in turn, the first that hands back or refuses ending the pass."""
+             keys: np.ndarray, pools: np.ndarray, row0: int, scatter: bool = True
+             ) -> tuple | None:
+    """kernels.one_step: this module's `write_rows`, `scatter_singles` (when `scatter`)
+    and `recheck_one` in turn, the first that hands back or refuses ending the pass."""
     n = rows.size
     if n > ONE_STEP_MAX_ROWS:
         return None
@@ -462,13 +463,15 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
     if why != WROTE:
         return WROTE_NOTHING, why, at, no, no, 0, NONE, np.zeros(0, dtype=np.bool_)
     handed = n_handed + at - min(at, free.size)
-    try:
-        got = scatter_singles(slot_of, slot_row, handed, key, gate, pooled, pool_of, pool_gen,
-                              key_gen, gen + 1, entry_rows, rep, order, grows, entry_pool,
-                              pool_start, n_ubatch, pooled_kind, padding_kind, w_kind,
-                              w_ubatch, w_a, w_b)
-    except (IndexError, ValueError):
-        got = None
+    got: tuple | None = (no, no, 0)
+    if scatter:
+        try:
+            got = scatter_singles(slot_of, slot_row, handed, key, gate, pooled, pool_of,
+                                  pool_gen, key_gen, gen + 1, entry_rows, rep, order, grows,
+                                  entry_pool, pool_start, n_ubatch, pooled_kind,
+                                  padding_kind, w_kind, w_ubatch, w_a, w_b)
+        except (IndexError, ValueError):
+            got = None
     if got is None:
         return ROWS_WRITTEN, why, at, no, no, 0, NONE, np.zeros(0, dtype=np.bool_)
     s, changed, n_kept = got

@@ -25,11 +25,12 @@ written since, keeps every entry without asking (`_Standing`).
 
 A ubatch of one sequence (every step of one slot) hands its write in with its plan
 (`run_ubatch(ctx, written)`: nothing reads the values between the cells' write and
-the plan) and, where its plan is race groups of one entry each that no standing plan
-keeps, runs the write, the scatter and the verification in one kernel call
-(`_one_step`, `GuardedKernels.one_step`); each part that call ran is told to the
-parts that keep track as its own call tells them, and the parts it handed back run
-as they always do.
+the plan) and, where its plan is race groups of one entry each, runs the write, the
+scatter and the verification in one kernel call (`_one_step`,
+`GuardedKernels.one_step`; the write and the verification alone where the plan
+stands: rep-once's steps that close no pool); each part that call ran is told to
+the parts that keep track as its own call tells them, and the parts it handed back
+run as they always do.
 
 Invariants:
 - the stored state is a function of the trace alone: the scatter picks one writer
@@ -540,8 +541,10 @@ class ValueBackend:
         (`GuardedKernels.one_step`), where the ubatch is what that call takes: a
         layout and cache of one sequence and one stream whose one-call verification
         may answer (`Verifier.one_open`), a plan of race groups of one entry each
-        that no standing plan keeps or vouches for (`_Standing.is_plan`,
-        `may_vouch`: `_scatter`'s `singles`, decided before the write). Each part
+        that no standing plan vouches for (`_Standing.may_vouch`: `_scatter`'s
+        `singles`, decided before the write), or the plan that stands, none of its
+        rows touched, the write's included (then the call scatters nothing:
+        `_stood`). Each part
         the call ran is told to the parts that keep track, in the order and the
         words of `write_rows`, `_scatter` and `verify`. Returns how far the call went
         (`guards.py`: `WROTE_NOTHING` for a ubatch it does not take) and, when it
@@ -555,14 +558,21 @@ class ValueBackend:
         pool_start = layout.pool_start()
         arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, ctx.order, ctx.starts,
                   ctx.rows, pool_start)
-        if standing.is_plan(arrays) or standing.may_vouch(layout, change, plan.entry_pool):
+        if standing.may_vouch(layout, change, plan.entry_pool):
             return WROTE_NOTHING, None
+        kept_slots = None
+        if standing.is_plan(arrays):
+            # `_standing_slots`, asked before the write: what it touches, it counts
+            kept_slots = standing.slots(arrays, lambda: verifier.touched_with(rows))
+            if kept_slots is None:
+                return WROTE_NOTHING, None
         n_pools, n_bad, kept, known, rep_pos, rep_rows, before, pos, keys, pools, row0 = \
             verifier.one_args(layout, change, cache, True)
         got = self.kernels.one_step(
             rows, key_ids, writers.n_ubatch, DECODE_ZERO, plan.entry_rows, plan.entry_rep,
             ctx.order, ctx.rows, plan.entry_pool, pool_start, POOLED, PADDING, n_pools, n_bad,
-            kept, known, rep_pos, rep_rows, LOOKUP_MAX_ROWS, before, pos, keys, pools, row0)
+            kept, known, rep_pos, rep_rows, LOOKUP_MAX_ROWS, before, pos, keys, pools, row0,
+            kept_slots is None)
         if got is None or got[0] == WROTE_NOTHING:
             return WROTE_NOTHING, None
         reached, _why, _at, slots, changed, n_kept, way, verdicts = got
@@ -572,18 +582,21 @@ class ValueBackend:
         verifier.touch(rows, True, True)
         if reached == ROWS_WRITTEN:
             return reached, None
-        # `_scatter`'s singles, after their kernel
-        standing.clear()
-        t.next_gen()
-        self.pools_kept += n_kept
-        verifier.touch(ctx.rows[changed], False, True)
-        verifier.scattered()
-        every = ((change.serial, pool_start) if layout.is_every_pool(plan.entry_pool)
-                 else None)
-        standing.set(arrays, plan.entry_rows, plan.entry_rep, slots, every)
+        if kept_slots is not None:  # `_scatter` of the plan that stands
+            equal = self._stood(change, kept_slots, n)
+        else:  # `_scatter`'s singles, after their kernel
+            standing.clear()
+            t.next_gen()
+            self.pools_kept += n_kept
+            verifier.touch(ctx.rows[changed], False, True)
+            verifier.scattered()
+            every = ((change.serial, pool_start) if layout.is_every_pool(plan.entry_pool)
+                     else None)
+            standing.set(arrays, plan.entry_rows, plan.entry_rep, slots, every)
+            equal = self._all_equal(n)
         if reached == RECHECKED:
             verifier.verified_one(layout, change, way, verdicts)
-        return reached, self._all_equal(n)
+        return reached, equal
 
     # -- pool and scatter (ENGINE.md §1 step 4) ----------------------------------------------
 
@@ -622,15 +635,7 @@ class ValueBackend:
         standing = self._standing
         kept_slots = self._standing_slots(arrays) if n else None
         if kept_slots is not None:
-            # every entry keeps its pooling (`_Standing`): what the pass below would do,
-            # which changes no row (so it tells the verifier of none)
-            t.next_gen()
-            standing.stood(ctx.change)
-            self.pools_kept += n
-            self.ubatches_standing += 1
-            writers.wrote_again(kept_slots)
-            self.verifier.scattered()
-            return self._all_equal(rows.size)
+            return self._stood(ctx.change, kept_slots, n, rows.size)
         # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
         # cache-safe); the pass refuses groups that are not the race groups of `rep`
         # before anything is written
@@ -738,6 +743,21 @@ class ValueBackend:
         equal_groups = np.ones(rows.size, dtype=bool)
         equal_groups[unequal] = False
         return equal_groups
+
+    def _stood(self, change: LayoutChange, kept_slots: np.ndarray, n: int,
+               n_groups: int | None = None) -> np.ndarray:
+        """A scatter of the standing plan's n entries (`_Standing`), after the update
+        `change`, which keeps every entry: what the pass would do, which changes no row
+        (so it tells the verifier of none); its race groups' rows' slots `kept_slots`
+        written again by their writers. Returns `_all_equal` of its groups (n_groups,
+        n where None)."""
+        self.slots.next_gen()
+        self._standing.stood(change)
+        self.pools_kept += n
+        self.ubatches_standing += 1
+        self.writers.wrote_again(kept_slots)
+        self.verifier.scattered()
+        return self._all_equal(n if n_groups is None else n_groups)
 
     def _scatter_singles(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                          rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray

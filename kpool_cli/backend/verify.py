@@ -131,6 +131,11 @@ class Verifier:
         rows = self._since_scatter
         return np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
 
+    def touched_with(self, rows: np.ndarray) -> np.ndarray | None:
+        """`touched` as it will be once `rows` are touched too (a write not yet made)."""
+        got = self.touched()
+        return None if got is None else np.concatenate((got, rows))
+
     # -- verification (only what changed) -----------------------------------------------------
 
     def differ(self, members: np.ndarray, reps: np.ndarray) -> np.ndarray:
