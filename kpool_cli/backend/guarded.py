@@ -351,11 +351,12 @@ class GuardedKernels:
         `scatter_singles` (when `scatter`) and `recheck_one` in turn, at generations
         `gen + 1` and `gen + 2` (the caller takes them: `SlotTable.next_gen`), the slot
         arrays grown first when the write lacks the room and the slots the write handed
-        out counted (`handed_out`). Returns the kernel's answer (how far it went: `guards.py`), or
-        None, nothing done, where the parts must each run alone: an array numba's
-        signature does not take (a type the general way's doors then name), or rows
-        the pass does not take. The kernel checks the rows' distinctness and every
-        index as each part's kernel does, before that part's first write."""
+        out counted (`handed_out`). Returns the kernel's answer (how far it went:
+        `guards.py`), or None, nothing done, where the parts must each run alone:
+        shapes that do not agree or an array numba's signature does not take (the
+        general way's doors then name the fault), or rows the pass does not take. The
+        kernel checks the rows' distinctness and every index as each part's kernel
+        does, before that part's first write."""
         where = "one step"
         t = self.slots
         if (key_ids.shape != rows.shape or entry_rows.shape != (rep.size, self.kpool)
