@@ -1330,9 +1330,9 @@ def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: n
                    *_scratch(kpool, n_embd), np.empty(n_embd, dtype=np.float32), verdicts,
                    got)
     why, at, n_changed, n_kept, way = got.tolist()
-    return (int(reached), why, at, s if reached >= SCATTERED and scatter else s[:0],
-            changed[:n_changed],
-            n_kept, way, verdicts if reached == RECHECKED and way == NEW else verdicts[:0])
+    slots = s if reached >= SCATTERED and scatter else s[:0]
+    return (int(reached), why, at, slots, changed[:n_changed], n_kept, way,
+            verdicts if reached == RECHECKED and way == NEW else verdicts[:0])
 
 
 def recheck_ways(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
