@@ -1332,6 +1332,43 @@ def test_a_scatter_of_single_entry_groups_is_one_call_and_changes_no_report(
     assert _json_reports(traces, backend) == fast
 
 
+def test_one_step_grows_the_slot_arrays_and_changes_no_report(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """`GuardedKernels.one_step`: a one-sequence decode whose write lacks the room
+    (the slot arrays hold `SLOTS_MIN`, 64, slots at first) is answered NO_ROOM with
+    nothing written, and the door grows the arrays and calls again. A 60-token
+    prefill, then 30 one-token decodes, each a ubatch the one call takes: the kernel
+    answers NO_ROOM at least once, every call but those ends having scattered (on the
+    default core of so short a trace, the reference one, the verification then hands
+    back: its layout never knows its pairs equal the cache's), and the JSON reports
+    under both engines equal those with the one-call door shut."""
+    from kpool_cli.backend.guarded import GuardedKernels
+
+    decodes = "\n".join(f"  - decode: {{seq: 0, pos: {p}}}" for p in range(60, 90))
+    trace = tmp_path / "growth.yaml"
+    trace.write_text("kpool_trace: 1\nname: one-step-growth\n"
+                     "cache: {kv_size: 128, kpool: 4, n_ubatch: 64, n_embd: 8}\n"
+                     f"ops:\n  - decode: {{seq: 0, pos: 0..60}}\n{decodes}\n")
+    answers: list[tuple[int, int]] = []
+    real = kernels.one_step
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        got = real(*args)
+        if got is not None:
+            answers.append((got[0], got[1]))
+        return got
+
+    monkeypatch.setattr(kernels, "one_step", counted)
+    fast = _json_reports([trace], "numba")
+    grown = answers.count((guards.WROTE_NOTHING, guards.NO_ROOM))
+    assert grown >= 1, answers
+    # each ubatch (the prefill's, 60 rows, and the 30 decodes') once a call, both engines
+    assert len(answers) - grown == 2 * 31
+    assert all(stage >= guards.SCATTERED for stage, _ in answers if stage != 0), answers
+    monkeypatch.setattr(GuardedKernels, "one_step", lambda self, *args: None)
+    assert _json_reports([trace], "numba") == fast
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_verification_reads_its_rows_in_the_kernel_and_changes_no_report(
         backend: str, monkeypatch) -> None:
