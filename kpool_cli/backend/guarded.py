@@ -330,11 +330,8 @@ class GuardedKernels:
         _one_d(where, ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
                ("cells", cells, I64), ("positions", pos, I64), ("pairs", keys, I64),
                ("pools' first pairs", pools, I64))
-        if min(n_pools, n_bad, kept) < 0:
-            raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
-                            "pools", where, "kept pools")
-        start, n_bad_a, kept_a, known_a = self._one
-        start[1], n_bad_a[0], kept_a[0], known_a[0] = n_pools, n_bad, kept, known
+        start, n_bad_a, kept_a, known_a = self._one_sequence(where, n_pools, n_bad, kept,
+                                                             known)
         return self._timed(where, self.k.recheck_one, start, n_bad_a, kept_a, known_a,
                            rep_pos, rep_rows, t.kv_size, dirty, too_many, cells, pos, keys,
                            pools, row0, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
@@ -362,11 +359,8 @@ class GuardedKernels:
         if (key_ids.shape != rows.shape or entry_rows.shape != (rep.size, self.kpool)
                 or entry_pool.shape != rep.shape):
             return None  # shapes that do not agree: the general way's doors say which
-        if min(n_pools, n_bad, kept) < 0:
-            raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
-                            "pools", where, "kept pools")
-        start, n_bad_a, kept_a, known_a = self._one
-        start[1], n_bad_a[0], kept_a[0], known_a[0] = n_pools, n_bad, kept, known
+        start, n_bad_a, kept_a, known_a = self._one_sequence(where, n_pools, n_bad, kept,
+                                                             known)
         while True:
             t.check_tables(where)
             t.check_generations(where)
@@ -387,6 +381,18 @@ class GuardedKernels:
         if got is not None and got[0] != WROTE_NOTHING:
             t.handed_out(got[2])
         return got
+
+    def _one_sequence(self, where: str, n_pools: int, n_bad: int, kept: int, known: bool
+                      ) -> tuple[np.ndarray, ...]:
+        """The one sequence's counts as the kernels read them, in this door's own
+        arrays (`_one`): its pool starts [0, n_pools], its kept verdicts, its kept
+        pools, whether it is known equal. A negative count is PlanError."""
+        if min(n_pools, n_bad, kept) < 0:
+            raise PlanError(f"{where}: {n_pools} pools, {n_bad} kept verdicts and {kept} kept "
+                            "pools", where, "kept pools")
+        start, n_bad_a, kept_a, known_a = self._one
+        start[1], n_bad_a[0], kept_a[0], known_a[0] = n_pools, n_bad, kept, known
+        return self._one
 
     def least_pair(self, cells: np.ndarray, pos: np.ndarray) -> int:
         """The least pair of a stream's cells `cells` (their positions `pos`). The

@@ -115,6 +115,9 @@ NOT_DISTINCT = 5
 # how far `one_step` (both twins) went: each stage's writes stand, none of the next
 # one's were made (the caller runs the rest the general way)
 WROTE_NOTHING, ROWS_WRITTEN, SCATTERED, RECHECKED = range(4)
+# `one_step` (both twins) takes no more rows than this (it asks them distinct pair by
+# pair)
+ONE_STEP_MAX_ROWS = 64
 
 
 def group_refusal(g: int, why: int) -> Exception:

@@ -75,6 +75,7 @@ from .guards import (
     NO_SLOT,
     NOT_DISTINCT,
     NOT_RACE_GROUPS,
+    ONE_STEP_MAX_ROWS,
     OUTSIDE,
     RECHECKED,
     ROW_OUTSIDE,
@@ -1191,9 +1192,6 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
 _write_rows_in = inner(_write_rows_into)
 _scatter_singles_in = inner(_scatter_singles_into)
 _recheck_one_in = inner(_recheck_one_into)
-
-# `one_step` asks no more rows than this to be distinct, pair by pair
-ONE_STEP_MAX_ROWS = 64
 
 
 def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen, n_ubatch,

@@ -26,6 +26,7 @@ from .guards import (
     NO_ROOM,
     NOT_DISTINCT,
     NOT_RACE_GROUPS,
+    ONE_STEP_MAX_ROWS,
     OUTSIDE,
     RECHECKED,
     ROW_OUTSIDE,
@@ -431,9 +432,6 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
                            members, rep_rows[ks])
     return None if verdicts is None else (way, verdicts)
 
-
-# as kernels.ONE_STEP_MAX_ROWS
-ONE_STEP_MAX_ROWS = 64
 
 
 def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,

@@ -435,6 +435,11 @@ class ValueBackend:
                                 "key id")
         self.slots.next_gen()
         self.kernels.write_rows(rows, key_ids, self.writers.n_ubatch, DECODE_ZERO)
+        self._wrote(rows)
+
+    def _wrote(self, rows: np.ndarray) -> None:
+        """A decode's `rows` were written (keys, gates, zeroed pooled rows, the
+        writer): their racing writers go, and the verifier is told."""
         self.writers.drop_raced(rows)
         self.verifier.touch(rows, True, True)
 
@@ -517,10 +522,11 @@ class ValueBackend:
         verification in one kernel call where each can; what that call hands back
         runs here as it always does."""
         # how far the one call went (`guards.py`): the rest runs here
-        reached, equal = (self._one_step(ctx, *written) if written is not None
-                          else (ROWS_WRITTEN, None))
-        if reached == WROTE_NOTHING:
-            self.write_rows(*written)  # type: ignore[misc]
+        reached, equal = ROWS_WRITTEN, None
+        if written is not None:
+            reached, equal = self._one_step(ctx, *written)
+            if reached == WROTE_NOTHING:
+                self.write_rows(*written)
         if equal is None:
             equal = self._scatter(ctx)
         if reached != RECHECKED:
@@ -579,7 +585,7 @@ class ValueBackend:
         t = self.slots
         # `write_rows`, after its kernel (the slots handed out are counted: the door)
         t.next_gen()
-        verifier.touch(rows, True, True)
+        self._wrote(rows)
         if reached == ROWS_WRITTEN:
             return reached, None
         if kept_slots is not None:  # `_scatter` of the plan that stands
@@ -587,13 +593,9 @@ class ValueBackend:
         else:  # `_scatter`'s singles, after their kernel
             standing.clear()
             t.next_gen()
-            self.pools_kept += n_kept
-            verifier.touch(ctx.rows[changed], False, True)
-            verifier.scattered()
-            every = ((change.serial, pool_start) if layout.is_every_pool(plan.entry_pool)
-                     else None)
-            standing.set(arrays, plan.entry_rows, plan.entry_rep, slots, every)
-            equal = self._all_equal(n)
+            equal = self._singles_scattered(arrays, plan.entry_rows, plan.entry_rep, slots,
+                                            ctx.rows[changed], n_kept,
+                                            self._every(layout, change, plan.entry_pool))
         if reached == RECHECKED:
             verifier.verified_one(layout, change, way, verdicts)
         return reached, equal
@@ -661,9 +663,7 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
-        # what a plan that stands keeps of a re-pool-all plan (`_Standing.set`)
-        every = ((ctx.change.serial, layout.pool_start())
-                 if layout.is_every_pool(plan.entry_pool) else None)
+        every = self._every(layout, ctx.change, plan.entry_pool)
         if singles:
             got = self._scatter_singles(entry_rows, rep, order, rows, plan.entry_pool,
                                         layout.pool_start())
@@ -671,11 +671,8 @@ class ValueBackend:
                 # what the pass below does after its writes, for groups none of which
                 # races, of a scatter that handed out no slot: the plan stands
                 s, wrote_new, n_kept = got
-                self.pools_kept += n_kept
-                self.verifier.touch(rows[wrote_new], False, True)
-                self.verifier.scattered()
-                standing.set(arrays, entry_rows, rep, s, every, new)
-                return self._all_equal(rows.size)
+                return self._singles_scattered(arrays, entry_rows, rep, s, rows[wrote_new],
+                                               n_kept, every, new)
             # a group's row is a zero row, whose slot `own` hands out: the pass below
             todo, ents, keep, n_kept = self._fresh(entry_rows, rep, order, starts, rows,
                                                    grown)
@@ -758,6 +755,29 @@ class ValueBackend:
         self.writers.wrote_again(kept_slots)
         self.verifier.scattered()
         return self._all_equal(n if n_groups is None else n_groups)
+
+    @staticmethod
+    def _every(layout: Layout, change: LayoutChange, entry_pool: np.ndarray
+               ) -> tuple[int, np.ndarray] | None:
+        """What a plan that stands keeps of a re-pool-all plan (`_Standing.set`): the
+        update's serial and the layout's pool starts, when the plan of `entry_pool` is
+        every pool of `layout`; else None."""
+        return ((change.serial, layout.pool_start()) if layout.is_every_pool(entry_pool)
+                else None)
+
+    def _singles_scattered(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray,
+                           rep: np.ndarray, slots: np.ndarray, changed_rows: np.ndarray,
+                           n_kept: int, every: tuple[int, np.ndarray] | None,
+                           new: np.ndarray | None = None) -> np.ndarray:
+        """After the pass of a scatter of race groups of one entry each (`singles`),
+        none racing, which handed out no slot: the entries kept counted, the rows whose
+        bits changed told to the verifier, and the plan stands (`_Standing.set`).
+        Returns `_all_equal` of its groups (one a slot of `slots`)."""
+        self.pools_kept += n_kept
+        self.verifier.touch(changed_rows, False, True)
+        self.verifier.scattered()
+        self._standing.set(arrays, entry_rows, rep, slots, every, new)
+        return self._all_equal(slots.size)
 
     def _scatter_singles(self, entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                          rows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray

@@ -96,7 +96,7 @@ class Verifier:
         a verification looks up (at most `LOOKUP_MAX_ROWS` rows in both lists, each
         held by up to every sequence)."""
         return (config.n_rows * cls.ROW_BYTES + 8 * 8 * reach.decode_tokens
-                + 8 * _DirtyPairs.LOOKUP_MAX_ROWS * config.n_seq_max)
+                + 8 * LOOKUP_MAX_ROWS * config.n_seq_max)
 
     def bytes_held(self) -> int:
         """Bytes of the masks (the dirty-row lists of one ubatch not counted)."""
@@ -317,7 +317,7 @@ class Verifier:
         n, n_bad, kept, known, rep_pos, rep_rows, cells, pos, keys, pools, row0 = \
             self.one_args(layout, change, cache, dirty)
         got = self.kernels.recheck_one(n, n_bad, kept, known, rep_pos, rep_rows, dirty,
-                                       cells.size > _DirtyPairs.LOOKUP_MAX_ROWS, cells, pos,
+                                       cells.size > LOOKUP_MAX_ROWS, cells, pos,
                                        keys, pools, row0)
         if got is None:
             return False
@@ -452,14 +452,12 @@ class _DirtyPairs:
     pairs them all (`_changed`, the rare case: a changed pair at or before a kept
     tail). `rep_scan`: the scan's `_rep_dirty`, once some sequence needs it."""
 
-    LOOKUP_MAX_ROWS = LOOKUP_MAX_ROWS
-
     def __init__(self, cache: KvCache, kernels: GuardedKernels, kdirty: list[np.ndarray],
                  pdirty: list[np.ndarray]) -> None:
         self.cache, self.kernels, self.kdirty, self.pdirty = cache, kernels, kdirty, pdirty
         # past this many changed rows a pass over the pairs costs less than look-ups
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
-                         > self.LOOKUP_MAX_ROWS)
+                         > LOOKUP_MAX_ROWS)
         # a decode's rows are touched as keys and as pooled rows alike: the same lists
         self._same = len(kdirty) == len(pdirty) and all(
             a is b for a, b in zip(kdirty, pdirty, strict=True))
