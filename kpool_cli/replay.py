@@ -189,15 +189,16 @@ def core_of(name: str) -> Core:
         from .compiled.cache import CompiledKvCache
         from .compiled.layout import CompiledLayout
 
-        padding = cm.Padding()  # one a replay: both ways of planning keep its rows
+        # one a replay: both ways of planning keep its rows and its entries
+        padding, alone = cm.Padding(), SameArrays(padding_entries)
         return Core(name, CompiledKvCache,
                     lambda c: CompiledLayout(c.n_seq_max, c.kpool, c.by_order, c.kv_size,
                                              c.n_rows),
                     cm.mark, partial(build_plan, padding=padding, visibility=cm.visible,
-                                     padding_alone=SameArrays(padding_entries)),
+                                     padding_alone=alone),
                     lambda c: cm.GrowingGroups(c.n_rows), cm.raced_writers, cr.pool_spans,
                     cr.scatter_spans, cr.EverySpans(),
-                    partial(cm.mark_and_plan, padding=padding))
+                    partial(cm.mark_and_plan, padding=padding, padding_alone=alone))
     raise ValueError(f"unknown core {name!r} (one of {', '.join(CORES)})")
 
 
@@ -515,7 +516,7 @@ class Replayer:
                      cfg.n_seq_max, repool_all)  # n_new_graph's, after n_new
             stale_from = stale_batch if first else None
             both = None if self.core.mark_and_plan is None else self.core.mark_and_plan(
-                layout, pos, seqs, pl.cells, stale_from, repool_all=repool_all,
+                layout, change, pos, seqs, pl.cells, stale_from, repool_all=repool_all,
                 once_per_rep=v.mark_once_per_rep, padding_policy=v.padding,
                 g_floor=n_new_graph(0, *graph), n_rows=cfg.n_rows)
             marking, plan = both or (self.core.mark(

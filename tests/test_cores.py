@@ -501,25 +501,52 @@ def test_one_call_for_marking_and_plan_changes_no_report(monkeypatch) -> None:
     sequence by position under an engine whose padding takes rows of its own, and
     marks and plans apart otherwise. With it answering None throughout, the compiled
     core's JSON reports of these traces, under both engines and with the numba value
-    backend, are byte-identical."""
+    backend, are byte-identical. prefill-decode's six decodes of one slot that close
+    no pool and clear's one are plans of padding alone it makes (seven a version)."""
     from kpool_cli.compiled import marking as cm
 
     traces = [ROOT / "traces" / f"{name}.yaml" for name in (
         "shared-prefix-race", "partial-copy", "non-unified", "mtp3-speculative",
-        "server-session", "state-restore", "seq-add-drift")]
-    planned = {"both": 0}
+        "server-session", "state-restore", "seq-add-drift", "prefill-decode", "clear")]
+    planned = {"both": 0, "padding alone": 0}
     both = cm.mark_and_plan
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         got = both(*args, **kwargs)
         planned["both"] += got is not None and got[1] is not None
+        planned["padding alone"] += got is not None and got[1] is not None and not got[0].n_new
         return got
 
     monkeypatch.setattr(cm, "mark_and_plan", counted)
     one_call = _compiled_reports(traces)
-    assert planned["both"] > 20, planned
+    assert planned["both"] > 20 and planned["padding alone"] >= 14, planned
     monkeypatch.setattr(cm, "mark_and_plan", lambda *args, **kwargs: None)
     assert _compiled_reports(traces) == one_call
+
+
+def test_a_held_plan_gives_pool_cells_when_asked_until_the_next_update() -> None:
+    """compiled/marking.py `mark_and_plan` of a ubatch whose sequence holds every pool
+    (mtp3-speculative's drafts, one slot) reads that sequence's rep rows in place and
+    leaves the layout's whole column unbuilt: its plan's `pool_cells` is that column,
+    built when a reader asks during the ubatch (KP004 would), and asking after the
+    layout's next update is kpool's bug (AssertionError), not a stale column."""
+    from kpool_cli.replay import Replayer
+    from kpool_cli.trace.load import load_trace
+
+    held = []
+
+    def observe(rec, ctx) -> None:  # type: ignore[no-untyped-def]
+        plan = ctx.plan
+        if plan is not None and not isinstance(plan.cells, np.ndarray):
+            assert ctx.layout._pool_cells is None  # not built by the plan
+            assert plan.pool_cells.tolist() == ctx.layout.pool_cells().tolist()
+            held.append(plan)
+
+    t = load_trace(ROOT / "traces/mtp3-speculative.yaml")
+    list(Replayer(t, VERSIONS["rep-once"], observer=observe, core="compiled").run())
+    assert len(held) > 5
+    with pytest.raises(AssertionError, match="after the next update"):
+        held[0].pool_cells  # noqa: B018
 
 
 def test_race_groups_kernel_groups_as_the_context_does() -> None:
@@ -689,6 +716,24 @@ def test_race_groups_grow_only_from_the_plan_the_growth_names() -> None:
         assert got.raced_kept is not between  # grown from A (raced row 7 kept), or sorted
 
 
+def _padding_passes(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """The rows asked of each pass of `kernels.padding_rows` from now on. The kernel
+    is loaded first: a first-call stub puts the kernel in its module, over the
+    counter (so alone, as the first test to pad, a test counted one pass more)."""
+    from kpool_cli.compiled import kernels as k
+
+    k.padding_rows(np.zeros(1, dtype=np.int64), 0, 8, np.empty(0, dtype=np.int64),
+                   np.zeros(1, dtype=bool))
+    kernel, passes = k.padding_rows, []
+
+    def counted(*args):  # type: ignore[no-untyped-def]
+        passes.append(args[1])
+        return kernel(*args)
+
+    monkeypatch.setattr(k, "padding_rows", counted)
+    return passes
+
+
 def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
     """engine/scatter.py `padding_rows` (ENGINE.md §7): the smallest rows that are no
     pool's rep. Reps 3, 0, 6, 1 of a cache of 8 rows: free rows 2, 4, 5, 7. Two pads:
@@ -699,21 +744,9 @@ def test_padding_keeps_its_rows_while_the_rep_rows_stand(monkeypatch) -> None:
     0, 2: free 1, 3, 4, 5, 6): 1, 3. A pass finds as many rows as the most asked so
     far (five, from the fourth call on)."""
     from kpool_cli.cache.aborts import EngineAbort
-    from kpool_cli.compiled import kernels as k
     from kpool_cli.compiled.marking import Padding
 
-    passes = []
-    # the kernel loaded first: a first-call stub puts the kernel in its module, over
-    # the counter (so alone, as the first test to pad, this one counted one pass)
-    k.padding_rows(np.zeros(1, dtype=np.int64), 0, 8, np.empty(0, dtype=np.int64),
-                   np.zeros(1, dtype=bool))
-    kernel = k.padding_rows
-
-    def counted(*args):  # type: ignore[no-untyped-def]
-        passes.append(args[1])
-        return kernel(*args)
-
-    monkeypatch.setattr(k, "padding_rows", counted)
+    passes = _padding_passes(monkeypatch)
     pad = Padding()
     cells = np.array([3, 0, 6, 1], dtype=np.int64)
     assert pad(cells, 2, 8, False)[0].tolist() == [2, 4]
@@ -774,6 +807,93 @@ def test_padding_equals_the_reference_over_calls_that_keep_and_pass() -> None:
         assert answer(pad, cells, n_pad, n_rows) == want, (cells.size, n_pad, n_rows)
         aborts += want == "abort"
     assert 0 < aborts < 3000
+
+
+def _change(kept: int, serial: int):  # type: ignore[no-untyped-def]
+    """A one-sequence layout update that kept `kept` pools (engine/layout.py)."""
+    from kpool_cli.engine.layout import LayoutChange
+
+    return LayoutChange((kept,), frozenset({0}), frozenset({0}), 0, serial)
+
+
+def test_padding_held_keeps_its_rows_while_the_reps_below_them_stand(monkeypatch) -> None:
+    """`Padding` held (one sequence holds every pool; its rep rows a new array each
+    call): the rows kept serve while the rep rows at or below the greatest of them are
+    the same set after each update, judged from the pools the update did not keep,
+    without a pass. By hand, n_rows 32, 3 rows a call:
+    reps 3, 7, 11, 15 leave 0, 1, 2 (a pass); the update keeps 3 pools and pool 3's
+    rep moves to 19: none at or below 2 changed, no pass; kept 1, reps 3, 1, 9: row 1
+    is a rep now, a pass gives 0, 2, 4; kept 3, reps 3, 1, 9, 4 (a new pool on row 4,
+    a kept row): a pass gives 0, 2, 5; kept 1, reps 3, 6 (rows 1 and 4 freed, 6 past
+    5): a pass gives 0, 1, 2; kept 2 and a new rep past the bound, no pass; an
+    update skipped (serial 8 after 6): a pass, though nothing below changed; a call
+    that is not held (another array, build_plan's) and then a held one: passes; rows
+    that run out below the cache's end: a pass each call."""
+    from kpool_cli.compiled.marking import Padding
+    from kpool_cli.engine.scatter import padding_rows
+
+    passes = _padding_passes(monkeypatch)
+    pad = Padding()
+
+    def rows(reps: list[int], kept: int, serial: int) -> list[int]:
+        cells = np.array(reps, dtype=np.int64)
+        got = pad.up_to(cells, 3, 32, (_change(kept, serial), 0)).tolist()
+        assert got == padding_rows(cells, 3, 32, False)[0].tolist()  # the reference's
+        return got
+
+    assert rows([3, 7, 11, 15], 0, 1) == [0, 1, 2] and len(passes) == 1
+    assert rows([3, 7, 11, 19], 3, 2) == [0, 1, 2] and len(passes) == 1
+    assert rows([3, 1, 9], 1, 3) == [0, 2, 4] and len(passes) == 2
+    assert rows([3, 1, 9, 4], 3, 4) == [0, 2, 5] and len(passes) == 3
+    assert rows([3, 6], 1, 5) == [0, 1, 2] and len(passes) == 4
+    assert rows([3, 6, 40], 2, 6) == [0, 1, 2] and len(passes) == 4
+    assert rows([3, 6, 40], 3, 8) == [0, 1, 2] and len(passes) == 5
+    assert pad(np.array([3, 6, 40], dtype=np.int64), 3, 32, False)[0].tolist() == [0, 1, 2]
+    assert len(passes) == 6
+    assert rows([3, 6, 40], 3, 9) == [0, 1, 2] and len(passes) == 7
+    # below 2 rows, 0 and 1 of 3 are found; then row 1 is a rep: every row below the
+    # cache's end counts, so a pass (no bound from rows that were not found)
+    held = (_change(0, 10), 0)
+    assert pad.up_to(np.array([3, 7], dtype=np.int64), 3, 2, held).tolist() == [0, 1]
+    held = (_change(2, 11), 0)
+    assert pad.up_to(np.array([3, 7, 1], dtype=np.int64), 3, 2, held).tolist() == [0]
+    assert len(passes) == 9
+
+
+def test_padding_held_equals_the_reference_over_updates(monkeypatch) -> None:
+    """`Padding` held against engine/scatter.py `padding_rows` over 3,000 updates of one
+    sequence's rep rows drawn at random (pools past a random kept count replaced by
+    0-3 new ones, each on a random row, so rows below the kept padding rows are taken
+    and freed; one update in twenty skipped, one in twenty with another cache size,
+    now too small), the pads drawn too: the same rows, or the same GGML_ASSERT,
+    whether kept or passed for; most calls keep."""
+    from kpool_cli.cache.aborts import EngineAbort
+    from kpool_cli.compiled.marking import Padding
+    from kpool_cli.engine.scatter import padding_rows
+
+    passes = _padding_passes(monkeypatch)
+    rng = np.random.default_rng(29994)
+    pad = Padding()
+    reps = [int(r) for r in rng.choice(200, size=40, replace=False)]
+
+    def answer(pick, cells, n_pad, n_rows, *held):  # type: ignore[no-untyped-def]
+        try:
+            return pick(cells, n_pad, n_rows, False, *held)[0].tolist()
+        except EngineAbort:
+            return "abort"
+
+    serial, aborts = 0, 0
+    for _ in range(3000):
+        kept = int(rng.integers(max(len(reps) - 4, 0), len(reps) + 1))
+        reps = reps[:kept] + [int(r) for r in rng.integers(0, 120, size=int(rng.integers(4)))]
+        serial += 2 if rng.random() < 0.05 else 1
+        cells = np.array(reps, dtype=np.int64)
+        n_pad = int(rng.integers(1, 8))
+        n_rows = int(rng.choice([2, 400])) if rng.random() < 0.05 else 120
+        want = answer(padding_rows, cells, n_pad, n_rows)
+        assert answer(pad, cells, n_pad, n_rows, (_change(kept, serial), 0)) == want
+        aborts += want == "abort"
+    assert aborts > 0 and len(passes) < 1000, (aborts, len(passes))
 
 
 def test_compiled_cache_tells_the_sequences_a_step_only_appended_to() -> None:

@@ -17,7 +17,9 @@ and the grouping by sequence are the reference's own functions.
 
 from __future__ import annotations
 
+import bisect
 import weakref
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -25,9 +27,18 @@ from ..cache.aborts import EngineAbort
 from ..cache.batch import one_set
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
-from ..engine.layout import POS_CLEAN, Layout, PoolGrowth, by_sequence
-from ..engine.marking import Marking, stale_candidates, token_pairs
-from ..engine.scatter import NO_ROW_LEFT, ScatterPlan, reps_sorted, visible_pools
+from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, by_sequence
+from ..engine.marking import NONE_MARKED, Marking, stale_candidates, token_pairs
+from ..engine.scatter import (
+    NO_ROW_LEFT,
+    PaddingEntries,
+    ScatterPlan,
+    check_first_token,
+    padding_entries,
+    reps_sorted,
+    seen_by_pos,
+    visible_pools,
+)
 from . import kernels as k
 from .layout import CompiledLayout
 
@@ -90,10 +101,11 @@ def _joined(candidates: list[np.ndarray]) -> np.ndarray:
             if candidates else np.empty(0, dtype=np.int64))
 
 
-def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int, ...]],
-                  token_cells: np.ndarray, stale_from: list[int] | None, *,
-                  repool_all: bool, once_per_rep: bool, padding_policy: str, g_floor: int,
-                  n_rows: int, padding: Padding
+def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
+                  seqs: list[tuple[int, ...]], token_cells: np.ndarray,
+                  stale_from: list[int] | None, *, repool_all: bool, once_per_rep: bool,
+                  padding_policy: str, g_floor: int, n_rows: int, padding: Padding,
+                  padding_alone: PaddingEntries = padding_entries
                   ) -> tuple[Marking, ScatterPlan | None] | None:
     """`mark` and then engine/scatter.py `build_plan` in one
     `kernels.mark_plan_one_sequence` call, for a ubatch that is not re-pool-all,
@@ -101,7 +113,16 @@ def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int,
     own ("unused-rows", from `padding`, the one `build_plan` is given, which keeps
     its rows for the next): a prefill's ubatches, a draft's (W3's steps). `g_floor`:
     engine/marking.py `n_new_graph` of no marked pool, so the graph's size is
-    max(n_new, g_floor).
+    max(n_new, g_floor). `change`: the layout's update of this ubatch.
+
+    Where the sequence holds every pool (a cache of one slot: W1's, W3's), its own rep
+    rows are the layout's `pool_cells`: they are read in place, and the padding rows
+    are kept while the rep rows below them stand (`Padding`'s `held`), so a step
+    costs what its update changed, not a pass over every pool. The plan's
+    `pool_cells` is then the column built if a reader asks. Such a ubatch that marks
+    nothing is planned here too: padding alone (`build_plan`'s plan, its entries
+    from `padding_alone`, the one `build_plan` is given: the same arrays while the
+    padding rows stand).
 
     Returns None for any other ubatch, and for one whose tokens, by position, are in
     no pool with no pool stale (nothing is marked): the caller marks, then plans.
@@ -117,12 +138,22 @@ def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int,
     rep_pos = sq.rep_pos()
     candidates = ([] if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from)
                   else stale_candidates(layout, stale_from))
+    start = layout.pool_start()
+    n_pool = int(start[-1])
+    holds = 0 < rep_pos.size == n_pool  # s holds every pool (start[s] is 0)
     if not candidates and (not rep_pos.size or (
             pos.min() if pos.size > 1 else pos[0]) > rep_pos[rep_pos.size - 1]):
-        return None
-    start = layout.pool_start()
+        if not holds or g_floor < 1:  # nothing is marked: the caller marks and plans
+            return None
+        return _padded_alone(layout, seqs, (change, s), pos, g_floor, n_rows, padding,
+                             padding_alone, padding_policy)
     stale = _joined(candidates)
-    pool_cells = layout.pool_cells()
+    if holds:
+        pool_cells, held = sq.rep_rows.view, (change, s)
+        cells: np.ndarray | Callable[[], np.ndarray] = layout.pool_cells_until_update()
+    else:
+        pool_cells = cells = layout.pool_cells()
+        held = None
     n_cand = stale.size + pos.size
     room = max(n_cand, g_floor)
     kpool = layout.kpool
@@ -132,11 +163,12 @@ def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int,
     rows = out[:room * kpool].reshape(room, kpool)
     rep, entry_pool, visible = out[room * kpool:at - room], out[at - room:at], out[at:]
     # a plan marks one pool at least: at most g_floor - 1 padding entries
-    pad = padding.up_to(pool_cells, g_floor - 1, n_rows) if g_floor > 1 else _NO_ROWS
+    pad = (padding.up_to(pool_cells, g_floor - 1, n_rows, held) if g_floor > 1
+           else _NO_ROWS)
     marked, n_g = k.mark_plan_one_sequence(
         sq.keys.view, sq.pools.view, rep_pos.size, sq.first_pos(), rep_pos, pos,
         token_cells, kpool, int(start[s]), stale, pool_cells, once_per_rep,
-        layout.scratch(int(start[-1])), np.empty(5 * n_cand, dtype=np.int64),
+        layout.scratch(n_pool), np.empty(5 * n_cand, dtype=np.int64),
         global_row(sq.strm, 0, layout.kv_size), g_floor, pad, rows, rep, entry_pool, visible)
     marking = Marking.of(marked)
     if not n_g:
@@ -147,9 +179,25 @@ def mark_and_plan(layout: CompiledLayout, pos: np.ndarray, seqs: list[tuple[int,
         rows, rep, entry_pool, visible = rows.copy(), rep.copy(), entry_pool.copy(), \
             visible.copy()
     n_new = marking.n_new
-    return marking, ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new,
-                                reps_sorted(pool_cells, n_g - n_new, padding_policy),
+    return marking, ScatterPlan(cells, entry_pool, rows, rep, visible, n_new,
+                                reps_sorted(n_pool, n_g - n_new, padding_policy),
                                 _NO_READERS)
+
+
+def _padded_alone(layout: CompiledLayout, seqs: list[tuple[int, ...]],
+                  held: tuple[LayoutChange, int], pos: np.ndarray, n_pad: int, n_rows: int,
+                  padding: Padding, padding_alone: PaddingEntries, padding_policy: str
+                  ) -> tuple[Marking, ScatterPlan]:
+    """engine/scatter.py `build_plan` of a ubatch that marks no pool, whose tokens hold
+    the sequence of `held` (which holds every pool), by position: `n_pad` padding
+    entries on rows of their own, its checks in its order."""
+    sq = layout.seqs[held[1]]
+    check_first_token(layout, seqs, pos)
+    pad, readers = padding(sq.rep_rows.view, n_pad, n_rows, False, held)
+    entry_pool, rows, rep = padding_alone(pad, kpool=layout.kpool)
+    return Marking.of(NONE_MARKED), ScatterPlan(
+        layout.pool_cells_until_update(), entry_pool, rows, rep, seen_by_pos(sq, pos), 0,
+        reps_sorted(len(sq.pools), n_pad, padding_policy), readers)
 
 
 # `mark_and_plan`: a plan's arrays are copied out of their room past this many bytes
@@ -177,20 +225,37 @@ class Padding:
     Asked again for as many rows as the last call, it gives the very array it gave
     then (one object while the rep rows stand: a decode step that marks no pool pads
     the same entries each time, and `build_plan` keeps what it builds from them by
-    identity), read-only."""
+    identity), read-only.
 
-    __slots__ = ("_given", "_last", "_most")
+    Held (`up_to`'s `held`: one sequence holds every pool, and `pool_cells` is its
+    own rep rows, read in place: a new array each call), the kept rows serve while
+    the rep rows below the greatest of them are the same set: then the smallest rows
+    that are no rep are the same rows. What changed is the update's: the sequence's
+    pools past `LayoutChange.kept` went, and its pools from there on are new, so the
+    test reads the new pools alone, against the rep rows at or below that bound that
+    the last pass and the updates since noted (`_Low`), while each call's update is
+    the very next one (`LayoutChange.serial`). A W3 step (a draft's 4 tokens, the
+    rejected tail removed) changes a pool or two of 8,192 (65,536 at 8 times its
+    prefill): no pass, where its every step had one."""
+
+    __slots__ = ("_given", "_held", "_last", "_low", "_most")
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, int, np.ndarray, int] | None = None
         self._given: np.ndarray | None = None  # the last rows given, of the kept ones
         self._most = 0
+        # held: (the sequence, the serial of the update) the kept rows were last found
+        # or held for, and that sequence's pools whose rep row is below the greatest
+        # kept row (`_Low`); None when the last call was not held
+        self._held: tuple[int, int] | None = None
+        self._low = _Low()
 
-    def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
+    def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool,
+                 held: tuple[LayoutChange, int] | None = None
                  ) -> tuple[np.ndarray, np.ndarray]:
         if row_zero:
             return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
-        last = self._kept(pool_cells, n_pad, n_rows)
+        last = self._kept(pool_cells, n_pad, n_rows, held)
         if last[3] < n_pad:  # the rows found below n_rows, smallest first
             raise EngineAbort(NO_ROW_LEFT)
         given = self._given
@@ -199,27 +264,108 @@ class Padding:
             given.flags.writeable = False
         return given, _NO_READERS
 
-    def up_to(self, pool_cells: np.ndarray, n_pad: int, n_rows: int) -> np.ndarray:
+    def up_to(self, pool_cells: np.ndarray, n_pad: int, n_rows: int,
+              held: tuple[LayoutChange, int] | None = None) -> np.ndarray:
         """The rows a call for `n_pad` would give, or as many of them as are found
         below `n_rows` (where the call raises), from the same kept rows (a view:
-        nothing may write it)."""
-        _ref, _n_rows, kept, found = self._kept(pool_cells, n_pad, n_rows)
+        nothing may write it). `held`: (the update that left `pool_cells`, the
+        sequence s that holds every pool), where `pool_cells` is s's own rep rows
+        (the class docstring)."""
+        _ref, _n_rows, kept, found = self._kept(pool_cells, n_pad, n_rows, held)
         return kept[:min(n_pad, found)]
 
-    def _kept(self, pool_cells: np.ndarray, n_pad: int, n_rows: int
+    def _kept(self, pool_cells: np.ndarray, n_pad: int, n_rows: int,
+              held: tuple[LayoutChange, int] | None = None
               ) -> tuple[weakref.ref, int, np.ndarray, int]:
         """(the rep rows' array, n_rows, the rows kept, how many of them are below
         n_rows), from a pass unless the kept rows serve (the class docstring)."""
         last = self._last
-        if (last is None or last[0]() is not pool_cells or last[1] != n_rows
-                or n_pad > last[2].size):  # a pass
-            self._most = most = max(self._most, n_pad)
-            kept = np.empty(most, dtype=np.int64)
-            found = int(k.padding_rows(pool_cells, most, n_rows, kept,
-                                       np.zeros(most + pool_cells.size, dtype=bool)))
-            last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
-            self._given = None
+        if last is not None and last[1] == n_rows and n_pad <= last[2].size and (
+                last[0]() is pool_cells
+                or (held is not None and self._stands(pool_cells, *held))):
+            return last
+        # a pass
+        self._most = most = max(self._most, n_pad)
+        kept = np.full(most, -1, dtype=np.int64)  # past the rows found: none
+        found = int(k.padding_rows(pool_cells, most, n_rows, kept,
+                                   np.zeros(most + pool_cells.size, dtype=bool)))
+        last = self._last = (weakref.ref(pool_cells), n_rows, kept, found)
+        self._given = None
+        self._held = None
+        if held is not None and found == most:  # else every row below n_rows counts
+            change, s = held
+            self._low.found(pool_cells, int(kept[-1]))
+            self._held = (s, change.serial)
         return last
+
+    def _stands(self, pool_cells: np.ndarray, change: LayoutChange, s: int) -> bool:
+        """The kept rows serve the rep rows `pool_cells` of sequence s, which holds
+        every pool, as `change` (the next update after the one the kept rows were
+        held for) left them: the rep rows below the greatest kept row are the same
+        set. Notes the pools below it as they are now, whatever the answer."""
+        if self._held != (s, change.serial - 1) or self._last is None:
+            return False
+        self._held = (s, change.serial)
+        return self._low.same_after(pool_cells, change.kept[s], int(self._last[2][-1]))
+
+
+_FEW_NEW = 16  # `_Low.same_after`: new pools read one by one up to this many
+
+
+class _Low:
+    """`Padding`'s held pools: those of the one sequence whose rep row is at or below
+    a bound (the greatest padding row kept), in ascending order, each with its rep
+    row, and how many of them are on each such row. An update replaces the pools
+    from some k0 on (those past `LayoutChange.kept`): they are the last of the
+    ascending list, found by bisection, so a step that changes a pool or two at the
+    end of 8,192 costs those alone."""
+
+    __slots__ = ("_ips", "_on", "_rep")
+
+    def __init__(self) -> None:
+        self._ips: list[int] = []  # the pools, ascending
+        self._rep: dict[int, int] = {}  # pool -> its rep row
+        self._on: dict[int, int] = {}  # rep row -> its pools among them (> 0)
+
+    def found(self, pool_cells: np.ndarray, bound: int) -> None:
+        """The pools of `pool_cells` (every pool's rep row) whose rep row is at or
+        below `bound`, noted afresh."""
+        ips = np.flatnonzero(pool_cells <= bound)
+        self._ips = ips.tolist()
+        self._rep = dict(zip(self._ips, pool_cells[ips].tolist(), strict=True))
+        self._on = {}
+        for r in self._rep.values():
+            self._on[r] = self._on.get(r, 0) + 1
+
+    def same_after(self, pool_cells: np.ndarray, k0: int, bound: int) -> bool:
+        """Pools k0.. replaced by those of `pool_cells` from k0 on: whether the rep
+        rows at or below `bound` are the same set after as before."""
+        ips, rep, on = self._ips, self._rep, self._on
+        gone, came = set(), set()
+        cut = bisect.bisect_left(ips, k0)
+        for ip in ips[cut:]:
+            r = rep.pop(ip)
+            if on[r] == 1:
+                del on[r]
+                gone.add(r)
+            else:
+                on[r] -= 1
+        del ips[cut:]
+        new = pool_cells[k0:]
+        if new.size > _FEW_NEW:
+            at = np.flatnonzero(new <= bound)
+            low: Iterable[tuple[int, int]] = zip((at + k0).tolist(), new[at].tolist(),
+                                                 strict=True)
+        else:  # a step's pool or two: numpy's calls cost more than the loop
+            low = ((k0 + j, r) for j, r in enumerate(new.tolist()) if r <= bound)
+        for ip, r in low:
+            ips.append(ip)
+            rep[ip] = r
+            n = on.get(r, 0)
+            on[r] = n + 1
+            if not n:
+                came.add(r)
+        return gone == came
 
 
 _NO_READERS = np.empty(0, dtype=np.int64)

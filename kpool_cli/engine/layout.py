@@ -20,6 +20,7 @@ Pools are numbered globally in layout order: sequence 0's pools, then 1's, ...
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -397,6 +398,17 @@ class Layout:
         if self._pool_cells is None:
             self._pool_cells = self._column("rep_rows")
         return self._pool_cells
+
+    def pool_cells_until_update(self) -> Callable[[], np.ndarray]:
+        """`pool_cells`, built when first called (a plan that did not need the column
+        gives it to a reader that asks: KP004), which must be before the next update."""
+        serial = self.n_updates
+
+        def column() -> np.ndarray:
+            assert self.n_updates == serial, "pool_cells read after the next update"
+            return self.pool_cells()
+
+        return column
 
     def pool_first_pos(self) -> np.ndarray:
         """[n_pool_real] the first member's pos of every pool, in layout order."""

@@ -23,13 +23,15 @@ import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.cells import CELL_BITS, global_row, make_keys
-from .layout import Layout, by_sequence
+from .layout import Layout, SeqLayout, by_sequence
 from .marking import pad_bound
 
 
 @dataclass(frozen=True, slots=True)
 class ScatterPlan:
-    pool_cells: np.ndarray  # [n_pool_real] | ip | global rep row of pool ip
+    # `pool_cells`, or what builds it when first read (`Layout.pool_cells_until_update`:
+    # a one-sequence plan reads its sequence's own rep rows, not the column)
+    cells: np.ndarray | Callable[[], np.ndarray]
     entry_pool: np.ndarray  # [n_new_g] | e | global pool index, -1 for padding
     entry_rows: np.ndarray  # [n_new_g, kpool] | e, member | global member rows
     entry_rep: np.ndarray  # [n_new_g] | e | global row the entry writes
@@ -39,6 +41,12 @@ class ScatterPlan:
     # [n] | ascending | pools whose rep row a padding entry writes with other rows than
     # the pool's own members (KP004: garbage in a real pool's row)
     pad_readers: np.ndarray
+
+    @property
+    def pool_cells(self) -> np.ndarray:
+        """[n_pool_real] | ip | global rep row of pool ip."""
+        cells = self.cells
+        return cells if isinstance(cells, np.ndarray) else cells()
 
     @property
     def n_new_g(self) -> int:
@@ -107,8 +115,24 @@ def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
             rank = sq.keys.view.searchsorted(make_keys(pos[sel], token_cells[sel]))
             visible[sel] = np.minimum(len(sq.pools), (rank + 1) // layout.kpool)
         else:
-            visible[sel] = sq.rep_pos().searchsorted(pos[sel], side="right")
+            visible[sel] = seen_by_pos(sq, pos[sel])
     return visible
+
+
+def seen_by_pos(sq: SeqLayout, pos: np.ndarray) -> np.ndarray:
+    """`visible_pools` of tokens of sequence `sq` by position: its pools whose rep pos
+    <= each token's pos."""
+    return sq.rep_pos().searchsorted(pos, side="right")
+
+
+def check_first_token(layout: Layout, seqs: list[tuple[int, ...]], pos: np.ndarray) -> None:
+    """The ubatch's first token, looked up by pos in its first seq's layout, serves the
+    padded gathers; a drifted layout can miss it (GGML_ASSERT: EngineAbort)."""
+    keys = layout.seqs[seqs[0][0]].keys.view
+    at = int(keys.searchsorted(np.int64(pos[0]) << CELL_BITS, side="left"))
+    if at >= keys.size or int(keys[at] >> CELL_BITS) != int(pos[0]):
+        raise EngineAbort(f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
+                          f"{int(pos[0])}) is not in its sequence's layout")
 
 
 def padding_entries(pad: np.ndarray, *, kpool: int
@@ -136,15 +160,7 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     of padding alone (`padding_entries`, or the same kept by identity)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
-
-    # the ubatch's first token, looked up by pos in its first seq's layout, serves the
-    # padded gathers; a drifted layout can miss it (GGML_ASSERT)
-    sq0 = layout.seqs[seqs[0][0]]
-    keys = sq0.keys.view
-    at = int(keys.searchsorted(np.int64(pos[0]) << CELL_BITS, side="left"))
-    if at >= keys.size or int(keys[at] >> CELL_BITS) != int(pos[0]):
-        raise EngineAbort(f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
-                          f"{int(pos[0])}) is not in its sequence's layout")
+    check_first_token(layout, seqs, pos)
 
     n_new = int(marked.size)
     first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
@@ -181,10 +197,11 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     visible = visibility(layout, first, pos, token_cells)
     assert pad_bound(pool_cells.size) > pool_cells.size
     return ScatterPlan(pool_cells, entry_pool, rows, rep, visible, n_new,
-                       reps_sorted(pool_cells, n_new_g - n_new, padding_policy), readers)
+                       reps_sorted(pool_cells.size, n_new_g - n_new, padding_policy), readers)
 
 
-def reps_sorted(pool_cells: np.ndarray, n_pad: int, padding_policy: str) -> int:
+def reps_sorted(n_pool: int, n_pad: int, padding_policy: str) -> int:
     """The rep rows a plan sorts to pick its `n_pad` padding rows (a cost the report
-    counts): every pool's when padding entries take rows of their own, else none."""
-    return int(pool_cells.size) if n_pad > 0 and padding_policy != "repeat-pool" else 0
+    counts): every pool's (`n_pool`) when padding entries take rows of their own, else
+    none."""
+    return int(n_pool) if n_pad > 0 and padding_policy != "repeat-pool" else 0
