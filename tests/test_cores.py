@@ -827,8 +827,10 @@ def test_padding_held_keeps_its_rows_while_the_reps_below_them_stand(monkeypatch
     a kept row): a pass gives 0, 2, 5; kept 1, reps 3, 6 (rows 1 and 4 freed, 6 past
     5): a pass gives 0, 1, 2; kept 2 and a new rep past the bound, no pass; an
     update skipped (serial 8 after 6): a pass, though nothing below changed; a call
-    that is not held (another array, build_plan's) and then a held one: passes; rows
-    that run out below the cache's end: a pass each call."""
+    that is not held (another array, build_plan's) and then a held one: passes;
+    updates that ask no row followed (`follow`: a decode that pads nothing), the
+    next call keeping, or passing after one took row 1; rows that run out below the
+    cache's end: a pass each call."""
     from kpool_cli.compiled.marking import Padding
     from kpool_cli.engine.scatter import padding_rows
 
@@ -851,22 +853,29 @@ def test_padding_held_keeps_its_rows_while_the_reps_below_them_stand(monkeypatch
     assert pad(np.array([3, 6, 40], dtype=np.int64), 3, 32, False)[0].tolist() == [0, 1, 2]
     assert len(passes) == 6
     assert rows([3, 6, 40], 3, 9) == [0, 1, 2] and len(passes) == 7
+    # updates that ask no row are followed: the next call keeps, or passes if one of
+    # them took a row below the bound
+    pad.follow(np.array([3, 6, 40, 44], dtype=np.int64), _change(3, 10), 0)
+    assert rows([3, 6, 40, 44, 48], 4, 11) == [0, 1, 2] and len(passes) == 7
+    pad.follow(np.array([3, 6, 1], dtype=np.int64), _change(2, 12), 0)
+    assert rows([3, 6, 1], 3, 13) == [0, 2, 4] and len(passes) == 8
     # below 2 rows, 0 and 1 of 3 are found; then row 1 is a rep: every row below the
     # cache's end counts, so a pass (no bound from rows that were not found)
-    held = (_change(0, 10), 0)
+    held = (_change(0, 14), 0)
     assert pad.up_to(np.array([3, 7], dtype=np.int64), 3, 2, held).tolist() == [0, 1]
-    held = (_change(2, 11), 0)
+    held = (_change(2, 15), 0)
     assert pad.up_to(np.array([3, 7, 1], dtype=np.int64), 3, 2, held).tolist() == [0]
-    assert len(passes) == 9
+    assert len(passes) == 10
 
 
 def test_padding_held_equals_the_reference_over_updates(monkeypatch) -> None:
     """`Padding` held against engine/scatter.py `padding_rows` over 3,000 updates of one
     sequence's rep rows drawn at random (pools past a random kept count replaced by
     0-3 new ones, each on a random row, so rows below the kept padding rows are taken
-    and freed; one update in twenty skipped, one in twenty with another cache size,
-    now too small), the pads drawn too: the same rows, or the same GGML_ASSERT,
-    whether kept or passed for; most calls keep."""
+    and freed; one update in twenty skipped, one in five asking no row (`follow`),
+    one call in twenty with another cache size, now too small), the pads drawn too:
+    the same rows, or the same GGML_ASSERT, whether kept or passed for; most calls
+    keep."""
     from kpool_cli.cache.aborts import EngineAbort
     from kpool_cli.compiled.marking import Padding
     from kpool_cli.engine.scatter import padding_rows
@@ -888,6 +897,9 @@ def test_padding_held_equals_the_reference_over_updates(monkeypatch) -> None:
         reps = reps[:kept] + [int(r) for r in rng.integers(0, 120, size=int(rng.integers(4)))]
         serial += 2 if rng.random() < 0.05 else 1
         cells = np.array(reps, dtype=np.int64)
+        if rng.random() < 0.2:  # an update that asks no row: followed
+            pad.follow(cells, _change(kept, serial), 0)
+            continue
         n_pad = int(rng.integers(1, 8))
         n_rows = int(rng.choice([2, 400])) if rng.random() < 0.05 else 120
         want = answer(padding_rows, cells, n_pad, n_rows)

@@ -143,10 +143,12 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
     holds = 0 < rep_pos.size == n_pool  # s holds every pool (start[s] is 0)
     if not candidates and (not rep_pos.size or (
             pos.min() if pos.size > 1 else pos[0]) > rep_pos[rep_pos.size - 1]):
-        if not holds or g_floor < 1:  # nothing is marked: the caller marks and plans
-            return None
-        return _padded_alone(layout, seqs, (change, s), pos, g_floor, n_rows, padding,
-                             padding_alone, padding_policy)
+        if holds and g_floor >= 1:  # nothing is marked
+            return _padded_alone(layout, seqs, (change, s), pos, g_floor, n_rows, padding,
+                                 padding_alone, padding_policy)
+        if holds:
+            padding.follow(sq.rep_rows.view, change, s)
+        return None  # the caller marks and plans
     stale = _joined(candidates)
     if holds:
         pool_cells, held = sq.rep_rows.view, (change, s)
@@ -163,8 +165,12 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
     rows = out[:room * kpool].reshape(room, kpool)
     rep, entry_pool, visible = out[room * kpool:at - room], out[at - room:at], out[at:]
     # a plan marks one pool at least: at most g_floor - 1 padding entries
-    pad = (padding.up_to(pool_cells, g_floor - 1, n_rows, held) if g_floor > 1
-           else _NO_ROWS)
+    if g_floor > 1:
+        pad = padding.up_to(pool_cells, g_floor - 1, n_rows, held)
+    else:  # no padding row: the rows held follow the update all the same
+        pad = _NO_ROWS
+        if held is not None:
+            padding.follow(pool_cells, *held)
     marked, n_g = k.mark_plan_one_sequence(
         sq.keys.view, sq.pools.view, rep_pos.size, sq.first_pos(), rep_pos, pos,
         token_cells, kpool, int(start[s]), stale, pool_cells, once_per_rep,
@@ -297,6 +303,14 @@ class Padding:
             self._low.found(pool_cells, int(kept[-1]))
             self._held = (s, change.serial)
         return last
+
+    def follow(self, pool_cells: np.ndarray, change: LayoutChange, s: int) -> None:
+        """`up_to`'s `held` (`pool_cells` sequence s's rep rows as `change` left them)
+        where no row is asked: a ubatch that pads nothing (a one-token decode that
+        closes a pool, W1's one in four) keeps the held rows in step with the
+        updates, so the next call that asks need not pass."""
+        if self._held is not None and not self._stands(pool_cells, change, s):
+            self._held = None
 
     def _stands(self, pool_cells: np.ndarray, change: LayoutChange, s: int) -> bool:
         """The kept rows serve the rep rows `pool_cells` of sequence s, which holds
