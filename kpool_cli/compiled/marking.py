@@ -36,7 +36,7 @@ from ..engine.scatter import (
     check_first_token,
     padding_entries,
     reps_sorted,
-    seen_by_pos,
+    visible_in,
     visible_pools,
 )
 from . import kernels as k
@@ -125,7 +125,8 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
     padding rows stand).
 
     Returns None for any other ubatch, and for one whose tokens, by position, are in
-    no pool with no pool stale (nothing is marked): the caller marks, then plans.
+    no pool with no pool stale (nothing is marked) where the sequence does not hold
+    every pool: the caller marks, then plans.
     (the marking, None) when the kernel marked and left the plan to `build_plan`: a
     stale pool of another sequence, what `build_plan` refuses. Else (the marking,
     its plan), the arrays the two steps give."""
@@ -202,7 +203,7 @@ def _padded_alone(layout: CompiledLayout, seqs: list[tuple[int, ...]],
     pad, readers = padding(sq.rep_rows.view, n_pad, n_rows, False, held)
     entry_pool, rows, rep = padding_alone(pad, kpool=layout.kpool)
     return Marking.of(NONE_MARKED), ScatterPlan(
-        layout.pool_cells_until_update(), entry_pool, rows, rep, seen_by_pos(sq, pos), 0,
+        layout.pool_cells_until_update(), entry_pool, rows, rep, visible_in(sq, pos), 0,
         reps_sorted(len(sq.pools), n_pad, padding_policy), readers)
 
 

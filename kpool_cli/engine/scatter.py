@@ -1,8 +1,12 @@
 """The scatter plan of one ubatch (ENGINE.md §7, llama.cpp's set_input_kpool).
 
 Owns: `ScatterPlan` and `build_plan`: the gather list `pool_cells`, the scatter
-entries (members' global rows and the rep row each writes), padding entries, and
-what each token of the ubatch sees (`visible_pools`).
+entries (members' global rows and the rep row each writes), padding entries, what
+each token of the ubatch sees (`visible_pools`; of one sequence's tokens by
+position, `visible_in`) and the check that the ubatch's first token is in its
+sequence's layout (`check_first_token`): a core's one-call plan asks the last two.
+A plan's `pool_cells` may be built when first read (`ScatterPlan.cells`), which is
+before the layout's next update.
 
 Invariants: entries 0 .. n_new-1 are the marked pools in layout order; entries
 n_new .. n_new_g-1 are padding, each writing `rep` from `kpool` copies of that row.
@@ -115,11 +119,11 @@ def visible_pools(layout: Layout, first: np.ndarray, pos: np.ndarray,
             rank = sq.keys.view.searchsorted(make_keys(pos[sel], token_cells[sel]))
             visible[sel] = np.minimum(len(sq.pools), (rank + 1) // layout.kpool)
         else:
-            visible[sel] = seen_by_pos(sq, pos[sel])
+            visible[sel] = visible_in(sq, pos[sel])
     return visible
 
 
-def seen_by_pos(sq: SeqLayout, pos: np.ndarray) -> np.ndarray:
+def visible_in(sq: SeqLayout, pos: np.ndarray) -> np.ndarray:
     """`visible_pools` of tokens of sequence `sq` by position: its pools whose rep pos
     <= each token's pos."""
     return sq.rep_pos().searchsorted(pos, side="right")
