@@ -549,6 +549,43 @@ def test_a_held_plan_gives_pool_cells_when_asked_until_the_next_update() -> None
         held[0].pool_cells  # noqa: B018
 
 
+_DRIFTED_SLOT = """kpool_trace: 1
+cache: {kv_size: 16, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_rm: {seq: 1, p0: 2, p1: 3}
+  - decode: {seq: 0, pos: 4}
+  - seq_add: {seq: 0, shift: -2}
+  - seq_rm: {seq: 0}
+  - decode: {seq: 1, pos: 2..4}
+"""
+
+
+def test_a_one_slot_plan_that_aborts_leaves_the_abort_to_build_plan(tmp_path: Path) -> None:
+    """The last decode's sequence (1) holds every pool once seq 0 is removed, marks
+    nothing, and its first token (pos 2) is not in its drifted layout: `build_plan`'s
+    GGML_ASSERT comes after the marking's counts (rep-once: n_new 0 of a graph of 2
+    entries), so
+    `mark_and_plan`'s plan of padding alone leaves it to the caller, and the cores'
+    reports are byte-identical (found by a review of 39b7bfc, whose one call aborted
+    before the counts: n_new_g 0)."""
+    trace = tmp_path / "drifted-slot.yaml"
+    trace.write_text(_DRIFTED_SLOT)
+    reports = {}
+    for core in ("compiled", "reference"):
+        for engine in ("rep-once", "cache-safe"):
+            r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine, "--core",
+                                         core, "--format", "json", "-q"])
+            assert r.exit_code == 1, r.output
+            reports[core, engine] = r.output
+    for engine in ("rep-once", "cache-safe"):
+        assert reports["compiled", engine] == reports["reference", engine]
+    last = json.loads(reports["compiled", "rep-once"])["ubatches"][-1]
+    assert (last["n_new"], last["n_new_g"]) == (0, 2)
+    assert [f["code"] for f in last["findings"]][:1] == ["KP005"]
+
+
 def test_race_groups_kernel_groups_as_the_context_does() -> None:
     """kernels.race_groups (a radix sort by row, 11 bits a pass, past 64 entries; a
     merge sort below) gives engine/context.py's grouping, and its raced groups

@@ -33,7 +33,7 @@ from ..engine.scatter import (
     NO_ROW_LEFT,
     PaddingEntries,
     ScatterPlan,
-    check_first_token,
+    first_token_missing,
     padding_entries,
     reps_sorted,
     visible_in,
@@ -194,13 +194,18 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
 def _padded_alone(layout: CompiledLayout, seqs: list[tuple[int, ...]],
                   held: tuple[LayoutChange, int], pos: np.ndarray, n_pad: int, n_rows: int,
                   padding: Padding, padding_alone: PaddingEntries, padding_policy: str
-                  ) -> tuple[Marking, ScatterPlan]:
+                  ) -> tuple[Marking, ScatterPlan] | None:
     """engine/scatter.py `build_plan` of a ubatch that marks no pool, whose tokens hold
     the sequence of `held` (which holds every pool), by position: `n_pad` padding
-    entries on rows of their own, its checks in its order."""
+    entries on rows of their own. None where `build_plan` would abort (the first token
+    not in the sequence's layout, no row left): the caller marks and plans, and the
+    abort comes after the marking's counts, as there."""
     sq = layout.seqs[held[1]]
-    check_first_token(layout, seqs, pos)
-    pad, readers = padding(sq.rep_rows.view, n_pad, n_rows, False, held)
+    rep_rows = sq.rep_rows.view
+    if (first_token_missing(layout, seqs, pos) is not None
+            or padding.up_to(rep_rows, n_pad, n_rows, held).size < n_pad):
+        return None
+    pad, readers = padding(rep_rows, n_pad, n_rows, False, held)
     entry_pool, rows, rep = padding_alone(pad, kpool=layout.kpool)
     return Marking.of(NONE_MARKED), ScatterPlan(
         layout.pool_cells_until_update(), entry_pool, rows, rep, visible_in(sq, pos), 0,
@@ -318,6 +323,8 @@ class Padding:
         every pool, as `change` (the next update after the one the kept rows were
         held for) left them: the rep rows below the greatest kept row are the same
         set. Notes the pools below it as they are now, whatever the answer."""
+        if self._held == (s, change.serial):  # found or held for this very update
+            return True
         if self._held != (s, change.serial - 1) or self._last is None:
             return False
         self._held = (s, change.serial)

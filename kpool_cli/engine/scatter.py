@@ -4,7 +4,7 @@ Owns: `ScatterPlan` and `build_plan`: the gather list `pool_cells`, the scatter
 entries (members' global rows and the rep row each writes), padding entries, what
 each token of the ubatch sees (`visible_pools`; of one sequence's tokens by
 position, `visible_in`) and the check that the ubatch's first token is in its
-sequence's layout (`check_first_token`): a core's one-call plan asks the last two.
+sequence's layout (`first_token_missing`): a core's one-call plan asks the last two.
 A plan's `pool_cells` may be built when first read (`ScatterPlan.cells`), which is
 before the layout's next update.
 
@@ -129,14 +129,16 @@ def visible_in(sq: SeqLayout, pos: np.ndarray) -> np.ndarray:
     return sq.rep_pos().searchsorted(pos, side="right")
 
 
-def check_first_token(layout: Layout, seqs: list[tuple[int, ...]], pos: np.ndarray) -> None:
+def first_token_missing(layout: Layout, seqs: list[tuple[int, ...]], pos: np.ndarray
+                        ) -> str | None:
     """The ubatch's first token, looked up by pos in its first seq's layout, serves the
-    padded gathers; a drifted layout can miss it (GGML_ASSERT: EngineAbort)."""
+    padded gathers; a drifted layout can miss it: the GGML_ASSERT's message, else None."""
     keys = layout.seqs[seqs[0][0]].keys.view
     at = int(keys.searchsorted(np.int64(pos[0]) << CELL_BITS, side="left"))
     if at >= keys.size or int(keys[at] >> CELL_BITS) != int(pos[0]):
-        raise EngineAbort(f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
-                          f"{int(pos[0])}) is not in its sequence's layout")
+        return (f"GGML_ASSERT: the ubatch's first token (seq {seqs[0][0]}, pos "
+                f"{int(pos[0])}) is not in its sequence's layout")
+    return None
 
 
 def padding_entries(pad: np.ndarray, *, kpool: int
@@ -164,7 +166,9 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
     of padding alone (`padding_entries`, or the same kept by identity)."""
     kpool = layout.kpool
     pool_cells = layout.pool_cells()
-    check_first_token(layout, seqs, pos)
+    missing = first_token_missing(layout, seqs, pos)
+    if missing is not None:
+        raise EngineAbort(missing)
 
     n_new = int(marked.size)
     first = np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs))
