@@ -27,7 +27,14 @@ from ..cache.aborts import EngineAbort
 from ..cache.batch import one_set
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
-from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, by_sequence
+from ..engine.layout import (
+    POS_CLEAN,
+    Layout,
+    LayoutChange,
+    PoolGrowth,
+    SeqLayout,
+    by_sequence,
+)
 from ..engine.marking import NONE_MARKED, Marking, stale_candidates, token_pairs
 from ..engine.scatter import (
     NO_ROW_LEFT,
@@ -145,8 +152,8 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
     if not candidates and (not rep_pos.size or (
             pos.min() if pos.size > 1 else pos[0]) > rep_pos[rep_pos.size - 1]):
         if holds and g_floor >= 1:  # nothing is marked
-            return _padded_alone(layout, seqs, (change, s), pos, g_floor, n_rows, padding,
-                                 padding_alone, padding_policy)
+            return _padded_alone(layout, sq, seqs, (change, s), pos, g_floor, n_rows,
+                                 padding, padding_alone, padding_policy)
         if holds:
             padding.follow(sq.rep_rows.view, change, s)
         return None  # the caller marks and plans
@@ -191,25 +198,24 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
                                 _NO_READERS)
 
 
-def _padded_alone(layout: CompiledLayout, seqs: list[tuple[int, ...]],
+def _padded_alone(layout: CompiledLayout, sq: SeqLayout, seqs: list[tuple[int, ...]],
                   held: tuple[LayoutChange, int], pos: np.ndarray, n_pad: int, n_rows: int,
                   padding: Padding, padding_alone: PaddingEntries, padding_policy: str
                   ) -> tuple[Marking, ScatterPlan] | None:
     """engine/scatter.py `build_plan` of a ubatch that marks no pool, whose tokens hold
-    the sequence of `held` (which holds every pool), by position: `n_pad` padding
+    sequence `sq`, which holds every pool (`held`), by position: `n_pad` padding
     entries on rows of their own. None where `build_plan` would abort (the first token
     not in the sequence's layout, no row left): the caller marks and plans, and the
     abort comes after the marking's counts, as there."""
-    sq = layout.seqs[held[1]]
-    rep_rows = sq.rep_rows.view
-    if (first_token_missing(layout, seqs, pos) is not None
-            or padding.up_to(rep_rows, n_pad, n_rows, held).size < n_pad):
+    if first_token_missing(layout, seqs, pos) is not None:
         return None
-    pad, readers = padding(rep_rows, n_pad, n_rows, False, held)
+    pad = padding.given(sq.rep_rows.view, n_pad, n_rows, held)
+    if pad is None:
+        return None
     entry_pool, rows, rep = padding_alone(pad, kpool=layout.kpool)
     return Marking.of(NONE_MARKED), ScatterPlan(
         layout.pool_cells_until_update(), entry_pool, rows, rep, visible_in(sq, pos), 0,
-        reps_sorted(len(sq.pools), n_pad, padding_policy), readers)
+        reps_sorted(len(sq.pools), n_pad, padding_policy), _NO_READERS)
 
 
 # `mark_and_plan`: a plan's arrays are copied out of their room past this many bytes
@@ -267,14 +273,23 @@ class Padding:
                  ) -> tuple[np.ndarray, np.ndarray]:
         if row_zero:
             return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
+        given = self.given(pool_cells, n_pad, n_rows, held)
+        if given is None:
+            raise EngineAbort(NO_ROW_LEFT)
+        return given, _NO_READERS
+
+    def given(self, pool_cells: np.ndarray, n_pad: int, n_rows: int,
+              held: tuple[LayoutChange, int] | None = None) -> np.ndarray | None:
+        """The rows a call gives (the very array while they stand, read-only), or None
+        where fewer than `n_pad` are found below `n_rows` (where the call raises)."""
         last = self._kept(pool_cells, n_pad, n_rows, held)
         if last[3] < n_pad:  # the rows found below n_rows, smallest first
-            raise EngineAbort(NO_ROW_LEFT)
+            return None
         given = self._given
         if given is None or given.size != n_pad:
             given = self._given = last[2][:n_pad]
             given.flags.writeable = False
-        return given, _NO_READERS
+        return given
 
     def up_to(self, pool_cells: np.ndarray, n_pad: int, n_rows: int,
               held: tuple[LayoutChange, int] | None = None) -> np.ndarray:
@@ -323,8 +338,6 @@ class Padding:
         every pool, as `change` (the next update after the one the kept rows were
         held for) left them: the rep rows below the greatest kept row are the same
         set. Notes the pools below it as they are now, whatever the answer."""
-        if self._held == (s, change.serial):  # found or held for this very update
-            return True
         if self._held != (s, change.serial - 1) or self._last is None:
             return False
         self._held = (s, change.serial)
