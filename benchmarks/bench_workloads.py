@@ -39,6 +39,12 @@ median wall over N runs in turn, for a machine whose speed moves); there is no a
 
 The tables, from one run:
 
+- the first touch of fresh memory, before the runs and after them: one child maps 256 MiB
+  and writes a byte a page, timed per page. Each replay's minor page faults (ru_minflt
+  from os.wait4) are in the main table: a replay's fresh memory (its value rows above
+  all) costs it about that many first touches, and what one costs moves with the
+  machine and the hour, so a run states its own.
+
 - the main table: per workload, engine, core and mode (full, model only) the wall time,
   the figure the target counts (tokens/s; W3 steps/s; W4 ubatches/s), peak RSS, report
   size, the ratio figure / target (>= 1 meets it) and, on the compiled row, the speed-up
@@ -191,6 +197,7 @@ class Run:
     partial_mb: float | None = None  # timed out: the report written so far
     rc: int | None = None
     maxrss_mb: float = 0.0
+    minflt: int = 0  # minor page faults (ru_minflt): pages the child touched first
     report_mb: float | None = None
     sha256: str = ""  # of the report
     summary: dict = field(default_factory=dict)
@@ -396,7 +403,8 @@ def run(cmd: list[str], report: Path | None, log: Path, timeout: float,
             time.sleep(0.02)
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-    r = Run(wall=None if timed_out else wall, rc=proc.returncode, maxrss_mb=ru.ru_maxrss / 1024)
+    r = Run(wall=None if timed_out else wall, rc=proc.returncode, maxrss_mb=ru.ru_maxrss / 1024,
+            minflt=ru.ru_minflt)
     if timed_out:
         if report is None:
             return r
@@ -542,6 +550,35 @@ with open(sys.argv[2], "w") as f:
 """
 
 
+# the machine's first touch of fresh memory, in a child: an anonymous private map of
+# TOUCH_MIB MiB written once a page, the time per page (each write a minor fault: the
+# kernel hands the page and zeroes it). A replay's fresh memory (its value rows above
+# all) costs its pages this; it is not one figure on every machine, nor on one machine
+# at every hour (a virtual machine whose host has not yet backed a page pays far more
+# for it), so each run of the benchmark measures it before its replays and after them
+TOUCH_MIB = 256
+TOUCH_CHILD = r"""
+import mmap, sys, time
+import numpy as np
+n = int(sys.argv[1]) << 20
+mm = mmap.mmap(-1, n, flags=getattr(mmap, "MAP_PRIVATE", 0) or mmap.MAP_SHARED)
+pages = np.frombuffer(mm, dtype=np.uint8)[::mmap.PAGESIZE]
+t0 = time.perf_counter()
+pages[:] = 1
+secs = time.perf_counter() - t0
+print(repr({"us_per_page": secs / pages.size * 1e6, "page": mmap.PAGESIZE}))
+"""
+
+
+def first_touch(out_dir: Path, timeout: float, env: dict[str, str], when: str) -> dict | None:
+    """TOUCH_CHILD's figures ({"us_per_page", "page"}), or None if it failed."""
+    log = out_dir / f"first-touch-{when}.log"
+    r = run([sys.executable, "-c", TOUCH_CHILD, str(TOUCH_MIB)], None, log, timeout, env)
+    if r.wall is None or r.error:
+        return None
+    return dict(ast.literal_eval(log.read_text().strip().splitlines()[-1]))
+
+
 def yaml_floor(trace: Path, out_dir: Path, timeout: float, env: dict[str, str]) -> float | None:
     """libyaml's event parse of `trace` in seconds (YAML_CHILD), or None if it failed."""
     out = out_dir / f"{trace.stem}.yaml-events"
@@ -615,6 +652,7 @@ class Bench:
     start: dict[str, Run] = field(default_factory=dict)  # python, numba, kpool --help
     loads: dict[str, Run] = field(default_factory=dict)  # trace name -> kpool validate
     yamls: dict[str, float | None] = field(default_factory=dict)  # trace name -> libyaml s
+    touch: dict[str, dict | None] = field(default_factory=dict)  # "before", "after" -> probe
     encodes: dict[tuple[str, str, str], dict | str] = field(default_factory=dict)  # wl, e, mode
     # growth: workload -> (the small and the big trace, their runs by (engine, core))
     grown: dict[str, tuple[Workload, Workload,
@@ -634,20 +672,20 @@ class Bench:
     def child(self, what: str, cmd: list[str], report: Path | None = None,
               n: int | None = None) -> Run:
         """`cmd` run `n` (default `--repeat`) times in turn: the median wall, the largest
-        peak RSS, the last run's report. A run that fails or times out stands for the
-        child."""
+        peak RSS and count of minor faults, the last run's report. A run that fails or
+        times out stands for the child."""
         log = self.out_dir / f"{what.replace(' ', '_').replace('/', '_')}.log"
         n = self.a.repeat if n is None else n
         walls: list[float] = []
-        rss = 0.0
+        rss, flt = 0.0, 0
         for i in range(n):
             self.log(what + (f" ({i + 1}/{n})" if n > 1 else "") + " ...")
             r = run(cmd, report, log, self.a.timeout, self.env)
             if r.error or r.wall is None:
                 return r
             walls.append(r.wall)
-            rss = max(rss, r.maxrss_mb)
-        r.wall, r.maxrss_mb = statistics.median(walls), rss
+            rss, flt = max(rss, r.maxrss_mb), max(flt, r.minflt)
+        r.wall, r.maxrss_mb, r.minflt = statistics.median(walls), rss, flt
         return r
 
     def validate(self, wl: Workload, path: Path) -> Run:
@@ -685,6 +723,7 @@ class Bench:
 
 def measure(b: Bench, only: list[str]) -> None:
     a = b.a
+    b.touch["before"] = first_touch(b.out_dir, a.timeout, b.env, "before")
     b.start["python"] = b.child("python -c pass", [sys.executable, "-c", "pass"])
     b.start["numpy"] = b.child("import numpy", [sys.executable, "-c", "import numpy"])
     b.start["numba"] = b.child("import numba", [sys.executable, "-c", "import numba"])
@@ -757,6 +796,7 @@ def main_rows(b: Bench) -> list[list[str]]:
             wall = f"> {t:g} s" if r.wall is None else f"{r.wall:.2f}"
             fig = fmt_rate(n, r.wall, t) + " " + UNIT[name]
         rss = f"{r.maxrss_mb:,.0f}" + ("+" if r.wall is None else "")
+        faults = f"{r.minflt / 1000:,.1f}k"
         rep = "-" if r.report_mb is None else f"{r.report_mb:,.1f}"
         if r.partial_mb is not None:
             rep = f"{r.partial_mb:,.0f}+"
@@ -801,7 +841,7 @@ def main_rows(b: Bench) -> list[list[str]]:
             notes.append(f"status {r.summary.get('status')}"
                          + "".join(f" {code} x{k:,}" for code, k in sorted(found.items())))
         rows.append([name, e, c, mode, wall, fig, rss, rep, target_cell(name, e, mode), ratio,
-                     speed, "; ".join(notes)])
+                     speed, faults, "; ".join(notes)])
     return rows
 
 
@@ -838,18 +878,36 @@ def print_main(b: Bench) -> None:
     rows = main_rows(b)
     if a.markdown:
         cols = ["workload", "engine", "core", "mode", "figure", "target", "ratio",
-                "peak RSS", "report size"]
+                "peak RSS", "report size", "minor faults"]
         markdown(cols, [[r[0], r[1], r[2], r[3], r[5], r[8], r[9], f"{r[6]} MB",
-                         "-" if r[7] == "-" else f"{r[7]} MB"] for r in rows])
+                         "-" if r[7] == "-" else f"{r[7]} MB", r[11]] for r in rows])
     else:
         cols = ["workload", "engine", "core", "mode", "wall s", "figure", "peak RSS MB",
-                "report MB", "target", "ratio", "speed-up", "notes"]
-        table(cols, rows, {4, 5, 6, 7, 9, 10})
+                "report MB", "target", "ratio", "speed-up", "minor faults", "notes"]
+        table(cols, rows, {4, 5, 6, 7, 9, 10, 11})
     print("'ratio' is figure / target (W2 cache-safe: 3x rep-once's time / its time), >= 1 "
           "meets it ('<' when timed out);\n'speed-up': the reference's time / the compiled "
-          "core's; a '+' after peak RSS or report MB: what a timed-out run had reached")
+          "core's; a '+' after peak RSS or report MB: what a timed-out run had reached;\n"
+          "'minor faults': the pages the child touched first (the largest count of its runs)")
+    print_touch(b)
     for name in b.workloads:
         print(f"  {name}: {target_text(name)}")
+
+
+def print_touch(b: Bench) -> None:
+    """The first-touch probe's figures, before and after the runs (TOUCH_CHILD)."""
+    got = {k: v for k, v in b.touch.items() if v is not None}
+    if not got:
+        print("first touch of fresh memory: the probe failed")
+        return
+    page = next(iter(got.values()))["page"]
+    print(f"first touch of fresh memory ({TOUCH_MIB} MiB in one child, one write a "
+          f"{page // 1024} KiB page): "
+          + ", ".join(f"{v['us_per_page']:.2f} us a page {k} the runs" for k, v in got.items())
+          + ";\na replay's minor faults times it bounds what its first touches cost it "
+          "(some faults map pages of files already in memory, which cost less); the figure "
+          "moves\nbetween machines and hours (a virtual machine pays far more for a page "
+          "its host has not yet backed): each run states its own")
 
 
 def print_floors(b: Bench) -> None:
@@ -1031,6 +1089,7 @@ def main() -> None:
         b.log(f"warming numba's cache ({', '.join(engines)}; cores {', '.join(cores)}) ...")
         warm_up(only, engines, list(cores) if core_opt else [None], a.timeout, env, a.n_embd)
         measure(b, only)
+        b.touch["after"] = first_touch(out_dir, a.timeout, env, "after")
         print_main(b)
         print_floors(b)
         if a.growth:
