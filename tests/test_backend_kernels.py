@@ -69,7 +69,7 @@ def test_key_rows_agree_and_are_in_range(seed: int) -> None:
     ids = rng.integers(0, 2**40, 200).astype(np.int64)
     ids[:7] = 0
     state = keys.seed_state(seed)
-    got = [np.zeros((n_rows, n_embd), np.float32) for _ in range(4)]
+    got = [np.zeros((n_rows, n_embd), dt) for dt in (np.float32, np.int8) * 2]
     kernels.write_keys(state, rows, ids, got[0], got[1])
     reference.write_keys(state, rows, ids, got[2], got[3])
     assert same(got[0], got[2]) and same(got[1], got[3])
@@ -85,7 +85,7 @@ def test_parallel_builds_agree() -> None:
     n = 3000
     rows = np.arange(n, dtype=np.int64)[::-1].copy()
     ids = np.arange(1, n + 1, dtype=np.int64)
-    a = [np.zeros((n, 16), np.float32) for _ in range(4)]
+    a = [np.zeros((n, 16), dt) for dt in (np.float32, np.int8) * 2]
     sig = kernels._WRITE_KEYS_SIG
     kernels._parallel("write_keys", kernels._write_keys, sig)(np.uint64(9), rows, ids, a[0],
                                                               a[1])
@@ -126,7 +126,7 @@ def test_many_fresh_entries_pool_in_the_parallel_build(monkeypatch) -> None:
     what the serial pass writes."""
     rng = np.random.default_rng(1)
     n_rows, n_embd, kpool, n = 300, 32, 4, 600
-    key, gate = np.zeros((n_rows, n_embd), np.float32), np.zeros((n_rows, n_embd), np.float32)
+    key, gate = np.zeros((n_rows, n_embd), np.float32), np.zeros((n_rows, n_embd), np.int8)
     reference.write_keys(keys.seed_state(3), np.arange(n_rows), rng.integers(0, 10**6, n_rows),
                          key, gate)
     members = rng.integers(0, n_rows, (n, kpool)).astype(np.int64)
@@ -155,7 +155,7 @@ def test_pool_scatter_gather_check_agree(kpool: int, n: int) -> None:
     rng = np.random.default_rng(kpool * 100 + n)
     n_rows, n_embd = 256, 32
     key = np.zeros((n_rows, n_embd), np.float32)
-    gate = np.zeros((n_rows, n_embd), np.float32)
+    gate = np.zeros((n_rows, n_embd), np.int8)
     ids = rng.integers(0, 10**6, n_rows).astype(np.int64)
     ids[::17] = 0
     reference.write_keys(keys.seed_state(3), np.arange(n_rows), ids, key, gate)
@@ -209,7 +209,7 @@ def test_pools_differ_judges_a_kept_pooling_by_its_generations() -> None:
     rng = np.random.default_rng(7)
     n_slots, n_embd = 8, 4
     key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
-    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.int8)
     members, rows = np.array([[1, 2], [3, 4]], np.int64), np.array([5, 6], np.int64)
     pooled = np.zeros((n_slots, n_embd), np.float32)
     pool_of, pool_gen = np.zeros((n_slots, 2), np.int64), np.zeros(n_slots, np.int64)
@@ -232,7 +232,7 @@ def _random_slot_values(rng: np.random.Generator, n_slots: int, kpool: int
     generations (0..3) of n_slots slots: a slot table's values for the twins'
     agreement tests."""
     key = rng.standard_normal((n_slots, 8)).astype(np.float32)
-    gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1, (n_slots, 8)).astype(np.float32)
+    gate = rng.integers(-keys.GATE_MAX, keys.GATE_MAX + 1, (n_slots, 8)).astype(np.int8)
     pooled = rng.standard_normal((n_slots, 8)).astype(np.float32)
     pool_of = rng.integers(0, n_slots, (n_slots, kpool)).astype(np.int64)
     pool_gen = rng.integers(0, 4, n_slots).astype(np.int64)
@@ -254,7 +254,7 @@ def test_rows_differ_reads_each_row_through_the_slot_map() -> None:
     rng = np.random.default_rng(3)
     n_slots, n_embd = 8, 4
     key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
-    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.int8)
     pooled = np.zeros((n_slots, n_embd), np.float32)
     pool_of, pool_gen = np.zeros((n_slots, 2), np.int64), np.zeros(n_slots, np.int64)
     key_gen = np.ones(n_slots, np.int64)
@@ -341,7 +341,7 @@ def test_scatter_fresh_by_hand() -> None:
     st = keys.seed_state(2)
     for k in (kernels, reference):
         key = np.zeros((5, 4), np.float32)
-        gate = np.zeros((5, 4), np.float32)
+        gate = np.zeros((5, 4), np.int8)
         reference.write_keys(st, np.arange(1, 5), np.array([11, 12, 13, 14]), key, gate)
         members = np.array([[1, 2], [3, 4], [2, 1]], np.int64)
         pools = reference.pool(key, gate, members)
@@ -738,7 +738,7 @@ def test_recheck_one_is_the_way_then_the_new_pools_rows_differ() -> None:
     rng = np.random.default_rng(4)
     n_slots, n_embd, kpool = 8, 4, 2
     key = rng.uniform(-1, 1, (n_slots, n_embd)).astype(np.float32)
-    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, n_embd)).astype(np.int8)
     pooled = np.zeros((n_slots, n_embd), np.float32)
     pool_of, pool_gen = np.zeros((n_slots, kpool), np.int64), np.zeros(n_slots, np.int64)
     key_gen = np.ones(n_slots, np.int64)
@@ -931,7 +931,7 @@ def _slot_table(n_slots: int, n_rows: int, n_embd: int, slot_dtype: type
     """The arrays `write_rows` reads and writes, every one holding 9 (slot_of 0)."""
     return dict(slot_of=np.zeros(n_rows, slot_dtype),
                 key=np.full((n_slots, n_embd), 9, np.float32),
-                gate=np.full((n_slots, n_embd), 9, np.float32),
+                gate=np.full((n_slots, n_embd), 9, np.int8),
                 pooled=np.full((n_slots, n_embd), 9, np.float32),
                 slot_row=np.full(n_slots, 9, np.int64), key_gen=np.full(n_slots, 9, np.int64),
                 pool_gen=np.full(n_slots, 9, np.int64), w_kind=np.full(n_slots, 9, np.int8),
@@ -1406,7 +1406,7 @@ def test_a_verification_reads_its_rows_in_the_kernel_and_changes_no_report(
 def test_pool_is_the_base2_softmax_mean() -> None:
     """A hand-checked pool: gates (1, 0) weigh 2/3 and 1/3."""
     key = np.array([[0.5], [-0.25]], np.float32)
-    gate = np.array([[1.0], [0.0]], np.float32)
+    gate = np.array([[1], [0]], np.int8)
     for mod in (kernels, reference):
         out = mod.pool(key, gate, np.array([[0, 1]], np.int64))
         w0 = np.float32(1) / np.float32(1.5)
@@ -1423,7 +1423,7 @@ def test_pool_bits_construction_matches_the_pow2_table():
     n_embd = 1
     key = np.ones((2 * gaps.size, n_embd), dtype=np.float32)
     key[1::2] = 0.0  # the pooled value is member 0's weight: 1 / (1 + 2**-gap)
-    gate = np.empty_like(key)
+    gate = np.empty(key.shape, dtype=np.int8)
     gate[0::2, 0] = GATE_MAX
     gate[1::2, 0] = GATE_MAX - gaps
     members = np.arange(2 * gaps.size, dtype=np.int64).reshape(-1, 2)
@@ -1882,6 +1882,7 @@ def test_numba_boundscheck_is_on() -> None:
     past its arrays directly (no wrapper), raises IndexError itself. A read comes
     first, so a run without the checks fails there, before any write."""
     p = np.zeros((4, 8), np.float32)
+    g = np.zeros((4, 8), np.int8)  # gate logits
     with pytest.raises(IndexError):
         kernels.gather(p, np.array([4], np.int64))
     one = np.array([[0, 1]], np.int64)
@@ -1890,16 +1891,16 @@ def test_numba_boundscheck_is_on() -> None:
         args = dict(reps=np.array([0]), keep=np.array([True]), st=np.array([0]),
                     src=np.array([0])) | spoiled
         with pytest.raises(IndexError):
-            kernels.scatter_fresh(p, p, p.copy(), *gens, 1, one, args["reps"], args["keep"],
+            kernels.scatter_fresh(p, g, p.copy(), *gens, 1, one, args["reps"], args["keep"],
                                   args["st"], args["src"], np.zeros((1, 8), np.float32))
     with pytest.raises(IndexError):
-        kernels.pool(p, p, np.array([[0, 1, 2, 4]], np.int64))
+        kernels.pool(p, g, np.array([[0, 1, 2, 4]], np.int64))
     with pytest.raises(IndexError):
-        kernels.pools_differ(p, p, p, *gens, np.zeros(4, np.int64), np.array([[0, 1]], np.int64),
+        kernels.pools_differ(p, g, p, *gens, np.zeros(4, np.int64), np.array([[0, 1]], np.int64),
                              np.array([-5], np.int64))
     with pytest.raises(IndexError):
         kernels.write_keys(np.uint64(1), np.array([4], np.int64), np.array([3], np.int64),
-                           p.copy(), p.copy())
+                           p.copy(), g.copy())
 
 
 @pytest.mark.skipif(BOUNDSCHECK, reason="already running with numba's bounds checking")

@@ -302,7 +302,8 @@ def test_fixed_sizes_are_the_allocations() -> None:
         assert held == 1000 * (Stream.CELL_BYTES + n_col)
     t = trace(HUGE_CLEAR)
     be = ValueBackend(t.cache, t.seed, "numpy")
-    slots = ValueBackend.SLOTS_MIN * (3 * 4 * t.cache.n_embd + ValueBackend.SLOT_BYTES
+    # a slot: its key and pooled rows (float32) and its gate logits (int8)
+    slots = ValueBackend.SLOTS_MIN * ((4 + 1 + 4) * t.cache.n_embd + ValueBackend.SLOT_BYTES
                                       + 8 * t.cache.kpool)
     assert be.bytes_held() == t.cache.n_rows * (ValueBackend.ROW_BYTES + 4) + slots
 

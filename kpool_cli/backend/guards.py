@@ -3,7 +3,7 @@
 Owns: `PlanError` (the error every check raises), `checked_index` (an index array as
 int64, C-contiguous, after checking its dtype, its shape, its range and, where one
 writer per element is assumed, that no element repeats), `checked_rows` (the same
-for global rows: each in [0, n_rows)), `is_rows` (a float32 array of rows of a given
+for global rows: each in [0, n_rows)), `is_rows` (an array of rows of a given dtype and
 width, by its strides) and `group_refusal` (the error of a pass over a scatter's
 race groups, `OUTSIDE` or `NOT_RACE_GROUPS`: the kernels check those as they read
 them). Pure functions: no state, nothing of the backend imported.
@@ -55,10 +55,11 @@ I64 = np.dtype(np.int64)
 ANY = None  # the `shape` of a 1-D index array of any length
 
 
-def is_rows(a: np.ndarray, width: int) -> bool:
-    """`a` is a C-contiguous float32 array of rows `width` wide (by its strides)."""
-    return (type(a) is np.ndarray and a.dtype == np.float32 and a.ndim == 2
-            and a.shape[1] == width and a.strides == (4 * width, 4))
+def is_rows(a: np.ndarray, width: int, dtype: type = np.float32) -> bool:
+    """`a` is a C-contiguous array of `dtype` rows `width` wide (by its strides)."""
+    size = np.dtype(dtype).itemsize
+    return (type(a) is np.ndarray and a.dtype == dtype and a.ndim == 2
+            and a.shape[1] == width and a.strides == (size * width, size))
 
 
 def checked_index(a, lo: int | None, hi: int, shape: tuple[int | None, ...] | None,

@@ -154,7 +154,7 @@ def _key_row(state, kid, key, gate, r):
     if kid == 0:
         for d in range(n_embd):
             key[r, d] = np.float32(0.0)
-            gate[r, d] = np.float32(0.0)
+            gate[r, d] = np.int8(0)
         return
     base = _mix_jit(state ^ (np.uint64(kid) * KEY_MUL))
     for d in range(n_embd):
@@ -162,7 +162,7 @@ def _key_row(state, kid, key, gate, r):
         hk = _mix_jit(base + (_U2 * dd + _U1) * GOLDEN)
         hg = _mix_jit(base + (_U2 * dd + _U2) * GOLDEN)
         key[r, d] = np.float32(np.int64(hk >> _U40) - np.int64(1 << 23)) * _SCALE
-        gate[r, d] = np.float32(np.int64((hg >> _U32) % _NGATE) - np.int64(GATE_MAX))
+        gate[r, d] = np.int8(np.int64((hg >> _U32) % _NGATE) - np.int64(GATE_MAX))
 
 
 def _write_keys(state, rows, key_ids, key, gate):
@@ -170,7 +170,7 @@ def _write_keys(state, rows, key_ids, key, gate):
         _key_row(state, key_ids[j], key, gate, rows[j])
 
 
-_WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], f4[:, ::1])"
+_WRITE_KEYS_SIG = "void(u8, i8[::1], i8[::1], f4[:, ::1], i1[:, ::1])"
 _write_keys_serial = kernel(_write_keys, "_write_keys_serial", _WRITE_KEYS_SIG)
 
 
@@ -186,7 +186,7 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         Slots (rows of `key`, `gate`), distinct (each written by one iteration).
     key_ids : array of int64, shape (n,), C-contiguous
         Key ids (0 = a zeroed row).
-    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate : arrays of float32 and int8, shape (n_slots, n_embd), C-contiguous
         Updated in place.
     """
     if PARALLEL and rows.size * key.shape[1] >= PARALLEL_MIN_KEYS:
@@ -196,7 +196,7 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
 
 
 _WRITE_ROWS_SIG = ("UniTuple(i8, 2)(u8, i8[::1], i8[::1], {}[::1], i8[::1], i8, i8, i8, i8, "
-                   "i1, f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[::1], i8[::1], i8[::1], "
+                   "i1, f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[::1], i8[::1], i8[::1], "
                    "i1[::1], i8[::1], i8[::1], i8[::1], i8[::1], b1)")
 
 
@@ -302,15 +302,15 @@ def _pool_entry(key, gate, m, w, bits, out):
     s = w[kpool + 1]
     g0 = gate[m[0]]
     for d in range(n_embd):
-        mx[d] = g0[d]
+        mx[d] = np.float32(g0[d])
     for i in range(1, kpool):
         g = gate[m[i]]
         for d in range(n_embd):
-            mx[d] = max(mx[d], g[d])
+            mx[d] = max(mx[d], np.float32(g[d]))
     for i in range(kpool):
         g = gate[m[i]]
         for d in range(n_embd):
-            bits[i, d] = (np.int32(127) - np.int32(mx[d] - g[d])) << np.int32(23)
+            bits[i, d] = (np.int32(127) - np.int32(mx[d] - np.float32(g[d]))) << np.int32(23)
     for d in range(n_embd):
         s[d] = w[0, d]
     for i in range(1, kpool):
@@ -336,7 +336,7 @@ def _pool_into_parallel(key, gate, members, out, w, bits):  # scratch per entry 
         _pool_entry(key, gate, members[e], own, own.view(np.int32), out[e])
 
 
-_POOL_SIG = "void(f4[:, ::1], f4[:, ::1], i8[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1])"
+_POOL_SIG = "void(f4[:, ::1], i1[:, ::1], i8[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1])"
 _pool_serial = kernel(_pool_into, "_pool_serial", _POOL_SIG)
 
 
@@ -351,7 +351,7 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
 
     Parameters
     ----------
-    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate : arrays of float32 and int8, shape (n_slots, n_embd), C-contiguous
     members : array of int64, shape (n, kpool), C-contiguous
         The member slots of each entry.
 
@@ -384,7 +384,7 @@ def _write_pooling(pooled, pooled_bits, pool_of, pool_gen, gen, r, val, val_bits
     return differs
 
 
-@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i4[:, ::1], i8[:, ::1], i8[::1], i8, "
+@_value_kernel("void(f4[:, ::1], i1[:, ::1], f4[:, ::1], i4[:, ::1], i8[:, ::1], i8[::1], i8, "
                 "i8[:, ::1], i8[::1], b1[::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], "
                 "b1[::1], b1, f4[:, ::1], i4[:, ::1])")
 def _scatter_fresh_into(key, gate, pooled, pooled_bits, pool_of, pool_gen, gen, members, reps,
@@ -415,7 +415,8 @@ def scatter_fresh(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
 
     Parameters
     ----------
-    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate, pooled : arrays of float32, int8 and float32, shape (n_slots, n_embd),
+        C-contiguous
     pool_of : array of int64, shape (n_slots, kpool); pool_gen : array of int64
     members : array of int64, shape (m, kpool); reps : int64 (m,); keep : bool (m,)
     st : array of int64, shape (g,), distinct; src : int64 (g,), indices into the m
@@ -475,7 +476,7 @@ def _differs(key, gate, pooled, pool_of, pool_gen, key_gen, m, r, w, bits, want)
     return False
 
 
-@_value_kernel("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
+@_value_kernel("void(f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
                 "i8[:, ::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
 def _pools_differ_into(key, gate, pooled, pool_of, pool_gen, key_gen, members, rows, w, bits,
                        want, out):
@@ -495,7 +496,8 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
 
     Parameters
     ----------
-    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate, pooled : arrays of float32, int8 and float32, shape (n_slots, n_embd),
+        C-contiguous
     pool_of : array of int64, shape (n_slots, kpool); pool_gen, key_gen : int64 (n_slots,)
     members : array of int64, shape (n, kpool), C-contiguous
     rows : array of int64, shape (n,)
@@ -512,7 +514,7 @@ def pools_differ(key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of:
     return out
 
 
-_ROWS_DIFFER_SIG = ("i8({}[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], "
+_ROWS_DIFFER_SIG = ("i8({}[::1], i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], "
                     "i8[::1], i8[:, ::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], "
                     "b1[::1])")
 
@@ -766,7 +768,7 @@ def stamp_winners(order: np.ndarray, starts: np.ndarray, entry_pool: np.ndarray,
         raise group_refusal(int(g), int(why))
 
 
-_SINGLES_SIG = ("UniTuple(i8, 4)({}[::1], i8[::1], i8, f4[:, ::1], f4[:, ::1], f4[:, ::1], "
+_SINGLES_SIG = ("UniTuple(i8, 4)({}[::1], i8[::1], i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], "
                 "i4[:, ::1], i8[:, ::1], i8[::1], i8[::1], i8, i8[:, ::1], i8[::1], i8[::1], "
                 "i8[::1], i8[::1], i8[::1], i8, i8, i8, i1[::1], i8[::1], i8[::1], i8[::1], "
                 "i8[::1], i8[::1], i8[::1], f4[::1], i4[::1], f4[:, ::1], i4[:, ::1])")
@@ -851,7 +853,8 @@ def scatter_singles(slot_of: np.ndarray, slot_row: np.ndarray, n_handed: int,
     ----------
     slot_of : array of int32 or int64, shape (n_rows,): row -> slot; slot_row its inverse
     n_handed : the slots handed out (slots in use are below it)
-    key, gate, pooled : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate, pooled : arrays of float32, int8 and float32, shape (n_slots, n_embd),
+        C-contiguous
     pool_of, pool_gen, key_gen, gen : the poolings and generations (`slots.py`)
     entry_rows, rep, order, rows, entry_pool : the plan's entries and their groups
     pool_start, n_ubatch, pooled_kind, padding_kind, w_kind, w_ubatch, w_a, w_b :
@@ -1134,7 +1137,7 @@ def _recheck_one_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dir
 
 _RECHECK_ONE_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
                     "i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8, {}[::1], i8, "
-                    "f4[:, ::1], f4[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
+                    "f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
                     "i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
 # one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
 _recheck_one_i4 = kernel(_recheck_one_into, "_recheck_one_i4", _RECHECK_ONE_SIG.format("i4"))
@@ -1250,7 +1253,7 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
 
 
 _ONE_STEP_SIG = ("i8(u8, i8[::1], i8[::1], {}[::1], i8[::1], i8, i8, i8, i8, i1, f4[:, ::1], "
-                 "f4[:, ::1], f4[:, ::1], i4[:, ::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], "
+                 "i1[:, ::1], f4[:, ::1], i4[:, ::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], "
                  "i1[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[:, ::1], i8[::1], i8[::1], "
                  "i8[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], i8[::1], "
                  "i8[::1], b1[::1], i8[::1], i8[::1], i8, i8, i8[::1], i8[::1], i8[::1], "

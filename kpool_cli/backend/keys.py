@@ -70,9 +70,10 @@ def key_rows_from_state(state: np.uint64, key_ids: np.ndarray, n_embd: int
 
     Returns
     -------
-    key, gate : arrays of float32, shape (n, n_embd)
-        `key` in [-1, 1) (multiples of 2**-23); `gate` integer logits in
-        [-GATE_MAX, GATE_MAX]. For key id 0 both rows are 0.
+    key : array of float32, shape (n, n_embd)
+        In [-1, 1) (multiples of 2**-23).
+    gate : array of int8, shape (n, n_embd)
+        Integer logits in [-GATE_MAX, GATE_MAX]. For key id 0 both rows are 0.
 
     Dimension d of key id i: `base = splitmix64(state ^ i * KEY_MUL)`, key hash
     `splitmix64(base + (2d+1) GOLDEN)`, gate hash `splitmix64(base + (2d+2) GOLDEN)`.
@@ -85,7 +86,7 @@ def key_rows_from_state(state: np.uint64, key_ids: np.ndarray, n_embd: int
         hg = splitmix64(base[:, None] + (np.uint64(2) * d + np.uint64(2)) * GOLDEN)
     key = ((hk >> np.uint64(40)).astype(np.int64) - (1 << 23)).astype(np.float32) * KEY_SCALE
     gate = ((hg >> np.uint64(32)) % np.uint64(2 * GATE_MAX + 1)).astype(np.int64) - GATE_MAX
-    gate = gate.astype(np.float32)
+    gate = gate.astype(np.int8)
     zero = ids == 0
     key[zero] = 0
     gate[zero] = 0

@@ -53,7 +53,7 @@ def write_keys(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, key: np.
         Slots (rows of `key`, `gate`), distinct.
     key_ids : array of int64, shape (n,)
         Key ids (0 = a zeroed row).
-    key, gate : arrays of float32, shape (n_slots, n_embd), C-contiguous
+    key, gate : arrays of float32 and int8, shape (n_slots, n_embd), C-contiguous
         Updated in place.
     """
     k, g = key_rows_from_state(state, key_ids, key.shape[1])
@@ -118,7 +118,7 @@ def pool(key: np.ndarray, gate: np.ndarray, members: np.ndarray) -> np.ndarray:
 
     Parameters
     ----------
-    key, gate : arrays of float32, shape (n_slots, n_embd)
+    key, gate : arrays of float32 and int8, shape (n_slots, n_embd)
     members : array of int64, shape (n, kpool)
         The member slots of each entry.
 

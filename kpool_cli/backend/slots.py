@@ -12,9 +12,11 @@ Owns, for the global rows (`n_rows = n_stream * kv_size`) that hold data:
   slots;
 - the per-slot arrays (`SLOT_ARRAYS`), each in an anonymous memory map that grows
   in place (`_grow`): their spare capacity is never resident. They hold what the
-  other parts of the backend keep per slot: `key`, `gate`, `pooled` (float32
-  [slots, n_embd]: the cell's indexer key, its per-dimension gate logits, and the
-  pooled slot a rep row holds), the writer of each slot (`w_kind`, `w_ubatch`,
+  other parts of the backend keep per slot: `key` and `pooled` (float32 [slots,
+  n_embd]: the cell's indexer key and the pooled slot a rep row holds) and `gate`
+  (int8 [slots, n_embd]: the key's per-dimension gate logits, small integers:
+  `keys.GATE_MAX`; a quarter of float32's memory, and of the pages a first write
+  touches), the writer of each slot (`w_kind`, `w_ubatch`,
   `w_a`, `w_b`: `writers.py` reads and writes them), `slot_row` (the row of a slot
   in use, -1 for a freed one), and the pooling a slot's pooled row holds (below);
 - the generations: every call that writes values takes a new one (`next_gen`);
@@ -75,12 +77,12 @@ class SlotTable:
     # capacity grows by 1/SLOT_GROWTH at least, in place (`_grow`)
     SLOT_GROWTH = 8
     # the per-slot arrays: name, dtype, row width ("n_embd", "kpool", or 1)
-    SLOT_ARRAYS = (("key", np.float32, "n_embd"), ("gate", np.float32, "n_embd"),
+    SLOT_ARRAYS = (("key", np.float32, "n_embd"), ("gate", np.int8, "n_embd"),
                    ("pooled", np.float32, "n_embd"), ("w_kind", np.int8, 1),
                    ("w_ubatch", np.int64, 1), ("w_a", np.int64, 1), ("w_b", np.int64, 1),
                    ("slot_row", np.int64, 1), ("key_gen", np.int64, 1),
                    ("pool_gen", np.int64, 1), ("pool_of", np.int64, "kpool"))
-    # bytes per slot besides its three float32 rows and pool_of (8 kpool): w_kind,
+    # bytes per slot besides its key, gate and pooled rows and pool_of (8 kpool): w_kind,
     # w_ubatch, w_a, w_b, slot_row, key_gen, pool_gen
     SLOT_BYTES = 1 + 8 + 8 + 8 + 8 + 8 + 8
 
@@ -94,10 +96,12 @@ class SlotTable:
         self._maps: dict[str, mmap.mmap] = {}
         self._tables: tuple | None = None  # key, gate, pooled as last checked, their rows
         self._gens: tuple | None = None  # pool_of, pool_gen, key_gen as last checked, rows
-        # key, gate, pooled: [slots, n_embd] float32 | slot, d | key, gate logit, pooled
+        # key, pooled: [slots, n_embd] float32, gate int8 | slot, d | key, gate logit,
+        # pooled
         # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src
         # stream / slot index), w_b (k); slot_row [slots] int64: its row, or -1
-        self.key = self.gate = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
+        self.key = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
+        self.gate = np.empty((0, self.n_embd), dtype=np.int8)
         self.w_kind = np.empty(0, dtype=np.int8)
         self.w_ubatch = self.w_a = self.w_b = self.slot_row = np.empty(0, dtype=np.int64)
         self.key_gen = self.pool_gen = np.empty(0, dtype=np.int64)
@@ -117,8 +121,8 @@ class SlotTable:
 
     @staticmethod
     def row_bytes(config: CacheConfig) -> int:
-        """A slot's three float32 rows: key, gate, pooled."""
-        return 3 * 4 * config.n_embd
+        """A slot's rows: key and pooled float32, gate int8."""
+        return (2 * 4 + 1) * config.n_embd
 
     @classmethod
     def slots_bound(cls, config: CacheConfig, value_rows: int) -> int:
@@ -309,18 +313,19 @@ class SlotTable:
                       min(self.pool_of.shape[0], self.pool_gen.shape[0], self.key_gen.shape[0]))
 
     def check_tables(self, where: str) -> None:
-        """The slot arrays a kernel reads and writes: float32, C-contiguous, n_embd
-        wide, with a row for every slot in use (true by construction). Checked whole
-        when they are new (`_grow` forgets the last ones), else only their room.
-        Raises PlanError (`guards.py`)."""
+        """The slot arrays a kernel reads and writes: C-contiguous, n_embd wide, float32
+        (the gates int8: `SLOT_ARRAYS`), with a row for every slot in use (true by
+        construction). Checked whole when they are new (`_grow` forgets the last
+        ones), else only their room. Raises PlanError (`guards.py`)."""
         t = self._tables
         if (t is not None and t[0] is self.key and t[1] is self.gate and t[2] is self.pooled
                 and self.n_handed <= t[3]):
             return
-        for name, a in (("key", self.key), ("gate", self.gate), ("pooled", self.pooled)):
-            if not is_rows(a, self.n_embd) or a.shape[0] < self.n_handed:
+        for name, a, dtype in (("key", self.key, np.float32), ("gate", self.gate, np.int8),
+                               ("pooled", self.pooled, np.float32)):
+            if not is_rows(a, self.n_embd, dtype) or a.shape[0] < self.n_handed:
                 raise PlanError(f"{where}: the {name} array is {a.dtype} {a.shape}, not a "
-                                f"C-contiguous float32 array of {self.n_handed} slots x "
-                                f"{self.n_embd}", where, name)
+                                f"C-contiguous {np.dtype(dtype)} array of {self.n_handed} "
+                                f"slots x {self.n_embd}", where, name)
         self._tables = (self.key, self.gate, self.pooled,
                         min(self.key.shape[0], self.gate.shape[0], self.pooled.shape[0]))

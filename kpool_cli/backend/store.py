@@ -417,7 +417,8 @@ class ValueBackend:
 
     def row_values(self, name: str, rows: np.ndarray | None = None) -> np.ndarray:
         """A copy of the `name` ("key", "gate" or "pooled") rows `rows` (every row when
-        None: for small caches), float32 [len(rows), n_embd]."""
+        None: for small caches), [len(rows), n_embd]: float32, the gates int8
+        (`slots.SLOT_ARRAYS`)."""
         if name not in ("key", "gate", "pooled"):
             raise ValueError(f"no row array {name!r}")
         rows = (np.arange(self.n_rows) if rows is None
