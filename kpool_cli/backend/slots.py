@@ -119,10 +119,11 @@ class SlotTable:
         """A slot per row, and the zero row."""
         return config.n_rows + 1
 
-    @staticmethod
-    def row_bytes(config: CacheConfig) -> int:
-        """A slot's rows: key and pooled float32, gate int8."""
-        return (2 * 4 + 1) * config.n_embd
+    @classmethod
+    def row_bytes(cls, config: CacheConfig) -> int:
+        """A slot's n_embd-wide rows (`SLOT_ARRAYS`: key and pooled float32, gate int8)."""
+        return config.n_embd * sum(np.dtype(dtype).itemsize
+                                   for _, dtype, wide in cls.SLOT_ARRAYS if wide == "n_embd")
 
     @classmethod
     def slots_bound(cls, config: CacheConfig, value_rows: int) -> int:
@@ -321,8 +322,9 @@ class SlotTable:
         if (t is not None and t[0] is self.key and t[1] is self.gate and t[2] is self.pooled
                 and self.n_handed <= t[3]):
             return
-        for name, a, dtype in (("key", self.key, np.float32), ("gate", self.gate, np.int8),
-                               ("pooled", self.pooled, np.float32)):
+        dtypes = {name: dtype for name, dtype, _ in self.SLOT_ARRAYS}
+        for name, a in (("key", self.key), ("gate", self.gate), ("pooled", self.pooled)):
+            dtype = dtypes[name]
             if not is_rows(a, self.n_embd, dtype) or a.shape[0] < self.n_handed:
                 raise PlanError(f"{where}: the {name} array is {a.dtype} {a.shape}, not a "
                                 f"C-contiguous {np.dtype(dtype)} array of {self.n_handed} "
