@@ -561,7 +561,7 @@ TOUCH_CHILD = r"""
 import mmap, sys, time
 import numpy as np
 n = int(sys.argv[1]) << 20
-mm = mmap.mmap(-1, n, flags=getattr(mmap, "MAP_PRIVATE", 0) or mmap.MAP_SHARED)
+mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)  # anonymous (-1): zero pages
 pages = np.frombuffer(mm, dtype=np.uint8)[::mmap.PAGESIZE]
 t0 = time.perf_counter()
 pages[:] = 1
@@ -576,7 +576,10 @@ def first_touch(out_dir: Path, timeout: float, env: dict[str, str], when: str) -
     r = run([sys.executable, "-c", TOUCH_CHILD, str(TOUCH_MIB)], None, log, timeout, env)
     if r.wall is None or r.error:
         return None
-    return dict(ast.literal_eval(log.read_text().strip().splitlines()[-1]))
+    try:
+        return dict(ast.literal_eval(log.read_text().strip().splitlines()[-1]))
+    except (IndexError, SyntaxError, TypeError, ValueError):  # no figures printed
+        return None
 
 
 def yaml_floor(trace: Path, out_dir: Path, timeout: float, env: dict[str, str]) -> float | None:
@@ -796,7 +799,7 @@ def main_rows(b: Bench) -> list[list[str]]:
             wall = f"> {t:g} s" if r.wall is None else f"{r.wall:.2f}"
             fig = fmt_rate(n, r.wall, t) + " " + UNIT[name]
         rss = f"{r.maxrss_mb:,.0f}" + ("+" if r.wall is None else "")
-        faults = f"{r.minflt / 1000:,.1f}k"
+        faults = f"{r.minflt / 1000:,.1f}k" + ("+" if r.wall is None else "")
         rep = "-" if r.report_mb is None else f"{r.report_mb:,.1f}"
         if r.partial_mb is not None:
             rep = f"{r.partial_mb:,.0f}+"
@@ -887,8 +890,10 @@ def print_main(b: Bench) -> None:
         table(cols, rows, {4, 5, 6, 7, 9, 10, 11})
     print("'ratio' is figure / target (W2 cache-safe: 3x rep-once's time / its time), >= 1 "
           "meets it ('<' when timed out);\n'speed-up': the reference's time / the compiled "
-          "core's; a '+' after peak RSS or report MB: what a timed-out run had reached;\n"
-          "'minor faults': the pages the child touched first (the largest count of its runs)")
+          "core's; a '+' after peak RSS, report MB or minor faults: what a timed-out run had "
+          "reached;\n"
+          "'minor faults': the page faults the kernel served without I/O (first touches of "
+          "fresh memory above all), the largest count of its runs")
     print_touch(b)
     for name in b.workloads:
         print(f"  {name}: {target_text(name)}")

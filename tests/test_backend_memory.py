@@ -74,7 +74,7 @@ def test_a_small_decode_on_a_huge_cache_holds_a_few_rows_and_clear_frees_them() 
     t = trace(HUGE_CLEAR)
     be = ValueBackend(t.cache, t.seed, "numpy")
     rp = Replayer(t, VERSIONS["rep-once"], be)
-    row_bytes = 3 * 4 * t.cache.n_embd
+    row_bytes = (4 + 1 + 4) * t.cache.n_embd  # key and pooled float32, gate logits int8
     for rec in rp.run():
         if isinstance(rec, UbatchRecord):
             assert be.n_slots == 8  # the 8 written rows (padding went to member rows)
