@@ -268,12 +268,11 @@ class Padding:
         self._held: tuple[int, int] | None = None
         self._low = _Low()
 
-    def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool,
-                 held: tuple[LayoutChange, int] | None = None
+    def __call__(self, pool_cells: np.ndarray, n_pad: int, n_rows: int, row_zero: bool
                  ) -> tuple[np.ndarray, np.ndarray]:
         if row_zero:
             return np.zeros(n_pad, dtype=np.int64), np.flatnonzero(pool_cells == 0)
-        given = self.given(pool_cells, n_pad, n_rows, held)
+        given = self.given(pool_cells, n_pad, n_rows)
         if given is None:
             raise EngineAbort(NO_ROW_LEFT)
         return given, _NO_READERS
