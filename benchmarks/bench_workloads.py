@@ -70,16 +70,17 @@ The tables, from one run:
   load, and minus numba's import over numpy's). The 1x and the 2x trace run in turn,
   one pair per `--repeat`, and each ratio is the median of the pairs' ratios: a machine
   whose speed drifts over minutes moves the two runs of a pair alike, where a 1x run
-  taken minutes before its 2x twin can put the ratio off by a third. Where the doubled
-  trace does not load (W2 at scale above ~0.7 crosses the loader's node bound), the pair
-  is a halved trace and the workload itself.
+  taken minutes before its 2x twin can put the ratio off by a third. A doubled trace
+  past the loader's default node bound (W2's: 1.3 million nodes) is loaded, and both
+  traces of its pair replayed, with `--max-nodes` raised, as a user loads such a trace;
+  with a kpool that has no `--max-nodes`, the pair is a halved trace and the workload.
 
 n_embd is 128 in every workload (as in bench_backend.py and the README's benchmark;
 `--n-embd` changes it). The loader's bounds (trace/load/) all hold at full scale:
 at most 4,097 ops (MAX_OPS 65,536), 132,096 tokens (--max-tokens default 2**22),
 W2's decodes about 660k YAML nodes (MAX_NODE_VISITS 1,000,000) and 3 MB of YAML
-(MAX_BYTES 64 MiB); so no CLI option is needed. W2 at `--scale` above ~1.4 would
-cross the node bound.
+(MAX_BYTES 64 MiB); so no CLI option is needed but for W2's doubled twin (growth,
+above). W2 at `--scale` above ~1.4 would cross the node bound.
 
     python benchmarks/bench_workloads.py [--only W1,W3] [--engines rep-once,cache-safe]
         [--cores compiled,reference] [--scale 0.05] [--timeout 600] [--keep DIR]
@@ -107,7 +108,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -322,12 +323,13 @@ def kpool_cmd() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "kpool_cli"]
 
 
-def replay_cmd(trace: Path, engine: str, core: str | None, mode: str, report: Path
-               ) -> list[str]:
-    """One replay; `core` None: a kpool without `--core` (no option passed)."""
+def replay_cmd(trace: Path, engine: str, core: str | None, mode: str, report: Path,
+               bounds: Sequence[str] = ()) -> list[str]:
+    """One replay; `core` None: a kpool without `--core` (no option passed); `bounds`:
+    the loader's bounds raised (`--max-nodes N`) for a trace that needs it."""
     return [*kpool_cmd(), "replay", str(trace), "--engine", engine, "--format", "json",
             "-o", str(report), "-q", *(["--core", core] if core else []),
-            *(["--backend", "none"] if mode == "model-only" else [])]
+            *(["--backend", "none"] if mode == "model-only" else []), *bounds]
 
 
 def help_text(args: list[str], env: dict[str, str], timeout: float) -> str:
@@ -649,6 +651,7 @@ class Bench:
     modes: list[str]
     out_dir: Path
     env: dict[str, str]
+    max_nodes_opt: bool = False  # the installed kpool takes --max-nodes
     header: list[str] = field(default_factory=list)
     workloads: dict[str, Workload] = field(default_factory=dict)
     runs: dict[tuple[str, str, str, str], Run] = field(default_factory=dict)  # wl, e, c, mode
@@ -691,8 +694,9 @@ class Bench:
         r.wall, r.maxrss_mb, r.minflt = statistics.median(walls), rss, flt
         return r
 
-    def validate(self, wl: Workload, path: Path) -> Run:
-        r = self.child(f"validate {path.name}", [*kpool_cmd(), "validate", str(path)])
+    def validate(self, wl: Workload, path: Path, bounds: Sequence[str] = ()) -> Run:
+        r = self.child(f"validate {path.name}",
+                       [*kpool_cmd(), "validate", str(path), *bounds])
         self.loads[wl.file] = r
         return r
 
@@ -762,12 +766,23 @@ def measure(b: Bench, only: list[str]) -> None:
 
 
 def grow_one(b: Bench, wl: Workload, path: Path) -> None:
-    """The workload with its decodes (steps) doubled, or, when that trace does not load
-    (a loader bound), halved; full replays of both under every engine and core."""
+    """The workload with its decodes (steps) doubled; full replays of it and of the
+    workload under every engine and core. A doubled trace past the loader's default
+    node bound (W2's) loads as a user loads it, with `--max-nodes` raised (its load,
+    its replays and the workload's, whose work a bound does not change); with a kpool
+    that has no such option, the pair is the workload halved and the workload."""
+    from kpool_cli.cli.options import MAX_NODES_CHOSEN
+
     big = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=2.0)
     big_path = b.write(big)
     small, small_path = wl, path
-    if not b.validate(big, big_path).done:
+    bounds: list[str] = []
+    if not b.validate(big, big_path).done and b.max_nodes_opt:
+        bounds = ["--max-nodes", str(MAX_NODES_CHOSEN)]
+        b.header.append(f"{wl.name} x2 loads with --max-nodes (the default node bound "
+                        f"refuses it: {b.loads[big.file].error})")
+        b.validate(big, big_path, bounds)
+    if not b.loads[big.file].done:
         b.header.append(f"{wl.name} x2 does not load ({b.loads[big.file].error}): "
                         "its growth pair is x0.5 -> x1")
         small, big, big_path = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=0.5), wl, path
@@ -782,7 +797,8 @@ def grow_one(b: Bench, wl: Workload, path: Path) -> None:
                     rep = b.out_dir / f"{p.stem}-{e}-{c}-grow.json"
                     done[id(w)].append(b.child(
                         f"{p.stem} {e} {c} full (pair {i + 1}/{b.a.repeat})",
-                        replay_cmd(p, e, c if b.core_opt else None, "full", rep), rep, n=1))
+                        replay_cmd(p, e, c if b.core_opt else None, "full", rep, bounds),
+                        rep, n=1))
             pair[(e, c)] = (done[id(small)], done[id(big)])
     b.grown[wl.name] = (small, big, pair)
 
@@ -1084,13 +1100,15 @@ def main() -> None:
     try:
         a.src = str(Path(a.src).resolve()) if a.src else None
         env = child_env(a.src)
-        core_opt = "--core" in help_text(["replay"], env, a.timeout)  # asked once
+        replay_help = help_text(["replay"], env, a.timeout)  # asked once
+        core_opt = "--core" in replay_help
         if not core_opt:
             cores = ["reference"]
         if not help_text(["validate"], env, a.timeout):
             ap.error("this kpool has no `validate` command: the load floor cannot be measured")
         b = Bench(a, engines, cores, core_opt,
-                  ["full"] if a.no_model_only else list(MODES), out_dir, env)
+                  ["full"] if a.no_model_only else list(MODES), out_dir, env,
+                  max_nodes_opt="--max-nodes" in replay_help)
         b.log(f"warming numba's cache ({', '.join(engines)}; cores {', '.join(cores)}) ...")
         warm_up(only, engines, list(cores) if core_opt else [None], a.timeout, env, a.n_embd)
         measure(b, only)

@@ -163,6 +163,7 @@ class CheckJob:
     pin: bool = True  # a code some `expect` of the trace lists does not fail (check)
     expectations: bool = True  # an unmet `expect` fails (check; replay's --check)
     core: str = DEFAULT_CORE  # the replay core (replay.CORE_CHOICES)
+    max_nodes: int | None = None  # the loader's node bound (None: its default)
 
 
 # -- which traces, which engines ------------------------------------------------------
@@ -198,19 +199,21 @@ def pinned_codes(trace: m.Trace, engine: str) -> frozenset[str]:
 
 def plan(paths: Sequence[str], engines: Sequence[str], *, backend: str, fail_on: str,
          ignored_for, max_tokens: int = MAX_TOKENS, max_memory: int | None = None,
-         core: str = DEFAULT_CORE) -> list[CheckJob | CheckResult]:
+         core: str = DEFAULT_CORE, max_nodes: int | None = None
+         ) -> list[CheckJob | CheckResult]:
     """For each trace of `paths`, in order, its jobs, or the `invalid` result of a
     trace that does not load. `ignored_for(path)`: the codes ignored for that trace."""
     out: list[CheckJob | CheckResult] = []
     for p in paths:
         try:
-            trace = load_checked(p, max_tokens=max_tokens)
+            trace = load_checked(p, max_tokens=max_tokens, max_nodes=max_nodes)
         except TraceError as e:
             out.append(_invalid(p, "", e))
             continue
         ignored = frozenset(ignored_for(Path(p)))
         out += [CheckJob(p, e, backend, fail_on, ignored, max_tokens, max_memory,
-                         core=core) for e in engines_for(trace, engines)]
+                         core=core, max_nodes=max_nodes)
+                for e in engines_for(trace, engines)]
     return out
 
 
@@ -232,7 +235,7 @@ def _line(trace: m.Trace, op: int) -> int:
 def check_one(job: CheckJob) -> CheckResult:
     """Replay the job's trace under its engine and judge it (the rules above)."""
     try:
-        trace = load_checked(job.path, max_tokens=job.max_tokens)
+        trace = load_checked(job.path, max_tokens=job.max_tokens, max_nodes=job.max_nodes)
     except TraceError as e:
         return _invalid(job.path, job.engine, e)
     try:

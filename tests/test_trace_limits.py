@@ -65,8 +65,9 @@ def composers(monkeypatch: pytest.MonkeyPatch) -> list[yaml_safe.Composer]:
 
     def spy(
         self: yaml_safe.Composer, text: str, max_tokens: int, shape: yaml_safe.Shape,
+        max_nodes: int | None = None,
     ) -> None:
-        init(self, text, max_tokens, shape)
+        init(self, text, max_tokens, shape, max_nodes)
         made.append(self)
 
     monkeypatch.setattr(yaml_safe.Composer, "__init__", spy)
@@ -189,6 +190,62 @@ def test_max_tokens_must_be_positive() -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match="max_tokens"):
             load_trace_text(HEAD, max_tokens=bad)  # type: ignore[arg-type]
+
+
+# --- the node bound a caller chooses (--max-nodes) ------------------------------------
+
+def recorded(n: int) -> str:
+    """A recorder's trace: one decode of `n` token lines, 5 nodes each (the composer's
+    count), past 256 of them read by the loader's scan of token lines."""
+    return ("kpool_trace: 1\ncache: {kv_size: 4096, kpool: 4}\nops:\n- decode:\n"
+            "    tokens:\n" + "".join(f"    - {{pos: {i}, seq: 0}}\n" for i in range(n)))
+
+
+PLAIN = HEAD + "  - decode: {tokens: [{pos: 0, seq: 0}]}\n  - seq_rm: {seq: 0}\n" * 100
+
+
+@pytest.mark.parametrize("text", [recorded(600), PLAIN], ids=["token-lines", "plain"])
+def test_the_caller_chooses_the_node_bound(text: str, monkeypatch: pytest.MonkeyPatch,
+                                           composers: list) -> None:
+    """`max_nodes` replaces MAX_NODE_VISITS both ways, in the composer (its scan of
+    token lines included) and in the walk: 600 token lines are 3,000 nodes and more,
+    the plain text's 100 decodes and seq_rm 1,200 and more (8 and 4 a pair of ops)."""
+    n_ops = len(load_trace_text(text).ops)
+    composers.clear()
+    p = only(text, max_nodes=1000)
+    assert "more than 1,000 YAML nodes in the trace" in p.message, str(p)
+    assert "--max-nodes" in p.message and p.line > 4, str(p)
+    # the composer stopped there: it made the nodes up to the bound, no more
+    assert max(c.nodes for c in composers) <= 1001
+    monkeypatch.setattr(limits, "MAX_NODE_VISITS", 1000)  # the default, lowered
+    assert "more than 1,000 YAML nodes" in only(text).message
+    assert len(load_trace_text(text, max_nodes=50_000).ops) == n_ops
+
+
+def test_the_walk_counts_its_visits_against_the_callers_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An alias counts what it stands for in the walk too (`NodeReader.visit`): with
+    the composer's count let through, the walk refuses at the caller's bound."""
+    text = HEAD + "  - decode: {tokens: &t [" + "{pos: 0, seq: 0}, " * 40 + "{pos: 0, seq: 0}]}\n"
+    text += "  - seq_rm: {seq: 0}\n  - decode: {tokens: *t}\n" * 5
+    assert len(load_trace_text(text, max_tokens=10_000).ops) == 11
+    init = yaml_safe.Composer.__init__
+
+    def unbounded(self: yaml_safe.Composer, *args: object) -> None:
+        init(self, *args)  # type: ignore[arg-type]
+        self.node_limit = 1 << 40
+
+    monkeypatch.setattr(yaml_safe.Composer, "__init__", unbounded)
+    p = only(text, max_tokens=10_000, max_nodes=500)
+    assert "more than 500 YAML nodes visited (aliases expanded)" in p.message, str(p)
+    assert "--max-nodes" in p.message
+
+
+def test_max_nodes_must_be_positive() -> None:
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_nodes"):
+            load_trace_text(HEAD, max_nodes=bad)  # type: ignore[arg-type]
 
 
 # --- a decode that can never be placed, and ranges checked before they are built ----
@@ -462,3 +519,46 @@ def test_load_trace_takes_max_tokens(tmp_path: Path) -> None:
     (p,) = info.value.problems
     assert (p.file, p.line, p.column, p.field) == (str(f), 4, 27, "ops[0].decode.pos")
     assert "more than 9 tokens" in p.message
+
+
+@pytest.mark.parametrize("command", [
+    ["validate"], ["replay", "--format", "json", "-q", "--backend", "none"],
+    ["replay", "--format", "junit", "--backend", "none"],
+    ["check", "--no-config", "--backend", "none"], ["diff", "--backend", "none"],
+])
+def test_every_command_that_loads_a_trace_takes_max_nodes(
+    command: list[str], tmp_path: Path,
+) -> None:
+    """kpool validate, replay (and its CI formats, which load again in `check`'s jobs),
+    check and diff each load with the node bound given: 600 token lines (3,000 nodes
+    and more) are refused at 1,000, exit 2 naming the bound, and pass at 50,000."""
+    from click.testing import CliRunner
+
+    from kpool_cli.cli import cli
+
+    t = tmp_path / "t.yaml"
+    t.write_text(recorded(600))
+    run = CliRunner().invoke
+    r = run(cli, [*command, "--max-nodes", "1000", str(t)], catch_exceptions=False)
+    assert r.exit_code == 2, r.output
+    said = r.stdout + r.stderr  # validate and check list problems on stdout
+    assert "more than 1,000 YAML nodes in the trace" in said and "--max-nodes" in said
+    r = run(cli, [*command, "--max-nodes", "50000", str(t)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+
+
+def test_a_check_job_and_a_diff_unit_carry_the_node_bound(tmp_path: Path) -> None:
+    """What a worker process loads (a `CheckJob`, a diff `Unit`) is loaded with the
+    bound of the command that planned it."""
+    from kpool_cli.check import CheckJob, check_one
+    from kpool_cli.diff.runs import Unit, run_unit
+
+    t = tmp_path / "t.yaml"
+    t.write_text(recorded(600))
+    assert check_one(CheckJob(str(t), "rep-once", "none", max_nodes=50_000)).status == "pass"
+    got = check_one(CheckJob(str(t), "rep-once", "none", max_nodes=1000))
+    assert got.status == "invalid"
+    assert "more than 1,000 YAML nodes" in got.problems[0].message
+    assert len(run_unit(Unit(str(t), "rep-once", "none", max_nodes=50_000)).ubatches) == 2
+    with pytest.raises(TraceError, match="more than 1,000 YAML nodes"):
+        run_unit(Unit(str(t), "rep-once", "none", max_nodes=1000))

@@ -17,7 +17,14 @@ from ..verdict.expect import load_checked
 from ..versions import expand_all
 from ..wording import visible
 from .io import codes, fail, open_output, refuse_outputs, version_for
-from .options import ENGINES, core_option, jobs_option, max_memory_option, max_tokens_option
+from .options import (
+    ENGINES,
+    core_option,
+    jobs_option,
+    max_memory_option,
+    max_nodes_option,
+    max_tokens_option,
+)
 
 
 @click.command("check")
@@ -44,12 +51,13 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
 @click.option("--no-config", is_flag=True,
               help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
 @max_tokens_option
+@max_nodes_option
 @max_memory_option
 @core_option
 def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
               ignore: tuple[str, ...], fmt: str | None, output: str | None,
               jobs: int | None, backend: str, no_config: bool, max_tokens: int,
-              max_memory: int | None, core: str) -> None:
+              max_nodes: int | None, max_memory: int | None, core: str) -> None:
     """Check the traces in PATHS (files, or folders searched recursively for *.yaml and
     *.yml) as a CI gate: each is replayed under every engine its expect items name;
     every expect must hold, and no finding at or above --fail-on may be left
@@ -104,7 +112,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
         for path in files:
             units += plan([path], engines, backend=backend, fail_on=fail_on,
                           ignored_for=ignored_for, max_tokens=max_tokens,
-                          max_memory=max_memory, core=core)
+                          max_memory=max_memory, core=core, max_nodes=max_nodes)
             bar.tick()
         bar.label, bar.unit, bar.total, bar.done = "kpool check", "runs", len(units), 0
         results = ticking_each(run_checks(units, jobs), bar)
@@ -128,7 +136,8 @@ def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 @click.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @max_tokens_option
-def validate_cmd(paths: tuple[str, ...], max_tokens: int) -> None:
+@max_nodes_option
+def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None) -> None:
     """Load the traces in PATHS (files, or folders searched recursively for *.yaml and
     *.yml) without replaying them, and list every problem of every file.
 
@@ -150,7 +159,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int) -> None:
     with bar:
         for path in files:
             try:
-                load_checked(path, max_tokens=max_tokens)
+                load_checked(path, max_tokens=max_tokens, max_nodes=max_nodes)
             except TraceError as e:
                 bad += 1
                 lines = [f"INVALID {visible(path)}",

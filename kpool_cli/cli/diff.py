@@ -8,7 +8,14 @@ import click
 
 from ..backend.store import BACKENDS
 from .io import fail, open_output, refuse_outputs
-from .options import ENGINES, core_option, jobs_option, max_memory_option, max_tokens_option
+from .options import (
+    ENGINES,
+    core_option,
+    jobs_option,
+    max_memory_option,
+    max_nodes_option,
+    max_tokens_option,
+)
 
 
 @click.command("diff")
@@ -42,12 +49,13 @@ from .options import ENGINES, core_option, jobs_option, max_memory_option, max_t
                    "values and KP003 (stale reads), at a cost.")
 @jobs_option(1, "Replay traces on N processes.")
 @max_tokens_option
+@max_nodes_option
 @max_memory_option
 @core_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
-             backend: str | None, jobs: int, max_tokens: int, max_memory: int | None,
-             core: str, html_out: str | None) -> None:
+             backend: str | None, jobs: int, max_tokens: int, max_nodes: int | None,
+             max_memory: int | None, core: str, html_out: str | None) -> None:
     """Compare two engine versions on TRACES, or two saved JSON reports.
 
     \b
@@ -94,7 +102,8 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
         with progress_bar(0, "kpool diff") as bar:
             pairs, warnings = gather(files, base=base, head=head, backend=backend, jobs=jobs,
                                      force=force, max_tokens=max_tokens,
-                                     max_memory=max_memory, progress=bar, core=core)
+                                     max_nodes=max_nodes, max_memory=max_memory,
+                                     progress=bar, core=core)
     except DiffInputError as e:
         fail(*str(e).split("\n"))
     for w in warnings:

@@ -45,12 +45,12 @@ def invalid(e: TraceError) -> NoReturn:
     fail("invalid trace", *str(e).split("\n"))
 
 
-def load(path: str, max_tokens: int) -> Trace:
+def load(path: str, max_tokens: int, max_nodes: int | None) -> Trace:
     from ..trace.load import TraceError
     from ..verdict.expect import load_checked
 
     try:
-        return load_checked(path, max_tokens=max_tokens)
+        return load_checked(path, max_tokens=max_tokens, max_nodes=max_nodes)
     except TraceError as e:
         invalid(e)
 

@@ -8,8 +8,9 @@ as the bound needs (so a 5,000-digit argument never reaches `int()`), never nan 
 inf, within `[lo, hi]`; a refusal quotes at most 40 characters of the argument.
 And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that runs
 a process pool (the pool is also capped by the machine's cores: workers.in_order);
-`max_tokens_option` and `max_memory_option`, the bounds on a trace's work of every
-command that replays; `core_option` (`--core`); `ubatch_ranges` (`--ubatch`);
+`max_tokens_option`, `max_nodes_option` and `max_memory_option`, the bounds on a
+trace's work of every command that loads or replays one; `core_option` (`--core`);
+`ubatch_ranges` (`--ubatch`);
 `ENGINES`, how help names the engine versions.
 """
 
@@ -24,7 +25,7 @@ import click
 from ..backend.budget import default_max_memory, parse_memory
 from ..replay import CORE_CHOICES, DEFAULT_CORE, auto_compiled_from
 from ..report.select import parse_ubatch_range
-from ..trace.load import MAX_TOKENS
+from ..trace.load import MAX_BYTES, MAX_NODE_VISITS, MAX_TOKENS
 from ..workers import MAX_JOBS
 
 _INT = re.compile(r"-?[0-9]+", re.ASCII)
@@ -123,6 +124,14 @@ max_tokens_option = click.option(
     "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
     metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
                       "untrusted input).")
+# the most nodes a trace of MAX_BYTES holds without aliases (a node takes 2 bytes at
+# least): a larger node bound would only let an alias bomb run longer
+MAX_NODES_CHOSEN = MAX_BYTES // 2
+max_nodes_option = click.option(
+    "--max-nodes", type=Int(1, MAX_NODES_CHOSEN), default=None, metavar="N",
+    help=f"Refuse, while reading it, a trace of more than N YAML nodes, aliases expanded "
+         f"[default: {MAX_NODE_VISITS:,}; at most {MAX_NODES_CHOSEN:,}]. A token on a line "
+         "of its own is 5 nodes: raise it for a recorded trace of more tokens.")
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     metavar="CORE",

@@ -33,6 +33,7 @@ from .options import (
     Int,
     core_option,
     max_memory_option,
+    max_nodes_option,
     max_tokens_option,
     ubatch_ranges,
 )
@@ -77,6 +78,7 @@ from .options import (
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
 @max_tokens_option
+@max_nodes_option
 @max_memory_option
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
@@ -87,7 +89,8 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                fail_on: str, pools: str, check: bool, ubatch: tuple[tuple[int, int], ...],
                seq: tuple[int, ...], only_findings: bool | None, color: bool | None,
                quiet: bool, html: str | None, svg: str | None, max_tokens: int,
-               max_memory: int | None, backend: str, core: str) -> None:
+               max_nodes: int | None, max_memory: int | None, backend: str, core: str
+               ) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
@@ -97,7 +100,8 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
     refuse_outputs(traces, output=output, svg=svg, html=html)
     if fmt != "text" and (html or svg):
         fail("--html and --svg save the text view: use them with --format text")
-    loaded = [load(path, max_tokens) for path in traces]  # every trace, before any engine
+    # every trace, before any engine
+    loaded = [load(path, max_tokens, max_nodes) for path in traces]
     runs = [(t, version_for(engine, t.engine)) for t in loaded]
     if fmt == "text":  # the views, and rich: for the text view only
         from ..report.text import TextOutput, may_draw_rich
@@ -114,7 +118,8 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
 
         jobs = [CheckJob(t.path, engine or t.engine or DEFAULT_VERSION, backend, fail_on,
                          max_tokens=max_tokens, max_memory=max_memory, pin=False,
-                         expectations=check, core=core) for t in loaded]
+                         expectations=check, core=core, max_nodes=max_nodes)
+                for t in loaded]
         with open_output(output) as out:
             done = write_check(out, fmt, run_checks(jobs), fail_on)
         sys.exit(check_exit_code(done))

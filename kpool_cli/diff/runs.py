@@ -50,12 +50,14 @@ class Unit:
     max_tokens: int = MAX_TOKENS  # the loader's bound on the trace's tokens
     max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
     core: str = DEFAULT_CORE  # the replay core (replay.CORE_CHOICES)
+    max_nodes: int | None = None  # the loader's node bound (None: its default)
 
 
 def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
     """Replay one trace under one engine and summarise it (a pure unit of work; `bar`,
     in this process only, ticks at every ubatch)."""
-    trace = load_checked(unit.trace_path, max_tokens=unit.max_tokens)
+    trace = load_checked(unit.trace_path, max_tokens=unit.max_tokens,
+                         max_nodes=unit.max_nodes)
     check_replay_memory(trace, unit.backend, unit.max_memory)
     version = load_version(unit.engine)
     records: Iterable[Record] = replay(trace, version, make_backend(unit.backend, trace),
@@ -170,8 +172,9 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
 
 def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend: str | None,
            jobs: int = 1, force: bool = False, max_tokens: int = MAX_TOKENS,
-           max_memory: int | None = None, progress: Progress | None = None,
-           core: str = DEFAULT_CORE) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
+           max_nodes: int | None = None, max_memory: int | None = None,
+           progress: Progress | None = None, core: str = DEFAULT_CORE
+           ) -> tuple[list[tuple[RunSummary, RunSummary]], list[str]]:
     """The (base, head) pairs to compare, and warnings for stderr (made visible).
 
     Traces: each is replayed under `base` and `head` (defaults cache-safe, rep-once)
@@ -214,7 +217,7 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
-        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core)
+        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core, max_nodes)
                                for p in paths for e in (base, head)], jobs,
                               progress=progress)
     except TraceError as e:

@@ -127,11 +127,12 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
     return ExpectResult(i, True, f"{where}: as expected", last.op)
 
 
-def load_checked(path: str, max_tokens: int = MAX_TOKENS) -> m.Trace:
+def load_checked(path: str, max_tokens: int = MAX_TOKENS, max_nodes: int | None = None
+                 ) -> m.Trace:
     """`load_trace`, then its `expect` ops' codes: a code no rule has (KP999) is a
     problem at the expect's `findings` (a typo would never match, so the expectation
     could never hold). Every command loads its traces through here."""
-    trace = load_trace(path, max_tokens=max_tokens)
+    trace = load_trace(path, max_tokens=max_tokens, max_nodes=max_nodes)
     problems = [
         Problem(op.loc.file, op.loc.line, op.loc.column, f"ops[{i}].expect.findings",
                 f"unknown finding code {code!r}: known codes are {', '.join(CODES)} "

@@ -81,6 +81,7 @@ from kpool_cli.trace.yaml_safe import (
     Problem,
     Stop,
     TraceError,
+    check_max_nodes,
     check_max_tokens,
     compose,
     encode_trace_text,
@@ -118,45 +119,52 @@ __all__ = [
 # --- entry points -------------------------------------------------------------------
 
 
-def load_trace(path: str | Path, *, max_tokens: int = MAX_TOKENS) -> Trace:
-    """Read and validate the trace at `path`, of at most `max_tokens` tokens (>= 1).
+def load_trace(path: str | Path, *, max_tokens: int = MAX_TOKENS,
+               max_nodes: int | None = None) -> Trace:
+    """Read and validate the trace at `path`, of at most `max_tokens` tokens and
+    `max_nodes` YAML nodes, aliases expanded (each >= 1; None: `MAX_NODE_VISITS`).
     Raises `TraceError`, never anything else for a bad file (missing, a directory,
     not UTF-8, too large, invalid)."""
     check_max_tokens(max_tokens)
+    check_max_nodes(max_nodes)
     file, text, sha256 = read_trace_file(path)
-    return _load(text, file, sha256, max_tokens)
+    return _load(text, file, sha256, max_tokens, max_nodes)
 
 
 def load_trace_text(
-    text: str, path: str = "<string>", *, max_tokens: int = MAX_TOKENS
+    text: str, path: str = "<string>", *, max_tokens: int = MAX_TOKENS,
+    max_nodes: int | None = None,
 ) -> Trace:
     """Validate a trace given as text; `path` only names it in problems and in
     `Trace.path`. `Trace.sha256` is the hash of the text encoded as UTF-8."""
     check_max_tokens(max_tokens)
-    return _load(text, path, encode_trace_text(text, path), max_tokens)
+    check_max_nodes(max_nodes)
+    return _load(text, path, encode_trace_text(text, path), max_tokens, max_nodes)
 
 
-def _load(text: str, file: str, sha256: str, max_tokens: int) -> Trace:
+def _load(text: str, file: str, sha256: str, max_tokens: int, max_nodes: int | None
+          ) -> Trace:
     # The node graph and the trace are acyclic (a recursive alias is refused): the
     # cyclic collector would only rescan the young nodes over and over (about 60% of
     # the time of a 130k-token trace), so it is paused while loading.
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        return _load_nodes(text, file, sha256, max_tokens)
+        return _load_nodes(text, file, sha256, max_tokens, max_nodes)
     finally:
         if gc_was_on:
             gc.enable()
 
 
-def _load_nodes(text: str, file: str, sha256: str, max_tokens: int) -> Trace:
-    root = compose(text, file, max_tokens, SHAPE)
+def _load_nodes(text: str, file: str, sha256: str, max_tokens: int,
+                max_nodes: int | None) -> Trace:
+    root = compose(text, file, max_tokens, SHAPE, max_nodes)
     if root is None:
         raise TraceError([Problem(
             file, 1, 1, "<document>",
             "empty document: a trace is a mapping with kpool_trace, cache and ops",
         )])
-    w = _Walker(file, max_tokens)
+    w = _Walker(file, max_tokens, max_nodes)
     try:
         trace = w.trace(root, sha256)
     except Stop:

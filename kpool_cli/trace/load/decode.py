@@ -277,7 +277,7 @@ class DecodeWalk(FieldReader):
         tokens (no ext, no cell)."""
         n = len(items)
         if (not n or self.n_tokens + n > self.max_tokens
-                or self.visits + 5 * n > limits.MAX_NODE_VISITS):
+                or self.visits + 5 * n > self.node_limit):
             return None
         out = []
         seq_hi = self.seq_hi()  # the visits were checked for all n above
@@ -292,7 +292,7 @@ class DecodeWalk(FieldReader):
 
     def plain_token(self, node: Node) -> Token | None:
         """`plain_token_of(node)` within the bound on nodes visited."""
-        if self.visits + 5 > limits.MAX_NODE_VISITS:
+        if self.visits + 5 > self.node_limit:
             return None
         return plain_token_of(node, self.seq_hi())
 

@@ -47,8 +47,9 @@ class FieldReader(NodeReader, ABC):
     counted so far, the slots written so far, and seq ids. A section of the walk is
     a subclass; `walk._Walker` is made of them all."""
 
-    def __init__(self, file: str, max_tokens: int = MAX_TOKENS) -> None:
-        super().__init__(file)
+    def __init__(self, file: str, max_tokens: int = MAX_TOKENS,
+                 max_nodes: int | None = None) -> None:
+        super().__init__(file, max_nodes)
         self.n_tokens = 0
         self.max_tokens = max_tokens
         self.lim = CacheLimits()

@@ -151,7 +151,7 @@ class OpsWalk(FieldReader):
         decode step a generator writes, not a rule."""
         if (item.__class__ is not Map or item.tag != MAP or len(item.value) != 1
                 or self.n_tokens + 1 > self.max_tokens
-                or self.visits + _PLAIN_DECODE_VISITS > limits.MAX_NODE_VISITS):
+                or self.visits + _PLAIN_DECODE_VISITS > self.node_limit):
             return None
         ((key, value),) = item.value
         if key.__class__ is not Scalar or key.tag != STR or key.value != "decode":
@@ -176,7 +176,7 @@ class OpsWalk(FieldReader):
         name, fields = item.name, item.fields
         visits = _OP_VISITS + 2 * len(fields)
         if (item.name_tag != STR or name not in OPS
-                or self.visits + visits > limits.MAX_NODE_VISITS):
+                or self.visits + visits > self.node_limit):
             return None
         loc = Loc(self.file, item.line, item.column)
         line: Callable[[tuple[tuple[str, str, str, str], ...], Loc], Op | None] | None = (

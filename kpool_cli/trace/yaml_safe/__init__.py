@@ -4,7 +4,7 @@ nodes, and located problems. What a trace must hold (format v1) is `trace.load`'
 One module per part, each with its invariants:
 - `limits`: the bounds of a trace file (`MAX_BYTES`, `MAX_NODE_VISITS`,
   `MAX_DEPTH`, `MAX_OPS`, `MAX_ITEMS`, `MAX_TOKENS`, `MAX_INT_DIGITS`,
-  `MAX_PROBLEMS`) and `check_max_tokens`;
+  `MAX_PROBLEMS`), `node_limit`, `check_max_tokens` and `check_max_nodes`;
 - `problems`: `Problem` and `TraceError`, located problems, and how a problem quotes
   (`clip`, `quote`, `suggest`, `join`);
 - `text`: `read_trace_file` and `encode_trace_text` (text and hash, bounded);
@@ -47,6 +47,7 @@ from .limits import (
     MAX_OPS,
     MAX_PROBLEMS,
     MAX_TOKENS,
+    check_max_nodes,
     check_max_tokens,
 )
 from .nodes import BOOL, BOOLS, INT, MAP, STR, Map, Node, OpMap, Scalar, Seq, TokenMap, describe
@@ -90,6 +91,7 @@ __all__ = [
     "Stop",
     "TokenMap",
     "TraceError",
+    "check_max_nodes",
     "check_max_tokens",
     "clip",
     "compose",

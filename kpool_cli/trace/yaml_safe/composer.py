@@ -240,7 +240,7 @@ class _NotTokenLines(Exception):
     plain way."""
 
 
-def _token_lines(text: str, most: int) -> _TokenLines | None:
+def _token_lines(text: str, most: int, node_limit: int | None = None) -> _TokenLines | None:
     """What libyaml reads of `text` with its token lines and op lines made runs
     (`_TokenLines`), when it may have from `_TOKEN_LINES_MIN` to `most` token lines,
     or from `_OP_LINES_MIN` op lines (each counted by the text every such line holds,
@@ -250,7 +250,7 @@ def _token_lines(text: str, most: int) -> _TokenLines | None:
     composer's, or than those, and the plain way refuses a trace of them: none is
     read here, so what this holds stays below the bound's worth.)"""
     n, n_ops = text.count(_TOKEN_LINE_HEAD), text.count(_OP_LINE_HEAD)
-    most_ops = min(limits.MAX_OPS, limits.MAX_NODE_VISITS // (_OP_NODES + 2))
+    most_ops = min(limits.MAX_OPS, limits.node_limit(node_limit) // (_OP_NODES + 2))
     if (n > most or n_ops > most_ops or (n < _TOKEN_LINES_MIN and n_ops < _OP_LINES_MIN)
             or any(b in text for b in _OTHER_BREAKS)):
         return None
@@ -259,7 +259,8 @@ def _token_lines(text: str, most: int) -> _TokenLines | None:
 
 class Composer:
     """Composes the single document of `text` into light nodes, bounding as it goes:
-    - at most `MAX_NODE_VISITS` nodes, an alias counting as the size of the node it
+    - at most `node_limit` nodes (`MAX_NODE_VISITS` unless the caller chose another
+      bound, `--max-nodes`), an alias counting as the size of the node it
       names (so the count is the size of the document with every alias expanded:
       what the walk may visit); an alias to a node still being composed is recursive;
     - at most `MAX_DEPTH` nested collections (the composition recurses per level);
@@ -273,14 +274,15 @@ class Composer:
     on a valid trace: an alias's tokens are counted only where it stands in the same
     context as the node it names)."""
 
-    def __init__(self, text: str | _TokenLines, max_tokens: int, shape: Shape) -> None:
+    def __init__(self, text: str | _TokenLines, max_tokens: int, shape: Shape,
+                 max_nodes: int | None = None) -> None:
         self.events = _Events(text)
         self.shape = shape
         self.routes = shape.routes
         self.map_contexts = frozenset(c for c, _ in shape.routes)
         self.get = self.events.get_event
         self.max_tokens = max_tokens
-        self.node_limit = limits.MAX_NODE_VISITS
+        self.node_limit = limits.node_limit(max_nodes)
         self.anchors: dict[str, _Anchor] = {}
         self.nodes = 0  # composed so far, aliases expanded
         self.tokens = 0  # in token lists so far, aliases expanded
@@ -323,7 +325,7 @@ class Composer:
     def too_many_nodes(self, ev: Any) -> _Refused:
         return self.refuse(
             ev, f"more than {self.node_limit:,} YAML nodes in the trace: refusing it"
-            " (the bound on a trace's size)",
+            " (the bound on a trace's size, --max-nodes)",
         )
 
     def count_token(self, ev: Any, n: int = 1, in_decode: bool = True) -> None:
@@ -409,7 +411,8 @@ class Composer:
             raise self.refuse(
                 ev, f"more than {self.node_limit:,} YAML nodes once aliases are expanded:"
                 f" refusing the trace (the alias *{clip(name)} here stands for"
-                f" {a.size:,} nodes: an alias bomb?)",
+                f" {a.size:,} nodes: an alias bomb?; the bound on a trace's size,"
+                " --max-nodes)",
             )
         if a.tokens and a.context == context:
             self.count_token(ev, a.tokens, context in (C_TOKENS, C_UBATCHES))
@@ -595,18 +598,21 @@ class Composer:
         return node
 
 
-def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
+def compose(text: str, file: str, max_tokens: int, shape: Shape,
+            max_nodes: int | None = None) -> Node | None:
     """The root node of the single document of `text` (None for an empty stream),
-    bounded as `Composer` says. Raises `TraceError`, with one located problem, for
-    invalid YAML, a bound crossed or a second document."""
+    bounded as `Composer` says (`max_nodes`: its node bound, None for
+    `MAX_NODE_VISITS`). Raises `TraceError`, with one located problem, for invalid
+    YAML, a bound crossed or a second document."""
+    node_limit = limits.node_limit(max_nodes)
     # a token line is 5 nodes and a token: past either bound, the file is refused
-    lines = _token_lines(text, min(max_tokens, limits.MAX_NODE_VISITS // 5))
+    lines = _token_lines(text, min(max_tokens, node_limit // 5), node_limit)
     if lines is not None:
-        done, root = _compose_token_lines(lines, max_tokens, shape)
+        done, root = _compose_token_lines(lines, max_tokens, shape, node_limit)
         if done:
             return root
         del lines  # nothing of the scan outlives it
-    c = Composer(text, max_tokens, shape)
+    c = Composer(text, max_tokens, shape, node_limit)
     try:
         return c.document()
     except yaml.YAMLError as e:
@@ -624,12 +630,12 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape) -> Node | None:
         c.events.dispose()
 
 
-def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape
+def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape, node_limit: int
                          ) -> tuple[bool, Node | None]:
     """(True, the root node) when `lines` composes with every token line taken
     as the token item it looked like; else (False, None), nothing of it kept (the
     caller composes the text the plain way, and finds its problem there)."""
-    c = Composer(lines, max_tokens, shape)
+    c = Composer(lines, max_tokens, shape, node_limit)
     c.lines = lines
     try:
         root = c.document()

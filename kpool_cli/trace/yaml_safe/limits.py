@@ -1,15 +1,18 @@
 """The bounds of a trace file: how much of it kpool reads, composes, walks and
-reports, and the one bound a caller chooses (`max_tokens`, checked by
-`check_max_tokens`).
+reports, and the two bounds a caller chooses (`max_tokens` and `max_nodes`, checked
+by `check_max_tokens` and `check_max_nodes`).
 
 Owns: `MAX_BYTES`, `MAX_NODE_VISITS`, `MAX_DEPTH`, `MAX_OPS`, `MAX_ITEMS`,
-`MAX_TOKENS`, `MAX_INT_DIGITS`, `MAX_PROBLEMS` and `check_max_tokens`.
+`MAX_TOKENS`, `MAX_INT_DIGITS`, `MAX_PROBLEMS`, `node_limit`, `check_max_tokens` and
+`check_max_nodes`.
 
 Invariants:
 - Bounds are checked *before* the work they bound ("refuse before spending"): at
   most `MAX_BYTES` of text, read no further (`text`). The composer (`composer`)
   counts while it composes and stops at the first bound crossed, naming the node
-  there (line, column, field): `MAX_NODE_VISITS` nodes, an alias counting as the
+  there (line, column, field): `node_limit(max_nodes)` nodes (`MAX_NODE_VISITS`
+  unless the caller chose another bound: the CLI's `--max-nodes`, for a trace of
+  more explicit tokens than the default allows), an alias counting as the
   size of the node it names (so an alias bomb stops at the alias that crosses; an
   alias to a node still being composed is a recursive alias); `MAX_DEPTH` levels;
   `MAX_OPS` ops; `MAX_ITEMS` items in any other list or mapping but a token list;
@@ -17,7 +20,7 @@ Invariants:
   `max_tokens` in the trace (default `MAX_TOKENS`; the CLI's `--max-tokens`) and,
   once the cache block has been read, the shape's `decode_cap` in one decode.
   `NodeReader` (`reader`) counts the nodes it visits again, aliases expanded,
-  against `MAX_NODE_VISITS`.
+  against the same `node_limit(max_nodes)`.
 - An int of more than `MAX_INT_DIGITS` digits is refused by its size, never parsed
   (`decimal`); at most `MAX_PROBLEMS` problems are collected (`reader`).
 - Every bound is read from this module when it is checked (`limits.MAX_OPS`, never a
@@ -43,6 +46,21 @@ MAX_DEPTH = 32  # YAML nesting levels (a valid trace needs 9)
 MAX_INT_DIGITS = 20  # SEED_MAX has 20 digits: a longer int is out of range everywhere
 
 
+def node_limit(max_nodes: int | None) -> int:
+    """The node bound of a load: the caller's `max_nodes`, or `MAX_NODE_VISITS` (read
+    here when the load starts) for None."""
+    return MAX_NODE_VISITS if max_nodes is None else max_nodes
+
+
+def _check_bound(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
 def check_max_tokens(max_tokens: int) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    _check_bound("max_tokens", max_tokens)
+
+
+def check_max_nodes(max_nodes: int | None) -> None:
+    if max_nodes is not None:
+        _check_bound("max_nodes", max_nodes)

@@ -75,13 +75,15 @@ _NUMBER_LIKE_TAGS = frozenset({STR, FLOAT, TIMESTAMP})
 class NodeReader:
     """Reads composed nodes as typed values, collecting located problems (at most
     `MAX_PROBLEMS`: one more raises `Stop`) and counting the nodes it visits, aliases
-    expanded (past `MAX_NODE_VISITS`, a fatal problem)."""
+    expanded (past `node_limit`: `MAX_NODE_VISITS` unless the caller chose another
+    bound, `--max-nodes`; a fatal problem)."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, max_nodes: int | None = None) -> None:
         self.file = file
         self.problems: list[Problem] = []
         self.truncated = False
         self.visits = 0
+        self.node_limit = limits.node_limit(max_nodes)
 
     # -- reporting
 
@@ -102,11 +104,12 @@ class NodeReader:
     def visit(self, node: Node, field: str) -> bool:
         """Count the node; False (with a problem) if its tag is not a plain one."""
         self.visits += 1
-        if self.visits > limits.MAX_NODE_VISITS:
+        if self.visits > self.node_limit:
             self.fatal(
                 node, field,
-                f"more than {limits.MAX_NODE_VISITS:,} YAML nodes visited (aliases expanded):"
-                " refusing the trace (an alias bomb?)",
+                f"more than {self.node_limit:,} YAML nodes visited (aliases expanded):"
+                " refusing the trace (an alias bomb?; the bound on a trace's size,"
+                " --max-nodes)",
             )
         if node.tag in _ALLOWED_TAGS[type(node)]:
             return True
