@@ -65,9 +65,9 @@ def composers(monkeypatch: pytest.MonkeyPatch) -> list[yaml_safe.Composer]:
 
     def spy(
         self: yaml_safe.Composer, text: str, max_tokens: int, shape: yaml_safe.Shape,
-        max_nodes: int | None = None,
+        node_limit: int | None = None,
     ) -> None:
-        init(self, text, max_tokens, shape, max_nodes)
+        init(self, text, max_tokens, shape, node_limit)
         made.append(self)
 
     monkeypatch.setattr(yaml_safe.Composer, "__init__", spy)
@@ -524,22 +524,26 @@ def test_load_trace_takes_max_tokens(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", [
     ["validate"], ["replay", "--format", "json", "-q", "--backend", "none"],
     ["replay", "--format", "junit", "--backend", "none"],
-    ["check", "--no-config", "--backend", "none"], ["diff", "--backend", "none"],
+    ["check", "--no-config", "--backend", "none", "-j", "1"],
+    ["diff", "--backend", "none", "-j", "1"],
 ])
 def test_every_command_that_loads_a_trace_takes_max_nodes(
-    command: list[str], tmp_path: Path,
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """kpool validate, replay (and its CI formats, which load again in `check`'s jobs),
-    check and diff each load with the node bound given: 600 token lines (3,000 nodes
-    and more) are refused at 1,000, exit 2 naming the bound, and pass at 50,000."""
+    check and diff each load with the node bound given, at every load: with the
+    default lowered to 1,000, 600 token lines (3,000 nodes and more) are refused, exit
+    2 naming the bound, and pass with --max-nodes 50,000 (a load that dropped the
+    option would refuse them: in-process, `-j 1`)."""
     from click.testing import CliRunner
 
     from kpool_cli.cli import cli
 
     t = tmp_path / "t.yaml"
     t.write_text(recorded(600))
+    monkeypatch.setattr(limits, "MAX_NODE_VISITS", 1000)
     run = CliRunner().invoke
-    r = run(cli, [*command, "--max-nodes", "1000", str(t)], catch_exceptions=False)
+    r = run(cli, [*command, str(t)], catch_exceptions=False)
     assert r.exit_code == 2, r.output
     said = r.stdout + r.stderr  # validate and check list problems on stdout
     assert "more than 1,000 YAML nodes in the trace" in said and "--max-nodes" in said

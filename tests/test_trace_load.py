@@ -477,9 +477,9 @@ def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> No
 
     def lifted(
         self: yaml_safe.Composer, text: str, max_tokens: int, shape: yaml_safe.Shape,
-        max_nodes: int | None = None,
+        node_limit: int | None = None,
     ) -> None:
-        compose_init(self, text, max_tokens, shape, max_nodes)
+        compose_init(self, text, max_tokens, shape, node_limit)
         self.node_limit = 10**9
 
     monkeypatch.setattr(yaml_safe.Composer, "__init__", lifted)

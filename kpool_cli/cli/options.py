@@ -124,14 +124,15 @@ max_tokens_option = click.option(
     "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
     metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
                       "untrusted input).")
-# the most nodes a trace of MAX_BYTES holds without aliases (a node takes 2 bytes at
-# least): a larger node bound would only let an alias bomb run longer
-MAX_NODES_CHOSEN = MAX_BYTES // 2
+# about the most nodes a trace of MAX_BYTES holds without aliases (`{a,a,a}` is a
+# node a byte): a larger node bound would only let an alias bomb run longer
+MAX_NODES_CHOSEN = MAX_BYTES
 max_nodes_option = click.option(
     "--max-nodes", type=Int(1, MAX_NODES_CHOSEN), default=None, metavar="N",
     help=f"Refuse, while reading it, a trace of more than N YAML nodes, aliases expanded "
          f"[default: {MAX_NODE_VISITS:,}; at most {MAX_NODES_CHOSEN:,}]. A token on a line "
-         "of its own is 5 nodes: raise it for a recorded trace of more tokens.")
+         "of its own is 5 nodes (6 with seq: [S]): raise it for a recorded trace of "
+         "more tokens.")
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     metavar="CORE",

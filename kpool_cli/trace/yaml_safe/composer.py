@@ -275,14 +275,14 @@ class Composer:
     context as the node it names)."""
 
     def __init__(self, text: str | _TokenLines, max_tokens: int, shape: Shape,
-                 max_nodes: int | None = None) -> None:
+                 node_limit: int | None = None) -> None:
         self.events = _Events(text)
         self.shape = shape
         self.routes = shape.routes
         self.map_contexts = frozenset(c for c, _ in shape.routes)
         self.get = self.events.get_event
         self.max_tokens = max_tokens
-        self.node_limit = limits.node_limit(max_nodes)
+        self.node_limit = limits.node_limit(node_limit)
         self.anchors: dict[str, _Anchor] = {}
         self.nodes = 0  # composed so far, aliases expanded
         self.tokens = 0  # in token lists so far, aliases expanded

@@ -25,9 +25,10 @@ Invariants:
   (`decimal`); at most `MAX_PROBLEMS` problems are collected (`reader`).
 - Every bound is read from this module when it is checked (`limits.MAX_OPS`, never a
   copy taken at import), by the composer, the node reader and the loader's walk
-  alike: one constant each, so lowering one here (a test's
-  `monkeypatch.setattr(limits, ...)`) lowers it everywhere at once, and `kpool gen`
-  (`gen.scenarios.LOADER_BOUNDS`) reads them here too. The names `trace.yaml_safe`
+  alike, the node bound once a load starts (`node_limit`): one constant each, so
+  lowering one here (a test's `monkeypatch.setattr(limits, ...)`) lowers it
+  everywhere at once, and `kpool gen` (`gen.scenarios.LOADER_BOUNDS`) reads them
+  here too. The names `trace.yaml_safe`
   and `trace.load` re-export are copies, for reading.
 """
 
@@ -35,8 +36,10 @@ from __future__ import annotations
 
 MAX_BYTES = 64 * 1024 * 1024  # a larger document is refused unread
 # nodes, aliases expanded: ~130 B and 2 to 3 us each to parse, compose and walk. A
-# recorded llama-server trace of 2,100 decodes of 64 `{pos: N, seq: [S]}` tokens has
-# 817k (6 nodes a token), so this bound also caps explicit tokens near 160k.
+# recorded token line is 5 nodes (`{pos: P, seq: S}`, as kpool writes it) or 6
+# (`seq: [S]`): a recorded llama-server trace of 2,100 decodes of 64 tokens has 680k
+# to 817k, and this default caps explicit tokens near 200k (160k) unless the caller
+# raises it (`node_limit`, the CLI's --max-nodes).
 MAX_NODE_VISITS = 1_000_000
 MAX_OPS = 2**16  # ops in a trace (that same recorded trace has 2,100)
 MAX_ITEMS = 2**16  # items of any other list or mapping, but a token list

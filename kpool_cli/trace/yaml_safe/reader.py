@@ -7,8 +7,9 @@ reader, as `NodeReader.fields` takes it).
 Invariants:
 - Only the standard scalar, list and mapping tags are read: any other tag
   (`!!python/...`, `!custom`, `!!set`) and merge keys `<<` are problems.
-- It counts the nodes it visits again, aliases expanded, against
-  `MAX_NODE_VISITS` (past it, a fatal problem); it collects at most `MAX_PROBLEMS`
+- It counts the nodes it visits again, aliases expanded, against its node bound
+  (`limits.node_limit`: `MAX_NODE_VISITS`, or the caller's; past it, a fatal
+  problem); it collects at most `MAX_PROBLEMS`
   problems (one more raises `Stop` and sets `truncated`).
 - Ints are plain decimal (`decimal`): any other way of writing a number is a
   problem saying what to write instead.
