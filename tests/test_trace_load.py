@@ -113,9 +113,9 @@ ops:
 BASE = "kpool_trace: 1\ncache: {kv_size: 64, kpool: 4, n_seq_max: 2}\nops:\n"
 
 
-def problems(text: str) -> list[Problem]:
+def problems(text: str, **bounds: int) -> list[Problem]:
     with pytest.raises(TraceError) as info:
-        load_trace_text(text, "t.yaml")
+        load_trace_text(text, "t.yaml", **bounds)
     return info.value.problems
 
 
@@ -471,8 +471,11 @@ def test_trace_shaped_bomb_fails_fast() -> None:
        "*u here stands for 50,101 nodes")
 
 
-def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the composer's bound lifted, the walk itself stops at the bound."""
+@pytest.mark.parametrize("callers", [False, True], ids=["default", "max_nodes"])
+def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch,
+                                          callers: bool) -> None:
+    """With the composer's bound lifted, the walk itself stops at the bound: the
+    default (MAX_NODE_VISITS) or the caller's (`max_nodes`, --max-nodes)."""
     compose_init = yaml_safe.Composer.__init__
 
     def lifted(
@@ -483,11 +486,15 @@ def test_the_walk_counts_alias_visits_too(monkeypatch: pytest.MonkeyPatch) -> No
         self.node_limit = 10**9
 
     monkeypatch.setattr(yaml_safe.Composer, "__init__", lifted)
-    monkeypatch.setattr(yaml_safe.limits, "MAX_NODE_VISITS", 20_000)
-    t0 = time.perf_counter()
-    ps = problems(_trace_shaped_bomb())
-    assert time.perf_counter() - t0 < 2.0
+    if callers:
+        ps = problems(_trace_shaped_bomb(), max_nodes=20_000)
+    else:
+        monkeypatch.setattr(yaml_safe.limits, "MAX_NODE_VISITS", 20_000)
+        t0 = time.perf_counter()
+        ps = problems(_trace_shaped_bomb())
+        assert time.perf_counter() - t0 < 2.0
     assert "more than 20,000 YAML nodes visited" in ps[-1].message
+    assert "--max-nodes" in ps[-1].message
     assert ps[-1].field.startswith("ops[")
 
 

@@ -84,7 +84,23 @@ class SlotTable:
                    ("pool_gen", np.int64, 1), ("pool_of", np.int64, "kpool"))
     # bytes per slot besides its key, gate and pooled rows and pool_of (8 kpool): w_kind,
     # w_ubatch, w_a, w_b, slot_row, key_gen, pool_gen
-    SLOT_BYTES = 1 + 8 + 8 + 8 + 8 + 8 + 8
+    SLOT_BYTES = sum(np.dtype(dtype).itemsize for _, dtype, wide in SLOT_ARRAYS if wide == 1)
+
+    # the per-slot arrays, set by `_grow` as `SLOT_ARRAYS` declares them
+    # key, pooled: [slots, n_embd] float32, gate int8 | slot, d | key, gate logit, pooled
+    key: np.ndarray
+    gate: np.ndarray
+    pooled: np.ndarray
+    # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src stream /
+    # slot index), w_b (k); slot_row [slots] int64: its row, or -1
+    w_kind: np.ndarray
+    w_ubatch: np.ndarray
+    w_a: np.ndarray
+    w_b: np.ndarray
+    slot_row: np.ndarray
+    key_gen: np.ndarray  # [slots] int64, the generations (below)
+    pool_gen: np.ndarray
+    pool_of: np.ndarray  # [slots, kpool] int64
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
@@ -96,16 +112,6 @@ class SlotTable:
         self._maps: dict[str, mmap.mmap] = {}
         self._tables: tuple | None = None  # key, gate, pooled as last checked, their rows
         self._gens: tuple | None = None  # pool_of, pool_gen, key_gen as last checked, rows
-        # key, pooled: [slots, n_embd] float32, gate int8 | slot, d | key, gate logit,
-        # pooled
-        # w_kind [slots] int8 (NEVER, POOLED, ...), w_ubatch (when), w_a (seq / src
-        # stream / slot index), w_b (k); slot_row [slots] int64: its row, or -1
-        self.key = self.pooled = np.empty((0, self.n_embd), dtype=np.float32)
-        self.gate = np.empty((0, self.n_embd), dtype=np.int8)
-        self.w_kind = np.empty(0, dtype=np.int8)
-        self.w_ubatch = self.w_a = self.w_b = self.slot_row = np.empty(0, dtype=np.int64)
-        self.key_gen = self.pool_gen = np.empty(0, dtype=np.int64)
-        self.pool_of = np.empty((0, self.kpool), dtype=np.int64)
         self.gen = 0  # the generation of the last call that wrote values
         self._grow(min(self.SLOTS_MIN, self._max_slots))
         self.n_handed = 1  # slots [0, n_handed) handed out since the last clear

@@ -17,14 +17,7 @@ from ..verdict.expect import load_checked
 from ..versions import expand_all
 from ..wording import visible
 from .io import codes, fail, open_output, refuse_outputs, version_for
-from .options import (
-    ENGINES,
-    core_option,
-    jobs_option,
-    max_memory_option,
-    max_nodes_option,
-    max_tokens_option,
-)
+from .options import ENGINES, core_option, jobs_option, load_bounds, max_memory_option
 
 
 @click.command("check")
@@ -50,8 +43,7 @@ from .options import (
               show_default=True, help="Value backend (none: model-only, KP003 unseen).")
 @click.option("--no-config", is_flag=True,
               help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
-@max_tokens_option
-@max_nodes_option
+@load_bounds
 @max_memory_option
 @core_option
 def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
@@ -135,8 +127,7 @@ def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 
 @click.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@max_tokens_option
-@max_nodes_option
+@load_bounds
 def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None) -> None:
     """Load the traces in PATHS (files, or folders searched recursively for *.yaml and
     *.yml) without replaying them, and list every problem of every file.

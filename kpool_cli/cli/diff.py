@@ -8,14 +8,7 @@ import click
 
 from ..backend.store import BACKENDS
 from .io import fail, open_output, refuse_outputs
-from .options import (
-    ENGINES,
-    core_option,
-    jobs_option,
-    max_memory_option,
-    max_nodes_option,
-    max_tokens_option,
-)
+from .options import ENGINES, core_option, jobs_option, load_bounds, max_memory_option
 
 
 @click.command("diff")
@@ -48,8 +41,7 @@ from .options import (
                    "decisions, which need no values; numba or numpy also compute KP001 "
                    "values and KP003 (stale reads), at a cost.")
 @jobs_option(1, "Replay traces on N processes.")
-@max_tokens_option
-@max_nodes_option
+@load_bounds
 @max_memory_option
 @core_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,

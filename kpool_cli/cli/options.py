@@ -8,10 +8,10 @@ as the bound needs (so a 5,000-digit argument never reaches `int()`), never nan 
 inf, within `[lo, hi]`; a refusal quotes at most 40 characters of the argument.
 And `MAX_JOBS` with `jobs_option`, the `--jobs/-j` shared by every command that runs
 a process pool (the pool is also capped by the machine's cores: workers.in_order);
-`max_tokens_option`, `max_nodes_option` and `max_memory_option`, the bounds on a
-trace's work of every command that loads or replays one; `core_option` (`--core`);
-`ubatch_ranges` (`--ubatch`);
-`ENGINES`, how help names the engine versions.
+`load_bounds` (`--max-tokens`, `--max-nodes`: the loader's bounds, every command that
+loads a trace takes both) and `max_memory_option`, the bounds on a trace's work;
+`core_option` (`--core`); `ubatch_ranges` (`--ubatch`); `ENGINES`, how help names the
+engine versions.
 """
 
 from __future__ import annotations
@@ -133,6 +133,13 @@ max_nodes_option = click.option(
          f"[default: {MAX_NODE_VISITS:,}; at most {MAX_NODES_CHOSEN:,}]. A token on a line "
          "of its own is 5 nodes (6 with seq: [S]): raise it for a recorded trace of "
          "more tokens.")
+
+
+def load_bounds(f: Any) -> Any:
+    """--max-tokens and --max-nodes, in that order: the command's `max_tokens` and
+    `max_nodes`, which every load of its traces takes."""
+    return max_tokens_option(max_nodes_option(f))
+
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     metavar="CORE",

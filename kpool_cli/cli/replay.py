@@ -32,9 +32,8 @@ from .options import (
     ENGINES,
     Int,
     core_option,
+    load_bounds,
     max_memory_option,
-    max_nodes_option,
-    max_tokens_option,
     ubatch_ranges,
 )
 
@@ -77,8 +76,7 @@ from .options import (
                    "(written whole), e.g. for CI artifacts.")
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
-@max_tokens_option
-@max_nodes_option
+@load_bounds
 @max_memory_option
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
