@@ -1906,12 +1906,17 @@ def test_numba_boundscheck_is_on() -> None:
 @pytest.mark.skipif(BOUNDSCHECK, reason="already running with numba's bounds checking")
 def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
     """This module and the numba replays of the shipped traces, again, in a fresh
-    interpreter with NUMBA_BOUNDSCHECK=1 and an empty NUMBA_CACHE_DIR (every kernel
-    compiled with the checks: about 10 s)."""
+    interpreter with NUMBA_BOUNDSCHECK=1 and an empty NUMBA_CACHE_DIR: every kernel
+    they call compiled with the checks, which is nearly all this test costs. So the
+    child compiles each kernel once (one process, `-n 0`, not the suite's two
+    workers each compiling every kernel) and without LLVM's optimisation
+    (NUMBA_OPT=0: numba emits the checks before LLVM runs, and these inputs are
+    small): 48 s of processor time for this test alone, against 61 s before
+    (docs/performance.md, "thirty-fourth session")."""
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
-           "KPOOL_NUMBA_PARALLEL": "", "NO_COLOR": "1"}
+           "NUMBA_OPT": "0", "KPOOL_NUMBA_PARALLEL": "", "NO_COLOR": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-n", "0",
          "tests/test_backend_kernels.py",
          "tests/test_shipped_traces.py::test_every_expectation_holds",
          "-k", "test_backend_kernels.py or numba"],
