@@ -22,6 +22,7 @@ or `--hypothesis-profile` is kept.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -124,16 +125,10 @@ WARM_TRACES = ("shared-prefix-race", "coupled-rep-conflict", "mrope-images", "no
                "mtp3-speculative")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Fill numba's on-disk cache once, in the controlling process, before pytest-xdist
-    starts its workers: on a fresh clone every process that replays with numba would
-    otherwise compile the same kernels at the same time (both workers, and the
-    `kpool` subprocesses the CLI tests start). A replay of a few shipped traces on
-    the compiled core with the numba backend compiles every kernel the suite calls;
-    on a warm cache it only loads them. Not a test: a failure here shows up in the
-    tests that replay."""
-    if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
-        return
+def warm(backend: str | None, core: str) -> None:
+    """Replay the WARM_TRACES under both engines on `core` with the value backend
+    `backend` (None: model only), which compiles the kernels that takes into
+    numba's on-disk cache, or loads them from it."""
     from kpool_cli.backend.store import make_backend
     from kpool_cli.replay import replay
     from kpool_cli.trace.load import load_trace
@@ -142,6 +137,35 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in WARM_TRACES:
         trace = load_trace(root / f"{name}.yaml")
         for engine in ("cache-safe", "rep-once"):
-            for _ in replay(trace, registered(engine), make_backend("numba", trace),
-                            core="compiled"):
+            values = None if backend is None else make_backend(backend, trace)
+            for _ in replay(trace, registered(engine), values, core=core):
                 pass
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fill numba's on-disk cache once, in the controlling process, before pytest-xdist
+    starts its workers: on a fresh clone every process that replays with numba would
+    otherwise compile the same kernels at the same time (both workers, and the
+    `kpool` subprocesses the CLI tests start). A replay of a few shipped traces on
+    the compiled core with the numba backend compiles every kernel the suite calls;
+    on a warm cache it only loads them. Not a test: a failure here shows up in the
+    tests that replay.
+
+    The two kinds of kernel compile side by side: the compiled core's in a child
+    (model only, about 15 s on a fresh clone), the value backend's here (the
+    reference core, about 20 s); then the replay on both compiles the few backend
+    kernels only the compiled core reaches and loads the rest. On a fresh clone this
+    took 17.7-19.3 s against 25.7-28.4 s one replay after the other; on a warm cache
+    the child costs its start, about 0.5 s (docs/performance.md, "thirty-fourth
+    session")."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
+        return
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import runpy, sys; "
+         "runpy.run_path(sys.argv[1])['warm'](None, 'compiled')", __file__],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        warm("numba", "reference")
+    finally:
+        child.wait()
+    warm("numba", "compiled")
