@@ -21,6 +21,7 @@ or `--hypothesis-profile` is kept.
 
 from __future__ import annotations
 
+import compileall
 import os
 import subprocess
 import sys
@@ -142,14 +143,30 @@ def warm(backend: str | None, core: str) -> None:
                 pass
 
 
+def _bytecode_once() -> None:
+    """Where Python may not write bytecode as it imports (PYTHONDONTWRITEBYTECODE, set
+    on the project's machine), every process the suite starts (its two workers and
+    hundreds of `kpool` commands) would compile all of kpool_cli from source again: a
+    `kpool replay` of a shipped trace took 0.35-0.41 s so, against 0.23-0.27 s, and the
+    suite 82 s more processor time in a fresh clone (docs/performance.md,
+    "thirty-fourth session"). So the controller compiles it once, into the
+    `__pycache__` folders where Python would have written it (and numba's cache
+    already goes), as an install does; the processes still write nothing. A `.pyc`
+    older than its source is compiled again here, and never read: Python checks
+    each against its source."""
+    if sys.dont_write_bytecode:
+        compileall.compile_dir(Path(__file__).resolve().parent.parent / "kpool_cli",
+                               quiet=1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Fill numba's on-disk cache once, in the controlling process, before pytest-xdist
-    starts its workers: on a fresh clone every process that replays with numba would
-    otherwise compile the same kernels at the same time (both workers, and the
-    `kpool` subprocesses the CLI tests start). A replay of a few shipped traces on
-    the compiled core with the numba backend compiles every kernel the suite calls;
-    on a warm cache it only loads them. Not a test: a failure here shows up in the
-    tests that replay.
+    """Fill kpool's bytecode (`_bytecode_once`) and numba's on-disk cache once, in the
+    controlling process, before pytest-xdist starts its workers. Without numba's, on
+    a fresh clone every process that replays with numba would compile the same
+    kernels at the same time (both workers, and the `kpool` subprocesses the CLI
+    tests start). A replay of a few shipped traces on the compiled core with the
+    numba backend compiles every kernel the suite calls; on a warm cache it only
+    loads them. Not a test: a failure here shows up in the tests that replay.
 
     The two kinds of kernel compile side by side: the compiled core's in a child
     (model only, about 15 s on a fresh clone), the value backend's here (the
@@ -160,6 +177,7 @@ def pytest_configure(config: pytest.Config) -> None:
     session")."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
         return
+    _bytecode_once()
     child = subprocess.Popen(
         [sys.executable, "-c", "import runpy, sys; "
          "runpy.run_path(sys.argv[1])['warm'](None, 'compiled')", __file__],
