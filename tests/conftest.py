@@ -156,7 +156,7 @@ def _bytecode_once() -> None:
     each against its source."""
     if sys.dont_write_bytecode:
         compileall.compile_dir(Path(__file__).resolve().parent.parent / "kpool_cli",
-                               quiet=1)
+                               quiet=2)  # a folder it cannot write: no speed-up, no noise
 
 
 def pytest_configure(config: pytest.Config) -> None:
