@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from warm_numba import warm
 
 from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
@@ -122,38 +123,16 @@ def engine(request) -> str:
     return request.param
 
 
-WARM_TRACES = ("shared-prefix-race", "coupled-rep-conflict", "mrope-images", "non-unified",
-               "mtp3-speculative")
-
-
-def warm(backend: str | None, core: str) -> None:
-    """Replay the WARM_TRACES under both engines on `core` with the value backend
-    `backend` (None: model only), which compiles the kernels that takes into
-    numba's on-disk cache, or loads them from it."""
-    from kpool_cli.backend.store import make_backend
-    from kpool_cli.replay import replay
-    from kpool_cli.trace.load import load_trace
-
-    root = Path(__file__).resolve().parent.parent / "traces"
-    for name in WARM_TRACES:
-        trace = load_trace(root / f"{name}.yaml")
-        for engine in ("cache-safe", "rep-once"):
-            values = None if backend is None else make_backend(backend, trace)
-            for _ in replay(trace, registered(engine), values, core=core):
-                pass
-
-
 def _bytecode_once() -> None:
     """Where Python may not write bytecode as it imports (PYTHONDONTWRITEBYTECODE, set
     on the project's machine), every process the suite starts (its two workers and
-    hundreds of `kpool` commands) would compile all of kpool_cli from source again: a
-    `kpool replay` of a shipped trace took 0.35-0.41 s so, against 0.23-0.27 s, and the
-    suite 82 s more processor time in a fresh clone (docs/performance.md,
+    hundreds of `kpool` commands) would compile all of kpool_cli from source again,
+    which costs a short command about half its time (docs/performance.md,
     "thirty-fourth session"). So the controller compiles it once, into the
-    `__pycache__` folders where Python would have written it (and numba's cache
-    already goes), as an install does; the processes still write nothing. A `.pyc`
-    older than its source is compiled again here, and never read: Python checks
-    each against its source."""
+    `__pycache__` folders where an import would have written it (and numba's cache
+    already goes): the suite writes bytecode into the source tree despite that
+    setting, and no other process writes any. compileall recompiles a `.pyc` whose
+    source changed; Python checks each against its source before it reads it."""
     if sys.dont_write_bytecode:
         compileall.compile_dir(Path(__file__).resolve().parent.parent / "kpool_cli",
                                quiet=2)  # a folder it cannot write: no speed-up, no noise
@@ -165,25 +144,32 @@ def pytest_configure(config: pytest.Config) -> None:
     a fresh clone every process that replays with numba would compile the same
     kernels at the same time (both workers, and the `kpool` subprocesses the CLI
     tests start). A replay of a few shipped traces on the compiled core with the
-    numba backend compiles every kernel the suite calls; on a warm cache it only
-    loads them. Not a test: a failure here shows up in the tests that replay.
+    numba backend (warm_numba.py) compiles every kernel the suite calls; on a warm
+    cache it only loads them. An error in it stops the session before any test
+    runs, as it would stop any replay.
 
-    The two kinds of kernel compile side by side: the compiled core's in a child
-    (model only, about 15 s on a fresh clone), the value backend's here (the
-    reference core, about 20 s); then the replay on both compiles the few backend
-    kernels only the compiled core reaches and loads the rest. On a fresh clone this
-    took 17.7-19.3 s against 25.7-28.4 s one replay after the other; on a warm cache
-    the child costs its start, about 0.5 s (docs/performance.md, "thirty-fourth
-    session")."""
+    On a fresh clone the two kinds of kernel compile side by side: the compiled
+    core's in a child (`python tests/warm_numba.py`), the value backend's here on
+    the reference core; then the replay on both compiles the few backend kernels
+    only the compiled core reaches and loads the rest. No child where it cannot pay:
+    under NUMBA_BOUNDSCHECK=1 (the bounds-checked rerun, where numba cannot cache
+    most of the core's kernels: the child's work would be lost) and under the
+    mutation check (MUTANT_UNDER_TEST: a session a mutant, on a warm cache)."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
         return
     _bytecode_once()
-    child = subprocess.Popen(
-        [sys.executable, "-c", "import runpy, sys; "
-         "runpy.run_path(sys.argv[1])['warm'](None, 'compiled')", __file__],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if os.environ.get("NUMBA_BOUNDSCHECK") or os.environ.get("MUTANT_UNDER_TEST"):
+        warm("numba", "compiled")
+        return
+    tests = Path(__file__).resolve().parent
+    child = subprocess.Popen([sys.executable, str(tests / "warm_numba.py")],
+                             cwd=tests.parent, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         warm("numba", "reference")
     finally:
-        child.wait()
+        _, err = child.communicate()
+    if child.returncode:  # only the speed-up is lost: the replay below runs it all
+        print(f"numba's warm-up child failed (exit {child.returncode}); its kernels "
+              f"compile below:\n{err.decode(errors='replace')[-2000:]}", file=sys.stderr)
     warm("numba", "compiled")

@@ -1910,9 +1910,8 @@ def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
     they call compiled with the checks, which is nearly all this test costs. So the
     child compiles each kernel once (one process, `-n 0`, not the suite's two
     workers each compiling every kernel) and without LLVM's optimisation
-    (NUMBA_OPT=0: numba emits the checks before LLVM runs, and these inputs are
-    small): 48 s of processor time for this test alone, against 61 s before
-    (docs/performance.md, "thirty-fourth session")."""
+    (NUMBA_OPT=0: numba emits the checks while it lowers, before LLVM runs, and
+    these inputs are small; docs/performance.md, "thirty-fourth session")."""
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path / "numba"),
            "NUMBA_OPT": "0", "KPOOL_NUMBA_PARALLEL": "", "NO_COLOR": "1"}
     r = subprocess.run(

@@ -441,7 +441,7 @@ def test_numba_replays_where_no_cache_location_is_writable(tmp_path: Path) -> No
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     # NUMBA_OPT=0: where the kernels are cached is what this asks, not how fast they
-    # run; compiling them unoptimised saves a fifth of the test
+    # run; compiled unoptimised, they cost the test less
     env = {**os.environ, "PYTHONPATH": str(pkg), "HOME": str(blocker / "home"),
            "XDG_CACHE_HOME": str(blocker / "cache"), "NUMBA_CACHE_DIR": str(blocker / "numba"),
            "TMPDIR": str(tmp), "PYTHONDONTWRITEBYTECODE": "1", "NUMBA_OPT": "0"}

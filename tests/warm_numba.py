@@ -1,0 +1,40 @@
+"""The suite's warm-up of numba's on-disk cache (tests/conftest.py `pytest_configure`):
+a replay of a few shipped traces under both engines, which compiles every kernel
+it calls into the cache, or loads it from there.
+
+Run as a script (`python tests/warm_numba.py`), it warms the compiled core's
+kernels alone (model only), which the controller runs in a child while it warms the
+value backend's itself. The two must stay disjoint: numba updates a function's
+cache index without a lock, so two processes adding signatures of the same kernel
+at once could each claim the same file. A model-only replay calls no value kernel
+(kpool_cli/backend/), and a replay on the reference core no kernel of the compiled
+core (kpool_cli/compiled/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kpool_cli.backend.store import make_backend
+from kpool_cli.replay import replay
+from kpool_cli.trace.load import load_trace
+from kpool_cli.versions import registered
+
+TRACES = ("shared-prefix-race", "coupled-rep-conflict", "mrope-images", "non-unified",
+          "mtp3-speculative")
+
+
+def warm(backend: str | None, core: str) -> None:
+    """Replay TRACES under cache-safe and rep-once on `core` with the value backend
+    `backend` (None: model only)."""
+    root = Path(__file__).resolve().parent.parent / "traces"
+    for name in TRACES:
+        trace = load_trace(root / f"{name}.yaml")
+        for engine in ("cache-safe", "rep-once"):
+            values = None if backend is None else make_backend(backend, trace)
+            for _ in replay(trace, registered(engine), values, core=core):
+                pass
+
+
+if __name__ == "__main__":
+    warm(None, "compiled")
