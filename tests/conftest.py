@@ -158,18 +158,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
         return
     _bytecode_once()
-    if os.environ.get("NUMBA_BOUNDSCHECK") or os.environ.get("MUTANT_UNDER_TEST"):
-        warm("numba", "compiled")
-        return
-    tests = Path(__file__).resolve().parent
-    child = subprocess.Popen([sys.executable, str(tests / "warm_numba.py")],
-                             cwd=tests.parent, stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        warm("numba", "reference")
-    finally:
-        _, err = child.communicate()
-    if child.returncode:  # only the speed-up is lost: the replay below runs it all
-        print(f"numba's warm-up child failed (exit {child.returncode}); its kernels "
-              f"compile below:\n{err.decode(errors='replace')[-2000:]}", file=sys.stderr)
+    if not (os.environ.get("NUMBA_BOUNDSCHECK") or os.environ.get("MUTANT_UNDER_TEST")):
+        tests = Path(__file__).resolve().parent
+        child = subprocess.Popen([sys.executable, str(tests / "warm_numba.py")],
+                                 cwd=tests.parent, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            warm("numba", "reference")
+        finally:
+            _, err = child.communicate()
+        if child.returncode:  # only the speed-up is lost: the replay below runs it all
+            print(f"numba's warm-up child failed (exit {child.returncode}); its kernels "
+                  f"compile below:\n{err.decode(errors='replace')[-2000:]}", file=sys.stderr)
     warm("numba", "compiled")

@@ -140,6 +140,7 @@ def load_bounds(f: Any) -> Any:
     `max_nodes`, which every load of its traces takes."""
     return max_tokens_option(max_nodes_option(f))
 
+
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     metavar="CORE",
