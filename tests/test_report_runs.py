@@ -465,11 +465,14 @@ def test_the_run_form_reads_back_as_the_full_listing(kpool: int):
     assert n_runs > 100
 
 
-def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_encoded_once(monkeypatch):
+def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encoded_once(
+        monkeypatch):
     """json_report.ubatch_text: the very text `dumps(ubatch_json(rec))` gives, for
-    every ubatch of the race trace under cache-safe (KP001 re-found each ubatch, the
-    same Finding handed on), with each distinct finding encoded once; a finding whose
-    text is not ASCII sends the ubatch dumps's other way, whole (escaped)."""
+    every ubatch of two traces under cache-safe (the race trace: KP001 re-found each
+    ubatch, the same Finding handed on; the server session: its listings of every
+    pool handed on while the plan stands), with each distinct finding, and each
+    distinct listing of more than a few items, encoded once; a finding whose text is
+    not ASCII sends the ubatch dumps's other way, whole (escaped)."""
     import dataclasses
 
     from kpool_cli.backend.store import make_backend
@@ -479,25 +482,44 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_encoded_once(monk
     from kpool_cli.trace.load import load_trace
     from kpool_cli.versions import CACHE_SAFE
 
-    t = load_trace(RACE)
-    recs = [r for r in replay_trace(t, CACHE_SAFE, make_backend("numba", t), spans=True)
-            if isinstance(r, UbatchRecord)]
-    distinct = {id(f) for r in recs for f in r.findings}
-    assert len(distinct) < sum(len(r.findings) for r in recs)  # some handed on
-    want = [dumps(json_report.ubatch_json(r)) for r in recs]
-    encoded: list[Finding] = []
-    real = json_report.finding_json
+    def records(path: str) -> list[UbatchRecord]:
+        t = load_trace(path)
+        return [r for r in replay_trace(t, CACHE_SAFE, make_backend("numba", t), spans=True)
+                if isinstance(r, UbatchRecord)]
 
-    def counted(f: Finding) -> dict:
-        encoded.append(f)
-        return real(f)
+    race, server = records(RACE), records("traces/server-session.yaml")
+    distinct = {id(f) for r in race for f in r.findings}
+    assert len(distinct) < sum(len(r.findings) for r in race)  # some handed on
+    encoded: list[object] = []
+    real = json_report._fragment
 
-    monkeypatch.setattr(json_report, "finding_json", counted)
-    texts = json_report.FindingTexts()
-    assert [json_report.ubatch_text(r, True, texts) for r in recs] == want
-    assert len(encoded) == len(distinct)
-    odd = dataclasses.replace(recs[-1], findings=tuple(
-        dataclasses.replace(f, message=f.message + " \u202e") for f in recs[-1].findings))
-    text = json_report.ubatch_text(odd, True, texts)
+    def counted(value: object) -> object:
+        encoded.append(value)
+        return real(value)
+
+    long_met: list[list[dict]] = []  # every long listing handed to `listing`, held
+
+    class Texts(json_report.EncodedTexts):
+        def listing(self, items: list[dict]) -> object:
+            if len(items) > json_report._FEW_LISTED:
+                long_met.append(items)
+            return super().listing(items)
+
+    for recs in (race, server):
+        want = [dumps(json_report.ubatch_json(r)) for r in recs]
+        encoded.clear()
+        long_met.clear()
+        monkeypatch.setattr(json_report, "_fragment", counted)
+        texts = Texts()
+        assert [json_report.ubatch_text(r, True, texts) for r in recs] == want
+        monkeypatch.undo()
+        assert sum(isinstance(v, dict) for v in encoded) == len(
+            {id(f) for r in recs for f in r.findings})
+        n_distinct = len({id(x) for x in long_met})
+        assert sum(isinstance(v, list) for v in encoded) == n_distinct
+    assert 0 < n_distinct < len(long_met)  # the server's: some handed on
+    odd = dataclasses.replace(race[-1], findings=tuple(
+        dataclasses.replace(f, message=f.message + " \u202e") for f in race[-1].findings))
+    text = json_report.ubatch_text(odd, True, json_report.EncodedTexts())
     assert text == dumps(real_json := json_report.ubatch_json(odd)) and "\\u202e" in text
     assert json.loads(text) == json.loads(json.dumps(real_json))

@@ -255,11 +255,13 @@ def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
 
 
 def ubatch_json(r: UbatchRecord, run_form: bool = True,
-                finding: Callable[[Finding], object] = finding_json) -> dict:
+                finding: Callable[[Finding], object] = finding_json,
+                listing: Callable[[list[dict]], object] = lambda items: items) -> dict:
     """A ubatch. `run_form`: pools and scatter entries that follow each other are
     written as runs (pools_json, scatter_json); without it, one object each (what
     `--pools all` asks for: the full listing). `finding`: each finding's value
-    (`finding_json`, or its text already encoded: `FindingTexts`)."""
+    (`finding_json`, or its text already encoded: `EncodedTexts`); `listing`: each
+    listing's value (the list, or its text already encoded: `EncodedTexts.listing`)."""
     kpool = int(r.scatter_rows.shape[1]) if run_form else 0
     pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
     tokens = [{pos_: p, seq_: list(ss), cell_: row} for p, ss, row in zip(
@@ -271,41 +273,64 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True,
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
-        pools=_listed_json(r, kpool), scatter=_entries_json(r, kpool),
+        pools=listing(_listed_json(r, kpool)), scatter=listing(_entries_json(r, kpool)),
         cost=COST.make(**r.cost), findings=[finding(f) for f in r.findings],
     )
 
 
-class FindingTexts:
-    """Each finding's JSON text (`finding_json(f)` as orjson writes it), encoded
-    once while the rules hand on the very same (frozen) `Finding`: a race that
-    stands, re-found each ubatch (W4 cache-safe's KP001, 4.5 KB of each 5 KB
-    ubatch). An orjson `Fragment`, which `ubatch_text` places as it is. Holds the
-    last `KEEP` findings met."""
+class EncodedTexts:
+    """JSON texts (what orjson writes, as orjson `Fragment`s, which `ubatch_text`
+    places as they are) encoded once while the replay hands on the very same value:
+    each finding's (`__call__`: `finding_json(f)`), while the rules hand on the same
+    (frozen) `Finding` (a race that stands, re-found each ubatch: W4 cache-safe's
+    KP001, 4.5 KB of each 5 KB ubatch), and each listing's of more than
+    `_FEW_LISTED` items (`listing`), while a plan stands and `_listed_json` and
+    `_entries_json` hand on their lists (cache-safe's listing of every pool as runs:
+    about half of W2's standing ubatch's encoding). Holds the last `KEEP` findings
+    and the last two listings met, with their values (so an id stays its own)."""
 
     KEEP = 16
 
     def __init__(self) -> None:
         self._texts: dict[int, tuple[Finding, orjson.Fragment]] = {}
+        self._lists: dict[int, tuple[list[dict], orjson.Fragment]] = {}
 
     def __call__(self, f: Finding) -> orjson.Fragment:
-        got = self._texts.get(id(f))  # held with its finding: the id stays its own
+        got = self._texts.get(id(f))
         if got is not None:
             return got[1]
         if len(self._texts) >= self.KEEP:
             self._texts.clear()
-        # not ASCII, the ubatch's text is not either: `ubatch_text` then writes it
-        # the other way; orjson refusing it (JSONEncodeError) does the same
-        text = orjson.Fragment(orjson.dumps(finding_json(f), option=_ORJSON))
-        self._texts[id(f)] = (f, text)
+        self._texts[id(f)] = (f, text := _fragment(finding_json(f)))
+        return text
+
+    def listing(self, items: list[dict]) -> list[dict] | orjson.Fragment:
+        """`items`, or its text once it is long enough to be handed on (a few pools or
+        entries are made anew each ubatch: encoding them apart would only cost)."""
+        if len(items) <= _FEW_LISTED:
+            return items
+        got = self._lists.get(id(items))
+        if got is not None:
+            return got[1]
+        if len(self._lists) >= 2:  # a plan's two listings: the last ones alone
+            self._lists.clear()
+        self._lists[id(items)] = (items, text := _fragment(items))
         return text
 
 
-def ubatch_text(r: UbatchRecord, run_form: bool, texts: FindingTexts) -> str:
-    """`dumps(ubatch_json(r, run_form))`, with the findings' texts from `texts` (the
-    same bytes: orjson writes a nested value as it writes it alone)."""
+def _fragment(value: object) -> orjson.Fragment:
+    """orjson's text of `value`, to be placed as it is. Not ASCII, the ubatch's text is
+    not either: `ubatch_text` then writes it the other way; orjson refusing it
+    (JSONEncodeError) does the same."""
+    return orjson.Fragment(orjson.dumps(value, option=_ORJSON))
+
+
+def ubatch_text(r: UbatchRecord, run_form: bool, texts: EncodedTexts) -> str:
+    """`dumps(ubatch_json(r, run_form))`, with the findings' and the listings' texts
+    from `texts` (the same bytes: orjson writes a nested value as it writes it
+    alone)."""
     try:
-        raw = orjson.dumps(ubatch_json(r, run_form, texts), option=_ORJSON)
+        raw = orjson.dumps(ubatch_json(r, run_form, texts, texts.listing), option=_ORJSON)
         if raw.isascii():
             return raw.decode("ascii")
     except orjson.JSONEncodeError:
@@ -343,7 +368,7 @@ def write_report(out: TextIO, trace: Trace, engine: str, backend: str | None,
     events, expects = [], []
     first = True
     signal_met: KeyboardInterrupt | None = None
-    texts = FindingTexts()
+    texts = EncodedTexts()
 
     def take(rec: OpEvent | UbatchRecord | ExpectResult) -> None:
         nonlocal first
