@@ -337,6 +337,49 @@ class GuardedKernels:
                            pools, row0, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
                            t.pool_of, t.pool_gen, t.key_gen)
 
+    def recheck_many(self, start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray,
+                     known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray, dirty: bool,
+                     too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                     ids: np.ndarray, members: np.ndarray, reps: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The verification of a layout of many sequences and one stream (its pool
+        starts, kept verdicts, kept pools, known-equal flags and rep columns; the
+        stream's changed cells `cells`, its positions, its holders `has` and their
+        sequences `ids`) in one pass where every way is NONE or NEW
+        (`kernels.recheck_many`): the ways and the verdicts of the pools past each
+        sequence's kept ones (member rows `members`, rep rows `reps`), or None where
+        the general way must answer. The door checks the arrays' types and that their
+        sizes agree (`recheck_ways`' door); member and rep rows of another type or
+        shape, or holders that are not a C-contiguous bool array of a column per
+        sequence id and a cell per position, are None too (the general way checks
+        them the long way and says what). The kernel checks each cell, column, pool,
+        row and slot as it reads it, and answers None for one outside its array."""
+        where = "recheck many"
+        t = self.slots
+        t.check_tables(where)
+        t.check_generations(where)
+        _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
+               ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
+               ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
+               ("cells", cells, I64), ("positions", pos, I64), ("sequence ids", ids, I64))
+        n = kept.size
+        if start.size != n + 1 or n_bad.size != n or known.size != n:
+            raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
+                            f"and {known.size} known-equal flags for {n} sequences", where,
+                            "kept pools")
+        if (type(has) is not np.ndarray or has.dtype != np.bool_ or has.ndim != 2
+                or has.shape != (ids.size, pos.size) or not has.flags.c_contiguous
+                or type(members) is not np.ndarray or members.dtype != I64
+                or members.ndim != 2 or members.shape[1] != self.kpool
+                or not members.flags.c_contiguous or type(reps) is not np.ndarray
+                or reps.dtype != I64 or reps.shape != members.shape[:1]
+                or not reps.flags.c_contiguous):
+            return None
+        return self._timed(where, self.k.recheck_many, start, n_bad, kept, known, rep_pos,
+                           rep_rows, t.kv_size, dirty, too_many, cells, pos, has, ids,
+                           members, reps, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
+                           t.pool_of, t.pool_gen, t.key_gen)
+
     def one_step(self, rows: np.ndarray, key_ids: np.ndarray, n_ubatch: int, decode_kind: int,
                  entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                  grows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,

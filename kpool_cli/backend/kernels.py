@@ -1189,6 +1189,123 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
     return int(way), out if way == NEW else out[:0]
 
 
+def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
+                       too_many, cells, pos, has, ids, members, reps, slot_of, n_handed, key,
+                       gate, pooled, pool_of, pool_gen, key_gen, how, tail, ms, w, bits, want,
+                       out):  # pragma: no cover - compiled
+    err, before = _recheck_ways_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size,
+                                   dirty, too_many, cells, pos, _NO_PAIR, how, tail)
+    if err != -1:
+        return _ASK_AGAIN
+    n = kept.size
+    for s in range(n):
+        h = how[s]
+        if h != _NEW and h != _NONE:  # a scan
+            return _ASK_AGAIN
+        if kept[s] > start[s + 1] - start[s]:  # more pools kept than it holds
+            return _ASK_AGAIN
+    if before:
+        # `_DirtyPairs.lowest`: a sequence holding a changed pair at or before its tail
+        # looks up (LOOK), which this pass leaves to the general way. Column by column,
+        # each reading the changed cells of its own row of `has`
+        if has.shape[1] < pos.size or has.shape[0] > ids.size:
+            return _ASK_AGAIN
+        for col in range(has.shape[0]):
+            s = ids[col]
+            if s < 0 or s >= n:
+                return _ASK_AGAIN
+            t = tail[s]
+            if t == _NO_TAIL:
+                continue
+            row = has[col]
+            for i in range(cells.size):
+                c = cells[i]  # inside `pos` (`_least_of` checked it), so inside `row`
+                if row[c] and ((pos[c] << _CELL_BITS) | c) <= t:
+                    return _ASK_AGAIN
+    # `rows_differ` of each NEW sequence's pools past its kept ones, in layout order
+    if members.shape[0] != reps.size or members.shape[1] != ms.size:
+        return _ASK_AGAIN
+    at = np.int64(0)
+    for s in range(n):
+        if how[s] != _NEW:
+            continue
+        m = start[s + 1] - start[s] - kept[s]
+        if at + m > reps.size:
+            return _ASK_AGAIN
+        for e in range(at, at + m):
+            sr = _slot(slot_of, n_handed, reps[e])
+            if sr < 0 or not _member_slots(slot_of, n_handed, members[e], ms):
+                return _ASK_AGAIN
+            out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits,
+                              want)
+        at += m
+    if at != reps.size:
+        return _ASK_AGAIN
+    return np.int64(0)
+
+
+_RECHECK_MANY_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
+                     "i8[::1], i8[::1], b1[:, ::1], i8[::1], i8[:, ::1], i8[::1], {}[::1], "
+                     "i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
+                     "i8[::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_recheck_many_i4 = kernel(_recheck_many_into, "_recheck_many_i4",
+                          _RECHECK_MANY_SIG.format("i4"))
+_recheck_many_i8 = kernel(_recheck_many_into, "_recheck_many_i8",
+                          _RECHECK_MANY_SIG.format("i8"))
+
+
+def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                 ids: np.ndarray, members: np.ndarray, reps: np.ndarray, slot_of: np.ndarray,
+                 n_handed: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                 pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The verification of a layout of many sequences and one stream in one pass, where
+    every way is `NONE` or `NEW` (recheck.py): each sequence's way, by `recheck_ways`'
+    rule and, where a changed pair lies at or before some tail, by the lowest changed
+    pair each sequence holds (`_DirtyPairs.lowest`'s test); then the verdicts of every
+    `NEW` sequence's pools past its kept ones, as `rows_differ` gives them.
+
+    Parameters
+    ----------
+    start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells, pos :
+        as `recheck_ways`, the changed cells those of the one stream, with no least pair
+        of another
+    has : array of bool, shape (n_col, n_cells), C-contiguous
+        The stream's holders: column col holds cell c where has[col, c].
+    ids : array of int64, shape (n_col,)
+        The sequence of each column.
+    members, reps : arrays of int64, shapes (m, kpool) and (m,), C-contiguous
+        The member rows and rep rows of the pools past each sequence's kept ones
+        (`engine/layout.py` `pools_past`), in layout order: those of the `NEW`
+        sequences, end to end (a `NONE` sequence has none).
+    slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen : as `rows_differ`
+
+    Returns
+    -------
+    (how, verdicts), or None
+        Every sequence's way (`NONE` or `NEW`), and whether each pool of `reps` differs
+        from its pooling. None where the verifier's general way must answer: a way that
+        scans, a sequence holding a changed pair at or before its tail (a look-up), a
+        sequence that kept more pools than it holds, pools that are not the `NEW`
+        sequences' past their kept ones, or a cell, column, row or slot outside its
+        array (that way says which).
+    """
+    n = kept.size
+    how = np.empty(n, dtype=np.int64)
+    out = np.zeros(reps.size, dtype=np.bool_)
+    want = np.empty(key.shape[1], dtype=np.float32)
+    into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
+    got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
+               pos, has, ids, members, reps, slot_of, n_handed, key, gate, pooled, pool_of,
+               pool_gen, key_gen, how, np.empty(n, dtype=np.int64),
+               np.empty(pool_of.shape[1], dtype=np.int64),
+               *_scratch(pool_of.shape[1], key.shape[1]), want, out)
+    return None if got == _ASK_AGAIN else (how, out)
+
+
 # -- a step of one sequence in one call ------------------------------------------------
 
 # the three passes `one_step` runs in turn, each as its own kernel runs it

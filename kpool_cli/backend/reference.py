@@ -434,6 +434,47 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
 
 
 
+def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                 ids: np.ndarray, members: np.ndarray, reps: np.ndarray, slot_of: np.ndarray,
+                 n_handed: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
+                 pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """kernels.recheck_many: this module's `recheck_ways` of every sequence, the lowest
+    changed pair each holds (as `Verifier`'s `_DirtyPairs.lowest` pairs them), then its
+    `rows_differ` of the NEW sequences' pools past their kept ones; None where the
+    numba twin refuses (a scan, a look-up, pools that are not those, an index outside
+    its array)."""
+    try:
+        how, tail, before = recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows,
+                                         kv_size, dirty, too_many, cells, pos, NO_PAIR)
+    except IndexError:
+        return None
+    n_pools = np.diff(start)
+    if ((how != NEW) & (how != NONE)).any() or (kept > n_pools).any():
+        return None
+    if before:
+        if has.shape[1] < pos.size or has.shape[0] > ids.size:
+            return None
+        col_ids = ids[:has.shape[0]]
+        if ((col_ids < 0) | (col_ids >= kept.size)).any():
+            return None
+        low = np.full(kept.size, NO_PAIR, dtype=np.int64)
+        if cells.size:
+            pairs = make_keys(pos[cells], cells)
+            np.minimum.at(low, col_ids, np.where(has[:, cells], pairs, NO_PAIR).min(axis=1))
+        if ((tail != NO_TAIL) & (low <= tail)).any():
+            return None
+    new = how == NEW
+    if (members.shape[0] != reps.size or members.shape[1] != pool_of.shape[1]
+            or int((n_pools - kept)[new].sum()) != reps.size):
+        return None
+    verdicts = rows_differ(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+                           members, reps)
+    return None if verdicts is None else (how, verdicts)
+
+
 def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
              free: np.ndarray, n_handed: int, pristine: int, gen: int, n_ubatch: int,
              decode_kind: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,

@@ -40,7 +40,7 @@ import numpy as np
 from ..arrays import any_set, ranges, union, unique
 from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
-from ..engine.layout import Layout, LayoutChange
+from ..engine.layout import Layout, LayoutChange, pools_past
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
@@ -75,6 +75,9 @@ class Verifier:
         self._all_since_scatter = False
         self.pools_checked = 0
         self.bad_seqs: set[int] = set()  # the sequences with a bad pool
+        # `Stream.seq_ids` of the stream last verified in one call, and it as an array
+        self._ids: tuple[list[int], np.ndarray] | None = None
+        self._no_members = np.empty((0, self.kpool), dtype=np.int64)  # no pool's members
 
     def bad_of(self, s: int) -> np.ndarray:
         """[n_checked[s]] bool: which pools of sequence s are bad (all False outside
@@ -259,7 +262,8 @@ class Verifier:
         every step of one slot) takes the way and the verdicts in one kernel call
         (`_one_sequence`), unless `one_tried` says that call handed back already
         (`ValueBackend`'s one pass, `GuardedKernels.one_step`)."""
-        if one_tried or not self._one_sequence(layout, change, cache):
+        if (one_tried or not self._one_sequence(layout, change, cache)) \
+                and not self._many_sequences(layout, change, cache):
             dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
             n_seq = len(layout.seqs)
             if self._all_dirty:
@@ -339,6 +343,79 @@ class Verifier:
         """`verify`, whose one-call verification answered elsewhere (`took_one`)."""
         self.took_one(layout, change, way, verdicts)
         self._settle()
+
+    def _many_sequences(self, layout: Layout, change: LayoutChange, cache: KvCache) -> bool:
+        """`verify` of a layout of several sequences and a cache of one stream in one
+        kernel call (`GuardedKernels.recheck_many`: `_sequences`' ways, by the same rule
+        and the same lowest pair each sequence holds, then `_checked` of the pools past
+        each `NEW` sequence's kept ones), where every way is `NONE` or `NEW`, no race is
+        remembered and no clear came since the last verification: what `_recheck` would
+        set. Those pools do not hang on the ways (a `NONE` sequence kept every pool), so
+        their rows go in with the call (`pools_past`, `Layout.members_of`). False,
+        nothing done, where the general way must answer (the kernel's None: a look-up,
+        a scan, or something outside its array, which that way says)."""
+        if (self._all_dirty or len(layout.seqs) < 2 or len(cache.streams) != 1
+                or self.writers.alt):
+            return False
+        rows = self._kdirty_rows + self._pdirty_rows  # the one stream's changed cells
+        cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
+        dirty = bool(rows)
+        n = len(layout.seqs)
+        known = layout.known_equal_seqs(cache) if dirty else np.zeros(n, dtype=bool)
+        # the rep columns are read only for a tail: a known sequence's, once a row changed
+        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
+                             else (_NO_PAIRS, _NO_PAIRS))
+        start = layout.pool_start()
+        kept = np.asarray(change.kept, dtype=np.int64)
+        n_new = start[1:] - start[:-1] - kept
+        ips, members = _NO_PAIRS, self._no_members
+        if any_set(n_new):
+            if int(n_new.min()) < 0:  # kept more pools than it holds: the general way
+                return False
+            ips = pools_past(start, kept)
+            members = layout.members_of(ips)
+        st = cache.streams[0]
+        got = self.kernels.recheck_many(
+            start, self.n_checked, kept, known, rep_pos, rep_rows, dirty,
+            cells.size > LOOKUP_MAX_ROWS, cells, st.pos, st.has, self._seq_ids(st),
+            members,
+            layout.pool_cells()[ips] if ips.size else _NO_PAIRS)
+        if got is None:
+            return False
+        how, verdicts = got
+        self.pools_checked += ips.size
+        if self.bad_seqs or any_set(verdicts):
+            self._many_rechecked(start, kept, how, ips, verdicts)
+        # a NONE sequence kept every pool and checked them all: each has its pools' count
+        np.subtract(start[1:], start[:-1], out=self.n_checked)
+        return True
+
+    def _many_rechecked(self, start: np.ndarray, kept: np.ndarray, how: np.ndarray,
+                        ips: np.ndarray, verdicts: np.ndarray) -> None:
+        """`_rechecked` of the `NEW` sequences that have or had a bad pool (before
+        `n_checked` moves on): the verdicts of each one's pools past its kept ones are
+        `verdicts` at their places in `ips`."""
+        hit = start.searchsorted(ips[verdicts], side="right") - 1
+        for s in sorted({*hit.tolist(), *(s for s in self.bad_seqs if how[s] == NEW)}):
+            k, n = int(kept[s]), int(start[s + 1] - start[s])
+            at = int(ips.searchsorted(start[s] + k))
+            old = self.bad_of(s)[:k]
+            got = np.zeros(n, dtype=bool)
+            got[:old.size] = old
+            got[k:] = verdicts[at:at + n - k]
+            self._bad[s] = got
+            if got.any():
+                self.bad_seqs.add(s)
+            else:
+                self.bad_seqs.discard(s)
+
+    def _seq_ids(self, st: Stream) -> np.ndarray:
+        """The sequence of each of stream `st`'s columns (`Stream.seq_ids`) as an int64
+        array, made again only when the stream's list is another."""
+        held = self._ids
+        if held is None or held[0] is not st.seq_ids:
+            held = self._ids = (st.seq_ids, np.array(st.seq_ids, dtype=np.int64))
+        return held[1]
 
     def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
                  seqs: np.ndarray, how: np.ndarray) -> None:
