@@ -33,6 +33,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from .guards import (
     outside_error,
 )
 from .slots import SlotTable
+
+if TYPE_CHECKING:
+    from ..engine.layout import FlatColumns
 
 
 class GuardedKernels:
@@ -340,20 +344,19 @@ class GuardedKernels:
     def recheck_many(self, start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray,
                      known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray, dirty: bool,
                      too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
-                     ids: np.ndarray, members: np.ndarray, reps: np.ndarray
+                     ids: np.ndarray, cols: FlatColumns
                      ) -> tuple[np.ndarray, np.ndarray] | None:
         """The verification of a layout of many sequences and one stream (its pool
         starts, kept verdicts, kept pools, known-equal flags and rep columns; the
         stream's changed cells `cells`, its positions, its holders `has` and their
-        sequences `ids`) in one pass where every way is NONE or NEW
-        (`kernels.recheck_many`): the ways and the verdicts of the pools past each
-        sequence's kept ones (member rows `members`, rep rows `reps`), or None where
-        the general way must answer. The door checks the arrays' types and that their
-        sizes agree (`recheck_ways`' door); member and rep rows of another type or
-        shape, or holders that are not a C-contiguous bool array of a column per
-        sequence id and a cell per position, are None too (the general way checks
-        them the long way and says what). The kernel checks each cell, column, pool,
-        row and slot as it reads it, and answers None for one outside its array."""
+        sequences `ids`; every sequence's pairs and pools, `cols`) in one pass where
+        every way is NONE or NEW (`kernels.recheck_many`): the ways and the verdicts of
+        the pools past each sequence's kept ones, or None where the general way must
+        answer. The door checks the arrays' types and that the per-sequence ones agree
+        in size (`recheck_ways`' door), and holders of a column per sequence id and a
+        cell per position; the kernel checks each cell, column, pair, pool, row and
+        slot as it reads it, and answers None for one outside its array (the general
+        way then says which)."""
         where = "recheck many"
         t = self.slots
         t.check_tables(where)
@@ -361,24 +364,23 @@ class GuardedKernels:
         _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
                ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
                ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
-               ("cells", cells, I64), ("positions", pos, I64), ("sequence ids", ids, I64))
+               ("cells", cells, I64), ("positions", pos, I64), ("sequence ids", ids, I64),
+               ("live pairs", cols.n_keys, I64), ("streams", cols.strm, I64))
+        _two_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
+               ("pools' rep rows", cols.rep_rows, I64), ("holders", has, np.dtype(np.bool_)))
         n = kept.size
         if start.size != n + 1 or n_bad.size != n or known.size != n:
             raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
                             f"and {known.size} known-equal flags for {n} sequences", where,
                             "kept pools")
-        if (type(has) is not np.ndarray or has.dtype != np.bool_ or has.ndim != 2
-                or has.shape != (ids.size, pos.size) or not has.flags.c_contiguous
-                or type(members) is not np.ndarray or members.dtype != I64
-                or members.ndim != 2 or members.shape[1] != self.kpool
-                or not members.flags.c_contiguous or type(reps) is not np.ndarray
-                or reps.dtype != I64 or reps.shape != members.shape[:1]
-                or not reps.flags.c_contiguous):
-            return None
+        if has.shape != (ids.size, pos.size):
+            raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} sequence "
+                            f"ids and {pos.size} cells", where, "holders")
         return self._timed(where, self.k.recheck_many, start, n_bad, kept, known, rep_pos,
                            rep_rows, t.kv_size, dirty, too_many, cells, pos, has, ids,
-                           members, reps, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
-                           t.pool_of, t.pool_gen, t.key_gen)
+                           cols.keys, cols.n_keys, cols.pools, cols.rep_rows, cols.strm,
+                           t.slot_of, t.n_handed, t.key, t.gate, t.pooled, t.pool_of,
+                           t.pool_gen, t.key_gen)
 
     def one_step(self, rows: np.ndarray, key_ids: np.ndarray, n_ubatch: int, decode_kind: int,
                  entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
@@ -463,6 +465,15 @@ class GuardedKernels:
         reps = checked_index(reps, 0, n_handed, members.shape[:1], False, where,
                              "rep slots", "slot")
         return members, reps
+
+
+def _two_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:
+    """Each (name, array, dtype): a C-contiguous 2-D array of that dtype, or PlanError."""
+    for name, a, dt in arrays:
+        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 2 \
+                or not a.flags.c_contiguous:
+            raise PlanError(f"{where}: the {name} are not a C-contiguous 2-D {dt} array",
+                            where, name)
 
 
 def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:

@@ -1190,9 +1190,9 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
 
 
 def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
-                       too_many, cells, pos, has, ids, members, reps, slot_of, n_handed, key,
-                       gate, pooled, pool_of, pool_gen, key_gen, how, tail, ms, w, bits, want,
-                       out):  # pragma: no cover - compiled
+                       too_many, cells, pos, has, ids, keys, n_keys, pools, reps, strm,
+                       slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen, how,
+                       tail, pairs, ms, w, bits, want, out):  # pragma: no cover - compiled
     err, before = _recheck_ways_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size,
                                    dirty, too_many, cells, pos, _NO_PAIR, how, tail)
     if err != -1:
@@ -1202,52 +1202,69 @@ def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
         h = how[s]
         if h != _NEW and h != _NONE:  # a scan
             return _ASK_AGAIN
-        if kept[s] > start[s + 1] - start[s]:  # more pools kept than it holds
+        if kept[s] < 0 or kept[s] > start[s + 1] - start[s]:  # kept more than it holds
             return _ASK_AGAIN
     if before:
         # `_DirtyPairs.lowest`: a sequence holding a changed pair at or before its tail
         # looks up (LOOK), which this pass leaves to the general way. Column by column,
-        # each reading the changed cells of its own row of `has`
-        if has.shape[1] < pos.size or has.shape[0] > ids.size:
+        # each reading its own row of `has` at the changed cells whose pair is at or
+        # before its sequence's tail (the cells inside `pos`: `_least_of` checked them)
+        if has.shape[1] < pos.size or has.shape[0] > ids.size or pairs.size < cells.size:
             return _ASK_AGAIN
+        least = _NO_PAIR
+        for i in range(cells.size):
+            c = cells[i]
+            pairs[i] = (pos[c] << _CELL_BITS) | c
+            if pairs[i] < least:
+                least = pairs[i]
         for col in range(has.shape[0]):
             s = ids[col]
             if s < 0 or s >= n:
                 return _ASK_AGAIN
             t = tail[s]
-            if t == _NO_TAIL:
+            if t == _NO_TAIL or t < least:
                 continue
             row = has[col]
             for i in range(cells.size):
-                c = cells[i]  # inside `pos` (`_least_of` checked it), so inside `row`
-                if row[c] and ((pos[c] << _CELL_BITS) | c) <= t:
+                if pairs[i] <= t and row[cells[i]]:
                     return _ASK_AGAIN
-    # `rows_differ` of each NEW sequence's pools past its kept ones, in layout order
-    if members.shape[0] != reps.size or members.shape[1] != ms.size:
-        return _ASK_AGAIN
-    at = np.int64(0)
+    # `rows_differ` of each NEW sequence's pools past its kept ones, in layout order,
+    # their member and rep rows read in its columns (`SeqLayout.members`)
+    kpool = ms.size
+    e = 0
     for s in range(n):
         if how[s] != _NEW:
             continue
-        m = start[s + 1] - start[s] - kept[s]
-        if at + m > reps.size:
+        if (s >= keys.shape[0] or s >= n_keys.size or s >= pools.shape[0]
+                or s >= reps.shape[0] or s >= strm.size or n_keys[s] > keys.shape[1]):
             return _ASK_AGAIN
-        for e in range(at, at + m):
-            sr = _slot(slot_of, n_handed, reps[e])
-            if sr < 0 or not _member_slots(slot_of, n_handed, members[e], ms):
+        row0 = strm[s] * kv_size
+        for k in range(kept[s], start[s + 1] - start[s]):
+            if e >= out.size or k >= pools.shape[1] or k >= reps.shape[1]:
                 return _ASK_AGAIN
+            j0 = pools[s, k]
+            if j0 < 0 or j0 > n_keys[s] - kpool:
+                return _ASK_AGAIN
+            sr = _slot(slot_of, n_handed, reps[s, k])
+            if sr < 0:
+                return _ASK_AGAIN
+            for q in range(kpool):
+                ms[q] = _slot(slot_of, n_handed, row0 + (keys[s, j0 + q] & _CELL_MASK))
+                if ms[q] < 0:
+                    return _ASK_AGAIN
             out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits,
                               want)
-        at += m
-    if at != reps.size:
+            e += 1
+    if e != out.size:
         return _ASK_AGAIN
     return np.int64(0)
 
 
 _RECHECK_MANY_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
-                     "i8[::1], i8[::1], b1[:, ::1], i8[::1], i8[:, ::1], i8[::1], {}[::1], "
-                     "i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
-                     "i8[::1], i8[::1], i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
+                     "i8[::1], i8[::1], b1[:, ::1], i8[::1], i8[:, ::1], i8[::1], i8[:, ::1], "
+                     "i8[:, ::1], i8[::1], {}[::1], i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], "
+                     "i8[:, ::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], "
+                     "f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
 # one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
 _recheck_many_i4 = kernel(_recheck_many_into, "_recheck_many_i4",
                           _RECHECK_MANY_SIG.format("i4"))
@@ -1258,15 +1275,17 @@ _recheck_many_i8 = kernel(_recheck_many_into, "_recheck_many_i8",
 def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
                  rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
                  too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
-                 ids: np.ndarray, members: np.ndarray, reps: np.ndarray, slot_of: np.ndarray,
-                 n_handed: int, key: np.ndarray, gate: np.ndarray, pooled: np.ndarray,
-                 pool_of: np.ndarray, pool_gen: np.ndarray, key_gen: np.ndarray
+                 ids: np.ndarray, keys: np.ndarray, n_keys: np.ndarray, pools: np.ndarray,
+                 reps: np.ndarray, strm: np.ndarray, slot_of: np.ndarray, n_handed: int,
+                 key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                 pool_gen: np.ndarray, key_gen: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray] | None:
     """The verification of a layout of many sequences and one stream in one pass, where
     every way is `NONE` or `NEW` (recheck.py): each sequence's way, by `recheck_ways`'
-    rule and, where a changed pair lies at or before some tail, by the lowest changed
-    pair each sequence holds (`_DirtyPairs.lowest`'s test); then the verdicts of every
-    `NEW` sequence's pools past its kept ones, as `rows_differ` gives them.
+    rule and, where a changed pair lies at or before some tail, by the changed pairs
+    each sequence holds (`_DirtyPairs.lowest`'s test); then the verdicts of every `NEW`
+    sequence's pools past its kept ones, as `rows_differ` gives them, their rows read
+    in the layout's flat columns.
 
     Parameters
     ----------
@@ -1277,31 +1296,33 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
         The stream's holders: column col holds cell c where has[col, c].
     ids : array of int64, shape (n_col,)
         The sequence of each column.
-    members, reps : arrays of int64, shapes (m, kpool) and (m,), C-contiguous
-        The member rows and rep rows of the pools past each sequence's kept ones
-        (`engine/layout.py` `pools_past`), in layout order: those of the `NEW`
-        sequences, end to end (a `NONE` sequence has none).
+    keys, n_keys, pools, reps, strm : arrays of int64, C-contiguous
+        Every sequence's pairs (row s, its first n_keys[s] live), its pools' first
+        pairs and rep rows (row s, pool k at column k) and its stream
+        (engine/layout.py `FlatColumns`): member q of pool k of s is row
+        `strm[s] * kv_size + (keys[s, pools[s, k] + q] & CELL_MASK)`, its rep row
+        `reps[s, k]`.
     slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen : as `rows_differ`
 
     Returns
     -------
     (how, verdicts), or None
-        Every sequence's way (`NONE` or `NEW`), and whether each pool of `reps` differs
-        from its pooling. None where the verifier's general way must answer: a way that
-        scans, a sequence holding a changed pair at or before its tail (a look-up), a
-        sequence that kept more pools than it holds, pools that are not the `NEW`
-        sequences' past their kept ones, or a cell, column, row or slot outside its
-        array (that way says which).
+        Every sequence's way (`NONE` or `NEW`), and for each `NEW` sequence in turn, for
+        each of its pools past the kept ones in order, whether its rep row differs from
+        its pooling. None where the verifier's general way must answer: a way that scans,
+        a sequence holding a changed pair at or before its tail (a look-up), a sequence
+        that kept more pools than it holds, or a cell, column, pair, pool, row or slot
+        outside its array (that way says which).
     """
     n = kept.size
     how = np.empty(n, dtype=np.int64)
-    out = np.zeros(reps.size, dtype=np.bool_)
+    out = np.zeros(max(int(start[-1]) - int(kept.sum()), 0), dtype=np.bool_)
     want = np.empty(key.shape[1], dtype=np.float32)
     into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
     got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
-               pos, has, ids, members, reps, slot_of, n_handed, key, gate, pooled, pool_of,
-               pool_gen, key_gen, how, np.empty(n, dtype=np.int64),
-               np.empty(pool_of.shape[1], dtype=np.int64),
+               pos, has, ids, keys, n_keys, pools, reps, strm, slot_of, n_handed, key, gate,
+               pooled, pool_of, pool_gen, key_gen, how, np.empty(n, dtype=np.int64),
+               np.empty(cells.size, dtype=np.int64), np.empty(pool_of.shape[1], dtype=np.int64),
                *_scratch(pool_of.shape[1], key.shape[1]), want, out)
     return None if got == _ASK_AGAIN else (how, out)
 

@@ -40,7 +40,7 @@ import numpy as np
 from ..arrays import any_set, ranges, union, unique
 from ..cache.cells import Stream, global_row, make_keys
 from ..cache.kv import KvCache, Reach
-from ..engine.layout import Layout, LayoutChange, pools_past
+from ..engine.layout import Layout, LayoutChange
 from ..trace.model import CacheConfig
 from .guarded import GuardedKernels
 from .guards import checked_rows
@@ -77,7 +77,6 @@ class Verifier:
         self.bad_seqs: set[int] = set()  # the sequences with a bad pool
         # `Stream.seq_ids` of the stream last verified in one call, and it as an array
         self._ids: tuple[list[int], np.ndarray] | None = None
-        self._no_members = np.empty((0, self.kpool), dtype=np.int64)  # no pool's members
 
     def bad_of(self, s: int) -> np.ndarray:
         """[n_checked[s]] bool: which pools of sequence s are bad (all False outside
@@ -348,61 +347,57 @@ class Verifier:
         """`verify` of a layout of several sequences and a cache of one stream in one
         kernel call (`GuardedKernels.recheck_many`: `_sequences`' ways, by the same rule
         and the same lowest pair each sequence holds, then `_checked` of the pools past
-        each `NEW` sequence's kept ones), where every way is `NONE` or `NEW`, no race is
+        each `NEW` sequence's kept ones, their rows read in the layout's flat columns,
+        `Layout.flat_columns`), where every way is `NONE` or `NEW`, no race is
         remembered and no clear came since the last verification: what `_recheck` would
-        set. Those pools do not hang on the ways (a `NONE` sequence kept every pool), so
-        their rows go in with the call (`pools_past`, `Layout.members_of`). False,
-        nothing done, where the general way must answer (the kernel's None: a look-up,
-        a scan, or something outside its array, which that way says)."""
+        set. False, nothing done, where the general way must answer: a layout without
+        flat columns (the reference's), or the kernel's None (a look-up, a scan, or
+        something outside its array, which that way says)."""
         if (self._all_dirty or len(layout.seqs) < 2 or len(cache.streams) != 1
                 or self.writers.alt):
             return False
-        rows = self._kdirty_rows + self._pdirty_rows  # the one stream's changed cells
+        cols = layout.flat_columns()
+        if cols is None:
+            return False
+        kd, pd = self._kdirty_rows, self._pdirty_rows
+        rows = kd if _same_rows(kd, pd) else kd + pd  # the one stream's changed cells
         cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
-        dirty = bool(rows)
-        n = len(layout.seqs)
-        known = layout.known_equal_seqs(cache) if dirty else np.zeros(n, dtype=bool)
+        dirty = bool(kd or pd)
+        too_many = sum(r.size for r in kd) + sum(r.size for r in pd) > LOOKUP_MAX_ROWS
+        known = (layout.known_equal_seqs(cache) if dirty
+                 else np.zeros(len(layout.seqs), dtype=bool))
         # the rep columns are read only for a tail: a known sequence's, once a row changed
         rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
                              else (_NO_PAIRS, _NO_PAIRS))
-        start = layout.pool_start()
-        kept = np.asarray(change.kept, dtype=np.int64)
-        n_new = start[1:] - start[:-1] - kept
-        ips, members = _NO_PAIRS, self._no_members
-        if any_set(n_new):
-            if int(n_new.min()) < 0:  # kept more pools than it holds: the general way
-                return False
-            ips = pools_past(start, kept)
-            members = layout.members_of(ips)
+        start, kept = layout.pool_start(), np.asarray(change.kept, dtype=np.int64)
         st = cache.streams[0]
-        got = self.kernels.recheck_many(
-            start, self.n_checked, kept, known, rep_pos, rep_rows, dirty,
-            cells.size > LOOKUP_MAX_ROWS, cells, st.pos, st.has, self._seq_ids(st),
-            members,
-            layout.pool_cells()[ips] if ips.size else _NO_PAIRS)
+        got = self.kernels.recheck_many(start, self.n_checked, kept, known, rep_pos, rep_rows,
+                                        dirty, too_many, cells, st.pos, st.has,
+                                        self._seq_ids(st), cols)
         if got is None:
             return False
         how, verdicts = got
-        self.pools_checked += ips.size
+        self.pools_checked += verdicts.size
         if self.bad_seqs or any_set(verdicts):
-            self._many_rechecked(start, kept, how, ips, verdicts)
+            self._many_rechecked(start, kept, how, verdicts)
         # a NONE sequence kept every pool and checked them all: each has its pools' count
         np.subtract(start[1:], start[:-1], out=self.n_checked)
         return True
 
     def _many_rechecked(self, start: np.ndarray, kept: np.ndarray, how: np.ndarray,
-                        ips: np.ndarray, verdicts: np.ndarray) -> None:
+                        verdicts: np.ndarray) -> None:
         """`_rechecked` of the `NEW` sequences that have or had a bad pool (before
-        `n_checked` moves on): the verdicts of each one's pools past its kept ones are
-        `verdicts` at their places in `ips`."""
-        hit = start.searchsorted(ips[verdicts], side="right") - 1
+        `n_checked` moves on): `verdicts` are those of each `NEW` sequence's pools past
+        its kept ones, sequence after sequence (`recheck_many`)."""
+        n_new = np.where(how == NEW, start[1:] - start[:-1] - kept, 0)
+        ends = np.cumsum(n_new)
+        hit = ends.searchsorted(np.flatnonzero(verdicts), side="right")
         for s in sorted({*hit.tolist(), *(s for s in self.bad_seqs if how[s] == NEW)}):
-            k, n = int(kept[s]), int(start[s + 1] - start[s])
-            at = int(ips.searchsorted(start[s] + k))
+            k, n, b = int(kept[s]), int(start[s + 1] - start[s]), int(ends[s])
             old = self.bad_of(s)[:k]
             got = np.zeros(n, dtype=bool)
             got[:old.size] = old
-            got[k:] = verdicts[at:at + n - k]
+            got[k:] = verdicts[b - (n - k):b]
             self._bad[s] = got
             if got.any():
                 self.bad_seqs.add(s)
@@ -517,6 +512,13 @@ _NO_VERDICTS = np.empty(0, dtype=bool)
 _RANGED_FROM = 2
 
 
+def _same_rows(kdirty: list[np.ndarray], pdirty: list[np.ndarray]) -> bool:
+    """The changed rows' two lists hold the very same arrays (a decode's rows are
+    touched as keys and as pooled rows alike): one of them says every changed cell."""
+    return len(kdirty) == len(pdirty) and all(
+        a is b for a, b in zip(kdirty, pdirty, strict=True))
+
+
 class _DirtyPairs:
     """One verification's changed rows as pairs per sequence: for each changed cell,
     the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
@@ -535,9 +537,7 @@ class _DirtyPairs:
         # past this many changed rows a pass over the pairs costs less than look-ups
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > LOOKUP_MAX_ROWS)
-        # a decode's rows are touched as keys and as pooled rows alike: the same lists
-        self._same = len(kdirty) == len(pdirty) and all(
-            a is b for a, b in zip(kdirty, pdirty, strict=True))
+        self._same = _same_rows(kdirty, pdirty)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._streams: list[tuple[Stream, np.ndarray]] | None = None
         self._cells: list[tuple[Stream, np.ndarray, np.ndarray]] | None = None
