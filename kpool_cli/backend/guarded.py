@@ -6,18 +6,19 @@ Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows
 `stamp_winners`, the three of a scatter of single-entry groups at once:
 `scatter_singles`, the pools a changed row dirties: `dirty_pools`, `pools_of_pairs`,
 `held_pairs`, and the verification's choices: `recheck_ways`, `least_pair`, and of a
-layout of one sequence, its way and verdicts at once: `recheck_one`), and the
+layout of one sequence, its way and verdicts at once: `recheck_one`, of many
+sequences and one stream, every way and verdict at once: `recheck_many`), and the
 time spent inside each once `time_kernels` asks (`time`, seconds by kernel name: the
 benchmark's breakdown). The kernels come from `kernels.py` (numba) or `reference.py`
 (numpy); both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. `rows_differ` and the last nine read a scatter's rows through
+check nothing. `rows_differ` and the last ten read a scatter's rows through
 `slot_of`, its race groups and their slots, a sequence's pairs, a dirty-cell mask, a
-stream's cells or the layout's rep columns: their doors check types and shapes, and
-the kernels check each index as they read it (a pass over them at the door would
-cost what the kernels save), refusing with `IndexError`, which the door turns into
-`PlanError` (`rows_differ` and `recheck_one` answer None, and the verifier's own
-checks say what).
+stream's cells and holders, the layout's rep columns or its flat columns: their
+doors check types and shapes, and the kernels check each index as they read it (a
+pass over them at the door would cost what the kernels save), refusing with
+`IndexError`, which the door turns into `PlanError` (`rows_differ`, `recheck_one`
+and `recheck_many` answer None, and the verifier's general way says what).
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs

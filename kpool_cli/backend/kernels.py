@@ -11,7 +11,10 @@ pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), the
 verification's choices for every sequence at once (`recheck_ways`, `least_pair`:
 recheck.py), the verification of a layout of one sequence in one pass where its
 way is NONE or NEW (`recheck_one`: that rule, then `rows_differ` of its new pools),
-and a ubatch of one sequence in one pass (`one_step`: `write_rows`, `scatter_singles`
+the same of a layout of many sequences and one stream where every way is NONE or NEW
+(`recheck_many`: that rule, the test of the changed pairs each sequence holds, then
+`rows_differ` of each one's new pools, read in the layout's flat columns), and a
+ubatch of one sequence in one pass (`one_step`: `write_rows`, `scatter_singles`
 and `recheck_one` in turn, each part as its own kernel runs it, stopping at the first
 that hands back).
 
@@ -19,7 +22,7 @@ Owns: the value backend's numba kernels (the compiled core's are compiled/kernel
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 24 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 26 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -29,10 +32,11 @@ so it is never handed an index outside its arrays; they index the arrays by slot
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
 or cells (`rows_differ`, `fresh_groups`, `stamp_winners`, `scatter_singles`,
 `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`,
-`recheck_one`, `one_step`) check each index as they read it instead,
+`recheck_one`, `recheck_many`, `one_step`) check each index as they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
-to be); `write_rows` checks
+to be), or answer None (`rows_differ`, `recheck_one`, `recheck_many`: the caller's
+general way then says what); `write_rows` checks
 every row, slot and free slot it will use before its first write and says which
 one it refuses (`guards.py`'s codes, which its door turns into `PlanError`).
 

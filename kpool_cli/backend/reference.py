@@ -12,7 +12,7 @@ here do not (numpy would raise on most bad indices, but wrap a negative one
 silently); those whose numba twins check each index as they read it (`fresh_groups`,
 `stamp_winners`, `dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse
 what their twins refuse, with the same `IndexError` or `ValueError`, and
-`recheck_one` answers None where its twin does.
+`recheck_one` and `recheck_many` answer None where their twins do.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ verification (`verify`: the sequences whose bad pools may have changed, found fo
 at once; of those, the new or regrouped pools, and those whose member keys or rep row
 changed, found by looking the changed cells up where the layout knows a sequence's
 pairs equal the cache's, else by a pass over its pools; a layout of one sequence whose
-only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`) and
-the full check of given pools (`differ`, the oracle the tests hold `verify` to).
-`pools_checked` counts the pools rechecked.
+only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`; a
+layout of many sequences on one stream whose every sequence is so, a step of
+parallel slots, in one kernel call too: `_many_sequences`) and the full check of
+given pools (`differ`, the oracle the tests hold `verify` to). `pools_checked` counts
+the pools rechecked.
 
 Invariants:
 - after `verify` (the value backend runs it every ubatch), `bad_of(s)[k]` is True
@@ -23,7 +25,12 @@ Invariants:
 - a sequence's verdicts are held (`_bad[s]`, `n_checked[s]` of them) only while it
   has a bad pool: every verdict of a sequence outside `bad_seqs` is False, and its
   held array may be short or stale. So a step whose every slot adds a pool and
-  none is bad (W2's closing step) keeps 64 counts, not 64 arrays;
+  none is bad (W2's closing step) keeps 64 counts, not 64 arrays, and its one-call
+  verification (`_many_sequences`) touches no sequence's array;
+- the one-call verifications answer exactly what the general way (`_sequences`,
+  `_recheck`) would set, or hand back having set nothing: the same rule (recheck.py),
+  the same pools checked by the same test (`rows_differ`); tests hold the two equal
+  on random traces (test_backend_incremental.py);
 - every write of a key, gate or pooled row between two checks is `touch`ed (or
   `all_changed`): a pool none of whose rows changed keeps its verdict;
 - a mask is True only at rows of its dirty-row list, so `verify` resets it at
@@ -260,7 +267,9 @@ class Verifier:
         layout of one sequence whose way is `NONE` or `NEW` (a decode that appends:
         every step of one slot) takes the way and the verdicts in one kernel call
         (`_one_sequence`), unless `one_tried` says that call handed back already
-        (`ValueBackend`'s one pass, `GuardedKernels.one_step`)."""
+        (`ValueBackend`'s one pass, `GuardedKernels.one_step`); a layout of many
+        sequences on one stream whose every way is so (a step of parallel slots)
+        takes every way and verdict in one kernel call too (`_many_sequences`)."""
         if (one_tried or not self._one_sequence(layout, change, cache)) \
                 and not self._many_sequences(layout, change, cache):
             dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
@@ -360,10 +369,12 @@ class Verifier:
         if cols is None:
             return False
         kd, pd = self._kdirty_rows, self._pdirty_rows
-        rows = kd if _same_rows(kd, pd) else kd + pd  # the one stream's changed cells
+        same = _same_rows(kd, pd)
+        rows = kd if same else kd + pd  # the one stream's changed cells
         cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
         dirty = bool(kd or pd)
-        too_many = sum(r.size for r in kd) + sum(r.size for r in pd) > LOOKUP_MAX_ROWS
+        # `_DirtyPairs.too_many`: the rows of both lists, each counted in each
+        too_many = (2 if same else 1) * cells.size > LOOKUP_MAX_ROWS
         known = (layout.known_equal_seqs(cache) if dirty
                  else np.zeros(len(layout.seqs), dtype=bool))
         # the rep columns are read only for a tail: a known sequence's, once a row changed
