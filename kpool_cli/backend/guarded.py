@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..arrays import same_objects
 from .guards import (
     ANY,
     FREE_OUTSIDE,
@@ -71,6 +72,9 @@ class GuardedKernels:
         # pool starts [0, n], its kept verdicts, its kept pools; whether it is known equal
         one = np.zeros(4, dtype=np.int64)
         self._one = one[:2], one[2:3], one[3:], np.zeros(1, dtype=np.bool_)
+        # `recheck_many`'s arrays that stand from call to call (the stream's positions,
+        # holders and their sequences, the layout's flat columns), as last checked
+        self._many_checked: tuple[np.ndarray, ...] = ()
 
     def time_kernels(self) -> None:
         """From now on, add the seconds spent inside each kernel to `time` (the
@@ -365,18 +369,25 @@ class GuardedKernels:
         _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
                ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
                ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
-               ("cells", cells, I64), ("positions", pos, I64), ("sequence ids", ids, I64),
-               ("live pairs", cols.n_keys, I64), ("streams", cols.strm, I64))
-        _two_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
-               ("pools' rep rows", cols.rep_rows, I64), ("holders", has, np.dtype(np.bool_)))
+               ("cells", cells, I64))
         n = kept.size
         if start.size != n + 1 or n_bad.size != n or known.size != n:
             raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
                             f"and {known.size} known-equal flags for {n} sequences", where,
                             "kept pools")
-        if has.shape != (ids.size, pos.size):
-            raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} sequence "
-                            f"ids and {pos.size} cells", where, "holders")
+        standing = (pos, has, ids, *cols)
+        if not same_objects(self._many_checked, standing):  # checked when new (no array's
+            # dtype, shape or layout changes in place)
+            self._many_checked = ()
+            _one_d(where, ("positions", pos, I64), ("sequence ids", ids, I64),
+                   ("live pairs", cols.n_keys, I64), ("streams", cols.strm, I64))
+            _two_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
+                   ("pools' rep rows", cols.rep_rows, I64),
+                   ("holders", has, np.dtype(np.bool_)))
+            if has.shape != (ids.size, pos.size):
+                raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} "
+                                f"sequence ids and {pos.size} cells", where, "holders")
+            self._many_checked = standing
         return self._timed(where, self.k.recheck_many, start, n_bad, kept, known, rep_pos,
                            rep_rows, t.kv_size, dirty, too_many, cells, pos, has, ids,
                            cols.keys, cols.n_keys, cols.pools, cols.rep_rows, cols.strm,

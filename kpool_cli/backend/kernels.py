@@ -1321,14 +1321,36 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
     n = kept.size
     how = np.empty(n, dtype=np.int64)
     out = np.zeros(max(int(start[-1]) - int(kept.sum()), 0), dtype=np.bool_)
-    want = np.empty(key.shape[1], dtype=np.float32)
+    tail, pairs, ms, w, bits, want = _many_scratch(n, cells.size, pool_of.shape[1],
+                                                   key.shape[1])
     into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
     got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
                pos, has, ids, keys, n_keys, pools, reps, strm, slot_of, n_handed, key, gate,
-               pooled, pool_of, pool_gen, key_gen, how, np.empty(n, dtype=np.int64),
-               np.empty(cells.size, dtype=np.int64), np.empty(pool_of.shape[1], dtype=np.int64),
-               *_scratch(pool_of.shape[1], key.shape[1]), want, out)
+               pooled, pool_of, pool_gen, key_gen, how, tail, pairs, ms, w, bits, want, out)
     return None if got == _ASK_AGAIN else (how, out)
+
+
+# `recheck_many`'s scratch: [n + cells + kpool] int64 (tails, pairs, member slots), the
+# pooling's rows and a row of floats, kept from call to call (the kernel writes each
+# before it reads it, and nothing else holds them): a step of parallel slots pays no
+# allocation of them
+_MANY_SCRATCH: list[tuple[np.ndarray, ...]] = []
+
+
+def _many_scratch(n: int, n_cells: int, kpool: int, n_embd: int) -> tuple[np.ndarray, ...]:
+    """(tails [n], pairs [n_cells], member slots [kpool], the pooling's scratch rows as
+    float32 and int32, a row [n_embd]): views of `_MANY_SCRATCH`, grown when short."""
+    need = n + n_cells + kpool
+    held = _MANY_SCRATCH[0] if _MANY_SCRATCH else None
+    if held is None or held[1].shape != (kpool + 2, n_embd):  # another backend's
+        held = (np.empty(need, dtype=np.int64), *_scratch(kpool, n_embd),
+                np.empty(n_embd, dtype=np.float32))
+        _MANY_SCRATCH[:] = [held]
+    elif held[0].size < need:
+        held = (np.empty(max(need, 2 * held[0].size), dtype=np.int64), *held[1:])
+        _MANY_SCRATCH[:] = [held]
+    ints, w, bits, want = held
+    return ints[:n], ints[n:n + n_cells], ints[n + n_cells:need], w, bits, want
 
 
 # -- a step of one sequence in one call ------------------------------------------------
