@@ -366,21 +366,17 @@ class GuardedKernels:
         t = self.slots
         t.check_tables(where)
         t.check_generations(where)
-        _one_d(where, ("pool starts", start, I64), ("kept verdicts", n_bad, I64),
-               ("kept pools", kept, I64), ("known-equal flags", known, np.dtype(np.bool_)),
+        _one_d(where, ("pool starts", start, I64), ("kept pools", kept, I64),
+               ("known-equal flags", known, np.dtype(np.bool_)),
                ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
                ("cells", cells, I64))
-        n = kept.size
-        if start.size != n + 1 or n_bad.size != n or known.size != n:
-            raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
-                            f"and {known.size} known-equal flags for {n} sequences", where,
-                            "kept pools")
-        standing = (pos, has, ids, *cols)
+        standing = (n_bad, pos, has, ids, *cols)
         if not same_objects(self._many_checked, standing):  # checked when new (no array's
             # dtype, shape or layout changes in place)
             self._many_checked = ()
-            _one_d(where, ("positions", pos, I64), ("sequence ids", ids, I64),
-                   ("live pairs", cols.n_keys, I64), ("streams", cols.strm, I64))
+            _one_d(where, ("kept verdicts", n_bad, I64), ("positions", pos, I64),
+                   ("sequence ids", ids, I64), ("live pairs", cols.n_keys, I64),
+                   ("streams", cols.strm, I64))
             _two_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
                    ("pools' rep rows", cols.rep_rows, I64),
                    ("holders", has, np.dtype(np.bool_)))
@@ -388,6 +384,11 @@ class GuardedKernels:
                 raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} "
                                 f"sequence ids and {pos.size} cells", where, "holders")
             self._many_checked = standing
+        n = kept.size
+        if start.size != n + 1 or n_bad.size != n or known.size != n:
+            raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
+                            f"and {known.size} known-equal flags for {n} sequences", where,
+                            "kept pools")
         return self._timed(where, self.k.recheck_many, start, n_bad, kept, known, rep_pos,
                            rep_rows, t.kv_size, dirty, too_many, cells, pos, has, ids,
                            cols.keys, cols.n_keys, cols.pools, cols.rep_rows, cols.strm,

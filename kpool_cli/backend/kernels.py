@@ -1235,7 +1235,7 @@ def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
     # `rows_differ` of each NEW sequence's pools past its kept ones, in layout order,
     # their member and rep rows read in its columns (`SeqLayout.members`)
     kpool = ms.size
-    e = 0
+    e = np.int64(0)  # the verdicts written
     for s in range(n):
         if how[s] != _NEW:
             continue
@@ -1259,9 +1259,7 @@ def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
             out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits,
                               want)
             e += 1
-    if e != out.size:
-        return _ASK_AGAIN
-    return np.int64(0)
+    return np.int64(e)
 
 
 _RECHECK_MANY_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
@@ -1320,37 +1318,40 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
     """
     n = kept.size
     how = np.empty(n, dtype=np.int64)
-    out = np.zeros(max(int(start[-1]) - int(kept.sum()), 0), dtype=np.bool_)
-    tail, pairs, ms, w, bits, want = _many_scratch(n, cells.size, pool_of.shape[1],
-                                                   key.shape[1])
+    tail, pairs, ms, w, bits, want, out = _many_scratch(n, cells.size, int(start[-1]),
+                                                        pool_of.shape[1], key.shape[1])
     into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
     got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
                pos, has, ids, keys, n_keys, pools, reps, strm, slot_of, n_handed, key, gate,
                pooled, pool_of, pool_gen, key_gen, how, tail, pairs, ms, w, bits, want, out)
-    return None if got == _ASK_AGAIN else (how, out)
+    return None if got == _ASK_AGAIN else (how, out[:got].copy())
 
 
-# `recheck_many`'s scratch: [n + cells + kpool] int64 (tails, pairs, member slots), the
-# pooling's rows and a row of floats, kept from call to call (the kernel writes each
-# before it reads it, and nothing else holds them): a step of parallel slots pays no
-# allocation of them
-_MANY_SCRATCH: list[tuple[np.ndarray, ...]] = []
+# `recheck_many`'s scratch, kept from call to call (the kernel writes each element
+# before it reads it, and the verdicts are copied out): int64 [n + cells + kpool]
+# (tails, pairs, member slots), the pooling's rows, a row of floats and bool [pools]
+# (the verdicts, at most one a pool). A step of parallel slots allocates none of them
+_MANY_SCRATCH: dict[str, np.ndarray] = {}
 
 
-def _many_scratch(n: int, n_cells: int, kpool: int, n_embd: int) -> tuple[np.ndarray, ...]:
+def _many_scratch(n: int, n_cells: int, n_pools: int, kpool: int, n_embd: int
+                  ) -> tuple[np.ndarray, ...]:
     """(tails [n], pairs [n_cells], member slots [kpool], the pooling's scratch rows as
-    float32 and int32, a row [n_embd]): views of `_MANY_SCRATCH`, grown when short."""
+    float32 and int32, a row [n_embd], verdicts [n_pools or more]): views of
+    `_MANY_SCRATCH`, made again for another kpool or n_embd, grown when short."""
+    held = _MANY_SCRATCH
+    if "w" not in held or held["w"].shape != (kpool + 2, n_embd):  # another backend's
+        w, bits = _scratch(kpool, n_embd)
+        held.update(w=w, bits=bits, want=np.empty(n_embd, dtype=np.float32),
+                    ints=np.empty(0, dtype=np.int64), out=np.empty(0, dtype=np.bool_))
     need = n + n_cells + kpool
-    held = _MANY_SCRATCH[0] if _MANY_SCRATCH else None
-    if held is None or held[1].shape != (kpool + 2, n_embd):  # another backend's
-        held = (np.empty(need, dtype=np.int64), *_scratch(kpool, n_embd),
-                np.empty(n_embd, dtype=np.float32))
-        _MANY_SCRATCH[:] = [held]
-    elif held[0].size < need:
-        held = (np.empty(max(need, 2 * held[0].size), dtype=np.int64), *held[1:])
-        _MANY_SCRATCH[:] = [held]
-    ints, w, bits, want = held
-    return ints[:n], ints[n:n + n_cells], ints[n + n_cells:need], w, bits, want
+    ints, out = held["ints"], held["out"]
+    if ints.size < need:
+        ints = held["ints"] = np.empty(max(need, 2 * ints.size), dtype=np.int64)
+    if out.size < n_pools:
+        out = held["out"] = np.empty(max(n_pools, 2 * out.size), dtype=np.bool_)
+    return (ints[:n], ints[n:n + n_cells], ints[n + n_cells:need], held["w"], held["bits"],
+            held["want"], out)
 
 
 # -- a step of one sequence in one call ------------------------------------------------
