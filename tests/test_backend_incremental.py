@@ -537,23 +537,24 @@ def _two_sequences(backend: str) -> tuple[ValueBackend, Replayer, list]:
 def test_a_member_written_after_its_pooling_is_bad_in_one_call_of_many(backend: str) -> None:
     """`_two_sequences`. A new key on row 5 (seq 0's pos 5, a member of its pool 1,
     written after that pool's pooling), then an update said to keep seq 0's pool 0
-    and both of seq 1's. By hand: seq 0 kept 1 of its 2 pools with 2 verdicts: NEW,
-    pool 1 to judge; seq 1 kept 2 of 2 with 2 verdicts: NONE. Both are known equal and
-    kept pools, so each has a tail, its last kept pool's rep pair: seq 0's (pos 3,
-    cell 3), seq 1's (pos 7, cell 15). The changed pair, (pos 5, cell 5), lies past
-    seq 0's tail but before seq 1's, so the lowest pair each sequence holds is asked:
-    seq 1 does not hold cell 5, so no sequence looks up, and the one call
-    (`Verifier._many_sequences`) answers. Pool 1 of seq 0 (rows 4..7 -> 7): its rep
-    slot names rows 4..7's slots, but row 5's key was written after the pooling, so
-    the numba twin pools it again, as the numpy twin always does, and the new key
-    makes it differ: bad. Seq 0: [False, True] (pool 0 as it was), seq 1 untouched:
-    [False, False]; bad_seqs {0}; 1 pool checked; what a full recomputation finds.
-    Then a new key on row 4 too, the same update: the pool is judged again, now with
-    seq 0's verdicts held (it is in bad_seqs), and stays bad, pool 0 as it was."""
+    and both of seq 1's (seq 0's pools changed: its pool 1 is new). By hand: seq 0
+    kept 1 of its 2 pools with 2 verdicts: NEW, pool 1 to judge; seq 1 kept 2 of 2
+    with 2 verdicts: NONE. Both are known equal and kept pools, so each has a tail,
+    its last kept pool's rep pair: seq 0's (pos 3, cell 3), seq 1's (pos 7, cell 15).
+    The changed pair, (pos 5, cell 5), lies past seq 0's tail but before seq 1's, so
+    the lowest pair each sequence holds is asked: seq 1 does not hold cell 5, so no
+    sequence looks up, and the one call (`Verifier._many_sequences`) answers.
+    Pool 1 of seq 0 (rows 4..7 -> 7): its rep slot names rows 4..7's slots, but row
+    5's key was written after the pooling, so the numba twin pools it again, as the
+    numpy twin always does, and the new key makes it differ: bad. Seq 0: [False,
+    True] (pool 0 as it was), seq 1 untouched: [False, False]; bad_seqs {0}; 1 pool
+    checked; what a full recomputation finds. Then a new key on row 4 too, the same
+    update: the pool is judged again, now with seq 0's verdicts held (it is in
+    bad_seqs), and stays bad, pool 0 as it was."""
     be, rp, answers = _two_sequences(backend)
     checked = be.verifier.pools_checked
     be.write_rows(np.array([5]), np.array([1000]))
-    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset(), 0),
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
                        rp.cache)
     assert len(answers) == 1 and answers[0] is not None
     how, verdicts = answers[0]
@@ -563,7 +564,7 @@ def test_a_member_written_after_its_pooling_is_bad_in_one_call_of_many(backend: 
     assert be.verifier.pools_checked == checked + 1
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
     be.write_rows(np.array([4]), np.array([1001]))
-    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset(), 0),
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
                        rp.cache)
     assert len(answers) == 2 and answers[1] is not None
     assert answers[1][1].tolist() == [True]
@@ -575,25 +576,35 @@ def test_a_member_written_after_its_pooling_is_bad_in_one_call_of_many(backend: 
 def test_a_changed_pair_before_a_tail_it_holds_is_left_to_the_general_way(backend: str
                                                                          ) -> None:
     """`_two_sequences`. A new key on row 13 (seq 1's pos 5, a member of its pool 1,
-    rows 12..15), every pool kept: both sequences NONE, but the changed pair (pos 5,
-    cell 13) lies before seq 1's tail (pos 7, cell 15) and seq 1 holds it, so seq 1
-    must look its pools up (LOOK): the one call refuses (None) and the general way
-    answers, finding pool 1 of seq 1 bad (its member written after the pooling):
-    [False, True], bad_seqs {1}, what a full recomputation finds."""
+    rows 12..15), and an update said to keep seq 0's pool 0 (its pool 1 new) and both
+    of seq 1's: seq 0 is NEW, seq 1 NONE, but the changed pair (pos 5, cell 13) lies
+    before seq 1's tail (pos 7, cell 15) and seq 1 holds it, so seq 1 must look its
+    pools up (LOOK): the one call refuses (None) and the general way answers, finding
+    seq 0's pool 1 as it was (its rows untouched since the scatter pooled them) and
+    pool 1 of seq 1 bad (its member written after the pooling): [False, False] and
+    [False, True], bad_seqs {1}, what a full recomputation finds. An update that
+    changed no sequence's pools is not asked at all (every way NONE, LOOK or SCAN):
+    the general way answers it."""
     be, rp, answers = _two_sequences(backend)
     be.write_rows(np.array([13]), np.array([1000]))
-    be.verifier.verify(rp.layout, LayoutChange((2, 2), frozenset(), frozenset(), 0),
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
                        rp.cache)
     assert answers == [None]
     assert [b.tolist() for b in be.bad] == [[False, False], [False, True]]
     assert be.verifier.bad_seqs == {1}
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
+    be.write_rows(np.array([12]), np.array([1001]))
+    be.verifier.verify(rp.layout, LayoutChange((2, 2), frozenset(), frozenset(), 0),
+                       rp.cache)
+    assert answers == [None]  # not asked
+    assert [b.tolist() for b in be.bad] == [[False, False], [False, True]]
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
 
 
 def _check_many_sequence_traces(check) -> None:
-    """`check(t, version)` of 100 random traces of two or three sequences
+    """`check(t, version)` of 300 random traces of two or three sequences
     (`value_traces`), each under an engine variant."""
-    @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
               database=None, derandomize=True)
     @given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
     def run(t: m.Trace, engine: str) -> None:
@@ -609,8 +620,8 @@ def test_the_one_call_of_many_sequences_equals_the_general_way(backend: str) -> 
     sequences forced off (`Verifier._many_sequences` never answers, so `_sequences`
     and `_recheck` do): after every op both have the same verdicts of every pool, the
     same sequences with a bad pool, the same counts (verdicts per sequence, pools
-    checked) and the same records. The one call answers most ubatches, with bad
-    pools among its verdicts and held, and hands some back."""
+    checked) and the same records. The one call answers the ubatches whose update
+    changed pools, with bad pools among its verdicts and held, and hands some back."""
     calls = {"answered": 0, "bad": 0, "held": 0, "refused": 0}
 
     def check(t: m.Trace, version: EngineVersion) -> None:
@@ -641,8 +652,8 @@ def test_the_one_call_of_many_sequences_equals_the_general_way(backend: str) -> 
             assert as_json(a, t) == as_json(b, t)
 
     _check_many_sequence_traces(check)
-    assert calls["answered"] > 200 and calls["refused"] > 0, calls
-    assert calls["bad"] > 0 and calls["held"] > 0, calls
+    assert calls["answered"] > 400 and calls["refused"] > 3, calls
+    assert calls["bad"] > 5 and calls["held"] > 5, calls
 
 
 def test_recheck_many_twins_agree_on_random_traces(monkeypatch) -> None:
@@ -673,7 +684,7 @@ def test_recheck_many_twins_agree_on_random_traces(monkeypatch) -> None:
     monkeypatch.setattr(kernels, "recheck_many", twinned)
     _check_many_sequence_traces(
         lambda t, version: check_incremental(t, version, "compiled", "numba"))
-    assert seen["answered"] > 200 and seen["refused"] > 0, seen
+    assert seen["answered"] > 400 and seen["refused"] > 3, seen
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------
