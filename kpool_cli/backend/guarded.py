@@ -377,9 +377,9 @@ class GuardedKernels:
             _one_d(where, ("kept verdicts", n_bad, I64), ("positions", pos, I64),
                    ("sequence ids", ids, I64), ("live pairs", cols.n_keys, I64),
                    ("streams", cols.strm, I64))
-            _two_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
+            _one_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
                    ("pools' rep rows", cols.rep_rows, I64),
-                   ("holders", has, np.dtype(np.bool_)))
+                   ("holders", has, np.dtype(np.bool_)), ndim=2)
             if has.shape != (ids.size, pos.size):
                 raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} "
                                 f"sequence ids and {pos.size} cells", where, "holders")
@@ -480,19 +480,11 @@ class GuardedKernels:
         return members, reps
 
 
-def _two_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:
-    """Each (name, array, dtype): a C-contiguous 2-D array of that dtype, or PlanError."""
+def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype], ndim: int = 1) -> None:
+    """Each (name, array, dtype): a C-contiguous 1-D array of that dtype (`ndim`-D where
+    said), or PlanError."""
     for name, a, dt in arrays:
-        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 2 \
+        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != ndim \
                 or not a.flags.c_contiguous:
-            raise PlanError(f"{where}: the {name} are not a C-contiguous 2-D {dt} array",
-                            where, name)
-
-
-def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:
-    """Each (name, array, dtype): a C-contiguous 1-D array of that dtype, or PlanError."""
-    for name, a, dt in arrays:
-        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 1 \
-                or not a.flags.c_contiguous:
-            raise PlanError(f"{where}: the {name} are not a C-contiguous 1-D {dt} array",
-                            where, name)
+            raise PlanError(f"{where}: the {name} are not a C-contiguous {ndim}-D {dt} "
+                            "array", where, name)
