@@ -1318,8 +1318,10 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
     """
     n = kept.size
     how = np.empty(n, dtype=np.int64)
-    tail, pairs, ms, w, bits, want, out = _many_scratch(n, cells.size, int(start[-1]),
-                                                        pool_of.shape[1], key.shape[1])
+    # the pairs are read only before a tail, and too many changed cells leave no tail
+    tail, pairs, ms, w, bits, want, out = _many_scratch(n, 0 if too_many else cells.size,
+                                                        int(start[-1]), pool_of.shape[1],
+                                                        key.shape[1])
     into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
     got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
                pos, has, ids, keys, n_keys, pools, reps, strm, slot_of, n_handed, key, gate,
@@ -1329,8 +1331,10 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
 
 # `recheck_many`'s scratch, kept from call to call (the kernel writes each element
 # before it reads it, and the verdicts are copied out): int64 [n + cells + kpool]
-# (tails, pairs, member slots), the pooling's rows, a row of floats and bool [pools]
-# (the verdicts, at most one a pool). A step of parallel slots allocates none of them
+# (tails, pairs, member slots; the cells a verification looks up, `too_many` past
+# that, so a few pages), the pooling's rows, a row of floats and bool [pools] (the
+# verdicts, at most one a pool: a byte a pool, next to the layout's dozens). A step of
+# parallel slots allocates none of them
 _MANY_SCRATCH: dict[str, np.ndarray] = {}
 
 
