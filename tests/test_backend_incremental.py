@@ -16,7 +16,7 @@ from conftest import ENGINES, trace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.backend import reference
+from kpool_cli.backend import recheck, reference
 from kpool_cli.backend.guards import RECHECKED, SCATTERED, WROTE_NOTHING
 from kpool_cli.backend.store import ValueBackend
 from kpool_cli.contracts.records import UbatchRecord
@@ -499,6 +499,192 @@ def test_a_new_pool_not_pooled_is_bad_in_one_call(backend: str) -> None:
     assert [w if w is None else w[0] for w in ways] == [recheck.NEW]
     assert be.bad[0].tolist() == [False, True] and be.verifier.bad_seqs == {0}
     assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
+
+
+# -- a layout of many sequences in one call ----------------------------------------------
+
+
+def _two_sequences(backend: str) -> tuple[ValueBackend, Replayer, list]:
+    """seq 0 at pos 0..7 in cells 0..7, then seq 1 at pos 0..7 in cells 8..15, kpool 4,
+    one unified stream, on the compiled core (whose layout knows both sequences' pairs
+    equal the cache's): pools on rows 0..3, 4..7 (rep rows 3, 7) and 8..11, 12..15 (rep
+    rows 11, 15), each pooled by the scatter, none bad. Returns the backend, the
+    replay, and what each later `recheck_many` door call answered."""
+    t = trace("""
+    kpool_trace: 1
+    cache: {kv_size: 32, kpool: 4, n_seq_max: 2, n_embd: 4}
+    ops:
+      - decode: {seq: 0, pos: 0..8}
+      - decode: {seq: 1, pos: 0..8}
+    """)
+    be = ValueBackend(t.cache, t.seed, backend)
+    rp = Replayer(t, REP_ONCE, be, core="compiled")
+    for _ in rp.run():
+        pass
+    lay = rp.layout
+    assert [sq.rep_rows.view.tolist() for sq in lay.seqs] == [[3, 7], [11, 15]]
+    assert [sq.rep_pos_.view.tolist() for sq in lay.seqs] == [[3, 7], [3, 7]]
+    assert lay.known_equal_seqs(rp.cache).tolist() == [True, True]
+    assert [b.tolist() for b in be.bad] == [[False, False]] * 2
+    answers: list = []
+    door = be.kernels.recheck_many
+    be.kernels.recheck_many = (  # type: ignore[method-assign]
+        lambda *a: answers.append(got := door(*a)) or got)
+    return be, rp, answers
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_member_written_after_its_pooling_is_bad_in_one_call_of_many(backend: str) -> None:
+    """`_two_sequences`. A new key on row 5 (seq 0's pos 5, a member of its pool 1,
+    written after that pool's pooling), then an update said to keep seq 0's pool 0
+    and both of seq 1's (seq 0's pools changed: its pool 1 is new). By hand: seq 0
+    kept 1 of its 2 pools with 2 verdicts: NEW, pool 1 to judge; seq 1 kept 2 of 2
+    with 2 verdicts: NONE. Both are known equal and kept pools, so each has a tail,
+    its last kept pool's rep pair: seq 0's (pos 3, cell 3), seq 1's (pos 7, cell 15).
+    The changed pair, (pos 5, cell 5), lies past seq 0's tail but before seq 1's, so
+    the lowest pair each sequence holds is asked: seq 1 does not hold cell 5, so no
+    sequence looks up, and the one call (`Verifier._many_sequences`) answers.
+    Pool 1 of seq 0 (rows 4..7 -> 7): its rep slot names rows 4..7's slots, but row
+    5's key was written after the pooling, so the numba twin pools it again, as the
+    numpy twin always does, and the new key makes it differ: bad. Seq 0: [False,
+    True] (pool 0 as it was), seq 1 untouched: [False, False]; bad_seqs {0}; 1 pool
+    checked; what a full recomputation finds. Then a new key on row 4 too, the same
+    update: the pool is judged again, now with seq 0's verdicts held (it is in
+    bad_seqs), and stays bad, pool 0 as it was."""
+    be, rp, answers = _two_sequences(backend)
+    checked = be.verifier.pools_checked
+    be.write_rows(np.array([5]), np.array([1000]))
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
+                       rp.cache)
+    assert len(answers) == 1 and answers[0] is not None
+    how, verdicts = answers[0]
+    assert how.tolist() == [recheck.NEW, recheck.NONE] and verdicts.tolist() == [True]
+    assert [b.tolist() for b in be.bad] == [[False, True], [False, False]]
+    assert be.verifier.bad_seqs == {0} and be.verifier.n_checked.tolist() == [2, 2]
+    assert be.verifier.pools_checked == checked + 1
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
+    be.write_rows(np.array([4]), np.array([1001]))
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
+                       rp.cache)
+    assert len(answers) == 2 and answers[1] is not None
+    assert answers[1][1].tolist() == [True]
+    assert [b.tolist() for b in be.bad] == [[False, True], [False, False]]
+    assert be.verifier.bad_seqs == {0}
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_changed_pair_before_a_tail_it_holds_is_left_to_the_general_way(backend: str
+                                                                         ) -> None:
+    """`_two_sequences`. A new key on row 13 (seq 1's pos 5, a member of its pool 1,
+    rows 12..15), and an update said to keep seq 0's pool 0 (its pool 1 new) and both
+    of seq 1's: seq 0 is NEW, seq 1 NONE, but the changed pair (pos 5, cell 13) lies
+    before seq 1's tail (pos 7, cell 15) and seq 1 holds it, so seq 1 must look its
+    pools up (LOOK): the one call refuses (None) and the general way answers, finding
+    seq 0's pool 1 as it was (its rows untouched since the scatter pooled them) and
+    pool 1 of seq 1 bad (its member written after the pooling): [False, False] and
+    [False, True], bad_seqs {1}, what a full recomputation finds. An update that
+    changed no sequence's pools is not asked at all (every way NONE, LOOK or SCAN):
+    the general way answers it."""
+    be, rp, answers = _two_sequences(backend)
+    be.write_rows(np.array([13]), np.array([1000]))
+    be.verifier.verify(rp.layout, LayoutChange((1, 2), frozenset(), frozenset({0}), 0),
+                       rp.cache)
+    assert answers == [None]
+    assert [b.tolist() for b in be.bad] == [[False, False], [False, True]]
+    assert be.verifier.bad_seqs == {1}
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
+    be.write_rows(np.array([12]), np.array([1001]))
+    be.verifier.verify(rp.layout, LayoutChange((2, 2), frozenset(), frozenset(), 0),
+                       rp.cache)
+    assert answers == [None]  # not asked
+    assert [b.tolist() for b in be.bad] == [[False, False], [False, True]]
+    assert [b.tolist() for b in be.bad] == [b.tolist() for b in full_bad(be, rp.layout)]
+
+
+def _check_many_sequence_traces(check) -> None:
+    """`check(t, version)` of 300 random traces of two or three sequences
+    (`value_traces`), each under an engine variant."""
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None, derandomize=True)
+    @given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
+    def run(t: m.Trace, engine: str) -> None:
+        check(t, VARIANTS[engine])
+
+    run()
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_the_one_call_of_many_sequences_equals_the_general_way(backend: str) -> None:
+    """On random traces of several sequences, replayed in lockstep on the compiled
+    core by two backends, one of them with the one-call verification of many
+    sequences forced off (`Verifier._many_sequences` never answers, so `_sequences`
+    and `_recheck` do): after every op both have the same verdicts of every pool, the
+    same sequences with a bad pool, the same counts (verdicts per sequence, pools
+    checked) and the same records. The one call answers the ubatches whose update
+    changed pools, with bad pools among its verdicts and held, and hands some back."""
+    calls = {"answered": 0, "bad": 0, "held": 0, "refused": 0}
+
+    def check(t: m.Trace, version: EngineVersion) -> None:
+        one, general = (ValueBackend(t.cache, t.seed, backend) for _ in range(2))
+        general.verifier._many_sequences = lambda *a: False  # type: ignore[method-assign]
+        real, door = one.verifier._many_sequences, one.kernels.recheck_many
+        got: list = []
+        one.kernels.recheck_many = (  # type: ignore[method-assign]
+            lambda *a: got.append(r := door(*a)) or r)
+
+        def counted(layout, change, cache) -> bool:  # type: ignore[no-untyped-def]
+            held = bool(one.verifier.bad_seqs)
+            got.clear()
+            answered = real(layout, change, cache)
+            if got:
+                calls["answered" if answered else "refused"] += 1
+                calls["bad"] += answered and bool(got[0][1].any())
+                calls["held"] += answered and held
+            return answered
+
+        one.verifier._many_sequences = counted  # type: ignore[method-assign]
+        for a, b in zip(Replayer(t, version, one, core="compiled").run(),
+                        Replayer(t, version, general, core="compiled").run(), strict=True):
+            assert [x.tolist() for x in one.bad] == [x.tolist() for x in general.bad]
+            assert one.verifier.bad_seqs == general.verifier.bad_seqs
+            assert one.verifier.n_checked.tolist() == general.verifier.n_checked.tolist()
+            assert one.verifier.pools_checked == general.verifier.pools_checked
+            assert as_json(a, t) == as_json(b, t)
+
+    _check_many_sequence_traces(check)
+    assert calls["answered"] > 400 and calls["refused"] > 3, calls
+    assert calls["bad"] > 5 and calls["held"] > 5, calls
+
+
+def test_recheck_many_twins_agree_on_random_traces(monkeypatch) -> None:
+    """kernels.recheck_many (numba) on the random traces of several sequences above:
+    each call gives what its numpy twin (reference.py `recheck_many`) gives from a
+    copy of the same arrays (the same answer, or None alike; the same ways and
+    verdicts bit for bit), and neither writes any array it is handed. Both answers and
+    refusals are reached."""
+    from kpool_cli.backend import kernels
+
+    seen = {"answered": 0, "refused": 0}
+    real = kernels.recheck_many
+
+    def twinned(*args):  # type: ignore[no-untyped-def]
+        copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        want = reference.recheck_many(*copies)
+        got = real(*args)
+        assert (got is None) == (want is None)
+        if got is not None:
+            for x, y in zip(got, want, strict=True):
+                assert x.dtype == y.dtype and np.array_equal(x, y), (got, want)
+        seen["refused" if got is None else "answered"] += 1
+        for a, c in zip(args, copies, strict=True):
+            if isinstance(a, np.ndarray):
+                assert a.tobytes() == c.tobytes()
+        return got
+
+    monkeypatch.setattr(kernels, "recheck_many", twinned)
+    _check_many_sequence_traces(
+        lambda t, version: check_incremental(t, version, "compiled", "numba"))
+    assert seen["answered"] > 400 and seen["refused"] > 3, seen
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------

@@ -38,6 +38,7 @@ from kpool_cli.cache.cells import CELL_MASK
 from kpool_cli.cli.main import cli
 from kpool_cli.contracts.records import UbatchRecord
 from kpool_cli.engine.context import UbatchContext
+from kpool_cli.engine.layout import FlatColumns
 from kpool_cli.replay import Replayer
 from kpool_cli.trace.load import load_trace
 from kpool_cli.trace.model import CacheConfig
@@ -819,6 +820,153 @@ def test_recheck_one_agrees() -> None:
                                      pool_gen, key_gen, members, rep_rows[ks])
                 assert want is not None and np.array_equal(verdicts, want), k
                 seen["new"] += 1
+    assert min(seen.values()) > 0, seen
+
+
+def _many(n_keys: list[int], n_pools: list[int], kpool: int, cap: int = 0
+          ) -> tuple[np.ndarray, ...]:
+    """Sequences on one stream, s holding n_keys[s] pairs at pos 0.. on its own cells
+    (s's cells after the sequences before it's, in order) and n_pools[s] pools of
+    kpool pairs from its first: (start, every pool's rep pos and rep row in layout
+    order, the stream's positions, its holders, the flat columns keys, n_keys,
+    pools, rep rows and streams, `cap` columns wide at least)."""
+    n = len(n_keys)
+    cap = max(cap, *n_keys, 1)
+    keys = np.zeros((n, cap), np.int64)
+    pools, reps = np.zeros((n, cap), np.int64), np.zeros((n, cap), np.int64)
+    n_cells = sum(n_keys) + 4  # and four cells no sequence holds
+    pos = np.full(n_cells, -1, np.int64)
+    has = np.zeros((n, n_cells), bool)
+    rep_pos, rep_rows = [], []
+    c0 = 0
+    for s, (m, p) in enumerate(zip(n_keys, n_pools, strict=True)):
+        cells = np.arange(c0, c0 + m, dtype=np.int64)
+        pos[cells] = np.arange(m)
+        has[s, cells] = True
+        keys[s, :m] = (np.arange(m, dtype=np.int64) << 32) | cells
+        pools[s, :p] = np.arange(0, p * kpool, kpool)
+        reps[s, :p] = cells[pools[s, :p] + kpool - 1]
+        rep_pos += (pools[s, :p] + kpool - 1).tolist()
+        rep_rows += reps[s, :p].tolist()
+        c0 += m
+    start = np.concatenate(([0], np.cumsum(n_pools))).astype(np.int64)
+    return (start, np.array(rep_pos, np.int64), np.array(rep_rows, np.int64), pos, has,
+            keys, np.array(n_keys, np.int64), pools, reps, np.zeros(n, np.int64))
+
+
+def test_recheck_many_is_the_ways_then_the_new_pools_rows_differ() -> None:
+    """`recheck_many` by hand, kpool 2, one stream of 12 cells: seq 0 at pos 0..3 on
+    cells 0..3 (pools (0, 1 -> 1) and (2, 3 -> 3)), seq 1 at pos 0..3 on cells 4..7
+    (pools (4, 5 -> 5) and (6, 7 -> 7)), seq 2 none; rows are cells (stream 0). Rows
+    0..7 are slots 1..8. Slot 4 (row 3) holds the pooling of slots 3, 4 (rows 2, 3),
+    bit for bit, at generation 3, every key written at generation 1. Seq 0 kept 1
+    pool and 1 verdict (NEW: pool 1 is new), seq 1 kept both and both verdicts (NONE),
+    seq 2 nothing (NONE); all known equal. Cell 3 changed: its pair (3, cell 3) is past
+    seq 0's tail (1, cell 1) but before seq 1's (3, cell 7), so the lowest pair each
+    sequence holds is asked: seq 1 holds none of it, so no look-up, and pool 1 of seq
+    0 is judged: it holds its pooling, False for both twins (the numpy twin pools it
+    again and finds the same bits). Then slot 3's key is written again after that
+    pooling (generation 4): both twins pool it again and find it differs: True.
+    None, where the general way answers: cell 6 changed (seq 1 holds (2, cell 6), at
+    or before its tail: a look-up); seq 1 not known (a scan); too many changed rows
+    (seqs 0 and 1 scan); seq 0 said to keep 3 of its 2 pools; seq 0's pool 1 past its
+    live pairs; a rep row's slot past those handed out; a holder column naming
+    sequence 3; a changed cell outside the stream."""
+    rng = np.random.default_rng(5)
+    kpool, n_slots = 2, 9
+    start, rep_pos, rep_rows, pos, has, keys_, n_keys, pools, reps, strm = _many(
+        [4, 4, 0], [2, 2, 0], kpool)
+    key = rng.uniform(-1, 1, (n_slots, 8)).astype(np.float32)
+    gate = rng.integers(-2, 3, (n_slots, 8)).astype(np.int8)
+    pool_of, pool_gen = np.zeros((n_slots, kpool), np.int64), np.zeros(n_slots, np.int64)
+    key_gen = np.ones(n_slots, np.int64)
+    pooled = np.zeros((n_slots, 8), np.float32)
+    pool_of[4], pool_gen[4] = (3, 4), 3
+    pooled[4] = reference.pool(key, gate, np.array([[3, 4]], np.int64))[0]
+    slot_of = np.zeros(12, np.int32)
+    slot_of[:8] = np.arange(1, 9)
+    ids = np.arange(3, dtype=np.int64)
+    NONE, NEW = recheck.NONE, recheck.NEW
+    for k in (kernels, reference):
+        def many(kept=(1, 2, 0), known=(True, True, True), too_many=False, cells=(3,),
+                 n_keys=n_keys, n_handed=n_slots, ids=ids, key_gen=key_gen, key=key, k=k):
+            return k.recheck_many(start, np.array([1, 2, 0], np.int64),
+                                  np.array(kept, np.int64), np.array(known), rep_pos,
+                                  rep_rows, 12, True, too_many, np.array(cells, np.int64),
+                                  pos, has, ids, keys_, n_keys, pools, reps, strm, slot_of,
+                                  n_handed, key, gate, pooled, pool_of, pool_gen, key_gen)
+
+        how, verdicts = many()
+        assert how.tolist() == [NEW, NONE, NONE] and verdicts.tolist() == [False], k
+        # before, as `recheck_ways` says: (3, cell 3) at or before seq 1's tail
+        assert k.recheck_ways(start, np.array([1, 2, 0], np.int64),
+                              np.array([1, 2, 0], np.int64), np.ones(3, bool), rep_pos,
+                              rep_rows, 12, True, False, np.array([3], np.int64), pos,
+                              recheck.NO_PAIR)[2] is True
+        rewritten = key.copy()
+        rewritten[3] += 1
+        how, verdicts = many(key=rewritten, key_gen=np.array([1, 1, 1, 4, 1, 1, 1, 1, 1]))
+        assert how.tolist() == [NEW, NONE, NONE] and verdicts.tolist() == [True], k
+        assert many(cells=(6,)) is None and many(known=(True, False, True)) is None
+        assert many(too_many=True) is None and many(kept=(3, 2, 0)) is None
+        assert many(n_keys=np.array([3, 4, 0], np.int64)) is None
+        assert many(n_handed=4) is None  # row 3's slot is 4
+        assert many(ids=np.array([0, 1, 3], np.int64)) is None
+        assert many(cells=(12,)) is None
+
+
+def test_recheck_many_agrees() -> None:
+    """On random layouts of one stream and random tables, the twins' `recheck_many`
+    answer alike (None alike), and an answer is each twin's own `recheck_ways` of
+    every sequence (no sequence holding a changed pair at or before its tail, as
+    `_DirtyPairs.lowest` pairs them), then its own `rows_differ` of the pools past
+    each NEW sequence's kept ones, sequence after sequence."""
+    rng = np.random.default_rng(13)
+    seen = {"none": 0, "new": 0, "before": 0}
+    for kpool in (1, 2, 4):
+        for _ in range(80):
+            n = int(rng.integers(1, 7))
+            n_pools = rng.integers(0, 4, n)
+            n_keys = [int(p * kpool + rng.integers(0, kpool + 1)) for p in n_pools]
+            start, rep_pos, rep_rows, pos, has, keys_, nk, pools, reps, strm = _many(
+                n_keys, n_pools.tolist(), kpool, int(rng.integers(0, 20)))
+            n_cells, n_slots = pos.size, 40
+            has |= rng.random(has.shape) < 0.05  # a few cells shared
+            slot_of = rng.integers(0, n_slots, n_cells).astype(np.int64)
+            n_handed = n_slots - int(rng.random() < 0.1) * 10
+            key, gate, pooled, pool_of, pool_gen, key_gen = _random_slot_values(
+                rng, n_slots, kpool)
+            kept = rng.integers(0, n_pools + 1).astype(np.int64)
+            n_bad = np.where(rng.random(n) < 0.7, n_pools, rng.integers(0, 4, n))
+            known = rng.random(n) < 0.9
+            cells = rng.choice(n_cells, int(rng.integers(0, 4)), replace=False)
+            args = (start, n_bad.astype(np.int64), kept, known, rep_pos, rep_rows, n_cells,
+                    True, False, cells.astype(np.int64), pos, has, np.arange(n,
+                                                                         dtype=np.int64),
+                    keys_, nk, pools, reps, strm, slot_of, n_handed, key, gate, pooled,
+                    pool_of, pool_gen, key_gen)
+            got = [k.recheck_many(*args) for k in (kernels, reference)]
+            if got[1] is None:
+                assert got[0] is None
+                seen["none"] += 1
+                continue
+            for k, (how, verdicts) in zip((kernels, reference), got, strict=True):
+                want, tail, before = k.recheck_ways(*args[:11], recheck.NO_PAIR)
+                assert np.array_equal(how, want), k
+                seen["before"] += before
+                for s in np.flatnonzero(tail != recheck.NO_TAIL).tolist():
+                    held = cells[has[s, cells]]
+                    assert not ((pos[held] << 32 | held) <= tail[s]).any(), k
+                new = np.flatnonzero(how == recheck.NEW)
+                seq = np.repeat(new, n_pools[new] - kept[new])
+                ks = np.concatenate([np.arange(kept[s], n_pools[s]) for s in new] or [[]])
+                ks = ks.astype(np.int64)
+                j = pools[seq, ks][:, None] + np.arange(kpool)
+                members = np.ascontiguousarray(keys_[seq[:, None], j] & CELL_MASK)
+                want_v = k.rows_differ(slot_of, n_handed, key, gate, pooled, pool_of,
+                                       pool_gen, key_gen, members, reps[seq, ks])
+                assert want_v is not None and np.array_equal(verdicts, want_v), k
+                seen["new"] += bool(verdicts.size)
     assert min(seen.values()) > 0, seen
 
 
@@ -1704,6 +1852,18 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
         args = dict(members=np.array([[1, 2, 3, 4], [4, 3, 2, 1]]), reps=np.array([1, 2]),
                     keep=np.array([False, True]), s=np.array([1, 2]), src=np.array([0, 1]))
         return be.kernels.scatter_fresh(**(args | spoiled))
+
+    flat = FlatColumns(np.zeros((2, 8), np.int64), np.zeros(2, np.int64),
+                       np.zeros((2, 4), np.int64), np.zeros((2, 4), np.int64),
+                       np.zeros(2, np.int64))
+
+    def many(**spoiled):  # two sequences, no pool, no changed cell, on an 8-cell stream
+        args = dict(start=np.zeros(3, np.int64), n_bad=np.zeros(2, np.int64),
+                    kept=np.zeros(2, np.int64), known=np.ones(2, bool),
+                    rep_pos=np.arange(0), rep_rows=np.arange(0), dirty=True, too_many=False,
+                    cells=np.arange(0), pos=np.zeros(8, np.int64), has=np.zeros((2, 8), bool),
+                    ids=np.arange(2), cols=flat)
+        return be.kernels.recheck_many(**(args | spoiled))
     doors = [
         ("write_keys", lambda: be.kernels.write_rows(np.array([3]), np.array([1, 2]), 0, 3),
          "2 key ids for 1 rows"),
@@ -1796,6 +1956,18 @@ def test_a_corrupt_slot_map_is_refused_before_any_kernel(backend: str) -> None:
             2, 2, -1, True, np.arange(2), np.arange(2), True, False, np.arange(1),
             np.zeros(8, np.int64), np.arange(8, dtype=np.int64), np.array([0, 4]), 0),
          "2 pools, 2 kept verdicts and -1 kept pools"),
+        ("recheck many", lambda: many(known=np.ones(2, np.int8)),
+         "the known-equal flags are not a C-contiguous 1-D bool array"),
+        ("recheck many", lambda: many(n_bad=np.array([2])),
+         "3 pool starts, 1 kept verdicts and 2 known-equal flags for 2 sequences"),
+        ("recheck many", lambda: many(has=np.zeros((2, 7), bool)),
+         "holders of shape (2, 7) for 2 sequence ids and 8 cells"),
+        ("recheck many", lambda: many(has=np.zeros((8, 2), bool).T),
+         "the holders are not a C-contiguous 2-D bool array"),
+        ("recheck many", lambda: many(cols=flat._replace(pools=flat.pools[:, 0])),
+         "the pools' first pairs are not a C-contiguous 2-D int64 array"),
+        ("recheck many", lambda: many(cols=flat._replace(strm=flat.strm.astype(np.int32))),
+         "the streams are not a C-contiguous 1-D int64 array"),
     ]
     before = state(be)
     for where, call, says in doors:

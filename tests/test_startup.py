@@ -409,7 +409,7 @@ except TypeError:
 
 
 def test_a_value_kernel_loads_on_its_first_call_for_its_signature_alone() -> None:
-    """backend/kernels.py's 24 value kernels are first-call stubs (`_value_kernel`,
+    """backend/kernels.py's 26 value kernels are first-call stubs (`_value_kernel`,
     jit.kernel with a signature) after the module's import: `least_pair`'s first call
     loads `_least_pair` and binds the kernel in its stub's place, the others stay
     stubs (`scatter_fresh`'s among them), and the kernel takes its signature's types alone
@@ -422,7 +422,7 @@ def test_a_value_kernel_loads_on_its_first_call_for_its_signature_alone() -> Non
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["24", "True", "True", "True", "True", "1", "True",
+    assert r.stdout.split() == ["26", "True", "True", "True", "True", "1", "True",
                                 "refused-int32"]
 
 

@@ -6,18 +6,19 @@ Owns: `GuardedKernels`, the one way the value backend runs a kernel (`write_rows
 `stamp_winners`, the three of a scatter of single-entry groups at once:
 `scatter_singles`, the pools a changed row dirties: `dirty_pools`, `pools_of_pairs`,
 `held_pairs`, and the verification's choices: `recheck_ways`, `least_pair`, and of a
-layout of one sequence, its way and verdicts at once: `recheck_one`), and the
+layout of one sequence, its way and verdicts at once: `recheck_one`, of many
+sequences and one stream, every way and verdict at once: `recheck_many`), and the
 time spent inside each once `time_kernels` asks (`time`, seconds by kernel name: the
 benchmark's breakdown). The kernels come from `kernels.py` (numba) or `reference.py`
 (numpy); both give bit-identical arrays.
 The value kernels index the slot arrays (`slots.py`) with slots, never rows, and
-check nothing. `rows_differ` and the last nine read a scatter's rows through
+check nothing. `rows_differ` and the last ten read a scatter's rows through
 `slot_of`, its race groups and their slots, a sequence's pairs, a dirty-cell mask, a
-stream's cells or the layout's rep columns: their doors check types and shapes, and
-the kernels check each index as they read it (a pass over them at the door would
-cost what the kernels save), refusing with `IndexError`, which the door turns into
-`PlanError` (`rows_differ` and `recheck_one` answer None, and the verifier's own
-checks say what).
+stream's cells and holders, the layout's rep columns or its flat columns: their
+doors check types and shapes, and the kernels check each index as they read it (a
+pass over them at the door would cost what the kernels save), refusing with
+`IndexError`, which the door turns into `PlanError` (`rows_differ`, `recheck_one`
+and `recheck_many` answer None, and the verifier's general way says what).
 
 Invariant: no kernel reads or writes outside its arrays. Each value kernel's door
 checks what it is handed against those arrays before the kernel runs
@@ -33,9 +34,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..arrays import same_objects
 from .guards import (
     ANY,
     FREE_OUTSIDE,
@@ -50,6 +53,9 @@ from .guards import (
     outside_error,
 )
 from .slots import SlotTable
+
+if TYPE_CHECKING:
+    from ..engine.layout import FlatColumns
 
 
 class GuardedKernels:
@@ -66,6 +72,9 @@ class GuardedKernels:
         # pool starts [0, n], its kept verdicts, its kept pools; whether it is known equal
         one = np.zeros(4, dtype=np.int64)
         self._one = one[:2], one[2:3], one[3:], np.zeros(1, dtype=np.bool_)
+        # `recheck_many`'s arrays that stand from call to call (the stream's positions,
+        # holders and their sequences, the layout's flat columns), as last checked
+        self._many_checked: tuple[np.ndarray, ...] = ()
 
     def time_kernels(self) -> None:
         """From now on, add the seconds spent inside each kernel to `time` (the
@@ -337,6 +346,55 @@ class GuardedKernels:
                            pools, row0, t.slot_of, t.n_handed, t.key, t.gate, t.pooled,
                            t.pool_of, t.pool_gen, t.key_gen)
 
+    def recheck_many(self, start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray,
+                     known: np.ndarray, rep_pos: np.ndarray, rep_rows: np.ndarray, dirty: bool,
+                     too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                     ids: np.ndarray, cols: FlatColumns
+                     ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The verification of a layout of many sequences and one stream (its pool
+        starts, kept verdicts, kept pools, known-equal flags and rep columns; the
+        stream's changed cells `cells`, its positions, its holders `has` and their
+        sequences `ids`; every sequence's pairs and pools, `cols`) in one pass where
+        every way is NONE or NEW (`kernels.recheck_many`): the ways and the verdicts of
+        the pools past each sequence's kept ones, or None where the general way must
+        answer. The door checks the arrays' types and that the per-sequence ones agree
+        in size (`recheck_ways`' door), and holders of a column per sequence id and a
+        cell per position; the kernel checks each cell, column, pair, pool, row and
+        slot as it reads it, and answers None for one outside its array (the general
+        way then says which)."""
+        where = "recheck many"
+        t = self.slots
+        t.check_tables(where)
+        t.check_generations(where)
+        _one_d(where, ("pool starts", start, I64), ("kept pools", kept, I64),
+               ("known-equal flags", known, np.dtype(np.bool_)),
+               ("rep positions", rep_pos, I64), ("rep rows", rep_rows, I64),
+               ("cells", cells, I64))
+        standing = (n_bad, pos, has, ids, *cols)
+        if not same_objects(self._many_checked, standing):  # checked when new (no array's
+            # dtype, shape or layout changes in place)
+            self._many_checked = ()
+            _one_d(where, ("kept verdicts", n_bad, I64), ("positions", pos, I64),
+                   ("sequence ids", ids, I64), ("live pairs", cols.n_keys, I64),
+                   ("streams", cols.strm, I64))
+            _one_d(where, ("pairs", cols.keys, I64), ("pools' first pairs", cols.pools, I64),
+                   ("pools' rep rows", cols.rep_rows, I64),
+                   ("holders", has, np.dtype(np.bool_)), ndim=2)
+            if has.shape != (ids.size, pos.size):
+                raise PlanError(f"{where}: holders of shape {has.shape} for {ids.size} "
+                                f"sequence ids and {pos.size} cells", where, "holders")
+            self._many_checked = standing
+        n = kept.size
+        if start.size != n + 1 or n_bad.size != n or known.size != n:
+            raise PlanError(f"{where}: {start.size} pool starts, {n_bad.size} kept verdicts "
+                            f"and {known.size} known-equal flags for {n} sequences", where,
+                            "kept pools")
+        return self._timed(where, self.k.recheck_many, start, n_bad, kept, known, rep_pos,
+                           rep_rows, t.kv_size, dirty, too_many, cells, pos, has, ids,
+                           cols.keys, cols.n_keys, cols.pools, cols.rep_rows, cols.strm,
+                           t.slot_of, t.n_handed, t.key, t.gate, t.pooled, t.pool_of,
+                           t.pool_gen, t.key_gen)
+
     def one_step(self, rows: np.ndarray, key_ids: np.ndarray, n_ubatch: int, decode_kind: int,
                  entry_rows: np.ndarray, rep: np.ndarray, order: np.ndarray,
                  grows: np.ndarray, entry_pool: np.ndarray, pool_start: np.ndarray,
@@ -422,10 +480,11 @@ class GuardedKernels:
         return members, reps
 
 
-def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype]) -> None:
-    """Each (name, array, dtype): a C-contiguous 1-D array of that dtype, or PlanError."""
+def _one_d(where: str, *arrays: tuple[str, np.ndarray, np.dtype], ndim: int = 1) -> None:
+    """Each (name, array, dtype): a C-contiguous 1-D array of that dtype (`ndim`-D where
+    said), or PlanError."""
     for name, a, dt in arrays:
-        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != 1 \
+        if type(a) is not np.ndarray or a.dtype != dt or a.ndim != ndim \
                 or not a.flags.c_contiguous:
-            raise PlanError(f"{where}: the {name} are not a C-contiguous 1-D {dt} array",
-                            where, name)
+            raise PlanError(f"{where}: the {name} are not a C-contiguous {ndim}-D {dt} "
+                            "array", where, name)

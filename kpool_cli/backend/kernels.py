@@ -11,7 +11,10 @@ pools a changed row dirties (`dirty_pools`, `pools_of_pairs`, `held_pairs`), the
 verification's choices for every sequence at once (`recheck_ways`, `least_pair`:
 recheck.py), the verification of a layout of one sequence in one pass where its
 way is NONE or NEW (`recheck_one`: that rule, then `rows_differ` of its new pools),
-and a ubatch of one sequence in one pass (`one_step`: `write_rows`, `scatter_singles`
+the same of a layout of many sequences and one stream where every way is NONE or NEW
+(`recheck_many`: that rule, the test of the changed pairs each sequence holds, then
+`rows_differ` of each one's new pools, read in the layout's flat columns), and a
+ubatch of one sequence in one pass (`one_step`: `write_rows`, `scatter_singles`
 and `recheck_one` in turn, each part as its own kernel runs it, stopping at the first
 that hands back).
 
@@ -19,7 +22,7 @@ Owns: the value backend's numba kernels (the compiled core's are compiled/kernel
 Each kernel is a plain Python function jitted with an explicit signature on
 C-contiguous arrays and numba's cache (unless it can cache nowhere: below), on its
 first call (`_value_kernel`, `jit.kernel`: a replay loads the kernels it calls, 8 of
-the 24 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
+the 26 for a cache-safe replay of a shared prompt); `reference.py` is its numpy twin,
 and the tests hold the two equal bit for bit. numba does not check an index (unless
 NUMBA_BOUNDSCHECK=1, which the tests use). The value kernels never validate: the
 wrappers in `guarded.py` (`GuardedKernels`) check every index array before one runs
@@ -29,10 +32,11 @@ so it is never handed an index outside its arrays; they index the arrays by slot
 row's place in the backend's storage), not by row. The kernels that read rows, pairs
 or cells (`rows_differ`, `fresh_groups`, `stamp_winners`, `scatter_singles`,
 `dirty_pools`, `pools_of_pairs`, `held_pairs`, `recheck_ways`, `least_pair`,
-`recheck_one`, `one_step`) check each index as they read it instead,
+`recheck_one`, `recheck_many`, `one_step`) check each index as they read it instead,
 and raise IndexError naming where (`recheck_ways` its reads of the changed cells
 and of the rep columns; its per-sequence arrays are as long as the door checks them
-to be); `write_rows` checks
+to be), or answer None (`rows_differ`, `recheck_one`, `recheck_many`: the caller's
+general way then says what); `write_rows` checks
 every row, slot and free slot it will use before its first write and says which
 one it refuses (`guards.py`'s codes, which its door turns into `PlanError`).
 
@@ -1187,6 +1191,171 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
     if way == _ASK_AGAIN:
         return None
     return int(way), out if way == NEW else out[:0]
+
+
+def _recheck_many_into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty,
+                       too_many, cells, pos, has, ids, keys, n_keys, pools, reps, strm,
+                       slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen, how,
+                       tail, pairs, ms, w, bits, want, out):  # pragma: no cover - compiled
+    err, before = _recheck_ways_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size,
+                                   dirty, too_many, cells, pos, _NO_PAIR, how, tail)
+    if err != -1:
+        return _ASK_AGAIN
+    n = kept.size
+    for s in range(n):
+        h = how[s]
+        if h != _NEW and h != _NONE:  # a scan
+            return _ASK_AGAIN
+        if kept[s] < 0 or kept[s] > start[s + 1] - start[s]:  # kept more than it holds
+            return _ASK_AGAIN
+    if before:
+        # `_DirtyPairs.lowest`: a sequence holding a changed pair at or before its tail
+        # looks up (LOOK), which this pass leaves to the general way. Column by column,
+        # each reading its own row of `has` at the changed cells whose pair is at or
+        # before its sequence's tail (the cells inside `pos`: `_least_of` checked them)
+        if has.shape[1] < pos.size or has.shape[0] > ids.size or pairs.size < cells.size:
+            return _ASK_AGAIN
+        least = _NO_PAIR
+        for i in range(cells.size):
+            c = cells[i]
+            pairs[i] = (pos[c] << _CELL_BITS) | c
+            if pairs[i] < least:
+                least = pairs[i]
+        for col in range(has.shape[0]):
+            s = ids[col]
+            if s < 0 or s >= n:
+                return _ASK_AGAIN
+            t = tail[s]
+            if t == _NO_TAIL or t < least:
+                continue
+            row = has[col]
+            for i in range(cells.size):
+                if pairs[i] <= t and row[cells[i]]:
+                    return _ASK_AGAIN
+    # `rows_differ` of each NEW sequence's pools past its kept ones, in layout order,
+    # their member and rep rows read in its columns (`SeqLayout.members`)
+    kpool = ms.size
+    e = np.int64(0)  # the verdicts written
+    for s in range(n):
+        if how[s] != _NEW:
+            continue
+        if (s >= keys.shape[0] or s >= n_keys.size or s >= pools.shape[0]
+                or s >= reps.shape[0] or s >= strm.size or n_keys[s] > keys.shape[1]):
+            return _ASK_AGAIN
+        row0 = strm[s] * kv_size
+        for k in range(kept[s], start[s + 1] - start[s]):
+            if e >= out.size or k >= pools.shape[1] or k >= reps.shape[1]:
+                return _ASK_AGAIN
+            j0 = pools[s, k]
+            if j0 < 0 or j0 > n_keys[s] - kpool:
+                return _ASK_AGAIN
+            sr = _slot(slot_of, n_handed, reps[s, k])
+            if sr < 0:
+                return _ASK_AGAIN
+            for q in range(kpool):
+                ms[q] = _slot(slot_of, n_handed, row0 + (keys[s, j0 + q] & _CELL_MASK))
+                if ms[q] < 0:
+                    return _ASK_AGAIN
+            out[e] = _differs(key, gate, pooled, pool_of, pool_gen, key_gen, ms, sr, w, bits,
+                              want)
+            e += 1
+    return np.int64(e)
+
+
+_RECHECK_MANY_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8, b1, b1, "
+                     "i8[::1], i8[::1], b1[:, ::1], i8[::1], i8[:, ::1], i8[::1], i8[:, ::1], "
+                     "i8[:, ::1], i8[::1], {}[::1], i8, f4[:, ::1], i1[:, ::1], f4[:, ::1], "
+                     "i8[:, ::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], "
+                     "f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
+# one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
+_recheck_many_i4 = kernel(_recheck_many_into, "_recheck_many_i4",
+                          _RECHECK_MANY_SIG.format("i4"))
+_recheck_many_i8 = kernel(_recheck_many_into, "_recheck_many_i8",
+                          _RECHECK_MANY_SIG.format("i8"))
+
+
+def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                 ids: np.ndarray, keys: np.ndarray, n_keys: np.ndarray, pools: np.ndarray,
+                 reps: np.ndarray, strm: np.ndarray, slot_of: np.ndarray, n_handed: int,
+                 key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                 pool_gen: np.ndarray, key_gen: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """The verification of a layout of many sequences and one stream in one pass, where
+    every way is `NONE` or `NEW` (recheck.py): each sequence's way, by `recheck_ways`'
+    rule and, where a changed pair lies at or before some tail, by the changed pairs
+    each sequence holds (`_DirtyPairs.lowest`'s test); then the verdicts of every `NEW`
+    sequence's pools past its kept ones, as `rows_differ` gives them, their rows read
+    in the layout's flat columns.
+
+    Parameters
+    ----------
+    start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells, pos :
+        as `recheck_ways`, the changed cells those of the one stream, with no least pair
+        of another
+    has : array of bool, shape (n_col, n_cells), C-contiguous
+        The stream's holders: column col holds cell c where has[col, c].
+    ids : array of int64, shape (n_col,)
+        The sequence of each column.
+    keys, n_keys, pools, reps, strm : arrays of int64, C-contiguous
+        Every sequence's pairs (row s, its first n_keys[s] live), its pools' first
+        pairs and rep rows (row s, pool k at column k) and its stream
+        (engine/layout.py `FlatColumns`): member q of pool k of s is row
+        `strm[s] * kv_size + (keys[s, pools[s, k] + q] & CELL_MASK)`, its rep row
+        `reps[s, k]`.
+    slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen : as `rows_differ`
+
+    Returns
+    -------
+    (how, verdicts), or None
+        Every sequence's way (`NONE` or `NEW`), and for each `NEW` sequence in turn, for
+        each of its pools past the kept ones in order, whether its rep row differs from
+        its pooling. None where the verifier's general way must answer: a way that scans,
+        a sequence holding a changed pair at or before its tail (a look-up), a sequence
+        that kept more pools than it holds, or a cell, column, pair, pool, row or slot
+        outside its array (that way says which).
+    """
+    n = kept.size
+    how = np.empty(n, dtype=np.int64)
+    # the pairs are read only before a tail, and too many changed cells leave no tail
+    tail, pairs, ms, w, bits, want, out = _many_scratch(n, 0 if too_many else cells.size,
+                                                        int(start[-1]), pool_of.shape[1],
+                                                        key.shape[1])
+    into = _recheck_many_i4 if slot_of.dtype == np.int32 else _recheck_many_i8
+    got = into(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, dirty, too_many, cells,
+               pos, has, ids, keys, n_keys, pools, reps, strm, slot_of, n_handed, key, gate,
+               pooled, pool_of, pool_gen, key_gen, how, tail, pairs, ms, w, bits, want, out)
+    return None if got == _ASK_AGAIN else (how, out[:got].copy())
+
+
+# `recheck_many`'s scratch, kept from call to call (the kernel writes each element
+# before it reads it, and the verdicts are copied out): int64 [n + cells + kpool]
+# (tails, pairs, member slots; the cells a verification looks up, `too_many` past
+# that, so a few pages), the pooling's rows, a row of floats and bool [pools] (the
+# verdicts, at most one a pool: a byte a pool, next to the layout's dozens). A step of
+# parallel slots allocates none of them
+_MANY_SCRATCH: dict[str, np.ndarray] = {}
+
+
+def _many_scratch(n: int, n_cells: int, n_pools: int, kpool: int, n_embd: int
+                  ) -> tuple[np.ndarray, ...]:
+    """(tails [n], pairs [n_cells], member slots [kpool], the pooling's scratch rows as
+    float32 and int32, a row [n_embd], verdicts [n_pools or more]): views of
+    `_MANY_SCRATCH`, made again for another kpool or n_embd, grown when short."""
+    held = _MANY_SCRATCH
+    if "w" not in held or held["w"].shape != (kpool + 2, n_embd):  # another backend's
+        w, bits = _scratch(kpool, n_embd)
+        held.update(w=w, bits=bits, want=np.empty(n_embd, dtype=np.float32),
+                    ints=np.empty(0, dtype=np.int64), out=np.empty(0, dtype=np.bool_))
+    need = n + n_cells + kpool
+    ints, out = held["ints"], held["out"]
+    if ints.size < need:
+        ints = held["ints"] = np.empty(max(need, 2 * ints.size), dtype=np.int64)
+    if out.size < n_pools:
+        out = held["out"] = np.empty(max(n_pools, 2 * out.size), dtype=np.bool_)
+    return (ints[:n], ints[n:n + n_cells], ints[n + n_cells:need], held["w"], held["bits"],
+            held["want"], out)
 
 
 # -- a step of one sequence in one call ------------------------------------------------

@@ -2,8 +2,9 @@
 sequence at once (`verify.py`, `Verifier._sequences`): the ways and the rule.
 
 Owns: the ways (`NONE`, `NEW`, `LOOK`, `SCAN`) and `NO_TAIL`, which the kernels
-`recheck_ways` and `least_pair` (kernels.py, their numpy twins in reference.py) and
-the verifier share, with cache/cells.py's `NO_PAIR` (re-exported here).
+`recheck_ways` and `least_pair` (and `recheck_one`, `recheck_many`, which run the
+rule inside: kernels.py, their numpy twins in reference.py) and the verifier share,
+with cache/cells.py's `NO_PAIR` (re-exported here).
 
 The rule, per sequence s of the layout, from its pools (`start[s]:start[s + 1]`),
 the verdicts kept (`n_bad[s]`), the pools the update kept (`kept[s]`) and whether
@@ -18,7 +19,10 @@ its pairs are known to equal the cache's (`known[s]`):
   lies at or before it (`_DirtyPairs.lowest`). Every other sequence's tail is
   `NO_TAIL`, below every pair;
 - `before`: the least changed pair, whoever holds it (`least_pair` of the changed
-  cells), lies at or before some sequence's tail. Only then is `lowest` asked.
+  cells), lies at or before some sequence's tail. Only then is `lowest` asked (or,
+  in `recheck_many`, the same test over the stream's holders: a sequence holding a
+  changed pair at or before its own tail looks up, which that kernel leaves to the
+  general way).
 """
 
 from __future__ import annotations

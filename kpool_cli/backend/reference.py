@@ -12,14 +12,14 @@ here do not (numpy would raise on most bad indices, but wrap a negative one
 silently); those whose numba twins check each index as they read it (`fresh_groups`,
 `stamp_winners`, `dirty_pools`, `held_pairs`, `recheck_ways`, `least_pair`) refuse
 what their twins refuse, with the same `IndexError` or `ValueError`, and
-`recheck_one` answers None where its twin does.
+`recheck_one` and `recheck_many` answer None where their twins do.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import rows_equal, rows_max, unique
+from ..arrays import ranges, rows_equal, rows_max, unique
 from ..cache.cells import CELL_BITS, CELL_MASK, make_keys
 from .guards import (
     FREE_OUTSIDE,
@@ -432,6 +432,62 @@ def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: n
                            members, rep_rows[ks])
     return None if verdicts is None else (way, verdicts)
 
+
+
+def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
+                 rep_pos: np.ndarray, rep_rows: np.ndarray, kv_size: int, dirty: bool,
+                 too_many: bool, cells: np.ndarray, pos: np.ndarray, has: np.ndarray,
+                 ids: np.ndarray, keys: np.ndarray, n_keys: np.ndarray, pools: np.ndarray,
+                 reps: np.ndarray, strm: np.ndarray, slot_of: np.ndarray, n_handed: int,
+                 key: np.ndarray, gate: np.ndarray, pooled: np.ndarray, pool_of: np.ndarray,
+                 pool_gen: np.ndarray, key_gen: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """kernels.recheck_many: this module's `recheck_ways` of every sequence, the lowest
+    changed pair each holds (as `Verifier`'s `_DirtyPairs.lowest` pairs them), then its
+    `rows_differ` of the NEW sequences' pools past their kept ones, their rows read in
+    the flat columns; None where the numba twin refuses (a scan, a look-up, a sequence
+    that kept more pools than it holds, an index outside its array)."""
+    try:
+        how, tail, before = recheck_ways(start, n_bad, kept, known, rep_pos, rep_rows,
+                                         kv_size, dirty, too_many, cells, pos, NO_PAIR)
+    except IndexError:
+        return None
+    n_pools = np.diff(start)
+    if ((how != NEW) & (how != NONE)).any() or (kept < 0).any() or (kept > n_pools).any():
+        return None
+    if before:
+        if has.shape[1] < pos.size or has.shape[0] > ids.size:
+            return None
+        col_ids = ids[:has.shape[0]]
+        if ((col_ids < 0) | (col_ids >= kept.size)).any():
+            return None
+        low = np.full(kept.size, NO_PAIR, dtype=np.int64)
+        if cells.size:
+            pairs = make_keys(pos[cells], cells)
+            np.minimum.at(low, col_ids, np.where(has[:, cells], pairs, NO_PAIR).min(axis=1))
+        if ((tail != NO_TAIL) & (low <= tail)).any():
+            return None
+    seqs = np.flatnonzero(how == NEW)
+    counts = (n_pools - kept)[seqs]
+    seq, k = np.repeat(seqs, counts), ranges(kept[seqs], counts)
+    kpool = pool_of.shape[1]
+    if seqs.size and (int(seqs[-1]) >= min(keys.shape[0], n_keys.size, pools.shape[0],
+                                           reps.shape[0], strm.size)
+                      or (n_keys[seqs] > keys.shape[1]).any()):
+        return None
+    if seq.size:
+        if int(k.max()) >= min(pools.shape[1], reps.shape[1]):
+            return None
+        j0 = pools[seq, k]
+        if ((j0 < 0) | (j0 > n_keys[seq] - kpool)).any():
+            return None
+    else:
+        j0 = seq
+    members = (strm[seq][:, None] * kv_size
+               + (keys[seq[:, None], j0[:, None] + np.arange(kpool)] & CELL_MASK))
+    verdicts = rows_differ(slot_of, n_handed, key, gate, pooled, pool_of, pool_gen, key_gen,
+                           np.ascontiguousarray(members, dtype=np.int64), reps[seq, k])
+    return None if verdicts is None else (how, verdicts)
 
 
 def one_step(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,

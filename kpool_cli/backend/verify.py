@@ -9,9 +9,11 @@ verification (`verify`: the sequences whose bad pools may have changed, found fo
 at once; of those, the new or regrouped pools, and those whose member keys or rep row
 changed, found by looking the changed cells up where the layout knows a sequence's
 pairs equal the cache's, else by a pass over its pools; a layout of one sequence whose
-only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`) and
-the full check of given pools (`differ`, the oracle the tests hold `verify` to).
-`pools_checked` counts the pools rechecked.
+only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`; a
+layout of many sequences on one stream whose every sequence is so, a step of
+parallel slots that closes pools, in one kernel call too: `_many_sequences`) and the full check of
+given pools (`differ`, the oracle the tests hold `verify` to). `pools_checked` counts
+the pools rechecked.
 
 Invariants:
 - after `verify` (the value backend runs it every ubatch), `bad_of(s)[k]` is True
@@ -23,7 +25,12 @@ Invariants:
 - a sequence's verdicts are held (`_bad[s]`, `n_checked[s]` of them) only while it
   has a bad pool: every verdict of a sequence outside `bad_seqs` is False, and its
   held array may be short or stale. So a step whose every slot adds a pool and
-  none is bad (W2's closing step) keeps 64 counts, not 64 arrays;
+  none is bad (W2's closing step) keeps 64 counts, not 64 arrays, and its one-call
+  verification (`_many_sequences`) touches no sequence's array;
+- the one-call verifications answer exactly what the general way (`_sequences`,
+  `_recheck`) would set, or hand back having set nothing: the same rule (recheck.py),
+  the same pools checked by the same test (`rows_differ`); tests hold the two equal
+  on random traces (test_backend_incremental.py);
 - every write of a key, gate or pooled row between two checks is `touch`ed (or
   `all_changed`): a pool none of whose rows changed keeps its verdict;
 - a mask is True only at rows of its dirty-row list, so `verify` resets it at
@@ -75,6 +82,8 @@ class Verifier:
         self._all_since_scatter = False
         self.pools_checked = 0
         self.bad_seqs: set[int] = set()  # the sequences with a bad pool
+        # `Stream.seq_ids` of the stream last verified in one call, and it as an array
+        self._ids: tuple[list[int], np.ndarray] | None = None
 
     def bad_of(self, s: int) -> np.ndarray:
         """[n_checked[s]] bool: which pools of sequence s are bad (all False outside
@@ -258,8 +267,12 @@ class Verifier:
         layout of one sequence whose way is `NONE` or `NEW` (a decode that appends:
         every step of one slot) takes the way and the verdicts in one kernel call
         (`_one_sequence`), unless `one_tried` says that call handed back already
-        (`ValueBackend`'s one pass, `GuardedKernels.one_step`)."""
-        if one_tried or not self._one_sequence(layout, change, cache):
+        (`ValueBackend`'s one pass, `GuardedKernels.one_step`); a layout of many
+        sequences on one stream whose update changed pools and whose every way is so
+        (a step of parallel slots that closes pools) takes every way and verdict in
+        one kernel call too (`_many_sequences`)."""
+        if (one_tried or not self._one_sequence(layout, change, cache)) \
+                and not self._many_sequences(layout, change, cache):
             dirty = _DirtyPairs(cache, self.kernels, self._kdirty_rows, self._pdirty_rows)
             n_seq = len(layout.seqs)
             if self._all_dirty:
@@ -339,6 +352,80 @@ class Verifier:
         """`verify`, whose one-call verification answered elsewhere (`took_one`)."""
         self.took_one(layout, change, way, verdicts)
         self._settle()
+
+    def _many_sequences(self, layout: Layout, change: LayoutChange, cache: KvCache) -> bool:
+        """`verify` of a layout of several sequences and a cache of one stream in one
+        kernel call (`GuardedKernels.recheck_many`: `_sequences`' ways, by the same rule
+        and the same lowest pair each sequence holds, then `_checked` of the pools past
+        each `NEW` sequence's kept ones, their rows read in the layout's flat columns,
+        `Layout.flat_columns`), where every way is `NONE` or `NEW`, no race is
+        remembered and no clear came since the last verification: what `_recheck` would
+        set. False, nothing done, where the general way must answer: a layout without
+        flat columns (the reference's), or the kernel's None (a look-up, a scan, or
+        something outside its array, which that way says); and where the update changed
+        no sequence's pools, so that no pool is new and the general way's `_sequences`
+        alone (every way NONE, as a verification leaves each count its pools') costs
+        less than this call's door (W2's steps that close no pool: 31 us against 42)."""
+        if (self._all_dirty or not change.changed or len(layout.seqs) < 2
+                or len(cache.streams) != 1 or self.writers.alt):
+            return False
+        cols = layout.flat_columns()
+        if cols is None:
+            return False
+        kd, pd = self._kdirty_rows, self._pdirty_rows
+        same = _same_rows(kd, pd)
+        rows = kd if same else kd + pd  # the one stream's changed cells
+        cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
+        dirty = bool(kd or pd)
+        # `_DirtyPairs.too_many`: the rows of both lists, each counted in each
+        too_many = (2 if same else 1) * cells.size > LOOKUP_MAX_ROWS
+        known = (layout.known_equal_seqs(cache) if dirty
+                 else np.zeros(len(layout.seqs), dtype=bool))
+        # the rep columns are read only for a tail: a known sequence's, once a row changed
+        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
+                             else (_NO_PAIRS, _NO_PAIRS))
+        start, kept = layout.pool_start(), np.asarray(change.kept, dtype=np.int64)
+        st = cache.streams[0]
+        got = self.kernels.recheck_many(start, self.n_checked, kept, known, rep_pos, rep_rows,
+                                        dirty, too_many, cells, st.pos, st.has,
+                                        self._seq_ids(st), cols)
+        if got is None:
+            return False
+        how, verdicts = got
+        self.pools_checked += verdicts.size
+        if self.bad_seqs or any_set(verdicts):
+            self._many_rechecked(start, kept, how, verdicts)
+        # a NONE sequence kept every pool and checked them all: each has its pools' count
+        np.subtract(start[1:], start[:-1], out=self.n_checked)
+        return True
+
+    def _many_rechecked(self, start: np.ndarray, kept: np.ndarray, how: np.ndarray,
+                        verdicts: np.ndarray) -> None:
+        """`_rechecked` of the `NEW` sequences that have or had a bad pool (before
+        `n_checked` moves on): `verdicts` are those of each `NEW` sequence's pools past
+        its kept ones, sequence after sequence (`recheck_many`)."""
+        n_new = np.where(how == NEW, start[1:] - start[:-1] - kept, 0)
+        ends = np.cumsum(n_new)
+        hit = ends.searchsorted(np.flatnonzero(verdicts), side="right")
+        for s in sorted({*hit.tolist(), *(s for s in self.bad_seqs if how[s] == NEW)}):
+            k, n, b = int(kept[s]), int(start[s + 1] - start[s]), int(ends[s])
+            old = self.bad_of(s)[:k]
+            got = np.zeros(n, dtype=bool)
+            got[:old.size] = old
+            got[k:] = verdicts[b - (n - k):b]
+            self._bad[s] = got
+            if got.any():
+                self.bad_seqs.add(s)
+            else:
+                self.bad_seqs.discard(s)
+
+    def _seq_ids(self, st: Stream) -> np.ndarray:
+        """The sequence of each of stream `st`'s columns (`Stream.seq_ids`) as an int64
+        array, made again only when the stream's list is another."""
+        held = self._ids
+        if held is None or held[0] is not st.seq_ids:
+            held = self._ids = (st.seq_ids, np.array(st.seq_ids, dtype=np.int64))
+        return held[1]
 
     def _recheck(self, layout: Layout, change: LayoutChange, dirty: _DirtyPairs,
                  seqs: np.ndarray, how: np.ndarray) -> None:
@@ -440,6 +527,13 @@ _NO_VERDICTS = np.empty(0, dtype=bool)
 _RANGED_FROM = 2
 
 
+def _same_rows(kdirty: list[np.ndarray], pdirty: list[np.ndarray]) -> bool:
+    """The changed rows' two lists hold the very same arrays (a decode's rows are
+    touched as keys and as pooled rows alike): one of them says every changed cell."""
+    return len(kdirty) == len(pdirty) and all(
+        a is b for a, b in zip(kdirty, pdirty, strict=True))
+
+
 class _DirtyPairs:
     """One verification's changed rows as pairs per sequence: for each changed cell,
     the sequences holding it now and its pair (pos << CELL_BITS | cell), for the
@@ -458,9 +552,7 @@ class _DirtyPairs:
         # past this many changed rows a pass over the pairs costs less than look-ups
         self.too_many = (sum(r.size for r in kdirty) + sum(r.size for r in pdirty)
                          > LOOKUP_MAX_ROWS)
-        # a decode's rows are touched as keys and as pooled rows alike: the same lists
-        self._same = len(kdirty) == len(pdirty) and all(
-            a is b for a, b in zip(kdirty, pdirty, strict=True))
+        self._same = _same_rows(kdirty, pdirty)
         self._by_seq: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
         self._streams: list[tuple[Stream, np.ndarray]] | None = None
         self._cells: list[tuple[Stream, np.ndarray, np.ndarray]] | None = None

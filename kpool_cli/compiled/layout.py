@@ -37,7 +37,15 @@ import numpy as np
 from ..arrays import all_set, any_set
 from ..cache.cells import CELL_BITS, NO_PAIR
 from ..cache.kv import KvCache
-from ..engine.layout import POS_CLEAN, Layout, LayoutChange, PoolGrowth, SeqLayout, pools_past
+from ..engine.layout import (
+    POS_CLEAN,
+    FlatColumns,
+    Layout,
+    LayoutChange,
+    PoolGrowth,
+    SeqLayout,
+    pools_past,
+)
 from . import kernels as k
 from .arena import Arena, ArenaRow
 from .cache import CompiledKvCache
@@ -288,6 +296,12 @@ class CompiledLayout(Layout):
         """Layout.every_growth: what `_every_members` carried the kept pools' rows from,
         while the columns it built stand."""
         return self._growth if self._every is not None else None
+
+    def flat_columns(self) -> FlatColumns:
+        """Layout.flat_columns: the arenas themselves (and the scalars' arrays)."""
+        cols = self.cols
+        return FlatColumns(cols.keys.buf, cols.keys.lens, cols.pools.buf, cols.rep_rows.buf,
+                           cols.strm)
 
     def pool_counts(self) -> np.ndarray:
         """Layout.pool_counts: the pools arena's row lengths themselves."""

@@ -4,8 +4,9 @@ Owns: per sequence its copy of the (pos, cell) pairs, its pools (start indices i
 those pairs), the rep row of each pool, `j_next` and `pos_min`, and (versions that
 track sharing) its `shared` flag; the layout's `n_pool_real`, `cache_safe` and the
 count of its updates (`n_updates`, each `LayoutChange`'s `serial`); and the form in
-which a layout may say how its every-pool columns grew (`PoolGrowth`), and the pools
-past each sequence's kept ones (`pools_past`).
+which a layout may say how its every-pool columns grew (`PoolGrowth`) and hands
+every sequence's columns to a kernel (`FlatColumns`, the compiled layout's alone), and
+the pools past each sequence's kept ones (`pools_past`).
 
 Invariants:
 - a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
@@ -159,6 +160,19 @@ class PoolGrowth(NamedTuple):
     before: np.ndarray  # [n_seq_max + 1] the `pool_start` it was built with
     kept: np.ndarray  # [n_seq_max] the pools each sequence kept (`LayoutChange.kept`)
     start: np.ndarray  # [n_seq_max + 1] `pool_start` now
+
+
+class FlatColumns(NamedTuple):
+    """Every sequence's pairs and pools flat, row s of each array sequence s's (the
+    compiled layout's arenas, `Layout.flat_columns`): what a kernel reads to find the
+    member and rep rows of any sequence's pools without a look-up of its own. Borrowed,
+    not copied: stale once the layout updates (or an arena grows)."""
+
+    keys: np.ndarray  # [n_seq_max, cap] int64 | s, j | pos << CELL_BITS | cell (n_keys[s] live)
+    n_keys: np.ndarray  # [n_seq_max] int64 | s | its live pairs
+    pools: np.ndarray  # [n_seq_max, cap_p] int64 | s, k | pool k's first pair's index j
+    rep_rows: np.ndarray  # [n_seq_max, cap_p] int64 | s, k | pool k's global rep row
+    strm: np.ndarray  # [n_seq_max] int64 | s | its stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +468,13 @@ class Layout:
         """How the every-pool columns as they stand grew from those built before the
         pools last changed (`PoolGrowth`); None when not known (the reference layout
         builds its columns anew)."""
+        return None
+
+    def flat_columns(self) -> FlatColumns | None:
+        """Every sequence's pairs and pools as flat arrays a kernel reads
+        (`FlatColumns`), valid until the next update; None where the layout keeps each
+        sequence's columns apart (the reference's: the value backend's one-call
+        verification of many sequences then leaves them to the general way)."""
         return None
 
     def is_every_pool(self, ips: np.ndarray) -> bool:
