@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 
 from .aborts import RecurrentAssert
 from .batch import SeqPositions
@@ -62,7 +62,7 @@ class EditRefused(Exception):
     """`llama_memory_recurrent::seq_rm` returned false: nothing changed (KP008)."""
 
 
-_FIRST, _POS = itemgetter(0), attrgetter("pos")
+_FIRST = itemgetter(0)
 
 
 class RecurrentChild:
@@ -105,14 +105,13 @@ class RecurrentChild:
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs`. With no tail dangling (`_dangling`), a
         sequence's tail cell holds it: `_state_pos`'s test of the cell is true, and
-        the tail's cell is read alone (a step of parallel slots: in one pass)."""
+        the tail's cell is read alone."""
         seqs = list(seqs)
         if not self._dangling and seqs and min(seqs) >= 0 and max(seqs) < self.size:
-            tails = list(map(self.tail.__getitem__, seqs))
-            if min(tails) >= 0:  # each has a state: its tail cell's pos, if none below -1
-                out = list(map(_POS, map(self.cells.__getitem__, tails)))
-                if min(out) >= -1:
-                    return out
+            cells = self.cells
+            out = [cells[t].pos if t >= 0 else -1 for t in map(self.tail.__getitem__, seqs)]
+            if min(out) >= -1:  # else a state below -1 (a seq_add): max(p, -1) below
+                return out
         return [-1 if p is None else max(p, -1) for p in self._state_pos(seqs)]
 
     # -- edits -------------------------------------------------------------------------
@@ -456,4 +455,7 @@ class HybridPositions:
         return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
 
     def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
-        return list(map(min, self.kv.seq_pos_maxes(seqs), self.recurrent.seq_pos_maxes(seqs)))
+        # min of each pair, compared inline: a call of min costs more than the compare
+        return [a if a < b else b for a, b in zip(self.kv.seq_pos_maxes(seqs),
+                                                  self.recurrent.seq_pos_maxes(seqs),
+                                                  strict=True)]
