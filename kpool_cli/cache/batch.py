@@ -220,6 +220,8 @@ def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     if not seq_sets:
         return None
     first = seq_sets[0]
+    if seq_sets[-1] != first:  # several sets (a step of parallel slots): no pass
+        return None
     return first if seq_sets.count(first) == len(seq_sets) else None
 
 
