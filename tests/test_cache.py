@@ -9,7 +9,7 @@ from conftest import toks
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kpool_cli.cache.batch import one_seq_each, one_set, split_equal, validate
+from kpool_cli.cache.batch import SeqSets, one_seq_each, one_set, split_equal, validate
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache
 from kpool_cli.trace.model import CacheConfig, Token
@@ -483,5 +483,19 @@ def test_one_set_and_one_seq_each_by_hand():
     assert one_set([(3,), (3,), (3,)]) == (3,) and one_set([(0, 1), (0, 1)]) == (0, 1)
     assert one_set([(3,), (4,)]) is None and one_set([(0, 1), (0,)]) is None
     assert one_set([]) is None  # no token: no set (an empty batch's split and validation)
-    assert one_seq_each([(2,), (0,), (5,)]) == [2, 0, 5]
+    assert one_seq_each([(2,), (0,), (5,)]) == (2, 0, 5)
     assert one_seq_each([(2,), (2,)]) is None and one_seq_each([(2,), (0, 1)]) is None
+
+
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple), max_size=6))
+def test_one_set_and_one_seq_each_of_seq_sets_are_their_definitions(sets) -> None:
+    """cache/batch.py: `one_set` and `one_seq_each` of any sets, a list or a `SeqSets`
+    (which keeps the answers once found: asked twice, the same), are what their
+    docstrings define, set by set."""
+    same = sets[0] if sets and all(ss == sets[0] for ss in sets) else None
+    ids = [ss[0] for ss in sets]
+    each = (tuple(ids) if all(len(ss) == 1 for ss in sets) and len(set(ids)) == len(ids)
+            else None)
+    held = SeqSets(sets)
+    for form in (sets, held, held):
+        assert one_set(form) == same and one_seq_each(form) == each

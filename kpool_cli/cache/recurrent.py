@@ -35,7 +35,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
@@ -454,7 +454,7 @@ class HybridPositions:
     def seq_pos_max(self, s: int) -> int:
         return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
 
-    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
         # min of each pair, compared inline: a call of min costs more than the compare
         return [a if a < b else b for a, b in zip(self.kv.seq_pos_maxes(seqs),
                                                   self.recurrent.seq_pos_maxes(seqs),

@@ -16,7 +16,7 @@ sequences nothing else touched since the owner last took `touched`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -205,7 +205,8 @@ class CompiledKvCache(KvCache):
         self._appended = set().union(*(st.appends for st in self._compiled))
         return out
 
-    def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
+    def plan(self, ubatches: Sequence[tuple[np.ndarray, Sequence[tuple[int, ...]],
+                                           np.ndarray | None]]
              ) -> list[Placement] | None:
         """KvCache.plan; a decode of one ubatch on one stream with no recorded cells
         (every decode step) is one find_slot, without the bookkeeping between
