@@ -204,7 +204,12 @@ class KvCache:
         """The sequences whose pairs changed since the last call (cleared by it);
         `changed_from` holds, of each, a key at or below every pair of it that changed
         in that time (`Stream.changed_from`), until the next call."""
-        out: set[int] = set()
+        if len(self.streams) == 1:  # a unified cache: the stream's own, handed over
+            st = self.streams[0]
+            out, self.changed_from = st.touched, st.changed_from
+            st.touched, st.changed_from = set(), {}
+            return out
+        out = set()
         self.changed_from = {}
         for st in self.streams:
             out |= st.touched

@@ -193,8 +193,8 @@ class CompiledKvCache(KvCache):
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
-        for st in self._compiled:
-            st.appends.clear()
+        for st in self._compiled:  # new sets: the last ones may be the owner's now
+            st.appends = set()
             st.added = None
         k = placement.stream
         if k >= 0:  # one stream: KvCache.apply without its grouping by stream
@@ -205,7 +205,9 @@ class CompiledKvCache(KvCache):
             out = global_row(k, placement.cells, self.kv_size), ids
         else:
             out = super().apply(placement, pos, ext, seqs)
-        self._appended = set().union(*(st.appends for st in self._compiled))
+        compiled = self._compiled
+        self._appended = (compiled[0].appends if len(compiled) == 1  # handed over
+                          else set().union(*(st.appends for st in compiled)))
         return out
 
     def plan(self, ubatches: Sequence[tuple[np.ndarray, Sequence[tuple[int, ...]],
