@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import toks
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kpool_cli.cache.batch import SeqSets, one_seq_each, one_set, split_equal, validate
@@ -439,6 +439,7 @@ def test_a_stream_keeps_the_least_pair_each_sequence_changed(compiled: bool):
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), max_size=12),
        st.permutations(range(5)), st.lists(st.integers(0, 14), min_size=5, max_size=5),
        st.integers(1, 5), st.booleans(), st.booleans())
+@settings(deadline=None)  # the first example may compile its kernels (a fresh cache)
 def test_a_compiled_step_of_parallel_slots_writes_as_the_stream(
         before, order, step_pos, n_slots, with_ext, rows_are_ids):
     """`CompiledStream.write` of a step of parallel slots (one `kernels.write_slots`
@@ -447,10 +448,10 @@ def test_a_compiled_step_of_parallel_slots_writes_as_the_stream(
     sequences one at a time (a pos each may repeat: then skipped), then one token in
     each of n_slots of them, in a random order, at random positions (below a
     sequence's last pair too: inserted, not pushed), on the next empty cells; the
-    same pos, ext, holders, counts, key ids, used, pairs and `touched`, and a
-    `changed_from` at or below the stream's. The arena starts one key wide (a step
-    past it widens it), and its rows are the seq ids or not (a stream of
-    another's sequences)."""
+    same pos, ext, holders, counts, key ids, used, pairs, last positions
+    (`seq_pos_maxes`) and `touched`, and a `changed_from` at or below the
+    stream's. The arena starts one key wide (a step past it widens it), and its rows
+    are the seq ids or not (a stream of another's sequences)."""
     from kpool_cli.compiled.cache import CompiledStream
 
     ids = list(range(5)) if rows_are_ids else [7, 3, 9, 4, 8]
@@ -482,6 +483,8 @@ def test_a_compiled_step_of_parallel_slots_writes_as_the_stream(
     assert np.array_equal(got.key_id, ref.key_id) and got.used == ref.used
     for s in ids:
         assert got.seq_keys[s].view.tolist() == ref.seq_keys[s].view.tolist()
+    for asked in (ids[:3], ids[::-1] + ids):  # a few read one by one, more in a kernel
+        assert got.seq_pos_maxes(asked) == ref.seq_pos_maxes(asked)
     # `changed_from` is a key at or below each sequence's changed pairs: the step's
     # least key, for each of its sequences at once
     assert got.touched == ref.touched and got.changed_from.keys() == ref.changed_from.keys()

@@ -59,7 +59,8 @@ class CompiledStream(Stream):
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """Stream.seq_pos_maxes: the last key of each sequence's row, a few read one by
-        one (numpy's calls cost more than they save below 8 rows), more at once."""
+        one (a call costs more than it saves below 8 rows), more in one
+        `kernels.last_pos` call."""
         seqs = list(seqs)
         lens, buf = self.index.lens, self.index.buf
         if len(seqs) < 8:
@@ -70,10 +71,9 @@ class CompiledStream(Stream):
                 out.append(int(buf[r, n - 1]) >> CELL_BITS if n else -1)
             return out
         rows = (np.array(seqs, dtype=np.int64) if self._rows_are_ids
-                else np.fromiter((self._col[s] for s in seqs), dtype=np.int64))
-        n_of = lens[rows]
-        last = buf[rows, n_of - 1] >> CELL_BITS  # row -1 for none: replaced
-        last[n_of == 0] = -1
+                else np.fromiter(map(self._col.__getitem__, seqs), np.int64, len(seqs)))
+        last = np.empty(rows.size, dtype=np.int64)
+        k.last_pos(rows, lens, buf, last)
         return last.tolist()
 
     def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,

@@ -317,6 +317,16 @@ _share_scan_in = inner(_share_scan)
 
 
 @kernel
+def last_pos(rows, lens, buf, out):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.seq_pos_maxes` of the sequences of arena rows `rows`
+    (compiled/arena.py): out[i] the pos of row rows[i]'s last key, -1 for a row
+    without one."""
+    for i in range(rows.size):
+        n = lens[rows[i]]
+        out[i] = buf[rows[i], n - 1] >> _CELL_BITS if n else -1
+
+
+@kernel
 def write_slots(cells, pos, ext, has_ext, cols, key_ids, st_pos, st_ext, has, seq_count,
                 key_id, buf, lens, keys, pushed):  # pragma: no cover - compiled
     """cache/cells.py `Stream.write` of a step of parallel slots (token i alone in
