@@ -586,7 +586,8 @@ class Replayer:
             token_rows=rows, token_ext=ext,
             token_visible=plan.visible if plan is not None else np.zeros(pos.size, np.int64),
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
-                         if first else {}),
+                         if first and stale_batch.count(POS_CLEAN) != len(stale_batch)
+                         else {}),  # every sequence clean (a step of slots): no pass
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
             pools=pools, scatter_rep=scatter_rep, scatter_rows=scatter_rows,
             scatter_pad=scatter_pad,
