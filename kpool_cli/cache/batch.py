@@ -15,9 +15,8 @@ once found, so a decode's steps that share it find each once.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from itertools import chain
 from operator import attrgetter
 from typing import Protocol
@@ -215,17 +214,24 @@ _POS, _SEQ = attrgetter("pos"), attrgetter("seq")
 
 class SeqSets(tuple[tuple[int, ...], ...]):
     """Each token's sequence set, in batch order (`seq_sets`), holding what `one_set`
-    and `one_seq_each` say of them from the first time either is asked: a step of
-    parallel slots asks both in its validation, its split, and its ubatch's writes
-    and find_slot (a tuple of tuples: the sets never change, nor do the answers)."""
+    and `one_seq_each` say of them from the first time either is asked (in its
+    `__dict__`, by the two functions): a step of parallel slots asks both in its
+    validation, its split, and its ubatch's writes and find_slot (a tuple of tuples:
+    the sets never change, nor do the answers)."""
 
-    @cached_property
-    def one_set(self) -> tuple[int, ...] | None:
-        return _one_set(self)
 
-    @cached_property
-    def one_seq_each(self) -> tuple[int, ...] | None:
-        return _one_seq_each(self)
+_UNSET = object()
+
+
+def _kept(sets: SeqSets, name: str, find: Callable[[SeqSets], tuple[int, ...] | None]
+          ) -> tuple[int, ...] | None:
+    """`find(sets)`, found once and kept in the sets (a dict look-up, not a
+    `cached_property`, whose lock costs a decode of one token more than it saves)."""
+    known = sets.__dict__
+    got = known.get(name, _UNSET)
+    if got is _UNSET:
+        got = known[name] = find(sets)
+    return got
 
 
 def seq_sets(tokens: Sequence[Token]) -> SeqSets:
@@ -243,7 +249,9 @@ def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The seq ids of every set, when all the sets are the same (a decode of one
     sequence, a prefill: one set for every token); else None (no set, or several).
     Of a `SeqSets`, found once."""
-    return seq_sets.one_set if isinstance(seq_sets, SeqSets) else _one_set(seq_sets)
+    if type(seq_sets) is SeqSets:
+        return _kept(seq_sets, "one_set", _one_set)
+    return _one_set(seq_sets)
 
 
 def _one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -258,8 +266,9 @@ def _one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
 def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """Each set's one seq id, when every set has exactly one and no two share it (the
     tokens of a step of parallel slots); else None. Of a `SeqSets`, found once."""
-    return (seq_sets.one_seq_each if isinstance(seq_sets, SeqSets)
-            else _one_seq_each(seq_sets))
+    if type(seq_sets) is SeqSets:
+        return _kept(seq_sets, "one_seq_each", _one_seq_each)
+    return _one_seq_each(seq_sets)
 
 
 def _one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:

@@ -63,6 +63,7 @@ class EditRefused(Exception):
 
 
 _FIRST = itemgetter(0)
+_MANY = 8  # `seq_pos_maxes`: from this many sequences, the tails' cells read at once
 
 
 class RecurrentChild:
@@ -102,12 +103,12 @@ class RecurrentChild:
         """llama_memory_recurrent::seq_pos_max: the state's pos, at least -1."""
         return self.seq_pos_maxes((s,))[0]
 
-    def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs`. With no tail dangling (`_dangling`), a
         sequence's tail cell holds it: `_state_pos`'s test of the cell is true, and
-        the tail's cell is read alone."""
-        seqs = list(seqs)
-        if not self._dangling and seqs and min(seqs) >= 0 and max(seqs) < self.size:
+        the tail's cell is read alone (for many: a few cost more in the tests)."""
+        if (len(seqs) >= _MANY and not self._dangling and min(seqs) >= 0
+                and max(seqs) < self.size):
             cells = self.cells
             out = [cells[t].pos if t >= 0 else -1 for t in map(self.tail.__getitem__, seqs)]
             if min(out) >= -1:  # else a state below -1 (a seq_add): max(p, -1) below
@@ -455,7 +456,8 @@ class HybridPositions:
         return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
 
     def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
-        # min of each pair, compared inline: a call of min costs more than the compare
-        return [a if a < b else b for a, b in zip(self.kv.seq_pos_maxes(seqs),
-                                                  self.recurrent.seq_pos_maxes(seqs),
-                                                  strict=True)]
+        kv, rec = self.kv.seq_pos_maxes(seqs), self.recurrent.seq_pos_maxes(seqs)
+        if len(kv) == 1:  # a decode of one sequence
+            return [min(kv[0], rec[0])]
+        # min of each pair, compared inline: a call of min a pair costs more than it
+        return [a if a < b else b for a, b in zip(kv, rec, strict=True)]
