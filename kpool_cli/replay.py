@@ -37,7 +37,7 @@ kernels save more than loading them costs, else the reference core.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
@@ -48,6 +48,7 @@ from .arrays import SameArrays
 from .backend.facts import ValueFacts
 from .cache.aborts import EngineAbort
 from .cache.batch import (
+    SeqSets,
     Ubatch,
     decode_split,
     first_ubatch_len,
@@ -215,13 +216,15 @@ def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = Non
     yield from with_expectations(trace, version.name, backend is not None, records)
 
 
-def decode_ubatches(cfg: m.CacheConfig, op: m.Decode) -> list[Ubatch] | str:
+def decode_ubatches(cfg: m.CacheConfig, op: m.Decode, sets: SeqSets | None = None
+                    ) -> list[Ubatch] | str:
     """A listed decode's ubatches as the replay runs them: its recorded split, or
     llama_memory_hybrid_idx::init_batch's split_equal(n_ubatch, !unified,
     n_keep_tail) (cache/batch.py: `decode_split`); a refusal is its message, and
-    GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert."""
+    GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert. `sets`: the tokens'
+    `seq_sets`, when the caller has them."""
     return decode_split(op.tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
-                        n_keep_tail(cfg.n_rs_seq))
+                        n_keep_tail(cfg.n_rs_seq), sets)
 
 
 def planned_ubatches(trace: m.Trace) -> int:
@@ -435,14 +438,16 @@ class Replayer:
             return
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
+        # the batch's sets, asked by each step below (what they are is found once)
+        sets = seq_sets(tokens)
         msg = validate(tokens, self.positions, cfg.n_seq_max, mrope=cfg.by_order,
-                       embd=op.is_embd)
+                       embd=op.is_embd, sets=sets)
         if msg is not None:
             yield self._reject(i, msg)
             return
         self._copy_pending_streams()
         try:
-            split = decode_ubatches(cfg, op)
+            split = decode_ubatches(cfg, op, sets)
         except EngineAbort as e:
             yield self._abort(i, "decode", str(e))
             return
@@ -450,11 +455,15 @@ class Replayer:
             yield self._reject(i, split)
             return
         ubs = []
-        tks = [list(map(tokens.__getitem__, ub.tokens)) for ub in split]
+        every = tuple(range(len(tokens))) if len(split) == 1 else None
+        tks: list[Sequence[m.Token]] = [
+            tokens if ub.tokens == every else  # the batch, in order
+            list(map(tokens.__getitem__, ub.tokens)) for ub in split]
         for tk in tks:
             recorded = (np.array([t.cell for t in tk], dtype=np.int64)
                         if tk[0].cell is not None else None)
-            ubs.append((np.array(token_positions(tk), dtype=np.int64), seq_sets(tk), recorded))
+            ubs.append((np.array(token_positions(tk), dtype=np.int64),
+                        sets if tk is tokens else seq_sets(tk), recorded))
         self._check_recorded_cells(op, ubs)
         try:
             # llama_memory_hybrid_idx::init_batch prepares the recurrent child first
@@ -577,7 +586,8 @@ class Replayer:
             token_rows=rows, token_ext=ext,
             token_visible=plan.visible if plan is not None else np.zeros(pos.size, np.int64),
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
-                         if first else {}),
+                         if first and stale_batch.count(POS_CLEAN) != len(stale_batch)
+                         else {}),  # every sequence clean (a step of slots): no pass
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
             pools=pools, scatter_rep=scatter_rep, scatter_rows=scatter_rows,
             scatter_pad=scatter_pad,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import toks
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.cache.batch import one_seq_each, one_set, split_equal, validate
+from kpool_cli.cache.batch import SeqSets, one_seq_each, one_set, split_equal, validate
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache
 from kpool_cli.trace.model import CacheConfig, Token
@@ -436,6 +436,67 @@ def test_a_stream_keeps_the_least_pair_each_sequence_changed(compiled: bool):
     assert st.changed_from == {0: -1, 1: -1}
 
 
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12)), max_size=12),
+       st.permutations(range(5)), st.lists(st.integers(0, 14), min_size=5, max_size=5),
+       st.integers(1, 5), st.booleans(), st.booleans())
+@settings(deadline=None)  # the first example may compile its kernels (a fresh cache)
+def test_a_compiled_step_of_parallel_slots_writes_as_the_stream(
+        before, order, step_pos, n_slots, with_ext, rows_are_ids):
+    """`CompiledStream.write` of a step of parallel slots (one `kernels.write_slots`
+    call: the cells, then each key pushed onto its sequence's row, the others
+    inserted) against `Stream.write` on the same stream: earlier tokens of five
+    sequences one at a time (a pos each may repeat: then skipped), then one token in
+    each of n_slots of them, in a random order, at random positions (below a
+    sequence's last pair too: inserted, not pushed), on the next empty cells; the
+    same pos, ext, holders, counts, key ids, used, pairs, last positions
+    (`seq_pos_maxes`) and `touched`, and a `changed_from` at or below the
+    stream's. The arena starts one key wide (a step past it widens it), and its rows
+    are the seq ids or not (a stream of another's sequences)."""
+    from kpool_cli.compiled.cache import CompiledStream
+
+    ids = list(range(5)) if rows_are_ids else [7, 3, 9, 4, 8]
+    ref, got = Stream(48, ids), CompiledStream(48, ids)
+    got.index.buf = np.empty((len(ids), 1), dtype=np.int64)  # one key a row, for now
+    held: dict[int, set[int]] = {s: set() for s in ids}
+    cell = 0
+
+    def write(tokens: list[tuple[int, int]]) -> None:
+        nonlocal cell
+        cells = np.arange(cell, cell + len(tokens), dtype=np.int64)
+        cell += len(tokens)
+        pos = np.array([p for _, p in tokens], dtype=np.int64)
+        ext = (np.array([[p, p + 1] for _, p in tokens], dtype=np.int64) if with_ext
+               else None)
+        for stream in (ref, got):
+            stream.write(cells, pos, ext, [(s,) for s, _ in tokens],
+                         np.arange(1, len(tokens) + 1, dtype=np.int64) + cell)
+
+    for i, p in before:
+        if p not in held[ids[i]]:
+            held[ids[i]].add(p)
+            write([(ids[i], p)])
+    step = [(ids[i], step_pos[i]) for i in order[:n_slots] if step_pos[i] not in held[ids[i]]]
+    if step:
+        write(step)
+    assert np.array_equal(got.pos, ref.pos) and np.array_equal(got.ext, ref.ext)
+    assert np.array_equal(got.has, ref.has) and np.array_equal(got.seq_count, ref.seq_count)
+    assert np.array_equal(got.key_id, ref.key_id) and got.used == ref.used
+    for s in ids:
+        assert got.seq_keys[s].view.tolist() == ref.seq_keys[s].view.tolist()
+    for asked in (ids[:3], ids[::-1] + ids):  # a few read one by one, more in a kernel
+        assert got.seq_pos_maxes(asked) == ref.seq_pos_maxes(asked)
+    # `changed_from` is a key at or below each sequence's changed pairs: the step's
+    # least key, for each of its sequences at once
+    assert got.touched == ref.touched and got.changed_from.keys() == ref.changed_from.keys()
+    assert all(got.changed_from[s] <= ref.changed_from[s] for s in ref.changed_from)
+    got.check_invariants()
+    if step:  # a cell that is not empty: refused, nothing written
+        with pytest.raises(AssertionError, match="not empty"):
+            got.write(np.array([0, 47]), np.array([40, 41]), None, [(ids[0],), (ids[1],)],
+                      np.array([90, 91]))
+        assert got.pos[47] == -1 and got.used == ref.used
+
+
 @given(st.lists(st.tuples(st.integers(0, 30), st.sets(st.integers(0, 2), min_size=1)),
                 min_size=0, max_size=40),
        st.integers(0, 2), st.integers(0, 34), st.integers(1, 36))
@@ -483,5 +544,19 @@ def test_one_set_and_one_seq_each_by_hand():
     assert one_set([(3,), (3,), (3,)]) == (3,) and one_set([(0, 1), (0, 1)]) == (0, 1)
     assert one_set([(3,), (4,)]) is None and one_set([(0, 1), (0,)]) is None
     assert one_set([]) is None  # no token: no set (an empty batch's split and validation)
-    assert one_seq_each([(2,), (0,), (5,)]) == [2, 0, 5]
+    assert one_seq_each([(2,), (0,), (5,)]) == (2, 0, 5)
     assert one_seq_each([(2,), (2,)]) is None and one_seq_each([(2,), (0, 1)]) is None
+
+
+@given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple), max_size=6))
+def test_one_set_and_one_seq_each_of_seq_sets_are_their_definitions(sets) -> None:
+    """cache/batch.py: `one_set` and `one_seq_each` of any sets, a list or a `SeqSets`
+    (which keeps the answers once found: asked twice, the same), are what their
+    docstrings define, set by set."""
+    same = sets[0] if sets and all(ss == sets[0] for ss in sets) else None
+    ids = [ss[0] for ss in sets]
+    each = (tuple(ids) if all(len(ss) == 1 for ss in sets) and len(set(ids)) == len(ids)
+            else None)
+    held = SeqSets(sets)
+    for form in (sets, held, held):
+        assert one_set(form) == same and one_seq_each(form) == each

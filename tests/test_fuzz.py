@@ -80,3 +80,23 @@ def test_an_escaping_exception_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fuzz._Invariants, "__call__", boom)
     _, defects, _ = run_checked(random_trace(19), "rep-once")
     assert defects[0][:2] == (fuzz.INV_CRASH, f"{fuzz.INV_CRASH}/LinAlgError")
+
+
+def test_a_recurrent_child_out_of_sync_is_a_defect(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recurrent child's `check_invariants` runs after every op: a `_placed` left
+    standing by a mutator that should have dropped it (seq_cp here) escapes as an
+    AssertionError. Random trace 4 has a step of slots in place, then a seq_cp that
+    moves one of them."""
+    from kpool_cli.cache.recurrent import RecurrentChild
+
+    real = RecurrentChild.seq_cp
+
+    def keeps_placed(self, src, dst):  # type: ignore[no-untyped-def]
+        placed = self._placed
+        real(self, src, dst)
+        self._placed = placed
+
+    monkeypatch.setattr(RecurrentChild, "seq_cp", keeps_placed)
+    _, defects, _ = run_checked(random_trace(4), "rep-once")
+    assert defects[0] == (fuzz.INV_CRASH, f"{fuzz.INV_CRASH}/AssertionError",
+                          "AssertionError: _placed is not in place"), defects

@@ -7,6 +7,9 @@ hand in each docstring.
 
 from __future__ import annotations
 
+import contextlib
+import random
+
 import pytest
 from conftest import codes, drive, run, toks
 
@@ -169,10 +172,11 @@ def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_matches_every_sequence()
     assert c.tail == [0, 1, -1, -1] and c.seq_pos(0) is None and c.seq_pos_max(1) == -1
     assert c.seq_pos_maxes([0, 1]) == [-1, -1]  # the tails dangle: no state
     # a tail on a cell that holds another sequence's state (pos 4) is no state either:
-    # seq_pos_max scans the cells holding the sequence
-    c = decoded(child(), ((0,), 4))
-    c.tail[1] = c.tail[0]
-    assert (c.seq_pos_max(1), c.seq_pos_maxes([1, 0])) == (-1, [-1, 4])
+    # seq_pos_max scans the cells holding the sequence (seq 2 takes cell 0, the first
+    # empty one, which seq 0's tail still names)
+    decoded(c, ((2,), 4))
+    assert c.tail[:3] == [0, 1, 0]
+    assert (c.seq_pos_max(0), c.seq_pos_maxes([0, 2])) == (-1, [-1, 4])
 
 
 def test_llama_memory_recurrent_seq_rm_of_seq_minus_one_needs_all_or_nothing():
@@ -705,3 +709,93 @@ ops:
   - decode: {seq: [0, 1], pos: 10}
 """)
     assert recs[-1].status == REJECTED and "diverged" in recs[-1].message
+
+
+# -- the derived state, after random op sequences ----------------------------------------
+
+
+def _random_op(c: RecurrentChild, rng: random.Random) -> None:
+    """One random op on c, as the replay calls them (a refusal or an assert included):
+    edits of one sequence or of every one (seq -1), saved states, and ubatches of
+    parallel slots (most often in place), of coupled sets and of a few sequences."""
+    n = c.size
+    s = rng.randrange(n)
+    pos = rng.randrange(-2, 12)
+    kind = rng.randrange(11)
+    if kind == 0:
+        c.seq_rm(rng.choice([s, s, -1]), rng.randrange(-1, 8), rng.randrange(-1, 12))
+    elif kind == 1:
+        c.seq_rm(rng.choice([s, -1]), -1, -1)
+    elif kind == 2:
+        c.seq_cp(s, rng.randrange(n))
+    elif kind == 3:
+        c.seq_keep(s)
+    elif kind == 4:
+        c.seq_add(s, rng.randrange(-1, 6), rng.randrange(-1, 12), rng.randrange(-6, 6))
+    elif kind == 5:
+        c.seq_div(s, rng.randrange(-1, 6), rng.randrange(-1, 12), rng.randrange(1, 4))
+    elif kind == 6:
+        c.state_write(s, rng.choice("ab"))
+    elif kind == 7 and c.saved:
+        c.state_read(s, rng.choice(sorted(c.saved)))
+    elif kind == 8:
+        c.state_drop(s)
+    elif kind == 9:
+        sets = [((q,), pos + q) for q in range(n)]  # a step of parallel slots
+        if rng.random() < 0.3:
+            rng.shuffle(sets)
+        c.prepare([[ss for ss, _ in sets]])
+        c.apply_ubatch(sets)
+    else:
+        seqs = rng.sample(range(n), rng.randrange(1, n + 1))
+        sets = []
+        while seqs:
+            k = rng.randrange(1, len(seqs) + 1)
+            sets.append((tuple(seqs[:k]), pos))
+            seqs = seqs[k:]
+        c.prepare([[ss for ss, _ in sets]])
+        c.apply_ubatch(sets)
+
+
+def _in_place_scan(c: RecurrentChild, sets: list[tuple[tuple[int, ...], int]]) -> int | None:
+    """`RecurrentChild._in_place`'s tests, set by set: each set one sequence, alone in
+    its tail cell, the tails consecutive in set order from the first set's."""
+    if not sets:
+        return None
+    lo = c.tail[sets[0][0][0]]
+    for k, (seqs, _) in enumerate(sets):
+        t = c.tail[seqs[0]]
+        if len(seqs) != 1 or t < 0 or t != lo + k or c.cells[t].seqs != {seqs[0]}:
+            return None
+    return lo
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_llama_memory_recurrent_derived_state_stays_the_scans_after_random_ops(seed):
+    """After every op of a random sequence (refused edits and find_slot's asserts on a
+    dangling tail included): `check_invariants` (the `_dangling` set is the scan of
+    every tail, so `prepare` may skip its scan when it is empty); `seq_pos_maxes` is
+    `_state_pos`'s definition of every sequence, in and out of range; and `_in_place`
+    is its tests set by set (`_in_place_scan`) on the sets of a step in order, shuffled, and
+    of random sets."""
+    rng = random.Random(seed)
+    c = RecurrentChild(rng.choice([1, 2, 4, 6]), rng.choice([0, 1, 3]),
+                       negative_seq_rm_matches_any=rng.random() < 0.8)
+    n = c.size
+    for _ in range(300):
+        with contextlib.suppress(EditRefused, RecurrentAssert):
+            _random_op(c, rng)
+        c.check_invariants()
+        asked = [*range(n), -1, n]
+        rng.shuffle(asked)
+        for some in (asked[:2], asked * 3):  # a few, and many (read at once)
+            assert c.seq_pos_maxes(some) == [
+                -1 if p is None else max(p, -1) for p in c._state_pos(some)]
+        in_range = [s for s in asked * 3 if 0 <= s < n]
+        assert c.seq_pos_maxes(in_range) == [
+            -1 if p is None else max(p, -1) for p in c._state_pos(in_range)]
+        step = [((q,), 0) for q in range(n)]
+        some = [((q,), 0) for q in rng.sample(range(n), rng.randrange(1, n + 1))]
+        coupled = [(tuple(rng.sample(range(n), min(n, 2))), 0)]
+        for sets in (step, step[::-1], some, coupled + step[1:]):
+            assert c._in_place(sets) == _in_place_scan(c, sets)

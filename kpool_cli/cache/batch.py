@@ -6,12 +6,16 @@ Owns: `validate` (llama_batch_allocr::init's checks against the cache; of a
 (llama_batch_allocr::split_equal; of a span, `first_ubatch_len`). All are pure
 functions of the batch and the memory's pos_min/pos_max; a refusal is a returned
 message, never an exception, because llama_decode reports it with a return code.
+Also the batch's shape, which the steps after ask too: its tokens' sequence sets
+(`seq_sets`, a `SeqSets`), whether they are one set (`one_set`) or one sequence a
+token (`one_seq_each`: a step of parallel slots); a `SeqSets` holds both answers
+once found, so a decode's steps that share it find each once.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -36,17 +40,18 @@ class SeqPositions(Protocol):
 
     def seq_pos_min(self, s: int) -> int: ...
     def seq_pos_max(self, s: int) -> int: ...
-    def seq_pos_maxes(self, seqs: list[int]) -> list[int]: ...  # seq_pos_max of each
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]: ...  # seq_pos_max of each
 
 
 def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, mrope: bool,
-             embd: bool) -> str | None:
+             embd: bool, sets: SeqSets | None = None) -> str | None:
     """llama_batch_allocr::init, the checks that can refuse a batch. None = accepted.
+    `sets`: the tokens' `seq_sets`, when the caller has them.
 
     The "no partial sequence sub-sets" and "no decreasing positions" checks of the
     real code never fire as written (ENGINE.md §3), so they are not modelled: a
     batch with positions [9, 8] is accepted, as llama.cpp accepts it."""
-    sets = seq_sets(tokens)
+    sets = seq_sets(tokens) if sets is None else sets
     first = one_set(sets) if len(sets) > 1 else None
     if first is not None and len(first) == 1:
         # one sequence's tokens (a decode of a slot, a draft): no set of its own each
@@ -125,7 +130,7 @@ def _validate_ends(ends: dict[int, tuple[int, int, int]], coupled: set[tuple[int
 
 
 def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
-                n_keep_tail: int = 0) -> list[Ubatch] | str:
+                n_keep_tail: int = 0, sets: SeqSets | None = None) -> list[Ubatch] | str:
     """llama_batch_allocr::split_equal until the batch is used up (ENGINE.md §3).
 
     Each ubatch: collect the sequence sets of unused tokens (batch order) that overlap
@@ -137,9 +142,13 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     (the hybrid memory passes n_rs_seq + 1 when n_rs_seq > 0), keep the trailing
     tokens of each sequence together (`_keep_tails`). Returns a message when the
     split is refused; raises KeepTailAssert where llama.cpp asserts n_ubatch >
-    n_keep_tail (after the refusal of coupled sequences in a sequential split)."""
+    n_keep_tail (after the refusal of coupled sequences in a sequential split).
+    `sets`: the tokens' `seq_sets`, when the caller has them."""
     n = len(tokens)
-    sets = seq_sets(tokens) if n <= max(n_ubatch, 1) else None
+    if n > max(n_ubatch, 1):
+        sets = None
+    elif sets is None:
+        sets = seq_sets(tokens)
     first = one_set(sets) if sets else None
     if first is not None:
         # a decode step of one sequence set (one token, or a draft's few): the walk
@@ -203,10 +212,32 @@ def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
 _POS, _SEQ = attrgetter("pos"), attrgetter("seq")
 
 
-def seq_sets(tokens: Sequence[Token]) -> list[tuple[int, ...]]:
+class SeqSets(tuple[tuple[int, ...], ...]):
+    """Each token's sequence set, in batch order (`seq_sets`), holding what `one_set`
+    and `one_seq_each` say of them from the first time either is asked (in its
+    `__dict__`, by the two functions): a step of parallel slots asks both in its
+    validation, its split, and its ubatch's writes and find_slot (a tuple of tuples:
+    the sets never change, nor do the answers)."""
+
+
+_UNSET = object()
+
+
+def _kept(sets: SeqSets, name: str, find: Callable[[SeqSets], tuple[int, ...] | None]
+          ) -> tuple[int, ...] | None:
+    """`find(sets)`, found once and kept in the sets (a dict look-up, not a
+    `cached_property`, whose lock costs a decode of one token more than it saves)."""
+    known = sets.__dict__
+    got = known.get(name, _UNSET)
+    if got is _UNSET:
+        got = known[name] = find(sets)
+    return got
+
+
+def seq_sets(tokens: Sequence[Token]) -> SeqSets:
     """Each token's sequence set, in batch order (one pass in C: a prefill's 65,536
     tokens are asked several times)."""
-    return list(map(_SEQ, tokens))
+    return SeqSets(map(_SEQ, tokens))
 
 
 def token_positions(tokens: Sequence[Token]) -> list[int]:
@@ -216,17 +247,32 @@ def token_positions(tokens: Sequence[Token]) -> list[int]:
 
 def one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """The seq ids of every set, when all the sets are the same (a decode of one
-    sequence, a prefill: one set for every token); else None (no set, or several)."""
+    sequence, a prefill: one set for every token); else None (no set, or several).
+    Of a `SeqSets`, found once."""
+    if type(seq_sets) is SeqSets:
+        return _kept(seq_sets, "one_set", _one_set)
+    return _one_set(seq_sets)
+
+
+def _one_set(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     if not seq_sets:
         return None
     first = seq_sets[0]
+    if seq_sets[-1] != first:  # several sets (a step of parallel slots): no pass
+        return None
     return first if seq_sets.count(first) == len(seq_sets) else None
 
 
-def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> list[int] | None:
+def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
     """Each set's one seq id, when every set has exactly one and no two share it (the
-    tokens of a step of parallel slots); else None."""
-    firsts = [ss[0] for ss in seq_sets if len(ss) == 1]
+    tokens of a step of parallel slots); else None. Of a `SeqSets`, found once."""
+    if type(seq_sets) is SeqSets:
+        return _kept(seq_sets, "one_seq_each", _one_seq_each)
+    return _one_seq_each(seq_sets)
+
+
+def _one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    firsts = tuple([ss[0] for ss in seq_sets if len(ss) == 1])
     return firsts if len(firsts) == len(seq_sets) == len(set(firsts)) else None
 
 
@@ -260,13 +306,15 @@ def split_refusal(coupled: bool, n_ubatch: int, sequential: bool, n_keep_tail: i
 
 
 def decode_split(tokens: tuple[Token, ...], fixed: tuple[tuple[int, ...], ...] | None,
-                 n_ubatch: int, sequential: bool, n_keep_tail: int) -> list[Ubatch] | str:
+                 n_ubatch: int, sequential: bool, n_keep_tail: int,
+                 sets: SeqSets | None = None) -> list[Ubatch] | str:
     """A decode's ubatches as the replay runs them: its recorded split (`fixed`, which
     a sequential split refuses with coupled sequences), or llama_memory_hybrid_idx::
     init_batch's split_equal(n_ubatch, sequential, n_keep_tail). A refusal is the
-    message; GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert."""
+    message; GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert. `sets`: the
+    tokens' `seq_sets`, when the caller has them."""
     if fixed is None:
-        return split_equal(tokens, n_ubatch, sequential, n_keep_tail)
+        return split_equal(tokens, n_ubatch, sequential, n_keep_tail, sets)
     refused = split_refusal(any(len(t.seq) > 1 for t in tokens), n_ubatch, sequential, 0)
     if refused is not None:
         return refused

@@ -19,6 +19,7 @@ seq < 0 means every sequence where the op allows it. Global rows: `global_row`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,7 +163,7 @@ class KvCache:
     def stream_of(self, s: int) -> int:
         return 0 if self.config.unified else s
 
-    def one_stream(self, seq_sets: list[tuple[int, ...]]) -> int | None:
+    def one_stream(self, seq_sets: Sequence[tuple[int, ...]]) -> int | None:
         """The stream of every set's first seq id when it is one stream (always, in a
         unified cache), else None."""
         k = self.stream_of(seq_sets[0][0])
@@ -179,7 +180,7 @@ class KvCache:
     def seq_pos_max(self, s: int) -> int:
         return self.stream(s).seq_pos_max(s)
 
-    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
         """`seq_pos_max` of each of `seqs`."""
         if self.config.unified:  # one stream holds them all
             return self.stream(0).seq_pos_maxes(seqs)
@@ -203,7 +204,12 @@ class KvCache:
         """The sequences whose pairs changed since the last call (cleared by it);
         `changed_from` holds, of each, a key at or below every pair of it that changed
         in that time (`Stream.changed_from`), until the next call."""
-        out: set[int] = set()
+        if len(self.streams) == 1:  # a unified cache: the stream's own, handed over
+            st = self.streams[0]
+            out, self.changed_from = st.touched, st.changed_from
+            st.touched, st.changed_from = set(), {}
+            return out
+        out = set()
         self.changed_from = {}
         for st in self.streams:
             out |= st.touched
@@ -320,7 +326,8 @@ class KvCache:
 
     # -- find_slot / apply_ubatch (ENGINE.md §3) ---------------------------------------
 
-    def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
+    def plan(self, ubatches: Sequence[tuple[np.ndarray, Sequence[tuple[int, ...]],
+                                           np.ndarray | None]]
              ) -> list[Placement] | None:
         """Place every ubatch of a decode, each seeing the cells the earlier ones took
         (llama_kv_cache::prepare). None when one of them finds no room: the decode

@@ -18,14 +18,26 @@ Invariants:
   negative id: it empties cells and leaves their tails (the code resets a tail only
   for `seq_id >= 0`), so s's tail dangles until s leaves it, and find_slot asserts
   on a dangling tail (`RecurrentAssert`);
-- `rs_idx[s]` is 0, or in `1..n_rs_seq` after a rollback not yet consumed.
+- `rs_idx[s]` is 0, or in `1..n_rs_seq` after a rollback not yet consumed;
+- a sequence in a cell has that cell as its tail;
+- `_dangling` is exactly the set of sequences whose tail dangles (what a scan of
+  every tail finds, `_dangling_scan`): every mutator of the tails and the cells'
+  sequences keeps it, so a decode asks no scan of `prepare`, and reading a state's
+  position need not test the tail's cell while it is empty (no tail dangles);
+- `_placed`, when not None, names sets of one sequence each that find_slot left in
+  place (the sets' ids, their first cell: each alone in its cell, in order) with
+  `used` counted since: every other mutator of the tails or the cells' sequences
+  drops it, so a step of parallel slots that repeats the last one's sets is found
+  in place, and `used` standing, without a scan of its sets or cells.
+`check_invariants` checks them all (tests run it after random op sequences).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from .aborts import RecurrentAssert
 from .batch import SeqPositions
@@ -50,6 +62,8 @@ class EditRefused(Exception):
     """`llama_memory_recurrent::seq_rm` returned false: nothing changed (KP008)."""
 
 
+_FIRST = itemgetter(0)
+_MANY = 8  # `seq_pos_maxes`: from this many sequences, the tails' cells read at once
 
 
 class RecurrentChild:
@@ -89,8 +103,16 @@ class RecurrentChild:
         """llama_memory_recurrent::seq_pos_max: the state's pos, at least -1."""
         return self.seq_pos_maxes((s,))[0]
 
-    def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
-        """`seq_pos_max` of each of `seqs`."""
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
+        """`seq_pos_max` of each of `seqs`. With no tail dangling (`_dangling`), a
+        sequence's tail cell holds it: `_state_pos`'s test of the cell is true, and
+        the tail's cell is read alone (for many: a few cost more in the tests)."""
+        if (len(seqs) >= _MANY and not self._dangling and min(seqs) >= 0
+                and max(seqs) < self.size):
+            cells = self.cells
+            out = [cells[t].pos if t >= 0 else -1 for t in map(self.tail.__getitem__, seqs)]
+            if min(out) >= -1:  # else a state below -1 (a seq_add): max(p, -1) below
+                return out
         return [-1 if p is None else max(p, -1) for p in self._state_pos(seqs)]
 
     # -- edits -------------------------------------------------------------------------
@@ -103,6 +125,10 @@ class RecurrentChild:
         self.rs_idx = [0] * self.size
         self.head = self.used = 0
         self.n = 0  # the cells [head, head + n) the last ubatch's graph reads
+        self._dangling: set[int] = set()  # the sequences whose tail dangles
+        # (each set's seq ids, their first cell) when find_slot left those sets in place
+        # and nothing has changed a tail or a cell's sequences since; else None
+        self._placed: tuple[list[tuple[int, ...]], int] | None = None
 
     def seq_rm(self, s: int, p0: int, p1: int) -> None:
         """llama_memory_recurrent::seq_rm; raises EditRefused, having changed nothing,
@@ -151,6 +177,8 @@ class RecurrentChild:
                                   f"removing {p0}..{end} would cut it, and {why}")
             if p0 <= cell.pos < p1:
                 self.tail[s] = -1
+                self._dangling.discard(s)
+        self._placed = None
         new_head = self.size
         for k, c in enumerate(self.cells):
             if p0 <= c.pos < p1 and (s < 0 or s in c.seqs):
@@ -162,6 +190,8 @@ class RecurrentChild:
                     self.used -= 1
                     c.pos = -1
                     new_head = min(new_head, k)
+        if s < 0:  # the tails of the emptied cells dangle now
+            self._dangling = self._dangling_scan()
         if new_head < self.head:
             self.head = new_head
 
@@ -170,6 +200,7 @@ class RecurrentChild:
         and shares src's tail cell. Pending rollbacks are untouched."""
         if src == dst:
             return
+        self._placed = None
         self._leave(dst)
         t = self.tail[src]
         if t >= 0:
@@ -180,6 +211,8 @@ class RecurrentChild:
         """llama_memory_recurrent::seq_keep: cells without s empty out; s's cell keeps
         only s; every other tail is gone (a cell of s shared with others keeps its pos)."""
         new_head = self.size
+        self._dangling &= {s}  # every other tail is gone; s's cell keeps it, if any
+        self._placed = None
         for k, c in enumerate(self.cells):
             if k != s:
                 self.tail[k] = -1
@@ -242,7 +275,7 @@ class RecurrentChild:
         on a dangling tail (RecurrentAssert): a sequence whose first appearance in the
         decode is as the first id of a set; appearing coupled after the first id, it
         leaves its cell instead, and once placed its tail holds it."""
-        if not any(self._dangles(s) for s in range(self.size)):
+        if not self._dangling:
             return
         placed: set[int] = set()
         for seq_sets in ubatches:
@@ -264,14 +297,20 @@ class RecurrentChild:
         n_seqs = len(sets)
         if self.head > self.used + 2 * n_seqs:
             self.head = 0
-        lo = self._in_place(sets)
+        ids = list(map(_FIRST, sets))  # each set's seq ids
+        placed = self._placed
+        kept = placed is not None and placed[0] == ids  # `_placed`: no scan
+        lo = placed[1] if placed is not None and kept else self._in_place(sets)
         if lo is not None:  # nothing leaves, moves or swaps: each set takes its last pos
             cells = self.cells
-            for k, (_seqs, last) in enumerate(sets, lo):
-                cells[k].pos = last
+            for cell, (_seqs, last) in zip(cells[lo:lo + n_seqs], sets, strict=True):
+                cell.pos = last
             self.head, self.n = lo, n_seqs
-            self.used = sum(1 for c in cells if c.seqs)
+            if not kept:  # else no cell's sequences changed since the last count
+                self.used = self._n_used()
+                self._placed = (ids, lo)
             return
+        self._placed = None
         for seqs, _ in sets:
             for s in seqs[1:]:
                 self._leave(s)
@@ -307,7 +346,8 @@ class RecurrentChild:
             for s in seqs:
                 self.tail[s] = k + lo
         self.head, self.n = lo, hi - lo + 1
-        self.used = sum(1 for c in self.cells if c.seqs)
+        self.used = self._n_used()
+        self._placed = (ids, lo) if all(len(ss) == 1 for ss in ids) else None
 
     # -- private -----------------------------------------------------------------------
 
@@ -333,9 +373,34 @@ class RecurrentChild:
                 return None
         return lo
 
+    def _n_used(self) -> int:
+        """find_slot's count of the cells holding a sequence."""
+        return sum(1 for c in self.cells if c.seqs)
+
     def _dangles(self, s: int) -> bool:
         t = self.tail[s]
         return t >= 0 and s not in self.cells[t].seqs
+
+    def _dangling_scan(self) -> set[int]:
+        """The sequences whose tail dangles, from every tail (what `_dangling` holds)."""
+        return {s for s in range(self.size) if self._dangles(s)}
+
+    # -- checks ------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """The module's invariants, each from scratch."""
+        for k, c in enumerate(self.cells):
+            assert c.seqs or c.pos == -1, f"empty cell {k} at pos {c.pos}"
+            for s in c.seqs:
+                assert 0 <= s < self.size and self.tail[s] == k, \
+                    f"seq {s} in cell {k} has tail {self.tail[s]}"
+        assert all(-1 <= t < self.size for t in self.tail), "a tail out of range"
+        assert all(0 <= r <= self.n_rs_seq for r in self.rs_idx), "rs_idx out of range"
+        assert self._dangling == self._dangling_scan(), "_dangling out of sync"
+        if self._placed is not None:
+            ids, lo = self._placed
+            assert self._in_place([(ss, 0) for ss in ids]) == lo, "_placed is not in place"
+            assert self.used == self._n_used(), "_placed with used out of date"
 
     def _leave(self, s: int) -> None:
         """s leaves its tail cell, which empties if s was its last sequence."""
@@ -344,6 +409,8 @@ class RecurrentChild:
             cell = self.cells[t]
             cell.seqs.discard(s)
             self.tail[s] = -1
+            self._dangling.discard(s)
+            self._placed = None
             if not cell.seqs:
                 cell.pos = -1
                 self.used -= 1
@@ -388,5 +455,9 @@ class HybridPositions:
     def seq_pos_max(self, s: int) -> int:
         return min(self.kv.seq_pos_max(s), self.recurrent.seq_pos_max(s))
 
-    def seq_pos_maxes(self, seqs: list[int]) -> list[int]:
-        return list(map(min, self.kv.seq_pos_maxes(seqs), self.recurrent.seq_pos_maxes(seqs)))
+    def seq_pos_maxes(self, seqs: Sequence[int]) -> list[int]:
+        kv, rec = self.kv.seq_pos_maxes(seqs), self.recurrent.seq_pos_maxes(seqs)
+        if len(kv) == 1:  # a decode of one sequence
+            return [min(kv[0], rec[0])]
+        # min of each pair, compared inline: a call of min a pair costs more than it
+        return [a if a < b else b for a, b in zip(kv, rec, strict=True)]

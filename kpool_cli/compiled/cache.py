@@ -16,7 +16,7 @@ sequences nothing else touched since the owner last took `touched`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -59,7 +59,8 @@ class CompiledStream(Stream):
 
     def seq_pos_maxes(self, seqs: Iterable[int]) -> list[int]:
         """Stream.seq_pos_maxes: the last key of each sequence's row, a few read one by
-        one (numpy's calls cost more than they save below 8 rows), more at once."""
+        one (a call costs more than it saves below 8 rows), more in one
+        `kernels.last_pos` call."""
         seqs = list(seqs)
         lens, buf = self.index.lens, self.index.buf
         if len(seqs) < 8:
@@ -70,16 +71,16 @@ class CompiledStream(Stream):
                 out.append(int(buf[r, n - 1]) >> CELL_BITS if n else -1)
             return out
         rows = (np.array(seqs, dtype=np.int64) if self._rows_are_ids
-                else np.fromiter((self._col[s] for s in seqs), dtype=np.int64))
-        n_of = lens[rows]
-        last = buf[rows, n_of - 1] >> CELL_BITS  # row -1 for none: replaced
-        last[n_of == 0] = -1
+                else np.fromiter(map(self._col.__getitem__, seqs), np.int64, len(seqs)))
+        last = np.empty(rows.size, dtype=np.int64)
+        k.last_pos(rows, lens, buf, last)
         return last.tolist()
 
     def write(self, cells: np.ndarray, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]], key_ids: np.ndarray) -> None:
-        """Stream.write: the cells through `kernels.write_cells`, then each sequence's
-        new pairs into its index."""
+        """Stream.write: the cells through a kernel, then each sequence's new pairs into
+        its index (one sequence: `kernels.write_seq`; a step of parallel slots:
+        `kernels.write_slots`, which pushes them; else `kernels.write_cells`)."""
         col = self._col
         n = len(seqs)
         first = one_set(seqs)
@@ -97,47 +98,49 @@ class CompiledStream(Stream):
             self.used += n
             self._note_all((s,), bool(past_end), int(low))
             return
-        assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
+        ext_a = ext if ext is not None else self.ext[:0]
         firsts = one_seq_each(seqs)
-        by_seq: dict[int, list[int]] = {}  # the other case's token indices per sequence
         if firsts is not None:
             # a token per sequence, one sequence a token (parallel slots): each token's
-            # column alone, and no array per sequence below
-            ptr = np.arange(n + 1, dtype=np.int64)
-            flat = np.array([col[s] for s in firsts], dtype=np.int64)
-        else:
-            ptr_l, flat_l = [0], []
-            for i, ss in enumerate(seqs):
-                for s in ss:
-                    flat_l.append(col[s])
-                    by_seq.setdefault(s, []).append(i)
-                ptr_l.append(len(flat_l))
-            ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
-        ext_a = ext if ext is not None else self.ext[:0]
-        k.write_cells(cells, pos, ext_a, ext is not None, ptr, flat, key_ids, self.pos,
-                      self.ext, self.has, self.seq_count, self.key_id)
-        self.used += int(cells.size)
-        keys = (pos.astype(np.int64) << 32) | cells
-        if firsts is not None:  # distinct sequences: their notes at once
-            # each token's key pushed onto its sequence's row (`SortedKeys.push`), the
-            # others inserted (`_add`)
-            pushed = np.empty(n, dtype=bool)
-            while (got := int(k.push_keys(flat, keys, self.index.buf, self.index.lens,
-                                          pushed))) < 0:
-                self.index.reserve(-got)
-            low = int(keys.min())  # at or below each sequence's new pair
-            if pushed.all() and self.touched.isdisjoint(firsts):  # a decode step
+            # cell written and its key pushed onto its sequence's row (`SortedKeys.push`)
+            # in one call, the others inserted (`_add`)
+            flat = (np.array(firsts, dtype=np.int64) if self._rows_are_ids
+                    else np.fromiter(map(col.__getitem__, firsts), np.int64, n))
+            keys, pushed = np.empty(n, dtype=np.int64), np.empty(n, dtype=bool)
+            while (got := k.write_slots(cells, pos, ext_a, ext is not None, flat, key_ids,
+                                        self.pos, self.ext, self.has, self.seq_count,
+                                        self.key_id, self.index.buf, self.index.lens, keys,
+                                        pushed))[0] < 0:
+                self.index.reserve(-got[0])
+            assert got[0] == 0, "writing a cell that is not empty"
+            self.used += n
+            low = int(got[1])  # at or below each sequence's new pair
+            if self.touched.isdisjoint(firsts) and pushed.all():  # a decode step
                 self._note_all(firsts, True, low)  # each an append
-                self.added = (np.array(firsts, dtype=np.int64),
+                # the rows are the sequences (unified) or not: the sequences' array
+                self.added = (flat if self._rows_are_ids else np.array(firsts, dtype=np.int64),
                               np.arange(n + 1, dtype=np.int64), keys)
             else:
                 self._note_all([s for s, p in zip(firsts, pushed.tolist(), strict=True)
                                 if p], True, low)
                 for i in np.flatnonzero(~pushed).tolist():
                     self._add(firsts[i], keys[i:i + 1])
-        else:
-            for s, idx in by_seq.items():
-                self._add(s, keys[idx])
+            return
+        assert np.all(self.pos[cells] == EMPTY_POS), "writing a cell that is not empty"
+        by_seq: dict[int, list[int]] = {}  # token indices per sequence
+        ptr_l, flat_l = [0], []
+        for i, ss in enumerate(seqs):
+            for s in ss:
+                flat_l.append(col[s])
+                by_seq.setdefault(s, []).append(i)
+            ptr_l.append(len(flat_l))
+        ptr, flat = np.array(ptr_l, dtype=np.int64), np.array(flat_l, dtype=np.int64)
+        k.write_cells(cells, pos, ext_a, ext is not None, ptr, flat, key_ids, self.pos,
+                      self.ext, self.has, self.seq_count, self.key_id)
+        self.used += int(cells.size)
+        keys = (pos.astype(np.int64) << 32) | cells
+        for s, idx in by_seq.items():
+            self._add(s, keys[idx])
 
     def seq_rm(self, s: int, p0: int, p1: int) -> np.ndarray:
         """Stream.seq_rm, the keys found by `SortedKeys.range`'s search, then one
@@ -190,8 +193,8 @@ class CompiledKvCache(KvCache):
     def apply(self, placement: Placement, pos: np.ndarray, ext: np.ndarray | None,
               seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
         """KvCache.apply, noting the sequences it only appended to (`take_appended`)."""
-        for st in self._compiled:
-            st.appends.clear()
+        for st in self._compiled:  # new sets: the last ones may be the owner's now
+            st.appends = set()
             st.added = None
         k = placement.stream
         if k >= 0:  # one stream: KvCache.apply without its grouping by stream
@@ -202,10 +205,13 @@ class CompiledKvCache(KvCache):
             out = global_row(k, placement.cells, self.kv_size), ids
         else:
             out = super().apply(placement, pos, ext, seqs)
-        self._appended = set().union(*(st.appends for st in self._compiled))
+        compiled = self._compiled
+        self._appended = (compiled[0].appends if len(compiled) == 1  # handed over
+                          else set().union(*(st.appends for st in compiled)))
         return out
 
-    def plan(self, ubatches: list[tuple[np.ndarray, list[tuple[int, ...]], np.ndarray | None]]
+    def plan(self, ubatches: Sequence[tuple[np.ndarray, Sequence[tuple[int, ...]],
+                                           np.ndarray | None]]
              ) -> list[Placement] | None:
         """KvCache.plan; a decode of one ubatch on one stream with no recorded cells
         (every decode step) is one find_slot, without the bookkeeping between

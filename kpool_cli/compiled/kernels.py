@@ -317,24 +317,54 @@ _share_scan_in = inner(_share_scan)
 
 
 @kernel
-def push_keys(rows, keys, buf, lens, pushed):  # pragma: no cover - compiled
-    """`SortedKeys.push` of keys[i] into arena row rows[i] (compiled/arena.py; the
-    rows distinct): appended when it sorts after the row's last key (pushed[i]),
-    else left for the caller to insert. Returns 0, or, changing nothing, -(the row
-    width needed) when the arena is narrower."""
+def last_pos(rows, lens, buf, out):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.seq_pos_maxes` of the sequences of arena rows `rows`
+    (compiled/arena.py): out[i] the pos of row rows[i]'s last key, -1 for a row
+    without one."""
+    for i in range(rows.size):
+        n = lens[rows[i]]
+        out[i] = buf[rows[i], n - 1] >> _CELL_BITS if n else -1
+
+
+@kernel
+def write_slots(cells, pos, ext, has_ext, cols, key_ids, st_pos, st_ext, has, seq_count,
+                key_id, buf, lens, keys, pushed):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.write` of a step of parallel slots (token i alone in
+    sequence column cols[i], the columns distinct), then each token's key (keys[i])
+    pushed onto its column's arena row (compiled/arena.py; `SortedKeys.push`):
+    appended when it sorts after the row's last key (pushed[i]), else left for the
+    caller to insert. Returns (0, the least key); or, having changed nothing, (1, 0)
+    when a cell is not empty, (-(the row width needed), 0) when the arena is
+    narrower."""
+    m = cells.size
     need = 0
-    for i in range(rows.size):
-        need = max(need, lens[rows[i]] + 1)
+    for i in range(m):
+        if st_pos[cells[i]] != -1:
+            return 1, 0
+        need = max(need, lens[cols[i]] + 1)
     if need > buf.shape[1]:
-        return -need
-    for i in range(rows.size):
-        r = rows[i]
+        return -need, 0
+    low = 0
+    for i in range(m):
+        c = cells[i]
+        st_pos[c] = pos[i]
+        if has_ext:
+            st_ext[c, 0] = ext[i, 0]
+            st_ext[c, 1] = ext[i, 1]
+        r = cols[i]
+        has[r, c] = True
+        seq_count[c] = 1
+        key_id[c] = key_ids[i]
+        key = (np.int64(pos[i]) << _CELL_BITS) | c
+        keys[i] = key
+        if i == 0 or key < low:
+            low = key
         n = lens[r]
-        pushed[i] = n == 0 or keys[i] > buf[r, n - 1]
+        pushed[i] = n == 0 or key > buf[r, n - 1]
         if pushed[i]:
-            buf[r, n] = keys[i]
+            buf[r, n] = key
             lens[r] = n + 1
-    return 0
+    return 0, low
 
 
 @kernel

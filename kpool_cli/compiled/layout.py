@@ -179,16 +179,16 @@ class CompiledLayout(Layout):
             if sharing:  # step 3 ran
                 ran |= took
         # the others it reads: all but the clean, untouched and settled (Layout.update)
-        others = set(touched)
+        others = touched - took
         if not all_clean:
-            others.update(s for s, p in enumerate(stale) if p != POS_CLEAN)
+            others.update(s for s, p in enumerate(stale) if p != POS_CLEAN and s not in took)
         if not all_set(cols.settled):
-            others.update(np.flatnonzero(~cols.settled).tolist())
-        others -= took
+            others.update(s for s in np.flatnonzero(~cols.settled).tolist() if s not in took)
         for s in sorted(others):
             scanned += self._update_one(s, cache, stale[s], touched, appended, sharing,
                                         truncate, changed, ran, kept)
-        return self._end_update(kept.tolist(), took | others, changed, scanned, ran)
+        return self._end_update(kept.tolist(), took | others if others else took, changed,
+                                scanned, ran)
 
     def _append_all(self, added: tuple[np.ndarray, np.ndarray, np.ndarray],
                     clean: np.ndarray, sharing: bool, seq_count: np.ndarray,

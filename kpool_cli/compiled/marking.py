@@ -28,7 +28,6 @@ from ..cache.batch import one_set
 from ..cache.cells import global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import (
-    POS_CLEAN,
     Layout,
     LayoutChange,
     PoolGrowth,
@@ -144,8 +143,7 @@ def mark_and_plan(layout: CompiledLayout, change: LayoutChange, pos: np.ndarray,
         return None
     sq = layout.seqs[s]
     rep_pos = sq.rep_pos()
-    candidates = ([] if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from)
-                  else stale_candidates(layout, stale_from))
+    candidates = stale_candidates(layout, stale_from)
     start = layout.pool_start()
     n_pool = int(start[-1])
     holds = 0 < rep_pos.size == n_pool  # s holds every pool (start[s] is 0)

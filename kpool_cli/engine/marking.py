@@ -16,6 +16,7 @@ generation arrays' zero-fill is still counted, as host work, by `gen_zeroed`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -40,6 +41,7 @@ class Marking:
 
 NONE_MARKED = np.empty(0, dtype=np.int64)
 NONE_MARKED.flags.writeable = False
+_FIRST = itemgetter(0)
 
 
 def _first_of_each(values: np.ndarray) -> np.ndarray:
@@ -101,8 +103,9 @@ def mark(layout: Layout, pos: np.ndarray, seqs: list[tuple[int, ...]],
 
 def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.ndarray]:
     """ENGINE.md §6, the stale pools (on ubatch 0 of a batch): every pool of s whose
-    rep pos >= stale_from[s], by sequence."""
-    if stale_from is None:
+    rep pos >= stale_from[s], by sequence. A batch with every sequence clean (every
+    step of parallel slots) has none, known without a pass over the sequences."""
+    if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from):
         return []
     start = layout.pool_start()
     out = []
@@ -116,9 +119,9 @@ def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.nd
 
 def token_pairs(seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """(token, seq id) of each of a ubatch's tokens' seq ids, in the order given."""
-    if all(len(ss) == 1 for ss in seqs):
+    if set(map(len, seqs)) == {1}:  # a token a sequence (every set one id): in C
         return (np.arange(len(seqs), dtype=np.int64),
-                np.fromiter((ss[0] for ss in seqs), dtype=np.int64, count=len(seqs)))
+                np.fromiter(map(_FIRST, seqs), dtype=np.int64, count=len(seqs)))
     pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
     pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
     return pair_tok, pair_seq

@@ -13,7 +13,8 @@ Invariants:
   invariant of kpool's own model broken, or an exception escaping the replay) are
   kept apart: findings are what fuzzing looks for, defects are kpool's bugs; every
   run replays on both cores (replay.CORES), and a record where the compiled core
-  differs from the reference core is a defect (`INV_CORE`);
+  differs from the reference core is a defect (`INV_CORE`); the recurrent child's
+  `check_invariants` runs after every op (its failure escapes: `INV_CRASH`);
 - KP006 (a decode the validator refuses) is not a finding here: the generator
   produces a few on purpose, and they say nothing about the engine;
 - a finding's signature is `CODE/op-kind/path`: the kind of op that raised it (a
@@ -163,6 +164,9 @@ def run_checked(trace: m.Trace, engine: str, backend: str = "none", *,
                           core="reference").run() if both_cores else iter(()))
     try:
         for rec, ref in zip_longest(rp.run(), reference):
+            # the recurrent child's derived state, after every op (an AssertionError
+            # escapes as INV_CRASH)
+            rp.recurrent.check_invariants()
             where = first_difference(rec, ref) if both_cores else None
             if where is not None:
                 op = rec.op if rec is not None else ref.op

@@ -16,6 +16,8 @@ of its pools share a rep row, and `Check` asks nothing of it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ... import wording as words
@@ -112,22 +114,27 @@ class Conflicts:
     def update(self, layout: Layout, change: LayoutChange) -> None:
         cells, start = layout.pool_cells(), layout.pool_start()
         before = self._start if self._start is not None else np.zeros_like(start)
-        kept = change.kept
         n_on = self._n_on
-        touched: set[int] = set()
-        for s in sorted(change.changed):
-            for r in self._cells[before[s] + kept[s]:before[s + 1]].tolist():
-                n = n_on[r] - 1
-                if n:
-                    n_on[r] = n
-                else:
-                    del n_on[r]
-                touched.add(r)
-            for r in cells[start[s] + kept[s]:start[s + 1]].tolist():
-                n_on[r] = n_on.get(r, 0) + 1
-                touched.add(r)
-        for r in touched:
-            self._bad.pop(r, None)
+        # the rows of the changed sequences' pools past their kept ones, before and
+        # now, in one look-up each: a step of parallel slots changes every slot's
+        kept = change.kept
+        gone = _past(self._cells, before.tolist(), change.changed, kept)
+        come = _past(cells, start.tolist(), change.changed, kept)
+        # every row gone is on n_on (each old pool once), so taking them all away before
+        # adding leaves the counts the sequence-by-sequence order leaves
+        for r in gone:
+            n = n_on[r] - 1
+            if n:
+                n_on[r] = n
+            else:
+                del n_on[r]
+        for r in come:
+            n_on[r] = n_on.get(r, 0) + 1
+        touched = set(gone)
+        touched.update(come)
+        if self._bad:  # most often none: no row to look up
+            for r in touched:
+                self._bad.pop(r, None)
         shared = [r for r in touched if n_on.get(r, 0) > 1]
         if shared:
             self._bad.update(_conflicts_among(layout, np.flatnonzero(np.isin(cells, shared))))
@@ -135,6 +142,15 @@ class Conflicts:
 
     def now(self) -> dict[int, tuple[tuple[int, int], ...]]:
         return {r: self._bad[r] for r in sorted(self._bad)}
+
+
+def _past(cells: np.ndarray, start: list[int], seqs: Iterable[int], kept: tuple[int, ...]
+          ) -> list[int]:
+    """The rep rows (`cells`, by global pool) of the pools of `seqs` past their first
+    kept[s] (`pool_start` `start`), each sequence's as cells[start[s] + kept[s] :
+    start[s + 1]] gives them, in one look-up."""
+    at = [j for s in seqs for j in range(start[s] + kept[s], start[s + 1])]
+    return cells[at].tolist() if at else []
 
 
 def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
