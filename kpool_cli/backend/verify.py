@@ -11,9 +11,9 @@ changed, found by looking the changed cells up where the layout knows a sequence
 pairs equal the cache's, else by a pass over its pools; a layout of one sequence whose
 only pools to recheck are new ones, or none, in one kernel call: `_one_sequence`; a
 layout of many sequences on one stream whose every sequence is so, a step of
-parallel slots that closes pools, in one kernel call too: `_many_sequences`) and the full check of
-given pools (`differ`, the oracle the tests hold `verify` to). `pools_checked` counts
-the pools rechecked.
+parallel slots that closes pools, in one kernel call too: `_many_sequences`) and the
+full check of given pools (`differ`, the oracle the tests hold `verify` to).
+`pools_checked` counts the pools rechecked.
 
 Invariants:
 - after `verify` (the value backend runs it every ubatch), `bad_of(s)[k]` is True
@@ -377,7 +377,7 @@ class Verifier:
         rows = kd if same else kd + pd  # the one stream's changed cells
         cells = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else _NO_PAIRS
         dirty = bool(kd or pd)
-        # `_DirtyPairs.too_many`: the rows of both lists, each counted in each
+        # `_DirtyPairs.too_many`: the rows of both lists (one list twice, where one)
         too_many = (2 if same else 1) * cells.size > LOOKUP_MAX_ROWS
         known = (layout.known_equal_seqs(cache) if dirty
                  else np.zeros(len(layout.seqs), dtype=bool))
