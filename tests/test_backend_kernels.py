@@ -2099,3 +2099,29 @@ def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
     assert "already running with numba's bounds checking" in out, out[-3000:]  # no recursion
     # the kernels were compiled there, with the checks, not loaded from elsewhere
     assert any((tmp_path / "numba").rglob("*.nbi")), "numba cached nothing in the fresh dir"
+
+
+def test_recheck_many_scratch_is_each_threads_own() -> None:
+    """`kernels.recheck_many` keeps its scratch from call to call, the verdicts among
+    it until it copies them out: a Dask worker runs its tasks on threads, so two
+    threads must never share it (each gets arrays of its own, held for its next
+    call)."""
+    import threading
+
+    from kpool_cli.backend import kernels as k
+
+    got: dict[str, tuple[np.ndarray, ...]] = {}
+
+    def take(name: str) -> None:
+        got[name] = k._many_scratch(4, 8, 16, 4, 8)
+
+    threads = [threading.Thread(target=take, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for x, y in zip(got["a"], got["b"], strict=True):
+        assert not np.shares_memory(x, y)
+    take("c")
+    assert all(np.shares_memory(x, y) for x, y in zip(got["c"], k._many_scratch(4, 8, 16, 4, 8),
+                                                        strict=True))

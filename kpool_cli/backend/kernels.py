@@ -65,6 +65,7 @@ a numba that would).
 from __future__ import annotations
 
 import os
+import threading
 
 import numba
 import numpy as np
@@ -1329,21 +1330,24 @@ def recheck_many(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: 
     return None if got == _ASK_AGAIN else (how, out[:got].copy())
 
 
-# `recheck_many`'s scratch, kept from call to call (the kernel writes each element
-# before it reads it, and the verdicts are copied out): int64 [n + cells + kpool]
-# (tails, pairs, member slots; the cells a verification looks up, `too_many` past
-# that, so a few pages), the pooling's rows, a row of floats and bool [pools] (the
-# verdicts, at most one a pool: a byte a pool, next to the layout's dozens). A step of
-# parallel slots allocates none of them
-_MANY_SCRATCH: dict[str, np.ndarray] = {}
+# `recheck_many`'s scratch, kept from call to call by each thread (the kernel writes
+# each element before it reads it, and the verdicts are copied out before the call
+# returns; a thread of its own, since a Dask worker runs its tasks on threads, whose
+# calls could otherwise interleave between a kernel and that copy): int64 [n + cells +
+# kpool] (tails, pairs, member slots; the cells a verification looks up, `too_many`
+# past that, so a few pages), the pooling's rows, a row of floats and bool [pools]
+# (the verdicts, at most one a pool: a byte a pool, next to the layout's dozens). A
+# step of parallel slots allocates none of them
+_MANY_SCRATCH = threading.local()
 
 
 def _many_scratch(n: int, n_cells: int, n_pools: int, kpool: int, n_embd: int
                   ) -> tuple[np.ndarray, ...]:
     """(tails [n], pairs [n_cells], member slots [kpool], the pooling's scratch rows as
     float32 and int32, a row [n_embd], verdicts [n_pools or more]): views of
-    `_MANY_SCRATCH`, made again for another kpool or n_embd, grown when short."""
-    held = _MANY_SCRATCH
+    `_MANY_SCRATCH` (this thread's), made again for another kpool or n_embd, grown
+    when short."""
+    held: dict[str, np.ndarray] = _MANY_SCRATCH.__dict__
     if "w" not in held or held["w"].shape != (kpool + 2, n_embd):  # another backend's
         w, bits = _scratch(kpool, n_embd)
         held.update(w=w, bits=bits, want=np.empty(n_embd, dtype=np.float32),
