@@ -85,7 +85,7 @@ from .engine.context import (
     raced_writers,
 )
 from .engine.edits import Staleness, check_edit
-from .engine.layout import POS_CLEAN, Layout
+from .engine.layout import POS_CLEAN, Layout, all_clean
 from .engine.marking import Marking, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan, padding_entries
 from .trace import model as m
@@ -586,7 +586,7 @@ class Replayer:
             token_rows=rows, token_ext=ext,
             token_visible=plan.visible if plan is not None else np.zeros(pos.size, np.int64),
             stale_batch=({s: p for s, p in enumerate(stale_batch) if p != POS_CLEAN}
-                         if first and stale_batch.count(POS_CLEAN) != len(stale_batch)
+                         if first and not all_clean(stale_batch)
                          else {}),  # every sequence clean (a step of slots): no pass
             n_pool_real=layout.n_pool_real, n_new=n_new, n_new_g=n_new_g,
             pools=pools, scatter_rep=scatter_rep, scatter_rows=scatter_rows,

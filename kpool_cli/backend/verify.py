@@ -181,10 +181,7 @@ class Verifier:
         n = len(layout.seqs)
         kept = np.asarray(change.kept, dtype=np.int64)
         changed = bool(self._kdirty_rows or self._pdirty_rows)
-        known = layout.known_equal_seqs(cache) if changed else np.zeros(n, dtype=bool)
-        # the rep columns are read only for a tail: a known sequence's, once a row changed
-        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
-                             else (_NO_PAIRS, _NO_PAIRS))
+        known, rep_pos, rep_rows = _tails(layout, cache, changed)
         how, tail, before = self.kernels.recheck_ways(
             layout.pool_start(), self.n_checked, kept, known, rep_pos, rep_rows, changed,
             dirty.too_many, *dirty.least_parts())
@@ -379,11 +376,7 @@ class Verifier:
         dirty = bool(kd or pd)
         # `_DirtyPairs.too_many`: the rows of both lists (one list twice, where one)
         too_many = (2 if same else 1) * cells.size > LOOKUP_MAX_ROWS
-        known = (layout.known_equal_seqs(cache) if dirty
-                 else np.zeros(len(layout.seqs), dtype=bool))
-        # the rep columns are read only for a tail: a known sequence's, once a row changed
-        rep_pos, rep_rows = ((layout.pool_rep_pos_now(), layout.pool_cells()) if any_set(known)
-                             else (_NO_PAIRS, _NO_PAIRS))
+        known, rep_pos, rep_rows = _tails(layout, cache, dirty)
         start, kept = layout.pool_start(), np.asarray(change.kept, dtype=np.int64)
         st = cache.streams[0]
         got = self.kernels.recheck_many(start, self.n_checked, kept, known, rep_pos, rep_rows,
@@ -525,6 +518,18 @@ _NO_VERDICTS = np.empty(0, dtype=bool)
 # ranges, together (`Verifier._recheck`); one alone (W4's slot closing a pool) costs
 # less by itself
 _RANGED_FROM = 2
+
+
+def _tails(layout: Layout, cache: KvCache, dirty: bool
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What recheck.py's rule reads of the sequences' kept tails: which sequences are
+    known equal to the cache's (asked only once a row changed: `dirty`), and the rep
+    columns, read only for a tail, a known sequence's."""
+    known = (layout.known_equal_seqs(cache) if dirty
+             else np.zeros(len(layout.seqs), dtype=bool))
+    if not any_set(known):
+        return known, _NO_PAIRS, _NO_PAIRS
+    return known, layout.pool_rep_pos_now(), layout.pool_cells()
 
 
 def _same_rows(kdirty: list[np.ndarray], pdirty: list[np.ndarray]) -> bool:

@@ -177,6 +177,25 @@ def sorted_add(a: np.ndarray, n: int, keys: np.ndarray) -> int:
     return _sorted_add_k(a, n, keys, np.empty(3 * keys.size, dtype=np.int64))
 
 
+def _write_cell(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_count,
+                key_id, i):  # pragma: no cover - compiled
+    """cache/cells.py `Stream.write` of token i alone in sequence column `col`: its cell
+    gets its pos, ext, the one sequence and its key id. Returns its pair (pos <<
+    CELL_BITS | cell)."""
+    c = cells[i]
+    st_pos[c] = pos[i]
+    if has_ext:
+        st_ext[c, 0] = ext[i, 0]
+        st_ext[c, 1] = ext[i, 1]
+    has[col, c] = True
+    seq_count[c] = 1
+    key_id[c] = key_ids[i]
+    return (np.int64(pos[i]) << _CELL_BITS) | c
+
+
+_write_cell_in = inner(_write_cell)  # `_write_seq`'s and `write_slots`' cells
+
+
 def _write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_count,
                key_id, index, n, scratch):  # pragma: no cover - compiled
     m = cells.size
@@ -185,15 +204,8 @@ def _write_seq(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has, seq_
             return n, False, False, -1
     keys = scratch[:m]
     for i in range(m):
-        c = cells[i]
-        st_pos[c] = pos[i]
-        if has_ext:
-            st_ext[c, 0] = ext[i, 0]
-            st_ext[c, 1] = ext[i, 1]
-        has[col, c] = True
-        seq_count[c] = 1
-        key_id[c] = key_ids[i]
-        keys[i] = (pos[i] << _CELL_BITS) | c
+        keys[i] = _write_cell_in(cells, pos, ext, has_ext, col, key_ids, st_pos, st_ext, has,
+                                 seq_count, key_id, i)
     past_end = True
     low = keys[0] if m else -1
     for i in range(m):
@@ -346,16 +358,9 @@ def write_slots(cells, pos, ext, has_ext, cols, key_ids, st_pos, st_ext, has, se
         return -need, 0
     low = 0
     for i in range(m):
-        c = cells[i]
-        st_pos[c] = pos[i]
-        if has_ext:
-            st_ext[c, 0] = ext[i, 0]
-            st_ext[c, 1] = ext[i, 1]
         r = cols[i]
-        has[r, c] = True
-        seq_count[c] = 1
-        key_id[c] = key_ids[i]
-        key = (np.int64(pos[i]) << _CELL_BITS) | c
+        key = _write_cell_in(cells, pos, ext, has_ext, r, key_ids, st_pos, st_ext, has,
+                             seq_count, key_id, i)
         keys[i] = key
         if i == 0 or key < low:
             low = key

@@ -44,6 +44,7 @@ from ..engine.layout import (
     LayoutChange,
     PoolGrowth,
     SeqLayout,
+    all_clean,
     pools_past,
 )
 from . import kernels as k
@@ -165,14 +166,14 @@ class CompiledLayout(Layout):
         if not self._strm_set:
             cols.strm[:] = cache.strm_of
             self._strm_set = True
-        all_clean = stale.count(POS_CLEAN) == len(stale)
+        every_clean = all_clean(stale)
         kept = cols.pools.lens.copy()
         scanned = 0
         changed: set[int] = set()
         ran: set[int] = set()  # the sequences whose steps ran (`_run`, step 2)
         took: set[int] = set()
         if added is not None:
-            clean = (self._clean if all_clean
+            clean = (self._clean if every_clean
                      else np.asarray(stale, dtype=np.int64) == POS_CLEAN)
             seq_count = self._counts(cache, 0) if sharing else _NO_COUNT
             took, scanned = self._append_all(added, clean, sharing, seq_count, changed)
@@ -180,7 +181,7 @@ class CompiledLayout(Layout):
                 ran |= took
         # the others it reads: all but the clean, untouched and settled (Layout.update)
         others = touched - took
-        if not all_clean:
+        if not every_clean:
             others.update(s for s, p in enumerate(stale) if p != POS_CLEAN and s not in took)
         if not all_set(cols.settled):
             others.update(s for s in np.flatnonzero(~cols.settled).tolist() if s not in took)

@@ -34,6 +34,12 @@ from ..cache.kv import KvCache
 POS_CLEAN = (1 << 31) - 1  # llama.cpp's POS_CLEAN: no position of the sequence is stale
 
 
+def all_clean(stale: list[int]) -> bool:
+    """Every sequence of a staleness snapshot is clean (`POS_CLEAN`): a step of
+    parallel slots, known in one pass in C."""
+    return stale.count(POS_CLEAN) == len(stale)
+
+
 @dataclass(slots=True)
 class SeqLayout:
     """One sequence's part of the layout (llama.cpp's kpool_layout::seq). Beside the

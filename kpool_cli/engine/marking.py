@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.cells import make_keys
-from .layout import POS_CLEAN, Layout, by_sequence
+from .layout import POS_CLEAN, Layout, all_clean, by_sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +105,7 @@ def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.nd
     """ENGINE.md §6, the stale pools (on ubatch 0 of a batch): every pool of s whose
     rep pos >= stale_from[s], by sequence. A batch with every sequence clean (every
     step of parallel slots) has none, known without a pass over the sequences."""
-    if stale_from is None or stale_from.count(POS_CLEAN) == len(stale_from):
+    if stale_from is None or all_clean(stale_from):
         return []
     start = layout.pool_start()
     out = []
