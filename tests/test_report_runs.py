@@ -333,6 +333,77 @@ def test_spans_agree_on_random_listings(kpool: int):
     assert n_runs > 100
 
 
+@pytest.mark.parametrize("kpool", [1, 2, 3, 4])
+def test_the_listing_kernel_writes_what_orjson_writes_of_the_lists(kpool: int):
+    """json_report.pools_text and scatter_text (the listing kernel, from columns) give
+    the bytes orjson gives of pools_json and scatter_json (one object each), for
+    random listings (`_random_listing`) in the run form, with the core's spans
+    handed in or found, and in full (kpool 0); with negative and 19-digit values
+    in some (within 2**62 of zero: a run's steps, differences of rows, are int64
+    in both ways). Runs and singles both written."""
+    import orjson
+
+    from kpool_cli.contracts import runs
+    from kpool_cli.report import json_kernels
+    from kpool_cli.report.json_report import pools_text, scatter_text
+
+    def text(fragment: orjson.Fragment) -> bytes:
+        return orjson.dumps([fragment])[1:-1]
+
+    rng = np.random.default_rng(70 + kpool)
+    n_runs = n_singles = 0
+    for i in range(300):
+        p, cells, rep, pad = _random_listing(rng, kpool)
+        if i % 5 == 0 and len(p):  # far values, where no run forms across them
+            for col in (p.first_pos, p.last_pos, cells, rep, p.k):
+                col[rng.random(col.shape) < 0.2] = rng.choice(
+                    [-1, -10, -(1 << 62), (1 << 62) - 1, 10**18, -(10**18) - 7])
+        record = SimpleNamespace(scatter_rows=cells, scatter_rep=rep, scatter_pad=pad,
+                                 scatter_spans=None)
+        spans = runs.pool_spans(p)
+        for form in (kpool, 0):
+            want = orjson.dumps(pools_json(p, form))
+            assert text(pools_text(json_kernels, p, form, None)) == want
+            assert text(pools_text(json_kernels, p, form, spans)) == want
+            assert text(scatter_text(json_kernels, record, form)) == orjson.dumps(
+                scatter_json(record, form))
+        listed = pools_json(p, kpool) + scatter_json(record, kpool)
+        n_runs += sum("rep" not in o for o in listed)
+        n_singles += sum("rep" in o for o in listed)
+    assert n_runs > 100 and n_singles > 100
+
+
+def test_the_listing_kernel_writes_every_int64():
+    """Each integer as orjson writes it: the int64 extremes, zero, and the powers of
+    ten and their neighbours of either sign (one scatter entry each, no run)."""
+    import orjson
+
+    from kpool_cli.contracts import runs
+    from kpool_cli.report import json_kernels, json_report
+    from kpool_cli.report.json_report import scatter_text
+
+    tens = [10**e + d for e in range(19) for d in (-1, 0, 1)]
+    values = np.array(sorted({0, -(1 << 63), (1 << 63) - 1, *tens, *(-t for t in tens)}),
+                      dtype=np.int64)
+    rows = np.column_stack((values, values[::-1]))
+    record = SimpleNamespace(scatter_rows=rows, scatter_rep=values,
+                             scatter_pad=np.arange(values.size) % 2 == 0, scatter_spans=None)
+    text = orjson.dumps([scatter_text(json_kernels, record, 0)])[1:-1]
+    assert text == orjson.dumps(scatter_json(record, 0))
+    # the buffer the kernel is handed holds the longest objects there are
+    for members in (1, 4):
+        n = values.size
+        full = np.full(n, -(1 << 63), dtype=np.int64)
+        p = Pools(full, full, full, full, np.tile(full[:, None], members), full,
+                  np.zeros(n, dtype=bool))
+        entries = SimpleNamespace(scatter_rows=p.cells, scatter_rep=full,
+                                  scatter_pad=np.zeros(n, dtype=bool), scatter_spans=None)
+        assert len(orjson.dumps(pools_json(p, 0))) <= json_report._most(
+            json_report._POOL_KEYS, max(members + 5, 7), n, runs.NO_SPANS)
+        assert len(orjson.dumps(scatter_json(entries, 0))) <= json_report._most(
+            json_report._SCATTER_KEYS, max(members + 1, 4), n, runs.NO_SPANS)
+
+
 def _take(p: Pools, pad: np.ndarray, at: np.ndarray) -> tuple[Pools, np.ndarray]:
     """The entries `at` of a listing and of its padding."""
     return Pools(p.seq[at], p.k[at], p.first_pos[at], p.last_pos[at],
@@ -465,20 +536,23 @@ def test_the_run_form_reads_back_as_the_full_listing(kpool: int):
     assert n_runs > 100
 
 
+@pytest.mark.parametrize("way", ["python", "kernel"])
 def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encoded_once(
-        monkeypatch):
+        monkeypatch, way):
     """json_report.ubatch_text: the very text `dumps(ubatch_json(rec))` gives, for
     every ubatch of two traces under cache-safe (the race trace: KP001 re-found each
     ubatch, the same Finding handed on; the server session: its listings of every
     pool handed on while the plan stands), with each distinct finding, and each
-    distinct listing of more than a few items, encoded once; a finding whose text is
-    not ASCII sends the ubatch dumps's other way, whole (escaped)."""
+    distinct listing of more than a few items, encoded once: by orjson from its
+    list (`way` python: a replay that loaded no numba) or by the listing kernel
+    from its columns (kernel); a finding whose text is not ASCII sends the ubatch
+    dumps's other way, whole (escaped)."""
     import dataclasses
 
     from kpool_cli.backend.store import make_backend
     from kpool_cli.contracts.records import UbatchRecord
     from kpool_cli.replay import replay as replay_trace
-    from kpool_cli.report import json_report
+    from kpool_cli.report import json_kernels, json_report
     from kpool_cli.trace.load import load_trace
     from kpool_cli.versions import CACHE_SAFE
 
@@ -492,12 +566,21 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encod
     assert len(distinct) < sum(len(r.findings) for r in race)  # some handed on
     encoded: list[object] = []
     real = json_report._fragment
+    real_texts = json_report.pools_text, json_report.scatter_text
 
     def counted(value: object) -> object:
         encoded.append(value)
         return real(value)
 
-    long_met: list[list[dict]] = []  # every long listing handed to `listing`, held
+    def counted_pools(*args: object) -> object:
+        encoded.append(args)
+        return real_texts[0](*args)
+
+    def counted_entries(*args: object) -> object:
+        encoded.append(args)
+        return real_texts[1](*args)
+
+    long_met: list[object] = []  # every long listing met, held
 
     class Texts(json_report.EncodedTexts):
         def listing(self, items: list[dict]) -> object:
@@ -505,18 +588,31 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encod
                 long_met.append(items)
             return super().listing(items)
 
+    def long_listings(r: UbatchRecord) -> list[object]:
+        return [x for x, n in ((r.pools.seq, len(r.pools)),
+                               (r.scatter_rep, r.scatter_rep.size)) if n > json_report._FEW_LISTED]
+
     for recs in (race, server):
         want = [dumps(json_report.ubatch_json(r)) for r in recs]
         encoded.clear()
         long_met.clear()
         monkeypatch.setattr(json_report, "_fragment", counted)
+        monkeypatch.setattr(json_report, "pools_text", counted_pools)
+        monkeypatch.setattr(json_report, "scatter_text", counted_entries)
+        if way == "python":
+            monkeypatch.setattr(json_report, "_listing_kernels", lambda: None)
+        else:
+            assert json_report._listing_kernels() is json_kernels
         texts = Texts()
         assert [json_report.ubatch_text(r, True, texts) for r in recs] == want
         monkeypatch.undo()
         assert sum(isinstance(v, dict) for v in encoded) == len(
             {id(f) for r in recs for f in r.findings})
+        if way == "kernel":
+            long_met = [x for r in recs for x in long_listings(r)]
         n_distinct = len({id(x) for x in long_met})
-        assert sum(isinstance(v, list) for v in encoded) == n_distinct
+        n_encoded = sum(isinstance(v, list if way == "python" else tuple) for v in encoded)
+        assert n_encoded == n_distinct
     assert 0 < n_distinct < len(long_met)  # the server's: some handed on
     odd = dataclasses.replace(race[-1], findings=tuple(
         dataclasses.replace(f, message=f.message + " \u202e") for f in race[-1].findings))

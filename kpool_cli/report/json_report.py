@@ -12,8 +12,10 @@ per op) until the end.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
+from types import ModuleType
 from typing import TextIO, TypeVar
 
 import numpy as np
@@ -41,8 +43,9 @@ from ..contracts.report_format import (
     TOOL,
     TRACE,
     UBATCH,
+    Record,
 )
-from ..contracts.runs import pool_spans, run_cells, scatter_spans
+from ..contracts.runs import NO_SPANS, pool_spans, run_cells, scatter_spans
 from ..contracts.tally import Tally
 from ..signals import held
 from ..trace.load import TraceError
@@ -254,14 +257,21 @@ def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
                          kpool=kpool)
 
 
+def listings_json(r: UbatchRecord, kpool: int) -> tuple[list[dict], list[dict]]:
+    """The record's two listings, pools and scatter entries (kpool 0: no runs)."""
+    return _listed_json(r, kpool), _entries_json(r, kpool)
+
+
 def ubatch_json(r: UbatchRecord, run_form: bool = True,
                 finding: Callable[[Finding], object] = finding_json,
-                listing: Callable[[list[dict]], object] = lambda items: items) -> dict:
+                listings: Callable[[UbatchRecord, int], tuple[object, object]] = listings_json
+                ) -> dict:
     """A ubatch. `run_form`: pools and scatter entries that follow each other are
     written as runs (pools_json, scatter_json); without it, one object each (what
     `--pools all` asks for: the full listing). `finding`: each finding's value
-    (`finding_json`, or its text already encoded: `EncodedTexts`); `listing`: each
-    listing's value (the list, or its text already encoded: `EncodedTexts.listing`)."""
+    (`finding_json`, or its text already encoded: `EncodedTexts`); `listings`: the
+    values of the pools and of the scatter entries (`listings_json`, or their texts
+    already encoded: `EncodedTexts.listings`)."""
     kpool = int(r.scatter_rows.shape[1]) if run_form else 0
     pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
     tokens = [{pos_: p, seq_: list(ss), cell_: row} for p, ss, row in zip(
@@ -269,11 +279,12 @@ def ubatch_json(r: UbatchRecord, run_form: bool = True,
     if r.token_ext is not None:
         for t, ext in zip(tokens, r.token_ext.tolist(), strict=True):
             t[ext_] = ext
+    pools, scatter = listings(r, kpool)
     return UBATCH.make(
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
         n_pool_real=r.n_pool_real, n_new=r.n_new, n_new_g=r.n_new_g,
-        pools=listing(_listed_json(r, kpool)), scatter=listing(_entries_json(r, kpool)),
+        pools=pools, scatter=scatter,
         cost=COST.make(**r.cost), findings=[finding(f) for f in r.findings],
     )
 
@@ -304,6 +315,35 @@ class EncodedTexts:
         self._texts[id(f)] = (f, text := _fragment(finding_json(f)))
         return text
 
+    def listings(self, r: UbatchRecord, kpool: int) -> tuple[object, object]:
+        """The record's two listings as `listings_json` gives them, each of more than
+        `_FEW_LISTED` items as its text: written by the listing kernel from the
+        record's columns once a replay has loaded numba (`pools_text`,
+        `scatter_text`; the last texts again while a plan stands and hands on its
+        arrays and spans, as `_listed_json` keeps its lists), else `listing` of its
+        list."""
+        kernels = _listing_kernels()
+        if kernels is None:
+            return self.listing(_listed_json(r, kpool)), self.listing(_entries_json(r, kpool))
+        p, spans = r.pools, r.pool_spans
+        pools: object
+        if len(p) <= _FEW_LISTED:
+            pools = pools_json(p, kpool, spans)
+        elif not kpool or spans is None:
+            pools = pools_text(kernels, p, kpool, spans)
+        else:
+            pools = _POOLS_TEXT(p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new,
+                                spans, p=p, kpool=kpool, spans=spans, kernels=kernels)
+        entries: object
+        if r.scatter_rep.size <= _FEW_LISTED:
+            entries = scatter_json(r, kpool)
+        elif not kpool or r.scatter_spans is None:
+            entries = scatter_text(kernels, r, kpool)
+        else:
+            entries = _SCATTER_TEXT(r.scatter_rows, r.scatter_rep, r.scatter_pad,
+                                    r.scatter_spans, r=r, kpool=kpool, kernels=kernels)
+        return pools, entries
+
     def listing(self, items: list[dict]) -> list[dict] | orjson.Fragment:
         """`items`, or its text once it is long enough to be handed on (a few pools or
         entries are made anew each ubatch: encoding them apart would only cost)."""
@@ -318,6 +358,93 @@ class EncodedTexts:
         return text
 
 
+# -- a listing's text from its columns (the listing kernel) -------------------------------
+
+
+def _listing_kernels() -> ModuleType | None:
+    """The listing kernel's module (json_kernels.py) once a replay has loaded numba
+    (`kpool_cli.jit`, which the compiled core's and the numba backend's kernels
+    import), else None: a replay that runs no kernel writes its listings in Python
+    rather than pay numba's import for them. The texts are the same either way."""
+    if "kpool_cli.jit" not in sys.modules:
+        return None
+    from . import json_kernels
+    return json_kernels
+
+
+def _key_texts(*records: tuple[Record, tuple[str, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """The keys' texts of `records` one after the other (each field's `{` or `,`, its
+    name, its `:`), as the listing kernels read them, and where each begins (one
+    more than there are keys). Each record's names must be the order its kernel
+    writes their values in (json_kernels.py)."""
+    texts = []
+    for record, written in records:
+        assert record.names == written, (record.name, record.names)
+        texts += [(b"," if i else b"{") + orjson.dumps(name) + b":"
+                  for i, name in enumerate(written)]
+    at = np.cumsum([0, *map(len, texts)], dtype=np.int64)
+    return np.frombuffer(b"".join(texts), dtype=np.uint8), at
+
+
+_POOL_KEYS = _key_texts(
+    (POOL, ("seq", "k", "first_pos", "last_pos", "cells", "rep", "new")),
+    (POOL_RUN, ("seq", "k", "first_pos", "cells", "new")))
+_SCATTER_KEYS = _key_texts((SCATTER, ("rep", "cells", "pad")),
+                           (SCATTER_RUN, ("n", "cells", "pad")))
+_INT_TEXT = len(str(-(1 << 63)))  # the longest int64's text
+
+
+def _most(keys: tuple[np.ndarray, np.ndarray], n_ints: int, n: int, spans: np.ndarray) -> int:
+    """The longest text a listing of `n` items with runs `spans` can take, its objects
+    (a run or an item no run holds) of at most `n_ints` integers each: each counted
+    with every key of both records, two booleans (`false`), its braces, brackets and
+    commas."""
+    n_objects = n - int((spans[:, 1] - spans[:, 0]).sum()) + len(spans) if spans.size else n
+    return 2 + n_objects * (len(keys[0]) + n_ints * (_INT_TEXT + 1) + 2 * len("false") + 8)
+
+
+def _ints(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | None
+               ) -> orjson.Fragment:
+    """`pools_json(p, kpool, spans)`'s text, written by the listing kernel."""
+    n, members = p.cells.shape
+    if n < 2 or not kpool:
+        spans = NO_SPANS
+    elif spans is None:
+        spans = pool_spans(p)
+    # a pool: 5 ints and its members; a run: 7
+    out = np.empty(_most(_POOL_KEYS, max(members + 5, 7), n, spans), dtype=np.uint8)
+    end = kernels.pools_listing(out, *_POOL_KEYS, _ints(p.seq), _ints(p.k), _ints(p.first_pos),
+                                _ints(p.last_pos), _ints(p.cells), _ints(p.rep),
+                                np.ascontiguousarray(p.new), _ints(spans))
+    return orjson.Fragment(out[:end].tobytes())
+
+
+def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fragment:
+    """`scatter_json(r, kpool)`'s text, written by the listing kernel."""
+    rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
+    n, members = rows.shape
+    if n < 2 or not kpool:
+        spans = NO_SPANS
+    else:
+        spans = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
+    # an entry: its rep and its members; a run: 4
+    out = np.empty(_most(_SCATTER_KEYS, max(members + 1, 4), n, spans), dtype=np.uint8)
+    end = kernels.scatter_listing(out, *_SCATTER_KEYS, _ints(rep), _ints(rows),
+                                  np.ascontiguousarray(pad), _ints(spans))
+    return orjson.Fragment(out[:end].tobytes())
+
+
+# a plan that stands hands on the last listing's arrays: its texts are the last ones
+_POOLS_TEXT: SameArrays[orjson.Fragment] = SameArrays(
+    lambda *_kept_by, p, kpool, spans, kernels: pools_text(kernels, p, kpool, spans))
+_SCATTER_TEXT: SameArrays[orjson.Fragment] = SameArrays(
+    lambda *_kept_by, r, kpool, kernels: scatter_text(kernels, r, kpool))
+
+
 def _fragment(value: object) -> orjson.Fragment:
     """orjson's text of `value`, to be placed as it is. Not ASCII, the ubatch's text is
     not either: `ubatch_text` then writes it the other way; orjson refusing it
@@ -330,7 +457,7 @@ def ubatch_text(r: UbatchRecord, run_form: bool, texts: EncodedTexts) -> str:
     from `texts` (the same bytes: orjson writes a nested value as it writes it
     alone)."""
     try:
-        raw = orjson.dumps(ubatch_json(r, run_form, texts, texts.listing), option=_ORJSON)
+        raw = orjson.dumps(ubatch_json(r, run_form, texts, texts.listings), option=_ORJSON)
         if raw.isascii():
             return raw.decode("ascii")
     except orjson.JSONEncodeError:
