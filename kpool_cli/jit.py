@@ -399,14 +399,14 @@ def inner(fn: F) -> F:
     return jitted
 
 
-def kernel(fn: F, name: str | None = None, sig: str | list[str] | None = None) -> F:
+def kernel(fn: F, name: str | None = None, sig: Any = None) -> F:
     """`fn` as a numba kernel compiled on its first call (for the argument types it is
-    given, or for `sig` alone: numba's signature or signatures, after which the kernel
-    takes no other types), from numba's on-disk cache when `cache_for` allows: a run
-    loads only the kernels it calls. No fastmath, no parallel. The
-    first call loads under `cache_loads_only`, with SIGINT and SIGTERM held until
-    the load is done, then puts the kernel itself in its module in place of this
-    first-call stub (callers look it up there each call). `name`: the module
+    given, or for `sig` alone: numba's signature or signatures, as text or as numba's
+    `Signature`, after which the kernel takes no other types), from numba's on-disk
+    cache when `cache_for` allows: a run loads only the kernels it calls. No fastmath,
+    no parallel. The first call loads under `cache_loads_only`, with SIGINT and SIGTERM
+    held until the load is done, then puts the kernel itself in its module in place of
+    this first-call stub (callers look it up there each call). `name`: the module
     attribute the stub is bound to, when it is not fn's own (`x = kernel(_x)`, where
     `_x` is an `inner` too): a stub left bound pays the signal mask and the loader's
     swap on every call (12 us alone, 40 us a call in a W2 replay)."""

@@ -545,7 +545,8 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encod
     pool handed on while the plan stands), with each distinct finding, and each
     distinct listing of more than a few items, encoded once: by orjson from its
     list (`way` python: a replay that loaded no numba) or by the listing kernel
-    from its columns (kernel); a finding whose text is not ASCII sends the ubatch
+    from its columns (kernel; here for every listing of more than a few items,
+    as for longer ones in a replay); a finding whose text is not ASCII sends the ubatch
     dumps's other way, whole (escaped)."""
     import dataclasses
 
@@ -588,9 +589,10 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encod
                 long_met.append(items)
             return super().listing(items)
 
-    def long_listings(r: UbatchRecord) -> list[object]:
-        return [x for x, n in ((r.pools.seq, len(r.pools)),
-                               (r.scatter_rep, r.scatter_rep.size)) if n > json_report._FEW_LISTED]
+    def kernel_listings(r: UbatchRecord) -> list[object]:
+        """The listings the kernel writes, each known by an array of its own."""
+        return [x for x, n in ((r.pools.seq, len(r.pools)), (r.scatter_rep, r.scatter_rep.size))
+                if n > json_report._FEW_LISTED]
 
     for recs in (race, server):
         want = [dumps(json_report.ubatch_json(r)) for r in recs]
@@ -601,18 +603,22 @@ def test_a_ubatchs_text_is_dumps_of_its_json_with_each_finding_and_listing_encod
         monkeypatch.setattr(json_report, "scatter_text", counted_entries)
         if way == "python":
             monkeypatch.setattr(json_report, "_listing_kernels", lambda: None)
-        else:
+        else:  # every listing of more than a few items, to the kernel
             assert json_report._listing_kernels() is json_kernels
+            monkeypatch.setattr(json_report, "_KERNEL_LISTED", json_report._FEW_LISTED)
         texts = Texts()
         assert [json_report.ubatch_text(r, True, texts) for r in recs] == want
         monkeypatch.undo()
         assert sum(isinstance(v, dict) for v in encoded) == len(
             {id(f) for r in recs for f in r.findings})
+        by_kernel = sum(isinstance(v, tuple) for v in encoded)
         if way == "kernel":
-            long_met = [x for r in recs for x in long_listings(r)]
+            long_met += [x for r in recs for x in kernel_listings(r)]
+            assert by_kernel > 0
+        else:
+            assert by_kernel == 0
         n_distinct = len({id(x) for x in long_met})
-        n_encoded = sum(isinstance(v, list if way == "python" else tuple) for v in encoded)
-        assert n_encoded == n_distinct
+        assert sum(isinstance(v, list | tuple) for v in encoded) == n_distinct
     assert 0 < n_distinct < len(long_met)  # the server's: some handed on
     odd = dataclasses.replace(race[-1], findings=tuple(
         dataclasses.replace(f, message=f.message + " \u202e") for f in race[-1].findings))

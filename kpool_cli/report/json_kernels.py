@@ -4,22 +4,42 @@ object per pool.
 
 Owns: `pools_listing` and `scatter_listing`, each the twin of the JSON writer's
 Python way (json_report.py `pools_json`, `scatter_json`: the runs of docs/FORMATS.md
-and, before, between and after them, the items no run holds). The keys' texts are
-handed in, in the order report_format.py declares the fields (json_report.py
-`_KEYS`, which holds that order to the one the kernels write their values in).
+and, before, between and after them, the items no run holds), and `_object`, which
+writes one object of either listing from its fields' keys, widths and values. The
+keys' texts and the fields' widths are handed in, derived from report_format.py's
+declaration (json_report.py `_key_texts`, which holds the declared order of the
+fields to the one the kernels gather their values in, and `_widths`).
 
 Invariants: the text is what orjson writes of the Python way's lists (compact,
 ASCII; tests/test_report_runs.py holds the two equal on random listings); `out` is
 sized by the caller (json_report.py `_most`), and a kernel never writes past it,
 never allocates and never raises. Imported only once a replay has loaded numba
-(json_report.py `_listing_kernels`).
+(json_report.py `_listing_kernels`). One `_object` serves every object, so that a
+first run compiles one writer of integers, not one per field (it took twice the
+time).
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
+from numba import types as nt
 
 from ..jit import inner, kernel
+
+BOOL = -1  # a field's width: a boolean (0 false, else true)
+INT = 0  # a field's width: one integer; a width w > 0 is a list of w integers
+
+# Each kernel's one signature: its input arrays read-only, which a writable array
+# converts to as the call is dispatched (as fast as an exact match), so that a record's
+# read-only array (the spans of no run, say) never compiles the kernel a second time.
+_OUT = nt.Array(nt.uint8, 1, "C")
+_SCRATCH = nt.Array(nt.int64, 1, "C")
+_TEXT = nt.Array(nt.uint8, 1, "C", readonly=True)
+_INTS = nt.Array(nt.int64, 1, "C", readonly=True)
+_TABLE = nt.Array(nt.int64, 2, "C", readonly=True)
+_FLAGS = nt.Array(nt.bool_, 1, "C", readonly=True)
 
 _MINUS, _COMMA = 45, 44
 _OPEN_LIST, _CLOSE_LIST, _CLOSE_OBJECT = 91, 93, 125
@@ -57,137 +77,116 @@ def _int(out, o, v):  # pragma: no cover - compiled
 _int_in = inner(_int)
 
 
-def _key(out, o, keys, key_at, f):  # pragma: no cover - compiled
-    """Writes key text f (its `{` or `,`, its name, its `:`); returns the end."""
-    for i in range(key_at[f], key_at[f + 1]):
-        out[o] = keys[i]
+def _object(out, o, keys, key_at, first_key, widths, values):  # pragma: no cover
+    """Writes one object after the last (its comma: none when `o` is 1, past the
+    `[`): field f's key text (`keys[key_at[first_key + f]:key_at[first_key + f +
+    1]]`, its `{` or `,` and its `:` included) and its value, read in `values` in
+    turn: an integer (width INT), a boolean (BOOL: 0 false, else true) or a list of
+    `widths[f]` integers. Returns the end."""
+    if o > 1:
+        out[o] = _COMMA
         o += 1
-    return o
-
-
-_key_in = inner(_key)
-
-
-def _bool(out, o, v):  # pragma: no cover - compiled
-    """Writes `true` or `false`; returns the end."""
-    word = _TRUE if v else _FALSE
-    for i in range(word.size):
-        out[o] = word[i]
-        o += 1
-    return o
-
-
-_bool_in = inner(_bool)
-
-
-def _ints(out, o, row):  # pragma: no cover - compiled
-    """Writes the list of the ints of `row`; returns the end."""
-    out[o] = _OPEN_LIST
-    o += 1
-    for j in range(row.size):
-        if j:
-            out[o] = _COMMA
+    c = 0
+    for f in range(widths.size):
+        for i in range(key_at[first_key + f], key_at[first_key + f + 1]):
+            out[o] = keys[i]
             o += 1
-        o = _int_in(out, o, row[j])
-    out[o] = _CLOSE_LIST
+        w = widths[f]
+        if w == INT:
+            o = _int_in(out, o, values[c])
+            c += 1
+        elif w == BOOL:
+            word = _TRUE if values[c] != 0 else _FALSE
+            for i in range(word.size):
+                out[o] = word[i]
+                o += 1
+            c += 1
+        else:
+            out[o] = _OPEN_LIST
+            o += 1
+            for j in range(w):
+                if j:
+                    out[o] = _COMMA
+                    o += 1
+                o = _int_in(out, o, values[c + j])
+            out[o] = _CLOSE_LIST
+            o += 1
+            c += w
+    out[o] = _CLOSE_OBJECT
     return o + 1
 
 
-_ints_in = inner(_ints)
+_object_in = inner(_object)
 
 
-def _steps(out, o, rows, a):  # pragma: no cover - compiled
-    """Writes [c0, d, e] of the run whose first entry is `a` (contracts/runs.py
-    `run_cells`: member j of entry a + i on row c0 + i e + j d; d 1 where an entry
-    has one member); returns the end."""
+def _steps(values, c, rows, a):  # pragma: no cover - compiled
+    """values[c:c + 3] = [c0, d, e] of the run whose first entry is `a`
+    (contracts/runs.py `run_cells`: member j of entry a + i on row c0 + i e + j d;
+    d 1 where an entry has one member)."""
     c0 = rows[a, 0]
-    out[o] = _OPEN_LIST
-    o = _int_in(out, o + 1, c0)
-    out[o] = _COMMA
-    o = _int_in(out, o + 1, rows[a, 1] - c0 if rows.shape[1] > 1 else 1)
-    out[o] = _COMMA
-    o = _int_in(out, o + 1, rows[a + 1, 0] - c0)
-    out[o] = _CLOSE_LIST
-    return o + 1
+    values[c] = c0
+    values[c + 1] = rows[a, 1] - c0 if rows.shape[1] > 1 else 1
+    values[c + 2] = rows[a + 1, 0] - c0
 
 
 _steps_in = inner(_steps)
 
 
-def _item(out, o, spans, r, i):  # pragma: no cover - compiled
-    """Before item i of a listing whose next run is `spans[r]`: the comma after the
-    last object (`o` 1: none yet, past the `[`). Returns the end and whether the run
-    starts at item i (else item i is written alone)."""
-    if o > 1:
-        out[o] = _COMMA
-        o += 1
-    return o, r < spans.shape[0] and spans[r, 0] == i
-
-
-_item_in = inner(_item)
-
-
-@kernel
-def pools_listing(out, keys, key_at, seq, k, first_pos, last_pos, cells, rep, new, spans
-                  ):  # pragma: no cover - compiled
-    """Writes json_report.py `pools_json`'s text into `out`; returns its length.
-    Keys 0-6: a pool's (seq, k, first_pos, last_pos, cells, rep, new); 7-11: a
-    run's (seq, k, first_pos, cells, new). `spans`: the runs, [a, b) each."""
-    o, i, r, n = 0, 0, 0, seq.size
-    out[o] = _OPEN_LIST
-    o += 1
+@partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _INTS, _SCRATCH, _INTS, _INTS, _INTS,
+                              _INTS, _TABLE, _INTS, _FLAGS, _TABLE))
+def pools_listing(out, keys, key_at, single, run, values, seq, k, first_pos, last_pos, cells,
+                  rep, new, spans):  # pragma: no cover - compiled
+    """Writes json_report.py `pools_json`'s text into `out`; returns its length. A
+    pool alone: keys 0.. of widths `single` (seq, k, first_pos, last_pos, cells,
+    rep, new); a run: the next keys, of widths `run` (seq, k as [k0, k1],
+    first_pos, cells as [c0, d, e], new). `spans`: the runs, [a, b) each;
+    `values`: scratch of kpool + 8 at least."""
+    o, i, r, n, w = 1, 0, 0, seq.size, cells.shape[1]
+    out[0] = _OPEN_LIST
     while i < n:
-        o, run = _item_in(out, o, spans, r, i)
-        if run:
+        if r < spans.shape[0] and spans[r, 0] == i:
             b = spans[r, 1]
-            o = _int_in(out, _key_in(out, o, keys, key_at, 7), seq[i])
-            o = _key_in(out, o, keys, key_at, 8)
-            out[o] = _OPEN_LIST
-            o = _int_in(out, o + 1, k[i])
-            out[o] = _COMMA
-            o = _int_in(out, o + 1, k[b - 1] + 1)
-            out[o] = _CLOSE_LIST
-            o = _int_in(out, _key_in(out, o + 1, keys, key_at, 9), first_pos[i])
-            o = _steps_in(out, _key_in(out, o, keys, key_at, 10), cells, i)
-            o = _bool_in(out, _key_in(out, o, keys, key_at, 11), new[i])
+            values[0], values[1], values[2] = seq[i], k[i], k[b - 1] + 1
+            values[3] = first_pos[i]
+            _steps_in(values, 4, cells, i)
+            values[7] = new[i]
+            o = _object_in(out, o, keys, key_at, single.size, run, values)
             i, r = b, r + 1
         else:
-            o = _int_in(out, _key_in(out, o, keys, key_at, 0), seq[i])
-            o = _int_in(out, _key_in(out, o, keys, key_at, 1), k[i])
-            o = _int_in(out, _key_in(out, o, keys, key_at, 2), first_pos[i])
-            o = _int_in(out, _key_in(out, o, keys, key_at, 3), last_pos[i])
-            o = _ints_in(out, _key_in(out, o, keys, key_at, 4), cells[i])
-            o = _int_in(out, _key_in(out, o, keys, key_at, 5), rep[i])
-            o = _bool_in(out, _key_in(out, o, keys, key_at, 6), new[i])
+            values[0], values[1], values[2], values[3] = seq[i], k[i], first_pos[i], last_pos[i]
+            for j in range(w):
+                values[4 + j] = cells[i, j]
+            values[4 + w], values[5 + w] = rep[i], new[i]
+            o = _object_in(out, o, keys, key_at, 0, single, values)
             i += 1
-        out[o] = _CLOSE_OBJECT
-        o += 1
     out[o] = _CLOSE_LIST
     return o + 1
 
 
-@kernel
-def scatter_listing(out, keys, key_at, rep, rows, pad, spans):  # pragma: no cover - compiled
-    """Writes json_report.py `scatter_json`'s text into `out`; returns its length.
-    Keys 0-2: an entry's (rep, cells, pad); 3-5: a run's (n, cells, pad), a run's
-    pad false. `spans`: the runs, [a, b) each."""
-    o, i, r, n = 0, 0, 0, rep.size
-    out[o] = _OPEN_LIST
-    o += 1
+@partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _INTS, _SCRATCH, _INTS, _TABLE,
+                              _FLAGS, _TABLE))
+def scatter_listing(out, keys, key_at, single, run, values, rep, rows, pad, spans
+                    ):  # pragma: no cover - compiled
+    """Writes json_report.py `scatter_json`'s text into `out`; returns its length. An
+    entry alone: keys 0.. of widths `single` (rep, cells, pad); a run: the next
+    keys, of widths `run` (n, cells as [c0, d, e], pad: false). `spans`: the runs,
+    [a, b) each; `values`: scratch of kpool + 4 at least."""
+    o, i, r, n, w = 1, 0, 0, rep.size, rows.shape[1]
+    out[0] = _OPEN_LIST
     while i < n:
-        o, run = _item_in(out, o, spans, r, i)
-        if run:
+        if r < spans.shape[0] and spans[r, 0] == i:
             b = spans[r, 1]
-            o = _int_in(out, _key_in(out, o, keys, key_at, 3), b - i)
-            o = _steps_in(out, _key_in(out, o, keys, key_at, 4), rows, i)
-            o = _bool_in(out, _key_in(out, o, keys, key_at, 5), False)
+            values[0] = b - i
+            _steps_in(values, 1, rows, i)
+            values[4] = 0
+            o = _object_in(out, o, keys, key_at, single.size, run, values)
             i, r = b, r + 1
         else:
-            o = _int_in(out, _key_in(out, o, keys, key_at, 0), rep[i])
-            o = _ints_in(out, _key_in(out, o, keys, key_at, 1), rows[i])
-            o = _bool_in(out, _key_in(out, o, keys, key_at, 2), pad[i])
+            values[0] = rep[i]
+            for j in range(w):
+                values[1 + j] = rows[i, j]
+            values[1 + w] = pad[i]
+            o = _object_in(out, o, keys, key_at, 0, single, values)
             i += 1
-        out[o] = _CLOSE_OBJECT
-        o += 1
     out[o] = _CLOSE_LIST
     return o + 1

@@ -238,6 +238,11 @@ _SCATTER_JSON: SameArrays[list[dict]] = SameArrays(
 # a listing of at most this many items is written again, not looked up (a decode's
 # pool or two: comparing its arrays costs what writing them does)
 _FEW_LISTED = 4
+# a listing of more than this many items is written by the listing kernel, once a
+# replay has loaded numba (`EncodedTexts.listings`): a call's arguments cost about 14
+# us in a replay, what orjson takes of 10-16 objects made in Python (a server
+# session's decode steps: 5-8 pools, 16 entries)
+_KERNEL_LISTED = 16
 
 
 def _listed_json(r: UbatchRecord, kpool: int) -> list[dict]:
@@ -317,26 +322,26 @@ class EncodedTexts:
 
     def listings(self, r: UbatchRecord, kpool: int) -> tuple[object, object]:
         """The record's two listings as `listings_json` gives them, each of more than
-        `_FEW_LISTED` items as its text: written by the listing kernel from the
-        record's columns once a replay has loaded numba (`pools_text`,
-        `scatter_text`; the last texts again while a plan stands and hands on its
-        arrays and spans, as `_listed_json` keeps its lists), else `listing` of its
-        list."""
+        `_FEW_LISTED` items as its text: once a replay has loaded numba, a listing of
+        more than `_KERNEL_LISTED` items is written by the listing kernel from the
+        record's columns (`pools_text`, `scatter_text`; the last texts again while a
+        plan stands and hands on its arrays and spans, as `_listed_json` keeps its
+        lists); any other is `listing` of its list."""
         kernels = _listing_kernels()
         if kernels is None:
             return self.listing(_listed_json(r, kpool)), self.listing(_entries_json(r, kpool))
         p, spans = r.pools, r.pool_spans
         pools: object
-        if len(p) <= _FEW_LISTED:
-            pools = pools_json(p, kpool, spans)
+        if len(p) <= _KERNEL_LISTED:
+            pools = self.listing(_listed_json(r, kpool))
         elif not kpool or spans is None:
             pools = pools_text(kernels, p, kpool, spans)
         else:
             pools = _POOLS_TEXT(p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new,
                                 spans, p=p, kpool=kpool, spans=spans, kernels=kernels)
         entries: object
-        if r.scatter_rep.size <= _FEW_LISTED:
-            entries = scatter_json(r, kpool)
+        if r.scatter_rep.size <= _KERNEL_LISTED:
+            entries = self.listing(_entries_json(r, kpool))
         elif not kpool or r.scatter_spans is None:
             entries = scatter_text(kernels, r, kpool)
         else:
@@ -366,22 +371,26 @@ def _listing_kernels() -> ModuleType | None:
     (`kpool_cli.jit`, which the compiled core's and the numba backend's kernels
     import), else None: a replay that runs no kernel writes its listings in Python
     rather than pay numba's import for them. The texts are the same either way."""
-    if "kpool_cli.jit" not in sys.modules:
-        return None
+    kernels = sys.modules.get(_KERNELS)  # imported once: a look-up a ubatch, no import
+    if kernels is not None or "kpool_cli.jit" not in sys.modules:
+        return kernels
     from . import json_kernels
     return json_kernels
+
+
+_KERNELS = f"{__package__}.json_kernels"
 
 
 def _key_texts(*records: tuple[Record, tuple[str, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """The keys' texts of `records` one after the other (each field's `{` or `,`, its
     name, its `:`), as the listing kernels read them, and where each begins (one
     more than there are keys). Each record's names must be the order its kernel
-    writes their values in (json_kernels.py)."""
+    gathers their values in (json_kernels.py)."""
     texts = []
-    for record, written in records:
-        assert record.names == written, (record.name, record.names)
+    for record, gathered in records:
+        assert record.names == gathered, (record.name, record.names)
         texts += [(b"," if i else b"{") + orjson.dumps(name) + b":"
-                  for i, name in enumerate(written)]
+                  for i, name in enumerate(gathered)]
     at = np.cumsum([0, *map(len, texts)], dtype=np.int64)
     return np.frombuffer(b"".join(texts), dtype=np.uint8), at
 
@@ -392,6 +401,28 @@ _POOL_KEYS = _key_texts(
 _SCATTER_KEYS = _key_texts((SCATTER, ("rep", "cells", "pad")),
                            (SCATTER_RUN, ("n", "cells", "pad")))
 _INT_TEXT = len(str(-(1 << 63)))  # the longest int64's text
+
+
+def _widths(kernels: ModuleType, record: Record, members: int) -> np.ndarray:
+    """Each field's width as the listing kernels read it (json_kernels.py: INT, BOOL
+    or a list's length), from its schema: an integer, a boolean (or a constant
+    one), or an array of `maxItems` integers, else of `members` (a pool's rows)."""
+    got = _WIDTHS.get((record.name, members))
+    if got is None:
+        widths = []
+        for f in record.fields:
+            kind = f.schema.get("type")
+            if kind == "array":
+                widths.append(int(f.schema.get("maxItems", members)))
+            else:
+                assert kind in ("integer", "boolean") or isinstance(
+                    f.schema.get("const"), bool), (record.name, f.name)
+                widths.append(kernels.INT if kind == "integer" else kernels.BOOL)
+        got = _WIDTHS[(record.name, members)] = np.array(widths, dtype=np.int64)
+    return got
+
+
+_WIDTHS: dict[tuple[str, int], np.ndarray] = {}
 
 
 def _most(keys: tuple[np.ndarray, np.ndarray], n_ints: int, n: int, spans: np.ndarray) -> int:
@@ -417,9 +448,11 @@ def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | No
         spans = pool_spans(p)
     # a pool: 5 ints and its members; a run: 7
     out = np.empty(_most(_POOL_KEYS, max(members + 5, 7), n, spans), dtype=np.uint8)
-    end = kernels.pools_listing(out, *_POOL_KEYS, _ints(p.seq), _ints(p.k), _ints(p.first_pos),
-                                _ints(p.last_pos), _ints(p.cells), _ints(p.rep),
-                                np.ascontiguousarray(p.new), _ints(spans))
+    end = kernels.pools_listing(
+        out, *_POOL_KEYS, _widths(kernels, POOL, members), _widths(kernels, POOL_RUN, members),
+        np.empty(members + 8, dtype=np.int64), _ints(p.seq), _ints(p.k), _ints(p.first_pos),
+        _ints(p.last_pos), _ints(p.cells), _ints(p.rep), np.ascontiguousarray(p.new),
+        _ints(spans))
     return orjson.Fragment(out[:end].tobytes())
 
 
@@ -433,8 +466,10 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
         spans = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     # an entry: its rep and its members; a run: 4
     out = np.empty(_most(_SCATTER_KEYS, max(members + 1, 4), n, spans), dtype=np.uint8)
-    end = kernels.scatter_listing(out, *_SCATTER_KEYS, _ints(rep), _ints(rows),
-                                  np.ascontiguousarray(pad), _ints(spans))
+    end = kernels.scatter_listing(
+        out, *_SCATTER_KEYS, _widths(kernels, SCATTER, members),
+        _widths(kernels, SCATTER_RUN, members), np.empty(members + 4, dtype=np.int64),
+        _ints(rep), _ints(rows), np.ascontiguousarray(pad), _ints(spans))
     return orjson.Fragment(out[:end].tobytes())
 
 
