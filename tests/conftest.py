@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-from warm_numba import warm
+from warm_numba import warm, warm_listings
 
 from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
 from kpool_cli.replay import Replayer
@@ -148,13 +148,14 @@ def pytest_configure(config: pytest.Config) -> None:
     cache it only loads them. An error in it stops the session before any test
     runs, as it would stop any replay.
 
-    On a fresh clone the two kinds of kernel compile side by side: the compiled
-    core's in a child (`python tests/warm_numba.py`), the value backend's here on
-    the reference core; then the replay on both compiles the few backend kernels
-    only the compiled core reaches and loads the rest. No child where it cannot pay:
-    under NUMBA_BOUNDSCHECK=1 (the bounds-checked rerun, where numba cannot cache
-    most of the core's kernels: the child's work would be lost) and under the
-    mutation check (MUTANT_UNDER_TEST: a session a mutant, on a warm cache)."""
+    On a fresh clone the two kinds of kernel compile side by side: the compiled core's
+    in a child (`python tests/warm_numba.py`), the value backend's here on the reference
+    core, and the JSON writer's listing kernels (`warm_listings`); then the replay on
+    both compiles the few backend kernels only the compiled core reaches and loads the
+    rest. No child where it cannot pay: under NUMBA_BOUNDSCHECK=1 (the bounds-checked
+    rerun, where numba cannot cache most of the core's kernels: the child's work would
+    be lost) and under the mutation check (MUTANT_UNDER_TEST: a session a mutant, on a
+    warm cache)."""
     if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
         return
     _bytecode_once()
@@ -165,6 +166,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             warm("numba", "reference")
+            warm_listings()
         finally:
             _, err = child.communicate()
         if child.returncode:  # only the speed-up is lost: the replay below runs it all

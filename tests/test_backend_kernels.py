@@ -2077,8 +2077,9 @@ def test_numba_boundscheck_is_on() -> None:
 
 @pytest.mark.skipif(BOUNDSCHECK, reason="already running with numba's bounds checking")
 def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
-    """This module and the numba replays of the shipped traces, again, in a fresh
-    interpreter with NUMBA_BOUNDSCHECK=1 and an empty NUMBA_CACHE_DIR: every kernel
+    """This module, the numba replays of the shipped traces and the JSON writer's
+    listing kernels' tests, again, in a fresh interpreter with NUMBA_BOUNDSCHECK=1
+    and an empty NUMBA_CACHE_DIR: every kernel
     they call compiled with the checks, which is nearly all this test costs. So the
     child compiles each kernel once (one process, `-n 0`, not the suite's two
     workers each compiling every kernel) and without LLVM's optimisation
@@ -2090,13 +2091,17 @@ def test_kernel_tests_pass_with_numba_boundscheck(tmp_path: Path) -> None:
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-n", "0",
          "tests/test_backend_kernels.py",
          "tests/test_shipped_traces.py::test_every_expectation_holds",
-         "-k", "test_backend_kernels.py or numba"],
+         "tests/test_report_runs.py",
+         "-k", "test_backend_kernels.py or numba or listing_kernel"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
     assert "PASSED tests/test_backend_kernels.py::test_numba_boundscheck_is_on" in out, out[-3000:]
     assert "PASSED tests/test_shipped_traces.py::test_every_expectation_holds" in out, out[-3000:]
     assert "already running with numba's bounds checking" in out, out[-3000:]  # no recursion
+    # the JSON writer's listing kernels write into a buffer their caller sized
+    assert ("PASSED tests/test_report_runs.py::test_the_listing_kernel_writes_every_int64"
+            in out), out[-3000:]
     # the kernels were compiled there, with the checks, not loaded from elsewhere
     assert any((tmp_path / "numba").rglob("*.nbi")), "numba cached nothing in the fresh dir"
 

@@ -451,7 +451,7 @@ def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | No
     end = kernels.pools_listing(
         out, *_POOL_KEYS, _widths(kernels, POOL, members), _widths(kernels, POOL_RUN, members),
         np.empty(members + 8, dtype=np.int64), _ints(p.seq), _ints(p.k), _ints(p.first_pos),
-        _ints(p.last_pos), _ints(p.cells), _ints(p.rep), np.ascontiguousarray(p.new),
+        _ints(p.last_pos), _ints(p.cells), _ints(p.rep), np.ascontiguousarray(p.new, dtype=bool),
         _ints(spans))
     return orjson.Fragment(out[:end].tobytes())
 
@@ -469,7 +469,7 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
     end = kernels.scatter_listing(
         out, *_SCATTER_KEYS, _widths(kernels, SCATTER, members),
         _widths(kernels, SCATTER_RUN, members), np.empty(members + 4, dtype=np.int64),
-        _ints(rep), _ints(rows), np.ascontiguousarray(pad), _ints(spans))
+        _ints(rep), _ints(rows), np.ascontiguousarray(pad, dtype=bool), _ints(spans))
     return orjson.Fragment(out[:end].tobytes())
 
 
