@@ -373,6 +373,36 @@ def test_the_listing_kernel_writes_what_orjson_writes_of_the_lists(kpool: int):
     assert n_runs > 100 and n_singles > 100
 
 
+def test_the_listing_kernel_writes_tokens_as_orjson_does():
+    """json_report.tokens_text (the listing kernel) gives the bytes orjson gives of
+    tokens_json: random ubatches of 0-40 tokens, each of one to four sequences (one
+    each in some ubatches), with M-RoPE's ext or without, negative and 19-digit
+    positions in some."""
+    import orjson
+
+    from kpool_cli.report import json_kernels
+    from kpool_cli.report.json_report import tokens_json, tokens_text
+
+    rng = np.random.default_rng(90)
+    n_ext = n_many = 0
+    for i in range(400):
+        n = int(rng.integers(0, 41))
+        pos = rng.integers(-5, 1 << 20, n)
+        if i % 7 == 0 and n:
+            pos[rng.random(n) < 0.3] = rng.choice([-(10**18), 10**18 + 3, (1 << 62)])
+        most = 1 if i % 3 == 0 else 4
+        seqs = tuple(tuple(int(x) for x in rng.choice(64, int(rng.integers(1, most + 1)),
+                                                         replace=False)) for _ in range(n))
+        ext = rng.integers(-3, 1000, (n, 2)) if i % 2 else None
+        record = SimpleNamespace(token_pos=pos, token_seqs=seqs,
+                                 token_rows=rng.integers(0, 1 << 30, n), token_ext=ext)
+        assert orjson.dumps([tokens_text(json_kernels, record)])[1:-1] == orjson.dumps(
+            tokens_json(record))
+        n_ext += ext is not None and n > 0
+        n_many += any(len(ss) > 1 for ss in seqs)
+    assert n_ext > 100 and n_many > 100
+
+
 def test_the_listing_kernel_writes_every_int64():
     """Each integer as orjson writes it: the int64 extremes, zero, and the powers of
     ten and their neighbours of either sign (one scatter entry each, no run)."""

@@ -47,7 +47,7 @@ def warm_listings() -> None:
     from kpool_cli import jit  # noqa: F401 - the kernels are loaded once numba is
     from kpool_cli.contracts.records import Pools
     from kpool_cli.report import json_kernels
-    from kpool_cli.report.json_report import pools_text, scatter_text
+    from kpool_cli.report.json_report import pools_text, scatter_text, tokens_text
 
     n = 3
     cells = np.arange(4 * n, dtype=np.int64).reshape(n, 4)
@@ -58,6 +58,8 @@ def warm_listings() -> None:
     entries = SimpleNamespace(scatter_rows=cells, scatter_rep=pools.rep,
                               scatter_pad=np.zeros(n, dtype=bool), scatter_spans=None)
     scatter_text(json_kernels, entries, 4)  # the fields of a record it reads
+    tokens = SimpleNamespace(token_pos=ks, token_seqs=((0,),) * n, token_rows=ks, token_ext=None)
+    tokens_text(json_kernels, tokens)
 
 
 if __name__ == "__main__":

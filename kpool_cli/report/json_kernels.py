@@ -2,13 +2,14 @@
 docs/FORMATS.md "Runs") written from its columns in one pass, without one Python
 object per pool.
 
-Owns: `pools_listing` and `scatter_listing`, each the twin of the JSON writer's
-Python way (json_report.py `pools_json`, `scatter_json`: the runs of docs/FORMATS.md
-and, before, between and after them, the items no run holds), and `_object`, which
-writes one object of either listing from its fields' keys, widths and values. The
-keys' texts and the fields' widths are handed in, derived from report_format.py's
-declaration (json_report.py `_key_texts`, which holds the declared order of the
-fields to the one the kernels gather their values in, and `_widths`).
+Owns: `pools_listing`, `scatter_listing` and `tokens_listing`, each the twin of the
+JSON writer's Python way (json_report.py `pools_json`, `scatter_json`: the runs of
+docs/FORMATS.md and, before, between and after them, the items no run holds;
+`tokens_json`), and `_object`, which writes one object of any of them from its
+fields' keys, widths and values. The keys' texts and the fields' widths are handed
+in, derived from report_format.py's declaration (json_report.py `_key_texts`, which
+holds the declared order of the fields to the one the kernels gather their values
+in, and `_widths`).
 
 Invariants: the text is what orjson writes of the Python way's lists (compact,
 ASCII; tests/test_report_runs.py holds the two equal on random listings); `out` is
@@ -30,6 +31,7 @@ from ..jit import inner, kernel
 
 BOOL = -1  # a field's width: a boolean (0 false, else true)
 INT = 0  # a field's width: one integer; a width w > 0 is a list of w integers
+LISTED = -2  # a field's width: a list whose length is its first value, its items next
 
 # Each kernel's one signature: its input arrays read-only, which a writable array
 # converts to as the call is dispatched (as fast as an exact match), so that a record's
@@ -81,8 +83,9 @@ def _object(out, o, keys, key_at, first_key, widths, values):  # pragma: no cove
     """Writes one object after the last (its comma: none when `o` is 1, past the
     `[`): field f's key text (`keys[key_at[first_key + f]:key_at[first_key + f +
     1]]`, its `{` or `,` and its `:` included) and its value, read in `values` in
-    turn: an integer (width INT), a boolean (BOOL: 0 false, else true) or a list of
-    `widths[f]` integers. Returns the end."""
+    turn: an integer (width INT), a boolean (BOOL: 0 false, else true), a list of
+    `widths[f]` integers, or of as many as the first value says (LISTED). Returns
+    the end."""
     if o > 1:
         out[o] = _COMMA
         o += 1
@@ -102,6 +105,9 @@ def _object(out, o, keys, key_at, first_key, widths, values):  # pragma: no cove
                 o += 1
             c += 1
         else:
+            if w == LISTED:
+                w = values[c]
+                c += 1
             out[o] = _OPEN_LIST
             o += 1
             for j in range(w):
@@ -188,5 +194,31 @@ def scatter_listing(out, keys, key_at, single, run, values, rep, rows, pad, span
             values[1 + w] = pad[i]
             o = _object_in(out, o, keys, key_at, 0, single, values)
             i += 1
+    out[o] = _CLOSE_LIST
+    return o + 1
+
+
+@partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _SCRATCH, _INTS, _INTS, _INTS, _INTS,
+                              _TABLE))
+def tokens_listing(out, keys, key_at, widths, values, pos, seq_at, seqs, rows, ext
+                   ):  # pragma: no cover - compiled
+    """Writes json_report.py `tokens_json`'s text into `out`; returns the text's
+    length. Keys and `widths`: a token's (pos, seq as LISTED, cell, and ext when
+    `widths` has a fourth field). Token i's sequences are `seqs[seq_at[i]:seq_at[i +
+    1]]`, its ext `ext[i]`; `values`: scratch of a token's most sequences + 5 at
+    least."""
+    o = 1
+    out[0] = _OPEN_LIST
+    for i in range(pos.size):
+        values[0] = pos[i]
+        a, b = seq_at[i], seq_at[i + 1]
+        values[1] = b - a
+        for j in range(a, b):
+            values[2 + j - a] = seqs[j]
+        c = 2 + b - a
+        values[c] = rows[i]
+        if widths.size > 3:
+            values[c + 1], values[c + 2] = ext[i, 0], ext[i, 1]
+        o = _object_in(out, o, keys, key_at, 0, widths, values)
     out[o] = _CLOSE_LIST
     return o + 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice
+from itertools import chain, islice
 from types import ModuleType
 from typing import TextIO, TypeVar
 
@@ -262,29 +262,35 @@ def _entries_json(r: UbatchRecord, kpool: int) -> list[dict]:
                          kpool=kpool)
 
 
-def listings_json(r: UbatchRecord, kpool: int) -> tuple[list[dict], list[dict]]:
-    """The record's two listings, pools and scatter entries (kpool 0: no runs)."""
-    return _listed_json(r, kpool), _entries_json(r, kpool)
-
-
-def ubatch_json(r: UbatchRecord, run_form: bool = True,
-                finding: Callable[[Finding], object] = finding_json,
-                listings: Callable[[UbatchRecord, int], tuple[object, object]] = listings_json
-                ) -> dict:
-    """A ubatch. `run_form`: pools and scatter entries that follow each other are
-    written as runs (pools_json, scatter_json); without it, one object each (what
-    `--pools all` asks for: the full listing). `finding`: each finding's value
-    (`finding_json`, or its text already encoded: `EncodedTexts`); `listings`: the
-    values of the pools and of the scatter entries (`listings_json`, or their texts
-    already encoded: `EncodedTexts.listings`)."""
-    kpool = int(r.scatter_rows.shape[1]) if run_form else 0
+def tokens_json(r: UbatchRecord) -> list[dict]:
+    """The record's tokens, one object each."""
     pos_, seq_, cell_, ext_ = TOKEN.names  # many tokens a ubatch: no make() each
     tokens = [{pos_: p, seq_: list(ss), cell_: row} for p, ss, row in zip(
         r.token_pos.tolist(), r.token_seqs, r.token_rows.tolist(), strict=True)]
     if r.token_ext is not None:
         for t, ext in zip(tokens, r.token_ext.tolist(), strict=True):
             t[ext_] = ext
-    pools, scatter = listings(r, kpool)
+    return tokens
+
+
+def listings_json(r: UbatchRecord, kpool: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """The record's three lists: its tokens, its pools and its scatter entries (kpool
+    0: no runs)."""
+    return tokens_json(r), _listed_json(r, kpool), _entries_json(r, kpool)
+
+
+def ubatch_json(r: UbatchRecord, run_form: bool = True,
+                finding: Callable[[Finding], object] = finding_json,
+                listings: Callable[[UbatchRecord, int], tuple[object, object, object]]
+                = listings_json) -> dict:
+    """A ubatch. `run_form`: pools and scatter entries that follow each other are
+    written as runs (pools_json, scatter_json); without it, one object each (what
+    `--pools all` asks for: the full listing). `finding`: each finding's value
+    (`finding_json`, or its text already encoded: `EncodedTexts`); `listings`: the
+    values of the tokens, the pools and the scatter entries (`listings_json`, or
+    their texts already encoded: `EncodedTexts.listings`)."""
+    kpool = int(r.scatter_rows.shape[1]) if run_form else 0
+    tokens, pools, scatter = listings(r, kpool)
     return UBATCH.make(
         index=r.index, op=r.op, batch_ubatch=r.batch_ubatch, tokens=tokens,
         stale_batch={str(s): p for s, p in r.stale_batch.items()},
@@ -320,16 +326,20 @@ class EncodedTexts:
         self._texts[id(f)] = (f, text := _fragment(finding_json(f)))
         return text
 
-    def listings(self, r: UbatchRecord, kpool: int) -> tuple[object, object]:
-        """The record's two listings as `listings_json` gives them, each of more than
-        `_FEW_LISTED` items as its text: once a replay has loaded numba, a listing of
-        more than `_KERNEL_LISTED` items is written by the listing kernel from the
-        record's columns (`pools_text`, `scatter_text`; the last texts again while a
-        plan stands and hands on its arrays and spans, as `_listed_json` keeps its
-        lists); any other is `listing` of its list."""
+    def listings(self, r: UbatchRecord, kpool: int) -> tuple[object, object, object]:
+        """The record's three lists as `listings_json` gives them, the pools and the
+        entries, each of more than `_FEW_LISTED` items, as their texts: once a replay
+        has loaded numba, a list of more than `_KERNEL_LISTED` items is written by a
+        listing kernel from the record's columns (`tokens_text`, `pools_text`,
+        `scatter_text`; the last texts again while a plan stands and hands on its
+        arrays and spans, as `_listed_json` keeps its lists); a shorter listing is
+        `listing` of its list."""
         kernels = _listing_kernels()
         if kernels is None:
-            return self.listing(_listed_json(r, kpool)), self.listing(_entries_json(r, kpool))
+            return (tokens_json(r), self.listing(_listed_json(r, kpool)),
+                    self.listing(_entries_json(r, kpool)))
+        tokens = (tokens_text(kernels, r) if r.token_pos.size > _KERNEL_LISTED
+                  else tokens_json(r))
         p, spans = r.pools, r.pool_spans
         pools: object
         if len(p) <= _KERNEL_LISTED:
@@ -347,7 +357,7 @@ class EncodedTexts:
         else:
             entries = _SCATTER_TEXT(r.scatter_rows, r.scatter_rep, r.scatter_pad,
                                     r.scatter_spans, r=r, kpool=kpool, kernels=kernels)
-        return pools, entries
+        return tokens, pools, entries
 
     def listing(self, items: list[dict]) -> list[dict] | orjson.Fragment:
         """`items`, or its text once it is long enough to be handed on (a few pools or
@@ -400,13 +410,15 @@ _POOL_KEYS = _key_texts(
     (POOL_RUN, ("seq", "k", "first_pos", "cells", "new")))
 _SCATTER_KEYS = _key_texts((SCATTER, ("rep", "cells", "pad")),
                            (SCATTER_RUN, ("n", "cells", "pad")))
+_TOKEN_KEYS = _key_texts((TOKEN, ("pos", "seq", "cell", "ext")))
 _INT_TEXT = len(str(-(1 << 63)))  # the longest int64's text
 
 
 def _widths(kernels: ModuleType, record: Record, members: int) -> np.ndarray:
-    """Each field's width as the listing kernels read it (json_kernels.py: INT, BOOL
-    or a list's length), from its schema: an integer, a boolean (or a constant
-    one), or an array of `maxItems` integers, else of `members` (a pool's rows)."""
+    """Each field's width as the listing kernels read it (json_kernels.py: INT, BOOL,
+    LISTED or a list's length), from its schema: an integer, a boolean (or a
+    constant one), or an array of `maxItems` integers, else of `members` (a pool's
+    rows; LISTED: as many as each object has, a token's sequences)."""
     got = _WIDTHS.get((record.name, members))
     if got is None:
         widths = []
@@ -471,6 +483,28 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
         _widths(kernels, SCATTER_RUN, members), np.empty(members + 4, dtype=np.int64),
         _ints(rep), _ints(rows), np.ascontiguousarray(pad, dtype=bool), _ints(spans))
     return orjson.Fragment(out[:end].tobytes())
+
+
+def tokens_text(kernels: ModuleType, r: UbatchRecord) -> orjson.Fragment:
+    """`tokens_json(r)`'s text, written by the listing kernel."""
+    n = r.token_pos.size
+    seq_at = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, r.token_seqs), dtype=np.int64, count=n), out=seq_at[1:])
+    seqs = np.fromiter(chain.from_iterable(r.token_seqs), dtype=np.int64, count=int(seq_at[-1]))
+    most_seqs = int(np.diff(seq_at).max()) if n else 0
+    widths = _widths(kernels, TOKEN, kernels.LISTED)
+    ext = r.token_ext
+    if ext is None:  # no M-RoPE: no ext field
+        widths, ext = widths[:len(TOKEN.fields) - 1], _NO_EXT
+    # a token: pos, the count and its sequences, cell, ext's two
+    out = np.empty(_most(_TOKEN_KEYS, most_seqs + 5, n, NO_SPANS), dtype=np.uint8)
+    end = kernels.tokens_listing(out, *_TOKEN_KEYS, widths, np.empty(most_seqs + 5, np.int64),
+                                 _ints(r.token_pos), seq_at, seqs, _ints(r.token_rows),
+                                 _ints(ext))
+    return orjson.Fragment(out[:end].tobytes())
+
+
+_NO_EXT = np.empty((0, 2), dtype=np.int64)
 
 
 # a plan that stands hands on the last listing's arrays: its texts are the last ones
