@@ -335,12 +335,14 @@ def test_spans_agree_on_random_listings(kpool: int):
 
 @pytest.mark.parametrize("kpool", [1, 2, 3, 4])
 def test_the_listing_kernel_writes_what_orjson_writes_of_the_lists(kpool: int):
-    """json_report.pools_text and scatter_text (the listing kernel, from columns) give
+    """json_report.pools_text and scatter_text (the listing kernels, from columns) give
     the bytes orjson gives of pools_json and scatter_json (one object each), for
-    random listings (`_random_listing`) in the run form, with the core's spans
-    handed in or found, and in full (kpool 0); with negative and 19-digit values
-    in some (within 2**62 of zero: a run's steps, differences of rows, are int64
-    in both ways). Runs and singles both written."""
+    random listings (`_random_listing`) in the run form, with their spans (by
+    contracts/runs.py's rule) handed in or found, and in full (kpool 0); with
+    negative and 19-digit values in some, within 2**62 of zero (the kernels compute
+    a run's ends and steps in int64, where Python's ints would not wrap: the trace
+    format keeps rows, positions and pool indices far below). Runs and singles both
+    written."""
     import orjson
 
     from kpool_cli.contracts import runs
@@ -358,16 +360,19 @@ def test_the_listing_kernel_writes_what_orjson_writes_of_the_lists(kpool: int):
             for col in (p.first_pos, p.last_pos, cells, rep, p.k):
                 col[rng.random(col.shape) < 0.2] = rng.choice(
                     [-1, -10, -(1 << 62), (1 << 62) - 1, 10**18, -(10**18) - 7])
-        record = SimpleNamespace(scatter_rows=cells, scatter_rep=rep, scatter_pad=pad,
-                                 scatter_spans=None)
+        found = SimpleNamespace(scatter_rows=cells, scatter_rep=rep, scatter_pad=pad,
+                                scatter_spans=None)
+        given = SimpleNamespace(scatter_rows=cells, scatter_rep=rep, scatter_pad=pad,
+                                scatter_spans=runs.scatter_spans(cells, rep, pad))
         spans = runs.pool_spans(p)
         for form in (kpool, 0):
             want = orjson.dumps(pools_json(p, form))
             assert text(pools_text(json_kernels, p, form, None)) == want
             assert text(pools_text(json_kernels, p, form, spans)) == want
-            assert text(scatter_text(json_kernels, record, form)) == orjson.dumps(
-                scatter_json(record, form))
-        listed = pools_json(p, kpool) + scatter_json(record, kpool)
+            want = orjson.dumps(scatter_json(found, form))
+            assert text(scatter_text(json_kernels, found, form)) == want
+            assert text(scatter_text(json_kernels, given, form)) == want
+        listed = pools_json(p, kpool) + scatter_json(found, kpool)
         n_runs += sum("rep" not in o for o in listed)
         n_singles += sum("rep" in o for o in listed)
     assert n_runs > 100 and n_singles > 100
@@ -403,14 +408,22 @@ def test_the_listing_kernel_writes_tokens_as_orjson_does():
     assert n_ext > 100 and n_many > 100
 
 
-def test_the_listing_kernel_writes_every_int64():
+def test_the_listing_kernel_writes_every_int64_and_the_longest_objects():
     """Each integer as orjson writes it: the int64 extremes, zero, and the powers of
-    ten and their neighbours of either sign (one scatter entry each, no run)."""
+    ten and their neighbours of either sign (one scatter entry each, no run). And
+    the longest objects there are, each field a 20-character integer (the int64
+    minimum alone; runs of such values too, whose steps still fit), written by the
+    kernels whole: each kernel checks the room of each object against the bound
+    its caller worked out (`_object_most`), so a bound too short fails here (and
+    the NUMBA_BOUNDSCHECK=1 child runs this too)."""
     import orjson
 
     from kpool_cli.contracts import runs
-    from kpool_cli.report import json_kernels, json_report
-    from kpool_cli.report.json_report import scatter_text
+    from kpool_cli.report import json_kernels
+    from kpool_cli.report.json_report import pools_text, scatter_text, tokens_json, tokens_text
+
+    def text(fragment: orjson.Fragment) -> bytes:
+        return orjson.dumps([fragment])[1:-1]
 
     tens = [10**e + d for e in range(19) for d in (-1, 0, 1)]
     values = np.array(sorted({0, -(1 << 63), (1 << 63) - 1, *tens, *(-t for t in tens)}),
@@ -418,20 +431,56 @@ def test_the_listing_kernel_writes_every_int64():
     rows = np.column_stack((values, values[::-1]))
     record = SimpleNamespace(scatter_rows=rows, scatter_rep=values,
                              scatter_pad=np.arange(values.size) % 2 == 0, scatter_spans=None)
-    text = orjson.dumps([scatter_text(json_kernels, record, 0)])[1:-1]
-    assert text == orjson.dumps(scatter_json(record, 0))
-    # the buffer the kernel is handed holds the longest objects there are
+    assert text(scatter_text(json_kernels, record, 0)) == orjson.dumps(scatter_json(record, 0))
+    low = -(1 << 63)
     for members in (1, 4):
-        n = values.size
-        full = np.full(n, -(1 << 63), dtype=np.int64)
+        n = 24
+        full = np.full(n, low, dtype=np.int64)
         p = Pools(full, full, full, full, np.tile(full[:, None], members), full,
                   np.zeros(n, dtype=bool))
         entries = SimpleNamespace(scatter_rows=p.cells, scatter_rep=full,
                                   scatter_pad=np.zeros(n, dtype=bool), scatter_spans=None)
-        assert len(orjson.dumps(pools_json(p, 0))) <= json_report._most(
-            json_report._POOL_KEYS, max(members + 5, 7), n, runs.NO_SPANS)
-        assert len(orjson.dumps(scatter_json(entries, 0))) <= json_report._most(
-            json_report._SCATTER_KEYS, max(members + 1, 4), n, runs.NO_SPANS)
+        assert text(pools_text(json_kernels, p, 0, None)) == orjson.dumps(pools_json(p, 0))
+        assert text(scatter_text(json_kernels, entries, 0)) == orjson.dumps(
+            scatter_json(entries, 0))
+        # runs of 20-character values: pool i of seq `low` at k low + i, first_pos
+        # low + 4 members i, its member j on row low + 1000 i + j
+        i = np.arange(n, dtype=np.int64)
+        cells = (low + 1000 * i)[:, None] + np.arange(members, dtype=np.int64)[None, :]
+        ran = Pools(full, low + i, low + members * i, low + members * i + members - 1, cells,
+                    cells[:, -1].copy(), np.ones(n, dtype=bool))
+        entries = SimpleNamespace(scatter_rows=cells, scatter_rep=cells[:, -1].copy(),
+                                  scatter_pad=np.zeros(n, dtype=bool), scatter_spans=None)
+        assert runs.pool_spans(ran).tolist() == [[0, n]]
+        assert text(pools_text(json_kernels, ran, members, None)) == orjson.dumps(
+            pools_json(ran, members))
+        assert text(scatter_text(json_kernels, entries, members)) == orjson.dumps(
+            scatter_json(entries, members))
+    tokens = SimpleNamespace(token_pos=np.full(5, low), token_seqs=((low,) * 4,) * 5,
+                             token_rows=np.full(5, low), token_ext=np.full((5, 2), low))
+    assert text(tokens_text(json_kernels, tokens)) == orjson.dumps(tokens_json(tokens))
+
+
+@pytest.mark.parametrize("spans", [[[20, 39]], [[0, 2], [0, 19]], [[0, 1]], [[3, 5], [1, 3]]])
+def test_the_listing_kernel_refuses_spans_that_are_not_runs_of_the_listing(spans):
+    """Spans past the listing, overlapping, of one item or out of order are a kpool
+    defect: the kernel refuses them (ValueError), having written nothing past its
+    buffer, rather than take a buffer sized by them on trust."""
+    from kpool_cli.report import json_kernels
+    from kpool_cli.report.json_report import pools_text, scatter_text
+
+    n = 20
+    cells = np.arange(4 * n, dtype=np.int64).reshape(n, 4)
+    ks = np.arange(n, dtype=np.int64)
+    p = Pools(np.zeros(n, dtype=np.int64), ks, 4 * ks, 4 * ks + 3, cells, cells[:, -1].copy(),
+              np.ones(n, dtype=bool))
+    bad = np.array(spans, dtype=np.int64)
+    with pytest.raises(ValueError, match="not runs of it"):
+        pools_text(json_kernels, p, 4, bad)
+    entries = SimpleNamespace(scatter_rows=cells, scatter_rep=p.rep,
+                              scatter_pad=np.zeros(n, dtype=bool), scatter_spans=bad)
+    with pytest.raises(ValueError, match="not runs of it"):
+        scatter_text(json_kernels, entries, 4)
 
 
 def _take(p: Pools, pad: np.ndarray, at: np.ndarray) -> tuple[Pools, np.ndarray]:

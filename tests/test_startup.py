@@ -116,6 +116,25 @@ def test_a_compiled_replay_loads_no_array_library(trace: str, tmp_path: Path) ->
     assert "importlib.metadata" not in modules
 
 
+def test_the_json_writers_kernels_load_with_numba_alone(tmp_path: Path) -> None:
+    """context-shift has a ubatch of 30 tokens, which the JSON writer writes by its
+    listing kernel once numba is loaded (report/json_kernels.py): a replay on the
+    reference core without the numba backend writes it in Python and imports
+    neither numba nor the kernels; one with numba loads the kernel (the second of
+    two runs: loaded, not compiled) without numba's array library."""
+    trace = str(ROOT / "traces" / "context-shift.yaml")
+    out = ("-q", "--format", "json", "-o", str(tmp_path / "r.json"))
+    code, modules = loaded("replay", trace, "--core", "reference", "--backend", "none", *out)
+    assert code in (0, 1)
+    assert not {"numba", "kpool_cli.jit", "kpool_cli.report.json_kernels"} & modules
+    with_numba = ("replay", trace, "--core", "compiled", "--backend", "numba", *out)
+    loaded(*with_numba)
+    code, modules = loaded(*with_numba)
+    assert code in (0, 1)
+    assert "kpool_cli.report.json_kernels" in modules
+    assert "numba.np.arrayobj" not in modules
+
+
 def test_a_text_replay_into_a_file_imports_no_rich(tmp_path: Path) -> None:
     code, modules = loaded("replay", RACE, "-q", "-o", str(tmp_path / "r.txt"))
     assert code in (0, 1)

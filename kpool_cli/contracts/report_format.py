@@ -13,7 +13,10 @@ What derives from it:
 - `report_schema()`, `kpool schema report`: every record an object of its fields,
   open (`additionalProperties: true`), its required fields required;
 - the writer (`report.json_report`): the key names and their order, through
-  `Record.make` (a name not declared is an error) or a record's `names`;
+  `Record.make` (a name not declared is an error) or a record's `names`; its
+  listing kernels' key texts (`_key_texts`, which holds a record's order to the
+  one a kernel gathers values in) and each field's width, read in its schema
+  (`_widths`: `type`, `maxItems`, `const`);
 - the diff's reader (`diff.reports`): the cost counters it requires (`COST_KEYS`)
   and the config fields it reads, with their bounds and which may be absent.
 

@@ -1,6 +1,6 @@
-"""The JSON writer's kernel: a listing's text (a ubatch's pools or scatter entries,
-docs/FORMATS.md "Runs") written from its columns in one pass, without one Python
-object per pool.
+"""The JSON writer's kernels: a ubatch's list of tokens, pools or scatter entries
+(docs/FORMATS.md "Runs" for the two listings) written from the record's columns in
+one pass, without one Python object per item.
 
 Owns: `pools_listing`, `scatter_listing` and `tokens_listing`, each the twin of the
 JSON writer's Python way (json_report.py `pools_json`, `scatter_json`: the runs of
@@ -12,12 +12,16 @@ holds the declared order of the fields to the one the kernels gather their value
 in, and `_widths`).
 
 Invariants: the text is what orjson writes of the Python way's lists (compact,
-ASCII; tests/test_report_runs.py holds the two equal on random listings); `out` is
-sized by the caller (json_report.py `_most`), and a kernel never writes past it,
-never allocates and never raises. Imported only once a replay has loaded numba
-(json_report.py `_listing_kernels`). One `_object` serves every object, so that a
-first run compiles one writer of integers, not one per field (it took twice the
-time).
+ASCII; tests/test_report_runs.py holds the two equal on random listings and
+tokens), for values whose runs' steps and ends fit int64 (rows, positions and pool
+indices do: the trace format bounds them far below). A kernel writes into `out`,
+sized by its caller, only while the longest object (`most`, its caller's bound from
+the fields' widths) still fits: else, and for spans that are not runs of the
+listing (each [a, b) with b - a >= 2, ascending, within it), it returns -1 having
+written nothing past `out`. It never allocates and never raises. Imported only once
+a replay has loaded numba (json_report.py `_listing_kernels`). One `_object` serves
+every object, so that a first run compiles one writer of integers, not one per
+field (it took twice the time).
 """
 
 from __future__ import annotations
@@ -138,20 +142,50 @@ def _steps(values, c, rows, a):  # pragma: no cover - compiled
 _steps_in = inner(_steps)
 
 
+def _run_at(out, o, most, spans, r, i, n):  # pragma: no cover - compiled
+    """Before item i of a listing of n items whose next run is `spans[r]`: -1 when the
+    longest object (`most`, its comma, the closing bracket) no longer fits `out`, or
+    when that run starts at i but is not one of the listing's (two items at least,
+    within it); the run's end when it starts at i; else 0 (item i alone)."""
+    if o + most + 2 > out.size:
+        return -1
+    if r < spans.shape[0] and spans[r, 0] == i:
+        b = spans[r, 1]
+        return b if i + 2 <= b <= n else -1
+    return 0
+
+
+_run_at_in = inner(_run_at)
+
+
+def _closed(out, o, spans, r):  # pragma: no cover - compiled
+    """The listing's closing bracket, after its last object, when every span was one
+    of its runs (r of them taken): the text's length; else -1."""
+    if r != spans.shape[0]:  # a span out of order, overlapping, or past the listing
+        return -1
+    out[o] = _CLOSE_LIST
+    return o + 1
+
+
+_closed_in = inner(_closed)
+
+
 @partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _INTS, _SCRATCH, _INTS, _INTS, _INTS,
-                              _INTS, _TABLE, _INTS, _FLAGS, _TABLE))
+                              _INTS, _TABLE, _INTS, _FLAGS, _TABLE, nt.int64))
 def pools_listing(out, keys, key_at, single, run, values, seq, k, first_pos, last_pos, cells,
-                  rep, new, spans):  # pragma: no cover - compiled
+                  rep, new, spans, most):  # pragma: no cover - compiled
     """Writes json_report.py `pools_json`'s text into `out`; returns its length. A
     pool alone: keys 0.. of widths `single` (seq, k, first_pos, last_pos, cells,
     rep, new); a run: the next keys, of widths `run` (seq, k as [k0, k1],
     first_pos, cells as [c0, d, e], new). `spans`: the runs, [a, b) each;
-    `values`: scratch of kpool + 8 at least."""
+    `values`: scratch of kpool + 8 at least; `most`: the longest object's text."""
     o, i, r, n, w = 1, 0, 0, seq.size, cells.shape[1]
     out[0] = _OPEN_LIST
     while i < n:
-        if r < spans.shape[0] and spans[r, 0] == i:
-            b = spans[r, 1]
+        b = _run_at_in(out, o, most, spans, r, i, n)
+        if b < 0:
+            return -1
+        if b:
             values[0], values[1], values[2] = seq[i], k[i], k[b - 1] + 1
             values[3] = first_pos[i]
             _steps_in(values, 4, cells, i)
@@ -165,23 +199,25 @@ def pools_listing(out, keys, key_at, single, run, values, seq, k, first_pos, las
             values[4 + w], values[5 + w] = rep[i], new[i]
             o = _object_in(out, o, keys, key_at, 0, single, values)
             i += 1
-    out[o] = _CLOSE_LIST
-    return o + 1
+    return _closed_in(out, o, spans, r)
 
 
 @partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _INTS, _SCRATCH, _INTS, _TABLE,
-                              _FLAGS, _TABLE))
-def scatter_listing(out, keys, key_at, single, run, values, rep, rows, pad, spans
+                              _FLAGS, _TABLE, nt.int64))
+def scatter_listing(out, keys, key_at, single, run, values, rep, rows, pad, spans, most
                     ):  # pragma: no cover - compiled
     """Writes json_report.py `scatter_json`'s text into `out`; returns its length. An
     entry alone: keys 0.. of widths `single` (rep, cells, pad); a run: the next
     keys, of widths `run` (n, cells as [c0, d, e], pad: false). `spans`: the runs,
-    [a, b) each; `values`: scratch of kpool + 4 at least."""
+    [a, b) each; `values`: scratch of kpool + 4 at least; `most`: the longest
+    object's text."""
     o, i, r, n, w = 1, 0, 0, rep.size, rows.shape[1]
     out[0] = _OPEN_LIST
     while i < n:
-        if r < spans.shape[0] and spans[r, 0] == i:
-            b = spans[r, 1]
+        b = _run_at_in(out, o, most, spans, r, i, n)
+        if b < 0:
+            return -1
+        if b:
             values[0] = b - i
             _steps_in(values, 1, rows, i)
             values[4] = 0
@@ -194,22 +230,23 @@ def scatter_listing(out, keys, key_at, single, run, values, rep, rows, pad, span
             values[1 + w] = pad[i]
             o = _object_in(out, o, keys, key_at, 0, single, values)
             i += 1
-    out[o] = _CLOSE_LIST
-    return o + 1
+    return _closed_in(out, o, spans, r)
 
 
 @partial(kernel, sig=nt.int64(_OUT, _TEXT, _INTS, _INTS, _SCRATCH, _INTS, _INTS, _INTS, _INTS,
-                              _TABLE))
-def tokens_listing(out, keys, key_at, widths, values, pos, seq_at, seqs, rows, ext
+                              _TABLE, nt.int64))
+def tokens_listing(out, keys, key_at, widths, values, pos, seq_at, seqs, rows, ext, most
                    ):  # pragma: no cover - compiled
     """Writes json_report.py `tokens_json`'s text into `out`; returns the text's
     length. Keys and `widths`: a token's (pos, seq as LISTED, cell, and ext when
     `widths` has a fourth field). Token i's sequences are `seqs[seq_at[i]:seq_at[i +
     1]]`, its ext `ext[i]`; `values`: scratch of a token's most sequences + 5 at
-    least."""
+    least; `most`: the longest token's text."""
     o = 1
     out[0] = _OPEN_LIST
     for i in range(pos.size):
+        if o + most + 2 > out.size:
+            return -1
         values[0] = pos[i]
         a, b = seq_at[i], seq_at[i + 1]
         values[1] = b - a

@@ -309,7 +309,9 @@ class EncodedTexts:
     `_FEW_LISTED` items (`listing`), while a plan stands and `_listed_json` and
     `_entries_json` hand on their lists (cache-safe's listing of every pool as runs:
     about half of W2's standing ubatch's encoding). Holds the last `KEEP` findings
-    and the last two listings met, with their values (so an id stays its own)."""
+    and the last two listings met, with their values (so an id stays its own). A
+    long list written by a listing kernel (`listings`) is kept apart, by the arrays
+    it was written from (`_POOLS_TEXT`, `_SCATTER_TEXT`)."""
 
     KEEP = 16
 
@@ -381,14 +383,15 @@ def _listing_kernels() -> ModuleType | None:
     (`kpool_cli.jit`, which the compiled core's and the numba backend's kernels
     import), else None: a replay that runs no kernel writes its listings in Python
     rather than pay numba's import for them. The texts are the same either way."""
-    kernels = sys.modules.get(_KERNELS)  # imported once: a look-up a ubatch, no import
-    if kernels is not None or "kpool_cli.jit" not in sys.modules:
-        return kernels
-    from . import json_kernels
-    return json_kernels
+    global _kernels
+    if _kernels is None and "kpool_cli.jit" in sys.modules:
+        # the import waits for a module another thread is importing: set whole
+        from . import json_kernels
+        _kernels = json_kernels
+    return _kernels
 
 
-_KERNELS = f"{__package__}.json_kernels"
+_kernels: ModuleType | None = None  # json_kernels once imported: no import a ubatch
 
 
 def _key_texts(*records: tuple[Record, tuple[str, ...]]) -> tuple[np.ndarray, np.ndarray]:
@@ -437,13 +440,40 @@ def _widths(kernels: ModuleType, record: Record, members: int) -> np.ndarray:
 _WIDTHS: dict[tuple[str, int], np.ndarray] = {}
 
 
-def _most(keys: tuple[np.ndarray, np.ndarray], n_ints: int, n: int, spans: np.ndarray) -> int:
-    """The longest text a listing of `n` items with runs `spans` can take, its objects
-    (a run or an item no run holds) of at most `n_ints` integers each: each counted
-    with every key of both records, two booleans (`false`), its braces, brackets and
-    commas."""
+def _object_most(kernels: ModuleType, keys: tuple[np.ndarray, np.ndarray], first: int,
+                 widths: np.ndarray, listed: int = 0) -> int:
+    """The longest text of an object whose keys are the texts first.. of `keys` and
+    whose fields have `widths` (`_widths`): its keys, each integer at its longest, a
+    boolean's `false`, a list's brackets and commas (a LISTED list of `listed`
+    items at most) and its closing brace."""
+    at = keys[1]
+    most = int(at[first + widths.size] - at[first]) + 1
+    for w in widths.tolist():
+        if w == kernels.INT:
+            most += _INT_TEXT
+        elif w == kernels.BOOL:
+            most += len("false")
+        else:
+            most += 2 + (listed if w == kernels.LISTED else w) * (_INT_TEXT + 1)
+    return most
+
+
+def _listing_out(n: int, spans: np.ndarray, most: int) -> np.ndarray:
+    """The buffer of a listing of `n` items whose runs are `spans`, each object's text
+    at most `most` long: its objects (a run, or an item no run holds), their commas,
+    its brackets. The kernel checks each object's room, so spans that are not runs
+    of the listing cannot make it write past the end."""
     n_objects = n - int((spans[:, 1] - spans[:, 0]).sum()) + len(spans) if spans.size else n
-    return 2 + n_objects * (len(keys[0]) + n_ints * (_INT_TEXT + 1) + 2 * len("false") + 8)
+    return np.empty(2 + n_objects * (most + 1), dtype=np.uint8)
+
+
+def _text(out: np.ndarray, end: int, what: str) -> orjson.Fragment:
+    """The kernel's text, `out[:end]`; `end` -1: it refused (`json_kernels`'
+    invariants), a defect of kpool's, not of the trace."""
+    if end < 0:
+        raise ValueError(f"the listing kernel refused the {what}: its spans are not runs of "
+                         "it, or its buffer is short (a kpool defect)")
+    return orjson.Fragment(out[:end].tobytes())
 
 
 def _ints(a: np.ndarray) -> np.ndarray:
@@ -458,14 +488,15 @@ def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | No
         spans = NO_SPANS
     elif spans is None:
         spans = pool_spans(p)
-    # a pool: 5 ints and its members; a run: 7
-    out = np.empty(_most(_POOL_KEYS, max(members + 5, 7), n, spans), dtype=np.uint8)
+    single, run = _widths(kernels, POOL, members), _widths(kernels, POOL_RUN, members)
+    most = max(_object_most(kernels, _POOL_KEYS, 0, single),
+               _object_most(kernels, _POOL_KEYS, single.size, run))
+    out = _listing_out(n, spans, most)
     end = kernels.pools_listing(
-        out, *_POOL_KEYS, _widths(kernels, POOL, members), _widths(kernels, POOL_RUN, members),
-        np.empty(members + 8, dtype=np.int64), _ints(p.seq), _ints(p.k), _ints(p.first_pos),
-        _ints(p.last_pos), _ints(p.cells), _ints(p.rep), np.ascontiguousarray(p.new, dtype=bool),
-        _ints(spans))
-    return orjson.Fragment(out[:end].tobytes())
+        out, *_POOL_KEYS, single, run, np.empty(members + 8, dtype=np.int64), _ints(p.seq),
+        _ints(p.k), _ints(p.first_pos), _ints(p.last_pos), _ints(p.cells), _ints(p.rep),
+        np.ascontiguousarray(p.new, dtype=bool), _ints(spans), most)
+    return _text(out, end, "pools")
 
 
 def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fragment:
@@ -476,13 +507,14 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
         spans = NO_SPANS
     else:
         spans = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
-    # an entry: its rep and its members; a run: 4
-    out = np.empty(_most(_SCATTER_KEYS, max(members + 1, 4), n, spans), dtype=np.uint8)
+    single, run = _widths(kernels, SCATTER, members), _widths(kernels, SCATTER_RUN, members)
+    most = max(_object_most(kernels, _SCATTER_KEYS, 0, single),
+               _object_most(kernels, _SCATTER_KEYS, single.size, run))
+    out = _listing_out(n, spans, most)
     end = kernels.scatter_listing(
-        out, *_SCATTER_KEYS, _widths(kernels, SCATTER, members),
-        _widths(kernels, SCATTER_RUN, members), np.empty(members + 4, dtype=np.int64),
-        _ints(rep), _ints(rows), np.ascontiguousarray(pad, dtype=bool), _ints(spans))
-    return orjson.Fragment(out[:end].tobytes())
+        out, *_SCATTER_KEYS, single, run, np.empty(members + 4, dtype=np.int64), _ints(rep),
+        _ints(rows), np.ascontiguousarray(pad, dtype=bool), _ints(spans), most)
+    return _text(out, end, "scatter entries")
 
 
 def tokens_text(kernels: ModuleType, r: UbatchRecord) -> orjson.Fragment:
@@ -496,12 +528,13 @@ def tokens_text(kernels: ModuleType, r: UbatchRecord) -> orjson.Fragment:
     ext = r.token_ext
     if ext is None:  # no M-RoPE: no ext field
         widths, ext = widths[:len(TOKEN.fields) - 1], _NO_EXT
-    # a token: pos, the count and its sequences, cell, ext's two
-    out = np.empty(_most(_TOKEN_KEYS, most_seqs + 5, n, NO_SPANS), dtype=np.uint8)
+    most = _object_most(kernels, _TOKEN_KEYS, 0, widths, most_seqs)
+    out = _listing_out(n, NO_SPANS, most)
+    # values: pos, the count and the sequences, cell, ext's two
     end = kernels.tokens_listing(out, *_TOKEN_KEYS, widths, np.empty(most_seqs + 5, np.int64),
                                  _ints(r.token_pos), seq_at, seqs, _ints(r.token_rows),
-                                 _ints(ext))
-    return orjson.Fragment(out[:end].tobytes())
+                                 _ints(ext), most)
+    return _text(out, end, "tokens")
 
 
 _NO_EXT = np.empty((0, 2), dtype=np.int64)
