@@ -329,13 +329,14 @@ class EncodedTexts:
         return text
 
     def listings(self, r: UbatchRecord, kpool: int) -> tuple[object, object, object]:
-        """The record's three lists as `listings_json` gives them, the pools and the
-        entries, each of more than `_FEW_LISTED` items, as their texts: once a replay
-        has loaded numba, a list of more than `_KERNEL_LISTED` items is written by a
-        listing kernel from the record's columns (`tokens_text`, `pools_text`,
-        `scatter_text`; the last texts again while a plan stands and hands on its
-        arrays and spans, as `_listed_json` keeps its lists); a shorter listing is
-        `listing` of its list."""
+        """The record's three lists, tokens, pools and scatter entries, as
+        `listings_json` gives them or as their texts. Once a replay has loaded numba,
+        a list of more than `_KERNEL_LISTED` items is written by a listing kernel
+        from the record's columns (`tokens_text`, `pools_text`, `scatter_text`; a
+        listing's last text again while a plan stands and hands on its arrays and
+        spans, as `_listed_json` keeps its lists). Any shorter listing is `listing`
+        of its list (its text past `_FEW_LISTED` items); shorter tokens, their
+        list."""
         kernels = _listing_kernels()
         if kernels is None:
             return (tokens_json(r), self.listing(_listed_json(r, kpool)),
