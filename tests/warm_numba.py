@@ -40,11 +40,10 @@ def warm(backend: str | None, core: str) -> None:
 
 def warm_listings() -> None:
     """The JSON writer's listing kernels (kpool_cli/report/json_kernels.py), which a
-    report's writer calls, not the replay: each once, on a listing of a run and
-    singles."""
+    report's writer calls, not the replay: each once, on three pools (one run),
+    their scatter entries and three tokens."""
     import numpy as np
 
-    from kpool_cli import jit  # noqa: F401 - the kernels are loaded once numba is
     from kpool_cli.contracts.records import Pools
     from kpool_cli.report import json_kernels
     from kpool_cli.report.json_report import pools_text, scatter_text, tokens_text
