@@ -117,11 +117,15 @@ def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.nd
     return out
 
 
+def first_seq_ids(seqs: list[tuple[int, ...]]) -> np.ndarray:
+    """Each token's first seq id (the one it reads through, ENGINE.md §7), read in C."""
+    return np.fromiter(map(_FIRST, seqs), dtype=np.int64, count=len(seqs))
+
+
 def token_pairs(seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """(token, seq id) of each of a ubatch's tokens' seq ids, in the order given."""
     if set(map(len, seqs)) == {1}:  # a token a sequence (every set one id): in C
-        return (np.arange(len(seqs), dtype=np.int64),
-                np.fromiter(map(_FIRST, seqs), dtype=np.int64, count=len(seqs)))
+        return np.arange(len(seqs), dtype=np.int64), first_seq_ids(seqs)
     pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
     pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
     return pair_tok, pair_seq

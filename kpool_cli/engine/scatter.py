@@ -22,16 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.cells import CELL_BITS, global_row, make_keys
 from .layout import Layout, SeqLayout, by_sequence
-from .marking import pad_bound
-
-_FIRST = itemgetter(0)  # a token's first seq id, read in C
+from .marking import first_seq_ids, pad_bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +171,7 @@ def build_plan(layout: Layout, marked: np.ndarray, n_new_g: int, pos: np.ndarray
         raise EngineAbort(missing)
 
     n_new = int(marked.size)
-    first = np.fromiter(map(_FIRST, seqs), dtype=np.int64, count=len(seqs))
+    first = first_seq_ids(seqs)
     if n_new_g == n_new and layout.is_every_pool(marked):
         # re-pool-all, unpadded: the entries are the layout's own columns, the same
         # arrays while its pools stand (so what is built from them alone is kept by

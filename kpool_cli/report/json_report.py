@@ -422,7 +422,8 @@ def _widths(kernels: ModuleType, record: Record, members: int) -> np.ndarray:
     """Each field's width as the listing kernels read it (json_kernels.py: INT, BOOL,
     LISTED or a list's length), from its schema: an integer, a boolean (or a
     constant one), or an array of `maxItems` integers, else of `members` (a pool's
-    rows; LISTED: as many as each object has, a token's sequences)."""
+    rows; LISTED: as many as each object has, a token's sequences). Worked out once
+    a record and a width."""
     got = _WIDTHS.get((record.name, members))
     if got is None:
         widths = []
@@ -459,6 +460,24 @@ def _object_most(kernels: ModuleType, keys: tuple[np.ndarray, np.ndarray], first
     return most
 
 
+def _listing_fields(kernels: ModuleType, single: Record, run: Record,
+                    keys: tuple[np.ndarray, np.ndarray], members: int
+                    ) -> tuple[np.ndarray, np.ndarray, int]:
+    """A listing's fields as its kernel reads them, for items of `members` rows: the
+    widths of an item alone (`single`) and of a run (`run`, whose keys follow the
+    item's in `keys`), and the longest object's text of either. Worked out once a
+    listing and a width."""
+    got = _FIELDS.get((single.name, members))
+    if got is None:
+        one, many = _widths(kernels, single, members), _widths(kernels, run, members)
+        got = _FIELDS[(single.name, members)] = (one, many, max(
+            _object_most(kernels, keys, 0, one), _object_most(kernels, keys, one.size, many)))
+    return got
+
+
+_FIELDS: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, int]] = {}
+
+
 def _listing_out(n: int, spans: np.ndarray, most: int) -> np.ndarray:
     """The buffer of a listing of `n` items whose runs are `spans`, each object's text
     at most `most` long: its objects (a run, or an item no run holds), their commas,
@@ -489,9 +508,7 @@ def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | No
         spans = NO_SPANS
     elif spans is None:
         spans = pool_spans(p)
-    single, run = _widths(kernels, POOL, members), _widths(kernels, POOL_RUN, members)
-    most = max(_object_most(kernels, _POOL_KEYS, 0, single),
-               _object_most(kernels, _POOL_KEYS, single.size, run))
+    single, run, most = _listing_fields(kernels, POOL, POOL_RUN, _POOL_KEYS, members)
     out = _listing_out(n, spans, most)
     end = kernels.pools_listing(
         out, *_POOL_KEYS, single, run, np.empty(members + 8, dtype=np.int64), _ints(p.seq),
@@ -508,9 +525,8 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
         spans = NO_SPANS
     else:
         spans = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
-    single, run = _widths(kernels, SCATTER, members), _widths(kernels, SCATTER_RUN, members)
-    most = max(_object_most(kernels, _SCATTER_KEYS, 0, single),
-               _object_most(kernels, _SCATTER_KEYS, single.size, run))
+    single, run, most = _listing_fields(kernels, SCATTER, SCATTER_RUN, _SCATTER_KEYS,
+                                        members)
     out = _listing_out(n, spans, most)
     end = kernels.scatter_listing(
         out, *_SCATTER_KEYS, single, run, np.empty(members + 4, dtype=np.int64), _ints(rep),
@@ -521,10 +537,11 @@ def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fra
 def tokens_text(kernels: ModuleType, r: UbatchRecord) -> orjson.Fragment:
     """`tokens_json(r)`'s text, written by the listing kernel."""
     n = r.token_pos.size
+    lens = np.fromiter(map(len, r.token_seqs), dtype=np.int64, count=n)
     seq_at = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, r.token_seqs), dtype=np.int64, count=n), out=seq_at[1:])
+    np.cumsum(lens, out=seq_at[1:])
     seqs = np.fromiter(chain.from_iterable(r.token_seqs), dtype=np.int64, count=int(seq_at[-1]))
-    most_seqs = int(np.diff(seq_at).max()) if n else 0
+    most_seqs = int(lens.max()) if n else 0
     widths = _widths(kernels, TOKEN, kernels.LISTED)
     ext = r.token_ext
     if ext is None:  # no M-RoPE: no ext field
