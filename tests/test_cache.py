@@ -9,7 +9,15 @@ from conftest import toks
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kpool_cli.cache.batch import SeqSets, one_seq_each, one_set, split_equal, validate
+from kpool_cli.cache import batch
+from kpool_cli.cache.batch import (
+    SeqSets,
+    one_id_each,
+    one_seq_each,
+    one_set,
+    split_equal,
+    validate,
+)
 from kpool_cli.cache.cells import Stream
 from kpool_cli.cache.kv import KvCache
 from kpool_cli.trace.model import CacheConfig, Token
@@ -229,6 +237,60 @@ def test_s3_validation_of_one_token_per_sequence():
     assert check(toks((4, [0]), (4, [1])), c) == (
         "seq 1: the cache's last position is X = 1 but the batch starts at Y = 4; it is "
         "required that Y = X + 1")
+
+
+def test_s3_validation_of_a_server_step_from_its_columns():
+    """ENGINE.md §3 for a batch of one seq id a token, some ids shared (a server's step:
+    one slot's prompt chunk, others' decodes), of `COLUMNS_FROM` tokens or more: checked
+    from its seq id and pos columns, by the rules of a batch checked token by token.
+    Seq 0 holds 0..3 (X = 3), seq 1 0..1 (X = 1); the numbers below are by hand."""
+    c = cache(kv_size=128, n_seq_max=3)
+    decode(c, 0, range(4))
+    decode(c, 1, range(2))
+    n = batch.COLUMNS_FROM
+    # seq 1's decode (pos 2) ahead of seq 0's chunk 4..4+n-1, in descending order, and
+    # a new seq 2's token: seq 0 holds n distinct positions from 4, continuous
+    chunk = [(p, [0]) for p in range(4 + n - 1, 3, -1)]
+    assert check(toks((2, [1]), *chunk, (7, [2])), c) is None
+    # pos 5 twice: n tokens, n - 1 distinct positions 4..n+2, so continuous still
+    # (a std::set), but one short of 4..n+3
+    twice = [(5 if p == 6 else p, [0]) for p in range(4, 4 + n)]
+    assert check(toks(*twice, (2, [1])), c) == (
+        f"seq 0: positions 4..{n + 3} are not continuous")
+    # seq 1's first position is not X + 1, seq 2's any: seq 1 named
+    assert check(toks(*chunk, (3, [1]), (9, [2])), c) == (
+        "seq 1: the cache's last position is X = 1 but the batch starts at Y = 3; it is "
+        "required that Y = X + 1")
+    # the first id out of range is named by its token, as token by token
+    assert check(toks(*chunk, (2, [1]), (0, [3]), (0, [-1])), c) == (
+        f"token {n + 1}: invalid seq_id 3 (n_seq_max = 3)")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(-1, 3)), max_size=80),
+       st.integers(1, 40), st.booleans(), st.integers(0, 3), st.booleans())
+def test_batches_of_one_seq_id_a_token_are_checked_and_split_alike_both_ways(
+        specs, n_ubatch, sequential, keep, mrope) -> None:
+    """cache/batch.py: a batch of one seq id a token (ids maybe shared, maybe out of
+    range; positions in any order, maybe repeated) gets the same validation message
+    and the same split (or refusal or abort) from its columns (`COLUMNS_FROM` 0) as
+    token by token (`COLUMNS_FROM` past any batch)."""
+    c = cache(kv_size=64, n_seq_max=3)
+    decode(c, 0, range(4))
+    decode(c, 1, range(2))
+    tokens = toks(*((p, [s]) for p, s in specs))
+    answers = []
+    for columns_from in (0, 10**9):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(batch, "COLUMNS_FROM", columns_from)
+            got = [check(tokens, c, mrope=mrope)]
+            if all(0 <= s < 3 for _, s in specs):
+                try:
+                    got.append(split_equal(tokens, n_ubatch, sequential, keep))
+                except batch.KeepTailAssert as e:
+                    got.append(str(e))
+            answers.append(got)
+    assert answers[0] == answers[1]
 
 
 def test_s3_decreasing_positions_are_accepted_as_the_code_does():
@@ -546,17 +608,21 @@ def test_one_set_and_one_seq_each_by_hand():
     assert one_set([]) is None  # no token: no set (an empty batch's split and validation)
     assert one_seq_each([(2,), (0,), (5,)]) == (2, 0, 5)
     assert one_seq_each([(2,), (2,)]) is None and one_seq_each([(2,), (0, 1)]) is None
+    # `one_id_each`: the one seq id of each token, two maybe the same
+    assert one_id_each([(2,), (2,), (0,)]) == (2, 2, 0)
+    assert one_id_each([(2,), (0, 1)]) is None and one_id_each([(2,), ()]) is None
 
 
 @given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple), max_size=6))
 def test_one_set_and_one_seq_each_of_seq_sets_are_their_definitions(sets) -> None:
-    """cache/batch.py: `one_set` and `one_seq_each` of any sets, a list or a `SeqSets`
-    (which keeps the answers once found: asked twice, the same), are what their
+    """cache/batch.py: `one_set`, `one_seq_each` and `one_id_each` of any sets, a list or
+    a `SeqSets` (which keeps the answers once found: asked twice, the same), are what their
     docstrings define, set by set."""
     same = sets[0] if sets and all(ss == sets[0] for ss in sets) else None
     ids = [ss[0] for ss in sets]
-    each = (tuple(ids) if all(len(ss) == 1 for ss in sets) and len(set(ids)) == len(ids)
-            else None)
+    one_each = tuple(ids) if all(len(ss) == 1 for ss in sets) else None
+    each = one_each if one_each is not None and len(set(ids)) == len(ids) else None
     held = SeqSets(sets)
     for form in (sets, held, held):
         assert one_set(form) == same and one_seq_each(form) == each
+        assert one_id_each(form) == one_each

@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from test_engine_rules import TRACES
 from test_reference_agreement import draw_n_rs_seq, random_traces
 
+from kpool_cli.cache import batch
 from kpool_cli.cache.aborts import KeepTailAssert
 from kpool_cli.cache.batch import split_equal
 from kpool_cli.contracts.records import ExpectResult, OpEvent, UbatchRecord
@@ -252,20 +253,24 @@ def test_reference_split_equal_100_plus_1_and_the_first_round() -> None:
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(seqs=st.lists(st.integers(0, 5), min_size=1, max_size=10),
-       n_ubatch=st.integers(1, 12), keep=st.integers(0, 3), sequential=st.booleans())
+@given(seqs=st.lists(st.integers(0, 5), min_size=1, max_size=60),
+       n_ubatch=st.integers(1, 40), keep=st.integers(0, 3), sequential=st.booleans())
 def test_split_equal_of_one_seq_id_a_token_agrees(seqs: list[int], n_ubatch: int,
                                                    keep: int, sequential: bool) -> None:
     """kpool's split_equal (cache/batch.py, with its shortcut for a step of parallel
-    slots: each token its own sequence) against the reference's, on tokens of one seq
-    id each, distinct or not: the same ubatches, or the same refusal or abort."""
+    slots: each token its own sequence, and its grouping by a sort of the seq ids
+    from `COLUMNS_FROM` tokens) against the reference's, on tokens of one seq id each,
+    distinct or not: the same ubatches, or the same refusal or abort."""
     toks = tuple(Token(p, (s,)) for p, s in enumerate(seqs))
-    got, want = _both_splits(toks, n_ubatch, sequential, keep)
-    if got is None:
-        return
-    assert not isinstance(got, str) and want is not None
-    assert [list(u.tokens) for u in got] == want
-    assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
+    for columns_from in (batch.COLUMNS_FROM, 1):  # as shipped; every batch by its columns
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(batch, "COLUMNS_FROM", columns_from)
+            got, want = _both_splits(toks, n_ubatch, sequential, keep)
+        if got is None:
+            return
+        assert not isinstance(got, str) and want is not None
+        assert [list(u.tokens) for u in got] == want
+        assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]
 
 
 def _both_splits(toks: tuple[Token, ...], n_ubatch: int, sequential: bool, keep: int):

@@ -7,9 +7,12 @@ Owns: `validate` (llama_batch_allocr::init's checks against the cache; of a
 functions of the batch and the memory's pos_min/pos_max; a refusal is a returned
 message, never an exception, because llama_decode reports it with a return code.
 Also the batch's shape, which the steps after ask too: its tokens' sequence sets
-(`seq_sets`, a `SeqSets`), whether they are one set (`one_set`) or one sequence a
-token (`one_seq_each`: a step of parallel slots); a `SeqSets` holds both answers
-once found, so a decode's steps that share it find each once.
+(`seq_sets`, a `SeqSets`), whether they are one set (`one_set`), one seq id a token
+(`one_id_each`: a server's step of prompt chunks and decodes) or one sequence a
+token (`one_seq_each`: a step of parallel slots); a `SeqSets` holds each answer
+once found, so a decode's steps that share it find each once. A batch of
+`COLUMNS_FROM` tokens or more, one seq id each, is validated and split from its
+seq id and pos columns (numpy sorts), the others token by token: the same answers.
 """
 
 from __future__ import annotations
@@ -18,11 +21,15 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Protocol
+
+import numpy as np
 
 from ..trace.model import Span, Token
 from .aborts import KeepTailAssert
+
+Ends = dict[int, tuple[int, int, int]]  # seq id: (first pos, last pos, distinct positions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +69,9 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
         return _validate_ends({s: (min(ps), max(ps), len(ps))}, set(), cache, mrope=mrope,
                               embd=embd)
     singles = one_seq_each(sets)
-    if singles is not None:  # parallel slots: each token's set is its own sequence
+    if singles:  # parallel slots: each token's set is its own sequence (none: no token)
         if min(singles) < 0 or max(singles) >= n_seq_max:
-            i, s = next((i, s) for i, s in enumerate(singles) if not 0 <= s < n_seq_max)
-            return _invalid_seq(i, s, n_seq_max)
+            return _invalid_seq(*_first_invalid(singles, n_seq_max), n_seq_max)
         if not mrope:
             for x, t in zip(cache.seq_pos_maxes(singles), tokens, strict=True):
                 if x >= 0 and t.pos != x + 1:
@@ -74,6 +80,18 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
                 return None  # `_validate_ends`' checks of one token a sequence, all passed
         ends = {s: (t.pos, t.pos, 1) for s, t in zip(singles, tokens, strict=True)}
         return _validate_ends(ends, set(), cache, mrope=mrope, embd=embd)
+    ids = _by_columns(sets)
+    found = (_token_ends(tokens, n_seq_max) if ids is None
+             else _id_ends(ids, tokens, n_seq_max))
+    if isinstance(found, str):
+        return found
+    return _validate_ends(*found, cache, mrope=mrope, embd=embd)
+
+
+def _token_ends(tokens: Sequence[Token], n_seq_max: int
+                ) -> tuple[Ends, set[tuple[int, int]]] | str:
+    """The batch's ends per sequence and its coupled pairs of seq ids, token by token;
+    or the refusal of the first seq id outside [0, n_seq_max)."""
     positions: dict[int, set[int]] = {}
     for i, t in enumerate(tokens):
         for s in t.seq:
@@ -82,7 +100,35 @@ def validate(tokens: tuple[Token, ...], cache: SeqPositions, n_seq_max: int, *, 
             positions.setdefault(s, set()).add(t.pos)
     ends = {s: (min(ps), max(ps), len(ps)) for s, ps in positions.items()}
     coupled = {(a, b) for t in tokens for a in t.seq for b in t.seq if a < b}
-    return _validate_ends(ends, coupled, cache, mrope=mrope, embd=embd)
+    return ends, coupled
+
+
+def _id_ends(ids: tuple[int, ...], tokens: Sequence[Token], n_seq_max: int
+             ) -> tuple[Ends, set[tuple[int, int]]] | str:
+    """`_token_ends` of tokens of one seq id each (`ids`), none coupled, from their
+    columns: sorted by (seq id, pos), each sequence's first and last pos are its
+    run's ends, and its distinct positions the pos changes within it."""
+    if min(ids) < 0 or max(ids) >= n_seq_max:
+        return _invalid_seq(*_first_invalid(ids, n_seq_max), n_seq_max)
+    n = len(ids)
+    seq = np.array(ids, dtype=np.int64)  # in range: checked above
+    pos = np.fromiter(map(_POS, tokens), dtype=np.int64, count=n)  # < POS_LIMIT
+    order = np.lexsort((pos, seq))
+    seq, pos = seq[order], pos[order]
+    other_seq = seq[1:] != seq[:-1]
+    head = np.flatnonzero(np.concatenate(([True], other_seq)))
+    last = np.append(head[1:], n) - 1
+    # a sorted token whose (seq id, pos) is not the one before it: a distinct pos
+    fresh = np.cumsum(np.concatenate(([True], other_seq | (pos[1:] != pos[:-1]))))
+    ends = dict(zip(seq[head].tolist(), zip(pos[head].tolist(), pos[last].tolist(),
+                                            (fresh[last] - fresh[head] + 1).tolist(),
+                                            strict=True), strict=True))
+    return ends, set()
+
+
+def _first_invalid(ids: tuple[int, ...], n_seq_max: int) -> tuple[int, int]:
+    """(index, seq id) of the first of `ids` outside [0, n_seq_max) (there is one)."""
+    return next((i, s) for i, s in enumerate(ids) if not 0 <= s < n_seq_max)
 
 
 def _invalid_seq(i: int, s: int, n_seq_max: int) -> str:
@@ -98,7 +144,7 @@ def validate_span(span: Span, cache: SeqPositions, *, mrope: bool) -> str | None
     return _validate_ends(ends, coupled, cache, mrope=mrope, embd=span.ext is not None)
 
 
-def _validate_ends(ends: dict[int, tuple[int, int, int]], coupled: set[tuple[int, int]],
+def _validate_ends(ends: Ends, coupled: set[tuple[int, int]],
                    cache: SeqPositions, *, mrope: bool, embd: bool) -> str | None:
     """The checks per sequence, from its first and last position and its count of
     distinct positions, then those of the coupled pairs."""
@@ -145,11 +191,9 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
     n_keep_tail (after the refusal of coupled sequences in a sequential split).
     `sets`: the tokens' `seq_sets`, when the caller has them."""
     n = len(tokens)
-    if n > max(n_ubatch, 1):
-        sets = None
-    elif sets is None:
+    if sets is None:
         sets = seq_sets(tokens)
-    first = one_set(sets) if sets else None
+    first = one_set(sets) if sets and n <= max(n_ubatch, 1) else None
     if first is not None:
         # a decode step of one sequence set (one token, or a draft's few): the walk
         # below collects the set, takes its every token in one ubatch, and leaves no
@@ -162,13 +206,13 @@ def split_equal(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
         # round takes each set's one token in batch order and leaves none to keep
         refused = split_refusal(False, n_ubatch, sequential, n_keep_tail)
         return refused if refused is not None else [Ubatch(tuple(range(n)), n)]
-    return _split_walk(tokens, n_ubatch, sequential, n_keep_tail)
+    return _split_walk(tokens, n_ubatch, sequential, n_keep_tail, sets)
 
 
 def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
-                n_keep_tail: int) -> list[Ubatch] | str:
+                n_keep_tail: int, sets: SeqSets) -> list[Ubatch] | str:
     """`split_equal` the general way: the walk its docstring describes."""
-    by_set = _token_sets(tokens)
+    by_set = _token_sets(sets)
     refused = split_refusal(any(len(s) > 1 for s in by_set), n_ubatch, sequential, n_keep_tail)
     if refused is not None:
         return refused
@@ -211,11 +255,17 @@ def _split_walk(tokens: tuple[Token, ...], n_ubatch: int, sequential: bool,
 
 _POS, _SEQ = attrgetter("pos"), attrgetter("seq")
 
+# A batch of this many tokens or more, one seq id each, is validated and split from
+# its columns (`_id_ends`, `_id_sets`): token by token, 512 tokens of a server's step
+# cost 0.35 ms of sets and dicts, from columns 0.22 ms; below some 100 tokens the
+# numpy calls' own cost is more (docs/performance.md, the thirty-seventh session).
+COLUMNS_FROM = 128
+
 
 class SeqSets(tuple[tuple[int, ...], ...]):
-    """Each token's sequence set, in batch order (`seq_sets`), holding what `one_set`
-    and `one_seq_each` say of them from the first time either is asked (in its
-    `__dict__`, by the two functions): a step of parallel slots asks both in its
+    """Each token's sequence set, in batch order (`seq_sets`), holding what `one_set`,
+    `one_id_each` and `one_seq_each` say of them from the first time each is asked (in
+    its `__dict__`, by those functions): a step of parallel slots asks them in its
     validation, its split, and its ubatch's writes and find_slot (a tuple of tuples:
     the sets never change, nor do the answers)."""
 
@@ -272,21 +322,61 @@ def one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
 
 
 def _one_seq_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
-    firsts = tuple([ss[0] for ss in seq_sets if len(ss) == 1])
-    return firsts if len(firsts) == len(seq_sets) == len(set(firsts)) else None
+    ids = one_id_each(seq_sets)
+    return ids if ids is not None and len(set(ids)) == len(ids) else None
 
 
-def _token_sets(tokens: tuple[Token, ...]) -> dict[frozenset[int], list[int]]:
-    """The batch's tokens by sequence set, each set's in batch order, the sets in the
-    order of their first token. A batch of one seq id tuple (a prefill, a decode of one
-    sequence) is one set, known without a set per token."""
-    first = one_set(seq_sets(tokens))
+def one_id_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """Each set's one seq id, when every set has exactly one, two maybe the same (the
+    tokens of a server's step: prompt chunks and decodes of its slots); else None.
+    Of a `SeqSets`, found once."""
+    if type(seq_sets) is SeqSets:
+        return _kept(seq_sets, "one_id_each", _one_id_each)
+    return _one_id_each(seq_sets)
+
+
+_FIRST = itemgetter(0)
+
+
+def _by_columns(sets: SeqSets) -> tuple[int, ...] | None:
+    """The seq ids of a batch validated and split from its columns: one of
+    `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None."""
+    return one_id_each(sets) if len(sets) >= max(COLUMNS_FROM, 1) else None
+
+
+def _one_id_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
+    if set(map(len, seq_sets)) - {1}:  # a set of none, or of two or more
+        return None
+    return tuple(map(_FIRST, seq_sets))
+
+
+def _token_sets(sets: SeqSets) -> dict[frozenset[int], list[int]]:
+    """The batch's tokens (their sets `sets`) by sequence set, each set's in batch
+    order, the sets in the order of their first token. A batch of one seq id tuple (a
+    prefill, a decode of one sequence) is one set, known without a set per token; one
+    of `COLUMNS_FROM` tokens or more, one seq id each, is grouped by a sort of its ids."""
+    first = one_set(sets)
     if first is not None:
-        return {frozenset(first): list(range(len(tokens)))}
+        return {frozenset(first): list(range(len(sets)))}
+    ids = _by_columns(sets)
+    if ids is not None:
+        return _id_sets(ids)
     by_set: dict[frozenset[int], list[int]] = {}
-    for i, t in enumerate(tokens):
-        by_set.setdefault(frozenset(t.seq), []).append(i)
+    for i, ss in enumerate(sets):
+        by_set.setdefault(frozenset(ss), []).append(i)
     return by_set
+
+
+def _id_sets(ids: tuple[int, ...]) -> dict[frozenset[int], list[int]]:
+    """`_token_sets` of tokens of one seq id each (`ids`): a stable sort by seq id
+    keeps each sequence's tokens in batch order; its first is its run's head."""
+    seq = np.array(ids, dtype=np.int64)
+    order = np.argsort(seq, kind="stable")
+    seq = seq[order]
+    head = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+    runs = np.split(order, head[1:])
+    heads = seq[head].tolist()
+    return {frozenset((heads[j],)): runs[j].tolist() for j in np.argsort(order[head]).tolist()}
 
 
 def split_refusal(coupled: bool, n_ubatch: int, sequential: bool, n_keep_tail: int
