@@ -392,6 +392,15 @@ def _elf_defined(obj: bytes) -> set[str] | None:
 _SHT_SYMTAB, _SHN_UNDEF, _STB_GLOBAL, _STB_WEAK = 2, 0, 1, 2
 
 
+def argument_types(sig: str) -> tuple[Any, ...]:
+    """The argument types of numba's signature text `sig`, as numba's typing hands a
+    called function's to its compile (`kernel`'s `shared`)."""
+    from numba.core import sigutils
+
+    args, _returns = sigutils.normalize_signature(sig)
+    return tuple(args)
+
+
 def inner(fn: F) -> F:
     """`fn` as a numba function the kernels call (compiled into each caller, cached with
     it); never called from Python."""
@@ -399,7 +408,7 @@ def inner(fn: F) -> F:
     return jitted
 
 
-def kernel(fn: F, name: str | None = None, sig: Any = None) -> F:
+def kernel(fn: F, name: str | None = None, sig: Any = None, shared: bool = False) -> F:
     """`fn` as a numba kernel compiled on its first call (for the argument types it is
     given, or for `sig` alone: numba's signature or signatures, as text or as numba's
     `Signature`, after which the kernel takes no other types), from numba's on-disk
@@ -409,7 +418,14 @@ def kernel(fn: F, name: str | None = None, sig: Any = None) -> F:
     this first-call stub (callers look it up there each call). `name`: the module
     attribute the stub is bound to, when it is not fn's own (`x = kernel(_x)`, where
     `_x` is an `inner` too): a stub left bound pays the signal mask and the loader's
-    swap on every call (12 us alone, 40 us a call in a W2 replay)."""
+    swap on every call (12 us alone, 40 us a call in a W2 replay).
+
+    `shared`: other kernels call fn too (an `inner` of it), with the very argument
+    types of the one signature `sig`. The kernel is then compiled under those types
+    alone, its return type inferred, as a caller's compile asks for fn: numba files a
+    compiled function in its on-disk cache under the signature as it was asked, so
+    the two then share one entry, and whichever compiles fn first serves the other
+    with a load (a second compile took 0.6-1.8 s a function in a first replay)."""
     cache = cache_for(fn) != ""
     # numba compiles (or loads) a signature's kernel as it is made: made on first call
     jitted: Any = numba.njit(cache=cache)(fn) if sig is None else None
@@ -421,7 +437,7 @@ def kernel(fn: F, name: str | None = None, sig: Any = None) -> F:
         # numba loads (or compiles) here: a signal waits until it is done
         with masked(), cache_loads_only():
             if jitted is None:
-                jitted = numba.njit(sig, cache=cache)(fn)
+                jitted = numba.njit(argument_types(sig) if shared else sig, cache=cache)(fn)
             out = jitted(*args)
         setattr(module, bound, jitted)
         return out

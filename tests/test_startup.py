@@ -517,6 +517,57 @@ def test_a_loaded_kernel_is_linked_lazily_and_a_compilation_links_it(tmp_path: P
     assert outs[2] == ["-", "15", "1", lazy]  # `second` alone
 
 
+_SHARED = '''
+import sys
+import numba, numpy as np
+from numba.core import event
+from kpool_cli import jit
+
+def _scale(a, k):
+    return a[0] * k
+
+scale_in = jit.inner(_scale)
+scale = jit.kernel(_scale, "scale", "i8(i8[::1], i8)", shared=sys.argv[1] == "shared")
+
+def outer(a):
+    return scale_in(a, np.int64(3)) + 1  # the kernel's argument types, no literal
+
+outer_k = jit.kernel(outer, "outer_k")
+compiled = []
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+
+event.register("numba:compile", Compiles())
+a = np.array([5, 7], dtype=np.int64)
+print(scale(a, 2), outer_k(a), *sorted(compiled))
+'''
+
+
+def test_a_shared_kernel_and_a_kernel_calling_its_function_compile_it_once(
+        tmp_path: Path) -> None:
+    """`jit.kernel`'s `shared`: a kernel under a signature, whose function another
+    kernel calls (an `inner` of it) with the same argument types, is compiled under
+    those types alone, the key numba's on-disk cache files a caller's compile of the
+    function under: the caller's compile then loads the function, where without
+    `shared` it compiles it a second time (backend/kernels.py's `one_step` and the
+    three kernels of its passes: 1.1-1.3 s of a first replay)."""
+    script = tmp_path / "shared.py"
+    script.write_text(_SHARED)
+    outs = []
+    for shared in ("shared", "apart"):
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / shared)}
+        r = subprocess.run([sys.executable, str(script), shared], capture_output=True,
+                           text=True, cwd=ROOT, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        outs.append(r.stdout.split())
+    assert outs == [["10", "16", "_scale", "outer"], ["10", "16", "_scale", "_scale", "outer"]]
+
+
 def test_elf_defined_names_the_modules_global_definitions() -> None:
     """`jit._elf_defined` reads, from a compiled kernel's object code, the names its
     LLVM module defines with a linkage others can see (llvmlite's own reading of the

@@ -255,8 +255,10 @@ def _write_rows_into(state, rows, key_ids, slot_of, free, n_handed, pristine, ge
 
 # one kernel per slot map dtype (`slots._slot_dtype`: int64 only past 2**31 rows), so a
 # replay compiles (or loads) the one it calls
-_write_rows_i4 = kernel(_write_rows_into, "_write_rows_i4", _WRITE_ROWS_SIG.format("i4"))
-_write_rows_i8 = kernel(_write_rows_into, "_write_rows_i8", _WRITE_ROWS_SIG.format("i8"))
+_write_rows_i4 = kernel(_write_rows_into, "_write_rows_i4", _WRITE_ROWS_SIG.format("i4"),
+                        shared=True)
+_write_rows_i8 = kernel(_write_rows_into, "_write_rows_i8", _WRITE_ROWS_SIG.format("i8"),
+                        shared=True)
 
 
 def write_rows(state: np.uint64, rows: np.ndarray, key_ids: np.ndarray, slot_of: np.ndarray,
@@ -835,9 +837,9 @@ def _scatter_singles_into(slot_of, slot_row, n_handed, key, gate, pooled, pooled
 
 
 _scatter_singles_i4 = kernel(_scatter_singles_into, "_scatter_singles_i4",
-                             _SINGLES_SIG.format("i4"))
+                             _SINGLES_SIG.format("i4"), shared=True)
 _scatter_singles_i8 = kernel(_scatter_singles_into, "_scatter_singles_i8",
-                             _SINGLES_SIG.format("i8"))
+                             _SINGLES_SIG.format("i8"), shared=True)
 
 
 def scatter_singles(slot_of: np.ndarray, slot_row: np.ndarray, n_handed: int,
@@ -1101,7 +1103,8 @@ def _recheck_ways_rule(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, di
 # recheck.py's rule, once: `recheck_ways`' kernel, and inside `recheck_one`'s
 _recheck_ways_into = kernel(_recheck_ways_rule, "_recheck_ways_into",
                             "UniTuple(i8, 2)(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], "
-                            "i8[::1], i8, b1, b1, i8[::1], i8[::1], i8, i8[::1], i8[::1])")
+                            "i8[::1], i8, b1, b1, i8[::1], i8[::1], i8, i8[::1], i8[::1])",
+                            shared=True)
 _recheck_ways_in = inner(_recheck_ways_rule)
 
 
@@ -1145,8 +1148,10 @@ _RECHECK_ONE_SIG = ("i8(i8[::1], i8[::1], i8[::1], b1[::1], i8[::1], i8[::1], i8
                     "f4[:, ::1], i1[:, ::1], f4[:, ::1], i8[:, ::1], i8[::1], i8[::1], "
                     "i8[::1], f4[:, ::1], i4[:, ::1], f4[::1], b1[::1])")
 # one kernel per slot map dtype, as `_write_rows_i4`, `_i8`
-_recheck_one_i4 = kernel(_recheck_one_into, "_recheck_one_i4", _RECHECK_ONE_SIG.format("i4"))
-_recheck_one_i8 = kernel(_recheck_one_into, "_recheck_one_i8", _RECHECK_ONE_SIG.format("i8"))
+_recheck_one_i4 = kernel(_recheck_one_into, "_recheck_one_i4", _RECHECK_ONE_SIG.format("i4"),
+                         shared=True)
+_recheck_one_i8 = kernel(_recheck_one_into, "_recheck_one_i8", _RECHECK_ONE_SIG.format("i8"),
+                         shared=True)
 
 
 def recheck_one(start: np.ndarray, n_bad: np.ndarray, kept: np.ndarray, known: np.ndarray,
@@ -1364,7 +1369,10 @@ def _many_scratch(n: int, n_cells: int, n_pools: int, kpool: int, n_embd: int
 
 # -- a step of one sequence in one call ------------------------------------------------
 
-# the three passes `one_step` runs in turn, each as its own kernel runs it
+# the three passes `one_step` runs in turn, each as its own kernel runs it (`shared`:
+# their kernels' types, so one compile serves both; `_YES`, not the constant `True`,
+# whose literal type is a signature of its own)
+_YES = np.bool_(True)
 _write_rows_in = inner(_write_rows_into)
 _scatter_singles_in = inner(_scatter_singles_into)
 _recheck_one_in = inner(_recheck_one_into)
@@ -1385,7 +1393,7 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
                 return WROTE_NOTHING
     why, at = _write_rows_in(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
                              n_ubatch, decode_kind, key, gate, pooled, slot_row, key_gen,
-                             pool_gen, w_kind, w_ubatch, w_a, w_b, out, True)
+                             pool_gen, w_kind, w_ubatch, w_a, w_b, out, _YES)
     got[0] = why
     got[1] = at
     if why != WROTE:
@@ -1415,7 +1423,7 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
     for i in range(n_changed):
         cells[m + i] = grows[changed[i]]
     m += n_changed
-    way = _recheck_one_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, True,
+    way = _recheck_one_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, _YES,
                           m > lookup_max, cells[:m], pos, how, tail, keys, pools, row0,
                           slot_of, handed, key, gate, pooled, pool_of, pool_gen, key_gen, ms,
                           w, bits, want, verdicts)
