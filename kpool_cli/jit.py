@@ -403,9 +403,27 @@ def argument_types(sig: str) -> tuple[Any, ...]:
 
 def inner(fn: F) -> F:
     """`fn` as a numba function the kernels call (compiled into each caller, cached with
-    it); never called from Python."""
+    it); never called from Python. A caller's constant argument is handed over as its
+    type, not as the constant: numba compiles a called function again for each literal
+    (`0` and a variable, `False` and a flag), which took 5 s of compiles, one after
+    another, in the first replays of four workloads; LLVM inlines what is small and
+    folds the constant all the same."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
+    jitted.get_call_template = _unliteral(jitted.get_call_template)
     return jitted
+
+
+def _unliteral(get_call_template: Callable[..., Any]) -> Callable[..., Any]:
+    """A dispatcher's `get_call_template` (how numba types a call of it from another
+    function, compiling it for the argument types when it must) asked for the
+    arguments' types without their literal values."""
+    from numba.core.types import unliteral
+
+    def unliteral_call(args: tuple[Any, ...], kws: dict[str, Any]) -> Any:
+        return get_call_template(tuple(map(unliteral, args)),
+                                 {k: unliteral(v) for k, v in kws.items()})
+
+    return unliteral_call
 
 
 def kernel(fn: F, name: str | None = None, sig: Any = None, shared: bool = False) -> F:

@@ -568,6 +568,59 @@ def test_a_shared_kernel_and_a_kernel_calling_its_function_compile_it_once(
     assert outs == [["10", "16", "_scale", "outer"], ["10", "16", "_scale", "_scale", "outer"]]
 
 
+_UNLITERAL = '''
+import numba, numpy as np
+from numba.core import event
+from kpool_cli import jit
+
+def _add(a, k, flag):
+    return a[0] + k + (1 if flag else 0)
+
+def _add_numba(a, k, flag):  # a function of its own: numba's cache files each apart
+    return a[0] + k + (1 if flag else 0)
+
+add = jit.inner(_add)
+add_numba = numba.njit(cache=True)(_add_numba)  # numba's own: a constant's value is its type
+
+@numba.njit(cache=True)
+def by_constants(a):
+    return add(a, 0, False) + add_numba(a, 0, False)
+
+@numba.njit(cache=True)
+def by_values(a, k, flag):
+    return add(a, k, flag) + add_numba(a, k, flag)
+
+compiled = []
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        d = ev.data["dispatcher"]
+        compiled.append("add" if d is add else "add_numba" if d is add_numba else "")
+
+event.register("numba:compile", Compiles())
+a = np.array([5, 7], dtype=np.int64)
+print(by_constants(a), by_values(a, 2, True), compiled.count("add"),
+      compiled.count("add_numba"))
+'''
+
+
+def test_an_inner_function_is_compiled_once_for_constants_and_values(
+        tmp_path: Path) -> None:
+    """`jit.inner`: a function two kernels call, one with constants (`0`, `False`) and
+    one with values of their types, is compiled once; numba's own dispatcher compiles
+    it for each constant's literal type and again for the values."""
+    script = tmp_path / "unliteral.py"
+    script.write_text(_UNLITERAL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["10", "16", "1", "2"]
+
+
 def test_elf_defined_names_the_modules_global_definitions() -> None:
     """`jit._elf_defined` reads, from a compiled kernel's object code, the names its
     LLVM module defines with a linkage others can see (llvmlite's own reading of the
