@@ -530,7 +530,7 @@ scale_in = jit.inner(_scale)
 scale = jit.kernel(_scale, "scale", "i8(i8[::1], i8)", shared=sys.argv[1] == "shared")
 
 def outer(a):
-    return scale_in(a, np.int64(3)) + 1  # the kernel's argument types, no literal
+    return scale_in(a, np.int64(3)) + 1  # the kernel's argument types
 
 outer_k = jit.kernel(outer, "outer_k")
 compiled = []

@@ -1369,10 +1369,8 @@ def _many_scratch(n: int, n_cells: int, n_pools: int, kpool: int, n_embd: int
 
 # -- a step of one sequence in one call ------------------------------------------------
 
-# the three passes `one_step` runs in turn, each as its own kernel runs it (`shared`:
-# their kernels' types, so one compile serves both; `_YES`, not the constant `True`,
-# whose literal type is a signature of its own)
-_YES = np.bool_(True)
+# the three passes `one_step` runs in turn, each as its own kernel runs it (under its
+# kernel's argument types: `shared`, so that one compile serves both)
 _write_rows_in = inner(_write_rows_into)
 _scatter_singles_in = inner(_scatter_singles_into)
 _recheck_one_in = inner(_recheck_one_into)
@@ -1393,7 +1391,7 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
                 return WROTE_NOTHING
     why, at = _write_rows_in(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
                              n_ubatch, decode_kind, key, gate, pooled, slot_row, key_gen,
-                             pool_gen, w_kind, w_ubatch, w_a, w_b, out, _YES)
+                             pool_gen, w_kind, w_ubatch, w_a, w_b, out, True)
     got[0] = why
     got[1] = at
     if why != WROTE:
@@ -1423,7 +1421,7 @@ def _one_step_into(state, rows, key_ids, slot_of, free, n_handed, pristine, gen,
     for i in range(n_changed):
         cells[m + i] = grows[changed[i]]
     m += n_changed
-    way = _recheck_one_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, _YES,
+    way = _recheck_one_in(start, n_bad, kept, known, rep_pos, rep_rows, kv_size, True,
                           m > lookup_max, cells[:m], pos, how, tail, keys, pools, row0,
                           slot_of, handed, key, gate, pooled, pool_of, pool_gen, key_gen, ms,
                           w, bits, want, verdicts)
