@@ -395,10 +395,14 @@ _SHT_SYMTAB, _SHN_UNDEF, _STB_GLOBAL, _STB_WEAK = 2, 0, 1, 2
 def argument_types(sig: str) -> tuple[Any, ...]:
     """The argument types of numba's signature text `sig`, as numba's typing hands a
     called function's to its compile (`kernel`'s `shared`)."""
+    return tuple(_signature(sig)[0])
+
+
+def _signature(sig: str) -> tuple[Any, Any]:
+    """(argument types, return type) of numba's signature text `sig`."""
     from numba.core import sigutils
 
-    args, _returns = sigutils.normalize_signature(sig)
-    return tuple(args)
+    return sigutils.normalize_signature(sig)
 
 
 def inner(fn: F) -> F:
@@ -407,7 +411,9 @@ def inner(fn: F) -> F:
     not as the constant: numba would compile the function again for each literal (`0`
     here, a variable there; `True` where a kernel's signature says `b1`): 20 of 95
     compiles in the first replays of four workloads. LLVM inlines what is small and
-    folds the constant all the same."""
+    folds the constant all the same. So an inner function never sees a literal: one
+    that needs one to type (`numba.literally`, a tuple indexed by an argument) must
+    be a kernel's own code, not an `inner`."""
     jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
     jitted.get_call_template = _unliteral(jitted.get_call_template)
     return jitted
@@ -443,7 +449,10 @@ def kernel(fn: F, name: str | None = None, sig: Any = None, shared: bool = False
     alone, its return type inferred, as a caller's compile asks for fn: numba files a
     compiled function in its on-disk cache under the signature as it was asked, so
     the two then share one entry, and whichever compiles fn first serves the other
-    with a load (a second compile took 0.6-1.8 s a function in a first replay)."""
+    with a load (a second compile took 0.6-1.8 s a function in a first replay). The
+    return type numba infers must be the one `sig` declares (checked as it compiles)."""
+    if shared and not isinstance(sig, str):
+        raise TypeError(f"{fn.__name__}: a shared kernel takes one signature, as text")
     cache = cache_for(fn) != ""
     # numba compiles (or loads) a signature's kernel as it is made: made on first call
     jitted: Any = numba.njit(cache=cache)(fn) if sig is None else None
@@ -456,6 +465,9 @@ def kernel(fn: F, name: str | None = None, sig: Any = None, shared: bool = False
         with masked(), cache_loads_only():
             if jitted is None:
                 jitted = numba.njit(argument_types(sig) if shared else sig, cache=cache)(fn)
+                if shared:  # what the kernel hands back is what its signature says
+                    declared = _signature(sig)[1]
+                    assert jitted.nopython_signatures[0].return_type == declared, fn
             out = jitted(*args)
         setattr(module, bound, jitted)
         return out

@@ -266,8 +266,8 @@ def test_split_equal_of_one_seq_id_a_token_agrees(seqs: list[int], n_ubatch: int
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(batch, "COLUMNS_FROM", columns_from)
             got, want = _both_splits(toks, n_ubatch, sequential, keep)
-        if got is None:
-            return
+        if got is None:  # both aborted alike
+            continue
         assert not isinstance(got, str) and want is not None
         assert [list(u.tokens) for u in got] == want
         assert [u.n_seqs_unq for u in got] == [len({seqs[i] for i in u}) for u in want]

@@ -427,6 +427,22 @@ except TypeError:
 """
 
 
+def test_a_shared_kernel_takes_one_signature_as_text_and_returns_what_it_says() -> None:
+    """`jit.kernel`'s `shared`: one signature, as text, or TypeError as the kernel is
+    made; a function whose inferred return type is not the one the signature
+    declares fails its first call, before it hands anything back (kpool's defect)."""
+    from kpool_cli import jit
+
+    def half(x):  # type: ignore[no-untyped-def]
+        return x / 2  # float64, where the signature says i8
+
+    for sig in (None, ["i8(i8)"]):
+        with pytest.raises(TypeError, match="one signature"):
+            jit.kernel(half, "half", sig, shared=True)
+    with pytest.raises(AssertionError):
+        jit.kernel(half, "half", "i8(i8)", shared=True)(4)
+
+
 def test_a_value_kernel_loads_on_its_first_call_for_its_signature_alone() -> None:
     """backend/kernels.py's 26 value kernels are first-call stubs (`_value_kernel`,
     jit.kernel with a signature) after the module's import: `least_pair`'s first call

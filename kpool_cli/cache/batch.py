@@ -340,7 +340,9 @@ _FIRST = itemgetter(0)
 
 def _by_columns(sets: SeqSets) -> tuple[int, ...] | None:
     """The seq ids of a batch validated and split from its columns: one of
-    `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None."""
+    `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None. The
+    columns are int64: a loaded trace's seq ids and positions are (trace/load), and a
+    batch made otherwise past int64 raises OverflowError there."""
     return one_id_each(sets) if len(sets) >= max(COLUMNS_FROM, 1) else None
 
 
