@@ -112,6 +112,20 @@ def expects_ok(records: list) -> None:
     assert not bad, bad
 
 
+@pytest.fixture(autouse=True)
+def _signal_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kpool's signal state and the unraisable hook as they were before each test. A
+    test that installs the CLI's handlers and sends itself a signal leaves it kept
+    (signals.py `_raise`: the CLI answers it as it exits), and the next `held()` block
+    in that process raised it: a later test's first kernel call, as an interrupt of
+    the whole pytest worker."""
+    from kpool_cli import signals
+
+    for name in ("_kept", "_settled", "_depth"):
+        monkeypatch.setattr(signals, name, getattr(signals, name))
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+
+
 @pytest.fixture
 def checked_drive():
     """`drive`, which checks the cache's invariants after every record."""
