@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter, itemgetter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -103,15 +103,16 @@ def _token_ends(tokens: Sequence[Token], n_seq_max: int
     return ends, coupled
 
 
-def _id_ends(ids: tuple[int, ...], tokens: Sequence[Token], n_seq_max: int
+def _id_ends(ids: np.ndarray, tokens: Sequence[Token], n_seq_max: int
              ) -> tuple[Ends, set[tuple[int, int]]] | str:
     """`_token_ends` of tokens of one seq id each (`ids`), none coupled, from their
     columns: sorted by (seq id, pos), each sequence's first and last pos are its
     run's ends, and its distinct positions the pos changes within it."""
-    if min(ids) < 0 or max(ids) >= n_seq_max:
-        return _invalid_seq(*_first_invalid(ids, n_seq_max), n_seq_max)
-    n = len(ids)
-    seq = np.array(ids, dtype=np.int64)  # in range: checked above
+    outside = (ids < 0) | (ids >= n_seq_max)
+    if outside.any():
+        i = int(outside.argmax())
+        return _invalid_seq(i, int(ids[i]), n_seq_max)
+    n, seq = ids.size, ids
     pos = np.fromiter(map(_POS, tokens), dtype=np.int64, count=n)  # < POS_LIMIT
     order = np.lexsort((pos, seq))
     seq, pos = seq[order], pos[order]
@@ -271,10 +272,10 @@ class SeqSets(tuple[tuple[int, ...], ...]):
 
 
 _UNSET = object()
+_T = TypeVar("_T")
 
 
-def _kept(sets: SeqSets, name: str, find: Callable[[SeqSets], tuple[int, ...] | None]
-          ) -> tuple[int, ...] | None:
+def _kept(sets: SeqSets, name: str, find: Callable[[SeqSets], _T]) -> _T:
     """`find(sets)`, found once and kept in the sets (a dict look-up, not a
     `cached_property`, whose lock costs a decode of one token more than it saves)."""
     known = sets.__dict__
@@ -338,12 +339,24 @@ def one_id_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
 _FIRST = itemgetter(0)
 
 
-def _by_columns(sets: SeqSets) -> tuple[int, ...] | None:
-    """The seq ids of a batch validated and split from its columns: one of
-    `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None. The
-    columns are int64: a loaded trace's seq ids and positions are (trace/load), and a
-    batch made otherwise past int64 raises OverflowError there."""
-    return one_id_each(sets) if len(sets) >= max(COLUMNS_FROM, 1) else None
+def _by_columns(sets: SeqSets) -> np.ndarray | None:
+    """The seq id column of a batch validated and split from its columns: one of
+    `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None. Made
+    once for the validation and the split (kept in the sets, read-only). The columns
+    are int64: a loaded trace's seq ids and positions are (trace/load), and a batch
+    made otherwise past int64 raises OverflowError here."""
+    if len(sets) < max(COLUMNS_FROM, 1):
+        return None
+    return _kept(sets, "id_column", _id_column)
+
+
+def _id_column(sets: SeqSets) -> np.ndarray | None:
+    ids = one_id_each(sets)
+    if ids is None:
+        return None
+    column = np.array(ids, dtype=np.int64)
+    column.flags.writeable = False
+    return column
 
 
 def _one_id_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -369,12 +382,11 @@ def _token_sets(sets: SeqSets) -> dict[frozenset[int], list[int]]:
     return by_set
 
 
-def _id_sets(ids: tuple[int, ...]) -> dict[frozenset[int], list[int]]:
-    """`_token_sets` of tokens of one seq id each (`ids`): a stable sort by seq id
-    keeps each sequence's tokens in batch order; its first is its run's head."""
-    seq = np.array(ids, dtype=np.int64)
-    order = np.argsort(seq, kind="stable")
-    seq = seq[order]
+def _id_sets(ids: np.ndarray) -> dict[frozenset[int], list[int]]:
+    """`_token_sets` of tokens of one seq id each (the column `ids`): a stable sort by
+    seq id keeps each sequence's tokens in batch order; its first is its run's head."""
+    order = np.argsort(ids, kind="stable")
+    seq = ids[order]
     head = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
     runs = np.split(order, head[1:])
     heads = seq[head].tolist()
