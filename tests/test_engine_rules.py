@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import codes, drive, expects_ok, run, ubatches
 
+from kpool_cli.cache.batch import SeqSets
 from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.engine.layout import POS_CLEAN
+from kpool_cli.engine.marking import token_pairs
 from kpool_cli.replay import replay
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.versions import REP_ONCE, VERSIONS
@@ -421,6 +424,22 @@ def test_s6_rep_once_order_of_seq_ids_decides_the_winner() -> None:
     ub = ubatches(run(text, "rep-once"))[-1]
     assert marked(ub) == [(1, 0)]
     assert ub.scatter_rows.tolist()[0] == [2, 3, 4, 5]
+
+
+def test_s6_token_pairs_are_each_tokens_seq_ids_in_the_order_given() -> None:
+    """ENGINE.md §6 order: marking reads a ubatch's (token, seq id) pairs, per token its
+    seq ids in the order given. Tokens with seq ids [0], [1, 2], [2] give the pairs
+    (0, 0), (1, 1), (1, 2), (2, 2); a step of one seq id a token, its ids shared
+    ([3], [3], [1]), gives one pair a token; none, none."""
+    for sets in ([(0,), (1, 2), (2,)], SeqSets([(0,), (1, 2), (2,)])):
+        tok, seq = token_pairs(sets)
+        assert (tok.tolist(), seq.tolist()) == ([0, 1, 1, 2], [0, 1, 2, 2])
+    for sets in ([(3,), (3,), (1,)], SeqSets([(3,), (3,), (1,)])):
+        tok, seq = token_pairs(sets)
+        assert (tok.tolist(), seq.tolist()) == ([0, 1, 2], [3, 3, 1])
+        assert tok.dtype == seq.dtype == np.int64
+    tok, seq = token_pairs([])
+    assert tok.size == seq.size == 0
 
 
 def test_s6_kp002_coupled_decode_cache_safe_races() -> None:

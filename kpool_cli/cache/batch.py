@@ -339,6 +339,11 @@ def one_id_each(seq_sets: Sequence[tuple[int, ...]]) -> tuple[int, ...] | None:
 _FIRST = itemgetter(0)
 
 
+def first_seq_ids(seq_sets: Sequence[tuple[int, ...]]) -> np.ndarray:
+    """Each token's first seq id (the one it reads through, ENGINE.md §7), read in C."""
+    return np.fromiter(map(_FIRST, seq_sets), dtype=np.int64, count=len(seq_sets))
+
+
 def _by_columns(sets: SeqSets) -> np.ndarray | None:
     """The seq id column of a batch validated and split from its columns: one of
     `COLUMNS_FROM` tokens or more (one at least), one seq id each; else None. Made

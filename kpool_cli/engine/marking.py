@@ -16,11 +16,11 @@ generation arrays' zero-fill is still counted, as host work, by `gen_zeroed`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
 
 import numpy as np
 
 from ..cache.aborts import EngineAbort
+from ..cache.batch import one_id_each
 from ..cache.cells import make_keys
 from .layout import POS_CLEAN, Layout, all_clean, by_sequence
 
@@ -41,7 +41,6 @@ class Marking:
 
 NONE_MARKED = np.empty(0, dtype=np.int64)
 NONE_MARKED.flags.writeable = False
-_FIRST = itemgetter(0)
 
 
 def _first_of_each(values: np.ndarray) -> np.ndarray:
@@ -117,15 +116,11 @@ def stale_candidates(layout: Layout, stale_from: list[int] | None) -> list[np.nd
     return out
 
 
-def first_seq_ids(seqs: list[tuple[int, ...]]) -> np.ndarray:
-    """Each token's first seq id (the one it reads through, ENGINE.md §7), read in C."""
-    return np.fromiter(map(_FIRST, seqs), dtype=np.int64, count=len(seqs))
-
-
 def token_pairs(seqs: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     """(token, seq id) of each of a ubatch's tokens' seq ids, in the order given."""
-    if set(map(len, seqs)) == {1}:  # a token a sequence (every set one id): in C
-        return np.arange(len(seqs), dtype=np.int64), first_seq_ids(seqs)
+    ids = one_id_each(seqs)  # of a batch's `SeqSets`: found once
+    if ids is not None:  # one seq id a token: in C
+        return np.arange(len(ids), dtype=np.int64), np.fromiter(ids, np.int64, len(ids))
     pair_tok = np.array([i for i, ss in enumerate(seqs) for _ in ss], dtype=np.int64)
     pair_seq = np.array([s for ss in seqs for s in ss], dtype=np.int64)
     return pair_tok, pair_seq

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache.aborts import EngineAbort
+from ..cache.batch import first_seq_ids
 from ..cache.cells import CELL_BITS, global_row, make_keys
 from .layout import Layout, SeqLayout, by_sequence
-from .marking import first_seq_ids, pad_bound
+from .marking import pad_bound
 
 
 @dataclass(frozen=True, slots=True)
