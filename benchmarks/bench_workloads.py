@@ -68,9 +68,11 @@ The tables, from one run:
   steps (W2, W3) doubled, full replay, every engine and core: time(2x) / time(1x) raw,
   and of the replay part (wall minus the trace's `kpool validate` wall, i.e. startup and
   load, and minus numba's import over numpy's). The 1x and the 2x trace run in turn,
-  one pair per `--repeat`, and each ratio is the median of the pairs' ratios: a machine
-  whose speed drifts over minutes moves the two runs of a pair alike, where a 1x run
-  taken minutes before its 2x twin can put the ratio off by a third. A doubled trace
+  one pair per `--repeat`, each replay followed at once by its trace's `kpool validate`,
+  whose wall that replay's part subtracts; each ratio is the median of the pairs'
+  ratios: a machine whose speed drifts over minutes moves the runs of a pair alike,
+  where a 1x run taken minutes before its 2x twin, or a load timed minutes before its
+  replay, can put the ratio off by a third. A doubled trace
   past the loader's default node bound (W2's: 1.3 million nodes) is loaded, and both
   traces of its pair replayed, with `--max-nodes` raised, as a user loads such a trace;
   with a kpool that has no `--max-nodes`, the pair is a halved trace and the workload.
@@ -111,7 +113,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from kpool_cli.trace.model import Trace
@@ -212,6 +214,15 @@ class Run:
     def secs(self) -> float | None:
         """The wall time of a run that completed, else None."""
         return None if self.error else self.wall
+
+
+class Turn(NamedTuple):
+    """One turn of a growth pair: a full replay and the `kpool validate` of its trace,
+    run just after it (the load its replay part subtracts, timed in the same moment of
+    the machine)."""
+
+    replay: Run
+    load: Run
 
 
 # -- the workloads ------------------------------------------------------------------------
@@ -660,9 +671,10 @@ class Bench:
     yamls: dict[str, float | None] = field(default_factory=dict)  # trace name -> libyaml s
     touch: dict[str, dict | None] = field(default_factory=dict)  # "before", "after" -> probe
     encodes: dict[tuple[str, str, str], dict | str] = field(default_factory=dict)  # wl, e, mode
-    # growth: workload -> (the small and the big trace, their runs by (engine, core))
+    # growth: workload -> (the small and the big trace, by (engine, core) their turns:
+    # each a replay and the `kpool validate` of its trace run just after it)
     grown: dict[str, tuple[Workload, Workload,
-                           dict[tuple[str, str], tuple[list[Run], list[Run]]]]] = \
+                           dict[tuple[str, str], tuple[list[Turn], list[Turn]]]]] = \
         field(default_factory=dict)
 
     def log(self, what: str) -> None:
@@ -720,12 +732,15 @@ class Bench:
             return None
         return max(0.0, v.wall - kh)  # noise can put it below kpool --help's wall
 
-    def replay_part(self, wl: Workload, r: Run) -> float | None:
-        """A full replay's wall minus startup (with numba's import) and the trace's load."""
-        s, ld = self.startup("full"), self.load(wl)
-        if r.error or r.wall is None or s is None or ld is None:
+    def replay_part(self, turn: Turn) -> float | None:
+        """A full replay's wall minus startup (with numba's import) and the trace's load:
+        minus the wall of the `kpool validate` run just after it (`kpool --help` and the
+        load) and numba's import over numpy's."""
+        r, v = turn
+        npy, nb = self.start["numpy"].secs, self.start["numba"].secs
+        if r.secs is None or v.secs is None or npy is None or nb is None:
             return None
-        return r.wall - s - ld
+        return r.secs - v.secs - max(0.0, nb - npy)
 
 
 def measure(b: Bench, only: list[str]) -> None:
@@ -788,17 +803,19 @@ def grow_one(b: Bench, wl: Workload, path: Path) -> None:
         small, big, big_path = BUILDERS[wl.name](b.a.scale, b.a.n_embd, grow=0.5), wl, path
         small_path = b.write(small)
         b.validate(small, small_path)
-    pair: dict[tuple[str, str], tuple[list[Run], list[Run]]] = {}
+    pair: dict[tuple[str, str], tuple[list[Turn], list[Turn]]] = {}
     for e in b.engines:
         for c in b.cores:
-            done: dict[int, list[Run]] = {id(small): [], id(big): []}
+            done: dict[int, list[Turn]] = {id(small): [], id(big): []}
             for i in range(b.a.repeat):  # small, big, small, big ...: the pairs share the
                 for w, p in ((small, small_path), (big, big_path)):  # machine's speed
                     rep = b.out_dir / f"{p.stem}-{e}-{c}-grow.json"
-                    done[id(w)].append(b.child(
-                        f"{p.stem} {e} {c} full (pair {i + 1}/{b.a.repeat})",
-                        replay_cmd(p, e, c if b.core_opt else None, "full", rep, bounds),
-                        rep, n=1))
+                    what = f"{p.stem} {e} {c} full (pair {i + 1}/{b.a.repeat})"
+                    r = b.child(what, replay_cmd(p, e, c if b.core_opt else None, "full",
+                                                 rep, bounds), rep, n=1)
+                    v = b.child(f"{what}: its load",
+                                [*kpool_cmd(), "validate", str(p), *bounds], n=1)
+                    done[id(w)].append(Turn(r, v))
             pair[(e, c)] = (done[id(small)], done[id(big)])
     b.grown[wl.name] = (small, big, pair)
 
@@ -1011,22 +1028,26 @@ def print_floors(b: Bench) -> None:
 def print_growth(b: Bench) -> None:
     print(f"\ngrowth: the decodes (W1, W4) or steps (W2, W3) doubled, full replay; target "
           f"time ratio <= {GROWTH:g}x;\n'replay' = wall - startup (kpool --help + numba's "
-          "import - numpy's) - the trace's load (its kpool validate - kpool --help); the 1x "
-          "and 2x traces run in turn, --repeat pairs: walls are medians, ratios the median of "
-          "the pairs' ratios; '?': the replay part is below the startup, so noise may decide")
+          "import - numpy's) - the trace's load (its kpool validate - kpool --help), that "
+          "is wall - (numba's import - numpy's) - the wall of the trace's kpool validate "
+          "run just after the replay; the 1x and 2x traces run in turn, --repeat pairs: "
+          "walls are medians, ratios the median of the pairs' ratios; '?': the replay part "
+          "is below the startup, so noise may decide")
     rows = []
     start = b.startup("full") or 0.0
     for name, (small, big, pair) in b.grown.items():
         what = GROWN[name]
         for (e, c), (r1s, r2s) in pair.items():
-            notes = sorted({x.error or "timed out" for x in (*r1s, *r2s) if not x.done})
+            notes = sorted({x.error or "timed out" for t in (*r1s, *r2s) for x in t
+                            if not x.done})
             walls: list[tuple[float, float]] = []  # the pairs that both completed
             parts: list[tuple[float, float]] = []  # and their replay parts, when positive
-            for r1, r2 in zip(r1s, r2s, strict=True):
-                if r1.wall is None or r2.wall is None or r1.error or r2.error:
+            for t1, t2 in zip(r1s, r2s, strict=True):
+                r1, r2 = t1.replay, t2.replay
+                if r1.secs is None or r2.secs is None:
                     continue
-                walls.append((r1.wall, r2.wall))
-                p1, p2 = b.replay_part(small, r1), b.replay_part(big, r2)
+                walls.append((r1.secs, r2.secs))
+                p1, p2 = b.replay_part(t1), b.replay_part(t2)
                 if p1 is not None and p2 is not None and p1 > 0:
                     parts.append((p1, p2))
             raw, net, verdict = "-", "-", "-"
