@@ -1038,7 +1038,9 @@ def print_growth(b: Bench) -> None:
     for name, (small, big, pair) in b.grown.items():
         what = GROWN[name]
         for (e, c), (r1s, r2s) in pair.items():
-            notes = sorted({x.error or "timed out" for t in (*r1s, *r2s) for x in t
+            notes = sorted({prefix + (x.error or "timed out")
+                            for t in (*r1s, *r2s)
+                            for prefix, x in (("", t.replay), ("load: ", t.load))
                             if not x.done})
             walls: list[tuple[float, float]] = []  # the pairs that both completed
             parts: list[tuple[float, float]] = []  # and their replay parts, when positive

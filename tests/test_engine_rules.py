@@ -427,19 +427,20 @@ def test_s6_rep_once_order_of_seq_ids_decides_the_winner() -> None:
 
 
 def test_s6_token_pairs_are_each_tokens_seq_ids_in_the_order_given() -> None:
-    """ENGINE.md §6 order: marking reads a ubatch's (token, seq id) pairs, per token its
-    seq ids in the order given. Tokens with seq ids [0], [1, 2], [2] give the pairs
-    (0, 0), (1, 1), (1, 2), (2, 2); a step of one seq id a token, its ids shared
-    ([3], [3], [1]), gives one pair a token; none, none."""
-    for sets in ([(0,), (1, 2), (2,)], SeqSets([(0,), (1, 2), (2,)])):
+    """ENGINE.md §6 order: marking reads a ubatch's (token, seq id) pairs, token by
+    token, each token's seq ids in the order given (not sorted). Tokens with seq ids
+    [0], [2, 1], [1] give the pairs (0, 0), (1, 2), (1, 1), (2, 1); a step of one seq
+    id a token, its ids shared ([3], [3], [1]), gives one pair a token; none, none."""
+    for sets in ([(0,), (2, 1), (1,)], SeqSets([(0,), (2, 1), (1,)])):
         tok, seq = token_pairs(sets)
-        assert (tok.tolist(), seq.tolist()) == ([0, 1, 1, 2], [0, 1, 2, 2])
+        assert (tok.tolist(), seq.tolist()) == ([0, 1, 1, 2], [0, 2, 1, 1])
     for sets in ([(3,), (3,), (1,)], SeqSets([(3,), (3,), (1,)])):
         tok, seq = token_pairs(sets)
         assert (tok.tolist(), seq.tolist()) == ([0, 1, 2], [3, 3, 1])
         assert tok.dtype == seq.dtype == np.int64
-    tok, seq = token_pairs([])
-    assert tok.size == seq.size == 0
+    for sets in ([], SeqSets([])):
+        tok, seq = token_pairs(sets)
+        assert tok.size == seq.size == 0 and tok.dtype == seq.dtype == np.int64
 
 
 def test_s6_kp002_coupled_decode_cache_safe_races() -> None:
