@@ -720,11 +720,18 @@ class Bench:
 
     def startup(self, mode: str) -> float | None:
         """What a replay pays before it loads the trace: `kpool --help`, and numba's
-        import when it replays values (over numpy's, which kpool's CLI imports already)."""
-        npy, nb, kh = (self.start[k].secs for k in ("numpy", "numba", "help"))
+        import when it replays values (`numba_import`)."""
+        kh = self.start["help"].secs
         if kh is None or mode != "full":
             return kh
-        return None if nb is None or npy is None else kh + max(0.0, nb - npy)
+        nb = self.numba_import()
+        return None if nb is None else kh + nb
+
+    def numba_import(self) -> float | None:
+        """numba's import over numpy's, which kpool's CLI imports already: what a full
+        replay pays and `kpool --help` and `kpool validate` do not."""
+        npy, nb = self.start["numpy"].secs, self.start["numba"].secs
+        return None if nb is None or npy is None else max(0.0, nb - npy)
 
     def load(self, wl: Workload) -> float | None:
         v, kh = self.loads.get(wl.file), self.start["help"].wall
@@ -733,14 +740,14 @@ class Bench:
         return max(0.0, v.wall - kh)  # noise can put it below kpool --help's wall
 
     def replay_part(self, turn: Turn) -> float | None:
-        """A full replay's wall minus startup (with numba's import) and the trace's load:
-        minus the wall of the `kpool validate` run just after it (`kpool --help` and the
-        load) and numba's import over numpy's."""
+        """A full replay's wall minus startup and the trace's load: minus the wall of
+        the `kpool validate` run just after it (`kpool --help` and the load) and
+        `numba_import`."""
         r, v = turn
-        npy, nb = self.start["numpy"].secs, self.start["numba"].secs
-        if r.secs is None or v.secs is None or npy is None or nb is None:
+        nb = self.numba_import()
+        if r.secs is None or v.secs is None or nb is None:
             return None
-        return r.secs - v.secs - max(0.0, nb - npy)
+        return r.secs - v.secs - nb
 
 
 def measure(b: Bench, only: list[str]) -> None:

@@ -392,17 +392,14 @@ def _elf_defined(obj: bytes) -> set[str] | None:
 _SHT_SYMTAB, _SHN_UNDEF, _STB_GLOBAL, _STB_WEAK = 2, 0, 1, 2
 
 
-def argument_types(sig: str) -> tuple[Any, ...]:
-    """The argument types of numba's signature text `sig`, as numba's typing hands a
-    called function's to its compile (`kernel`'s `shared`)."""
-    return tuple(_signature(sig)[0])
-
-
-def _signature(sig: str) -> tuple[Any, Any]:
-    """(argument types, return type) of numba's signature text `sig`."""
+def _signature(sig: str) -> tuple[tuple[Any, ...], Any]:
+    """(argument types, return type) of numba's signature text `sig`: the argument
+    types as numba's typing hands a called function's to its compile (`kernel`'s
+    `shared`)."""
     from numba.core import sigutils
 
-    return sigutils.normalize_signature(sig)
+    args, ret = sigutils.normalize_signature(sig)
+    return tuple(args), ret
 
 
 def inner(fn: F) -> F:
@@ -463,11 +460,13 @@ def kernel(fn: F, name: str | None = None, sig: Any = None, shared: bool = False
         nonlocal jitted
         # numba loads (or compiles) here: a signal waits until it is done
         with masked(), cache_loads_only():
-            if jitted is None:
-                jitted = numba.njit(argument_types(sig) if shared else sig, cache=cache)(fn)
-                if shared:  # what the kernel hands back is what its signature says
-                    declared = _signature(sig)[1]
-                    assert jitted.nopython_signatures[0].return_type == declared, fn
+            if jitted is None and shared:
+                types, declared = _signature(sig)
+                jitted = numba.njit(types, cache=cache)(fn)
+                # what the kernel hands back is what its signature says
+                assert jitted.nopython_signatures[0].return_type == declared, fn
+            elif jitted is None:
+                jitted = numba.njit(sig, cache=cache)(fn)
             out = jitted(*args)
         setattr(module, bound, jitted)
         return out

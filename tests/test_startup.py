@@ -258,6 +258,16 @@ print(len(pick.stats.cache_hits), len(pick.stats.cache_misses), len(made))
 '''
 
 
+def _python(script: Path, cache: Path, *args: str) -> str:
+    """What `script` prints, run by a fresh interpreter (from the repository's root)
+    with numba's on-disk cache in `cache`; a failure fails the test with its stderr."""
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300,
+                       env={**os.environ, "NUMBA_CACHE_DIR": str(cache)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
 def test_cache_loads_only_compiles_a_miss_and_loads_a_hit(tmp_path: Path) -> None:
     """Under `cache_loads_only`, a kernel not in the cache is compiled (numba's compiler
     refreshes the context itself) and saved; the next process loads it without the
@@ -266,20 +276,12 @@ def test_cache_loads_only_compiles_a_miss_and_loads_a_hit(tmp_path: Path) -> Non
     and saved beside the kernel (`jit._initialize_nrt`); the second loads it."""
     script = tmp_path / "kernel.py"
     script.write_text(_KERNEL)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    runs = []
-    for _ in range(2):
-        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           cwd=ROOT, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        runs.append(r.stdout.split())
+    runs = [_python(script, tmp_path / "numba").split() for _ in range(2)]
     saved = list((tmp_path / "numba").rglob("kpool-nrt-*.nbn"))
     assert runs == [["0", "1", "1"], ["1", "0", "0"]] and len(saved) == 1
     # a file that does not load: numba's way, and a file that does is written again
     saved[0].write_bytes(b"not a pickle")
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=300)
-    assert r.returncode == 0 and r.stdout.split() == ["1", "0", "1"], r.stderr[-3000:]
+    assert _python(script, tmp_path / "numba").split() == ["1", "0", "1"]
     assert saved[0].read_bytes() != b"not a pickle"
 
 
@@ -519,13 +521,8 @@ def test_a_loaded_kernel_is_linked_lazily_and_a_compilation_links_it(tmp_path: P
     process that loads it alone runs it."""
     script = tmp_path / "linked.py"
     script.write_text(_LINKED)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    outs = []
-    for which in (["first"], ["first", "second"], ["second"]):
-        r = subprocess.run([sys.executable, str(script), *which], capture_output=True,
-                           text=True, cwd=ROOT, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs.append(r.stdout.strip().split(None, 3))
+    outs = [_python(script, tmp_path / "numba", *which).strip().split(None, 3)
+            for which in (["first"], ["first", "second"], ["second"])]
     lazy = "['JITCodeLibraryLinkedLazily']" if sys.platform == "linux" else "[]"  # ELF
     assert outs[0] == ["10", "-", "0", "[]"]  # compiled: nothing loaded
     # loaded: `first` (a hit) and `twice` for `second`'s compilation, both lazily
@@ -533,10 +530,25 @@ def test_a_loaded_kernel_is_linked_lazily_and_a_compilation_links_it(tmp_path: P
     assert outs[2] == ["-", "15", "1", lazy]  # `second` alone
 
 
-_SHARED = '''
+_COMPILES = '''
+from numba.core import event
+
+compiled = []  # the dispatcher of each compilation, in order
+
+class _Compiles(event.Listener):
+    def on_start(self, ev):
+        pass
+
+    def on_end(self, ev):
+        compiled.append(ev.data["dispatcher"])
+
+event.register("numba:compile", _Compiles())
+'''
+
+
+_SHARED = _COMPILES + '''
 import sys
 import numba, numpy as np
-from numba.core import event
 from kpool_cli import jit
 
 def _scale(a, k):
@@ -549,18 +561,8 @@ def outer(a):
     return scale_in(a, np.int64(3)) + 1  # the kernel's argument types
 
 outer_k = jit.kernel(outer, "outer_k")
-compiled = []
-
-class Compiles(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__name__)
-
-event.register("numba:compile", Compiles())
 a = np.array([5, 7], dtype=np.int64)
-print(scale(a, 2), outer_k(a), *sorted(compiled))
+print(scale(a, 2), outer_k(a), *sorted(d.py_func.__name__ for d in compiled))
 '''
 
 
@@ -574,19 +576,13 @@ def test_a_shared_kernel_and_a_kernel_calling_its_function_compile_it_once(
     three kernels of its passes: 1.1-1.3 s of a first replay)."""
     script = tmp_path / "shared.py"
     script.write_text(_SHARED)
-    outs = []
-    for shared in ("shared", "apart"):
-        env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / shared)}
-        r = subprocess.run([sys.executable, str(script), shared], capture_output=True,
-                           text=True, cwd=ROOT, env=env, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        outs.append(r.stdout.split())
+    outs = [_python(script, tmp_path / shared, shared).split()
+            for shared in ("shared", "apart")]
     assert outs == [["10", "16", "_scale", "outer"], ["10", "16", "_scale", "_scale", "outer"]]
 
 
-_UNLITERAL = '''
+_UNLITERAL = _COMPILES + '''
 import numba, numpy as np
-from numba.core import event
 from kpool_cli import jit
 
 def _add(a, k, flag):
@@ -606,20 +602,9 @@ def by_constants(a):
 def by_values(a, k, flag):
     return add(a, k, flag) + add_numba(a, k, flag)
 
-compiled = []
-
-class Compiles(event.Listener):
-    def on_start(self, ev):
-        pass
-
-    def on_end(self, ev):
-        d = ev.data["dispatcher"]
-        compiled.append("add" if d is add else "add_numba" if d is add_numba else "")
-
-event.register("numba:compile", Compiles())
 a = np.array([5, 7], dtype=np.int64)
-print(by_constants(a), by_values(a, 2, True), compiled.count("add"),
-      compiled.count("add_numba"))
+print(by_constants(a), by_values(a, 2, True), sum(d is add for d in compiled),
+      sum(d is add_numba for d in compiled))
 '''
 
 
@@ -630,11 +615,7 @@ def test_an_inner_function_is_compiled_once_for_constants_and_values(
     it for each constant's literal type and again for the values."""
     script = tmp_path / "unliteral.py"
     script.write_text(_UNLITERAL)
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split() == ["10", "16", "1", "2"]
+    assert _python(script, tmp_path / "numba").split() == ["10", "16", "1", "2"]
 
 
 def test_elf_defined_names_the_modules_global_definitions() -> None:
