@@ -43,7 +43,10 @@ The tables, from one run:
   and writes a byte a page, timed per page. Each replay's minor page faults (ru_minflt
   from os.wait4) are in the main table: a replay's fresh memory (its value rows above
   all) costs it about that many first touches, and what one costs moves with the
-  machine and the hour, so a run states its own.
+  machine and the hour, so a run states its own. The same child then copies 4 MiB
+  between two parts of its map, touched already: the memory traffic (GB/s, bytes read
+  and written) of a pass over a large column, what each pass over every pool of a
+  cache-safe plan's change costs.
 
 - the main table: per workload, engine, core and mode (full, model only) the wall time,
   the figure the target counts (tokens/s; W3 steps/s; W4 ubatches/s), peak RSS, report
@@ -568,8 +571,14 @@ with open(sys.argv[2], "w") as f:
 # kernel hands the page and zeroes it). A replay's fresh memory (its value rows above
 # all) costs its pages this; it is not one figure on every machine, nor on one machine
 # at every hour (a virtual machine whose host has not yet backed a page pays far more
-# for it), so each run of the benchmark measures it before its replays and after them
+# for it), so each run of the benchmark measures it before its replays and after them.
+# The same child then times a copy of COPY_MIB MiB between two parts of that map,
+# touched already (the median of COPY_TIMES, in GB/s of bytes read and written): the
+# memory traffic a pass over a large column costs, what a cache-safe plan's change
+# pays for each of its passes over every pool (W2's growth: docs/performance.md,
+# "thirty-ninth session")
 TOUCH_MIB = 256
+COPY_MIB, COPY_TIMES = 4, 51
 TOUCH_CHILD = r"""
 import mmap, sys, time
 import numpy as np
@@ -579,14 +588,25 @@ pages = np.frombuffer(mm, dtype=np.uint8)[::mmap.PAGESIZE]
 t0 = time.perf_counter()
 pages[:] = 1
 secs = time.perf_counter() - t0
-print(repr({"us_per_page": secs / pages.size * 1e6, "page": mmap.PAGESIZE}))
+whole = np.frombuffer(mm, dtype=np.uint8)
+half = int(sys.argv[2]) << 20
+a, b = whole[:half], whole[half:2 * half]
+took = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter()
+    np.copyto(b, a)
+    took.append(time.perf_counter() - t0)
+print(repr({"us_per_page": secs / pages.size * 1e6, "page": mmap.PAGESIZE,
+            "copy_gb_s": 2 * half / sorted(took)[len(took) // 2] / 1e9}))
 """
 
 
 def first_touch(out_dir: Path, timeout: float, env: dict[str, str], when: str) -> dict | None:
-    """TOUCH_CHILD's figures ({"us_per_page", "page"}), or None if it failed."""
+    """TOUCH_CHILD's figures ({"us_per_page", "page", "copy_gb_s"}), or None if it
+    failed."""
     log = out_dir / f"first-touch-{when}.log"
-    r = run([sys.executable, "-c", TOUCH_CHILD, str(TOUCH_MIB)], None, log, timeout, env)
+    r = run([sys.executable, "-c", TOUCH_CHILD, str(TOUCH_MIB), str(COPY_MIB),
+             str(COPY_TIMES)], None, log, timeout, env)
     if r.wall is None or r.error:
         return None
     try:
@@ -953,6 +973,9 @@ def print_touch(b: Bench) -> None:
           "(some faults map pages of files already in memory, which cost less); the figure "
           "moves\nbetween machines and hours (a virtual machine pays far more for a page "
           "its host has not yet backed): each run states its own")
+    print(f"memory traffic (a copy of {COPY_MIB} MiB between two parts of that map, the "
+          f"median of {COPY_TIMES}, bytes read and written): "
+          + ", ".join(f"{v['copy_gb_s']:.1f} GB/s {k} the runs" for k, v in got.items()))
 
 
 def print_floors(b: Bench) -> None:
