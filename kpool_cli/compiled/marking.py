@@ -17,15 +17,15 @@ and the grouping by sequence are the reference's own functions.
 
 from __future__ import annotations
 
-import bisect
 import weakref
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
 from ..cache.aborts import EngineAbort
 from ..cache.batch import one_set
-from ..cache.cells import global_row
+from ..cache.cells import GrowArray, global_row
 from ..engine.context import PAD_WRITER, RaceGroups, groups_raced
 from ..engine.layout import (
     Layout,
@@ -248,11 +248,11 @@ class Padding:
     the rep rows below the greatest of them are the same set: then the smallest rows
     that are no rep are the same rows. What changed is the update's: the sequence's
     pools past `LayoutChange.kept` went, and its pools from there on are new, so the
-    test reads the new pools alone, against the rep rows at or below that bound that
-    the last pass and the updates since noted (`_Low`), while each call's update is
-    the very next one (`LayoutChange.serial`). A W3 step (a draft's 4 tokens, the
-    rejected tail removed) changes a pool or two of 8,192 (65,536 at 8 times its
-    prefill): no pass, where its every step had one."""
+    test reads the pools the update replaced and the new ones alone, against the
+    pools counted by rep row (`_Low`, which follows every update it is shown), while
+    each call's update is the very next one (`LayoutChange.serial`). A W3 step (a
+    draft's 4 tokens, the rejected tail removed) changes a pool or two of 8,192
+    (65,536 at 8 times its prefill): no pass, where its every step had one."""
 
     __slots__ = ("_given", "_held", "_last", "_low", "_most")
 
@@ -318,7 +318,7 @@ class Padding:
         self._held = None
         if held is not None and found == most:  # else every row below n_rows counts
             change, s = held
-            self._low.found(pool_cells, int(kept[-1]))
+            self._low.follow(pool_cells, change, s)
             self._held = (s, change.serial)
         return last
 
@@ -338,66 +338,65 @@ class Padding:
         if self._held != (s, change.serial - 1) or self._last is None:
             return False
         self._held = (s, change.serial)
-        return self._low.same_after(pool_cells, change.kept[s], int(self._last[2][-1]))
-
-
-_FEW_NEW = 16  # `_Low.same_after`: new pools read one by one up to this many
+        moved = self._low.follow(pool_cells, change, s)
+        if moved is None:  # counted afresh: nothing to compare with
+            return False
+        bound = int(self._last[2][-1])
+        gone, came = moved
+        return {r for r in gone if r <= bound} == {r for r in came if r <= bound}
 
 
 class _Low:
-    """`Padding`'s held pools: those of the one sequence whose rep row is at or below
-    a bound (the greatest padding row kept), in ascending order, each with its rep
-    row, and how many of them are on each such row. An update replaces the pools
-    from some k0 on (those past `LayoutChange.kept`): they are the last of the
-    ascending list, found by bisection, so a step that changes a pool or two at the
-    end of 8,192 costs those alone."""
+    """`Padding`'s held sequence's pools counted by rep row: each pool's rep row as the
+    last update it followed left them (a copy: the next update rewrites its tail), how
+    many pools are on each row, and that update (`LayoutChange.serial`). An update
+    replaces the pools from some k0 on (those past `LayoutChange.kept`): the counts
+    follow it at the cost of those pools alone, so a step that changes a pool or two of
+    8,192 costs those, and a pass counts no pool again while the updates come one
+    after another. (A pool of one token, `kpool: 1`, takes the first padding row at
+    every step, so every step passes; when each pass counted every pool again, in
+    Python, such a replay grew with the square of its tokens.) The counts are built
+    afresh when an update was missed."""
 
-    __slots__ = ("_ips", "_on", "_rep")
+    __slots__ = ("_at", "_cells", "_on")
 
     def __init__(self) -> None:
-        self._ips: list[int] = []  # the pools, ascending
-        self._rep: dict[int, int] = {}  # pool -> its rep row
-        self._on: dict[int, int] = {}  # rep row -> its pools among them (> 0)
+        self._at: tuple[int, int] | None = None  # (the sequence, the update's serial)
+        self._cells = GrowArray()  # each pool's rep row, by pool
+        self._on: Counter[int] = Counter()  # rep row -> its pools (> 0)
 
-    def found(self, pool_cells: np.ndarray, bound: int) -> None:
-        """The pools of `pool_cells` (every pool's rep row) whose rep row is at or
-        below `bound`, noted afresh."""
-        ips = np.flatnonzero(pool_cells <= bound)
-        self._ips = ips.tolist()
-        self._rep = dict(zip(self._ips, pool_cells[ips].tolist(), strict=True))
-        self._on = {}
-        for r in self._rep.values():
-            self._on[r] = self._on.get(r, 0) + 1
-
-    def same_after(self, pool_cells: np.ndarray, k0: int, bound: int) -> bool:
-        """Pools k0.. replaced by those of `pool_cells` from k0 on: whether the rep
-        rows at or below `bound` are the same set after as before."""
-        ips, rep, on = self._ips, self._rep, self._on
+    def follow(self, pool_cells: np.ndarray, change: LayoutChange, s: int
+               ) -> tuple[set[int], set[int]] | None:
+        """The counts brought to `pool_cells`, sequence s's rep rows as `change` left
+        them: (the rows no pool is on any more, the rows a pool is on where none was),
+        or None where they were counted afresh (not of the update before `change`)."""
+        at, was = (s, change.serial), self._at
+        self._at = at
+        if was == at:
+            return set(), set()
+        cells, on = self._cells, self._on
+        if was != (s, change.serial - 1):
+            cells.assign(pool_cells)
+            self._on = Counter(pool_cells.tolist())
+            return None
+        k0 = change.kept[s]
         gone, came = set(), set()
-        cut = bisect.bisect_left(ips, k0)
-        for ip in ips[cut:]:
-            r = rep.pop(ip)
-            if on[r] == 1:
+        for r in cells.view[k0:].tolist():
+            n = on[r] - 1
+            if n:
+                on[r] = n
+            else:
                 del on[r]
                 gone.add(r)
-            else:
-                on[r] -= 1
-        del ips[cut:]
         new = pool_cells[k0:]
-        if new.size > _FEW_NEW:
-            at = np.flatnonzero(new <= bound)
-            low: Iterable[tuple[int, int]] = zip((at + k0).tolist(), new[at].tolist(),
-                                                 strict=True)
-        else:  # a step's pool or two: numpy's calls cost more than the loop
-            low = ((k0 + j, r) for j, r in enumerate(new.tolist()) if r <= bound)
-        for ip, r in low:
-            ips.append(ip)
-            rep[ip] = r
-            n = on.get(r, 0)
+        for r in new.tolist():
+            n = on[r]
             on[r] = n + 1
             if not n:
                 came.add(r)
-        return gone == came
+        cells.truncate(k0)
+        cells.extend(new)
+        return gone, came
 
 
 _NO_READERS = np.empty(0, dtype=np.int64)
