@@ -82,10 +82,20 @@ def _escape(m: re.Match[str]) -> str:
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
+# the most characters of one untrusted string (a name, a path, a message, a
+# description) a view or message shows: PATH_MAX's, so any path shows whole, where a
+# report's 100 MB name would cost a terminal view gigabytes
+SHOWN_MOST = 4096
+
+
 def visible(text: str, *, keep_newlines: bool = False) -> str:
-    """`text` with every character a terminal would act on written as an escape."""
+    """`text` with every character a terminal would act on written as an escape, and
+    past its first SHOWN_MOST characters, how many more there are."""
     pattern = _HIDDEN_KEEP_NL if keep_newlines else _HIDDEN
-    return pattern.sub(_escape, text)
+    if len(text) <= SHOWN_MOST:
+        return pattern.sub(_escape, text)
+    return (pattern.sub(_escape, text[:SHOWN_MOST])
+            + f"... ({len(text) - SHOWN_MOST:,} characters more)")
 
 
 # -- ranges and lists ----------------------------------------------------------------------
