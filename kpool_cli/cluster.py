@@ -62,22 +62,41 @@ def in_order_dask(fn: Callable[[U], R], units: Sequence[U], address: str, *,
 def _connect(distributed: Any, address: str, timeout: float) -> Any:
     """A client of the scheduler at `address`, or a `ClusterError` within `timeout`.
 
-    The address is probed with one plain connection first: a `Client` that fails to
-    connect is left half-built, and its finaliser would print a traceback later."""
+    The address is probed first, by one connection that asks for the peer's identity
+    and must hear a scheduler's within the timeout: a `Client` that fails to connect
+    is left half-built (its finaliser would print a traceback later), and one that
+    reaches something else waits past its timeout for a reply that never comes (an
+    HTTP server, a silent port) or reads a banner as a frame's length and asks for
+    exabytes (an SSH server)."""
 
-    async def probe() -> None:
+    async def probe() -> Any:
         comm = await distributed.comm.connect(address, timeout=timeout)
-        await comm.close()
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
 
+    start = ("start one with `dask scheduler` and give its tcp://HOST:PORT")
     try:
-        asyncio.run(probe())
-        return distributed.Client(address, timeout=timeout, set_as_default=False)
+        who = asyncio.run(asyncio.wait_for(probe(), timeout))
     except (OSError, TimeoutError, ValueError) as e:
         # OSError: nothing listening (distributed retries until the timeout);
         # ValueError: an address that is not one (no port, an unknown protocol)
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise ClusterError(f"no Dask scheduler answered at {address!r} within "
-                           f"{timeout:g} s ({type(e).__name__}: {e}); start one with "
-                           "`dask scheduler` and give its tcp://HOST:PORT") from None
+                           f"{timeout:g} s ({why}); {start}") from None
+    except Exception as e:  # what a peer that speaks another protocol sent (garbage)
+        who = e
+    if not (isinstance(who, dict) and who.get("type") == "Scheduler"):
+        raise ClusterError(f"what answered at {address!r} is not a Dask scheduler "
+                           f"(it did not tell a scheduler's identity); {start}")
+    try:
+        return distributed.Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise ClusterError(f"the Dask scheduler at {address!r} did not take a client within "
+                           f"{timeout:g} s ({why})") from None
 
 
 def _run(distributed: Any, client: Any, fn: Callable[[U], R], units: Sequence[U],

@@ -7,9 +7,11 @@ from __future__ import annotations
 import gc
 import os
 import re
+import socket
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,57 @@ def test_no_scheduler_fails_fast_with_a_clear_message(
     with pytest.raises(cluster.ClusterError, match="missing port number"):
         list(cluster.in_order_dask(square, [1], "nonsense", connect_timeout=1))
     gc.collect()  # no half-built client is left to print a traceback when collected
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.fixture
+def not_a_scheduler() -> Iterator[Callable[[bytes | None], str]]:
+    """A TCP port on 127.0.0.1 that accepts and then says `greeting` to each
+    connection (an SSH server's banner), or nothing (None: a silent port, an HTTP
+    server waiting for its request); gives its tcp:// address."""
+    servers: list[socket.socket] = []
+
+    def listen(greeting: bytes | None) -> str:
+        server = socket.create_server(("127.0.0.1", 0))
+        servers.append(server)
+        held: list[socket.socket] = []
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:  # closed: the test is over
+                    return
+                held.append(conn)
+                if greeting is not None:
+                    conn.sendall(greeting)
+
+        threading.Thread(target=serve, daemon=True).start()
+        return f"tcp://127.0.0.1:{server.getsockname()[1]}"
+
+    yield listen
+    for server in servers:
+        server.close()
+
+
+def test_a_peer_that_is_no_scheduler_fails_in_bounded_time_with_a_clear_message(
+        not_a_scheduler: Callable[[bytes | None], str],
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """cluster._connect asks the peer its identity: an SSH banner, read as a frame
+    length, once made the client ask for exabytes (a MemoryError, shown as "out of
+    memory"), and a silent peer held the client past its timeout for ever. Each is now
+    a ClusterError within the connect timeout (1 s here)."""
+    banner = not_a_scheduler(b"SSH-2.0-OpenSSH_8.9p1\r\n")
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterError, match=re.escape(
+            f"what answered at '{banner}' is not a Dask scheduler")):
+        list(cluster.in_order_dask(square, [1], banner, connect_timeout=1))
+    silent = not_a_scheduler(None)
+    with pytest.raises(cluster.ClusterError, match=re.escape(
+            f"no Dask scheduler answered at '{silent}' within 1 s (TimeoutError)")):
+        list(cluster.in_order_dask(square, [1], silent, connect_timeout=1))
+    assert time.monotonic() - start < 8
+    gc.collect()
     assert "Traceback" not in capfd.readouterr().err
 
 
