@@ -26,6 +26,8 @@ Every policy names the ENGINE.md section whose rule it switches.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Literal
@@ -330,6 +332,25 @@ def registered(name: str) -> EngineVersion:
         return compose(name)
     raise VersionError(f"unknown engine {name!r}: known engines are {', '.join(VERSIONS)}, "
                        "or BASE+PATCH (kpool engines)")
+
+
+def plugin_file(spec: str | None) -> str | None:
+    """The file the module of a `module:Name` engine spec is loaded from, as its import
+    finds it (an input: no output of kpool's may overwrite it); None for a registered
+    name, or where no file is found (`load_version` then says why)."""
+    if spec is None or spec in VERSIONS or ":" not in spec:
+        return None
+    mod_name = spec.partition(":")[0]
+    if not mod_name:
+        return None
+    mod = sys.modules.get(mod_name)
+    if mod is not None:
+        return getattr(mod, "__file__", None)
+    try:  # a dotted name imports its parents, as its loading will
+        found = importlib.util.find_spec(mod_name)
+    except (Exception, SystemExit):  # what the import says, `load_version` says
+        return None
+    return found.origin if found is not None and found.has_location else None
 
 
 def load_version(spec: str) -> EngineVersion:

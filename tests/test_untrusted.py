@@ -112,6 +112,24 @@ def test_a_plugin_on_pythonpath_runs(tmp_path):
     assert r.returncode == 1 and "under mine" in r.stdout  # the race, KP001
 
 
+def test_an_output_never_overwrites_a_plugin_engines_module(tmp_path):
+    """versions.py `plugin_file`: the module a `module:Name` engine is imported from is
+    an input of `replay`, `diff` and `check` alike (`replay --engine plug:V -o
+    plug.py` once wrote the text report over the user's engine)."""
+    plug = tmp_path / "plug.py"
+    plug.write_text("from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n"
+                    "V = replace(CACHE_SAFE, name='mine')\n")
+    before = plug.read_text()
+    env = {"PYTHONPATH": str(tmp_path)}
+    for args in (("replay", str(RACE), "--engine", "plug:V", "-o", str(plug)),
+                 ("diff", str(RACE), "--head", "plug:V", "-o", str(plug)),
+                 ("check", str(RACE), "--engine", "plug:V", "-o", str(plug))):
+        r = kpool(*args, env=env)
+        assert r.returncode == 2 and f"is the input {plug}" in r.stderr, (args, r.stderr)
+        assert plug.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plug.py"]
+
+
 # -- 2. trace text cannot drive the terminal -----------------------------------------
 
 ATTACK = "\x1b[2J\x1b[31mPASS\x07"

@@ -78,10 +78,11 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     except SettingsError as e:
         fail(str(e))
     files, empty = trace_paths(paths)
-    # every file read is an input: the traces found in a folder, the settings file
-    refuse_outputs((*paths, *files, *([str(settings.source)] if settings.source else [])),
-                   output=output)
     engines = expand_all(engines or settings.engines or ())
+    # every file read is an input: the traces found in a folder, the settings file, the
+    # plug-in engines' modules
+    refuse_outputs((*paths, *files, *([str(settings.source)] if settings.source else [])),
+                   engines, output=output)
     for spec in engines:
         version_for(spec, None)  # an unknown engine: exit 2 before any work
     fail_on = fail_on or settings.fail_on or "error"

@@ -85,7 +85,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
     if empty:
         fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
-    refuse_outputs((*inputs, *files), output=output, html=html_out)
+    refuse_outputs((*inputs, *files), (base, head), output=output, html=html_out)
     try:
         selectors = ignore_selectors(ignore)
     except ValueError as e:

@@ -14,14 +14,20 @@ from __future__ import annotations
 import contextlib
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 import click
 
 from ..contracts import exits
 from ..contracts.files import OutputError, check_outputs, written_whole
-from ..versions import DEFAULT_VERSION, EngineVersion, VersionError, load_version
+from ..versions import (
+    DEFAULT_VERSION,
+    EngineVersion,
+    VersionError,
+    load_version,
+    plugin_file,
+)
 from ..wording import visible
 
 if TYPE_CHECKING:  # the loader (yaml, numpy): imported by `load`, when a command loads
@@ -63,10 +69,13 @@ def version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
         fail(str(e))
 
 
-def refuse_outputs(inputs: tuple[str, ...], **outputs: str | None) -> None:
-    """Exit 2, before any work, for an output that would destroy an input or a non-file."""
+def refuse_outputs(inputs: tuple[str, ...], engines: Iterable[str | None] = (),
+                   **outputs: str | None) -> None:
+    """Exit 2, before any work, for an output that would destroy an input or a non-file;
+    the inputs include the modules of the plug-in `engines` (`plugin_file`)."""
+    plugins = tuple(f for f in map(plugin_file, engines) if f is not None)
     try:
-        check_outputs(inputs, [(f"--{k}", v) for k, v in outputs.items()])
+        check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in outputs.items()])
     except OutputError as e:
         fail(str(e))
 

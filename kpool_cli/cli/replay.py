@@ -95,7 +95,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
     --check), 2 bad usage or an invalid trace."""
     from ..report.ticking import ticker_for, ticking
 
-    refuse_outputs(traces, output=output, svg=svg, html=html)
+    refuse_outputs(traces, (engine,), output=output, svg=svg, html=html)
     if fmt != "text" and (html or svg):
         fail("--html and --svg save the text view: use them with --format text")
     # every trace, before any engine
