@@ -16,6 +16,9 @@ Owns:
   line stand for (a folder's files are inputs as much as the folder).
 - `InputRefused`: the refusal's reason, without the path (each caller words its
   own message around it, with file and field).
+- `nesting_past(text, tokens, most)`: where the arrays and objects of an input's
+  text (a report's JSON, a settings file's TOML) first nest past `most` levels, what
+  a parser that gave out on it (Python's recursion) cannot say.
 
 Invariant: nothing here blocks on an input or reads more than `limit + 1` bytes.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 from collections.abc import Iterable
 from functools import cache
@@ -150,3 +154,19 @@ def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str]
                 seen.add(key)
                 out.append(c)
     return out, empty
+
+
+def nesting_past(text: str, tokens: re.Pattern[str], most: int) -> int | None:
+    """The offset in `text` of the bracket where its nesting first passes `most` levels,
+    or None. `tokens` matches the format's brackets (`[`, `]`, `{`, `}`) and, so that
+    their brackets do not count, whatever else may hold one (its strings, comments)."""
+    depth = 0
+    for m in tokens.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > most:
+                return m.start()
+        elif c in "]}":
+            depth -= 1
+    return None

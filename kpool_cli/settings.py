@@ -46,7 +46,7 @@ from typing import Any
 
 from .check import OUTPUT_FORMATS
 from .contracts.tally import FAIL_ON
-from .inputs import InputRefused, InputTooLarge, read_input
+from .inputs import InputRefused, InputTooLarge, nesting_past, read_input
 from .trace.yaml_safe import clip, quote, suggest
 from .verdict.codes import CODES
 from .versions import ALL, VERSIONS, VersionError, is_registered, registered
@@ -209,7 +209,23 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
                 line = text.count("\n") + 1
         raise SettingsError(path, line, f"invalid TOML: {message}") from None
     except RecursionError:
-        raise SettingsError(path, None, "invalid TOML: nested too deeply") from None
+        raise SettingsError(path, _deep_line(text), "invalid TOML: arrays and inline tables "
+                            f"nested too deeply (past {_DEEP} levels from here)") from None
+
+
+# `_deep_line`: a settings file nests two or three levels; where tomllib's recursion
+# gives out, the line where the nesting first passed this many names the place
+_DEEP = 64
+_NESTING = re.compile(r'"""[\s\S]*?"""' r"|'''[\s\S]*?'''"  # multi-line strings
+                      r'|"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"  # one-line strings
+                      r"|#[^\n]*|[\[\]{}]")  # comments; the brackets counted
+
+
+def _deep_line(text: str) -> int | None:
+    """The line where arrays and inline tables first nest past _DEEP levels (strings
+    and comments skipped), or None."""
+    at = nesting_past(text, _NESTING, _DEEP)
+    return None if at is None else text.count("\n", 0, at) + 1
 
 
 # -- checking ------------------------------------------------------------------------------
@@ -485,16 +501,13 @@ class _KeyScan:
             if self.i >= len(s):
                 return self.lines
             at = self.i
-            if s.startswith("[[", self.i):
-                self.i += 2
+            if s[self.i] == "[":  # a header, [a.b] or [[a.b]]: it writes a too
+                n = 2 if s.startswith("[[", self.i) else 1
+                self.i += n
                 table = self.key()
-                self.i += 2
-                self.record(table, at)
-            elif s[self.i] == "[":
-                self.i += 1
-                table = self.key()
-                self.i += 1
-                self.record(table, at)
+                self.i += n
+                for k in range(1, len(table) + 1):
+                    self.record(table[:k], at)
             else:
                 key = table + self.key()
                 for k in range(len(table) + 1, len(key) + 1):  # a.b.c = 1 writes a.b too

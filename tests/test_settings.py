@@ -230,6 +230,32 @@ kpool.per-file-ignores = { "a/*.yaml" = ["KP001"], "b/*.yaml" = ["KP01"] }
     assert "tool.kpool.per-file-ignores.\"b/*.yaml\": unknown code 'KP01'" in str(e)
 
 
+def test_a_header_writes_the_tables_it_names(tmp_path: Path):
+    """settings.py `_key_lines`: a header [a.b] writes table a too, so an unknown key a
+    is at the header's line (3), where it had none; and [tool.kpool.engine.x] (line 7)
+    is where the unknown key engine of [tool.kpool] (line 4) is written."""
+    k = _write(tmp_path / "k", "kpool.toml", "\n\n[a.b]\nc = 1\n")
+    e = _error(tmp_path / "k")
+    assert (e.file, e.line) == (k.resolve(), 3) and "a: unknown key 'a'" in e.message
+    py = _write(tmp_path / "p", "pyproject.toml",
+                "[project]\nname = 'x'\n\n[tool.kpool]\njobs = 2\n\n"
+                "[tool.kpool.engine.x]\ny = 1\n")
+    e = _error(tmp_path / "p")
+    assert (e.file, e.line) == (py.resolve(), 7)
+    assert "tool.kpool.engine: unknown key 'engine'" in e.message
+
+
+def test_nesting_too_deep_names_the_line_it_starts_on(tmp_path: Path):
+    """settings.py `_deep_line`: past Python's recursion, tomllib gives no line; the
+    message names the line where arrays and inline tables first nest past 64 levels,
+    brackets in strings and comments not counted (line 4 here)."""
+    k = _write(tmp_path, "kpool.toml",
+               "jobs = 1\n# [[[[\nnote = '" + "[" * 80 + "'\nx = " + "[" * 100_000 + "\n")
+    e = _error(tmp_path)
+    assert (e.file, e.line) == (k.resolve(), 4)
+    assert e.message.startswith("invalid TOML: arrays and inline tables nested too deeply")
+
+
 def test_kpool_toml_names_keys_at_top_level(tmp_path: Path):
     k = _write(tmp_path, "kpool.toml", "# settings\n\njobs = 1\nengins = ['rep-once']\n")
     e = _error(tmp_path)

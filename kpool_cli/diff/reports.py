@@ -107,7 +107,7 @@ from typing import Any, NoReturn
 from .. import __version__
 from ..contracts.report_format import CONFIG, COST, COST_KEYS, REPORT, REPORT_VERSION, report_schema
 from ..engine.marking import n_new_graph
-from ..inputs import InputRefused, InputTooLarge, read_head, read_input
+from ..inputs import InputRefused, InputTooLarge, nesting_past, read_head, read_input
 from ..trace.format import CACHE, FINDING_CODE_PATTERN, POS_LIMIT
 from ..trace.yaml_safe import MAX_OPS
 from ..verdict.codes import CODES
@@ -310,16 +310,7 @@ def _line_col(text: str, offset: int) -> tuple[int, int]:
 
 def _too_deep_at(text: str) -> int:
     """Where the nesting of `text` first goes past DEPTH_SHOWN levels (0 if it does not)."""
-    depth = 0
-    for m in _STRING_OR_BRACKET.finditer(text):
-        c = m.group()
-        if c in "[{":
-            depth += 1
-            if depth > DEPTH_SHOWN:
-                return m.start()
-        elif c in "]}":
-            depth -= 1
-    return 0
+    return nesting_past(text, _STRING_OR_BRACKET, DEPTH_SHOWN) or 0
 
 
 @functools.cache
