@@ -4,7 +4,8 @@ the messages share, and of how text kpool did not write is shown.
 Owns:
 - `visible(text)`, the one function every view passes untrusted text through: trace
   names, descriptions, notes, slot names, paths, engine text from a plug-in, and
-  anything read back from a report;
+  anything read back from a report, escaped and, past SHOWN_MOST characters, cut in
+  the middle;
 - `span(first, end)`: a range, half-open `A..B` as traces write positions (`4..8` is
   4, 5, 6, 7), a one-element range as its number (`7`), an open one as `A..`;
 - `folded(values)`: a list of ints (positions, rows, cells, ubatch indexes) in the
@@ -82,20 +83,25 @@ def _escape(m: re.Match[str]) -> str:
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
-# the most characters of one untrusted string (a name, a path, a message, a
-# description) a view or message shows: PATH_MAX's, so any path shows whole, where a
-# report's 100 MB name would cost a terminal view gigabytes
-SHOWN_MOST = 4096
+# the most characters of untrusted text (a name, a description, a message line with
+# its paths) `visible` shows whole: four times PATH_MAX, so a line with a path or two
+# of any length shows whole, where a report's 100 MB name would cost a terminal view
+# gigabytes. Longer text shows its first and last SHOWN_END characters, so a message
+# line keeps its file and its field and problem, around what is cut
+SHOWN_MOST = 16384
+SHOWN_END = 8000
 
 
 def visible(text: str, *, keep_newlines: bool = False) -> str:
-    """`text` with every character a terminal would act on written as an escape, and
-    past its first SHOWN_MOST characters, how many more there are."""
+    """`text` with every character a terminal would act on written as an escape; when
+    that is longer than SHOWN_MOST characters, its first and last SHOWN_END with how
+    many were cut between them (so what `visible` gave is the same through it again)."""
     pattern = _HIDDEN_KEEP_NL if keep_newlines else _HIDDEN
-    if len(text) <= SHOWN_MOST:
-        return pattern.sub(_escape, text)
-    return (pattern.sub(_escape, text[:SHOWN_MOST])
-            + f"... ({len(text) - SHOWN_MOST:,} characters more)")
+    shown = pattern.sub(_escape, text)
+    if len(shown) <= SHOWN_MOST:
+        return shown
+    return (f"{shown[:SHOWN_END]} ... ({len(shown) - 2 * SHOWN_END:,} characters cut) ... "
+            f"{shown[-SHOWN_END:]}")
 
 
 # -- ranges and lists ----------------------------------------------------------------------
