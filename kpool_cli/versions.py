@@ -7,7 +7,8 @@ Owns: `EngineVersion` (a frozen record of policies); the bases `CACHE_SAFE`
 applies to them, each with the `Origin` it was read from and the base policies its
 anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
 (the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
-composition) and `load_version` (those, or a plug-in). docs/versions.md.
+composition) and `load_version` (those, or a plug-in); `plugin_files`, the files a
+plug-in is imported from (inputs no output may overwrite). docs/versions.md.
 
 Invariants: a composed version's name is its spec (`cache-safe+tail-truncate`); a
 patch applies only to a base whose policies its anchors need (`Patch.needs`), and
@@ -334,23 +335,30 @@ def registered(name: str) -> EngineVersion:
                        "or BASE+PATCH (kpool engines)")
 
 
-def plugin_file(spec: str | None) -> str | None:
-    """The file the module of a `module:Name` engine spec is loaded from, as its import
-    finds it (an input: no output of kpool's may overwrite it); None for a registered
-    name, or where no file is found (`load_version` then says why)."""
+def plugin_files(spec: str | None) -> tuple[str, ...]:
+    """The files the module of a `module:Name` engine spec and its parent packages are
+    loaded from, as its import finds them (inputs: no output of kpool's may overwrite
+    them); none for a registered name, or where none is found (`load_version` then
+    says why)."""
     if spec is None or spec in VERSIONS or ":" not in spec:
-        return None
+        return ()
     mod_name = spec.partition(":")[0]
     if not mod_name:
-        return None
-    mod = sys.modules.get(mod_name)
-    if mod is not None:
-        return getattr(mod, "__file__", None)
-    try:  # a dotted name imports its parents, as its loading will
-        found = importlib.util.find_spec(mod_name)
-    except (Exception, SystemExit):  # what the import says, `load_version` says
-        return None
-    return found.origin if found is not None and found.has_location else None
+        return ()
+    own = sys.modules.get(mod_name)
+    origin = getattr(own, "__file__", None)
+    if own is None:
+        try:  # a dotted name imports its parents, as its loading will
+            found = importlib.util.find_spec(mod_name)
+        except (Exception, SystemExit):  # what the import says, `load_version` says
+            return ()
+        if found is None or not found.has_location:
+            return ()
+        origin = found.origin
+    parts = mod_name.split(".")
+    files = [getattr(sys.modules.get(".".join(parts[:n])), "__file__", None)
+             for n in range(1, len(parts))]
+    return tuple(f for f in (*files, origin) if isinstance(f, str))
 
 
 def load_version(spec: str) -> EngineVersion:

@@ -113,21 +113,28 @@ def test_a_plugin_on_pythonpath_runs(tmp_path):
 
 
 def test_an_output_never_overwrites_a_plugin_engines_module(tmp_path):
-    """versions.py `plugin_file`: the module a `module:Name` engine is imported from is
-    an input of `replay`, `diff` and `check` alike (`replay --engine plug:V -o
-    plug.py` once wrote the text report over the user's engine)."""
-    plug = tmp_path / "plug.py"
-    plug.write_text("from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n"
-                    "V = replace(CACHE_SAFE, name='mine')\n")
-    before = plug.read_text()
+    """versions.py `plugin_files`: the module a `module:Name` engine is imported from,
+    and each package above it, is an input of `replay`, `diff` and `check` alike
+    (`replay --engine plug:V -o plug.py` once wrote the text report over the user's
+    engine, and `--engine pkg.plug:V -o pkg/__init__.py` over its package)."""
+    body = ("from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n"
+            "V = replace(CACHE_SAFE, name='mine')\n")
+    plug, pkg = tmp_path / "plug.py", tmp_path / "pkg"
+    plug.write_text(body)
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("# the package\n")
+    (pkg / "plug.py").write_text(body)
+    files = [plug, pkg / "__init__.py", pkg / "plug.py"]
+    before = [f.read_text() for f in files]
     env = {"PYTHONPATH": str(tmp_path)}
-    for args in (("replay", str(RACE), "--engine", "plug:V", "-o", str(plug)),
-                 ("diff", str(RACE), "--head", "plug:V", "-o", str(plug)),
-                 ("check", str(RACE), "--engine", "plug:V", "-o", str(plug))):
-        r = kpool(*args, env=env)
-        assert r.returncode == 2 and f"is the input {plug}" in r.stderr, (args, r.stderr)
-        assert plug.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plug.py"]
+    for spec, out in (("plug:V", plug), ("pkg.plug:V", pkg / "__init__.py"),
+                      ("pkg.plug:V", pkg / "plug.py")):
+        for args in (("replay", str(RACE), "--engine", spec, "-o", str(out)),
+                     ("diff", str(RACE), "--head", spec, "-o", str(out)),
+                     ("check", str(RACE), "--engine", spec, "-o", str(out))):
+            r = kpool(*args, env=env)
+            assert r.returncode == 2 and f"is the input {out}" in r.stderr, (args, r.stderr)
+    assert [f.read_text() for f in files] == before
 
 
 # -- 2. trace text cannot drive the terminal -----------------------------------------

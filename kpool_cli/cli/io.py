@@ -26,7 +26,7 @@ from ..versions import (
     EngineVersion,
     VersionError,
     load_version,
-    plugin_file,
+    plugin_files,
 )
 from ..wording import visible
 
@@ -72,8 +72,9 @@ def version_for(name: str | None, trace_engine: str | None) -> EngineVersion:
 def refuse_outputs(inputs: tuple[str, ...], engines: Iterable[str | None] = (),
                    **outputs: str | None) -> None:
     """Exit 2, before any work, for an output that would destroy an input or a non-file;
-    the inputs include the modules of the plug-in `engines` (`plugin_file`)."""
-    plugins = tuple(f for f in map(plugin_file, engines) if f is not None)
+    the inputs include the modules of the plug-in `engines` and their packages
+    (`plugin_files`)."""
+    plugins = tuple(f for spec in engines for f in plugin_files(spec))
     try:
         check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in outputs.items()])
     except OutputError as e:
