@@ -261,8 +261,8 @@ class Padding:
         self._given: np.ndarray | None = None  # the last rows given, of the kept ones
         self._most = 0
         # held: (the sequence, the serial of the update) the kept rows were last found
-        # or held for, and that sequence's pools whose rep row is below the greatest
-        # kept row (`_Low`); None when the last call was not held
+        # or held for, None when the last call was not held; that sequence's pools
+        # counted by rep row (`_Low`, which follows the same updates)
         self._held: tuple[int, int] | None = None
         self._low = _Low()
 
@@ -333,8 +333,8 @@ class Padding:
     def _stands(self, pool_cells: np.ndarray, change: LayoutChange, s: int) -> bool:
         """The kept rows serve the rep rows `pool_cells` of sequence s, which holds
         every pool, as `change` (the next update after the one the kept rows were
-        held for) left them: the rep rows below the greatest kept row are the same
-        set. Notes the pools below it as they are now, whatever the answer."""
+        held for) left them: the rep rows at or below the greatest kept row are the
+        same set. The counts follow the update, whatever the answer."""
         if self._held != (s, change.serial - 1) or self._last is None:
             return False
         self._held = (s, change.serial)
