@@ -93,7 +93,7 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
                            f"(it did not tell a scheduler's identity); {start}")
     try:
         return distributed.Client(address, timeout=timeout, set_as_default=False)
-    except (OSError, TimeoutError, ValueError) as e:
+    except Exception as e:  # a peer that told a scheduler's identity and is none
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise ClusterError(f"the Dask scheduler at {address!r} did not take a client within "
                            f"{timeout:g} s ({why})") from None

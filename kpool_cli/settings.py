@@ -209,8 +209,10 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
                 line = text.count("\n") + 1
         raise SettingsError(path, line, f"invalid TOML: {message}") from None
     except RecursionError:
-        raise SettingsError(path, _deep_line(text), "invalid TOML: arrays and inline tables "
-                            f"nested too deeply (past {_DEEP} levels from here)") from None
+        line = _deep_line(text)
+        raise SettingsError(path, line, "invalid TOML: arrays and inline tables nested too "
+                            "deeply" + (f" (past {_DEEP} levels from here)" if line else "")
+                            ) from None
 
 
 # `_deep_line`: a settings file nests two or three levels; where tomllib's recursion

@@ -195,9 +195,10 @@ def main() -> None:
                      "memory than the process may take (ulimit, cgroup); --max-memory sets "
                      "the budget checked before a replay starts")
         code = exits.BAD_INPUT
-    except MemoryError:  # any other command's
+    except MemoryError:  # any other command's (check's and diff's replays included)
         _stderr_line("kpool: out of memory: this command needs more memory than the process "
-                     "may take (ulimit, cgroup)")
+                     "may take (ulimit, cgroup); --max-memory sets the budget a replay is "
+                     "checked against before it starts")
         code = exits.BAD_INPUT
     except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
         _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"
