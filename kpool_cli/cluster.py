@@ -77,7 +77,7 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
         finally:
             comm.abort()
 
-    start = ("start one with `dask scheduler` and give its tcp://HOST:PORT")
+    start = "start one with `dask scheduler` and give its tcp://HOST:PORT"
     try:
         who = asyncio.run(asyncio.wait_for(probe(), timeout))
     except (OSError, TimeoutError, ValueError) as e:
