@@ -942,8 +942,9 @@ def test_padding_held_counts_the_pools_once_across_passes(monkeypatch) -> None:
     are counted at the first step alone; an update missed (serial 403 after 401)
     counts them afresh. Then `_Low.follow` itself: rep rows 5, 2, 9 counted afresh
     (None); pool 2 replaced by one on row 7: row 9 gone, row 7 came; a pool appended on
-    row 7: neither (7 holds one already); both on row 7 cut: row 7 gone; an update
-    missed: afresh."""
+    row 7: neither (7 holds one already); both on row 7 cut: row 7 gone; every pool
+    replaced by rows 4, 2, 8: row 5 gone, rows 4 and 8 came; an update missed:
+    afresh."""
     from kpool_cli.compiled import marking
     from kpool_cli.compiled.marking import Padding, _Low
     from kpool_cli.engine.scatter import padding_rows
@@ -984,7 +985,17 @@ def test_padding_held_counts_the_pools_once_across_passes(monkeypatch) -> None:
     got = [low.follow(np.array(r, dtype=np.int64), _change(k, i + 1), 0)
            for i, (r, k) in enumerate(zip(reps, kept, strict=True))]
     assert got == [None, ({9}, {7}), (set(), set()), ({7}, set())]
-    assert low.follow(np.array([5], dtype=np.int64), _change(1, 6), 0) is None
+    # most pools replaced (kept 0 of 2: a seq_keep or seq_cp each step), counted afresh
+    # and compared row by row: row 5 gone, rows 4 and 8 came (row 2, on both sides,
+    # may be named in both sets or in neither: `Padding._stands` compares the two)
+    moved = low.follow(np.array([4, 2, 8], dtype=np.int64), _change(0, 5), 0)
+    assert moved is not None
+    assert (moved[0] - moved[1], moved[1] - moved[0]) == ({5}, {4, 8})
+    assert low.follow(np.array([5], dtype=np.int64), _change(1, 7), 0) is None
+    # and that costs no Python line a pool: 100 pools replaced, then 2,000
+    few = _marking_lines(lambda: low.follow(np.arange(100), _change(0, 8), 0))
+    many = _marking_lines(lambda: low.follow(np.arange(2000) + 1, _change(0, 9), 0))
+    assert many <= few + 2, (few, many)
 
 
 def test_padding_held_equals_the_reference_over_updates(monkeypatch) -> None:

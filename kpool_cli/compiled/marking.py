@@ -380,6 +380,12 @@ class _Low:
             self._on = Counter(pool_cells.tolist())
             return None
         k0 = change.kept[s]
+        if 4 * (len(cells) + pool_cells.size - 2 * k0) >= pool_cells.size:
+            # most pools replaced (a seq_keep or seq_cp ends each step: the update keeps
+            # none): counted afresh and compared row by row in C, not pool by pool
+            self._on = Counter(pool_cells.tolist())
+            cells.assign(pool_cells)
+            return set(on.keys() - self._on.keys()), set(self._on.keys() - on.keys())
         gone, came = set(), set()
         for r in cells.view[k0:].tolist():
             n = on[r] - 1
