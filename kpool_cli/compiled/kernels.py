@@ -1179,6 +1179,9 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
     run[1] = -1
     m = 0
     at = 0  # the first link not handed yet
+    # the last link asked again and whether it linked, before the step rule: the next
+    # link's rule reads it, so a segment that changed whole asks each link once
+    prev, prev_on = -2, False
     for j in range(m_seg):
         n_now = start[j + 1] - start[j]
         if kept[j] == n_now and kept[j] == before[j + 1] - before[j]:
@@ -1193,12 +1196,14 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
             m = _old_runs_in(old, at + shift, end - 1 + shift, shift, run, out, m)
             at = end
         for i in range(max(lo, at), hi + 1):  # asked again
-            on = _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i)
-            if (on and i > 0
-                    and _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad,
-                                   i - 1)
-                    and _step_breaks_in(rows, i)):
-                on = False
+            linked = _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i)
+            on = linked
+            if on and i > 0:
+                linked_before = prev_on if prev == i - 1 else _linked_in(
+                    pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i - 1)
+                if linked_before and _step_breaks_in(rows, i):
+                    on = False
+            prev, prev_on = i, linked
             if on:
                 m = _runs_on_in(run, i, i, out, m)
         at = max(at, hi + 1)
