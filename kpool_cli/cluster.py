@@ -83,9 +83,8 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
     except (OSError, TimeoutError, ValueError) as e:
         # OSError: nothing listening (distributed retries until the timeout);
         # ValueError: an address that is not one (no port, an unknown protocol)
-        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise ClusterError(f"no Dask scheduler answered at {address!r} within "
-                           f"{timeout:g} s ({why}); {start}") from None
+                           f"{timeout:g} s ({_why(e)}); {start}") from None
     except Exception as e:  # what a peer that speaks another protocol sent (garbage)
         who = e
     if not (isinstance(who, dict) and who.get("type") == "Scheduler"):
@@ -94,9 +93,13 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
     try:
         return distributed.Client(address, timeout=timeout, set_as_default=False)
     except Exception as e:  # a peer that told a scheduler's identity and is none
-        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         raise ClusterError(f"the Dask scheduler at {address!r} did not take a client within "
-                           f"{timeout:g} s ({why})") from None
+                           f"{timeout:g} s ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    """An exception as a message quotes it: its type, and what it says if anything."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _run(distributed: Any, client: Any, fn: Callable[[U], R], units: Sequence[U],

@@ -190,15 +190,11 @@ def main() -> None:
         _stderr_line(f"kpool: cannot write {where}: {e.strerror or type(e).__name__}")
         _drop_stdout()
         code = exits.BAD_INPUT
-    except OutOfMemory as e:  # a replay over a limit the budget cannot see (ulimit -v)
-        _stderr_line(f"kpool: {visible(str(e))}: out of memory: this replay needs more "
-                     "memory than the process may take (ulimit, cgroup); --max-memory sets "
-                     "the budget checked before a replay starts")
-        code = exits.BAD_INPUT
-    except MemoryError:  # any other command's (check's and diff's replays included)
-        _stderr_line("kpool: out of memory: this command needs more memory than the process "
-                     "may take (ulimit, cgroup); --max-memory sets the budget a replay is "
-                     "checked against before it starts")
+    except (MemoryError, OutOfMemory) as e:  # over a limit the budget cannot see (ulimit -v)
+        where = f"{visible(str(e))}: " if isinstance(e, OutOfMemory) else ""
+        _stderr_line(f"kpool: {where}out of memory: this command needs more memory than the "
+                     "process may take (ulimit, cgroup); --max-memory sets the budget a "
+                     "replay is checked against before it starts")
         code = exits.BAD_INPUT
     except Exception as e:  # a bug in kpool, not in the input: no traceback, exit 2
         _stderr_line(f"kpool: internal error: {type(e).__name__}: {visible(str(e))}\n"

@@ -375,17 +375,15 @@ class _Low:
         if was == at:
             return set(), set()
         cells, on = self._cells, self._on
-        if was != (s, change.serial - 1):
+        missed = was != (s, change.serial - 1)
+        k0 = 0 if missed else change.kept[s]
+        # an update missed, or most pools replaced (a seq_keep or seq_cp ends each step:
+        # the update keeps none): counted afresh, and compared row by row in C, not
+        # pool by pool
+        if missed or 4 * (len(cells) + pool_cells.size - 2 * k0) >= pool_cells.size:
             cells.assign(pool_cells)
-            self._on = Counter(pool_cells.tolist())
-            return None
-        k0 = change.kept[s]
-        if 4 * (len(cells) + pool_cells.size - 2 * k0) >= pool_cells.size:
-            # most pools replaced (a seq_keep or seq_cp ends each step: the update keeps
-            # none): counted afresh and compared row by row in C, not pool by pool
-            self._on = Counter(pool_cells.tolist())
-            cells.assign(pool_cells)
-            return set(on.keys() - self._on.keys()), set(self._on.keys() - on.keys())
+            self._on = now = Counter(pool_cells.tolist())
+            return None if missed else (set(on.keys() - now.keys()), set(now.keys() - on.keys()))
         gone, came = set(), set()
         for r in cells.view[k0:].tolist():
             n = on[r] - 1
