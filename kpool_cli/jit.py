@@ -402,7 +402,7 @@ def _signature(sig: str) -> tuple[tuple[Any, ...], Any]:
     return tuple(args), ret
 
 
-def inner(fn: F) -> F:
+def inner(fn: F, views: bool = False) -> F:
     """`fn` as a numba function the kernels call (compiled into each caller, cached with
     it); never called from Python. A caller's constant argument is typed as its type,
     not as the constant: numba would compile the function again for each literal (`0`
@@ -410,8 +410,20 @@ def inner(fn: F) -> F:
     compiles in the first replays of four workloads. LLVM inlines what is small and
     folds the constant all the same. So an inner function never sees a literal: one
     that needs one to type (`numba.literally`, a tuple indexed by an argument) must
-    be a kernel's own code, not an `inner`."""
-    jitted: Any = numba.njit(cache=cache_for(fn) != "")(fn)
+    be a kernel's own code, not an `inner`.
+
+    An inner function counts no references (numba's `_nrt` off): the arrays it is
+    handed are its caller's, alive for the call, so it needs none. With the counting
+    on, numba increfs and decrefs each array argument it holds, atomic operations that
+    its pruning leaves in place wherever the function branches, and that LLVM
+    removes only when it inlines the function, which it does not for one with a few
+    branches: 50-100 ns a call, where the work is a few ns (`kernels.pool_spans`,
+    whose helpers judge each pool: 1.0-1.4 ms for 8,448 pools, 70-130 us without the
+    counting; docs/performance.md, "fortieth session"). `views`: fn hands back a new
+    view of an array (a slice, not an argument as it is), which the counting must
+    own."""
+    options: dict[str, Any] = {"cache": cache_for(fn) != "", "_nrt": views}
+    jitted: Any = numba.njit(**options)(fn)
     jitted.get_call_template = _unliteral(jitted.get_call_template)
     return jitted
 

@@ -530,6 +530,57 @@ def test_a_loaded_kernel_is_linked_lazily_and_a_compilation_links_it(tmp_path: P
     assert outs[2] == ["-", "15", "1", lazy]  # `second` alone
 
 
+_COUNTED = '''
+import sys
+import warnings
+import numba, numpy as np
+from kpool_cli import jit
+
+def _judge(rows, rep, pad, i):
+    ok = True
+    for j in range(2, rows.shape[1]):
+        if rows[i, j] - rows[i, j - 1] != rows[i, 1] - rows[i, 0]:
+            ok = False
+    return ok and rep[i] == rows[i, rows.shape[1] - 1] and not pad[i]
+
+def _tail(a, n):
+    return a[n:]
+
+judge, tail = jit.inner(_judge, views=sys.argv[1] == "views"), jit.inner(_tail, views=True)
+
+@numba.njit
+def judged(rows, rep, pad):
+    c = 0
+    for i in range(rows.shape[0]):
+        c += judge(rows, rep, pad, i)
+    return c, tail(rep, 1).sum()
+
+rows = np.array([[0, 1, 2, 3], [4, 5, 6, 8], [8, 9, 10, 11]], dtype=np.int64)
+rep = np.array([3, 8, 10], dtype=np.int64)
+warnings.simplefilter("error")  # an inspection of code loaded from the cache is invalid
+ir = "".join(judge.inspect_llvm().values()) if judged(rows, rep, np.zeros(3, bool)) else ""
+print(*judged(rows, rep, np.zeros(3, dtype=bool)), ir.count("NRT_incref") + ir.count("NRT_decref"))
+'''
+
+
+def test_an_inner_function_counts_no_references_unless_it_hands_back_a_view(
+        tmp_path: Path) -> None:
+    """`jit.inner`: the helper a kernel calls for each pool (a branching judge of
+    three arrays, as `kernels._scatter_regular`) is compiled without numba's
+    reference counting, whose increfs and decrefs of its arrays would stay in each
+    call LLVM does not inline; with `views=True` (a helper that hands back a view,
+    which the counting must own: without it numba refuses to compile one that hands
+    back a slice) they are there. Compiled afresh (an empty cache: numba does not
+    inspect code it loaded), each judging the rows alike."""
+    script = tmp_path / "counted.py"
+    script.write_text(_COUNTED)
+    # row 0 regular; row 1 steps 1, 1, 2; row 2's rep row is not its last member
+    plain = _python(script, tmp_path / "plain", "plain").split()
+    views = _python(script, tmp_path / "views", "views").split()
+    assert plain[:2] == views[:2] == ["1", "18"]
+    assert plain[2] == "0" and int(views[2]) > 0
+
+
 _COMPILES = '''
 from numba.core import event
 

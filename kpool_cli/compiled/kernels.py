@@ -81,7 +81,7 @@ def _stable_order(v, a, b):  # pragma: no cover - compiled
     return a[:n]
 
 
-_stable_order_in = inner(_stable_order)
+_stable_order_in = inner(_stable_order, views=True)
 
 
 def _sorted(v, scratch):  # pragma: no cover - compiled
@@ -100,7 +100,7 @@ def _sorted(v, scratch):  # pragma: no cover - compiled
     return out
 
 
-_sorted_in = inner(_sorted)
+_sorted_in = inner(_sorted, views=True)
 
 
 @kernel
@@ -586,7 +586,7 @@ def _first_winners(cand, pool_cells, once_per_rep, seen, scratch):  # pragma: no
 
 
 _first_winners_k = kernel(_first_winners, "_first_winners_k")
-_first_winners_in = inner(_first_winners)
+_first_winners_in = inner(_first_winners, views=True)
 
 
 def first_winners(cand: np.ndarray, pool_cells: np.ndarray, once_per_rep: bool,
@@ -617,7 +617,7 @@ def _mark_one_sequence(keys, n_pools, first_pos, rep_pos, pos, cells, by_order, 
 
 
 _mark_one_sequence_k = kernel(_mark_one_sequence, "_mark_one_sequence_k")
-_mark_one_sequence_in = inner(_mark_one_sequence)
+_mark_one_sequence_in = inner(_mark_one_sequence, views=True)
 
 
 def mark_one_sequence(keys: np.ndarray, n_pools: int, first_pos: np.ndarray,
@@ -1094,22 +1094,35 @@ def pool_spans(seq, k, first_pos, last_pos, cells, rep, new, link, out
     return _link_spans_in(cells, link, out)
 
 
+def _regular(pools, first_pos, last_pos, rows, rep, pad, i):  # pragma: no cover
+    """(Entry i is regular, its member step): the pool listing's rule (`pools`,
+    `_pool_regular`) or the scatter entries' (`_scatter_regular`)."""
+    if pools:
+        return _pool_regular_in(rows, rep, first_pos, last_pos, i)
+    return _scatter_regular_in(rows, rep, pad, i)
+
+
+_regular_in = inner(_regular)
+
+
+def _links(pools, seq, k, first_pos, new, kpool, r0, d0, r1, d1, i
+           ):  # pragma: no cover - compiled
+    """Whether entries i and i + 1, whose verdicts are (r0, d0) and (r1, d1), link,
+    before `_link_spans`'s step rule: both regular with one member step, and for the
+    pool listing entry i + 1 follows entry i (`_pool_follows`)."""
+    return r0 and r1 and d1 == d0 and (
+        not pools or _pool_follows_in(seq, k, first_pos, new, kpool, i + 1))
+
+
+_links_in = inner(_links)
+
+
 def _linked(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i
             ):  # pragma: no cover - compiled
-    """Whether entries i and i + 1 link, before `_link_spans`'s step rule: the pool
-    listing's rule (`pools`) or the scatter entries'."""
-    if pools:
-        r0, d0 = _pool_regular_in(rows, rep, first_pos, last_pos, i)
-        if not r0:
-            return False
-        r1, d1 = _pool_regular_in(rows, rep, first_pos, last_pos, i + 1)
-        return r1 and d1 == d0 and _pool_follows_in(seq, k, first_pos, new, rows.shape[1],
-                                                    i + 1)
-    r0, d0 = _scatter_regular_in(rows, rep, pad, i)
-    if not r0:
-        return False
-    r1, d1 = _scatter_regular_in(rows, rep, pad, i + 1)
-    return r1 and d1 == d0
+    """Whether entries i and i + 1 link, before `_link_spans`'s step rule."""
+    r0, d0 = _regular_in(pools, first_pos, last_pos, rows, rep, pad, i)
+    r1, d1 = _regular_in(pools, first_pos, last_pos, rows, rep, pad, i + 1)
+    return _links_in(pools, seq, k, first_pos, new, rows.shape[1], r0, d0, r1, d1, i)
 
 
 _linked_in = inner(_linked)
@@ -1182,6 +1195,9 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
     # the last link asked again and whether it linked, before the step rule: the next
     # link's rule reads it, so a segment that changed whole asks each link once
     prev, prev_on = -2, False
+    # the verdict of the last entry judged (`_regular`), which the next link reads
+    # again: a segment that changed whole judges each entry once, as `pool_spans` does
+    reg_at, reg, d = -1, False, 0
     for j in range(m_seg):
         n_now = start[j + 1] - start[j]
         if kept[j] == n_now and kept[j] == before[j + 1] - before[j]:
@@ -1196,7 +1212,14 @@ def grown_spans(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, old, st
             m = _old_runs_in(old, at + shift, end - 1 + shift, shift, run, out, m)
             at = end
         for i in range(max(lo, at), hi + 1):  # asked again
-            linked = _linked_in(pools, seq, k, first_pos, last_pos, rows, rep, new, pad, i)
+            if reg_at == i:
+                r0, d0 = reg, d
+            else:
+                r0, d0 = _regular_in(pools, first_pos, last_pos, rows, rep, pad, i)
+            reg_at = i + 1
+            reg, d = _regular_in(pools, first_pos, last_pos, rows, rep, pad, reg_at)
+            linked = _links_in(pools, seq, k, first_pos, new, rows.shape[1], r0, d0, reg, d,
+                               i)
             on = linked
             if on and i > 0:
                 linked_before = prev_on if prev == i - 1 else _linked_in(
