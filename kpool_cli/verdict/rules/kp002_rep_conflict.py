@@ -16,12 +16,12 @@ of its pools share a rep row, and `Check` asks nothing of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
 
 import numpy as np
 
 from ... import wording as words
-from ...arrays import rows_equal, unique
+from ...arrays import ranges, rows_equal, unique
 from ...contracts.finding import Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
 from ...engine.layout import Layout, LayoutChange
@@ -103,10 +103,12 @@ class Conflicts:
     and the conflicts found. An update takes away the rows of a sequence's pools past
     its `kept` count, adds those of its new ones, and rechecks the rows they were on
     that now hold two or more pools (a decode's new pool, alone on its own cell,
-    costs no recheck)."""
+    costs no recheck). An update that brings most of the layout's pools (a seq_keep
+    after a whole seq_cp, each step) counts them afresh, in C (a `Counter` of the
+    rows, their duplicates by numpy), rather than one by one in Python."""
 
     def __init__(self) -> None:
-        self._n_on: dict[int, int] = {}  # rep row -> pools on it (> 0)
+        self._n_on: Counter[int] = Counter()  # rep row -> pools on it (> 0)
         self._cells = np.empty(0, dtype=np.int64)  # Layout.pool_cells, last update's
         self._start: np.ndarray | None = None  # Layout.pool_start, last update's
         self._bad: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -114,28 +116,33 @@ class Conflicts:
     def update(self, layout: Layout, change: LayoutChange) -> None:
         cells, start = layout.pool_cells(), layout.pool_start()
         before = self._start if self._start is not None else np.zeros_like(start)
-        n_on = self._n_on
         # the rows of the changed sequences' pools past their kept ones, before and
         # now, in one look-up each: a step of parallel slots changes every slot's
-        kept = change.kept
-        gone = _past(self._cells, before.tolist(), change.changed, kept)
-        come = _past(cells, start.tolist(), change.changed, kept)
-        # every row gone is on n_on (each old pool once), so taking them all away before
-        # adding leaves the counts the sequence-by-sequence order leaves
-        for r in gone:
-            n = n_on[r] - 1
-            if n:
-                n_on[r] = n
-            else:
-                del n_on[r]
-        for r in come:
-            n_on[r] = n_on.get(r, 0) + 1
-        touched = set(gone)
-        touched.update(come)
+        seqs = np.fromiter(change.changed, dtype=np.int64, count=len(change.changed))
+        kept = np.asarray(change.kept, dtype=np.int64)[seqs]
+        gone = _past(self._cells, before, seqs, kept)
+        come = _past(cells, start, seqs, kept)
+        touched = unique(np.concatenate((gone, come)))
+        if 2 * come.size > cells.size:  # most pools are new: count them afresh
+            self._n_on = Counter(cells.tolist())
+            rows, n = np.unique(cells, return_counts=True)
+            dup = rows[n > 1]
+            shared = dup[np.isin(dup, touched)].tolist()
+        else:
+            n_on = self._n_on
+            # every row gone is on n_on (each old pool once), so taking them all away
+            # before adding leaves the counts the sequence-by-sequence order leaves
+            for r in gone.tolist():
+                if n_on[r] > 1:
+                    n_on[r] -= 1
+                else:
+                    del n_on[r]
+            n_on.update(come.tolist())
+            shared = [r for r in touched.tolist() if n_on[r] > 1]
         if self._bad:  # most often none: no row to look up
-            for r in touched:
-                self._bad.pop(r, None)
-        shared = [r for r in touched if n_on.get(r, 0) > 1]
+            bad = np.fromiter(self._bad, dtype=np.int64, count=len(self._bad))
+            for r in bad[np.isin(bad, touched)].tolist():
+                del self._bad[r]
         if shared:
             self._bad.update(_conflicts_among(layout, np.flatnonzero(np.isin(cells, shared))))
         self._cells, self._start = cells, start
@@ -144,13 +151,13 @@ class Conflicts:
         return {r: self._bad[r] for r in sorted(self._bad)}
 
 
-def _past(cells: np.ndarray, start: list[int], seqs: Iterable[int], kept: tuple[int, ...]
-          ) -> list[int]:
+def _past(cells: np.ndarray, start: np.ndarray, seqs: np.ndarray, kept: np.ndarray
+          ) -> np.ndarray:
     """The rep rows (`cells`, by global pool) of the pools of `seqs` past their first
-    kept[s] (`pool_start` `start`), each sequence's as cells[start[s] + kept[s] :
-    start[s + 1]] gives them, in one look-up."""
-    at = [j for s in seqs for j in range(start[s] + kept[s], start[s + 1])]
-    return cells[at].tolist() if at else []
+    `kept` (the same order; `pool_start` `start`), each sequence's as
+    cells[start[s] + kept : start[s + 1]] gives them, in one look-up."""
+    lo = start[seqs] + kept
+    return cells[ranges(lo, np.maximum(start[seqs + 1] - lo, 0))]
 
 
 def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
