@@ -67,7 +67,8 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
     is left half-built (its finaliser would print a traceback later), and one that
     reaches something else waits past its timeout for a reply that never comes (an
     HTTP server, a silent port) or reads a banner as a frame's length and asks for
-    exabytes (an SSH server)."""
+    exabytes (an SSH server). A peer that tells a scheduler's identity and then does
+    not take the client is a `ClusterError` too, the half-built client put down."""
 
     async def probe() -> Any:
         comm = await distributed.comm.connect(address, timeout=timeout)
@@ -90,11 +91,26 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
     if not (isinstance(who, dict) and who.get("type") == "Scheduler"):
         raise ClusterError(f"what answered at {address!r} is not a Dask scheduler "
                            f"(it did not tell a scheduler's identity); {start}")
+    # made, then started: a client whose start fails is still ours to put down
+    client = distributed.Client.__new__(distributed.Client)
     try:
-        return distributed.Client(address, timeout=timeout, set_as_default=False)
+        client.__init__(address, timeout=timeout, set_as_default=False)
     except Exception as e:  # a peer that told a scheduler's identity and is none
+        _put_down(client)
         raise ClusterError(f"the Dask scheduler at {address!r} did not take a client within "
                            f"{timeout:g} s ({_why(e)})") from None
+    return client
+
+
+def _put_down(client: Any) -> None:
+    """A client whose start failed, left with nothing of it running: its event loop's
+    thread stopped, and marked closed, so that its finaliser does not close it again,
+    which waits twice the connect timeout for a peer that never answers and then
+    prints a traceback as the process exits."""
+    client.status = "closed"
+    runner = getattr(client, "_loop_runner", None)  # made before the start, if at all
+    if runner is not None:
+        runner.stop()
 
 
 def _why(e: BaseException) -> str:

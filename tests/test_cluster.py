@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -184,6 +185,48 @@ def test_a_peer_that_is_no_scheduler_fails_in_bounded_time_with_a_clear_message(
     assert time.monotonic() - start < 8
     gc.collect()
     assert "Traceback" not in capfd.readouterr().err
+
+
+_FAKE_SCHEDULER = """
+import asyncio
+from distributed.core import Server
+
+async def main():
+    # tells a scheduler's identity, and takes no client (no handler for its register)
+    server = Server({"identity": lambda: {"type": "Scheduler", "id": "fake"}})
+    await server.listen("tcp://127.0.0.1:0")
+    print(server.address, flush=True)
+    await asyncio.sleep(300)
+
+asyncio.run(main())
+"""
+
+
+def test_a_peer_that_tells_a_schedulers_identity_and_takes_no_client(
+        tmp_path: Path) -> None:
+    """`cluster._connect` puts down a client whose start fails (`_put_down`): its
+    finaliser closed it again as the process exited, waiting twice the connect timeout
+    (10 s) for the peer, then printed a traceback (21 s in all, a TimeoutError). Now
+    the command ends with its one-line error, exit 2."""
+    fake = subprocess.Popen([sys.executable, "-c", _FAKE_SCHEDULER], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        address = fake.stdout.readline().strip() if fake.stdout else ""
+        assert address.startswith("tcp://")
+        start = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "kpool_cli", "fuzz", "--engine", "rep-once",
+                            "--runs", "2", "--dask", address], capture_output=True, text=True,
+                           timeout=120, cwd=tmp_path)
+        took = time.monotonic() - start
+    finally:
+        fake.kill()
+        fake.wait()
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"kpool: the Dask scheduler at '{address}' did not take a "
+                               "client within 10 s"), r.stderr
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert took < 15  # not twice the connect timeout and more
 
 
 def test_missing_dask_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
