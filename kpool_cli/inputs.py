@@ -18,7 +18,9 @@ Owns:
   own message around it, with file and field).
 - `nesting_past(text, tokens, most)`: where the arrays and objects of an input's
   text (a report's JSON, a settings file's TOML) first nest past `most` levels, what
-  a parser that gave out on it (Python's recursion) cannot say.
+  a parser that gave out on it (Python's recursion) cannot say;
+- `line_at(text, offset)`: the line (from 1) of an offset into an input's text or
+  bytes, the one way every message that names a line counts it.
 
 Invariant: nothing here blocks on an input or reads more than `limit + 1` bytes.
 """
@@ -170,3 +172,10 @@ def nesting_past(text: str, tokens: re.Pattern[str], most: int) -> int | None:
         elif c in "]}":
             depth -= 1
     return None
+
+
+def line_at(text: str | bytes, offset: int) -> int:
+    """The line, counted from 1, that `offset` of `text` (or its bytes) is on."""
+    if isinstance(text, str):
+        return text.count("\n", 0, offset) + 1
+    return text.count(b"\n", 0, offset) + 1

@@ -46,7 +46,7 @@ from typing import Any
 
 from .check import OUTPUT_FORMATS
 from .contracts.tally import FAIL_ON
-from .inputs import InputRefused, InputTooLarge, nesting_past, read_input
+from .inputs import InputRefused, InputTooLarge, line_at, nesting_past, read_input
 from .trace.yaml_safe import clip, quote, suggest
 from .verdict.codes import CODES
 from .versions import ALL, VERSIONS, VersionError, is_registered, registered
@@ -189,7 +189,7 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SettingsError(path, raw.count(b"\n", 0, e.start) + 1,
+        raise SettingsError(path, line_at(raw, e.start),
                             "not UTF-8 text") from None
     try:
         return text, tomllib.loads(text)
@@ -206,7 +206,7 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
                 line = int(m.group(1))
                 message += f" (column {m.group(2)})"
             else:
-                line = text.count("\n") + 1
+                line = line_at(text, len(text))
         raise SettingsError(path, line, f"invalid TOML: {message}") from None
     except RecursionError:
         line = _deep_line(text)
@@ -227,7 +227,7 @@ def _deep_line(text: str) -> int | None:
     """The line where arrays and inline tables first nest past _DEEP levels (strings
     and comments skipped), or None."""
     at = nesting_past(text, _NESTING, _DEEP)
-    return None if at is None else text.count("\n", 0, at) + 1
+    return None if at is None else line_at(text, at)
 
 
 # -- checking ------------------------------------------------------------------------------

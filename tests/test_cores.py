@@ -909,15 +909,17 @@ def test_padding_held_keeps_its_rows_while_the_reps_below_them_stand(monkeypatch
 
 
 def _marking_lines(run: Callable[[], None]) -> int:
-    """How many lines of compiled/marking.py Python runs during `run()` (sys.settrace):
-    the Python-level work of its steps, whatever form it takes, and no clock."""
+    """How many lines of compiled/marking.py and engine/layout.py (whose `RepRowCounts`
+    keeps the padding's counts) Python runs during `run()` (sys.settrace): the
+    Python-level work of its steps, whatever form it takes, and no clock."""
     from kpool_cli.compiled import marking
+    from kpool_cli.engine import layout
 
-    where, lines = marking.__file__, 0
+    where, lines = {marking.__file__, layout.__file__}, 0
 
     def tracer(frame, event, arg):  # type: ignore[no-untyped-def]
         nonlocal lines
-        if frame.f_code.co_filename != where:
+        if frame.f_code.co_filename not in where:
             return None
         lines += event == "line"
         return tracer
@@ -945,8 +947,8 @@ def test_padding_held_counts_the_pools_once_across_passes(monkeypatch) -> None:
     row 7: neither (7 holds one already); both on row 7 cut: row 7 gone; every pool
     replaced by rows 4, 2, 8: row 5 gone, rows 4 and 8 came; an update missed:
     afresh."""
-    from kpool_cli.compiled import marking
     from kpool_cli.compiled.marking import Padding, _Low
+    from kpool_cli.engine import layout
     from kpool_cli.engine.scatter import padding_rows
 
     passes = _padding_passes(monkeypatch)
@@ -972,7 +974,7 @@ def test_padding_held_counts_the_pools_once_across_passes(monkeypatch) -> None:
                 counted.append(len(args[0]))
             super().__init__(*args)
 
-    monkeypatch.setattr(marking, "Counter", Counting)
+    monkeypatch.setattr(layout, "Counter", Counting)  # `RepRowCounts`'s
     steps(400, 401)()
     assert counted == []  # followed, not counted
     cells = np.arange(403, dtype=np.int64)

@@ -18,7 +18,6 @@ and the grouping by sequence are the reference's own functions.
 from __future__ import annotations
 
 import weakref
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -31,6 +30,7 @@ from ..engine.layout import (
     Layout,
     LayoutChange,
     PoolGrowth,
+    RepRowCounts,
     SeqLayout,
     by_sequence,
 )
@@ -349,55 +349,40 @@ class Padding:
 class _Low:
     """`Padding`'s held sequence's pools counted by rep row: each pool's rep row as the
     last update it followed left them (a copy: the next update rewrites its tail), how
-    many pools are on each row, and that update (`LayoutChange.serial`). An update
-    replaces the pools from some k0 on (those past `LayoutChange.kept`): the counts
-    follow it at the cost of those pools alone, so a step that changes a pool or two of
-    8,192 costs those, and a pass counts no pool again while the updates come one
-    after another. (A pool of one token, `kpool: 1`, takes the first padding row at
-    every step, so every step passes; when each pass counted every pool again, in
-    Python, such a replay grew with the square of its tokens.) The counts are built
-    afresh when an update was missed."""
+    many pools are on each row (`RepRowCounts`), and that update
+    (`LayoutChange.serial`). An update replaces the pools from some k0 on (those past
+    `LayoutChange.kept`): the counts follow it at the cost of those pools alone, so a
+    step that changes a pool or two of 8,192 costs those, and a pass counts no pool
+    again while the updates come one after another. (A pool of one token, `kpool: 1`,
+    takes the first padding row at every step, so every step passes; when each pass
+    counted every pool again, in Python, such a replay grew with the square of its
+    tokens.) The counts are built afresh when an update was missed."""
 
-    __slots__ = ("_at", "_cells", "_on")
+    __slots__ = ("_at", "_cells", "_counts")
 
     def __init__(self) -> None:
         self._at: tuple[int, int] | None = None  # (the sequence, the update's serial)
         self._cells = GrowArray()  # each pool's rep row, by pool
-        self._on: Counter[int] = Counter()  # rep row -> its pools (> 0)
+        self._counts = RepRowCounts()
 
     def follow(self, pool_cells: np.ndarray, change: LayoutChange, s: int
                ) -> tuple[set[int], set[int]] | None:
         """The counts brought to `pool_cells`, sequence s's rep rows as `change` left
         them: (the rows no pool is on any more, the rows a pool is on where none was),
-        or None where they were counted afresh (not of the update before `change`)."""
+        or None where they were counted afresh for a missed update (not of the update
+        before `change`): nothing to compare with."""
         at, was = (s, change.serial), self._at
         self._at = at
         if was == at:
             return set(), set()
-        cells, on = self._cells, self._on
-        missed = was != (s, change.serial - 1)
-        k0 = 0 if missed else change.kept[s]
-        # an update missed, or most pools replaced (a seq_keep or seq_cp ends each step:
-        # the update keeps none): counted afresh, and compared row by row in C, not
-        # pool by pool
-        if missed or 4 * (len(cells) + pool_cells.size - 2 * k0) >= pool_cells.size:
+        cells = self._cells
+        if was != (s, change.serial - 1):
             cells.assign(pool_cells)
-            self._on = now = Counter(pool_cells.tolist())
-            return None if missed else (set(on.keys() - now.keys()), set(now.keys() - on.keys()))
-        gone, came = set(), set()
-        for r in cells.view[k0:].tolist():
-            n = on[r] - 1
-            if n:
-                on[r] = n
-            else:
-                del on[r]
-                gone.add(r)
+            self._counts.recount(pool_cells)
+            return None
+        k0 = change.kept[s]
         new = pool_cells[k0:]
-        for r in new.tolist():
-            n = on[r]
-            on[r] = n + 1
-            if not n:
-                came.add(r)
+        gone, came, _ = self._counts.follow(cells.view[k0:], new, pool_cells)
         cells.truncate(k0)
         cells.extend(new)
         return gone, came

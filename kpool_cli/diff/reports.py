@@ -107,7 +107,14 @@ from typing import Any, NoReturn
 from .. import __version__
 from ..contracts.report_format import CONFIG, COST, COST_KEYS, REPORT, REPORT_VERSION, report_schema
 from ..engine.marking import n_new_graph
-from ..inputs import InputRefused, InputTooLarge, nesting_past, read_head, read_input
+from ..inputs import (
+    InputRefused,
+    InputTooLarge,
+    line_at,
+    nesting_past,
+    read_head,
+    read_input,
+)
 from ..trace.format import CACHE, FINDING_CODE_PATTERN, POS_LIMIT
 from ..trace.yaml_safe import MAX_OPS
 from ..verdict.codes import CODES
@@ -304,7 +311,7 @@ def _find_suspect(v: object) -> tuple[str, str] | None:
 
 
 def _line_col(text: str, offset: int) -> tuple[int, int]:
-    line = text.count("\n", 0, offset) + 1
+    line = line_at(text, offset)
     return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
 
 
@@ -1872,7 +1879,7 @@ def _decode(data: bytes, file: str) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
+        line = line_at(data, e.start)
         raise ReportError(f"{file}:{line}: not UTF-8 text ({e.reason} at byte {e.start})"
                           ) from None
     return text.removeprefix("\ufeff")

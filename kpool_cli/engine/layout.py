@@ -6,7 +6,8 @@ track sharing) its `shared` flag; the layout's `n_pool_real`, `cache_safe` and t
 count of its updates (`n_updates`, each `LayoutChange`'s `serial`); and the form in
 which a layout may say how its every-pool columns grew (`PoolGrowth`) and hands
 every sequence's columns to a kernel (`FlatColumns`, the compiled layout's alone), and
-the pools past each sequence's kept ones (`pools_past`).
+the pools past each sequence's kept ones (`pools_past`) and the count of pools by
+rep row that follows them (`RepRowCounts`).
 
 Invariants:
 - a sequence's pairs are a *copy*: the cache may change under them (a seq_add of a
@@ -21,6 +22,7 @@ Pools are numbered globally in layout order: sequence 0's pools, then 1's, ...
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -153,6 +155,51 @@ def pools_past(start: np.ndarray, kept: np.ndarray) -> np.ndarray:
     """The global indices (ascending) of each sequence's pools past its first kept[s]
     (`pool_start` `start`): the pools an update added or regrouped."""
     return ranges(start[:-1] + kept, np.diff(start) - kept)
+
+
+class RepRowCounts:
+    """How many pools are on each rep row (a row without a pool has no entry, so this
+    holds what a layout holds, never a count per row of the cache), kept from the
+    pools each update took away and brought: one by one, or, when those are a quarter
+    of the pools or more (a seq_keep or a whole seq_cp at each step replaces them
+    all), counted afresh from every pool's rep row in C, and the rows compared as key
+    sets, not pool by pool in Python."""
+
+    __slots__ = ("on",)
+
+    def __init__(self) -> None:
+        self.on: Counter[int] = Counter()  # rep row -> its pools (> 0)
+
+    def recount(self, rows: np.ndarray) -> tuple[set[int], set[int]]:
+        """Counted afresh from `rows`, every pool's rep row: (the rows no pool is on
+        any more, the rows a pool is on where none was)."""
+        was, self.on = self.on, Counter(rows.tolist())
+        return set(was.keys() - self.on.keys()), set(self.on.keys() - was.keys())
+
+    def follow(self, gone: np.ndarray, came: np.ndarray, rows: np.ndarray
+               ) -> tuple[set[int], set[int], bool]:
+        """The pools on rows `gone` taken away and those on rows `came` brought, `rows`
+        being every pool's rep row after: (the rows no pool is on any more, the rows a
+        pool is on where none was, whether they were counted afresh). Every row gone
+        is counted (each old pool once), so taking them all away before adding leaves
+        the counts any other order leaves."""
+        if 4 * (gone.size + came.size) >= rows.size:
+            return (*self.recount(rows), True)
+        on = self.on
+        emptied, held = set(), set()
+        for r in gone.tolist():
+            n = on[r] - 1
+            if n:
+                on[r] = n
+            else:
+                del on[r]
+                emptied.add(r)
+        for r in came.tolist():
+            n = on[r]
+            on[r] = n + 1
+            if not n:
+                held.add(r)
+        return emptied, held, False
 
 
 class PoolGrowth(NamedTuple):

@@ -16,15 +16,13 @@ of its pools share a rep row, and `Check` asks nothing of it.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from ... import wording as words
-from ...arrays import ranges, rows_equal, unique
+from ...arrays import rows_equal, unique
 from ...contracts.finding import Code, Finding, PoolIds, RowIds
 from ...engine.context import UbatchContext
-from ...engine.layout import Layout, LayoutChange
+from ...engine.layout import Layout, LayoutChange, RepRowCounts, pools_past
 from ..rule import LAYOUT, AppearanceFilter, Explanation, doc
 from ..rule import Check as RuleCheck
 
@@ -97,18 +95,17 @@ def _conflicts_among(layout: Layout, ips: np.ndarray) -> dict[int, tuple[tuple[i
 
 class Conflicts:
     """`conflicts` of a layout, kept from the updates it is fed, at the cost of the
-    pools an update changed: per rep row the number of pools on it (from the whole
-    layout's rep rows as the last update left them; a row without a pool has no
-    entry, so this holds what the layout holds, never a count per row of the cache),
-    and the conflicts found. An update takes away the rows of a sequence's pools past
-    its `kept` count, adds those of its new ones, and rechecks the rows they were on
-    that now hold two or more pools (a decode's new pool, alone on its own cell,
-    costs no recheck). An update that brings most of the layout's pools (a seq_keep
-    after a whole seq_cp, each step) counts them afresh, in C (a `Counter` of the
-    rows, their duplicates by numpy), rather than one by one in Python."""
+    pools an update changed: the pools counted by rep row (`RepRowCounts`, from the
+    whole layout's rep rows as the last update left them), and the conflicts found.
+    An update takes away the rows of a sequence's pools past its `kept` count, adds
+    those of its new ones, and rechecks the rows they were on that now hold two or
+    more pools (a decode's new pool, alone on its own cell, costs no recheck). When
+    the counts were taken afresh (an update that replaced most pools: a seq_keep after
+    a whole seq_cp, each step), the rows held twice are found by numpy, not row by
+    row in Python."""
 
     def __init__(self) -> None:
-        self._n_on: Counter[int] = Counter()  # rep row -> pools on it (> 0)
+        self._counts = RepRowCounts()
         self._cells = np.empty(0, dtype=np.int64)  # Layout.pool_cells, last update's
         self._start: np.ndarray | None = None  # Layout.pool_start, last update's
         self._bad: dict[int, tuple[tuple[int, int], ...]] = {}
@@ -116,29 +113,19 @@ class Conflicts:
     def update(self, layout: Layout, change: LayoutChange) -> None:
         cells, start = layout.pool_cells(), layout.pool_start()
         before = self._start if self._start is not None else np.zeros_like(start)
-        # the rows of the changed sequences' pools past their kept ones, before and
-        # now, in one look-up each: a step of parallel slots changes every slot's
-        seqs = np.fromiter(change.changed, dtype=np.int64, count=len(change.changed))
-        kept = np.asarray(change.kept, dtype=np.int64)[seqs]
-        gone = _past(self._cells, before, seqs, kept)
-        come = _past(cells, start, seqs, kept)
+        # the rows of the pools past each sequence's kept ones, before and now, in one
+        # look-up each: a step of parallel slots changes every slot's
+        kept = np.asarray(change.kept, dtype=np.int64)
+        gone = self._cells[pools_past(before, kept)]
+        come = cells[pools_past(start, kept)]
         touched = unique(np.concatenate((gone, come)))
-        if 2 * come.size > cells.size:  # most pools are new: count them afresh
-            self._n_on = Counter(cells.tolist())
+        if self._counts.follow(gone, come, cells)[2]:  # counted afresh
             rows, n = np.unique(cells, return_counts=True)
             dup = rows[n > 1]
             shared = dup[np.isin(dup, touched)].tolist()
         else:
-            n_on = self._n_on
-            # every row gone is on n_on (each old pool once), so taking them all away
-            # before adding leaves the counts the sequence-by-sequence order leaves
-            for r in gone.tolist():
-                if n_on[r] > 1:
-                    n_on[r] -= 1
-                else:
-                    del n_on[r]
-            n_on.update(come.tolist())
-            shared = [r for r in touched.tolist() if n_on[r] > 1]
+            on = self._counts.on
+            shared = [r for r in touched.tolist() if on[r] > 1]
         if self._bad:  # most often none: no row to look up
             bad = np.fromiter(self._bad, dtype=np.int64, count=len(self._bad))
             for r in bad[np.isin(bad, touched)].tolist():
@@ -149,15 +136,6 @@ class Conflicts:
 
     def now(self) -> dict[int, tuple[tuple[int, int], ...]]:
         return {r: self._bad[r] for r in sorted(self._bad)}
-
-
-def _past(cells: np.ndarray, start: np.ndarray, seqs: np.ndarray, kept: np.ndarray
-          ) -> np.ndarray:
-    """The rep rows (`cells`, by global pool) of the pools of `seqs` past their first
-    `kept` (the same order; `pool_start` `start`), each sequence's as
-    cells[start[s] + kept : start[s + 1]] gives them, in one look-up."""
-    lo = start[seqs] + kept
-    return cells[ranges(lo, np.maximum(start[seqs + 1] - lo, 0))]
 
 
 def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
