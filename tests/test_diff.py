@@ -230,7 +230,7 @@ def test_a_file_that_is_not_a_report_exits_2(tmp_path):
     a = save_report(tmp_path / "a.json", RACE, "cache-safe")
     (tmp_path / "bad.json").write_text('{"kpool_report": 1, "trace": {"sha256": "x"}}')
     code, _, err = run(a, str(tmp_path / "bad.json"))
-    assert code == 2 and "bad.json: report.tool: missing field" in err
+    assert code == 2 and "bad.json:1:1: report.tool: missing field" in err
     (tmp_path / "nojson.json").write_text("{")
     code, _, err = run(a, str(tmp_path / "nojson.json"))
     assert code == 2 and "not JSON" in err

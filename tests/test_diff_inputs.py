@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from placed import unplaced
 
 from kpool_cli.cli import cli
 from kpool_cli.diff import reports
@@ -48,7 +49,7 @@ def refused(*args: str) -> str:
     assert out == ""
     assert err.startswith("kpool: ")
     assert "Traceback" not in err and "internal error" not in err
-    return err
+    return unplaced(err)
 
 
 def replay_json(trace: str | list[str], engine: str, backend: str = "none") -> object:
@@ -165,6 +166,28 @@ def test_a_missing_field_is_located(tmp_path, race_base, path):
     b = save(tmp_path, "b.json", mutated(race_base, path, delete=True))
     steps = "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in path.split("."))
     assert f"b.json: report{steps}: missing field" in refused(a, b)
+
+
+def test_a_bad_field_is_placed_by_line_and_column(tmp_path, race_base):
+    """As a trace's problems are: `FILE:LINE:COL: PATH: problem`, at the field's value,
+    or at its object when it is missing. The report is written one field a line
+    (`indent=1`), so the places are found here by reading the text."""
+    a = save(tmp_path, "a.json", race_base)
+    text = json.dumps(mutated(race_base, "ubatches.1.n_new", -1), indent=1)
+    b = save(tmp_path, "b.json", text)
+    at = text.index('"n_new": -1')  # the only n_new of -1
+    line = text.count("\n", 0, at) + 1
+    col = at - text.rfind("\n", 0, at) + len('"n_new": ')  # 1-based, at the -1
+    _, _, err = diff(a, b)
+    assert f"b.json:{line}:{col}: report.ubatches[1].n_new: -1 is out of range" in err
+    # missing: at the `{` of ubatch 1, the line after `"ubatches": [` and ubatch 0
+    doc = mutated(race_base, "ubatches.1.op", delete=True)
+    text = json.dumps(doc, indent=1)
+    b = save(tmp_path, "b.json", text)
+    ubatch_1 = text.index('\n  {\n', text.index('"ubatches": [') + 20) + 1
+    line = text.count("\n", 0, ubatch_1) + 1
+    _, _, err = diff(a, b)
+    assert f"b.json:{line}:3: report.ubatches[1].op: missing field" in err
 
 
 def test_optional_fields_may_be_absent_and_unknown_ones_are_ignored(tmp_path, race_base,
@@ -333,7 +356,7 @@ def test_nesting_deeper_than_the_parser_goes_is_located(tmp_path, race_base):
     (b"   \n", "b.json:2:1: not JSON: Expecting value"),
     (b'{"kpool_report": 1} trailing', "b.json:1:21: not JSON: Extra data"),
     (b"\xff\xfe{}", "b.json:1: not UTF-8 text (invalid start byte at byte 0)"),
-    (b"[]", "b.json: an empty array holds no report"),
+    (b"[]", "b.json: reports: an empty array holds no report"),
     (b"5", "b.json: report: not a kpool report (expected an object, got 5)"),
     (b"[1]", "b.json: reports[0]: not a kpool report (expected an object, got 1)"),
     (b'{"name": "x"}', "b.json: report: not a kpool report (no \"kpool_report\": 1)"),

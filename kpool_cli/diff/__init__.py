@@ -7,7 +7,7 @@
 - `runs`: the units of work (one trace under one engine, picklable), and `gather`, the
   command line's inputs as (base, head) pairs.
 - `reports`: saved reports as untrusted input: told from traces, read with bounds,
-  checked field by field (errors name the file and the JSON path).
+  checked field by field (errors name the file, the line and column, and the JSON path).
 
 The views are in `kpool_cli.report.diff_view`.
 """

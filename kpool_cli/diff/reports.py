@@ -6,9 +6,12 @@ Owns: `input_kind` (is a path a report or a trace?), `read_reports` (a file to
 summaries), `from_report` (one parsed report object to a summary), `ReportError`.
 
 What a report must be, and what happens otherwise. Every failure is a `ReportError`
-naming the file and, for a field, its JSON path (`reports[1].ubatches[3].findings[0]
-.code` in a file holding an array of reports, `report.engine` in a file holding one),
-or a line and column for what is not JSON at all; `kpool diff` exits 2 with it.
+naming the file and, for a field, `FILE:LINE:COL: PATH: problem`: the line and column
+where the field's value starts (a missing field: its object's), found once, for the
+message, by following the path in the text (`_Text.value_at`), and its JSON path
+(`reports[1].ubatches[3].findings[0].code` in a file holding an array of reports,
+`report.engine` in a file holding one); `FILE:LINE:COL: not JSON: ...` for what is
+not JSON at all. `kpool diff` exits 2 with it.
 
 - The format, from its one declaration. Every field is checked against the JSON
   Schema `report.format` declares (`report_schema()`, `kpool schema report`),
@@ -147,6 +150,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _WS = re.compile(r"[ \t\n\r]*")
 _STR = r'"(?:[^"\\]++|\\.)*+"'
+# a step of a JSON path as a message writes it (`_key`, `[i]`): a name, an index, a key
+_STEP = re.compile(r'\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
 _STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 
 # what a pattern of the schema means, said when a value does not match it
@@ -310,9 +315,16 @@ def _find_suspect(v: object) -> tuple[str, str] | None:
     return None
 
 
-def _line_col(text: str, offset: int) -> tuple[int, int]:
-    line = line_at(text, offset)
-    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+def _place(file: str, text: str, offset: int) -> str:
+    """`FILE:LINE:COL`, where `offset` of the file's `text` is (as a trace's problems
+    are placed)."""
+    col = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    return f"{file}:{line_at(text, offset)}:{col}"
+
+
+def _too_deep(file: str, text: str, at: int) -> str:
+    return (f"{_place(file, text, at)}: arrays and objects nested too deeply to read "
+            f"(past {DEPTH_SHOWN} levels here; a report nests 6)")
 
 
 def _too_deep_at(text: str) -> int:
@@ -341,6 +353,13 @@ def _run_of_items(depth: int) -> re.Pattern[str]:
                       r"(?=[ \t\n\r]*[,\]])", re.DOTALL)
 
 
+@functools.cache
+def _value_end() -> re.Pattern[str]:
+    """A value (of at most SKEL_DEPTH levels), matched to its end without parsing it."""
+    return re.compile(rf'{_STR}|{_skeleton(SKEL_DEPTH).pattern}|[^"\[\]{{}},:\s]++',
+                      re.DOTALL)
+
+
 class _Text:
     """A report's text, read value by value: a small value (`SMALL_BYTES`) is parsed at
     once by the C parser, a larger one part by part, its parts checked as they come
@@ -361,15 +380,50 @@ class _Text:
     # -- errors ------------------------------------------------------------------------
 
     def fail(self, pos: int, msg: str) -> NoReturn:
-        line, col = _line_col(self.text, pos)
-        raise ReportError(f"{self.file}:{line}:{col}: not JSON: {msg}")
+        raise ReportError(f"{_place(self.file, self.text, pos)}: not JSON: {msg}")
 
     def too_deep(self, more: list[int]) -> NoReturn:
         opens = self.opens + more
         at = opens[DEPTH_SHOWN] if len(opens) > DEPTH_SHOWN else _too_deep_at(self.text)
-        line, col = _line_col(self.text, at)
-        raise ReportError(f"{self.file}:{line}:{col}: arrays and objects nested too deeply to "
-                          f"read (past {DEPTH_SHOWN} levels here; a report nests 6)")
+        raise ReportError(_too_deep(self.file, self.text, at))
+
+    def value_at(self, path: str) -> int:
+        """Where the value at JSON `path` (steps as a message writes them, from the
+        document's root value) starts, as far as the text holds it: a missing field's
+        object, a key too long to quote whole (`_clip`) its object. Called once, for a
+        problem, on text already read up to that value: the members and items before
+        it are skipped by shape (`_skeleton`), not parsed."""
+        text = self.text
+        pos = self.ws(0)
+        for m in _STEP.finditer(path):
+            name, index = (m[1] if m[1] is not None else
+                           json.loads(m[3]) if m[3] is not None else None), m[2]
+            open_, close = ("[", "]") if index is not None else ("{", "}")
+            if not text.startswith(open_, pos):
+                break
+            i, n, found = self.ws(pos + 1), 0, False
+            while not text.startswith(close, i):
+                if name is not None:
+                    if not text.startswith('"', i):
+                        break
+                    k, i = scanstring(text, i + 1, True)
+                    i = self.ws(self.ws(i) + 1)  # past the colon
+                    found = k == name
+                else:
+                    found = n == int(index)
+                if found:
+                    pos = i
+                    break
+                end = _value_end().match(text, i)
+                if end is None:
+                    break
+                i, n = self.ws(end.end()), n + 1
+                if not text.startswith(",", i):
+                    break
+                i = self.ws(i + 1)
+            if not found:
+                break
+        return pos
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -1031,6 +1085,10 @@ def _object_check(node: _Object) -> Callable[[Any, _Ctx], Any]:
     return check
 
 
+def _not_a_report(v: Any) -> _Bad:
+    return _Bad(f"not a kpool report (expected an object, got {_show(v)})")
+
+
 def _not_object(v: Any) -> NoReturn:
     raise _Bad(f"expected an object, got {_show(v)}")
 
@@ -1661,19 +1719,17 @@ class _Report:
                 self.problem = e
             past()  # past the value, where its reading stopped
 
-    def done(self, file: str, root: str) -> RunSummary:
+    def done(self) -> RunSummary:
         if self.version is _MISSING:
             if "kpool_trace" in self.keys:
-                raise ReportError(
-                    f"{file}: {root}: a trace, not a report: a trace in JSON syntax must be "
-                    "named .yaml or .yml, or be given with other traces")
-            raise ReportError(f"{file}: {root}: not a kpool report (no \"kpool_report\": 1)")
+                raise _Bad("a trace, not a report: a trace in JSON syntax must be named "
+                           ".yaml or .yml, or be given with other traces")
+            raise _Bad("not a kpool report (no \"kpool_report\": 1)")
         if not self.version_ok():
             tool = self.values.get("tool")
-            writer = f", written by kpool {_clip(visible(tool['version']))}" if tool else ""
-            raise ReportError(f"{file}: {root}.kpool_report: report format "
-                              f"{_show(self.version)}{writer}: this kpool ({__version__}) "
-                              f"reads format {REPORT_VERSION}")
+            writer = f", written by kpool {_clip(tool['version'])}" if tool else ""
+            raise _Bad(f"report format {_show(self.version)}{writer}: this kpool "
+                       f"({__version__}) reads format {REPORT_VERSION}", ".kpool_report")
         if self.problem is not None:
             raise self.problem
         for name in REPORT.required:
@@ -1728,18 +1784,25 @@ class _Raw(_Node):
 _RAW = _Raw()
 
 
-def _located(e: _Bad, file: str, root: str) -> ReportError:
-    return ReportError(f"{file}: {root}{''.join(reversed(e.where))}: {visible(e.problem)}")
+def _located(e: _Bad, file: str, root: str, doc: _Text | None) -> ReportError:
+    """The error of problem `e` in the report at `root` (`report`, `reports[n]`) of
+    `file`: `FILE:LINE:COL: PATH: problem`, placed at the value `e` is about (or as far
+    as the text holds its path); `FILE: PATH: problem` without the text (`from_report`
+    given a parsed object alone)."""
+    path = root + "".join(reversed(e.where))
+    place = file if doc is None else _place(file, doc.text, doc.value_at(
+        path.removeprefix("reports").removeprefix("report")))
+    return ReportError(f"{place}: {path}: {visible(e.problem)}")
 
 
 def from_report(doc: object, file: str, root: str = "report",
-                budget: list[int] | None = None) -> RunSummary:
+                budget: list[int] | None = None, text: _Text | None = None) -> RunSummary:
     """A summary of one parsed report object. Raises ReportError naming `file` and the
-    JSON path of the first field that is wrong (`root` is its path in the file);
-    `budget`: [bytes] the summary may take (shared by the reports of a file)."""
+    JSON path of the first field that is wrong (`root` is its path in the file), and
+    its line and column when given the file's `text`; `budget`: [bytes] the summary
+    may take (shared by the reports of a file)."""
     if not isinstance(doc, dict):
-        raise ReportError(f"{file}: {root}: not a kpool report (expected an object, got "
-                          f"{_show(doc)})")
+        raise _located(_not_a_report(doc), file, root, text)
     ctx = _Ctx(budget)
     r = _Report(ctx)
     r.keys.update(doc)
@@ -1755,9 +1818,9 @@ def from_report(doc: object, file: str, root: str = "report",
                 raise _Bad("missing field", _key(name))
             if name == "tool" and r.version_ok():
                 _stopped(doc.get("problems"), doc.get("summary"))
-        return r.done(file, root)
+        return r.done()
     except _Bad as e:
-        raise _located(e, file, root) from None
+        raise _located(e, file, root, text) from None
 
 
 def _read_report(doc: _Text, pos: int, depth: int, file: str, root: str,
@@ -1786,9 +1849,9 @@ def _read_report(doc: _Text, pos: int, depth: int, file: str, root: str,
             more, i = doc.after(i, "}")
         end = i  # (the members set aside move `i` when `done` reads them)
         doc.opens.pop()
-        return r.done(file, root), end
+        return r.done(), end
     except _Bad as e:
-        raise _located(e, file, root) from None
+        raise _located(e, file, root, doc) from None
 
 
 def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
@@ -1803,12 +1866,13 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
             try:
                 v, _ = doc.parse(i)
             except _Bad as e:
-                raise _located(e, file, "reports" if c == "[" else "report") from None
+                raise _located(e, file, "reports" if c == "[" else "report", doc) from None
             if doc.ws(end) != len(text):
                 doc.fail(doc.ws(end), "Extra data")
             if c == "{":
-                return [from_report(v, file, "report", budget)]
-            out = [from_report(x, file, f"reports[{n}]", budget) for n, x in enumerate(v)]
+                return [from_report(v, file, "report", budget, doc)]
+            out = [from_report(x, file, f"reports[{n}]", budget, doc)
+                   for n, x in enumerate(v)]
             end = len(text)
         elif c == "{":
             s, end = _read_report(doc, i, 1, file, "report", budget)
@@ -1824,10 +1888,9 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
                 if not text.startswith("{", end):
                     try:
                         v, _ = _RAW.read(doc, end, 2, _Ctx(None))
+                        raise _not_a_report(v)
                     except _Bad as e:
-                        raise _located(e, file, root) from None
-                    raise ReportError(f"{file}: {root}: not a kpool report (expected an "
-                                      f"object, got {_show(v)})")
+                        raise _located(e, file, root, doc) from None
                 s, end = _read_report(doc, end, 2, file, root, budget)
                 out.append(s)
                 more, end = doc.after(end, "]")
@@ -1835,19 +1898,18 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
         try:
             v, end = doc.parse(i)
         except _Bad as e:
-            raise _located(e, file, "report") from None
+            raise _located(e, file, "report", doc) from None
         if doc.ws(end) != len(text):
             doc.fail(doc.ws(end), "Extra data")
-        raise ReportError(f"{file}: report: not a kpool report (expected an object, got "
-                          f"{_show(v)})")
+        raise _located(_not_a_report(v), file, "report", doc)
     if doc.ws(end) != len(text):
         doc.fail(doc.ws(end), "Extra data")
     if c == "[":
-        if not out:
-            raise ReportError(f"{file}: an empty array holds no report")
+        few = ("an empty array holds no report" if not out else
+               f"an array of {len(out)} report: an array holds {_min_reports()} or more "
+               "(kpool writes one report as an object)")
         if len(out) < _min_reports():
-            raise ReportError(f"{file}: reports: an array of {len(out)} report: an array holds "
-                              f"{_min_reports()} or more (kpool writes one report as an object)")
+            raise _located(_Bad(few), file, "reports", doc)
     return out
 
 
@@ -1899,10 +1961,7 @@ def read_reports(path: str) -> list[RunSummary]:
     try:
         return _read_document(text, file, size)
     except RecursionError:
-        at = _too_deep_at(text)
-        line, col = _line_col(text, at)
-        raise ReportError(f"{file}:{line}:{col}: arrays and objects nested too deeply to "
-                          f"read (past {DEPTH_SHOWN} levels here; a report nests 6)") from None
+        raise ReportError(_too_deep(file, text, _too_deep_at(text))) from None
     except MemoryError:
         raise ReportError(f"{file}: too large to hold in memory") from None
     finally:
