@@ -190,6 +190,17 @@ def test_a_bad_field_is_placed_by_line_and_column(tmp_path, race_base):
     assert f"b.json:{line}:3: report.ubatches[1].op: missing field" in err
 
 
+def test_a_field_after_deep_junk_is_placed_at_the_field(tmp_path, race_base):
+    """A field the format does not declare may nest up to MAX_DEPTH levels: the walk to
+    a later field's place skips it whole (40 levels, past what the shape's pattern
+    matches), so the place is the field's, not the array's around it (`refused`
+    checks the place against the parsed file)."""
+    a = save(tmp_path, "a.json", race_base)
+    doc = mutated(race_base, "ubatches.0.added_later", json.loads("[" * 40 + "]" * 40))
+    b = save(tmp_path, "b.json", mutated(doc, "ubatches.1.n_new", -1))
+    assert "b.json: report.ubatches[1].n_new: -1 is out of range" in refused(a, b)
+
+
 def test_optional_fields_may_be_absent_and_unknown_ones_are_ignored(tmp_path, race_base,
                                                                     race_head):
     """An event without `findings` or `message` (kpool leaves them out when empty), and

@@ -392,10 +392,11 @@ class _Text:
         document's root value) starts, as far as the text holds it: a missing field's
         object, a key too long to quote whole (`_clip`) its object. Called once, for a
         problem, on text already read up to that value: the members and items before
-        it are skipped by shape (`_skeleton`), not parsed."""
+        it are skipped by shape (`_skeleton`), not parsed, or, nested deeper than it
+        matches, by `skip`."""
         text = self.text
         pos = self.ws(0)
-        for m in _STEP.finditer(path):
+        for level, m in enumerate(_STEP.finditer(path), 2):  # the root's items: level 2
             name, index = (m[1] if m[1] is not None else
                            json.loads(m[3]) if m[3] is not None else None), m[2]
             open_, close = ("[", "]") if index is not None else ("{", "}")
@@ -415,9 +416,11 @@ class _Text:
                     pos = i
                     break
                 end = _value_end().match(text, i)
-                if end is None:
+                try:
+                    i = end.end() if end is not None else self.skip(i, level)
+                except (_Bad, ReportError):  # not met: the text was read up to here
                     break
-                i, n = self.ws(end.end()), n + 1
+                i, n = self.ws(i), n + 1
                 if not text.startswith(",", i):
                     break
                 i = self.ws(i + 1)
