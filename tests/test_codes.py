@@ -160,7 +160,7 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
         module, names = kernels, ["race_groups", "grown_race_groups"]
         one = np.zeros(1, dtype=np.int64)  # (jit.kernel): load them first
         kernels.race_groups(one, 1)
-        kernels.grown_race_groups(one, np.array([0, 1]), one, one, np.array([0, 1]),
+        kernels.grown_race_groups(one, np.array([0, 1]), one, -1, one, np.array([0, 1]),
                                   np.ones(1, dtype=np.int64), np.array([0, 1]), one.copy(),
                                   one.copy(), one.copy(), np.zeros(2, dtype=np.int64),
                                   one.copy())
@@ -168,7 +168,7 @@ def test_the_race_groups_are_computed_once_per_ubatch(monkeypatch, core):
         real = getattr(module, name)
 
         def counted(*args, real=real, name=name):  # the plan's rep rows: counted
-            calls.append(args[0 if name == "race_groups" else 3].size)
+            calls.append(args[0 if name == "race_groups" else 4].size)
             return real(*args)
 
         monkeypatch.setattr(module, name, counted)

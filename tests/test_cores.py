@@ -623,7 +623,7 @@ def _grown(old_rep: np.ndarray, before: list[int], added: list[list[int]]
     appending the rows `added[j]` to segment j: (the new rep rows, then the kernel's
     groups, its verdict on the raced ones, the old groups and the new order)."""
     from kpool_cli.compiled import kernels as k
-    from kpool_cli.engine.context import race_groups
+    from kpool_cli.engine.context import groups_raced, race_groups
 
     parts = [np.concatenate((old_rep[before[j]:before[j + 1]], np.array(a, dtype=np.int64)))
              for j, a in enumerate(added)]
@@ -631,10 +631,12 @@ def _grown(old_rep: np.ndarray, before: list[int], added: list[list[int]]
     start = np.concatenate(([0], np.cumsum([p.size for p in parts]))).astype(np.int64)
     b = np.array(before, dtype=np.int64)
     old = race_groups(old_rep)
+    raced = groups_raced(old[1])
     n = rep.size
     order, starts, rows = (np.empty(n, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
                            np.empty(n, dtype=np.int64))
-    g, same = k.grown_race_groups(*old, rep, b, np.diff(b), start,
+    g, same = k.grown_race_groups(*old, int(raced[-1]) if raced.size else -1, rep, b,
+                                  np.diff(b), start,
                                   np.empty(old_rep.size, dtype=np.int64),
                                   np.empty(8, dtype=np.int64), order, starts, rows)
     return rep, g, bool(same), old, (order, starts[:g + 1], rows[:g])
@@ -704,7 +706,7 @@ def test_race_groups_are_not_grown_past_a_dropped_pool_or_the_room_for_new_ones(
         n = len(rep)
         out = (np.empty(n, dtype=np.int64), np.empty(n + 1, dtype=np.int64),
                np.empty(n, dtype=np.int64))
-        g, _ = k.grown_race_groups(*old, np.array(rep, dtype=np.int64),
+        g, _ = k.grown_race_groups(*old, 1, np.array(rep, dtype=np.int64),
                                    *(np.array(x, dtype=np.int64) for x in (before, kept, start)),
                                    np.empty(5, dtype=np.int64), np.empty(room, dtype=np.int64),
                                    *out)

@@ -843,10 +843,12 @@ _copy_groups_in = inner(_copy_groups)
 
 
 @kernel
-def grown_race_groups(old_order, old_starts, old_rows, rep, before, kept, start, remap,
-                      fresh, order, starts, rows):  # pragma: no cover - compiled
+def grown_race_groups(old_order, old_starts, old_rows, last_raced, rep, before, kept, start,
+                      remap, fresh, order, starts, rows):  # pragma: no cover - compiled
     """engine/context.py `race_groups` of a plan (rep rows `rep`) made of the plan
-    before, whose groups were (old_order, old_starts, old_rows), by entries
+    before, whose groups were (old_order, old_starts, old_rows), the last of them of
+    two entries or more `last_raced` (-1: none; its `raced`, which a scan back over
+    the groups would cost 57 us of W2's 65,728), by entries
     appended: segment j (a sequence's pools) is entries start[j]..start[j + 1] - 1,
     of which the first kept[j] are the entries before[j]..before[j] + kept[j] - 1 of
     the plan before (every one of them: kept[j] = before[j + 1] - before[j]), with
@@ -880,11 +882,6 @@ def grown_race_groups(old_order, old_starts, old_rows, rep, before, kept, start,
             y -= 1
         fresh[y + 1] = e
     n_old = old_rows.size
-    last_raced = -1  # the last old group of two entries or more
-    for h in range(n_old - 1, -1, -1):
-        if old_starts[h + 1] - old_starts[h] > 1:
-            last_raced = h
-            break
     same = True
     g_in = g = w = f = 0
     while f < n_fresh:

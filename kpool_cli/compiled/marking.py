@@ -459,9 +459,11 @@ class GrowingGroups:
         order = np.empty(n, dtype=np.int64)
         starts = np.empty(n + 1, dtype=np.int64)
         rows = np.empty(n, dtype=np.int64)
-        g, same = k.grown_race_groups(last.order, last.starts, last.rows, rep, before, kept,
-                                      start, np.empty(last.order.size, dtype=np.int64),
-                                      self._new, order, starts, rows)
+        last_raced = int(last.raced[-1]) if last.raced.size else -1
+        g, same = k.grown_race_groups(last.order, last.starts, last.rows, last_raced, rep,
+                                      before, kept, start,
+                                      np.empty(last.order.size, dtype=np.int64), self._new,
+                                      order, starts, rows)
         if g < 0:
             return None
         starts, rows = starts[:g + 1], rows[:g]
