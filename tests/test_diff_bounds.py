@@ -537,6 +537,34 @@ def test_junk_in_an_undeclared_field_is_checked_and_not_kept(tmp_path, race):
     assert "deep.json:1:" in message(deep)
 
 
+def test_the_place_of_a_late_item_is_found_a_run_at_a_time(race, monkeypatch):
+    """The walk to a problem's place (`_Text.value_at`) passes an array's items a run
+    at a time, as the reader took them: to the NaN after 1,000,000 items of junk it
+    skips items one by one only in the run that holds it (at most RUN_ITEMS), not a
+    million times (31 million took 58 s so)."""
+    text = (json.dumps(race)[:-1] + ', "added_later": [' + ",".join(["[]"] * 1_000_000)
+            + ", [NaN]]}")
+    one_by_one: list[int] = []
+    real = reports._value_end
+    monkeypatch.setattr(reports, "_value_end", lambda: one_by_one.append(1) or real())
+    at = reports._Text(text, "junk.json").value_at(".added_later[1000000][0]")
+    assert text.startswith("NaN]]}", at)
+    assert len(one_by_one) <= reports.RUN_ITEMS + len(race)
+
+
+def test_the_walk_a_run_at_a_time_counts_items_of_every_kind():
+    """Strings holding commas and brackets, nested arrays and objects, numbers and
+    null, in runs of RUN_ITEMS: the place of each item asked is where the text puts
+    it (the items' lengths summed here), before, at and past the runs' edges."""
+    kinds = ['"a,]"', "[1, [2, {}]]", '{"k": ",", "[": "{"}', "3", "null", "-1.5e3"]
+    items = [kinds[i % len(kinds)] for i in range(3 * reports.RUN_ITEMS + 7)]
+    text = '{"x": [' + ", ".join(items) + "]}"
+    for want in (0, 1, reports.RUN_ITEMS, reports.RUN_ITEMS + 1, 2 * reports.RUN_ITEMS + 3,
+                 len(items) - 1):
+        offset = len('{"x": [') + sum(len(x) + 2 for x in items[:want])
+        assert reports._Text(text, "f").value_at(f".x[{want}]") == offset, want
+
+
 def test_a_duplicate_key_deep_in_a_large_object_is_located(tmp_path, race, monkeypatch):
     monkeypatch.setattr(reports, "SMALL_BYTES", 120)
     text = json.dumps(race).replace('"n_new": ', '"n_new": 0, "n_new": ', 1)

@@ -130,6 +130,7 @@ DEPTH_SHOWN = 100  # a report nests 6 levels; too deep a nesting is shown from h
 MAX_DEPTH = 512  # arrays and objects nested deeper are refused
 SMALL_BYTES = 64 * 1024  # a value this long or shorter is parsed at once
 RUN_ITEMS = 4096  # the most array items parsed at once (SMALL_BYTES of them at most)
+TINY_ITEM = 256  # a problem's place is walked to past runs of items this short (bytes)
 SKEL_DEPTH = 16  # the nesting a value parsed at once may have
 MEMORY_PER_BYTE = 6  # a report may take this many times its size in memory ...
 MEMORY_FLOOR = 32 * 1024 * 1024  # ... plus this
@@ -344,20 +345,31 @@ def _skeleton(depth: int) -> re.Pattern[str]:
     return re.compile(inner, re.DOTALL)
 
 
+def _item(depth: int) -> str:
+    """The pattern of an array item: a string, a scalar, or a value of `depth` levels."""
+    return rf'(?:{_STR}|{_skeleton(depth).pattern}|[^"\[\]{{}},:\s]++)'
+
+
 @functools.cache
 def _run_of_items(depth: int) -> re.Pattern[str]:
     """Up to RUN_ITEMS array items (scalars, or values of `depth` levels) with the
     commas between them, ending at an item."""
-    item = rf'(?:{_STR}|{_skeleton(depth).pattern}|[^"\[\]{{}},:\s]++)'
+    item = _item(depth)
     return re.compile(rf"{item}(?:[ \t\n\r]*+,[ \t\n\r]*+{item}){{0,{RUN_ITEMS - 1}}}"
                       r"(?=[ \t\n\r]*[,\]])", re.DOTALL)
 
 
 @functools.cache
+def _items_and_comma(depth: int) -> re.Pattern[str]:
+    """Exactly RUN_ITEMS array items (values of at most `depth` levels), each with the
+    comma after it."""
+    return re.compile(rf"(?:{_item(depth)}[ \t\n\r]*+,[ \t\n\r]*+){{{RUN_ITEMS}}}", re.DOTALL)
+
+
+@functools.cache
 def _value_end() -> re.Pattern[str]:
     """A value (of at most SKEL_DEPTH levels), matched to its end without parsing it."""
-    return re.compile(rf'{_STR}|{_skeleton(SKEL_DEPTH).pattern}|[^"\[\]{{}},:\s]++',
-                      re.DOTALL)
+    return re.compile(_item(SKEL_DEPTH), re.DOTALL)
 
 
 class _Text:
@@ -393,7 +405,9 @@ class _Text:
         object, a key too long to quote whole (`_clip`) its object. Called once, for a
         problem, on text already read up to that value: the members and items before
         it are skipped by shape (`_skeleton`), not parsed, or, nested deeper than it
-        matches, by `skip`."""
+        matches, by `skip`; after an item of less than TINY_ITEM bytes, the array's
+        items a run at a time (`_past_runs`), as the reader took them. So the walk
+        costs about what the reading did, at most."""
         text = self.text
         pos = self.ws(0)
         for level, m in enumerate(_STEP.finditer(path), 2):  # the root's items: level 2
@@ -403,6 +417,7 @@ class _Text:
             if not text.startswith(open_, pos):
                 break
             i, n, found = self.ws(pos + 1), 0, False
+            tiny: bool | None = False  # an item was short: runs next (None: runs passed)
             while not text.startswith(close, i):
                 if name is not None:
                     if not text.startswith('"', i):
@@ -411,22 +426,41 @@ class _Text:
                     i = self.ws(self.ws(i) + 1)  # past the colon
                     found = k == name
                 else:
+                    if tiny is True:  # once: whole runs before the item
+                        i, n = self._past_runs(i, n, int(index), level)
+                        tiny = None
                     found = n == int(index)
                 if found:
                     pos = i
                     break
                 end = _value_end().match(text, i)
                 try:
-                    i = end.end() if end is not None else self.skip(i, level)
+                    j = end.end() if end is not None else self.skip(i, level)
                 except (_Bad, ReportError):  # not met: the text was read up to here
                     break
-                i, n = self.ws(i), n + 1
+                if tiny is False:
+                    tiny = j - i < TINY_ITEM
+                i, n = self.ws(j), n + 1
                 if not text.startswith(",", i):
                     break
                 i = self.ws(i + 1)
             if not found:
                 break
         return pos
+
+    def _past_runs(self, i: int, n: int, want: int, level: int) -> tuple[int, int]:
+        """From item n of an array, at `i`: past whole runs of RUN_ITEMS items (each
+        matched by shape, at level `level`, none parsed) that end before item `want`:
+        (where the next item starts, its index). For items of a few bytes: 31 million
+        of them took 58 s one by one; a ubatch of 7 KB is passed as fast one by one
+        (`value_at`)."""
+        k = min(SKEL_DEPTH, MAX_DEPTH - level + 1)
+        while want - n > RUN_ITEMS and k > 0:
+            m = _items_and_comma(k).match(self.text, i, i + RUN_ITEMS * TINY_ITEM)
+            if m is None:
+                break
+            i, n = self.ws(m.end()), n + RUN_ITEMS
+        return i, n
 
     # -- pieces ------------------------------------------------------------------------
 
