@@ -1925,9 +1925,9 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
                 if not text.startswith("{", end):
                     try:
                         v, _ = _RAW.read(doc, end, 2, _Ctx(None))
-                        raise _not_a_report(v)
                     except _Bad as e:
                         raise _located(e, file, root, doc) from None
+                    raise _located(_not_a_report(v), file, root, doc)
                 s, end = _read_report(doc, end, 2, file, root, budget)
                 out.append(s)
                 more, end = doc.after(end, "]")
@@ -1941,12 +1941,11 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
         raise _located(_not_a_report(v), file, "report", doc)
     if doc.ws(end) != len(text):
         doc.fail(doc.ws(end), "Extra data")
-    if c == "[":
-        few = ("an empty array holds no report" if not out else
-               f"an array of {len(out)} report: an array holds {_min_reports()} or more "
-               "(kpool writes one report as an object)")
-        if len(out) < _min_reports():
-            raise _located(_Bad(few), file, "reports", doc)
+    if c == "[" and len(out) < _min_reports():
+        raise _located(_Bad("an empty array holds no report" if not out else
+                            f"an array of {len(out)} report: an array holds "
+                            f"{_min_reports()} or more (kpool writes one report as an "
+                            "object)"), file, "reports", doc)
     return out
 
 
