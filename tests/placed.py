@@ -1,5 +1,5 @@
 """Where `kpool diff` places a problem with a report's field: `FILE:LINE:COL: PATH:
-problem` (docs/robustness.md, "Reports").
+problem` (docs/robustness.md, "Report fields by line").
 
 `unplaced(message)` checks the place without the reader's code: it reads FILE, takes
 the value the standard library's JSON decoder finds at LINE:COL, and follows PATH in
