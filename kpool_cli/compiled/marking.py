@@ -382,7 +382,7 @@ class _Low:
             return None
         k0 = change.kept[s]
         new = pool_cells[k0:]
-        gone, came, _ = self._counts.follow(cells.view[k0:], new, pool_cells)
+        gone, came = self._counts.follow(cells.view[k0:], new, pool_cells)
         cells.truncate(k0)
         cells.extend(new)
         return gone, came

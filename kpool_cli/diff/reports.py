@@ -405,8 +405,8 @@ class _Text:
         object, a key too long to quote whole (`_clip`) its object. Called once, for a
         problem, on text already read up to that value: the members and items before
         it are skipped by shape (`_skeleton`), not parsed, or, nested deeper than it
-        matches, by `skip`; after an item of less than TINY_ITEM bytes, the array's
-        items a run at a time (`_past_runs`), as the reader took them. So the walk
+        matches, by `skip`; after an item of less than TINY_ITEM bytes, an array's
+        items whole runs at a time (`_past_runs`), as the reader took them. So the walk
         costs about what the reading did, at most."""
         text = self.text
         pos = self.ws(0)
@@ -417,7 +417,7 @@ class _Text:
             if not text.startswith(open_, pos):
                 break
             i, n, found = self.ws(pos + 1), 0, False
-            tiny: bool | None = False  # an item was short: runs next (None: runs passed)
+            short, retry = False, i  # the last item was short; runs are tried from retry
             while not text.startswith(close, i):
                 if name is not None:
                     if not text.startswith('"', i):
@@ -426,9 +426,8 @@ class _Text:
                     i = self.ws(self.ws(i) + 1)  # past the colon
                     found = k == name
                 else:
-                    if tiny is True:  # once: whole runs before the item
-                        i, n = self._past_runs(i, n, int(index), level)
-                        tiny = None
+                    if short and i >= retry:
+                        i, n, retry = self._past_runs(i, n, int(index), level)
                     found = n == int(index)
                 if found:
                     pos = i
@@ -438,8 +437,7 @@ class _Text:
                     j = end.end() if end is not None else self.skip(i, level)
                 except (_Bad, ReportError):  # not met: the text was read up to here
                     break
-                if tiny is False:
-                    tiny = j - i < TINY_ITEM
+                short = j - i < TINY_ITEM
                 i, n = self.ws(j), n + 1
                 if not text.startswith(",", i):
                     break
@@ -448,19 +446,23 @@ class _Text:
                 break
         return pos
 
-    def _past_runs(self, i: int, n: int, want: int, level: int) -> tuple[int, int]:
+    def _past_runs(self, i: int, n: int, want: int, level: int) -> tuple[int, int, int]:
         """From item n of an array, at `i`: past whole runs of RUN_ITEMS items (each
-        matched by shape, at level `level`, none parsed) that end before item `want`:
-        (where the next item starts, its index). For items of a few bytes: 31 million
-        of them took 58 s one by one; a ubatch of 7 KB is passed as fast one by one
-        (`value_at`)."""
+        matched by shape within RUN_ITEMS * TINY_ITEM bytes, at level `level`, none
+        parsed) that end before item `want`: (where the next item starts, its index,
+        where runs are worth trying again). A run that does not fit is tried again
+        only past the bytes it was looked for in, so no byte is matched more than
+        twice, whatever mix of short and long items. For items of a few bytes: 31
+        million of them took 58 s one by one; a ubatch of 7 KB is passed as fast one
+        by one (`value_at`)."""
+        window = RUN_ITEMS * TINY_ITEM
         k = min(SKEL_DEPTH, MAX_DEPTH - level + 1)
         while want - n > RUN_ITEMS and k > 0:
-            m = _items_and_comma(k).match(self.text, i, i + RUN_ITEMS * TINY_ITEM)
+            m = _items_and_comma(k).match(self.text, i, i + window)
             if m is None:
-                break
+                return i, n, i + window
             i, n = self.ws(m.end()), n + RUN_ITEMS
-        return i, n
+        return i, n, len(self.text)  # the item is a run's reach away: one by one
 
     # -- pieces ------------------------------------------------------------------------
 

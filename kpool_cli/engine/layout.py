@@ -163,28 +163,35 @@ class RepRowCounts:
     pools each update took away and brought: one by one, or, when those are a quarter
     of the pools or more (a seq_keep or a whole seq_cp at each step replaces them
     all), counted afresh from every pool's rep row in C, and the rows compared as key
-    sets, not pool by pool in Python."""
+    sets, not pool by pool in Python. `held_twice` asks the rows two or more pools
+    are on of the count a recount made, in C, or of the dict."""
 
-    __slots__ = ("on",)
+    __slots__ = ("_twice", "on")
 
     def __init__(self) -> None:
         self.on: Counter[int] = Counter()  # rep row -> its pools (> 0)
+        # the rows two or more pools are on, as the last recount found them (None: the
+        # counts followed an update since)
+        self._twice: np.ndarray | None = None
 
     def recount(self, rows: np.ndarray) -> tuple[set[int], set[int]]:
         """Counted afresh from `rows`, every pool's rep row: (the rows no pool is on
         any more, the rows a pool is on where none was)."""
-        was, self.on = self.on, Counter(rows.tolist())
+        held, n = np.unique(rows, return_counts=True)
+        was = self.on
+        self.on = Counter(dict(zip(held.tolist(), n.tolist(), strict=True)))
+        self._twice = held[n > 1]
         return set(was.keys() - self.on.keys()), set(self.on.keys() - was.keys())
 
     def follow(self, gone: np.ndarray, came: np.ndarray, rows: np.ndarray
-               ) -> tuple[set[int], set[int], bool]:
+               ) -> tuple[set[int], set[int]]:
         """The pools on rows `gone` taken away and those on rows `came` brought, `rows`
         being every pool's rep row after: (the rows no pool is on any more, the rows a
-        pool is on where none was, whether they were counted afresh). Every row gone
-        is counted (each old pool once), so taking them all away before adding leaves
-        the counts any other order leaves."""
+        pool is on where none was). Every row gone is counted (each old pool once), so
+        taking them all away before adding leaves the counts any other order leaves."""
         if 4 * (gone.size + came.size) >= rows.size:
-            return (*self.recount(rows), True)
+            return self.recount(rows)
+        self._twice = None
         on = self.on
         emptied, held = set(), set()
         for r in gone.tolist():
@@ -199,7 +206,14 @@ class RepRowCounts:
             on[r] = n + 1
             if not n:
                 held.add(r)
-        return emptied, held, False
+        return emptied, held
+
+    def held_twice(self, rows: np.ndarray) -> list[int]:
+        """Those of `rows` (distinct) that two or more pools are on."""
+        if self._twice is not None:
+            return self._twice[np.isin(self._twice, rows)].tolist()
+        on = self.on
+        return [r for r in rows.tolist() if on[r] > 1]
 
 
 class PoolGrowth(NamedTuple):

@@ -101,8 +101,8 @@ class Conflicts:
     those of its new ones, and rechecks the rows they were on that now hold two or
     more pools (a decode's new pool, alone on its own cell, costs no recheck). When
     the counts were taken afresh (an update that replaced most pools: a seq_keep after
-    a whole seq_cp, each step), the rows held twice are found by numpy, not row by
-    row in Python."""
+    a whole seq_cp, each step), the rows held twice are those of the recount, found
+    by numpy, not row by row in Python."""
 
     def __init__(self) -> None:
         self._counts = RepRowCounts()
@@ -119,13 +119,8 @@ class Conflicts:
         gone = self._cells[pools_past(before, kept)]
         come = cells[pools_past(start, kept)]
         touched = unique(np.concatenate((gone, come)))
-        if self._counts.follow(gone, come, cells)[2]:  # counted afresh
-            rows, n = np.unique(cells, return_counts=True)
-            dup = rows[n > 1]
-            shared = dup[np.isin(dup, touched)].tolist()
-        else:
-            on = self._counts.on
-            shared = [r for r in touched.tolist() if on[r] > 1]
+        self._counts.follow(gone, come, cells)
+        shared = self._counts.held_twice(touched)
         if self._bad:  # most often none: no row to look up
             bad = np.fromiter(self._bad, dtype=np.int64, count=len(self._bad))
             for r in bad[np.isin(bad, touched)].tolist():
