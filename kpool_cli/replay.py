@@ -10,8 +10,9 @@ edits' asserts), and `expect` ops are checked by a consumer of the records
 (verdict/expect.py).
 
 Per edit: asserts (KP005) -> the recurrent child's refusal (KP008) -> caches ->
-staleness. Per decode: validate -> (pending stream copies) -> split -> find_slot
-for every ubatch -> per ubatch: write cells -> layout update (what changed) ->
+staleness. Per decode: validate -> the memory update (pending stream copies and
+K-shift; then, when there were any, a layout update) -> split -> find_slot for every
+ubatch -> per ubatch: write cells -> layout update (what changed) ->
 marking -> scatter plan -> the ubatch's context (engine/context.py: its race
 groups computed once) -> the value backend's facts -> the rules' checks -> record.
 A refusal yields an event and changes nothing; an engine abort (KP005) yields its
@@ -85,7 +86,7 @@ from .engine.context import (
     raced_writers,
 )
 from .engine.edits import Staleness, check_edit
-from .engine.layout import POS_CLEAN, Layout, all_clean
+from .engine.layout import POS_CLEAN, Layout, LayoutChange, all_clean
 from .engine.marking import Marking, gen_zeroed, mark, n_new_graph
 from .engine.scatter import ScatterPlan, build_plan, padding_entries
 from .trace import model as m
@@ -279,6 +280,9 @@ class Replayer:
         self.staleness = Staleness(cfg.n_seq_max, version)  # ENGINE.md §4
         self.n_ubatch_done = 0
         self.aborted = False
+        # the layout updates of memory updates since the last ubatch's, as one change
+        # (the next ubatch's context reads them with its own: `LayoutChange.then`)
+        self._unseen: LayoutChange | None = None
         self.observer = observer
         # every rule's check for this replay, in the order a ubatch's findings come
         self.checks: list[Check] = sorted((r.Check() for r in RULES), key=lambda c: c.reads)
@@ -386,12 +390,28 @@ class Replayer:
         if self.backend and rows.size:
             self.backend.zero_rows(rows)
 
-    def _copy_pending_streams(self) -> None:
-        """llama_kv_cache::update: the cross-stream copies queued by seq_cp, run once a
-        decode's batch is valid, before init_batch (so a refused decode runs them too)."""
-        for src, dst in self.cache.take_pending_copies():
+    def _memory_update(self) -> None:
+        """llama_context::memory_update, run once a decode's batch is valid, before
+        init_batch, so a decode refused later runs it too (ENGINE.md §3, "The memory
+        update"): llama_kv_cache::update runs the cross-stream copies queued by seq_cp
+        and the pending K-shift; when it ran anything, the hybrid memory's full
+        context (init_full, for the graph reserve) updates the layout (§5) with the
+        staleness as it stands. That update marks nothing and is no ubatch's (its
+        cells are in no ubatch's `cells_scanned`); the next ubatch's context reads
+        what it changed with its own update's change."""
+        update = self.cache.take_update()
+        for src, dst in update.copies:
             if self.backend:
                 self.backend.copy_stream(src, dst)
+        if update.ran:
+            change = self._update_layout()
+            self._unseen = change if self._unseen is None else self._unseen.then(change)
+
+    def _update_layout(self) -> LayoutChange:
+        """llama_memory_hybrid_idx::kpool_layout_update under this version (ENGINE.md §5)."""
+        v = self.version
+        return self.layout.update(self.cache, self.staleness.stale, v.repool_all_when_shared,
+                                  truncate=v.truncate_spares if v.truncate_stale_tail else None)
 
     def _abort(self, i: int, kind: str, message: str) -> OpEvent:
         """An engine assert outside a ubatch's marking: KP005, and the replay ends."""
@@ -414,7 +434,7 @@ class Replayer:
         msg = validate_span(span, self.positions, mrope=cfg.by_order)
         if msg is not None:
             return self._reject(i, msg)
-        self._copy_pending_streams()
+        self._memory_update()
         n_keep_tail = self.recurrent.n_keep_tail
         try:
             msg = split_refusal(len(span.seq) > 1, cfg.n_ubatch, not cfg.unified, n_keep_tail)
@@ -445,7 +465,7 @@ class Replayer:
         if msg is not None:
             yield self._reject(i, msg)
             return
-        self._copy_pending_streams()
+        self._memory_update()
         try:
             split = decode_ubatches(cfg, op, sets)
         except EngineAbort as e:
@@ -512,8 +532,9 @@ class Replayer:
         cfg, cache, layout, v = self.cfg, self.cache, self.layout, self.version
         rows, key_ids = cache.apply(pl, pos, ext, seqs)
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
-        change = layout.update(cache, self.staleness.stale, v.repool_all_when_shared,
-                               truncate=v.truncate_spares if v.truncate_stale_tail else None)
+        own = self._update_layout()  # the ubatch's own update (its cost counters')
+        change = own if self._unseen is None else self._unseen.then(own)
+        self._unseen = None
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         plan = None
@@ -557,7 +578,7 @@ class Replayer:
         index = self.n_ubatch_done
         self.n_ubatch_done += 1
         cost = {
-            "cells_scanned": change.cells_scanned,
+            "cells_scanned": own.cells_scanned,
             "pools_marked": n_new,
             "rows_gathered": layout.n_pool_real,
             "scatter_entries": n_new_g,

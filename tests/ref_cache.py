@@ -65,13 +65,15 @@ EDIT_REFUSED = "edit refused"  # internal: a rejected edit with KP008
 
 
 class Cells:
-    """llama_kv_cells: per cell a pos (-1 = empty), an ext and a set of sequences."""
+    """llama_kv_cells: per cell a pos (-1 = empty), an ext and a set of sequences; and
+    `has_shift`, which pos_add and pos_div set and reset() and reset_shift() clear."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.pos = [-1] * size
         self.ext = [(0, 0)] * size
         self.seq: list[set[int]] = [set() for _ in range(size)]
+        self.has_shift = False
 
     def is_empty(self, i: int) -> bool:
         return self.pos[i] == -1
@@ -120,6 +122,7 @@ class Cells:
     def pos_add(self, i: int, d: int) -> bool:
         """llama_kv_cells::pos_add: True when the pos dropped below 0 (the cell empties)."""
         self.pos[i] += d
+        self.has_shift = True
         if self.pos[i] < 0:
             self.rm(i)
             return True
@@ -127,6 +130,7 @@ class Cells:
 
     def pos_div(self, i: int, d: int) -> None:
         self.pos[i] //= d  # pos >= 0 and d >= 1: C++ truncation is floor here
+        self.has_shift = True  # even when the pos stays
 
     def seq_pos_min(self, s: int) -> int:
         ps = [self.pos[i] for i in range(self.size) if s in self.seq[i]]
@@ -139,6 +143,7 @@ class Cells:
     def reset(self) -> None:
         for i in range(self.size):
             self.rm(i)
+        self.has_shift = False
 
     def pairs(self, s: int) -> list[tuple[int, int]]:
         """ENGINE.md §2: s's (pos, cell) pairs, ordered by pos, then cell."""
@@ -292,11 +297,24 @@ class RefCache:
             self.v_cells[strm].reset()
             self.v_heads[strm] = 0
 
-    def take_copies(self) -> list[tuple[int, int]]:
-        """llama_kv_cache::update (run by llama_context::decode once the batch is valid):
-        the queued copies are done and the queue is empty."""
-        out, self.sc_info = self.sc_info, []
-        return out
+    def memory_update(self) -> bool:
+        """llama_context::memory_update(false), run by llama_context::decode once the
+        batch is valid: llama_kv_cache::init_update takes do_shift = any stream's
+        has_shift and the queued copies; its status is NO_UPDATE when there are
+        neither (False: nothing more runs), else SUCCESS (True): apply() runs
+        llama_kv_cache::update, the copies and then the shift (every stream's
+        reset_shift), and llama_context goes on to init_full."""
+        do_shift = any(c.has_shift for c in self.v_cells)
+        copies, self.sc_info = self.sc_info, []
+        if not do_shift and not copies:
+            return False
+        if copies:
+            self.seen["memory update with stream copies"] += 1
+        if do_shift:
+            self.seen["memory update with a K-shift"] += 1
+            for c in self.v_cells:
+                c.has_shift = False
+        return True
 
     # -- find_slot / apply_ubatch / prepare (ENGINE.md §3) --------------------------------
 
@@ -1232,12 +1250,20 @@ class RefReplay:
                         self.seen):
             yield refused
             return
-        # llama_context::decode: memory_update (the queued stream copies) before init_batch
-        cache.take_copies()
+        # llama_context::decode: memory_update before init_batch; when it ran anything,
+        # llama_memory_hybrid_idx::init_full's context runs kpool_layout_update
+        updated = cache.memory_update()
+        if updated:
+            self.layout_update()
+
+        def refused_after_update() -> RefEvent:
+            if updated:
+                self.seen["decode refused after the memory update's layout update"] += 1
+            return refused
         if op.ubatches is not None:
             # a sequential split (non-unified) refuses coupled sequences
             if not cfg.unified and any(len(t.seq) > 1 for t in tokens):
-                yield refused
+                yield refused_after_update()
                 return
             split = [list(ub) for ub in op.ubatches]
         else:
@@ -1247,7 +1273,7 @@ class RefReplay:
             split = split_equal(tokens, cfg.n_ubatch, not cfg.unified, self.seen,
                                 n_keep_tail)
             if split is None:
-                yield refused
+                yield refused_after_update()
                 return
             if isinstance(split, str):  # SPLIT_ABORT
                 self.seen["split_equal: GGML_ASSERT(n_ubatch > n_keep_tail)"] += 1
@@ -1265,11 +1291,11 @@ class RefReplay:
             return
         if not prepared:
             self.seen["recurrent prepare failed"] += 1
-            yield refused
+            yield refused_after_update()
             return
         sinfos = cache.prepare(ubs, cfg.by_order)
         if sinfos is None:
-            yield refused
+            yield refused_after_update()
             return
         stale_batch = list(self.stale)
         for b, (ub, sinfo) in enumerate(zip(ubs, sinfos, strict=True)):

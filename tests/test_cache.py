@@ -173,7 +173,7 @@ def test_s2_cross_stream_copy_ignores_the_range_and_copies_the_head():
     c.seq_cp(0, 1, -1, -1)
     assert (c.seq_keys(1) & 0xFFFFFFFF).tolist() == [0, 1, 2, 3, 4]
     assert c.heads[1] == c.heads[0] == 5
-    assert c.take_pending_copies() == [(0, 1)]
+    assert c.take_update().copies == [(0, 1)]
     c.check_invariants()
 
 
@@ -186,8 +186,70 @@ def test_llama_kv_cache_clear_keeps_the_pending_stream_copies():
     c.clear()
     assert all(h == 0 for h in c.heads)
     assert c.seq_pos_max(0) == c.seq_pos_max(1) == -1
-    assert c.take_pending_copies() == [(0, 1)]
-    assert c.take_pending_copies() == []  # taken once
+    assert c.take_update().copies == [(0, 1)]
+    assert c.take_update().copies == []  # taken once
+
+
+# ENGINE.md §3, "The memory update": llama_kv_cells' has_shift, which
+# llama_kv_cache::init_update reads (do_shift) and llama_kv_cache::update resets
+
+
+def test_llama_kv_cells_pos_add_leaves_a_k_shift_for_llama_kv_cache_init_update():
+    """A seq_add that moves a cell (llama_kv_cells::pos_add) sets has_shift: the next
+    memory update runs (SUCCESS), and resets it (the one after is NO_UPDATE)."""
+    c = cache()
+    decode(c, 0, range(4))
+    assert not c.take_update().ran  # nothing pending after a decode
+    c.seq_add(0, 2, -1, 3)  # pos 2, 3 -> 5, 6
+    got = c.take_update()
+    assert (got.shift, got.copies, got.ran) == (True, [], True)
+    assert not c.take_update().ran
+
+
+def test_llama_kv_cache_seq_add_that_moves_nothing_leaves_no_k_shift():
+    """A zero shift, an empty range, a reversed one, or a range with none of the
+    sequence's cells: no pos_add runs, so no has_shift."""
+    c = cache()
+    decode(c, 0, range(4))
+    for p0, p1, shift in ((0, -1, 0), (2, 2, 5), (3, 1, 5), (10, -1, 5)):
+        c.seq_add(0, p0, p1, shift)
+        assert not c.take_update().ran, (p0, p1, shift)
+
+
+def test_llama_kv_cells_pos_div_leaves_a_k_shift_even_when_no_pos_moves():
+    """pos_div sets has_shift for every cell it divides, even one whose pos stays (pos
+    0 // 2 == 0); d == 1 returns before the loop."""
+    c = cache()
+    decode(c, 0, range(4))
+    c.seq_div(0, 0, 1, 2)  # only cell 0 (pos 0), which stays at pos 0
+    assert (c.seq_keys(0) >> 32).tolist() == [0, 1, 2, 3]
+    assert c.take_update().shift
+    c.seq_div(0, 0, -1, 1)
+    assert not c.take_update().ran
+
+
+def test_llama_kv_cells_reset_forgets_the_k_shift():
+    """llama_kv_cache::clear resets every stream's cells, has_shift with them: a shift
+    pending before a clear runs no memory update."""
+    c = cache()
+    decode(c, 0, range(4))
+    c.seq_add(0, 0, -1, 2)
+    c.clear()
+    assert not c.take_update().ran
+
+
+def test_a_cross_stream_copy_resets_the_destination_streams_k_shift():
+    """A cross-stream seq_cp resets dst's stream (llama_kv_cells::reset), whose shift
+    goes with it; the source stream's stays, and the copy itself is queued: the
+    memory update runs either way."""
+    c = cache(unified=False)
+    decode(c, 0, range(4))
+    decode(c, 1, range(4))
+    c.seq_add(1, 0, -1, 1)  # stream 1's shift
+    c.seq_cp(0, 1, -1, -1)
+    assert [st.has_shift for st in c.streams] == [False, False]
+    got = c.take_update()
+    assert (got.shift, got.copies) == (False, [(0, 1)]) and got.ran
 
 
 def check(tokens: tuple[Token, ...], c: KvCache, *, mrope: bool = False, embd: bool = False

@@ -98,6 +98,10 @@ def check_state(rp, ref: rc.RefReplay, where: str, heads: bool = True) -> None:
             f"{where}: heads {got_h} != reference {ref.cache.v_heads}"
     assert [tuple(p) for p in rp.cache.pending_copies] == ref.cache.sc_info, \
         f"{where}: queued stream copies {rp.cache.pending_copies} != {ref.cache.sc_info}"
+    got_shift = [st_.has_shift for st_ in rp.cache.streams]
+    want_shift = [c.has_shift for c in ref.cache.v_cells]
+    assert got_shift == want_shift, \
+        f"{where}: K-shift pending per stream {got_shift} != reference {want_shift}"
     check_recurrent(rp, ref, where)
 
 
@@ -916,6 +920,9 @@ CORNERS = (
     "cross-stream seq_cp with a range",
     "cross-stream seq_cp at the is_full boundary",
     "clear with copies pending",
+    "memory update with a K-shift",
+    "memory update with stream copies",
+    "decode refused after the memory update's layout update",
     "sequential split takes a passed-over seq",
     "cache-safe re-stale while shared",
     "layout drift (KP007)",

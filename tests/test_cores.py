@@ -565,14 +565,18 @@ ops:
 """
 
 
-def test_a_one_slot_plan_that_aborts_leaves_the_abort_to_build_plan(tmp_path: Path) -> None:
-    """The last decode's sequence (1) holds every pool once seq 0 is removed, marks
-    nothing, and its first token (pos 2) is not in its drifted layout: `build_plan`'s
-    GGML_ASSERT comes after the marking's counts (rep-once: n_new 0 of a graph of 2
-    entries), so
-    `mark_and_plan`'s plan of padding alone leaves it to the caller, and the cores'
-    reports are byte-identical (found by a review of 39b7bfc, whose one call aborted
-    before the counts: n_new_g 0)."""
+def test_a_one_slot_plan_after_a_memory_update_is_the_same_on_both_cores(
+        tmp_path: Path) -> None:
+    """The last decode's sequence (1) holds every pool once seq 0 is removed. The
+    shift of seq 0 (op 4) emptied two of seq 1's shared cells and moved a third: the
+    decode's memory update (ENGINE.md §3, "The memory update") rebuilds seq 1 before
+    its tokens are written (3 pairs against 1 cell), so its first token (pos 2, cell
+    0) is in its layout and its one pool (cells 3, 0: pos 1, 2) is marked: rep-once
+    marks 1 pool in a graph of 2 entries (n_tokens / kpool + 1 sequence), and the
+    cores' reports are byte-identical, through `mark_and_plan`'s one call on the
+    compiled core. (Before the memory update was modelled, seq 1's layout stayed
+    drifted and this ubatch aborted on its first token, which a review of 39b7bfc used
+    to hold the one call's abort after the marking's counts.)"""
     trace = tmp_path / "drifted-slot.yaml"
     trace.write_text(_DRIFTED_SLOT)
     reports = {}
@@ -580,13 +584,14 @@ def test_a_one_slot_plan_that_aborts_leaves_the_abort_to_build_plan(tmp_path: Pa
         for engine in ("rep-once", "cache-safe"):
             r = CliRunner().invoke(cli, ["replay", str(trace), "--engine", engine, "--core",
                                          core, "--format", "json", "-q"])
-            assert r.exit_code == 1, r.output
+            # cache-safe races seq 0's and seq 1's pool on row 1 at op 3 (KP001)
+            assert r.exit_code == (1 if engine == "cache-safe" else 0), r.output
             reports[core, engine] = r.output
     for engine in ("rep-once", "cache-safe"):
         assert reports["compiled", engine] == reports["reference", engine]
     last = json.loads(reports["compiled", "rep-once"])["ubatches"][-1]
-    assert (last["n_new"], last["n_new_g"]) == (0, 2)
-    assert [f["code"] for f in last["findings"]][:1] == ["KP005"]
+    assert (last["n_new"], last["n_new_g"]) == (1, 2)
+    assert last["findings"] == []
 
 
 def test_race_groups_kernel_groups_as_the_context_does() -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import codes, drive, expects_ok, run, ubatches
+from conftest import codes, drive, events, expects_ok, run, ubatches
 
 from kpool_cli.cache.batch import SeqSets
 from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
 from kpool_cli.engine.layout import POS_CLEAN
 from kpool_cli.engine.marking import token_pairs
-from kpool_cli.replay import replay
+from kpool_cli.replay import Replayer, replay
 from kpool_cli.trace.load import load_trace_text
 from kpool_cli.versions import REP_ONCE, VERSIONS
 
@@ -1634,10 +1634,10 @@ def test_s6_cache_safe_repool_all_sizes_the_list_to_n_new() -> None:
 
 
 # =====================================================================================
-# §7: the first token's lookup in a drifted layout
+# §3 "The memory update": llama_context::memory_update before init_batch
 # =====================================================================================
 
-DRIFT_ABORT = scenario("""
+MEMORY_UPDATE_HEALS = scenario("""
 kpool_trace: 1
 cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
 ops:
@@ -1651,19 +1651,121 @@ ops:
 """)
 
 
-def test_s7_drifted_layout_misses_the_first_token_and_aborts(engine: str) -> None:
-    """ENGINE.md §7 (and §8 KP007): seq 1's layout (rebuilt after its seq_rm) holds pos
-    0..4, 6..9. The shift of seq 0 by -5 empties cells 0..4 (for seq 1 too) and moves
-    seq 1's cells 6..9 to pos 1..4; seq 1 is not staled. Its 5 new tokens (pos 5..9,
-    cells 0..4) sort before its last pair (9, 9): nothing appended, 9 pairs against 9
-    cells: no rebuild. Pos 5 is not in the drifted layout: GGML_ASSERT, KP005 (both
-    versions), reported with the KP007; the replay stops."""
-    recs = run(DRIFT_ABORT, engine)
-    ub = recs[-1]
-    assert isinstance(ub, UbatchRecord) and ub.op == 5 and ub.aborted
-    assert ub.token_rows.tolist() == [0, 1, 2, 3, 4]
-    assert codes(ub) >= {"KP005", "KP007"}
-    assert findings(ub, "KP007")[0].seqs == (1,)
+def test_llama_context_memory_update_rebuilds_a_sequence_that_lost_shared_cells(
+        engine: str) -> None:
+    """ENGINE.md §3 "The memory update" and §5: seq 1's layout (rebuilt after its
+    seq_rm, op 3) holds pos 0..4, 6..9 on cells 0..4, 6..9. The shift of seq 0 by -5
+    empties cells 0..4 (for seq 1 too) and moves cells 6..9 to pos 1..4; seq 1 is not
+    staled, and the shift is pending. The decode of seq 1 (op 5) is valid (its max pos
+    is 4), so llama_context::memory_update runs it and init_full's layout update:
+    seq 1, clean, has pos_min 0 against its cells' first pos 1 (no append), 9 pairs
+    against 4 cells: rebuilt, pos 1..4 on cells 6..9. Only then are its tokens (pos
+    5..9) written, on cells 0..4 (head 0: the shift freed cell 0 first), and its
+    ubatch's update appends them after (4, cell 9): 9 pairs, 9 cells, two pools (rep
+    cells 9 and 3). No drift, and the first token is found: before the memory update
+    was modelled, kpool appended nothing there (the tokens sort before the stale last
+    pair (9, 9), and 9 pairs met 9 cells), left seq 1 drifted (KP007) and aborted
+    (KP005) on its first token."""
+    recs = run(MEMORY_UPDATE_HEALS, engine)
+    ub = [r for r in ubatches(recs) if r.op == 5]
+    assert len(ub) == 1 and not ub[0].aborted
+    assert ub[0].token_rows.tolist() == [0, 1, 2, 3, 4]
+    assert not codes(recs) & {"KP005", "KP007"}
+    rp = Replayer(load_trace_text(MEMORY_UPDATE_HEALS), VERSIONS[engine])
+    for rec in rp.run():
+        if getattr(rec, "op", None) == 5:
+            break
+    sq = rp.layout.seqs[1]
+    assert list(zip(sq.pos.tolist(), sq.cells.tolist(), strict=True)) == [
+        (1, 6), (2, 7), (3, 8), (4, 9), (5, 0), (6, 1), (7, 2), (8, 3), (9, 4)]
+    assert sq.rep_rows.view.tolist() == [9, 3]
+
+
+MEMORY_UPDATE_CACHE_SAFE = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_seq_max: 3}
+ops:
+  - decode: {seq: 0, pos: 0..9}
+  - decode: {seq: 2, pos: 0..5}
+  - seq_cp: {src: 0, dst: 1}
+  - seq_add: {seq: 1, p0: 8, p1: -1, shift: 1}
+  - decode: {seq: 2, pos: 5..13}
+  - seq_rm: {seq: 1, p0: -1, p1: -1}
+  - decode: {seq: 2, pos: 5}
+""")
+
+
+def test_llama_context_memory_update_recomputes_cache_safe_before_a_refused_decode() -> None:
+    """ENGINE.md §3 "The memory update", §4 (cache-safe) and §5: seq 0 holds cells
+    0..8 (pos 0..8), seq 2 cells 9..13 (pos 0..4); the last update saw no shared cell.
+    seq_cp 0 -> 1 shares cells 0..8 (staling seqs 0 and 1), and seq_add moves cell 8
+    (pos 8 -> 9): a K-shift is pending. The decode of 8 tokens of seq 2 (op 4) is
+    valid, so its memory update runs the layout update first: seqs 0 and 1 are
+    rebuilt and the sharing scan finds their shared cells (`cache_safe` false); then
+    find_slot finds 2 free cells of 16 and the decode is refused (KP006). The
+    whole-range seq_rm of seq 1 (op 5) then reads a shared layout and stales every
+    sequence from 0, seq 2 included. The last decode (op 6) marks seq 0's two pools and
+    seq 2's one: 3 pools. Before the memory update was modelled, the layout's flag
+    was the last ubatch's (no sharing): op 5 staled seqs 0 and 1 alone, and 2 pools
+    were marked."""
+    recs = run(MEMORY_UPDATE_CACHE_SAFE, "cache-safe")
+    refused = [e for e in events(recs) if e.op == 4]
+    assert len(refused) == 1 and refused[0].status == "rejected" and codes(refused[0]) == {
+        "KP006"}
+    (rm,) = [e for e in events(recs) if e.op == 5]
+    assert rm.stale == {0: 0, 1: 0, 2: 0}
+    last = ubatches(recs)[-1]
+    assert last.op == 6 and last.stale_batch == {0: 0, 1: 0, 2: 0}
+    assert marked(last) == [(0, 0), (0, 1), (2, 0)] and last.n_new == 3
+
+
+MEMORY_UPDATE_DRIFTS = scenario("""
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..8}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 1, pos: 8}
+  - seq_add: {seq: 0, p0: 4, p1: 8, shift: 100}
+  - decode: {seq: 0, pos: 108..132}
+  - seq_add: {seq: 0, p0: 104, p1: -1, shift: -100}
+  - decode: {seq: 0, pos: 8}
+""")
+
+
+def test_llama_context_memory_update_drifts_a_layout_at_a_refused_decode() -> None:
+    """ENGINE.md §3 "The memory update", §5 and §8 (KP007), rep-once: seq 1 holds
+    cells 0..7 (shared with seq 0, pos 0..7) and cell 8 (pos 8). seq_add moves cells
+    4..7 to pos 104..107, for seq 1 too, which is not staled. The decode of 24 tokens
+    (op 4) is valid; its memory update appends seq 1's pairs past (8, cell 8), (104, 4)
+    .. (107, 7): 13 pairs against 9 cells, so seq 1 is rebuilt from its cells as they
+    are now; then find_slot finds 23 free cells and refuses it (KP006). The second
+    seq_add moves cells 4..7 back to pos 4..7. The next decode's memory update finds
+    seq 1's pairs (0..3, 8, 104..107) with the same pos_min and nothing past (107, 7)
+    to append: 9 pairs, 9 cells, no rebuild. The engine goes on with the drifted
+    layout: KP007 at op 6, whose first differing pair is index 4. Before the memory
+    update was modelled, seq 1 kept its first layout, which the cells match again."""
+    recs = run(MEMORY_UPDATE_DRIFTS, "rep-once")
+    assert [e.status for e in events(recs) if e.op == 4] == ["rejected"]
+    last = ubatches(recs)[-1]
+    assert last.op == 6 and not last.aborted
+    (kp7,) = findings(last, "KP007")
+    assert kp7.seqs == (1,)
+    assert "pair 4 is (pos 8, cell 8) but the cells say (pos 4, cell 4)" in kp7.message
+
+
+def test_no_memory_update_runs_without_a_pending_shift_or_copy() -> None:
+    """ENGINE.md §3 "The memory update": a refused decode after edits that move no cell
+    (a seq_rm, a zero shift) leaves the layout as the last ubatch left it: the trace
+    above with its seq_add shifts made zero refuses the same decode and shows no drift,
+    and its layout is updated only at ubatches (the layout's update count)."""
+    text = MEMORY_UPDATE_DRIFTS.replace("shift: 100}", "shift: 0}").replace(
+        "shift: -100}", "shift: 0}").replace("pos: 108..132", "pos: 8..32")
+    rp = Replayer(load_trace_text(text), REP_ONCE)
+    recs = list(rp.run())
+    assert [e.status for e in events(recs) if e.op == 4] == ["rejected"]
+    assert not codes(recs) & {"KP007"}
+    assert rp.layout.n_updates == len(ubatches(recs)) == 3
 
 
 # =====================================================================================

@@ -4,7 +4,7 @@ skipped), as a consumer of the records."""
 from __future__ import annotations
 
 from conftest import run, trace
-from test_mutants_engine import DRIFT_PAST_THE_END
+from test_engine_rules import PAD_ABORT
 
 from kpool_cli.contracts.records import ExpectResult
 from kpool_cli.replay import replay
@@ -15,23 +15,24 @@ def expects(text: str, engine: str = "rep-once") -> list[tuple[int, bool, str]]:
     return [(r.op, r.ok, r.message) for r in replay(trace(text), VERSIONS[engine])
             if isinstance(r, ExpectResult)]
 
-ABORT_THEN_EXPECT = DRIFT_PAST_THE_END + """\
-  - note: "the replay stopped at op 5"
-  - decode: {seq: 0, pos: 25}
-  - expect: {status: aborted, findings: [KP005, KP007], n_new: 1}
-  - expect: {engine: cache-safe, n_new: 1}
+ABORT_THEN_EXPECT = PAD_ABORT + """\
+  - note: "the replay stopped at op 4"
+  - decode: {seq: 0, pos: 4}
+  - expect: {status: aborted, findings: [KP005], n_new: 1}
+  - expect: {engine: cache-safe, n_new: 4}
 """
 
 
 def test_an_expect_after_an_abort_checks_the_aborted_decode():
-    """The decode of op 5 aborts (a drifted layout misses its token:
-    test_s7_drift_abort_when_the_token_is_past_every_layout_position); op 7 never
-    runs, so the expect of op 8 reads op 5: aborted, KP005 and KP007, and the n_new
-    of op 5's record (marking runs before the plan's GGML_ASSERT). The expect for
-    cache-safe yields nothing under rep-once."""
-    (aborted,) = [r for r in run(ABORT_THEN_EXPECT) if r.op == 5]
+    """Under rep-once the decode of op 4 aborts: its plan runs out of padding rows
+    (test_engine_rules.py::test_s7_padding_running_out_of_rows_aborts), after marking
+    seq 1's stale pool once. The decodes of ops 5 and 7 never run, so the expect of
+    op 8 reads op 4: aborted, KP005, and the n_new of op 4's record (marking runs
+    before the plan's GGML_ASSERT). The expect for cache-safe yields nothing under
+    rep-once."""
+    (aborted,) = [r for r in run(ABORT_THEN_EXPECT) if r.op == 4]
     assert aborted.aborted and aborted.n_new == 1
-    assert expects(ABORT_THEN_EXPECT) == [(8, True, "op 5: as expected")]
+    assert expects(ABORT_THEN_EXPECT) == [(8, True, "op 4: as expected")]
 
 
 def test_an_expect_after_a_note_checks_the_op_before_the_note():

@@ -218,6 +218,9 @@ class Stream:
         self.touched: set[int] = set()
         self.changed_from: dict[int, int] = {}  # of the sequences in `touched`
         self.used = 0
+        # llama_kv_cells' has_shift: a seq_add or seq_div moved or divided a cell since
+        # the last memory update (which resets it: KvCache.take_update) or reset
+        self.has_shift = False
 
     @classmethod
     def bytes_bound(cls, kv_size: int, n_col: int, cells: int) -> int:
@@ -418,10 +421,12 @@ class Stream:
     def shift_pos(self, s: int, p0: int, p1: int, shift: int) -> np.ndarray:
         """seq_add: pos += shift for s's cells with p0 <= pos < p1, for every sequence
         of the cell (pos belongs to the cell). A cell whose pos drops below 0
-        becomes empty. Returns the cells that became empty, ascending."""
+        becomes empty. A cell moved leaves a K-shift pending (`has_shift`). Returns
+        the cells that became empty, ascending."""
         cells = np.sort(key_cell(self.seq_keys[s].range(p0, p1)))
         if cells.size == 0:
             return cells
+        self.has_shift = True
         self._index_rm(cells)
         self.pos[cells] += shift
         gone = self.pos[cells] < 0
@@ -431,10 +436,12 @@ class Stream:
         return freed
 
     def div_pos(self, s: int, p0: int, p1: int, d: int) -> None:
-        """seq_div: pos //= d for s's cells with p0 <= pos < p1 (every sequence of the cell)."""
+        """seq_div: pos //= d for s's cells with p0 <= pos < p1 (every sequence of the
+        cell). A cell divided leaves a K-shift pending, even when its pos stays."""
         cells = key_cell(self.seq_keys[s].range(p0, p1))
         if cells.size == 0:
             return
+        self.has_shift = True
         self._index_rm(cells)
         self.pos[cells] //= d
         self._index_add(cells)
@@ -448,6 +455,7 @@ class Stream:
                 k.assign(np.empty(0, dtype=np.int64))
                 self.touch(s, -1)
         self._empty(cells)
+        self.has_shift = False
 
     def copy_from(self, other: Stream, src: int, dst: int) -> None:
         """Cross-stream seq_cp (non-unified): this stream (dst's) is reset, then src's

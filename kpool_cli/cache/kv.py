@@ -1,11 +1,12 @@
 """The indexer KV cache: streams, edits, find_slot and state (ENGINE.md §2-3).
 
 Owns: the streams and their heads (find_slot's, kept here: a `Stream` holds cells
-only), the pending cross-stream copies, the state snapshots, and the key write
-counter. Outside cache/ it is read through its queries (`seq_pos_min`,
-`seq_keys`, `is_empty`, `row_pos`, `seq_codes`, `seq_counts`, `holds`, `heads`; and,
-for a loop over every sequence, `strm_of` and `seq_indices`, whose `view` is
-`seq_keys`) and changed through its mutators, never through a stream's arrays.
+only), what the next memory update runs (the pending cross-stream copies and
+K-shift: `take_update`), the state snapshots, and the key write counter. Outside
+cache/ it is read through its queries (`seq_pos_min`, `seq_keys`, `is_empty`,
+`row_pos`, `seq_codes`, `seq_counts`, `holds`, `heads`; and, for a loop over every
+sequence, `strm_of` and `seq_indices`, whose `view` is `seq_keys`) and changed
+through its mutators, never through a stream's arrays.
 
 What it does not own: staleness (the engine's, ENGINE.md §4), pooled rows (the
 backend's). Every mutator returns the global rows whose *data* it changed, so the
@@ -47,6 +48,23 @@ class Placement:
     strm: np.ndarray  # [n_tokens] | token | stream
     cells: np.ndarray  # [n_tokens] | token | cell
     stream: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUpdate:
+    """What `llama_kv_cache::update` runs at a decode (`KvCache.take_update`): the
+    queued cross-stream copies, (src stream, dst stream) in queue order, and whether a
+    K-shift was pending (llama_kv_cells' `has_shift`: a seq_add or seq_div moved or
+    divided a cell since the last update or clear)."""
+
+    copies: list[tuple[int, int]]
+    shift: bool
+
+    @property
+    def ran(self) -> bool:
+        """llama_kv_cache::init_update's status was SUCCESS, not NO_UPDATE: there was
+        something to run (ENGINE.md §3, "The memory update")."""
+        return bool(self.copies) or self.shift
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,10 +306,20 @@ class KvCache:
         self._heads[s1] = self._heads[s0]
         self.pending_copies.append((s0, s1))
 
-    def take_pending_copies(self) -> list[tuple[int, int]]:
-        """The cross-stream row copies due now (llama_kv_cache::update)."""
-        out, self.pending_copies = self.pending_copies, []
-        return out
+    @property
+    def shift_pending(self) -> bool:
+        """llama_kv_cache::get_has_shift: a stream has a K-shift pending."""
+        return any(st.has_shift for st in self.streams)
+
+    def take_update(self) -> MemoryUpdate:
+        """llama_kv_cache::init_update and update, as a decode runs them (ENGINE.md §3,
+        "The memory update"): the cross-stream row copies due now and the K-shift, both
+        done once taken (the queue empties, every stream's shift is reset)."""
+        got = MemoryUpdate(self.pending_copies, self.shift_pending)
+        self.pending_copies = []
+        for st in self.streams:
+            st.has_shift = False
+        return got
 
     def seq_keep(self, s: int) -> None:
         self._lower_head(self.stream_of(s), self.stream(s).seq_keep(s))
@@ -316,10 +344,10 @@ class KvCache:
             self.stream(s).div_pos(s, lo, hi, d)
 
     def clear(self) -> None:
-        """llama_kv_cache::clear: every cell empty, every head 0. The stream copies a
-        cross-stream seq_cp queued stay queued (clear does not touch `sc_info`): the
-        next update still copies the source stream's rows, as they are then, over the
-        destination's."""
+        """llama_kv_cache::clear: every cell empty, every head 0, no K-shift pending
+        (`Stream.reset`). The stream copies a cross-stream seq_cp queued stay
+        queued (clear does not touch `sc_info`): the next update still copies the source
+        stream's rows, as they are then, over the destination's."""
         for st in self.streams:
             st.reset()
         self._heads = [0] * len(self.streams)

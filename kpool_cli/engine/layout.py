@@ -264,6 +264,16 @@ class LayoutChange:
         """Sequence s's pools that are new or regrouped."""
         return np.arange(self.kept[s], n_pools, dtype=np.int64)
 
+    def then(self, later: LayoutChange) -> LayoutChange:
+        """This update and `later`, the next one, as one change since the layout before
+        this one (the memory update's, ENGINE.md §3, and the ubatch's after it): the
+        pools both kept, the sequences either read or changed, the cells both scanned;
+        `serial` is later's, so a reader that kept what the update before this one left
+        sees that an update came between and does not take the two for one step."""
+        return LayoutChange(tuple(map(min, self.kept, later.kept)), self.read | later.read,
+                            self.changed | later.changed,
+                            self.cells_scanned + later.cells_scanned, later.serial)
+
 
 class Layout:
     """Every sequence's pools (llama.cpp's kpool_layout), updated once per ubatch."""
