@@ -6,12 +6,16 @@ looked up the same way however kpool is started: never from whatever directory
 the command happens to run in.
 """
 
+import contextlib
 import os
 import sys
 
-if sys.path and sys.path[0] in ("", os.getcwd()):
+_here = ""
+with contextlib.suppress(OSError):  # a removed current folder: `run` says so
+    _here = os.getcwd()
+if sys.path and sys.path[0] in ("", _here):
     del sys.path[0]
 
-from kpool_cli.cli import run
+from kpool_cli.cli import run  # noqa: E402 - after the path is mended
 
 run()

@@ -3,17 +3,20 @@ whatever it turns out to be. Every input is untrusted, its path included.
 
 Owns:
 - `read_input(path, limit)`: the bytes of a regular file, at most `limit` (one more
-  is read only to tell that the file is larger); `read_head(path, n)`: its first
-  `n` bytes. Anything else is refused before a
-  byte is read: a directory, a FIFO, a socket, a device, and the files of the
-  kernel's pseudo file systems (/proc, /sys), whose contents are generated and
-  unbounded. The file is opened without blocking (a FIFO with no writer would wait
-  forever) and checked on the open descriptor, so a path swapped in between cannot
-  slip through.
+  is read only to tell that the file is larger); `read_head(path, n)`: its first `n`
+  bytes. Anything else is refused before a byte is read: a directory, a FIFO, a
+  socket, a device, and the files of the kernel's pseudo file systems (/proc, /sys
+  and every mount of their kinds, such as /sys/fs/cgroup: `PSEUDO_FS`), whose
+  contents are generated and unbounded. The file is opened without blocking (a FIFO
+  with no writer would wait forever) and checked on the open descriptor, so a path
+  swapped in between cannot slip through.
 - `not_regular(path)`: why `path` is not a file kpool reads (None when it is), for
   the walks of input folders and for output checks.
 - `trace_paths(paths)`: the trace files that files and folders given on the command
-  line stand for (a folder's files are inputs as much as the folder).
+  line stand for (a folder's files are inputs as much as the folder), and why a
+  folder gave none: it holds no trace, or a folder in it cannot be listed (a trace
+  kpool did not read never passes a check). The walk keeps its own stack, so a
+  folder nested as deep as the system allows is walked like any other.
 - `InputRefused`: the refusal's reason, without the path (each caller words its
   own message around it, with file and field).
 - `nesting_past(text, tokens, most)`: where the arrays and objects of an input's
@@ -46,13 +49,34 @@ class InputTooLarge(InputRefused):
     """A regular file larger than the reader's limit."""
 
 
+# the kernel's file systems whose files are generated on read
+PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs",
+                       "securityfs", "configfs", "pstore", "bpf", "efivarfs", "fusectl",
+                       "binfmt_misc", "rpc_pipefs", "nsfs"})
+_MOUNTINFO_BYTES = 4 << 20
+
+
 @cache
 def _pseudo_devices() -> frozenset[int]:
-    """The devices of /proc and /sys, where a "regular file" is generated on read."""
+    """The devices of /proc, /sys and every mount of a `PSEUDO_FS` kind (from
+    /proc/self/mountinfo: each line's major:minor, and its type after the ` - `), where
+    a "regular file" is generated on read."""
     out = set()
     for p in ("/proc", "/sys"):
         with contextlib.suppress(OSError):
             out.add(os.stat(p).st_dev)
+    with contextlib.suppress(OSError, ValueError):
+        fd = os.open("/proc/self/mountinfo", os.O_RDONLY)
+        try:
+            text = os.read(fd, _MOUNTINFO_BYTES).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        for line in text.splitlines():
+            fields, sep, rest = line.partition(" - ")
+            parts = fields.split()
+            if sep and len(parts) > 2 and rest.split(" ", 1)[0] in PSEUDO_FS:
+                major, _, minor = parts[2].partition(":")
+                out.add(os.makedev(int(major), int(minor)))
     return frozenset(out)
 
 
@@ -130,24 +154,24 @@ def _size(n: int) -> str:
 
 
 def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str], list[str]]:
-    """The trace files `paths` stand for, and the paths that hold none. A file is taken
-    as given (whatever its name); a folder is searched recursively for `*.yaml` and
-    `*.yml`, hidden folders skipped, in sorted order. A path that does not exist is
-    taken as a file (its check says it is missing). Duplicates are dropped, unless
+    """The trace files `paths` stand for, and what is wrong with the folders among them
+    (a message each, naming the folder: the caller refuses them all before any work).
+    A file is taken as given (whatever its name); a folder is searched for files
+    named `*.yaml` or `*.yml` (in any case), hidden files and folders skipped, and
+    folders that are symlinks not followed, in sorted order. A path that does not exist
+    is taken as a file (its check says it is missing). Duplicates are dropped, unless
     not `unique` (`kpool diff a.json a.json` compares a report with itself)."""
     out: list[str] = []
-    empty: list[str] = []
+    problems: list[str] = []
     seen: set[str] = set()
     for p in paths:
         if os.path.isdir(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, f) for f in files
-                          if f.endswith(TRACE_SUFFIXES) and not f.startswith(".")]
-            if not found:
-                empty.append(p)
-            candidates = sorted(found)
+            found, why = _traces_under(p)
+            if why is not None:
+                problems.append(why)
+            elif not found:
+                problems.append(f"no traces (*.yaml, *.yml) under {p}")
+            candidates = found
         else:
             candidates = [p]
         for c in candidates:
@@ -155,7 +179,40 @@ def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str]
             if key not in seen or not unique:
                 seen.add(key)
                 out.append(c)
-    return out, empty
+    return out, problems
+
+
+def _traces_under(top: str) -> tuple[list[str], str | None]:
+    """The trace files under the folder `top`, sorted, or why it cannot be walked (a
+    folder in it that cannot be listed)."""
+    found: list[str] = []
+    stack = [top]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = [(e.name, e.path, _is_folder(e)) for e in it
+                           if not e.name.startswith(".")]
+        except OSError as e:
+            return [], f"cannot list the folder {folder}: {e.strerror or e}"
+        for name, path, is_folder in entries:
+            if is_folder is None:
+                continue  # a link to a folder: not followed
+            if is_folder:
+                stack.append(path)
+            elif name.lower().endswith(TRACE_SUFFIXES):
+                found.append(path)
+    return sorted(found), None
+
+
+def _is_folder(entry: os.DirEntry[str]) -> bool | None:
+    """True for a folder, False for anything else, None for a link to a folder."""
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            return True
+        return None if entry.is_dir() else False
+    except OSError:
+        return False
 
 
 def nesting_past(text: str, tokens: re.Pattern[str], most: int) -> int | None:

@@ -5,7 +5,7 @@ Owns: `Settings` (what the file says, each value checked; None where the file is
 silent, so the command line's own default applies), `SettingsError` (a bad settings
 file: `FILE:LINE: message`, exit 2), `load_settings` (discovery, reading, checking),
 the known keys (`KEYS`), the bounds (`MAX_BYTES`, `MAX_JOBS`,
-`MAX_ENTRIES`, `MAX_GLOB`) and how a per-path glob matches a trace (`glob_regex`).
+`MAX_ENTRIES`, `MAX_GLOB`) and how a per-path glob matches a trace (`Glob`).
 The command line beats the file: merging is the CLI's, which passes a value of the
 file on only where its own option was not given.
 
@@ -27,8 +27,11 @@ Invariants:
   key suggested.
 - Per-path ignores: a glob relative to the settings file's folder, `/`-separated;
   `*` and `?` stay inside one path segment, `**` spans segments, `[...]` is a
-  character class. A glob without `/` matches a trace's file name in any folder (as
-  ruff's per-file-ignores do).
+  character class (`!` first negates it, and a negated class never matches `/`; a
+  range whose ends are reversed is a problem of the file). A glob without `/` matches
+  a trace's file name in any folder (as ruff's per-file-ignores do). Matching takes
+  time linear in the path, whatever the glob: both come from a checkout, and a
+  backtracking regex would let a short glob run for ever on a long name.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import functools
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,7 +103,7 @@ class Settings:
             rel = _relative(path, self.source.parent) if self.source is not None else None
             for glob, glob_codes in self.per_path_ignore:
                 target = rel if "/" in glob else name
-                if target is not None and glob_regex(glob).fullmatch(target):
+                if target is not None and Glob.of(glob).fullmatch(target):
                     codes.update(glob_codes)
         return frozenset(codes)
 
@@ -118,36 +121,135 @@ def _relative(path: Path, folder: Path) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=1024)
-def glob_regex(glob: str) -> re.Pattern[str]:
-    """The regex a per-path glob stands for (see the module's invariants)."""
-    out: list[str] = []
-    i, n = 0, len(glob)
-    while i < n:
-        c = glob[i]
-        if glob.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif glob.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
-            out.append("[^/]*")
-            i += 1
-        elif c == "?":
-            out.append("[^/]")
-            i += 1
-        elif c == "[" and (end := glob.find("]", i + 2)) != -1:
-            body = glob[i + 1:end]
-            neg = body.startswith("!")
-            body = body[1:] if neg else body
-            body = body.replace("\\", "\\\\").replace("[", "\\[").replace("^", "\\^")
-            out.append("[" + ("^/" if neg else "") + body + "]")
-            i = end + 1
+class GlobError(ValueError):
+    """A per-path glob that cannot be read (the settings file's problem)."""
+
+
+class Glob:
+    """A per-path glob (the module's invariants), matched as a set of states, one bit
+    each, over the path's characters: a state is a position in the glob's tokens, so a
+    step costs a few operations on one integer whatever the glob, and a match is
+    linear in the path (a regex would backtrack: `*a*a*a*a*a*ab` against 120 `a`s).
+
+    Tokens: a character test (a literal, `?`, a class), `*` (any run of non-`/`), `**`
+    (any run), and `**/` (empty, or any run that ends in `/`: an entry state that
+    skips the group or starts its run, the run, then its `/`). A state without a test
+    is a star's: it stays on the characters its star takes and skips ahead without
+    one. Runs of `*` and of `**/` collapse: they match what one does."""
+
+    __slots__ = ("_accept", "_any", "_masks", "_nonslash", "_skips", "_start", "_tests")
+
+    def __init__(self, glob: str) -> None:
+        tests: list[Callable[[str], bool] | None] = []  # None: a star's own state
+        any_, nonslash, skip1, skip3 = 0, 0, 0, 0
+        i, n = 0, len(glob)
+        while i < n:
+            k = len(tests)
+            if glob.startswith("**/", i):
+                while glob.startswith("**/", i):
+                    i += 3
+                tests += [None, None, "/".__eq__]
+                skip1 |= 1 << k | 1 << (k + 1)  # entry -> run -> its `/`
+                skip3 |= 1 << k  # entry -> past the group: no run at all
+                any_ |= 1 << (k + 1)
+            elif glob.startswith("**", i):
+                while i < n and glob[i] == "*":
+                    i += 1
+                tests.append(None)
+                any_ |= 1 << k
+                skip1 |= 1 << k
+            elif glob[i] == "*":
+                i += 1
+                tests.append(None)
+                nonslash |= 1 << k
+                skip1 |= 1 << k
+            elif glob[i] == "?":
+                i += 1
+                tests.append("/".__ne__)
+            elif glob[i] == "[" and (end := glob.find("]", i + 2)) != -1:
+                tests.append(_char_class(glob[i + 1:end]))
+                i = end + 1
+            else:
+                tests.append(glob[i].__eq__)
+                i += 1
+        self._tests = tests
+        self._any, self._nonslash = any_, nonslash
+        self._skips = tuple((d, m) for d, m in ((1, skip1), (3, skip3)) if m)
+        self._accept = 1 << len(tests)
+        self._masks: dict[str, int] = {}
+        self._start = self._closure(1)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def of(glob: str) -> Glob:
+        """The glob's matcher, made once. Raises GlobError for a class it cannot read."""
+        return Glob(glob)
+
+    def _closure(self, states: int) -> int:
+        """`states` and every state a star's skip reaches from them."""
+        while True:
+            more = states
+            for d, m in self._skips:
+                more |= (states & m) << d
+            if more == states:
+                return states
+            states = more
+
+    def _mask(self, c: str) -> int:
+        """The states whose character test passes `c`."""
+        got = self._masks.get(c)
+        if got is None:
+            got = 0
+            for k, test in enumerate(self._tests):
+                if test is not None and test(c):
+                    got |= 1 << k
+            if len(self._masks) < 4096:
+                self._masks[c] = got
+        return got
+
+    def fullmatch(self, path: str) -> bool:
+        states = self._start
+        stay_any, stay = self._any, self._any | self._nonslash
+        for c in path:
+            here = stay_any if c == "/" else stay
+            states = self._closure(((states & self._mask(c)) << 1) | (states & here))
+            if not states:
+                return False
+        return bool(states & self._accept)
+
+
+@dataclass(frozen=True, slots=True)
+class _CharClass:
+    """A `[...]` class: its characters and ranges; negated, it also refuses `/`."""
+
+    negated: bool
+    chars: frozenset[str]
+    ranges: tuple[tuple[str, str], ...]
+
+    def __call__(self, c: str) -> bool:
+        inside = c in self.chars or any(lo <= c <= hi for lo, hi in self.ranges)
+        return c != "/" and not inside if self.negated else inside
+
+
+def _char_class(body: str) -> _CharClass:
+    """The class `[body]`; GlobError for a range whose ends are reversed."""
+    neg = body.startswith("!")
+    if neg:
+        body = body[1:]
+    chars: set[str] = set()
+    ranges: list[tuple[str, str]] = []
+    j = 0
+    while j < len(body):
+        if j + 2 < len(body) and body[j + 1] == "-":
+            lo, hi = body[j], body[j + 2]
+            if lo > hi:
+                raise GlobError(f"the class [{body}] has a reversed range {lo}-{hi}")
+            ranges.append((lo, hi))
+            j += 3
         else:
-            out.append(re.escape(c))
-            i += 1
-    return re.compile("".join(out))
+            chars.add(body[j])
+            j += 1
+    return _CharClass(neg, frozenset(chars), tuple(ranges))
 
 
 # -- discovery and reading -----------------------------------------------------------------
@@ -332,6 +434,11 @@ class _Checker:
             if glob.startswith("/") or "\\" in glob:
                 raise self.fail((key, glob), f"glob {quote(glob)}: write it relative to the "
                                              "settings file's folder, with / separators")
+            try:
+                Glob.of(glob)
+            except GlobError as e:
+                raise self.fail((key, glob), f"glob {quote(glob)}: {visible(str(e))}") \
+                    from None
             out.append((glob, self.codes((key, glob), codes)))
         return tuple(out)
 

@@ -1,16 +1,18 @@
-"""Ctrl-C and SIGTERM, as exceptions raised where the program is (so that `finally`
+"""Ctrl-C, SIGTERM and SIGHUP, as exceptions raised where the program is (so that `finally`
 blocks run: an output's temporary file is removed, a JSON document is closed), and
 the spans of work they must not cut in two.
 
-Owns: `Terminated` (SIGTERM; a KeyboardInterrupt, so that what ends cleanly on Ctrl-C
-ends cleanly on it too), `install()` (the handlers: SIGINT raises KeyboardInterrupt,
-SIGTERM Terminated), `held()` and `masked()`:
+Owns: `Terminated` (SIGTERM, or SIGHUP when the terminal goes away: a
+KeyboardInterrupt, so that what ends cleanly on Ctrl-C ends cleanly on them too; it
+carries the signal, for the exit status 128 + its number), `install()` (the handlers:
+SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP Terminated), `held()` and
+`masked()`:
 - inside `held()`, a signal that arrives is kept and raised as the block ends, so it
   lands between two records of a stream, never inside one. Python runs a handler in
   the main thread between two bytecodes, whichever thread the kernel gave the
   signal to, so holding is a flag the handlers read, not a signal mask (numpy's
   threads would take a masked signal);
-- `masked()` blocks SIGINT and SIGTERM in the calling thread while numba compiles (or
+- `masked()` blocks SIGINT, SIGTERM and SIGHUP in the calling thread while numba compiles (or
   loads its cache), partly inside llvmlite's ctypes callbacks, where the exception a
   handler raises is printed and lost (the run went on to exit 0): masked, the signal
   is answered right after, in plain Python code. It also holds, for the signals a
@@ -42,7 +44,16 @@ from types import FrameType
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, before exit 143."""
+    """SIGTERM or SIGHUP (`signum`), raised where the program is, before exit 128 +
+    `signum` (143, 129)."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+
+# the signals `install()` ends a run on, and `masked()` blocks
+_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 _depth = 0  # how many `held()` blocks the main thread is in
@@ -93,7 +104,7 @@ def _on_sigint(signum: int, frame: FrameType | None) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _raise(Terminated())
+    _raise(Terminated(signum))
 
 
 _unraisable_before: Callable[[sys.UnraisableHookArgs], object] = sys.__unraisablehook__
@@ -107,12 +118,13 @@ def _on_unraisable(u: sys.UnraisableHookArgs) -> None:
 
 
 def install() -> None:
-    """The CLI's handlers of SIGINT and SIGTERM (main thread only), and the hook that
-    keeps a dropped signal's exception off stderr."""
+    """The CLI's handlers of SIGINT, SIGTERM and SIGHUP (main thread only), and the hook
+    that keeps a dropped signal's exception off stderr."""
     global _settled, _kept, _depth, _unraisable_before
     _settled, _kept, _depth = False, None, 0
     signal.signal(signal.SIGINT, _on_sigint)
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGHUP, _on_sigterm)
     if sys.unraisablehook is not _on_unraisable:
         _unraisable_before = sys.unraisablehook
         sys.unraisablehook = _on_unraisable
@@ -146,8 +158,8 @@ def held() -> _Held:
 
 @contextlib.contextmanager
 def masked() -> Iterator[None]:
-    """SIGINT and SIGTERM blocked in this thread (and held) for the block."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    """SIGINT, SIGTERM and SIGHUP blocked in this thread (and held) for the block."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(_ENDING))
     try:
         with held():
             yield

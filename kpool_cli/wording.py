@@ -61,14 +61,16 @@ if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
     import numpy as np
 
 # C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
-# terminal or a bidi-aware renderer acts on, and the line/paragraph separators
+# terminal or a bidi-aware renderer acts on, the line/paragraph separators, and the
+# two noncharacters U+FFFE and U+FFFF, which no XML document may hold (an SVG view, a
+# JUnit report: XML 1.0's Char excludes them, as it does surrogates and controls)
 _HIDDEN = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff\ufeff"
-    "\ufff9-\ufffb]"
+    "\ufff9-\ufffb\ufffe\uffff]"
 )
 _HIDDEN_KEEP_NL = re.compile(
     "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff"
-    "\ufeff\ufff9-\ufffb]"
+    "\ufeff\ufff9-\ufffb\ufffe\uffff]"
 )
 
 

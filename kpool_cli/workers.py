@@ -58,10 +58,11 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
 def _worker_init() -> None:
     """Ctrl-C reaches every process of the terminal's process group: only the parent
     answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
-    ends a worker at once: the parent's handler (an exception, so that its files are
+    (and SIGHUP) ends a worker at once: the parent's handler (an exception, so that its files are
     cleaned up) is inherited through fork and would let the worker run on."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _stop_now(pool: ProcessPoolExecutor) -> None:

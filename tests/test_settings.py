@@ -14,9 +14,9 @@ from kpool_cli.settings import (
     MAX_JOBS,
     NO_SETTINGS,
     OUTPUT_FORMATS,
+    Glob,
     Settings,
     SettingsError,
-    glob_regex,
     load_settings,
 )
 
@@ -186,7 +186,50 @@ def test_ignored_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     ("[[]x", "[x", True),
 ])
 def test_glob(glob: str, path: str, matches: bool):
-    assert bool(glob_regex(glob).fullmatch(path)) is matches
+    assert Glob.of(glob).fullmatch(path) is matches
+
+
+@pytest.mark.parametrize(("glob", "path", "matches"), [
+    ("**/x.yaml", "x.yaml", True),     # `**/` may match nothing
+    ("**/x.yaml", "a/b/x.yaml", True),
+    ("**/x.yaml", "ax.yaml", False),   # or a run ending in `/`
+    ("a/**/b", "a/b", True),
+    ("a/**/b", "a/x/y/b", True),
+    ("a/**", "a/", True),
+    ("*.yaml", "a/b.yaml", False),     # `*` stays in its segment
+    ("**.yaml", "a/b.yaml", True),     # `**` does not
+    ("a***b", "a/b", True),            # a run of `*` with two or more is `**`
+    ("[a-c]", "b", True),
+    ("[a-c]", "d", False),
+    ("[!a-c]", "/", False),            # a negated class never matches `/`
+    ("[/]", "/", True),
+    ("[a-]", "-", True),               # a `-` at the end is itself
+    ("", "", True),
+])
+def test_glob_tokens(glob: str, path: str, matches: bool):
+    """Each token by hand: `**/`, `**`, `*`, classes with ranges."""
+    assert Glob.of(glob).fullmatch(path) is matches
+
+
+def test_a_glob_matches_in_time_linear_in_the_path():
+    """`*a*a*a*a*a*a*ab` against 120 `a`s fails: as a regex of `[^/]*` runs it
+    backtracked for longer than a minute (a hostile-input campaign, 7 December 2026);
+    as a set of states it takes one step a character. Ten thousand characters, and a
+    glob of 500 stars, answer at once."""
+    assert Glob.of("*a" * 6 + "b").fullmatch("a" * 120 + ".yaml") is False
+    assert Glob.of("*a" * 6 + "b").fullmatch("a" * 120 + "b") is True
+    assert Glob.of("*a" * 250 + "*").fullmatch("a" * 10_000) is True
+    assert Glob.of("*a" * 250 + "b").fullmatch("a" * 10_000) is False
+
+
+def test_a_reversed_class_range_is_the_files_problem(tmp_path: Path):
+    """A class whose range runs backwards (`[z-a]`) is refused when the file is read,
+    with the file and the glob's line, not met as an internal error while checking."""
+    toml = _write(tmp_path, "kpool.toml", '[per-file-ignores]\n"ok/*.yaml" = ["KP001"]\n'
+                                          '"[z-a].yaml" = ["KP001"]\n')
+    e = _error(tmp_path)
+    assert (e.file, e.line) == (toml.resolve(), 3)
+    assert "glob '[z-a].yaml': the class [z-a] has a reversed range z-a" in str(e)
 
 
 # -- refusals: file and line ---------------------------------------------------------------

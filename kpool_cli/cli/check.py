@@ -77,7 +77,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
         settings = load_settings(Path.cwd(), no_config=no_config)
     except SettingsError as e:
         fail(str(e))
-    files, empty = trace_paths(paths)
+    files, problems = trace_paths(paths)
     engines = expand_all(engines or settings.engines or ())
     # every file read is an input: the traces found in a folder, the settings file, the
     # plug-in engines' modules
@@ -89,8 +89,8 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     fmt = fmt or settings.output_format or "text"
     jobs = jobs or settings.jobs or 1
     extra = frozenset(codes(ignore) + settings.ignore)
-    if empty:
-        fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    if problems:
+        fail(*problems)
 
     def ignored_for(path: Path) -> frozenset[str]:
         return extra | settings.ignored_for(path)
@@ -142,9 +142,9 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
     from ..report.terminal import stream_is_terminal
     from ..report.ticking import progress_bar
 
-    files, empty = trace_paths(paths)
-    if empty:
-        fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    files, problems = trace_paths(paths)
+    if problems:
+        fail(*problems)
     bad = 0
     bar = progress_bar(len(files), "kpool validate", unit="traces",
                        shares_terminal=stream_is_terminal(sys.stdout))

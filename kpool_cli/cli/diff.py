@@ -82,9 +82,9 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     from ..report.ticking import progress_bar
     from ..versions import by_design
 
-    files, empty = trace_paths(inputs, unique=False)  # a folder: the traces in it
-    if empty:
-        fail(f"no traces (*.yaml, *.yml) under {empty[0]}")
+    files, problems = trace_paths(inputs, unique=False)  # a folder: the traces in it
+    if problems:
+        fail(*problems)
     refuse_outputs((*inputs, *files), (base, head), output=output, html=html_out)
     try:
         selectors = ignore_selectors(ignore)

@@ -3,16 +3,23 @@
 Owns: `cli` (the click group, with one command per module of this package) and
 `main()`, which runs it and turns whatever ends it into one exit status
 (contracts/exits.py) and at most one line on stderr: a command's own status, bad
-usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, a closed stdout 141,
-an output that cannot be written 2, an internal error 2 (never a traceback, unless
-KPOOL_TRACEBACK is set); and `run()`, the installed script, which leaves the process
-once main() is done without the interpreter's teardown (`leave`).
+usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, SIGHUP 129, a closed
+stdout 141, an output that cannot be written 2, an internal error 2 (never a
+traceback, unless KPOOL_TRACEBACK is set); and `run()`, the installed script, which
+leaves the process once main() is done without the interpreter's teardown (`leave`).
+
+The standard streams are the caller's and may be anything (`_standard_streams`): a
+stream the caller closed (`>&-`) fails each write as a closed file does (stdout: exit
+2, naming it) or takes nothing (stderr: the status still says what happened), and a
+character the stream's encoding cannot write (`PYTHONIOENCODING=ascii`) is written
+as its escape.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import gc
 import importlib
 import io
@@ -78,7 +85,11 @@ class _Interrupted(BaseException):
 
 
 class _TerminatedPast(BaseException):
-    """SIGTERM, carried past click, which would take it for a Ctrl-C."""
+    """SIGTERM or SIGHUP, carried past click, which would take it for a Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__()
+        self.signum = signum
 
 
 class _Commands(MutableMapping[str, click.Command]):
@@ -134,8 +145,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except BrokenPipeError:
             raise _ReaderLeft from None
-        except Terminated:
-            raise _TerminatedPast from None
+        except Terminated as e:
+            raise _TerminatedPast(e.signum) from None
         except KeyboardInterrupt:
             raise _Interrupted from None
 
@@ -161,6 +172,7 @@ def main() -> None:
     (`kpool replay t.yaml | head -1`): never 1, which means findings."""
     signals.install()
     gc.set_threshold(*GC_THRESHOLDS)
+    _standard_streams()
     try:
         try:
             code = cli.main(prog_name="kpool", standalone_mode=False)
@@ -172,9 +184,9 @@ def main() -> None:
         e.show(file=shown)  # it quotes the arguments: made visible like any input
         _stderr_line(visible(shown.getvalue().rstrip("\n"), keep_newlines=True))
         code = e.exit_code
-    except (Terminated, _TerminatedPast):
+    except (Terminated, _TerminatedPast) as e:
         _stderr_line("kpool: terminated")
-        code = exits.TERMINATED
+        code = 128 + e.signum
     except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
         _stderr_line("kpool: interrupted")
         code = exits.INTERRUPTED
@@ -186,8 +198,12 @@ def main() -> None:
         _stderr_line(f"kpool: {visible(str(e))}")
         code = exits.BAD_INPUT
     except OSError as e:  # writing stdout (> /dev/full), or a file a command writes
-        where = visible(str(e.filename)) if e.filename else "standard output"
-        _stderr_line(f"kpool: cannot write {where}: {e.strerror or type(e).__name__}")
+        if e.filename is None and _cwd_gone():  # os.getcwd's own error names no file
+            _stderr_line("kpool: the current folder no longer exists: run kpool from a "
+                         "folder that does")
+        else:
+            where = visible(str(e.filename)) if e.filename else "standard output"
+            _stderr_line(f"kpool: cannot write {where}: {e.strerror or type(e).__name__}")
         _drop_stdout()
         code = exits.BAD_INPUT
     except (MemoryError, OutOfMemory) as e:  # over a limit the budget cannot see (ulimit -v)
@@ -207,7 +223,7 @@ def main() -> None:
         # a signal Python dropped (raised inside a gc callback): the run still ends as it says
         terminated = isinstance(missed, Terminated)
         _stderr_line("kpool: terminated" if terminated else "kpool: interrupted")
-        code = exits.TERMINATED if terminated else exits.INTERRUPTED
+        code = 128 + missed.signum if isinstance(missed, Terminated) else exits.INTERRUPTED
     sys.exit(code if isinstance(code, int) else exits.PASS)
 
 
@@ -243,6 +259,52 @@ def leave(code: int) -> NoReturn:
             sys.stderr.flush()
         os._exit(code)
     raise AssertionError("unreachable")  # pragma: no cover - os._exit does not return
+
+
+class _Closed(io.TextIOBase):
+    """A standard stream the caller closed: every write fails as a write to a closed
+    descriptor does (OSError EBADF), which `main` reports as it reports a full disk."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, f"{self._name} is closed")
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, f"{self._name} is closed")
+
+
+def _standard_streams() -> None:
+    """The caller's standard streams made safe to write (the module's invariants). A
+    closed descriptor 0, 1 or 2 is opened on /dev/null first, so that no file kpool
+    opens later takes its number (and a child inherits no hole); Python then holds
+    None for the stream, which becomes `_Closed` (stdout) or /dev/null (stderr)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: the lowest free descriptor is this one
+            with contextlib.suppress(OSError):
+                os.open(os.devnull, os.O_RDWR)
+    if sys.stdout is None:
+        sys.stdout = _Closed("standard output")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):
+                stream.reconfigure(errors="backslashreplace")
+
+
+def _cwd_gone() -> bool:
+    """The current folder was removed (`rmdir` from another shell)."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _drop_stdout() -> None:

@@ -7,7 +7,9 @@ Owns:
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), and
   the empty path. `-` (stdout) is always allowed.
 - `written_whole(path)`: a context manager yielding a text stream on a temporary
-  file beside `path`, renamed over it only when the block completes; an exception,
+  file beside the file `path` names (a symlink is written through, never replaced:
+  `-o /dev/stdout` into a file the shell opened writes that file, not a file over the
+  system's link), renamed over it only when the block completes; an exception,
   an interrupt (KeyboardInterrupt) or a termination (the CLI turns SIGTERM into an
   exception) removes the temporary and leaves any earlier `path` untouched. The file
   gets the mode a new file would (0666 less the umask), not mkstemp's 0600: reports
@@ -29,6 +31,7 @@ from typing import TextIO
 from ..signals import masked
 
 STDOUT = "-"
+TMP_NAME_CHARS = 32  # of the output's name, in its temporary's (4 bytes a character at most)
 
 
 class OutputError(Exception):
@@ -56,6 +59,9 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
     for opt, path in given:
         if path == "":
             raise OutputError(f"{opt}: the path is empty")
+        if path.endswith(("/", os.sep)):
+            raise OutputError(f"{opt} {path}: names a folder (it ends in /): give the path "
+                              "of a file")
         real = os.path.realpath(path)
         if real in seen:
             raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
@@ -97,17 +103,20 @@ def _kind(mode: int) -> str:
 
 @contextlib.contextmanager
 def written_whole(path: str) -> Iterator[TextIO]:
-    target = Path(path)
     # the last line of defence, whatever the command checked: never replace a device,
     # a FIFO or a directory with a regular file
     check_outputs((), [("output", path)])
+    # the file a link names (check_outputs followed it too): the link stays a link
+    target = Path(os.path.realpath(path))
     tmp: str | None = None
     try:
         # a signal while the temporary file is made is answered once its name is known
         # (masked: SIGINT and SIGTERM wait), so that the cleanup below can remove it
         with masked():
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                       dir=target.parent if str(target.parent) else ".")
+            # the name's first characters only: a name as long as the system allows
+            # leaves no room for a prefix and a suffix around it whole
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:TMP_NAME_CHARS]}.",
+                                       suffix=".tmp", dir=target.parent)
             f = os.fdopen(fd, "w", encoding="utf-8")
         try:
             yield f

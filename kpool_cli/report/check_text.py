@@ -11,14 +11,13 @@ a trace, a finding's message quoting a trace) goes through `visible`.
 
 Width: on a terminal, or with COLUMNS set, a line longer than the width wraps between
 `wording.units` (a path, `KP001 x2`, `(op 3, ubatch 1)` stay whole), the rest of a
-result's line indented under its path, the rest of a detail under the detail;
-piped without COLUMNS, or written to an --output file, each line stays one line
-(for grep and CI logs).
+result's line indented under its path, the rest of a detail under the detail (the
+width: report/terminal.py's `console_width`); piped without COLUMNS, or written to
+an --output file, each line stays one line (for grep and CI logs).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterable
 from typing import TextIO
@@ -27,9 +26,7 @@ from .. import wording as words
 from ..check import FAIL, INVALID, CheckResult, Flagged, Problem, Shown, Unmet, by_version, summary
 from ..verdict.codes import CODES
 from ..wording import visible
-from .terminal import stream_is_terminal
-
-MIN_WIDTH = 20  # a narrower width (COLUMNS=1) wraps as this one
+from .terminal import console_width, env_columns, stream_is_terminal
 
 _LABEL = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID"}
 
@@ -161,15 +158,9 @@ def _width(out: TextIO) -> int | None:
     and for an --output file."""
     if out is not sys.stdout:
         return None
-    cols = os.environ.get("COLUMNS", "").strip()
-    if cols.isdecimal() and int(cols) > 0:
-        return max(int(cols), MIN_WIDTH)
-    if not stream_is_terminal(out):
+    if env_columns() is None and not stream_is_terminal(out):
         return None
-    try:
-        return max(os.get_terminal_size(out.fileno()).columns, MIN_WIDTH)
-    except (OSError, ValueError, AttributeError):
-        return 80
+    return console_width(out)
 
 
 def _fit(row: _Row, width: int | None) -> str:

@@ -6,7 +6,11 @@ Owns: `Manners` (is the output a terminal, colour or not, width),
 delayed progress bar on stderr. Consoles have
 markup, emoji and highlighting off, so trace text (names, notes) can never be
 read as rich markup. Colour is tri-state: `--color/--no-color` wins, then
-NO_COLOR (any value: off), then FORCE_COLOR (on), then "is it a terminal".
+NO_COLOR (any value: off), then FORCE_COLOR (on), then "is it a terminal". Width:
+the caller's, else COLUMNS, else the terminal's, else 80 (`console_width`); COLUMNS
+is the environment's, so a width from it is kept within `MIN_COLUMNS` ..
+`MAX_COLUMNS` (COLUMNS=0 drew nothing; a width of a hundred million took minutes and
+gigabytes), and one that is not a positive number is not read.
 """
 
 from __future__ import annotations
@@ -65,10 +69,37 @@ def _console_class() -> type[Console]:
     return _Console
 
 
+MIN_COLUMNS = 20
+MAX_COLUMNS = 1000
+
+
+def env_columns() -> int | None:
+    """COLUMNS when it is a positive number, kept within MIN_COLUMNS .. MAX_COLUMNS;
+    else None."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdecimal() and int(cols) > 0:
+        return min(max(int(cols), MIN_COLUMNS), MAX_COLUMNS)
+    return None
+
+
+def console_width(stream: TextIO) -> int:
+    """The columns a console on `stream` draws in: COLUMNS, else the terminal's, else
+    80 (the module's invariants)."""
+    cols = env_columns()
+    if cols is not None:
+        return cols
+    if stream_is_terminal(stream):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            size = os.get_terminal_size(stream.fileno()).columns
+            if size > 0:
+                return min(max(size, MIN_COLUMNS), MAX_COLUMNS)
+    return 80
+
+
 def make_console(file: TextIO | None, manners: Manners, *, record: bool = False) -> Console:
     return _console_class()(
         file=file,
-        width=manners.width,
+        width=manners.width if manners.width is not None else console_width(file or sys.stdout),
         color_system="auto" if manners.color else None,
         force_terminal=manners.color or None,
         no_color=not manners.color,

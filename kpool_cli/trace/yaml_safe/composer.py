@@ -25,6 +25,10 @@ Invariants:
   field), so a hostile file is refused after at most the bound's worth of work. A
   bound crossed, invalid YAML or a second document is a `TraceError` with one
   located problem.
+- Lines are the file's as every kpool message counts them (`inputs.line_at`: a line
+  ends at `\n` alone). libyaml also ends one at a lone CR, NEL, LS and PS: in a text
+  that holds one, every node's and problem's place is mapped back (`_FileLines`),
+  and the token lines are not taken (their scan counts `\n`).
 """
 
 from __future__ import annotations
@@ -376,7 +380,8 @@ class Composer:
         m = ev.start_mark
         if m.line != self.line0:  # the nodes of a line share one int object
             self.line0, self.line = m.line, m.line + 1
-        node = Scalar(tag, value, self.line, m.column + 1, not ev.style)
+        # plain: written bare and untagged (`!!str 5` and `! 5` say what `5` is not)
+        node = Scalar(tag, value, self.line, m.column + 1, not ev.style and ev.tag is None)
         if ev.anchor is not None:
             self.open_anchor(ev, node, context).size = 1
         return node
@@ -605,23 +610,29 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape,
     `MAX_NODE_VISITS`). Raises `TraceError`, with one located problem, for invalid
     YAML, a bound crossed or a second document."""
     node_limit = limits.node_limit(max_nodes)
+    odd = _FileLines.of(text)  # libyaml breaks lines the file does not: map them back
     # a token line is 5 nodes and a token: past either bound, the file is refused
-    lines = _token_lines(text, min(max_tokens, node_limit // 5), node_limit)
+    lines = None if odd else _token_lines(text, min(max_tokens, node_limit // 5), node_limit)
     if lines is not None:
         done, root = _compose_token_lines(lines, max_tokens, shape, node_limit)
         if done:
             return root
         del lines  # nothing of the scan outlives it
     c = Composer(text, max_tokens, shape, node_limit)
+    at = odd.at if odd else _as_is
     try:
-        return c.document()
+        root = c.document()
+        if odd:
+            odd.place(root)
+        return root
     except yaml.YAMLError as e:
-        raise TraceError([_yaml_problem(file, text, e)]) from None
+        raise TraceError([_yaml_problem(file, text, e, at)]) from None
     except _Refused as e:
-        raise TraceError([Problem(file, e.line, e.column, e.field, e.message)]) from None
+        raise TraceError([Problem(file, *at(e.line - 1, e.column - 1), e.field,
+                                  e.message)]) from None
     except _MultipleDocuments as e:
         raise TraceError([Problem(
-            file, e.mark.line + 1, e.mark.column + 1, "<document>",
+            file, *at(e.mark.line, e.mark.column), "<document>",
             "a second YAML document: a trace file holds exactly one",
         )]) from None
     except RecursionError:
@@ -646,25 +657,75 @@ def _compose_token_lines(lines: _TokenLines, max_tokens: int, shape: Shape, node
     return (True, root) if not lines.runs else (False, None)
 
 
+# what libyaml takes for a line break, and those of them a file's lines do not end at
 _YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+_YAML_ONLY_BREAKS = re.compile("\r(?!\n)|[\x85\u2028\u2029]")
+
+
+def _as_is(line0: int, column0: int) -> tuple[int, int]:
+    """libyaml's 0-based place, 1-based: the file's, in a text of `\n` breaks alone."""
+    return line0 + 1, column0 + 1
+
+
+class _FileLines:
+    """libyaml's lines mapped to the file's (`inputs.line_at`'s: `\n` alone ends one),
+    for a text where libyaml breaks more (a lone CR, NEL, LS, PS): per libyaml line,
+    the file's line it is on and the column it starts at there."""
+
+    __slots__ = ("_starts",)
+
+    def __init__(self, text: str) -> None:
+        starts = [(1, 0)]
+        line, base = 1, 0  # the file's line, and where it starts
+        for m in _YAML_BREAKS.finditer(text):
+            if m.group().endswith("\n"):
+                line, base = line + 1, m.end()
+            starts.append((line, m.end() - base))
+        self._starts = starts
+
+    @classmethod
+    def of(cls, text: str) -> _FileLines | None:
+        """The map for `text`, or None when libyaml's lines are the file's."""
+        return cls(text) if _YAML_ONLY_BREAKS.search(text) else None
+
+    def at(self, line0: int, column0: int) -> tuple[int, int]:
+        """The file's 1-based (line, column) of libyaml's 0-based place."""
+        line, start = self._starts[min(line0, len(self._starts) - 1)]
+        return line, start + column0 + 1
+
+    def place(self, root: Node | None) -> None:
+        """Every node under `root` (each once: an alias repeats a node) moved to the
+        file's place of libyaml's."""
+        seen: set[int] = set()
+        todo = [] if root is None else [root]
+        while todo:
+            node = todo.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            node.line, node.column = self.at(node.line - 1, node.column - 1)
+            if isinstance(node, Seq):
+                todo += node.value
+            elif isinstance(node, Map):
+                for k, v in node.value:
+                    todo += (k, v)
 
 
 def _line_col(text: str, index: int) -> tuple[int, int]:
-    """1-based line and column of `text[index]`, counting line breaks as YAML does."""
-    line, start = 1, 0
-    for m in _YAML_BREAKS.finditer(text, 0, index):
-        line, start = line + 1, m.end()
-    return line, index - start + 1
+    """1-based line and column of `text[index]`, as every kpool message counts them."""
+    start = text.rfind("\n", 0, index) + 1
+    return text.count("\n", 0, start) + 1, index - start + 1
 
 
-def _yaml_problem(file: str, text: str, e: yaml.YAMLError) -> Problem:
+def _yaml_problem(file: str, text: str, e: yaml.YAMLError,
+                  at: Callable[[int, int], tuple[int, int]] = _as_is) -> Problem:
     if isinstance(e, yaml.MarkedYAMLError):
         mark = e.problem_mark or e.context_mark
         msg = e.problem or "invalid YAML"
         if e.context:
-            where = f" at line {e.context_mark.line + 1}" if e.context_mark else ""
+            where = f" at line {at(e.context_mark.line, 0)[0]}" if e.context_mark else ""
             msg = f"{msg} ({e.context}{where})"
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        line, col = at(mark.line, mark.column) if mark else (0, 0)
         return Problem(file, line, col, "<yaml>", f"invalid YAML: {clip(msg, 300)}")
     if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
         line, col = _line_col(text, e.position)
