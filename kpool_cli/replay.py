@@ -404,8 +404,7 @@ class Replayer:
             if self.backend:
                 self.backend.copy_stream(src, dst)
         if update.ran:
-            change = self._update_layout()
-            self._unseen = change if self._unseen is None else self._unseen.then(change)
+            self._unseen = LayoutChange.joined(self._unseen, self._update_layout())
 
     def _update_layout(self) -> LayoutChange:
         """llama_memory_hybrid_idx::kpool_layout_update under this version (ENGINE.md §5)."""
@@ -533,8 +532,7 @@ class Replayer:
         rows, key_ids = cache.apply(pl, pos, ext, seqs)
         self.recurrent.apply_ubatch(_state_positions(pos, seqs))
         own = self._update_layout()  # the ubatch's own update (its cost counters')
-        change = own if self._unseen is None else self._unseen.then(own)
-        self._unseen = None
+        change, self._unseen = LayoutChange.joined(self._unseen, own), None
         repool_all = v.repool_all_when_shared and not layout.cache_safe
         first = b == 0
         plan = None

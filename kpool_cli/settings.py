@@ -135,7 +135,9 @@ class Glob:
     (any run), and `**/` (empty, or any run that ends in `/`: an entry state that
     skips the group or starts its run, the run, then its `/`). A state without a test
     is a star's: it stays on the characters its star takes and skips ahead without
-    one. Runs of `*` and of `**/` collapse: they match what one does."""
+    one. A run of three stars or more is one state: read as the regex this replaced
+    read it (pairs `**` left to right, the last pair a `**/` when a `/` follows), it
+    matches any run, and takes the `/` after it as optional when it is even."""
 
     __slots__ = ("_accept", "_any", "_masks", "_nonslash", "_skips", "_start", "_tests")
 
@@ -145,24 +147,29 @@ class Glob:
         i, n = 0, len(glob)
         while i < n:
             k = len(tests)
-            if glob.startswith("**/", i):
-                while glob.startswith("**/", i):
-                    i += 3
-                tests += [None, None, "/".__eq__]
-                skip1 |= 1 << k | 1 << (k + 1)  # entry -> run -> its `/`
-                skip3 |= 1 << k  # entry -> past the group: no run at all
-                any_ |= 1 << (k + 1)
-            elif glob.startswith("**", i):
-                while i < n and glob[i] == "*":
+            if glob[i] == "*":
+                j = i
+                while j < n and glob[j] == "*":
+                    j += 1
+                run, slash = j - i, j < n and glob[j] == "/"
+                i = j
+                if run == 2 and slash:  # `**/`: no run at all, or a run ending in `/`
                     i += 1
+                    tests += [None, None, "/".__eq__]
+                    skip1 |= 1 << k | 1 << (k + 1)  # entry -> run -> its `/`
+                    skip3 |= 1 << k  # entry -> past the group
+                    any_ |= 1 << (k + 1)
+                    continue
                 tests.append(None)
+                skip1 |= 1 << k
+                if run == 1:  # `*`: a run within the segment
+                    nonslash |= 1 << k
+                    continue
+                # two stars or more: any run; read left to right, pairs then a `**/`
+                # (an even run before a `/`) take that `/` as the group's, optional
                 any_ |= 1 << k
-                skip1 |= 1 << k
-            elif glob[i] == "*":
-                i += 1
-                tests.append(None)
-                nonslash |= 1 << k
-                skip1 |= 1 << k
+                if slash and run % 2 == 0:
+                    i += 1
             elif glob[i] == "?":
                 i += 1
                 tests.append("/".__ne__)

@@ -118,13 +118,17 @@ def _on_unraisable(u: sys.UnraisableHookArgs) -> None:
 
 
 def install() -> None:
-    """The CLI's handlers of SIGINT, SIGTERM and SIGHUP (main thread only), and the hook
-    that keeps a dropped signal's exception off stderr."""
+    """The CLI's handlers of SIGINT, SIGTERM and SIGHUP (main thread only; a signal the
+    process was started ignoring stays ignored), and the hook that keeps a dropped
+    signal's exception off stderr."""
     global _settled, _kept, _depth, _unraisable_before
     _settled, _kept, _depth = False, None, 0
-    signal.signal(signal.SIGINT, _on_sigint)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    signal.signal(signal.SIGHUP, _on_sigterm)
+    for signum, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm),
+                            (signal.SIGHUP, _on_sigterm)):
+        # one the caller ignores stays ignored: `nohup kpool ...` ignores SIGHUP, a
+        # shell script's background job SIGINT
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
     if sys.unraisablehook is not _on_unraisable:
         _unraisable_before = sys.unraisablehook
         sys.unraisablehook = _on_unraisable

@@ -19,7 +19,7 @@ from conftest import codes, drive, events, expects_ok, run, ubatches
 
 from kpool_cli.cache.batch import SeqSets
 from kpool_cli.contracts.records import ABORTED, APPLIED, REJECTED, OpEvent, UbatchRecord
-from kpool_cli.engine.layout import POS_CLEAN
+from kpool_cli.engine.layout import POS_CLEAN, LayoutChange
 from kpool_cli.engine.marking import token_pairs
 from kpool_cli.replay import Replayer, replay
 from kpool_cli.trace.load import load_trace_text
@@ -1752,6 +1752,18 @@ def test_llama_context_memory_update_drifts_a_layout_at_a_refused_decode() -> No
     (kp7,) = findings(last, "KP007")
     assert kp7.seqs == (1,)
     assert "pair 4 is (pos 8, cell 8) but the cells say (pos 4, cell 4)" in kp7.message
+
+
+def test_a_memory_updates_change_and_its_ubatchs_read_as_one() -> None:
+    """engine/layout.py `LayoutChange.then`, by hand: the memory update kept 3 pools of
+    seq 0 and 5 of seq 1, the ubatch's update 4 and 2 of what that left: the pools both
+    kept are the first 3 and 2; the sequences either read or changed; both updates'
+    cells; the later serial (so a reader keyed on the one before sees a gap)."""
+    first = LayoutChange((3, 5), frozenset({0}), frozenset({0}), 7, 4)
+    later = LayoutChange((4, 2), frozenset({1}), frozenset(), 2, 5)
+    assert first.then(later) == LayoutChange((3, 2), frozenset({0, 1}), frozenset({0}), 9, 5)
+    assert LayoutChange.joined(None, later) is later
+    assert LayoutChange.joined(first, later) == first.then(later)
 
 
 def test_no_memory_update_runs_without_a_pending_shift_or_copy() -> None:

@@ -11,12 +11,13 @@ import os
 import re
 import signal
 import subprocess
+import time
 import xml.dom.minidom
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_untrusted import KPOOL, RACE, ROOT, _signal_mid_run, kpool
+from test_untrusted import KPOOL, RACE, ROOT, _signal_mid_run, kpool, long_trace
 
 from kpool_cli import inputs
 from kpool_cli.cli.main import cli
@@ -71,6 +72,32 @@ def test_an_output_through_a_link_to_the_standard_output_writes_its_file(tmp_pat
     assert json.loads(x.read_text())["kpool_report"] == 1
 
 
+def test_an_output_on_the_standard_output_keeps_what_the_shell_wrote_around_it(tmp_path):
+    """`{ echo header; kpool ... -o /dev/stdout; echo footer; } > out.txt` and `>> log`:
+    the report is written on the descriptor the shell opened, after what it holds and
+    before what follows (a file renamed over out.txt's path kept the report alone), and
+    `-o /dev/stdout | cat` writes to the pipe (it was refused as a FIFO)."""
+    t = _trace(tmp_path)
+    out, log = tmp_path / "out.txt", tmp_path / "log.txt"
+    log.write_text("prior log\n")
+    kp = " ".join(KPOOL)
+    for shell in (f'{{ echo header; {kp} replay "{t}" --backend none --format json '
+                  f'-o /dev/stdout; echo footer; }} > "{out}"',
+                  f'{kp} replay "{t}" --backend none --format json -o /dev/stdout >> "{log}"'):
+        r = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+    head, _, rest = out.read_text().partition("\n")
+    report, _, tail = rest.rstrip("\n").rpartition("\n")
+    assert (head, tail) == ("header", "footer") and json.loads(report)["kpool_report"] == 1
+    prior, _, report = log.read_text().partition("\n")
+    assert prior == "prior log" and json.loads(report)["kpool_report"] == 1
+    r = subprocess.run(["sh", "-c", f'{kp} replay "{t}" --backend none --format json '
+                        "-o /dev/stdout | cat"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["kpool_report"] == 1, r.stderr
+
+
 def test_an_output_name_as_long_as_the_system_allows_is_written(tmp_path):
     """A 250-character name: the temporary beside it takes the name's first
     characters only (`.{name}.XXXXXXXX.tmp` passed the 255 a name may take)."""
@@ -97,6 +124,27 @@ def test_sighup_is_129_and_leaves_no_temporary(tmp_path):
     SIGTERM; status 128 + 1 (it left `.r.json.XXXX.tmp` behind)."""
     code, err = _signal_mid_run(tmp_path, signal.SIGHUP, "json")
     assert code == 129 and err == "kpool: terminated\n"
+
+
+def test_a_sighup_the_caller_ignores_stays_ignored(tmp_path):
+    """`nohup kpool ...` starts kpool with SIGHUP ignored: the run goes on to its own
+    end when the terminal goes away (the handler that ends a run on SIGHUP must not
+    replace the caller's choice)."""
+    t = tmp_path / "long.yaml"
+    t.write_text(long_trace(1500))
+    out = tmp_path / "r.json"
+    p = subprocess.Popen([*KPOOL, "replay", str(t), "--engine", "cache-safe", "--format",
+                          "json", "-o", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    deadline = time.monotonic() + 60
+    while not any(q.name.endswith(".tmp") for q in tmp_path.iterdir()):
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    p.send_signal(signal.SIGHUP)
+    _, err = p.communicate(timeout=120)
+    assert (p.returncode, err) == (1, "")  # the race's findings: the run's own status
+    assert json.loads(out.read_text())["summary"]["status"] == "fail"
 
 
 # -- the standard streams -------------------------------------------------------------
@@ -260,6 +308,32 @@ def test_a_line_break_of_yaml_alone_before_token_lines(tmp_path):
     assert f"{t}:2007:31: ops[0].decode.tokens[2000].bogus: unknown key 'bogus'" in r.stdout
 
 
+def test_places_a_message_quotes_are_the_files_too(tmp_path):
+    """After a NEL: a recursive alias's anchor (the message quotes its place) and a
+    YAML error's context line are the file's (they were libyaml's: line 3 of a file of
+    2 lines)."""
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 8}\x85x: &c [1, *c]\nops: []\n",
+                 encoding="utf-8")
+    r = kpool("validate", str(t))
+    assert ("t.yaml:2:31: x[1]: a recursive alias: *c is used inside the node it names "
+            "(anchored at line 2, column 24)") in r.stdout
+    t.write_text("kpool_trace: 1 # a\x85comment\ncache: {kv_size: 16, kpool: 4}\nops: []\n",
+                 encoding="utf-8")
+    r = kpool("validate", str(t))
+    assert "(while scanning a simple key at line 1)" in r.stdout and "t.yaml:2:1:" in r.stdout
+
+
+def test_a_character_refused_after_non_ascii_text_is_placed_by_characters(tmp_path):
+    """libyaml's reader places a character it refuses by its UTF-8 byte: `\x01` after
+    five `é` on line 4 is at 4:8 (it said 5:4, in a file of 4 lines)."""
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops: []\n# ééééé\x01\n",
+                 encoding="utf-8")
+    r = kpool("validate", str(t))
+    assert f"{t}:4:8: <yaml>: invalid YAML: character U+0001 is not allowed" in r.stdout
+
+
 @pytest.mark.parametrize(("value", "got"), [("!!str 5", "a string"), ("!!float 5", "a float")])
 def test_an_explicit_tag_is_what_the_value_is(tmp_path, value, got):
     """`seed: !!str 5` is the string "5" (refused as `"5"` is), not the int 5."""
@@ -294,11 +368,13 @@ def test_xml_outputs_escape_the_two_noncharacters(tmp_path):
 
 
 @pytest.mark.parametrize(("columns", "width"), [("0", None), ("abc", None), ("1", 20),
-                                                ("120", 120), ("99999999", 1000)])
+                                                ("120", 120), ("99999999", 1000),
+                                                ("9" * 5000, 1000), ("٣", None)])
 def test_columns_from_the_environment_are_kept_in_bounds(monkeypatch, columns, width):
-    """COLUMNS is the environment's: 0 drew nothing, 99999999 took a minute and 1.4 GB;
-    a width from it is kept within 20 .. 1000, and one that is no positive number is
-    not read."""
+    """COLUMNS is the environment's: 0 drew nothing, 99999999 took a minute and 1.4 GB,
+    5,000 digits were an internal error (no int of more than 4,300); a width from it is
+    kept within 20 .. 1000, and one that is no positive number in ASCII digits is not
+    read."""
     monkeypatch.setenv("COLUMNS", columns)
     assert terminal.env_columns() == width
 

@@ -90,7 +90,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     jobs = jobs or settings.jobs or 1
     extra = frozenset(codes(ignore) + settings.ignore)
     if problems:
-        fail(*problems)
+        fail(problems[0])
 
     def ignored_for(path: Path) -> frozenset[str]:
         return extra | settings.ignored_for(path)
@@ -144,7 +144,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
 
     files, problems = trace_paths(paths)
     if problems:
-        fail(*problems)
+        fail(problems[0])
     bad = 0
     bar = progress_bar(len(files), "kpool validate", unit="traces",
                        shares_terminal=stream_is_terminal(sys.stdout))

@@ -84,7 +84,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
 
     files, problems = trace_paths(inputs, unique=False)  # a folder: the traces in it
     if problems:
-        fail(*problems)
+        fail(problems[0])
     refuse_outputs((*inputs, *files), (base, head), output=output, html=html_out)
     try:
         selectors = ignore_selectors(ignore)

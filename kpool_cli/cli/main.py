@@ -168,8 +168,9 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 def main() -> None:
     """The `kpool` script. Exit status: the command's (0, 1, 2), or 2 for bad usage
-    or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 141 when stdout's reader left
-    (`kpool replay t.yaml | head -1`): never 1, which means findings."""
+    or an internal error, 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP, 141 when
+    stdout's reader left (`kpool replay t.yaml | head -1`): never 1, which means
+    findings."""
     signals.install()
     gc.set_threshold(*GC_THRESHOLDS)
     _standard_streams()
@@ -186,7 +187,7 @@ def main() -> None:
         code = e.exit_code
     except (Terminated, _TerminatedPast) as e:
         _stderr_line("kpool: terminated")
-        code = 128 + e.signum
+        code = exits.ended_by(e.signum)
     except (KeyboardInterrupt, _Interrupted, click.exceptions.Abort):
         _stderr_line("kpool: interrupted")
         code = exits.INTERRUPTED
@@ -198,7 +199,8 @@ def main() -> None:
         _stderr_line(f"kpool: {visible(str(e))}")
         code = exits.BAD_INPUT
     except OSError as e:  # writing stdout (> /dev/full), or a file a command writes
-        if e.filename is None and _cwd_gone():  # os.getcwd's own error names no file
+        if e.filename is None and isinstance(e, FileNotFoundError) and _cwd_gone():
+            # os.getcwd's own error, which names no file
             _stderr_line("kpool: the current folder no longer exists: run kpool from a "
                          "folder that does")
         else:
@@ -221,9 +223,12 @@ def main() -> None:
         code = exits.BAD_INPUT
     if code in (exits.PASS, exits.FINDINGS) and (missed := signals.lost()) is not None:
         # a signal Python dropped (raised inside a gc callback): the run still ends as it says
-        terminated = isinstance(missed, Terminated)
-        _stderr_line("kpool: terminated" if terminated else "kpool: interrupted")
-        code = 128 + missed.signum if isinstance(missed, Terminated) else exits.INTERRUPTED
+        if isinstance(missed, Terminated):
+            _stderr_line("kpool: terminated")
+            code = exits.ended_by(missed.signum)
+        else:
+            _stderr_line("kpool: interrupted")
+            code = exits.INTERRUPTED
     sys.exit(code if isinstance(code, int) else exits.PASS)
 
 

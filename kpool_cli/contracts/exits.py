@@ -2,8 +2,9 @@
 "Report": 0 pass, 1 findings, 2 bad usage or input; README "Exit status").
 
 Owns: `PASS`, `FINDINGS`, `BAD_INPUT`, the statuses of a signal or a closed stdout
-(`INTERRUPTED` 130, `TERMINATED` 143, `BROKEN_PIPE` 141, as a shell reports a process
-killed by it), `worst` (the status of a command over several runs: the highest of
+(`INTERRUPTED` 130, `TERMINATED` 143, `HUNG_UP` 129, `BROKEN_PIPE` 141, as a shell
+reports a process killed by it; `ended_by(signum)` for the two that end a run as a
+termination), `worst` (the status of a command over several runs: the highest of
 0, 1, 2) and `of_status` (a run's status word to its exit status). Commands decide
 *whether* a run passed (the tally, `check`, the diff's result); this says *which
 number* that is.
@@ -19,9 +20,15 @@ FINDINGS = 1  # a finding at or above --fail-on, a failed expect, a change under
 BAD_INPUT = 2  # bad usage, an invalid input, an output refused, an internal error
 INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C
 TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM
+HUNG_UP = 128 + signal.SIGHUP  # 129: SIGHUP, the terminal went away
 BROKEN_PIPE = 128 + signal.SIGPIPE  # 141: stdout's reader left
 
 _OF_STATUS = {"pass": PASS, "fail": FINDINGS, "aborted": FINDINGS, "invalid": BAD_INPUT}
+
+
+def ended_by(signum: int) -> int:
+    """The exit status of a run a termination signal ended (SIGTERM, SIGHUP)."""
+    return HUNG_UP if signum == signal.SIGHUP else TERMINATED
 
 
 def of_status(status: str) -> int:

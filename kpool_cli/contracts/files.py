@@ -7,9 +7,12 @@ Owns:
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), and
   the empty path. `-` (stdout) is always allowed.
 - `written_whole(path)`: a context manager yielding a text stream on a temporary
-  file beside the file `path` names (a symlink is written through, never replaced:
-  `-o /dev/stdout` into a file the shell opened writes that file, not a file over the
-  system's link), renamed over it only when the block completes; an exception,
+  file beside the file `path` names (a symlink is written through, never replaced),
+  renamed over it only when the block completes; a path that names one of this
+  process's own descriptors (`own_descriptor`: `/dev/stdout`, `/dev/fd/N`,
+  `/proc/self/fd/N`, or a link to one) is written on that descriptor, as `-` is on
+  stdout: the shell opened it (`> x.txt`, `>> log`, a pipe) and what it holds
+  besides is the shell's; an exception,
   an interrupt (KeyboardInterrupt) or a termination (the CLI turns SIGTERM into an
   exception) removes the temporary and leaves any earlier `path` untouched. The file
   gets the mode a new file would (0666 less the umask), not mkstemp's 0600: reports
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,6 +41,27 @@ TMP_NAME_CHARS = 32  # of the output's name, in its temporary's (4 bytes a chara
 
 class OutputError(Exception):
     """An output path kpool refuses, or cannot write (exit 2)."""
+
+
+# a path naming a process's descriptor: /proc/PID/fd/N (self, thread-self) or /dev/fd/N
+_FD_PATH = re.compile(r"/(?:proc/(self|thread-self|\d+)|dev)/fd/(\d+)")
+
+
+def own_descriptor(path: str) -> int | None:
+    """The descriptor of this process that `path` names, through its links
+    (`/dev/stdout` -> `/proc/self/fd/1`), or None. A descriptor's own entry is a link
+    to the file it has open: it is matched before it is followed."""
+    p = os.path.abspath(path)
+    for _ in range(40):  # the system's own bound on a chain of links
+        m = _FD_PATH.fullmatch(p)
+        if m is not None and m.group(1) in (None, "self", "thread-self", str(os.getpid())):
+            return int(m.group(2))
+        try:
+            target = os.readlink(p)
+        except OSError:  # not a link, or none there
+            return None
+        p = os.path.normpath(os.path.join(os.path.dirname(p), target))
+    return None
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -67,6 +93,12 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
             raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
                               "each output needs its own path")
         seen[real] = f"{opt} {path}"
+        if own_descriptor(path) is not None:  # written as `-` is (whatever it is open on)
+            ident = _identity(path)
+            if ident is not None and ident in inputs_by_id:
+                raise OutputError(f"{opt} {path}: is the input {inputs_by_id[ident]}: kpool "
+                                  "never writes over its inputs")
+            continue
         try:
             st = os.stat(path)  # follows a symlink: its target is what would be written
         except FileNotFoundError:
@@ -91,6 +123,23 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
             raise OutputError(f"{opt} {path}: the directory {parent} {reason}")
 
 
+def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:
+    """A text stream on this process's descriptor `fd` (stdout and stderr themselves:
+    what else is written to them stays in order), flushed as the block ends."""
+    try:
+        if fd in (1, 2):
+            stream = sys.stdout if fd == 1 else sys.stderr
+            yield stream
+            stream.flush()
+            return
+        with os.fdopen(os.dup(fd), "w", encoding="utf-8") as f:
+            yield f
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):
+            raise
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
@@ -106,6 +155,10 @@ def written_whole(path: str) -> Iterator[TextIO]:
     # the last line of defence, whatever the command checked: never replace a device,
     # a FIFO or a directory with a regular file
     check_outputs((), [("output", path)])
+    fd = own_descriptor(path)
+    if fd is not None:
+        yield from _on_descriptor(fd, path)
+        return
     # the file a link names (check_outputs followed it too): the link stays a link
     target = Path(os.path.realpath(path))
     tmp: str | None = None

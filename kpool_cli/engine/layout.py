@@ -244,15 +244,16 @@ class FlatColumns(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class LayoutChange:
-    """What one `Layout.update` changed, for the value backend and the verdicts: per
-    sequence, `kept[s]` pools are the same pools (same pairs, same rep rows) as before
-    the update, and pools `kept[s]..` are new or regrouped; `read` are the sequences
-    whose pairs the update read (the others' cells did not change, so neither did
-    their layout nor its drift); `changed` those whose pools differ from before;
-    `cells_scanned` is what the real engine scanned (ENGINE.md §8), whatever kpool
-    itself looked at; `serial` counts the layout's updates, this one included (so a
-    reader that kept what an update left can tell that this change is the very next
-    one)."""
+    """What a `Layout.update` changed (or the updates `then` joins: a decode's memory
+    update and its first ubatch's, ENGINE.md §3), for the value backend and the
+    verdicts: per sequence, `kept[s]` pools are the same pools (same pairs, same rep
+    rows) as before the update, and pools `kept[s]..` are new or regrouped; `read` are
+    the sequences whose pairs the update read (the others' cells did not change, so
+    neither did their layout nor its drift); `changed` those whose pools differ from
+    before; `cells_scanned` is what the real engine scanned (ENGINE.md §8), whatever
+    kpool itself looked at; `serial` counts the layout's updates, the last one
+    included (so a reader that kept what an update left can tell that this change is
+    the very next one)."""
 
     kept: tuple[int, ...]
     read: frozenset[int]
@@ -273,6 +274,11 @@ class LayoutChange:
         return LayoutChange(tuple(map(min, self.kept, later.kept)), self.read | later.read,
                             self.changed | later.changed,
                             self.cells_scanned + later.cells_scanned, later.serial)
+
+    @staticmethod
+    def joined(earlier: LayoutChange | None, later: LayoutChange) -> LayoutChange:
+        """`earlier.then(later)`, or `later` when there was none."""
+        return later if earlier is None else earlier.then(later)
 
 
 class Layout:

@@ -76,10 +76,12 @@ MAX_COLUMNS = 1000
 def env_columns() -> int | None:
     """COLUMNS when it is a positive number, kept within MIN_COLUMNS .. MAX_COLUMNS;
     else None."""
-    cols = os.environ.get("COLUMNS", "").strip()
-    if cols.isdecimal() and int(cols) > 0:
-        return min(max(int(cols), MIN_COLUMNS), MAX_COLUMNS)
-    return None
+    cols = os.environ.get("COLUMNS", "").strip().lstrip("0")
+    if not cols or not (cols.isascii() and cols.isdigit()):
+        return None
+    # past MAX_COLUMNS's digits it is past MAX_COLUMNS: no int of thousands of digits
+    return MAX_COLUMNS if len(cols) > len(str(MAX_COLUMNS)) else min(
+        max(int(cols), MIN_COLUMNS), MAX_COLUMNS)
 
 
 def console_width(stream: TextIO) -> int:

@@ -27,8 +27,10 @@ Invariants:
   located problem.
 - Lines are the file's as every kpool message counts them (`inputs.line_at`: a line
   ends at `\n` alone). libyaml also ends one at a lone CR, NEL, LS and PS: in a text
-  that holds one, every node's and problem's place is mapped back (`_FileLines`),
-  and the token lines are not taken (their scan counts `\n`).
+  that holds one, every node's and problem's place, and a place a message quotes,
+  is mapped back (`_FileLines`; such a text has no token lines, whose scan counts
+  `\n`). libyaml's reader places a character it refuses by its UTF-8 byte: that is
+  mapped to the character first.
 """
 
 from __future__ import annotations
@@ -298,6 +300,9 @@ class Composer:
         self.memo: dict[str, tuple[str, str]] = {}  # plain scalar text -> (text, tag)
         self.line0, self.line = -1, 0  # the last node's line (0-based, 1-based)
         self.lines: _TokenLines | None = None  # set when `text` is it
+        # libyaml's 0-based place to the file's, for a place a message quotes
+        # (`compose` sets `_FileLines.at` where they differ)
+        self.at: Callable[[int, int], tuple[int, int]] = _as_is
 
     def document(self) -> Node | None:
         """The root node (None for an empty stream). Mirrors `Composer.get_single_node`,
@@ -407,9 +412,10 @@ class Composer:
                 None, None, f"found undefined alias {quote(name)}", ev.start_mark,
             )
         if a.size is None:
+            line, column = self.at(a.line - 1, a.column - 1)
             raise self.refuse(
                 ev, f"a recursive alias: *{clip(name)} is used inside the node"
-                f" it names (anchored at line {a.line}, column {a.column})",
+                f" it names (anchored at line {line}, column {column})",
             )
         self.nodes += a.size
         if self.nodes > self.node_limit:
@@ -610,16 +616,17 @@ def compose(text: str, file: str, max_tokens: int, shape: Shape,
     `MAX_NODE_VISITS`). Raises `TraceError`, with one located problem, for invalid
     YAML, a bound crossed or a second document."""
     node_limit = limits.node_limit(max_nodes)
-    odd = _FileLines.of(text)  # libyaml breaks lines the file does not: map them back
-    # a token line is 5 nodes and a token: past either bound, the file is refused
-    lines = None if odd else _token_lines(text, min(max_tokens, node_limit // 5), node_limit)
+    # a token line is 5 nodes and a token: past either bound, the file is refused (a
+    # text with a break other than \n has no token lines)
+    lines = _token_lines(text, min(max_tokens, node_limit // 5), node_limit)
     if lines is not None:
         done, root = _compose_token_lines(lines, max_tokens, shape, node_limit)
         if done:
             return root
         del lines  # nothing of the scan outlives it
     c = Composer(text, max_tokens, shape, node_limit)
-    at = odd.at if odd else _as_is
+    odd = _FileLines.of(text)  # libyaml breaks lines the file does not: map them back
+    at = c.at = odd.at if odd else _as_is
     try:
         root = c.document()
         if odd:
@@ -728,7 +735,11 @@ def _yaml_problem(file: str, text: str, e: yaml.YAMLError,
         line, col = at(mark.line, mark.column) if mark else (0, 0)
         return Problem(file, line, col, "<yaml>", f"invalid YAML: {clip(msg, 300)}")
     if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
-        line, col = _line_col(text, e.position)
+        index = e.position
+        if yaml.__with_libyaml__:  # libyaml's reader counts the UTF-8 bytes before it
+            index = len(text.encode("utf-8", "surrogatepass")[:index].decode("utf-8",
+                                                                             "ignore"))
+        line, col = _line_col(text, index)
         return Problem(
             file, line, col, "<yaml>",
             f"invalid YAML: character U+{e.character:04X} is not allowed ({e.reason})",
