@@ -155,7 +155,8 @@ def _size(n: int) -> str:
 
 def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str], list[str]]:
     """The trace files `paths` stand for, and what is wrong with the folders among them
-    (a message each, naming the folder: the caller refuses them all before any work).
+    (a message each, naming the folder: the caller refuses the run, before any work,
+    with the first).
     A file is taken as given (whatever its name); a folder is searched for files
     named `*.yaml` or `*.yml` (in any case), hidden files and folders skipped, and
     folders that are symlinks not followed, in sorted order. A path that does not exist

@@ -115,7 +115,9 @@ def test_an_output_path_that_ends_in_a_slash_is_refused(tmp_path):
     t = _trace(tmp_path)
     r = kpool("replay", str(t), "--backend", "none", "-o", str(tmp_path / "newdir") + "/")
     assert r.returncode == 2
-    assert "names a folder (it ends in /)" in r.stderr
+    assert "names a directory (it ends in /): give the path of a file" in r.stderr
+    r = kpool("replay", str(t), "--backend", "none", "-o", str(tmp_path) + "/")
+    assert r.returncode == 2 and "is a directory" in r.stderr  # one that exists
     assert not (tmp_path / "newdir").exists()
 
 

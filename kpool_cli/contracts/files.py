@@ -4,8 +4,9 @@ Owns:
 - `check_outputs(inputs, outputs)`: refuses, before any work, an output path that
   would destroy something: one of the inputs (the same file, through any link),
   the same path twice, or anything that is not a regular file (a directory, a
-  device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), and
-  the empty path. `-` (stdout) is always allowed.
+  device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), a path
+  that ends in `/`, and the empty path. `-` (stdout) is always allowed, and so is a
+  path that names one of kpool's own descriptors (`/dev/stdout`: written as `-` is).
 - `written_whole(path)`: a context manager yielding a text stream on a temporary
   file beside the file `path` names (a symlink is written through, never replaced),
   renamed over it only when the block completes; a path that names one of this
@@ -85,9 +86,9 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
     for opt, path in given:
         if path == "":
             raise OutputError(f"{opt}: the path is empty")
-        if path.endswith(("/", os.sep)):
-            raise OutputError(f"{opt} {path}: names a folder (it ends in /): give the path "
-                              "of a file")
+        if path.endswith(("/", os.sep)) and not os.path.isdir(path):  # a new one
+            raise OutputError(f"{opt} {path}: names a directory (it ends in /): give the "
+                              "path of a file")
         real = os.path.realpath(path)
         if real in seen:
             raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
@@ -164,7 +165,8 @@ def written_whole(path: str) -> Iterator[TextIO]:
     tmp: str | None = None
     try:
         # a signal while the temporary file is made is answered once its name is known
-        # (masked: SIGINT and SIGTERM wait), so that the cleanup below can remove it
+        # (masked: SIGINT, SIGTERM and SIGHUP wait), so that the cleanup below can
+        # remove it
         with masked():
             # the name's first characters only: a name as long as the system allows
             # leaves no room for a prefix and a suffix around it whole
