@@ -18,13 +18,17 @@ task already running finishes on its worker and its result is dropped (a thread 
 be ended from outside).
 
 Dask is an optional extra (`pip install 'kpool[dask]'`): it is imported only when a
-campaign runs on a cluster. Its absence, or no scheduler answering at the address
-within `connect_timeout` seconds, is a `ClusterError` with a message for the user.
+campaign runs on a cluster. Its absence, an address that is none (no port, a port
+past 65535, a host that cannot be one: said at once, not after the timeout), a
+protocol kpool does not configure (tls://, ucx://), or no scheduler answering at the
+address within `connect_timeout` seconds, is a `ClusterError` with a message for the
+user.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -36,8 +40,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 class ClusterError(Exception):
-    """The campaign cannot run on the cluster: the dask extra is not installed, or no
-    scheduler answers at the address. The CLI reports it and exits 2."""
+    """The campaign cannot run on the cluster: the dask extra is not installed, the
+    address is none, or no scheduler answers at it. The CLI reports it and exits 2."""
 
 
 def in_order_dask(fn: Callable[[U], R], units: Sequence[U], address: str, *,
@@ -71,7 +75,10 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
     not take the client is a `ClusterError` too, the half-built client put down."""
 
     async def probe() -> Any:
-        comm = await distributed.comm.connect(address, timeout=timeout)
+        try:
+            comm = await distributed.comm.connect(address, timeout=timeout)
+        except TypeError as e:  # a protocol that needs what kpool does not pass
+            raise _NoConnection(e) from None
         try:
             await comm.write({"op": "identity", "reply": True})
             return await comm.read()
@@ -79,13 +86,21 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
             comm.abort()
 
     start = "start one with `dask scheduler` and give its tcp://HOST:PORT"
+    port = _PORT.search(address)
+    if port is not None and not 0 < int(port.group(1)) < 65536:
+        raise ClusterError(f"not a Dask scheduler address: {address!r} (port "
+                           f"{port.group(1)} is out of range 1..65535); {start}")
     try:
         who = asyncio.run(asyncio.wait_for(probe(), timeout))
-    except (OSError, TimeoutError, ValueError) as e:
-        # OSError: nothing listening (distributed retries until the timeout);
-        # ValueError: an address that is not one (no port, an unknown protocol)
+    except ValueError as e:  # no port, an unknown protocol, a host that cannot be one
+        raise ClusterError(f"not a Dask scheduler address: {address!r} ({_why(e)}); "
+                           f"{start}") from None
+    except (OSError, TimeoutError) as e:  # nothing listening (retried to the timeout)
         raise ClusterError(f"no Dask scheduler answered at {address!r} within "
                            f"{timeout:g} s ({_why(e)}); {start}") from None
+    except _NoConnection as e:
+        raise ClusterError(f"cannot connect to {address!r} ({_why(e.cause)}): kpool connects "
+                           "without a TLS context or UCX; " + start) from None
     except Exception as e:  # what a peer that speaks another protocol sent (garbage)
         who = e
     if not (isinstance(who, dict) and who.get("type") == "Scheduler"):
@@ -100,6 +115,19 @@ def _connect(distributed: Any, address: str, timeout: float) -> Any:
         raise ClusterError(f"the Dask scheduler at {address!r} did not take a client within "
                            f"{timeout:g} s ({_why(e)})") from None
     return client
+
+
+# an address's port, when it ends in one
+_PORT = re.compile(r":(\d{1,12})$")
+
+
+class _NoConnection(Exception):
+    """The connection itself failed other than by a refusal or a timeout: a protocol
+    (tls://, ucx://) that needs a configuration kpool does not pass."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def _put_down(client: Any) -> None:

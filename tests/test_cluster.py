@@ -136,6 +136,24 @@ def test_no_scheduler_fails_fast_with_a_clear_message(
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize(("address", "said"), [
+    ("", "not a Dask scheduler address: '' (ValueError: missing port number"),
+    ("tcp://[::1", "not a Dask scheduler address: 'tcp://[::1' (ValueError: invalid address"),
+    ("tcp://127.0.0.1:99999", "not a Dask scheduler address: 'tcp://127.0.0.1:99999' (port "
+                              "99999 is out of range 1..65535)"),
+    ("tls://127.0.0.1:1", "cannot connect to 'tls://127.0.0.1:1' (TypeError: TLS expects"),
+])
+def test_an_address_that_is_none_is_said_so_at_once(address: str, said: str) -> None:
+    """A hostile-input campaign (7 December 2026): a malformed address said "no Dask
+    scheduler answered ... within 10 s" (it failed at once), a port past 65535 waited
+    the whole timeout, and a tls:// address where nothing listens was "not a Dask
+    scheduler". Each says what it is, before any wait (a 60 s timeout here)."""
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterError, match=re.escape(said)):
+        list(cluster.in_order_dask(square, [1], address, connect_timeout=60))
+    assert time.monotonic() - start < 30
+
+
 @pytest.fixture
 def not_a_scheduler() -> Iterator[Callable[[bytes | None], str]]:
     """A TCP port on 127.0.0.1 that accepts and then says `greeting` to each
