@@ -156,9 +156,9 @@ def _closed(fd: int, *args: str) -> subprocess.CompletedProcess:
     """kpool with descriptor `fd` closed, as `>&-` or `2>&-` leaves it."""
     def close() -> None:
         os.close(fd)
-    return subprocess.run([*KPOOL, *args], capture_output=fd != 1, text=True, cwd=ROOT,
-                          timeout=120, preexec_fn=close,
-                          stderr=subprocess.PIPE if fd == 1 else None)
+    return subprocess.run([*KPOOL, *args], text=True, cwd=ROOT, timeout=120,
+                          preexec_fn=close, stdout=None if fd == 1 else subprocess.PIPE,
+                          stderr=None if fd == 2 else subprocess.PIPE)
 
 
 def test_a_closed_stdout_is_named_and_exit_2(tmp_path):

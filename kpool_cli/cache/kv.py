@@ -315,10 +315,14 @@ class KvCache:
         """llama_kv_cache::init_update and update, as a decode runs them (ENGINE.md §3,
         "The memory update"): the cross-stream row copies due now and the K-shift, both
         done once taken (the queue empties, every stream's shift is reset)."""
-        got = MemoryUpdate(self.pending_copies, self.shift_pending)
+        shift = self.shift_pending
+        if not shift and not self.pending_copies:
+            return MemoryUpdate([], False)  # every decode but a few: no stream to reset
+        got = MemoryUpdate(self.pending_copies, shift)
         self.pending_copies = []
-        for st in self.streams:
-            st.has_shift = False
+        if shift:
+            for st in self.streams:
+                st.has_shift = False
         return got
 
     def seq_keep(self, s: int) -> None:

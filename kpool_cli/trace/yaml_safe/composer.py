@@ -57,6 +57,7 @@ from yaml.events import (
     StreamEndEvent,
 )
 
+from ...inputs import line_at
 from . import limits
 from .nodes import INT, STR, Map, Node, OpMap, Scalar, Seq, TokenMap, op_mapping, token_mapping
 from .problems import Problem, TraceError, clip, join, quote
@@ -719,9 +720,8 @@ class _FileLines:
 
 
 def _line_col(text: str, index: int) -> tuple[int, int]:
-    """1-based line and column of `text[index]`, as every kpool message counts them."""
-    start = text.rfind("\n", 0, index) + 1
-    return text.count("\n", 0, start) + 1, index - start + 1
+    """1-based line (`inputs.line_at`'s) and column of `text[index]`."""
+    return line_at(text, index), index - text.rfind("\n", 0, index)
 
 
 def _yaml_problem(file: str, text: str, e: yaml.YAMLError,
