@@ -349,7 +349,7 @@ class Replayer:
             cache.seq_cp(op.src, op.dst, op.p0, op.p1)
             self.recurrent.seq_cp(op.src, op.dst)
         elif isinstance(op, m.SeqKeep):
-            cache.seq_keep(op.seq)
+            cache.seq_keep(op.seq, every_stream=self.version.seq_keep_every_stream)
             self.recurrent.seq_keep(op.seq)
         elif isinstance(op, m.SeqAdd):
             cache.seq_add(op.seq, op.p0, op.p1, op.shift)

@@ -83,6 +83,12 @@ class EngineVersion:
     # False: the child refuses it (`(uint32_t) seq_id >= n_seq_max`, ggml-org/llama.cpp
     # 0054ee8) and so does the hybrid memory (KP008). docs/ENGINE-NOTES.md
     recurrent_seq_rm_matches_any: bool = True
+    # ENGINE.md §2: a non-unified seq_keep(s) empties every other stream too (angt's
+    # llama_kv_cache::seq_keep loops over every stream: "with per-sequence streams the
+    # cells of the other sequences live in other streams and have to be removed as
+    # well", angt/llama.cpp d5437c2); False: only s's own stream is touched
+    # (ggml-org/llama.cpp 001d906). docs/ENGINE-NOTES.md
+    seq_keep_every_stream: bool = False
 
     def policies(self) -> tuple[bool | str, ...]:
         """The policies alone (no name, no description): equal for two versions that
@@ -163,6 +169,8 @@ _GLM5NEXT = Origin("ggml-org/llama.cpp", "src/llama-kv-cache-kpool.cpp",
                    "lines 496-513")
 _ANGT = Origin("angt/llama.cpp", "src/llama-memory-hybrid-idx.cpp",
                "f46848f9ddcb07e23ffa3bbf37ddc72fe1be3184")
+_ANGT_KV = Origin("angt/llama.cpp", "src/llama-kv-cache.cpp",
+                  "d5437c26f2ffc62dc6640509e72c284301dc1842 (`llama_kv_cache::seq_keep`)")
 
 PATCHES: dict[str, Patch] = {p.name: p for p in (
     Patch("tail-truncate",
@@ -196,6 +204,10 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
                  "8f42138625294ace3be2c5839c572dd90473bd18 (opt-in, "
                  "LLAMA_QSA_SKIP_NOOP_INVALIDATION=1)"),
           sets=(("seq_rm_noop_keeps_clean", True), ("seq_rm_noop_one_seq_only", True))),
+    Patch("seq-keep-every-stream",
+          "a non-unified seq_keep empties every other sequence's stream too, not only "
+          "the kept sequence's own (angt's llama_kv_cache::seq_keep)",
+          _ANGT_KV, sets=(("seq_keep_every_stream", True),)),
     Patch("padding-repeats-pool",
           "every padding entry re-pools the first pool of a sequence in the ubatch into "
           "its rep row (\"the duplicate write is a no-op in effect\"), not a row of its own",
@@ -211,10 +223,11 @@ COMBINATIONS: dict[str, tuple[str, str, Origin | None]] = {
     "cache-safe+tail-truncate": ("cache-safe+tail-truncate",
                                  "the fork's version as its users run it: its pin "
                                  "0504396 predates PR #29994", None),
-    "angt-f46848f": ("rep-once",
-                     "PR #29994's engine with seq-id checks that return early and a "
-                     "gather mode of set_input_kpool: no valid trace reaches either, so "
-                     "it replays as rep-once (docs/versions.md)", _ANGT),
+    "angt-f46848f": ("rep-once+seq-keep-every-stream",
+                     "PR #29994's engine on angt's kv cache, whose non-unified seq_keep "
+                     "empties every stream; its seq-id checks that return early and the "
+                     "gather mode of set_input_kpool no valid trace reaches "
+                     "(docs/versions.md)", _ANGT),
     "glm5next-048799f0": ("rep-once+padding-repeats-pool",
                           "the glm5next branch's padding, on PR #29994's engine: that "
                           "branch's own layout (absolute pools, a dirty flag) is another "

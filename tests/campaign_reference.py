@@ -4,11 +4,12 @@ caches, the recurrent child, decodes larger than their stream, whole-range seq_r
 every sequence), per engine version:
 
 - tests/ref_cache.py (ENGINE.md §2-§4, with its own §5 layout), record by record and
-  the state after each (`test_cache_reference.compare`), under rep-once and
-  cache-safe (the versions it models);
+  the state after each (`test_cache_reference.compare`), under rep-once, cache-safe
+  and angt-f46848f (the versions it models);
 - tests/reference.py (ENGINE.md §5-§7), ubatch by ubatch
-  (`test_reference_agreement.check_agreement`), under all three versions
-  (tail-truncate with rep-once's marking rules, as docs/versions.md says).
+  (`test_reference_agreement.check_agreement`), under all four versions
+  (tail-truncate and angt-f46848f with rep-once's marking rules, as
+  docs/versions.md says).
 
     python tests/campaign_reference.py --traces 10000 [--seed 0] [--jobs 2]
 
@@ -29,13 +30,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# version -> the §2-§4 reference's versions for it (test_cache_reference.REF_VERSIONS)
 VERSIONS = {"rep-once": ("rep-once",), "cache-safe": ("cache-safe",),
-            "tail-truncate": ()}  # version -> the §2-§4 reference's engines for it
+            "tail-truncate": (), "angt-f46848f": ("angt-f46848f",)}
+# the §5-§7 reference's marking rules for a version that is not one of its own
+RULES = {"tail-truncate": "rep-once", "angt-f46848f": "rep-once"}
 
 # what the random traces must reach, per version, for a campaign to mean something
 CORNERS = ("decode of more tokens than the stream has cells",
            "recurrent seq_rm of every sequence accepted",
            "recurrent find_slot asserts on a dangling tail")
+# and what a version's own rules must reach
+VERSION_CORNERS = {"angt-f46848f": ("seq_keep that empties another stream",)}
+
+
+def corners_of(version: str) -> tuple[str, ...]:
+    """What the random traces must reach under `version` (none where the §2-§4
+    reference does not run)."""
+    return (CORNERS + VERSION_CORNERS.get(version, ())) if VERSIONS[version] else ()
 
 
 def run_one(version: str, seed: int) -> tuple[str | None, Counter]:
@@ -51,8 +63,7 @@ def run_one(version: str, seed: int) -> tuple[str | None, Counter]:
     try:
         for engine in VERSIONS[version]:
             compare(t, engine, seen)
-        rules = None if VERSIONS[version] else "rep-once"
-        counts = check_agreement(t, version, rules)
+        counts = check_agreement(t, version, RULES.get(version))
         seen["ubatches compared (§5-§7)"] += counts.get("ubatches", 0)
     except AssertionError:
         return f"seed {seed}: {traceback.format_exc(limit=1).strip().splitlines()[-1]}", seen
@@ -96,7 +107,7 @@ def main() -> int:
     for version in a.version or list(VERSIONS):
         t0 = time.perf_counter()
         bad, seen = campaign(version, a.traces, a.seed, a.jobs)
-        corners = ", ".join(f"{c} {seen[c]:,}" for c in CORNERS if VERSIONS[version])
+        corners = ", ".join(f"{c} {seen[c]:,}" for c in corners_of(version))
         print(f"{version}: {a.traces:,} traces (seeds {a.seed}..{a.seed + a.traces}), "
               f"{len(bad)} divergences, {seen['ubatches compared (§5-§7)']:,} ubatches "
               f"compared, {seen['ubatch']:,} records held to ref_cache"

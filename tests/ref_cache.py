@@ -248,16 +248,20 @@ class RefCache:
                 b.seq_add(i, dst)
         self.v_heads[s1] = self.v_heads[s0]
 
-    def seq_keep(self, s: int) -> None:
-        """llama_kv_cache::seq_keep: only s's stream; head = min(head, first freed)."""
-        strm = self.seq_to_stream(s)
-        cells = self.v_cells[strm]
-        new_head = cells.size
-        for i in range(cells.size):
-            if cells.seq_keep(i, s) and new_head == cells.size:
-                new_head = i
-        if new_head != cells.size and new_head < self.v_heads[strm]:
-            self.v_heads[strm] = new_head
+    def seq_keep(self, s: int, every_stream: bool = False) -> None:
+        """llama_kv_cache::seq_keep: only s's stream (ggml-org 001d906), or with
+        `every_stream` each stream in turn (angt d5437c2: "keep only seq_id in every
+        stream"); per stream, head = min(head, first freed)."""
+        for strm in range(len(self.v_cells)) if every_stream else [self.seq_to_stream(s)]:
+            cells = self.v_cells[strm]
+            new_head = cells.size
+            for i in range(cells.size):
+                if cells.seq_keep(i, s) and new_head == cells.size:
+                    new_head = i
+            if new_head != cells.size and strm != self.seq_to_stream(s):
+                self.seen["seq_keep that empties another stream"] += 1
+            if new_head != cells.size and new_head < self.v_heads[strm]:
+                self.v_heads[strm] = new_head
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         """llama_kv_cache::seq_add: a zero shift or p0 == p1 (after clamping) returns
@@ -1053,8 +1057,10 @@ class RefReplay:
     engine should yield for op i (none once the replay has aborted)."""
 
     def __init__(self, trace: Trace, engine: str, seen: Counter | None = None, *,
-                 negative_seq_rm_matches_any: bool = True) -> None:
+                 negative_seq_rm_matches_any: bool = True,
+                 seq_keep_every_stream: bool = False) -> None:
         assert engine in ENGINES
+        self.seq_keep_every_stream = seq_keep_every_stream
         self.trace = trace
         self.cfg = cfg = trace.cache
         self.engine = engine
@@ -1163,7 +1169,7 @@ class RefReplay:
                 self.stale_set(op.src, 0, touched)
             self.stale_set(op.dst, 0, touched)
         elif isinstance(op, SeqKeep):
-            cache.seq_keep(op.seq)
+            cache.seq_keep(op.seq, self.seq_keep_every_stream)
             rec.seq_keep(op.seq)
             self.stale_set(-1, 0, touched)
         elif isinstance(op, SeqAdd):

@@ -23,7 +23,7 @@ from kpool_cli.gen.random_trace import random_trace
 from kpool_cli.replay import CORES, DEFAULT_CORE, auto_compiled_from, resolve_core
 from kpool_cli.versions import VERSIONS
 
-# the shipped versions that differ in some policy (angt-f46848f replays as rep-once)
+# the shipped versions that differ in some policy
 DISTINCT = [name for i, (name, v) in enumerate(VERSIONS.items())
             if v.policies() not in [w.policies() for w in list(VERSIONS.values())[:i]]]
 

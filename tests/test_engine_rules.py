@@ -1082,6 +1082,30 @@ def test_s2_non_unified_seq_keep_touches_only_its_stream(engine: str) -> None:
     assert ub.scatter_rep.tolist() == [1, 3, 5, 17, 19, 21, 23]
 
 
+@pytest.mark.parametrize("version", ["angt-f46848f", "cache-safe+seq-keep-every-stream"])
+def test_llama_kv_cache_seq_keep_of_angt_empties_every_stream(version: str) -> None:
+    """docs/ENGINE-NOTES.md "seq_keep on a non-unified cache": angt's
+    `llama_kv_cache::seq_keep` (angt/llama.cpp src/llama-kv-cache.cpp, d5437c2) keeps
+    seq 0 in every stream. Stream 0 holds only seq 0's cells (pos 0..6 in cells 0..6):
+    unchanged. Stream 1 holds only seq 1's (pos 0..6 in cells 0..6): every cell empties,
+    and its head drops to the first freed cell, min(7, 0) = 0. The next decode of seq 1
+    (pos 7: the hybrid memory's seq_pos_max(1) is -1 once seq_keep dropped its recurrent
+    state, so any pos starts it) takes cell 0 of stream 1, row 16. Seq 1's one pair
+    makes no pool of 2; seq 0's seven make three (reps 1, 3, 5), all re-marked (§4: every
+    sequence stale from 0)."""
+    st = steps(NONUNI, version)
+    before, (ev, after) = st[3][1], st[4]
+    assert ev.stale == {0: 0, 1: 0}
+    assert after["cells"][0] == before["cells"][0]
+    assert before["cells"][1][:7] == [(p, (1,)) for p in range(7)]
+    assert after["cells"][1] == [(-1, ())] * 16
+    assert after["head"] == [before["head"][0], 0]
+    ub = st[5][0]
+    assert ub.token_rows.tolist() == [16]
+    assert ub.n_pool_real == 3 and marked(ub) == [(0, 0), (0, 1), (0, 2)]
+    assert ub.scatter_rep.tolist()[:3] == [1, 3, 5]
+
+
 NONUNI_COUPLED = scenario("""
 kpool_trace: 1
 cache: {kv_size: 16, kpool: 2, n_seq_max: 2, unified: false}

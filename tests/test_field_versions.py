@@ -37,13 +37,14 @@ def test_engines_lists_every_base_patch_and_version_with_its_origin():
     assert "applies to cache-safe: it anchors on `size_t n_kept = 0;`" in out
 
 
-def test_angt_f46848f_replays_as_pr_29994():
-    """Every policy of angt's version is rep-once's: its seq-id checks and its gather
-    mode are out of a valid trace's reach (docs/versions.md)."""
+def test_angt_f46848f_is_pr_29994_on_angts_kv_cache():
+    """Every policy of angt's version is rep-once's but its kv cache's seq_keep, which
+    empties every stream: its seq-id checks and its gather mode are out of a valid
+    trace's reach (docs/versions.md)."""
     angt = registered("angt-f46848f")
-    assert COMBINATIONS["angt-f46848f"][0] == "rep-once"
+    assert COMBINATIONS["angt-f46848f"][0] == "rep-once+seq-keep-every-stream"
     assert angt == replace(registered("rep-once"), name=angt.name,
-                           description=angt.description)
+                           description=angt.description, seq_keep_every_stream=True)
 
 
 # -- the no-op seq_rm patch -------------------------------------------------------------

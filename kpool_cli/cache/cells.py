@@ -397,9 +397,11 @@ class Stream:
         return new
 
     def seq_keep(self, s: int) -> np.ndarray:
-        """Every cell not holding s becomes empty; cells holding s keep only s.
-        Returns the cells that became empty."""
-        mine = np.sort(key_cell(self.seq_keys[s].view))
+        """Every cell not holding s becomes empty; cells holding s keep only s (a
+        stream that is not s's holds none: it empties). Returns the cells that became
+        empty."""
+        held = self.seq_keys.get(s)
+        mine = np.sort(key_cell(held.view)) if held is not None else np.empty(0, np.int64)
         freed = np.setdiff1d(self.live_cells(), mine, assume_unique=True)
         shared = mine[self.seq_count[mine] > 1]
         self._index_rm(freed)

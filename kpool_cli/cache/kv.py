@@ -325,8 +325,14 @@ class KvCache:
                 st.has_shift = False
         return got
 
-    def seq_keep(self, s: int) -> None:
-        self._lower_head(self.stream_of(s), self.stream(s).seq_keep(s))
+    def seq_keep(self, s: int, every_stream: bool = False) -> None:
+        """ENGINE.md §2: s's stream keeps s alone; `every_stream` (angt's
+        llama_kv_cache::seq_keep, `EngineVersion.seq_keep_every_stream`): so does every
+        other stream, which holds none of s's cells and so empties. Each stream's head
+        drops to its first freed cell."""
+        mine = self.stream_of(s)
+        for k in range(len(self.streams)) if every_stream else (mine,):
+            self._lower_head(k, self.streams[k].seq_keep(s))
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         """`head` = first freed cell, or 0 when none was freed; a zero shift or an empty
