@@ -649,9 +649,15 @@ def traces(draw: st.DrawFn) -> Trace:
             k = draw(st.integers(1, min(cache.n_ubatch, n - i)))
             split.append(tuple(range(i, i + k)))
             i += k
-        # split_equal's ubatches hold equal or disjoint sequence sets (ENGINE.md §3)
+        # split_equal's ubatches hold equal or disjoint sequence sets (ENGINE.md §3);
+        # on a non-unified cache, one block per sequence: here, one set each
         fixed = list(tokens)
         for ub in split:
+            if not cache.unified:
+                for j in ub:
+                    t = fixed[j]
+                    fixed[j] = Token(t.pos, fixed[ub[0]].seq, t.ext, t.cell)
+                continue
             sets: list[tuple[int, ...]] = []
             for j in ub:
                 t = fixed[j]
@@ -836,3 +842,33 @@ def test_a_recorded_ubatch_holds_equal_or_disjoint_sets(ubatch: str, field: str)
           "  - decode: {ubatches: [[{pos: 0, seq: [0, 1]}, {pos: 1, seq: [1, 0]}],"
           " [{pos: 2, seq: [0]}]]}\n")
     assert load_trace_text(ok, "ok.yaml").ops[0].ubatches == ((0, 1), (2,))
+
+
+@pytest.mark.parametrize("ubatch, field, says", [
+    # llama_kv_cache::find_slot, n_stream > 1: GGML_ASSERT(n_tokens % n_seqs_unq == 0)
+    ("[{pos: 0, seq: 0}, {pos: 1, seq: 0}, {pos: 0, seq: 1}]", "ubatches[0]",
+     "3 tokens of 2 sequences"),
+    # block 0's first token must be seq_id_unq[0], the smallest: seq 0
+    ("[{pos: 0, seq: 1}, {pos: 0, seq: 0}]", "ubatches[0][0].seq",
+     "seq 1 in the block of seq 0"),
+    # the asserts pass (blocks of 2 start with seq 0, then seq 1), but token 1 (seq 1)
+    # would go to seq 0's stream: no split llama.cpp makes, and kpool does not model it
+    ("[{pos: 0, seq: 0}, {pos: 0, seq: 1}, {pos: 1, seq: 1}, {pos: 1, seq: 0}]",
+     "ubatches[0][1].seq", "seq 1 in the block of seq 0"),
+])
+def test_a_recorded_ubatch_of_a_non_unified_cache_is_one_block_per_sequence(
+        ubatch: str, field: str, says: str) -> None:
+    """ENGINE.md §3: a non-unified cache's split_equal (sequential) makes one block per
+    sequence, equal in size, in ascending seq id; llama_kv_cache::find_slot asserts it
+    and places each block in its sequence's stream."""
+    head = ("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4, n_seq_max: 2, unified: false}"
+            "\nops:\n")
+    with pytest.raises(TraceError) as e:
+        load_trace_text(head + f"  - decode: {{ubatches: [{ubatch}]}}\n", "r.yaml")
+    (p,) = e.value.problems
+    assert (p.line, p.field) == (4, f"ops[0].decode.{field}")
+    assert p.message.startswith(says) and "find_slot" in p.message
+    # blocks in ascending seq id load; so do coupled tokens, which the replay refuses
+    ok = head + ("  - decode: {ubatches: [[{pos: 0, seq: 0}, {pos: 1, seq: 0},"
+                 " {pos: 0, seq: 1}, {pos: 1, seq: 1}], [{pos: 2, seq: [1, 0]}]]}\n")
+    assert load_trace_text(ok, "ok.yaml").ops[0].ubatches == ((0, 1, 2, 3), (4,))

@@ -222,6 +222,8 @@ class DecodeWalk(FieldReader):
             start = len(toks)
             toks.extend(self.token(it, f"{f}[{j}][{i}]") for i, it in enumerate(items))
             self.check_ubatch_sets(toks[start:])
+            if self.lim.unified is False:
+                self.check_stream_blocks(toks[start:], g, f"{f}[{j}]")
             split.append(tuple(range(start, len(toks))))
         return toks, tuple(split)
 
@@ -247,6 +249,37 @@ class DecodeWalk(FieldReader):
                 return
             if ss not in seen:
                 seen.append(ss)
+
+    def check_stream_blocks(self, ub: list[_Tok], node: Node, f: str) -> None:
+        """ENGINE.md §3, a non-unified cache: split_equal (sequential) makes a ubatch
+        of one block of tokens per sequence, the blocks equal in size and in ascending
+        seq id. llama_kv_cache::find_slot asserts that shape (`n_tokens % n_seqs_unq
+        == 0`, each block's first token of one seq id, the block's) and places block
+        s in the stream of the ubatch's s-th sequence, a token of another sequence
+        included, which kpool does not model: a recorded ubatch of another shape is
+        no split llama.cpp makes. (One with coupled sequences the replay refuses, as
+        the split would.)"""
+        toks = [t for t in ub if t.token is not None]
+        if len(toks) < len(ub):
+            return  # a token with a problem of its own, told already
+        sets = [t.token.seq for t in toks]  # type: ignore[union-attr]
+        if any(len(ss) > 1 for ss in sets):
+            return  # coupled sequences, which the sequential split refuses (KP006)
+        seqs = [ss[0] for ss in sets]
+        order = sorted(set(seqs))
+        shape = ("a ubatch of a non-unified cache holds one block of tokens per sequence, "
+                 "the blocks equal in size and in ascending seq id (split_equal's shape, "
+                 "which llama_kv_cache::find_slot asserts and places block by block, each "
+                 "in its sequence's stream)")
+        size, left = divmod(len(seqs), len(order))
+        if left:
+            self.problem(node, f, f"{len(seqs)} tokens of {len(order)} sequences: {shape}")
+            return
+        for i, (t, s) in enumerate(zip(toks, seqs, strict=True)):
+            if s != order[i // size]:
+                self.problem(t.node, f"{t.field}.seq",
+                             f"seq {s} in the block of seq {order[i // size]}: {shape}")
+                return
 
     def token(self, node: Node, f: str) -> _Tok:
         plain = self.plain_token(node)
