@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,42 +49,18 @@ from kpool_cli.trace.write import dump_trace
 
 TRACES_DIR = Path(__file__).resolve().parent.parent / "traces"
 
-# The example of TRACE_FORMAT.md, verbatim.
-SPEC_EXAMPLE = """\
-kpool_trace: 1              # required, the format version
-name: shared-prefix-race    # optional
-description: |              # optional, shown by `replay`
-  Two slots share a system prompt through seq_cp ...
-cache:
-  kv_size: 64               # cells per stream (required)
-  kpool: 4                  # tokens per pool (required)
-  n_seq_max: 4              # default 1, at most 256
-  unified: true             # default true; false = one stream per sequence
-  by_order: false           # default false; true = pools by rank (M-RoPE images)
-  n_ubatch: 512             # default 512
-  n_embd: 16                # key width used by the backend, default 16
-  n_rs_seq: 0               # recurrent rollback depth (MTP draft depth), default 0 (ENGINE.md §3)
-engine: rep-once            # default engine; `--engine` overrides
-seed: 0                     # key generator seed, default 0
-ops:                        # each item has exactly one key: the op
-  - decode: {seq: 0, pos: 0..12}          # seq 0, positions 0 to 11 (half-open)
-  - seq_cp: {src: 0, dst: 1}              # p0/p1 default -1 (whole sequence)
-  - decode:                               # explicit tokens
-      tokens:
-        - {pos: 12, seq: [0]}
-        - {pos: 12, seq: [1]}
-  - decode: {seq: [0, 1], pos: 13}        # one token shared by two sequences
-  - seq_rm: {seq: 1, p0: 8, p1: -1}
-  - seq_add: {seq: 0, p0: 4, p1: -1, shift: -2}
-  - seq_div: {seq: 0, p0: 0, p1: -1, d: 2}
-  - seq_keep: {seq: 0}
-  - state_write: {seq: 0, slot: a}
-  - state_read: {seq: 2, slot: a}
-  - state_drop: {seq: 2}
-  - clear: {}
-  - note: "free text shown in the report at this point"
-  - expect: {engine: rep-once, findings: [], n_new: 1}   # assertions on the previous ubatch / op
-"""
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _first_yaml_block(page: Path) -> str:
+    """The first ```yaml block of a docs page, as a user would copy it."""
+    text = page.read_text(encoding="utf-8")
+    start = text.index("```yaml\n") + len("```yaml\n")
+    return text[start:text.index("```", start)]
+
+
+# The example of TRACE_FORMAT.md, read from the page.
+SPEC_EXAMPLE = _first_yaml_block(DOCS / "TRACE_FORMAT.md")
 
 # Every other form: by_order (ext), non-unified streams, ubatches, cells, list pos,
 # seq -1, clear as null, expect with every field.
@@ -147,7 +125,7 @@ def test_spec_example_loads_to_the_model() -> None:
         SeqCp(0, 1),
         Decode((Token(12, (0,)), Token(12, (1,)))),
         Decode((Token(13, (0, 1)),)),
-        SeqRm(1, 8, -1),
+        SeqRm(1, 0, -1),
         SeqAdd(0, 4, -1, shift=-2),
         SeqDiv(0, 0, -1, d=2),
         SeqKeep(0),
@@ -156,7 +134,7 @@ def test_spec_example_loads_to_the_model() -> None:
         StateDrop(2),
         Clear(),
         Note("free text shown in the report at this point"),
-        Expect(engine="rep-once", findings=(), n_new=1),
+        Expect(engine="rep-once", findings=(), status="applied"),
     )
     # Loc: the op item's mapping node, 1-based.
     assert [op.loc.line for op in t.ops] == [17, 18, 19, *range(23, 34)]
@@ -586,6 +564,19 @@ def test_several_problems_in_one_trace() -> None:
         (6, 19, "ops[2].seq_rm.seq"),
         (6, 29, "ops[2].seq_rm.p0"),
     ]
+
+
+def test_spec_example_replays_with_every_expect_holding(tmp_path: Path) -> None:
+    """A newcomer who saves the page's example and runs `kpool replay --check` sees it
+    pass: its expect (on the clear before it, rep-once) holds, no op is refused."""
+    f = tmp_path / "example.yaml"
+    f.write_text(SPEC_EXAMPLE, encoding="utf-8")
+    r = subprocess.run([sys.executable, "-m", "kpool_cli", "replay", str(f), "--check",
+                        "--backend", "none", "--format", "text"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "expect (op 13): ok" in r.stdout and "rejected" not in r.stdout
 
 
 # --- dump_trace round trip ----------------------------------------------------------
