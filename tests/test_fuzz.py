@@ -46,6 +46,30 @@ def test_shrinking_keeps_the_race_and_makes_it_small() -> None:
     assert "expect" in sh.yaml and t.description
 
 
+@pytest.mark.parametrize("seed, code", [(34, "KP005"), (125, "KP002")])
+def test_a_model_only_shrunk_trace_passes_kpool_check(seed: int, code: str) -> None:
+    """What `kpool check` asks of a found trace: every finding pinned, under a value
+    backend (its default) and model-only. Seed 34's KP005 trace also raises a KP001 at
+    an earlier op, and seed 125's KP002 trace a KP003 that only a value backend sees:
+    each is pinned after its own op, and the description's command reproduces the run."""
+    from kpool_cli.backend.store import make_backend
+    from kpool_cli.contracts.records import ExpectResult
+    from kpool_cli.replay import replay
+    from kpool_cli.trace import model as m
+    from kpool_cli.versions import VERSIONS
+
+    sh = next(s for s in fuzz_one(FuzzTask(seed, "cache-safe")).shrunk if s.code == code)
+    t = load_trace_text(sh.yaml)
+    assert f"--seed {seed} --runs 1 --backend none`" in t.description
+    pinned = {c for op in t.ops if isinstance(op, m.Expect) for c in op.findings or ()}
+    for backend in ("numba", "numpy", "none"):
+        recs = list(replay(t, VERSIONS["cache-safe"], make_backend(backend, t)))
+        results = [r for r in recs if isinstance(r, ExpectResult)]
+        assert results and all(r.ok for r in results), (backend, results)
+        found = {f.code for r in recs if not isinstance(r, ExpectResult) for f in r.findings}
+        assert found <= pinned, (backend, found, pinned)
+
+
 def test_rep_once_does_not_show_the_shrunk_race() -> None:
     sh = next(s for s in fuzz_one(FuzzTask(19, "cache-safe")).shrunk if s.code == "KP001")
     assert not any(c == "KP001" for c, _ in run_checked(load_trace_text(sh.yaml), "rep-once")[0])
