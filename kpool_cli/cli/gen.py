@@ -34,7 +34,7 @@ def _gen_command(scenario: Scenario) -> click.Command:
                      help="Write the trace to FILE (whole or not at all) [default: stdout]."),
     ]
     params += [click.Option([size.option, size.name], type=Int(size.lo, size.hi),
-                            default=size.default, show_default=True, metavar="N",
+                            default=size.default, show_default=True,
                             help=f"{size.doc}.")
                for size in scenario.sizes]
     return click.Command(scenario.name, callback=run, params=params, help=scenario.help,

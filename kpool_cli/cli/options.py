@@ -44,10 +44,15 @@ class Int(click.ParamType):
     name = "integer"
 
     def __init__(self, lo: int, hi: int | None = None) -> None:
-        self.lo, self.hi = lo, (2**63 - 1 if hi is None else hi)
+        self.lo, self.hi, self.open = lo, (2**63 - 1 if hi is None else hi), hi is None
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        return f"INTEGER {self.lo}..{self.hi}"
+        # closed bounds: not kpool's `a..b`, which is half-open
+        return f"INTEGER>={self.lo}" if self.open else f"{self.lo}-{self.hi}"
+
+    def bounds(self) -> str:
+        """The bounds, in the words of the messages."""
+        return f"of at least {self.lo}" if self.open else f"from {self.lo} to {self.hi}"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
                 ) -> int:
@@ -57,11 +62,10 @@ class Int(click.ParamType):
             text = str(value).strip()
             digits = max(len(str(self.lo)), len(str(self.hi)))
             if len(text) > digits + 1 or not _INT.fullmatch(text):
-                self.fail(f"{_quoted(text)} is not an integer from {self.lo} to {self.hi}",
-                          param, ctx)
+                self.fail(f"{_quoted(text)} is not an integer {self.bounds()}", param, ctx)
             n = int(text)
         if not self.lo <= n <= self.hi:
-            self.fail(f"{n} is not in {self.lo}..{self.hi}", param, ctx)
+            self.fail(f"{n} is not an integer {self.bounds()}", param, ctx)
         return n
 
 
