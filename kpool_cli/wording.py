@@ -18,7 +18,9 @@ Owns:
   as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
 - `code(code, name)`: a finding code with its name: `KP001 scatter-race`;
 - `units(text)`: where a wrapped line may break, so that no view splits a stale
-  position, a token, a count or a label from its value across lines.
+  position, a token, a count or a label from its value across lines; `fit` and
+  `fit_line`: a line broken there to a width (`kpool check`'s lines, and the
+  messages of an invalid input on a terminal).
 
 Invariants: every range kpool prints is half-open `A..B`, never inclusive; an empty
 list is worded `none` (NONE); a list longer than `limit` parts ends `... (n)`, n the
@@ -268,6 +270,50 @@ def units(text: str) -> list[str]:
     ['pools 0:0 ·', '5 x3', '(op 3, ubatch 1)', 'KP001 x2']
     """
     return _UNIT.findall(text)
+
+
+def joined(head: str, lead: str, rest: str) -> str:
+    """A line in parts as one: `head`, then `lead` and `rest` after a space each (none
+    after a head that is only an indent)."""
+    line = head
+    for part in (lead, rest):
+        if part:
+            line += (" " if line.strip() else "") + part
+    return line.rstrip()
+
+
+def fit(head: str, lead: str, rest: str, hang: str, width: int | None) -> str:
+    """A line in parts (`joined`) as its line when it fits `width` (or there is none),
+    else as lines that break only between the units of its rest (`units`): the head
+    and the lead whole first, each further line `hang` in. A unit wider than the width
+    takes a line of its own. Each line ends with a newline.
+
+    >>> print(fit("a.yaml:3:5:", "", "seq 1 from pos 12, seq 0 from pos 4", "    ", 30), end="")
+    a.yaml:3:5: seq 1 from pos 12,
+        seq 0 from pos 4
+    """
+    line = joined(head, lead, rest)
+    if width is None or len(line) <= width:
+        return line + "\n"
+    fresh = not head.strip()  # only an indent so far
+    lines = [head if fresh else head.rstrip()]
+    for unit in ([lead] if lead else []) + units(rest):
+        if fresh or len(lines[-1]) + 1 + len(unit) <= width:
+            lines[-1] += ("" if fresh else " ") + unit
+            fresh = False
+        else:
+            lines.append(hang + unit)
+    return "".join(ln + "\n" for ln in lines)
+
+
+def fit_line(line: str, width: int | None, hang: str = "    ") -> str:
+    """A line of text (`file:line:col: field: message`, `kpool: message`) fitted to
+    `width` (`fit`): its indent and first unit kept as the head, the lines after
+    the first `hang` further in than its indent."""
+    body = line.lstrip(" ")
+    indent = line[:len(line) - len(body)]
+    first, _, rest = body.partition(" ")
+    return fit(indent + first, "", rest, indent + hang, width)
 
 
 SPARKS = "▁▂▃▄▅▆▇█"

@@ -271,3 +271,24 @@ def test_schema_command_prints_json_schemas():
         code, out, _ = run("schema", which)
         assert code == 0
         jsonschema.Draft202012Validator.check_schema(json.loads(out))
+
+
+def test_messages_of_an_invalid_input_wrap_between_units_on_a_terminal_only(monkeypatch):
+    """`kpool validate` and `kpool: ...` messages: on a terminal each line wraps at its
+    width, never inside a unit (`seq 0`), continued four columns in; piped, one
+    message a line (a log, a grep)."""
+    import io
+
+    from kpool_cli.cli.io import terminal_lines
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    line = "  t.yaml:6:13: ops[0].seq: seq 1 in the block of seq 0: one block per sequence"
+    monkeypatch.setenv("COLUMNS", "40")
+    assert terminal_lines([line], Tty()) == (
+        "  t.yaml:6:13: ops[0].seq: seq 1 in the\n"
+        "      block of seq 0: one block per\n"
+        "      sequence\n")
+    assert terminal_lines([line], io.StringIO()) == line + "\n"

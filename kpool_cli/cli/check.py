@@ -16,7 +16,7 @@ from ..trace.load import TraceError
 from ..verdict.expect import load_checked
 from ..versions import expand_all
 from ..wording import visible
-from .io import codes, fail, open_output, refuse_outputs, version_for
+from .io import codes, fail, open_output, refuse_outputs, terminal_lines, version_for
 from .options import ENGINES, core_option, jobs_option, load_bounds, max_memory_option
 
 
@@ -159,7 +159,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
             else:
                 lines = [f"ok      {visible(path)}"]
             with bar.hidden():  # the lines on the terminal are progress enough
-                click.echo("\n".join(lines))
+                click.echo(terminal_lines(lines, sys.stdout), nl=False)
             bar.tick()
     click.echo(f"validated {len(files)} trace{'s' if len(files) != 1 else ''}: "
                f"{len(files) - bad} valid, {bad} invalid")

@@ -28,7 +28,7 @@ from ..versions import (
     load_version,
     plugin_files,
 )
-from ..wording import visible
+from ..wording import fit_line, visible
 
 if TYPE_CHECKING:  # the loader (yaml, numpy): imported by `load`, when a command loads
     from ..trace.load import TraceError
@@ -37,10 +37,21 @@ if TYPE_CHECKING:  # the loader (yaml, numpy): imported by `load`, when a comman
 
 def fail(message: str, *more_lines: str) -> NoReturn:
     """Exit 2 with `kpool: message` and `more_lines` below it, each line made visible:
-    no text taken from an input (a path, a name) can break a line or fake one."""
-    click.echo("\n".join(visible(line) for line in (f"kpool: {message}", *more_lines)),
-               err=True)
+    no text taken from an input (a path, a name) can break a line or fake one. On a
+    terminal each line wraps between words (`terminal_lines`)."""
+    lines = [visible(line) for line in (f"kpool: {message}", *more_lines)]
+    click.echo(terminal_lines(lines, sys.stderr), err=True, nl=False)
     sys.exit(exits.BAD_INPUT)
+
+
+def terminal_lines(lines: Iterable[str], stream: TextIO) -> str:
+    """`lines` as text for `stream`: on a terminal, each wrapped to its width between
+    the units kpool words as one (`wording.fit_line`), a continuation indented; else
+    as they are, one message a line, for a log or a grep."""
+    from ..report.terminal import console_width, stream_is_terminal
+
+    width = console_width(stream) if stream_is_terminal(stream) else None
+    return "".join(fit_line(line, width) for line in lines)
 
 
 def invalid(e: TraceError) -> NoReturn:

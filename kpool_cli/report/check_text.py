@@ -83,23 +83,13 @@ def unmet_text(u: Unmet) -> str:
 
 def unmet_table(u: Unmet, indent: str = "      ") -> list[str]:
     """The differences side by side: a header and a row per difference."""
-    return [_joined(*row[:3]) for row in _unmet_rows(u, indent)]
+    return [words.joined(*row[:3]) for row in _unmet_rows(u, indent)]
 
 
 # a line in parts: what starts it (kept whole, on the first line), what follows it
 # (kept whole too, on the first line when it fits), the rest, and the indent of the
 # lines after the first when it wraps
 _Row = tuple[str, str, str, str]
-
-
-def _joined(head: str, lead: str, rest: str) -> str:
-    """The line: `head`, then `lead` and `rest` after a space each (none after a head
-    that is only an indent)."""
-    line = head
-    for part in (lead, rest):
-        if part:
-            line += (" " if line.strip() else "") + part
-    return line.rstrip()
 
 
 def _unmet_rows(u: Unmet, indent: str) -> list[_Row]:
@@ -130,7 +120,7 @@ def problem_text(p: Problem) -> str:
 def details(r: CheckResult, indent: str = "  ") -> list[str]:
     """The lines under a result that did not pass: each problem, each unmet expect
     with its differences side by side, each failing finding at its op's line."""
-    return [_joined(*row[:3]) for row in _detail_rows(r, indent)]
+    return [words.joined(*row[:3]) for row in _detail_rows(r, indent)]
 
 
 def _detail_rows(r: CheckResult, indent: str) -> list[_Row]:
@@ -164,23 +154,8 @@ def _width(out: TextIO) -> int | None:
 
 
 def _fit(row: _Row, width: int | None) -> str:
-    """A row as its line when it fits `width` (or there is none), else as lines that
-    break only between the units of its rest (`wording.units`): the head whole
-    first, each further line `hang` in. A unit wider than the width takes a line of
-    its own."""
-    head, lead, rest, hang = row
-    line = _joined(head, lead, rest)
-    if width is None or len(line) <= width:
-        return line + "\n"
-    fresh = not head.strip()  # only an indent so far
-    lines = [head if fresh else head.rstrip()]
-    for unit in ([lead] if lead else []) + words.units(rest):
-        if fresh or len(lines[-1]) + 1 + len(unit) <= width:
-            lines[-1] += ("" if fresh else " ") + unit
-            fresh = False
-        else:
-            lines.append(hang + unit)
-    return "".join(ln + "\n" for ln in lines)
+    """A row as its lines (`wording.fit`)."""
+    return words.fit(*row, width)
 
 
 def _result_row(r: CheckResult) -> _Row:
