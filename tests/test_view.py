@@ -543,3 +543,10 @@ def test_explain_plain_text_fits_80_columns(code):
     from kpool_cli.verdict.explain import explain_text
 
     assert max(len(line) for line in explain_text(code).splitlines()) <= 80
+
+
+def test_the_selection_line_names_one_ubatch_in_the_singular():
+    """`--ubatch 1` shows one ubatch: "showing ubatch 1", not "ubatches 1"."""
+    assert Selection(ubatches=((1, 2),)).describe() == "showing ubatch 1"
+    assert Selection(ubatches=((1, 3),)).describe() == "showing ubatches 1..3"
+    assert Selection(ubatches=((1, 2), (5, 6))).describe() == "showing ubatches 1, 5"

@@ -84,7 +84,8 @@ class Selection:
         """One line saying what is shown ("" when everything is)."""
         parts = []
         if self.ubatches:
-            parts.append("ubatches " + ", ".join(
+            one = len(self.ubatches) == 1 and self.ubatches[0][1] - self.ubatches[0][0] == 1
+            parts.append(("ubatch " if one else "ubatches ") + ", ".join(
                 span(a, None if b >= OPEN_END else b) for a, b in self.ubatches))
         if self.seqs:
             parts.append("seq " + ", ".join(map(str, sorted(self.seqs))))
