@@ -1,9 +1,10 @@
 """Work that can grow, run on a process pool: one pure function over units of work
 (a trace under an engine, for `kpool diff -j` and `kpool check --jobs`).
 
-Owns: `in_order(fn, units, jobs)`. A unit is plain, picklable data and `fn` a
-module-level function of it alone, so the same call runs in this process, in a local
-pool, or on any executor that can pickle them.
+Owns: `in_order(fn, units, jobs)`, and `WorkerDied`, its error when a worker dies. A
+unit is plain, picklable data and `fn` a module-level function of it alone, so the
+same call runs in this process, in a local pool, or on any executor that can pickle
+them.
 
 Invariants: results come back in the order of `units`, whatever order the workers
 finish in; the first error (in that order) is raised as the worker raised it; on an
@@ -14,8 +15,10 @@ traceback).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -43,26 +46,52 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
             yield fn(u)
         return
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init,
+                               initargs=(os.getpid(),))
     try:
         futures = [pool.submit(fn, u) for u in units]
         for f in futures:
             yield f.result()
+    except BrokenProcessPool as e:
+        _stop_now(pool)
+        raise WorkerDied(f"a worker process died ({e}): the OOM killer or a signal ends "
+                         "one so; run with --jobs 1 to see why") from None
     except BaseException:
         _stop_now(pool)
         raise
     pool.shutdown(wait=True)
 
 
-def _worker_init() -> None:
+class WorkerDied(Exception):
+    """A worker process ended without its result (killed by the OOM killer or a
+    signal): the command ends with exit 2 and this message, every other worker
+    ended."""
+
+
+def _worker_init(parent: int | None = None) -> None:
     """Ctrl-C reaches every process of the terminal's process group: only the parent
     answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
-    (and SIGHUP) ends a worker at once: the parent's handler (an exception, so that its files are
-    cleaned up) is inherited through fork and would let the worker run on."""
+    (and SIGHUP) ends a worker at once: the parent's handler (an exception, so that its
+    files are cleaned up) is inherited through fork and would let the worker run on. A
+    worker dies with its parent (`parent`, its pid), even one SIGKILL ended (the OOM
+    killer, a CI job's hard stop), which has no chance to end its workers: on Linux
+    the kernel sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set
+    leaves the worker to a new parent, which it sees and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    if sys.platform == "linux":
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _stop_now(pool: ProcessPoolExecutor) -> None:
@@ -81,6 +110,13 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
         w.terminate()
     for w in workers:
         w.join(timeout=1)
+    # a worker forked just now may not have run `_worker_init` yet: it still holds the
+    # parent's SIGTERM handler, an exception it can catch and run on (a loaded
+    # machine's suite saw the shutdown below wait on one): SIGKILL cannot be caught
+    for w in workers:
+        if w.is_alive():
+            w.kill()
+            w.join(timeout=1)
     # with no worker left nothing can make this wait; it lets the executor's manager
     # thread finish (and close its wakeup pipe) now, not race the interpreter's exit
     # hook, which would write to that pipe as it closes ("Bad file descriptor")

@@ -649,7 +649,7 @@ def test_a_worker_that_dies_is_exit_2(monkeypatch):
     # the pool's workers are forked from here, so they run the stand-in (found by name)
     monkeypatch.setattr(runs, "run_unit", _dies)
     err = refused(RACE, PARTIAL, "--jobs", "2")
-    assert "a replay process died" in err and "--jobs 1" in err
+    assert "a worker process died" in err and "--jobs 1" in err
 
 
 # --- no report, however mangled, reaches an internal error --------------------------------

@@ -36,6 +36,7 @@ from ..contracts import exits
 from ..contracts.files import OutputError
 from ..signals import Terminated
 from ..wording import visible
+from ..workers import WorkerDied
 from .io import OutOfMemory
 
 # Every command: its module in this package, its object there, and the first sentence of
@@ -195,6 +196,9 @@ def main() -> None:
         # the reader left: say nothing more
         _drop_stdout()
         code = exits.BROKEN_PIPE
+    except WorkerDied as e:  # `--jobs`: a worker killed (the OOM killer, a signal)
+        _stderr_line(f"kpool: {visible(str(e))}")
+        code = exits.BAD_INPUT
     except OutputError as e:  # a missing or read-only directory, a full disk ...
         _stderr_line(f"kpool: {visible(str(e))}")
         code = exits.BAD_INPUT

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +29,7 @@ from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
 from ..versions import load_version
 from ..wording import visible
-from ..workers import in_order
+from ..workers import WorkerDied, in_order
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, from_records
 
@@ -224,7 +223,6 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
         raise DiffInputError(str(e) if e.unread else f"invalid trace\n{e}") from None
     except (VersionError, ReplayTooLarge) as e:
         raise DiffInputError(visible(str(e))) from None
-    except BrokenProcessPool as e:
-        raise DiffInputError(f"a replay process died ({visible(str(e))}): run with --jobs 1 "
-                             "to see why") from None
+    except WorkerDied as e:
+        raise DiffInputError(visible(str(e))) from None
     return [(summaries[2 * i], summaries[2 * i + 1]) for i in range(len(paths))], []
