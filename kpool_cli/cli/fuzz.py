@@ -9,7 +9,7 @@ import click
 
 from ..backend.store import BACKENDS
 from ..contracts import exits
-from ..contracts.files import OutputError
+from ..contracts.files import OutputError, check_output_folder
 from ..versions import ALL, VERSIONS, VersionError, load_version
 from .io import fail
 from .options import Float, Int, jobs_option
@@ -47,7 +47,7 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     from pathlib import Path
 
     from ..cluster import ClusterError, in_order_dask
-    from ..gen.fuzz import campaign, save_new_shrunk, tasks_for
+    from ..gen.fuzz import SHRUNK_FILES, campaign, save_new_shrunk, tasks_for
     from ..report.fuzz_text import FuzzBar, render_summary
     from ..report.terminal import Manners, make_console, stream_is_terminal
     from ..workers import in_order
@@ -62,11 +62,11 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     if engine == ALL and base is not None:
         fail("--engine all with --base: compare one version with the base at a time "
              "(--engine NAME --base BASE)")
-    if not out_dir:
-        fail("-o: the path is empty (give the folder for the shrunk traces)")
+    try:  # the folder can take the shrunk traces: found before the runs, not after
+        check_output_folder("-o", out_dir, SHRUNK_FILES)
+    except OutputError as e:
+        fail(str(e))
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        fail(f"-o {out_dir}: not a folder")
 
     if dask_address is not None:
         def runner(fn, units):

@@ -18,6 +18,11 @@ Owns:
   exception) removes the temporary and leaves any earlier `path` untouched. The file
   gets the mode a new file would (0666 less the umask), not mkstemp's 0600: reports
   and views are artifacts.
+- `check_output_folder(opt, path, pattern)`: a folder kpool fills with files of its
+  own naming (`kpool fuzz -o DIR`), checked before any work: made if missing, a
+  file written and removed in it (a read-only folder, /proc, a full disk fail
+  now), and no entry matching `pattern` that is not a regular file (a link, a
+  FIFO, a folder): kpool replaces its own files there, and writes through nothing.
 - `OutputError`: why an output path was refused or could not be written, with the
   path and the system's reason (missing directory, read-only, disk full...).
 """
@@ -122,6 +127,33 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
         if not parent.is_dir():
             reason = "does not exist" if not parent.exists() else "is not a directory"
             raise OutputError(f"{opt} {path}: the directory {parent} {reason}")
+
+
+def check_output_folder(opt: str, path: str, pattern: str) -> None:
+    """Raise OutputError unless kpool can fill the folder `path` with its own files,
+    each a name matching `pattern` (the module's `check_output_folder`). Makes the
+    folder when it is missing."""
+    where = f"{opt} {path}"
+    if path == "":
+        raise OutputError(f"{opt}: the path is empty (give a folder)")
+    folder = Path(path)
+    try:
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise OutputError(f"{where}: not a folder (kpool writes into a folder of "
+                              "its own, never through a link)")
+        folder.mkdir(parents=True, exist_ok=True)
+        for entry in folder.glob(pattern):
+            if entry.is_symlink() or not entry.is_file():
+                kind = ("a symbolic link" if entry.is_symlink()
+                        else "a folder" if entry.is_dir() else "not a regular file")
+                raise OutputError(f"{where}: {entry.name} in it is {kind}: kpool writes "
+                                  "its files there as regular files and replaces nothing "
+                                  "else")
+        fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputError(f"{where}: cannot write there: {e.strerror or e}") from None
 
 
 def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend.store import make_backend
-from ..contracts.files import written_whole
+from ..contracts.files import OutputError, written_whole
 from ..contracts.records import ExpectResult, UbatchRecord, first_difference
 from ..diff.compare import compare
 from ..diff.summary import from_records
@@ -445,9 +445,14 @@ def campaign(tasks: Sequence[FuzzTask],
         yield p
 
 
+SHRUNK_FILES = "*.yaml"  # the names `save_new_shrunk` gives (contracts/files.py checks)
+
+
 def save_new_shrunk(p: Progress, out_dir: Path) -> dict[tuple[str, str], str]:
     """Write the shrunk trace of each signature `p` shows first into `out_dir` (made if
-    missing), atomically, named by its signature; returns {(code, sig): path}."""
+    missing), atomically, named by its signature; returns {(code, sig): path}. A link
+    there is refused, not written through (`check_output_folder` said so before the
+    runs; this holds against one made since)."""
     saved: dict[tuple[str, str], str] = {}
     for key in p.new:
         sh = next((s for s in p.first[key].shrunk if s.signature == key[1]), None)
@@ -455,6 +460,9 @@ def save_new_shrunk(p: Progress, out_dir: Path) -> dict[tuple[str, str], str]:
             continue
         out_dir.mkdir(parents=True, exist_ok=True)
         path = out_dir / (key[1].replace("/", "_") + ".yaml")
+        if path.is_symlink():
+            raise OutputError(f"-o {out_dir}: {path.name} in it is a symbolic link: kpool "
+                              "writes its files there as regular files")
         with written_whole(str(path)) as f:
             f.write(sh.yaml)
         saved[key] = str(path)
