@@ -31,6 +31,7 @@ import importlib.util
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Literal
 
 PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
@@ -371,7 +372,20 @@ def plugin_files(spec: str | None) -> tuple[str, ...]:
     parts = mod_name.split(".")
     files = [getattr(sys.modules.get(".".join(parts[:n])), "__file__", None)
              for n in range(1, len(parts))]
-    return tuple(f for f in (*files, origin) if isinstance(f, str))
+    paths = [f for f in (*files, origin) if isinstance(f, str)]
+    # a module imported from a zip archive (zipimport: `archive.zip/pkg/mod.py`) is read
+    # from the archive, which is the file to keep
+    return tuple(dict.fromkeys(a for f in paths for a in (_archive_of(f), f) if a))
+
+
+def _archive_of(path: str) -> str | None:
+    """The zip archive a module's path lies in (`/x/p.zip/m.py` -> `/x/p.zip`), or None
+    for a path on the file system."""
+    p = Path(path)
+    for parent in p.parents:
+        if parent.is_file():
+            return str(parent)
+    return None
 
 
 def load_version(spec: str) -> EngineVersion:
@@ -424,6 +438,10 @@ def load_version(spec: str) -> EngineVersion:
         if type(v) is not _FIELD_TYPES[f.name]:
             raise VersionError(f"engine {spec!r}: {attr}.{f.name} is a {type(v).__name__}, "
                                f"not a {_FIELD_TYPES[f.name].__name__}")
+    try:  # the values' own checks, which `object.__setattr__` after building skips
+        obj.__post_init__()
+    except ValueError as e:
+        raise VersionError(f"engine {spec!r}: {attr}.{e}") from None
     if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
         obj = replace(obj, name=f"{obj.name}@{spec}")
     return obj

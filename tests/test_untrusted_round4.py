@@ -66,3 +66,59 @@ def test_fuzz_refuses_a_folder_under_a_file_before_any_run(tmp_path):
     r = kpool("fuzz", "--engine", "cache-safe", "--runs", "300", "-o",
               str(tmp_path / "afile" / "sub"))
     assert r.returncode == 2 and "cannot write there" in r.stderr and r.stdout == ""
+
+
+# -- plug-ins ------------------------------------------------------------------------------
+
+
+def _zipped_plugin(folder: Path, body: str) -> Path:
+    import zipfile
+
+    archive = folder / "plug.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zpg.py", body)
+    return archive
+
+
+def test_an_output_onto_the_zip_archive_a_plug_in_came_from_is_refused(tmp_path):
+    """The archive is the file the plug-in is read from: `-o plug.zip` replaced it with
+    the report (exit 0), and the next run found no module."""
+    archive = _zipped_plugin(tmp_path, PLUGIN)
+    before = _digest(archive)
+    trace = tmp_path / "t.yaml"
+    trace.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                     "  - decode: {seq: 0, pos: 0..4}\n")
+    env = {"PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{archive}"}
+    for command in (["replay", str(trace)], ["diff", str(trace), "--base", "rep-once",
+                                             "--head", "zpg:ok"]):
+        extra = ["--engine", "zpg:ok"] if command[0] == "replay" else []
+        r = kpool(*command, *extra, "--format", "json", "-o", str(archive), env=env)
+        assert r.returncode == 2 and "is the input" in r.stderr, r.stderr
+    assert _digest(archive) == before
+
+
+def test_a_plug_in_value_set_past_its_checks_is_refused(tmp_path):
+    """`object.__setattr__` after `replace` skips EngineVersion's own checks: the
+    padding policy "bogus" replayed silently, exit 0."""
+    (tmp_path / "bad.py").write_text(PLUGIN + 'object.__setattr__(ok, "padding", "bogus")\n')
+    trace = tmp_path / "t.yaml"
+    trace.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                     "  - decode: {seq: 0, pos: 0..4}\n")
+    r = kpool("replay", str(trace), "--engine", "bad:ok",
+              env={"PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{tmp_path}"})
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("kpool: engine 'bad:ok': ok.padding must be one of")
+
+
+def test_fuzz_under_a_plug_in_named_with_a_lone_surrogate_writes_its_traces(tmp_path):
+    """A name holding "\\udcff" (an undecodable byte, as Python carries it) made the
+    shrunk trace's description a YAML escape no trace can load: an internal error."""
+    (tmp_path / "spg.py").write_text(
+        'from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n'
+        'surr = replace(CACHE_SAFE, name="a\\udcffb")\n')
+    r = kpool("fuzz", "--engine", "spg:surr", "--runs", "30", "--seed", "3", "-o",
+              str(tmp_path / "found"),
+              env={"PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{tmp_path}"})
+    assert r.returncode == 0, r.stderr
+    found = list((tmp_path / "found").glob("*.yaml"))
+    assert found and all("under a\\udcffb" in f.read_text() for f in found)

@@ -53,6 +53,7 @@ from ..verdict.codes import CODES
 from ..verdict.expect import with_expectations
 from ..verdict.rules import kp006_decode_rejected, kp007_layout_drift
 from ..versions import ALL, VERSIONS, by_design, load_version
+from ..wording import visible
 from .random_trace import random_trace
 
 INV_DRIFT = "INV-drift"  # a layout differs from a rebuild and no KP007 says so
@@ -268,9 +269,11 @@ def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, se
         ops.insert(op + 1, m.Expect(engine=named, findings=tuple(sorted(by_op[op]))))
     info = CODES.get(code)
     what = f"{code} {info.name}: {info.summary}" if info else code
-    desc = (f"Found by `kpool fuzz --engine {engine} --seed {seed} --runs 1 --backend "
-            f"{backend}` and shrunk from {n_from} ops to {len(t.ops)}: under "
-            f"{version.name}, {what} (signature {signature}).")
+    # a plug-in's name is the plug-in's text: shown escaped (a lone surrogate is no
+    # character a trace file can hold)
+    desc = (f"Found by `kpool fuzz --engine {visible(engine)} --seed {seed} --runs 1 "
+            f"--backend {backend}` and shrunk from {n_from} ops to {len(t.ops)}: under "
+            f"{visible(version.name)}, {what} (signature {signature}).")
     out = dataclasses.replace(t, ops=tuple(ops), name=f"fuzz-{signature.replace('/', '-')}",
                               description=desc, engine=named)
     text = dump_trace(out)
@@ -358,9 +361,10 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
                 small = shrink(t, lambda c: diverges(c, task.base or "", task.engine,
                                                      task.backend))
                 shrunk.append(Shrunk(DIVERGED, sig, dump_trace(dataclasses.replace(
-                    small, name=f"diverged-{task.base}-{task.engine}",
-                    description=f"Found by `kpool fuzz --engine {task.engine} --base "
-                    f"{task.base} --seed {task.seed} --runs 1 --backend {task.backend}` "
+                    small, name=visible(f"diverged-{task.base}-{task.engine}"),
+                    description=f"Found by `kpool fuzz --engine {visible(task.engine)} "
+                    f"--base {visible(task.base or '')} --seed {task.seed} --runs 1 "
+                    f"--backend {task.backend}` "
                     f"and shrunk from {len(t.ops)} ops to "
                     f"{len(small.ops)}: `kpool diff --base {task.base} --head "
                     f"{task.engine}` shows a behaviour difference.")), len(small.ops)))
