@@ -122,3 +122,33 @@ def test_fuzz_under_a_plug_in_named_with_a_lone_surrogate_writes_its_traces(tmp_
     assert r.returncode == 0, r.stderr
     found = list((tmp_path / "found").glob("*.yaml"))
     assert found and all("under a\\udcffb" in f.read_text() for f in found)
+
+
+# -- standard output onto an input ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["check", "{t}", "--backend", "none"],
+                                     ["replay", "{t}", "--backend", "none"],
+                                     ["validate", "{t}"],
+                                     ["diff", "{r}", "{r2}", "--format", "json"]])
+def test_standard_output_open_on_an_input_is_refused(tmp_path, command):
+    """`kpool check t.yaml 1<>t.yaml` wrote PASS into the trace (and then read it back
+    as INVALID); `-o /dev/stdout` was refused, plain stdout was not."""
+    import subprocess
+    import sys
+
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                 "  - decode: {seq: 0, pos: 0..4}\n")
+    r, r2 = tmp_path / "r.json", tmp_path / "r2.json"
+    kpool("replay", str(t), "--backend", "none", "--format", "json", "-o", str(r))
+    r2.write_bytes(r.read_bytes())
+    victim = t if "{t}" in command else r
+    before = _digest(victim)
+    args = [a.format(t=t, r=r, r2=r2) for a in command]
+    with open(victim, "r+b") as out:  # the shell's `1<>FILE`: no truncation
+        p = subprocess.run([sys.executable, "-m", "kpool_cli", *args], stdout=out,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "standard output is the input" in p.stderr
+    assert _digest(victim) == before

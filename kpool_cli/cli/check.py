@@ -145,6 +145,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
     files, problems = trace_paths(paths)
     if problems:
         fail(problems[0])
+    refuse_outputs(tuple(files))  # stdout open on a trace (`1<>t.yaml`)
     bad = 0
     bar = progress_bar(len(files), "kpool validate", unit="traces",
                        shares_terminal=stream_is_terminal(sys.stdout))

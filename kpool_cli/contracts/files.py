@@ -2,7 +2,8 @@
 
 Owns:
 - `check_outputs(inputs, outputs)`: refuses, before any work, an output path that
-  would destroy something: one of the inputs (the same file, through any link),
+  would destroy something: one of the inputs (the same file, through any link, or
+  standard output itself open on one: `1<>trace.yaml`),
   the same path twice, or anything that is not a regular file (a directory, a
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), a path
   that ends in `/`, and the empty path. `-` (stdout) is always allowed, and so is a
@@ -87,6 +88,13 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
         ident = _identity(i)
         if ident is not None:
             inputs_by_id[ident] = i
+    try:  # `1<>input`, `>> input`: what is written to stdout would land on it
+        out = os.fstat(1)
+    except OSError:
+        out = None
+    if out is not None and stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) in inputs_by_id:
+        raise OutputError(f"standard output is the input {inputs_by_id[(out.st_dev, out.st_ino)]}"
+                          ": kpool never writes over its inputs (redirect it elsewhere)")
     seen: dict[str, str] = {}
     for opt, path in given:
         if path == "":
