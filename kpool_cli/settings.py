@@ -267,6 +267,16 @@ def load_settings(start: Path, *, no_config: bool = False) -> Settings:
     SettingsError for a file that cannot be read or parsed, or says anything wrong."""
     if no_config:
         return NO_SETTINGS
+    try:
+        return _discovered(start)
+    except OSError as e:  # a folder kpool may not look into, a path past the system's length
+        raise SettingsError(Path(e.filename) if e.filename else start, None,
+                            f"cannot look for a settings file there: {e.strerror or e} "
+                            "(--no-config skips the search)") from None
+
+
+def _discovered(start: Path) -> Settings:
+    """`load_settings`'s search, which reads the file system (an OSError passes)."""
     folder = start.resolve()
     if not folder.is_dir():
         folder = folder.parent

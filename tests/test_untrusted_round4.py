@@ -152,3 +152,31 @@ def test_standard_output_open_on_an_input_is_refused(tmp_path, command):
     assert p.returncode == 2, p.stderr
     assert "standard output is the input" in p.stderr
     assert _digest(victim) == before
+
+
+# -- settings discovery -------------------------------------------------------------------
+
+
+def test_a_settings_search_that_cannot_read_a_folder_says_so_not_cannot_write(tmp_path):
+    """In a working folder past the system's path length, the search for a settings
+    file failed with "cannot write <cwd>: File name too long" (nothing was written)."""
+    import subprocess
+    import sys
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for _ in range(45):  # 45 x 101 characters: past PATH_MAX (4096), one step at a time
+            os.mkdir("x" * 100)
+            os.chdir("x" * 100)
+        Path("t.yaml").write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops: []\n")
+        runs = [subprocess.run([sys.executable, "-m", "kpool_cli", "check", "t.yaml",
+                                "--backend", "none", *extra], capture_output=True,
+                               text=True, timeout=120) for extra in ([], ["--no-config"])]
+    finally:
+        os.chdir(here)
+    r, r_no_config = runs
+    assert r.returncode == 2
+    assert "cannot look for a settings file there: File name too long" in r.stderr
+    assert "cannot write" not in r.stderr and "--no-config" in r.stderr
+    assert r_no_config.returncode == 0, r_no_config.stderr
