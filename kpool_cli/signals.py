@@ -1,18 +1,19 @@
-"""Ctrl-C, SIGTERM and SIGHUP, as exceptions raised where the program is (so that `finally`
-blocks run: an output's temporary file is removed, a JSON document is closed), and
-the spans of work they must not cut in two.
+"""Ctrl-C, SIGTERM, SIGHUP and the other signals that end a process (`TERMINATING`), as
+exceptions raised where the program is (so that `finally` blocks run: an output's
+temporary file is removed, a JSON document is closed), and the spans of work they
+must not cut in two.
 
-Owns: `Terminated` (SIGTERM, or SIGHUP when the terminal goes away: a
+Owns: `Terminated` (SIGTERM, SIGHUP when the terminal goes away, SIGQUIT...: a
 KeyboardInterrupt, so that what ends cleanly on Ctrl-C ends cleanly on them too; it
 carries the signal, for the exit status 128 + its number), `install()` (the handlers:
-SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP Terminated), `held()` and
+SIGINT raises KeyboardInterrupt, each of TERMINATING Terminated), `held()` and
 `masked()`:
 - inside `held()`, a signal that arrives is kept and raised as the block ends, so it
   lands between two records of a stream, never inside one. Python runs a handler in
   the main thread between two bytecodes, whichever thread the kernel gave the
   signal to, so holding is a flag the handlers read, not a signal mask (numpy's
   threads would take a masked signal);
-- `masked()` blocks SIGINT, SIGTERM and SIGHUP in the calling thread while numba compiles (or
+- `masked()` blocks SIGINT and TERMINATING in the calling thread while numba compiles (or
   loads its cache), partly inside llvmlite's ctypes callbacks, where the exception a
   handler raises is printed and lost (the run went on to exit 0): masked, the signal
   is answered right after, in plain Python code. It also holds, for the signals a
@@ -44,16 +45,24 @@ from types import FrameType
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP (`signum`), raised where the program is, before exit 128 +
-    `signum` (143, 129)."""
+    """SIGTERM, SIGHUP or another of TERMINATING (`signum`), raised where the program
+    is, before exit 128 + `signum` (143, 129, ...)."""
 
     def __init__(self, signum: int = signal.SIGTERM) -> None:
         super().__init__()
         self.signum = signum
 
 
+# the signals whose default action ends the process, which `install()` turns into
+# Terminated so that an output's temporary file is removed on the way out: SIGTERM,
+# SIGHUP, and the others a user or a limit sends (Ctrl-\, `ulimit -t`'s soft limit,
+# `timeout -s`, a tool's alarm): SIGPIPE is the CLI's own (a reader that left), and
+# SIGKILL cannot be caught
+TERMINATING = tuple(getattr(signal, name) for name in (
+    "SIGTERM", "SIGHUP", "SIGQUIT", "SIGXCPU", "SIGALRM", "SIGUSR1", "SIGUSR2",
+    "SIGVTALRM", "SIGPROF") if hasattr(signal, name))
 # the signals `install()` ends a run on, and `masked()` blocks
-_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ENDING = (signal.SIGINT, *TERMINATING)
 
 
 _depth = 0  # how many `held()` blocks the main thread is in
@@ -118,13 +127,13 @@ def _on_unraisable(u: sys.UnraisableHookArgs) -> None:
 
 
 def install() -> None:
-    """The CLI's handlers of SIGINT, SIGTERM and SIGHUP (main thread only; a signal the
+    """The CLI's handlers of SIGINT and TERMINATING (main thread only; a signal the
     process was started ignoring stays ignored), and the hook that keeps a dropped
     signal's exception off stderr."""
     global _settled, _kept, _depth, _unraisable_before
     _settled, _kept, _depth = False, None, 0
-    for signum, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm),
-                            (signal.SIGHUP, _on_sigterm)):
+    for signum, handler in ((signal.SIGINT, _on_sigint),
+                            *((s, _on_sigterm) for s in TERMINATING)):
         # one the caller ignores stays ignored: `nohup kpool ...` ignores SIGHUP, a
         # shell script's background job SIGINT
         if signal.getsignal(signum) is not signal.SIG_IGN:
@@ -162,7 +171,7 @@ def held() -> _Held:
 
 @contextlib.contextmanager
 def masked() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP blocked in this thread (and held) for the block."""
+    """SIGINT and TERMINATING blocked in this thread (and held) for the block."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, set(_ENDING))
     try:
         with held():

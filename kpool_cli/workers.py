@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
+from .signals import TERMINATING
+
 if TYPE_CHECKING:  # multiprocessing: imported by a run that starts a pool
     from concurrent.futures import ProcessPoolExecutor
 
@@ -73,15 +75,16 @@ class WorkerDied(Exception):
 def _worker_init(parent: int | None = None) -> None:
     """Ctrl-C reaches every process of the terminal's process group: only the parent
     answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
-    (and SIGHUP) ends a worker at once: the parent's handler (an exception, so that its
-    files are cleaned up) is inherited through fork and would let the worker run on. A
+    (and the other TERMINATING signals) ends a worker at once: the parent's handler (an
+    exception, so that its files are cleaned up) is inherited through fork and would
+    let the worker run on. A
     worker dies with its parent (`parent`, its pid), even one SIGKILL ended (the OOM
     killer, a CI job's hard stop), which has no chance to end its workers: on Linux
     the kernel sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set
     leaves the worker to a new parent, which it sees and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    for signum in TERMINATING:
+        signal.signal(signum, signal.SIG_DFL)
     if sys.platform == "linux":
         import ctypes
 

@@ -180,3 +180,21 @@ def test_a_settings_search_that_cannot_read_a_folder_says_so_not_cannot_write(tm
     assert "cannot look for a settings file there: File name too long" in r.stderr
     assert "cannot write" not in r.stderr and "--no-config" in r.stderr
     assert r_no_config.returncode == 0, r_no_config.stderr
+
+
+# -- signals that end a process -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["SIGQUIT", "SIGUSR1", "SIGALRM", "SIGXCPU"])
+def test_every_signal_that_ends_a_process_leaves_no_temporary_file(tmp_path, name):
+    """Ctrl-\\ (SIGQUIT), `timeout -s USR1`, an alarm, `ulimit -t`'s soft limit
+    (SIGXCPU): each killed kpool with its default action, leaving the output's
+    half-written `.r.json.XXXX.tmp`. Each now ends as SIGTERM does: the temporary
+    removed, "kpool: terminated", 128 + the signal's number."""
+    import signal
+
+    from test_untrusted import _signal_mid_run
+
+    sig = getattr(signal, name)
+    code, err = _signal_mid_run(tmp_path, sig, "json")
+    assert code == 128 + sig and err == "kpool: terminated\n"

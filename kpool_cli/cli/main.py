@@ -3,7 +3,8 @@
 Owns: `cli` (the click group, with one command per module of this package) and
 `main()`, which runs it and turns whatever ends it into one exit status
 (contracts/exits.py) and at most one line on stderr: a command's own status, bad
-usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, SIGHUP 129, a closed
+usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, SIGHUP 129 (any signal of
+signals.TERMINATING: 128 + its number), a worker that died 2, a closed
 stdout 141, an output that cannot be written 2, an internal error 2 (never a
 traceback, unless KPOOL_TRACEBACK is set); and `run()`, the installed script, which
 leaves the process once main() is done without the interpreter's teardown (`leave`).
@@ -86,7 +87,8 @@ class _Interrupted(BaseException):
 
 
 class _TerminatedPast(BaseException):
-    """SIGTERM or SIGHUP, carried past click, which would take it for a Ctrl-C."""
+    """A Terminated (SIGTERM, SIGHUP...), carried past click, which would take it for a
+    Ctrl-C."""
 
     def __init__(self, signum: int) -> None:
         super().__init__()

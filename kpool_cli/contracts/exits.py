@@ -3,9 +3,10 @@
 
 Owns: `PASS`, `FINDINGS`, `BAD_INPUT`, the statuses of a signal or a closed stdout
 (`INTERRUPTED` 130, `TERMINATED` 143, `HUNG_UP` 129, `BROKEN_PIPE` 141, as a shell
-reports a process killed by it; `ended_by(signum)` for the two that end a run as a
-termination), `worst` (the status of a command over several runs: the highest of
-0, 1, 2) and `of_status` (a run's status word to its exit status). Commands decide
+reports a process killed by it; `ended_by(signum)` for every signal that ends a run
+as a termination: 128 + its number), `worst` (the status of a command over several
+runs: the highest of 0, 1, 2) and `of_status` (a run's status word to its exit
+status). Commands decide
 *whether* a run passed (the tally, `check`, the diff's result); this says *which
 number* that is.
 """
@@ -27,8 +28,9 @@ _OF_STATUS = {"pass": PASS, "fail": FINDINGS, "aborted": FINDINGS, "invalid": BA
 
 
 def ended_by(signum: int) -> int:
-    """The exit status of a run a termination signal ended (SIGTERM, SIGHUP)."""
-    return HUNG_UP if signum == signal.SIGHUP else TERMINATED
+    """The exit status of a run a termination signal ended (SIGTERM 143, SIGHUP 129,
+    SIGQUIT 131, SIGXCPU 152, ...), as a shell reports a process it killed."""
+    return 128 + signum
 
 
 def of_status(status: str) -> int:
