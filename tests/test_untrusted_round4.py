@@ -198,3 +198,41 @@ def test_every_signal_that_ends_a_process_leaves_no_temporary_file(tmp_path, nam
     sig = getattr(signal, name)
     code, err = _signal_mid_run(tmp_path, sig, "json")
     assert code == 128 + sig and err == "kpool: terminated\n"
+
+
+# -- the memory budget's cgroup ---------------------------------------------------------------
+
+
+def _cgroup_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.mark.parametrize("proc, files, room", [
+    # v2, a service's MemoryMax= on its own cgroup (the root has none)
+    ("0::/system.slice/kpool.service\n",
+     {"memory.max": "max\n", "system.slice/kpool.service/memory.max": "1073741824\n",
+      "system.slice/kpool.service/memory.current": "73741824\n"}, 1_000_000_000),
+    # v2, the parent's limit binds tighter than the child's
+    ("0::/a/b\n", {"a/memory.max": "500000000\n", "a/memory.current": "100000000\n",
+                   "a/b/memory.max": "2000000000\n", "a/b/memory.current": "0\n"},
+     400_000_000),
+    # v1 (hybrid: a memory controller of its own), nested, "no limit" above it
+    ("4:memory:/process_api/job\n0::/\n",
+     {"memory/memory.limit_in_bytes": "9223372036854771712\n",
+      "memory/process_api/job/memory.limit_in_bytes": "1073741824\n",
+      "memory/process_api/job/memory.usage_in_bytes": "0\n"}, 1 << 30),
+    # no limit anywhere
+    ("0::/x\n", {"memory.max": "max\n", "x/memory.max": "max\n"}, None),
+])
+def test_the_budget_reads_the_process_s_own_memory_cgroup(tmp_path, proc, files, room):
+    """The default --max-memory read only the hierarchy's root: a 1 GiB child cgroup
+    left an 11.5 GiB budget, and the OOM killer ended the replay (exit 137, no
+    message). Every level from the process's own cgroup up binds it."""
+    from kpool_cli.backend import budget
+
+    (tmp_path / "cgroup").write_text(proc)
+    _cgroup_tree(tmp_path / "fs", files)
+    assert budget._cgroup_headroom(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == room

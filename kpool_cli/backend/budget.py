@@ -195,15 +195,46 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def _cgroup_headroom() -> int | None:
-    """The memory this process's cgroup may still take (v2 memory.max, v1 limit)."""
-    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup",
+                     root: str = CGROUP_ROOT) -> int | None:
+    """The memory this process's cgroup may still take: the least headroom (limit less
+    usage) of its own memory cgroup and each one above it, whose limits bind it too
+    (`/proc/self/cgroup` names it: systemd's MemoryMax=, a nested cgroup); v2
+    (memory.max) or v1 (the memory controller's limit_in_bytes). None when no level
+    sets a limit."""
+    try:
+        with open(proc_cgroup, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    levels: list[tuple[str, str]] = []  # (limit file, usage file), innermost first
+    for line in lines:
+        _, controllers, path = [*line.split(":", 2), "", ""][:3]
+        if controllers == "":  # v2: the one hierarchy
+            base, limit, usage = root, "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit, usage = f"{root}/memory", "memory.limit_in_bytes", \
+                "memory.usage_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        for n in range(len(parts), -1, -1):
+            folder = "/".join([base, *parts[:n]])
+            levels.append((f"{folder}/{limit}", f"{folder}/{usage}"))
+    if not lines:  # no /proc: the root's files, as a container shows its own
+        levels = [(f"{root}/memory.max", f"{root}/memory.current"),
+                  (f"{root}/memory/memory.limit_in_bytes",
+                   f"{root}/memory/memory.usage_in_bytes")]
+    room = None
+    for limit, usage in levels:
         lim = _read_int(limit)
         if lim is not None and lim < 1 << 60:  # v1 says "no limit" with a huge number
-            return max(0, lim - (_read_int(usage) or 0))
-    return None
+            here = max(0, lim - (_read_int(usage) or 0))
+            room = here if room is None else min(room, here)
+    return room
 
 
 def _physical() -> int | None:
