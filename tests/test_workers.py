@@ -116,3 +116,46 @@ def test_a_worker_whose_parent_is_already_gone_exits() -> None:
                         "from kpool_cli.workers import _worker_init; _worker_init(1)"],
                        cwd=ROOT, timeout=60)
     assert r.returncode == 1
+
+
+class _Counted:
+    """A sequence of a billion units that counts how many were read."""
+
+    def __init__(self) -> None:
+        self.read = 0
+
+    def __len__(self) -> int:
+        return 10**9
+
+    def __iter__(self):
+        for i in range(len(self)):
+            self.read += 1
+            yield i
+
+
+def _double(unit: int) -> int:
+    return 2 * unit
+
+
+@needs_two
+def test_a_long_sequence_of_units_is_read_as_it_goes() -> None:
+    """`kpool fuzz --runs 10000000` made every unit and every future before its first
+    result (28 s and 1.5 GB past a 2 s budget): the pool keeps a window in flight."""
+    from kpool_cli.workers import WINDOW_PER_WORKER
+
+    units = _Counted()
+    got = in_order(_double, units, 2)  # type: ignore[arg-type]
+    assert [next(got) for _ in range(3)] == [0, 2, 4]
+    got.close()
+    assert units.read <= 3 + 2 * WINDOW_PER_WORKER
+
+
+def test_a_campaign_s_runs_are_made_when_asked_for() -> None:
+    from kpool_cli.gen.fuzz import FuzzTask, tasks_for
+
+    tasks = tasks_for("cache-safe", 10**12, 5)
+    assert len(tasks) == 10**12
+    assert tasks[0] == FuzzTask(5, "cache-safe", "none", shrink=False, base=None)
+    assert tasks[-1].seed == 5 + 10**12 - 1
+    with pytest.raises(IndexError):
+        tasks[10**12]

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 
@@ -411,13 +412,42 @@ class Progress:
         return sum(len(o.shrunk) for o in self.first.values())
 
 
+@dataclass(frozen=True, slots=True)
+class FuzzTasks(Sequence[FuzzTask]):
+    """The runs of a campaign, each made when it is asked for (ten million runs are
+    not ten million objects before the first one runs): run r has seed `seed + r`."""
+
+    engine: str
+    runs: int
+    seed: int
+    backend: str = "none"
+    base: str | None = None
+
+    def __len__(self) -> int:
+        return self.runs
+
+    @overload
+    def __getitem__(self, i: int) -> FuzzTask: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[FuzzTask]: ...
+
+    def __getitem__(self, i: int | slice) -> FuzzTask | Sequence[FuzzTask]:
+        if isinstance(i, slice):
+            return [self[r] for r in range(*i.indices(self.runs))]
+        r = i + self.runs if i < 0 else i
+        if not 0 <= r < self.runs:
+            raise IndexError(i)
+        return FuzzTask(self.seed + r, self.engine, self.backend, shrink=False,
+                        base=self.base)
+
+
 def tasks_for(engine: str, runs: int, seed: int, backend: str = "none",
-              base: str | None = None) -> list[FuzzTask]:
+              base: str | None = None) -> FuzzTasks:
     """Run r has seed `seed + r`; only runs are shrunk whose signature is new, so the
     first pass does not shrink (see `campaign`). With `base`, a run looks for
     behaviour differences from that engine only (`diverges`)."""
-    return [FuzzTask(seed + r, engine, backend, shrink=False, base=base)
-            for r in range(runs)]
+    return FuzzTasks(engine, runs, seed, backend, base)
 
 
 def campaign(tasks: Sequence[FuzzTask],
@@ -427,7 +457,7 @@ def campaign(tasks: Sequence[FuzzTask],
     yielding the totals after each outcome. The first (lowest seed) run of each new
     (code, signature) is run again with shrinking, here: only those are shrunk."""
     p = Progress()
-    for o in runner(fuzz_one, tasks):
+    for i, o in enumerate(runner(fuzz_one, tasks)):  # the outcomes come in task order
         p.runs += 1
         p.rejected += o.rejected
         new = []
@@ -438,7 +468,7 @@ def campaign(tasks: Sequence[FuzzTask],
             p.versions.setdefault(k, set()).update(engines)
         fresh = [k for k in keys if k not in p.first]
         if fresh:
-            task = next(t for t in tasks if t.seed == o.seed)
+            task = tasks[i]
             full = fuzz_one(dataclasses.replace(task, shrink=True)) if not task.shrink else o
             for k in fresh:
                 p.first[k] = full
