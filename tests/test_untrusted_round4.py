@@ -236,3 +236,32 @@ def test_the_budget_reads_the_process_s_own_memory_cgroup(tmp_path, proc, files,
     (tmp_path / "cgroup").write_text(proc)
     _cgroup_tree(tmp_path / "fs", files)
     assert budget._cgroup_headroom(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == room
+
+
+# -- --svg's size ---------------------------------------------------------------------------
+
+
+def test_svg_of_a_long_run_stops_its_views_at_a_budget_and_keeps_the_summary(tmp_path):
+    """--svg recorded every ubatch's view: a 150-ubatch trace of 16 slots made a 126 MB
+    SVG in 94 s and 957 MB (--html stops its views at 3 MiB). The views now stop at
+    SVG_RECORD_CHARS characters, with a line saying where and how to see the rest,
+    and the summary is still there."""
+    import re
+
+    from test_untrusted import long_trace
+
+    from kpool_cli.report.text import SVG_RECORD_CHARS
+
+    t = tmp_path / "long.yaml"
+    t.write_text(long_trace(400))
+    svg = tmp_path / "v.svg"
+    r = kpool("replay", str(t), "--engine", "cache-safe", "--backend", "none",
+              "--all-ubatches", "--svg", str(svg), "-q")
+    assert r.returncode == 1, r.stderr
+    text = re.sub(r"<[^>]+>", "", svg.read_text()).replace("&#160;", " ")
+    shown = re.findall(r"\bubatch (\d+) · op ", " ".join(text.split()))
+    assert 0 < len(set(shown)) < 400
+    first = max(map(int, shown)) + 1
+    assert f"the views stop before ubatch {first}, at {SVG_RECORD_CHARS:,} characters" \
+        in " ".join(text.split())
+    assert "summary" in text and svg.stat().st_size < 8 << 20

@@ -15,6 +15,9 @@ Decisions:
 - otherwise: the plain view (report/plain.py); with --svg a second, off-screen
   recording console renders the rich view for the file (coloured unless --no-color
   or NO_COLOR) from the same single replay.
+- --svg holds the ubatches' views up to SVG_RECORD_CHARS characters of text, then
+  each trace's summary after a line saying where the views stopped: the file stays
+  a few MB however long the run (as --html's views stop at a budget).
 - --html: a page per trace (report/trace_page.py) from the same single replay: its
   pictures from every record, and each record's rich view, rendered off-screen
   (always coloured) as the terminal shows it (the same selection).
@@ -39,6 +42,7 @@ from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
 from ..contracts.tally import Tally
 from ..trace.model import Trace
 from ..versions import EngineVersion
+from ..wording import visible
 from .plain import write_plain
 from .select import Selection, select
 from .terminal import Manners, Ticker, make_console, stream_is_terminal
@@ -82,11 +86,23 @@ def write_trace(out: TextIO, trace: Trace, ticker: Ticker) -> None:
         ticker.tick(n_ops)
 
 
+# characters of recorded text the --svg file holds at most: 19-61 bytes of SVG each
+# (traces/server-session.yaml: 23,601 characters, 452,994 bytes; a 16-slot `kpool gen
+# server` trace's coloured tables: 300,000 characters, 18.3 MB), so 2-6 MB. Past it
+# the ubatches' views are neither recorded nor drawn off-screen (that trace's 150
+# made a 126 MB SVG in 94 s); the summary is, after a line that says where the views
+# stop and how to see the rest
+SVG_RECORD_CHARS = 100_000
+
+
 class TextOutput:
     def __init__(self, out: TextIO, *, color: bool | None = None, quiet: bool = False,
                  html: str | None = None, svg: str | None = None,
                  width: int | None = None) -> None:
         self.out, self.color, self.quiet, self.html, self.svg = out, color, quiet, html, svg
+        # what --svg's recording holds (`_view_added`), and the ubatch it stopped before
+        self._svg_chars = self._svg_segments = 0
+        self.svg_stopped: tuple[str, int] | None = None
         self.on_terminal = out is sys.stdout and stream_is_terminal(out)
         self.pages: list[TracePage] = []
         record = bool(svg)
@@ -137,16 +153,59 @@ class TextOutput:
             for rec, shown in pairs:
                 if shown:
                     with ticker.hidden():
-                        view.add(rec, shown)
+                        self._view_added(view, rec, shown, trace)
                 else:
                     view.add(rec, shown)
             with ticker.hidden():
+                self._record_summary()
                 view.finish(tally)
             return
         # plain output, the rich view recorded for the files
         write_plain(self.out, trace, version.name, (), tally, selection=selection,
-                    pairs=_tee(pairs, view))
+                    pairs=self._tee(pairs, view, trace))
+        self._record_summary()
         view.finish(tally)
+
+    def _tee(self, pairs: Iterable[tuple[Record, bool]], view: RichView, trace: Trace
+             ) -> Iterator[tuple[Record, bool]]:
+        for rec, shown in pairs:
+            self._view_added(view, rec, shown, trace)
+            yield rec, shown
+
+    def _view_added(self, view: RichView, rec: Record, shown: bool, trace: Trace) -> None:
+        """`view.add(rec, shown)`, which --svg's recording takes while it holds less
+        than SVG_RECORD_CHARS; past that a view is drawn and not recorded, and the
+        ubatch it stopped before is kept for the note `_record_summary` writes."""
+        recorder = self.recorder
+        if recorder is None or not shown:
+            view.add(rec, shown)
+            return
+        recorder.record = self._svg_chars <= SVG_RECORD_CHARS
+        # off-screen, a view the file will not hold is not drawn: counted as not shown
+        view.add(rec, shown and (recorder.record or recorder is self.console))
+        if not recorder.record:
+            if self.svg_stopped is None and isinstance(rec, UbatchRecord):
+                self.svg_stopped = (trace.path, rec.index)
+            return
+        buffer = recorder._record_buffer  # rich's recording: its segments, in order
+        self._svg_chars += sum(len(seg.text) for seg in buffer[self._svg_segments:])
+        self._svg_segments = len(buffer)
+
+    def _record_summary(self) -> None:
+        """The recording takes a trace's summary whatever the views took, after a line
+        (once) saying where the views stopped and how to see the rest."""
+        recorder = self.recorder
+        if recorder is None:
+            return
+        recorder.record = True
+        if self.svg_stopped is not None:
+            path, first = self.svg_stopped
+            recorder.print(f"--svg: the views stop before ubatch {first}, at "
+                           f"{SVG_RECORD_CHARS:,} characters: kpool replay {visible(path)} "
+                           f"--ubatch {first}.. --svg FILE records the rest",
+                           markup=False, highlight=False)
+            self.svg_stopped = None
+        self._svg_segments = len(recorder._record_buffer)
 
     def _paged(self, pairs: Iterable[tuple[Record, bool]], trace: Trace,
                version: EngineVersion, backend: str | None, selection: Selection,
@@ -216,8 +275,3 @@ def offline_svg_format() -> str:
     return re.sub(r"(<!-- Generated with Rich) https?://[^ ]* -->", r"\1 -->", fmt)
 
 
-def _tee(pairs: Iterable[tuple[Record, bool]], view: RichView
-         ) -> Iterator[tuple[Record, bool]]:
-    for rec, shown in pairs:
-        view.add(rec, shown)
-        yield rec, shown
