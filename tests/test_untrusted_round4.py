@@ -265,3 +265,33 @@ def test_svg_of_a_long_run_stops_its_views_at_a_budget_and_keeps_the_summary(tmp
     assert f"the views stop before ubatch {first}, at {SVG_RECORD_CHARS:,} characters" \
         in " ".join(text.split())
     assert "summary" in text and svg.stat().st_size < 8 << 20
+
+
+# -- two outputs on standard output ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, second", [
+    (["diff", "{t}", "--html", "-", "--format", "json"], "--html"),  # JSON, then a page
+    (["diff", "{t}", "--html", "/dev/stdout"], "--html"),
+    (["diff", "{t}", "--html", "-", "-o", "-"], "--html"),
+    (["replay", "{t}", "--html", "-"], "--html"),  # wrote a file named `-`
+    (["replay", "{t}", "--svg", "-"], "--svg"),
+])
+def test_two_outputs_on_standard_output_are_refused(tmp_path, args, second):
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                 "  - decode: {seq: 0, pos: 0..4}\n")
+    r = kpool(*[a.format(t=t) for a in args], cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert f"{second} and --output both go to standard output" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
+
+
+def test_a_page_on_standard_output_is_written_there_when_the_report_is_not(tmp_path):
+    t = tmp_path / "t.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                 "  - decode: {seq: 0, pos: 0..4}\n")
+    r = kpool("replay", str(t), "--html", "-", "-o", str(tmp_path / "r.txt"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("<!DOCTYPE html>") and (tmp_path / "r.txt").exists()
+    assert not (tmp_path / "-").exists()

@@ -9,7 +9,8 @@ Owns:
   that ends in `/`, and the empty path. `-` (stdout) is always allowed, and so is a
   path that names one of kpool's own descriptors (`/dev/stdout`: written as `-` is).
 - `written_whole(path)`: a context manager yielding a text stream on a temporary
-  file beside the file `path` names (a symlink is written through, never replaced),
+  file beside the file `path` names (a symlink is written through, never replaced;
+  `-` is stdout),
   renamed over it only when the block completes; a path that names one of this
   process's own descriptors (`own_descriptor`: `/dev/stdout`, `/dev/fd/N`,
   `/proc/self/fd/N`, or a link to one) is written on that descriptor, as `-` is on
@@ -43,6 +44,7 @@ from typing import TextIO
 from ..signals import masked
 
 STDOUT = "-"
+MAIN = "--output"  # the option whose output, when it is not given, is standard output
 TMP_NAME_CHARS = 32  # of the output's name, in its temporary's (4 bytes a character at most)
 
 
@@ -82,6 +84,16 @@ def _identity(path: str) -> tuple[int, int] | None:
 def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None]]) -> None:
     """Raise OutputError unless every output (`(option, path)`, path None when not
     given) may be written without destroying an input or a non-file."""
+    outputs = list(outputs)
+    # what goes to standard output: `-`, a path naming descriptor 1 (/dev/stdout), and
+    # the main output (`MAIN`) when it is not given: two would mix in one stream (a
+    # JSON report followed by a page is no JSON document)
+    to_stdout = [opt for opt, p in outputs
+                 if p == STDOUT or (p is None and opt == MAIN)
+                 or (p and own_descriptor(p) == 1)]
+    if len(to_stdout) > 1:
+        raise OutputError(f"{to_stdout[-1]} and {to_stdout[0]} both go to standard output: "
+                          f"give {to_stdout[-1]} a file of its own")
     given = [(opt, p) for opt, p in outputs if p is not None and p != STDOUT]
     inputs_by_id = {}
     for i in inputs:
@@ -196,7 +208,7 @@ def written_whole(path: str) -> Iterator[TextIO]:
     # the last line of defence, whatever the command checked: never replace a device,
     # a FIFO or a directory with a regular file
     check_outputs((), [("output", path)])
-    fd = own_descriptor(path)
+    fd = 1 if path == STDOUT else own_descriptor(path)
     if fd is not None:
         yield from _on_descriptor(fd, path)
         return
