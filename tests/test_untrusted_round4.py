@@ -295,3 +295,20 @@ def test_a_page_on_standard_output_is_written_there_when_the_report_is_not(tmp_p
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("<!DOCTYPE html>") and (tmp_path / "r.txt").exists()
     assert not (tmp_path / "-").exists()
+
+
+# -- a key by alias -------------------------------------------------------------------------
+
+
+def test_a_duplicate_key_by_alias_is_placed_where_the_alias_stands():
+    """`*k : "b"` on line 5 repeats the key anchored on line 2: the message named line
+    2 for both, so the reader looked for the duplicate where the first one is."""
+    from kpool_cli.trace.load import TraceError, load_trace_text
+
+    text = ('kpool_trace: 1\n&k name: "a"\ncache: {kv_size: 16, kpool: 4}\nops: []\n'
+            '*k : "b"\n')
+    with pytest.raises(TraceError) as e:
+        load_trace_text(text, "ak.yaml")
+    (p,) = e.value.problems
+    assert (p.line, p.field) == (5, "name")
+    assert "duplicate key 'name' (first at line 2" in p.message

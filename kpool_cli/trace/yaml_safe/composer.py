@@ -428,7 +428,13 @@ class Composer:
             )
         if a.tokens and a.context == context:
             self.count_token(ev, a.tokens, context in (C_TOKENS, C_UBATCHES))
-        return a.node
+        node = a.node
+        if isinstance(node, Scalar):  # placed where the alias stands, not its anchor: a
+            m = ev.start_mark         # message about it (a duplicate key) names this line
+            if m.line != self.line0:
+                self.line0, self.line = m.line, m.line + 1
+            return Scalar(node.tag, node.value, self.line, m.column + 1, node.plain)
+        return node
 
     def open_anchor(self, ev: Any, node: Node, context: int) -> _Anchor:
         name = ev.anchor
