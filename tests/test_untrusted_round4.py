@@ -312,3 +312,32 @@ def test_a_duplicate_key_by_alias_is_placed_where_the_alias_stands():
     (p,) = e.value.problems
     assert (p.line, p.field) == (5, "name")
     assert "duplicate key 'name' (first at line 2" in p.message
+
+
+def test_the_default_budget_is_shared_by_the_processes_of_jobs(monkeypatch):
+    """With `-j N` each worker checked its replay against the whole default budget
+    (half of the memory available), so N of them could take N halves. Not given,
+    --max-memory is now that half shared by the processes that run at once; given,
+    it is each one's."""
+    import click
+    from click.testing import CliRunner
+
+    from kpool_cli.backend import budget
+    from kpool_cli.cli import options
+
+    monkeypatch.setattr(budget, "_meminfo", lambda key: 8 << 30)
+    monkeypatch.setattr(budget, "_cgroup_headroom", lambda: None)
+    monkeypatch.setattr(budget, "_address_space_headroom", lambda: None)
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+
+    @click.command()
+    @options.max_memory_option
+    @click.option("--jobs", type=int, default=1)
+    def show(max_memory, jobs):
+        click.echo(options.shared_budget(max_memory, jobs, 100))
+
+    run = CliRunner().invoke
+    assert run(show, []).output == f"{4 << 30}\n"
+    assert run(show, ["--jobs", "2"]).output == f"{2 << 30}\n"
+    assert run(show, ["--jobs", "16"]).output == f"{1 << 30}\n"  # 4 cores run at once
+    assert run(show, ["--jobs", "2", "--max-memory", "3G"]).output == f"{3 << 30}\n"

@@ -259,13 +259,14 @@ def _address_space_headroom() -> int | None:
         return None
 
 
-def default_max_memory() -> int | None:
+def default_max_memory(shares: int = 1) -> int | None:
     """Half of the memory available now (MemAvailable, capped by the cgroup's
-    headroom and by what `ulimit -v` still allows), else half of physical memory;
-    None when none is known."""
+    headroom and by what `ulimit -v` still allows), else half of physical memory,
+    shared by `shares` processes running at once (`--jobs`); None when none is
+    known."""
     known = [n for n in (_meminfo("MemAvailable") or _physical(), _cgroup_headroom(),
                          _address_space_headroom()) if n is not None]
-    return min(known) // 2 if known else None
+    return min(known) // 2 // max(1, shares) if known else None
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000**2,

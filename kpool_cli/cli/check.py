@@ -17,7 +17,14 @@ from ..verdict.expect import load_checked
 from ..versions import expand_all
 from ..wording import visible
 from .io import codes, fail, open_output, refuse_outputs, terminal_lines, version_for
-from .options import ENGINES, core_option, jobs_option, load_bounds, max_memory_option
+from .options import (
+    ENGINES,
+    core_option,
+    jobs_option,
+    load_bounds,
+    max_memory_option,
+    shared_budget,
+)
 
 
 @click.command("check")
@@ -88,6 +95,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     fail_on = fail_on or settings.fail_on or "error"
     fmt = fmt or settings.output_format or "text"
     jobs = jobs or settings.jobs or 1
+    max_memory = shared_budget(max_memory, jobs, len(files) * max(1, len(engines)))
     extra = frozenset(codes(ignore) + settings.ignore)
     if problems:
         fail(problems[0])

@@ -8,7 +8,14 @@ import click
 
 from ..backend.store import BACKENDS
 from .io import fail, open_output, refuse_outputs
-from .options import ENGINES, core_option, jobs_option, load_bounds, max_memory_option
+from .options import (
+    ENGINES,
+    core_option,
+    jobs_option,
+    load_bounds,
+    max_memory_option,
+    shared_budget,
+)
 
 
 @click.command("diff")
@@ -86,6 +93,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     if problems:
         fail(problems[0])
     refuse_outputs((*inputs, *files), (base, head), output=output, html=html_out)
+    max_memory = shared_budget(max_memory, jobs, 2 * len(files))  # base and head each
     try:
         selectors = ignore_selectors(ignore)
     except ValueError as e:

@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from ..backend.budget import default_max_memory, parse_memory
 from ..replay import CORE_CHOICES, DEFAULT_CORE, auto_compiled_from
@@ -115,6 +116,19 @@ def _memory_budget(ctx: click.Context, param: click.Parameter, value: str | None
         raise click.BadParameter(str(e)) from e
 
 
+def shared_budget(max_memory: int | None, jobs: int, n_units: int) -> int | None:
+    """The budget each of `jobs` processes checks its replay against: --max-memory as
+    given, or, when it was not, the default (half of the memory available) shared by
+    the processes that run at once (`workers_for`), which all take it from the same
+    memory."""
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("max_memory") is not ParameterSource.DEFAULT:
+        return max_memory
+    from ..workers import workers_for
+
+    return default_max_memory(workers_for(jobs, n_units))
+
+
 def ubatch_ranges(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
                   ) -> tuple[tuple[int, int], ...]:
     try:
@@ -156,4 +170,5 @@ core_option = click.option(
 max_memory_option = click.option(
     "--max-memory", metavar="SIZE", callback=_memory_budget,
     help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "
-         "(512M, 8G, or none) [default: half of the memory available].")
+         "(512M, 8G, or none) [default: half of the memory available, shared by the "
+         "--jobs processes].")
