@@ -54,6 +54,10 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    global _fork_hook
+    if not _fork_hook:  # from the fork on, before the worker runs a line of its own
+        os.register_at_fork(after_in_child=_worker_signals)
+        _fork_hook = True
     pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init,
                                initargs=(os.getpid(),))
     # a window of units in flight, not all of them: `kpool fuzz --runs 10000000` made
@@ -94,9 +98,7 @@ def _worker_init(parent: int | None = None) -> None:
     killer, a CI job's hard stop), which has no chance to end its workers: on Linux
     the kernel sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set
     leaves the worker to a new parent, which it sees and exits."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in TERMINATING:
-        signal.signal(signum, signal.SIG_DFL)
+    _worker_signals()
     if sys.platform == "linux":
         import ctypes
 
@@ -107,6 +109,17 @@ def _worker_init(parent: int | None = None) -> None:
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_fork_hook = False  # `_worker_signals` runs in every child forked from here on
+
+
+def _worker_signals() -> None:
+    """A worker's handlers (`_worker_init`), set in the child right after the fork: a
+    SIGTERM that comes before the pool runs the initializer would otherwise raise the
+    parent's Terminated in the worker, which multiprocessing reports on stderr
+    ("Process ForkProcess-1:") and the worker may catch."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in TERMINATING:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def _stop_now(pool: ProcessPoolExecutor) -> None:

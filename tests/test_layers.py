@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "kpool_cli"
 
 LAYERS: list[set[str]] = [
-    {"__init__", "arrays", "versions", "wording", "inputs", "signals", "workers", "cluster"},
-    {"trace", "jit"},
+    {"__init__", "arrays", "versions", "wording", "inputs", "signals", "cluster"},
+    {"trace", "jit", "workers"},
     {"cache", "contracts"},
     {"engine"},
     {"compiled"},
