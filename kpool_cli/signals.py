@@ -63,6 +63,8 @@ TERMINATING = tuple(getattr(signal, name) for name in (
     "SIGVTALRM", "SIGPROF") if hasattr(signal, name))
 # the signals `install()` ends a run on, and `masked()` blocks
 _ENDING = (signal.SIGINT, *TERMINATING)
+# those it handles whatever handler it finds (one the caller ignores aside)
+_ALWAYS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 _depth = 0  # how many `held()` blocks the main thread is in
@@ -135,8 +137,11 @@ def install() -> None:
     for signum, handler in ((signal.SIGINT, _on_sigint),
                             *((s, _on_sigterm) for s in TERMINATING)):
         # one the caller ignores stays ignored: `nohup kpool ...` ignores SIGHUP, a
-        # shell script's background job SIGINT
-        if signal.getsignal(signum) is not signal.SIG_IGN:
+        # shell script's background job SIGINT; and beyond INT, TERM and HUP, a
+        # handler of the caller's own stays (a test harness's SIGALRM, a sampling
+        # profiler's SIGPROF): only a signal that would kill the process is taken
+        now = signal.getsignal(signum)
+        if now is not signal.SIG_IGN and (signum in _ALWAYS or now is signal.SIG_DFL):
             signal.signal(signum, handler)
     if sys.unraisablehook is not _on_unraisable:
         _unraisable_before = sys.unraisablehook

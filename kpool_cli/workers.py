@@ -51,19 +51,27 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
         for u in units:
             yield fn(u)
         return
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    global _fork_hook
-    if not _fork_hook:  # from the fork on, before the worker runs a line of its own
+    global _fork_hook, _forking
+    # the workers are forked (Python 3.14 makes forkserver Linux's default: a worker's
+    # parent would be the server, and the death signal and the hook below the
+    # server's), where the system can
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    if fork and not _fork_hook:  # from the fork on, before the worker runs a line
         os.register_at_fork(after_in_child=_worker_signals)
         _fork_hook = True
     pool = ProcessPoolExecutor(max_workers=n, initializer=_worker_init,
-                               initargs=(os.getpid(),))
+                               initargs=(os.getpid() if fork else None,),
+                               mp_context=multiprocessing.get_context("fork" if fork
+                                                                      else None))
     # a window of units in flight, not all of them: `kpool fuzz --runs 10000000` made
     # ten million futures before its first result (28 s and 1.5 GB past a 2 s budget)
     pending = iter(units)
     window: deque = deque()
+    _forking = True  # the hook acts for this pool's workers alone
     try:
         for u in itertools.islice(pending, WINDOW_PER_WORKER * n):
             window.append(pool.submit(fn, u))
@@ -79,6 +87,8 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
     except BaseException:
         _stop_now(pool)
         raise
+    finally:
+        _forking = False
     pool.shutdown(wait=True)
 
 
@@ -98,7 +108,7 @@ def _worker_init(parent: int | None = None) -> None:
     killer, a CI job's hard stop), which has no chance to end its workers: on Linux
     the kernel sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set
     leaves the worker to a new parent, which it sees and exits."""
-    _worker_signals()
+    _worker_handlers()
     if sys.platform == "linux":
         import ctypes
 
@@ -109,14 +119,21 @@ def _worker_init(parent: int | None = None) -> None:
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_fork_hook = False  # `_worker_signals` runs in every child forked from here on
+_fork_hook = False  # `_worker_signals` is registered to run after every fork ...
+_forking = False  # ... and acts while a pool of `in_order` lives, for its workers alone
 
 
 def _worker_signals() -> None:
     """A worker's handlers (`_worker_init`), set in the child right after the fork: a
     SIGTERM that comes before the pool runs the initializer would otherwise raise the
     parent's Terminated in the worker, which multiprocessing reports on stderr
-    ("Process ForkProcess-1:") and the worker may catch."""
+    ("Process ForkProcess-1:") and the worker may catch. Any other fork of the process
+    (a `subprocess` with `preexec_fn`) keeps its handlers."""
+    if _forking:
+        _worker_handlers()
+
+
+def _worker_handlers() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for signum in TERMINATING:
         signal.signal(signum, signal.SIG_DFL)

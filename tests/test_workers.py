@@ -159,3 +159,33 @@ def test_a_campaign_s_runs_are_made_when_asked_for() -> None:
     assert tasks[-1].seed == 5 + 10**12 - 1
     with pytest.raises(IndexError):
         tasks[10**12]
+
+
+@needs_two
+def test_the_pool_forks_its_workers_whatever_the_default_start_method() -> None:
+    """Python 3.14 makes forkserver Linux's default: a worker's parent would be the
+    fork server, and every worker would take itself for an orphan and exit."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no forkserver here")
+    script = textwrap.dedent("""
+        import multiprocessing
+        multiprocessing.set_start_method("forkserver")
+        from kpool_cli.workers import in_order
+        print(list(in_order(abs, [-1, -2, -3, -4], 2)))
+        """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and r.stdout == "[1, 2, 3, 4]\n", r.stderr
+
+
+def test_a_fork_outside_a_pool_keeps_its_signal_handlers() -> None:
+    """The after-fork hook that gives a worker its handlers acts for a pool's workers
+    alone: a later `subprocess` with `preexec_fn` (a fork) ran its program with SIGINT
+    ignored, and a kpool started so ignored Ctrl-C."""
+    list(in_order(abs, [-1, -2], 2))  # registers the hook in this process
+    r = subprocess.run([sys.executable, "-c", "import signal; "
+                        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
+                       preexec_fn=lambda: None, capture_output=True, text=True, timeout=60)
+    assert r.stdout == "False\n"
