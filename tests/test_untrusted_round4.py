@@ -47,7 +47,7 @@ def test_fuzz_never_writes_through_a_link_in_its_folder(tmp_path):
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda d: os.mkfifo(d / "found" / "KP008_seq_rm_own.yaml"), "not a regular file"),
+    (lambda d: os.mkfifo(d / "found" / "KP008_seq_rm_own.yaml"), "is a FIFO"),
     (lambda d: (d / "found" / "KP001_decode_shared.yaml").mkdir(), "is a folder"),
 ])
 def test_fuzz_refuses_a_folder_it_cannot_fill_before_any_run(tmp_path, make, says):
@@ -226,6 +226,10 @@ def _cgroup_tree(root: Path, files: dict[str, str]) -> None:
       "memory/process_api/job/memory.usage_in_bytes": "0\n"}, 1 << 30),
     # no limit anywhere
     ("0::/x\n", {"memory.max": "max\n", "x/memory.max": "max\n"}, None),
+    # a parent slice whose usage is mostly reclaimable file cache
+    ("0::/s/job\n", {"s/memory.max": "4000000000\n", "s/memory.current": "3900000000\n",
+                     "s/memory.stat": "anon 100000000\ninactive_file 3000000000\n"},
+     3_100_000_000),
 ])
 def test_the_budget_reads_the_process_s_own_memory_cgroup(tmp_path, proc, files, room):
     """The default --max-memory read only the hierarchy's root: a 1 GiB child cgroup
@@ -265,6 +269,14 @@ def test_svg_of_a_long_run_stops_its_views_at_a_budget_and_keeps_the_summary(tmp
     assert f"the views stop before ubatch {first}, at {SVG_RECORD_CHARS:,} characters" \
         in " ".join(text.split())
     assert "summary" in text and svg.stat().st_size < 8 << 20
+    # the rich view as the output (a terminal, FORCE_COLOR): every view on stdout,
+    # the note in the file alone
+    r = kpool("replay", str(t), "--engine", "cache-safe", "--backend", "none",
+              "--all-ubatches", "--svg", str(svg), "-q", env={"FORCE_COLOR": "1"})
+    assert r.returncode == 1 and "views stop" not in r.stdout
+    assert "ubatch 399 " in re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
+    assert "views stop" in " ".join(re.sub(r"<[^>]+>", "", svg.read_text())
+                                    .replace("&#160;", " ").split())
 
 
 # -- two outputs on standard output ---------------------------------------------------------
@@ -341,3 +353,38 @@ def test_the_default_budget_is_shared_by_the_processes_of_jobs(monkeypatch):
     assert run(show, ["--jobs", "2"]).output == f"{2 << 30}\n"
     assert run(show, ["--jobs", "16"]).output == f"{1 << 30}\n"  # 4 cores run at once
     assert run(show, ["--jobs", "2", "--max-memory", "3G"]).output == f"{3 << 30}\n"
+
+
+def test_a_handler_of_the_caller_s_own_stays_beyond_int_term_and_hup():
+    """`signals.install()` takes the signals that would kill the process, not one the
+    caller handles: a harness's SIGALRM (tests/hostile.py times a case out so) or a
+    sampling profiler's SIGPROF ran kpool's handler instead, "kpool: terminated"."""
+    import subprocess
+    import sys
+
+    script = ("import signal\n"
+              "mine = lambda *a: None\n"
+              "signal.signal(signal.SIGALRM, mine)\n"
+              "from kpool_cli import signals\n"
+              "signals.install()\n"
+              "print(signal.getsignal(signal.SIGALRM) is mine,\n"
+              "      signal.getsignal(signal.SIGQUIT) is signals._on_sigterm,\n"
+              "      signal.getsignal(signal.SIGTERM) is signals._on_sigterm)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.stdout == "True True True\n", r.stderr
+
+
+def test_fuzz_writes_into_a_folder_named_through_a_link_and_leaves_none_it_made_empty(
+        tmp_path):
+    """The folder itself may be a link (`-o ~/scratch`): only the entries in it must not
+    be; and a folder made for shrunk traces that got none is removed again."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "20", "-o", str(tmp_path / "link"))
+    assert r.returncode == 0, r.stderr
+    assert list(real.glob("KP*.yaml"))
+    r = kpool("fuzz", "--engine", "rep-once", "--runs", "1", "--seed", "100", "-o",
+              str(tmp_path / "none"))
+    assert r.returncode == 0 and not (tmp_path / "none").exists(), r.stderr

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -63,7 +64,7 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
         fail("--engine all with --base: compare one version with the base at a time "
              "(--engine NAME --base BASE)")
     try:  # the folder can take the shrunk traces: found before the runs, not after
-        check_output_folder("-o", out_dir, SHRUNK_FILES)
+        made = check_output_folder("-o", out_dir, SHRUNK_FILES)
     except OutputError as e:
         fail(str(e))
     out = Path(out_dir)
@@ -91,6 +92,9 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
         fail(str(e))
     finally:
         bar.close()
+    if made and not files:  # made for the shrunk traces, and none came
+        with contextlib.suppress(OSError):
+            out.rmdir()
     if totals is None:
         fail("no run finished")
     render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,

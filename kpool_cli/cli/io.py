@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 import click
 
 from ..contracts import exits
-from ..contracts.files import OutputError, check_outputs, written_whole
+from ..contracts.files import STDOUT, OutputError, check_outputs, written_whole
 from ..versions import (
     DEFAULT_VERSION,
     EngineVersion,
@@ -86,8 +86,11 @@ def refuse_outputs(inputs: tuple[str, ...], engines: Iterable[str | None] = (),
     the inputs include the modules of the plug-in `engines` and their packages
     (`plugin_files`)."""
     plugins = tuple(f for spec in engines for f in plugin_files(spec))
+    # the main output not given goes to stdout, as `-` does
+    main = outputs.get("output")
+    given = {**outputs, "output": STDOUT if main is None else main}
     try:
-        check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in outputs.items()])
+        check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in given.items()])
     except OutputError as e:
         fail(str(e))
 

@@ -44,7 +44,6 @@ from typing import TextIO
 from ..signals import masked
 
 STDOUT = "-"
-MAIN = "--output"  # the option whose output, when it is not given, is standard output
 TMP_NAME_CHARS = 32  # of the output's name, in its temporary's (4 bytes a character at most)
 
 
@@ -85,12 +84,9 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
     """Raise OutputError unless every output (`(option, path)`, path None when not
     given) may be written without destroying an input or a non-file."""
     outputs = list(outputs)
-    # what goes to standard output: `-`, a path naming descriptor 1 (/dev/stdout), and
-    # the main output (`MAIN`) when it is not given: two would mix in one stream (a
-    # JSON report followed by a page is no JSON document)
-    to_stdout = [opt for opt, p in outputs
-                 if p == STDOUT or (p is None and opt == MAIN)
-                 or (p and own_descriptor(p) == 1)]
+    # what goes to standard output (`-`, a path naming descriptor 1: /dev/stdout): two
+    # would mix in one stream (a JSON report followed by a page is no JSON document)
+    to_stdout = [opt for opt, p in outputs if p == STDOUT or (p and own_descriptor(p) == 1)]
     if len(to_stdout) > 1:
         raise OutputError(f"{to_stdout[-1]} and {to_stdout[0]} both go to standard output: "
                           f"give {to_stdout[-1]} a file of its own")
@@ -149,23 +145,25 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
             raise OutputError(f"{opt} {path}: the directory {parent} {reason}")
 
 
-def check_output_folder(opt: str, path: str, pattern: str) -> None:
+def check_output_folder(opt: str, path: str, pattern: str) -> bool:
     """Raise OutputError unless kpool can fill the folder `path` with its own files,
     each a name matching `pattern` (the module's `check_output_folder`). Makes the
-    folder when it is missing."""
+    folder when it is missing; returns whether it did (a run that writes nothing
+    there may remove it again)."""
     where = f"{opt} {path}"
     if path == "":
         raise OutputError(f"{opt}: the path is empty (give a folder)")
     folder = Path(path)
     try:
-        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-            raise OutputError(f"{where}: not a folder (kpool writes into a folder of "
-                              "its own, never through a link)")
+        if folder.exists() and not folder.is_dir():  # a link to a folder is one
+            raise OutputError(f"{where}: not a folder")
+        made = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         for entry in folder.glob(pattern):
-            if entry.is_symlink() or not entry.is_file():
-                kind = ("a symbolic link" if entry.is_symlink()
-                        else "a folder" if entry.is_dir() else "not a regular file")
+            mode = os.lstat(entry).st_mode
+            if not stat.S_ISREG(mode):
+                kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder"
+                        if stat.S_ISDIR(mode) else _kind(mode))
                 raise OutputError(f"{where}: {entry.name} in it is {kind}: kpool writes "
                                   "its files there as regular files and replaces nothing "
                                   "else")
@@ -174,6 +172,7 @@ def check_output_folder(opt: str, path: str, pattern: str) -> None:
         os.unlink(probe)
     except OSError as e:
         raise OutputError(f"{where}: cannot write there: {e.strerror or e}") from None
+    return made
 
 
 def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:
@@ -217,7 +216,7 @@ def written_whole(path: str) -> Iterator[TextIO]:
     tmp: str | None = None
     try:
         # a signal while the temporary file is made is answered once its name is known
-        # (masked: SIGINT, SIGTERM and SIGHUP wait), so that the cleanup below can
+        # (masked: SIGINT and every terminating signal wait), so that the cleanup below can
         # remove it
         with masked():
             # the name's first characters only: a name as long as the system allows

@@ -250,6 +250,15 @@ def shrink(t: m.Trace, keeps: Callable[[m.Trace], bool]) -> m.Trace:
     return t
 
 
+def found_by(task: FuzzTask) -> str:
+    """The command that runs `task` again, as a shrunk trace's description gives it; a
+    plug-in's name is the plug-in's text, shown escaped (a lone surrogate is no
+    character a trace file can hold)."""
+    base = "" if task.base is None else f" --base {visible(task.base)}"
+    return (f"`kpool fuzz --engine {visible(task.engine)}{base} --seed {task.seed} "
+            f"--runs 1 --backend {task.backend}`")
+
+
 def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, seed: int,
             n_from: int) -> str:
     """`t` as YAML with an `expect` after each op that raises findings (the exact codes
@@ -270,11 +279,9 @@ def _pinned(t: m.Trace, code: str, signature: str, engine: str, backend: str, se
         ops.insert(op + 1, m.Expect(engine=named, findings=tuple(sorted(by_op[op]))))
     info = CODES.get(code)
     what = f"{code} {info.name}: {info.summary}" if info else code
-    # a plug-in's name is the plug-in's text: shown escaped (a lone surrogate is no
-    # character a trace file can hold)
-    desc = (f"Found by `kpool fuzz --engine {visible(engine)} --seed {seed} --runs 1 "
-            f"--backend {backend}` and shrunk from {n_from} ops to {len(t.ops)}: under "
-            f"{visible(version.name)}, {what} (signature {signature}).")
+    desc = (f"Found by {found_by(FuzzTask(seed, engine, backend))} and shrunk from "
+            f"{n_from} ops to {len(t.ops)}: under {visible(version.name)}, {what} "
+            f"(signature {signature}).")
     out = dataclasses.replace(t, ops=tuple(ops), name=f"fuzz-{signature.replace('/', '-')}",
                               description=desc, engine=named)
     text = dump_trace(out)
@@ -361,14 +368,12 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
             if task.shrink:
                 small = shrink(t, lambda c: diverges(c, task.base or "", task.engine,
                                                      task.backend))
+                base, head = visible(task.base or ""), visible(task.engine)
                 shrunk.append(Shrunk(DIVERGED, sig, dump_trace(dataclasses.replace(
-                    small, name=visible(f"diverged-{task.base}-{task.engine}"),
-                    description=f"Found by `kpool fuzz --engine {visible(task.engine)} "
-                    f"--base {visible(task.base or '')} --seed {task.seed} --runs 1 "
-                    f"--backend {task.backend}` "
-                    f"and shrunk from {len(t.ops)} ops to "
-                    f"{len(small.ops)}: `kpool diff --base {task.base} --head "
-                    f"{task.engine}` shows a behaviour difference.")), len(small.ops)))
+                    small, name=f"diverged-{base}-{head}",
+                    description=f"Found by {found_by(task)} and shrunk from {len(t.ops)} "
+                    f"ops to {len(small.ops)}: `kpool diff --base {base} --head {head}` "
+                    "shows a behaviour difference.")), len(small.ops)))
         found = {k: v for k, v in found.items() if k[0] == DIVERGED}
     if task.shrink and task.base is None:
         done: set[str] = set()
@@ -385,8 +390,8 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
             done.add(code)
             small = shrink(t, _shows_defect(sig, task))
             shrunk.append(Shrunk(code, sig, dump_trace(dataclasses.replace(
-                small, name=f"defect-{code}", description=f"kpool defect {sig}, seed "
-                f"{task.seed}, engine {task.engine}")), len(small.ops)))
+                small, name=f"defect-{code}", description=f"kpool defect {sig}, found by "
+                f"{found_by(task)}")), len(small.ops)))
     return FuzzOutcome(task.seed, len(t.ops), tuple(sorted(found)), tuple(defects),
                        tuple(shrunk), rejected, tuple(sorted(shown.items())))
 

@@ -102,7 +102,7 @@ class TextOutput:
         self.out, self.color, self.quiet, self.html, self.svg = out, color, quiet, html, svg
         # what --svg's recording holds (`_view_added`), and the ubatch it stopped before
         self._svg_chars = self._svg_segments = 0
-        self.svg_stopped: tuple[str, int] | None = None
+        self.svg_stopped: tuple[str, int | None] | None = None
         self.on_terminal = out is sys.stdout and stream_is_terminal(out)
         self.pages: list[TracePage] = []
         record = bool(svg)
@@ -184,8 +184,9 @@ class TextOutput:
         # off-screen, a view the file will not hold is not drawn: counted as not shown
         view.add(rec, shown and (recorder.record or recorder is self.console))
         if not recorder.record:
-            if self.svg_stopped is None and isinstance(rec, UbatchRecord):
-                self.svg_stopped = (trace.path, rec.index)
+            if self.svg_stopped is None:
+                self.svg_stopped = (trace.path,
+                                    rec.index if isinstance(rec, UbatchRecord) else None)
             return
         buffer = recorder._record_buffer  # rich's recording: its segments, in order
         self._svg_chars += sum(len(seg.text) for seg in buffer[self._svg_segments:])
@@ -200,10 +201,17 @@ class TextOutput:
         recorder.record = True
         if self.svg_stopped is not None:
             path, first = self.svg_stopped
-            recorder.print(f"--svg: the views stop before ubatch {first}, at "
-                           f"{SVG_RECORD_CHARS:,} characters: kpool replay {visible(path)} "
-                           f"--ubatch {first}.. --svg FILE records the rest",
-                           markup=False, highlight=False)
+            note = f"--svg: the views stop here, at {SVG_RECORD_CHARS:,} characters"
+            if first is not None:
+                note = (f"--svg: the views stop before ubatch {first}, at "
+                        f"{SVG_RECORD_CHARS:,} characters: kpool replay {visible(path)} "
+                        f"--ubatch {first}.. --svg FILE records the rest")
+            # into the recording alone: on a terminal the console is also the output,
+            # where the views went on
+            from rich.text import Text
+
+            with recorder._record_buffer_lock:
+                recorder._record_buffer.extend(recorder.render(Text(note)))
             self.svg_stopped = None
         self._svg_segments = len(recorder._record_buffer)
 
