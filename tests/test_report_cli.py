@@ -292,3 +292,21 @@ def test_messages_of_an_invalid_input_wrap_between_units_on_a_terminal_only(monk
         "      block of seq 0: one block per\n"
         "      sequence\n")
     assert terminal_lines([line], io.StringIO()) == line + "\n"
+
+
+def test_integer_and_number_options_show_and_word_their_bounds_one_way():
+    """`kpool gen server --help` hid each size's bounds behind `N`; out of range, a
+    value was "not in 1..16", a closed range in the notation kpool keeps for
+    half-open ones, where a malformed one was "not an integer from 1 to 16"."""
+    from click.testing import CliRunner
+
+    from kpool_cli.cli.main import cli
+
+    run = CliRunner().invoke
+    assert "--slots 1-16" in run(cli, ["gen", "server", "--help"],
+                                 env={"COLUMNS": "100"}).output
+    for args, says in ((["gen", "server", "--slots", "0"], "0 is not an integer from 1 to 16"),
+                       (["gen", "server", "--slots", "x"], "'x' is not an integer from 1 to 16"),
+                       (["fuzz", "--time-budget", "0"], "0 is not a number from 0.1 to")):
+        r = run(cli, args)
+        assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)

@@ -641,13 +641,18 @@ def traces(draw: st.DrawFn) -> Trace:
             split.append(tuple(range(i, i + k)))
             i += k
         # split_equal's ubatches hold equal or disjoint sequence sets (ENGINE.md §3);
-        # on a non-unified cache, one block per sequence: here, one set each
+        # on a non-unified cache, one block per sequence, equal, in ascending seq id:
+        # here one set, or two sequences of half the ubatch each
         fixed = list(tokens)
         for ub in split:
             if not cache.unified:
-                for j in ub:
+                two = (len(ub) % 2 == 0 and cache.n_seq_max > 1 and draw(st.booleans()))
+                pair = sorted(draw(st.lists(seq, min_size=2, max_size=2, unique=True))
+                              ) if two else None
+                for at, j in enumerate(ub):
                     t = fixed[j]
-                    fixed[j] = Token(t.pos, fixed[ub[0]].seq, t.ext, t.cell)
+                    ss = fixed[ub[0]].seq if pair is None else (pair[2 * at // len(ub)],)
+                    fixed[j] = Token(t.pos, ss, t.ext, t.cell)
                 continue
             sets: list[tuple[int, ...]] = []
             for j in ub:

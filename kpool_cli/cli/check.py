@@ -95,7 +95,9 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     fail_on = fail_on or settings.fail_on or "error"
     fmt = fmt or settings.output_format or "text"
     jobs = jobs or settings.jobs or 1
-    max_memory = shared_budget(max_memory, jobs, len(files) * max(1, len(engines)))
+    # the runs: a trace's under each engine given, else under each its expect items
+    # name (found as it loads: counted at the most, one a process)
+    max_memory = shared_budget(max_memory, jobs, len(files) * (len(engines) or jobs))
     extra = frozenset(codes(ignore) + settings.ignore)
     if problems:
         fail(problems[0])

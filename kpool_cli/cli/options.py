@@ -40,20 +40,20 @@ def _quoted(value: str) -> str:
 
 
 class Int(click.ParamType):
-    """An integer in [lo, hi] (hi None: at most 2**63 - 1)."""
+    """An integer in [lo, hi]; its metavar `lo-hi` (closed bounds: not kpool's `a..b`,
+    which is half-open), its messages "is not an integer from lo to hi"."""
 
     name = "integer"
 
-    def __init__(self, lo: int, hi: int | None = None) -> None:
-        self.lo, self.hi, self.open = lo, (2**63 - 1 if hi is None else hi), hi is None
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        # closed bounds: not kpool's `a..b`, which is half-open
-        return f"INTEGER>={self.lo}" if self.open else f"{self.lo}-{self.hi}"
+        return f"{self.lo}-{self.hi}"
 
     def bounds(self) -> str:
         """The bounds, in the words of the messages."""
-        return f"of at least {self.lo}" if self.open else f"from {self.lo} to {self.hi}"
+        return f"from {self.lo} to {self.hi}"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
                 ) -> int:
@@ -89,7 +89,7 @@ class Float(click.ParamType):
                           f"{self.hi:g} (nan and inf are not numbers here)", param, ctx)
             x = float(text)
         if not math.isfinite(x) or not self.lo <= x <= self.hi:
-            self.fail(f"{x:g} is not in {self.lo:g}..{self.hi:g}", param, ctx)
+            self.fail(f"{x:g} is not a number from {self.lo:g} to {self.hi:g}", param, ctx)
         return x
 
 

@@ -2,9 +2,9 @@
 "Report": 0 pass, 1 findings, 2 bad usage or input; README "Exit status").
 
 Owns: `PASS`, `FINDINGS`, `BAD_INPUT`, the statuses of a signal or a closed stdout
-(`INTERRUPTED` 130, `TERMINATED` 143, `HUNG_UP` 129, `BROKEN_PIPE` 141, as a shell
-reports a process killed by it; `ended_by(signum)` for every signal that ends a run
-as a termination: 128 + its number), `worst` (the status of a command over several
+(`INTERRUPTED` 130, `BROKEN_PIPE` 141, as a shell reports a process killed by it;
+`ended_by(signum)` for every signal that ends a run as a termination: 128 + its
+number, SIGTERM 143, SIGHUP 129), `worst` (the status of a command over several
 runs: the highest of 0, 1, 2) and `of_status` (a run's status word to its exit
 status). Commands decide
 *whether* a run passed (the tally, `check`, the diff's result); this says *which
@@ -20,8 +20,6 @@ PASS = 0  # every run passed
 FINDINGS = 1  # a finding at or above --fail-on, a failed expect, a change under --fail-on-change
 BAD_INPUT = 2  # bad usage, an invalid input, an output refused, an internal error
 INTERRUPTED = 128 + signal.SIGINT  # 130: Ctrl-C
-TERMINATED = 128 + signal.SIGTERM  # 143: SIGTERM
-HUNG_UP = 128 + signal.SIGHUP  # 129: SIGHUP, the terminal went away
 BROKEN_PIPE = 128 + signal.SIGPIPE  # 141: stdout's reader left
 
 _OF_STATUS = {"pass": PASS, "fail": FINDINGS, "aborted": FINDINGS, "invalid": BAD_INPUT}
