@@ -103,11 +103,11 @@ def _worker_init(parent: int | None = None) -> None:
     answers it (and stops the workers), so a worker never prints a traceback. SIGTERM
     (and the other TERMINATING signals) ends a worker at once: the parent's handler (an
     exception, so that its files are cleaned up) is inherited through fork and would
-    let the worker run on. A
-    worker dies with its parent (`parent`, its pid), even one SIGKILL ended (the OOM
-    killer, a CI job's hard stop), which has no chance to end its workers: on Linux
-    the kernel sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set
-    leaves the worker to a new parent, which it sees and exits."""
+    let the worker run on. A worker dies with its parent (`parent`, its pid; None
+    where the workers are not forked), even one SIGKILL ended (the OOM killer, a CI
+    job's hard stop), which has no chance to end its workers: on Linux the kernel
+    sends SIGKILL (PR_SET_PDEATHSIG); a parent gone before that was set leaves the
+    worker to a new parent, which it sees and exits."""
     _worker_handlers()
     if sys.platform == "linux":
         import ctypes
