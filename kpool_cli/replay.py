@@ -55,6 +55,7 @@ from .cache.batch import (
     first_ubatch_len,
     one_seq_each,
     one_set,
+    over_the_batch,
     seq_sets,
     split_refusal,
     token_positions,
@@ -433,6 +434,9 @@ class Replayer:
         msg = validate_span(span, self.positions, mrope=cfg.by_order)
         if msg is not None:
             return self._reject(i, msg)
+        msg = over_the_batch(len(span), cfg.kv_size, cfg.n_stream)
+        if msg is not None:
+            return self._abort(i, "decode", msg)
         self._memory_update()
         n_keep_tail = self.recurrent.n_keep_tail
         try:
@@ -463,6 +467,10 @@ class Replayer:
                        embd=op.is_embd, sets=sets)
         if msg is not None:
             yield self._reject(i, msg)
+            return
+        msg = over_the_batch(len(tokens), cfg.kv_size, cfg.n_stream)
+        if msg is not None:
+            yield self._abort(i, "decode", msg)
             return
         self._memory_update()
         try:

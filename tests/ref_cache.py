@@ -1256,6 +1256,14 @@ class RefReplay:
                         self.seen):
             yield refused
             return
+        # llama_context::decode: GGML_ASSERT(n_tokens_all <= cparams.n_batch), and
+        # n_batch = min(n_ctx, params.n_batch) with n_ctx = n_ctx_seq (the indexer's
+        # kv_size) times the streams (src/llama-context.cpp), before the memory update
+        if len(tokens) > cfg.kv_size * (1 if cfg.unified else cfg.n_seq_max):
+            self.seen["decode past the context (n_batch assert)"] += 1
+            self.aborted = True
+            yield RefEvent(i, "decode", ABORTED, {}, frozenset({"KP005"}))
+            return
         # llama_context::decode: memory_update before init_batch; when it ran anything,
         # llama_memory_hybrid_idx::init_full's context runs kpool_layout_update
         updated = cache.memory_update()

@@ -1877,7 +1877,7 @@ def test_s4_only_ubatch_0_uses_the_stale_snapshot(engine: str) -> None:
 
 OVERSIZED = scenario("""
 kpool_trace: 1
-cache: {kv_size: 96, kpool: 4}
+cache: {kv_size: 96, kpool: 4, n_seq_max: 2, unified: false}
 ops:
   - decode: {seq: 0, pos: 0..102}
   - decode: {seq: 0, pos: 0..8}
@@ -1885,19 +1885,56 @@ ops:
 
 
 def test_llama_kv_cache_prepare_refuses_a_decode_larger_than_its_stream(engine: str) -> None:
-    """Research (docs/ENGINE-NOTES.md): 102 tokens in 96 cells. llama_decode validates
-    the batch (pos 0, the sequence is empty: accepted), splits it, and
-    llama_kv_cache::prepare finds no room for the whole: init_batch logs "failed to
-    prepare attention ubatches", llama_decode "failed to find a memory slot for batch
-    of size 102" and returns 1. KP006; the server goes on: the next decode runs."""
+    """Research (docs/ENGINE-NOTES.md): 102 tokens of seq 0 in its stream's 96 cells,
+    on a non-unified cache of two streams (n_ctx 192, so n_batch may be 192: the
+    assert on it passes). llama_decode validates the batch (pos 0, the sequence is
+    empty: accepted), splits it, and llama_kv_cache::prepare finds no room for the
+    whole: init_batch logs "failed to prepare attention ubatches", llama_decode
+    "failed to find a memory slot for batch of size 102" and returns 1. KP006; the
+    server goes on: the next decode runs (stream 0's cells 0..7)."""
     st = steps(OVERSIZED, engine)
     ev = st[0][0]
     assert isinstance(ev, OpEvent) and ev.status == REJECTED and codes(ev) == {"KP006"}
     assert ev.message == (
         "failed to find a memory slot for batch of size 102 (init_batch: failed to prepare "
-        "attention ubatches): its tokens need 102 cells of the cache (unified: one stream), "
+        "attention ubatches): its tokens need 102 cells of stream 0 (sequence 0's own), "
         "which has 96")
     assert st[1][0].token_rows.tolist() == list(range(8))
+
+
+PAST_THE_CONTEXT = scenario("""
+kpool_trace: 1
+cache: {kv_size: 96, kpool: 4}
+ops:
+  - decode: {seq: 0, pos: 0..102}
+  - decode: {seq: 0, pos: 0..8}
+""")
+
+
+@pytest.mark.parametrize("text, n, n_ctx, streams", [
+    (PAST_THE_CONTEXT, 102, 96, "1 stream"),
+    # non-unified: n_ctx = n_ctx_seq (kv_size) x n_seq_max = 8 x 2
+    ("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false}\n"
+     "ops:\n  - decode: {seq: 1, pos: 0..17}\n", 17, 16, "2 streams"),
+])
+def test_llama_context_decode_asserts_a_batch_past_the_context(
+        engine: str, text: str, n: int, n_ctx: int, streams: str) -> None:
+    """docs/ENGINE-NOTES.md "a decode larger than its stream": llama_context::decode
+    asserts `n_tokens_all <= cparams.n_batch` once the batch is valid, and the
+    context's constructor caps n_batch at n_ctx (causal attention), n_ctx being the
+    cache's cells over its streams (src/llama-context.cpp). 102 tokens in a unified
+    cache of 96 cells (17 in two streams of 8) pass validation (the sequence is empty)
+    and abort: KP005, before the memory update and the split; nothing is placed and
+    the replay ends."""
+    st = steps(text, engine)
+    assert len(st) == 1
+    ev, state = st[0]
+    assert isinstance(ev, OpEvent) and ev.status == ABORTED and codes(ev) == {"KP005"}
+    assert ev.message == (
+        f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n} tokens, more than "
+        f"the context's {n_ctx} cells (kv_size {n_ctx // int(streams[0])} x {streams}), "
+        "which bound n_batch: llama_decode aborts")
+    assert all(p == -1 for p, _ in state["cells"][0])
 
 
 HEAD_QUIRK_SPAN = scenario("""

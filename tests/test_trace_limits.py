@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kpool_cli.contracts.records import REJECTED
+from kpool_cli.contracts.records import ABORTED
 from kpool_cli.replay import replay
 from kpool_cli.trace import yaml_safe
 from kpool_cli.trace.load import (
@@ -126,16 +126,16 @@ def test_a_pos_list_past_what_kpool_builds_stops_at_the_first_token_past_it(
     assert c.nodes < cap + 100
 
 
-def test_a_listed_decode_larger_than_the_cache_loads_and_is_refused_at_replay() -> None:
-    """5,000 listed tokens in 64 cells x 2 streams (unified: one stream of 64): a valid
-    trace; llama_decode refuses it (KP006) and the replay goes on."""
+def test_a_listed_decode_larger_than_the_cache_loads_and_aborts_at_replay() -> None:
+    """5,000 listed tokens in a unified cache of 64 cells: a valid trace, which
+    llama_decode's assert on n_batch (at most the context, 64) aborts: KP005, and the
+    replay ends (docs/ENGINE.md §3)."""
     text = (HEAD + "  - decode:\n      tokens:\n" + "        - {pos: 0, seq: [0]}\n" * 5000
             + "  - decode: {seq: 0, pos: 0..3}\n")
     t = load_trace_text(text)
     assert len(t.ops[0].tokens) == 5000
-    ev, ub = list(replay(t, REP_ONCE))
-    assert ev.status == REJECTED and [f.code for f in ev.findings] == ["KP006"]
-    assert ub.token_pos.tolist() == [0, 1, 2]
+    (ev,) = list(replay(t, REP_ONCE))
+    assert ev.status == ABORTED and [f.code for f in ev.findings] == ["KP005"]
 
 
 def test_the_token_bound_stops_a_list_while_composing(composers: list) -> None:
@@ -255,14 +255,15 @@ def test_non_unified_a_range_is_a_span_past_its_own_stream(tokens_built: list) -
 
 def test_a_token_of_several_sequences_takes_one_cell() -> None:
     """kv_size 2: two coupled tokens fit (one cell each, shared by seqs 0 and 1); a
-    third token is one more than the cache holds: llama_decode refuses the decode."""
+    third token is one more than the whole cache holds: llama_decode's assert on
+    n_batch (at most the context, 2 cells) aborts the decode."""
     head = "kpool_trace: 1\ncache: {kv_size: 2, kpool: 1, n_seq_max: 2}\nops:\n"
     two = "{pos: 0, seq: [0, 1]}, {pos: 1, seq: [0, 1]}"
     t = load_trace_text(head + f"  - decode: {{tokens: [{two}]}}\n")
     assert [r.token_rows.tolist() for r in replay(t, REP_ONCE)] == [[0, 1]]
     three = f"  - decode: {{ubatches: [[{two}], [{{pos: 2, seq: [1, 0]}}]]}}\n"
     (ev,) = list(replay(load_trace_text(head + three), REP_ONCE))
-    assert ev.status == REJECTED and [f.code for f in ev.findings] == ["KP006"]
+    assert ev.status == ABORTED and [f.code for f in ev.findings] == ["KP005"]
 
 
 def test_a_range_past_the_token_budget_is_refused_unbuilt(tokens_built: list) -> None:

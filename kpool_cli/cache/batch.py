@@ -2,7 +2,8 @@
 (ENGINE.md §3).
 
 Owns: `validate` (llama_batch_allocr::init's checks against the cache; of a
-`Span`, from its ends: `validate_span`) and `split_equal`
+`Span`, from its ends: `validate_span`), `over_the_batch` (llama_decode's assert on
+a batch past the context) and `split_equal`
 (llama_batch_allocr::split_equal; of a span, `first_ubatch_len`). All are pure
 functions of the batch and the memory's pos_min/pos_max; a refusal is a returned
 message, never an exception, because llama_decode reports it with a return code.
@@ -135,6 +136,21 @@ def _first_invalid(ids: tuple[int, ...], n_seq_max: int) -> tuple[int, int]:
 def _invalid_seq(i: int, s: int, n_seq_max: int) -> str:
     """The refusal of token i's seq id s, outside [0, n_seq_max)."""
     return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
+
+
+def over_the_batch(n_tokens: int, kv_size: int, n_stream: int) -> str | None:
+    """llama_context::decode asserts `n_tokens_all <= cparams.n_batch` once the batch
+    is valid, before the memory update (ENGINE.md §3), and with causal attention
+    `n_batch` is at most `n_ctx` (`std::min(cparams.n_ctx, params.n_batch)` in the
+    context's constructor), which is the cache's cells over all its streams
+    (`n_ctx_seq` = kv_size a stream). The assert's message for a batch past that
+    bound, whatever `n_batch` the trace's run had (it records none), or None."""
+    n_ctx = kv_size * n_stream
+    if n_tokens <= n_ctx:
+        return None
+    return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n_tokens:,} tokens, "
+            f"more than the context's {n_ctx:,} cells (kv_size {kv_size:,} x {n_stream} "
+            f"stream{'s' if n_stream != 1 else ''}), which bound n_batch: llama_decode aborts")
 
 
 def validate_span(span: Span, cache: SeqPositions, *, mrope: bool) -> str | None:
