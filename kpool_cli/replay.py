@@ -426,10 +426,11 @@ class Replayer:
                        self._at_op(OpContext(i, "decode", refused=message)))
 
     def _decode_span(self, i: int, span: m.Span) -> OpEvent:
-        """A decode of more tokens than its stream has cells (ENGINE.md §3), which
-        llama_decode refuses whatever the cache holds: the steps of `_decode`, each
-        decided from the range's ends (no token of it is built), down to the attention
-        cache's prepare, which fails (KP006), leaving only the heads it may move."""
+        """A decode of more tokens than its stream has cells (ENGINE.md §3): the steps
+        of `_decode`, each decided from the range's ends (no token of it is built):
+        past the whole cache, llama_decode's assert on n_batch (KP005); else (a
+        non-unified cache, within the context) down to the attention cache's prepare,
+        which fails (KP006), leaving only the heads it may move."""
         cfg, cache = self.cfg, self.cache
         msg = validate_span(span, self.positions, mrope=cfg.by_order)
         if msg is not None:
@@ -448,12 +449,11 @@ class Replayer:
             return self._abort(i, "decode", str(e))
         k = cache.stream_of(span.seq[0])
         cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.n_ubatch, n_keep_tail))
-        where = ("the cache (unified: one stream)" if cfg.unified
-                 else f"stream {k} (sequence {k}'s own)")
+        # a unified cache's span is past the context, above: only a stream's is here
         return self._reject(
             i, f"failed to find a memory slot for batch of size {len(span):,} (init_batch: "
                f"failed to prepare attention ubatches): its tokens need {len(span):,} cells "
-               f"of {where}, which has {cfg.kv_size:,}")
+               f"of stream {k} (sequence {k}'s own), which has {cfg.kv_size:,}")
 
     def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
         if op.span is not None:

@@ -6,7 +6,9 @@ must not cut in two.
 Owns: `Terminated` (SIGTERM, SIGHUP when the terminal goes away, SIGQUIT...: a
 KeyboardInterrupt, so that what ends cleanly on Ctrl-C ends cleanly on them too; it
 carries the signal, for the exit status 128 + its number), `install()` (the handlers:
-SIGINT raises KeyboardInterrupt, each of TERMINATING Terminated), `held()` and
+SIGINT raises KeyboardInterrupt, SIGTERM and SIGHUP Terminated, and so does each
+other of TERMINATING whose action would kill the process: a handler of the
+caller's own stays), `held()` and
 `masked()`:
 - inside `held()`, a signal that arrives is kept and raised as the block ends, so it
   lands between two records of a stream, never inside one. Python runs a handler in

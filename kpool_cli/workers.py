@@ -55,11 +55,11 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    global _fork_hook, _forking
+    global _fork_hook
     # the workers are forked (Python 3.14 makes forkserver Linux's default: a worker's
     # parent would be the server, and the death signal and the hook below the
     # server's), where the system can
-    fork = "fork" in multiprocessing.get_all_start_methods()
+    fork = sys.platform == "linux" and "fork" in multiprocessing.get_all_start_methods()
     if fork and not _fork_hook:  # from the fork on, before the worker runs a line
         os.register_at_fork(after_in_child=_worker_signals)
         _fork_hook = True
@@ -71,14 +71,22 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
     # ten million futures before its first result (28 s and 1.5 GB past a 2 s budget)
     pending = iter(units)
     window: deque = deque()
-    _forking = True  # the hook acts for this pool's workers alone
+
+    def submit(u: U) -> None:
+        global _forking
+        _forking = True  # the hook acts for this pool's workers alone: the pool forks
+        try:             # them in a submit
+            window.append(pool.submit(fn, u))
+        finally:
+            _forking = False
+
     try:
         for u in itertools.islice(pending, WINDOW_PER_WORKER * n):
-            window.append(pool.submit(fn, u))
+            submit(u)
         while window:
             result = window.popleft().result()
             for u in itertools.islice(pending, 1):
-                window.append(pool.submit(fn, u))
+                submit(u)
             yield result
     except BrokenProcessPool as e:
         _stop_now(pool)
@@ -87,8 +95,6 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
     except BaseException:
         _stop_now(pool)
         raise
-    finally:
-        _forking = False
     pool.shutdown(wait=True)
 
 
@@ -120,7 +126,7 @@ def _worker_init(parent: int | None = None) -> None:
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _fork_hook = False  # `_worker_signals` is registered to run after every fork ...
-_forking = False  # ... and acts while a pool of `in_order` lives, for its workers alone
+_forking = False  # ... and acts while `in_order` submits to its pool, which forks then
 
 
 def _worker_signals() -> None:

@@ -1249,7 +1249,6 @@ class RefReplay:
             # a range longer than its stream, which kpool keeps unbuilt: built here, so
             # that llama.cpp's own steps refuse it
             sp = op.span
-            self.seen["decode of more tokens than the stream has cells"] += 1
             tokens = tuple(Token(p, sp.seq, sp.ext) for p in range(sp.start, sp.stop))
         refused = RefEvent(i, "decode", REJECTED, {}, frozenset({"KP006"}))
         if not validate(tokens, self.hybrid, cfg.n_seq_max, cfg.by_order, op.is_embd,
@@ -1264,6 +1263,8 @@ class RefReplay:
             self.aborted = True
             yield RefEvent(i, "decode", ABORTED, {}, frozenset({"KP005"}))
             return
+        if op.span is not None:  # past its stream, within the context: prepare fails
+            self.seen["decode of more tokens than the stream has cells"] += 1
         # llama_context::decode: memory_update before init_batch; when it ran anything,
         # llama_memory_hybrid_idx::init_full's context runs kpool_layout_update
         updated = cache.memory_update()

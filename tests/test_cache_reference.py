@@ -926,6 +926,7 @@ def _recorded(draw, cache: rc.RefCache, tokens: list[Token]) -> list[Token]:
 
 
 CORNERS = (
+    "decode past the context (n_batch assert)",
     "find_slot wrap-around",
     "find_slot restart at 0",
     "find_slot: head == used + 2 n (no restart)",

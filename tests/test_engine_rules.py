@@ -1934,7 +1934,30 @@ def test_llama_context_decode_asserts_a_batch_past_the_context(
         f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n} tokens, more than "
         f"the context's {n_ctx} cells (kv_size {n_ctx // int(streams[0])} x {streams}), "
         "which bound n_batch: llama_decode aborts")
-    assert all(p == -1 for p, _ in state["cells"][0])
+    assert all(p == -1 for stream in state["cells"] for p, _ in stream)
+
+
+PAST_THE_CONTEXT_WITH_A_COPY = """
+kpool_trace: 1
+cache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 1, pos: 4..21}
+"""
+
+
+def test_llama_context_decode_asserts_before_the_memory_update(engine: str) -> None:
+    """The assert comes before `memory_update(false)` in llama_context::decode: the
+    stream copy that seq_cp queued (stream 0 to 1) is still queued when the 17-token
+    decode of seq 1 (the context: 2 x 8) aborts, and no layout update ran for it."""
+    last = [(rec, rp) for rec, rp in drive(PAST_THE_CONTEXT_WITH_A_COPY, engine)
+            if rec.op == 2]
+    assert len(last) == 1
+    rec, rp = last[0]
+    assert isinstance(rec, OpEvent) and rec.status == ABORTED
+    assert rp.cache.pending_copies == [(0, 1)]
+    assert rp.layout.n_updates == 1  # the first decode's only
 
 
 HEAD_QUIRK_SPAN = scenario("""

@@ -180,6 +180,7 @@ def test_the_pool_forks_its_workers_whatever_the_default_start_method() -> None:
     assert r.returncode == 0 and r.stdout == "[1, 2, 3, 4]\n", r.stderr
 
 
+@needs_two
 def test_a_fork_outside_a_pool_keeps_its_signal_handlers() -> None:
     """The after-fork hook that gives a worker its handlers acts for a pool's workers
     alone: a later `subprocess` with `preexec_fn` (a fork) ran its program with SIGINT

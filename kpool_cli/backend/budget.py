@@ -243,16 +243,17 @@ def _cgroup_headroom(proc_cgroup: str = "/proc/self/cgroup",
 def _inactive_file(usage: str) -> int:
     """The inactive file cache of the cgroup whose usage file is `usage`, from its
     memory.stat (v2 `inactive_file`, v1 `total_inactive_file`); 0 when unknown."""
+    stat: dict[str, str] = {}
     try:
         with open(os.path.join(os.path.dirname(usage), "memory.stat"),
                   encoding="ascii", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(" ")
-                if key in ("inactive_file", "total_inactive_file"):
-                    return int(value)
+                stat[key] = value
+        # v1's usage is hierarchical, as its total_ counts are: those first
+        return int(stat.get("total_inactive_file") or stat.get("inactive_file") or 0)
     except (OSError, ValueError):
-        pass
-    return 0
+        return 0
 
 
 def _physical() -> int | None:

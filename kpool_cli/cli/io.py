@@ -86,9 +86,9 @@ def refuse_outputs(inputs: tuple[str, ...], engines: Iterable[str | None] = (),
     the inputs include the modules of the plug-in `engines` and their packages
     (`plugin_files`)."""
     plugins = tuple(f for spec in engines for f in plugin_files(spec))
-    # the main output not given goes to stdout, as `-` does
-    main = outputs.get("output")
-    given = {**outputs, "output": STDOUT if main is None else main}
+    # a command's main output (`--output`) not given goes to stdout, as `-` does
+    given = ({**outputs, "output": STDOUT if outputs["output"] is None else outputs["output"]}
+             if "output" in outputs else outputs)
     try:
         check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in given.items()])
     except OutputError as e:

@@ -78,6 +78,13 @@ class Float(click.ParamType):
     def __init__(self, lo: float, hi: float) -> None:
         self.lo, self.hi = lo, hi
 
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return f"{self.lo:g}-{self.hi:g}"
+
+    def bounds(self) -> str:
+        """The bounds, in the words of the messages."""
+        return f"from {self.lo:g} to {self.hi:g}"
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
                 ) -> float:
         if isinstance(value, float | int) and not isinstance(value, bool):
@@ -85,11 +92,11 @@ class Float(click.ParamType):
         else:
             text = str(value).strip()
             if len(text) > _MAX_CHARS or not _FLOAT.fullmatch(text):
-                self.fail(f"{_quoted(text)} is not a number from {self.lo:g} to "
-                          f"{self.hi:g} (nan and inf are not numbers here)", param, ctx)
+                self.fail(f"{_quoted(text)} is not a number {self.bounds()} (nan and inf "
+                          "are not numbers here)", param, ctx)
             x = float(text)
         if not math.isfinite(x) or not self.lo <= x <= self.hi:
-            self.fail(f"{x:g} is not a number from {self.lo:g} to {self.hi:g}", param, ctx)
+            self.fail(f"{x:g} is not a number {self.bounds()}", param, ctx)
         return x
 
 

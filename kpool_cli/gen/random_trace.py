@@ -224,12 +224,14 @@ def random_trace(seed: int, *, max_ops: int = 12) -> Trace:
     target = rng.randint(1, max_ops)
     while len(ops) < target:
         kind = "decode" if not ops else rng.choice(kinds)
-        if kind == "decode" and ops and rng.random() < 0.015:
-            # more tokens than the stream has cells: llama_decode refuses it (KP006)
+        if kind == "decode" and ops and rng.random() < 0.015 and cfg.n_stream > 1:
+            # more tokens than the sequence's stream has cells, no more than the
+            # context's: llama_decode refuses it (KP006); past the context, its assert
+            # on n_batch would abort (KP005), an engine finding of the generator's own
             s = seq()
             start = tr.next_pos(s)
-            ops.append(Decode(tokens=(), span=Span((s,), start,
-                                                   start + cfg.kv_size + rng.randint(1, 8))))
+            length = min(cfg.kv_size + rng.randint(1, 8), cfg.kv_size * cfg.n_stream)
+            ops.append(Decode(tokens=(), span=Span((s,), start, start + length)))
         elif kind == "decode":
             decode(_random_tokens(rng, tr, cfg))
         elif kind == "seq_rm":

@@ -107,8 +107,9 @@ _EXT = itemgetter(2)  # Token.ext, read in C
 @dataclass(frozen=True, slots=True)
 class Span:
     """A shorthand decode `{seq, pos: A..B}` of more tokens than its stream has cells:
-    llama_decode refuses it whatever the cache holds (ENGINE.md §3), so it is kept as
-    its sequence set, its half-open ends and its `ext`, and never built as tokens."""
+    llama_decode refuses it, or past the whole cache aborts, whatever the cache holds
+    (ENGINE.md §3), so it is kept as its sequence set, its half-open ends and its
+    `ext`, and never built as tokens."""
 
     seq: tuple[int, ...]
     start: int

@@ -40,7 +40,8 @@ Invariants of a returned `Trace`: those listed in `trace.model`'s docstring, plu
   the cache's `kv_size * n_stream` cells is built up to `LISTED_PAST_THE_CACHE`
   tokens (or that many cells, if more: past it the trace is refused), and a range
   of more tokens than a stream's `kv_size` cells is kept unbuilt, as a `Span`:
-  llama_decode refuses such a decode (KP006 at replay);
+  llama_decode refuses such a decode (KP006 at replay), or past the whole cache
+  aborts on its assert on n_batch (KP005);
 - every seq id is in `[0, n_seq_max)`, or -1 where the op allows it (seq_rm,
   state_drop);
 - every position and `ext` coordinate is in `[0, POS_LIMIT)`, so

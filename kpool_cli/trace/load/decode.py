@@ -12,8 +12,9 @@ Invariants of a decode read:
   arithmetically before it is built, against the tokens left and against the cache:
   a range of more tokens than its stream has cells (`kv_size`) could never be
   placed by llama_decode, so it is kept unbuilt, as a `Span` (a valid decode,
-  refused at replay: KP006), whatever its length. A listed decode that large is
-  built (up to the composer's cap, `shape`) and refused at replay alike.
+  refused at replay, KP006, or past the whole cache aborted, KP005), whatever its
+  length. A listed decode that large is built (up to the composer's cap, `shape`)
+  and replayed alike.
 - Every seq id is below `n_seq_max`; every position and `ext` coordinate is in
   `[0, POS_LIMIT)`, so `pos + n_ubatch` fits an int32 (llama_pos).
 - `ext` appears only when `cache.by_order` is true; either every token has a `cell`
@@ -333,7 +334,8 @@ class DecodeWalk(FieldReader):
         """The decode-wide rules on explicit tokens: ext needs by_order; all or no
         cells; no cell named twice in one stream (ENGINE.md §2: stream = 0 when
         unified, else the token's first seq id). More tokens in a stream than it has
-        cells is llama_decode's refusal, not the loader's (KP006 at replay)."""
+        cells is llama_decode's refusal or abort, not the loader's (KP006 or KP005 at
+        replay)."""
         if self.lim.by_order is False:
             first = next((t for t in toks if t.ext_node is not None), None)
             if first is not None:
@@ -519,6 +521,7 @@ class DecodeWalk(FieldReader):
         """ENGINE.md §3: every token of a decode takes one cell of its stream, all
         placed before anything applies, so more tokens than a stream's `kv_size`
         cells can never be placed, whatever the cache holds. Such a decode is valid
-        (llama_decode refuses it: KP006 at replay); a range this long stays unbuilt."""
+        (llama_decode refuses it, KP006, or past the whole cache aborts, KP005); a
+        range this long stays unbuilt."""
         kv, unified = self.lim.kv_size, self.lim.unified
         return kv is not None and unified is not None and n > kv

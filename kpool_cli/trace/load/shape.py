@@ -36,10 +36,10 @@ from kpool_cli.trace.yaml_safe import (
 )
 
 # The most tokens kpool builds of a listed decode (`tokens:`, `ubatches:`, a `pos`
-# list) that llama_decode refuses for being larger than the cache: up to this many
-# (or kv_size * n_stream, if more) it is built and replayed as the refused decode it
-# is (KP006); past it, a hostile list would cost memory for nothing, so the trace is
-# refused. A range (`pos: A..B`) of any length is never built.
+# list) larger than the cache, which llama_decode's assert on n_batch aborts (KP005,
+# docs/ENGINE.md §3): up to this many (or kv_size * n_stream, if more) it is built
+# and replayed; past it, a hostile list would cost memory for nothing, so the trace
+# is refused. A range (`pos: A..B`) of any length is never built.
 LISTED_PAST_THE_CACHE = 65_536
 
 
@@ -67,9 +67,9 @@ def _within(v: int, f: Field) -> bool:
 def _unplaceable_list(cap: int) -> str:
     return (
         f"a decode listing more than {cap:,} tokens: more than the cache's kv_size *"
-        " n_stream cells (llama_decode refuses it) and than kpool builds of such a"
-        " decode; write it as a range (pos: A..B), which kpool replays unbuilt as the"
-        " refused decode (KP006)"
+        " n_stream cells (llama_decode's assert on n_batch aborts it) and than kpool"
+        " builds of such a decode; write it as a range (pos: A..B), which kpool"
+        " replays unbuilt as the abort it is (KP005)"
     )
 
 

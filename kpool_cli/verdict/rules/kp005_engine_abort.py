@@ -25,7 +25,9 @@ EXPLANATION = Explanation(
         Flags the op or ubatch where the engine would hit a GGML_ASSERT: a partial
         seq_cp under PR #29994, a cross-stream partial copy, seq_add/seq_div on an
         M-RoPE model, a ubatch whose first token is missing from a drifted layout,
-        running out of padding rows. The replay stops there, as the process would."""),
+        running out of padding rows, a decode of more tokens than the whole cache
+        (llama_decode's assert on n_batch). The replay stops there, as the process
+        would."""),
     why=doc("""
         An assert takes the whole llama-server down with every slot in it. A trace
         that reaches one means some caller (a server feature, a client API) can

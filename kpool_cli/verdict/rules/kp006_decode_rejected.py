@@ -23,7 +23,8 @@ EXPLANATION = Explanation(
     what=doc("""
         Flags a decode that llama_decode would refuse (llama_batch_allocr::init's
         validation, a coupled batch on a sequential split, or find_slot finding no
-        free cells, as for any decode larger than its stream). Nothing of the batch
+        free cells, as for a decode larger than its own stream of a non-unified
+        cache; past the whole cache it is KP005). Nothing of the batch
         is applied, and the replay goes on, as the caller of llama_decode does. A
         warning: it fails the run only with `--fail-on warning`."""),
     why=doc("""
