@@ -330,8 +330,7 @@ class KvCache:
         llama_kv_cache::seq_keep, `EngineVersion.seq_keep_every_stream`): so does every
         other stream, which holds none of s's cells and so empties. Each stream's head
         drops to its first freed cell."""
-        mine = self.stream_of(s)
-        for k in range(len(self.streams)) if every_stream else (mine,):
+        for k in range(len(self.streams)) if every_stream else (self.stream_of(s),):
             self._lower_head(k, self.streams[k].seq_keep(s))
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:

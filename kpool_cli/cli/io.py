@@ -87,8 +87,9 @@ def refuse_outputs(inputs: tuple[str, ...], engines: Iterable[str | None] = (),
     (`plugin_files`)."""
     plugins = tuple(f for spec in engines for f in plugin_files(spec))
     # a command's main output (`--output`) not given goes to stdout, as `-` does
-    given = ({**outputs, "output": STDOUT if outputs["output"] is None else outputs["output"]}
-             if "output" in outputs else outputs)
+    given = dict(outputs)
+    if "output" in given and given["output"] is None:
+        given["output"] = STDOUT
     try:
         check_outputs((*inputs, *plugins), [(f"--{k}", v) for k, v in given.items()])
     except OutputError as e:

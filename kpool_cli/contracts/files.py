@@ -162,9 +162,7 @@ def check_output_folder(opt: str, path: str, pattern: str) -> bool:
         for entry in folder.glob(pattern):
             mode = os.lstat(entry).st_mode
             if not stat.S_ISREG(mode):
-                kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder"
-                        if stat.S_ISDIR(mode) else _kind(mode))
-                raise OutputError(f"{where}: {entry.name} in it is {kind}: kpool writes "
+                raise OutputError(f"{where}: {entry.name} in it is {_kind(mode)}: kpool writes "
                                   "its files there as regular files and replaces nothing "
                                   "else")
         fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
@@ -193,6 +191,10 @@ def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:
 
 
 def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):  # of an lstat: what a check that follows no link met
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     if stat.S_ISFIFO(mode):
