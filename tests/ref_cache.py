@@ -55,6 +55,17 @@ from kpool_cli.trace.model import (
 
 CLEAN = (1 << 31) - 1  # llama_memory_hybrid_idx::POS_CLEAN
 POS_MAX = (1 << 31) - 1  # std::numeric_limits<llama_pos>::max()
+
+
+def i32(x: int) -> int:
+    """x as an int32_t (llama_pos) holds it: two's complement, wrapped."""
+    x &= 0xFFFFFFFF
+    return x - (1 << 32) if x >= 1 << 31 else x
+
+
+def u32(x: int) -> int:
+    """x as a uint32_t holds it."""
+    return x & 0xFFFFFFFF
 ENGINES = ("rep-once", "cache-safe")
 
 APPLIED, REJECTED, ABORTED = "applied", "rejected", "aborted"
@@ -121,7 +132,7 @@ class Cells:
 
     def pos_add(self, i: int, d: int) -> bool:
         """llama_kv_cells::pos_add: True when the pos dropped below 0 (the cell empties)."""
-        self.pos[i] += d
+        self.pos[i] = i32(self.pos[i] + d)  # pos[i] += d, an int32_t
         self.has_shift = True
         if self.pos[i] < 0:
             self.rm(i)
@@ -582,7 +593,7 @@ class RefRecurrent:
                 continue
             if self.is_empty(i):
                 if self.pos[i] >= 0:
-                    self.used -= 1
+                    self.used = u32(self.used - 1)  # uint32_t used
                 self.pos[i] = -1
                 if new_head == self.size:
                     new_head = i
@@ -603,7 +614,7 @@ class RefRecurrent:
             self.tail[dst] = -1
             if self.is_empty(td):
                 self.pos[td] = -1
-                self.used -= 1
+                self.used = u32(self.used - 1)  # uint32_t used
         ts = self.tail[src]
         if ts >= 0:
             self.seq[ts].add(dst)
@@ -619,7 +630,7 @@ class RefRecurrent:
                 self.tail[i] = -1
             if s not in self.seq[i]:
                 if self.pos[i] >= 0:
-                    self.used -= 1
+                    self.used = u32(self.used - 1)  # uint32_t used
                 self.pos[i] = -1
                 self.seq[i] = set()
                 if new_head == self.size:
@@ -640,7 +651,7 @@ class RefRecurrent:
         if 0 <= s < self.size:
             t = self.tail[s]
             if t >= 0 and s in self.seq[t] and p0 <= self.pos[t] < p1:
-                self.pos[t] += shift
+                self.pos[t] = i32(self.pos[t] + shift)  # cell.pos += shift, int32_t
                 if self.pos[t] < 0:
                     self.seen["recurrent pos below 0"] += 1
 
@@ -680,7 +691,9 @@ class RefRecurrent:
         n_seqs = len(sets)
         size = self.size
         # if we have enough unused cells before the current head, start from the beginning
-        if self.head > self.used + 2 * n_seqs:
+        if self.head > u32(self.used + 2 * n_seqs):  # uint32_t arithmetic
+            if self.used + 2 * n_seqs >= 1 << 32:
+                self.seen["recurrent find_slot: used wrapped below 0"] += 1
             self.seen["recurrent find_slot restart at 0"] += 1
             self.head = 0
         for ids, _last in sets:
@@ -695,7 +708,7 @@ class RefRecurrent:
                     self.tail[s] = -1
                     if self.is_empty(c):
                         self.pos[c] = -1
-                        self.used -= 1
+                        self.used = u32(self.used - 1)  # uint32_t used
         # find next empty cell
         nxt = self.head
         for _ in range(size):
@@ -1092,7 +1105,10 @@ class RefReplay:
         p = max(p, 0)
         for t in (range(self.n_seq_max) if s < 0 else [s]):
             self.stale[t] = min(self.stale[t], p)
-            touched[t] = self.stale[t]
+            if self.stale[t] != CLEAN:  # a sequence still clean: no stale position
+                touched[t] = self.stale[t]
+            else:
+                self.seen["stale_set leaves a sequence clean"] += 1
 
     def stale_pos(self, s: int, p0: int) -> int:
         """mem_idx_stale_pos, taken before the edit: 0 when s < 0 or the edit reaches
@@ -1176,7 +1192,8 @@ class RefReplay:
             if cfg.by_order:
                 return ABORTED  # GGML_ASSERT(n_pos_per_embd() == 1), before any early return
             self._note_shared_first_move(op.seq, op.p0, op.p1)
-            st = self.stale_pos(op.seq, op.p0 + op.shift if op.shift < 0 else op.p0)
+            # p0 + shift summed as llama_pos (int32_t)
+            st = self.stale_pos(op.seq, i32(op.p0 + op.shift) if op.shift < 0 else op.p0)
             cache.seq_add(op.seq, op.p0, op.p1, op.shift)
             rec.seq_add(op.seq, op.p0, op.p1, op.shift)
             self.stale_set(op.seq, st, touched)

@@ -664,6 +664,104 @@ def test_s2_s4_seq_add_negative_shift_empties_cells_below_zero(engine: str) -> N
     assert ub.scatter_rep.tolist() == [0] and ub.scatter_pad.tolist() == [True]
 
 
+ADD_PAST_INT32 = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4}
+ops:
+  - decode: {seq: 0, pos: 0..5}
+  - seq_add: {seq: 0, p0: 1, p1: -1, shift: 2147483647}
+  - decode: {seq: 0, pos: 1..6}
+""")
+
+
+def test_llama_kv_cells_pos_add_wraps_a_position_past_int32(engine: str) -> None:
+    """ENGINE.md §2 (positions are int32): pos 0..4 in cells 0..4. seq_add(0, 1, -1,
+    INT32_MAX) moves pos 1..4: 1 + 2^31 - 1 = 2^31 is past INT32_MAX and wraps to
+    -2^31 (2..4 to -2^31 + 1..3), below 0, so `llama_kv_cells::pos_add` empties
+    cells 1..4; §3: head = the first freed cell, 1; §4: stale_pos(0, 1) = 1. The
+    decode of pos 1..5 is valid (pos_max 0) and takes cells 1..5 from head 1. Pool 0
+    is pos 0..3 in cells 0, 1, 2, 3, rep row 3, marked (rep pos 3 >= stale 1); pos 4
+    and 5 make no pool yet, and touch none (4 and 5 are past pool 0's rep pos)."""
+    st = steps(ADD_PAST_INT32, engine)
+    ev, state = st[1]
+    assert ev.stale == {0: 1}
+    cells = state["cells"][0]
+    assert [cells[c] for c in range(1, 5)] == [(-1, ())] * 4 and cells[0] == (0, (0,))
+    assert state["head"] == [1] and state["pos_max"] == [0]
+    ub = st[2][0]
+    assert ub.token_rows.tolist() == [1, 2, 3, 4, 5]
+    assert ub.n_new == 1 and ub.scatter_rep.tolist()[0] == 3
+    assert ub.scatter_rows[0].tolist() == [0, 1, 2, 3]
+
+
+ADD_WRAPS_STALE = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4}
+ops:
+  - decode: {seq: 0, pos: 0..8}
+  - seq_add: {seq: 0, p0: -1, p1: 4, shift: -2147483648}
+  - decode: {seq: 0, pos: 8}
+""")
+
+
+def test_llama_memory_hybrid_idx_seq_add_sums_p0_and_shift_in_int32(engine: str) -> None:
+    """ENGINE.md §4 seq_add: `stale_pos(s, shift < 0 ? p0 + shift : p0)` takes the raw
+    p0 (-1 here) and sums in llama_pos: -1 + INT32_MIN wraps to INT32_MAX, POS_CLEAN,
+    so nothing goes stale (the event names no sequence). The cells: pos 0..7 in cells
+    0..7; the range [0, 4) (p0 -1 is 0 for the cells) moves pos 0..3 to -2^31 ..
+    -2^31 + 3, below 0: emptied, head 0. Pos 8 takes cell 0, pos_min is 4: one pool,
+    pos 4..7 in cells 4..7, rep row 7. Nothing stale, and pos 8 is past its rep pos
+    7: no pool marked (n_new 0, one padding entry), under both engines (one
+    sequence: the layout is cache-safe)."""
+    st = steps(ADD_WRAPS_STALE, engine)
+    ev, state = st[1]
+    assert ev.status == APPLIED and ev.stale == {} and state["stale"] == [C]
+    assert [state["cells"][0][c] for c in range(4)] == [(-1, ())] * 4
+    assert state["head"] == [0] and state["pos_min"] == [4]
+    ub, after = st[2]
+    assert ub.token_rows.tolist() == [0] and after["pools"][0] == [0]
+    assert ub.n_new == 0 and ub.n_new_g == 1 and ub.scatter_pad.tolist() == [True]
+
+
+USED_WRAPS = scenario("""
+kpool_trace: 1
+cache: {kv_size: 16, kpool: 4, n_seq_max: 4, n_rs_seq: 1}
+ops:
+  - decode: {seq: 0, pos: 0}
+  - decode: {seq: 1, pos: 0}
+  - decode: {seq: 2, pos: 0}
+  - seq_cp: {src: 2, dst: 0}
+  - seq_cp: {src: 2, dst: 1}
+  - seq_rm: {seq: -1}
+  - seq_cp: {src: 3, dst: 0}
+  - seq_cp: {src: 3, dst: 1}
+  - seq_cp: {src: 3, dst: 2}
+  - decode: {seq: 3, pos: 0..3}
+  - seq_rm: {seq: 3, p0: 2}
+  - decode: {tokens: [{pos: 0, seq: [0]}, {pos: 0, seq: [1]}]}
+  - seq_rm: {seq: 3, p0: 1}
+""")
+
+
+def test_llama_memory_recurrent_context_s_copy_after_used_wrapped():
+    """What the uint32 `used` changes in a replay (ENGINE.md §3 "The recurrent
+    child"; tests/test_recurrent.py's find_slot test derives the placement): seq 3's
+    state takes cell 2 (head 2; used 2^32 - 3 after the three seq_cp), at pos 2 (pos
+    0..3 is 0, 1, 2).
+    seq_rm(3, 2, -1) rolls it back 2 - (2 - 1) = 1 token, within n_rs_seq 1: pos 1,
+    pending. The two-set ubatch of seqs 0 and 1 (used 1, head 2: 2 > 1 + 4 is
+    false): seq 0 takes the next empty cell from 2, cell 3, seq 1 the next after it,
+    wrapping, cell 0; min 0, max 3: the ubatch reads cells [0, 4), and `s_copy`
+    consumes the rollback of cell 2's smallest id, seq 3. So the second rollback,
+    seq_rm(3, 1, -1), is accepted. (With a signed count seq 3 sat in cell 0, the
+    ubatch took cells 1 and 2, read [1, 3), and left the rollback pending: the second
+    one was refused, KP008.)"""
+    recs = run(USED_WRAPS)
+    last = recs[-1]
+    assert isinstance(last, OpEvent) and last.status == APPLIED, last.message
+    assert "KP008" not in codes(recs)
+
+
 ADD_HEAD = scenario("""
 kpool_trace: 1
 cache: {kv_size: 32, kpool: 4}

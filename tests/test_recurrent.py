@@ -222,12 +222,12 @@ def test_llama_memory_recurrent_find_slot_asserts_on_a_dangling_tail():
 
 def test_llama_memory_recurrent_seq_cp_lets_a_sequence_leave_its_dangling_tail():
     """seq_cp(2, 0): dst 0 leaves its tail cell 0 (tail -1; used 0 - 1, as the code
-    decrements it for an emptied cell), and seq 2 has no state to share: find_slot of
-    seq 0 then takes a fresh cell."""
+    decrements it for an emptied cell, in its uint32_t: 2^32 - 1), and seq 2 has no
+    state to share: find_slot of seq 0 then takes a fresh cell."""
     c = decoded(child(), ((0,), 3))
     c.seq_rm(-1, -1, -1)
     c.seq_cp(2, 0)
-    assert c.tail[0] == -1 and c.used == -1
+    assert c.tail[0] == -1 and c.used == (1 << 32) - 1
     decoded(c, ((0,), 0))
     assert c.seq_pos(0) == 0 and c.used == 1
 
@@ -287,6 +287,16 @@ def test_llama_memory_recurrent_seq_add_moves_the_state_pos_in_range(p0, p1, shi
     c.seq_add(0, p0, p1, shift)
     c.seq_add(4, 0, -1, shift)
     assert c.seq_pos(0) == pos
+
+
+def test_llama_memory_recurrent_seq_add_wraps_the_state_pos_past_int32():
+    """`cell.pos += shift` in llama_pos (int32_t), ENGINE.md §2 (positions are
+    int32): state pos 9, seq_add(0, 0, -1, INT32_MAX) gives 9 + 2^31 - 1 = 2^31 + 8,
+    past INT32_MAX: -2^31 + 8. The cell keeps seq 0 (a negative pos does not free a
+    recurrent cell)."""
+    c = decoded(child(), ((0,), 9))
+    c.seq_add(0, 0, -1, (1 << 31) - 1)
+    assert state(c)[0] == (-(1 << 31) + 8, [0]) and c.tail[0] == 0
 
 
 def test_llama_memory_recurrent_seq_div_divides_the_state_pos_in_range():
@@ -423,6 +433,32 @@ def test_llama_memory_recurrent_find_slot_restarts_from_0_when_head_is_far(n_cp,
     assert c.used == 6 - n_cp
     decoded(c, ((6,), 0))
     assert c.tail[6] == cell
+
+
+def test_llama_memory_recurrent_find_slot_reads_used_as_uint32():
+    """`used` and `head` are uint32_t (ENGINE.md §3 "The recurrent child"). Seqs 0, 1,
+    2 decode one ubatch each: cells 0, 1, 2, head 2 (the last ubatch's cell), used 3.
+    seq_cp(2, 0) and seq_cp(2, 1): seqs 0 and 1 leave cells 0 and 1 (used 1) and
+    share cell 2. seq_rm(-1, -1, -1) empties cell 2 (used 0; head stays 2, its first
+    freed cell) and leaves the tails of 0, 1 and 2 on it. seq_cp(3, d) for d = 0, 1,
+    2: each d leaves the empty cell 2, for which the code decrements used each time:
+    0 - 3 = 2^32 - 3. A ubatch of seq 3 (one set): `head > used + 2*n_seqs` is
+    2 > 2^32 - 1, false, so the scan starts at head 2 and seq 3's state takes cell 2
+    (a signed count, -3 + 2 = -1, would restart at 0 and give it cell 0)."""
+    c = child()
+    for s in range(3):
+        decoded(c, ((s,), 0))
+    assert (c.head, c.used) == (2, 3)
+    c.seq_cp(2, 0)
+    c.seq_cp(2, 1)
+    assert c.used == 1 and c.tail[:3] == [2, 2, 2]
+    c.seq_rm(-1, -1, -1)
+    assert (c.head, c.used) == (2, 0)
+    for d in range(3):
+        c.seq_cp(3, d)
+    assert c.used == (1 << 32) - 3
+    decoded(c, ((3,), 3))
+    assert c.tail[3] == 2 and (c.head, c.used) == (2, 1)
 
 
 def test_llama_memory_recurrent_find_slot_gives_fresh_sets_the_next_empty_cells():

@@ -51,6 +51,17 @@ def global_row(strm, cell, kv_size: int):
     return strm * kv_size + cell
 
 
+def llama_pos(x):
+    """ENGINE.md §2 (positions are int32): `x` (an int or an int64 array) as
+    llama.cpp's `llama_pos` (int32_t) holds it after a sum, two's complement wrapped.
+    The sums the real code makes in it can pass INT32_MAX or INT32_MIN (`pos[i] += d`
+    in `llama_kv_cells::pos_add`, `cell.pos += shift` in
+    `llama_memory_recurrent::seq_add`, `p0 + shift` in
+    `llama_memory_hybrid_idx::seq_add`): signed overflow, undefined in C++, of which
+    kpool takes the wrap that the machine's add instruction gives."""
+    return ((x + (1 << 31)) % (1 << 32)) - (1 << 31)
+
+
 def key_cell(keys: np.ndarray) -> np.ndarray:
     return keys & CELL_MASK
 
@@ -422,15 +433,16 @@ class Stream:
 
     def shift_pos(self, s: int, p0: int, p1: int, shift: int) -> np.ndarray:
         """seq_add: pos += shift for s's cells with p0 <= pos < p1, for every sequence
-        of the cell (pos belongs to the cell). A cell whose pos drops below 0
-        becomes empty. A cell moved leaves a K-shift pending (`has_shift`). Returns
-        the cells that became empty, ascending."""
+        of the cell (pos belongs to the cell), in int32 (`llama_pos`: a pos pushed past
+        INT32_MAX wraps below 0). A cell whose pos drops below 0 becomes empty. A cell
+        moved leaves a K-shift pending (`has_shift`). Returns the cells that became
+        empty, ascending."""
         cells = np.sort(key_cell(self.seq_keys[s].range(p0, p1)))
         if cells.size == 0:
             return cells
         self.has_shift = True
         self._index_rm(cells)
-        self.pos[cells] += shift
+        self.pos[cells] = llama_pos(self.pos[cells] + shift)
         gone = self.pos[cells] < 0
         freed = cells[gone]
         self._empty(freed)

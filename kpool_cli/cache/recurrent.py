@@ -41,6 +41,9 @@ from operator import itemgetter
 
 from .aborts import RecurrentAssert
 from .batch import SeqPositions
+from .cells import llama_pos
+
+_UINT32 = (1 << 32) - 1  # `used` and `head` are uint32_t
 
 INT_MAX = 2**31 - 1
 
@@ -187,7 +190,7 @@ class RecurrentChild:
                 else:
                     c.seqs.discard(s)
                 if not c.seqs:
-                    self.used -= 1
+                    self._used_less()
                     c.pos = -1
                     new_head = min(new_head, k)
         if s < 0:  # the tails of the emptied cells dangle now
@@ -218,7 +221,7 @@ class RecurrentChild:
                 self.tail[k] = -1
             if s not in c.seqs:
                 if c.pos >= 0:
-                    self.used -= 1
+                    self._used_less()
                 c.pos, c.seqs = -1, set()
                 new_head = min(new_head, k)
             else:
@@ -228,9 +231,9 @@ class RecurrentChild:
 
     def seq_add(self, s: int, p0: int, p1: int, shift: int) -> None:
         """llama_memory_recurrent::seq_add: s's state pos moves when it is in
-        [p0, p1) (for every sequence sharing the cell)."""
+        [p0, p1) (for every sequence sharing the cell), in int32 (`llama_pos`)."""
         if shift != 0:
-            self._move_tail(s, p0, p1, lambda pos: pos + shift)
+            self._move_tail(s, p0, p1, lambda pos: llama_pos(pos + shift))
 
     def seq_div(self, s: int, p0: int, p1: int, d: int) -> None:
         """llama_memory_recurrent::seq_div: as seq_add, pos /= d (C division)."""
@@ -295,7 +298,8 @@ class RecurrentChild:
         `[min, min + n_sets)` in set order; each takes the set's last pos and exactly
         its seq ids. Then head = min, n = max - min + 1 (max: before the swaps)."""
         n_seqs = len(sets)
-        if self.head > self.used + 2 * n_seqs:
+        # in uint32, as the code's `head > used + 2*n_seqs` (`_used_less`)
+        if self.head > (self.used + 2 * n_seqs) & _UINT32:
             self.head = 0
         ids = list(map(_FIRST, sets))  # each set's seq ids
         placed = self._placed
@@ -373,6 +377,13 @@ class RecurrentChild:
                 return None
         return lo
 
+    def _used_less(self) -> None:
+        """A cell emptied: `used -= 1`, in the code's `uint32_t` (ENGINE.md §3 "The
+        recurrent child"). It is decremented whenever a sequence leaves a cell and
+        the cell is empty after, even one a `seq_rm` of a negative id had emptied
+        already (a dangling tail's), so it can pass below 0 and wrap to 2^32 - k."""
+        self.used = (self.used - 1) & _UINT32
+
     def _n_used(self) -> int:
         """find_slot's count of the cells holding a sequence."""
         return sum(1 for c in self.cells if c.seqs)
@@ -413,7 +424,7 @@ class RecurrentChild:
             self._placed = None
             if not cell.seqs:
                 cell.pos = -1
-                self.used -= 1
+                self._used_less()
 
     def _next_empty(self, start: int) -> int:
         """find_slot's scan: the first empty cell from `start`, wrapping once. There is

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..cache.aborts import EngineAbort
+from ..cache.cells import llama_pos
 from ..trace import model as m
 from ..versions import EngineVersion
 from .layout import POS_CLEAN
@@ -62,11 +63,14 @@ class Staleness:
         self.stale = [POS_CLEAN] * len(self.stale)
 
     def stale_set(self, s: int, p: int) -> None:
-        """`p = max(p, 0)`; `stale[s] = min(stale[s], p)` (s < 0: every sequence)."""
+        """`p = max(p, 0)`; `stale[s] = min(stale[s], p)` (s < 0: every sequence). A
+        sequence that stays clean (p at POS_CLEAN: a seq_rm from INT32_MAX, a seq_add
+        whose `p0 + shift` wrapped) is no change."""
         p = max(p, 0)
         for t in range(len(self.stale)) if s < 0 else (s,):
             self.stale[t] = min(self.stale[t], p)
-            self.changed[t] = self.stale[t]
+            if self.stale[t] != POS_CLEAN:
+                self.changed[t] = self.stale[t]
 
     def before(self, op: m.Op, pos_min: Callable[[int], int],
                holds_in: Callable[[int, int, int], bool]) -> int | None:
@@ -84,7 +88,8 @@ class Staleness:
                 and not holds_in(op.seq, op.p0, op.p1)):
             return None
         if isinstance(op, m.SeqAdd):
-            p0 = op.p0 + op.shift if op.shift < 0 else op.p0
+            # the raw p0 (-1 included), summed in int32 (`llama_pos`)
+            p0 = llama_pos(op.p0 + op.shift) if op.shift < 0 else op.p0
         elif isinstance(op, m.SeqRm):
             p0 = op.p0
         else:
