@@ -628,21 +628,28 @@ class ValueBackend:
         (`_scatter_singles`), with no array made between them."""
         layout, plan = ctx.layout, ctx.plan
         assert plan is not None  # the replay runs a backend on a plan only
-        rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
-                                             n_pool_real=layout.n_pool_real)
-        n = rep.size
+        n = plan.entry_rep.size
         t, writers = self.slots, self.writers
         order, starts, rows = ctx.order, ctx.starts, _i64(ctx.rows)
         arrays = (plan.entry_rep, plan.entry_rows, plan.entry_pool, order, starts, ctx.rows,
                   layout.pool_start())
         standing = self._standing
+        # the very plan that stands was checked when it was scattered
         kept_slots = self._standing_slots(arrays) if n else None
         if kept_slots is not None:
             return self._stood(ctx.change, kept_slots, n, rows.size)
-        # the groups with an entry that pools afresh (`_fresh_groups`: a few, under
-        # cache-safe); the pass refuses groups that are not the race groups of `rep`
-        # before anything is written
+        # the entries the standing plan does not vouch for: of a plan it vouches for,
+        # only they are checked (`_check_plan`), and only their groups are asked which
+        # pool afresh (`_fresh_groups`: a few, under cache-safe); that pass refuses
+        # groups that are not the race groups of `rep` before anything is written
         new = self._vouched(ctx)
+        # a plan of the layout's own columns (a re-pool-all plan, unpadded) has the kept
+        # pools' rows where the standing plan had them: checked then (`_check_plan`)
+        own = (new is not None and plan.entry_rows is layout.pool_members()
+               and plan.entry_rep is layout.pool_cells())
+        rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
+                                             n_pool_real=layout.n_pool_real,
+                                             new=new if own else None)
         # the race groups of the entries the standing plan does not vouch for (each
         # entry's rep row is its group's row, and the rows ascend); None: it vouches
         # for none
@@ -684,7 +691,7 @@ class ValueBackend:
             sizes = starts[todo + 1] - starts[todo]
             members, reps = t.of(entry_rows[ents]), t.of(rep[ents])
         n_slots = t.n_slots
-        s = t.own(rows, zero_new=True)
+        s = self._owned(rows, grown, grown_from)
         # a slot handed out now may be a member's that entries read as a zero row: the
         # plan stands from a scatter that hands out none
         stands = t.n_slots == n_slots
@@ -741,6 +748,21 @@ class ValueBackend:
         equal_groups = np.ones(rows.size, dtype=bool)
         equal_groups[unequal] = False
         return equal_groups
+
+    def _owned(self, rows: np.ndarray, grown: np.ndarray | None,
+               grown_from: np.ndarray | None) -> np.ndarray:
+        """The slots of the race groups' `rows`, each zero row given one
+        (`SlotTable.own`). Of a plan grown from the standing one by appended pools
+        (`grown_from`, the standing plan's race groups' slots; `grown`, the groups with
+        a new entry), when no new entry joined a group of the standing plan (the
+        groups without one are then exactly its groups, in its order, each with its
+        slot), only the grown groups' rows are asked, and the others' slots are
+        `grown_from`'s: no pass over every group's row."""
+        t = self.slots
+        if grown_from is None or grown is None or grown_from.size != rows.size - grown.size:
+            return t.own(rows, zero_new=True)
+        return np.insert(grown_from, grown - np.arange(grown.size),
+                         t.own(rows[grown], zero_new=True))
 
     def _stood(self, change: LayoutChange, kept_slots: np.ndarray, n: int,
                n_groups: int | None = None) -> np.ndarray:
@@ -806,16 +828,36 @@ class ValueBackend:
         return got
 
     def _check_plan(self, entry_rep: np.ndarray, entry_rows: np.ndarray,
-                    entry_pool: np.ndarray, *, n_pool_real: int
+                    entry_pool: np.ndarray, *, n_pool_real: int, new: np.ndarray | None
                     ) -> tuple[np.ndarray, np.ndarray]:
         """The plan's rep rows and member rows, checked (with its pools, each real one
-        below `n_pool_real`, the plan's layout's): int64, C-contiguous."""
-        rep = checked_rows(entry_rep, self.n_rows, ANY, False, "run_ubatch",
-                           "the plan's entry_rep")
-        rows = checked_rows(entry_rows, self.n_rows, (rep.size, self.kpool), False,
-                            "run_ubatch", "the plan's entry_rows")
-        checked_index(entry_pool, -1, n_pool_real, rep.shape, False, "run_ubatch",
-                      "the plan's entry_pool", "pool")
+        below `n_pool_real`, the plan's layout's): int64, C-contiguous. `new`: the
+        entries the standing plan does not vouch for (`_vouched`), when it vouches for
+        the others and the plan's member and rep rows are the layout's own columns
+        (`Layout.pool_members`, `pool_cells`, by identity): the plan is then every
+        pool of its layout (`entry_pool` is its `every_pool`, 0..n_pool_real-1), and
+        each other entry's rows are those its pool had in the standing plan, which
+        were checked (the pools an update keeps keep their pairs, and the layout's
+        columns carry their rows: `_Standing.new_entries`), so the ranges of the new
+        entries alone are read, not a pass over every pool. A plan built otherwise
+        (a plug-in's, a doctored one) is checked whole."""
+        where = "run_ubatch"
+        if new is None:
+            rep = checked_rows(entry_rep, self.n_rows, ANY, False, where,
+                               "the plan's entry_rep")
+            rows = checked_rows(entry_rows, self.n_rows, (rep.size, self.kpool), False,
+                                where, "the plan's entry_rows")
+            checked_index(entry_pool, -1, n_pool_real, rep.shape, False, where,
+                          "the plan's entry_pool", "pool")
+            return rep, rows
+        # integers of the right shapes (no range: lo None), then the new entries' ranges
+        rep = checked_index(entry_rep, None, 0, (n_pool_real,), False, where,
+                            "the plan's entry_rep", "row")
+        rows = checked_index(entry_rows, None, 0, (n_pool_real, self.kpool), False, where,
+                             "the plan's entry_rows", "row")
+        checked_rows(rep[new], self.n_rows, ANY, False, where, "the plan's new entry_rep")
+        checked_rows(rows[new], self.n_rows, (new.size, self.kpool), False, where,
+                     "the plan's new entry_rows")
         return rep, rows
 
     def _standing_slots(self, arrays: tuple[np.ndarray, ...]) -> np.ndarray | None:
