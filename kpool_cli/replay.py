@@ -173,7 +173,7 @@ def resolve_core(core: str, trace: m.Trace, backend: str | None = None) -> str:
     decode's listed tokens over n_ubatch, rounded up)."""
     if core != AUTO:
         return core
-    n_ubatch = trace.cache.n_ubatch
+    n_ubatch = trace.cache.ctx_n_ubatch
     least = sum(-(-len(op.tokens) // n_ubatch) for op in trace.ops
                 if isinstance(op, m.Decode) and op.span is None)
     return "compiled" if least >= auto_compiled_from(backend) else "reference"
@@ -222,10 +222,11 @@ def decode_ubatches(cfg: m.CacheConfig, op: m.Decode, sets: SeqSets | None = Non
                     ) -> list[Ubatch] | str:
     """A listed decode's ubatches as the replay runs them: its recorded split, or
     llama_memory_hybrid_idx::init_batch's split_equal(n_ubatch, !unified,
-    n_keep_tail) (cache/batch.py: `decode_split`); a refusal is its message, and
+    n_keep_tail) with the context's n_ubatch (`CacheConfig.ctx_n_ubatch`;
+    cache/batch.py: `decode_split`); a refusal is its message, and
     GGML_ASSERT(n_ubatch > n_keep_tail) raises KeepTailAssert. `sets`: the tokens'
     `seq_sets`, when the caller has them."""
-    return decode_split(op.tokens, op.ubatches, cfg.n_ubatch, not cfg.unified,
+    return decode_split(op.tokens, op.ubatches, cfg.ctx_n_ubatch, not cfg.unified,
                         n_keep_tail(cfg.n_rs_seq), sets)
 
 
@@ -435,20 +436,21 @@ class Replayer:
         msg = validate_span(span, self.positions, mrope=cfg.by_order)
         if msg is not None:
             return self._reject(i, msg)
-        msg = over_the_batch(len(span), cfg.kv_size, cfg.n_stream)
+        msg = over_the_batch(len(span), cfg)
         if msg is not None:
             return self._abort(i, "decode", msg)
         self._memory_update()
         n_keep_tail = self.recurrent.n_keep_tail
         try:
-            msg = split_refusal(len(span.seq) > 1, cfg.n_ubatch, not cfg.unified, n_keep_tail)
+            msg = split_refusal(len(span.seq) > 1, cfg.ctx_n_ubatch, not cfg.unified,
+                                n_keep_tail)
             if msg is not None:
                 return self._reject(i, msg)
             self.recurrent.prepare([[span.seq]])
         except EngineAbort as e:  # the split's, or the recurrent child's
             return self._abort(i, "decode", str(e))
         k = cache.stream_of(span.seq[0])
-        cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.n_ubatch, n_keep_tail))
+        cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.ctx_n_ubatch, n_keep_tail))
         # a unified cache's span is past the context, above: only a stream's is here
         return self._reject(
             i, f"failed to find a memory slot for batch of size {len(span):,} (init_batch: "
@@ -468,7 +470,7 @@ class Replayer:
         if msg is not None:
             yield self._reject(i, msg)
             return
-        msg = over_the_batch(len(tokens), cfg.kv_size, cfg.n_stream)
+        msg = over_the_batch(len(tokens), cfg)
         if msg is not None:
             yield self._abort(i, "decode", msg)
             return

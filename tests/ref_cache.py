@@ -1259,6 +1259,17 @@ class RefReplay:
 
     # -- decode -----------------------------------------------------------------------------
 
+    def cparams_batch(self) -> tuple[int, int]:
+        """llama_context's constructor: cparams.n_batch = min(n_ctx, params.n_batch)
+        (causal attention), cparams.n_ubatch = min(cparams.n_batch, params.n_ubatch).
+        Without a recorded n_batch: (n_ctx, the trace's n_ubatch)."""
+        cfg = self.cfg
+        n_ctx = cfg.kv_size * (1 if cfg.unified else cfg.n_seq_max)
+        if cfg.n_batch is None:
+            return n_ctx, cfg.n_ubatch
+        n_batch = min(n_ctx, cfg.n_batch)
+        return n_batch, min(n_batch, cfg.n_ubatch)
+
     def decode(self, i: int, op: Decode):
         cfg, cache = self.cfg, self.cache
         tokens = op.tokens
@@ -1274,9 +1285,13 @@ class RefReplay:
             return
         # llama_context::decode: GGML_ASSERT(n_tokens_all <= cparams.n_batch), and
         # n_batch = min(n_ctx, params.n_batch) with n_ctx = n_ctx_seq (the indexer's
-        # kv_size) times the streams (src/llama-context.cpp), before the memory update
-        if len(tokens) > cfg.kv_size * (1 if cfg.unified else cfg.n_seq_max):
-            self.seen["decode past the context (n_batch assert)"] += 1
+        # kv_size) times the streams (src/llama-context.cpp), before the memory update;
+        # a trace without n_batch records none: n_ctx alone
+        n_batch, n_ubatch = self.cparams_batch()
+        if len(tokens) > n_batch:
+            self.seen["decode past the context (n_batch assert)" if cfg.n_batch is None
+                      or n_batch == cfg.kv_size * (1 if cfg.unified else cfg.n_seq_max)
+                      else "decode past n_batch (n_batch assert)"] += 1
             self.aborted = True
             yield RefEvent(i, "decode", ABORTED, {}, frozenset({"KP005"}))
             return
@@ -1302,8 +1317,9 @@ class RefReplay:
             # llama_memory_hybrid_idx::init_batch: split_equal(n_ubatch, !unified,
             # n_rs_seq > 0 ? n_rs_seq + 1 : 0)
             n_keep_tail = cfg.n_rs_seq + 1 if cfg.n_rs_seq > 0 else 0
-            split = split_equal(tokens, cfg.n_ubatch, not cfg.unified, self.seen,
-                                n_keep_tail)
+            if n_ubatch < cfg.n_ubatch:
+                self.seen["n_ubatch capped at n_batch"] += 1
+            split = split_equal(tokens, n_ubatch, not cfg.unified, self.seen, n_keep_tail)
             if split is None:
                 yield refused_after_update()
                 return

@@ -252,6 +252,21 @@ def test_saved_reports_and_live_replays_give_the_same_diff(tmp_path, trace):
     assert run_json(a, b) == run_json(trace)
 
 
+def test_a_report_with_n_batch_reads_as_its_live_run(tmp_path):
+    """`config.n_batch`, written only when the trace records it, reads back as the
+    live run's: the saved reports and the live replays give the same runs."""
+    trace = tmp_path / "nb.yaml"
+    trace.write_text("kpool_trace: 1\ncache: {kv_size: 32, kpool: 4, n_seq_max: 2, "
+                     "n_batch: 8}\nops:\n  - decode: {seq: 0, pos: 0..8}\n"
+                     "  - seq_cp: {src: 0, dst: 1}\n  - decode: {seq: 0, pos: 8}\n")
+    a = save_report(tmp_path / "a.json", str(trace), "cache-safe")
+    b = save_report(tmp_path / "b.json", str(trace), "rep-once")
+    assert json.loads(Path(a).read_text())["config"]["n_batch"] == 8
+    from_reports, _ = gather([a, b], base=None, head=None, backend=None)
+    live, _ = gather([str(trace)], base="cache-safe", head="rep-once", backend="none")
+    assert from_reports == live and dict(live[0][0].config)["n_batch"] == 8
+
+
 def test_several_reports_in_one_file_pair_in_order(tmp_path):
     def save(name: str, engine: str) -> str:
         r = CliRunner().invoke(cli, ["replay", RACE, PARTIAL, "--engine", engine, "--backend",

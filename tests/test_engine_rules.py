@@ -2035,6 +2035,57 @@ def test_llama_context_decode_asserts_a_batch_past_the_context(
     assert all(p == -1 for stream in state["cells"] for p, _ in stream)
 
 
+PAST_N_BATCH = scenario("""
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_ubatch: 8, n_batch: 6}
+ops:
+  - decode: {seq: 0, pos: 0..6}
+  - decode: {seq: 0, pos: 6..13}
+""")
+
+
+def test_llama_context_decode_asserts_a_batch_past_n_batch(engine: str) -> None:
+    """ENGINE.md §3: the context's constructor (`llama_context::llama_context`, src/
+    llama-context.cpp) takes cparams.n_batch = min(n_ctx 32, params.n_batch 6) = 6 and
+    cparams.n_ubatch = min(6, 8) = 6. A decode of 6 tokens (pos 0..5) passes
+    `GGML_ASSERT(n_tokens_all <= cparams.n_batch)`: one ubatch, cells 0..5, pool 0 (pos
+    0..3, rep row 3) touched and marked. A decode of 7 (pos 6..12) is past it:
+    llama_decode aborts (KP005) before the memory update, nothing placed, the replay
+    ends. The trace's n_batch names the bound; the context's 32 cells do not."""
+    st = steps(PAST_N_BATCH, engine)
+    assert len(st) == 2
+    ub, state = st[0]
+    assert ub.token_rows.tolist() == [0, 1, 2, 3, 4, 5] and ub.n_new == 1
+    ev, after = st[1]
+    assert isinstance(ev, OpEvent) and ev.status == ABORTED and codes(ev) == {"KP005"}
+    assert ev.message == ("GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of 7 "
+                          "tokens, more than n_batch (6, cache.n_batch): llama_decode "
+                          "aborts")
+    assert after["cells"] == state["cells"]
+
+
+N_UBATCH_CAPPED = scenario("""
+kpool_trace: 1
+cache: {kv_size: 32, kpool: 4, n_ubatch: 8, n_batch: 4, n_rs_seq: 3}
+ops:
+  - decode: {seq: 0, pos: 0..3}
+""")
+
+
+def test_llama_context_caps_n_ubatch_at_n_batch(engine: str) -> None:
+    """ENGINE.md §3: cparams.n_ubatch = min(cparams.n_batch, params.n_ubatch) =
+    min(4, 8) = 4 (`llama_context::llama_context`). With n_rs_seq 3 the split keeps
+    n_keep_tail = 4 tokens together and asserts `n_ubatch > n_keep_tail`: 4 > 4 fails,
+    the decode of 3 tokens aborts (KP005). The trace's n_ubatch 8 alone would pass
+    (docs/ENGINE-NOTES.md, "Not followed": a build that raises both to n_rs_seq + 2
+    would too)."""
+    st = steps(N_UBATCH_CAPPED, engine)
+    ev, _ = st[0]
+    assert isinstance(ev, OpEvent) and ev.status == ABORTED and codes(ev) == {"KP005"}
+    assert "n_ubatch 4 cannot keep the 4 trailing tokens" in ev.message
+    assert steps(N_UBATCH_CAPPED.replace(", n_batch: 4", ""), engine)[0][0].n_new == 0
+
+
 PAST_THE_CONTEXT_WITH_A_COPY = """
 kpool_trace: 1
 cache: {kv_size: 8, kpool: 2, n_seq_max: 2, unified: false}

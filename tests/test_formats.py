@@ -158,7 +158,10 @@ def test_the_loader_knows_the_declared_keys_and_no_other(op: tf.Section) -> None
 
 def test_the_loader_fills_in_the_declared_defaults() -> None:
     t = load_trace_text("kpool_trace: 1\ncache: {kv_size: 8, kpool: 2}\nops: [seq_rm: {seq: 0}]")
-    assert t.cache.as_dict() == {"kv_size": 8, "kpool": 2, **tf.CACHE.defaults}
+    # an unset field (n_batch: None) is left out of the written block
+    assert t.cache.as_dict() == {"kv_size": 8, "kpool": 2, **{
+        k: v for k, v in tf.CACHE.defaults.items() if v is not None}}
+    assert t.cache.n_batch is tf.CACHE["n_batch"].default is None
     assert (t.name, t.description, t.engine, t.seed) == tuple(
         tf.TOP[k].default for k in ("name", "description", "engine", "seed"))
     (op,) = t.ops
@@ -252,7 +255,9 @@ def test_the_report_config_is_the_trace_cache_block() -> None:
         c = tf.CACHE[f.name]
         if c.type.name == "int":
             assert f.schema["minimum"] == c.lo and "maximum" not in f.schema
-    assert rf.CONFIG.required == tf.CACHE.names[:-1]  # n_rs_seq came later: optional
+    # n_rs_seq and n_batch came later: optional
+    assert rf.CONFIG.required == tuple(n for n in tf.CACHE.names
+                                       if n not in ("n_batch", "n_rs_seq"))
 
 
 def _keys_in_order(obj: dict, record: rf.Record) -> None:
@@ -313,7 +318,8 @@ def test_the_diff_reader_requires_the_declared_cost_counters(tmp_path: Path) -> 
     assert rf.COST.names == diff_reports.COST_KEYS
     doc = _replay(str(ROOT / "traces" / "partial-copy.yaml"), "--backend", "none")
     config = dict(diff_reports.from_report(doc, "r.json").config)
-    assert tuple(config) == rf.CONFIG.names
+    # every declared field but an unset n_batch (None: the trace records none)
+    assert tuple(config) == tuple(n for n in rf.CONFIG.names if n != "n_batch")
     for key in rf.COST.names:
         bad = json.loads(json.dumps(doc))
         del bad["ubatches"][0]["cost"][key]

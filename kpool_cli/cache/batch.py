@@ -27,7 +27,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
-from ..trace.model import Span, Token
+from ..trace.model import CacheConfig, Span, Token
 from .aborts import KeepTailAssert
 
 Ends = dict[int, tuple[int, int, int]]  # seq id: (first pos, last pos, distinct positions)
@@ -138,19 +138,25 @@ def _invalid_seq(i: int, s: int, n_seq_max: int) -> str:
     return f"token {i}: invalid seq_id {s} (n_seq_max = {n_seq_max})"
 
 
-def over_the_batch(n_tokens: int, kv_size: int, n_stream: int) -> str | None:
+def over_the_batch(n_tokens: int, cfg: CacheConfig) -> str | None:
     """llama_context::decode asserts `n_tokens_all <= cparams.n_batch` once the batch
-    is valid, before the memory update (ENGINE.md §3), and with causal attention
-    `n_batch` is at most `n_ctx` (`std::min(cparams.n_ctx, params.n_batch)` in the
-    context's constructor), which is the cache's cells over all its streams
-    (`n_ctx_seq` = kv_size a stream). The assert's message for a batch past that
-    bound, whatever `n_batch` the trace's run had (it records none), or None."""
-    n_ctx = kv_size * n_stream
-    if n_tokens <= n_ctx:
+    is valid, before the memory update (ENGINE.md §3). `cparams.n_batch` is the
+    trace's `n_batch` capped at `n_ctx` with causal attention (`CacheConfig.
+    ctx_n_batch`), `n_ctx` the cache's cells over all its streams (`n_ctx_seq` =
+    kv_size a stream); a trace that records no n_batch is bound by `n_ctx` alone.
+    The assert's message for a batch past it, or None."""
+    bound = cfg.ctx_n_batch
+    if n_tokens <= bound:
         return None
+    n_ctx, n_stream = cfg.n_rows, cfg.n_stream
+    if bound < n_ctx:
+        return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n_tokens:,} "
+                f"tokens, more than n_batch ({bound:,}, cache.n_batch): llama_decode aborts")
+    capped = "" if cfg.n_batch is None else f" (cache.n_batch {cfg.n_batch:,} is capped at them)"
     return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n_tokens:,} tokens, "
-            f"more than the context's {n_ctx:,} cells (kv_size {kv_size:,} x {n_stream} "
-            f"stream{'s' if n_stream != 1 else ''}), which bound n_batch: llama_decode aborts")
+            f"more than the context's {n_ctx:,} cells (kv_size {cfg.kv_size:,} x {n_stream} "
+            f"stream{'s' if n_stream != 1 else ''}), which bound n_batch{capped}: "
+            "llama_decode aborts")
 
 
 def validate_span(span: Span, cache: SeqPositions, *, mrope: bool) -> str | None:

@@ -167,7 +167,7 @@ TRACE = Record("trace", "the trace replayed", (
 ))
 
 # the cache fields added after v1's first release: a report may lack them
-_CONFIG_ADDED = frozenset({"n_rs_seq"})
+_CONFIG_ADDED = frozenset({"n_rs_seq", "n_batch"})
 CONFIG = Record("config", "the cache config of the replay (the trace's cache block,"
                 " defaults filled in)", tuple(
     _f(f.name, _BOOL if f.type.name == "bool" else json_int(f.lo), f.doc,

@@ -1348,10 +1348,13 @@ class _Ctx:
 
 def _cfg_post(ctx: _Ctx, out: dict[str, Any]) -> tuple[tuple[str, object], ...]:
     """The v1 cache config in CONFIG's order, with the trace's bounds (CACHE); a field
-    added after v1's first release may be absent (the trace's default then)."""
+    added after v1's first release may be absent (the trace's default then; left out
+    when that is unset, None, as `CacheConfig.as_dict` leaves it out)."""
     cfg: dict[str, Any] = {}
     for f in CONFIG.fields:
         v = out.get(f.name, CACHE[f.name].default)
+        if v is None:
+            continue
         hi = CACHE[f.name].hi
         if hi is not None and type(v) is int and v > hi:
             raise _Bad(f"{v} is out of range (at most {hi}, the trace's bound)", _key(f.name))

@@ -276,7 +276,9 @@ class RichView:
         layout = [f"kv_size {cfg.kv_size}", f"kpool {cfg.kpool}", f"n_seq_max {cfg.n_seq_max}",
                   "unified" if cfg.unified else f"non-unified ({cfg.n_stream} streams)",
                   "pools by order (M-RoPE)" if cfg.by_order else "pools by position",
-                  f"n_ubatch {cfg.n_ubatch}", f"n_embd {cfg.n_embd}",
+                  f"n_ubatch {cfg.n_ubatch}",
+                  *([] if cfg.n_batch is None else [f"n_batch {cfg.n_batch}"]),
+                  f"n_embd {cfg.n_embd}",
                   f"n_rs_seq {cfg.n_rs_seq}" if cfg.n_rs_seq else "no rollback (n_rs_seq 0)"]
         # a wrapped line breaks between items, never inside `kv_size 32`
         grid.add_row("cache", Flow([f"{item} ·" for item in layout[:-1]] + layout[-1:]))

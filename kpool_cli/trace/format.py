@@ -63,6 +63,7 @@ FORMAT_VERSION = 1
 KV_SIZE_MAX = 2**24
 N_SEQ_MAX_MAX = 256  # TRACE_FORMAT.md: n_seq_max "at most 256"
 N_UBATCH_MAX = 2**20
+N_BATCH_MAX = 2**31 - 1  # llama_context_params.n_batch: a uint32, bounded as positions
 N_EMBD_MAX = 4096
 N_RS_SEQ_MAX = 1024  # rollback snapshots per sequence (an MTP draft depth: a few)
 POS_LIMIT = 2**31 - 2**20  # positions are < POS_LIMIT, so pos + n_ubatch fits an int32
@@ -209,6 +210,9 @@ CACHE = Section("cache", "the indexer cache's shape (docs/FORMATS.md)", (
          True),
     _opt("by_order", BOOL, "pools by rank (M-RoPE images); allows a token's ext", False),
     _opt("n_ubatch", int_type(1, N_UBATCH_MAX), "tokens per ubatch at most", 512),
+    _opt("n_batch", int_type(1, N_BATCH_MAX),
+         "tokens per decode at most (llama_context_params.n_batch): a larger decode "
+         "aborts, and n_ubatch is capped at it; unset: the context's cells", None),
     _opt("n_embd", int_type(1, N_EMBD_MAX), "key width used by the value backend", 16),
     _opt("n_rs_seq", int_type(0, N_RS_SEQ_MAX),
          "the recurrent child's rollback snapshots per sequence "

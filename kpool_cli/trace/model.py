@@ -57,6 +57,8 @@ class CacheConfig:
     unified: bool = _CACHE_DEFAULT["unified"]  # type: ignore[assignment]
     by_order: bool = _CACHE_DEFAULT["by_order"]  # type: ignore[assignment]
     n_ubatch: int = _CACHE_DEFAULT["n_ubatch"]  # type: ignore[assignment]
+    # llama_context_params.n_batch, when the trace records it (`context_batch`)
+    n_batch: int | None = _CACHE_DEFAULT["n_batch"]  # type: ignore[assignment]
     n_embd: int = _CACHE_DEFAULT["n_embd"]  # type: ignore[assignment]
     # the recurrent child's rollback snapshots per sequence (ENGINE.md §3 "The recurrent
     # child"): 0 without MTP, the draft depth with it
@@ -72,9 +74,33 @@ class CacheConfig:
         """Global rows: `strm * kv_size + cell`."""
         return self.n_stream * self.kv_size
 
+    @property
+    def ctx_n_batch(self) -> int:
+        """The context's n_batch (`context_batch`): a decode of more tokens aborts."""
+        return context_batch(self.n_batch, self.n_ubatch, self.n_rows)[0]
+
+    @property
+    def ctx_n_ubatch(self) -> int:
+        """The context's n_ubatch (`context_batch`): the split's ubatch size."""
+        return context_batch(self.n_batch, self.n_ubatch, self.n_rows)[1]
+
     def as_dict(self) -> dict[str, int | bool]:
-        """The cache block as the format writes it: every declared field, in order."""
-        return {name: getattr(self, name) for name in CACHE.names}
+        """The cache block as the format writes it: every declared field, in order,
+        but an unset one (None: `n_batch` when the trace records none)."""
+        return {name: v for name in CACHE.names if (v := getattr(self, name)) is not None}
+
+
+def context_batch(n_batch: int | None, n_ubatch: int, n_ctx: int) -> tuple[int, int]:
+    """ENGINE.md §3: the context's (cparams) n_batch and n_ubatch from the trace's
+    llama_context_params and the context's cells `n_ctx`: with causal attention
+    `n_batch = min(n_ctx, params.n_batch)`, then `n_ubatch = min(n_batch,
+    params.n_ubatch)` (`llama_context::llama_context`, src/llama-context.cpp). A
+    trace that records no n_batch: the batch bound is the context, and n_ubatch is
+    the trace's as given (docs/ENGINE-NOTES.md, "Not followed")."""
+    if n_batch is None:
+        return n_ctx, n_ubatch
+    n_batch = min(n_ctx, n_batch)
+    return n_batch, min(n_batch, n_ubatch)
 
 
 class Token(NamedTuple):

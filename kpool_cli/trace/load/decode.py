@@ -218,7 +218,9 @@ class DecodeWalk(FieldReader):
             if n_ubatch is not None and len(items) > n_ubatch:
                 self.problem(
                     g, f"{f}[{j}]",
-                    f"a ubatch of {len(items)} tokens, more than cache.n_ubatch ({n_ubatch})",
+                    f"a ubatch of {len(items)} tokens, more than cache.n_ubatch ({n_ubatch}"
+                    + (", capped at cache.n_batch and the context's cells)"
+                       if self.lim.n_ubatch_capped else ")"),
                 )
             start = len(toks)
             toks.extend(self.token(it, f"{f}[{j}][{i}]") for i, it in enumerate(items))

@@ -32,7 +32,8 @@ class CacheLimits:
     kv_size: int | None = None
     unified: bool | None = None
     by_order: bool | None = None
-    n_ubatch: int | None = None
+    n_ubatch: int | None = None  # the context's: capped at cache.n_batch
+    n_ubatch_capped: bool = False  # cache.n_batch capped it
 
 
 def static_bounds(t: Type) -> tuple[int, int]:
