@@ -96,6 +96,12 @@ SHOWN_MOST = 16384
 SHOWN_END = 8000
 
 
+def unicode_path(path: str) -> str:
+    """A path as Unicode text a JSON reader takes: the bytes of a file name that is not
+    UTF-8 (which Python holds as lone surrogates, `os.fsdecode`) written `\\xff`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def visible(text: str, *, keep_newlines: bool = False) -> str:
     """`text` with every character a terminal would act on written as an escape; when
     that is longer than SHOWN_MOST characters, its first and last SHOWN_END with how

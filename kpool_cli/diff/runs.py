@@ -31,7 +31,7 @@ from ..versions import load_version
 from ..wording import visible
 from ..workers import WorkerDied, in_order
 from .reports import ReportError, input_kind, read_reports
-from .summary import RunSummary, from_records
+from .summary import RunSummary, SummaryTooLarge, from_records
 
 if TYPE_CHECKING:
     from ..contracts.progress import Progress
@@ -50,6 +50,7 @@ class Unit:
     max_memory: int | None = None  # the replay's memory budget (bytes; None: none)
     core: str = DEFAULT_CORE  # the replay core (replay.CORE_CHOICES)
     max_nodes: int | None = None  # the loader's node bound (None: its default)
+    max_held: int | None = None  # what its summary may hold (bytes; None: no bound)
 
 
 def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
@@ -57,7 +58,10 @@ def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
     in this process only, ticks at every ubatch)."""
     trace = load_checked(unit.trace_path, max_tokens=unit.max_tokens,
                          max_nodes=unit.max_nodes)
-    check_replay_memory(trace, unit.backend, unit.max_memory)
+    bound = check_replay_memory(trace, unit.backend, unit.max_memory)
+    # the summary's share, less what the replay beside it may take
+    held = (None if unit.max_held is None or unit.max_memory is None
+            else max(0, min(unit.max_held, unit.max_memory - bound.total)))
     version = load_version(unit.engine)
     records: Iterable[Record] = replay(trace, version, make_backend(unit.backend, trace),
                                        core=unit.core)
@@ -66,7 +70,8 @@ def run_unit(unit: Unit, bar: _Bar | None = None) -> RunSummary:
     return from_records(records, path=trace.path, name=trace.name, sha256=trace.sha256,
                         engine=version.name,
                         backend=None if unit.backend == "none" else unit.backend,
-                        config=trace.cache.as_dict())
+                        config=trace.cache.as_dict(), max_bytes=held,
+                        budget=unit.max_memory)
 
 
 def run_units(units: Sequence[Unit], jobs: int = 1, *, progress: Progress | None = None
@@ -216,12 +221,15 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
-        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core, max_nodes)
+        # the parent holds every run's summary at once: each its share of the budget
+        held = None if max_memory is None else max_memory // (2 * len(paths))
+        summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core, max_nodes,
+                                    held)
                                for p in paths for e in (base, head)], jobs,
                               progress=progress)
     except TraceError as e:
         raise DiffInputError(str(e) if e.unread else f"invalid trace\n{e}") from None
-    except (VersionError, ReplayTooLarge) as e:
+    except (VersionError, ReplayTooLarge, SummaryTooLarge) as e:
         raise DiffInputError(visible(str(e))) from None
     except WorkerDied as e:
         raise DiffInputError(visible(str(e))) from None

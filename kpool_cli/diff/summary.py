@@ -15,7 +15,10 @@ kept: cells of tokens, pool member lists, finding messages, notes, expectations.
 
 Memory: a summary holds every ubatch of its run (scatter rows included), so a diff
 holds two runs at once, unlike `kpool replay`, which streams. Fine for traces of
-thousands of ubatches; a multi-million-ubatch trace wants a streaming aligner.
+thousands of ubatches; a multi-million-ubatch trace wants a streaming aligner. So
+`from_records` counts what it holds (`HELD_BYTES` a token or scatter entry: a
+cache-safe ubatch lists every pool) and stops at its share of the memory budget
+(`SummaryTooLarge`), as the run goes, where a replay is refused before it starts.
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ FindingKey = tuple[str, tuple[int, ...]]
 ScatterEntry = tuple[int, tuple[int, ...], bool]
 
 ENGINE_ABORT = kp005_engine_abort.CODE.code
+
+# what a diff holds per token or scatter entry of a ubatch: its summary (the entry's
+# tuples: 416 bytes, tracemalloc, a cache-safe ubatch of 10,000 entries), then the
+# comparison and its rendering, which took the whole command to about 4x that
+# (`/usr/bin/time -v kpool diff` of such a trace; docs/robustness.md, "The fifth round")
+HELD_BYTES = 1700
+
+
+class SummaryTooLarge(Exception):
+    """A run whose summary would hold more than its share of the memory budget
+    (exit 2, as a trace whose replay is over it): `str(e)` says so, the trace first."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +132,39 @@ def event_summary(e: OpEvent) -> EventSummary:
 
 def from_records(records: Iterable[OpEvent | UbatchRecord | ExpectResult], *, path: str,
                  name: str, sha256: str, engine: str, backend: str | None,
-                 config: dict) -> RunSummary:
-    """Consume a replay's records (notes and expectations are dropped)."""
+                 config: dict, max_bytes: int | None = None, budget: int | None = None
+                 ) -> RunSummary:
+    """Consume a replay's records (notes and expectations are dropped). Raises
+    SummaryTooLarge, as soon as it is, when what it holds (`HELD_BYTES` a token or
+    scatter entry) passes `max_bytes` (None: no bound), its share of the command's
+    memory `budget`."""
     ubatches: list[UbatchSummary] = []
     events: list[EventSummary] = []
+    held = 0
     for rec in records:
         if isinstance(rec, UbatchRecord):
+            held += HELD_BYTES * (rec.token_pos.size + rec.scatter_rep.size)
+            if max_bytes is not None and held > max_bytes:
+                raise SummaryTooLarge(_too_large(path, engine, len(ubatches) + 1, held,
+                                                 max_bytes, budget))
             ubatches.append(ubatch_summary(rec))
         elif isinstance(rec, OpEvent) and rec.kind != "note":
             events.append(event_summary(rec))
     return RunSummary(path, name, sha256, engine, backend, tuple(config.items()),
                       tuple(ubatches), tuple(events))
+
+
+def _too_large(path: str, engine: str, n_ubatches: int, held: int, max_bytes: int,
+               budget: int | None) -> str:
+    from ..backend.budget import format_bytes
+
+    of = "" if budget is None else f" of {format_bytes(budget)} (--max-memory)"
+    return (f"{path}: comparing its run under {engine} would hold more than the "
+            f"{format_bytes(max_bytes)} it may{of}: its first {n_ubatches:,} ubatches "
+            f"list tokens and scatter entries for about {format_bytes(held)}. kpool diff "
+            "keeps every ubatch of both runs of every trace at once, each run its share "
+            "of the budget less what its replay may take, and a cache-safe ubatch lists "
+            "every pool: diff a shorter trace, or raise --max-memory.")
 
 
 def op_status(event: EventSummary | None, ubatches: tuple[UbatchSummary, ...]) -> str:

@@ -14,6 +14,7 @@ the tests against the official SARIF 2.1.0 schema.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
@@ -62,10 +63,12 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def uri(path: str) -> str:
+    """The artifact's URI: a path's bytes percent-encoded, those of a name that is not
+    UTF-8 included (the file system's bytes, `os.fsencode`)."""
     p = Path(path)
     if p.is_absolute():
         return p.as_uri()
-    return quote(p.as_posix(), safe="/")
+    return quote(os.fsencode(p.as_posix()), safe="/")
 
 
 def _location(path: str, line: int) -> dict[str, Any]:

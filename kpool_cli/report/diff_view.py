@@ -399,7 +399,8 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
             })
     p = t.parting
     return {
-        "trace": {"path": t.trace_path, "name": t.trace_name, "sha256": t.sha256,
+        "trace": {"path": words.unicode_path(t.trace_path), "name": t.trace_name,
+                  "sha256": t.sha256,
                   "same_trace": t.same_trace},
         "base": {"engine": t.base_engine, "backend": t.base_backend},
         "head": {"engine": t.head_engine, "backend": t.head_backend},

@@ -50,6 +50,7 @@ from ..contracts.tally import Tally
 from ..signals import held
 from ..trace.load import TraceError
 from ..trace.model import Trace
+from ..wording import unicode_path
 
 # int keys written as json writes them; a dataclass or datetime refused, as json does
 _ORJSON = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
@@ -590,7 +591,8 @@ def report_header(trace: Trace, engine: str, backend: str | None) -> dict:
     return REPORT.make(
         kpool_report=REPORT_VERSION,
         tool=TOOL.make(name="kpool", version=__version__),
-        trace=TRACE.make(path=trace.path, name=trace.name, sha256=trace.sha256),
+        trace=TRACE.make(path=unicode_path(trace.path), name=trace.name,
+                         sha256=trace.sha256),
         engine=engine,
         backend=backend,
         config=CONFIG.make(**trace.cache.as_dict()),

@@ -10,7 +10,8 @@ NO_COLOR (any value: off), then FORCE_COLOR (on), then "is it a terminal". Width
 the caller's, else COLUMNS, else the terminal's, else 80 (`console_width`); COLUMNS
 is the environment's, so a width from it is kept within `MIN_COLUMNS` ..
 `MAX_COLUMNS` (COLUMNS=0 drew nothing; a width of a hundred million took minutes and
-gigabytes), and one that is not a positive number is not read.
+gigabytes), and one that is not a positive number is not read; LINES likewise gives
+the height (`console_height`), which every console is handed, so rich reads neither.
 """
 
 from __future__ import annotations
@@ -73,15 +74,39 @@ MIN_COLUMNS = 20
 MAX_COLUMNS = 1000
 
 
+MIN_LINES = 5
+MAX_LINES = 10000
+
+
 def env_columns() -> int | None:
     """COLUMNS when it is a positive number, kept within MIN_COLUMNS .. MAX_COLUMNS;
     else None."""
-    cols = os.environ.get("COLUMNS", "").strip().lstrip("0")
-    if not cols or not (cols.isascii() and cols.isdigit()):
+    return _env_size("COLUMNS", MIN_COLUMNS, MAX_COLUMNS)
+
+
+def _env_size(name: str, lo: int, hi: int) -> int | None:
+    """Environment variable `name` when it is a positive number, kept within lo .. hi;
+    else None."""
+    got = os.environ.get(name, "").strip().lstrip("0")
+    if not got or not (got.isascii() and got.isdigit()):
         return None
-    # past MAX_COLUMNS's digits it is past MAX_COLUMNS: no int of thousands of digits
-    return MAX_COLUMNS if len(cols) > len(str(MAX_COLUMNS)) else min(
-        max(int(cols), MIN_COLUMNS), MAX_COLUMNS)
+    # past hi's digits it is past hi: no int of thousands of digits
+    return hi if len(got) > len(str(hi)) else min(max(int(got), lo), hi)
+
+
+def console_height(stream: TextIO) -> int:
+    """The lines a console on `stream` has: LINES, else the terminal's, else 25, as
+    `console_width`. Given to every console, so rich never reads LINES (or COLUMNS)
+    itself: it would parse a number of any length."""
+    lines = _env_size("LINES", MIN_LINES, MAX_LINES)
+    if lines is not None:
+        return lines
+    if stream_is_terminal(stream):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            size = os.get_terminal_size(stream.fileno()).lines
+            if size > 0:
+                return min(max(size, MIN_LINES), MAX_LINES)
+    return 25
 
 
 def console_width(stream: TextIO) -> int:
@@ -102,6 +127,7 @@ def make_console(file: TextIO | None, manners: Manners, *, record: bool = False)
     return _console_class()(
         file=file,
         width=manners.width if manners.width is not None else console_width(file or sys.stdout),
+        height=console_height(file or sys.stdout),
         color_system="auto" if manners.color else None,
         force_terminal=manners.color or None,
         no_color=not manners.color,
