@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .arrays import SameArrays
+from .arrays import SameArrays, unique
 from .backend.facts import ValueFacts
 from .cache.aborts import EngineAbort
 from .cache.batch import (
@@ -211,8 +211,9 @@ def replay(trace: m.Trace, version: EngineVersion, backend: Backend | None = Non
     """Replay `trace` under `version` on `core` (CORE_CHOICES). Raises TraceError for a
     trace that turns out invalid only at replay time (a recorded cell that is not
     empty). `cell_map`: every UbatchRecord carries the cache's cells (for the rich
-    view; costs O(rows)). `spans`: every UbatchRecord carries the run form's spans of
-    its listing (contracts/runs.py; for the JSON writer), found by the core."""
+    view; costs a fill of an int16 per row a ubatch, then what the cache holds).
+    `spans`: every UbatchRecord carries the run form's spans of its listing
+    (contracts/runs.py; for the JSON writer), found by the core."""
     records = Replayer(trace, version, backend, pools_all=pools_all, cell_map=cell_map,
                        spans=spans, core=core).run()
     yield from with_expectations(trace, version.name, backend is not None, records)
@@ -630,11 +631,11 @@ class Replayer:
         return rec
 
     def _cell_map(self) -> CellMap:
-        """Per global row: SEQ_EMPTY, the cell's one seq id, or SEQ_SHARED; the rep rows."""
-        is_rep = np.zeros(self.cfg.n_rows, dtype=bool)
-        is_rep[self.layout.pool_cells()] = True
+        """Per global row: SEQ_EMPTY, the cell's one seq id, or SEQ_SHARED; the rep rows.
+        Costs a fill of an int16 per row (`KvCache.seq_codes`), then what the cache
+        holds: its (seq, cell) pairs and its pools."""
         return CellMap(self.cfg.kv_size, self.cache.seq_codes(SEQ_EMPTY, SEQ_SHARED),
-                       np.flatnonzero(is_rep))
+                       unique(self.layout.pool_cells()))
 
     def _plan_listed(self, marked: np.ndarray, entry_pool: np.ndarray,
                      entry_rows: np.ndarray, entry_rep: np.ndarray

@@ -33,7 +33,7 @@ from kpool_cli.report.select import (
     select,
 )
 from kpool_cli.report.terminal import Manners, Ticker, make_console
-from kpool_cli.report.view import RichView, cell_map_lines, print_explanation
+from kpool_cli.report.view import RichView, cell_map_lines, cells_per_line, print_explanation
 from kpool_cli.trace.load import load_trace, load_trace_text
 from kpool_cli.verdict.codes import CODES
 from kpool_cli.verdict.explain import EXPLANATIONS, explain_text
@@ -316,6 +316,98 @@ def test_cell_map_of_a_large_cache_folds_to_a_few_lines():
     assert any("more lines like it" in line for line in lines)
     assert any("lines of empty cells (rows" in line and "..131072)" in line for line in lines)
     assert any("##########" in line for line in lines)
+
+
+def folded_by_hand(cm: CellMap, width: int, flagged: set[int], written: set[int]) -> list[str]:
+    """The cell map's lines as plain text, the slow and obvious way: per line of
+    `per` cells a key (its characters and marks from its first row on, and whether a
+    row of it was written), a run while the next key equals it (a written line alone)."""
+    n_rows, kv = cm.seq.size, cm.kv_size
+    per = cells_per_line(width, kv)
+    glyph = {SEQ_EMPTY: ".", SEQ_SHARED: "M"}
+    chars = "".join(glyph.get(c) or ("0123456789abcdefghijklmnopqrstuvwxyz"[c] if c < 36
+                                     else "#") for c in cm.seq.tolist())
+    marks = [" "] * n_rows
+    for r in cm.rep_rows.tolist():
+        marks[r] = "^"
+    for r in flagged:
+        marks[r] = "!"
+    mark_text = "".join(marks)
+
+    def strip(a: int, b: int) -> list[str]:
+        groups = range(a, b, 16)
+        line = f"{a:>6}  " + " ".join(chars[g:min(g + 16, b)] for g in groups)
+        under = " " * 8 + " ".join(mark_text[g:min(g + 16, b)] for g in groups)
+        return [line, under] if under.strip() else [line]
+
+    out = []
+    for strm in range(n_rows // kv):
+        base = strm * kv
+        if n_rows > kv:
+            out.append(f"stream {strm} (rows {words.span(base, base + kv)})")
+        starts = list(range(base, base + kv, per))
+        keys = [(chars[a:a + per], mark_text[a:a + per],
+                 any(a <= r < a + per for r in written)) for a in starts]
+        i = 0
+        while i < len(starts):
+            j = i
+            while j + 1 < len(starts) and keys[j + 1] == keys[i] and not keys[i][2]:
+                j += 1
+            a, n_same = starts[i], j - i + 1
+            end = min(starts[j] + per, base + kv)
+            if n_same >= 2 and set(keys[i][0]) == {"."} and not keys[i][1].strip():
+                out.append(f"{a:>6}  ... {n_same} lines of empty cells "
+                           f"(rows {words.span(a, end)}) ...")
+            else:
+                out += strip(a, min(a + per, base + kv))
+                if n_same >= 3:
+                    out.append(f"{'':>6}  ... {n_same - 1} more lines like it "
+                               f"(rows {words.span(a + per, end)}) ...")
+                elif n_same == 2:
+                    out += strip(a + per, min(a + 2 * per, end))
+            i = j + 1
+    return out
+
+
+@pytest.mark.parametrize("n_stream", [1, 4])
+def test_cell_map_folds_runs_of_a_large_cache_as_by_hand(n_stream):
+    # 1,048,576 rows, a few live ones: runs of empty lines, runs of equal lines (of
+    # different ids past z, all '#'), pairs of equal lines, a line a write sets apart,
+    # marks, a line at the very end; 4 streams: a stream's last line is short
+    n = 1 << 20
+    kv = n // n_stream - (0 if n_stream == 1 else 1000)
+    seq = np.full(n_stream * kv, SEQ_EMPTY, dtype=np.int16)
+    seq[:20] = 0
+    seq[64:70] = SEQ_SHARED
+    seq[200_000:200_192] = np.repeat([37, 38, 39], 64)  # three lines of '#'
+    seq[700_032:700_032 + 64 * 7] = 1  # seven lines of seq 1: a rep row in the first, a
+    # write in the fourth
+    seq[800_000:800_128] = 2  # two lines of seq 2, a flagged row in each
+    seq[-5:] = 3
+    cm = CellMap(kv, seq, np.array([3, 7, 700_035, n_stream * kv - 1]))
+    flagged, written = {7, 800_001, 800_065}, np.array([0, 1, 700_032 + 64 * 3 + 5])
+    lines = {width: [t.plain for t in cell_map_lines(cm, width, flagged, written)]
+             for width in (80, 200)}
+    for width, got in lines.items():
+        assert got == folded_by_hand(cm, width, flagged, set(written.tolist()))
+    if n_stream == 1:  # and by hand: 64 cells a line at 80 columns
+        ones, twos = " ".join(["1" * 16] * 4), " ".join(["2" * 16] * 4)
+        marked = " " * 8 + " !" + " " * 14 + " " * 51
+        assert lines[80][3:] == [
+            "   128  ... 3123 lines of empty cells (rows 128..200000) ...",
+            "200000  " + " ".join(["#" * 16] * 4),
+            "        ... 2 more lines like it (rows 200064..200192) ...",
+            "200192  ... 7810 lines of empty cells (rows 200192..700032) ...",
+            f"700032  {ones}", " " * 11 + "^" + " " * 63,  # the mark: alone
+            f"700096  {ones}", f"700160  {ones}",  # a pair: both drawn
+            f"700224  {ones}",  # the write: alone
+            f"700288  {ones}",
+            "        ... 2 more lines like it (rows 700352..700480) ...",
+            "700480  ... 1555 lines of empty cells (rows 700480..800000) ...",
+            f"800000  {twos}", marked, f"800064  {twos}", marked,
+            "800128  ... 3881 lines of empty cells (rows 800128..1048512) ...",
+            "1048512  " + " ".join(["." * 16] * 3) + " " + "." * 11 + "33333",
+            " " * 74 + "^"]  # under the last cell, were the label 6 digits wide
 
 
 def test_cell_map_matches_the_cache(engine):

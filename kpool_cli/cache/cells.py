@@ -23,7 +23,8 @@ Cost: the per-cell arrays are allocated once (`Stream.bytes_bound` says how much
 after that no op allocates or scans O(kv_size): the live cells come from the
 per-sequence index (every live cell holds a sequence), and free cells are found
 by scanning from `head` in growing chunks (`empty_cells`), as far as the request
-needs.
+needs. The one query that costs O(kv_size) is `seq_codes` (the rich view's picture
+of the cells): a fill of an int16 per cell, then O(pairs).
 """
 
 from __future__ import annotations
@@ -493,12 +494,16 @@ class Stream:
         assert np.all(self.pos[cells] == EMPTY_POS), "only an empty cell forgets its key"
         self.key_id[cells] = 0
 
-    def seq_codes(self, empty: int, shared: int) -> np.ndarray:
-        """[kv_size] int16 per cell: `empty`, its one seq id, or `shared`."""
-        code = np.where(self.seq_count == 0, np.int16(empty), np.int16(shared))
-        single = self.seq_count == 1
-        for col, s in enumerate(self.seq_ids):
-            code[self.has[col] & single] = s
+    def seq_codes(self, empty: int, shared: int, out: np.ndarray | None = None) -> np.ndarray:
+        """[kv_size] int16 per cell: `empty`, its one seq id, or `shared`; written into
+        `out` when given. One fill of the kv_size codes, then the live cells from the
+        index (O(pairs), as `live_cells`): a cell a second sequence reaches is shared."""
+        code = np.empty(self.kv_size, dtype=np.int16) if out is None else out
+        code.fill(empty)
+        for s, keys in self.seq_keys.items():
+            if len(keys):
+                cells = key_cell(keys.view)
+                code[cells] = np.where(code[cells] == empty, np.int16(s), np.int16(shared))
         return code
 
     def holds(self, s: int, cells: np.ndarray) -> np.ndarray:

@@ -270,8 +270,15 @@ class KvCache:
         return self.streams[strm].seq_count[cells]
 
     def seq_codes(self, empty: int, shared: int) -> np.ndarray:
-        """[n_rows] int16 per global row: `empty`, its cell's one seq id, or `shared`."""
-        return np.concatenate([st.seq_codes(empty, shared) for st in self.streams])
+        """[n_rows] int16 per global row: `empty`, its cell's one seq id, or `shared`
+        (each stream's `Stream.seq_codes`, written in place: one fill of the rows, then
+        the live cells)."""
+        kv = self.kv_size
+        out = np.empty(len(self.streams) * kv, dtype=np.int16)
+        for k, st in enumerate(self.streams):
+            base = global_row(k, 0, kv)
+            st.seq_codes(empty, shared, out[base:base + kv])
+        return out
 
     # -- edits (llama_kv_cache::seq_*) ---------------------------------------------
 

@@ -162,13 +162,17 @@ class TracePage:
             return
         k, seq = self._last
         self._last = None
-        flat = np.full(self.n_row_bins * self.rows_per, SEQ_EMPTY, np.int32)
-        flat[:seq.size] = seq
-        grid = flat.reshape(self.n_row_bins, self.rows_per)
-        none = np.iinfo(np.int32).max
-        held = np.where(grid >= 0, grid, none).min(axis=1)
+        seq = seq.astype(np.int16, copy=False)  # CellMap.seq's own dtype: no copy
+        n = self.n_row_bins * self.rows_per
+        if seq.size < n:  # the last row bin is short: empty rows fill it
+            seq = np.concatenate([seq, np.full(n - seq.size, SEQ_EMPTY, np.int16)])
+        grid = seq.reshape(self.n_row_bins, self.rows_per)
+        # read unsigned, SEQ_EMPTY and SEQ_SHARED are above every seq id: a bin's least
+        # code is its lowest sequence when it holds one (two passes over the int16s)
+        least = grid.view(np.uint16).min(axis=1).astype(np.int32)
+        no_seq = least >= np.int16(SEQ_SHARED).astype(np.uint16)
         state = np.where((grid == SEQ_SHARED).any(axis=1), SEQ_SHARED,
-                         np.where(held == none, SEQ_EMPTY, held))
+                         np.where(no_seq, SEQ_EMPTY, least))
         while len(self.columns) <= k:  # a bin with no cell map shows the next one's
             self.columns.append(state)
         self.columns[k] = state

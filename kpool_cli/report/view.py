@@ -15,6 +15,10 @@ It sees only records and the Trace (DESIGN.md). It never decides what is shown
 list, a pool, a stale position or a code itself (`kpool_cli.wording` does: ranges
 are half-open `A..B`, as positions are written in traces). Everything styled also
 reads without colour: raced rows carry `!`, rep rows `^`, padding says `pad`.
+
+Cost: the cell map is the one picture whose input grows with the cache: a few numpy
+passes over a byte per row find its runs of identical lines, and Python loops only
+over the runs and the cells drawn (`cell_map_lines`).
 """
 
 from __future__ import annotations
@@ -160,78 +164,126 @@ def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] =
     """The cache as strips of one character per cell (`.` empty, the seq id, `M` shared),
     each followed by a marker line under rep rows (`^`) and flagged rows (`!`) when it
     has any. Runs of identical lines fold into one line saying how many: a 131072-cell
-    cache stays a few lines. Streams start on a new line and are labelled."""
-    n_rows = cm.seq.size
-    per = cells_per_line(width, cm.kv_size)
-    codes = cm.seq.astype(np.int64)
-    chars = np.full(n_rows, ord("."), dtype=np.uint8)
-    one = codes >= 0
-    lut = np.frombuffer((SEQ_CHARS + "#" * (256 - len(SEQ_CHARS))).encode(), dtype=np.uint8)
-    chars[one] = lut[np.minimum(codes[one], 255)]
-    chars[codes == SEQ_SHARED] = ord("M")
-    marks = np.full(n_rows, ord(" "), dtype=np.uint8)
-    marks[cm.rep_rows] = ord("^")
-    if flagged:
-        fl = np.fromiter((r for r in flagged if 0 <= r < n_rows), dtype=np.int64)
-        marks[fl] = ord("!")
-    is_written = np.zeros(n_rows, dtype=bool)
-    if written is not None and written.size:
-        is_written[written] = True
-    n_stream = n_rows // cm.kv_size
+    cache stays a few lines. Streams start on a new line and are labelled.
+
+    Cost: a few numpy passes over a byte per row (`_cell_bytes`, `_runs`: each line
+    compared with the one before it), then Python work per run of identical lines and
+    per cell drawn, which follow what the cache holds, not its size."""
+    n_rows, kv = cm.seq.size, cm.kv_size
+    per = cells_per_line(width, kv)
+    n_lines = -(-kv // per)  # a stream's lines, the last one short when per does not divide kv
+    char, mark, is_written = _cell_bytes(cm, per, flagged, written)
+    n_stream = n_rows // kv
     out: list[Text] = []
     for strm in range(n_stream):
-        base = global_row(strm, 0, cm.kv_size)
+        base = global_row(strm, 0, kv)
         if n_stream > 1:
-            out.append(Text(f"stream {strm} (rows {words.span(base, base + cm.kv_size)})",
+            out.append(Text(f"stream {strm} (rows {words.span(base, base + kv)})",
                             style="dim"))
-        starts = list(range(base, base + cm.kv_size, per))
-        keys = [(chars[a:a + per].tobytes(), marks[a:a + per].tobytes(),
-                 bool(is_written[a:a + per].any())) for a in starts]
-        i = 0
-        while i < len(starts):
-            j = i
-            while j + 1 < len(starts) and keys[j + 1] == keys[i] and not keys[i][2]:
-                j += 1
-            a = starts[i]
-            end = min(starts[j] + per, base + cm.kv_size)
-            n_same = j - i + 1
-            empty = set(keys[i][0]) == {ord(".")} and not keys[i][1].strip()
-            if empty and n_same >= 2:
+        for i, j in _runs(char, mark, is_written, base, n_lines, per):
+            a = base + i * per
+            end = min(base + j * per, base + kv)
+            n_same = j - i
+            if n_same >= 2 and _blank(char, mark, a, per):
                 out.append(Text(f"{a:>6}  ... {n_same} lines of empty cells "
                                 f"(rows {words.span(a, end)}) ...", style="dim"))
             else:
-                out += _strip(cm, chars, marks, is_written, a, min(a + per, base + cm.kv_size))
+                out += _strip(cm, mark, is_written, a, min(a + per, base + kv))
                 if n_same >= 3:
                     out.append(Text(f"{'':>6}  ... {n_same - 1} more lines like it "
                                     f"(rows {words.span(a + per, end)}) ...", style="dim"))
                 elif n_same == 2:
                     b = a + per
-                    out += _strip(cm, chars, marks, is_written, b, min(b + per, end))
-            i = j + 1
+                    out += _strip(cm, mark, is_written, b, min(b + per, end))
     return out
 
 
-def _strip(cm: CellMap, chars: np.ndarray, marks: np.ndarray, is_written: np.ndarray,
-           a: int, b: int) -> list[Text]:
+MARKS = " ^!"  # a row's mark by its `_cell_bytes` code: none, rep row, flagged row
+# `_cell_bytes`' byte of an empty cell (SEQ_EMPTY wrapped to uint8), and of a row past
+# the cache's end (no cell's byte: 0..len(SEQ_CHARS) are seq ids, SEQ_EMPTY and
+# SEQ_SHARED wrap to 255 and 254)
+_EMPTY_BYTE = np.int16(SEQ_EMPTY).astype(np.uint8)
+_PAST_END = np.uint8(128)
+
+
+def _cell_bytes(cm: CellMap, per: int, flagged: set[int] | frozenset[int],
+                written: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, and for `per` rows past the cache's end: a byte that two cells share
+    exactly when they draw the same character (the seq id, capped at len(SEQ_CHARS):
+    every id past `z` draws `#`; SEQ_EMPTY and SEQ_SHARED wrapped to uint8; _PAST_END
+    past the end), its mark (an index into MARKS) and whether the ubatch wrote it.
+    One pass over the int16 codes; the marks and writes cost what they mark."""
+    n_rows = cm.seq.size
+    char = np.empty(n_rows + per, dtype=np.uint8)
+    np.minimum(cm.seq, len(SEQ_CHARS), out=char[:n_rows], casting="unsafe")
+    char[n_rows:] = _PAST_END
+    mark = np.zeros(n_rows + per, dtype=np.uint8)
+    mark[cm.rep_rows] = MARKS.index("^")
+    if flagged:
+        fl = np.fromiter((r for r in flagged if 0 <= r < n_rows), dtype=np.int64)
+        mark[fl] = MARKS.index("!")
+    is_written = np.zeros(n_rows + per, dtype=bool)
+    if written is not None and written.size:
+        is_written[written] = True
+    return char, mark, is_written
+
+
+def _blank(char: np.ndarray, mark: np.ndarray, a: int, per: int) -> bool:
+    """The line from row `a` is empty cells with no mark."""
+    return bool((char[a:a + per] == _EMPTY_BYTE).all()) and not mark[a:a + per].any()
+
+
+def _runs(char: np.ndarray, mark: np.ndarray, is_written: np.ndarray, base: int,
+          n_lines: int, per: int) -> list[tuple[int, int]]:
+    """The runs [i, j) of identical lines of the stream whose first row is `base`. A
+    line is its `per` rows' bytes (`_cell_bytes`) read from its first row on: a
+    stream's short last line reads on into the next stream's rows, or past the cache's
+    end (bytes no whole line has). A line holding a written row is a run of its own.
+    Compares 8 rows a word."""
+    rows = slice(base, base + n_lines * per)
+
+    def lines(a: np.ndarray) -> np.ndarray:
+        return a[rows].reshape(n_lines, per).view(np.uint64)
+
+    c, mk = lines(char), lines(mark)
+    w = np.any(lines(is_written), axis=1)
+    # a run starts at line 0, at a line that differs from the one before it, and on
+    # either side of a written line
+    starts = np.ones(n_lines, dtype=bool)
+    starts[1:] = ((c[1:] != c[:-1]).any(axis=1) | (mk[1:] != mk[:-1]).any(axis=1)
+                  | w[1:] | w[:-1])
+    first = np.flatnonzero(starts).tolist()
+    return list(zip(first, [*first[1:], n_lines], strict=True))
+
+
+def _strip(cm: CellMap, mark: np.ndarray, is_written: np.ndarray, a: int, b: int
+           ) -> list[Text]:
     line = Text(f"{a:>6}  ", style="dim")
-    mark = Text(" " * 8)
-    codes = cm.seq
-    for r in range(a, b):
-        if r > a and (r - a) % GROUP == 0:
+    marks = Text(" " * 8)
+    for r, (c, k, w) in enumerate(zip(cm.seq[a:b].tolist(), mark[a:b].tolist(),
+                                       is_written[a:b].tolist(), strict=True)):
+        if r and r % GROUP == 0:
             line.append(" ")
-            mark.append(" ")
-        c = int(codes[r])
-        ch = chr(chars[r])
+            marks.append(" ")
         style = ("dim" if c == SEQ_EMPTY else SHARED_STYLE if c == SEQ_SHARED
                  else seq_style(c))
-        mk = chr(marks[r])
+        mk = MARKS[k]
         if mk != " ":
             style += " underline"
-        if is_written[r]:
+        if w:
             style += " reverse"
-        line.append(ch, style=style)
-        mark.append(mk, style="bold red" if mk == "!" else "bold")
-    return [line, mark] if mark.plain.strip() else [line]
+        line.append(_cell_char(c), style=style)
+        marks.append(mk, style="bold red" if mk == "!" else "bold")
+    return [line, marks] if marks.plain.strip() else [line]
+
+
+def _cell_char(code: int) -> str:
+    """A cell's character in the map: `.` empty, `M` shared, its seq id (`#` past `z`)."""
+    if code == SEQ_EMPTY:
+        return "."
+    if code == SEQ_SHARED:
+        return "M"
+    return SEQ_CHARS[code] if code < len(SEQ_CHARS) else "#"
 
 
 # -- the view ------------------------------------------------------------------------------
