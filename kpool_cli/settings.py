@@ -310,6 +310,10 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
     except UnicodeDecodeError as e:
         raise SettingsError(path, line_at(raw, e.start),
                             "not UTF-8 text") from None
+    long_key = _long_key_line(text)
+    if long_key is not None:  # tomllib takes time and memory quadratic in its parts
+        raise SettingsError(path, long_key, f"invalid TOML: a dotted key of more than {_DEEP} "
+                            "parts (kpool's keys have at most four): not parsed")
     try:
         return text, tomllib.loads(text)
     except ValueError as e:
@@ -334,12 +338,31 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
                             ) from None
 
 
-# `_deep_line`: a settings file nests two or three levels; where tomllib's recursion
-# gives out, the line where the nesting first passed this many names the place
+# `_deep_line`, `_long_key_line`: a settings file nests two or three levels, and its
+# keys have two to four parts; where tomllib's recursion gives out, the line where the
+# nesting first passed this many names the place, and a dotted key (or table name) of
+# more parts is refused before tomllib reads it
 _DEEP = 64
+_ONE_LINE_STRINGS = r'"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"
 _NESTING = re.compile(r'"""[\s\S]*?"""' r"|'''[\s\S]*?'''"  # multi-line strings
-                      r'|"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"  # one-line strings
+                      "|" + _ONE_LINE_STRINGS +
                       r"|#[^\n]*|[\[\]{}]")  # comments; the brackets counted
+_KEY_PART = r"(?:[A-Za-z0-9_-]+|" + _ONE_LINE_STRINGS + ")"
+_LONG_KEY = re.compile(r'"""[\s\S]*?"""' r"|'''[\s\S]*?'''"  # multi-line strings
+                       # a dotted key of more than _DEEP parts, from its first part on
+                       # (not from within one: linear time): the group
+                       r"|(?<![A-Za-z0-9_.-])"
+                       f"({_KEY_PART}(?:[ \t]*\\.[ \t]*{_KEY_PART}){{{_DEEP},}})"
+                       "|" + _ONE_LINE_STRINGS + r"|#[^\n]*")  # strings and comments skipped
+
+
+def _long_key_line(text: str) -> int | None:
+    """The line of the first dotted key (or table name) of more than _DEEP parts
+    (strings and comments skipped), or None."""
+    for m in _LONG_KEY.finditer(text):
+        if m.group(1) is not None:
+            return line_at(text, m.start())
+    return None
 
 
 def _deep_line(text: str) -> int | None:

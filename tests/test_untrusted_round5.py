@@ -1,19 +1,35 @@
 """The defects a fifth hostile-input campaign found on 7 December 2026
 (docs/robustness.md, "The fifth round"): the memory a diff of traces holds, a file
 name that is not UTF-8 in SARIF and in a report `kpool diff` reads back, and
-COLUMNS or LINES of thousands of digits read by rich itself. Each test runs what the
-campaign ran and asserts what a user sees.
+COLUMNS or LINES of thousands of digits read by rich itself; fuzz's repro commands
+past its own seed bound, the memory budget's count of kpool-wide entries, an empty
+`--ignore` item, and the wording for a settings file's over-long dotted key. Each
+test runs what the campaign ran, or the function it reached, and asserts what a user
+sees.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import trace
 from test_untrusted import RACE_BODY, ROOT, kpool, write
+
+from kpool_cli.backend import budget
+from kpool_cli.backend.store import make_backend
+from kpool_cli.cache.kv import Reach
+from kpool_cli.engine.marking import entries_bound
+from kpool_cli.gen.fuzz import SEED_MAX, run_seed, tasks_for
+from kpool_cli.gen.random_trace import random_trace
+from kpool_cli.replay import Replayer
+from kpool_cli.settings import SettingsError, load_settings
+from kpool_cli.versions import VERSIONS
 
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
 NOT_UTF8 = os.fsdecode(b"race\xff.yaml")  # a file name a Python str holds as a surrogate
@@ -90,3 +106,130 @@ def test_columns_or_lines_of_thousands_of_digits_are_not_read_by_rich(tmp_path, 
               env={variable: "9" * 5000}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "internal error" not in r.stderr and "summary" in r.stdout
+
+
+# -- kpool fuzz --seed at the top of its bound ---------------------------------------------
+
+
+def test_every_run_seed_is_one_fuzz_takes():
+    """Run r's seed was `seed + r`, past `--seed`'s bound from the top seed on: it
+    wraps to 0 there, and stays `seed + r` below it."""
+    tasks = tasks_for("cache-safe", 50, SEED_MAX)
+    assert [tasks[r].seed for r in range(3)] == [SEED_MAX, 0, 1]
+    assert all(0 <= t.seed <= SEED_MAX for t in tasks)
+    assert [t.seed for t in tasks_for("cache-safe", 3, 7)] == [7, 8, 9]
+    assert run_seed(SEED_MAX - 1, 1) == SEED_MAX
+
+
+def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
+    """`kpool fuzz --seed 4611686018427387904` (the top of the bound) wrote shrunk
+    traces found by `--seed 4611686018427387921`, which the option refuses: each
+    command a description gives now runs (exit 0, not 2)."""
+    out = tmp_path / "found"
+    r = kpool("fuzz", "--seed", str(SEED_MAX), "--runs", "3", "--engine", "cache-safe",
+              "-o", str(out), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    commands = {m.group(1) for f in out.glob("*.yaml")
+                for m in re.finditer(r"Found by `kpool (fuzz [^`]*)`", f.read_text())}
+    assert commands
+    for command in sorted(commands):
+        args = shlex.split(command)
+        assert 0 <= int(args[args.index("--seed") + 1]) <= SEED_MAX
+        r = kpool(*args, "-o", str(tmp_path / "again"), cwd=tmp_path)
+        assert r.returncode == 0, (command, r.stderr)
+
+
+# -- the memory budget and cache.kpool ---------------------------------------------------
+
+WIDE = """
+    kpool_trace: 1
+    cache: {kv_size: 16777216, kpool: 16777216}
+    ops:
+      - decode: {seq: 0, pos: 0}
+    """
+
+
+def test_one_token_in_kpool_wide_pools_is_not_counted_as_64_entries():
+    """One token of `kv_size: kpool: 16777216` was bounded at 32.8 GiB (64 padding
+    entries, each 16M rows wide; the replay's peak is 466 MB): a plan has at most the
+    pools the cache has room for (here one), so the bound is under 2 GiB."""
+    t = trace(WIDE)
+    assert entries_bound(1, 16777216, 16777216, 1) == 1
+    b = budget.memory_bound(t, "none")
+    assert b.total < 2 << 30, b.parts
+
+
+def test_the_budget_names_cache_kpool_where_it_drives_the_need():
+    """The advice said "Lower cache.kv_size, cache.n_embd or cache.n_seq_max" whatever
+    drove the need: it names the fields that do, cache.kpool among them here, and
+    not where kpool-wide arrays are a small part."""
+    with pytest.raises(budget.ReplayTooLarge) as e:
+        budget.check_replay_memory(trace(WIDE), "none", 100 << 20)
+    msg = str(e.value)
+    assert "cache.kpool" in e.value.fields
+    assert "scatter entries of cache.kpool 16777216 rows each" in msg
+    assert "Lower cache.kv_size, cache.n_seq_max or cache.kpool, decode fewer" in msg
+    with pytest.raises(budget.ReplayTooLarge) as e:
+        budget.check_replay_memory(trace(WIDE), "numba", 100 << 20)
+    assert e.value.fields[0] == "cache.kpool"
+    narrow = WIDE.replace("kpool: 16777216", "kpool: 4")
+    with pytest.raises(budget.ReplayTooLarge) as e:
+        budget.check_replay_memory(trace(narrow), "none", 1 << 20)
+    assert "cache.kpool" not in e.value.fields and "cache.kpool" not in str(e.value)
+
+
+def test_a_plan_never_has_more_entries_than_the_bound():
+    """`entries_bound` (what the budget counts) holds for every ubatch of the fuzzer's
+    random traces, under every shipped version."""
+    for seed in range(40):
+        t = random_trace(seed)
+        cfg, cells = t.cache, Reach.of(t).cells
+        most = entries_bound(cells, cfg.kv_size, cfg.kpool, cfg.n_seq_max)
+        for version in VERSIONS.values():
+            for rec in Replayer(t, version, make_backend("none", t)).run():
+                assert getattr(rec, "n_new_g", 0) <= most, (seed, version.name)
+
+
+# -- --ignore with an empty item -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "diff"])
+@pytest.mark.parametrize("value", ["", ",", "  ", "KP001,"])
+def test_an_empty_ignore_item_is_refused(tmp_path, command, value):
+    """`--ignore ''` (or `,`, a blank, a trailing comma) was taken in silence and
+    ignored nothing: it is refused as an unknown code is, naming the option."""
+    r = kpool(command, str(RACE), "--ignore", value, "--backend", "none", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout
+    assert r.stderr.startswith(f"kpool: --ignore {value!r}: an empty item names no "
+                               "finding code"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- a settings file's dotted key of 300,000 parts ------------------------------------------
+
+
+@pytest.mark.parametrize("name, head", [("kpool.toml", ""),
+                                        ("pyproject.toml", "[tool.kpool]\njobs = 1\n")])
+def test_a_long_dotted_key_is_named_a_dotted_key(tmp_path, name, head):
+    """A 300,000-part dotted key was reported as "arrays and inline tables nested too
+    deeply" (tomllib's time and memory grow with the square of its parts: 27 s and
+    3.5 GB at 30,000): it is refused before tomllib reads it, at its line, as what
+    it is. Dots in strings and comments are not keys."""
+    path = tmp_path / name
+    path.write_text(head + "# " + "a." * 100 + "\nx = '" + "a." * 100 + "'\n"
+                    + "a." * 300_000 + "a = 1\n")
+    with pytest.raises(SettingsError) as e:
+        load_settings(tmp_path)
+    line = head.count("\n") + 3
+    assert (e.value.file, e.value.line) == (path.resolve(), line)
+    assert e.value.message == ("invalid TOML: a dotted key of more than 64 parts (kpool's "
+                               "keys have at most four): not parsed")
+
+
+def test_a_long_dotted_key_exits_2_with_the_line(tmp_path: Path):
+    (tmp_path / "kpool.toml").write_text("a." * 300_000 + "a = 1\n")
+    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: invalid TOML: a "
+                        "dotted key of more than 64 parts (kpool's keys have at most four): "
+                        "not parsed\n")

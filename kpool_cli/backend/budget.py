@@ -27,12 +27,14 @@ more.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 
 from ..cache.kv import KvCache, Reach
 from ..compiled.arena import Arena
+from ..engine.marking import entries_bound
 from ..trace.model import CacheConfig, Trace
 from .store import BACKENDS, ValueBackend
 
@@ -52,11 +54,11 @@ def engine_bytes_bound(config: CacheConfig, reach: Reach, *, cell_map: bool = Fa
     """The layout (every sequence's copy of its pairs and its pools) and one ubatch's
     marking, scatter plan and record (its listed pools: at most every pool, so
     `--pools all` needs no more). A sequence holds at most `reach.cells` cells, so a kpool-th
-    of them pools; a ubatch has at most every pool + 64 entries. `cell_map`: the
-    records carry the cache's cells (the rich view)."""
+    of them pools; a ubatch has at most `entries_bound` entries, each kpool rows wide.
+    `cell_map`: the records carry the cache's cells (the rich view)."""
     n_seq, kpool, c = config.n_seq_max, config.kpool, reach.cells
     pools = n_seq * (c // kpool)
-    entries = pools + 64
+    entries = entries_bound(c, config.kv_size, kpool, n_seq)
     # every sequence's copy of its (pos, cell) pairs and its four pool columns, as the
     # compiled core holds them (compiled/arena.py; the reference core's GrowArrays,
     # twice the values and one sequence's growth, hold less), and pool_cells
@@ -84,6 +86,7 @@ class MemoryBound:
     parts: dict[str, int]  # runtime, cache, engine, values
     reach: Reach
     backend: str
+    cell_map: bool = False
 
 
 def memory_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> MemoryBound:
@@ -92,15 +95,18 @@ def memory_bound(trace: Trace, backend: str, *, cell_map: bool = False) -> Memor
     ubatch)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    cfg = trace.cache
     reach = Reach.of(trace)
-    parts = {
+    parts = _parts(trace.cache, reach, backend, cell_map)
+    return MemoryBound(sum(parts.values()), parts, reach, backend, cell_map)
+
+
+def _parts(cfg: CacheConfig, reach: Reach, backend: str, cell_map: bool) -> dict[str, int]:
+    return {
         "runtime": RUNTIME_BYTES[backend],
         "cache": KvCache.bytes_bound(cfg, reach),
         "engine": engine_bytes_bound(cfg, reach, cell_map=cell_map),
         "values": 0 if backend == "none" else ValueBackend.bytes_bound(cfg, reach, backend),
     }
-    return MemoryBound(sum(parts.values()), parts, reach, backend)
 
 
 class ReplayTooLarge(Exception):
@@ -124,8 +130,13 @@ def format_bytes(n: int) -> str:
 
 
 def _explain(trace: Trace, b: MemoryBound) -> tuple[list[str], tuple[str, ...]]:
-    """One phrase per part, largest first, and the fields that drive the parts."""
+    """One phrase per part, largest first, and the fields that drive the parts.
+    cache.kpool drives a part when its kpool-wide arrays are most of it: the part
+    with a kpool of 1 is less than half as large."""
     cfg, r = trace.cache, b.reach
+    narrow = _parts(dataclasses.replace(cfg, kpool=1), r, b.backend, b.cell_map)
+    kpool = {part: ("cache.kpool",) if 2 * narrow[part] < n else ()
+             for part, n in b.parts.items()}
     streams = (f"cache.kv_size {cfg.kv_size} x n_stream {cfg.n_stream}"
                + ("" if cfg.unified else " (cache.n_seq_max, unified: false)"))
     written = (f"{r.tokens} decoded tokens, {r.restored} rows state_read can restore, "
@@ -137,10 +148,13 @@ def _explain(trace: Trace, b: MemoryBound) -> tuple[list[str], tuple[str, ...]]:
                   ("cache.kv_size", "cache.n_seq_max")),
         "values": (f"values for up to {r.value_rows} rows x cache.n_embd {cfg.n_embd} "
                    f"({written}, padding), with a slot map of every one of the "
-                   f"{cfg.n_rows} rows ({streams})",
-                   ("cache.n_embd", "tokens", "cache.kv_size")),
-        "engine": (f"the layout and plans of up to {cfg.n_seq_max} sequences x {r.cells} cells",
-                   ("cache.n_seq_max", "tokens", "cache.kv_size")),
+                   f"{cfg.n_rows} rows ({streams})"
+                   + (f", pooling cache.kpool {cfg.kpool} rows a pool" if kpool["values"] else ""),
+                   kpool["values"] + ("cache.n_embd", "tokens", "cache.kv_size")),
+        "engine": (f"the layout and plans of up to {cfg.n_seq_max} sequences x {r.cells} cells"
+                   + (f", in scatter entries of cache.kpool {cfg.kpool} rows each"
+                      if kpool["engine"] else ""),
+                   kpool["engine"] + ("cache.n_seq_max", "tokens", "cache.kv_size")),
         "runtime": (f"Python, numpy{' and numba' if b.backend == 'numba' else ''}", ()),
     }
     phrases, fields = [], []
@@ -153,6 +167,11 @@ def _explain(trace: Trace, b: MemoryBound) -> tuple[list[str], tuple[str, ...]]:
     return phrases, tuple(fields)
 
 
+def _either(items: list[str]) -> str:
+    """`a`, `a or b`, `a, b or c`."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
+
+
 def check_replay_memory(trace: Trace, backend: str, max_bytes: int | None, *,
                         cell_map: bool = False) -> MemoryBound:
     """The bound of `memory_bound`; raises ReplayTooLarge when it is over `max_bytes`
@@ -161,12 +180,12 @@ def check_replay_memory(trace: Trace, backend: str, max_bytes: int | None, *,
     if max_bytes is not None and b.total > max_bytes:
         phrases, fields = _explain(trace, b)
         where = trace.path if trace.path != "<built>" else (trace.name or "the trace")
+        lower = [f for f in fields if f != "tokens"] or ["cache.kv_size"]
         message = (f"{where}: replaying it can need up to {format_bytes(b.total)}, over the "
                    f"memory budget of {format_bytes(max_bytes)} (--max-memory): "
                    + "; ".join(phrases)
-                   + ". Lower cache.kv_size, cache.n_embd or cache.n_seq_max, decode fewer "
-                     "tokens, use a smaller --backend (none needs no value rows), or raise "
-                     "--max-memory.")
+                   + f". Lower {_either(lower)}, decode fewer tokens, use a smaller "
+                     "--backend (none needs no value rows), or raise --max-memory.")
         raise ReplayTooLarge(message, b, max_bytes, fields)
     return b
 

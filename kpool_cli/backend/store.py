@@ -71,6 +71,7 @@ from ..arrays import SameArrays, same_referents, union, unique
 from ..cache.kv import Reach
 from ..engine.context import UbatchContext, groups_entries
 from ..engine.layout import Layout, LayoutChange, pools_past
+from ..engine.marking import entries_bound
 from ..signals import masked
 from ..trace.model import CacheConfig, Trace
 from .facts import (
@@ -391,12 +392,12 @@ class ValueBackend:
         sequence (and row 0's padding under row-zero padding, a writer per entry).
         Snapshots: their rows whole. One ubatch: its entries' pooled values and
         member slots (the numpy twin's pooling also keeps kpool-wide gate copies and
-        weights: about 3 kpool + 12 rows an entry); a ubatch has at most every pool
-        + 64 entries (`marking.pad_bound`), and a sequence holds at most
-        `reach.cells` cells, a kpool-th of them pools."""
+        weights: about 3 kpool + 12 rows an entry); a ubatch has at most
+        `marking.entries_bound` entries, a sequence holding at most `reach.cells`
+        cells."""
         e, kpool = config.n_embd, config.kpool
         slots = SlotTable.slots_bound(config, reach.value_rows)
-        entries = config.n_seq_max * (reach.cells // kpool) + 64
+        entries = entries_bound(reach.cells, config.kv_size, kpool, config.n_seq_max)
         snapshots = reach.snapshot_rows * (SlotTable.row_bytes(config)
                                            + Writers.alt_row_bytes(config))
         per_entry = 4 * e * (1 if kernels == "numba" else 3 * kpool + 12) + 3 * 8 * kpool

@@ -98,7 +98,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     # the runs: a trace's under each engine given, else under each its expect items
     # name (found as it loads: counted at the most, one a process)
     max_memory = shared_budget(max_memory, jobs, len(files) * (len(engines) or jobs))
-    extra = frozenset(codes(ignore) + settings.ignore)
+    extra = frozenset(codes("--ignore", ignore) + settings.ignore)
     if problems:
         fail(problems[0])
 

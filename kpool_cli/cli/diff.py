@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..backend.store import BACKENDS
-from .io import fail, open_output, refuse_outputs
+from .io import code_items, fail, open_output, refuse_outputs
 from .options import (
     ENGINES,
     core_option,
@@ -95,7 +95,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     refuse_outputs((*inputs, *files), (base, head), output=output, html=html_out)
     max_memory = shared_budget(max_memory, jobs, 2 * len(files))  # base and head each
     try:
-        selectors = ignore_selectors(ignore)
+        selectors = ignore_selectors(code_items("--ignore", ignore))
     except ValueError as e:
         fail(str(e))
     try:

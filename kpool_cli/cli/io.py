@@ -6,7 +6,8 @@ invalid trace), `load` (a trace, or exit 2), `version_for` (the engine a run use
 `refuse_outputs` (before any work: an output that would destroy an input or a
 non-file), `open_output` (stdout, or a file written whole), `naming_the_trace` (a
 MemoryError names its trace: `OutOfMemory`), `hanging` (a line of help or listing
-wrapped under its head) and `codes` (finding codes given on the command line).
+wrapped under its head), `code_items` and `codes` (finding codes given on the command
+line).
 """
 
 from __future__ import annotations
@@ -125,12 +126,26 @@ def hanging(head: str, text: str, width: int = 80) -> str:
                          break_on_hyphens=False, break_long_words=False)
 
 
-def codes(values: tuple[str, ...]) -> tuple[str, ...]:
-    """Codes given as repeated or comma-separated options; exit 2 for an unknown one."""
+def code_items(option: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    """The items of `option` given repeated or comma-separated, stripped, in upper case;
+    exit 2 for an empty one (`''`, `,`, `KP001,`): it names no code, and is refused as
+    an unknown code is, not passed over."""
+    items = tuple(c.strip().upper() for v in values for c in v.split(","))
+    if "" in items:
+        given = next(v for v in values if "" in (c.strip() for c in v.split(",")))
+        fail(f"{option} {given!r}: an empty item names no finding code; give codes "
+             f"separated by commas (e.g. {option} KP001,KP005)")
+    return items
+
+
+def codes(option: str, values: tuple[str, ...]) -> tuple[str, ...]:
+    """Finding codes given as repeated or comma-separated `option`s; exit 2 for an
+    empty or unknown one."""
     from ..verdict.codes import CODES
 
-    out = tuple(c.strip().upper() for v in values for c in v.split(",") if c.strip())
+    out = code_items(option, values)
     unknown = [c for c in out if c not in CODES]
     if unknown:
-        fail(f"unknown finding code {unknown[0]!r}: known codes are {', '.join(CODES)}")
+        fail(f"{option}: unknown finding code {unknown[0]!r}: known codes are "
+             f"{', '.join(CODES)}")
     return out

@@ -400,11 +400,11 @@ def code_matches(code: str, selectors: tuple[str, ...]) -> bool:
     return any(code.startswith(s) for s in selectors)
 
 
-def ignore_selectors(values: Iterable[str]) -> tuple[str, ...]:
-    """`--ignore` as given (repeatable, comma-separated, any case) as the selectors of
-    `code_matches`. Raises ValueError for a selector that matches no finding code."""
-    selectors = tuple(s.strip().upper() for item in values for s in item.split(",")
-                      if s.strip())
+def ignore_selectors(items: Iterable[str]) -> tuple[str, ...]:
+    """`--ignore`'s items (cli/io.py `code_items`: split, in upper case, none empty) as
+    the selectors of `code_matches`. Raises ValueError for a selector that matches no
+    finding code."""
+    selectors = tuple(items)
     for s in selectors:
         if not any(code_matches(c, (s,)) for c in CODES):
             raise ValueError(f"--ignore {s}: no finding code starts with it "

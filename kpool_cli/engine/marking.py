@@ -2,7 +2,8 @@
 (ENGINE.md §6, llama.cpp's kpool_build_state).
 
 Owns: `mark` (a pure function of the layout, the ubatch and the stale snapshot),
-`n_new_graph` and `pad_bound`.
+`n_new_graph`, `pad_bound` and `entries_bound` (the most entries a plan has, for the
+memory budget).
 
 The real engine marks through generation arrays (`is_new` per pool, and for
 rep-once `rep_gen` per global row) so that "marked in this ubatch" resets in O(1).
@@ -141,6 +142,16 @@ def n_new_graph(n_new: int, n_tokens: int, n_seqs_unq: int, n_pool_real: int,
     bound = n_tokens // kpool + n_seqs_unq
     n_pool_max = kv_size // kpool * n_seq_max
     return max(n_new, 1, min(bound, pad_bound(n_pool_real) - 1, n_pool_max))
+
+
+def entries_bound(cells: int, kv_size: int, kpool: int, n_seq_max: int) -> int:
+    """The most entries (`n_new_graph`) a ubatch's plan has when a sequence holds at
+    most `cells` cells, a kpool-th of them pools: every pool, or one at least, or the
+    padded size, which is under `pad_bound` (at most 63 past the pools) and never past
+    the pools the cache has room for. Each entry is kpool rows wide (the memory
+    budget's, backend/budget.py)."""
+    n_pools = n_seq_max * (cells // kpool)
+    return max(1, n_pools, min(pad_bound(n_pools) - 1, kv_size // kpool * n_seq_max))
 
 
 def gen_zeroed(is_new_before: int, n_pool_real: int, first_of_batch: bool,

@@ -9,6 +9,8 @@ Invariants:
   `random_trace(task.seed)`, the replay is deterministic and so is the shrinking, so
   a run gives the same outcome here, in a process pool or on a cluster, and any
   finding is reproducible from its seed;
+- every run's seed is one `kpool fuzz --seed` takes (0..`SEED_MAX`: `run_seed`
+  wraps past it), so the command a shrunk trace's description gives is accepted;
 - engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an
   invariant of kpool's own model broken, or an exception escaping the replay) are
   kept apart: findings are what fuzzing looks for, defects are kpool's bugs; every
@@ -63,6 +65,14 @@ INV_POOL = "INV-pool"  # a pool is not well formed
 INV_CRASH = "INV-exception"  # an exception escaped the replay
 INV_CORE = "INV-core"  # the compiled core's records differ from the reference core's
 NOT_FINDINGS = frozenset({kp006_decode_rejected.CODE.code})
+
+SEED_MAX = 2**62  # the largest seed a run has (`kpool fuzz --seed`'s bound)
+
+
+def run_seed(seed: int, r: int) -> int:
+    """Run r's seed: `seed + r`, wrapped to 0 past SEED_MAX, so that it is a seed
+    `--seed` takes (`found_by` gives it as the command that runs it again)."""
+    return (seed + r) % (SEED_MAX + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +430,8 @@ class Progress:
 @dataclass(frozen=True, slots=True)
 class FuzzTasks(Sequence[FuzzTask]):
     """The runs of a campaign, each made when it is asked for (ten million runs are
-    not ten million objects before the first one runs): run r has seed `seed + r`."""
+    not ten million objects before the first one runs): run r has seed
+    `run_seed(seed, r)`."""
 
     engine: str
     runs: int
@@ -443,13 +454,13 @@ class FuzzTasks(Sequence[FuzzTask]):
         r = i + self.runs if i < 0 else i
         if not 0 <= r < self.runs:
             raise IndexError(i)
-        return FuzzTask(self.seed + r, self.engine, self.backend, shrink=False,
+        return FuzzTask(run_seed(self.seed, r), self.engine, self.backend, shrink=False,
                         base=self.base)
 
 
 def tasks_for(engine: str, runs: int, seed: int, backend: str = "none",
               base: str | None = None) -> FuzzTasks:
-    """Run r has seed `seed + r`; only runs are shrunk whose signature is new, so the
+    """Run r has seed `run_seed(seed, r)`; only runs are shrunk whose signature is new, so the
     first pass does not shrink (see `campaign`). With `base`, a run looks for
     behaviour differences from that engine only (`diverges`)."""
     return FuzzTasks(engine, runs, seed, backend, base)
