@@ -344,11 +344,14 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
 # more parts is refused before tomllib reads it
 _DEEP = 64
 _ONE_LINE_STRINGS = r'"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"
-_NESTING = re.compile(r'"""[\s\S]*?"""' r"|'''[\s\S]*?'''"  # multi-line strings
+# a multi-line basic string ends at the first `"""` no backslash escapes; a literal
+# one, which has no escapes, at the first `'''` (one reading of each character: linear)
+_MULTI_LINE_STRINGS = r'"""(?:\\[\s\S]|[^\\])*?"""' r"|'''[\s\S]*?'''"
+_NESTING = re.compile(_MULTI_LINE_STRINGS +  # multi-line strings
                       "|" + _ONE_LINE_STRINGS +
                       r"|#[^\n]*|[\[\]{}]")  # comments; the brackets counted
 _KEY_PART = r"(?:[A-Za-z0-9_-]+|" + _ONE_LINE_STRINGS + ")"
-_LONG_KEY = re.compile(r'"""[\s\S]*?"""' r"|'''[\s\S]*?'''"  # multi-line strings
+_LONG_KEY = re.compile(_MULTI_LINE_STRINGS +  # multi-line strings
                        # a dotted key of more than _DEEP parts, from its first part on
                        # (not from within one: linear time): the group
                        r"|(?<![A-Za-z0-9_.-])"

@@ -1215,3 +1215,55 @@ def test_padded_steps_stand_on_the_compiled_core() -> None:
                 prev = rec
         assert same == standing, core
         assert kept_equals_pooled(t, REP_ONCE, core).ubatches_standing == len(standing)
+
+
+class _Watched(ValueBackend):
+    """ValueBackend that checks, at every scatter of a plan the standing one grew
+    into, what the shortcuts take: the slots `_owned` gives are each group row's own
+    (`SlotTable.of`, after it), and counts the scatters that checked the new entries
+    alone and that inserted the standing plan's slots."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.partial = self.inserted = 0
+
+    def _check_plan(self, *args, new=None, **kw):
+        self.partial += new is not None
+        return super()._check_plan(*args, new=new, **kw)
+
+    def _owned(self, rows, grown, grown_from):
+        s = super()._owned(rows, grown, grown_from)
+        if grown_from is not None and grown is not None and \
+                grown_from.size == rows.size - grown.size:
+            self.inserted += 1
+        assert np.array_equal(s, self.slots.of(rows)), "a slot out of place"
+        return s
+
+
+@pytest.mark.parametrize("core", ["reference", "compiled"])
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_cache_safe_plan_grown_by_appended_pools_checks_and_owns_its_new_entries(
+        core: str, backend: str) -> None:
+    """store.py `_scatter`: two slots share an 8-token prompt, then step one token
+    each, so every fourth step closes a pool in each and the plan grows by two
+    appended pools from the standing one. Those scatters check the new entries alone
+    and insert the standing plan's slots (both counted), every slot `_owned` gives is
+    its row's own, and the rows hold what a backend without the shortcuts holds (the
+    doctored plans of test_backend_kernels.py check the full way still refuses)."""
+    t = trace("""
+        kpool_trace: 1
+        cache: {kv_size: 64, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: 0, pos: 0..8}
+          - seq_cp: {src: 0, dst: 1}
+""" + "".join(f"          - decode: {{tokens: [{{pos: {p}, seq: [0]}}, "
+                  f"{{pos: {p}, seq: [1]}}]}}\n" for p in range(8, 24)))
+    watched = _Watched(t.cache, t.seed, backend)
+    got = list(Replayer(t, VERSIONS["cache-safe"], watched, core=core).run())
+    assert watched.partial >= 3 and watched.inserted >= 3
+    plain = ValueBackend(t.cache, t.seed, backend)
+    want = list(Replayer(t, VERSIONS["cache-safe"], plain, core=core).run())
+    assert [ubatch_json(r) for r in got if isinstance(r, UbatchRecord)] == \
+        [ubatch_json(r) for r in want if isinstance(r, UbatchRecord)]
+    for name in ("key", "gate", "pooled"):
+        assert np.array_equal(watched.row_values(name), plain.row_values(name)), name

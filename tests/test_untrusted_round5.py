@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from kpool_cli.backend import budget
 from kpool_cli.backend.store import make_backend
 from kpool_cli.cache.kv import Reach
 from kpool_cli.engine.marking import entries_bound
-from kpool_cli.gen.fuzz import SEED_MAX, run_seed, tasks_for
+from kpool_cli.gen.fuzz import RUN_SEED_MAX, run_seed, tasks_for
 from kpool_cli.gen.random_trace import random_trace
 from kpool_cli.replay import Replayer
 from kpool_cli.settings import SettingsError, load_settings
@@ -114,11 +115,11 @@ def test_columns_or_lines_of_thousands_of_digits_are_not_read_by_rich(tmp_path, 
 def test_every_run_seed_is_one_fuzz_takes():
     """Run r's seed was `seed + r`, past `--seed`'s bound from the top seed on: it
     wraps to 0 there, and stays `seed + r` below it."""
-    tasks = tasks_for("cache-safe", 50, SEED_MAX)
-    assert [tasks[r].seed for r in range(3)] == [SEED_MAX, 0, 1]
-    assert all(0 <= t.seed <= SEED_MAX for t in tasks)
+    tasks = tasks_for("cache-safe", 50, RUN_SEED_MAX)
+    assert [tasks[r].seed for r in range(3)] == [RUN_SEED_MAX, 0, 1]
+    assert all(0 <= t.seed <= RUN_SEED_MAX for t in tasks)
     assert [t.seed for t in tasks_for("cache-safe", 3, 7)] == [7, 8, 9]
-    assert run_seed(SEED_MAX - 1, 1) == SEED_MAX
+    assert run_seed(RUN_SEED_MAX - 1, 1) == RUN_SEED_MAX
 
 
 def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
@@ -126,7 +127,7 @@ def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
     traces found by `--seed 4611686018427387921`, which the option refuses: each
     command a description gives now runs (exit 0, not 2)."""
     out = tmp_path / "found"
-    r = kpool("fuzz", "--seed", str(SEED_MAX), "--runs", "3", "--engine", "cache-safe",
+    r = kpool("fuzz", "--seed", str(RUN_SEED_MAX), "--runs", "3", "--engine", "cache-safe",
               "-o", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     commands = {m.group(1) for f in out.glob("*.yaml")
@@ -134,7 +135,7 @@ def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
     assert commands
     for command in sorted(commands):
         args = shlex.split(command)
-        assert 0 <= int(args[args.index("--seed") + 1]) <= SEED_MAX
+        assert 0 <= int(args[args.index("--seed") + 1]) <= RUN_SEED_MAX
         r = kpool(*args, "-o", str(tmp_path / "again"), cwd=tmp_path)
         assert r.returncode == 0, (command, r.stderr)
 
@@ -233,3 +234,16 @@ def test_a_long_dotted_key_exits_2_with_the_line(tmp_path: Path):
     assert r.stderr == (f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: invalid TOML: a "
                         "dotted key of more than 64 parts (kpool's keys have at most four): "
                         "not parsed\n")
+
+
+def test_a_multi_line_string_with_an_escaped_quote_hides_its_dotted_lines(tmp_path: Path):
+    """A review's case: `\\\"""` inside a multi-line basic string does not end it, so
+    the long dotted line of the next multi-line string is text, not a key; tomllib
+    reads the file, and so must the check before it (a pyproject.toml of another
+    tool's is read to find `[tool.kpool]`)."""
+    text = ('x = """a\\"""b"""\nw = """\n' + ".".join(["k"] * 70) + '\n"""\n'
+            "[tool.kpool]\nignore = ['KP006']\n")
+    tomllib.loads(text)  # valid TOML
+    (tmp_path / "pyproject.toml").write_text(text)
+    got = load_settings(tmp_path)
+    assert got is not None and got.ignore == ("KP006",)

@@ -72,6 +72,7 @@ from ..cache.kv import Reach
 from ..engine.context import UbatchContext, groups_entries
 from ..engine.layout import Layout, LayoutChange, pools_past
 from ..engine.marking import entries_bound
+from ..engine.scatter import ScatterPlan
 from ..signals import masked
 from ..trace.model import CacheConfig, Trace
 from .facts import (
@@ -303,6 +304,16 @@ class _Standing:
     def bytes_held(self) -> int:
         return (self.rows.nbytes + sum(a.nbytes for a in self._plan)
                 + (0 if self._slots is None else self._slots.nbytes))
+
+
+def _own_columns(layout: Layout, plan: ScatterPlan) -> bool:
+    """`plan` is every pool of `layout` made of the layout's own columns, by identity
+    (`Layout.every_pool`, `pool_members`, `pool_cells`: a re-pool-all plan, unpadded,
+    as engine/scatter.py builds it): its kept pools' rows are the layout's, carried
+    over an update that keeps their pairs. A plan built otherwise (a doctored one, a
+    future builder's) is never vouched for by its layout."""
+    return (layout.is_every_pool(plan.entry_pool) and plan.entry_rows is layout.pool_members()
+            and plan.entry_rep is layout.pool_cells())
 
 
 class ValueBackend:
@@ -597,7 +608,7 @@ class ValueBackend:
             t.next_gen()
             equal = self._singles_scattered(arrays, plan.entry_rows, plan.entry_rep, slots,
                                             ctx.rows[changed], n_kept,
-                                            self._every(layout, change, plan.entry_pool))
+                                            self._every(layout, change, plan))
         if reached == RECHECKED:
             verifier.verified_one(layout, change, way, verdicts)
         return reached, equal
@@ -645,9 +656,9 @@ class ValueBackend:
         # groups that are not the race groups of `rep` before anything is written
         new = self._vouched(ctx)
         # a plan of the layout's own columns (a re-pool-all plan, unpadded) has the kept
-        # pools' rows where the standing plan had them: checked then (`_check_plan`)
-        own = (new is not None and plan.entry_rows is layout.pool_members()
-               and plan.entry_rep is layout.pool_cells())
+        # pools' rows where the standing plan, of its own columns too, had them:
+        # checked then (`_check_plan`)
+        own = new is not None and _own_columns(layout, plan)
         rep, entry_rows = self._plan_checked(plan.entry_rep, plan.entry_rows, plan.entry_pool,
                                              n_pool_real=layout.n_pool_real,
                                              new=new if own else None)
@@ -672,7 +683,7 @@ class ValueBackend:
         t.next_gen()
         if n == 0:
             return np.ones(0, dtype=bool)
-        every = self._every(layout, ctx.change, plan.entry_pool)
+        every = self._every(layout, ctx.change, plan)
         if singles:
             got = self._scatter_singles(entry_rows, rep, order, rows, plan.entry_pool,
                                         layout.pool_start())
@@ -781,12 +792,12 @@ class ValueBackend:
         return self._all_equal(n if n_groups is None else n_groups)
 
     @staticmethod
-    def _every(layout: Layout, change: LayoutChange, entry_pool: np.ndarray
+    def _every(layout: Layout, change: LayoutChange, plan: ScatterPlan
                ) -> tuple[int, np.ndarray] | None:
         """What a plan that stands keeps of a re-pool-all plan (`_Standing.set`): the
-        update's serial and the layout's pool starts, when the plan of `entry_pool` is
-        every pool of `layout`; else None."""
-        return ((change.serial, layout.pool_start()) if layout.is_every_pool(entry_pool)
+        update's serial and the layout's pool starts, when `plan` is every pool of
+        `layout`, made of its own columns (`_own_columns`); else None."""
+        return ((change.serial, layout.pool_start()) if _own_columns(layout, plan)
                 else None)
 
     def _singles_scattered(self, arrays: tuple[np.ndarray, ...], entry_rows: np.ndarray,

@@ -11,7 +11,7 @@ import click
 from ..backend.store import BACKENDS
 from ..contracts import exits
 from ..contracts.files import OutputError, check_output_folder
-from ..gen.fuzz import SEED_MAX
+from ..gen.fuzz import RUN_SEED_MAX
 from ..versions import ALL, VERSIONS, VersionError, load_version
 from .io import fail
 from .options import Float, Int, jobs_option
@@ -23,7 +23,7 @@ from .options import Float, Int, jobs_option
                    "package.module:Name; all: every shipped version, saying which show "
                    "each finding.")
 @click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True)
-@click.option("--seed", type=Int(0, SEED_MAX), default=0, show_default=True,
+@click.option("--seed", type=Int(0, RUN_SEED_MAX), default=0, show_default=True,
               help="Run r replays random_trace(seed + r), wrapped to 0 past the bound: "
                    "any run is reproducible.")
 @jobs_option(1, "Fuzz on N processes.")

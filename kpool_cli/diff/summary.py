@@ -16,9 +16,10 @@ kept: cells of tokens, pool member lists, finding messages, notes, expectations.
 Memory: a summary holds every ubatch of its run (scatter rows included), so a diff
 holds two runs at once, unlike `kpool replay`, which streams. Fine for traces of
 thousands of ubatches; a multi-million-ubatch trace wants a streaming aligner. So
-`from_records` counts what it holds (`HELD_BYTES` a token or scatter entry: a
-cache-safe ubatch lists every pool) and stops at its share of the memory budget
-(`SummaryTooLarge`), as the run goes, where a replay is refused before it starts.
+`from_records` counts what it holds (`HELD_TOKEN`, `HELD_ENTRY`, `HELD_CELL`: a
+cache-safe ubatch lists every pool, each kpool member rows) and stops at its share
+of the memory budget (`SummaryTooLarge`), as the run goes, where a replay is refused
+before it starts.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ ScatterEntry = tuple[int, tuple[int, ...], bool]
 
 ENGINE_ABORT = kp005_engine_abort.CODE.code
 
-# what a diff holds per token or scatter entry of a ubatch: its summary (the entry's
-# tuples: 416 bytes, tracemalloc, a cache-safe ubatch of 10,000 entries), then the
-# comparison and its rendering, which took the whole command to about 4x that
-# (`/usr/bin/time -v kpool diff` of such a trace; docs/robustness.md, "The fifth round")
-HELD_BYTES = 1700
+# what a diff holds per token, scatter entry and member cell of a ubatch: its summary
+# (an entry's tuples, 260 bytes and 40 a member row: tracemalloc of cache-safe
+# ubatches of kpool 4, 64 and 1,024), then the comparison and its rendering, which
+# took the whole command to about 4x that (`/usr/bin/time -v kpool diff` of such a
+# trace; docs/robustness.md, "The fifth round")
+HELD_TOKEN, HELD_ENTRY, HELD_CELL = 600, 1040, 160
 
 
 class SummaryTooLarge(Exception):
@@ -135,15 +137,16 @@ def from_records(records: Iterable[OpEvent | UbatchRecord | ExpectResult], *, pa
                  config: dict, max_bytes: int | None = None, budget: int | None = None
                  ) -> RunSummary:
     """Consume a replay's records (notes and expectations are dropped). Raises
-    SummaryTooLarge, as soon as it is, when what it holds (`HELD_BYTES` a token or
-    scatter entry) passes `max_bytes` (None: no bound), its share of the command's
-    memory `budget`."""
+    SummaryTooLarge, as soon as it is, when what it holds (`HELD_TOKEN` a token,
+    `HELD_ENTRY` a scatter entry, `HELD_CELL` a member row of one) passes `max_bytes`
+    (None: no bound), its share of the command's memory `budget`."""
     ubatches: list[UbatchSummary] = []
     events: list[EventSummary] = []
     held = 0
     for rec in records:
         if isinstance(rec, UbatchRecord):
-            held += HELD_BYTES * (rec.token_pos.size + rec.scatter_rep.size)
+            held += (HELD_TOKEN * rec.token_pos.size + HELD_ENTRY * rec.scatter_rep.size
+                     + HELD_CELL * rec.scatter_rows.size)
             if max_bytes is not None and held > max_bytes:
                 raise SummaryTooLarge(_too_large(path, engine, len(ubatches) + 1, held,
                                                  max_bytes, budget))

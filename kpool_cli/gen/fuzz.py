@@ -9,7 +9,7 @@ Invariants:
   `random_trace(task.seed)`, the replay is deterministic and so is the shrinking, so
   a run gives the same outcome here, in a process pool or on a cluster, and any
   finding is reproducible from its seed;
-- every run's seed is one `kpool fuzz --seed` takes (0..`SEED_MAX`: `run_seed`
+- every run's seed is one `kpool fuzz --seed` takes (0..`RUN_SEED_MAX`: `run_seed`
   wraps past it), so the command a shrunk trace's description gives is accepted;
 - engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an
   invariant of kpool's own model broken, or an exception escaping the replay) are
@@ -66,13 +66,13 @@ INV_CRASH = "INV-exception"  # an exception escaped the replay
 INV_CORE = "INV-core"  # the compiled core's records differ from the reference core's
 NOT_FINDINGS = frozenset({kp006_decode_rejected.CODE.code})
 
-SEED_MAX = 2**62  # the largest seed a run has (`kpool fuzz --seed`'s bound)
+RUN_SEED_MAX = 2**62  # the largest seed a run has (`kpool fuzz --seed`'s bound)
 
 
 def run_seed(seed: int, r: int) -> int:
-    """Run r's seed: `seed + r`, wrapped to 0 past SEED_MAX, so that it is a seed
+    """Run r's seed: `seed + r`, wrapped to 0 past RUN_SEED_MAX, so that it is a seed
     `--seed` takes (`found_by` gives it as the command that runs it again)."""
-    return (seed + r) % (SEED_MAX + 1)
+    return (seed + r) % (RUN_SEED_MAX + 1)
 
 
 @dataclass(frozen=True, slots=True)

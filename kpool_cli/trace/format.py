@@ -130,7 +130,7 @@ STATUS = Type("status", doc="one of " + ", ".join(OP_STATUSES))
 TOKENS = Type("tokens", doc="explicit tokens")
 # its bounds are the tokens of one ubatch (at most cache.n_ubatch, checked by the loader)
 UBATCHES = Type("ubatches", 1, N_UBATCH_MAX, "a fixed split: ubatches of at most n_ubatch"
-                " tokens each")
+                " tokens each (capped at n_batch, when given)")
 SECTION = Type("section", doc="the cache block (CACHE)")
 OP_LIST = Type("ops", doc="the ops (OPS), each a mapping with one key: its name")
 
@@ -239,8 +239,9 @@ DECODE_FORMS: tuple[Section, ...] = (
         _req("tokens", TOKENS, "the tokens, at least one"),
     )),
     Section("decode", "a fixed split into ubatches", (
-        _req("ubatches", UBATCHES, "non-empty lists of tokens, at most cache.n_ubatch each, whose"
-             " sequence sets are equal or disjoint"),
+        _req("ubatches", UBATCHES, "non-empty lists of tokens, at most cache.n_ubatch each"
+             " (capped at cache.n_batch, when given), whose sequence sets are equal or"
+             " disjoint"),
     )),
 )
 # every key a decode may hold, over its three forms (only one form at a time)

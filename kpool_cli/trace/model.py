@@ -71,8 +71,8 @@ class CacheConfig:
 
     @property
     def n_rows(self) -> int:
-        """Global rows: `strm * kv_size + cell`."""
-        return self.n_stream * self.kv_size
+        """Global rows: `strm * kv_size + cell` (`context_cells`)."""
+        return context_cells(self.kv_size, self.unified, self.n_seq_max)
 
     @property
     def ctx_n_batch(self) -> int:
@@ -88,6 +88,12 @@ class CacheConfig:
         """The cache block as the format writes it: every declared field, in order,
         but an unset one (None: `n_batch` when the trace records none)."""
         return {name: v for name in CACHE.names if (v := getattr(self, name)) is not None}
+
+
+def context_cells(kv_size: int, unified: bool, n_seq_max: int) -> int:
+    """The cache's cells over its streams (the context's n_ctx, the global rows): one
+    stream when unified, else one a sequence."""
+    return kv_size * (1 if unified else n_seq_max)
 
 
 def context_batch(n_batch: int | None, n_ubatch: int, n_ctx: int) -> tuple[int, int]:

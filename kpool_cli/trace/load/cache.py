@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kpool_cli.trace.format import CACHE
-from kpool_cli.trace.model import CacheConfig, context_batch
+from kpool_cli.trace.model import CacheConfig, context_batch, context_cells
 from kpool_cli.trace.yaml_safe import Node
 
 from .fields import CacheLimits, FieldReader
@@ -51,7 +51,7 @@ class CacheWalk(FieldReader):
         if n_ubatch is not None and kv is not None and None not in (
                 vals["unified"], vals["n_seq_max"]):
             # a recorded ubatch is at most the context's n_ubatch
-            n_ctx = kv * (1 if vals["unified"] else vals["n_seq_max"])
+            n_ctx = context_cells(kv, vals["unified"], vals["n_seq_max"])
             n_ubatch = context_batch(vals["n_batch"], n_ubatch, n_ctx)[1]
         self.lim = CacheLimits(
             n_seq_max=vals["n_seq_max"], kv_size=kv, unified=vals["unified"],
