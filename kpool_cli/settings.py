@@ -14,7 +14,10 @@ Invariants:
   root, the first folder holding a `kpool.toml` (the whole file is the settings) or a
   `pyproject.toml` with a `[tool.kpool]` table; in one folder kpool.toml wins. A
   pyproject.toml without the table is passed over. No user-level file is read, and
-  the home folder is not a stop: the root is.
+  the home folder is not a stop: the root is. A file another user owns (not this
+  process's user, not root; the link's owner or its target's) is passed over and
+  named in `Settings.not_trusted`, which the CLI warns of: a kpool.toml planted in
+  a shared folder does not decide what a check run below it ignores.
 - The file is untrusted: more than `MAX_BYTES` is refused before parsing, text is
   strict UTF-8, TOML nesting too deep for the parser is a problem, every value is
   checked (type, known name, bounds), and a problem quotes at most 40 characters of
@@ -43,7 +46,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,8 @@ class Settings:
     per_path_ignore: tuple[tuple[str, tuple[str, ...]], ...]
     output_format: str | None               # one of report.check_formats.FORMATS
     jobs: int | None                        # 1 <= jobs <= MAX_JOBS
+    # the settings files the search passed over, and their owners: another user's
+    not_trusted: tuple[tuple[Path, int], ...] = ()
 
     def ignored_for(self, path: Path) -> frozenset[str]:
         """The codes ignored for the trace at `path` (relative to the current folder,
@@ -280,20 +285,37 @@ def _discovered(start: Path) -> Settings:
     folder = start.resolve()
     if not folder.is_dir():
         folder = folder.parent
+    passed: list[tuple[Path, int]] = []
     for d in (folder, *folder.parents):
         # whatever stands at the name is the settings file: a FIFO, a device or a
         # folder named kpool.toml is refused by _read, not passed over in silence
-        kpool_toml = d / KPOOL_TOML
-        if os.path.lexists(kpool_toml):
-            text, data = _read(kpool_toml)
-            return _settings(kpool_toml, text, data, ())
-        pyproject = d / PYPROJECT
-        if os.path.lexists(pyproject):
-            text, data = _read(pyproject)
+        for name, table in ((KPOOL_TOML, ()), (PYPROJECT, ("tool", "kpool"))):
+            path = d / name
+            if not os.path.lexists(path):
+                continue
+            owner = _other_owner(path)
+            if owner is not None:
+                passed.append((path, owner))
+                continue
+            text, data = _read(path)
             tool = data.get("tool")
-            if isinstance(tool, dict) and "kpool" in tool:
-                return _settings(pyproject, text, data, ("tool", "kpool"))
-    return NO_SETTINGS
+            if not table or (isinstance(tool, dict) and "kpool" in tool):
+                found = _settings(path, text, data, table)
+                return replace(found, not_trusted=tuple(passed))
+    return replace(NO_SETTINGS, not_trusted=tuple(passed))
+
+
+def _other_owner(path: Path) -> int | None:
+    """The owner of `path` (of the link, or of what it names) when that is another
+    user than this process's and not root: such a file is passed over, as Mercurial
+    passes over another user's hgrc, so that a settings file planted in a shared
+    folder (/tmp) cannot ignore the findings of a `kpool check` run below it. None
+    when this user or root owns both."""
+    me = os.geteuid()
+    for st in (os.lstat(path), *([os.stat(path)] if os.path.exists(path) else [])):
+        if st.st_uid not in (me, 0):
+            return st.st_uid
+    return None
 
 
 def _read(path: Path) -> tuple[str, dict[str, Any]]:

@@ -247,3 +247,24 @@ def test_a_multi_line_string_with_an_escaped_quote_hides_its_dotted_lines(tmp_pa
     (tmp_path / "pyproject.toml").write_text(text)
     got = load_settings(tmp_path)
     assert got is not None and got.ignore == ("KP006",)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_a_settings_file_of_another_user_is_passed_over_with_a_warning(tmp_path: Path):
+    """The settings search went up to / across owners: a kpool.toml planted in a
+    shared folder (/tmp) ignored every finding of a `kpool check` run below it, which
+    then passed. A file another user owns (not root, not this user) is passed over,
+    with a warning naming it; the check fails on its race as without the file."""
+    planted = tmp_path / "kpool.toml"
+    planted.write_text('ignore = ["KP001", "KP002"]\n')
+    sub = tmp_path / "work"
+    sub.mkdir()
+    write(sub / "r.yaml", "    kpool_trace: 1\n" + RACE_BODY)
+    args = ("check", "r.yaml", "--engine", "cache-safe", "--backend", "none")
+    assert kpool(*args, cwd=sub).returncode == 0  # this user's file: its ignores hold
+    os.chown(planted, 4242, 4242)
+    r = kpool(*args, cwd=sub)
+    assert r.returncode == 1 and "KP001" in r.stdout, r.stdout
+    assert r.stderr == (f"kpool: warning: {planted} is not read: it belongs to another "
+                        "user (uid 4242), and a settings file decides what a check "
+                        "ignores\n")

@@ -84,6 +84,10 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
         settings = load_settings(Path.cwd(), no_config=no_config)
     except SettingsError as e:
         fail(str(e))
+    for passed, owner in settings.not_trusted:
+        click.echo(f"kpool: warning: {visible(str(passed))} is not read: it belongs to "
+                   f"another user (uid {owner}), and a settings file decides what a check "
+                   "ignores", err=True)
     files, problems = trace_paths(paths)
     engines = expand_all(engines or settings.engines or ())
     # every file read is an input: the traces found in a folder, the settings file, the
