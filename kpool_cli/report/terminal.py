@@ -98,29 +98,28 @@ def console_height(stream: TextIO) -> int:
     """The lines a console on `stream` has: LINES, else the terminal's, else 25, as
     `console_width`. Given to every console, so rich never reads LINES (or COLUMNS)
     itself: it would parse a number of any length."""
-    lines = _env_size("LINES", MIN_LINES, MAX_LINES)
-    if lines is not None:
-        return lines
-    if stream_is_terminal(stream):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            size = os.get_terminal_size(stream.fileno()).lines
-            if size > 0:
-                return min(max(size, MIN_LINES), MAX_LINES)
-    return 25
+    return _console_size(stream, "LINES", 1, MIN_LINES, MAX_LINES, 25)
 
 
 def console_width(stream: TextIO) -> int:
     """The columns a console on `stream` draws in: COLUMNS, else the terminal's, else
     80 (the module's invariants)."""
-    cols = env_columns()
-    if cols is not None:
-        return cols
+    return _console_size(stream, "COLUMNS", 0, MIN_COLUMNS, MAX_COLUMNS, 80)
+
+
+def _console_size(stream: TextIO, name: str, axis: int, lo: int, hi: int, default: int
+                  ) -> int:
+    """Environment variable `name` (`_env_size`), else the terminal's size on `axis`
+    (0 columns, 1 lines) kept within lo .. hi, else `default`."""
+    got = _env_size(name, lo, hi)
+    if got is not None:
+        return got
     if stream_is_terminal(stream):
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            size = os.get_terminal_size(stream.fileno()).columns
+            size = os.get_terminal_size(stream.fileno())[axis]
             if size > 0:
-                return min(max(size, MIN_COLUMNS), MAX_COLUMNS)
-    return 80
+                return min(max(size, lo), hi)
+    return default
 
 
 def make_console(file: TextIO | None, manners: Manners, *, record: bool = False) -> Console:
