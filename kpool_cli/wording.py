@@ -244,18 +244,21 @@ def code(code: str, name: str = "") -> str:
 
 # -- where a line may break ----------------------------------------------------------------
 
-# what a wrapped line never splits: a stale position, a token, a list's tail, a short
-# parenthesis (`(op 3, ubatch 1)`, `(kpool explain KP001)`), a code's count, an option
+# what a wrapped line never splits: a stale position, a token, a sequence set with its
+# first positions (`seq 0,1 pos 13..16`), a list's tail, a short parenthesis (`(op 3,
+# ubatch 1)`, `(kpool explain KP001)`), a code's count or its name, an option
 # with its value (`--fail-on error`), a label with its first value (`seq 0`, `pos 5
 # x3`, `kv_size 32`), a repeated value, a number with the word it counts (`2
 # unpinned`); punctuation and a `·` separator stay with what they end
 _UNIT = re.compile(r"""
     (?: seq\ \d+\ from\ pos\ \d+
       | pos\ \d+\ seq\ \d+(?:,\d+)*
+      | seq\ \d+(?:,\d+)*\ pos\ \S+
       | \.\.\.\ \(\d+\)
       | \(kpool\ [^()]*\)
       | \([^()\s]+(?:\ [^()\s]+){0,3}\)
       | KP\d{3}\ x\d+
+      | KP\d{3}\ [a-z][a-z-]*
       | --[a-z][\w-]*\ [a-z0-9][\w.:-]*
       | [A-Za-z_][\w-]*\ -?\d\S*?(?:\ x\d+)?(?=[\s,;:)]|$)
       | -?\d+\ x\d+
@@ -274,6 +277,8 @@ def units(text: str) -> list[str]:
     ['stale', 'seq 0 from pos 12,', 'seq 1 from pos 0']
     >>> units("pools 0:0 · 5 x3 (op 3, ubatch 1) KP001 x2")
     ['pools 0:0 ·', '5 x3', '(op 3, ubatch 1)', 'KP001 x2']
+    >>> units("seq 0 pos 12; seq 0,1 pos 13..16 KP001 scatter-race")
+    ['seq 0 pos 12;', 'seq 0,1 pos 13..16', 'KP001 scatter-race']
     """
     return _UNIT.findall(text)
 

@@ -355,6 +355,23 @@ def test_the_rich_view_fits_the_terminal(width):
     assert "REGRESSION (exit 1)" in text
 
 
+def test_the_rich_view_wraps_its_cells_between_units_at_80_columns():
+    """shared-prefix-race at 80 columns: the where column (about 19 cells) cannot hold
+    `seq 0 pos 12; seq 1 pos 12`, nor a side (about 29) `stale seq 0 from pos 0, seq 1
+    from pos 0`; each breaks between its sequences (`wording.units`), never inside one,
+    the line after hung 2 in. rich's own wrapping broke at any space: `seq` ended a
+    line and `1 pos 12` began the next."""
+    buf = io.StringIO()
+    write_diff_rich(make_console(buf, Manners(True, False, 80)), _result(RACE))
+    lines = buf.getvalue().splitlines()
+    # a word cut from its value ends a column: `seq` then the gap to the next, or the end
+    assert not any(re.search(r"\b(seq|pos|KP\d{3})( {2,}|$)", ln) for ln in lines)
+    assert sum("seq 1 pos 12" in ln for ln in lines) == 1  # op 3.0's where
+    # op 1's and op 3.0's stale positions, both sides
+    assert sum(ln.count("seq 1 from pos 0") for ln in lines) == 4
+    assert sum(ln.count("fixed: KP001 scatter-race") for ln in lines) == 2
+
+
 def test_the_plain_view_lists_only_differing_ubatches():
     buf = io.StringIO()
     write_diff_plain(buf, _result(RACE, PREFILL))

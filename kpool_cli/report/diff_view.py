@@ -50,6 +50,7 @@ from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
 from ..wording import visible
 from .terminal import Manners, make_console
+from .view import Flow
 
 # a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count
@@ -519,14 +520,11 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
 # --- rich --------------------------------------------------------------------------------
 
 
-def _text(lines: list[Line]) -> Text:
-    out = Text()
-    for k, line in enumerate(lines):
-        if k:
-            out.append("\n")
-        for t, style in line:
-            out.append(t, style=style or None)
-    return out
+def _cell(lines: list[Line]) -> Group:
+    """A table cell: each line wrapped between its units (`Flow`), so that a column
+    as narrow as 80 columns leave it never splits a sequence's tokens or stale
+    position, a code from its name, a label from its value."""
+    return Group(*(Flow(hang=2).words(Text.assemble(*line)) for line in lines))
 
 
 def write_diff_rich(console: Console, r: DiffResult) -> None:
@@ -548,7 +546,7 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
             places.append(t.parting)
         for entry in places:
             base_lines, head_lines = entry_sides(entry)
-            table.add_row(_text(where_lines(entry)), _text(base_lines), _text(head_lines))
+            table.add_row(_cell(where_lines(entry)), _cell(base_lines), _cell(head_lines))
         console.print(table)
         if t.parting is not None:
             console.print(Text(parting_note(t), style=PART))
@@ -564,7 +562,7 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
     table.add_column("cells scanned", overflow="fold")
     for t in r.traces:
         table.add_row(Text(trace_label(t)),
-                      _text(trace_outcome(t, r.ignore, where=False)),
+                      _cell(trace_outcome(t, r.ignore, where=False)),
                       _ratio_text(t.base.pools_repooled, t.head.pools_repooled),
                       _ratio_text(t.base.counter("cells_scanned"),
                                   t.head.counter("cells_scanned")))

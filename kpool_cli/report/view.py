@@ -101,10 +101,15 @@ class Flow:
             self.add(text, style=style)
         return self
 
-    def words(self, text: str, style: str = "", gap: int = 1) -> Flow:
-        """The units of `text` (`wording.units`), the first after `gap` spaces."""
-        for n, u in enumerate(words.units(text)):
-            self.add(u, gap if n == 0 else 1, style)
+    def words(self, text: str | Text, style: str = "", gap: int = 1) -> Flow:
+        """The units of `text` (`wording.units`), the first after `gap` spaces; a
+        `Text` keeps its own styles on its units."""
+        t = text if isinstance(text, Text) else Text(text)
+        at = 0
+        for n, u in enumerate(words.units(t.plain)):
+            a = t.plain.index(u, at)  # the units are the text's own, in order
+            at = a + len(u)
+            self.add(t[a:at], gap if n == 0 else 1, style)
         return self
 
     def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
