@@ -373,8 +373,9 @@ class Replayer:
         elif isinstance(op, m.StateRead):
             ok, rows = cache.state_read(op.seq, op.slot)
             if not ok:
-                # the hybrid memory catches the failed restore and drops the sequence
-                self._state_drop(op.seq)
+                # the hybrid memory catches the failed restore and drops the sequence;
+                # `rows` are the indexer cache's rows its state_clear zeroes (ENGINE.md §2)
+                self._state_drop(op.seq, rows)
                 return (f"no room to restore slot {op.slot!r} into seq {op.seq}: "
                         "the sequence was dropped")
             if be and rows.size:
@@ -386,9 +387,13 @@ class Replayer:
             raise AssertionError(f"unhandled op {op!r}")
         return None
 
-    def _state_drop(self, s: int) -> None:
-        """llama_memory_hybrid_idx::state_drop(s), s >= 0."""
+    def _state_drop(self, s: int, zeroed: np.ndarray | None = None) -> None:
+        """llama_memory_hybrid_idx::state_drop(s), s >= 0. `zeroed`: rows of cells s
+        no longer holds that the indexer cache's state_clear(s) zeroes all the same (a
+        failed state_read's, `KvCache.state_read`)."""
         rows = self.cache.state_drop(s)
+        if zeroed is not None and zeroed.size:
+            rows = np.concatenate((zeroed, rows))
         self.recurrent.state_drop(s)
         if self.backend and rows.size:
             self.backend.zero_rows(rows)

@@ -998,6 +998,55 @@ def test_s2_state_read_without_room_drops_the_sequence(engine: str) -> None:
     assert ub.token_rows.tolist() == [4]
 
 
+STATE_NOROOM_SHARED = scenario("""
+kpool_trace: 1
+cache: {kv_size: 8, kpool: 2, n_seq_max: 2}
+ops:
+  - decode: {seq: 0, pos: 0..4}
+  - state_write: {seq: 0, slot: a}
+  - seq_cp: {src: 0, dst: 1}
+  - decode: {seq: 1, pos: 4..6}
+  - decode: {seq: 0, pos: 4..6}
+  - state_read: {seq: 1, slot: a}
+  - decode: {seq: 1, pos: 0}
+""")
+
+
+def test_llama_kv_cache_state_clear_zeroes_the_rows_a_failed_restore_left(engine: str) -> None:
+    """A failed state_read: llama_memory_hybrid_idx::state_read restores the attention
+    cache first; its state_read_meta runs seq_rm(1, -1, -1), find_slot finds no room,
+    and it throws before the indexer cache's restore runs. The catch calls
+    state_drop(1), whose mem_idx->state_clear(1) (ggml-org/llama.cpp
+    src/llama-kv-cache.cpp at 035aa95, angt/llama.cpp at d5437c2) finds seq 1's old
+    cells still in the indexer cache and zeroes the rows of those that hold seq 1
+    alone (`seq_has(i, 1) && seq_count(i) == 1`), then seq_rm's them.
+
+    By hand (kv_size 8, one stream: global row = cell): seq 0 decodes pos 0..3 into
+    cells 0..3, seq_cp(0, 1) shares them, seq 1 decodes pos 4, 5 into cells 4, 5 (seq 1
+    alone), seq 0 decodes pos 4, 5 into cells 6, 7: the cache is full. state_read(1) of
+    4 saved cells: seq_rm(1) frees cells 4, 5 only (0..3 keep seq 0): 2 empty cells < 4,
+    no room. The indexer's rows 4 and 5 (seq 1's alone) are zeroed; rows 0..3 (shared
+    with seq 0) keep their data. The next decode of seq 1 (pos 0) writes cell 4 (head
+    = 4): row 5 stays zero."""
+    from kpool_cli.backend.store import ValueBackend
+
+    t = load_trace_text(STATE_NOROOM_SHARED)
+    backend = ValueBackend(t.cache, t.seed, "numpy")
+    rp = Replayer(t, VERSIONS[engine], backend)
+    seen = {}
+    for rec in rp.run():
+        if isinstance(rec, OpEvent) and rec.kind == "state_read":
+            assert rec.status == REJECTED
+            seen["freed"] = backend.row_values("key", np.array([4, 5]))
+            seen["shared"] = backend.row_values("key", np.arange(4))
+    assert not np.any(seen["freed"])  # rows 4, 5: zeroed by the indexer's state_clear
+    assert np.all(np.any(seen["shared"] != 0, axis=-1))  # rows 0..3: kept (seq 0's too)
+    assert not np.any(backend.row_values("key", np.array([5])))  # still zero after
+    assert np.any(backend.row_values("key", np.array([4])))  # the decode's own row
+    st = rp.cache.streams[0]
+    assert int(st.key_id[5]) == 0  # the empty cell holds no key
+
+
 STATE_EMPTY = scenario("""
 kpool_trace: 1
 cache: {kv_size: 16, kpool: 2, n_seq_max: 2}

@@ -173,7 +173,9 @@ def test_s2_state_read_restores_ext():
 
 def test_s2_state_read_of_an_empty_snapshot_or_without_room_restores_no_row():
     """ENGINE.md §2: an empty snapshot leaves s untouched (no row restored); with no room
-    the restore fails, s has been removed and no row is restored either."""
+    the restore fails, s has been removed and no row is restored either: the rows
+    returned are those of the cells s held alone (0, 1), which the indexer cache's
+    state_clear zeroes (ENGINE-NOTES.md, "the rows a failed restore zeroes")."""
     c = cache(kv_size=8)
     c.state_write(1, "empty")  # seq 1 holds nothing
     decode(c, 0, range(4))
@@ -184,7 +186,7 @@ def test_s2_state_read_of_an_empty_snapshot_or_without_room_restores_no_row():
     c.seq_rm(0, 2, -1)  # seq 0 keeps 2 cells
     decode(c, 1, range(6))  # 2 + 6 = 8: the cache is full
     ok, rows = c.state_read(0, "four")  # seq_rm frees 2 cells, 4 are needed
-    assert not ok and rows.size == 0
+    assert not ok and rows.tolist() == [0, 1]
     assert c.seq_pos_max(0) == -1
     c.check_invariants()
 

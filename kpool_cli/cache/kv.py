@@ -478,20 +478,30 @@ class KvCache:
 
     def state_read(self, s: int, slot: str) -> tuple[bool, np.ndarray]:
         """Restore a snapshot into s: seq_rm(s), then find_slot for its cells, each
-        holding only s. Returns (ok, global rows restored in snapshot order). An empty
-        snapshot leaves s untouched; no room: s has been removed and ok is False (the
-        caller then drops s, as the hybrid memory does)."""
+        holding only s. Returns (ok, rows): ok, the global rows restored in snapshot
+        order. An empty snapshot leaves s untouched. No room: s has been removed, ok
+        is False (the caller then drops s, as the hybrid memory does), and rows are
+        those of the cells s held alone before, which the indexer cache zeroes
+        (ENGINE.md §2, ENGINE-NOTES.md "the rows a failed restore zeroes"): the
+        attention cache's restore is what fails, before the indexer cache's runs, so
+        `llama_memory_hybrid_idx::state_drop` finds s's old cells still in the
+        indexer cache and its `llama_kv_cache::state_clear(s)` zeroes the rows of
+        those that hold s alone (`seq_has(i, s) && seq_count(i) == 1`); their keys
+        are forgotten here."""
         snap = self.snapshots[slot]
         n = int(snap.pos.size)
         if n == 0:
             return True, np.empty(0, dtype=np.int64)
         assert n <= self.kv_size, "a snapshot cannot outgrow the cache it came from"
-        self.seq_rm(s, -1, -1)
         k = self.stream_of(s)
         st = self.streams[k]
+        lo, hi = resolve_range(-1, -1)
+        freed = st.seq_rm(s, lo, hi)  # seq_rm(s, -1, -1): the cells s held alone
+        self._lower_head(k, freed)
         cells = self._find_slot(st, st.used, self._heads[k], n)
         if cells is None:
-            return False, np.empty(0, dtype=np.int64)
+            st.forget_keys(freed)
+            return False, self.global_rows(s, freed)
         st.write(cells, snap.pos, snap.ext, [(s,)] * n, snap.key_id)
         self._heads[k] = int(cells[-1]) + 1
         return True, self.global_rows(s, cells)
