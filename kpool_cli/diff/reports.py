@@ -30,9 +30,11 @@ not JSON at all. `kpool diff` exits 2 with it.
   the trace's bounds too (`trace.format.CACHE`: kv_size at most 2**24, n_seq_max 256,
   n_ubatch 2**20, ...; kpool at most kv_size), and every later field is bounded by
   it, checked as it is read, before anything is built from it:
-  - a ubatch holds 1 to `n_ubatch` tokens, or `n_ubatch + 1` when n_seq_max >
-    n_ubatch (split_equal always takes its first lock-step round, one token of each
-    of up to n_ubatch + 1 sequence sets, docs/ENGINE-NOTES.md; the n_rs_seq tail it
+  - a ubatch holds 1 to `n_ubatch` tokens (the context's: capped at `n_batch` and
+    the cache's rows when the report records n_batch, `trace.model.context_batch`, as
+    the replay splits), or `n_ubatch + 1` when n_seq_max > n_ubatch (split_equal
+    always takes its first lock-step round, one token of each of up to n_ubatch + 1
+    sequence sets, docs/ENGINE-NOTES.md; the n_rs_seq tail it
     keeps together only ever gives tokens back or finishes a set within n_ubatch);
     the tokens array is refused as soon as it holds more;
   - seq ids (tokens, stale maps, pools, findings) are below `n_seq_max`, and a token,
@@ -52,7 +54,8 @@ not JSON at all. `kpool diff` exits 2 with it.
   - ubatches are in order: `index` 0, 1, 2, ...; `op` never goes back, and
     `batch_ubatch` counts 0, 1, ... within an op; `op` (of ubatches and events) is
     below the trace loader's `MAX_OPS` (2**16), and an op's ubatches hold at most the
-    cache's rows of tokens (the decode is placed whole before its first ubatch runs).
+    cache's rows of tokens (the decode is placed whole before its first ubatch runs),
+    and at most a recorded `n_batch` (a larger decode aborts before its first ubatch).
     So the ubatches are at most MAX_OPS times kv_size * n_stream, and, each at least
     a token, fewer than the file's bytes.
   Every array and object with such a bound is refused as soon as it holds one item
@@ -119,6 +122,7 @@ from ..inputs import (
     read_input,
 )
 from ..trace.format import CACHE, FINDING_CODE_PATTERN, POS_LIMIT
+from ..trace.model import context_batch, context_cells
 from ..trace.yaml_safe import MAX_OPS
 from ..verdict.codes import CODES
 from ..wording import visible
@@ -1281,16 +1285,24 @@ class _Ctx:
 
     def configure(self, cfg: dict[str, Any]) -> None:
         self.kv_size, self.kpool, self.n_seq_max = cfg["kv_size"], cfg["kpool"], cfg["n_seq_max"]
-        self.unified, self.by_order, self.n_ubatch = (cfg["unified"], cfg["by_order"],
-                                                      cfg["n_ubatch"])
+        self.unified, self.by_order = cfg["unified"], cfg["by_order"]
         self.n_stream = 1 if self.unified else self.n_seq_max
-        self.n_rows = self.kv_size * self.n_stream
+        self.n_rows = context_cells(self.kv_size, self.unified, self.n_seq_max)
+        # the context's n_batch and n_ubatch, as the replay splits by them: a recorded
+        # n_batch caps both (an op past it aborted, and left no ubatch)
+        self.given_n_batch: int | None = cfg.get("n_batch")
+        self.n_batch, self.n_ubatch = context_batch(self.given_n_batch, cfg["n_ubatch"],
+                                                    self.n_rows)
+        self.given_n_ubatch: int = cfg["n_ubatch"]
         self.pools_per_seq = self.kv_size // self.kpool
         self.n_pool_max = self.pools_per_seq * self.n_seq_max
         # split_equal's first round takes one token of each of up to n_ubatch + 1
         # disjoint sequence sets (at most n_seq_max of them); later rounds and the
-        # n_rs_seq tail stay within n_ubatch (module doc)
+        # n_rs_seq tail stay within n_ubatch (module doc); never more than a recorded
+        # n_batch, the most an op holds
         self.max_tokens = self.n_ubatch + (1 if self.n_seq_max > self.n_ubatch else 0)
+        if self.given_n_batch is not None:
+            self.max_tokens = min(self.max_tokens, self.n_batch)
         self.n_counters = len(COST_KEYS) + _COUNTERS
 
     def charge(self, n: int) -> None:
@@ -1401,8 +1413,15 @@ def _token_post(ctx: _Ctx, t: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
 
 
 def _tokens_say(ctx: _Ctx, n: int) -> str:
-    return (f"more than the {n} tokens a ubatch holds (config.n_ubatch {ctx.n_ubatch}"
-            + (", + 1: split_equal's first round" if n > ctx.n_ubatch else "") + ")")
+    if ctx.given_n_batch is not None and n == ctx.n_batch < ctx.n_ubatch + (
+            ctx.n_seq_max > ctx.n_ubatch):
+        return (f"more than the {n} tokens an op holds (config.n_batch {ctx.given_n_batch}"
+                + (f", capped at the cache's {ctx.n_rows} rows"
+                   if ctx.given_n_batch > ctx.n_rows else "") + ")")
+    capped = ("" if ctx.n_ubatch == ctx.given_n_ubatch else
+              f", capped at config.n_batch {ctx.given_n_batch}")
+    return (f"more than the {n} tokens a ubatch holds (config.n_ubatch {ctx.given_n_ubatch}"
+            + capped + (", + 1: split_equal's first round" if n > ctx.n_ubatch else "") + ")")
 
 
 def _seq_map_post(ctx: _Ctx, out: dict[str, int]) -> tuple[tuple[int, int], ...]:
@@ -1572,11 +1591,14 @@ def _ubatch_order(ctx: _Ctx, i: int, u: UbatchSummary) -> None:
         raise _Bad(f"expected {want} (the op's ubatches count 0, 1, ...), got "
                    f"{u.batch_ubatch}", ".batch_ubatch")
     # every token of a decode that ran takes a cell of its stream (the decode is placed
-    # whole before its first ubatch runs): an op's ubatches hold at most the cache's rows
+    # whole before its first ubatch runs): an op's ubatches hold at most the cache's rows,
+    # and at most a recorded n_batch (a larger decode aborts on llama_decode's assert)
     ctx.op_tokens = (ctx.op_tokens if same else 0) + len(u.tokens)
-    if ctx.op_tokens > ctx.n_rows:
-        raise _Bad(f"the ubatches of op {u.op} hold {ctx.op_tokens} tokens, more than the "
-                   f"cache's {ctx.n_rows} rows", ".tokens")
+    if ctx.op_tokens > ctx.n_batch:
+        bound = (f"the cache's {ctx.n_rows} rows" if ctx.n_batch == ctx.n_rows else
+                 f"config.n_batch {ctx.n_batch} (a larger decode aborts)")
+        raise _Bad(f"the ubatches of op {u.op} hold {ctx.op_tokens} tokens, more than "
+                   f"{bound}", ".tokens")
     ctx.last = u
 
 
