@@ -411,6 +411,18 @@ def test_pools_of_pairs_by_pos_finds_each_tokens_pool_in_its_sequence() -> None:
     assert out.tolist() == [1, -1, -1, -1, 3, 3, -1]
 
 
+def test_seq_and_k_numbers_every_pool_within_its_sequence() -> None:
+    """engine/layout.py `pool_seq` and `Layout._every_k` in one pass: sequence 0 holds
+    global pools 0..2, sequence 1 none, sequence 2 pools 3, 4, sequence 3 none. By
+    hand: seq 0 0 0 2 2, k 0 1 2 0 1."""
+    from kpool_cli.compiled import kernels as k
+
+    start = np.array([0, 3, 3, 5, 5], dtype=np.int64)
+    seq, kk = np.full(5, -9, dtype=np.int64), np.full(5, -9, dtype=np.int64)
+    k.seq_and_k(start, seq, kk)
+    assert seq.tolist() == [0, 0, 0, 2, 2] and kk.tolist() == [0, 1, 2, 0, 1]
+
+
 def test_visible_by_pos_counts_each_tokens_pools_with_rep_pos_at_or_before_it() -> None:
     """engine/scatter.py `visible_pools` by position (ENGINE.md §7), for tokens of
     several sequences at once. Sequence 0's pools have rep pos 3, 7 (global 0, 1),

@@ -718,6 +718,19 @@ def carried_rows(old, before, kept, start, width, out):  # pragma: no cover - co
 
 
 @kernel
+def seq_and_k(start, seq, k):  # pragma: no cover - compiled
+    """engine/layout.py `pool_seq` and each pool's k within its sequence in one pass
+    (`Layout._every_k`): pool i of sequence s, start[s] <= i < start[s + 1], has
+    seq[i] = s and k[i] = i - start[s]."""
+    for s in range(start.size - 1):
+        a, n = start[s], start[s + 1] - start[s]
+        sq, kk = seq[a:a + n], k[a:a + n]  # views indexed from 0 (`carried_rows`)
+        for j in range(n):
+            sq[j] = s
+            kk[j] = j
+
+
+@kernel
 def members(keys, pools, start, strm, ips, kpool, kv_size, out):  # pragma: no cover
     """`SeqLayout.members` of any pools, over the layout's flat columns
     (compiled/arena.py: row s of `keys` and `pools` is sequence s's; its first pool

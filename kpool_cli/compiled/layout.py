@@ -30,8 +30,6 @@ one new pool costs its own look-up and a copy, not a look-up of every pool.
 """
 from __future__ import annotations
 
-from itertools import pairwise
-
 import numpy as np
 
 from ..arrays import all_set, any_set
@@ -325,10 +323,8 @@ class CompiledLayout(Layout):
         before, kept = np.array(before_l, dtype=np.int64), np.array(kept_l, dtype=np.int64)
         # the kernel reads and writes what these bound: the old rows, each sequence's
         # kept pools within its pools then and now
-        now = start.tolist()
-        assert old.shape == (before_l[-1], self.kpool) and now[-1] == every.size and all(
-            n <= min(b1 - b0, s1 - s0) for n, (b0, b1), (s0, s1) in zip(
-                kept_l, pairwise(before_l), pairwise(now), strict=True))
+        assert old.shape == (before_l[-1], self.kpool) and int(start[-1]) == every.size
+        assert all_set(kept <= np.minimum(np.diff(before), np.diff(start)))
         self._growth = PoolGrowth(old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
@@ -336,6 +332,15 @@ class CompiledLayout(Layout):
         if fresh.size:
             members[fresh] = self._look_up_members(fresh)
         return members
+
+    def _every_k(self, every: np.ndarray) -> np.ndarray:
+        """Layout._every_k, with `pool_seq` (when not built) in the same pass
+        (`kernels.seq_and_k`)."""
+        seq, kk = np.empty(every.size, dtype=np.int64), np.empty(every.size, dtype=np.int64)
+        k.seq_and_k(self.pool_start(), seq, kk)
+        if self._pool_seq is None:
+            self._pool_seq = seq
+        return kk
 
     def _counts(self, cache: KvCache, strm: int) -> np.ndarray:
         """What the sharing scan (ENGINE.md §5 step 3, `kernels._share_scan`) reads of

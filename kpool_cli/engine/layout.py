@@ -569,9 +569,12 @@ class Layout:
         """(every_pool, each pool's k within its sequence, pool_members)."""
         if self._every is None:
             every = np.arange(self.n_pool_real, dtype=np.int64)
-            self._every = (every, every - self.pool_start()[self.pool_seq()],
-                           self._every_members(every))
+            self._every = (every, self._every_k(every), self._every_members(every))
         return self._every
+
+    def _every_k(self, every: np.ndarray) -> np.ndarray:
+        """Each pool's k within its sequence, in layout order (`every_pool`'s)."""
+        return every - self.pool_start()[self.pool_seq()]
 
     def _every_members(self, every: np.ndarray) -> np.ndarray:
         """`pool_members` as it is built again after the pools changed: looked up."""
