@@ -245,20 +245,21 @@ def code(code: str, name: str = "") -> str:
 # -- where a line may break ----------------------------------------------------------------
 
 # what a wrapped line never splits: a stale position, a token, a sequence set with its
-# first positions (`seq 0,1 pos 13..16`), a list's tail, a short parenthesis (`(op 3,
-# ubatch 1)`, `(kpool explain KP001)`), a code's count or its name, an option
+# first positions (`seq 0,1 pos 13..16`, `seq 0 pos 5 x3`), a list's tail, a short
+# parenthesis (`(op 3, ubatch 1)`, `(kpool explain KP001)`), a code's count or its
+# name (`KP001 scatter-race`: a name is hyphenated, so `KP003 not` is no unit), an option
 # with its value (`--fail-on error`), a label with its first value (`seq 0`, `pos 5
 # x3`, `kv_size 32`), a repeated value, a number with the word it counts (`2
 # unpinned`); punctuation and a `·` separator stay with what they end
 _UNIT = re.compile(r"""
     (?: seq\ \d+\ from\ pos\ \d+
       | pos\ \d+\ seq\ \d+(?:,\d+)*
-      | seq\ \d+(?:,\d+)*\ pos\ \S+
+      | seq\ \d+(?:,\d+)*\ pos\ -?\d\S*?(?:\ x\d+)?(?=[\s,;:)]|$)
       | \.\.\.\ \(\d+\)
       | \(kpool\ [^()]*\)
       | \([^()\s]+(?:\ [^()\s]+){0,3}\)
       | KP\d{3}\ x\d+
-      | KP\d{3}\ [a-z][a-z-]*
+      | KP\d{3}\ [a-z][a-z0-9]*(?:-[a-z0-9]+)+
       | --[a-z][\w-]*\ [a-z0-9][\w.:-]*
       | [A-Za-z_][\w-]*\ -?\d\S*?(?:\ x\d+)?(?=[\s,;:)]|$)
       | -?\d+\ x\d+
@@ -279,6 +280,8 @@ def units(text: str) -> list[str]:
     ['pools 0:0 ·', '5 x3', '(op 3, ubatch 1)', 'KP001 x2']
     >>> units("seq 0 pos 12; seq 0,1 pos 13..16 KP001 scatter-race")
     ['seq 0 pos 12;', 'seq 0,1 pos 13..16', 'KP001 scatter-race']
+    >>> units("seq 0 pos 5 x3 6; KP003 not compared; KP009 rows 3 7")
+    ['seq 0 pos 5 x3', '6;', 'KP003', 'not', 'compared;', 'KP009', 'rows 3', '7']
     """
     return _UNIT.findall(text)
 

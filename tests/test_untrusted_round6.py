@@ -84,3 +84,24 @@ def test_a_report_whose_ubatch_is_larger_than_its_n_batch_is_refused(tmp_path):
         r"kpool: claims\.json:\d+:\d+: report\.ubatches\[0\]\.tokens: more than the 11 "
         r"tokens a ubatch holds \(config\.n_ubatch 512, capped at config\.n_batch 11\)\n",
         r.stderr), r.stderr
+
+
+def test_a_ubatch_past_the_cache_is_refused_naming_the_cap_of_n_batch(tmp_path):
+    """A recorded n_batch larger than the cache is capped at the cache's rows
+    (`trace.model.context_batch`), and n_ubatch with it: a 9-token ubatch in a cache of
+    8 rows, n_batch 100, is refused as more than the 8 tokens a ubatch holds, naming
+    the cache's rows as the cap, not n_batch 100 (8 is not 100)."""
+    good, report = _report(tmp_path, SPLIT.replace("kv_size: 32", "kv_size: 8").replace(
+        "n_ubatch: 4", "n_ubatch: 512").replace("0..12", "0..8"))
+    edited = json.loads(json.dumps(report))
+    edited["config"]["n_batch"] = 100
+    tokens = edited["ubatches"][0]["tokens"]
+    tokens.append(dict(tokens[-1], pos=8))
+    bad = tmp_path / "claims.json"
+    bad.write_text(json.dumps(edited, indent=1))
+    r = kpool("diff", good.name, bad.name, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout
+    assert re.fullmatch(
+        r"kpool: claims\.json:\d+:\d+: report\.ubatches\[0\]\.tokens: more than the 8 "
+        r"tokens a ubatch holds \(config\.n_ubatch 512, capped at the cache's 8 rows, as "
+        r"config\.n_batch 100 is\)\n", r.stderr), r.stderr

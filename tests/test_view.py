@@ -233,6 +233,23 @@ def test_wording_examples_hold():
     assert result.attempted >= 8 and result.failed == 0
 
 
+def test_a_units_code_name_and_a_sequences_repeated_position_stay_whole():
+    """`wording.units` keeps every code with its name (each name is hyphenated) and a
+    token run's repeated first position with its count: `seq 0,1 pos 12 x2`, not
+    `seq 0,1 pos 12` then `x2`. A code and a word after it that is no name stay apart
+    (`KP003 not compared`), as a code unknown here does from a label (`rows 3`)."""
+    from kpool_cli.verdict.codes import CODES
+
+    for c, code in CODES.items():
+        assert words.units(f"fixed: {words.code(c, code.name)} rows 3")[1] == (
+            f"{c} {code.name}")
+    tokens = words.tokens([(5, (0,)), (5, (0,)), (5, (0,)), (6, (0,)), (12, (0, 1)),
+                           (12, (0, 1))])
+    assert words.units(tokens) == ["seq 0 pos 5 x3", "6;", "seq 0,1 pos 12 x2"]
+    assert words.units("KP003 not compared; KP009 rows 3")[:2] == ["KP003", "not"]
+    assert words.units("KP009 rows 3")[1] == "rows 3"
+
+
 def test_ranges_are_half_open_and_lists_fold_into_them():
     assert (words.span(4, 8), words.span(7, 8), words.span(3, None)) == ("4..8", "7", "3..")
     assert words.folded([0, 1, 2]) == "0..3"  # three in a row: the end is left out

@@ -478,11 +478,11 @@ class KvCache:
 
     def state_read(self, s: int, slot: str) -> tuple[bool, np.ndarray]:
         """Restore a snapshot into s: seq_rm(s), then find_slot for its cells, each
-        holding only s. Returns (ok, rows): ok, the global rows restored in snapshot
-        order. An empty snapshot leaves s untouched. No room: s has been removed, ok
-        is False (the caller then drops s, as the hybrid memory does), and rows are
-        those of the cells s held alone before, which the indexer cache zeroes
-        (ENGINE.md §2, ENGINE-NOTES.md "the rows a failed restore zeroes"): the
+        holding only s. Returns (ok, rows): restored, the global rows written, in
+        snapshot order. An empty snapshot leaves s untouched. No room: s has been
+        removed, ok is False (the caller then drops s, as the hybrid memory does), and
+        rows are those of the cells s held alone before, which the indexer cache
+        zeroes (ENGINE.md §2, ENGINE-NOTES.md "the rows a failed restore zeroes"): the
         attention cache's restore is what fails, before the indexer cache's runs, so
         `llama_memory_hybrid_idx::state_drop` finds s's old cells still in the
         indexer cache and its `llama_kv_cache::state_clear(s)` zeroes the rows of

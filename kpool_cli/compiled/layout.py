@@ -324,7 +324,8 @@ class CompiledLayout(Layout):
         # the kernel reads and writes what these bound: the old rows, each sequence's
         # kept pools within its pools then and now
         assert old.shape == (before_l[-1], self.kpool) and int(start[-1]) == every.size
-        assert all_set(kept <= np.minimum(np.diff(before), np.diff(start)))
+        assert kept.size == before.size - 1 == start.size - 1 and all_set(
+            kept <= np.minimum(np.diff(before), np.diff(start)))
         self._growth = PoolGrowth(old, before, kept, start)
         members = np.empty((every.size, self.kpool), dtype=np.int64)
         k.carried_rows(old.reshape(-1), before, kept, start, self.kpool, members.reshape(-1))
@@ -336,8 +337,10 @@ class CompiledLayout(Layout):
     def _every_k(self, every: np.ndarray) -> np.ndarray:
         """Layout._every_k, with `pool_seq` (when not built) in the same pass
         (`kernels.seq_and_k`)."""
+        start = self.pool_start()
+        assert int(start[-1]) == every.size  # the kernel writes start[-1] of each column
         seq, kk = np.empty(every.size, dtype=np.int64), np.empty(every.size, dtype=np.int64)
-        k.seq_and_k(self.pool_start(), seq, kk)
+        k.seq_and_k(start, seq, kk)
         if self._pool_seq is None:
             self._pool_seq = seq
         return kk

@@ -1418,8 +1418,12 @@ def _tokens_say(ctx: _Ctx, n: int) -> str:
         return (f"more than the {n} tokens an op holds (config.n_batch {ctx.given_n_batch}"
                 + (f", capped at the cache's {ctx.n_rows} rows"
                    if ctx.given_n_batch > ctx.n_rows else "") + ")")
+    # the cap is the context's n_batch: the recorded one, or the cache's rows below it
     capped = ("" if ctx.n_ubatch == ctx.given_n_ubatch else
-              f", capped at config.n_batch {ctx.given_n_batch}")
+              f", capped at config.n_batch {ctx.given_n_batch}"
+              if ctx.n_batch == ctx.given_n_batch else
+              f", capped at the cache's {ctx.n_rows} rows, as config.n_batch "
+              f"{ctx.given_n_batch} is")
     return (f"more than the {n} tokens a ubatch holds (config.n_ubatch {ctx.given_n_ubatch}"
             + capped + (", + 1: split_equal's first round" if n > ctx.n_ubatch else "") + ")")
 
