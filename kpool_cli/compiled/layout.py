@@ -338,7 +338,7 @@ class CompiledLayout(Layout):
         """Layout._every_k, with `pool_seq` (when not built) in the same pass
         (`kernels.seq_and_k`)."""
         start = self.pool_start()
-        assert int(start[-1]) == every.size  # the kernel writes start[-1] of each column
+        assert int(start[-1]) == every.size  # the kernel writes start[-1] items of each
         seq, kk = np.empty(every.size, dtype=np.int64), np.empty(every.size, dtype=np.int64)
         k.seq_and_k(start, seq, kk)
         if self._pool_seq is None:

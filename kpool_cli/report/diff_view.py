@@ -521,9 +521,9 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
 
 
 def _cell(lines: list[Line]) -> Group:
-    """A table cell: each line wrapped between its units (`Flow`), so that a column
-    as narrow as 80 columns leave it never splits a sequence's tokens or stale
-    position, a code from its name, a label from its value."""
+    """A table cell: each line wrapped between its units (`Flow`), so that even the
+    narrow columns of an 80-column terminal never split a sequence's tokens or
+    stale position, a code from its name or a label from its value."""
     return Group(*(Flow(hang=2).words(Text.assemble(*line)) for line in lines))
 
 
