@@ -76,7 +76,9 @@ class EngineVersion:
     # (the no-op seq_rm after a fully accepted draft; docs/versions.md) ...
     seq_rm_noop_keeps_clean: bool = False
     # ... on every cache, or only on one of a single sequence (n_seq_max 1: the fork's
-    # eligibility, `sequences != 1` is "unsupported_cache")
+    # eligibility, `sequences != 1` is "unsupported_cache"), and there only for a
+    # seq_rm of seq 0 (`llama_qsa_noop::inspect`: `sequence == 0`; a seq_rm(-1) stales
+    # as on the base, ariera-j/llama.cpp-evox2-windows src/llama-qsa-noop-policy.h)
     seq_rm_noop_one_seq_only: bool = False
     # ENGINE.md §2 and §3 "The recurrent child": a seq_rm of a negative seq id matches
     # every sequence in the recurrent child (`seq_id >= 0 && (uint32_t) seq_id >=
@@ -199,8 +201,8 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
                  "own skip is gated: noop-seq-rm-one-seq)"),
           sets=(("seq_rm_noop_keeps_clean", True),)),
     Patch("noop-seq-rm-one-seq",
-          "the no-op seq_rm patch where the fork enables it: on a cache of one sequence "
-          "only (n_seq_max 1), where no cell can be shared",
+          "the no-op seq_rm patch where the fork enables it: a seq_rm of seq 0 on a "
+          "cache of one sequence only (n_seq_max 1), where no cell can be shared",
           Origin("ariera-j/llama.cpp-evox2-windows", "src/llama-qsa-noop-policy.h",
                  "8f42138625294ace3be2c5839c572dd90473bd18 (opt-in, "
                  "LLAMA_QSA_SKIP_NOOP_INVALIDATION=1)"),

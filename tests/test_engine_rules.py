@@ -2230,3 +2230,59 @@ def test_kp002_conflicts_kept_from_updates_equal_the_condition_over_the_layout()
                 pass
     assert seen_conflict > 10  # ubatches with a conflict: the traces reach the condition
     assert seen_one > 100  # ubatches of one sequence with pools to share a row
+
+
+NOOP_RM = """
+kpool_trace: 1
+cache: {{kv_size: 8, kpool: 2, n_seq_max: 1}}
+ops:
+  - decode: {{seq: 0, pos: 0..4}}
+  - seq_rm: {{seq: {seq}, p0: 2, p1: 2}}
+  - decode: {{seq: 0, pos: 4}}
+"""
+scenario(NOOP_RM.format(seq=-1))
+
+
+@pytest.mark.parametrize("base", ["rep-once", "cache-safe"])
+@pytest.mark.parametrize("seq", [0, -1])
+def test_llama_qsa_noop_inspect_skips_the_staleness_of_a_seq_rm_of_seq_0_only(
+        base: str, seq: int) -> None:
+    """Research (docs/ENGINE-NOTES.md, "the no-op seq_rm of one sequence"):
+    ariera-j/llama.cpp-evox2-windows `src/llama-qsa-noop-policy.h` at 8f421386,
+    `llama_qsa_noop::inspect`, returns `d.eligible && sequence == 0 && !shared && ...`,
+    and `llama_memory_hybrid_idx::seq_rm` (`src/llama-memory-hybrid-idx.cpp`, same
+    commit) suppresses the staleness only of an inspected seq_rm; a seq_rm(-1) is never
+    inspected and stales as on the base.
+
+    One sequence, kpool 2: pos 0..3 on cells 0..3 make pools pos 0-1 (rep row 1) and
+    2-3 (rep row 3). seq_rm(s, 2, 2) removes nothing (the range [2, 2) is empty; the
+    recurrent child takes an empty range for -1 too). The next token, pos 4 on cell 4,
+    is in no complete pool.
+    - s = 0: stale_pos(0, 2) = 2 (> pos_min 0). The bases stale seq 0 from 2 and mark
+      pool 1 (rep pos 3 >= 2): n_new 1, n_new_g = max(1, 1, min(1 // 2 + 1, 63, 8 // 2))
+      = 1, row 3. The patch (the fork: inspected, 4 cells before and after) stales
+      nothing: n_new 0, n_new_g 1, one padding entry on row 0 (no rep).
+    - s = -1: stale_pos(-1, 2) = 0 and stale_set(-1, 0): seq 0 from 0, under the patch
+      too (kpool skipped it): both pools, n_new 2, n_new_g = max(2, 1, 1) = 2, rows
+      1, 3, no padding. kpool's `noop-seq-rm` (the general question, no fork's gate)
+      still skips it."""
+    patched = f"{base}+noop-seq-rm-one-seq"
+    text = NOOP_RM.format(seq=seq)
+    for engine in (base, patched, f"{base}+noop-seq-rm"):
+        recs = run(text, engine)
+        ev, ub = events(recs)[0], ubatches(recs)[1]
+        assert ev.status == APPLIED
+        skipped = engine != base and (seq == 0 or engine.endswith("+noop-seq-rm"))
+        if skipped:
+            assert (ev.stale, ub.stale_batch) == ({}, {}), engine
+            assert (ub.n_new, ub.n_new_g) == (0, 1), engine
+            assert ub.scatter_rep.tolist() == [0] and ub.scatter_pad.tolist() == [True]
+        elif seq == 0:
+            assert (ev.stale, ub.stale_batch) == ({0: 2}, {0: 2}), engine
+            assert marked(ub) == [(0, 1)] and ub.n_new_g == 1, engine
+            assert ub.scatter_rep.tolist() == [3] and ub.scatter_pad.tolist() == [False]
+        else:
+            assert (ev.stale, ub.stale_batch) == ({0: 0}, {0: 0}), engine
+            assert marked(ub) == [(0, 0), (0, 1)] and ub.n_new_g == 2, engine
+            assert ub.scatter_rep.tolist() == [1, 3] and not ub.scatter_pad.any()
+        assert not codes(recs), engine

@@ -81,10 +81,13 @@ class Staleness:
 
         None: the edit stales nothing, a seq_rm that finds no cell to remove under a
         version with `seq_rm_noop_keeps_clean` (docs/versions.md, the no-op patch; with
-        `seq_rm_noop_one_seq_only`, on a cache of one sequence only)."""
+        `seq_rm_noop_one_seq_only`, on a cache of one sequence only, and a seq_rm of
+        seq 0 only: the fork's `llama_qsa_noop::inspect` asks `sequence == 0`, so a
+        seq_rm(-1) that removes nothing still stales every sequence from 0)."""
         v = self.version
         if (isinstance(op, m.SeqRm) and v.seq_rm_noop_keeps_clean
-                and (len(self.stale) == 1 or not v.seq_rm_noop_one_seq_only)
+                and (not v.seq_rm_noop_one_seq_only
+                     or (len(self.stale) == 1 and op.seq == 0))
                 and not holds_in(op.seq, op.p0, op.p1)):
             return None
         if isinstance(op, m.SeqAdd):
