@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cli.cli import cli
-from kpool_cli.diff.compare import DiffResult, compare
+from kpool_cli.diff.compare import DiffResult, EventDiff, compare
 from kpool_cli.diff.runs import DiffInputError, Unit, gather, run_unit
 from kpool_cli.report.diff_view import diff_json, write_diff_plain, write_diff_rich
 from kpool_cli.report.terminal import Manners, make_console
@@ -157,6 +157,20 @@ def test_runs_part_where_rep_once_aborts_the_partial_copy():
     assert t["differences"] == []  # ops 0 and 1 are the same in both
     _, out, _ = run(PARTIAL)
     assert "the runs part at op 2 (seq_cp)" in out
+
+
+def test_every_finding_change_and_the_parting_say_where_they_sit_on_the_ubatch_axis():
+    """What the diff page places: the partial copy's abort (an event, op 2) comes
+    before ubatch 2 of head, where the runs part; cache-safe's race after it is at its
+    own ubatch 2; the race's aligned fixes and its seq_cp at their ubatches."""
+    (t,) = _result(PARTIAL).traces
+    assert t.parting is not None and t.parting.before == 2
+    assert [(c.code, c.places) for c in t.introduced] == [("KP005", (("op 2", 2),))]
+    assert [(c.code, c.places) for c in t.fixed] == [("KP001", (("op 5.0", 2),)),
+                                                     ("KP002", (("op 5.0", 2),))]
+    (race,) = _result(RACE).traces
+    assert [c.places for c in race.fixed] == [(("op 3.0", 1),), (("op 6.0", 2),)]
+    assert [(e.op, e.before) for e in race.entries if isinstance(e, EventDiff)] == [(1, 1)]
 
 
 def test_runs_part_inside_a_decode_when_one_side_aborts_a_ubatch():

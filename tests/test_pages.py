@@ -101,6 +101,60 @@ def test_the_race_is_marked_fixed_at_ubatches_1_and_2(tmp_path: Path) -> None:
     assert sorted(set(marks)) == [("fixed", "1"), ("fixed", "2")]
 
 
+def test_the_diff_page_marks_findings_at_events_and_where_the_runs_part(
+        tmp_path: Path) -> None:
+    """partial-copy, cache-safe vs rep-once: the runs part at op 2, a seq_cp rep-once
+    aborts (KP005, introduced: red, above, at the op before ubatch 2); cache-safe's
+    KP001 and KP002 after it are fixed (green, below) at its ubatch 2. Every change the
+    report names is a mark, of its kind and code."""
+    page = tmp_path / "d.html"
+    r = kpool("diff", "traces/shared-prefix-race.yaml", "traces/partial-copy.yaml",
+              "--html", str(page), "--format", "json")
+    assert r.returncode == 1, r.stderr
+    html = page.read_text()
+    circles = re.findall(r'<circle class="finding ([\w ]+)" ([^>]*)><title>(KP\d{3})', html)
+    assert ("introduced event", 'data-op="2" data-before="2"', "KP005") in \
+        [(k, a.split(" cx=")[0], c) for k, a, c in circles]
+    (abort,) = [a for k, a, c in circles if c == "KP005"]
+    assert 'fill="#d62728"' in abort
+    assert {(k, c) for k, a, c in circles if 'data-ubatch="2"' in a} >= {
+        ("fixed", "KP001"), ("fixed", "KP002")}
+    (parting,) = set(re.findall(r'<line class="parting" data-op="(\d+)" x1="([\d.]+)"',
+                                html))
+    assert parting[0] == "2"
+    assert f'cx="{parting[1]}"' in abort  # the abort sits where the runs part
+    want = sorted((kind, c["code"]) for t in json.loads(r.stdout)["traces"]
+                  for kind, key in (("introduced", "findings_introduced"),
+                                    ("fixed", "findings_fixed")) for c in t[key])
+    got = sorted((k.split()[0], c) for k, a, c in circles)
+    assert sorted(set(got)) == sorted(set(want)) and len(got) >= len(want)
+
+
+def test_the_replay_page_marks_a_finding_of_an_op_in_the_findings_lane(
+        tmp_path: Path) -> None:
+    """partial-copy under rep-once: the seq_cp aborts (KP005 on the op's event, no
+    ubatch has a finding). The findings lane marks it where the op's tick is, linked
+    to the op's view, its title naming the code and the op; the lane is not empty."""
+    page = tmp_path / "pc.html"
+    r = kpool("replay", "traces/partial-copy.yaml", "--engine", "rep-once", "--html",
+              str(page), "-o", str(tmp_path / "view.txt"))
+    assert r.returncode == 1, r.stderr
+    report = json.loads(kpool("replay", "traces/partial-copy.yaml", "--engine", "rep-once",
+                              "--format", "json").stdout)
+    html = page.read_text()
+    assert "no findings" not in html
+    marks = re.findall(r'<a href="#([^"]+)"><path class="finding op" data-code="(KP\d{3})" '
+                       r'data-op="(\d+)" data-ubatch="(\d+)" d="M([\d.]+) [^"]*"[^>]*>'
+                       r"<title>([^<]*)</title>", html)
+    want = sorted({(f["code"], e["op"]) for e in report["events"] for f in e["findings"]})
+    assert sorted((code, int(op)) for _, code, op, _, _, _ in marks) == want == [("KP005", 2)]
+    ((href, _, _, ubatch, x, title),) = marks
+    assert href == f"u{ubatch}" and f'id="u{ubatch}"' in html
+    assert title.startswith("KP005 engine-abort x1 at op 2 (seq_cp)")
+    (tick,) = re.findall(r'<line class="event" data-op="2" x1="([\d.]+)"', html)
+    assert tick == x
+
+
 @pytest.mark.parametrize("command", ["diff", "replay"])
 def test_text_from_the_trace_is_escaped(tmp_path: Path, command: str) -> None:
     """A trace's name and description are data: `<script>` in them is text on the

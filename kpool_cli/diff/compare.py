@@ -72,6 +72,10 @@ class FindingChange:
     where: str  # "op 3.0" (op 3, its ubatch 0), "op 1" (an event), or a list of places
     aligned: bool  # False: after the runs part, compared by counts
     rows: tuple[int, ...]  # the rows of those findings, on the side that has them
+    # each place, on the side that has them, with where it sits on that run's ubatch
+    # axis: ("op 3.0", its ubatch's index) or ("op 1", the ubatches its run ran before
+    # the event: the index of the next one); every place, `where` names four at most
+    places: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,7 @@ class EventDiff:
     fields: tuple[str, ...]
     gained: tuple[str, ...]
     lost: tuple[str, ...]
+    before: int = 0  # the ubatches both runs ran before it (the index of the next one)
 
     @property
     def where(self) -> str:
@@ -138,6 +143,7 @@ class Parting:
     head: OpSide | None
     base_after: int  # ubatches the run went on to after the parting op
     head_after: int
+    before: int = 0  # the ubatches both runs ran before the op (its first one's index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,11 +232,15 @@ def _rows(findings, code: str) -> tuple[int, ...]:
     return tuple(sorted({r for c, rows in findings if c == code for r in rows}))
 
 
-def _changes(where: str, base_f, head_f) -> tuple[list[FindingChange], list[FindingChange]]:
-    """(introduced, fixed) between the findings of two aligned places."""
+def _changes(where: str, at: int, base_f, head_f
+             ) -> tuple[list[FindingChange], list[FindingChange]]:
+    """(introduced, fixed) between the findings of two aligned places; `at`: where the
+    place sits on the ubatch axis (`FindingChange.places`), the same in both runs."""
     b, h = _codes(base_f), _codes(head_f)
-    intro = [FindingChange(c, n, where, True, _rows(head_f, c)) for c, n in sorted((h - b).items())]
-    fixed = [FindingChange(c, n, where, True, _rows(base_f, c)) for c, n in sorted((b - h).items())]
+    intro = [FindingChange(c, n, where, True, _rows(head_f, c), ((where, at),))
+             for c, n in sorted((h - b).items())]
+    fixed = [FindingChange(c, n, where, True, _rows(base_f, c), ((where, at),))
+             for c, n in sorted((b - h).items())]
     return intro, fixed
 
 
@@ -278,35 +288,41 @@ def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
 def _unaligned(parting_op: int, base_ops: dict[int, OpSide], head_ops: dict[int, OpSide]
                ) -> tuple[list[FindingChange], list[FindingChange]]:
     """(introduced, fixed) over everything from the parting op on, by code counts."""
-    def places(ops: dict[int, OpSide]) -> tuple[Counter, dict[str, list[str]], dict]:
+    def places(ops: dict[int, OpSide]
+               ) -> tuple[Counter, dict[str, list[tuple[str, int]]], dict]:
         counts: Counter = Counter()
-        where: dict[str, list[str]] = {}
+        where: dict[str, list[tuple[str, int]]] = {}
         found: dict[str, list] = {}
+        before = 0  # the ubatches this run ran before the op: where its event sits
         for op, side in ops.items():
             if op < parting_op:
+                before = side.ubatches[-1].index + 1 if side.ubatches else before
                 continue
             items = []
             if side.event is not None:
-                items.append((f"op {op}", side.event.findings))
-            items += [(f"op {op}.{u.batch_ubatch}", u.findings) for u in side.ubatches]
-            for label, fs in items:
+                items.append((f"op {op}", before, side.event.findings))
+            items += [(f"op {op}.{u.batch_ubatch}", u.index, u.findings)
+                      for u in side.ubatches]
+            for label, at, fs in items:
                 for code, rows in fs:
                     counts[code] += 1
                     labels = where.setdefault(code, [])
-                    if not labels or labels[-1] != label:  # a place's findings come together
-                        labels.append(label)
+                    if not labels or labels[-1][0] != label:  # a place's findings come together
+                        labels.append((label, at))
                     found.setdefault(code, []).append((code, rows))
+            before = side.ubatches[-1].index + 1 if side.ubatches else before
         return counts, where, found
 
     bc, bw, bf = places(base_ops)
     hc, hw, hf = places(head_ops)
 
-    def label(w: list[str]) -> str:
-        return ", ".join(w[:4]) + (f" (+{len(w) - 4} more)" if len(w) > 4 else "")
+    def label(w: list[tuple[str, int]]) -> str:
+        return (", ".join(x for x, _ in w[:4])
+                + (f" (+{len(w) - 4} more)" if len(w) > 4 else ""))
 
-    intro = [FindingChange(c, n, label(hw[c]), False, _rows(hf[c], c))
+    intro = [FindingChange(c, n, label(hw[c]), False, _rows(hf[c], c), tuple(hw[c]))
              for c, n in sorted((hc - bc).items())]
-    fixed = [FindingChange(c, n, label(bw[c]), False, _rows(bf[c], c))
+    fixed = [FindingChange(c, n, label(bw[c]), False, _rows(bf[c], c), tuple(bw[c]))
              for c, n in sorted((bc - hc).items())]
     return intro, fixed
 
@@ -339,6 +355,7 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
     fixed: list[FindingChange] = []
     parting: Parting | None = None
     aligned = cost_only = 0
+    before = 0  # the ubatches both ran before this op (aligned until they part)
     for op in sorted(set(base_ops) | set(head_ops)):
         b, h = base_ops.get(op), head_ops.get(op)
         reason = _part_reason(b, h)
@@ -346,7 +363,7 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
             parting = Parting(
                 op, (b or h).kind, reason, b, h,  # type: ignore[union-attr]
                 sum(len(s.ubatches) for o, s in base_ops.items() if o > op),
-                sum(len(s.ubatches) for o, s in head_ops.items() if o > op))
+                sum(len(s.ubatches) for o, s in head_ops.items() if o > op), before)
             i, f = _unaligned(op, base_ops, head_ops)
             introduced += i
             fixed += f
@@ -354,7 +371,7 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
         assert b is not None and h is not None
         if b.event is not None and h.event is not None:
             fields = _event_fields(b.event, h.event, by_design)
-            i, f = _changes(f"op {op}", b.event.findings, h.event.findings)
+            i, f = _changes(f"op {op}", before, b.event.findings, h.event.findings)
             introduced += i
             fixed += f
             if fields:
@@ -362,12 +379,13 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
                                          _expand(_codes(h.event.findings)
                                                  - _codes(b.event.findings)),
                                          _expand(_codes(b.event.findings)
-                                                 - _codes(h.event.findings))))
+                                                 - _codes(h.event.findings)), before))
         for ub, uh in zip(b.ubatches, h.ubatches, strict=True):
             aligned += 1
+            before = ub.index + 1
             fields = _ubatch_fields(ub, uh, by_design)
             where = f"op {op}.{ub.batch_ubatch}"
-            i, f = _changes(where, ub.findings, uh.findings)
+            i, f = _changes(where, ub.index, ub.findings, uh.findings)
             introduced += i
             fixed += f
             if not fields:

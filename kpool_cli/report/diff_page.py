@@ -2,9 +2,12 @@
 
 Owns: `write_diff_page`. Per trace, the two versions' host work per ubatch and summed
 (cells scanned, pools marked, rows gathered) as inline SVG curves, base and head on
-one scale, with the ubatches where their decisions part marked (every per-ubatch
-panel), and the findings head fixed (below the axis) and introduced (above it) at
-their ubatches (the first panel); then the diff's own summary lines.
+one scale, with the ubatches and events where their decisions part and the op where
+the runs part marked (every per-ubatch panel), and the findings head fixed (below the
+axis) and introduced (above it) where they occur (the first panel): at their ubatch,
+or between two ubatches at the event (an edit, an abort) that raised them; after the
+runs part, at the places of the run that has them (`FindingChange.places`, which the
+diff's text summarises); then the diff's own summary lines.
 
 Invariants: the page embeds everything it shows (inline CSS and SVG, no script, no
 font, no request of any kind), so it opens offline and with JavaScript off; every
@@ -74,24 +77,57 @@ def _path(values: Sequence[int], top: int, n: int, colour: str, dash: str = "") 
             f'points="{pts}"/>')
 
 
-def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
-    """SVG marks: the ubatches whose decisions part (grey ticks) and the findings
-    fixed (green, below) and introduced (red, above), each with a title."""
+def _at(ubatch: float, n: int, per: int) -> float:
+    """The x of a place on the ubatch axis: a ubatch's point; an event's, `ubatch`
+    less a half (between the ubatch before it and the one after), kept on the panel."""
     step = W / max(n - 1, 1)
+    return PAD + min(max(ubatch / per, 0.0), max(n - 1, 0)) * step
+
+
+def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
+    """SVG marks: the ubatches and events whose decisions part (grey ticks), the op
+    where the runs part (a dark dashed tick), and the findings fixed (green, below)
+    and introduced (red, above) at each of their places (`FindingChange.places`: an
+    aligned ubatch or event, or after the runs part a place of the run that has them),
+    each with a title."""
     ticks, dots = [], []
     for e in t.entries:
-        if not isinstance(e, UbatchDiff):
-            continue
-        x = PAD + (e.base.index // per) * step
+        if isinstance(e, UbatchDiff):
+            x = _at(e.base.index // per * per, n, per)
+            place = f"ubatch {e.base.index} (op {e.op}.{e.batch_ubatch})"
+        else:
+            x = _at(e.before - 0.5, n, per)
+            place = f"op {e.op} ({_e(e.kind)}), before ubatch {e.before}"
         ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{H}" stroke="{PART_COLOUR}" '
-                     f'stroke-opacity="0.35"><title>ubatch {e.base.index} (op {e.op}.'
-                     f'{e.batch_ubatch}): {_e(", ".join(e.fields))} differ</title></line>')
-        for codes, y, colour, what in ((e.gained, 4, INTRODUCED_COLOUR, "introduced"),
-                                       (e.lost, H - 4, FIXED_COLOUR, "fixed")):
-            for code in dict.fromkeys(codes):
-                dots.append(f'<circle class="finding {what}" data-ubatch="{e.base.index}" '
-                            f'cx="{x:.1f}" cy="{y}" r="4" fill="{colour}"><title>{_e(code)} '
-                            f'{what} at ubatch {e.base.index}</title></circle>')
+                     f'stroke-opacity="0.35"><title>{place}: {_e(", ".join(e.fields))} '
+                     "differ</title></line>")
+    if t.parting is not None:
+        p = t.parting
+        x = _at(p.before - 0.5, n, per)
+        ticks.append(f'<line class="parting" data-op="{p.op}" x1="{x:.1f}" x2="{x:.1f}" '
+                     f'y1="0" y2="{H}" stroke="{PART_COLOUR}" stroke-width="1.5" '
+                     f'stroke-dasharray="4 2"><title>the runs part at op {p.op} '
+                     f"({_e(p.kind)}), before ubatch {p.before}: {_e(p.reason)}</title></line>")
+    stacked: dict[tuple[str, float], int] = {}  # marks already at (kind, x): stack them
+    for changes, y0, dy, colour, what in ((t.introduced, 4, 9, INTRODUCED_COLOUR, "introduced"),
+                                          (t.fixed, H - 4, -9, FIXED_COLOUR, "fixed")):
+        for c in changes:
+            for label, at in c.places:
+                event = "." not in label  # "op 2" is an event, "op 5.0" a ubatch
+                x = round(_at(at - 0.5 if event else at // per * per, n, per), 1)
+                j = stacked.get((what, x), 0)
+                if j * 9 >= H // 2:
+                    continue  # a column full of marks: its first ones say it
+                stacked[(what, x)] = j + 1
+                place = (f'data-op="{label[3:]}" data-before="{at}"' if event
+                         else f'data-ubatch="{at}"')
+                kind = f"{what} event" if event else what
+                side = "" if c.aligned else f" in {'head' if what == 'introduced' else 'base'}"
+                title = (f"at {label}{side}, before ubatch {at}" if event
+                         else f"at ubatch {at} ({label}{side})")
+                dots.append(f'<circle class="finding {kind}" {place} cx="{x:.1f}" '
+                            f'cy="{y0 + j * dy}" r="4" fill="{colour}"><title>{_e(c.code)} '
+                            f"{what} {_e(title)}</title></circle>")
     return ticks, dots
 
 
@@ -159,6 +195,7 @@ def write_diff_page(out: TextIO, r: DiffResult,
               f'<span style="color:{HEAD_COLOUR}">━ head {_e(head)}</span>'
               "<span>╌ summed over the run</span>"
               f'<span style="color:{PART_COLOUR}">│ decisions part</span>'
+              f'<span style="color:{PART_COLOUR}">┆ the runs part</span>'
               f'<span style="color:{FIXED_COLOUR}">● fixed</span>'
               f'<span style="color:{INTRODUCED_COLOUR}">● introduced</span></p>')
     for t, (b, h) in zip(r.traces, pairs, strict=True):

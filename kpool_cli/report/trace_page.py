@@ -6,8 +6,10 @@ printed for it; writes its part of the page), `write_pages` (the document around
 pages of one command) and the page's pictures:
 - the timeline: per bin of ubatches, tokens, pools marked, scatter entries and cells
   scanned (each the largest of the bin, tokens summed), a mark per finding code
-  (coloured by code) and a tick per edit or refused decode, each a link to the view of
-  its ubatch;
+  (coloured by code: a dot per bin for a ubatch's findings, a diamond per bin at the
+  op for an op's, an edit's or a refused decode's, between the ubatches it came
+  between) and a tick per edit or refused decode, each a link to the view of its
+  ubatch (an op's: the view it is part of, before its next ubatch's);
 - the cell map over time: rows of cells (runs of rows) by bins of ubatches, each
   square the state of its rows at the end of its bin (empty, one sequence in its
   colour, shared), with the rows a token was written to and the rows a finding names
@@ -84,6 +86,17 @@ class _Bin:
 
 
 @dataclass(slots=True)
+class _OpMark:
+    """The findings of one code raised at ops (not ubatches) within one bin: the first
+    op's place and how many."""
+
+    op: int
+    kind: str
+    ubatch: int  # the ubatch the op came before (the run's ubatches so far)
+    count: int = 0
+
+
+@dataclass(slots=True)
 class TracePage:
     """One replay's page: `add` each record (with the rich view's HTML for it), then
     `write`. `planned` is the number of ubatches the trace splits into
@@ -97,6 +110,8 @@ class TracePage:
     bins: list[_Bin] = field(default_factory=list)
     per: int = 1
     events: list[tuple[int, int, str, str, str]] = field(default_factory=list)
+    # (code, bin of the ubatch the op came before) -> the findings ops raised there
+    op_marks: dict[tuple[str, int], _OpMark] = field(default_factory=dict)
     columns: list[np.ndarray] = field(default_factory=list)  # row-bin states per bin
     written: list[np.ndarray] = field(default_factory=list)  # row bins written per bin
     flagged: list[np.ndarray] = field(default_factory=list)  # row bins a finding names
@@ -128,6 +143,10 @@ class TracePage:
             if len(self.events) < 20 * MAX_BINS:
                 self.events.append((self.ubatches, rec.op, rec.kind, rec.status,
                                     ", ".join(dict.fromkeys(f.code for f in rec.findings))))
+            for f in rec.findings:  # a mark per code and bin, as a ubatch's findings
+                mark = self.op_marks.setdefault((f.code, self.ubatches // self.per),
+                                                _OpMark(rec.op, rec.kind, self.ubatches))
+                mark.count += 1
             self._view(self.ubatches, view_html)
         else:
             self._view(self.ubatches, view_html)
@@ -216,8 +235,10 @@ class TracePage:
         out.write(f'<p class="meta">engine {_e(self.engine)} ({_e(self.description)}); '
                   f'backend {_e(self.backend or "none")}; cache: {_e(cfg)}</p>')
         out.write("<h2>timeline</h2>")
-        out.write(f'<p class="meta">{self._bin_words()}; a mark or a tick links to the '
-                  "ubatch's view below</p>")
+        out.write(f'<p class="meta">{self._bin_words()}; a finding is a dot at its '
+                  "ubatch, or a diamond at the op (an edit, a refused decode) that raised "
+                  "it, between the ubatches it came between; a mark or a tick links to "
+                  "its view below</p>")
         out.write(self._timeline())
         out.write("<h2>cells over time</h2>")
         out.write(f'<p class="meta">{self._cell_words()}</p>')
@@ -254,6 +275,11 @@ class TracePage:
     def _x(self, k: int) -> float:
         return PAD + k * W / max(len(self.bins), 1)
 
+    def _op_x(self, ubatch: int) -> float:
+        """Where an op sits: the left edge of the ubatch it came before (after the last
+        ubatch, the timeline's end)."""
+        return PAD + min(ubatch / self.per, len(self.bins)) * W / max(len(self.bins), 1)
+
     def _timeline(self) -> str:
         self._kept = sorted({u for u, _ in self.views})
         n = max(len(self.bins), 1)
@@ -276,7 +302,8 @@ class TracePage:
                                       f'text-anchor="end">{label}</text>'
                                       f'<text x="{PAD - 6}" y="10" text-anchor="end" '
                                       f'class="top">{top:,}</text>' + "".join(bars)))
-        codes = sorted({c for b in self.bins for c in b.codes})
+        codes = sorted({c for b in self.bins for c in b.codes}
+                       | {c for c, _ in self.op_marks})
         rows = max(len(codes), 1)
         marks = []
         for r, code in enumerate(codes):
@@ -292,11 +319,23 @@ class TracePage:
                                  f'fill="{_code_colour(code)}"><title>{code} '
                                  f"{_e(CODES[code].name) if code in CODES else ''} x"
                                  f"{b.codes[code]} from ubatch {at}</title></circle></a>")
+            for (c, _), m in self.op_marks.items():
+                if c != code:
+                    continue
+                x, d = self._op_x(m.ubatch), 4.5
+                marks.append(f'<a href="{self._anchor(m.ubatch)}"><path class="finding op" '
+                             f'data-code="{code}" data-op="{m.op}" data-ubatch="{m.ubatch}" '
+                             f'd="M{x:.2f} {y - d}L{x + d:.2f} {y}L{x:.2f} {y + d}'
+                             f'L{x - d:.2f} {y}Z" fill="{_code_colour(code)}" stroke="#fff" '
+                             f'stroke-width="0.8"><title>{code} '
+                             f"{_e(CODES[code].name) if code in CODES else ''} x{m.count} "
+                             f"at op {m.op} ({_e(m.kind)}), before ubatch {m.ubatch}"
+                             "</title></path></a>")
         parts.append(self._svg(16 + rows * 14, "".join(marks) if codes else
                                f'<text x="{PAD}" y="12">no findings</text>'))
         ticks = []
         for ub, op, kind, status, fcodes in self.events:
-            x = self._x(min(ub // self.per, n - 1)) if self.bins else PAD
+            x = self._op_x(ub)
             colour = "#7f7f7f" if status == "applied" else "#d62728"
             ticks.append(f'<a href="{self._anchor(ub)}"><line class="event" data-op="{op}" '
                          f'x1="{x:.2f}" x2="{x:.2f}" y1="2" y2="18" stroke="{colour}">'
