@@ -86,13 +86,15 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
     part = f" ({shown_ub} shown)" if selection.filters else ""
     out.write(f"  summary: {s['ubatches']} ubatches{part}, {s['pools_marked']} pools marked "
-              f"({s['pools_per_token']} per token), {found}{_unchecked(s, tally)}: "
+              f"({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
               f"{s['status'].upper()}\n")
 
 
-def _unchecked(summary: dict, tally: Tally) -> str:
-    """Failed expectations that do not decide the run (no --check), said as such."""
+def _failed(summary: dict, tally: Tally) -> str:
+    """Failed expectations: with --check, a cause of the status the line ends with;
+    without it, said as not deciding the run."""
     failed = summary["expectations"]["failed"]
-    if not failed or tally.check:
+    if not failed:
         return ""
-    return f", {failed} expectation{'s' * (failed > 1)} failed (not checked: --check)"
+    return (f", {failed} expectation{'s' * (failed > 1)} failed"
+            + ("" if tally.check else " (not checked: --check)"))
