@@ -8,11 +8,14 @@ applies to them, each with the `Origin` it was read from and the base policies i
 anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
 (the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
 composition) and `load_version` (those, or a plug-in); `plugin_files`, the files a
-plug-in is imported from (inputs no output may overwrite). docs/versions.md.
+plug-in is imported from (inputs no output may overwrite); `instead`, what to run on
+a base a patch cannot apply to (its port there, `Patch.port_of`, or the patch a port
+ports). docs/versions.md.
 
 Invariants: a composed version's name is its spec (`cache-safe+tail-truncate`); a
 patch applies only to a base whose policies its anchors need (`Patch.needs`), and
-two patches never set the same policy.
+two patches never set the same policy; a refusal of a patch on a base names what
+`instead` finds, so `rep-once+tail-truncate` points at the shipped `tail-truncate`.
 
 A third version is a few lines:
 
@@ -143,8 +146,9 @@ class Origin:
 @dataclass(frozen=True, slots=True)
 class Patch:
     """A change the field applies to a base: the policies it sets (`sets`), the base
-    policies its anchors need (`needs`, with `why`: the code it anchors on), and where
-    it was read (`origin`)."""
+    policies its anchors need (`needs`, with `why`: the code it anchors on), where
+    it was read (`origin`), and, for a port, the patch it ports onto the bases that
+    one cannot apply to (`port_of`: `instead` names either for the other's base)."""
 
     name: str
     description: str
@@ -152,6 +156,7 @@ class Patch:
     sets: tuple[tuple[str, bool | str], ...]
     needs: tuple[tuple[str, bool | str], ...] = ()
     why: str = ""
+    port_of: str = ""
 
 
 BASE_ORIGINS = {
@@ -190,8 +195,8 @@ PATCHES: dict[str, Patch] = {p.name: p for p in (
           _FORK,
           sets=(("truncate_stale_tail", True), ("truncate_spares", "no-shared-cell")),
           needs=(("repool_all_when_shared", False),),
-          why="it reads the cells' sharing where PR #29994 dropped sq.shared; on the "
-              "base before it, apply the fork's own `tail-truncate`"),
+          why="it reads the cells' sharing where PR #29994 dropped sq.shared",
+          port_of="tail-truncate"),
     Patch("noop-seq-rm",
           "a seq_rm that removes no cell stales nothing (a fully accepted draft's "
           "seq_rm of the empty tail leaves the layout clean)",
@@ -262,8 +267,10 @@ def compose(spec: str) -> EngineVersion:
                                f"{', '.join(PATCHES)}")
         for field_name, want in patch.needs:
             if getattr(base, field_name) != want:
+                hint = instead(base_name, name, [base_name, *patch_names])
                 raise VersionError(f"engine {spec!r}: patch {name!r} cannot apply to base "
-                                   f"{base_name!r}: {patch.why}")
+                                   f"{base_name!r}: {patch.why}"
+                                   + (f"; for {base_name}, {hint}" if hint else ""))
         for field_name, value in patch.sets:
             if field_name in set_by:
                 raise VersionError(f"engine {spec!r}: patches {set_by[field_name]!r} and "
@@ -281,6 +288,39 @@ def applies_to(patch: Patch) -> tuple[str, ...]:
     """The bases `patch` can apply to (those whose policies its anchors need)."""
     return tuple(name for name, base in BASES.items()
                  if all(getattr(base, f) == want for f, want in patch.needs))
+
+
+def instead(base_name: str, patch_name: str, parts: list[str] | None = None) -> str:
+    """What to run on base `base_name` in place of patch `patch_name`, which cannot
+    apply to it: its port there, or the patch it ports (`Patch.port_of`), in the spec
+    `parts` (BASE, PATCH...; default: the base and the patch alone) with the one
+    replaced, and the shipped version that spec is (by its policies): `use its port:
+    rep-once+tail-truncate-port, the shipped version `tail-truncate` (not the patch
+    of that name)`. "" when no patch stands in for it on that base."""
+    patch = PATCHES[patch_name]
+    for other in PATCHES.values():
+        if other.port_of == patch_name:
+            how = "its port"
+        elif other.name == patch.port_of:
+            how = "the patch it ports"
+        else:
+            continue
+        if base_name not in applies_to(other):
+            continue
+        parts = parts or [base_name, patch_name]
+        spec = "+".join(other.name if p == patch_name else p for p in parts)
+        said = f"use {how}: {spec}"
+        try:
+            policies = compose(spec).policies()
+        except VersionError:  # another of the patches does not apply: compose says so
+            return said
+        shipped = next((name for name, v in VERSIONS.items()
+                        if name != spec and v.policies() == policies), None)
+        if shipped is None:
+            return said
+        same_name = " (not the patch of that name)" if shipped == patch_name else ""
+        return f"{said}, the shipped version `{shipped}`{same_name}"
+    return ""
 
 
 def _shipped(name: str) -> EngineVersion:

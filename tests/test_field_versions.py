@@ -37,6 +37,17 @@ def test_engines_lists_every_base_patch_and_version_with_its_origin():
     assert "applies to cache-safe: it anchors on `size_t n_kept = 0;`" in out
 
 
+def test_engines_says_on_the_patch_row_that_the_shipped_version_of_its_name_is_the_port():
+    """`tail-truncate` is a patch (cache-safe only) and a shipped version (its port on
+    rep-once): the patch's row says what to use on rep-once, and that the shipped
+    `tail-truncate` is that, not the patch; the port's row points cache-safe back."""
+    out = " ".join(kpool("engines").stdout.split())
+    patch_row = out[out.index(" tail-truncate a fork's"):out.index(" tail-truncate-port ")]
+    assert ("on rep-once, use its port: rep-once+tail-truncate-port, the shipped version "
+            "`tail-truncate` (not the patch of that name)") in patch_row, patch_row
+    assert "on cache-safe, use the patch it ports: cache-safe+tail-truncate" in out
+
+
 def test_angt_f46848f_is_pr_29994_on_angts_kv_cache():
     """Every policy of angt's version is rep-once's but its kv cache's seq_keep, which
     empties every stream: its seq-id checks and its gather mode are out of a valid

@@ -223,6 +223,30 @@ def test_a_patch_that_cannot_apply_is_exit_2_naming_both(tmp_path):
     assert r.returncode == 2 and "unknown patch 'nope'" in r.stderr
 
 
+def test_a_patch_refused_on_a_base_names_what_to_run_there_instead():
+    """`rep-once+tail-truncate` is refused, and the refusal says what to run: the port
+    onto rep-once (`Patch.port_of`), which ships as `tail-truncate` (not the patch of
+    that name); the port on cache-safe is pointed back at the fork's patch, and in a
+    longer spec only the refused patch is replaced."""
+    from kpool_cli.versions import VersionError, compose, instead
+
+    r = kpool("replay", "traces/shared-prefix-race.yaml", "--engine", "rep-once+tail-truncate")
+    assert r.returncode == 2, r.stderr
+    said = " ".join(r.stderr.split())
+    assert ("for rep-once, use its port: rep-once+tail-truncate-port, the shipped version "
+            "`tail-truncate` (not the patch of that name)") in said, said
+    assert instead("cache-safe", "tail-truncate-port") == (
+        "use the patch it ports: cache-safe+tail-truncate")
+    assert instead("rep-once", "noop-seq-rm") == ""
+    try:
+        compose("rep-once+noop-seq-rm+tail-truncate")
+    except VersionError as e:
+        assert str(e).endswith("for rep-once, use its port: "
+                               "rep-once+noop-seq-rm+tail-truncate-port"), e
+    else:
+        raise AssertionError("composed")
+
+
 def test_the_fork_as_it_ships_has_the_race_pr_29994_fixes():
     """Done when of issue 24: the fork's pin is cache-safe plus the cut, so the shared
     prompt of traces/shared-prefix-race.yaml races (KP001) as on cache-safe: twice, at

@@ -138,6 +138,22 @@ def test_a_listed_decode_larger_than_the_cache_loads_and_aborts_at_replay() -> N
     assert ev.status == ABORTED and [f.code for f in ev.findings] == ["KP005"]
 
 
+def test_max_tokens_help_fits_every_command_that_takes_it() -> None:
+    """`--max-tokens` is declared once (cli/options.py `load_bounds`) for replay, check,
+    diff and validate: its help says what each does, refuse a trace while reading it,
+    never "before replaying" (validate never replays)."""
+    from click.testing import CliRunner
+
+    from kpool_cli.cli.main import cli
+
+    for command in ("replay", "check", "diff", "validate"):
+        r = CliRunner().invoke(cli, [command, "--help"], terminal_width=200)
+        assert r.exit_code == 0, r.output
+        line = next(ln for ln in r.output.splitlines() if "--max-tokens" in ln)
+        assert "Refuse, while reading it, a trace of more than N tokens" in line, line
+        assert "replaying" not in line, line
+
+
 def test_the_token_bound_stops_a_list_while_composing(composers: list) -> None:
     big = "kpool_trace: 1\ncache: {kv_size: 4096, kpool: 4}\nops:\n"
     text = big + "  - decode: {seq: 0, pos: [" + "0, " * 500 + "0]}\n"
@@ -350,6 +366,32 @@ def test_a_range_takes_the_same_digits() -> None:
     at(p, 4, 27, "ops[0].decode.pos", "starts below 0")
     t = load_trace_text(HEAD + "  - decode: {seq: 0, pos: 0..2}\n  - decode: {seq: 1, pos: 9}\n")
     assert [tk.pos for op in t.ops for tk in op.tokens] == [0, 1, 9]
+
+
+RANGE_NEAR_MISSES = [
+    # (pos as written, words the problem must hold): a range written some other way is
+    # told how a range is written (half-open), never that pos must be an int
+    ("0-4", ["got a string ('0-4')", "did you mean 0..4?", "pos 4 is not in it",
+             "0..5 holds it too"]),
+    ("0 - 4", ["did you mean 0..4?"]),
+    ("0\u20134", ["did you mean 0..4?"]),
+    ('"0:4"', ["did you mean 0..4?"]),
+    ("1:20", ["got '1:20'", "did you mean 1..20?", "base 60, as 80"]),
+    ("0...4", ["did you mean 0..4?"]),
+    ("0..", ["a range is written A..B, both ends given"]),
+    ("..4", ["a range is written A..B, both ends given"]),
+    ("4-0", ["a range is written A..B, both ends given, A < B"]),
+]
+
+
+@pytest.mark.parametrize(("written", "words"), RANGE_NEAR_MISSES,
+                         ids=[w for w, _ in RANGE_NEAR_MISSES])
+def test_a_range_written_some_other_way_is_told_how_a_range_is_written(
+        written: str, words: list) -> None:
+    p = only(HEAD + f"  - decode: {{seq: 0, pos: {written}}}\n")
+    at(p, 4, 27, "ops[0].decode.pos",
+       "expected a position, a range 'A..B' or a list of positions", *words)
+    assert "plain decimal int" not in p.message, str(p)
 
 
 def test_a_huge_int_is_refused_by_its_size_never_echoed() -> None:

@@ -475,6 +475,22 @@ def test_usage_errors_show_the_arguments_visibly():
     assert "\\u202eKP001" in r.stderr and "Usage: kpool explain" in r.stderr
 
 
+def test_usage_errors_show_clicks_own_tabs_as_a_terminal_would_and_the_arguments_escaped():
+    """`kpool schema` with no argument: click lists the choices one a line, each after
+    a tab, which is kpool's text (shown as the terminal would: to column 8), never
+    `\\t`. A tab or a line break in an argument click quotes stays escaped, so an
+    argument cannot start a line of its own that reads as kpool's."""
+    r = kpool("schema")
+    assert r.returncode == 2 and "\\t" not in r.stderr and "\t" not in r.stderr, r.stderr
+    assert "Choose from:\n        trace,\n        report,\n        check\n" in r.stderr
+    r = kpool("schema", "trace", "x\n\tError: fake")
+    assert r.returncode == 2 and "\t" not in r.stderr, r.stderr
+    assert "Got unexpected extra argument (x\\n\\tError: fake)" in r.stderr
+    assert "\nError: fake" not in r.stderr
+    r = kpool("schema", "tr\tace")
+    assert r.returncode == 2 and "'tr\\tace' is not one of" in r.stderr, r.stderr
+
+
 def test_odd_paths_are_named_not_crashed_on(tmp_path):
     r = kpool("replay", "")
     assert r.returncode == 2 and r.stderr == "kpool: '': the trace path is empty\n"

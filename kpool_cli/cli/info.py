@@ -64,8 +64,9 @@ def engines_cmd() -> None:
     """List the engine versions, bases and patches.
 
     Each base and patch with the repository, file and commit it was read from; which
-    bases a patch applies to; the shipped versions (what `--engine all` runs)."""
-    from ..versions import BASE_ORIGINS, BASES, COMBINATIONS, PATCHES, applies_to
+    bases a patch applies to, and what to use on the others; the shipped versions
+    (what `--engine all` runs)."""
+    from ..versions import BASE_ORIGINS, BASES, COMBINATIONS, PATCHES, applies_to, instead
 
     names = [*BASES, *PATCHES, *VERSIONS]
     width = max(len(name) for name in names)
@@ -87,8 +88,12 @@ def engines_cmd() -> None:
         bases = applies_to(patch)
         where = (f"applies to {', '.join(bases)}" if len(bases) < len(BASES)
                  else "applies to every base")
+        # on a base it cannot apply to, its port or the patch it ports (`tail-truncate`
+        # on rep-once: the shipped version of that name is its port, not this patch)
+        others = [f"on {b}, {hint}" for b in BASES
+                  if b not in bases and (hint := instead(b, name))]
         row(name, patch.description, f"{where}" + (f": {patch.why}" if patch.why else ""),
-            f"read from {patch.origin}")
+            *others, f"read from {patch.origin}")
     click.echo("\nShipped versions (--engine all):")
     for name in VERSIONS:
         if name in BASES:

@@ -3,11 +3,12 @@
 Owns: `cli` (the click group, with one command per module of this package) and
 `main()`, which runs it and turns whatever ends it into one exit status
 (contracts/exits.py) and at most one line on stderr: a command's own status, bad
-usage (click's message, made visible), Ctrl-C 130, SIGTERM 143, SIGHUP 129 (any signal of
-signals.TERMINATING: 128 + its number), a worker that died 2, a closed
-stdout 141, an output that cannot be written 2, an internal error 2 (never a
-traceback, unless KPOOL_TRACEBACK is set); and `run()`, the installed script, which
-leaves the process once main() is done without the interpreter's teardown (`leave`).
+usage (click's message, made visible: `_usage_text`), Ctrl-C 130, SIGTERM 143,
+SIGHUP 129 (any signal of signals.TERMINATING: 128 + its number), a worker that
+died 2, a closed stdout 141, an output that cannot be written 2, an internal error
+2 (never a traceback, unless KPOOL_TRACEBACK is set); and `run()`, the installed
+script, which leaves the process once main() is done without the interpreter's
+teardown (`leave`).
 
 The standard streams are the caller's and may be anything (`_standard_streams`): a
 stream the caller closed (`>&-`) fails each write as a closed file does (stdout: exit
@@ -186,7 +187,7 @@ def main() -> None:
     except click.ClickException as e:  # bad usage: click's message and usage line
         shown = io.StringIO()
         e.show(file=shown)  # it quotes the arguments: made visible like any input
-        _stderr_line(visible(shown.getvalue().rstrip("\n"), keep_newlines=True))
+        _stderr_line(_usage_text(shown.getvalue().rstrip("\n"), sys.argv[1:]))
         code = e.exit_code
     except (Terminated, _TerminatedPast) as e:
         _stderr_line("kpool: terminated")
@@ -323,6 +324,21 @@ def _drop_stdout() -> None:
     interpreter's final flush does not fail again."""
     with contextlib.suppress(OSError, ValueError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _usage_text(shown: str, given: list[str]) -> str:
+    """click's message of bad usage (`shown`: its usage lines, then `Error: ...`) as
+    stderr shows it, made visible. click's own line breaks and tabs (a missing
+    choice's `Choose from:` list, a choice a line) are kpool's text: shown as a
+    terminal would, the tabs as spaces to the next multiple of 8. Every other
+    character a terminal acts on is escaped, as the arguments it quotes are; and
+    when an argument (`given`) holds a tab or a line break, so are those of the
+    message after `Error:`, which may be the argument's."""
+    at = 0 if shown.startswith("Error: ") else shown.find("\nError: ") + 1
+    usage, said = shown[:at], shown[at:]  # the usage lines are the command's own
+    if any("\t" in arg or "\n" in arg for arg in given):
+        return visible(usage, keep_newlines=True) + visible(said)
+    return visible(shown.expandtabs(), keep_newlines=True)
 
 
 def _stderr_line(text: str) -> None:

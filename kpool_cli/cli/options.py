@@ -144,10 +144,11 @@ def ubatch_ranges(ctx: click.Context, param: click.Parameter, values: tuple[str,
         raise click.BadParameter(str(e)) from e
 
 
-# the bounds on a trace's work, the same for every command that replays
+# the bounds on a trace's work, the same for every command that reads a trace (validate
+# among them, which never replays: the help says what each does, a load's refusal)
 max_tokens_option = click.option(
     "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
-    metavar="N", help="Refuse, before replaying, a trace of more than N tokens (a trace is "
+    metavar="N", help="Refuse, while reading it, a trace of more than N tokens (a trace is "
                       "untrusted input).")
 # about the most nodes a trace of MAX_BYTES holds without aliases (`{a,a,a}` is a
 # node a byte): a larger node bound would only let an alias bomb run longer

@@ -3,7 +3,8 @@
 positions and ranges, the fields of a token, and the decode-wide rules.
 
 Owns: `DecodeWalk`, `SHORTHAND` (the shorthand form), `POS_RANGE` (how `A..B` is
-written).
+written), `range_hint` (what a `pos` that is a range written some other way, `0-4`,
+`0:4`, `0...4`, `0..`, is told).
 
 Invariants of a decode read:
 - It takes one form, of at least one token; its tokens are counted before they are
@@ -69,12 +70,39 @@ from kpool_cli.trace.yaml_safe import (
 from .fields import FieldReader, static_bounds
 
 POS_RANGE = re.compile(r"\s*([^\s.]+)\s*\.\.\s*([^\s.]+)\s*")  # ends: see DECIMAL
+# a range written some other way: with a dash (`0-4`, `0 - 4`, `0–4`), a colon (`0:4`,
+# which YAML 1.1 reads as an int in base 60), three dots or an ellipsis (`0...4`), `to`
+_NEAR_RANGE = re.compile(r"\s*([0-9]+)\s*(?:-|\u2013|\u2014|:|\.{3,}|\u2026|to)\s*([0-9]+)\s*")
+# a range with an end left out: `0..`, `..4`
+_OPEN_RANGE = re.compile(r"\s*(?:[0-9]+\s*\.\.|\.\.\s*[0-9]+)\s*")
+_EXPECTED_POS = "expected a position, a range 'A..B' or a list of positions"
 SHORTHAND = DECODE_FORMS[0]  # {seq, pos} (+ ext, cell); the others have one key each
 _POS_LO, _POS_HI = static_bounds(POS)
 
 _EXT_NEEDS_BY_ORDER = (
     "ext (an M-RoPE token) needs cache.by_order: true, but cache.by_order is false"
 )
+
+
+def range_hint(text: str, *, base60: bool = False) -> str:
+    """What the `pos` text `text`, which is no position, range or list, may mean as a
+    range (TRACE_FORMAT.md: `A..B`, half-open): `; did you mean 0..4? (half-open: pos 4
+    is not in it; 0..5 holds it too)` for `0-4`; how a range is written for `0..` or
+    `4-0`; "" for anything else. `base60`: YAML 1.1 read `A:B` as an int, A * 60 + B,
+    which the hint says too."""
+    m = _NEAR_RANGE.fullmatch(text)
+    said = ""
+    if m is not None and all(DECIMAL.fullmatch(end) for end in m.groups()):
+        a, b = (int(end) for end in m.groups())
+        if base60 and len(text) <= 40:
+            said = f"; YAML 1.1 reads it in base 60, as {a * 60 + b}"
+        if a < b:
+            return (f"; did you mean {a}..{b}? (half-open: pos {b} is not in it; "
+                    f"{a}..{b + 1} holds it too){said}")
+    if m is not None or _OPEN_RANGE.fullmatch(text):
+        return ("; a range is written A..B, both ends given, A < B (half-open: B is not "
+                f"in it){said}")
+    return ""
 
 
 def _set_words(seqs) -> str:
@@ -445,14 +473,15 @@ class DecodeWalk(FieldReader):
             if not self.visit(node, field):
                 return None
             return self.pos_range(node, field)
-        if (isinstance(node, Scalar) and node.tag == STR
-                and not (node.plain and NUMBER_LIKE.match(node.value))):
+        if isinstance(node, Scalar) and (
+                # `0-4`, `0:4`: a range written some other way, no int
+                (node.tag in (STR, INT) and _NEAR_RANGE.fullmatch(node.value))
+                or (node.tag == STR and not (node.plain and NUMBER_LIKE.match(node.value)))):
             if self.visit(node, field):
-                self.problem(
-                    node, field,
-                    f"expected a position, a range 'A..B' or a list of positions,"
-                    f" got {describe(node)}",
-                )
+                # a YAML 1.1 int (`1:20`, base 60) is quoted as written, not as an int
+                got = quote(node.value) if node.tag == INT else describe(node)
+                self.problem(node, field, f"{_EXPECTED_POS}, got {got}"
+                             f"{range_hint(node.value, base60=node.tag == INT)}")
             return None
         v = self.pos(node, field)  # an int, or a number written some other way: int_ says
         return None if v is None else [v]
@@ -462,10 +491,8 @@ class DecodeWalk(FieldReader):
         q = quote(node.value)
         m = POS_RANGE.fullmatch(node.value)
         if m is None or not all(NUMBER_LIKE.match(end) for end in m.groups()):
-            self.problem(
-                node, field,
-                f"expected a position, a range 'A..B' or a list of positions, got {describe(node)}",
-            )
+            self.problem(node, field,
+                         f"{_EXPECTED_POS}, got {describe(node)}{range_hint(node.value)}")
             return None
         ends: list[int] = []
         for end in m.groups():
