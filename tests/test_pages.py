@@ -155,6 +155,23 @@ def test_the_replay_page_marks_a_finding_of_an_op_in_the_findings_lane(
     assert tick == x
 
 
+def test_the_page_draws_the_bright_seq_colours_dark_enough_for_its_white_ground(
+        tmp_path: Path) -> None:
+    """Sequences 5 to 9 take rich's bright colours (report/view.py `SEQ_STYLES`), which
+    its default theme draws at full strength: bright cyan #00ffff, green #00ff00 and
+    yellow #ffff00 could not be read on the page's white (a newcomer's walk of 7
+    December). The page's views take `text.page_theme`: the same hues, darker."""
+    trace = tmp_path / "s8.yaml"
+    trace.write_text("kpool_trace: 1\ncache: {kv_size: 64, kpool: 2, n_seq_max: 10}\nops:\n"
+                     + "".join(f"  - decode: {{seq: {s}, pos: 0..2}}\n" for s in (5, 6, 7)))
+    page = tmp_path / "s8.html"
+    r = kpool("replay", str(trace), "--html", str(page), "-o", str(tmp_path / "view.txt"))
+    assert r.returncode == 0, r.stderr
+    colours = set(re.findall(r"color: (#[0-9a-f]{6})", page.read_text()))
+    assert not colours & {"#00ffff", "#00ff00", "#ffff00"}
+    assert {"#0082a0", "#008c00", "#967800"} <= colours  # seq 5, 6, 7 as text
+
+
 @pytest.mark.parametrize("command", ["diff", "replay"])
 def test_text_from_the_trace_is_escaped(tmp_path: Path, command: str) -> None:
     """A trace's name and description are data: `<script>` in them is text on the

@@ -49,6 +49,8 @@ from .terminal import Manners, Ticker, make_console, stream_is_terminal
 from .ticking import ticker_for, ticking
 
 if TYPE_CHECKING:
+    from rich.terminal_theme import TerminalTheme
+
     from .trace_page import TracePage
     from .view import RichView
 
@@ -234,14 +236,14 @@ class TextOutput:
             fragment = ""
             if not page.views_full:  # past the budget no view is kept: none is drawn
                 view.add(rec, shown)
-                fragment = console.export_html(clear=True, inline_styles=True,
-                                               code_format=PAGE_PRE)
+                fragment = console.export_html(theme=page_theme(), clear=True,
+                                               inline_styles=True, code_format=PAGE_PRE)
             page.add(rec, "" if fragment == empty else fragment)
             yield rec, shown
         page.tally = tally
         view.finish(tally)  # the folded repeats, and the summary the terminal ends with
-        page.closing = console.export_html(clear=True, inline_styles=True,
-                                           code_format=PAGE_PRE)
+        page.closing = console.export_html(theme=page_theme(), clear=True,
+                                           inline_styles=True, code_format=PAGE_PRE)
 
     def close(self) -> None:
         """Write --html / --svg (atomically) and flush the output, so a reader that
@@ -272,6 +274,23 @@ PAGE_COLUMNS = 100  # the width of the views a page embeds
 # a view's HTML on the page: rich's own spans in a <pre> of the local monospace fonts
 PAGE_PRE = ('<pre style="font-family:' + MONOSPACE_HTML + ';font-size:13px;line-height:1.25">'
             "{code}</pre>")
+
+
+# the page's views on its white ground: rich's default theme but for its bright
+# colours, which it draws at full strength (bright green, yellow and cyan, the seq
+# colours of sequences 5 to 7, cannot be read on white): the same hues, darker.
+# bright_white stays white, only ever text on a coloured ground (a shared cell).
+_PAGE_BRIGHT = ((102, 102, 102), (204, 0, 0), (0, 140, 0), (150, 120, 0), (0, 60, 230),
+                (180, 0, 180), (0, 130, 160), (255, 255, 255))
+
+
+@functools.cache
+def page_theme() -> TerminalTheme:
+    from rich.terminal_theme import DEFAULT_TERMINAL_THEME, TerminalTheme
+
+    normal = [(c.red, c.green, c.blue) for c in
+              (DEFAULT_TERMINAL_THEME.ansi_colors[i] for i in range(8))]
+    return TerminalTheme((255, 255, 255), (0, 0, 0), normal, list(_PAGE_BRIGHT))
 
 
 @functools.cache
