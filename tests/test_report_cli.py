@@ -310,3 +310,21 @@ def test_integer_and_number_options_show_and_word_their_bounds_one_way():
                        (["fuzz", "--time-budget", "0"], "0 is not a number from 0.1 to")):
         r = run(cli, args)
         assert r.exit_code == 2 and says in r.stderr, (args, r.stderr)
+
+
+def test_fuzz_says_what_its_folder_held_that_the_run_did_not_write(tmp_path):
+    """`kpool fuzz -o DIR` writes its shrunk traces among what DIR holds and replaces
+    only its own names: an earlier run's traces stay, and `kpool check DIR` reads them
+    too. The summary says how many (a newcomer's walk of 7 December found a folder of
+    six traces after a run that listed four)."""
+    out = tmp_path / "found"
+    out.mkdir()
+    (out / "earlier.yaml").write_text("kpool_trace: 1\n")
+    code, stdout, _ = run("fuzz", "--engine", "cache-safe", "--runs", "20", "--seed", "1",
+                          "-o", str(out))
+    assert code == 0
+    assert f"{out} also holds 1 trace this run did not write (an earlier run's)" in \
+        " ".join(stdout.split())
+    code, stdout, _ = run("fuzz", "--engine", "rep-once", "--runs", "5", "--seed", "1",
+                          "-o", str(tmp_path / "new"))
+    assert code == 0 and "also holds" not in stdout

@@ -70,6 +70,8 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     except OutputError as e:
         fail(str(e))
     out = Path(out_dir)
+    # what the folder held before: said after the campaign, as `kpool check` reads it all
+    held = {p.name for p in out.glob(SHRUNK_FILES)}
 
     if dask_address is not None:
         def runner(fn, units):
@@ -100,5 +102,6 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     if totals is None:
         fail("no run finished")
     render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,
-                   name, time.monotonic() - start)
+                   name, time.monotonic() - start,
+                   (out_dir, len(held - {Path(p).name for p in files.values()})))
     sys.exit(exits.FINDINGS if totals.defects else exits.PASS)

@@ -46,16 +46,28 @@ class FuzzBar:
 
 
 def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str],
-                   engine: str, seconds: float) -> None:
+                   engine: str, seconds: float, earlier: tuple[str, int] = ("", 0)) -> None:
     """The campaign's table: one row per (code, signature), or two lines per finding
     when a row with its file name whole would not fit the width; under `--engine all`,
-    a line per finding with the versions that show it."""
+    a line per finding with the versions that show it. `earlier`: the output folder
+    and the traces it held before that this run did not write again, said last (a
+    `kpool check` of the folder reads them too)."""
     console.print(Flow(hang=2).words(
         f"kpool fuzz: {t.runs} runs under {visible(engine)} in {seconds:.1f} s; "
         f"{t.rejected} with a refused decode (KP006, not a finding)"))
     if not t.counts:
         console.print("no finding, no defect")
-        return
+    else:
+        _findings(console, t, files)
+    folder, n = earlier
+    if n:
+        console.print(Flow(hang=2).words(
+            f"{visible(folder)} also holds {n} trace{'s' * (n > 1)} this run did not "
+            f"write (an earlier run's): kpool check {visible(folder)} reads them too"))
+
+
+def _findings(console: Console, t: Totals, files: dict[tuple[str, str], str]) -> None:
+    """The table of findings and the lines after it (`render_summary`)."""
     folders = sorted({os.path.dirname(p) for p in files.values()})
     if len(folders) == 1:  # the usual case: name the folder once, the files by name
         console.print(f"shrunk traces in {visible(folders[0] or '.')}/", overflow="fold")
