@@ -328,3 +328,17 @@ def test_fuzz_says_what_its_folder_held_that_the_run_did_not_write(tmp_path):
     code, stdout, _ = run("fuzz", "--engine", "rep-once", "--runs", "5", "--seed", "1",
                           "-o", str(tmp_path / "new"))
     assert code == 0 and "also holds" not in stdout
+
+
+def test_fuzz_and_gen_random_help_say_what_each_option_is():
+    """A newcomer's walk of 7 December: `kpool fuzz --help` gave `--runs` no words,
+    `-o TEXT` no long form nor a name of what it takes, `--engine TEXT` where every
+    other command says NAME; `kpool gen random --help` said `random_trace's max_ops.`"""
+    _, fuzz_help, _ = run("fuzz", "--help")
+    flat = " ".join(fuzz_help.split())
+    assert "--runs 1-10000000 Random traces to replay." in flat
+    assert "-o, --output FOLDER" in flat and "--engine NAME" in flat
+    assert "--dask ADDRESS" in flat and "TEXT" not in flat
+    _, gen_help, _ = run("gen", "random", "--help")
+    assert "random_trace's" not in gen_help
+    assert "--max-ops 1-65536 the most ops a trace has" in " ".join(gen_help.split())

@@ -18,22 +18,23 @@ from .options import Float, Int, jobs_option
 
 
 @click.command("fuzz")
-@click.option("--engine", "engine", required=True,
+@click.option("--engine", "engine", required=True, metavar="NAME",
               help="An engine version (see kpool engines): BASE, BASE+PATCH or "
                    "package.module:Name; all: every shipped version, saying which show "
                    "each finding.")
-@click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True)
+@click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True,
+              help="Random traces to replay.")
 @click.option("--seed", type=Int(0, RUN_SEED_MAX), default=0, show_default=True,
               help="Run r replays random_trace(seed + r), wrapped to 0 past the bound: "
                    "any run is reproducible.")
 @jobs_option(1, "Fuzz on N processes.")
 @click.option("--time-budget", type=Float(0.1, 366 * 86400), default=None, metavar="SECONDS",
               help="Stop after this many seconds (the runs done are reported).")
-@click.option("-o", "out_dir", default="fuzz-out", show_default=True,
-              help="Folder for the shrunk traces (one per code and signature).")
+@click.option("-o", "--output", "out_dir", default="fuzz-out", show_default=True,
+              metavar="FOLDER", help="Folder for the shrunk traces (one per code and signature).")
 @click.option("--backend", type=click.Choice(BACKENDS), default="none", show_default=True,
               help="Value backend: none is the model only (KP003 unseen), numba sees KP003.")
-@click.option("--dask", "dask_address", default=None,
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
               help="Run on a Dask distributed cluster at ADDRESS (kpool[dask]).")
 @click.option("--base", "base", default=None, metavar="ENGINE",
               help="Look only for behaviour differences from ENGINE, as `kpool diff "

@@ -748,6 +748,10 @@ def _mrope_image_estimate(seed: int, v: dict[str, int]) -> Estimate:
 
 # -- the registry ---------------------------------------------------------------------
 
+# what each of random_trace's sizes means, for `kpool gen random --help`
+_RANDOM_HELP = {"max_ops": "the most ops a trace has (1 to max_ops, a decode first)"}
+
+
 def _random_sizes() -> tuple[Size, ...]:
     """The `random` scenario's sizes: the keyword-only int parameters of
     `gen.random_trace.random_trace`, with its defaults (bounds 1..2**16: the
@@ -761,7 +765,8 @@ def _random_sizes() -> tuple[Size, ...]:
     out = []
     for p in inspect.signature(random_trace).parameters.values():
         if p.kind is p.KEYWORD_ONLY and type(p.default) is int:
-            out.append(Size(p.name, p.default, 1, 2**16, f"random_trace's {p.name}"))
+            out.append(Size(p.name, p.default, 1, 2**16,
+                            _RANDOM_HELP.get(p.name, f"random_trace's {p.name}")))
     return tuple(out)
 
 
