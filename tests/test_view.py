@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import io
+import json
 import os
 import pty
 import re
@@ -548,6 +549,27 @@ def test_explain_text_has_the_ruff_headings(code):
     print_explanation(make_console(buf, Manners(False, False, 80)), EXPLANATIONS[code])
     assert "How to fix the engine" in buf.getvalue()
     assert max(len(x) for x in buf.getvalue().splitlines()) <= 80
+
+
+@pytest.mark.parametrize("code", sorted(c for c, e in EXPLANATIONS.items() if e.replaces))
+def test_a_plugin_example_runs_as_explain_shows_it(code, tmp_path):
+    """An example under a plug-in engine (KP004's: padding on row 0) gives the module
+    to write beside example.yaml and the command: written and run as shown (the
+    command's `PYTHONPATH=.` as the environment), it raises the code. It named the
+    README's own `mypkg.myengine:Version`, another engine, and no module (a
+    newcomer's walk of 7 December)."""
+    text = explain_text(code)
+    e = EXPLANATIONS[code]
+    (tmp_path / "example.yaml").write_text(e.example)
+    (tmp_path / "example_engine.py").write_text(e.plugin_module)
+    assert textwrap.indent(e.plugin_module, "    ").rstrip("\n") in text
+    env_word, *argv = e.command.split()
+    assert env_word == "PYTHONPATH=." and argv[:2] == ["kpool", "replay"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([".", os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "kpool_cli", *argv[1:], "--format", "json"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    report = json.loads(r.stdout)
+    assert code in report["summary"]["findings"], r.stderr
 
 
 def test_explain_list_and_errors():

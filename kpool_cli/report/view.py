@@ -47,6 +47,7 @@ from ..contracts.tally import Tally
 from ..trace import model as m
 from ..verdict.codes import CODES
 from ..verdict.explain import EXPLANATIONS, Explanation
+from ..verdict.rule import PLUGIN_MODULE
 from ..verdict.rules import kp001_scatter_race
 from ..versions import EngineVersion
 from ..wording import visible
@@ -693,6 +694,10 @@ def print_explanation(console: Console, e: Explanation) -> None:
     console.print()
     console.print(Flow(style="bold underline", hang=2).words(f"Example (under {engine}{values})"))
     console.print(Panel(Text(e.example), box=box.SIMPLE, padding=(0, 2), expand=False))
+    if e.plugin_module:
+        console.print(Text(f"  with {PLUGIN_MODULE}.py beside it:"))
+        console.print(Panel(Text(e.plugin_module.rstrip("\n")), box=box.SIMPLE,
+                            padding=(0, 2), expand=False))
     console.print(Text(f"  $ {e.command}", style="dim"))
     console.print()
     console.print(Text("How to fix the engine", style="bold underline"))

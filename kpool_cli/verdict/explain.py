@@ -13,7 +13,7 @@ import textwrap
 
 from .. import wording as words
 from .codes import CODES
-from .rule import Explanation
+from .rule import PLUGIN_MODULE, Explanation
 from .rules import RULES
 
 __all__ = ["EXPLANATIONS", "Explanation", "explain_text", "resolve"]
@@ -49,6 +49,8 @@ def explain_text(code: str) -> str:
         "",
         _fill(f"Example (under {engine}{values})", 80, "", "  "),
         ind(e.example, "    "),
+        *([f"  with {PLUGIN_MODULE}.py beside it:", ind(e.plugin_module, "    ").rstrip("\n")]
+          if e.plugin_module else []),
         "",
         f"  $ {e.command}",
         "",

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from ..engine.context import OpContext, UbatchContext
 
 STEP, LAYOUT, PLAN = 0, 1, 2  # what a check reads, in the order of a ubatch's steps
+# the module of an example's plug-in engine, beside its example.yaml (`kpool explain`)
+PLUGIN_MODULE = "example_engine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +84,20 @@ class Explanation:
         return self.rule.values_only
 
     @property
+    def plugin_module(self) -> str:
+        """The plug-in example's engine as the module `PLUGIN_MODULE`.py that `command`
+        runs beside example.yaml ('' when the example needs none)."""
+        if not self.replaces:
+            return ""
+        base = self.engine.upper().replace("-", "_")  # its name in kpool_cli.versions
+        return (f"from dataclasses import replace\n\nfrom kpool_cli.versions import {base}\n"
+                f"\nVersion = replace({base}, {self.plugin})\n")
+
+    @property
     def command(self) -> str:
         if self.replaces:
-            return "kpool replay example.yaml --engine mypkg.myengine:Version"
+            return (f"PYTHONPATH=. kpool replay example.yaml --engine "
+                    f"{PLUGIN_MODULE}:Version")
         return f"kpool replay example.yaml --engine {self.engine}"
 
     def version(self) -> EngineVersion:
