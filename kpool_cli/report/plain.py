@@ -85,8 +85,9 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     s = tally.summary()
     found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
     part = f" ({shown_ub} shown)" if selection.filters else ""
-    out.write(f"  summary: {s['ubatches']} ubatches{part}, {s['pools_marked']} pools marked "
-              f"({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
+    n_ub = s["ubatches"]
+    out.write(f"  summary: {n_ub} ubatch{'es' * (n_ub != 1)}{part}, {s['pools_marked']} "
+              f"pools marked ({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
               f"{s['status'].upper()}\n")
 
 
