@@ -295,7 +295,15 @@ class KvCache:
             for k, st in enumerate(self.streams):
                 self._lower_head(k, st.rm_range(lo, hi))
             return
-        self._lower_head(self.stream_of(s), self.stream(s).seq_rm(s, lo, hi))
+        self._seq_rm_one(s, lo, hi)
+
+    def _seq_rm_one(self, s: int, lo: int, hi: int) -> np.ndarray:
+        """seq_rm of sequence s >= 0 over [lo, hi) (resolved): the cells it freed (those
+        it held alone), stream-local, its stream's head lowered to the first."""
+        k = self.stream_of(s)
+        freed = self.streams[k].seq_rm(s, lo, hi)
+        self._lower_head(k, freed)
+        return freed
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         """Same stream: dst joins src's cells in range. Cross-stream (non-unified): the
@@ -493,11 +501,9 @@ class KvCache:
         if n == 0:
             return True, np.empty(0, dtype=np.int64)
         assert n <= self.kv_size, "a snapshot cannot outgrow the cache it came from"
+        freed = self._seq_rm_one(s, *resolve_range(-1, -1))  # seq_rm(s, -1, -1)
         k = self.stream_of(s)
         st = self.streams[k]
-        lo, hi = resolve_range(-1, -1)
-        freed = st.seq_rm(s, lo, hi)  # seq_rm(s, -1, -1): the cells s held alone
-        self._lower_head(k, freed)
         cells = self._find_slot(st, st.used, self._heads[k], n)
         if cells is None:
             st.forget_keys(freed)

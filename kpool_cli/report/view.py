@@ -47,7 +47,6 @@ from ..contracts.tally import Tally
 from ..trace import model as m
 from ..verdict.codes import CODES
 from ..verdict.explain import EXPLANATIONS, Explanation
-from ..verdict.rule import PLUGIN_MODULE
 from ..verdict.rules import kp001_scatter_race
 from ..versions import EngineVersion
 from ..wording import visible
@@ -684,18 +683,15 @@ def _tokens_brief(op: m.Decode) -> str:
 def print_explanation(console: Console, e: Explanation) -> None:
     console.print(_code_text(e.code, e.name, e.severity, f"({e.severity})"))
     console.print(_para(f"{e.oneline}.", style="italic"))  # indented when it wraps too
-    engine = (f"a plug-in engine: replace({e.engine.upper().replace('-', '_')}, {e.plugin})"
-              if e.plugin else e.engine)
-    values = ", with a value backend (the default)" if e.needs_values else ""
     for head, body in (("What it does", e.what), ("Why is this bad?", e.why)):
         console.print()
         console.print(Text(head, style="bold underline"))
         console.print(_para(body))
     console.print()
-    console.print(Flow(style="bold underline", hang=2).words(f"Example (under {engine}{values})"))
+    console.print(Flow(style="bold underline", hang=2).words(f"Example (under {e.under})"))
     console.print(Panel(Text(e.example), box=box.SIMPLE, padding=(0, 2), expand=False))
     if e.plugin_module:
-        console.print(Text(f"  with {PLUGIN_MODULE}.py beside it:"))
+        console.print(Text(f"  {e.plugin_intro}"))
         console.print(Panel(Text(e.plugin_module.rstrip("\n")), box=box.SIMPLE,
                             padding=(0, 2), expand=False))
     console.print(Text(f"  $ {e.command}", style="dim"))

@@ -13,7 +13,7 @@ import textwrap
 
 from .. import wording as words
 from .codes import CODES
-from .rule import PLUGIN_MODULE, Explanation
+from .rule import Explanation
 from .rules import RULES
 
 __all__ = ["EXPLANATIONS", "Explanation", "explain_text", "resolve"]
@@ -33,9 +33,6 @@ def explain_text(code: str) -> str:
     """The plain text of `kpool explain CODE` (ruff's headings)."""
     e = EXPLANATIONS[code]
     ind = textwrap.indent
-    engine = (f"a plug-in engine: replace({e.engine.upper().replace('-', '_')}, {e.plugin})"
-              if e.plugin else e.engine)
-    values = ", with a value backend (the default)" if e.needs_values else ""
     return "\n".join([
         f"{words.code(e.code, e.name)} ({e.severity})",
         "",
@@ -47,9 +44,9 @@ def explain_text(code: str) -> str:
         "Why is this bad?",
         ind(e.why, "  "),
         "",
-        _fill(f"Example (under {engine}{values})", 80, "", "  "),
+        _fill(f"Example (under {e.under})", 80, "", "  "),
         ind(e.example, "    "),
-        *([f"  with {PLUGIN_MODULE}.py beside it:", ind(e.plugin_module, "    ").rstrip("\n")]
+        *([f"  {e.plugin_intro}", ind(e.plugin_module, "    ").rstrip("\n")]
           if e.plugin_module else []),
         "",
         f"  $ {e.command}",

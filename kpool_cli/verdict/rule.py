@@ -84,6 +84,19 @@ class Explanation:
         return self.rule.values_only
 
     @property
+    def under(self) -> str:
+        """What the example runs under, as its heading says it: the engine (a plug-in's
+        replace() of its base), with a value backend when it needs one."""
+        engine = (f"a plug-in engine: replace({self.engine.upper().replace('-', '_')}, "
+                  f"{self.plugin})" if self.replaces else self.engine)
+        return engine + (", with a value backend (the default)" if self.needs_values else "")
+
+    @property
+    def plugin_intro(self) -> str:
+        """The line before `plugin_module` ('' when the example needs no plug-in)."""
+        return f"with {PLUGIN_MODULE}.py beside it:" if self.replaces else ""
+
+    @property
     def plugin_module(self) -> str:
         """The plug-in example's engine as the module `PLUGIN_MODULE`.py that `command`
         runs beside example.yaml ('' when the example needs none)."""
