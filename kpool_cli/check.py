@@ -55,6 +55,7 @@ from .contracts import exits
 from .contracts.finding import Finding, severity_rank
 from .contracts.records import ExpectResult, OpEvent, UbatchRecord
 from .contracts.tally import Tally, tallied
+from .inputs import input_name
 from .replay import DEFAULT_CORE, replay
 from .trace import model as m
 from .trace.load import MAX_TOKENS, TraceError
@@ -221,6 +222,7 @@ def plan(paths: Sequence[str], engines: Sequence[str], *, backend: str, fail_on:
 
 
 def _invalid(path: str, engine: str, e: TraceError) -> CheckResult:
+    path = input_name(path)
     problems = [Problem(p.file, p.line, p.column, p.field, p.message) for p in e.problems]
     if e.truncated:
         problems.append(Problem(path, 0, 0, "<file>",
@@ -234,6 +236,7 @@ def _line(trace: m.Trace, op: int) -> int:
 
 def check_one(job: CheckJob) -> CheckResult:
     """Replay the job's trace under its engine and judge it (the rules above)."""
+    name = input_name(job.path)  # `-`: <stdin>
     try:
         trace = load_checked(job.path, max_tokens=job.max_tokens, max_nodes=job.max_nodes)
     except TraceError as e:
@@ -242,13 +245,13 @@ def check_one(job: CheckJob) -> CheckResult:
         version = load_version(job.engine)
     except VersionError as e:
         line = next((op.loc.line for _, op in _expects(trace) if op.engine == job.engine), 0)
-        return CheckResult(job.path, job.engine, INVALID, problems=(
-            Problem(job.path, line, 0, "engine", str(e)),))
+        return CheckResult(name, job.engine, INVALID, problems=(
+            Problem(name, line, 0, "engine", str(e)),))
     try:
         check_replay_memory(trace, job.backend, job.max_memory)
     except ReplayTooLarge as e:
-        return CheckResult(job.path, job.engine, INVALID, problems=(
-            Problem(job.path, 0, 0, "<trace>", str(e)),))
+        return CheckResult(name, job.engine, INVALID, problems=(
+            Problem(name, 0, 0, "<trace>", str(e)),))
     pinned = pinned_codes(trace, version.name) if job.pin else frozenset()
     every: Counter[str] = Counter()
     first: dict[str, int] = {}
@@ -297,7 +300,7 @@ def check_one(job: CheckJob) -> CheckResult:
     flagged.sort(key=lambda f: not f.fails)  # stable: failing first, in replay order
     status = INVALID if tally.problems else FAIL if tally.failed else PASS
     return CheckResult(
-        job.path, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
+        name, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
         max(0, len(flagged) - MAX_LISTED), (), tally.expect_passed, tally.expect_failed,
         tally.ubatches, dict(sorted(every.items())), dict(sorted(kept_pinned.items())),
         dict(sorted(kept_ignored.items())), job.fail_on, first=dict(sorted(first.items())),

@@ -10,6 +10,14 @@ Owns:
   contents are generated and unbounded. The file is opened without blocking (a FIFO
   with no writer would wait forever) and checked on the open descriptor, so a path
   swapped in between cannot slip through.
+- `STDIN` (`-`): the path that stands for standard input, which both read as they
+  read a file, under the same bound: a pipe is what it is for (`kpool gen random |
+  kpool replay -`). It is read once, by kpool's own process, and kept, so every
+  later read of `-` in the run (a replay after its load, a worker forked after it)
+  sees the same bytes; a terminal or a directory is refused before a byte is read
+  (kpool would wait for typing that never comes). `input_name(path)` is how a
+  message names it, `<stdin>` (`STDIN_NAME`). Only the text `-` is it: a file named
+  `-` is `./-`.
 - `not_regular(path)`: why `path` is not a file kpool reads (None when it is), for
   the walks of input folders and for output checks.
 - `trace_paths(paths)`: the trace files that files and folders given on the command
@@ -25,7 +33,9 @@ Owns:
 - `line_at(text, offset)`: the line (from 1) of an offset into an input's text or
   bytes, the one way every message that names a line counts it.
 
-Invariant: nothing here blocks on an input or reads more than `limit + 1` bytes.
+Invariant: nothing here blocks on an input or reads more than `limit + 1` bytes
+(standard input excepted, which blocks until its writer writes or leaves: the largest
+`limit + 1` any reader asked for is read of it, and kept).
 """
 
 from __future__ import annotations
@@ -33,12 +43,16 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import stat
+import sys
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
 TRACE_SUFFIXES = (".yaml", ".yml")
+STDIN = "-"  # the path that stands for standard input, as in most command-line tools
+STDIN_NAME = "<stdin>"  # how a message, a report or a view names it
 
 
 class InputRefused(Exception):
@@ -108,16 +122,81 @@ def not_regular(path: str | Path) -> str | None:
 
 
 def read_head(path: str | Path, n: int) -> bytes:
-    """The first `n` bytes of the regular file `path` (to tell what it is); raises as
-    `read_input` does."""
+    """The first `n` bytes of the regular file `path` (to tell what it is), or of
+    standard input (`STDIN`); raises as `read_input` does."""
+    if path == STDIN:
+        return _stdin.prefix(n)[:n]
     return _read(path, n, whole=False)
 
 
 def read_input(path: str | Path, limit: int) -> bytes:
-    """The contents of the regular file `path`, at most `limit` bytes. Raises
-    InputRefused (InputTooLarge past `limit`) or the OSError of opening or reading
-    it (missing, unreadable...)."""
+    """The contents of the regular file `path`, or of standard input (`STDIN`), at
+    most `limit` bytes. Raises InputRefused (InputTooLarge past `limit`) or the
+    OSError of opening or reading it (missing, unreadable...)."""
+    if path == STDIN:
+        data = _stdin.prefix(limit + 1)
+        if len(data) > limit:
+            raise InputTooLarge(f"is larger than {_size(limit)}")
+        return data
     return _read(path, limit, whole=True)
+
+
+def input_name(path: str | Path) -> str:
+    """How a message names the input `path`: `<stdin>` for `-`, else the path."""
+    return STDIN_NAME if path == STDIN else str(path)
+
+
+class _Stdin:
+    """Standard input as read so far (descriptor 0, never `sys.stdin`, which may be
+    None or a text wrapper): what one reader read, every later one is given."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.ended = False
+
+    def prefix(self, n: int) -> bytes:
+        """The first `n` bytes of standard input (fewer at its end), read now as far as
+        they were not yet."""
+        if len(self.data) < n and not self.ended:
+            self._read_to(n)
+        return bytes(memoryview(self.data)[:n])
+
+    def _read_to(self, n: int) -> None:
+        self._check(first=not self.data)
+        while len(self.data) < n:
+            try:
+                chunk = os.read(0, min(n - len(self.data), 1 << 20))
+            except BlockingIOError:  # a descriptor left non-blocking by the caller
+                select.select([0], [], [])
+                continue
+            if not chunk:
+                self.ended = True
+                return
+            self.data += chunk
+
+    @staticmethod
+    def _check(*, first: bool) -> None:
+        """Refuse to read on in a worker of a pool (it is given what kpool's own process
+        read, by the fork: the pipe is the parent's), and, before the `first` byte, a
+        standard input that is a terminal (nothing piped in) or a directory."""
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:
+            raise InputRefused("was not read before the work started: only kpool's own "
+                               "process reads standard input")
+        if not first:
+            return
+        try:
+            st = os.fstat(0)
+        except OSError as e:
+            raise InputRefused(f"cannot be read: {e.strerror or e}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise InputRefused("is a directory")
+        if os.isatty(0):
+            raise InputRefused("is a terminal: give a trace's path, or pipe one in "
+                               "(kpool gen random | kpool replay -)")
+
+
+_stdin = _Stdin()
 
 
 def _read(path: str | Path, limit: int, *, whole: bool) -> bytes:
@@ -157,7 +236,8 @@ def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str]
     """The trace files `paths` stand for, and what is wrong with the folders among them
     (a message each, naming the folder: the caller refuses the run, before any work,
     with the first).
-    A file is taken as given (whatever its name); a folder is searched for files
+    A file is taken as given (whatever its name), and so is `-` (standard input); a
+    folder is searched for files
     named `*.yaml` or `*.yml` (in any case), hidden files and folders skipped, and
     folders that are symlinks not followed, in sorted order. A path that does not exist
     is taken as a file (its check says it is missing). Duplicates are dropped, unless
@@ -166,7 +246,9 @@ def trace_paths(paths: Iterable[str], *, unique: bool = True) -> tuple[list[str]
     problems: list[str] = []
     seen: set[str] = set()
     for p in paths:
-        if os.path.isdir(p):
+        if p == STDIN:  # standard input, never a file or folder named `-`
+            candidates = [p]
+        elif os.path.isdir(p):
             found, why = _traces_under(p)
             if why is not None:
                 problems.append(why)

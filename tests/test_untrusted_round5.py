@@ -26,10 +26,11 @@ from kpool_cli.backend import budget
 from kpool_cli.backend.store import make_backend
 from kpool_cli.cache.kv import Reach
 from kpool_cli.engine.marking import entries_bound
-from kpool_cli.gen.fuzz import RUN_SEED_MAX, run_seed, tasks_for
+from kpool_cli.gen.fuzz import run_seed, tasks_for
 from kpool_cli.gen.random_trace import random_trace
 from kpool_cli.replay import Replayer
 from kpool_cli.settings import SettingsError, load_settings
+from kpool_cli.trace.format import SEED_MAX
 from kpool_cli.versions import VERSIONS
 
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -115,19 +116,20 @@ def test_columns_or_lines_of_thousands_of_digits_are_not_read_by_rich(tmp_path, 
 def test_every_run_seed_is_one_fuzz_takes():
     """Run r's seed was `seed + r`, past `--seed`'s bound from the top seed on: it
     wraps to 0 there, and stays `seed + r` below it."""
-    tasks = tasks_for("cache-safe", 50, RUN_SEED_MAX)
-    assert [tasks[r].seed for r in range(3)] == [RUN_SEED_MAX, 0, 1]
-    assert all(0 <= t.seed <= RUN_SEED_MAX for t in tasks)
+    tasks = tasks_for("cache-safe", 50, SEED_MAX)
+    assert [tasks[r].seed for r in range(3)] == [SEED_MAX, 0, 1]
+    assert all(0 <= t.seed <= SEED_MAX for t in tasks)
     assert [t.seed for t in tasks_for("cache-safe", 3, 7)] == [7, 8, 9]
-    assert run_seed(RUN_SEED_MAX - 1, 1) == RUN_SEED_MAX
+    assert run_seed(SEED_MAX - 1, 1) == SEED_MAX
 
 
 def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
-    """`kpool fuzz --seed 4611686018427387904` (the top of the bound) wrote shrunk
-    traces found by `--seed 4611686018427387921`, which the option refuses: each
-    command a description gives now runs (exit 0, not 2)."""
+    """`kpool fuzz --seed 4611686018427387904` (then the top of the bound, 2**62) wrote
+    shrunk traces found by `--seed 4611686018427387921`, which the option refuses: each
+    command a description gives now runs (exit 0, not 2), from the top of today's
+    bound (SEED_MAX) too."""
     out = tmp_path / "found"
-    r = kpool("fuzz", "--seed", str(RUN_SEED_MAX), "--runs", "3", "--engine", "cache-safe",
+    r = kpool("fuzz", "--seed", str(SEED_MAX), "--runs", "3", "--engine", "cache-safe",
               "-o", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     commands = {m.group(1) for f in out.glob("*.yaml")
@@ -135,7 +137,7 @@ def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
     assert commands
     for command in sorted(commands):
         args = shlex.split(command)
-        assert 0 <= int(args[args.index("--seed") + 1]) <= RUN_SEED_MAX
+        assert 0 <= int(args[args.index("--seed") + 1]) <= SEED_MAX
         r = kpool(*args, "-o", str(tmp_path / "again"), cwd=tmp_path)
         assert r.returncode == 0, (command, r.stderr)
 

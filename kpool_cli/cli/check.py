@@ -61,6 +61,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     *.yml) as a CI gate: each is replayed under every engine its expect items name;
     every expect must hold, and no finding at or above --fail-on may be left
     unpinned (a code listed in an expect's findings for that engine is pinned).
+    A path given as - is one trace read from standard input.
 
     \b
     Settings: [tool.kpool] of the nearest pyproject.toml, or kpool.toml, from the
@@ -145,14 +146,15 @@ def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 @load_bounds
 def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None) -> None:
     """Load the traces in PATHS (files, or folders searched recursively for *.yaml and
-    *.yml) without replaying them, and list every problem of every file.
+    *.yml) without replaying them, and list every problem of every file. A path
+    given as - is one trace read from standard input.
 
     \b
     Exit status:
       0  every trace is valid
       2  a trace is invalid (or bad usage)
     """
-    from ..inputs import trace_paths
+    from ..inputs import input_name, trace_paths
     from ..report.terminal import stream_is_terminal
     from ..report.ticking import progress_bar
 
@@ -169,10 +171,10 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
                 load_checked(path, max_tokens=max_tokens, max_nodes=max_nodes)
             except TraceError as e:
                 bad += 1
-                lines = [f"INVALID {visible(path)}",
+                lines = [f"INVALID {visible(input_name(path))}",
                          *(f"  {line}" for line in str(e).split("\n"))]
             else:
-                lines = [f"ok      {visible(path)}"]
+                lines = [f"ok      {visible(input_name(path))}"]
             with bar.hidden():  # the lines on the terminal are progress enough
                 click.echo(terminal_lines(lines, sys.stdout), nl=False)
             bar.tick()

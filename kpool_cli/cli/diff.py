@@ -65,6 +65,8 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
           a candidate engine of yours against rep-once
       kpool diff a.json b.json
           two saved `kpool replay --format json` reports
+      kpool gen random --seed 7 | kpool diff -
+          an input given as - is read from standard input (a trace or a report)
       kpool diff traces/*.yaml --head mypkg.engine:Candidate --format json
           for CI: the diff as JSON (-o diff.json for a file), exit 1 on a
           regression

@@ -8,10 +8,11 @@ import sys
 
 import click
 
+from .. import signals
 from ..backend.store import BACKENDS
 from ..contracts import exits
 from ..contracts.files import OutputError, check_output_folder
-from ..gen.fuzz import RUN_SEED_MAX
+from ..trace.format import SEED_MAX
 from ..versions import ALL, VERSIONS, VersionError, load_version
 from .io import fail
 from .options import Float, Int, jobs_option
@@ -24,9 +25,9 @@ from .options import Float, Int, jobs_option
                    "each finding.")
 @click.option("--runs", type=Int(1, 10_000_000), default=1000, show_default=True,
               help="Random traces to replay.")
-@click.option("--seed", type=Int(0, RUN_SEED_MAX), default=0, show_default=True,
-              help="Run r replays random_trace(seed + r), wrapped to 0 past the bound: "
-                   "any run is reproducible.")
+@click.option("--seed", type=Int(0, SEED_MAX), default=0, show_default=True,
+              help="Run r replays the trace `kpool gen random` writes for seed + r "
+                   "(wrapped to 0 past the bound): any run is reproducible.")
 @jobs_option(1, "Fuzz on N processes.")
 @click.option("--time-budget", type=Float(0.1, 366 * 86400), default=None, metavar="SECONDS",
               help="Stop after this many seconds (the runs done are reported).")
@@ -46,12 +47,13 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     it. Exit 0 when kpool found no defect of its own (engine findings are what fuzzing
     is for; a record where the compiled core differs from the reference core is a
     defect, INV-core), 1 on a defect. With --base, the findings are the traces whose
-    behaviour differs from the base's."""
+    behaviour differs from the base's. Ctrl-C ends the campaign with the summary of
+    the runs done (exit 130; SIGTERM 143)."""
     import time
     from pathlib import Path
 
     from ..cluster import ClusterError, in_order_dask
-    from ..gen.fuzz import SHRUNK_FILES, campaign, save_new_shrunk, tasks_for
+    from ..gen.fuzz import SHRUNK_FILES, Progress, campaign, save_new_shrunk, tasks_for
     from ..report.fuzz_text import FuzzBar, render_summary
     from ..report.terminal import Manners, make_console, stream_is_terminal
     from ..workers import in_order
@@ -87,22 +89,33 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     start = time.monotonic()
     files: dict[tuple[str, str], str] = {}
     totals = None
+    signal_met: KeyboardInterrupt | None = None
     try:
-        for totals in campaign(tasks, runner):
-            bar.update(totals)
-            files.update(save_new_shrunk(totals, out))
-            if time_budget is not None and time.monotonic() - start > time_budget:
-                break  # leaving the loop closes the campaign and ends its workers
+        with contextlib.closing(campaign(tasks, runner)) as done:  # closed: workers end
+            for totals in done:
+                bar.update(totals)
+                with signals.held():  # a finding counted has its shrunk trace, whole
+                    files.update(save_new_shrunk(totals, out))
+                if time_budget is not None and time.monotonic() - start > time_budget:
+                    break
     except (OutputError, ClusterError) as e:
         fail(str(e))
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the runs done are summed up first
+        signal_met = e
     finally:
         bar.close()
     if made and not files:  # made for the shrunk traces, and none came
         with contextlib.suppress(OSError):
             out.rmdir()
-    if totals is None:
+    if totals is None and signal_met is None:
         fail("no run finished")
-    render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)), totals, files,
-                   name, time.monotonic() - start,
-                   (out_dir, len(held - {Path(p).name for p in files.values()})))
+    render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)),
+                   totals or Progress(), files, name, time.monotonic() - start,
+                   (out_dir, len(held - {Path(p).name for p in files.values()})),
+                   stopped=None if signal_met is None else (
+                       "terminated" if isinstance(signal_met, signals.Terminated)
+                       else "interrupted", runs))
+    if signal_met is not None:
+        raise signal_met  # its exit status and line are main()'s (130, 143...)
+    assert totals is not None
     sys.exit(exits.FINDINGS if totals.defects else exits.PASS)

@@ -91,6 +91,10 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                ) -> None:
     """Replay TRACES through an engine version and report what each ubatch did.
 
+    \b
+    A trace given as - is read from standard input:
+      kpool gen random --seed 7 | kpool replay -
+
     Exit status: 0 pass, 1 findings at or above --fail-on (or a failed expect with
     --check), 2 bad usage or an invalid trace."""
     from ..report.ticking import ticker_for, ticking
@@ -114,10 +118,11 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
         from ..check import CheckJob, run_checks
         from ..check import exit_code as check_exit_code
 
-        jobs = [CheckJob(t.path, engine or t.engine or DEFAULT_VERSION, backend, fail_on,
+        # each job loads its trace again, by the path given (`-` reads the stdin kept)
+        jobs = [CheckJob(path, engine or t.engine or DEFAULT_VERSION, backend, fail_on,
                          max_tokens=max_tokens, max_memory=max_memory, pin=False,
                          expectations=check, core=core, max_nodes=max_nodes)
-                for t in loaded]
+                for path, t in zip(traces, loaded, strict=True)]
         with open_output(output) as out:
             done = write_check(out, fmt, run_checks(jobs), fail_on)
         sys.exit(check_exit_code(done))

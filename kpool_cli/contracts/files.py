@@ -7,7 +7,9 @@ Owns:
   the same path twice, or anything that is not a regular file (a directory, a
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), a path
   that ends in `/`, and the empty path. `-` (stdout) is always allowed, and so is a
-  path that names one of kpool's own descriptors (`/dev/stdout`: written as `-` is).
+  path that names one of kpool's own descriptors (`/dev/stdout`: written as `-` is),
+  standard input's excepted (`/dev/stdin`: an input, never written). An input `-` is
+  standard input (`inputs.STDIN`), whatever it is open on.
 - `written_whole(path)`: a context manager yielding a text stream on a temporary
   file beside the file `path` names (a symlink is written through, never replaced;
   `-` is stdout),
@@ -25,6 +27,7 @@ Owns:
   file written and removed in it (a read-only folder, /proc, a full disk fail
   now), and no entry matching `pattern` that is not a regular file (a link, a
   FIFO, a folder): kpool replaces its own files there, and writes through nothing.
+  `-` is refused: standard output is one stream, not a folder of files.
 - `OutputError`: why an output path was refused or could not be written, with the
   path and the system's reason (missing directory, read-only, disk full...).
 """
@@ -41,6 +44,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+from ..inputs import STDIN, input_name
 from ..signals import masked
 
 STDOUT = "-"
@@ -73,8 +77,9 @@ def own_descriptor(path: str) -> int | None:
 
 
 def _identity(path: str) -> tuple[int, int] | None:
+    """The file `path` names (the input `-`: the one standard input is open on)."""
     try:
-        st = os.stat(path)
+        st = os.fstat(0) if path == STDIN else os.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -95,7 +100,7 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
     for i in inputs:
         ident = _identity(i)
         if ident is not None:
-            inputs_by_id[ident] = i
+            inputs_by_id[ident] = input_name(i)
     try:  # `1<>input`, `>> input`: what is written to stdout would land on it
         out = os.fstat(1)
     except OSError:
@@ -115,7 +120,11 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
             raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
                               "each output needs its own path")
         seen[real] = f"{opt} {path}"
-        if own_descriptor(path) is not None:  # written as `-` is (whatever it is open on)
+        fd = own_descriptor(path)
+        if fd == 0:
+            raise OutputError(f"{opt} {path}: names standard input: kpool writes nothing "
+                              "there (use - for stdout)")
+        if fd is not None:  # written as `-` is (whatever it is open on)
             ident = _identity(path)
             if ident is not None and ident in inputs_by_id:
                 raise OutputError(f"{opt} {path}: is the input {inputs_by_id[ident]}: kpool "
@@ -153,6 +162,9 @@ def check_output_folder(opt: str, path: str, pattern: str) -> bool:
     where = f"{opt} {path}"
     if path == "":
         raise OutputError(f"{opt}: the path is empty (give a folder)")
+    if path == STDOUT:
+        raise OutputError(f"{where}: standard output cannot take a folder of files: give "
+                          "a folder (made if missing)")
     folder = Path(path)
     try:
         if folder.exists() and not folder.is_dir():  # a link to a folder is one

@@ -160,7 +160,7 @@ TOOL = Record("tool", "the program that wrote the report", (
 ))
 
 TRACE = Record("trace", "the trace replayed", (
-    _f("path", _STR, "as given on the command line"),
+    _f("path", _STR, "as given on the command line; <stdin> for -"),
     _f("name", _STR, "the trace's name, empty if it has none"),
     _f("sha256", {"type": "string", "pattern": "^([0-9a-f]{64})?$"},
        "of the trace file's bytes"),

@@ -69,7 +69,8 @@ not JSON at all. `kpool diff` exits 2 with it.
   times its size; a long cache-safe replay's (every pool marked in every ubatch, as
   runs of a few bytes) can take a thousand times: it is refused, diff shorter traces.
 - Size and reading: a file larger than `MAX_REPORT_BYTES` (128 MiB) is refused, and
-  never more than that is read (a multi-GB attachment, `/dev/zero`). A value is
+  never more than that is read (a multi-GB attachment, `/dev/zero`); `-` is standard
+  input (`inputs.STDIN`, named `<stdin>`), read under the same bound. A value is
   parsed by the C parser at once when it is small (`SMALL_BYTES`, 64 KiB: a ubatch,
   a token, a run of tokens), else read part by part (`_Text`), so no part of a
   report is held as a parsed tree larger than that, and what no version declares
@@ -116,6 +117,7 @@ from ..engine.marking import n_new_graph
 from ..inputs import (
     InputRefused,
     InputTooLarge,
+    input_name,
     line_at,
     nesting_past,
     read_head,
@@ -1985,7 +1987,7 @@ def _read_document(text: str, file: str, size: int) -> list[RunSummary]:
 
 def read_report_bytes(path: str) -> bytes:
     """At most MAX_REPORT_BYTES of `path`; ReportError when it holds more."""
-    file = visible(path)
+    file = visible(input_name(path))
     too_big = (f"{file}: the report is larger than {MAX_REPORT_BYTES >> 20} MiB, the most "
                "kpool diff reads (diff the traces instead: kpool diff TRACE --base A --head B)")
     try:  # a regular file only, opened without blocking, read with the bound
@@ -2016,7 +2018,7 @@ def _decode(data: bytes, file: str) -> str:
 
 def read_reports(path: str) -> list[RunSummary]:
     """The reports in a `kpool replay --format json` file: one object, or an array."""
-    file = visible(path)
+    file = visible(input_name(path))
     data = read_report_bytes(path)
     size = len(data)
     text = _decode(data, file)

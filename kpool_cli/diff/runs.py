@@ -8,7 +8,9 @@ line's inputs into (base, head) pairs or a `DiffInputError` (exit 2). Reading a
 report is `kpool_cli.diff.reports` (untrusted input: bounds, checks, located errors).
 
 A unit re-loads its trace and engine in the process that runs it: live objects
-never cross a process boundary, only a `RunSummary` comes back. Errors are the
+never cross a process boundary, only a `RunSummary` comes back. A trace on standard
+input (`-`) is read by this process before a pool's workers fork, which are given
+what it read (`inputs.STDIN`). Errors are the
 loader's (`TraceError`, `VersionError`), raised in the worker and re-raised here as
 they are (both pickle), and the report reader's (`ReportError`); a worker that dies
 is a `DiffInputError` too. Every text taken from an input (paths, trace names,
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
+from ..inputs import STDIN
 from ..replay import DEFAULT_CORE, replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
@@ -221,6 +224,9 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     try:
         for spec in (base, head):
             load_version(spec)  # an unknown engine fails here, before any replay
+        if STDIN in paths and jobs > 1:
+            # standard input read here, before a pool's workers fork and are given it
+            load_checked(STDIN, max_tokens=max_tokens, max_nodes=max_nodes)
         # the parent holds every run's summary at once: each its share of the budget
         held = None if max_memory is None else max_memory // (2 * len(paths))
         summaries = run_units([Unit(p, e, backend, max_tokens, max_memory, core, max_nodes,

@@ -9,8 +9,10 @@ Invariants:
   `random_trace(task.seed)`, the replay is deterministic and so is the shrinking, so
   a run gives the same outcome here, in a process pool or on a cluster, and any
   finding is reproducible from its seed;
-- every run's seed is one `kpool fuzz --seed` takes (0..`RUN_SEED_MAX`: `run_seed`
-  wraps past it), so the command a shrunk trace's description gives is accepted;
+- every run's seed is one `kpool fuzz --seed` and `kpool gen random --seed` take
+  (0..`SEED_MAX`, the bound of a trace's `seed`, trace/format.py: `run_seed` wraps
+  past it), so the command a shrunk trace's description gives is accepted, and run
+  r's trace is the one `kpool gen random --seed` writes for its seed;
 - engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an
   invariant of kpool's own model broken, or an exception escaping the replay) are
   kept apart: findings are what fuzzing looks for, defects are kpool's bugs; every
@@ -34,7 +36,7 @@ needs values, is not seen; `--backend numba` (or numpy) adds it at a higher cost
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -49,7 +51,9 @@ from ..diff.compare import compare
 from ..diff.summary import from_records
 from ..engine.context import UbatchContext
 from ..replay import Replayer
+from ..signals import held
 from ..trace import model as m
+from ..trace.format import SEED_MAX
 from ..trace.load import TraceError, load_trace_text
 from ..trace.write import dump_trace
 from ..verdict.codes import CODES
@@ -66,13 +70,11 @@ INV_CRASH = "INV-exception"  # an exception escaped the replay
 INV_CORE = "INV-core"  # the compiled core's records differ from the reference core's
 NOT_FINDINGS = frozenset({kp006_decode_rejected.CODE.code})
 
-RUN_SEED_MAX = 2**62  # the largest seed a run has (`kpool fuzz --seed`'s bound)
-
-
 def run_seed(seed: int, r: int) -> int:
-    """Run r's seed: `seed + r`, wrapped to 0 past RUN_SEED_MAX, so that it is a seed
-    `--seed` takes (`found_by` gives it as the command that runs it again)."""
-    return (seed + r) % (RUN_SEED_MAX + 1)
+    """Run r's seed: `seed + r`, wrapped to 0 past SEED_MAX, so that it is a seed
+    `--seed` takes (`found_by` gives it as the command that runs it again), and `kpool
+    gen random --seed` too."""
+    return (seed + r) % (SEED_MAX + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,30 +470,32 @@ def tasks_for(engine: str, runs: int, seed: int, backend: str = "none",
 
 def campaign(tasks: Sequence[FuzzTask],
              runner: Callable[[Callable[[FuzzTask], FuzzOutcome], Sequence[FuzzTask]],
-                              Iterable[FuzzOutcome]]) -> Iterator[Progress]:
+                              Iterable[FuzzOutcome]]) -> Generator[Progress, None, None]:
     """Run `tasks` through `runner` (e.g. `lambda fn, us: workers.in_order(fn, us, 2)`),
     yielding the totals after each outcome. The first (lowest seed) run of each new
-    (code, signature) is run again with shrinking, here: only those are shrunk."""
+    (code, signature) is run again with shrinking, here: only those are shrunk. A run
+    is counted whole or not at all: a signal (Ctrl-C) that comes while the totals take
+    it is raised once they have, so the totals a caller holds are those of the runs
+    done, each with its shrunk findings."""
     p = Progress()
     for i, o in enumerate(runner(fuzz_one, tasks)):  # the outcomes come in task order
-        p.runs += 1
-        p.rejected += o.rejected
-        new = []
         keys = list(o.findings) + [(c, s) for c, s, _ in o.defects]
-        for k in keys:
-            p.counts[k] = p.counts.get(k, 0) + 1
-        for k, engines in o.versions:
-            p.versions.setdefault(k, set()).update(engines)
         fresh = [k for k in keys if k not in p.first]
         if fresh:
             task = tasks[i]
             full = fuzz_one(dataclasses.replace(task, shrink=True)) if not task.shrink else o
+        with held():
+            p.runs += 1
+            p.rejected += o.rejected
+            for k in keys:
+                p.counts[k] = p.counts.get(k, 0) + 1
+            for k, engines in o.versions:
+                p.versions.setdefault(k, set()).update(engines)
             for k in fresh:
                 p.first[k] = full
-                new.append(k)
-        for c, s, msg in o.defects:
-            p.defects.setdefault((c, s), (o.seed, msg))
-        p.new = tuple(new)
+            for c, s, msg in o.defects:
+                p.defects.setdefault((c, s), (o.seed, msg))
+            p.new = tuple(fresh)
         yield p
 
 

@@ -46,14 +46,18 @@ class FuzzBar:
 
 
 def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str],
-                   engine: str, seconds: float, earlier: tuple[str, int] = ("", 0)) -> None:
+                   engine: str, seconds: float, earlier: tuple[str, int] = ("", 0),
+                   stopped: tuple[str, int] | None = None) -> None:
     """The campaign's table: one row per (code, signature), or two lines per finding
     when a row with its file name whole would not fit the width; under `--engine all`,
     a line per finding with the versions that show it. `earlier`: the output folder
     and the traces it held before that this run did not write again, said last (a
-    `kpool check` of the folder reads them too)."""
+    `kpool check` of the folder reads them too). `stopped`: how a signal ended the
+    campaign (`interrupted`, `terminated`) and the runs it was to make, said first."""
+    runs = (f"{t.runs} runs" if stopped is None
+            else f"{stopped[0]} after {t.runs} of {stopped[1]} runs")
     console.print(Flow(hang=2).words(
-        f"kpool fuzz: {t.runs} runs under {visible(engine)} in {seconds:.1f} s; "
+        f"kpool fuzz: {runs} under {visible(engine)} in {seconds:.1f} s; "
         f"{t.rejected} with a refused decode (KP006, not a finding)"))
     if not t.counts:
         console.print("no finding, no defect")

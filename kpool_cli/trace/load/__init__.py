@@ -29,7 +29,7 @@ How and why:
   rules, slots written before they are read, and `expect` placement.
 - Every problem found is reported (up to `MAX_PROBLEMS`, sorted by position), not
   just the first; the version is read first, so a trace of another version gets one
-  problem.
+  problem, which says the rest was not checked (`walk`).
 - A `pos` range `A..B` is checked arithmetically before it is built, against the
   tokens left and against the cache (`decode`).
 - The cyclic garbage collector is paused while loading: the node graph and the

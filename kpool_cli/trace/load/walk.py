@@ -5,8 +5,10 @@ Owns: `_Walker` (a `Trace` from the root node, or problems) and `_READ`, how the
 walk reads a field of each declared type (`trace.format`).
 
 Invariants:
-- The version is read first: a trace of another version gets one problem, and
-  nothing else is checked.
+- The version is read first: a trace of another version gets one problem, which
+  says that nothing else was checked. What a trace may hold is its version's (this
+  kpool knows format v1 alone): v1's rules would word a newer format's fields as
+  errors, and an older one's as well, so the rest is not checked against them.
 - The cache block is read before the ops, so the ops are checked against its
   values.
 - The trace's default engine is a registered version only: a trace is data and runs
@@ -76,7 +78,9 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
             # Nothing else is checked: another version's fields would only add noise.
             self.fatal(
                 node, "kpool_trace",
-                f"unsupported format version {v}, this kpool reads {FORMAT_VERSION}",
+                f"unsupported format version {v}, this kpool reads {FORMAT_VERSION}: the "
+                "rest of the trace was not checked, since what a trace may hold depends "
+                "on its version",
             )
 
     # -- a declared field, by its type (`_READ`)

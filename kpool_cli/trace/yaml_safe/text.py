@@ -1,12 +1,15 @@
-"""A trace's text, read bounded: from a file (`read_trace_file`: the file's name, its
-text and the sha256 of its bytes) or as given (`encode_trace_text`: the sha256 of
-the text encoded as UTF-8).
+"""A trace's text, read bounded: from a file or standard input (`read_trace_file`:
+the name a message gives it, its text and the sha256 of its bytes) or as given
+(`encode_trace_text`: the sha256 of the text encoded as UTF-8).
 
 Invariants:
 - At most `MAX_BYTES` are read: a larger file is refused unread, a larger text
   before it is hashed.
+- Standard input (the path `-`, `inputs.STDIN`) is read as a file is, under the same
+  bound, and named `<stdin>` (`inputs.input_name`) in problems and in the trace.
 - A file that cannot be read (an empty path, missing, a directory, a FIFO, not
-  UTF-8, too large) or a text that cannot be encoded (lone surrogates) raises
+  UTF-8, too large; a terminal on stdin) or a text that cannot be encoded (lone
+  surrogates) raises
   `TraceError`, never anything else, with one problem of field `<file>` and no
   position.
 """
@@ -16,17 +19,18 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from kpool_cli.inputs import InputRefused, InputTooLarge, read_input
+from kpool_cli.inputs import InputRefused, InputTooLarge, input_name, read_input
 
 from . import limits
 from .problems import Problem, TraceError
 
 
 def read_trace_file(path: str | Path) -> tuple[str, str, str]:
-    """(file, text, sha256 of the bytes) of the trace at `path`, at most `MAX_BYTES`
-    read. Raises `TraceError`, never anything else, for a file that cannot be read
-    (missing, a directory, not UTF-8, too large)."""
-    file = str(path)
+    """(file, text, sha256 of the bytes) of the trace at `path` (`-`: standard input,
+    whose file is `<stdin>`), at most `MAX_BYTES` read. Raises `TraceError`, never
+    anything else, for a file that cannot be read (missing, a directory, not UTF-8,
+    too large)."""
+    file = input_name(path)
     if not file:
         raise TraceError([Problem("''", 0, 0, "<file>", "the trace path is empty")])
     try:

@@ -1,0 +1,201 @@
+"""Four surprises of a newcomer walking the README: no `-` for a trace on stdin, no
+summary when Ctrl-C ends `kpool fuzz`, `kpool validate` silent on why it stopped at a
+trace's version, and `--seed` bounded one way by `kpool fuzz` and another by `kpool
+gen random`. Each test runs `kpool` as a user would and asserts what they see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pty
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from test_untrusted import KPOOL, RACE, kpool, write
+
+from kpool_cli.cli.fuzz import fuzz_cmd
+from kpool_cli.cli.gen import gen_cmd
+from kpool_cli.gen.fuzz import tasks_for
+from kpool_cli.gen.random_trace import random_trace
+from kpool_cli.trace.format import SEED_MAX
+from kpool_cli.trace.load import MAX_BYTES, load_trace_text
+from kpool_cli.trace.write import dump_trace
+
+# -- 1. `-`: one trace on standard input ---------------------------------------------------
+
+
+def test_a_generated_trace_piped_into_replay_is_the_file_replayed(tmp_path: Path) -> None:
+    """`kpool gen random | kpool replay -` replays what `gen` wrote: the report is the
+    file's, named `<stdin>`, with the sha256 of the bytes piped in."""
+    gen = kpool("gen", "random", "--seed", "3")
+    assert gen.returncode == 0, gen.stderr
+    t = tmp_path / "g.yaml"
+    t.write_text(gen.stdout)
+    piped = kpool("replay", "-", "--format", "json", "--backend", "none", input=gen.stdout)
+    given = kpool("replay", str(t), "--format", "json", "--backend", "none")
+    assert piped.returncode == given.returncode == 0, piped.stderr
+    a, b = json.loads(piped.stdout), json.loads(given.stdout)
+    assert a["trace"]["path"] == "<stdin>"
+    assert a["trace"]["sha256"] == hashlib.sha256(gen.stdout.encode()).hexdigest()
+    assert a["ubatches"] == b["ubatches"] and a["summary"] == b["summary"]
+
+
+def test_an_invalid_trace_on_stdin_is_located_at_stdin(tmp_path: Path) -> None:
+    """Line 2, column 28 is the `9` of `kpool: 9` (counted by hand)."""
+    text = "kpool_trace: 1\ncache: {kv_size: 4, kpool: 9}\nops: []\n"
+    for cmd in ("replay", "validate", "check"):
+        r = kpool(cmd, "-", input=text, cwd=tmp_path)
+        assert r.returncode == 2, (cmd, r.stderr)
+        assert "<stdin>:2:28: cache.kpool: out of range" in r.stdout + r.stderr, cmd
+        assert "Traceback" not in r.stderr
+
+
+def test_stdin_is_bounded_as_a_file_is(tmp_path: Path) -> None:
+    """One byte past MAX_BYTES is refused, as a file of that size is; --max-tokens too."""
+    r = subprocess.run([*KPOOL, "validate", "-"], input=b" " * (MAX_BYTES + 1),
+                       capture_output=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2
+    assert f"<stdin>: the trace is larger than {MAX_BYTES >> 20} MiB" in r.stdout.decode()
+    tokens = ("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+              "  - decode: {seq: 0, pos: 0..8}\n")
+    r = kpool("replay", "-", "--max-tokens", "4", input=tokens, cwd=tmp_path)
+    assert r.returncode == 2
+    # column 27: the `0` of `pos: 0..8`
+    assert ("<stdin>:4:27: ops[0].decode.pos: more than 4 tokens in the trace (8 here, "
+            "0 before)") in r.stderr, r.stderr
+
+
+def test_a_terminal_on_stdin_is_refused_not_waited_on(tmp_path: Path) -> None:
+    main, child = pty.openpty()
+    try:
+        r = subprocess.run([*KPOOL, "replay", "-"], stdin=child, capture_output=True,
+                           text=True, cwd=tmp_path, timeout=120)
+    finally:
+        os.close(main)
+        os.close(child)
+    assert r.returncode == 2
+    assert "kpool: <stdin>: cannot read the trace: it is a terminal" in r.stderr
+
+
+def test_no_output_lands_on_stdin(tmp_path: Path) -> None:
+    """stdin is an input: the file it is open on is never written, nor is stdin."""
+    t = write(tmp_path / "t.yaml", RACE.read_text())
+    before = t.read_bytes()
+    with open(t) as stdin:
+        r = kpool("replay", "-", "-o", str(t), stdin=stdin, cwd=tmp_path)
+    assert r.returncode == 2 and "is the input <stdin>" in r.stderr
+    assert t.read_bytes() == before
+    r = kpool("replay", str(RACE), "-o", "/dev/stdin", cwd=tmp_path, input="")
+    assert r.returncode == 2 and "names standard input" in r.stderr
+    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "1", "-o", "-", cwd=tmp_path)
+    assert r.returncode == 2 and "-o -: standard output cannot take a folder" in r.stderr
+    assert not (tmp_path / "-").exists()
+
+
+def test_dash_is_stdin_and_dot_slash_dash_a_file(tmp_path: Path) -> None:
+    (tmp_path / "-").write_text("not a trace")
+    r = kpool("validate", "-", input=RACE.read_text(), cwd=tmp_path)
+    assert r.returncode == 0 and "ok      <stdin>" in r.stdout, r.stdout
+    r = kpool("validate", "./-", input=RACE.read_text(), cwd=tmp_path)
+    assert r.returncode == 2 and "INVALID ./-" in r.stdout
+
+
+def test_check_and_diff_take_a_trace_on_stdin_also_on_a_pool(tmp_path: Path) -> None:
+    """With -j 2 the workers are forked after kpool read stdin: they replay what it
+    read (the pipe is empty by then), so the diff is the file's."""
+    r = kpool("check", "-", "-j", "2", input=RACE.read_text(), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "PASS    <stdin> under rep-once" in r.stdout
+    assert "PASS    <stdin> under cache-safe" in r.stdout
+    piped = kpool("diff", "-", "-j", "2", "--format", "json", input=RACE.read_text(),
+                  cwd=tmp_path)
+    given = kpool("diff", str(RACE), "--format", "json", cwd=tmp_path)
+    assert piped.returncode == given.returncode == 0, piped.stderr
+    a, b = json.loads(piped.stdout), json.loads(given.stdout)
+    assert a["summary"] == b["summary"] and a["summary"]["findings_fixed"] == {"KP001": 2}
+    assert a["traces"][0]["differences"] == b["traces"][0]["differences"]
+
+
+# -- 2. Ctrl-C in kpool fuzz -------------------------------------------------------------
+
+
+def test_ctrl_c_in_fuzz_prints_the_runs_done_and_exits_130(tmp_path: Path) -> None:
+    """SIGINT once the first shrunk trace is written (run 0, seed 0, has KP001 on a
+    coupled decode): the summary of the runs done, then `kpool: interrupted`, 130;
+    every file in the folder is whole and named by the summary."""
+    out = tmp_path / "found"
+    runs = 1_000_000
+    p = subprocess.Popen([*KPOOL, "fuzz", "--engine", "cache-safe", "--runs", str(runs),
+                          "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.yaml")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr
+    assert stderr.splitlines()[-1] == "kpool: interrupted"
+    m = re.match(r"kpool fuzz: interrupted after (\d+) of (\d+) runs", stdout)
+    assert m is not None, stdout
+    assert 1 <= int(m.group(1)) < runs and int(m.group(2)) == runs
+    assert re.search(r"KP001 +\d+ +0 +decode-coupled/shared", stdout), stdout
+    left = sorted(os.listdir(out))
+    assert left and not [n for n in left if n.startswith(".")], left  # no temporary
+    for name in left:
+        assert name in stdout
+        load_trace_text((out / name).read_text())
+
+
+# -- 3. a trace of another version -----------------------------------------------------
+
+
+def test_validate_says_the_rest_of_a_trace_of_another_version_was_not_checked(
+        tmp_path: Path) -> None:
+    t = write(tmp_path / "v2.yaml", """\
+        kpool_trace: 2
+        cache: {kv_size: 4, kpool: 9}
+        ops: 3
+        """)
+    r = kpool("validate", str(t), cwd=tmp_path)
+    assert r.returncode == 2
+    problems = [line for line in r.stdout.splitlines() if line.startswith("  ")]
+    assert problems == [
+        f"  {t}:1:14: kpool_trace: unsupported format version 2, this kpool reads 1: the "
+        "rest of the trace was not checked, since what a trace may hold depends on its "
+        "version"]
+
+
+# -- 4. one bound for --seed -----------------------------------------------------------
+
+
+def _seed_bounds(command) -> tuple[int, int]:
+    seed = next(p for p in command.params if p.name == "seed")
+    return seed.type.lo, seed.type.hi
+
+
+def test_fuzz_and_gen_random_take_the_same_seeds() -> None:
+    assert _seed_bounds(fuzz_cmd) == _seed_bounds(gen_cmd.commands["random"]) == (0, SEED_MAX)
+
+
+def test_every_fuzz_run_is_a_trace_gen_random_writes(tmp_path: Path) -> None:
+    """From the top seed, runs 0, 1, 2 are seeds SEED_MAX, 0, 1 (wrapped), each one
+    `kpool gen random --seed` takes and writes the run's trace for."""
+    tasks = tasks_for("cache-safe", 3, SEED_MAX)
+    assert [t.seed for t in tasks] == [SEED_MAX, 0, 1]
+    for task in tasks:
+        r = kpool("gen", "random", "--seed", str(task.seed), cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        unnamed = dataclasses.replace(load_trace_text(r.stdout), name="", description="")
+        assert dump_trace(unnamed) == dump_trace(
+            dataclasses.replace(random_trace(task.seed), name=""))
+    r = kpool("fuzz", "--engine", "cache-safe", "--seed", str(SEED_MAX), "--runs", "2",
+              "-o", str(tmp_path / "found"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("kpool fuzz: 2 runs under cache-safe")
+
