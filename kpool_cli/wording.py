@@ -17,6 +17,10 @@ Owns:
 - `pools(pairs)`: pools as `seq:k`, three or more consecutive pools of one sequence
   as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
 - `code(code, name)`: a finding code with its name: `KP001 scatter-race`;
+- `count(n)`: a count as the text views show it: grouped by thousands from
+  GROUPED_FROM on (`12,345`), bare below (`1247`); a number that names a place in a
+  trace (a position, a cell, a row, an index, an op, a seed) is never grouped;
+  `code_count(code, n)`: how many findings of a code: `KP001 x12`;
 - `units(text)`: where a wrapped line may break, so that no view splits a stale
   position, a token, a count or a label from its value across lines; `fit` and
   `fit_line`: a line broken there to a width (`kpool check`'s lines, and the
@@ -51,6 +55,8 @@ paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 'seq 0 from pos 12, seq 1 from pos 0'
 >>> pools([(0, 0), (0, 1), (0, 2), (1, 0), (1, 2)])
 '0:0..3 1:0 1:2'
+>>> count(1247), count(12345), count(1048576)
+('1247', '12,345', '1,048,576')
 """
 
 from __future__ import annotations
@@ -240,6 +246,29 @@ def writer(w: tuple[int, int]) -> str:
 def code(code: str, name: str = "") -> str:
     """A finding code with its name (`KP001 scatter-race`), the code alone without."""
     return f"{code} {name}" if name else code
+
+
+# -- numbers -------------------------------------------------------------------------------
+
+# a count of this many or more is grouped by thousands in the text views and pages
+# (`12,345`, `1,048,576`); a smaller one is not (`1247` reads at once, and stays short
+# in `1247 -> 634`)
+GROUPED_FROM = 10_000
+
+
+def count(n: int) -> str:
+    """A count (ubatches, tokens, pools, entries, cells scanned, findings, runs, and a
+    bound on one) as the text views and pages show it: grouped by thousands from
+    GROUPED_FROM on (`12,345`), bare below (`1247`). A number that names a place in a
+    trace (a position, a cell, a row, a ubatch or op index, a seed, a cache setting)
+    is never grouped: it is shown as the trace and the JSON report write it, to be
+    found there. The JSON, JUnit and SARIF formats write every number bare."""
+    return f"{n:,}" if abs(n) >= GROUPED_FROM else str(n)
+
+
+def code_count(code: str, n: int) -> str:
+    """How many findings of `code`: `KP001 x12`, `KP001 x12,345` (`count`)."""
+    return f"{code} x{count(n)}"
 
 
 # -- where a line may break ----------------------------------------------------------------

@@ -14,12 +14,19 @@ must have
   command split across a line break, and no word broken at its hyphen
   (`half-` / `open`, `cache-` / `safe`); in help texts no `code span` either;
 - no word that the same command at 200 columns does not print (a word rich folded
-  or cut with an ellipsis), for the commands run at both widths;
+  or cut with an ellipsis), for the commands run at both widths, and nothing cut with
+  an ellipsis (`…`) at all;
+- no sparkline broken across lines: `base ▂▅█  head ▂▃▃` stays on its line, its
+  marks whole and with their label, and `per ubatch` (`most of each 2 ubatches`)
+  in one piece;
 - for `kpool explain CODE`, its one-line explanation and its `Example (under ...)`
   heading indented when they wrap.
 
-Not covered: the plain replay and diff views piped (one line per ubatch or trace by
-design, for grep).
+`kpool diff` runs on every shipped trace and on traces whose names take more than a
+third of the width (`LONG`) too, and its runs are also checked at 60 columns: the
+same checks at that width, but for the words of 200 columns (its sparklines fold to
+the width left, and say so). Not covered: the plain replay and diff views piped (one
+line per ubatch or trace by design, for grep).
 The commands run as concurrent children (JOBS at a time, no threads): about 30 s
 on two idle cores. `test_the_checks_catch_what_they_are_for` shows each check
 failing on the defect it is for.
@@ -48,6 +55,7 @@ from rich.cells import cell_len
 from kpool_cli.gen.scenarios import SCENARIOS
 from kpool_cli.verdict.codes import CODES
 from kpool_cli.versions import VERSIONS
+from kpool_cli.wording import SPARKS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted((ROOT / "traces").glob("*.yaml"))
@@ -55,9 +63,15 @@ RACE = ROOT / "traces" / "shared-prefix-race.yaml"
 GOOD_EXPECT = "- expect: {engine: cache-safe, findings: [KP001], n_new: 6}"
 BAD_EXPECT = "- expect: {engine: cache-safe, findings: [], n_new: 5}"
 BROKEN = "failing/shared-prefix-race-broken.yaml"  # relative to the scratch folder
+# scratch traces whose summary labels take more than a third of 80 columns: one has
+# no name (its path labels it), the other a long one; each fits 60 columns whole
+LONG = {"long/shared-prefix-race-from-the-staging-server.yaml": (RACE, None),
+        "long/seq-keep.yaml": (ROOT / "traces" / "seq-keep.yaml",
+                               "seq-keep-after-the-server-restarted-its-two-slots")}
 
 WIDTH = 80
 WIDE = 200  # the width whose words a run at 80 columns is compared with
+NARROW = 60  # `kpool diff` is also run at this width
 TIMEOUT = 240.0  # seconds for every run together (a hang fails, never blocks)
 JOBS = max(2, min(4, os.cpu_count() or 2))
 
@@ -70,13 +84,16 @@ COMMANDS = ("replay", "diff", "check", "fuzz", "validate", "gen", "explain", "sc
 # split across " " (the parts of a multi-word unit on two lines) ...
 SPACED = [re.compile(p) for p in (
     r"seq \d+ from pos \d+", r"KP\d{3} x\d+", r"pos \d+ seq \d+", r"\b\d+ x\d+\b",
-    r"kpool (?:" + "|".join(COMMANDS) + r")\b", r"kpool explain KP\d{3}")]
+    r"kpool (?:" + "|".join(COMMANDS) + r")\b", r"kpool explain KP\d{3}",
+    r"per ubatch\b", r"most of each \d+ ubatches")]
 CODE_SPAN = re.compile(r"`[^`]+`")
 # ... or inside a word (its two halves joined without a space)
 CODE = re.compile(r"KP\d{3}")
 WHOLE = sorted({*VERSIONS, *(str(p.relative_to(ROOT)) for p in
-                             (ROOT / "traces").rglob("*.yaml")), BROKEN}, key=len,
-               reverse=True)
+                             (ROOT / "traces").rglob("*.yaml")), BROKEN, *LONG,
+                *(name for _, name in LONG.values() if name)}, key=len, reverse=True)
+MARKS = f"[{SPARKS}]"
+RULES = "".join(chr(c) for c in range(0x2500, 0x2580))  # box drawing, not the marks
 
 
 @dataclass
@@ -102,6 +119,8 @@ def _runs() -> list[Run]:
              Run("check failing", ("check", "--no-config", BROKEN), in_scratch=True),
              Run("diff", ("diff", "traces/shared-prefix-race.yaml",
                           "traces/coupled-rep-conflict.yaml")),
+             Run("diff every trace", ("diff", *(str(p.relative_to(ROOT)) for p in TRACES))),
+             Run("diff long names", ("diff", *LONG), in_scratch=True),
              Run("fuzz", ("fuzz", "--engine", "cache-safe", "--runs", "80", "--seed", "1",
                           "-o", "fuzz"), in_scratch=True),
              # first seeds of 13 digits: the table cannot keep its file column
@@ -116,12 +135,14 @@ def _runs() -> list[Run]:
                                             "fuzz big"))]
     # words at 200 columns, for the runs compared with them
     wide = [Run(r.key, r.argv, r.in_scratch, cols=WIDE) for r in runs if r.key in COMPARED]
-    return runs + piped + wide
+    narrow = [Run(r.key, r.argv, r.in_scratch, cols=NARROW) for r in runs if r.key in DIFFS]
+    return runs + piped + wide + narrow
 
 
 VALUES = {"coupled-rep-conflict.yaml", "partial-copy.yaml", "shared-prefix-race.yaml",
           "seq-add-drift.yaml"}
-COMPARED = {"check", "check failing", "fuzz", "diff", "explain KP001",
+DIFFS = {"diff", "diff every trace", "diff long names"}  # also run at NARROW columns
+COMPARED = {"check", "check failing", "fuzz", *DIFFS, "explain KP001",
             "explain KP004", *(f"replay {n}" for n in (*VALUES, "seq-keep.yaml"))}
 RUNS = _runs()
 TOO_WIDE: dict[str, str] = {}  # run key -> why it is known not to fit (xfail)
@@ -221,6 +242,11 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, bool, int],
     for kind in ("terminal", "piped", "wide"):  # a folder each: the same paths printed
         (scratch / kind / BROKEN).parent.mkdir(parents=True)
         (scratch / kind / BROKEN).write_text(text.replace(GOOD_EXPECT, BAD_EXPECT))
+        for path, (source, name) in LONG.items():
+            (scratch / kind / path).parent.mkdir(parents=True, exist_ok=True)
+            named = re.sub(r"(?m)^name: .*\n", "" if name is None else f"name: {name}\n",
+                           source.read_text())
+            (scratch / kind / path).write_text(named)
     runs = [Run(r.key, r.argv, r.in_scratch, r.piped, r.cols, r.help) for r in RUNS]
 
     def cwd_of(r: Run) -> Path:
@@ -256,7 +282,7 @@ class Screen:
     too_wide: list[str]
 
 
-def screen(out: str) -> Screen:
+def screen(out: str, width: int = WIDTH) -> Screen:
     rows: list[list[str]] = [[]]
     too_wide: list[str] = []
     y = x = 0
@@ -308,7 +334,7 @@ def screen(out: str) -> Screen:
             row.extend(" " * (x + 1 - len(row)))
             row[x] = c
             x += 1
-            if cell_len("".join(row[:x])) == WIDTH + 1:
+            if cell_len("".join(row[:x])) == width + 1:
                 too_wide.append("".join(row).rstrip())
     return Screen(["".join(r).rstrip() for r in rows], too_wide)
 
@@ -370,14 +396,19 @@ def _crossing(lines: list[str], sep: str, patterns, literals=()) -> list[str]:
 
 
 def problems(out: str, *, help_text: bool = False, whole: tuple[str, ...] = (),
-             wide: str | None = None) -> list[str]:
-    """What is wrong with `out` at 80 columns (empty: nothing)."""
-    scr = screen(out)
-    bad = [f"past column {WIDTH}: {row!r}" for row in scr.too_wide]
+             wide: str | None = None, width: int = WIDTH) -> list[str]:
+    """What is wrong with `out` at `width` columns (empty: nothing)."""
+    scr = screen(out, width)
+    bad = [f"past column {width}: {row!r}" for row in scr.too_wide]
     final = scr.rows
+    bad += [f"cut with an ellipsis: {row.strip()!r}" for row in final if "…" in row]
     for a, b in itertools.pairwise(final):
         if re.search(r"\w-$", _bare(a)) and re.match(r"\w", _bare(b)):
             bad.append(f"broken at a hyphen: {_bare(a)[-30:]!r} / {_bare(b)[:30]!r}")
+        # a line ending in a sparkline's label or marks, the next going on with marks
+        end, start = a.rstrip(" " + RULES), b.lstrip(" " + RULES)
+        if re.search(rf"(?:\b(?:base|head)|{MARKS})$", end) and re.match(MARKS, start):
+            bad.append(f"a sparkline broken across lines: {end[-30:]!r} / {start[:30]!r}")
     spaced = SPACED + ([CODE_SPAN] if help_text else [])
     bad += [f"split: {t!r}" for t in _crossing(final, " ", spaced)]
     bad += [f"split inside: {t!r}" for t in _crossing(final, "", [CODE], (*WHOLE, *whole))]
@@ -424,6 +455,7 @@ def _marks(r: Run) -> list:
 
 TERMINAL = [pytest.param(r, id=r.key, marks=_marks(r)) for r in RUNS
             if not r.piped and r.cols == WIDTH]
+NARROWED = [pytest.param(r, id=r.key) for r in RUNS if r.cols == NARROW]
 PIPED = [pytest.param(r, id=r.key) for r in RUNS if r.piped]
 
 
@@ -433,12 +465,12 @@ def _check(ran: dict, r: Run) -> None:
     assert "Traceback" not in got.out and "internal error" not in got.out, got.out[-2000:]
     assert len(shown(got.out)) > 2, got.out
     whole = tuple(ran[FUZZ_FILES].out.split()) if r.key.startswith("fuzz") else ()
-    wide = ran.get((r.key, False, WIDE))
+    wide = ran.get((r.key, False, WIDE)) if r.cols == WIDTH and not r.piped else None
     bad = problems(got.out, help_text=r.help, whole=whole,
-                   wide=wide.out if wide is not None and not r.piped else None)
+                   wide=wide.out if wide is not None else None, width=r.cols)
     if r.key.startswith("explain KP"):
         bad += unindented(got.out)
-    assert not bad, (f"kpool {' '.join(r.argv)} at 80 columns:\n  " + "\n  ".join(bad)
+    assert not bad, (f"kpool {' '.join(r.argv)} at {r.cols} columns:\n  " + "\n  ".join(bad)
                      + "\n\n" + "\n".join(shown(got.out)))
 
 
@@ -452,6 +484,11 @@ def test_piped_with_columns_80(ran, r: Run) -> None:
     _check(ran, r)
 
 
+@pytest.mark.parametrize("r", NARROWED)
+def test_diff_on_a_terminal_of_60_columns(ran, r: Run) -> None:
+    _check(ran, r)
+
+
 def test_every_run_ran(ran) -> None:
     """The fuzz runs found something to tabulate, the failing check failed, and the
     big seeds took the table's two-line form (its file under its finding)."""
@@ -459,6 +496,21 @@ def test_every_run_ran(ran) -> None:
     assert ran[("check failing", False, WIDTH)].rc == 1
     big = shown(ran[("fuzz big seeds", False, WIDTH)].out)
     assert any(re.fullmatch(r"\s+KP\d{3}_\S+\.yaml", line.rstrip()) for line in big)
+    # the diff's summaries: every trace's name whole, in the trace column at 80
+    # columns, on a line of its own at 60 (and for the long names, at 80 too); the
+    # sparklines of the 15 ubatches of server-session unfolded at 80 columns
+    for cols, alone in ((WIDTH, False), (NARROW, True)):
+        lines = shown(ran[("diff every trace", False, cols)].out)
+        for p in TRACES:
+            name = p.stem
+            assert any(line.split()[:1] == [name] and (len(line.split()) == 1) == alone
+                       for line in lines), (cols, name)
+        assert alone or any(re.search(rf"base {MARKS}{{15}}  head {MARKS}{{15}}", line)
+                            for line in lines)
+    for cols in (WIDTH, NARROW):
+        lines = [line.strip() for line in shown(ran[("diff long names", False, cols)].out)]
+        assert {*LONG} - {"long/seq-keep.yaml"} <= {*lines}
+        assert LONG["long/seq-keep.yaml"][1] in lines
 
 
 # -- the checks themselves -------------------------------------------------------------
@@ -480,6 +532,18 @@ def test_the_checks_catch_what_they_are_for() -> None:
     assert not problems("stale seq 0 from pos 0,\n     seq 1 from pos 0 · KP001 x2\n"
                         "traces/seq-keep.yaml under rep-once", wide="stale seq 0 from pos "
                         "0, seq 1 from pos 0 · KP001 x2 traces/seq-keep.yaml under rep-once")
+    # a sparkline broken from its label, its marks folded, its note split, a cut name
+    assert problems(" clear   pools marked   base ▄▆▆▆█▄▁  head\n"
+                    "                        ▄▄▁▁▄▄▁  per ubatch")
+    assert problems(" clear   pools marked   base ▄▆▆▆█▄▁▁▁▁\n"
+                    "                        ▁▁▁  head ▄▄")
+    assert problems(" clear   pools marked   base ▄▆▆▆█▄▁  head ▄▄▁▁▄▄▁  per\n"
+                    "                        ubatch")
+    assert problems(" speculative-no-roll…  same behaviour")
+    assert problems("x" * 61, width=NARROW) and not problems("x" * 61)
+    assert not problems(" clear\n   pools marked   base ▄▆▆▆█▄▁  head ▄▄▁▁▄▄▁  per ubatch\n"
+                        "   cells scanned  base ▇█▂▂▂▇▂  head ▄▅▂▂▂▄▂\n"
+                        "                    most of each 2 ubatches")
     # a table's row ends in its last column; the next row starts in its first
     table = " op 1      stale seq 0 from pos 0,   stale seq 1 from pos 0\n seq 1 pos 12"
     assert not problems(table)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_view import BIG
 
 from kpool_cli.cli import cli
 from kpool_cli.diff.compare import DiffResult, EventDiff, compare
@@ -365,7 +366,14 @@ def test_the_rich_view_fits_the_terminal(width):
     assert "base: cache-safe" in text and "head: rep-once" in text
     assert "the runs part here" in text
     assert "fixed: KP001 scatter-race" in text
-    assert "17 -> 8 (0.47x)" in text  # shared-prefix-race's pools re-pooled
+    # shared-prefix-race's pools re-pooled in its summary row: `17 -> 8` whole, its
+    # ratio after it at 200 columns; at 80, where the outcome column keeps its lines
+    # whole (`2/3 ubatches and 1 event`), the ratio takes the line under the counts
+    lines = [line.rstrip() for line in text.splitlines()]
+    row = next(i for i, line in enumerate(lines) if line.split()[:1] == ["shared-prefix-race"])
+    assert "17 -> 8 (0.47x)" in lines[row] if width == 200 else \
+        re.search(r"\b17 -> 8 +58 -> 32$", lines[row]) and "(0.47x)" in lines[row + 1]
+    assert "2/3 ubatches and 1 event" in lines[row + 1]
     assert "REGRESSION (exit 1)" in text
 
 
@@ -384,6 +392,28 @@ def test_the_rich_view_wraps_its_cells_between_units_at_80_columns():
     # op 1's and op 3.0's stale positions, both sides
     assert sum(ln.count("seq 1 from pos 0") for ln in lines) == 4
     assert sum(ln.count("fixed: KP001 scatter-race") for ln in lines) == 2
+
+
+def test_both_views_group_counts_from_10_000(tmp_path):
+    """`wording.count` in the diff's views: one sequence decodes 12,000 tokens in one
+    ubatch, a token a pool (kpool 1), so each engine marks all 12,000 pools, new ones:
+    `12,000 -> 12,000 (1.00x)` pools re-pooled, and a sparkline of one ubatch a side.
+    The trace's positions (`pos 0..12000`) are never grouped."""
+    path = tmp_path / "big.yaml"
+    path.write_text(BIG)
+    r = _result(str(path))
+    buf = io.StringIO()
+    write_diff_plain(buf, r)
+    plain = buf.getvalue()
+    assert "pools re-pooled 12,000 -> 12,000 (1.00x)" in plain
+    assert "big: pools marked (per ubatch): base 12,000; head 12,000\n" in plain
+    assert "all traces: pools re-pooled 12,000 -> 12,000 (1.00x)" in plain
+    buf = io.StringIO()
+    write_diff_rich(make_console(buf, Manners(True, False, 80)), r)
+    rich = [" ".join(line.split()) for line in buf.getvalue().splitlines()]
+    assert any(line.startswith("big same behaviour 12,000 -> 12,000 (1.00x)") for line in rich)
+    assert "all traces 12,000 -> 12,000 (1.00x)" in " ".join(rich)
+    assert "big pools marked base █ head █ per ubatch" in rich
 
 
 def test_the_plain_view_lists_only_differing_ubatches():

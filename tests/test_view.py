@@ -251,6 +251,66 @@ def test_a_units_code_name_and_a_sequences_repeated_position_stay_whole():
     assert words.units("KP009 rows 3")[1] == "rows 3"
 
 
+# one sequence decodes 12,000 tokens in one ubatch, a token a pool (kpool 1): 12,000
+# pools, every one new, in a cache of 16384 cells
+BIG = ("kpool_trace: 1\nname: big\n"
+       "cache: {kv_size: 16384, kpool: 1, n_seq_max: 1, n_ubatch: 12000}\n"
+       "ops:\n  - decode: {seq: 0, pos: 0..12000}\n")
+
+
+def test_counts_are_grouped_from_10_000_and_places_never():
+    """`wording.count`: a count of 10,000 or more is grouped by thousands, a smaller
+    one is not; a position, a cell or row, an index and a cache setting never are (they
+    are read against the trace). In the plain view and the rich one alike: 12,000
+    tokens and pools, `pos 0..12000`, `kv_size 16384`, the empty cells from row 12032
+    (12000 rounded up to the map's 64 cells a line) folded as 68 lines (4352 cells / 64)."""
+    assert [words.count(n) for n in (0, 9999, 10_000, 1_048_576, -12_345)] == \
+        ["0", "9999", "10,000", "1,048,576", "-12,345"]
+    assert words.code_count("KP001", 12_000) == "KP001 x12,000"
+    trace = load_trace_text(BIG, "big.yaml")
+    from kpool_cli.report.plain import write_plain
+
+    buf = io.StringIO()
+    tally = Tally()
+    write_plain(buf, trace, "rep-once", tallied(replay(trace, VERSIONS["rep-once"]), tally),
+                tally)
+    plain = buf.getvalue()
+    assert "kv_size 16384," in plain
+    assert "seq 0 pos 0..12000: n_new 12,000/" in plain and "of 12,000 pools [0:0..12000]" \
+        in plain
+    assert "  pools marked (per ubatch): 12,000\n" in plain
+    assert "summary: 1 ubatch, 12,000 pools marked (1.0 per token)" in plain
+    rich = render("big.yaml", "rep-once", 80, trace=trace)
+    assert "kv_size 16384 ·" in rich and "12,000 tokens" in rich
+    assert "pools  12,000 marked of 12,000 ·" in rich
+    assert " 12032  ... 68 lines of empty cells (rows 12032..16384) ..." in rich
+    assert "max 12,000 at ubatch 0" in rich and "12,000 (1.0 per token)" in rich
+    # ENGINE.md §6: n_new_g = min(12000 / 1 + 1 sequence, pad(12000) - 1 = 12031, 16384)
+    # = 12,001, one padding entry; the pool table shows the first 7 of its 12,001
+    # entries and the last 2, the 11,992 between folded; the last pool's number,
+    # position, member and rep row bare
+    assert "12,001 scatter entries (1 padding)" in rich and "... 11,992 more" in " ".join(
+        rich.split())
+    assert re.search(r"\b0 +11999 +11999 +11999 +11999\b", rich)
+
+
+def test_the_summary_sparklines_fold_to_the_width_the_box_leaves():
+    """60 ubatches (the prompt, then 59 one-token decodes) at 50 columns: the summary's
+    box leaves 50 - 7 - 14 (`scanned/ubatch`) = 29 marks a line, so each sparkline
+    folds 60 -> 30 -> 15 bins of 4 ubatches, on one line; 30 marks would not fit
+    (rich then broke the sparkline onto two lines). At 80 columns 59 marks fit: 60
+    become 30 of 2."""
+    trace = load_trace_text(long_trace(59, partial_copy_at_end=False), "long.yaml")
+    for width, marks, per in ((50, 15, "most of each 4 ubatches"),
+                              (80, 30, "most of each 2 ubatches")):
+        lines = render("long.yaml", "rep-once", width, trace=trace).splitlines()
+        for label in ("marked/ubatch", "scanned/ubatch"):
+            at = next(i for i, line in enumerate(lines) if f"│ {label} " in line)
+            cell = lines[at].split("│")[2].strip()
+            assert len(cell) == marks and set(cell) <= set(words.SPARKS), (width, lines[at])
+            assert lines[at + 1].split("│")[2].strip().startswith(per)
+
+
 def test_ranges_are_half_open_and_lists_fold_into_them():
     assert (words.span(4, 8), words.span(7, 8), words.span(3, None)) == ("4..8", "7", "3..")
     assert words.folded([0, 1, 2]) == "0..3"  # three in a row: the end is left out

@@ -27,6 +27,7 @@ from ..backend.budget import default_max_memory, parse_memory
 from ..replay import CORE_CHOICES, DEFAULT_CORE, auto_compiled_from
 from ..report.select import parse_ubatch_range
 from ..trace.load import MAX_BYTES, MAX_NODE_VISITS, MAX_TOKENS
+from ..wording import count
 from ..workers import MAX_JOBS
 
 _INT = re.compile(r"-?[0-9]+", re.ASCII)
@@ -147,17 +148,17 @@ def ubatch_ranges(ctx: click.Context, param: click.Parameter, values: tuple[str,
 # the bounds on a trace's work, the same for every command that reads a trace (validate
 # among them, which never replays: the help says what each does, a load's refusal)
 max_tokens_option = click.option(
-    "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, show_default=True,
-    metavar="N", help="Refuse, while reading it, a trace of more than N tokens (a trace is "
-                      "untrusted input).")
+    "--max-tokens", type=Int(1, 2**40), default=MAX_TOKENS, metavar="N",
+    help=f"Refuse, while reading it, a trace of more than N tokens (a trace is untrusted "
+         f"input).  [default: {count(MAX_TOKENS)}]")
 # about the most nodes a trace of MAX_BYTES holds without aliases (`{a,a,a}` is a
 # node a byte): a larger node bound would only let an alias bomb run longer
 MAX_NODES_CHOSEN = MAX_BYTES
 max_nodes_option = click.option(
     "--max-nodes", type=Int(1, MAX_NODES_CHOSEN), default=None, metavar="N",
     help=f"Refuse, while reading it, a trace of more than N YAML nodes, aliases expanded "
-         f"[default: {MAX_NODE_VISITS:,}; at most {MAX_NODES_CHOSEN:,}]. A token on a line "
-         "of its own is 5 nodes (6 with seq: [S]): raise it for a recorded trace of "
+         f"[default: {count(MAX_NODE_VISITS)}; at most {count(MAX_NODES_CHOSEN)}]. A token "
+         "on a line of its own is 5 nodes (6 with seq: [S]): raise it for a recorded trace of "
          "more tokens.")
 
 
@@ -172,8 +173,8 @@ core_option = click.option(
     metavar="CORE",
     help="The replay core: compiled (numba kernels), reference (the engine in numpy, "
          "which the compiled core is held to byte for byte), or auto: compiled for a "
-         f"trace of {auto_compiled_from('numba'):,} ubatches or more "
-         f"({auto_compiled_from(None):,} without the numba backend). The report is the "
+         f"trace of {count(auto_compiled_from('numba'))} ubatches or more "
+         f"({count(auto_compiled_from(None))} without the numba backend). The report is the "
          "same.")
 max_memory_option = click.option(
     "--max-memory", metavar="SIZE", callback=_memory_budget,

@@ -170,7 +170,7 @@ def _result_row(r: CheckResult) -> _Row:
 def shown_text(s: Shown) -> str:
     """`cache-safe (x2, first at op 3), ...; not rep-once`: the versions that show a
     code on a trace, and those that do not."""
-    by = ", ".join(f"{visible(e)} (x{n}, first at op {op})" for e, n, op in s.by)
+    by = ", ".join(f"{visible(e)} (x{words.count(n)}, first at op {op})" for e, n, op in s.by)
     return by + (f"; not {', '.join(visible(e) for e in s.not_by)}" if s.not_by else "")
 
 
@@ -196,8 +196,9 @@ def write_check_text(out: TextIO, results: Iterable[CheckResult]) -> list[CheckR
         out.write("which versions show each finding:\n")
         out.write("".join(_fit(_shown_row(s), width) for s in shown))
     s = summary(seen)
-    out.write(_fit((f"checked {s['runs']} run{'s' if s['runs'] != 1 else ''} of "
-                    f"{s['traces']} trace{'s' if s['traces'] != 1 else ''}:", "",
-                    f"{s['passed']} passed, {s['failed']} failed, {s['invalid']} invalid",
+    n = {k: words.count(v) for k, v in s.items()}
+    out.write(_fit((f"checked {n['runs']} run{'s' if s['runs'] != 1 else ''} of "
+                    f"{n['traces']} trace{'s' if s['traces'] != 1 else ''}:", "",
+                    f"{n['passed']} passed, {n['failed']} failed, {n['invalid']} invalid",
                     "  "), width))
     return seen

@@ -24,6 +24,7 @@ import io
 from collections.abc import Sequence
 from typing import TextIO
 
+from .. import wording as words
 from ..diff.compare import DiffResult, EventDiff, TraceDiff, UbatchDiff
 from ..diff.summary import RunSummary
 from ..wording import visible
@@ -135,14 +136,14 @@ def _panel(title: str, base: list[int], head: list[int], n: int, marks: str,
            cumulative: bool, last: int) -> str:
     top = max([*base, *head, 0])
     label = (f"{title}{' (summed)' if cumulative else ' per ubatch'}, ubatch 0 to "
-             f"{last:,}")
+             f"{last}")
     dash = "4 3" if cumulative else ""
     return (f'<svg role="img" aria-label="{_e(label)}" width="{PAD + W + 8}" height="{H + 18}" '
             f'viewBox="0 0 {PAD + W + 8} {H + 18}" xmlns="http://www.w3.org/2000/svg">'
             f'<rect x="{PAD}" y="0" width="{W}" height="{H}" fill="#fafafa" stroke="#ddd"/>'
             f'{marks}{_path(base, top, n, BASE_COLOUR, dash)}'
             f'{_path(head, top, n, HEAD_COLOUR, dash)}'
-            f'<text x="{PAD - 4}" y="10" text-anchor="end">{top:,}</text>'
+            f'<text x="{PAD - 4}" y="10" text-anchor="end">{words.count(top)}</text>'
             f'<text x="{PAD - 4}" y="{H}" text-anchor="end">0</text>'
             f'<text x="{PAD}" y="{H + 14}">{_e(label)}</text></svg>')
 
@@ -155,8 +156,9 @@ def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary, ignore) -> 
     out = [f"<section><h2>{_e(trace_label(t))}</h2>",
            f'<p class="meta">{_e(t.trace_path)}: '
            f"{_e('; '.join(''.join(x for x, _ in line) for line in trace_outcome(t, ignore)))}"
-           f"; {n_ub:,} ubatches"
-           + (f", a point is the largest of {per} (sums: at its last)" if per > 1 else "")
+           f"; {words.count(n_ub)} ubatches"
+           + (f", a point is the largest of {words.count(per)} (sums: at its last)"
+              if per > 1 else "")
            + "</p>"]
     if t.parting is not None:
         out.append(f'<p class="meta">the runs part at op {t.parting.op} '

@@ -17,14 +17,24 @@ text and rich views, so it cannot drive the terminal. The JSON view writes it as
 it is: `json.dumps` escapes every control character (and, ASCII-only, the rest).
 Codes left out of a comparison (`TraceDiff.not_compared`: one side had no value
 backend) are said in every view, per trace and in the summary.
+
+The rich view fits any width without cutting a name or wrapping a sparkline: a
+title too long for its rule takes lines of its own; the summary's trace column
+holds every name whole while the longest takes at most a third of the width
+(TRACE_SHARE), else each name takes a line of its own with its row under it; the
+sparklines fold to the width their line leaves. Counts are worded by
+`wording.count` (grouped from 10,000 on) in the text views; the JSON writes them
+bare.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
+from rich.cells import cell_len
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
@@ -65,9 +75,15 @@ MAX_TABLE_WIDTH = 150  # wider terminals leave the side-by-side columns this wid
 # --- lines the text views share ------------------------------------------------------
 
 
-def _ratio_text(base: int, head: int) -> str:
+def _ratio_parts(base: int, head: int) -> list[str]:
+    """`1247 -> 634` and, when base is not 0, `(0.51x)`: a line breaks only between them."""
     r = ratio(base, head)
-    return f"{base} -> {head}" + (f" ({r:.2f}x)" if r is not None else "")
+    return [f"{words.count(base)} -> {words.count(head)}"] + ([f"({r:.2f}x)"] if r is not None
+                                                             else [])
+
+
+def _ratio_text(base: int, head: int) -> str:
+    return " ".join(_ratio_parts(base, head))
 
 
 def _finding_lines(findings, gained: Counter_t, lost: Counter_t, side: str) -> list[Line]:
@@ -106,9 +122,10 @@ def _scatter_line(u: UbatchSummary) -> Line:
 
 def ubatch_lines(u: UbatchSummary, d: UbatchDiff, side: str) -> list[Line]:
     only = d.only_base if side == BASE else d.only_head
-    lines: list[Line] = [[(f"n_new {u.n_new}/{u.n_new_g} of {u.n_pool_real}",
+    n_new = f"{words.count(u.n_new)}/{words.count(u.n_new_g)} of {words.count(u.n_pool_real)}"
+    lines: list[Line] = [[(f"n_new {n_new}",
                            BOLD if {"n_new", "n_new_g", "n_pool_real"} & set(d.fields) else "")]]
-    marks: Line = [(f"marks {len(u.marked)}", "")]
+    marks: Line = [(f"marks {words.count(len(u.marked))}", "")]
     if only:
         marks.append((f", only here: {words.pools(only)}", BOLD))
     elif u.marked:
@@ -132,7 +149,7 @@ _SHOWN = ("pools_marked", "scatter_entries")
 def _cost_lines(base_cost, head_cost, mine) -> list[Line]:
     """The cost counters that differ between the two sides, one per line."""
     b, h, m = dict(base_cost), dict(head_cost), dict(mine)
-    return [[(f"{k} {m.get(k, 0)}", DIM)] for k in COST_KEYS
+    return [[(f"{k} {words.count(m.get(k, 0))}", DIM)] for k in COST_KEYS
             if k not in _SHOWN and b.get(k, 0) != h.get(k, 0)]
 
 
@@ -167,7 +184,8 @@ def opside_lines(s: OpSide | None, other: OpSide | None, side: str) -> list[Line
         lines += event_lines(s.event, gained, lost, side)
     for u in s.ubatches:
         lines.append([(f"ubatch {u.index} (op {u.op}.{u.batch_ubatch}) n_new "
-                       f"{u.n_new}/{u.n_new_g} of {u.n_pool_real}", "")])
+                       f"{words.count(u.n_new)}/{words.count(u.n_new_g)} of "
+                       f"{words.count(u.n_pool_real)}", "")])
         lines.append([(f"marks {words.pools(u.marked)}", "")])
         lines += _finding_lines(u.findings, gained, lost, side)
     return lines
@@ -197,8 +215,8 @@ def parting_note(t: TraceDiff) -> str:
     p = t.parting
     assert p is not None
     return (f"the runs part at op {p.op} ({visible(p.kind)}): {p.reason}; after it base ran "
-            f"{p.base_after} more ubatch(es), head {p.head_after}: findings from op {p.op} "
-            "on are compared by code counts")
+            f"{words.count(p.base_after)} more ubatch(es), head {words.count(p.head_after)}: "
+            f"findings from op {p.op} on are compared by code counts")
 
 
 def _changes_text(changes: tuple[FindingChange, ...], where: bool = True) -> str:
@@ -207,8 +225,13 @@ def _changes_text(changes: tuple[FindingChange, ...], where: bool = True) -> str
     for c in changes:
         n, places = by.get(c.code, (0, []))
         by[c.code] = (n + c.count, [*places, c.where])
-    return ", ".join(f"{code} x{n}" + (f" ({', '.join(w)})" if where else "")
+    return ", ".join(words.code_count(code, n) + (f" ({', '.join(w)})" if where else "")
                      for code, (n, w) in by.items())
+
+
+def _codes_text(counts: Counter_t) -> str:
+    """`KP001 x28, KP002 x1`, or `none`."""
+    return ", ".join(words.code_count(c, n) for c, n in counts.items()) or words.NONE
 
 
 def trace_title(t: TraceDiff) -> str:
@@ -265,8 +288,8 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
         lines.append([(f"parts at op {t.parting.op} ({visible(t.parting.kind)})", PART)])
     n_ub = sum(isinstance(e, UbatchDiff) for e in t.entries)
     n_ev = len(t.entries) - n_ub
-    what = [f"{n_ub}/{t.aligned_ubatches} ubatches"] if n_ub else []
-    what += [f"{n_ev} event{'s' if n_ev > 1 else ''}"] if n_ev else []
+    what = [f"{words.count(n_ub)}/{words.count(t.aligned_ubatches)} ubatches"] if n_ub else []
+    what += [f"{words.count(n_ev)} event{'s' if n_ev > 1 else ''}"] if n_ev else []
     if what:
         lines.append([(" and ".join(what) + " differ", "")])
     if not lines:
@@ -279,7 +302,7 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     return lines
 
 
-SPARK_WIDTH = 16  # a side's sparkline in the rich summary (two fit in 80 columns)
+SPARK_WIDTH = 16  # the most marks of a side's sparkline in the rich summary
 
 
 def shapes(t: TraceDiff, limit: int | None = None
@@ -500,17 +523,15 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
     for t in r.traces:
         for what, base_values, head_values, per in shapes(t):
             out.write(f"  {trace_label(t)}: {what} ({words.per_bin(per)}): base "
-                      f"{' '.join(map(str, base_values))}; head "
-                      f"{' '.join(map(str, head_values))}\n")
+                      f"{' '.join(map(words.count, base_values))}; head "
+                      f"{' '.join(map(words.count, head_values))}\n")
     b, h = r.totals(BASE), r.totals(HEAD)
     out.write("  all traces: " + ", ".join(_totals_lines(b, h)) + "\n")
     other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
              if k not in ("cells_scanned", "pools_marked")]
     out.write("  host work: " + ", ".join(other) + "\n")
     fixed, intro = r.changes("fixed"), r.changes("introduced")
-    out.write("  findings fixed: " + (", ".join(f"{c} x{n}" for c, n in fixed.items()) or "none")
-              + "; introduced: "
-              + (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none") + "\n")
+    out.write(f"  findings fixed: {_codes_text(fixed)}; introduced: {_codes_text(intro)}\n")
     note = not_compared_note(r)
     if note is not None:
         out.write(f"  {note}\n")
@@ -518,6 +539,14 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
 
 
 # --- rich --------------------------------------------------------------------------------
+
+# the summary's trace column takes at most 1/TRACE_SHARE of the width: past it, each
+# trace's name takes a line of its own, its row INDENT in under it
+TRACE_SHARE = 3
+INDENT = 2
+OUTCOME_MIN = 20  # the outcome column's width (`fixed KP001 x12`) before ratios wrap
+POOLS_HEADER, CELLS_HEADER = "pools re-pooled", "cells scanned"
+SPARK_BASE, SPARK_HEAD = "base ", "  head "  # before each side's sparkline
 
 
 def _cell(lines: list[Line]) -> Group:
@@ -535,7 +564,7 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
         if not _shown(t):
             continue
         console.print()
-        console.print(Rule(Text(trace_title(t), style=BOLD), align="left"))
+        _heading(console, trace_title(t))
         table = Table(show_header=True, header_style=BOLD, box=None, padding=(0, 1, 1, 1),
                       width=min(console.width, MAX_TABLE_WIDTH))
         table.add_column("where", ratio=2, overflow="fold")
@@ -551,54 +580,163 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
         if t.parting is not None:
             console.print(Text(parting_note(t), style=PART))
     console.print()
-    console.print(Rule(Text(f"summary: base {base} vs head {head}", style=BOLD),
-                       align="left"))
-    table = Table(show_header=True, header_style=BOLD, box=None, padding=(0, 1),
-                  expand=False)
-    table.add_column("trace", no_wrap=True, overflow="ellipsis",
-                     max_width=max(12, (console.width or 80) // 4))
-    table.add_column("outcome", overflow="fold")
-    table.add_column("pools re-pooled", overflow="fold")
-    table.add_column("cells scanned", overflow="fold")
-    for t in r.traces:
-        table.add_row(Text(trace_label(t)),
-                      _cell(trace_outcome(t, r.ignore, where=False)),
-                      _ratio_text(t.base.pools_repooled, t.head.pools_repooled),
-                      _ratio_text(t.base.counter("cells_scanned"),
-                                  t.head.counter("cells_scanned")))
+    _heading(console, f"summary: base {base} vs head {head}")
+    own_line = _print_outcomes(console, r)
+    _print_sparklines(console, r, own_line)
     b, h = r.totals(BASE), r.totals(HEAD)
-    table.add_row(Text("all traces", style=BOLD), "",
-                  Text(_ratio_text(b.pools_repooled, h.pools_repooled), style=BOLD),
-                  Text(_ratio_text(b.counter("cells_scanned"), h.counter("cells_scanned")),
-                       style=BOLD))
-    console.print(table)
-    sparks = Table(show_header=False, box=None, padding=(0, 1), expand=False)
-    sparks.add_column(no_wrap=True, overflow="ellipsis",
-                      max_width=max(12, (console.width or 80) // 4))
-    sparks.add_column(no_wrap=True)
-    sparks.add_column(overflow="fold")
-    for t in r.traces:
-        for what, base_values, head_values, per in shapes(t, SPARK_WIDTH):
-            top = max(base_values + head_values)
-            sparks.add_row(Text(trace_label(t)), what, Text.assemble(
-                "base ", (words.sparkline(base_values, top), "cyan"), "  head ",
-                (words.sparkline(head_values, top), "magenta"), (f"  {words.per_bin(per)}",
-                                                                 DIM)))
-    if sparks.row_count:
-        console.print(sparks)
-    other = ", ".join(f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
-                      if k not in ("cells_scanned", "pools_marked"))
+    keys = [k for k in COST_KEYS if k not in ("cells_scanned", "pools_marked")]
+    host = Flow(style=DIM, hang=2).add("host work:")
+    for n, k in enumerate(keys):
+        first, *rest = _ratio_parts(b.counter(k), h.counter(k))
+        for unit in (f"{k} {first}", *rest):
+            host.add(unit)
+        if n + 1 < len(keys):
+            host.tail(",")
     fixed, intro = r.changes("fixed"), r.changes("introduced")
-    console.print(Group(
-        Text(f"host work: {other}", style=DIM),
-        Text.assemble(("findings fixed: ", ""),
-                      (", ".join(f"{c} x{n}" for c, n in fixed.items()) or "none", LOST),
-                      ("; introduced: ", ""),
-                      (", ".join(f"{c} x{n}" for c, n in intro.items()) or "none",
-                       GAINED if intro else "")),
-    ))
+    console.print(host)
+    console.print(Flow(hang=2).add("findings fixed:").words(_codes_text(fixed), style=LOST)
+                  .tail(";").add("introduced:")
+                  .words(_codes_text(intro), style=GAINED if intro else ""))
     note = not_compared_note(r)
     if note is not None:
-        console.print(Text(note, style=PART))
+        console.print(Flow(style=PART, hang=2).words(note))
     text, style = verdict_text(r)
-    console.print(Text(text, style=style))
+    console.print(Flow(style=style, hang=2).words(text))
+
+
+def _heading(console: Console, title: str) -> None:
+    """`title` (bold) and a rule after it on one line; a title too long for that
+    (rich's rule would cut it) takes lines of its own, the rule under it."""
+    if cell_len(title) + 2 <= console.width:
+        console.print(Rule(Text(title, style=BOLD), align="left"))
+    else:
+        console.print(Flow(style=BOLD, hang=2).words(title))
+        console.print(Rule())
+
+
+class _Row(NamedTuple):
+    """A row of the rich summary: a trace's (or all traces') label, outcome lines, and
+    pools re-pooled and cells scanned as `_ratio_parts`."""
+
+    label: str
+    outcome: list[Line]
+    pools: list[str]
+    scanned: list[str]
+    style: str = ""
+
+
+def _outcome_widths(width: int, trace_w: int | None, rows: list[_Row]) -> tuple[int, int, int]:
+    """The summary's outcome, pools and cells columns: the ratios whole when they
+    leave the outcome OUTCOME_MIN columns (or what it needs), else the counts of a
+    ratio whole and the ratio under them; the outcome the rest, at most its widest
+    line. `trace_w`: the trace column's width, None when names have lines of their
+    own (the rows then INDENT in)."""
+    def widest(texts: list[str], header: str) -> int:
+        return max([cell_len(t) for t in texts] + [cell_len(w) for w in header.split()])
+
+    # the three columns' padding (a column each side), and the trace column or indent
+    room = width - 3 * 2 - (INDENT if trace_w is None else trace_w + 2)
+    outcome = widest([_plain(line) for row in rows for line in row.outcome], "outcome")
+    pools = widest([" ".join(row.pools) for row in rows], POOLS_HEADER)
+    cells = widest([" ".join(row.scanned) for row in rows], CELLS_HEADER)
+    if room - pools - cells < min(OUTCOME_MIN, outcome):
+        pools = widest([row.pools[0] for row in rows], POOLS_HEADER)
+        cells = widest([row.scanned[0] for row in rows], CELLS_HEADER)
+    return max(1, min(outcome, room - pools - cells)), pools, cells
+
+
+def _print_outcomes(console: Console, r: DiffResult) -> bool:
+    """The summary's table: per trace its outcome, pools re-pooled and cells scanned
+    base -> head, then all traces. Every name is whole: in the trace column while the
+    longest takes at most 1/TRACE_SHARE of the width, else each on a line of its own
+    with its row under it, INDENT in (the columns line up from row to row). Returns
+    whether names took lines of their own."""
+    b, h = r.totals(BASE), r.totals(HEAD)
+    rows = [_Row(trace_label(t), trace_outcome(t, r.ignore, where=False),
+                 _ratio_parts(t.base.pools_repooled, t.head.pools_repooled),
+                 _ratio_parts(t.base.counter("cells_scanned"), t.head.counter("cells_scanned")))
+            for t in r.traces]
+    rows.append(_Row("all traces", [], _ratio_parts(b.pools_repooled, h.pools_repooled),
+                     _ratio_parts(b.counter("cells_scanned"), h.counter("cells_scanned")),
+                     BOLD))
+    widest = max(cell_len(row.label) for row in rows)
+    trace_w = widest if widest <= console.width // TRACE_SHARE else None
+    outcome_w, pools_w, cells_w = _outcome_widths(console.width, trace_w, rows)
+
+    def table(header: bool) -> Table:
+        out = Table(show_header=header, header_style=BOLD, box=None, padding=(0, 1),
+                    expand=False)
+        if trace_w is not None:
+            out.add_column("trace", width=trace_w, no_wrap=True)
+        out.add_column("outcome", width=outcome_w)
+        out.add_column(POOLS_HEADER, width=pools_w)
+        out.add_column(CELLS_HEADER, width=cells_w)
+        return out
+
+    def cells(row: _Row) -> list[Group | Flow]:
+        return [_cell(row.outcome), Flow(row.pools, style=row.style),
+                Flow(row.scanned, style=row.style)]
+
+    if trace_w is not None:
+        summary = table(header=True)
+        for row in rows:
+            summary.add_row(Text(row.label, style=row.style), *cells(row))
+        console.print(summary)
+        return False
+    console.print(Padding(table(header=True), (0, 0, 0, INDENT)))
+    for row in rows:
+        console.print(Padding(Text(row.label, style=row.style), (0, 0, 0, 1)))
+        one = table(header=False)
+        one.add_row(*cells(row))
+        console.print(Padding(one, (0, 0, 0, INDENT)))
+    return True
+
+
+def _print_sparklines(console: Console, r: DiffResult, own_line: bool) -> None:
+    """Per trace, pools marked and cells scanned per ubatch: `base ▂▅█  head ▂▃▃`, the
+    two on one line always (the sparklines folded to the width left, at most
+    SPARK_WIDTH marks a side), and how many ubatches a mark stands for, after them
+    when it fits. The trace's name in a column when every row fits the width whole
+    (and the summary kept its trace column), else on a line of its own, INDENT in."""
+    traces = [t for t in r.traces if shapes(t)]
+    if not traces:
+        return
+    labels = [trace_label(t) for t in traces]
+    what_w = max(cell_len(what) for t in traces for what, *_ in shapes(t))
+    trace_w = max(cell_len(label) for label in labels)
+    # the sparklines' column: the width less each column and its padding (one a side)
+    room = console.width - (trace_w + 2) - (what_w + 2) - 2
+
+    def whole(t: TraceDiff) -> int:  # a row's sparklines and their note, unfolded
+        return max(cell_len(SPARK_BASE + SPARK_HEAD) + 2 * len(bv) + 2
+                   + cell_len(words.per_bin(per)) for _, bv, _, per in shapes(t, SPARK_WIDTH))
+
+    own_line = own_line or any(whole(t) > room for t in traces)
+    if own_line:
+        room = console.width - INDENT - (what_w + 2) - 2
+    limit = max(1, min(SPARK_WIDTH, (room - cell_len(SPARK_BASE + SPARK_HEAD)) // 2))
+
+    def table() -> Table:
+        out = Table(show_header=False, box=None, padding=(0, 1), expand=False)
+        if not own_line:
+            out.add_column(width=trace_w, no_wrap=True)
+        out.add_column(width=what_w, no_wrap=True)
+        out.add_column()
+        return out
+
+    sparks = table()
+    for t, label in zip(traces, labels, strict=True):
+        if own_line:
+            console.print(Padding(Text(label), (0, 0, 0, 1)))
+            sparks = table()
+        for what, base_values, head_values, per in shapes(t, limit):
+            top = max(base_values + head_values)
+            line = Flow(hang=2).add(Text.assemble(
+                SPARK_BASE, (words.sparkline(base_values, top), "cyan"), SPARK_HEAD,
+                (words.sparkline(head_values, top), "magenta")))
+            line.add(Text(words.per_bin(per), style=DIM), gap=2)
+            sparks.add_row(*([] if own_line else [Text(label)]), what, line)
+        if own_line:
+            console.print(Padding(sparks, (0, 0, 0, INDENT)))
+    if not own_line:
+        console.print(sparks)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from ..gen.fuzz import Progress as Totals
 from ..versions import VERSIONS
-from ..wording import visible
+from ..wording import count, visible
 from .view import Flow
 
 
@@ -38,7 +38,7 @@ class FuzzBar:
     def update(self, t: Totals) -> None:
         if self._p is not None:
             self._p.update(self._task, completed=t.runs,
-                           info=f"findings {len(t.counts)}  shrinks {t.shrinks}")
+                           info=f"findings {count(len(t.counts))}  shrinks {count(t.shrinks)}")
 
     def close(self) -> None:
         if self._p is not None:
@@ -54,11 +54,11 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     and the traces it held before that this run did not write again, said last (a
     `kpool check` of the folder reads them too). `stopped`: how a signal ended the
     campaign (`interrupted`, `terminated`) and the runs it was to make, said first."""
-    runs = (f"{t.runs} runs" if stopped is None
-            else f"{stopped[0]} after {t.runs} of {stopped[1]} runs")
+    runs = (f"{count(t.runs)} runs" if stopped is None
+            else f"{stopped[0]} after {count(t.runs)} of {count(stopped[1])} runs")
     console.print(Flow(hang=2).words(
         f"kpool fuzz: {runs} under {visible(engine)} in {seconds:.1f} s; "
-        f"{t.rejected} with a refused decode (KP006, not a finding)"))
+        f"{count(t.rejected)} with a refused decode (KP006, not a finding)"))
     if not t.counts:
         console.print("no finding, no defect")
     else:
@@ -66,7 +66,7 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     folder, n = earlier
     if n:
         console.print(Flow(hang=2).words(
-            f"{visible(folder)} also holds {n} trace{'s' * (n > 1)} this run did not "
+            f"{visible(folder)} also holds {count(n)} trace{'s' * (n > 1)} this run did not "
             f"write (an earlier run's): kpool check {visible(folder)} reads them too"))
 
 
@@ -82,7 +82,7 @@ def _findings(console: Console, t: Totals, files: dict[tuple[str, str], str]) ->
     for (code, sig), n in sorted(t.counts.items()):
         first = t.first.get((code, sig))
         where = sig.removeprefix(f"{code}/")  # the signature is code/op/path
-        rows.append((code, str(n), str(first.seed) if first else "-", visible(where),
+        rows.append((code, count(n), str(first.seed) if first else "-", visible(where),
                      visible(shown.get((code, sig), "-"))))
     table = _table(("code", "runs", "first seed", "where (op, path)", "shrunk trace"), rows)
     wide = console.options.update_width(1 << 16)  # measured unclamped by the console's

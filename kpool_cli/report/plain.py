@@ -63,8 +63,9 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
             shown_ub += 1
             tokens = words.tokens(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))
             out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {tokens}"
-                      f"{_stale(rec.stale_batch)}: n_new {rec.n_new}/{rec.n_new_g} of "
-                      f"{rec.n_pool_real} pools [{words.pools(rec.pools.marked())}] "
+                      f"{_stale(rec.stale_batch)}: n_new {words.count(rec.n_new)}/"
+                      f"{words.count(rec.n_new_g)} of {words.count(rec.n_pool_real)} pools "
+                      f"[{words.pools(rec.pools.marked())}] "
                       f"rows {words.folded(rec.scatter_rep.tolist())}\n")
             for f in rec.findings:
                 out.write(_finding(f) + "\n")
@@ -81,12 +82,13 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
             out.write(f"  expect (op {rec.op}): {verdict}: {visible(rec.message)}\n")
     for what, series in shape.series():
         values, per = series.folded()
-        out.write(f"  {what} ({words.per_bin(per)}): {' '.join(map(str, values))}\n")
+        out.write(f"  {what} ({words.per_bin(per)}): {' '.join(map(words.count, values))}\n")
     s = tally.summary()
-    found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
-    part = f" ({shown_ub} shown)" if selection.filters else ""
+    found = ", ".join(words.code_count(c, n) for c, n in s["findings"].items()) or "no findings"
+    part = f" ({words.count(shown_ub)} shown)" if selection.filters else ""
     n_ub = s["ubatches"]
-    out.write(f"  summary: {n_ub} ubatch{'es' * (n_ub != 1)}{part}, {s['pools_marked']} "
+    out.write(f"  summary: {words.count(n_ub)} ubatch{'es' * (n_ub != 1)}{part}, "
+              f"{words.count(s['pools_marked'])} "
               f"pools marked ({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
               f"{s['status'].upper()}\n")
 
@@ -97,5 +99,5 @@ def _failed(summary: dict, tally: Tally) -> str:
     failed = summary["expectations"]["failed"]
     if not failed:
         return ""
-    return (f", {failed} expectation{'s' * (failed > 1)} failed"
+    return (f", {words.count(failed)} expectation{'s' * (failed > 1)} failed"
             + ("" if tally.check else " (not checked: --check)"))

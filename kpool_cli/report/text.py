@@ -42,7 +42,7 @@ from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
 from ..contracts.tally import Tally
 from ..trace.model import Trace
 from ..versions import EngineVersion
-from ..wording import visible
+from ..wording import count, visible
 from .plain import write_plain
 from .select import Selection, select
 from .terminal import Manners, Ticker, make_console, stream_is_terminal
@@ -203,10 +203,10 @@ class TextOutput:
         recorder.record = True
         if self.svg_stopped is not None:
             path, first = self.svg_stopped
-            note = f"--svg: the views stop here, at {SVG_RECORD_CHARS:,} characters"
+            note = f"--svg: the views stop here, at {count(SVG_RECORD_CHARS)} characters"
             if first is not None:
                 note = (f"--svg: the views stop before ubatch {first}, at "
-                        f"{SVG_RECORD_CHARS:,} characters: kpool replay {visible(path)} "
+                        f"{count(SVG_RECORD_CHARS)} characters: kpool replay {visible(path)} "
                         f"--ubatch {first}.. --svg FILE records the rest")
             # into the recording alone: on a terminal the console is also the output,
             # where the views went on

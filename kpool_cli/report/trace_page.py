@@ -36,6 +36,7 @@ from typing import TextIO
 
 import numpy as np
 
+from .. import wording as words
 from ..contracts.records import SEQ_EMPTY, SEQ_SHARED, ExpectResult, OpEvent, UbatchRecord
 from ..contracts.tally import Tally
 from ..trace.model import Trace
@@ -222,10 +223,11 @@ class TracePage:
     def write(self, out: TextIO) -> None:
         """The page's body (`write_pages` writes the document around it)."""
         t, s = self.trace, (self.tally or Tally()).summary()
-        found = ", ".join(f"{c} x{n}" for c, n in s["findings"].items()) or "no findings"
+        found = ", ".join(words.code_count(c, n) for c, n in s["findings"].items()) or "no findings"
         out.write(f"<article><h1>{self.title}</h1>")
-        out.write(f'<p class="meta">{_e(t.path)}: {s["ubatches"]:,} ubatches, '
-                  f'{s["tokens"]:,} tokens, {s["pools_marked"]:,} pools marked; '
+        out.write(f'<p class="meta">{_e(t.path)}: {words.count(s["ubatches"])} ubatches, '
+                  f'{words.count(s["tokens"])} tokens, {words.count(s["pools_marked"])} pools '
+                  f'marked; '
                   f'{_e(found)}; {_e(s["status"].upper())}</p>')
         if t.description:
             out.write('<p class="meta" style="white-space:pre-line"><i>'
@@ -297,11 +299,12 @@ class TracePage:
                             f'y="{H - h:.2f}" width="{max(bw - 0.3, 0.6):.2f}" '
                             f'height="{h:.2f}" fill="#4c78a8"><title>ubatch {b.first}'
                             f'{"" if self.per == 1 else f" (+{self.per - 1})"}: {label} '
-                            f"{v:,}</title></rect></a>")
+                            f"{words.count(v)}</title></rect></a>")
             parts.append(self._svg(H, f'<text x="{PAD - 6}" y="{H / 2 + 4:.0f}" '
                                       f'text-anchor="end">{label}</text>'
                                       f'<text x="{PAD - 6}" y="10" text-anchor="end" '
-                                      f'class="top">{top:,}</text>' + "".join(bars)))
+                                      f'class="top">{words.count(top)}</text>'
+                                      + "".join(bars)))
         codes = sorted({c for b in self.bins for c in b.codes}
                        | {c for c, _ in self.op_marks})
         rows = max(len(codes), 1)
@@ -380,7 +383,7 @@ class TracePage:
         return self._svg(self.n_row_bins * rh + 4, "".join(cells)
                          + f'<text x="{PAD - 6}" y="10" text-anchor="end">row 0</text>'
                          f'<text x="{PAD - 6}" y="{self.n_row_bins * rh:.0f}" '
-                         f'text-anchor="end">row {self.trace.cache.n_rows - 1:,}</text>')
+                         f'text-anchor="end">row {self.trace.cache.n_rows - 1}</text>')
 
 
 def write_pages(out: TextIO, pages: list[TracePage]) -> None:

@@ -190,12 +190,12 @@ def cell_map_lines(cm: CellMap, width: int, flagged: set[int] | frozenset[int] =
             end = min(base + j * per, base + kv)
             n_same = j - i
             if n_same >= 2 and _blank(char, mark, a, per):
-                out.append(Text(f"{a:>6}  ... {n_same} lines of empty cells "
+                out.append(Text(f"{a:>6}  ... {words.count(n_same)} lines of empty cells "
                                 f"(rows {words.span(a, end)}) ...", style="dim"))
             else:
                 out += _strip(cm, mark, is_written, a, min(a + per, base + kv))
                 if n_same >= 3:
-                    out.append(Text(f"{'':>6}  ... {n_same - 1} more lines like it "
+                    out.append(Text(f"{'':>6}  ... {words.count(n_same - 1)} more lines like it "
                                     f"(rows {words.span(a + per, end)}) ...", style="dim"))
                 elif n_same == 2:
                     b = a + per
@@ -390,7 +390,8 @@ class RichView:
         ix, self._repeats = self._repeats, []
         codes = " ".join(dict.fromkeys(code for code, _, _ in self._last_sig or ()))
         self.print(Flow(hang=6).add("  ...", style="dim")
-                   .add(f"{len(ix)} more ubatch{'es' if len(ix) > 1 else ''}", style="bold")
+                   .add(f"{words.count(len(ix))} more ubatch{'es' if len(ix) > 1 else ''}",
+                        style="bold")
                    .add(f"({words.folded(ix, 4)})", style="dim")
                    .words(f"with the same {codes} on the same rows and sequences"))
 
@@ -423,7 +424,8 @@ class RichView:
                  else "yellow" if r.findings else "bright_black")
         title = Text.assemble((f"ubatch {r.index}", "bold"), " · ", f"op {r.op} decode",
                               " · ", f"ubatch {r.batch_ubatch} of its batch",
-                              " · ", f"{r.n_tokens} token{'s' if r.n_tokens != 1 else ''}")
+                              " · ",
+                              f"{words.count(r.n_tokens)} token{'s' if r.n_tokens != 1 else ''}")
         self.print(Rule(title, align="left", style=style))
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold", no_wrap=True)
@@ -436,14 +438,15 @@ class RichView:
             stale = Text("- (only a batch's ubatch 0 re-pools stale pools)", style="dim")
         grid.add_row("stale", stale)
         n_pad = int(r.scatter_pad.sum())
-        pools = Flow().words(f"{r.n_new} marked of {r.n_pool_real} · {r.n_new_g} scatter "
+        pools = Flow().words(f"{words.count(r.n_new)} marked of {words.count(r.n_pool_real)} · "
+                             f"{words.count(r.n_new_g)} scatter "
                              f"entr{'ies' if r.n_new_g != 1 else 'y'}")
         if n_pad:
-            pools.add(f"({n_pad} padding)", style="dim")
+            pools.add(f"({words.count(n_pad)} padding)", style="dim")
         if raced:
             n_raced = len(raced)
-            pools.tail(" ·").words(f"{n_raced} row{'s' if n_raced > 1 else ''} written twice+",
-                                   style="bold red")
+            pools.tail(" ·").words(f"{words.count(n_raced)} row{'s' if n_raced > 1 else ''} "
+                                   "written by 2 or more entries", style="bold red")
         grid.add_row("pools", pools)
         self.print(grid)
         table = self._pool_table(r, raced, flagged)
@@ -513,8 +516,8 @@ class RichView:
             if i > prev + 1:
                 gap = range(prev + 1, i)
                 n_flag = sum(rows[j][2] for j in gap)
-                table.add_row("...", "", "", f"{len(gap)} more", "", f"{n_flag} flagged"
-                              if n_flag else "", style="dim")
+                table.add_row("...", "", "", f"{words.count(len(gap))} more", "",
+                              f"{words.count(n_flag)} flagged" if n_flag else "", style="dim")
             cells, style, _ = rows[i]
             table.add_row(*cells, style=style)
             prev = i
@@ -567,35 +570,48 @@ class RichView:
                       padding=(0, 1))
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        shown = (f" ({self.shown_ubatches} shown)" if self.shown_ubatches != s["ubatches"]
-                 else "")
-        table.add_row("ubatches", f"{s['ubatches']}{shown} · {s['tokens']} tokens")
-        table.add_row("pools marked", f"{s['pools_marked']} ({s['pools_per_token']} per token)"
-                      f" · {self.entries} scatter entries ({self.padding} padding)")
-        for what, series in self.shape.series():
-            values, per = series.folded()
-            table.add_row(f"{what.split()[1]}/ubatch", Flow([
-                Text(words.sparkline(values), style="cyan"),
-                Text(f"{words.per_bin(per)}; max {series.peak:,} at ubatch {series.peak_at}",
-                     style="dim")]))
+        shown = (f" ({words.count(self.shown_ubatches)} shown)"
+                 if self.shown_ubatches != s["ubatches"] else "")
+        rows: list[tuple[str | Text, str | Text | Flow]] = [
+            ("ubatches", f"{words.count(s['ubatches'])}{shown} · "
+                         f"{words.count(s['tokens'])} tokens"),
+            ("pools marked", f"{words.count(s['pools_marked'])} ({s['pools_per_token']} per "
+                             f"token) · {words.count(self.entries)} scatter entries "
+                             f"({words.count(self.padding)} padding)")]
+        series = [(f"{what.split()[1]}/ubatch", one) for what, one in self.shape.series()]
+        after: list[tuple[str | Text, str | Text | Flow]] = []
         if s["findings"]:
             for code, n in s["findings"].items():
                 c = CODES[code]
                 sev = "red" if c.severity == "error" else "yellow"
-                table.add_row(Text(code, style=f"bold {sev}"), Text.assemble(
-                    (f"{n} ", "bold"), c.name, (f" ({c.severity})", "dim")))
+                after.append((Text(code, style=f"bold {sev}"), Text.assemble(
+                    (f"{words.count(n)} ", "bold"), c.name, (f" ({c.severity})", "dim"))))
         else:
-            table.add_row("findings", Text("none", style="green"))
+            after.append(("findings", Text("none", style="green")))
         ex = s["expectations"]
         if ex["passed"] or ex["failed"]:
             unchecked = " (not checked: --check fails the run on them)" if (
                 ex["failed"] and not tally.check) else ""
-            table.add_row("expectations", Text.assemble(
-                f"{ex['passed']} held", ", ",
-                (f"{ex['failed']} failed", "bold red" if ex["failed"] else ""), unchecked))
+            after.append(("expectations", Text.assemble(
+                f"{words.count(ex['passed'])} held", ", ",
+                (f"{words.count(ex['failed'])} failed", "bold red" if ex["failed"] else ""),
+                unchecked)))
         status = s["status"]
         style = "bold green" if status == "pass" else "bold red"
-        table.add_row("status", Text(status.upper(), style=style))
+        after.append(("status", Text(status.upper(), style=style)))
+        # a sparkline never wraps: at most as many marks as its line leaves in the box
+        # (its borders and padding take 7 columns besides the labels' column)
+        labels = [label for label, _ in rows + after] + [label for label, _ in series]
+        room = self.width - 7 - max(Text(label).cell_len if isinstance(label, str)
+                                    else label.cell_len for label in labels)
+        for label, one in series:
+            values, per = one.folded(room)
+            rows.append((label, Flow([
+                Text(words.sparkline(values), style="cyan"),
+                Text(f"{words.per_bin(per)}; max {words.count(one.peak)} at ubatch "
+                     f"{one.peak_at}", style="dim")])))
+        for name, cell in rows + after:
+            table.add_row(name, cell)
         self.print(table)
 
 
