@@ -96,6 +96,7 @@ from .verdict.expect import with_expectations
 from .verdict.rule import Check
 from .verdict.rules import RULES
 from .versions import EngineVersion
+from .wording import count
 
 if TYPE_CHECKING:  # the compiled core imports numba: only when it runs
     from .compiled.runs import EverySpans
@@ -459,9 +460,10 @@ class Replayer:
         cache.prepare_unplaceable(k, first_ubatch_len(span, cfg.ctx_n_ubatch, n_keep_tail))
         # a unified cache's span is past the context, above: only a stream's is here
         return self._reject(
-            i, f"failed to find a memory slot for batch of size {len(span):,} (init_batch: "
-               f"failed to prepare attention ubatches): its tokens need {len(span):,} cells "
-               f"of stream {k} (sequence {k}'s own), which has {cfg.kv_size:,}")
+            i, f"failed to find a memory slot for batch of size {count(len(span))} "
+               f"(init_batch: failed to prepare attention ubatches): its tokens need "
+               f"{count(len(span))} cells of stream {k} (sequence {k}'s own), which has "
+               f"{cfg.kv_size}")
 
     def _decode(self, i: int, op: m.Decode) -> Iterator[OpEvent | UbatchRecord]:
         if op.span is not None:

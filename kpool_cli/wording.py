@@ -62,7 +62,7 @@ paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
@@ -116,7 +116,7 @@ def visible(text: str, *, keep_newlines: bool = False) -> str:
     shown = pattern.sub(_escape, text)
     if len(shown) <= SHOWN_MOST:
         return shown
-    return (f"{shown[:SHOWN_END]} ... ({len(shown) - 2 * SHOWN_END:,} characters cut) ... "
+    return (f"{shown[:SHOWN_END]} ... ({count(len(shown) - 2 * SHOWN_END)} characters cut) ... "
             f"{shown[-SHOWN_END:]}")
 
 
@@ -266,9 +266,10 @@ def count(n: int) -> str:
     return f"{n:,}" if abs(n) >= GROUPED_FROM else str(n)
 
 
-def code_count(code: str, n: int) -> str:
-    """How many findings of `code`: `KP001 x12`, `KP001 x12,345` (`count`)."""
-    return f"{code} x{count(n)}"
+def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:
+    """How many findings of `code`: `KP001 x12`, `KP001 x12,345` (`count`; `str` for
+    a format that writes numbers bare)."""
+    return f"{code} x{number(n)}"
 
 
 # -- where a line may break ----------------------------------------------------------------
@@ -375,4 +376,4 @@ def sparkline(values: Sequence[int], top: int | None = None) -> str:
 
 def per_bin(per: int) -> str:
     """How many ubatches a folded value covers: `per ubatch`, `most of each 4 ubatches`."""
-    return "per ubatch" if per == 1 else f"most of each {per} ubatches"
+    return "per ubatch" if per == 1 else f"most of each {count(per)} ubatches"

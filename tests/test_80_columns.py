@@ -85,7 +85,7 @@ COMMANDS = ("replay", "diff", "check", "fuzz", "validate", "gen", "explain", "sc
 SPACED = [re.compile(p) for p in (
     r"seq \d+ from pos \d+", r"KP\d{3} x\d+", r"pos \d+ seq \d+", r"\b\d+ x\d+\b",
     r"kpool (?:" + "|".join(COMMANDS) + r")\b", r"kpool explain KP\d{3}",
-    r"per ubatch\b", r"most of each \d+ ubatches")]
+    r"per ubatch\b", r"most of each [\d,]+ ubatches")]
 CODE_SPAN = re.compile(r"`[^`]+`")
 # ... or inside a word (its two halves joined without a space)
 CODE = re.compile(r"KP\d{3}")

@@ -328,3 +328,31 @@ def test_replay_writes_its_findings_for_ci_with_nothing_pinned():
     assert [r["ruleId"] for r in log["runs"][0]["results"]] == ["KP001", "KP001"]
     code, out, _ = run("replay", str(RACE), "--engine", "rep-once", "--format", "junit")
     assert code == 0 and 'failures="0"' in out
+
+
+def test_a_count_reads_the_same_in_every_line_of_the_text_and_bare_in_junit(
+        tmp_path: Path):
+    """10,001 refused seq_rm (KP008: a rollback of 6 tokens with n_rs_seq 0), pinned
+    by an expect: the result's line said `pinned KP008 x10001` above `(x10,001, first
+    at op 1)` in the table of versions; both are `wording.count`'s now, and JUnit's
+    headline (the same words) stays bare."""
+    from kpool_cli.check import CheckResult
+    from kpool_cli.report.check_text import headline
+
+    t = tmp_path / "refused.yaml"
+    t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+                 "  - decode: {seq: 0, pos: 0..8}\n"
+                 + "  - seq_rm: {seq: 0, p0: 2, p1: -1}\n" * 10_001
+                 + "  - expect: {findings: [KP008]}\n")
+    code, out, _ = run("check", "--no-config", str(t))
+    assert code == 0, out
+    for engine in DEFAULT_ENGINES:
+        assert (f"PASS    {t} under {engine}: 1 expectation held, pinned KP008 x10,001\n"
+                in out), out
+        assert f"{engine} (x10,001, first at op 1)" in out
+    r = CheckResult(str(t), "rep-once", "fail", expect_passed=12_000, expect_failed=10_000,
+                    n_failing=10_500, pinned={"KP008": 10_001})
+    assert headline(r) == ("10,000 of 22,000 expectations not met, 10,500 unpinned "
+                           "findings at or above --fail-on error, pinned KP008 x10,001")
+    assert headline(r, str) == ("10000 of 22000 expectations not met, 10500 unpinned "
+                                "findings at or above --fail-on error, pinned KP008 x10001")

@@ -27,6 +27,7 @@ from kpool_cli.diff.compare import DiffResult, EventDiff, compare
 from kpool_cli.diff.runs import DiffInputError, Unit, gather, run_unit
 from kpool_cli.report.diff_view import diff_json, write_diff_plain, write_diff_rich
 from kpool_cli.report.terminal import Manners, make_console
+from kpool_cli.wording import SPARKS
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "traces").glob("*.yaml"))
@@ -414,6 +415,54 @@ def test_both_views_group_counts_from_10_000(tmp_path):
     assert any(line.startswith("big same behaviour 12,000 -> 12,000 (1.00x)") for line in rich)
     assert "all traces 12,000 -> 12,000 (1.00x)" in " ".join(rich)
     assert "big pools marked base █ head █ per ubatch" in rich
+
+
+def _summary(r: DiffResult, width: int) -> list[str]:
+    """The rich view's summary (from its heading on) at `width` columns."""
+    buf = io.StringIO()
+    write_diff_rich(make_console(buf, Manners(True, False, width)), r)
+    lines = [line.rstrip() for line in buf.getvalue().splitlines()]
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("summary:")):]
+
+
+@pytest.mark.parametrize("width", [40, 60])
+def test_the_summary_keeps_every_outcome_and_count_of_five_digits_at_40_columns(
+        tmp_path, width):
+    """`big` re-pools 12,000 pools: `12,000 -> 12,000 (1.00x)`, 24 columns a ratio. At
+    40 columns the two ratios left its outcome no column: `same behaviour` was not
+    printed, `all traces` was cut to `all tr…`, and beside the race trace the outcome
+    took a letter a line. Now the rows go under their names and each count takes a
+    line of its own (`12,000` / `-> 12,000` / `(1.00x)`) when that is what leaves the
+    outcome its words whole."""
+    from rich.cells import cell_len
+
+    path = tmp_path / "big.yaml"
+    path.write_text(BIG)
+    for r in (_result(str(path)), _result(str(path), RACE)):
+        lines = _summary(r, width)
+        text = "\n".join(lines)
+        assert all(cell_len(line) <= width for line in lines), text
+        assert "…" not in text, text
+        assert [line.strip() for line in lines].count("all traces") == 1, text
+        assert re.search(r"^   same behaviour +12,000", text, re.M), text
+        if width == 40:  # 16 + 16 columns of `12,000 -> 12,000` leave the outcome none
+            assert re.search(r"^ +-> 12,000 +-> 12,000$", text, re.M), text
+        if len(r.traces) == 2:
+            assert re.search(r"^   fixed KP001 x2 ", text, re.M), text
+
+
+def test_a_sparkline_row_is_measured_by_both_its_sides():
+    """partial-copy under rep-once (2 ubatches: it aborts at op 2) vs cache-safe (3):
+    `base ▃▅  head ▃▅█  per ubatch` takes 29 columns. At 59 the sparklines' column is
+    28 wide beside `partial-copy` and `cells scanned`: measured with the base side
+    twice (28), the row was kept in columns and `per ubatch` went to a line of its
+    own; now it is on a line of its own, its name above it, whole."""
+    pairs, _ = gather([PARTIAL], base="rep-once", head="cache-safe", backend="none")
+    lines = _summary(DiffResult(tuple(compare(b, h) for b, h in pairs)), 59)
+    marks = [line for line in lines if re.search(f"base [{SPARKS}]+  head ", line)]
+    assert len(marks) == 2
+    assert all(line.endswith("  per ubatch") for line in marks), "\n".join(lines)
+    assert "partial-copy" in [line.strip() for line in lines]
 
 
 def test_the_plain_view_lists_only_differing_ubatches():

@@ -122,6 +122,22 @@ def test_check_and_diff_take_a_trace_on_stdin_also_on_a_pool(tmp_path: Path) -> 
     assert a["traces"][0]["differences"] == b["traces"][0]["differences"]
 
 
+def test_diff_names_a_report_on_stdin_as_stdin(tmp_path: Path) -> None:
+    """`kpool diff a.json -` said `a.json and - are not reports of the same trace`, and
+    `kpool diff - t.yaml` `- is a report`, where every other message says `<stdin>`."""
+    a = kpool("replay", str(RACE), "--format", "json", "--backend", "none", cwd=tmp_path)
+    b = kpool("replay", str(Path(RACE).parent / "partial-copy.yaml"), "--format", "json",
+              "--backend", "none", cwd=tmp_path)
+    (tmp_path / "a.json").write_text(a.stdout)
+    r = kpool("diff", "a.json", "-", input=b.stdout, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("kpool: a.json and <stdin> are not reports of the same "
+                               "trace: "), r.stderr
+    r = kpool("diff", "-", str(RACE), input=a.stdout, cwd=tmp_path)
+    assert r.returncode == 2
+    assert "cannot mix reports with traces: <stdin> is a report (starts with {)" in r.stderr
+
+
 # -- 2. Ctrl-C in kpool fuzz -------------------------------------------------------------
 
 
@@ -151,6 +167,63 @@ def test_ctrl_c_in_fuzz_prints_the_runs_done_and_exits_130(tmp_path: Path) -> No
     for name in left:
         assert name in stdout
         load_trace_text((out / name).read_text())
+
+
+# Ctrl-C while run 1 is counted (inside the block that holds signals): run 1 (seed 1)
+# shows KP008 first, and its trace was shrunk; the signal is sent as the block ends
+CTRL_C_WHILE_COUNTED = """
+import contextlib, os, signal, sys
+import kpool_cli.gen.fuzz as fuzz
+from kpool_cli.cli.main import run
+held, blocks = fuzz.held, []
+@contextlib.contextmanager
+def held_then_ctrl_c():
+    with held():
+        yield
+        blocks.append(1)
+        if len(blocks) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+fuzz.held = held_then_ctrl_c
+sys.argv = ["kpool", "fuzz", "--engine", "cache-safe", "--runs", "50", "-o", sys.argv[1]]
+run()
+"""
+
+
+def test_ctrl_c_while_a_run_is_counted_leaves_its_finding_with_its_trace(
+        tmp_path: Path) -> None:
+    """The campaign counted run 1 (its KP008 first seen) and raised the held Ctrl-C
+    before the command wrote that run's shrunk trace: the summary listed `KP008 ...
+    seq_rm/own  -` and the folder had no file for it. Its trace is now written as the
+    run is counted: every finding the summary lists has its file, and every file is
+    named by it."""
+    out = tmp_path / "found"
+    r = subprocess.run([*KPOOL[:1], "-c", CTRL_C_WHILE_COUNTED, str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 130, r.stderr
+    assert r.stdout.startswith("kpool fuzz: interrupted after 2 of 50 runs"), r.stdout
+    rows = [line.split() for line in r.stdout.splitlines() if re.match(r"KP\d{3} ", line)]
+    assert ["1", "1"] in [row[1:3] for row in rows], r.stdout  # runs 1, first seed 1
+    for row in rows:
+        assert row[-1] != "-" and (out / row[-1]).is_file(), r.stdout
+    assert sorted(os.listdir(out)) == sorted(row[-1] for row in rows)
+
+
+def test_the_fuzz_summary_says_1_run() -> None:
+    """`kpool fuzz --runs 1` summed up `1 runs`."""
+    from io import StringIO
+
+    from kpool_cli.gen.fuzz import Progress
+    from kpool_cli.report.fuzz_text import render_summary
+    from kpool_cli.report.terminal import Manners, make_console
+
+    for runs, stopped, said in ((1, None, "kpool fuzz: 1 run under cache-safe"),
+                                (0, ("interrupted", 1),
+                                 "kpool fuzz: interrupted after 0 of 1 run under"),
+                                (2, None, "kpool fuzz: 2 runs under cache-safe")):
+        buf = StringIO()
+        render_summary(make_console(buf, Manners(False, False, 200)), Progress(runs=runs),
+                       {}, "cache-safe", 0.1, stopped=stopped)
+        assert buf.getvalue().startswith(said), buf.getvalue()
 
 
 # -- 3. a trace of another version -----------------------------------------------------

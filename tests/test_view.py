@@ -294,6 +294,32 @@ def test_counts_are_grouped_from_10_000_and_places_never():
     assert re.search(r"\b0 +11999 +11999 +11999 +11999\b", rich)
 
 
+def test_the_counts_wording_itself_writes_follow_its_rule():
+    """`per_bin`'s ubatches a mark stands for (the pages said `a point is the largest
+    of 16,384`, the views `most of each 16384 ubatches` of the same fold) and
+    `visible`'s characters cut are counts too: grouped from 10,000 on, bare below."""
+    assert words.per_bin(16_384) == "most of each 16,384 ubatches"
+    assert words.per_bin(4096) == "most of each 4096 ubatches"
+    cut = words.visible("x" * (2 * words.SHOWN_END + 5000))
+    assert " ... (5000 characters cut) ... " in cut
+    cut = words.visible("x" * (2 * words.SHOWN_END + 12_345))
+    assert " ... (12,345 characters cut) ... " in cut
+
+
+def test_an_engine_message_writes_its_settings_as_the_trace_does():
+    """KP005 for a decode of 2048 tokens past `n_batch: 1024` said `a batch of 2,048
+    tokens, more than n_batch (1,024, cache.n_batch)` under a cache line that says
+    `n_batch 1024`: a setting is never grouped, and 2048 tokens are a count below
+    10,000."""
+    text = ("kpool_trace: 1\ncache: {kv_size: 4096, kpool: 4, n_batch: 1024}\n"
+            "ops:\n  - decode: {seq: 0, pos: 0..2048}\n")
+    rich = " ".join(render("nb.yaml", "rep-once", 200,
+                           trace=load_trace_text(text, "nb.yaml")).split())
+    assert "n_batch 1024 ·" in rich
+    assert ("GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of 2048 tokens, more "
+            "than n_batch (1024, cache.n_batch): llama_decode aborts") in rich
+
+
 def test_the_summary_sparklines_fold_to_the_width_the_box_leaves():
     """60 ubatches (the prompt, then 59 one-token decodes) at 50 columns: the summary's
     box leaves 50 - 7 - 14 (`scanned/ubatch`) = 29 marks a line, so each sparkline

@@ -28,6 +28,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from ..trace.model import CacheConfig, Span, Token
+from ..wording import count
 from .aborts import KeepTailAssert
 
 Ends = dict[int, tuple[int, int, int]]  # seq id: (first pos, last pos, distinct positions)
@@ -149,12 +150,14 @@ def over_the_batch(n_tokens: int, cfg: CacheConfig) -> str | None:
     if n_tokens <= bound:
         return None
     n_ctx, n_stream = cfg.n_rows, cfg.n_stream
+    # the batch's tokens are a count (`wording.count`); n_batch, n_ctx and kv_size are
+    # the trace's settings, written as the trace and the views' cache line write them
     if bound < n_ctx:
-        return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n_tokens:,} "
-                f"tokens, more than n_batch ({bound:,}, cache.n_batch): llama_decode aborts")
-    capped = "" if cfg.n_batch is None else f" (cache.n_batch {cfg.n_batch:,} is capped at them)"
-    return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {n_tokens:,} tokens, "
-            f"more than the context's {n_ctx:,} cells (kv_size {cfg.kv_size:,} x {n_stream} "
+        return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {count(n_tokens)} "
+                f"tokens, more than n_batch ({bound}, cache.n_batch): llama_decode aborts")
+    capped = "" if cfg.n_batch is None else f" (cache.n_batch {cfg.n_batch} is capped at them)"
+    return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {count(n_tokens)} "
+            f"tokens, more than the context's {n_ctx} cells (kv_size {cfg.kv_size} x {n_stream} "
             f"stream{'s' if n_stream != 1 else ''}), which bound n_batch{capped}: "
             "llama_decode aborts")
 

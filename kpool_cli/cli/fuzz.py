@@ -88,14 +88,17 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     bar = FuzzBar(console, runs)
     start = time.monotonic()
     files: dict[tuple[str, str], str] = {}
-    totals = None
+    totals = Progress()
     signal_met: KeyboardInterrupt | None = None
+
+    def keep(p: Progress) -> None:  # a finding counted has its shrunk trace, whole
+        files.update(save_new_shrunk(p, out))
+
     try:
-        with contextlib.closing(campaign(tasks, runner)) as done:  # closed: workers end
-            for totals in done:
+        # closed on the way out: the workers end
+        with contextlib.closing(campaign(tasks, runner, totals, keep)) as done:
+            for _ in done:
                 bar.update(totals)
-                with signals.held():  # a finding counted has its shrunk trace, whole
-                    files.update(save_new_shrunk(totals, out))
                 if time_budget is not None and time.monotonic() - start > time_budget:
                     break
     except (OutputError, ClusterError) as e:
@@ -107,15 +110,14 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     if made and not files:  # made for the shrunk traces, and none came
         with contextlib.suppress(OSError):
             out.rmdir()
-    if totals is None and signal_met is None:
+    if not totals.runs and signal_met is None:
         fail("no run finished")
     render_summary(make_console(sys.stdout, Manners.detect(sys.stdout)),
-                   totals or Progress(), files, name, time.monotonic() - start,
+                   totals, files, name, time.monotonic() - start,
                    (out_dir, len(held - {Path(p).name for p in files.values()})),
                    stopped=None if signal_met is None else (
                        "terminated" if isinstance(signal_met, signals.Terminated)
                        else "interrupted", runs))
     if signal_met is not None:
         raise signal_met  # its exit status and line are main()'s (130, 143...)
-    assert totals is not None
     sys.exit(exits.FINDINGS if totals.defects else exits.PASS)

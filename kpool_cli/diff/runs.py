@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ..backend.budget import ReplayTooLarge, check_replay_memory
 from ..backend.store import make_backend
-from ..inputs import STDIN
+from ..inputs import STDIN, input_name
 from ..replay import DEFAULT_CORE, replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
@@ -134,7 +134,7 @@ def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: 
                  force: bool) -> list[tuple[RunSummary, RunSummary]]:
     """Pair the reports of two files in order. They must be reports of the same
     traces (sha256), unless `force`. Raises ReportError."""
-    a_file, b_file = visible(a_path), visible(b_path)
+    a_file, b_file = visible(input_name(a_path)), visible(input_name(b_path))
     if len(a) != len(b):
         raise ReportError(f"{a_file} holds {len(a)} report(s), {b_file} holds {len(b)}: "
                           "they are not reports of the same traces")
@@ -199,8 +199,9 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
     if reports and len(reports) != len(paths):
         trace = next(p for p in paths if kinds[p][0] == "trace")
         raise DiffInputError(
-            f"cannot mix reports with traces: {visible(reports[0])} is a report "
-            f"({kinds[reports[0]][1]}), {visible(trace)} a trace ({kinds[trace][1]}); give "
+            f"cannot mix reports with traces: {visible(input_name(reports[0]))} is a report "
+            f"({kinds[reports[0]][1]}), {visible(input_name(trace))} a trace "
+            f"({kinds[trace][1]}); give "
             "traces (replayed under --base and --head) or exactly two reports")
     if reports:
         given = [n for n, v in (("--base", base), ("--head", head), ("--backend", backend))

@@ -470,14 +470,19 @@ def tasks_for(engine: str, runs: int, seed: int, backend: str = "none",
 
 def campaign(tasks: Sequence[FuzzTask],
              runner: Callable[[Callable[[FuzzTask], FuzzOutcome], Sequence[FuzzTask]],
-                              Iterable[FuzzOutcome]]) -> Generator[Progress, None, None]:
+                              Iterable[FuzzOutcome]],
+             totals: Progress | None = None,
+             keep: Callable[[Progress], object] | None = None
+             ) -> Generator[Progress, None, None]:
     """Run `tasks` through `runner` (e.g. `lambda fn, us: workers.in_order(fn, us, 2)`),
-    yielding the totals after each outcome. The first (lowest seed) run of each new
-    (code, signature) is run again with shrinking, here: only those are shrunk. A run
-    is counted whole or not at all: a signal (Ctrl-C) that comes while the totals take
-    it is raised once they have, so the totals a caller holds are those of the runs
-    done, each with its shrunk findings."""
-    p = Progress()
+    adding each outcome to `totals` (a new Progress unless given) and yielding them.
+    The first (lowest seed) run of each new (code, signature) is run again with
+    shrinking, here: only those are shrunk. A run is counted whole or not at all, and
+    `keep(totals)` (e.g. `save_new_shrunk`'s write of the traces the run shrank) is
+    part of its counting: a signal (Ctrl-C) that comes meanwhile is raised once both
+    are done. So the totals (given, to be held when a signal comes before the first
+    yield) are those of the runs done, each with what `keep` kept of it."""
+    p = Progress() if totals is None else totals
     for i, o in enumerate(runner(fuzz_one, tasks)):  # the outcomes come in task order
         keys = list(o.findings) + [(c, s) for c, s, _ in o.defects]
         fresh = [k for k in keys if k not in p.first]
@@ -496,6 +501,8 @@ def campaign(tasks: Sequence[FuzzTask],
             for c, s, msg in o.defects:
                 p.defects.setdefault((c, s), (o.seed, msg))
             p.new = tuple(fresh)
+            if keep is not None:
+                keep(p)
         yield p
 
 

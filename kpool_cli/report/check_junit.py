@@ -36,8 +36,8 @@ def write_check_junit(out: TextIO, results: Iterable[CheckResult]) -> list[Check
         case = TestCase(visible(r.engine) or "load", classname=visible(r.path))
         if r.status in (FAIL, INVALID):
             kind = Failure if r.status == FAIL else Error
-            verdict = kind(headline(r), "kpool.check." + r.status)
-            verdict.text = "\n".join(details(r, indent=""))
+            verdict = kind(headline(r, str), "kpool.check." + r.status)  # numbers bare
+            verdict.text = "\n".join(details(r, indent="", number=str))
             case.result = [verdict]
         suite.add_testcase(case)
     suite.update_statistics()

@@ -2,7 +2,8 @@
 what was expected beside what happened; for traces checked under more than one
 engine, which versions show each finding; a summary line at the end. Also the words
 the other check formats share (`run_name`, `headline`, `unmet_text`, `flagged_text`,
-`problem_text`), so a difference reads the same in every format.
+`problem_text`), so a difference reads the same in every format, but for its counts:
+grouped from 10,000 on here (`wording.count`), bare in JUnit (`headline(r, str)`).
 
 Owns: `write_check_text` (streams: a line as each result comes) and those words. It
 never judges: each `CheckResult` carries its status; codes and lists are worded by
@@ -19,7 +20,7 @@ an --output file, each line stays one line (for grep and CI logs).
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TextIO
 
 from .. import wording as words
@@ -31,8 +32,8 @@ from .terminal import console_width, env_columns, stream_is_terminal
 _LABEL = {"pass": "PASS", "fail": "FAIL", "invalid": "INVALID"}
 
 
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{c} x{n}" for c, n in counts.items())
+def _counts(counts: dict[str, int], number: Callable[[int], str]) -> str:
+    return ", ".join(words.code_count(c, n, number) for c, n in counts.items())
 
 
 def run_name(r: CheckResult) -> str:
@@ -40,28 +41,30 @@ def run_name(r: CheckResult) -> str:
     return visible(r.path) + (f" under {visible(r.engine)}" if r.engine else "")
 
 
-def headline(r: CheckResult) -> str:
-    """What a result comes to, in a clause: `2 expectations held, KP001 x1 pinned`."""
+def headline(r: CheckResult, number: Callable[[int], str] = words.count) -> str:
+    """What a result comes to, in a clause: `2 expectations held, pinned KP001 x1`.
+    `number`: how its counts read, `wording.count` as the text output's other lines
+    (`str` for JUnit, which writes numbers bare)."""
     if r.status == INVALID:
         n = len(r.problems)
-        return f"invalid trace ({n} problem{'s' if n != 1 else ''})"
+        return f"invalid trace ({number(n)} problem{'s' if n != 1 else ''})"
     parts = []
     total = r.expect_passed + r.expect_failed
     if r.expect_failed:
-        parts.append(f"{r.expect_failed} of {total} expectations not met")
+        parts.append(f"{number(r.expect_failed)} of {number(total)} expectations not met")
     else:
-        parts.append(f"{total} expectation{'s' if total != 1 else ''} held")
+        parts.append(f"{number(total)} expectation{'s' if total != 1 else ''} held")
     failing = r.n_failing
     if failing:
-        parts.append(f"{failing} unpinned finding{'s' if failing != 1 else ''} at or above "
-                     f"--fail-on {r.fail_on}")
+        parts.append(f"{number(failing)} unpinned finding{'s' if failing != 1 else ''} at "
+                     f"or above --fail-on {r.fail_on}")
     below = r.n_below
     if below:
-        parts.append(f"{below} finding{'s' if below != 1 else ''} below --fail-on")
+        parts.append(f"{number(below)} finding{'s' if below != 1 else ''} below --fail-on")
     if r.pinned:
-        parts.append(f"pinned {_counts(r.pinned)}")
+        parts.append(f"pinned {_counts(r.pinned, number)}")
     if r.ignored:
-        parts.append(f"ignored {_counts(r.ignored)}")
+        parts.append(f"ignored {_counts(r.ignored, number)}")
     return ", ".join(parts)
 
 
@@ -117,13 +120,16 @@ def problem_text(p: Problem) -> str:
     return f"{visible(p.field)}: {visible(p.message)}"
 
 
-def details(r: CheckResult, indent: str = "  ") -> list[str]:
+def details(r: CheckResult, indent: str = "  ", number: Callable[[int], str] = words.count
+            ) -> list[str]:
     """The lines under a result that did not pass: each problem, each unmet expect
-    with its differences side by side, each failing finding at its op's line."""
-    return [words.joined(*row[:3]) for row in _detail_rows(r, indent)]
+    with its differences side by side, each failing finding at its op's line
+    (`number` as `headline`'s)."""
+    return [words.joined(*row[:3]) for row in _detail_rows(r, indent, number)]
 
 
-def _detail_rows(r: CheckResult, indent: str) -> list[_Row]:
+def _detail_rows(r: CheckResult, indent: str,
+                 number: Callable[[int], str] = words.count) -> list[_Row]:
     out: list[_Row] = []
     more = indent + "    "
     for p in r.problems:
@@ -137,8 +143,9 @@ def _detail_rows(r: CheckResult, indent: str) -> list[_Row]:
         out.append((f"{indent}{_where(r.path, f.line)}:", "",
                     f"{flagged_title(f)}: {flagged_text(f)}", more))
     if r.n_failing > len(r.failing):
-        out.append((indent, "", f"... and {r.n_failing - len(r.failing)} more unpinned "
-                    "findings at or above --fail-on", more))
+        left = number(r.n_failing - len(r.failing))
+        out.append((indent, "", f"... and {left} more unpinned findings at or above "
+                    "--fail-on", more))
     return out
 
 

@@ -21,10 +21,10 @@ backend) are said in every view, per trace and in the summary.
 The rich view fits any width without cutting a name or wrapping a sparkline: a
 title too long for its rule takes lines of its own; the summary's trace column
 holds every name whole while the longest takes at most a third of the width
-(TRACE_SHARE), else each name takes a line of its own with its row under it; the
-sparklines fold to the width their line leaves. Counts are worded by
-`wording.count` (grouped from 10,000 on) in the text views; the JSON writes them
-bare.
+(TRACE_SHARE) and the rows still fit beside it, else each name takes a line of its
+own with its row under it; the sparklines fold to the width their line leaves.
+Counts are worded by `wording.count` (grouped from 10,000 on) in the text views;
+the JSON writes them bare.
 """
 
 from __future__ import annotations
@@ -547,13 +547,14 @@ INDENT = 2
 OUTCOME_MIN = 20  # the outcome column's width (`fixed KP001 x12`) before ratios wrap
 POOLS_HEADER, CELLS_HEADER = "pools re-pooled", "cells scanned"
 SPARK_BASE, SPARK_HEAD = "base ", "  head "  # before each side's sparkline
+CELL_HANG = 2  # a wrapped line of a table cell goes on this many columns in
 
 
 def _cell(lines: list[Line]) -> Group:
     """A table cell: each line wrapped between its units (`Flow`), so that even the
     narrow columns of an 80-column terminal never split a sequence's tokens or
     stale position, a code from its name or a label from its value."""
-    return Group(*(Flow(hang=2).words(Text.assemble(*line)) for line in lines))
+    return Group(*(Flow(hang=CELL_HANG).words(Text.assemble(*line)) for line in lines))
 
 
 def write_diff_rich(console: Console, r: DiffResult) -> None:
@@ -625,32 +626,63 @@ class _Row(NamedTuple):
     style: str = ""
 
 
-def _outcome_widths(width: int, trace_w: int | None, rows: list[_Row]) -> tuple[int, int, int]:
+def _ratio_units(parts: list[str]) -> list[str]:
+    """`_ratio_parts` as the units a summary cell may break between: `12,000`, `->
+    12,000`, `(1.00x)` (a narrow terminal's counts on lines of their own)."""
+    first, *rest = parts
+    base, arrow, head = first.partition(" -> ")
+    return [base, f"-> {head}", *rest] if arrow else parts
+
+
+def _whole(parts: list[str]) -> list[str]:
+    return [" ".join(parts)]
+
+
+def _counts_whole(parts: list[str]) -> list[str]:
+    return parts[:1]
+
+
+def _outcome_widths(width: int, trace_w: int | None, rows: list[_Row]
+                    ) -> tuple[int, int, int] | None:
     """The summary's outcome, pools and cells columns: the ratios whole when they
     leave the outcome OUTCOME_MIN columns (or what it needs), else the counts of a
-    ratio whole and the ratio under them; the outcome the rest, at most its widest
-    line. `trace_w`: the trace column's width, None when names have lines of their
+    ratio whole and the ratio under them, else (with no trace column) each count on
+    a line of its own, while that leaves the outcome its widest unit as `_cell`
+    wraps it (`wording.units`, at most OUTCOME_MIN); the outcome the rest, at most its
+    widest line. None when the trace column leaves the outcome less; without it the
+    outcome takes what is left (at least a column: a terminal that narrow folds its
+    units). `trace_w`: the trace column's width, None when names have lines of their
     own (the rows then INDENT in)."""
     def widest(texts: list[str], header: str) -> int:
         return max([cell_len(t) for t in texts] + [cell_len(w) for w in header.split()])
 
     # the three columns' padding (a column each side), and the trace column or indent
     room = width - 3 * 2 - (INDENT if trace_w is None else trace_w + 2)
-    outcome = widest([_plain(line) for row in rows for line in row.outcome], "outcome")
-    pools = widest([" ".join(row.pools) for row in rows], POOLS_HEADER)
-    cells = widest([" ".join(row.scanned) for row in rows], CELLS_HEADER)
-    if room - pools - cells < min(OUTCOME_MIN, outcome):
-        pools = widest([row.pools[0] for row in rows], POOLS_HEADER)
-        cells = widest([row.scanned[0] for row in rows], CELLS_HEADER)
+    lines = [_plain(line) for row in rows for line in row.outcome]
+    outcome = widest(lines, "outcome")
+    need = min(OUTCOME_MIN, outcome)
+    # the widest unit, as `_cell` wraps it (past a line's first, CELL_HANG in)
+    unit = min(need, max([cell_len(u) + (CELL_HANG if i else 0) for line in lines
+                          for i, u in enumerate(words.units(line))], default=0))
+    # the widest layout first; a count on a line of its own only under a name's line
+    layouts = ((_whole, need), (_counts_whole, unit), (_ratio_units, unit))
+    for units, least in layouts if trace_w is None else layouts[:2]:
+        pools = widest([u for row in rows for u in units(row.pools)], POOLS_HEADER)
+        cells = widest([u for row in rows for u in units(row.scanned)], CELLS_HEADER)
+        if room - pools - cells >= least:
+            break
+    else:
+        if trace_w is not None:
+            return None
     return max(1, min(outcome, room - pools - cells)), pools, cells
 
 
 def _print_outcomes(console: Console, r: DiffResult) -> bool:
     """The summary's table: per trace its outcome, pools re-pooled and cells scanned
     base -> head, then all traces. Every name is whole: in the trace column while the
-    longest takes at most 1/TRACE_SHARE of the width, else each on a line of its own
-    with its row under it, INDENT in (the columns line up from row to row). Returns
-    whether names took lines of their own."""
+    longest takes at most 1/TRACE_SHARE of the width and the rows fit beside it, else
+    each on a line of its own with its row under it, INDENT in (the columns line up
+    from row to row). Returns whether names took lines of their own."""
     b, h = r.totals(BASE), r.totals(HEAD)
     rows = [_Row(trace_label(t), trace_outcome(t, r.ignore, where=False),
                  _ratio_parts(t.base.pools_repooled, t.head.pools_repooled),
@@ -660,8 +692,13 @@ def _print_outcomes(console: Console, r: DiffResult) -> bool:
                      _ratio_parts(b.counter("cells_scanned"), h.counter("cells_scanned")),
                      BOLD))
     widest = max(cell_len(row.label) for row in rows)
-    trace_w = widest if widest <= console.width // TRACE_SHARE else None
-    outcome_w, pools_w, cells_w = _outcome_widths(console.width, trace_w, rows)
+    trace_w: int | None = widest if widest <= console.width // TRACE_SHARE else None
+    widths = None if trace_w is None else _outcome_widths(console.width, trace_w, rows)
+    if widths is None:  # the rows under their names, where the outcome has more room
+        trace_w = None
+        widths = _outcome_widths(console.width, None, rows)
+    assert widths is not None
+    outcome_w, pools_w, cells_w = widths
 
     def table(header: bool) -> Table:
         out = Table(show_header=header, header_style=BOLD, box=None, padding=(0, 1),
@@ -674,8 +711,8 @@ def _print_outcomes(console: Console, r: DiffResult) -> bool:
         return out
 
     def cells(row: _Row) -> list[Group | Flow]:
-        return [_cell(row.outcome), Flow(row.pools, style=row.style),
-                Flow(row.scanned, style=row.style)]
+        return [_cell(row.outcome), Flow(_ratio_units(row.pools), style=row.style),
+                Flow(_ratio_units(row.scanned), style=row.style)]
 
     if trace_w is not None:
         summary = table(header=True)
@@ -708,8 +745,8 @@ def _print_sparklines(console: Console, r: DiffResult, own_line: bool) -> None:
     room = console.width - (trace_w + 2) - (what_w + 2) - 2
 
     def whole(t: TraceDiff) -> int:  # a row's sparklines and their note, unfolded
-        return max(cell_len(SPARK_BASE + SPARK_HEAD) + 2 * len(bv) + 2
-                   + cell_len(words.per_bin(per)) for _, bv, _, per in shapes(t, SPARK_WIDTH))
+        return max(cell_len(SPARK_BASE + SPARK_HEAD) + len(bv) + len(hv) + 2
+                   + cell_len(words.per_bin(per)) for _, bv, hv, per in shapes(t, SPARK_WIDTH))
 
     own_line = own_line or any(whole(t) > room for t in traces)
     if own_line:

@@ -54,8 +54,9 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     and the traces it held before that this run did not write again, said last (a
     `kpool check` of the folder reads them too). `stopped`: how a signal ended the
     campaign (`interrupted`, `terminated`) and the runs it was to make, said first."""
-    runs = (f"{count(t.runs)} runs" if stopped is None
-            else f"{stopped[0]} after {count(t.runs)} of {count(stopped[1])} runs")
+    runs = (f"{count(t.runs)} run{'s' * (t.runs != 1)}" if stopped is None
+            else f"{stopped[0]} after {count(t.runs)} of {count(stopped[1])} "
+                 f"run{'s' * (stopped[1] != 1)}")
     console.print(Flow(hang=2).words(
         f"kpool fuzz: {runs} under {visible(engine)} in {seconds:.1f} s; "
         f"{count(t.rejected)} with a refused decode (KP006, not a finding)"))

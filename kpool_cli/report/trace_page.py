@@ -258,11 +258,13 @@ class TracePage:
 
     def _bin_words(self) -> str:
         return ("one column per ubatch" if self.per == 1
-                else f"a column is {self.per} ubatches (the largest of them; tokens summed)")
+                else f"a column is {words.count(self.per)} ubatches (the largest of them; "
+                "tokens summed)")
 
     def _cell_words(self) -> str:
-        rows = "a row is one cell" if self.rows_per == 1 else \
-            f"a row is {self.rows_per} cells (shared if one is, else the first sequence)"
+        rows = "a row is one cell" if self.rows_per == 1 else (
+            f"a row is {words.count(self.rows_per)} cells (shared if one is, else the first "
+            "sequence)")
         return (f"{rows}; {self._bin_words()}; colour: the sequence holding it, red "
                 "shared, grey empty; outlined: written by a token (blue) or named by a "
                 "finding (red)")
