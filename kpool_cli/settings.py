@@ -45,7 +45,7 @@ import functools
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -142,54 +142,54 @@ class Glob:
     is a star's: it stays on the characters its star takes and skips ahead without
     one. A run of three stars or more is one state: read as the regex this replaced
     read it (pairs `**` left to right, the last pair a `**/` when a `/` follows), it
-    matches any run, and takes the `/` after it as optional when it is even."""
+    matches any run, and takes the `/` after it as optional when it is even.
 
-    __slots__ = ("_accept", "_any", "_masks", "_nonslash", "_skips", "_start", "_tests")
+    Two star tokens that span `/` are never next to each other (`_glob_tokens`: what
+    `**/**/` matches, `**/` does), so a skip reaches at most two states on and a step
+    takes two rounds of them; a glob of 333 `**/` was a chain of 333 skips, followed
+    again at every character (9 s a trace in a deep folder, for a settings file of
+    such globs). A character's tests are a lookup for the literals, one mask for `?`
+    and a call per class, kept for `_MASKS_KEPT` characters. The states after the
+    last trace's folder (the path up to its last `/`) are kept, so the traces of one
+    folder, which come one after the other, cost their file names."""
+
+    __slots__ = ("_accept", "_any", "_classes", "_folder", "_literals", "_masks",
+                 "_nonslash", "_skip1", "_skip3", "_start", "_unslashed")
 
     def __init__(self, glob: str) -> None:
-        tests: list[Callable[[str], bool] | None] = []  # None: a star's own state
+        literals: dict[str, int] = {}  # a character: the states of its literal
+        unslashed = 0  # the states of `?`
+        classes: list[tuple[int, _CharClass]] = []
         any_, nonslash, skip1, skip3 = 0, 0, 0, 0
-        i, n = 0, len(glob)
-        while i < n:
-            k = len(tests)
-            if glob[i] == "*":
-                j = i
-                while j < n and glob[j] == "*":
-                    j += 1
-                run, slash = j - i, j < n and glob[j] == "/"
-                i = j
-                if run == 2 and slash:  # `**/`: no run at all, or a run ending in `/`
-                    i += 1
-                    tests += [None, None, "/".__eq__]
-                    skip1 |= 1 << k | 1 << (k + 1)  # entry -> run -> its `/`
-                    skip3 |= 1 << k  # entry -> past the group
-                    any_ |= 1 << (k + 1)
-                    continue
-                tests.append(None)
+        k = 0  # the next token's state
+        for token in _glob_tokens(glob):
+            if token == _GROUP:  # entry -> its run -> its `/`; the entry skips past
+                literals["/"] = literals.get("/", 0) | 1 << (k + 2)
+                skip1 |= 1 << k | 1 << (k + 1)
+                skip3 |= 1 << k
+                any_ |= 1 << (k + 1)
+                k += 3
+                continue
+            if token in (_STAR, _ANY):  # it stays on what its star takes, and skips
                 skip1 |= 1 << k
-                if run == 1:  # `*`: a run within the segment
+                if token == _STAR:
                     nonslash |= 1 << k
-                    continue
-                # two stars or more: any run; read left to right, pairs then a `**/`
-                # (an even run before a `/`) take that `/` as the group's, optional
-                any_ |= 1 << k
-                if slash and run % 2 == 0:
-                    i += 1
-            elif glob[i] == "?":
-                i += 1
-                tests.append("/".__ne__)
-            elif glob[i] == "[" and (end := glob.find("]", i + 2)) != -1:
-                tests.append(_char_class(glob[i + 1:end]))
-                i = end + 1
+                else:
+                    any_ |= 1 << k
+            elif token == "?":
+                unslashed |= 1 << k
+            elif isinstance(token, _CharClass):
+                classes.append((1 << k, token))
             else:
-                tests.append(glob[i].__eq__)
-                i += 1
-        self._tests = tests
+                literals[token] = literals.get(token, 0) | 1 << k
+            k += 1
+        self._literals, self._unslashed, self._classes = literals, unslashed, classes
         self._any, self._nonslash = any_, nonslash
-        self._skips = tuple((d, m) for d, m in ((1, skip1), (3, skip3)) if m)
-        self._accept = 1 << len(tests)
+        self._skip1, self._skip3 = skip1, skip3
+        self._accept = 1 << k
         self._masks: dict[str, int] = {}
-        self._start = self._closure(1)
+        self._start = self._run(1, "")
+        self._folder = ("", self._start)  # the last folder read, and the states after it
 
     @staticmethod
     @functools.lru_cache(maxsize=1024)
@@ -197,37 +197,47 @@ class Glob:
         """The glob's matcher, made once. Raises GlobError for a class it cannot read."""
         return Glob(glob)
 
-    def _closure(self, states: int) -> int:
-        """`states` and every state a star's skip reaches from them."""
-        while True:
-            more = states
-            for d, m in self._skips:
-                more |= (states & m) << d
-            if more == states:
-                return states
-            states = more
-
     def _mask(self, c: str) -> int:
         """The states whose character test passes `c`."""
-        got = self._masks.get(c)
-        if got is None:
-            got = 0
-            for k, test in enumerate(self._tests):
-                if test is not None and test(c):
-                    got |= 1 << k
-            if len(self._masks) < 4096:
-                self._masks[c] = got
+        got = self._literals.get(c, 0) | (self._unslashed if c != "/" else 0)
+        for state, test in self._classes:
+            if test(c):
+                got |= state
+        if len(self._masks) < _MASKS_KEPT:
+            self._masks[c] = got
         return got
 
-    def fullmatch(self, path: str) -> bool:
-        states = self._start
+    def _run(self, states: int, text: str) -> int:
+        """The states after `states` have read `text` (0: no match can follow), each
+        step's skips taken (at most two on, see the class)."""
+        masks, skip1, skip3 = self._masks, self._skip1, self._skip3
         stay_any, stay = self._any, self._any | self._nonslash
-        for c in path:
-            here = stay_any if c == "/" else stay
-            states = self._closure(((states & self._mask(c)) << 1) | (states & here))
+        states |= (states & skip1) << 1 | (states & skip3) << 3
+        states |= (states & skip1) << 1 | (states & skip3) << 3
+        for c in text:
+            mask = masks.get(c)
+            if mask is None:
+                mask = self._mask(c)
+            states = (states & mask) << 1 | states & (stay_any if c == "/" else stay)
+            states |= (states & skip1) << 1 | (states & skip3) << 3
+            states |= (states & skip1) << 1 | (states & skip3) << 3
             if not states:
-                return False
-        return bool(states & self._accept)
+                break
+        return states
+
+    def fullmatch(self, path: str) -> bool:
+        cut = path.rfind("/") + 1
+        folder, states = self._folder
+        if path[:cut] != folder:
+            folder = path[:cut]
+            states = self._run(self._start, folder)
+            self._folder = (folder, states)
+        return bool(self._run(states, path[cut:]) & self._accept)
+
+
+# the characters a glob keeps the tests of (`Glob`): a path's are a few dozen, and a
+# mask is up to MAX_GLOB bits, for each of up to MAX_ENTRIES globs
+_MASKS_KEPT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +272,47 @@ def _char_class(body: str) -> _CharClass:
             chars.add(body[j])
             j += 1
     return _CharClass(neg, frozenset(chars), tuple(ranges))
+
+
+# a glob's star tokens (`Glob`): `*`, a run of two or more stars (any run), `**/`
+_STAR, _ANY, _GROUP = "*", "**", "**/"
+
+
+def _glob_tokens(glob: str) -> list[str | _CharClass]:
+    """The tokens of `glob` (`Glob`'s): a literal character, `?`, a class, or a star
+    token. A token that spans `/` right after another that does is one token with it:
+    `**/` after `**/` or `**` is dropped (what the two match, the first matches), and
+    `**` after `**/` takes its place (any run)."""
+    tokens: list[str | _CharClass] = []
+    i, n = 0, len(glob)
+    while i < n:
+        if glob[i] == "*":
+            j = i
+            while j < n and glob[j] == "*":
+                j += 1
+            run, slash = j - i, j < n and glob[j] == "/"
+            i = j
+            if run == 1:
+                tokens.append(_STAR)
+                continue
+            token = _GROUP if run == 2 and slash else _ANY
+            if slash and run % 2 == 0:  # pairs, the last a `**/`: its `/` is the token's
+                i += 1
+            if tokens and tokens[-1] in (_GROUP, _ANY):
+                if token == _ANY:
+                    tokens[-1] = _ANY
+                continue
+            tokens.append(token)
+        elif glob[i] == "?":
+            tokens.append("?")
+            i += 1
+        elif glob[i] == "[" and (end := glob.find("]", i + 2)) != -1:
+            tokens.append(_char_class(glob[i + 1:end]))
+            i = end + 1
+        else:
+            tokens.append(glob[i])
+            i += 1
+    return tokens
 
 
 # -- discovery and reading -----------------------------------------------------------------
@@ -366,19 +417,23 @@ def _read(path: Path) -> tuple[str, dict[str, Any]]:
 # more parts is refused before tomllib reads it
 _DEEP = 64
 _ONE_LINE_STRINGS = r'"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"
-# a multi-line basic string ends at the first `"""` no backslash escapes; a literal
-# one, which has no escapes, at the first `'''` (one reading of each character: linear)
-_MULTI_LINE_STRINGS = r'"""(?:\\[\s\S]|[^\\])*?"""' r"|'''[\s\S]*?'''"
-_NESTING = re.compile(_MULTI_LINE_STRINGS +  # multi-line strings
-                      "|" + _ONE_LINE_STRINGS +
+# the strings skipped (not read as a key): one that does not end is skipped to where it
+# stops (its line's end, a backslash there, the text's end), so each character is read
+# once. Tried again from every quote after it, a string that never ended was read
+# again and again: `"\"\"\...` took the square of its length (38 s for 40 KB, before
+# tomllib said a word). A multi-line basic string ends at the first `"""` no backslash
+# escapes; a literal one, which has no escapes, at the first `'''`.
+_MULTI_LINE_SKIPPED = r'"""(?:\\[\s\S]|[^\\])*?(?:"""|\\?\Z)' r"|'''[\s\S]*?(?:'''|\Z)"
+_ONE_LINE_SKIPPED = r'"(?:\\.|[^"\\\n])*"?' r"|'[^'\n]*'?"
+_NESTING = re.compile(_MULTI_LINE_SKIPPED + "|" + _ONE_LINE_SKIPPED +
                       r"|#[^\n]*|[\[\]{}]")  # comments; the brackets counted
 _KEY_PART = r"(?:[A-Za-z0-9_-]+|" + _ONE_LINE_STRINGS + ")"
-_LONG_KEY = re.compile(_MULTI_LINE_STRINGS +  # multi-line strings
+_LONG_KEY = re.compile(_MULTI_LINE_SKIPPED +
                        # a dotted key of more than _DEEP parts, from its first part on
                        # (not from within one: linear time): the group
                        r"|(?<![A-Za-z0-9_.-])"
                        f"({_KEY_PART}(?:[ \t]*\\.[ \t]*{_KEY_PART}){{{_DEEP},}})"
-                       "|" + _ONE_LINE_STRINGS + r"|#[^\n]*")  # strings and comments skipped
+                       "|" + _ONE_LINE_SKIPPED + r"|#[^\n]*")  # strings and comments skipped
 
 
 def _long_key_line(text: str) -> int | None:
@@ -480,8 +535,8 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(("jobs",), f"expected an int, got {_kind(value)}")
         if not 1 <= value <= MAX_JOBS:
-            raise self.fail(("jobs",), f"{value} is out of range (must be 1 <= value <= "
-                                       f"{MAX_JOBS})")
+            raise self.fail(("jobs",), f"{_int_shown(value)} is out of range (must be 1 <= "
+                                       f"value <= {MAX_JOBS})")
         return value
 
     def per_path(self, value: object) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -506,6 +561,17 @@ class _Checker:
                     from None
             out.append((glob, self.codes((key, glob), codes)))
         return tuple(out)
+
+
+def _int_shown(value: int) -> str:
+    """An int of the file as a problem quotes it: whole up to 39 digits, else its size
+    (TOML's hex, octal and binary ints have no bound, and `str` refuses one of more
+    than 4,300 digits: `jobs = 0xfff...` was an internal error)."""
+    bits = value.bit_length()
+    return str(value) if bits <= _SHOWN_BITS else f"an int of {bits:,} bits"
+
+
+_SHOWN_BITS = 128  # 2**128 has 39 digits
 
 
 def _kind(value: object) -> str:

@@ -6,7 +6,10 @@ Owns:
   standard output itself open on one: `1<>trace.yaml`),
   the same path twice, or anything that is not a regular file (a directory, a
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), a path
-  that ends in `/`, and the empty path. `-` (stdout) is always allowed, and so is a
+  that ends in `/`, and the empty path; and one that could not be written: in a
+  missing folder, or one where a probe file cannot be made (read-only, not kpool's),
+  so that a page written after the replay (`--html`, `--svg`) is not refused only
+  once the work is done. `-` (stdout) is always allowed, and so is a
   path that names one of kpool's own descriptors (`/dev/stdout`: written as `-` is),
   standard input's excepted (`/dev/stdin`: an input, never written). An input `-` is
   standard input (`inputs.STDIN`), whatever it is open on.
@@ -85,9 +88,11 @@ def _identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None]]) -> None:
+def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None]], *,
+                  probe: bool = True) -> None:
     """Raise OutputError unless every output (`(option, path)`, path None when not
-    given) may be written without destroying an input or a non-file."""
+    given) may be written without destroying an input or a non-file, and (with
+    `probe`) a file can be made in its folder."""
     outputs = list(outputs)
     # what goes to standard output (`-`, a path naming descriptor 1: /dev/stdout): two
     # would mix in one stream (a JSON report followed by a page is no JSON document)
@@ -152,6 +157,11 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
         if not parent.is_dir():
             reason = "does not exist" if not parent.exists() else "is not a directory"
             raise OutputError(f"{opt} {path}: the directory {parent} {reason}")
+        if probe:
+            try:  # where `written_whole` makes it: beside what a link names
+                _probe(Path(os.path.realpath(path)).parent)
+            except OSError as e:
+                raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def check_output_folder(opt: str, path: str, pattern: str) -> bool:
@@ -177,12 +187,18 @@ def check_output_folder(opt: str, path: str, pattern: str) -> bool:
                 raise OutputError(f"{where}: {entry.name} in it is {_kind(mode)}: kpool writes "
                                   "its files there as regular files and replaces nothing "
                                   "else")
-        fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
-        os.close(fd)
-        os.unlink(probe)
+        _probe(folder)
     except OSError as e:
         raise OutputError(f"{where}: cannot write there: {e.strerror or e}") from None
     return made
+
+
+def _probe(folder: Path) -> None:
+    """Make a file in `folder` and remove it: raises the OSError that writing there
+    would (a read-only folder or disk, /proc, a full disk)."""
+    fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:
@@ -220,7 +236,7 @@ def _kind(mode: int) -> str:
 def written_whole(path: str) -> Iterator[TextIO]:
     # the last line of defence, whatever the command checked: never replace a device,
     # a FIFO or a directory with a regular file
-    check_outputs((), [("output", path)])
+    check_outputs((), [("output", path)], probe=False)  # the file is made at once
     fd = 1 if path == STDOUT else own_descriptor(path)
     if fd is not None:
         yield from _on_descriptor(fd, path)

@@ -58,13 +58,15 @@ def explain_text(code: str) -> str:
 
 
 def resolve(word: str) -> str | None:
-    """A code from `KP001`, `kp1`, `1` or a name (`scatter-race`)."""
+    """A code from `KP001`, `kp1`, `1` or a name (`scatter-race`). The number is ASCII
+    digits (`str.isdigit` also takes `²` and `١`, which `int` refuses or reads), of at
+    most three past its leading zeros (`int` refuses more than 4,300)."""
     w = word.strip().lower()
     for c in CODES.values():
         if w == c.name:
             return c.code
-    digits = w[2:] if w.startswith("kp") else w
-    if digits.isdigit():
+    digits = (w[2:] if w.startswith("kp") else w).lstrip("0") or "0"
+    if digits.isascii() and digits.isdigit() and len(digits) <= 3:
         code = f"KP{int(digits):03d}"
         return code if code in CODES else None
     return None
