@@ -121,7 +121,7 @@ def _runs() -> list[Run]:
                           "traces/coupled-rep-conflict.yaml")),
              Run("diff every trace", ("diff", *(str(p.relative_to(ROOT)) for p in TRACES))),
              Run("diff long names", ("diff", *LONG), in_scratch=True),
-             Run("fuzz", ("fuzz", "--engine", "cache-safe", "--runs", "80", "--seed", "1",
+             Run("fuzz", ("fuzz", "--engine", "cache-safe", "--runs", "40", "--seed", "1",
                           "-o", "fuzz"), in_scratch=True),
              # first seeds of 13 digits: the table cannot keep its file column
              Run("fuzz big seeds", ("fuzz", "--engine", "cache-safe", "--runs", "80",

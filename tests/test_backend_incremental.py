@@ -602,9 +602,9 @@ def test_a_changed_pair_before_a_tail_it_holds_is_left_to_the_general_way(backen
 
 
 def _check_many_sequence_traces(check) -> None:
-    """`check(t, version)` of 300 random traces of two or three sequences
+    """`check(t, version)` of 150 random traces of two or three sequences
     (`value_traces`), each under an engine variant."""
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck),
               database=None, derandomize=True)
     @given(t=value_traces(), engine=st.sampled_from(sorted(VARIANTS)))
     def run(t: m.Trace, engine: str) -> None:
@@ -652,8 +652,8 @@ def test_the_one_call_of_many_sequences_equals_the_general_way(backend: str) -> 
             assert as_json(a, t) == as_json(b, t)
 
     _check_many_sequence_traces(check)
-    assert calls["answered"] > 400 and calls["refused"] > 3, calls
-    assert calls["bad"] > 5 and calls["held"] > 5, calls
+    assert calls["answered"] > 200 and calls["refused"] > 3, calls
+    assert calls["bad"] > 3 and calls["held"] > 5, calls
 
 
 def test_recheck_many_twins_agree_on_random_traces(monkeypatch) -> None:
@@ -684,7 +684,7 @@ def test_recheck_many_twins_agree_on_random_traces(monkeypatch) -> None:
     monkeypatch.setattr(kernels, "recheck_many", twinned)
     _check_many_sequence_traces(
         lambda t, version: check_incremental(t, version, "compiled", "numba"))
-    assert seen["answered"] > 400 and seen["refused"] > 3, seen
+    assert seen["answered"] > 200 and seen["refused"] > 3, seen
 
 
 # -- a pooling kept, not recomputed -------------------------------------------------------
