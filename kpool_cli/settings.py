@@ -422,8 +422,10 @@ _ONE_LINE_STRINGS = r'"(?:\\.|[^"\\\n])*"' r"|'[^'\n]*'"
 # once. Tried again from every quote after it, a string that never ended was read
 # again and again: `"\"\"\...` took the square of its length (38 s for 40 KB, before
 # tomllib said a word). A multi-line basic string ends at the first `"""` no backslash
-# escapes; a literal one, which has no escapes, at the first `'''`.
-_MULTI_LINE_SKIPPED = r'"""(?:\\[\s\S]|[^\\])*?(?:"""|\\?\Z)' r"|'''[\s\S]*?(?:'''|\Z)"
+# escapes; a literal one, which has no escapes, at the first `'''`; each with the one
+# or two quotes written just inside its end (`"""x""""` is `x"`: a quote left over
+# would be skipped as a string to its line's end, a key or a bracket with it).
+_MULTI_LINE_SKIPPED = r'"""(?:\\[\s\S]|[^\\])*?(?:"{3,5}|\\?\Z)' r"|'''[\s\S]*?(?:'{3,5}|\Z)"
 _ONE_LINE_SKIPPED = r'"(?:\\.|[^"\\\n])*"?' r"|'[^'\n]*'?"
 _NESTING = re.compile(_MULTI_LINE_SKIPPED + "|" + _ONE_LINE_SKIPPED +
                       r"|#[^\n]*|[\[\]{}]")  # comments; the brackets counted

@@ -9,6 +9,7 @@ ran, or the function it reached, and asserts what a user sees.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from test_untrusted import KPOOL, ROOT, kpool, long_trace, write
 
+from kpool_cli.contracts import files
 from kpool_cli.settings import Glob, load_settings
 
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
@@ -137,3 +139,50 @@ def test_a_page_in_a_read_only_folder_is_refused_before_the_replay(tmp_path, com
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.startswith("kpool: cannot write /sys/kpool-page: "), r.stderr
+
+
+# -- review of the seventh round ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("quote", ['"', "'"])
+@pytest.mark.parametrize("after", [", " + ".".join(["k"] * 65) + " = 1 }",   # 65 parts
+                                   ", w = " + "[" * 3000 + "]" * 3000 + " }"])
+def test_a_quote_inside_a_multi_line_string_end_hides_nothing(tmp_path, quote, after):
+    """`\"\"\"x\"\"\"\"` is the string `x"` (TOML: one or two quotes just inside the
+    end). Skipped as `\"\"\"x\"\"\"` and a left-over `"` (a one-line string that does not
+    end, skipped to its line's end), it hid the rest of its line from the checks that
+    run before tomllib: a dotted key of 65 parts reached tomllib (40,000 parts: 4 s,
+    1 MiB of them minutes), and nesting deeper than tomllib's recursion lost its line."""
+    (tmp_path / "kpool.toml").write_text(
+        f"x = {{ s = {quote * 3}x{quote * 4}" + after + "\n")
+    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: invalid "
+                               "TOML: "), r.stderr
+
+
+@pytest.mark.parametrize("quotes", ["", '"', '""'])
+def test_a_multi_line_string_ending_in_quotes_is_still_read(tmp_path, quotes):
+    """The quotes just inside a multi-line string's end are the string's: a file of
+    them is read (its key checked), not refused."""
+    (tmp_path / "kpool.toml").write_text(f'x = """a{quotes}"""\n')
+    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: x: "
+                               "unknown key 'x'"), r.stderr
+
+
+def test_ctrl_c_during_the_output_probe_leaves_no_file(tmp_path, monkeypatch):
+    """The probe makes a file and removes it: a Ctrl-C between the two (here right
+    after the file is closed) left `.kpool-*.tmp` in the output's folder."""
+    real_close = os.close
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(files.os, "close", close_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            files.check_outputs((), [("-o", str(tmp_path / "r.json"))])
+    assert list(tmp_path.iterdir()) == []

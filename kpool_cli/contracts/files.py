@@ -195,10 +195,14 @@ def check_output_folder(opt: str, path: str, pattern: str) -> bool:
 
 def _probe(folder: Path) -> None:
     """Make a file in `folder` and remove it: raises the OSError that writing there
-    would (a read-only folder or disk, /proc, a full disk)."""
-    fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
-    os.close(fd)
-    os.unlink(probe)
+    would (a read-only folder or disk, /proc, a full disk). A signal waits until the
+    file is gone (as in `written_whole`): Ctrl-C never leaves it behind."""
+    with masked():
+        fd, probe = tempfile.mkstemp(prefix=".kpool-", suffix=".tmp", dir=folder)
+        try:
+            os.close(fd)
+        finally:
+            os.unlink(probe)
 
 
 def _on_descriptor(fd: int, path: str) -> Iterator[TextIO]:
