@@ -19,7 +19,8 @@ Owns:
   message names it, `<stdin>` (`STDIN_NAME`). Only the text `-` is it: a file named
   `-` is `./-`.
 - `not_regular(path)`: why `path` is not a file kpool reads (None when it is), for
-  the walks of input folders and for output checks.
+  the walks of input folders and for output checks; a path that names the file
+  standard input is open on (`/dev/stdin` on a pipe) is told that `-` reads it.
 - `trace_paths(paths)`: the trace files that files and folders given on the command
   line stand for (a folder's files are inputs as much as the folder), and why a
   folder gave none: it holds no trace, or a folder in it cannot be listed (a trace
@@ -118,7 +119,19 @@ def not_regular(path: str | Path) -> str | None:
         st = os.stat(path)
     except OSError:
         return None
-    return _why_not(st)
+    why = _why_not(st)
+    if why is not None and _is_stdin(st):  # `/dev/stdin`, `/dev/fd/0`, a pipe's FIFO...
+        why += f" (standard input: give {STDIN} to read it)"
+    return why
+
+
+def _is_stdin(st: os.stat_result) -> bool:
+    """Whether `st` is the file standard input is open on."""
+    try:
+        own = os.fstat(0)
+    except OSError:  # no standard input at all
+        return False
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
 
 
 def read_head(path: str | Path, n: int) -> bytes:

@@ -83,6 +83,23 @@ def test_a_terminal_on_stdin_is_refused_not_waited_on(tmp_path: Path) -> None:
     assert "kpool: <stdin>: cannot read the trace: it is a terminal" in r.stderr
 
 
+def test_standard_input_named_by_a_path_is_refused_with_the_way_to_read_it(
+        tmp_path: Path) -> None:
+    """`/dev/stdin` (or `/dev/fd/0`) on a pipe is a FIFO, refused as any FIFO is, and
+    the message says it is standard input, which `-` reads; a FIFO that is not
+    standard input gets no such hint."""
+    for path in ("/dev/stdin", "/dev/fd/0"):
+        r = kpool("validate", path, input="kpool_trace: 1\n", cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert (f"{path}: cannot read the trace: it is a FIFO, not a regular file "
+                "(standard input: give - to read it)") in r.stdout, r.stdout
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    r = kpool("validate", str(fifo), input="kpool_trace: 1\n", cwd=tmp_path)
+    assert r.returncode == 2 and "is a FIFO, not a regular file" in r.stdout
+    assert "standard input" not in r.stdout
+
+
 def test_no_output_lands_on_stdin(tmp_path: Path) -> None:
     """stdin is an input: the file it is open on is never written, nor is stdin."""
     t = write(tmp_path / "t.yaml", RACE.read_text())
