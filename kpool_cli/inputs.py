@@ -138,7 +138,7 @@ def read_head(path: str | Path, n: int) -> bytes:
     """The first `n` bytes of the regular file `path` (to tell what it is), or of
     standard input (`STDIN`); raises as `read_input` does."""
     if path == STDIN:
-        return _stdin.prefix(n)[:n]
+        return _stdin.prefix(n)
     return _read(path, n, whole=False)
 
 

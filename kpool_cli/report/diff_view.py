@@ -735,20 +735,19 @@ def _print_sparklines(console: Console, r: DiffResult, own_line: bool) -> None:
     SPARK_WIDTH marks a side), and how many ubatches a mark stands for, after them
     when it fits. The trace's name in a column when every row fits the width whole
     (and the summary kept its trace column), else on a line of its own, INDENT in."""
-    traces = [t for t in r.traces if shapes(t)]
-    if not traces:
+    widest = [(t, s) for t in r.traces if (s := shapes(t, SPARK_WIDTH))]  # the most marks
+    if not widest:
         return
+    traces = [t for t, _ in widest]
     labels = [trace_label(t) for t in traces]
-    what_w = max(cell_len(what) for t in traces for what, *_ in shapes(t))
+    what_w = max(cell_len(what) for _, s in widest for what, *_ in s)
     trace_w = max(cell_len(label) for label in labels)
     # the sparklines' column: the width less each column and its padding (one a side)
     room = console.width - (trace_w + 2) - (what_w + 2) - 2
-
-    def whole(t: TraceDiff) -> int:  # a row's sparklines and their note, unfolded
-        return max(cell_len(SPARK_BASE + SPARK_HEAD) + len(bv) + len(hv) + 2
-                   + cell_len(words.per_bin(per)) for _, bv, hv, per in shapes(t, SPARK_WIDTH))
-
-    own_line = own_line or any(whole(t) > room for t in traces)
+    # a row's sparklines and their note at their most marks
+    whole = max(cell_len(SPARK_BASE + SPARK_HEAD) + len(bv) + len(hv) + 2
+                + cell_len(words.per_bin(per)) for _, s in widest for _, bv, hv, per in s)
+    own_line = own_line or whole > room
     if own_line:
         room = console.width - INDENT - (what_w + 2) - 2
     limit = max(1, min(SPARK_WIDTH, (room - cell_len(SPARK_BASE + SPARK_HEAD)) // 2))
