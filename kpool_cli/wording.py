@@ -68,18 +68,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
     import numpy as np
 
-# C0 controls, DEL, C1 controls; plus the format characters (category Cf) that a
-# terminal or a bidi-aware renderer acts on, the line/paragraph separators, and the
-# two noncharacters U+FFFE and U+FFFF, which no XML document may hold (an SVG view, a
-# JUnit report: XML 1.0's Char excludes them, as it does surrogates and controls)
-_HIDDEN = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff\ufeff"
-    "\ufff9-\ufffb\ufffe\uffff]"
+# What a view writes as an escape: C0 controls, DEL, C1 controls; every format
+# character (category Cf of the Unicode 14.0 that Python 3.11 carries: the bidi
+# controls and zero-widths a terminal or a bidi-aware renderer acts on, and those that
+# show nothing, as the soft hyphen U+00AD and the tag characters U+E0000-E007F do, so
+# that two names that look alike are told apart); the line and paragraph separators;
+# surrogates; and the two noncharacters U+FFFE and U+FFFF, which no XML document may
+# hold (an SVG view, a JUnit report: XML 1.0's Char excludes them, as it does
+# surrogates and controls)
+_FORMAT = (
+    "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\ufffe\uffff"
+    "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e007f"
 )
-_HIDDEN_KEEP_NL = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff"
-    "\ufeff\ufff9-\ufffb\ufffe\uffff]"
-)
+_HIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")
+_HIDDEN_KEEP_NL = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_FORMAT}]")
 
 
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
@@ -90,7 +94,8 @@ def _escape(m: re.Match[str]) -> str:
     if c in _NAMED:
         return _NAMED[c]
     o = ord(c)
-    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
+    return (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000
+            else f"\\U{o:08x}")
 
 
 # the most characters of untrusted text (a name, a description, a message line with

@@ -3,7 +3,8 @@
 read in time that grew with the square of its length, a settings int too long for
 `str`, a settings file of chained `**/` globs that cost every trace seconds,
 `kpool explain` of digits `int` refuses, and a page (`--html`, `--svg`) refused in a
-read-only folder only once the replay was done. Each test runs what the campaign
+read-only folder only once the replay was done; and, what it left, the soft hyphen
+and the tag characters passed unescaped. Each test runs what the campaign
 ran, or the function it reached, and asserts what a user sees.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from test_untrusted import KPOOL, ROOT, kpool, long_trace, write
 
 from kpool_cli.contracts import files
 from kpool_cli.settings import Glob, load_settings
+from kpool_cli.wording import visible
 
 RACE = ROOT / "traces" / "shared-prefix-race.yaml"
 
@@ -186,3 +190,30 @@ def test_ctrl_c_during_the_output_probe_leaves_no_file(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             files.check_outputs((), [("-o", str(tmp_path / "r.json"))])
     assert list(tmp_path.iterdir()) == []
+
+
+# -- characters that show nothing ----------------------------------------------------------
+
+
+def test_every_format_character_is_escaped():
+    """What the round left: the soft hyphen and the tag characters passed through
+    `visible` raw, so `ra`, U+00AD, `ce` showed as `race`. Every format character
+    (category Cf, as the interpreter's own Unicode tables have it) is escaped now,
+    and one past U+FFFF as `\\U` and eight digits."""
+    cf = [chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    assert len(cf) > 160  # 161 in Unicode 14.0
+    raw = [c for c in cf if c in visible(f"a{c}b")]
+    assert raw == []
+    assert visible("ra\u00adce") == "ra\\xadce"
+    assert visible("x\U000e0041") == "x\\U000e0041"
+
+
+def test_a_soft_hyphen_in_a_trace_name_shows_as_its_escape(tmp_path):
+    trace = tmp_path / "t.yaml"
+    trace.write_text(RACE.read_text().replace("name: shared-prefix-race",
+                                              'name: "shared-prefix-ra\\u00adce\\U000e0041"'),
+                     encoding="utf-8")
+    r = kpool("replay", str(trace), "--engine", "rep-once", "--backend", "none")
+    assert r.returncode == 0, r.stderr
+    assert "shared-prefix-ra\\xadce\\U000e0041" in r.stdout
+    assert "\u00ad" not in r.stdout and "\U000e0041" not in r.stdout
