@@ -22,13 +22,13 @@ from kpool_cli.contracts.records import Pools
 from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.engine.layout import PoolGrowth
 from kpool_cli.report.json_report import (
-    dumps,
     finding_json,
     pool_ids_json,
     pools_json,
     rows_json,
     scatter_json,
 )
+from kpool_cli.report.json_text import dumps
 from kpool_cli.verdict.codes import CODES
 
 
@@ -217,6 +217,36 @@ def test_a_report_value_is_compact_ascii_json_that_reads_back(value):
     assert text.isascii()
     assert ", " not in text and '": ' not in text
     assert json.loads(text) == json.loads(json.dumps(value))  # int keys become strings
+
+
+# JSON values as kpool's documents hold them, and the ones orjson writes otherwise:
+# floats of every magnitude (1e-9 to 1e-4 among them), ints past 64 bits, text past
+# ASCII and lone surrogates, int keys
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([1e-05, 1.5e-07, -3e-09, 0.0001, 1e16, 1e-10, 0.00012])
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=4) | st.integers(-5, 5), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON_VALUES)
+def test_json_text_is_what_json_writes_byte_for_byte(value):
+    """json_text.dumps, both layouts, is json.dumps's text (where orjson writes a
+    float, a character or a big int otherwise, json's own)."""
+    assert dumps(value) == json.dumps(value, separators=(",", ":"))
+    assert dumps(value, indent=True) == json.dumps(value, indent=2)
+
+
+def test_json_text_takes_orjson_where_it_is_json():
+    """The floats json writes apart (`1e-05`, `1e-07`) are json's text; the rest is
+    orjson's, whose float text json shares at 1e-4 and 1e16."""
+    assert dumps({"r": [1e-05, 1.5e-07]}) == '{"r":[1e-05,1.5e-07]}'
+    assert dumps({"r": [0.0001, 1e16, 2.5]}, indent=True) == (
+        '{\n  "r": [\n    0.0001,\n    1e+16,\n    2.5\n  ]\n}')
 
 
 def test_a_report_value_json_cannot_write_is_refused_as_json_refuses_it():

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from ..contracts.report_format import report_schema
+from ..report.json_text import dumps
 from ..trace.schema import trace_schema
 from ..versions import VERSIONS
 from ..wording import visible
@@ -56,7 +56,7 @@ def schema_cmd(which: str) -> None:
     from ..contracts.report_format import check_schema
 
     doc = {"trace": trace_schema, "report": report_schema, "check": check_schema}[which]()
-    click.echo(json.dumps(doc, indent=2))
+    click.echo(dumps(doc, indent=True))
 
 
 @click.command("engines")

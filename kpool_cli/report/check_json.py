@@ -8,7 +8,6 @@ JSON escapes what it must, and a reader shows it as it sees fit.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -25,6 +24,7 @@ from ..contracts.report_format import (
     PROBLEM,
     TOOL,
 )
+from .json_text import dumps
 
 
 def result_record(r: CheckResult) -> dict[str, Any]:
@@ -61,6 +61,5 @@ def check_document(results: Iterable[CheckResult], fail_on: str) -> dict[str, An
 def write_check_json(out: TextIO, results: Iterable[CheckResult], fail_on: str
                      ) -> list[CheckResult]:
     rs = list(results)
-    json.dump(check_document(rs, fail_on), out, indent=2)
-    out.write("\n")
+    out.write(dumps(check_document(rs, fail_on), indent=True) + "\n")
     return rs

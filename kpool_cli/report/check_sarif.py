@@ -13,7 +13,6 @@ the tests against the official SARIF 2.1.0 schema.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..verdict.codes import CODES
 from ..verdict.explain import EXPLANATIONS, explain_text
 from ..wording import visible
 from .check_text import flagged_text, problem_text, unmet_text, unmet_title
+from .json_text import dumps
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -116,6 +116,5 @@ def sarif_log(results: Iterable[CheckResult]) -> dict[str, Any]:
 
 def write_check_sarif(out: TextIO, results: Iterable[CheckResult]) -> list[CheckResult]:
     rs = list(results)
-    json.dump(sarif_log(rs), out, indent=2)
-    out.write("\n")
+    out.write(dumps(sarif_log(rs), indent=True) + "\n")
     return rs

@@ -14,7 +14,7 @@ codes are worded by `kpool_cli.wording`, as in the replay's views.
 Text from the inputs (trace paths and names, engine names, event kinds and
 messages: a saved report may hold anything) goes through `wording.visible` in the
 text and rich views, so it cannot drive the terminal. The JSON view writes it as
-it is: `json.dumps` escapes every control character (and, ASCII-only, the rest).
+it is: `json_text.dumps` escapes every control character (and, ASCII-only, the rest).
 Codes left out of a comparison (`TraceDiff.not_compared`: one side had no value
 backend) are said in every view, per trace and in the summary.
 
@@ -29,7 +29,6 @@ the JSON writes them bare.
 
 from __future__ import annotations
 
-import json
 from typing import NamedTuple, TextIO
 
 from rich.cells import cell_len
@@ -59,6 +58,7 @@ from ..diff.compare import (
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
 from ..wording import visible
+from .json_text import dumps
 from .terminal import Manners, make_console
 from .view import Flow
 
@@ -472,7 +472,7 @@ def diff_json(r: DiffResult) -> dict:
 
 
 def write_diff_json(out: TextIO, r: DiffResult) -> None:
-    out.write(json.dumps(diff_json(r), indent=2) + "\n")
+    out.write(dumps(diff_json(r), indent=True) + "\n")
 
 
 def write_diff(out: TextIO, r: DiffResult, fmt: str) -> None:

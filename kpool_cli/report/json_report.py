@@ -11,7 +11,6 @@ per op) until the end.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from itertools import chain, islice
@@ -51,25 +50,7 @@ from ..signals import held
 from ..trace.load import TraceError
 from ..trace.model import Trace
 from ..wording import unicode_path
-
-# int keys written as json writes them; a dataclass or datetime refused, as json does
-_ORJSON = (orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
-           | orjson.OPT_PASSTHROUGH_DATETIME)
-
-
-def dumps(value: object) -> str:
-    """One JSON value of the report, compact and ASCII-only. orjson encodes it (W4
-    cache-safe took 0.92x its time with it: docs/performance.md); where that text is
-    not ASCII (a trace's name or description may hold any character, bidi controls
-    included) or orjson refuses the value (a lone surrogate), `json` writes it with
-    `\\u` escapes instead, so no report carries a raw non-ASCII character."""
-    try:
-        raw = orjson.dumps(value, option=_ORJSON)
-        if raw.isascii():
-            return raw.decode("ascii")
-    except orjson.JSONEncodeError:
-        pass
-    return json.dumps(value, separators=(",", ":"))
+from .json_text import ORJSON, as_json_writes, dumps
 
 
 def finding_json(f: Finding) -> dict:
@@ -570,7 +551,7 @@ def _fragment(value: object) -> orjson.Fragment:
     """orjson's text of `value`, to be placed as it is. Not ASCII, the ubatch's text is
     not either: `ubatch_text` then writes it the other way; orjson refusing it
     (JSONEncodeError) does the same."""
-    return orjson.Fragment(orjson.dumps(value, option=_ORJSON))
+    return orjson.Fragment(orjson.dumps(value, option=ORJSON))
 
 
 def ubatch_text(r: UbatchRecord, run_form: bool, texts: EncodedTexts) -> str:
@@ -578,9 +559,10 @@ def ubatch_text(r: UbatchRecord, run_form: bool, texts: EncodedTexts) -> str:
     from `texts` (the same bytes: orjson writes a nested value as it writes it
     alone)."""
     try:
-        raw = orjson.dumps(ubatch_json(r, run_form, texts, texts.listings), option=_ORJSON)
-        if raw.isascii():
-            return raw.decode("ascii")
+        text = as_json_writes(
+            orjson.dumps(ubatch_json(r, run_form, texts, texts.listings), option=ORJSON))
+        if text is not None:
+            return text
     except orjson.JSONEncodeError:
         pass
     return dumps(ubatch_json(r, run_form))  # as dumps writes what orjson does not
