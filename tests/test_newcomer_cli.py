@@ -1,7 +1,10 @@
-"""Four surprises of a newcomer walking the README: no `-` for a trace on stdin, no
+"""Surprises of a newcomer walking the README: no `-` for a trace on stdin, no
 summary when Ctrl-C ends `kpool fuzz`, `kpool validate` silent on why it stopped at a
-trace's version, and `--seed` bounded one way by `kpool fuzz` and another by `kpool
-gen random`. Each test runs `kpool` as a user would and asserts what they see.
+trace's version, `--seed` bounded one way by `kpool fuzz` and another by `kpool gen
+random`; and the help: `kpool --help` cutting five commands' lines with `...` at 80
+columns, `kpool gen` speaking of commands where the README says scenarios, and
+`replay --seq` helped as `sequence S` beside a metavar of `0-255`. Each test runs
+`kpool` as a user would (or reads the help click prints) and asserts what they see.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ import subprocess
 import time
 from pathlib import Path
 
+import click
 from test_untrusted import KPOOL, RACE, kpool, write
 
 from kpool_cli.cli.fuzz import fuzz_cmd
 from kpool_cli.cli.gen import gen_cmd
+from kpool_cli.cli.main import COMMANDS, cli
 from kpool_cli.gen.fuzz import tasks_for
 from kpool_cli.gen.random_trace import random_trace
+from kpool_cli.gen.scenarios import SCENARIOS
 from kpool_cli.trace.format import SEED_MAX
 from kpool_cli.trace.load import MAX_BYTES, load_trace_text
 from kpool_cli.trace.write import dump_trace
@@ -290,3 +296,78 @@ def test_every_fuzz_run_is_a_trace_gen_random_writes(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kpool fuzz: 2 runs under cache-safe")
 
+
+
+# -- 5. the help -----------------------------------------------------------------------
+
+
+def _commands_section(out: str) -> list[str]:
+    lines = out.splitlines()
+    return lines[lines.index("Commands:") + 1:]
+
+
+def test_kpool_help_lists_every_command_whole() -> None:
+    """At 80 columns click cut five of the nine lines mid-phrase (`check     Check the
+    traces in PATHS (files, or folders searched...`): each command is now listed on one
+    line with its whole sentence; on a narrower terminal the sentence wraps, never cut."""
+    r = kpool("--help", env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    rows = _commands_section(r.stdout)
+    assert [row.split()[0] for row in rows] == sorted(COMMANDS)
+    for row in rows:
+        name, sentence = row.split(maxsplit=1)
+        assert sentence == COMMANDS[name][2], row
+        assert len(row) <= 80 and not sentence.endswith("..."), row
+    r = kpool("--help", env={"COLUMNS": "60"})
+    assert r.returncode == 0, r.stderr
+    said = " ".join(_commands_section(r.stdout))
+    assert "..." not in said
+    assert said.split() == [w for n in sorted(COMMANDS) for w in [n, *COMMANDS[n][2].split()]]
+
+
+def test_gen_speaks_of_scenarios_as_the_readme_does() -> None:
+    """`kpool gen SCENARIO`, the README's words: click said `COMMAND [ARGS]...`,
+    `Commands:` and `No such command 'foo'.`"""
+    r = kpool("gen", "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Usage: kpool gen [OPTIONS] SCENARIO [OPTIONS]\n")
+    lines = r.stdout.splitlines()
+    listed = lines[lines.index("Scenarios:") + 1:]
+    assert [row.split()[0] for row in listed if not row.startswith("   ")] == list(SCENARIOS)
+    assert "command" not in r.stdout.lower()
+    r = kpool("gen", "servre")
+    assert r.returncode == 2
+    assert r.stderr.endswith("Error: No such scenario 'servre'. The scenarios are:\n"
+                             "  server, speculative, context-shift, save-restore, "
+                             "mrope-image, random\n"), r.stderr
+    assert max(len(line) for line in r.stderr.splitlines()) <= 80
+    assert "Usage: kpool gen [OPTIONS] SCENARIO [OPTIONS]" in r.stderr
+    r = kpool("gen", "server", "--slots", "1")
+    assert r.returncode == 0 and r.stdout.startswith("kpool_trace: 1\n"), r.stderr
+
+
+# a capital letter standing alone for a value (`sequence S`, `range A..B`), not `A` as
+# the article before a word nor inside brackets (`seq: [S]` is trace syntax)
+PLACEHOLDER = re.compile(r"(?<![\w\[`.])([A-Z])(?![\w\]])(?! [a-z])")
+
+
+def _options(command: click.Command, path: str) -> list[tuple[str, click.Option]]:
+    if isinstance(command, click.Group):
+        return [o for name, sub in command.commands.items()
+                for o in _options(sub, f"{path} {name}")]
+    return [(path, p) for p in command.params if isinstance(p, click.Option)]
+
+
+def test_an_options_help_names_only_placeholders_its_metavar_shows() -> None:
+    """`replay --help` showed `--seq 0-255  Text: show the ubatches that decode,
+    re-pool or flag sequence S`: an S the line never defines."""
+    commands = [cli.commands[name] for name in COMMANDS]  # each module, imported
+    checked = []
+    for command in commands:
+        for path, option in _options(command, f"kpool {command.name}"):
+            metavar = option.make_metavar(click.Context(click.Command(path)))
+            for letter in PLACEHOLDER.findall(option.help or ""):
+                checked.append(letter)
+                assert letter in metavar, (path, option.opts, metavar, option.help)
+    assert "N" in checked and "A" in checked  # --jobs N, --ubatch N|A..B
+    assert PLACEHOLDER.findall("flag sequence S. Repeatable.") == ["S"]

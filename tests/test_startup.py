@@ -214,8 +214,8 @@ def test_validate_imports_no_pool_and_no_rich_off_a_terminal() -> None:
 
 
 def test_the_command_table_says_what_the_commands_say() -> None:
-    """`kpool --help` lists each command by COMMANDS' sentence: shortened at every
-    width, it is the command's own short help."""
+    """`kpool --help` lists each command by COMMANDS' sentence, whole: it is the first
+    sentence of the command's own help (shortened at any width, the two agree)."""
     from kpool_cli.cli.main import COMMANDS, cli
 
     assert sorted(cli.list_commands(None)) == sorted(COMMANDS)  # type: ignore[arg-type]

@@ -57,11 +57,13 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
               ignore: tuple[str, ...], fmt: str | None, output: str | None,
               jobs: int | None, backend: str, no_config: bool, max_tokens: int,
               max_nodes: int | None, max_memory: int | None, core: str) -> None:
-    """Check the traces in PATHS (files, or folders searched recursively for *.yaml and
-    *.yml) as a CI gate: each is replayed under every engine its expect items name;
-    every expect must hold, and no finding at or above --fail-on may be left
-    unpinned (a code listed in an expect's findings for that engine is pinned).
-    A path given as - is one trace read from standard input.
+    """Check the traces in PATHS as a CI gate.
+
+    PATHS are files, or folders searched recursively for *.yaml and *.yml. Each
+    trace is replayed under every engine its expect items name; every expect must
+    hold, and no finding at or above --fail-on may be left unpinned (a code listed
+    in an expect's findings for that engine is pinned). A path given as - is one
+    trace read from standard input.
 
     \b
     Settings: [tool.kpool] of the nearest pyproject.toml, or kpool.toml, from the
@@ -145,9 +147,11 @@ def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @load_bounds
 def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None) -> None:
-    """Load the traces in PATHS (files, or folders searched recursively for *.yaml and
-    *.yml) without replaying them, and list every problem of every file. A path
-    given as - is one trace read from standard input.
+    """Load the traces in PATHS without replaying them.
+
+    PATHS are files, or folders searched recursively for *.yaml and *.yml; every
+    problem of every file is listed. A path given as - is one trace read from
+    standard input.
 
     \b
     Exit status:

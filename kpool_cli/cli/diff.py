@@ -55,7 +55,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
              backend: str | None, jobs: int, max_tokens: int, max_nodes: int | None,
              max_memory: int | None, core: str, html_out: str | None) -> None:
-    """Compare two engine versions on TRACES, or two saved JSON reports.
+    """Compare two engine versions on TRACES, or two JSON reports.
 
     \b
     Examples:

@@ -42,7 +42,9 @@ from .options import Float, Int, jobs_option
                    "--base ENGINE` shows them, shrinking the first one.")
 def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
              out_dir: str, backend: str, dask_address: str | None, base: str | None) -> None:
-    """Replay random traces under ENGINE on both replay cores, check kpool's
+    """Fuzz ENGINE with random traces, shrinking each new finding.
+
+    Replay random traces under ENGINE on both replay cores, check kpool's
     invariants, shrink each new finding to a minimal trace with an `expect` pinning
     it. Exit 0 when kpool found no defect of its own (engine findings are what fuzzing
     is for; a record where the compiled core differs from the reference core is a

@@ -41,10 +41,31 @@ def _gen_command(scenario: Scenario) -> click.Command:
                          short_help=scenario.doc)
 
 
-@click.group("gen")
+class _Scenarios(click.Group):
+    """`kpool gen`'s commands are its scenarios, and it says so: `SCENARIO` in its
+    usage, a `Scenarios` listing, and an unknown name answered with the scenarios
+    (click says `COMMAND`, `Commands` and `No such command`)."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Scenarios"):
+            formatter.write_dl([(name, s.doc) for name, s in SCENARIOS.items()])
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0]
+        if (self.get_command(ctx, name) is None and not name.startswith("-")
+                and not ctx.resilient_parsing):
+            # the list on a line of its own: within 80 columns after `Error: `
+            ctx.fail(f"No such scenario {name!r}. The scenarios are:\n  "
+                     f"{', '.join(SCENARIOS)}")
+        return super().resolve_command(ctx, args)
+
+
+@click.group("gen", cls=_Scenarios, subcommand_metavar="SCENARIO [OPTIONS]")
 def gen_cmd() -> None:
-    """Write a generated trace (format v1): a seeded, deterministic scenario whose sizes
-    are options; its description says how to regenerate it."""
+    """Write a generated trace (format v1).
+
+    Each SCENARIO is seeded and deterministic, its sizes are its options (its
+    --help lists them), and the trace's description says how to regenerate it."""
 
 
 for _scenario in SCENARIOS.values():

@@ -20,8 +20,10 @@ from .io import fail, hanging
 @click.option("--color/--no-color", "color", default=None,
               help="Colour [default: on a terminal, unless NO_COLOR is set].")
 def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
-    """What finding CODE (KP001, or its name: scatter-race) means, why it is harmful, a
-    minimal trace that triggers it, and how to fix the engine."""
+    """Explain finding CODE: what it means and how to fix the engine.
+
+    CODE is a code (KP001) or its name (scatter-race). Shown: what the finding
+    flags, why it is harmful, a minimal trace that triggers it, and the fix."""
     from ..report.terminal import Manners, make_console
     from ..report.view import print_code_list, print_explanation
     from ..verdict.codes import CODES
@@ -51,8 +53,12 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
 @click.command("schema")
 @click.argument("which", type=click.Choice(["trace", "report", "check"]))
 def schema_cmd(which: str) -> None:
-    """Print the JSON Schema of the trace (YAML as parsed), of the report, or of
-    `kpool check --output-format json`."""
+    """Print the JSON Schema of a trace, a report or check's JSON.
+
+    \b
+    trace   a trace, as its YAML parses
+    report  a report of `kpool replay --format json`
+    check   the output of `kpool check --output-format json`"""
     from ..contracts.report_format import check_schema
 
     doc = {"trace": trace_schema, "report": report_schema, "check": check_schema}[which]()

@@ -42,39 +42,23 @@ from ..workers import WorkerDied
 from .io import OutOfMemory
 
 # Every command: its module in this package, its object there, and the first sentence of
-# its docstring, which `kpool --help` shortens into the command's line (tests/test_startup.py
-# holds the two equal). A command's module, and all it imports (numpy, the loader, the
+# its docstring, which `kpool --help` lists whole beside the command's name
+# (tests/test_startup.py holds the two equal; tests/test_newcomer_cli.py holds each on one
+# line at 80 columns). A command's module, and all it imports (numpy, the loader, the
 # replay ...), is imported only when that command runs or shows its own help: `kpool
 # --help` imports none of them.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "check": ("check", "check_cmd",
-              "Check the traces in PATHS (files, or folders searched recursively for *.yaml "
-              "and *.yml) as a CI gate: each is replayed under every engine its expect items "
-              "name; every expect must hold, and no finding at or above --fail-on may be "
-              "left unpinned (a code listed in an expect's findings for that engine is "
-              "pinned)."),
-    "diff": ("diff", "diff_cmd",
-             "Compare two engine versions on TRACES, or two saved JSON reports."),
+    "check": ("check", "check_cmd", "Check the traces in PATHS as a CI gate."),
+    "diff": ("diff", "diff_cmd", "Compare two engine versions on TRACES, or two JSON reports."),
     "engines": ("info", "engines_cmd", "List the engine versions, bases and patches."),
     "explain": ("info", "explain_cmd",
-                "What finding CODE (KP001, or its name: scatter-race) means, why it is "
-                "harmful, a minimal trace that triggers it, and how to fix the engine."),
-    "fuzz": ("fuzz", "fuzz_cmd",
-             "Replay random traces under ENGINE on both replay cores, check kpool's "
-             "invariants, shrink each new finding to a minimal trace with an `expect` "
-             "pinning it."),
-    "gen": ("gen", "gen_cmd",
-            "Write a generated trace (format v1): a seeded, deterministic scenario whose "
-            "sizes are options; its description says how to regenerate it."),
+                "Explain finding CODE: what it means and how to fix the engine."),
+    "fuzz": ("fuzz", "fuzz_cmd", "Fuzz ENGINE with random traces, shrinking each new finding."),
+    "gen": ("gen", "gen_cmd", "Write a generated trace (format v1)."),
     "replay": ("replay", "replay_cmd",
-               "Replay TRACES through an engine version and report what each ubatch did."),
-    "schema": ("info", "schema_cmd",
-               "Print the JSON Schema of the trace (YAML as parsed), of the report, or of "
-               "`kpool check --output-format json`."),
-    "validate": ("check", "validate_cmd",
-                 "Load the traces in PATHS (files, or folders searched recursively for "
-                 "*.yaml and *.yml) without replaying them, and list every problem of every "
-                 "file."),
+               "Replay TRACES through an engine version, ubatch by ubatch."),
+    "schema": ("info", "schema_cmd", "Print the JSON Schema of a trace, a report or check's JSON."),
+    "validate": ("check", "validate_cmd", "Load the traces in PATHS without replaying them."),
 }
 
 
@@ -125,17 +109,13 @@ class _Commands(MutableMapping[str, click.Command]):
 
 class _Group(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """click's listing (`Group.format_commands`), each line shortened from `COMMANDS`
+        """click's listing (`Group.format_commands`), each line the command's sentence
+        from `COMMANDS`, whole (click would cut it with `...` past the width, mid-phrase),
         rather than from the command: no command's module is imported for it."""
-        names = [n for n in self.list_commands(ctx) if n in COMMANDS]
-        if not names:
-            return
-        limit = formatter.width - 6 - max(len(n) for n in names)
-        # a command of that help, never run: click shortens its help as it would the real one's
-        rows = [(n, click.Command(n, help=COMMANDS[n][2]).get_short_help_str(limit))
-                for n in names]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+        rows = [(n, COMMANDS[n][2]) for n in self.list_commands(ctx) if n in COMMANDS]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def make_context(self, *args, **kwargs) -> click.Context:
         # `kpool --help` and `--version` print while the arguments are parsed

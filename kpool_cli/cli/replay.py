@@ -59,8 +59,8 @@ from .options import (
               help="Text: show ubatch N, or the ubatches of the half-open range A..B (A.. "
                    "to the end). Repeatable.")
 @click.option("--seq", "seq", type=Int(0, N_SEQ_MAX_MAX - 1), multiple=True,
-              help="Text: show the ubatches that decode, re-pool or flag sequence S. "
-                   "Repeatable.")
+              help="Text: show the ubatches that decode, re-pool or flag this sequence "
+                   "(its seq id). Repeatable.")
 @click.option("--only-findings/--all-ubatches", "only_findings", default=None,
               help="Text: show only ubatches and ops with findings [default: only past "
                    "200 ubatches with no other navigation option].")
@@ -89,7 +89,7 @@ def replay_cmd(traces: tuple[str, ...], engine: str | None, fmt: str, output: st
                quiet: bool, html: str | None, svg: str | None, max_tokens: int,
                max_nodes: int | None, max_memory: int | None, backend: str, core: str
                ) -> None:
-    """Replay TRACES through an engine version and report what each ubatch did.
+    """Replay TRACES through an engine version, ubatch by ubatch.
 
     \b
     A trace given as - is read from standard input:
