@@ -16,6 +16,8 @@ Owns:
   position whose pools may have regrouped): `seq 0 from pos 12, seq 1 from pos 0`;
 - `pools(pairs)`: pools as `seq:k`, three or more consecutive pools of one sequence
   as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
+- `place(op, batch_ubatch)`: a place in a replay: `op 3.0` (op 3, its ubatch 0), or
+  `op 3` (the op itself: an edit, a refused decode);
 - `code(code, name)`: a finding code with its name: `KP001 scatter-race`;
 - `count(n)`: a count as the text views show it: grouped by thousands from
   GROUPED_FROM on (`12,345`), bare below (`1247`); a number that names a place in a
@@ -241,6 +243,16 @@ def pools(pairs: Iterable[tuple[int, int]], limit: int | None = None) -> str:
             parts.append(f"{ps[i][0]}:{ps[i][1]}")
         i = j + 1
     return _limited(parts, limit, len(ps)) or NONE
+
+
+def place(op: int, batch_ubatch: int | None = None) -> str:
+    """A place in a replay: `op 3.0`, op 3's ubatch 0 (`batch_ubatch`, its position in
+    its batch); `op 3` without one, the op itself (an edit, a refused decode).
+
+    >>> place(3, 0), place(1)
+    ('op 3.0', 'op 1')
+    """
+    return f"op {op}" if batch_ubatch is None else f"op {op}.{batch_ubatch}"
 
 
 def writer(w: tuple[int, int]) -> str:

@@ -23,8 +23,10 @@ from click.testing import CliRunner
 from test_view import BIG
 
 from kpool_cli.cli import cli
-from kpool_cli.diff.compare import DiffResult, EventDiff, compare
+from kpool_cli.diff.compare import DiffResult, EventDiff, Place, compare
 from kpool_cli.diff.runs import DiffInputError, Unit, gather, run_unit
+from kpool_cli.diff.summary import EventSummary, RunSummary, UbatchSummary
+from kpool_cli.report.diff_page import write_diff_page
 from kpool_cli.report.diff_view import diff_json, write_diff_plain, write_diff_rich
 from kpool_cli.report.terminal import Manners, make_console
 from kpool_cli.wording import SPARKS
@@ -162,17 +164,83 @@ def test_runs_part_where_rep_once_aborts_the_partial_copy():
 
 
 def test_every_finding_change_and_the_parting_say_where_they_sit_on_the_ubatch_axis():
-    """What the diff page places: the partial copy's abort (an event, op 2) comes
-    before ubatch 2 of head, where the runs part; cache-safe's race after it is at its
-    own ubatch 2; the race's aligned fixes and its seq_cp at their ubatches."""
+    """What the diff page places, each place an op's event (batch_ubatch None) or one
+    of its ubatches, said explicitly: the partial copy's abort (the seq_cp, op 2,
+    after the decodes of ops 0 and 1, ubatches 0 and 1) comes before ubatch 2 of head,
+    where the runs part; cache-safe's race after it is at its own ubatch 2 (op 5, the
+    decode after two expects); the race's aligned fixes at ubatches 1 (op 3, after
+    the seq_cp of op 1 and the note of op 2) and 2 (op 6), its seq_cp before ubatch 1."""
     (t,) = _result(PARTIAL).traces
     assert t.parting is not None and t.parting.before == 2
-    assert [(c.code, c.places) for c in t.introduced] == [("KP005", (("op 2", 2),))]
-    assert [(c.code, c.places) for c in t.fixed] == [("KP001", (("op 5.0", 2),)),
-                                                     ("KP002", (("op 5.0", 2),))]
+    assert [(c.code, c.places) for c in t.introduced] == [("KP005", (Place(2, None, 2),))]
+    assert [(c.code, c.places) for c in t.fixed] == [("KP001", (Place(5, 0, 2),)),
+                                                     ("KP002", (Place(5, 0, 2),))]
+    assert [(p.event, p.where) for p in t.introduced[0].places] == [(True, "op 2")]
+    assert [(p.event, p.where) for p in t.fixed[0].places] == [(False, "op 5.0")]
     (race,) = _result(RACE).traces
-    assert [c.places for c in race.fixed] == [(("op 3.0", 1),), (("op 6.0", 2),)]
+    assert [c.places for c in race.fixed] == [(Place(3, 0, 1),), (Place(6, 0, 2),)]
     assert [(e.op, e.before) for e in race.entries if isinstance(e, EventDiff)] == [(1, 1)]
+
+
+def _ubatch(index: int, op: int, findings=()) -> UbatchSummary:
+    return UbatchSummary(index, op, 0, ((index, (0,)),), (), 1, 1, 1, ((0, index),),
+                         ((index, (index,), False),), tuple(findings), ())
+
+
+def test_after_the_runs_part_each_place_is_a_ubatch_or_an_event_and_where_names_four():
+    """Built by hand: both runs decode op 0 (ubatch 0); at op 1 head aborts (KP005 on
+    its ubatch 1), where base goes on: ubatches 1 to 5 (ops 1 to 5) with a KP001
+    each, then an edit (op 6, after its ubatches 0..5: before 6) with a KP008. So
+    base's findings from op 1 on are fixed: KP001 x5 at five ubatches, named four
+    and `+1 more`; KP008 at the event; head's KP005 introduced at its ubatch 1."""
+    race = ("KP001", (3,))
+    base = RunSummary("t.yaml", "t", "0" * 64, "b", None, (),
+                      (_ubatch(0, 0), *(_ubatch(i, i, (race,)) for i in range(1, 6))),
+                      (EventSummary(6, "seq_rm", "rejected", (), (("KP008", ()),)),))
+    head = dataclasses.replace(base, engine="h", ubatches=(
+        _ubatch(0, 0), _ubatch(1, 1, (("KP005", ()),))), events=())
+    d = compare(base, head)
+    assert d.parting is not None and (d.parting.op, d.parting.before) == (1, 1)
+    assert [(c.code, c.count, c.aligned, c.rows, c.places) for c in d.fixed] == [
+        ("KP001", 5, False, (3,), tuple(Place(i, 0, i) for i in range(1, 6))),
+        ("KP008", 1, False, (), (Place(6, None, 6),))]
+    assert [c.where for c in d.fixed] == ["op 1.0, op 2.0, op 3.0, op 4.0 (+1 more)",
+                                          "op 6"]
+    assert [(c.code, c.places, c.where) for c in d.introduced] == [
+        ("KP005", (Place(1, 0, 1),), "op 1.0")]
+
+
+def test_the_diff_page_names_several_engines_of_a_side_as_its_summary_does():
+    """Two pairs of reports whose sides name different engines (x then y in base, z
+    then w in head): the page's title and heading word each side as the text views do,
+    `x/y` and `z/w`, the same as the summary it shows (it said `x, y` above `x/y`)."""
+    run_ = RunSummary("t.yaml", "t", "0" * 64, "x", None, (), (_ubatch(0, 0),), ())
+    pairs = [(run_, dataclasses.replace(run_, engine="z")),
+             (dataclasses.replace(run_, engine="y"), dataclasses.replace(run_, engine="w"))]
+    buf = io.StringIO()
+    write_diff_page(buf, DiffResult(tuple(compare(b, h) for b, h in pairs)), pairs)
+    page = buf.getvalue()
+    assert "<title>kpool diff: x/y vs z/w</title>" in page
+    assert "<h1>kpool diff: base x/y vs head z/w</h1>" in page
+    assert "<pre>summary: base x/y vs head z/w\n" in page
+    assert "x, y" not in page
+
+
+def test_the_json_names_a_regression_s_trace_as_its_trace_entry_does(tmp_path):
+    """A trace whose file name is not UTF-8 (byte 0xff) and that regresses (the partial
+    copy: KP005 under rep-once): `summary.regressions[].trace` is the path as
+    `traces[].trace.path` writes it, `\\xff`, never a lone surrogate (`\\udcff`, which
+    a strict JSON reader refuses)."""
+    odd = os.fsdecode(bytes(tmp_path) + b"/pc\xff.yaml")
+    Path(odd).write_bytes((ROOT / PARTIAL).read_bytes())
+    code, out, err = run(odd, "--format", "json")
+    assert code == 1, err
+    assert "\\udcff" not in out
+    doc = json.loads(out)
+    ((t,), (regression,)) = doc["traces"], doc["summary"]["regressions"]
+    assert t["trace"]["path"].endswith("/pc\\xff.yaml")
+    assert regression["trace"] == t["trace"]["path"]
+    assert regression["code"] == "KP005"
 
 
 def test_runs_part_inside_a_decode_when_one_side_aborts_a_ubatch():

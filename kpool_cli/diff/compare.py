@@ -1,9 +1,11 @@
 """The comparison of two runs of one trace: a pure function of two `RunSummary`s.
 
-Owns: `compare(base, head) -> TraceDiff`, the frozen result records, and
+Owns: `compare(base, head) -> TraceDiff`, the frozen result records (a finding
+change's places are `Place`s: an op's ubatch or its event, explicitly), and
 `DiffResult`, which gathers the diffs of several traces and owns the exit policy
-(as black's `Report`): 1 when head has a finding base does not (a regression), or
-with `fail_on_change` any behavioural difference; else 0. (2, bad input, is the CLI's.)
+(as black's `Report`): 1 when head has a finding base does not (a regression, one
+of `regressions`), or with `fail_on_change` any behavioural difference; else 0. (2,
+bad input, is the CLI's.)
 
 Alignment. Both versions get the same ops of the same trace, and the cache model
 (cells, validation, split, find_slot) does not depend on the engine, so both runs
@@ -48,7 +50,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .. import wording as words
 from ..contracts import exits
+from ..contracts.records import ABORTED, APPLIED
 from ..contracts.shape import Shape
 from ..verdict.codes import CODES, VALUE_CODES
 from .summary import (
@@ -61,21 +65,46 @@ from .summary import (
 )
 
 BASE, HEAD = "base", "head"
+WHERE_SHOWN = 4  # the most places `FindingChange.where` names
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where findings sit in one run: one of an op's ubatches, or the op's event
+    (`batch_ubatch` None: an edit, a refused decode, an abort before any ubatch), and
+    where that is on the run's ubatch axis."""
+
+    op: int
+    batch_ubatch: int | None  # the ubatch's position in its batch; None: the event
+    at: int  # the ubatch's index; an event's: the ubatches its run ran before it
+
+    @property
+    def event(self) -> bool:
+        return self.batch_ubatch is None
+
+    @property
+    def where(self) -> str:
+        """`op 3.0` (op 3, its ubatch 0), `op 1` (an event): `wording.place`."""
+        return words.place(self.op, self.batch_ubatch)
 
 
 @dataclass(frozen=True, slots=True)
 class FindingChange:
-    """A finding code gained (introduced) or lost (fixed) by head at one place."""
+    """A finding code gained (introduced) or lost (fixed) by head at one place or
+    (after the runs part) several."""
 
     code: str
     count: int  # how many more findings of `code` one side has there
-    where: str  # "op 3.0" (op 3, its ubatch 0), "op 1" (an event), or a list of places
     aligned: bool  # False: after the runs part, compared by counts
     rows: tuple[int, ...]  # the rows of those findings, on the side that has them
-    # each place, on the side that has them, with where it sits on that run's ubatch
-    # axis: ("op 3.0", its ubatch's index) or ("op 1", the ubatches its run ran before
-    # the event: the index of the next one); every place, `where` names four at most
-    places: tuple[tuple[str, int], ...] = ()
+    places: tuple[Place, ...]  # every place of them, on the side that has them
+
+    @property
+    def where(self) -> str:
+        """`op 3.0`, or the places (`op 5.0, op 6` ...: WHERE_SHOWN of them at most)."""
+        more = len(self.places) - WHERE_SHOWN
+        return (", ".join(p.where for p in self.places[:WHERE_SHOWN])
+                + (f" (+{more} more)" if more > 0 else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +123,7 @@ class UbatchDiff:
 
     @property
     def where(self) -> str:
-        return f"op {self.op}.{self.batch_ubatch}"
+        return words.place(self.op, self.batch_ubatch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +137,11 @@ class EventDiff:
     fields: tuple[str, ...]
     gained: tuple[str, ...]
     lost: tuple[str, ...]
-    before: int = 0  # the ubatches both runs ran before it (the index of the next one)
+    before: int  # the ubatches both runs ran before it (the index of the next one)
 
     @property
     def where(self) -> str:
-        return f"op {self.op}"
+        return words.place(self.op)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +151,7 @@ class OpSide:
     op: int
     event: EventSummary | None
     ubatches: tuple[UbatchSummary, ...]
+    before: int  # the ubatches the run ran before the op (its first one's index)
 
     @property
     def status(self) -> str:
@@ -143,7 +173,7 @@ class Parting:
     head: OpSide | None
     base_after: int  # ubatches the run went on to after the parting op
     head_after: int
-    before: int = 0  # the ubatches both runs ran before the op (its first one's index)
+    before: int  # the ubatches both runs ran before the op (its first one's index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,26 +232,27 @@ def _by_op(run: RunSummary) -> dict[int, OpSide]:
     ubs: dict[int, list[UbatchSummary]] = {}
     for u in run.ubatches:
         ubs.setdefault(u.op, []).append(u)
-    return {op: OpSide(op, events.get(op), tuple(ubs.get(op, ())))
-            for op in sorted(set(events) | set(ubs))}
+    out: dict[int, OpSide] = {}
+    before = 0
+    for op in sorted(set(events) | set(ubs)):
+        side = out[op] = OpSide(op, events.get(op), tuple(ubs.get(op, ())), before)
+        before = side.ubatches[-1].index + 1 if side.ubatches else before
+    return out
 
 
 def _totals(run: RunSummary) -> Totals:
     cost: Counter = Counter()
     findings: Counter = Counter()
-    aborted = False
+    shape = Shape()
     for u in run.ubatches:
         cost.update(dict(u.cost))
         findings.update(code for code, _ in u.findings)
+        shape.add_counts(u.n_new, dict(u.cost).get("cells_scanned", 0), u.index)
     for e in run.events:
         findings.update(code for code, _ in e.findings)
-    aborted = findings[ENGINE_ABORT] > 0
-    shape = Shape()
-    for u in run.ubatches:
-        shape.add_counts(u.n_new, dict(u.cost).get("cells_scanned", 0), u.index)
     return Totals(len(run.ubatches), sum(u.n_new for u in run.ubatches),
-                  tuple(sorted(cost.items())), tuple(sorted(findings.items())), aborted,
-                  shape)
+                  tuple(sorted(cost.items())), tuple(sorted(findings.items())),
+                  findings[ENGINE_ABORT] > 0, shape)
 
 
 def _codes(findings) -> Counter:
@@ -232,14 +263,14 @@ def _rows(findings, code: str) -> tuple[int, ...]:
     return tuple(sorted({r for c, rows in findings if c == code for r in rows}))
 
 
-def _changes(where: str, at: int, base_f, head_f
+def _changes(place: Place, base_f, head_f
              ) -> tuple[list[FindingChange], list[FindingChange]]:
-    """(introduced, fixed) between the findings of two aligned places; `at`: where the
-    place sits on the ubatch axis (`FindingChange.places`), the same in both runs."""
+    """(introduced, fixed) between the findings of an aligned place (the same in both
+    runs)."""
     b, h = _codes(base_f), _codes(head_f)
-    intro = [FindingChange(c, n, where, True, _rows(head_f, c), ((where, at),))
+    intro = [FindingChange(c, n, True, _rows(head_f, c), (place,))
              for c, n in sorted((h - b).items())]
-    fixed = [FindingChange(c, n, where, True, _rows(base_f, c), ((where, at),))
+    fixed = [FindingChange(c, n, True, _rows(base_f, c), (place,))
              for c, n in sorted((b - h).items())]
     return intro, fixed
 
@@ -259,8 +290,8 @@ def _ubatch_fields(b: UbatchSummary, h: UbatchSummary, by_design: tuple[str, ...
 
 def _event_fields(b: EventSummary, h: EventSummary, by_design: tuple[str, ...]
                   ) -> tuple[str, ...]:
-    pairs = (("kind", b.kind, h.kind), ("status", b.status, h.status),
-             ("stale", b.stale, h.stale), ("findings", b.findings, h.findings))
+    # (the kind and the status are the same: where they differ, the runs part there)
+    pairs = (("stale", b.stale, h.stale), ("findings", b.findings, h.findings))
     return tuple(name for name, x, y in pairs if x != y and name not in by_design)
 
 
@@ -272,9 +303,9 @@ def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
     if b.status != h.status:
         def say(side: str, s: OpSide) -> str:
             codes = sorted({c for c, _ in s.event.findings}) if s.event else []
-            if s.status == "aborted":
+            if s.status == ABORTED:
                 codes = [ENGINE_ABORT]
-            why = f" ({', '.join(codes)})" if codes and s.status != "applied" else ""
+            why = f" ({', '.join(codes)})" if codes and s.status != APPLIED else ""
             return f"{side} {s.status}{why}"
         return f"{say(BASE, b)}, {say(HEAD, h)}"
     if (b.event is None) != (h.event is None) or b.kind != h.kind:
@@ -288,41 +319,31 @@ def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
 def _unaligned(parting_op: int, base_ops: dict[int, OpSide], head_ops: dict[int, OpSide]
                ) -> tuple[list[FindingChange], list[FindingChange]]:
     """(introduced, fixed) over everything from the parting op on, by code counts."""
-    def places(ops: dict[int, OpSide]
-               ) -> tuple[Counter, dict[str, list[tuple[str, int]]], dict]:
+    def found(ops: dict[int, OpSide]
+              ) -> tuple[Counter, dict[str, list[Place]], dict[str, set[int]]]:
         counts: Counter = Counter()
-        where: dict[str, list[tuple[str, int]]] = {}
-        found: dict[str, list] = {}
-        before = 0  # the ubatches this run ran before the op: where its event sits
+        places: dict[str, list[Place]] = {}
+        rows: dict[str, set[int]] = {}
         for op, side in ops.items():
             if op < parting_op:
-                before = side.ubatches[-1].index + 1 if side.ubatches else before
                 continue
-            items = []
-            if side.event is not None:
-                items.append((f"op {op}", before, side.event.findings))
-            items += [(f"op {op}.{u.batch_ubatch}", u.index, u.findings)
-                      for u in side.ubatches]
-            for label, at, fs in items:
-                for code, rows in fs:
+            items = [(Place(op, None, side.before), side.event.findings)
+                     ] if side.event is not None else []
+            items += [(Place(op, u.batch_ubatch, u.index), u.findings) for u in side.ubatches]
+            for place, fs in items:
+                for code, rs in fs:
                     counts[code] += 1
-                    labels = where.setdefault(code, [])
-                    if not labels or labels[-1][0] != label:  # a place's findings come together
-                        labels.append((label, at))
-                    found.setdefault(code, []).append((code, rows))
-            before = side.ubatches[-1].index + 1 if side.ubatches else before
-        return counts, where, found
+                    its = places.setdefault(code, [])
+                    if not its or its[-1] != place:  # a place's findings come together
+                        its.append(place)
+                    rows.setdefault(code, set()).update(rs)
+        return counts, places, rows
 
-    bc, bw, bf = places(base_ops)
-    hc, hw, hf = places(head_ops)
-
-    def label(w: list[tuple[str, int]]) -> str:
-        return (", ".join(x for x, _ in w[:4])
-                + (f" (+{len(w) - 4} more)" if len(w) > 4 else ""))
-
-    intro = [FindingChange(c, n, label(hw[c]), False, _rows(hf[c], c), tuple(hw[c]))
+    bc, bp, br = found(base_ops)
+    hc, hp, hr = found(head_ops)
+    intro = [FindingChange(c, n, False, tuple(sorted(hr[c])), tuple(hp[c]))
              for c, n in sorted((hc - bc).items())]
-    fixed = [FindingChange(c, n, label(bw[c]), False, _rows(bf[c], c), tuple(bw[c]))
+    fixed = [FindingChange(c, n, False, tuple(sorted(br[c])), tuple(bp[c]))
              for c, n in sorted((bc - hc).items())]
     return intro, fixed
 
@@ -332,14 +353,23 @@ def _either(a: str, b: str) -> str:
     return a if a == b or not b else b if not a else f"{a} vs {b}"
 
 
+def left_out(base_backend: str | None, head_backend: str | None) -> tuple[str, ...]:
+    """The codes a comparison of runs with these value backends leaves out: the value
+    codes when exactly one side ran with a value backend (module doc), else none."""
+    if (base_backend is None) == (head_backend is None):
+        return ()
+    return tuple(sorted(VALUE_CODES))
+
+
 def comparable(base: RunSummary, head: RunSummary
                ) -> tuple[RunSummary, RunSummary, tuple[str, ...]]:
-    """The two runs as far as both could find the same codes, and the codes left out:
-    the value codes when exactly one side ran with a value backend (module doc)."""
-    if (base.backend is None) == (head.backend is None):
+    """The two runs as far as both could find the same codes, and the codes left out
+    (`left_out`)."""
+    codes = left_out(base.backend, head.backend)
+    if not codes:
         return base, head, ()
-    return (without_codes(base, VALUE_CODES), without_codes(head, VALUE_CODES),
-            tuple(sorted(VALUE_CODES)))
+    drop = frozenset(codes)
+    return without_codes(base, drop), without_codes(head, drop), codes
 
 
 def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
@@ -348,22 +378,23 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
     `by_design`: fields the two versions differ in on purpose (`versions.by_design`,
     e.g. the stale positions of the no-op seq_rm patch), left out of the judgement
     and named in the result."""
-    base, head, not_compared = comparable(base, head)
+    base, head, codes_left_out = comparable(base, head)
     base_ops, head_ops = _by_op(base), _by_op(head)
     entries: list[UbatchDiff | EventDiff] = []
     introduced: list[FindingChange] = []
     fixed: list[FindingChange] = []
     parting: Parting | None = None
     aligned = cost_only = 0
-    before = 0  # the ubatches both ran before this op (aligned until they part)
     for op in sorted(set(base_ops) | set(head_ops)):
         b, h = base_ops.get(op), head_ops.get(op)
         reason = _part_reason(b, h)
         if reason is not None:
+            side = b or h  # (aligned until here: both ran as many ubatches before it)
+            assert side is not None
             parting = Parting(
-                op, (b or h).kind, reason, b, h,  # type: ignore[union-attr]
+                op, side.kind, reason, b, h,
                 sum(len(s.ubatches) for o, s in base_ops.items() if o > op),
-                sum(len(s.ubatches) for o, s in head_ops.items() if o > op), before)
+                sum(len(s.ubatches) for o, s in head_ops.items() if o > op), side.before)
             i, f = _unaligned(op, base_ops, head_ops)
             introduced += i
             fixed += f
@@ -371,7 +402,7 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
         assert b is not None and h is not None
         if b.event is not None and h.event is not None:
             fields = _event_fields(b.event, h.event, by_design)
-            i, f = _changes(f"op {op}", before, b.event.findings, h.event.findings)
+            i, f = _changes(Place(op, None, b.before), b.event.findings, h.event.findings)
             introduced += i
             fixed += f
             if fields:
@@ -379,13 +410,11 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
                                          _expand(_codes(h.event.findings)
                                                  - _codes(b.event.findings)),
                                          _expand(_codes(b.event.findings)
-                                                 - _codes(h.event.findings)), before))
+                                                 - _codes(h.event.findings)), b.before))
         for ub, uh in zip(b.ubatches, h.ubatches, strict=True):
             aligned += 1
-            before = ub.index + 1
             fields = _ubatch_fields(ub, uh, by_design)
-            where = f"op {op}.{ub.batch_ubatch}"
-            i, f = _changes(where, ub.index, ub.findings, uh.findings)
+            i, f = _changes(Place(op, ub.batch_ubatch, ub.index), ub.findings, uh.findings)
             introduced += i
             fixed += f
             if not fields:
@@ -406,7 +435,7 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
         same_trace=base.sha256 == head.sha256,
         entries=tuple(entries), parting=parting, fixed=tuple(fixed),
         introduced=tuple(introduced), base=_totals(base), head=_totals(head),
-        aligned_ubatches=aligned, cost_only=cost_only, not_compared=not_compared,
+        aligned_ubatches=aligned, cost_only=cost_only, not_compared=codes_left_out,
         by_design=by_design)
 
 
@@ -416,6 +445,12 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
 def code_matches(code: str, selectors: tuple[str, ...]) -> bool:
     """A code matches a selector that is the code itself or a prefix (`KP`, `KP00`)."""
     return any(code.startswith(s) for s in selectors)
+
+
+def regressions(t: TraceDiff, ignore: tuple[str, ...] = ()) -> tuple[FindingChange, ...]:
+    """The findings head introduces in `t`, but those of codes `ignore` matches: the
+    regressions, which fail the diff (`DiffResult.exit_code`)."""
+    return tuple(c for c in t.introduced if not code_matches(c.code, ignore))
 
 
 def ignore_selectors(items: Iterable[str]) -> tuple[str, ...]:
@@ -440,8 +475,7 @@ class DiffResult:
 
     @property
     def regressions(self) -> tuple[tuple[TraceDiff, FindingChange], ...]:
-        return tuple((t, c) for t in self.traces for c in t.introduced
-                     if not code_matches(c.code, self.ignore))
+        return tuple((t, c) for t in self.traces for c in regressions(t, self.ignore))
 
     @property
     def changed(self) -> bool:

@@ -994,9 +994,13 @@ class _Object(_Node):
             raise self.limit.over(ctx)
 
     def missing(self, n: int) -> NoReturn:
+        raise self.missing_field(n)
+
+    def missing_field(self, n: int) -> _Bad:
+        """The error of required field n missing (its progress: the fields before it)."""
         e = _Bad("missing field", _key(self.props[n][0]))
         e.progress = n
-        raise e
+        return e
 
     def rest(self, v: dict[str, Any], out: dict[str, Any], ctx: _Ctx) -> Any:
         """After the declared fields: the undeclared keys, the form's rules, `post`."""
@@ -1010,9 +1014,7 @@ class _Object(_Node):
         """The error `check` gives for the first required field missing from `keys`."""
         for n, (name, _, required) in enumerate(self.props):
             if required and name not in keys:
-                e = _Bad("missing field", _key(name))
-                e.progress = n
-                return e
+                return self.missing_field(n)
         return None
 
     def plausible(self, v: Any) -> bool:
@@ -1078,11 +1080,9 @@ class _Object(_Node):
                 out[k] = y
             more, i = doc.after(i, "}")
         doc.opens.pop()
-        for n, (name, _node, required) in enumerate(self.props):
-            if required and name not in keys:
-                missing = _Bad("missing field", _key(name))
-                missing.progress = n
-                raise missing
+        missing = self.first_missing(keys)
+        if missing is not None:
+            raise missing
         return self.finish(out, keys, ctx), i
 
 
@@ -2001,9 +2001,7 @@ def read_report_bytes(path: str) -> bytes:
                           f"{e.strerror or type(e).__name__}") from None
     except MemoryError:
         raise ReportError(f"{file}: too large to hold in memory") from None
-    if len(data) > MAX_REPORT_BYTES:
-        raise ReportError(too_big)
-    return data
+    return data  # (read_input raises InputTooLarge past the bound, a file grown too)
 
 
 def _decode(data: bytes, file: str) -> str:

@@ -33,6 +33,7 @@ from ..verdict.expect import load_checked
 from ..versions import load_version
 from ..wording import visible
 from ..workers import WorkerDied, in_order
+from .compare import left_out
 from .reports import ReportError, input_kind, read_reports
 from .summary import RunSummary, SummaryTooLarge, from_records
 
@@ -164,11 +165,12 @@ def _report_warnings(pairs: list[tuple[RunSummary, RunSummary]]) -> list[str]:
         if x.sha256 != y.sha256:
             out.append(f"comparing reports of different traces (--force): "
                        f"{visible(x.trace_path)} and {visible(y.trace_path)}")
-        if (x.backend is None) != (y.backend is None):
+        codes = left_out(x.backend, y.backend)
+        if codes:
             out.append(f"{where}: base was replayed with value backend {x.backend or 'none'}, "
-                       f"head with {y.backend or 'none'}: KP003 is left out of the "
-                       "comparison (only a value backend finds it); make both reports with "
-                       "the same --backend to compare it")
+                       f"head with {y.backend or 'none'}: {', '.join(codes)} is left out of "
+                       "the comparison (only a value backend finds it); make both reports "
+                       "with the same --backend to compare it")
     writers = sorted({s.kpool_version for pair in pairs for s in pair})
     if len(writers) > 1:
         out.append("the reports were written by different kpool versions ("
@@ -236,8 +238,6 @@ def gather(paths: Sequence[str], *, base: str | None, head: str | None, backend:
                               progress=progress)
     except TraceError as e:
         raise DiffInputError(str(e) if e.unread else f"invalid trace\n{e}") from None
-    except (VersionError, ReplayTooLarge, SummaryTooLarge) as e:
-        raise DiffInputError(visible(str(e))) from None
-    except WorkerDied as e:
+    except (VersionError, ReplayTooLarge, SummaryTooLarge, WorkerDied) as e:
         raise DiffInputError(visible(str(e))) from None
     return [(summaries[2 * i], summaries[2 * i + 1]) for i in range(len(paths))], []

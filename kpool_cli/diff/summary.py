@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from .. import __version__
 from ..contracts.finding import Finding
-from ..contracts.records import ABORTED, ExpectResult, OpEvent, UbatchRecord
+from ..contracts.records import ABORTED, APPLIED, ExpectResult, OpEvent, UbatchRecord
 from ..verdict.rules import kp005_engine_abort
 
 # a finding as the diff sees it: (code, global rows)
@@ -174,7 +174,7 @@ def op_status(event: EventSummary | None, ubatches: tuple[UbatchSummary, ...]) -
     """An op's status: its event's, else aborted when a ubatch aborted, else applied."""
     if event is not None:
         return event.status
-    return ABORTED if any(u.aborted for u in ubatches) else "applied"
+    return ABORTED if any(u.aborted for u in ubatches) else APPLIED
 
 
 def without_codes(run: RunSummary, codes: frozenset[str]) -> RunSummary:

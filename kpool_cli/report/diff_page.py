@@ -28,7 +28,7 @@ from .. import wording as words
 from ..diff.compare import DiffResult, EventDiff, TraceDiff, UbatchDiff
 from ..diff.summary import RunSummary
 from ..wording import visible
-from .diff_view import trace_label, trace_outcome, verdict_text, write_diff_plain
+from .diff_view import engines, trace_label, trace_outcome, verdict_text, write_summary_plain
 
 POINTS = 400  # at most this many points a curve
 CURVES = (("cells scanned", "cells_scanned"), ("pools marked", "n_new"),
@@ -78,11 +78,13 @@ def _path(values: Sequence[int], top: int, n: int, colour: str, dash: str = "") 
             f'points="{pts}"/>')
 
 
-def _at(ubatch: float, n: int, per: int) -> float:
-    """The x of a place on the ubatch axis: a ubatch's point; an event's, `ubatch`
-    less a half (between the ubatch before it and the one after), kept on the panel."""
+def _at(at: int, event: bool, n: int, per: int) -> float:
+    """The x of a place on the ubatch axis (`Place.at`): ubatch `at`'s point (of the
+    `per` it is folded with); an event's, half a step before ubatch `at`, the one
+    after it (so between it and the one before), kept on the panel."""
     step = W / max(n - 1, 1)
-    return PAD + min(max(ubatch / per, 0.0), max(n - 1, 0)) * step
+    u = at - 0.5 if event else at // per * per
+    return PAD + min(max(u / per, 0.0), max(n - 1, 0)) * step
 
 
 def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
@@ -94,17 +96,17 @@ def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
     ticks, dots = [], []
     for e in t.entries:
         if isinstance(e, UbatchDiff):
-            x = _at(e.base.index // per * per, n, per)
-            place = f"ubatch {e.base.index} (op {e.op}.{e.batch_ubatch})"
+            x = _at(e.base.index, False, n, per)
+            label = f"ubatch {e.base.index} ({e.where})"
         else:
-            x = _at(e.before - 0.5, n, per)
-            place = f"op {e.op} ({_e(e.kind)}), before ubatch {e.before}"
+            x = _at(e.before, True, n, per)
+            label = f"{e.where} ({_e(e.kind)}), before ubatch {e.before}"
         ticks.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="0" y2="{H}" stroke="{PART_COLOUR}" '
-                     f'stroke-opacity="0.35"><title>{place}: {_e(", ".join(e.fields))} '
+                     f'stroke-opacity="0.35"><title>{label}: {_e(", ".join(e.fields))} '
                      "differ</title></line>")
     if t.parting is not None:
         p = t.parting
-        x = _at(p.before - 0.5, n, per)
+        x = _at(p.before, True, n, per)
         ticks.append(f'<line class="parting" data-op="{p.op}" x1="{x:.1f}" x2="{x:.1f}" '
                      f'y1="0" y2="{H}" stroke="{PART_COLOUR}" stroke-width="1.5" '
                      f'stroke-dasharray="4 2"><title>the runs part at op {p.op} '
@@ -113,20 +115,19 @@ def _marks(t: TraceDiff, n: int, per: int) -> tuple[list[str], list[str]]:
     for changes, y0, dy, colour, what in ((t.introduced, 4, 9, INTRODUCED_COLOUR, "introduced"),
                                           (t.fixed, H - 4, -9, FIXED_COLOUR, "fixed")):
         for c in changes:
-            for label, at in c.places:
-                event = "." not in label  # "op 2" is an event, "op 5.0" a ubatch
-                x = round(_at(at - 0.5 if event else at // per * per, n, per), 1)
+            for place in c.places:
+                x = round(_at(place.at, place.event, n, per), 1)
                 j = stacked.get((what, x), 0)
                 if j * 9 >= H // 2:
                     continue  # a column full of marks: its first ones say it
                 stacked[(what, x)] = j + 1
-                place = (f'data-op="{label[3:]}" data-before="{at}"' if event
-                         else f'data-ubatch="{at}"')
-                kind = f"{what} event" if event else what
+                attrs = (f'data-op="{place.op}" data-before="{place.at}"' if place.event
+                         else f'data-ubatch="{place.at}"')
+                kind = f"{what} event" if place.event else what
                 side = "" if c.aligned else f" in {'head' if what == 'introduced' else 'base'}"
-                title = (f"at {label}{side}, before ubatch {at}" if event
-                         else f"at ubatch {at} ({label}{side})")
-                dots.append(f'<circle class="finding {kind}" {place} cx="{x:.1f}" '
+                title = (f"at {place.where}{side}, before ubatch {place.at}" if place.event
+                         else f"at ubatch {place.at} ({place.where}{side})")
+                dots.append(f'<circle class="finding {kind}" {attrs} cx="{x:.1f}" '
                             f'cy="{y0 + j * dy}" r="4" fill="{colour}"><title>{_e(c.code)} '
                             f"{what} {_e(title)}</title></circle>")
     return ticks, dots
@@ -148,7 +149,8 @@ def _panel(title: str, base: list[int], head: list[int], n: int, marks: str,
             f'<text x="{PAD}" y="{H + 14}">{_e(label)}</text></svg>')
 
 
-def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary, ignore) -> str:
+def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary,
+                   ignore: tuple[str, ...]) -> str:
     n_ub = max(len(base.ubatches), len(head.ubatches))
     per = max(1, -(-n_ub // POINTS))
     n = -(-n_ub // per) if n_ub else 0
@@ -182,12 +184,9 @@ def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary, ignore) -> 
 def write_diff_page(out: TextIO, r: DiffResult,
                     pairs: Sequence[tuple[RunSummary, RunSummary]]) -> None:
     """The page of `r` (the comparison of `pairs`, in order)."""
-    base = ", ".join(dict.fromkeys(t.base_engine for t in r.traces))
-    head = ", ".join(dict.fromkeys(t.head_engine for t in r.traces))
+    base, head = engines(r)
     summary = io.StringIO()
-    write_diff_plain(summary, r)
-    text = summary.getvalue()
-    tail = text[text.index("\nsummary:") + 1:] if "\nsummary:" in text else text
+    write_summary_plain(summary, r)
     out.write("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
               f"<title>kpool diff: {_e(base)} vs {_e(head)}</title>"
               f"<style>{STYLE}</style></head><body>")
@@ -202,4 +201,4 @@ def write_diff_page(out: TextIO, r: DiffResult,
               f'<span style="color:{INTRODUCED_COLOUR}">● introduced</span></p>')
     for t, (b, h) in zip(r.traces, pairs, strict=True):
         out.write(_trace_section(t, b, h, r.ignore))
-    out.write(f"<h2>summary</h2><pre>{html.escape(tail)}</pre></body></html>\n")
+    out.write(f"<h2>summary</h2><pre>{html.escape(summary.getvalue())}</pre></body></html>\n")

@@ -5,7 +5,8 @@ part, and a summary (findings fixed and introduced, pools re-pooled and cells
 scanned base vs head, the other cost counters, the verdict).
 
 Owns: `write_diff` (which view, for the format and the output), `diff_json`,
-`write_diff_json`, `write_diff_plain`, `write_diff_rich`. Reads only
+`write_diff_json`, `write_diff_plain` (and its `write_summary_plain`, which the diff
+page shows too), `write_diff_rich`. Reads only
 `kpool_cli.diff.compare` results; never runs anything. Rich consoles come from
 `terminal.make_console` (markup off): styles are attached to `Text` spans, so
 trace text can never be read as markup. Rows, pools, tokens, stale positions and
@@ -52,8 +53,8 @@ from ..diff.compare import (
     Totals,
     TraceDiff,
     UbatchDiff,
-    code_matches,
     ratio,
+    regressions,
 )
 from ..diff.summary import EventSummary, UbatchSummary
 from ..verdict.codes import CODES
@@ -62,9 +63,9 @@ from .json_text import dumps
 from .terminal import Manners, make_console
 from .view import Flow
 
-# a line of a cell: (text, style) spans; the plain view drops the styles
 # code -> count
 Counter_t = dict[str, int]
+# a line of a cell: (text, style) spans; the plain view drops the styles
 Span = tuple[str, str]
 Line = list[Span]
 
@@ -183,7 +184,7 @@ def opside_lines(s: OpSide | None, other: OpSide | None, side: str) -> list[Line
     if s.event is not None:
         lines += event_lines(s.event, gained, lost, side)
     for u in s.ubatches:
-        lines.append([(f"ubatch {u.index} (op {u.op}.{u.batch_ubatch}) n_new "
+        lines.append([(f"ubatch {u.index} ({words.place(u.op, u.batch_ubatch)}) n_new "
                        f"{words.count(u.n_new)}/{words.count(u.n_new_g)} of "
                        f"{words.count(u.n_pool_real)}", "")])
         lines.append([(f"marks {words.pools(u.marked)}", "")])
@@ -280,7 +281,7 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     if t.fixed:
         lines.append([(f"fixed {_changes_text(t.fixed, where)}", LOST)])
     if t.introduced:
-        ignored = all(code_matches(c.code, ignore) for c in t.introduced)
+        ignored = not regressions(t, ignore)
         lines.append([(f"introduced {_changes_text(t.introduced, where)}",
                        PART if ignored else GAINED)]
                      + ([(" (ignored)", PART)] if ignored else []))
@@ -318,29 +319,37 @@ def shapes(t: TraceDiff, limit: int | None = None
     return out
 
 
+# the cost counters of the summary's host work line (the other two are its pools
+# re-pooled, which is n_new, and cells scanned)
+HOST_WORK = tuple(k for k in COST_KEYS if k not in ("cells_scanned", "pools_marked"))
+
+
 def _totals_lines(b: Totals, h: Totals) -> list[str]:
     return [f"pools re-pooled {_ratio_text(b.pools_repooled, h.pools_repooled)}",
             f"cells scanned {_ratio_text(b.counter('cells_scanned'), h.counter('cells_scanned'))}"]
 
 
 def verdict_text(r: DiffResult) -> tuple[str, str]:
+    """The verdict line, with the exit code `r` decides, and its style."""
+    code = f"exit {r.exit_code}"
     if r.regressions:
         parts = [f"{c.code} in {trace_label(t)} at {c.where}"
                  for t, c in r.regressions]
-        return f"REGRESSION (exit 1): head introduces {'; '.join(parts)}", GAINED
+        return f"REGRESSION ({code}): head introduces {'; '.join(parts)}", GAINED
     ignored = "".join(f"; {c.code} introduced in {trace_label(t)} is ignored"
                       for t in r.traces for c in t.introduced)
     if r.changed:
         if r.fail_on_change:
-            return f"behaviour changed (exit 1, --fail-on-change){ignored}", GAINED
-        return f"behaviour changed, no regression (exit 0){ignored}", LOST
+            return f"behaviour changed ({code}, --fail-on-change){ignored}", GAINED
+        return f"behaviour changed, no regression ({code}){ignored}", LOST
     if any(t.base.cost != t.head.cost for t in r.traces):
-        return "no behavioural differences; cost counters differ (exit 0)", LOST
-    return "no differences (exit 0)", LOST
+        return f"no behavioural differences; cost counters differ ({code})", LOST
+    return f"no differences ({code})", LOST
 
 
-def _engines(r: DiffResult) -> tuple[str, str]:
-    """The base and head engine names, as they are (the text views make them visible)."""
+def engines(r: DiffResult) -> tuple[str, str]:
+    """The base and head engine names, as they are (the views make them visible): a
+    side's one name, or its names in the traces' order, `a/b`."""
     def one(names: list[str]) -> str:
         uniq = list(dict.fromkeys(names))
         return uniq[0] if len(uniq) == 1 else "/".join(uniq)
@@ -431,7 +440,7 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
         "not_compared": list(t.not_compared),
         "by_design": list(t.by_design),
         "changed": t.changed,
-        "regression": any(not code_matches(c.code, ignore) for c in t.introduced),
+        "regression": bool(regressions(t, ignore)),
         "aligned_ubatches": t.aligned_ubatches,
         "cost_only_ubatches": t.cost_only,
         "differences": entries,
@@ -447,7 +456,7 @@ def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
 
 
 def diff_json(r: DiffResult) -> dict:
-    base, head = _engines(r)
+    base, head = engines(r)
     b, h = r.totals(BASE), r.totals(HEAD)
     return {
         "kpool_diff": 1,
@@ -460,7 +469,7 @@ def diff_json(r: DiffResult) -> dict:
             "changed": sum(t.changed for t in r.traces),
             "findings_fixed": r.changes("fixed"),
             "findings_introduced": r.changes("introduced"),
-            "regressions": [{"trace": t.trace_path, **_change_json(c)}
+            "regressions": [{"trace": words.unicode_path(t.trace_path), **_change_json(c)}
                             for t, c in r.regressions],
             "totals": {"base": _totals_json(b), "head": _totals_json(h),
                        "compare": _compare_json(b, h)},
@@ -497,7 +506,7 @@ def _plain(line: Line) -> str:
 
 def write_diff_plain(out: TextIO, r: DiffResult) -> None:
     """For pipes, files and CI logs: no colour, one block per differing place."""
-    base, head = (visible(e) for e in _engines(r))
+    base, head = (visible(e) for e in engines(r))
     out.write(f"kpool diff: base {base} vs head {head}\n")
     for t in r.traces:
         if not _shown(t):
@@ -515,7 +524,15 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
                     out.write(f"    {label if k == 0 else '':<16} {_plain(line)}\n")
         if t.parting is not None:
             out.write(f"  {parting_note(t)}\n")
-    out.write(f"\nsummary: base {base} vs head {head}\n")
+    out.write("\n")
+    write_summary_plain(out, r)
+
+
+def write_summary_plain(out: TextIO, r: DiffResult) -> None:
+    """The plain view's summary (the diff page shows it too): per trace its outcome and
+    shape, all traces' totals and host work, findings fixed and introduced, the verdict."""
+    base, head = (visible(e) for e in engines(r))
+    out.write(f"summary: base {base} vs head {head}\n")
     for t in r.traces:
         out.write(f"  {trace_title(t)}: "
                   + "; ".join(_plain(x) for x in trace_outcome(t, r.ignore))
@@ -527,8 +544,7 @@ def write_diff_plain(out: TextIO, r: DiffResult) -> None:
                       f"{' '.join(map(words.count, head_values))}\n")
     b, h = r.totals(BASE), r.totals(HEAD)
     out.write("  all traces: " + ", ".join(_totals_lines(b, h)) + "\n")
-    other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in COST_KEYS
-             if k not in ("cells_scanned", "pools_marked")]
+    other = [f"{k} {_ratio_text(b.counter(k), h.counter(k))}" for k in HOST_WORK]
     out.write("  host work: " + ", ".join(other) + "\n")
     fixed, intro = r.changes("fixed"), r.changes("introduced")
     out.write(f"  findings fixed: {_codes_text(fixed)}; introduced: {_codes_text(intro)}\n")
@@ -559,7 +575,7 @@ def _cell(lines: list[Line]) -> Group:
 
 def write_diff_rich(console: Console, r: DiffResult) -> None:
     """For terminals: per trace with differences a base | head table, then a summary."""
-    base, head = (visible(e) for e in _engines(r))
+    base, head = (visible(e) for e in engines(r))
     console.print(Text.assemble(("kpool diff", BOLD), f": base {base} vs head {head}"))
     for t in r.traces:
         if not _shown(t):
@@ -585,13 +601,12 @@ def write_diff_rich(console: Console, r: DiffResult) -> None:
     own_line = _print_outcomes(console, r)
     _print_sparklines(console, r, own_line)
     b, h = r.totals(BASE), r.totals(HEAD)
-    keys = [k for k in COST_KEYS if k not in ("cells_scanned", "pools_marked")]
     host = Flow(style=DIM, hang=2).add("host work:")
-    for n, k in enumerate(keys):
+    for n, k in enumerate(HOST_WORK):
         first, *rest = _ratio_parts(b.counter(k), h.counter(k))
         for unit in (f"{k} {first}", *rest):
             host.add(unit)
-        if n + 1 < len(keys):
+        if n + 1 < len(HOST_WORK):
             host.tail(",")
     fixed, intro = r.changes("fixed"), r.changes("introduced")
     console.print(host)

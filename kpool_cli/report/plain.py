@@ -62,7 +62,7 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
         if isinstance(rec, UbatchRecord):
             shown_ub += 1
             tokens = words.tokens(zip(rec.token_pos.tolist(), rec.token_seqs, strict=True))
-            out.write(f"  ubatch {rec.index} (op {rec.op}.{rec.batch_ubatch}) {tokens}"
+            out.write(f"  ubatch {rec.index} ({words.place(rec.op, rec.batch_ubatch)}) {tokens}"
                       f"{_stale(rec.stale_batch)}: n_new {words.count(rec.n_new)}/"
                       f"{words.count(rec.n_new_g)} of {words.count(rec.n_pool_real)} pools "
                       f"[{words.pools(rec.pools.marked())}] "
