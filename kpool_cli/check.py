@@ -335,7 +335,9 @@ class Shown:
 
 def by_version(results: Sequence[CheckResult]) -> list[Shown]:
     """Which versions show each finding code, per trace checked under more than one
-    engine (the results that replayed: an invalid run shows nothing either way)."""
+    engine (the results that replayed: an invalid run shows nothing either way). A
+    code ignored for the trace is not listed (module doc, "Ignored"): the ignores
+    are the trace's, so a code one run counts as ignored is ignored in all."""
     runs: dict[str, list[CheckResult]] = {}
     for r in results:
         if r.engine and r.status != INVALID:
@@ -344,7 +346,8 @@ def by_version(results: Sequence[CheckResult]) -> list[Shown]:
     for path, rs in runs.items():
         if len(rs) < 2:
             continue
-        for code in sorted({c for r in rs for c in r.findings}):
+        ignored = {c for r in rs for c in r.ignored}
+        for code in sorted({c for r in rs for c in r.findings} - ignored):
             by = tuple((r.engine, r.findings[code], r.first[code]) for r in rs
                        if r.findings.get(code))
             out.append(Shown(path, code, by, tuple(r.engine for r in rs

@@ -245,6 +245,21 @@ def test_an_unpinned_finding_fails_unless_ignored_or_below_fail_on(unpinned: Pat
     assert code == 2 and "unknown finding code 'KP999'" in err
 
 
+def test_an_ignored_code_is_not_listed_by_version():
+    """docs/configuration.md: an ignored code "neither fails the check nor is listed".
+    The race trace is checked under cache-safe and rep-once (its expects name both);
+    KP001, raised twice under cache-safe, was still listed under "which versions show
+    each finding" (and in the JSON's `versions`) when ignored."""
+    code, out, _ = run("check", str(RACE), "--no-config")
+    assert code == 0 and f"  {RACE}: KP001 scatter-race: cache-safe (x2" in out
+    code, out, _ = run("check", str(RACE), "--no-config", "--ignore", "KP001")
+    assert code == 0 and "ignored KP001 x2" in out
+    assert "KP001 scatter-race" not in out and "which versions" not in out
+    code, out, _ = run("check", str(RACE), "--no-config", "--ignore", "KP001",
+                       "--output-format", "json")
+    assert code == 0 and json.loads(out)["versions"] == []
+
+
 def test_jobs_give_the_same_output(broken: Path):
     args = ("check", str(broken), str(RACE), "--no-config", "--backend", "numpy")
     assert run(*args, "-j", "1") == run(*args, "-j", "3")

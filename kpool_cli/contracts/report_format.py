@@ -425,7 +425,8 @@ CHECK = Record("check", "What `kpool check` found. Fields may be added in later 
     _f("fail_on", {"enum": ["error", "warning", "never"]}, "the failing severity"),
     _f("results", json_array(CHECK_RESULT.schema()), "one per trace and engine, in order"),
     _f("versions", json_array(CHECK_SHOWN.schema()),
-       "per trace checked under more than one engine, which versions show each code"),
+       "per trace checked under more than one engine, which versions show each code "
+       "not ignored for it"),
     _f("summary", CHECK_SUMMARY.schema(), CHECK_SUMMARY.doc),
 ))
 
