@@ -27,6 +27,7 @@ from kpool_cli.cli import cli
 from kpool_cli.contracts.records import SEQ_EMPTY, SEQ_SHARED, CellMap, ExpectResult, UbatchRecord
 from kpool_cli.contracts.tally import Tally, tallied
 from kpool_cli.replay import planned_ubatches, replay
+from kpool_cli.report import select as select_module
 from kpool_cli.report.select import (
     AUTO_ONLY_FINDINGS,
     Selection,
@@ -586,6 +587,31 @@ def test_cli_navigation_in_the_plain_view():
     assert re.findall(r"^  ubatch (\d+) ", r.stdout, re.M) == ["1", "2"]
     r = CliRunner().invoke(cli, ["replay", str(RACE), "--ubatch", "nope"])
     assert r.exit_code == 2 and "--ubatch" in r.stderr
+
+
+def test_a_selection_past_the_replay_says_so_beside_the_count_shown():
+    """`--ubatch 120` of a 15-ubatch trace showed nothing and said only `(0 shown)`, as
+    `--seq 9` did in a cache of 2 sequences: the summary now says which of the
+    selection no record could match. prefill-decode runs 11 ubatches (0..10) in a
+    cache of n_seq_max 1."""
+    pd = str(ROOT / "traces" / "prefill-decode.yaml")
+    r = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "20", "--backend", "none"])
+    assert "11 ubatches (0 shown: ubatch 20 is past the last, 10)" in r.stdout
+    r = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "9..", "--ubatch", "11..13",
+                                 "--seq", "0", "--seq", "3", "--seq", "1",
+                                 "--backend", "none"])
+    assert ("11 ubatches (2 shown: ubatch 11..13 is past the last, 10; seqs 1, 3 are past "
+            "n_seq_max 1)") in r.stdout
+    r = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "3..5", "--backend", "none"])
+    assert "11 ubatches (2 shown)," in r.stdout
+    view = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "3..", "--ubatch", "40",
+                                    "--backend", "none", "--color"],
+                              env={"COLUMNS": "200"})
+    assert "11 (8 shown: ubatch 40 is past the last, 10)" in view.stdout
+    assert Selection(seqs=frozenset({0})).unmatched(0, 1) == ""
+    assert (Selection(ubatches=((0, 1),)).unmatched(0, 1)
+            == "ubatch 0 is past the replay's, which ran none")
+    assert doctest.testmod(select_module).failed == 0
 
 
 def test_more_than_200_ubatches_defaults_to_only_findings(tmp_path):

@@ -85,8 +85,10 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
         out.write(f"  {what} ({words.per_bin(per)}): {' '.join(map(words.count, values))}\n")
     s = tally.summary()
     found = ", ".join(words.code_count(c, n) for c, n in s["findings"].items()) or "no findings"
-    part = f" ({words.count(shown_ub)} shown)" if selection.filters else ""
     n_ub = s["ubatches"]
+    missed = selection.unmatched(n_ub, cfg.n_seq_max)
+    part = (f" ({words.count(shown_ub)} shown{': ' * bool(missed)}{missed})"
+            if selection.filters else "")
     out.write(f"  summary: {words.count(n_ub)} ubatch{'es' * (n_ub != 1)}{part}, "
               f"{words.count(s['pools_marked'])} "
               f"pools marked ({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "

@@ -14,7 +14,9 @@ Rules (all the options given must hold):
 - an event (an edit, a note, a refused decode) is shown under `--only-findings` only
   when it has a finding, under `--seq` only when it edits or stales that sequence,
   and under `--ubatch` only when it lies between two shown ubatches;
-- an expectation is shown when the record before it was (a failed one always).
+- an expectation is shown when the record before it was (a failed one always);
+- what no record could match (a range past the last ubatch, a sequence past
+  n_seq_max) is said beside the count shown (`unmatched`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,28 @@ class Selection:
             line += (f" (the default past {AUTO_ONLY_FINDINGS} ubatches: --all-ubatches shows "
                      "every one, --ubatch A..B or --seq S picks)")
         return line
+
+    def unmatched(self, n_ubatches: int, n_seq_max: int) -> str:
+        """What of the selection no record could match, as the summary says it beside
+        the count of ubatches shown: the `--ubatch` ranges that start past the last
+        ubatch the replay ran, the `--seq` ids past n_seq_max ("" when none).
+
+        >>> Selection(((3, 4), (20, 30)), frozenset({1, 9})).unmatched(15, 2)
+        'ubatch 20..30 is past the last, 14; seq 9 is past n_seq_max 2'
+        """
+        parts = []
+        past = [span(a, None if b >= OPEN_END else b) for a, b in self.ubatches
+                if a >= n_ubatches]
+        if past:
+            last = f"the last, {n_ubatches - 1}" if n_ubatches else "the replay's, which ran none"
+            parts.append(f"ubatch {past[0]} is past {last}" if len(past) == 1
+                         else f"ubatches {', '.join(past)} are past {last}")
+        seqs = sorted(s for s in self.seqs if s >= n_seq_max)
+        if seqs:
+            parts.append(f"seq {seqs[0]} is" if len(seqs) == 1
+                         else f"seqs {', '.join(map(str, seqs))} are")
+            parts[-1] += f" past n_seq_max {n_seq_max}"
+        return "; ".join(parts)
 
     # -- the rules ------------------------------------------------------------------
 
