@@ -10,8 +10,11 @@ Invariants: results come back in the order of `units`, whatever order the worker
 finish in, with at most `WINDOW_PER_WORKER` units a worker submitted ahead (a long
 sequence of units is read as it goes, never made whole); the first error (in that
 order) is raised as the worker raised it; on an error or an interrupt (Ctrl-C,
-SIGTERM) the workers are ended at once, not waited for; a worker ignores Ctrl-C
-(only the parent answers it, so no worker prints a traceback).
+SIGTERM) the workers are ended at once, not waited for, and so is the executor's
+manager thread, even one a worker ended in the middle of its result left waiting
+for the rest of it (so the process exits); a worker that dies is WorkerDied within
+`POLL_SECONDS`, whatever it was doing; a worker ignores Ctrl-C (only the parent
+answers it, so no worker prints a traceback).
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from typing import TYPE_CHECKING, TypeVar
 from .signals import TERMINATING
 
 if TYPE_CHECKING:  # multiprocessing: imported by a run that starts a pool
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 U = TypeVar("U")
 R = TypeVar("R")
 
 MAX_JOBS = 256  # the most processes a command (or a settings file's `jobs`) may ask for
 WINDOW_PER_WORKER = 4  # units submitted ahead of the results, per worker
+POLL_SECONDS = 0.5  # how often a wait for a result looks whether a worker died
 
 
 def workers_for(jobs: int, n_units: int) -> int:
@@ -84,14 +88,13 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
         for u in itertools.islice(pending, WINDOW_PER_WORKER * n):
             submit(u)
         while window:
-            result = window.popleft().result()
+            result = _result(window.popleft(), pool)
             for u in itertools.islice(pending, 1):
                 submit(u)
             yield result
     except BrokenProcessPool as e:
         _stop_now(pool)
-        raise WorkerDied(f"a worker process died ({e}): the OOM killer or a signal ends "
-                         "one so; run with --jobs 1 to see why") from None
+        raise WorkerDied.of(str(e)) from None
     except BaseException:
         _stop_now(pool)
         raise
@@ -102,6 +105,29 @@ class WorkerDied(Exception):
     """A worker process ended without its result (killed by the OOM killer or a
     signal): the command ends with exit 2 and this message, every other worker
     ended."""
+
+    @classmethod
+    def of(cls, why: str) -> WorkerDied:
+        return cls(f"a worker process died ({why}): the OOM killer or a signal ends one "
+                   "so; run with --jobs 1 to see why")
+
+
+def _result(future: Future[R], pool: ProcessPoolExecutor) -> R:
+    """`future`'s result, or WorkerDied once a worker of `pool` has died. The executor
+    finds a dead worker by itself only between two results: one killed while it wrote
+    its result (a large summary takes a while) leaves half a message in the pipe, which
+    the executor's manager thread waits to read the rest of for ever, and the future
+    never ends."""
+    from concurrent.futures import wait
+
+    while not wait([future], timeout=POLL_SECONDS).done:
+        for w in list((getattr(pool, "_processes", None) or {}).values()):
+            code = w.exitcode
+            if code is not None:
+                raise WorkerDied.of(f"killed by {signal.Signals(-code).name}"
+                                    if code < 0 and -code in signal.valid_signals()
+                                    else f"exit status {code}")
+    return future.result()
 
 
 def _worker_init(parent: int | None = None) -> None:
@@ -147,7 +173,28 @@ def _worker_handlers() -> None:
 
 def _stop_now(pool: ProcessPoolExecutor) -> None:
     """Cancel what has not started and end the workers now: a unit can run for
-    minutes, and `shutdown(wait=True)` would wait for it."""
+    minutes, and `shutdown(wait=True)` would wait for it. Then end the executor's
+    manager thread, which the interpreter joins at exit: `shutdown` forgets it, and
+    it may be reading a result that a worker ended now (or before) left half
+    written, whose rest it would wait for ever (the process printed "interrupted"
+    and never exited)."""
+    # the shutdowns below forget both, so they are taken first
+    manager = getattr(pool, "_executor_manager_thread", None)
+    results = getattr(pool, "_result_queue", None)
+    _end_workers(pool)
+    # the workers are gone, so kpool's own copy is the last open write end of the
+    # results' pipe: closed, the half message ends in end of file, which the thread
+    # takes for a broken pool, and it ends
+    if results is not None:
+        with contextlib.suppress(OSError, AttributeError):
+            results._writer.close()
+    # joined here, the thread has closed its wakeup pipe before the interpreter's exit
+    # hook would write to it as it closes ("Bad file descriptor")
+    if manager is not None and manager.is_alive():
+        manager.join(timeout=10)
+
+
+def _end_workers(pool: ProcessPoolExecutor) -> None:
     terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
     if terminate is not None:
         terminate()
@@ -168,7 +215,3 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
         if w.is_alive():
             w.kill()
             w.join(timeout=1)
-    # with no worker left nothing can make this wait; it lets the executor's manager
-    # thread finish (and close its wakeup pipe) now, not race the interpreter's exit
-    # hook, which would write to that pipe as it closes ("Bad file descriptor")
-    pool.shutdown(wait=True)

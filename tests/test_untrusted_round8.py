@@ -1,0 +1,97 @@
+"""The defects an eighth hostile-input campaign found on 7 December 2026
+(docs/robustness.md, "The eighth round"): a worker of `kpool check -j` or `kpool diff
+-j` ended while it wrote its result (a large summary takes a while to write) left
+half a message in the pool's pipe, and the executor's thread that reads results
+waited for the rest for ever. Ctrl-C or SIGTERM at that moment printed "kpool:
+interrupted" and the process never exited (the interpreter joins that thread at
+exit); a worker killed at that moment (the OOM killer, `kill -9`) left the command
+waiting for ever, with nothing said. Each test makes the moment happen on purpose:
+the unit function, found by name in the forked worker, writes half of its result
+and then signals its parent, or kills itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from test_untrusted import ROOT
+
+RACE = str(ROOT / "traces" / "shared-prefix-race.yaml")
+PARTIAL = str(ROOT / "traces" / "partial-copy.yaml")
+
+needs_two = pytest.mark.skipif((os.cpu_count() or 1) < 2,
+                               reason="needs two cores for a process pool")
+
+# the unit function each command hands its pool, by module and name
+UNIT_FUNCTIONS = {"check": ("kpool_cli.check", "_result_of"),
+                  "diff": ("kpool_cli.diff.runs", "run_unit")}
+
+
+def _run_with_half_written_results(command: str, then: str) -> subprocess.CompletedProcess:
+    """`kpool COMMAND -j 2` on two traces, each worker writing half of its result's
+    bytes to the pool's pipe and then doing `then` (Python, with PARENT the parent's
+    pid), never writing the rest."""
+    module, name = UNIT_FUNCTIONS[command]
+    script = textwrap.dedent(f"""
+        import importlib, os, signal, sys
+        import multiprocessing.connection as mc
+
+        PARENT = os.getpid()
+        mod = importlib.import_module({module!r})
+        unit_function = getattr(mod, {name!r})
+
+        def half_written(unit, *args):  # found by name in the forked worker
+            result = unit_function(unit, *args)
+
+            def send(self, buf, write=os.write):
+                write(self._handle, bytes(buf[:max(1, len(buf) // 2)]))
+                {then}
+
+            mc.Connection._send = send
+            return result
+
+        setattr(mod, {name!r}, half_written)
+        sys.argv = ["kpool", {command!r}, {RACE!r}, {PARTIAL!r}, "-j", "2"]
+        from kpool_cli.cli.main import run
+        run()
+        """)
+    try:
+        return subprocess.run([sys.executable, "-c", script], capture_output=True,
+                              text=True, cwd=ROOT, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kpool {command} -j 2 had not exited after 60 s")
+
+
+@needs_two
+@pytest.mark.parametrize("command", ["check", "diff"])
+@pytest.mark.parametrize("signum, status, said", [(signal.SIGINT, 130, "interrupted"),
+                                                  (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupt_while_a_worker_writes_its_result_exits(command, signum, status, said):
+    """The worker stops (SIGSTOP) with half its result written, after signalling its
+    parent: the parent ends its workers and says so, and on HEAD then hung in the
+    interpreter's exit, joining the executor's thread stuck reading the half result.
+    Now the parent closes its own copy of the pipe's write end once the workers are
+    gone, the half message ends in end of file, and the thread ends with it."""
+    then = f"os.kill(PARENT, {int(signum)}); os.kill(os.getpid(), signal.SIGSTOP)"
+    r = _run_with_half_written_results(command, then)
+    assert r.returncode == status, (r.returncode, r.stderr)
+    assert r.stderr == f"kpool: {said}\n"
+
+
+@needs_two
+@pytest.mark.parametrize("command", ["check", "diff"])
+def test_a_worker_killed_while_it_writes_its_result_is_a_dead_worker(command):
+    """A worker SIGKILLed with half its result written: the executor's thread waited for
+    the rest for ever and never looked at the workers, so the command waited for ever
+    too (on HEAD), where a worker killed at any other moment is exit 2 and one line.
+    The wait for a result now looks at the workers every POLL_SECONDS."""
+    r = _run_with_half_written_results(command, "os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.startswith("kpool: a worker process died (killed by SIGKILL)"), r.stderr
+    assert "--jobs 1" in r.stderr and r.stderr.count("\n") == 1
+    assert "Traceback" not in r.stderr
