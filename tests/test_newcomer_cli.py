@@ -2,8 +2,10 @@
 summary when Ctrl-C ends `kpool fuzz`, `kpool validate` silent on why it stopped at a
 trace's version, `--seed` bounded one way by `kpool fuzz` and another by `kpool gen
 random`; and the help: `kpool --help` cutting five commands' lines with `...` at 80
-columns, `kpool gen` speaking of commands where the README says scenarios, and
-`replay --seq` helped as `sequence S` beside a metavar of `0-255`. Each test runs
+columns, `kpool gen` speaking of commands where the README says scenarios,
+`replay --seq` helped as `sequence S` beside a metavar of `0-255`, a scenario's help
+opening in lower case, and `kpool explain --list KP001` answered as if neither had
+been given. Each test runs
 `kpool` as a user would (or reads the help click prints) and asserts what they see.
 """
 
@@ -365,9 +367,36 @@ def test_an_options_help_names_only_placeholders_its_metavar_shows() -> None:
     checked = []
     for command in commands:
         for path, option in _options(command, f"kpool {command.name}"):
-            metavar = option.make_metavar(click.Context(click.Command(path)))
+            try:
+                metavar = option.make_metavar(click.Context(click.Command(path)))
+            except TypeError:  # click < 8.2: no context
+                metavar = option.make_metavar()  # type: ignore[call-arg]
             for letter in PLACEHOLDER.findall(option.help or ""):
                 checked.append(letter)
                 assert letter in metavar, (path, option.opts, metavar, option.help)
     assert "N" in checked and "A" in checked  # --jobs N, --ubatch N|A..B
     assert PLACEHOLDER.findall("flag sequence S. Repeatable.") == ["S"]
+
+
+def test_explain_says_when_a_code_and_list_are_both_given() -> None:
+    """`kpool explain --list KP001` said "give a CODE ... or --list", as if neither
+    had been given; it now says not both, and neither is still asked for."""
+    r = kpool("explain", "--list", "KP001")
+    assert r.returncode == 2
+    assert r.stderr == "kpool: give a CODE (kpool explain KP001) or --list, not both\n"
+    r = kpool("explain")
+    assert r.returncode == 2
+    assert r.stderr == "kpool: give a CODE (kpool explain KP001) or --list\n"
+
+
+def test_a_scenarios_help_opens_with_a_sentence_as_every_commands_does() -> None:
+    """`kpool gen random --help` opened with "any valid mix ..." in lower case, where
+    every other command's help opens with a capital; the `Scenarios:` listing keeps
+    the scenarios' own lower-case words, as click's listings do."""
+    for name, scenario in SCENARIOS.items():
+        r = kpool("gen", name, "--help")
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        opening = " ".join(line.strip() for line in lines[2:lines.index("", 2)])
+        assert opening == scenario.doc[0].upper() + scenario.doc[1:] + ".", opening
+        assert scenario.doc[0].islower()  # else this test shows nothing

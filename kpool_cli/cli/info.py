@@ -29,7 +29,9 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
     from ..verdict.codes import CODES
     from ..verdict.explain import EXPLANATIONS, explain_text, resolve
 
-    if list_codes == (code is not None):
+    if list_codes and code is not None:
+        fail("give a CODE (kpool explain KP001) or --list, not both")
+    if not list_codes and code is None:
         fail("give a CODE (kpool explain KP001) or --list")
     manners = Manners.detect(sys.stdout, color=color)
     rich = manners.is_terminal or manners.color

@@ -184,8 +184,9 @@ class Scenario:
 
     @property
     def help(self) -> str:
-        """`kpool gen NAME --help`: what it does, and the loader's bounds."""
-        return f"{self.doc}.\n\n{_loader_bounds_help()}"
+        """`kpool gen NAME --help`: what it does (a sentence, as every command's help
+        opens), and the loader's bounds."""
+        return f"{self.doc[:1].upper()}{self.doc[1:]}.\n\n{_loader_bounds_help()}"
 
 
 
