@@ -35,11 +35,12 @@ layer (the verdicts' messages, the diff, the views) can word with it.
 
 `visible`: the result holds no character a terminal acts on, and it can be
 encoded as UTF-8. Every C0 control (except a line break where `keep_newlines`
-allows it), DEL, every C1 control, the Unicode format characters that reorder or
-hide text (bidirectional overrides and isolates, zero-width joiners, the byte
-order mark), and lone surrogates (a file name's undecodable bytes, as Python
-carries them) are written as Python-style escapes (`\\x1b`, `\\u202e`). A
-backslash is left alone: the escapes are for reading, not for round-tripping.
+allows it), DEL, every C1 control, every Unicode format character (those that
+reorder or hide text: bidirectional overrides and isolates, zero-width joiners, the
+byte order mark, the soft hyphen, the tag characters), and lone surrogates (a file
+name's undecodable bytes, as Python carries them) are written as Python-style
+escapes (`\\x1b`, `\\u202e`, `\\U000e0041`). A backslash is left alone: the
+escapes are for reading, not for round-tripping.
 So a trace whose name is `"\\x1b[2J\\x1b[31mPASS"` cannot clear the screen or
 paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 
@@ -71,17 +72,18 @@ if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
     import numpy as np
 
 # What a view writes as an escape: C0 controls, DEL, C1 controls; every format
-# character (category Cf of the Unicode 14.0 that Python 3.11 carries: the bidi
-# controls and zero-widths a terminal or a bidi-aware renderer acts on, and those that
-# show nothing, as the soft hyphen U+00AD and the tag characters U+E0000-E007F do, so
-# that two names that look alike are told apart); the line and paragraph separators;
+# character (category Cf of Unicode 14.0, Python 3.11's, and 15.0-15.1, Python
+# 3.12's and 3.13's, which add U+13439-1343F: the bidi controls and zero-widths a
+# terminal or a bidi-aware renderer acts on, and those that show nothing, as the
+# soft hyphen U+00AD and the tag characters U+E0000-E007F do, so that two names that
+# look alike are told apart); the line and paragraph separators;
 # surrogates; and the two noncharacters U+FFFE and U+FFFF, which no XML document may
 # hold (an SVG view, a JUnit report: XML 1.0's Char excludes them, as it does
 # surrogates and controls)
 _FORMAT = (
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
     "\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\ufffe\uffff"
-    "\U000110bd\U000110cd\U00013430-\U00013438\U0001bca0-\U0001bca3"
+    "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
     "\U0001d173-\U0001d17a\U000e0000-\U000e007f"
 )
 _HIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")

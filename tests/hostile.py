@@ -3071,7 +3071,8 @@ def run_case(case: Case, workdir: Path, timeout: float | None = None, *,
 
 
 _PROBLEM = re.compile(r"(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<field>.+?): \S")
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u2028\u2029\u202a-\u202e\u2066-\u2069"
+                      "\U000e0000-\U000e007f]")
 _SGR = re.compile(r"\x1b\[[0-9;]*m|\x1b\]8;[^\x1b\x07]*(?:\x1b\\|\x07)")
 
 

@@ -221,14 +221,16 @@ def test_a_report_value_is_compact_ascii_json_that_reads_back(value):
 
 # JSON values as kpool's documents hold them, and the ones orjson writes otherwise:
 # floats of every magnitude (1e-9 to 1e-4 among them), ints past 64 bits, text past
-# ASCII and lone surrogates, int keys
+# ASCII, DEL and lone surrogates (which `st.text` never draws), int keys
+_ODD_TEXT = st.sampled_from(["\x7f", "a\x7fb", "\ud800", "x\udcff", "\x00\x1f\x7f"])
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.sampled_from([1e-05, 1.5e-07, -3e-09, 0.0001, 1e16, 1e-10, 0.00012])
-    | st.text(max_size=8),
+    | st.text(max_size=8) | _ODD_TEXT,
     lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=4) | st.integers(-5, 5), inner, max_size=4),
+    | st.dictionaries(st.text(max_size=4) | _ODD_TEXT | st.integers(-5, 5), inner,
+                      max_size=4),
     max_leaves=20)
 
 
@@ -247,6 +249,15 @@ def test_json_text_takes_orjson_where_it_is_json():
     assert dumps({"r": [1e-05, 1.5e-07]}) == '{"r":[1e-05,1.5e-07]}'
     assert dumps({"r": [0.0001, 1e16, 2.5]}, indent=True) == (
         '{\n  "r": [\n    0.0001,\n    1e+16,\n    2.5\n  ]\n}')
+
+
+def test_json_text_escapes_del_as_json_does():
+    """DEL is ASCII, so orjson's text of it passed the ASCII test, raw, where json
+    writes `\\u007f` (its ensure_ascii escapes every character outside space..`~`): `kpool check
+    --output-format json` of a file `r<DEL>.yaml` wrote `"r<DEL>.yaml"`, where it
+    had written `"r\\u007f.yaml"` before the JSON documents went through orjson."""
+    assert dumps({"path": "r\x7f.yaml"}) == '{"path":"r\\u007f.yaml"}'
+    assert dumps(["\x7f"], indent=True) == '[\n  "\\u007f"\n]'
 
 
 def test_a_report_value_json_cannot_write_is_refused_as_json_refuses_it():

@@ -217,3 +217,12 @@ def test_a_soft_hyphen_in_a_trace_name_shows_as_its_escape(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "shared-prefix-ra\\xadce\\U000e0041" in r.stdout
     assert "\u00ad" not in r.stdout and "\U000e0041" not in r.stdout
+
+
+def test_the_format_characters_later_unicode_adds_are_escaped_too():
+    """kpool runs on Python 3.11 and later: Python 3.12 and 3.13 (Unicode 15.0, 15.1)
+    count the Egyptian hieroglyph format controls U+13439-1343F as format characters
+    too, which a set drawn from Python 3.11's Unicode 14.0 let through raw there."""
+    added = "".join(map(chr, range(0x13439, 0x13440)))
+    assert visible(f"a{added}b") == ("a\\U00013439\\U0001343a\\U0001343b\\U0001343c"
+                                     "\\U0001343d\\U0001343e\\U0001343fb")

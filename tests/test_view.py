@@ -600,8 +600,8 @@ def test_a_selection_past_the_replay_says_so_beside_the_count_shown():
     r = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "9..", "--ubatch", "11..13",
                                  "--seq", "0", "--seq", "3", "--seq", "1",
                                  "--backend", "none"])
-    assert ("11 ubatches (2 shown: ubatch 11..13 is past the last, 10; seqs 1, 3 are past "
-            "n_seq_max 1)") in r.stdout
+    assert ("11 ubatches (2 shown: ubatches 11..13 are past the last, 10; seqs 1, 3 are past "
+            "the last, 0 (n_seq_max 1))") in r.stdout
     r = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "3..5", "--backend", "none"])
     assert "11 ubatches (2 shown)," in r.stdout
     view = CliRunner().invoke(cli, ["replay", pd, "--ubatch", "3..", "--ubatch", "40",
@@ -609,6 +609,8 @@ def test_a_selection_past_the_replay_says_so_beside_the_count_shown():
                               env={"COLUMNS": "200"})
     assert "11 (8 shown: ubatch 40 is past the last, 10)" in view.stdout
     assert Selection(seqs=frozenset({0})).unmatched(0, 1) == ""
+    assert (Selection(ubatches=((40, 41), (40, 41), (30, 31))).unmatched(11, 1)
+            == "ubatches 30, 40 are past the last, 10")
     assert (Selection(ubatches=((0, 1),)).unmatched(0, 1)
             == "ubatch 0 is past the replay's, which ran none")
     assert doctest.testmod(select_module).failed == 0

@@ -60,6 +60,13 @@ def parse_ubatch_range(text: str) -> tuple[int, int]:
     return a, b
 
 
+def _ubatches(ranges: tuple[tuple[int, int], ...]) -> str:
+    """`ubatch 4`, `ubatches 2..5, 9..`: ubatch index ranges as the options give them."""
+    one = len(ranges) == 1 and ranges[0][1] - ranges[0][0] == 1
+    return ("ubatch " if one else "ubatches ") + ", ".join(
+        span(a, None if b >= OPEN_END else b) for a, b in ranges)
+
+
 @dataclass(frozen=True, slots=True)
 class Selection:
     ubatches: tuple[tuple[int, int], ...] = ()  # half-open index ranges; () = every ubatch
@@ -86,9 +93,7 @@ class Selection:
         """One line saying what is shown ("" when everything is)."""
         parts = []
         if self.ubatches:
-            one = len(self.ubatches) == 1 and self.ubatches[0][1] - self.ubatches[0][0] == 1
-            parts.append(("ubatch " if one else "ubatches ") + ", ".join(
-                span(a, None if b >= OPEN_END else b) for a, b in self.ubatches))
+            parts.append(_ubatches(self.ubatches))
         if self.seqs:
             parts.append("seq " + ", ".join(map(str, sorted(self.seqs))))
         if self.only_findings:
@@ -104,23 +109,23 @@ class Selection:
     def unmatched(self, n_ubatches: int, n_seq_max: int) -> str:
         """What of the selection no record could match, as the summary says it beside
         the count of ubatches shown: the `--ubatch` ranges that start past the last
-        ubatch the replay ran, the `--seq` ids past n_seq_max ("" when none).
+        ubatch the replay ran, the `--seq` ids past the last of n_seq_max ("" when
+        none).
 
         >>> Selection(((3, 4), (20, 30)), frozenset({1, 9})).unmatched(15, 2)
-        'ubatch 20..30 is past the last, 14; seq 9 is past n_seq_max 2'
+        'ubatches 20..30 are past the last, 14; seq 9 is past the last, 1 (n_seq_max 2)'
         """
         parts = []
-        past = [span(a, None if b >= OPEN_END else b) for a, b in self.ubatches
-                if a >= n_ubatches]
+        past = tuple(sorted({r for r in self.ubatches if r[0] >= n_ubatches}))
         if past:
             last = f"the last, {n_ubatches - 1}" if n_ubatches else "the replay's, which ran none"
-            parts.append(f"ubatch {past[0]} is past {last}" if len(past) == 1
-                         else f"ubatches {', '.join(past)} are past {last}")
+            named = _ubatches(past)
+            parts.append(f"{named} {'are' if named.startswith('ubatches') else 'is'} past {last}")
         seqs = sorted(s for s in self.seqs if s >= n_seq_max)
         if seqs:
             parts.append(f"seq {seqs[0]} is" if len(seqs) == 1
                          else f"seqs {', '.join(map(str, seqs))} are")
-            parts[-1] += f" past n_seq_max {n_seq_max}"
+            parts[-1] += f" past the last, {n_seq_max - 1} (n_seq_max {n_seq_max})"
         return "; ".join(parts)
 
     # -- the rules ------------------------------------------------------------------
