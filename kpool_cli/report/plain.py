@@ -86,9 +86,7 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     s = tally.summary()
     found = ", ".join(words.code_count(c, n) for c, n in s["findings"].items()) or "no findings"
     n_ub = s["ubatches"]
-    missed = selection.unmatched(n_ub, cfg.n_seq_max)
-    part = (f" ({words.count(shown_ub)} shown{': ' * bool(missed)}{missed})"
-            if selection.filters else "")
+    part = selection.shown_note(shown_ub, n_ub, cfg.n_seq_max, counted=selection.filters)
     out.write(f"  summary: {words.count(n_ub)} ubatch{'es' * (n_ub != 1)}{part}, "
               f"{words.count(s['pools_marked'])} "
               f"pools marked ({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "

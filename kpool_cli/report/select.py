@@ -16,7 +16,8 @@ Rules (all the options given must hold):
   and under `--ubatch` only when it lies between two shown ubatches;
 - an expectation is shown when the record before it was (a failed one always);
 - what no record could match (a range past the last ubatch, a sequence past
-  n_seq_max) is said beside the count shown (`unmatched`).
+  n_seq_max) is said beside the count shown (`unmatched`, `shown_note`, the one
+  wording of both views).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
 from ..replay import planned_ubatches
 from ..trace import model as m
-from ..wording import span
+from ..wording import count, span
 
 Record = OpEvent | UbatchRecord | ExpectResult
 
@@ -127,6 +128,17 @@ class Selection:
                          else f"seqs {', '.join(map(str, seqs))} are")
             parts[-1] += f" past the last, {n_seq_max - 1} (n_seq_max {n_seq_max})"
         return "; ".join(parts)
+
+    def shown_note(self, shown: int, n_ubatches: int, n_seq_max: int, *, counted: bool
+                   ) -> str:
+        """` (2 shown: ubatch 20 is past the last, 10)`: the ubatches shown, with what
+        the selection could not match of the replay's n_ubatches and n_seq_max
+        (`unmatched`); given where the view counts what it showed (`counted`, its own
+        rule) or something was missed, else ""."""
+        missed = self.unmatched(n_ubatches, n_seq_max)
+        if not (counted or missed):
+            return ""
+        return f" ({count(shown)} shown{': ' * bool(missed)}{missed})"
 
     # -- the rules ------------------------------------------------------------------
 

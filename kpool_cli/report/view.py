@@ -570,9 +570,9 @@ class RichView:
                       padding=(0, 1))
         table.add_column(style="bold", no_wrap=True)
         table.add_column()
-        missed = self.sel.unmatched(s["ubatches"], self.trace.cache.n_seq_max)
-        shown = (f" ({words.count(self.shown_ubatches)} shown{': ' * bool(missed)}{missed})"
-                 if self.shown_ubatches != s["ubatches"] or missed else "")
+        shown = self.sel.shown_note(self.shown_ubatches, s["ubatches"],
+                                    self.trace.cache.n_seq_max,
+                                    counted=self.shown_ubatches != s["ubatches"])
         rows: list[tuple[str | Text, str | Text | Flow]] = [
             ("ubatches", f"{words.count(s['ubatches'])}{shown} · "
                          f"{words.count(s['tokens'])} tokens"),
