@@ -12,9 +12,10 @@ sequence of units is read as it goes, never made whole); the first error (in tha
 order) is raised as the worker raised it; on an error or an interrupt (Ctrl-C,
 SIGTERM) the workers are ended at once, not waited for, and so is the executor's
 manager thread, even one a worker ended in the middle of its result left waiting
-for the rest of it (so the process exits); a worker that dies is WorkerDied within
-`POLL_SECONDS`, whatever it was doing; a worker ignores Ctrl-C (only the parent
-answers it, so no worker prints a traceback).
+for the rest of it (so the process exits), and a signal that comes while they are
+ended is raised once they are; a worker that dies is WorkerDied within
+`POLL_SECONDS`, whatever it was doing, whatever signal killed it; a worker ignores
+Ctrl-C (only the parent answers it, so no worker prints a traceback).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .signals import TERMINATING
 
 if TYPE_CHECKING:  # multiprocessing: imported by a run that starts a pool
     from concurrent.futures import Future, ProcessPoolExecutor
+    from multiprocessing.process import BaseProcess
 
 U = TypeVar("U")
 R = TypeVar("R")
@@ -124,10 +126,21 @@ def _result(future: Future[R], pool: ProcessPoolExecutor) -> R:
         for w in list((getattr(pool, "_processes", None) or {}).values()):
             code = w.exitcode
             if code is not None:
-                raise WorkerDied.of(f"killed by {signal.Signals(-code).name}"
-                                    if code < 0 and -code in signal.valid_signals()
-                                    else f"exit status {code}")
+                raise WorkerDied.of(_how_it_ended(code))
     return future.result()
+
+
+def _how_it_ended(exitcode: int) -> str:
+    """A dead worker's `exitcode` in words: "killed by SIGKILL", "exit status 3", or
+    "killed by signal 40" for a signal `signal.Signals` has no name for (the real-time
+    signals between SIGRTMIN and SIGRTMAX: its lookup of one raised ValueError, an
+    internal error where WorkerDied was due)."""
+    if exitcode >= 0:
+        return f"exit status {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
 
 
 def _worker_init(parent: int | None = None) -> None:
@@ -177,32 +190,44 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
     manager thread, which the interpreter joins at exit: `shutdown` forgets it, and
     it may be reading a result that a worker ended now (or before) left half
     written, whose rest it would wait for ever (the process printed "interrupted"
-    and never exited)."""
-    # the shutdowns below forget both, so they are taken first
+    and never exited). A signal that comes meanwhile (Ctrl-C pressed again, a
+    SIGTERM after it) is raised once all that is done, not where it lands: cut short
+    while a worker slow to end was waited for, the stop left it alive and the pipe
+    open, and the process hung at exit as before."""
+    # the shutdowns below forget all three, so they are taken first
     manager = getattr(pool, "_executor_manager_thread", None)
     results = getattr(pool, "_result_queue", None)
-    _end_workers(pool)
-    # the workers are gone, so kpool's own copy is the last open write end of the
-    # results' pipe: closed, the half message ends in end of file, which the thread
-    # takes for a broken pool, and it ends
-    if results is not None:
-        with contextlib.suppress(OSError, AttributeError):
-            results._writer.close()
-    # joined here, the thread has closed its wakeup pipe before the interpreter's exit
-    # hook would write to it as it closes ("Bad file descriptor")
-    if manager is not None and manager.is_alive():
-        manager.join(timeout=10)
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    late: KeyboardInterrupt | None = None
+    while True:  # each step is done again harmlessly when a signal cut it short
+        try:
+            _end_workers(pool, workers)
+            # the workers are gone, so kpool's own copy is the last open write end of
+            # the results' pipe: closed, the half message ends in end of file, which
+            # the thread takes for a broken pool, and it ends
+            if results is not None:
+                with contextlib.suppress(OSError, AttributeError):
+                    results._writer.close()
+            # joined here, the thread has closed its wakeup pipe before the
+            # interpreter's exit hook would write to it as it closes ("Bad file
+            # descriptor")
+            if manager is not None and manager.is_alive():
+                manager.join(timeout=10)
+            break
+        except KeyboardInterrupt as e:  # Terminated too
+            late = late or e
+    if late is not None:
+        raise late
 
 
-def _end_workers(pool: ProcessPoolExecutor) -> None:
+def _end_workers(pool: ProcessPoolExecutor, workers: list[BaseProcess]) -> None:
+    """End `workers`, `pool`'s processes (taken before a shutdown forgets them)."""
     terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
     if terminate is not None:
         terminate()
         return
     # before 3.14 the executor has no public way to end its workers; its process
     # table is the documented-by-source way the 3.14 method itself uses
-    procs = list(getattr(pool, "_processes", None) or {})
-    workers = [pool._processes[pid] for pid in procs]
     pool.shutdown(wait=False, cancel_futures=True)
     for w in workers:
         w.terminate()

@@ -7,7 +7,8 @@ interrupted" and the process never exited (the interpreter joins that thread at
 exit); a worker killed at that moment (the OOM killer, `kill -9`) left the command
 waiting for ever, with nothing said. Each test makes the moment happen on purpose:
 the unit function, found by name in the forked worker, writes half of its result
-and then signals its parent, or kills itself.
+and then signals its parent, or kills itself. The last two tests are a review's of
+that fix: a second Ctrl-C during the stop, and a signal with no name.
 """
 
 from __future__ import annotations
@@ -95,3 +96,32 @@ def test_a_worker_killed_while_it_writes_its_result_is_a_dead_worker(command):
     assert r.stderr.startswith("kpool: a worker process died (killed by SIGKILL)"), r.stderr
     assert "--jobs 1" in r.stderr and r.stderr.count("\n") == 1
     assert "Traceback" not in r.stderr
+
+
+@needs_two
+def test_a_second_ctrl_c_while_the_workers_are_ended_still_exits():
+    """Ctrl-C pressed again while the parent ends its workers: each worker stops (SIGSTOP)
+    with half its result written, as above, and a second SIGINT comes 0.3 s after the
+    first, while the parent waits (1 s) for a stopped worker to end. That signal cut the
+    stop short: the stopped worker was never killed, the pipe's write end never closed,
+    and the process printed "interrupted" and hung at exit, joining the executor's
+    thread. It is now raised once the workers are ended."""
+    then = ("import subprocess; "
+            "subprocess.Popen(['sh', '-c', f'sleep 0.3; kill -INT {PARENT}']); "
+            "os.kill(PARENT, signal.SIGINT); os.kill(os.getpid(), signal.SIGSTOP)")
+    r = _run_with_half_written_results("check", then)
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stderr == "kpool: interrupted\n"
+
+
+@needs_two
+@pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="no real-time signals")
+def test_a_worker_killed_by_a_signal_without_a_name_is_a_dead_worker():
+    """A worker ended, half its result written, by a real-time signal (SIGRTMIN + 6, 40
+    on Linux): `signal.Signals` has no member for it, and naming it raised ValueError,
+    "kpool: internal error", where a dead worker is due."""
+    signum = int(signal.SIGRTMIN) + 6
+    r = _run_with_half_written_results("check", f"os.kill(os.getpid(), {signum})")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.startswith(f"kpool: a worker process died (killed by signal {signum}):")
+    assert r.stderr.count("\n") == 1

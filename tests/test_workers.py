@@ -190,3 +190,17 @@ def test_a_fork_outside_a_pool_keeps_its_signal_handlers() -> None:
                         "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"],
                        preexec_fn=lambda: None, capture_output=True, text=True, timeout=60)
     assert r.stdout == "False\n"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="no real-time signals")
+def test_a_dead_worker_s_exit_is_said_in_words() -> None:
+    """Signal 9 by its name; a real-time signal, which `signal.Signals` has no member
+    for (its lookup raised ValueError), by its number; an exit by its status."""
+    from kpool_cli.workers import _how_it_ended
+
+    assert _how_it_ended(-9) == "killed by SIGKILL"
+    assert _how_it_ended(-15) == "killed by SIGTERM"
+    rt = int(signal.SIGRTMIN) + 6  # 40 on Linux, between SIGRTMIN and SIGRTMAX
+    assert _how_it_ended(-rt) == f"killed by signal {rt}"
+    assert _how_it_ended(3) == "exit status 3"
+    assert _how_it_ended(0) == "exit status 0"
