@@ -971,7 +971,8 @@ def test_corner_traces_agree_and_reach_the_corners() -> None:
     (counted by the reference as it goes)."""
     seen: Counter = Counter()
 
-    @settings(max_examples=600, deadline=None, derandomize=True, database=None,
+    # derandomized: 350 examples reach every corner 3 times at least (250 miss one)
+    @settings(max_examples=350, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     @given(case=corner_traces())
     def run_case(case: tuple[Trace, str]) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import click
+from click.testing import CliRunner
 from test_untrusted import KPOOL, RACE, kpool, write
 
 from kpool_cli.cli.fuzz import fuzz_cmd
@@ -394,8 +395,8 @@ def test_a_scenarios_help_opens_with_a_sentence_as_every_commands_does() -> None
     every other command's help opens with a capital; the `Scenarios:` listing keeps
     the scenarios' own lower-case words, as click's listings do."""
     for name, scenario in SCENARIOS.items():
-        r = kpool("gen", name, "--help")
-        assert r.returncode == 0, r.stderr
+        r = CliRunner().invoke(cli, ["gen", name, "--help"], terminal_width=80)
+        assert r.exit_code == 0, r.output
         lines = r.stdout.splitlines()
         opening = " ".join(line.strip() for line in lines[2:lines.index("", 2)])
         assert opening == scenario.doc[0].upper() + scenario.doc[1:] + ".", opening

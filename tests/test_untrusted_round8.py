@@ -69,9 +69,10 @@ def _run_with_half_written_results(command: str, then: str) -> subprocess.Comple
 
 
 @needs_two
-@pytest.mark.parametrize("command", ["check", "diff"])
-@pytest.mark.parametrize("signum, status, said", [(signal.SIGINT, 130, "interrupted"),
-                                                  (signal.SIGTERM, 143, "terminated")])
+# each command under one signal: the two signals take one path (`workers._stop_now`),
+# and so do the two commands (`workers.in_order`)
+@pytest.mark.parametrize("command, signum, status, said", [
+    ("check", signal.SIGINT, 130, "interrupted"), ("diff", signal.SIGTERM, 143, "terminated")])
 def test_an_interrupt_while_a_worker_writes_its_result_exits(command, signum, status, said):
     """The worker stops (SIGSTOP) with half its result written, after signalling its
     parent: the parent ends its workers and says so, and on HEAD then hung in the
