@@ -12,10 +12,12 @@ sequence of units is read as it goes, never made whole); the first error (in tha
 order) is raised as the worker raised it; on an error or an interrupt (Ctrl-C,
 SIGTERM) the workers are ended at once, not waited for, and so is the executor's
 manager thread, even one a worker ended in the middle of its result left waiting
-for the rest of it (so the process exits), and a signal that comes while they are
-ended is raised once they are; a worker that dies is WorkerDied within
-`POLL_SECONDS`, whatever it was doing, whatever signal killed it; a worker ignores
-Ctrl-C (only the parent answers it, so no worker prints a traceback).
+for the rest of it (so the process exits); a signal that comes while they are
+ended has them killed at once, and is raised once they are unless a signal began
+the stop (the first signal decides the exit status, as in `signals`); a worker that
+dies is WorkerDied within `POLL_SECONDS`, whatever it was doing, whatever signal
+killed it; a worker ignores Ctrl-C (only the parent answers it, so no worker prints
+a traceback).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import itertools
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -41,6 +44,7 @@ R = TypeVar("R")
 MAX_JOBS = 256  # the most processes a command (or a settings file's `jobs`) may ask for
 WINDOW_PER_WORKER = 4  # units submitted ahead of the results, per worker
 POLL_SECONDS = 0.5  # how often a wait for a result looks whether a worker died
+MANAGER_SECONDS = 10  # the longest a stop waits for the executor's manager thread
 
 
 def workers_for(jobs: int, n_units: int) -> int:
@@ -95,10 +99,10 @@ def in_order(fn: Callable[[U], R], units: Sequence[U], jobs: int = 1) -> Iterato
                 submit(u)
             yield result
     except BrokenProcessPool as e:
-        _stop_now(pool)
+        _stop_now(pool, e)
         raise WorkerDied.of(str(e)) from None
-    except BaseException:
-        _stop_now(pool)
+    except BaseException as e:
+        _stop_now(pool, e)
         raise
     pool.shutdown(wait=True)
 
@@ -123,11 +127,17 @@ def _result(future: Future[R], pool: ProcessPoolExecutor) -> R:
     from concurrent.futures import wait
 
     while not wait([future], timeout=POLL_SECONDS).done:
-        for w in list((getattr(pool, "_processes", None) or {}).values()):
+        for w in _workers_of(pool):
             code = w.exitcode
             if code is not None:
                 raise WorkerDied.of(_how_it_ended(code))
     return future.result()
+
+
+def _workers_of(pool: ProcessPoolExecutor) -> list[BaseProcess]:
+    """`pool`'s worker processes, from its process table (none once it is shut down:
+    the table is dropped then)."""
+    return list((getattr(pool, "_processes", None) or {}).values())
 
 
 def _how_it_ended(exitcode: int) -> str:
@@ -184,24 +194,31 @@ def _worker_handlers() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def _stop_now(pool: ProcessPoolExecutor) -> None:
+def _stop_now(pool: ProcessPoolExecutor, cause: BaseException) -> None:
     """Cancel what has not started and end the workers now: a unit can run for
     minutes, and `shutdown(wait=True)` would wait for it. Then end the executor's
     manager thread, which the interpreter joins at exit: `shutdown` forgets it, and
     it may be reading a result that a worker ended now (or before) left half
     written, whose rest it would wait for ever (the process printed "interrupted"
-    and never exited). A signal that comes meanwhile (Ctrl-C pressed again, a
-    SIGTERM after it) is raised once all that is done, not where it lands: cut short
-    while a worker slow to end was waited for, the stop left it alive and the pipe
-    open, and the process hung at exit as before."""
+    and never exited). `cause` is what stops the pool.
+
+    A signal that comes meanwhile (Ctrl-C pressed again, or held down; a SIGTERM
+    after it) does not cut the stop short, which left a worker slow to end alive
+    and the pipe open (the process hung at exit as before): the steps are done
+    again, the workers killed at once (the signal is a hurry), the thread waited
+    for no longer than `MANAGER_SECONDS` in all, so that signals that keep coming
+    never keep the stop from its end. It is raised once they are done, unless
+    `cause` is itself a signal: the first signal decides the exit status (SIGTERM,
+    then Ctrl-C, is 143), as `signals` keeps the first."""
     # the shutdowns below forget all three, so they are taken first
     manager = getattr(pool, "_executor_manager_thread", None)
     results = getattr(pool, "_result_queue", None)
-    workers = list((getattr(pool, "_processes", None) or {}).values())
+    workers = _workers_of(pool)
     late: KeyboardInterrupt | None = None
+    until: float | None = None
     while True:  # each step is done again harmlessly when a signal cut it short
         try:
-            _end_workers(pool, workers)
+            _end_workers(pool, workers, at_once=late is not None)
             # the workers are gone, so kpool's own copy is the last open write end of
             # the results' pipe: closed, the half message ends in end of file, which
             # the thread takes for a broken pool, and it ends
@@ -212,16 +229,26 @@ def _stop_now(pool: ProcessPoolExecutor) -> None:
             # interpreter's exit hook would write to it as it closes ("Bad file
             # descriptor")
             if manager is not None and manager.is_alive():
-                manager.join(timeout=10)
+                until = until or time.monotonic() + MANAGER_SECONDS
+                manager.join(timeout=max(0.0, until - time.monotonic()))
             break
         except KeyboardInterrupt as e:  # Terminated too
             late = late or e
-    if late is not None:
+    if late is not None and not isinstance(cause, KeyboardInterrupt):
         raise late
 
 
-def _end_workers(pool: ProcessPoolExecutor, workers: list[BaseProcess]) -> None:
-    """End `workers`, `pool`'s processes (taken before a shutdown forgets them)."""
+def _end_workers(pool: ProcessPoolExecutor, workers: list[BaseProcess], *,
+                 at_once: bool = False) -> None:
+    """End `workers`, `pool`'s processes (taken before a shutdown forgets them): asked
+    to (SIGTERM), and killed when still alive a second later; killed `at_once`."""
+    if at_once:
+        for w in workers:
+            w.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for w in workers:
+            w.join(timeout=1)
+        return
     terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
     if terminate is not None:
         terminate()

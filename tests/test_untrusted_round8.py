@@ -7,8 +7,9 @@ interrupted" and the process never exited (the interpreter joins that thread at
 exit); a worker killed at that moment (the OOM killer, `kill -9`) left the command
 waiting for ever, with nothing said. Each test makes the moment happen on purpose:
 the unit function, found by name in the forked worker, writes half of its result
-and then signals its parent, or kills itself. The last two tests are a review's of
-that fix: a second Ctrl-C during the stop, and a signal with no name.
+and then signals its parent, or kills itself. The last four tests are reviews' of
+that fix: a second Ctrl-C during the stop, a signal with no name, Ctrl-C held down
+during the stop, and a SIGTERM then a Ctrl-C.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from test_untrusted import ROOT
@@ -126,3 +128,47 @@ def test_a_worker_killed_by_a_signal_without_a_name_is_a_dead_worker():
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stderr.startswith(f"kpool: a worker process died (killed by signal {signum}):")
     assert r.stderr.count("\n") == 1
+
+
+def _second_signal_then(signum: int, sender: str, lock: str) -> str:
+    """`then` for `_run_with_half_written_results`: the first worker to get there starts
+    `sender` (sh, with PARENT the parent's pid) and every worker sends `signum` to the
+    parent and stops (SIGSTOP), half its result written."""
+    return ("import subprocess; "
+            f"first = not os.path.exists({lock!r}) and not open({lock!r}, 'w').close(); "
+            f"first and subprocess.Popen(['sh', '-c', f{sender!r}], "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            f"os.kill(PARENT, {int(signum)}); os.kill(os.getpid(), signal.SIGSTOP)")
+
+
+@needs_two
+def test_ctrl_c_held_down_while_the_workers_are_ended_does_not_delay_the_end(tmp_path):
+    """Ctrl-C held down (a SIGINT every 0.2 s, for 30 s at most) while the parent ends a
+    worker stopped with half its result written: each signal started the stop's steps
+    again, the 1 s wait for the stopped worker with them, so it was never killed and
+    kpool ran until the signals stopped (31.7 s). A signal during the stop now kills
+    the workers at once: kpool exits while Ctrl-C is still held."""
+    sent = tmp_path / "sent"
+    sender = ("i=0; while [ $i -lt 150 ] && kill -INT {PARENT} 2>/dev/null; "
+              f"do i=$((i+1)); sleep 0.2; done; echo $i > {sent}")
+    r = _run_with_half_written_results(
+        "check", _second_signal_then(signal.SIGINT, sender, str(tmp_path / "lock")))
+    assert r.returncode == 130, (r.returncode, r.stderr)
+    assert r.stderr == "kpool: interrupted\n"
+    for _ in range(400):  # the sender sees the parent gone within 0.2 s of its end
+        if sent.exists() and sent.read_text().strip():
+            break
+        time.sleep(0.1)
+    assert int(sent.read_text()) < 150, "kpool ran until the last Ctrl-C"
+
+
+@needs_two
+def test_a_ctrl_c_after_a_sigterm_while_the_workers_are_ended_is_still_a_sigterm(tmp_path):
+    """SIGTERM, then a Ctrl-C 0.3 s later while the parent waits for a stopped worker to
+    end: the Ctrl-C, raised once the stop was done, replaced the SIGTERM, and the run
+    ended "interrupted", 130. The first signal decides, as `signals` keeps the first:
+    "terminated", 143 (README's exit status of a SIGTERM)."""
+    r = _run_with_half_written_results("check", _second_signal_then(
+        signal.SIGTERM, "sleep 0.3; kill -INT {PARENT}", str(tmp_path / "lock")))
+    assert r.returncode == 143, (r.returncode, r.stderr)
+    assert r.stderr == "kpool: terminated\n"
