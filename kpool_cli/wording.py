@@ -79,15 +79,15 @@ if TYPE_CHECKING:  # numpy is imported where a wording needs it (see `folded`)
 # look alike are told apart); the line and paragraph separators;
 # surrogates; and the two noncharacters U+FFFE and U+FFFF, which no XML document may
 # hold (an SVG view, a JUnit report: XML 1.0's Char excludes them, as it does
-# surrogates and controls)
-_FORMAT = (
+# surrogates and controls). `_UNSHOWN`: all of it past the C1 controls
+_UNSHOWN = (
     "\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890\u0891\u08e2\u180e\u200b-\u200f"
     "\u2028-\u202e\u2060-\u206f\ud800-\udfff\ufeff\ufff9-\ufffb\ufffe\uffff"
     "\U000110bd\U000110cd\U00013430-\U0001343f\U0001bca0-\U0001bca3"
     "\U0001d173-\U0001d17a\U000e0000-\U000e007f"
 )
-_HIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_FORMAT}]")
-_HIDDEN_KEEP_NL = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_FORMAT}]")
+_HIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_UNSHOWN}]")
+_HIDDEN_KEEP_NL = re.compile(f"[\x00-\x09\x0b-\x1f\x7f-\x9f{_UNSHOWN}]")
 
 
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}

@@ -242,22 +242,18 @@ def _end_workers(pool: ProcessPoolExecutor, workers: list[BaseProcess], *,
                  at_once: bool = False) -> None:
     """End `workers`, `pool`'s processes (taken before a shutdown forgets them): asked
     to (SIGTERM), and killed when still alive a second later; killed `at_once`."""
-    if at_once:
-        for w in workers:
-            w.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
-        for w in workers:
-            w.join(timeout=1)
-        return
     terminate = getattr(pool, "terminate_workers", None)  # Python >= 3.14
-    if terminate is not None:
+    if terminate is not None and not at_once:
         terminate()
         return
     # before 3.14 the executor has no public way to end its workers; its process
     # table is the documented-by-source way the 3.14 method itself uses
     pool.shutdown(wait=False, cancel_futures=True)
     for w in workers:
-        w.terminate()
+        if at_once:
+            w.kill()
+        else:
+            w.terminate()
     for w in workers:
         w.join(timeout=1)
     # a worker forked just now may not have run `_worker_init` yet: it still holds the
