@@ -187,6 +187,28 @@ def _ubatch(index: int, op: int, findings=()) -> UbatchSummary:
                          ((index, (index,), False),), tuple(findings), ())
 
 
+def test_differs_names_each_field_that_differs_in_the_formats_words():
+    """Built by hand: one ubatch (op 0) and one seq_rm (op 1) on each side. Head's ubatch
+    marks pools (0, 0) and (0, 5) where base's marks (0, 0) alone: n_new 2 against 1
+    and the pools differ, nothing else (the tokens, stale positions, scatter plan and
+    findings are the same). Head's seq_rm stales seq 0 at 4 where base's stales
+    nothing. So `differs` is [n_new, pools] for the ubatch (the declared order, not
+    the order they were changed in) and [stale] for the event."""
+    ub = _ubatch(0, 0)
+    head_ub = dataclasses.replace(ub, marked=((0, 0), (0, 5)), n_new=2)
+    rm = EventSummary(1, "seq_rm", "applied", (), ())
+    base = RunSummary("t.yaml", "t", "0" * 64, "b", None, (), (ub,), (rm,))
+    head = dataclasses.replace(base, engine="h", ubatches=(head_ub,),
+                               events=(dataclasses.replace(rm, stale=((0, 4),)),))
+    doc = diff_json(DiffResult((compare(base, head),)))
+    ubatch, event = doc["traces"][0]["differences"]
+    assert (ubatch["type"], ubatch["differs"]) == ("ubatch", ["n_new", "pools"])
+    assert ubatch["pools_only_head"] == [[0, 5]] and ubatch["pools_only_base"] == []
+    assert (event["type"], event["differs"]) == ("event", ["stale"])
+    assert event["head"]["stale"] == {"0": 4} and event["base"]["stale"] == {}
+    assert doc["summary"]["verdict"] == "changed" and doc["summary"]["exit_code"] == 0
+
+
 def test_after_the_runs_part_each_place_is_a_ubatch_or_an_event_and_where_names_four():
     """Built by hand: both runs decode op 0 (ubatch 0); at op 1 head aborts (KP005 on
     its ubatch 1), where base goes on: ubatches 1 to 5 (ops 1 to 5) with a KP001

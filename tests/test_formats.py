@@ -329,3 +329,87 @@ def test_the_diff_reader_requires_the_declared_cost_counters(tmp_path: Path) -> 
     # n_rs_seq came after v1's first release: a report without it reads as 0
     del doc["config"]["n_rs_seq"]
     assert dict(diff_reports.from_report(doc, "r.json").config)["n_rs_seq"] == 0
+
+
+# --- kpool diff --format json ---------------------------------------------------------------
+
+
+def _closed(node: Any) -> Any:
+    """`node` with every object of declared properties closed: a document it accepts
+    holds no key the declaration does not name."""
+    if isinstance(node, list):
+        return [_closed(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _closed(v) for k, v in node.items()}
+    if "properties" in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _diff(*args: str) -> dict:
+    r = CliRunner().invoke(cli, ["diff", *args, "--format", "json"])
+    assert r.exit_code in (0, 1), r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_diff_schema_is_the_declaration() -> None:
+    s = rf.diff_schema()
+    jsonschema.Draft202012Validator.check_schema(s)
+    assert s["title"] == "kpool diff, format v1"
+    _check_record(s, rf.DIFF)
+    t = s["properties"]["traces"]["items"]
+    _check_record(t, rf.DIFF_TRACE)
+    _check_record(t["properties"]["parted"]["oneOf"][0], rf.DIFF_PARTED)
+    ubatch, event = t["properties"]["differences"]["items"]["oneOf"]
+    _check_record(ubatch, rf.DIFF_UBATCH)
+    _check_record(event, rf.DIFF_EVENT)
+    _check_record(s["properties"]["summary"], rf.DIFF_SUMMARY)
+    # the comparison's words are the format's: what differs, and the verdicts
+    assert ubatch["properties"]["differs"]["items"]["enum"] == list(rf.DIFF_UBATCH_FIELDS)
+    assert set(rf.DIFF_EVENT_FIELDS) < set(rf.DIFF_UBATCH_FIELDS)
+    assert (s["properties"]["summary"]["properties"]["verdict"]["enum"]
+            == ["regression", "changed", "no differences"])
+    assert rf.diff_schema() == s and rf.diff_schema() is not s
+
+
+def test_the_diff_writer_writes_what_the_schema_declares_and_nothing_else(
+        tmp_path: Path) -> None:
+    """Real diffs holding every kind of entry: ubatches and events that differ, a
+    parting (partial-copy: cache-safe rejects the partial seq_cp rep-once applies),
+    regressions and fixes, fields differing by design (the no-op seq_rm patch), codes
+    not compared (reports of two backends). Each validates against the schema with
+    every declared object closed, so the writer writes no key the declaration lacks."""
+    traces = ROOT / "traces"
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(_replay(str(traces / "shared-prefix-race.yaml"),
+                                    "--engine", "cache-safe")))
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps(_replay(str(traces / "shared-prefix-race.yaml"),
+                                    "--engine", "rep-once", "--backend", "none")))
+    docs = [
+        _diff(str(traces / "partial-copy.yaml"), str(traces / "shared-prefix-race.yaml"),
+              "--base", "rep-once", "--head", "cache-safe"),
+        _diff(str(traces / "found" / "noop-seq-rm-keeps-a-drift.yaml"),
+              "--base", "rep-once", "--head", "rep-once+noop-seq-rm"),
+        _diff(str(a), str(b)),
+    ]
+    seen: set[str] = set()
+    validator = jsonschema.Draft202012Validator(_closed(rf.diff_schema()))
+    for doc in docs:
+        validator.validate(doc)
+        _keys_in_order(doc, rf.DIFF)
+        for t in doc["traces"]:
+            _keys_in_order(t, rf.DIFF_TRACE)
+            seen |= {e["type"] for e in t["differences"]}
+            seen |= {k for k in ("parted", "by_design", "not_compared") if t[k]}
+        seen |= {"regressions"} if doc["summary"]["regressions"] else set()
+    assert seen == {"ubatch", "event", "parted", "by_design", "not_compared",
+                    "regressions"}
+    # and the closed schema can fail: a key it does not declare, a verdict it does not
+    # know, a required field missing
+    doc = docs[0]
+    for broken in ({**doc, "extra": 1},
+                   {**doc, "summary": {**doc["summary"], "verdict": "worse"}},
+                   {k: v for k, v in doc.items() if k != "summary"}):
+        assert not validator.is_valid(broken)

@@ -267,7 +267,7 @@ def test_check_fails_on_a_broken_expectation(tmp_path):
 
 
 def test_schema_command_prints_json_schemas():
-    for which in ("trace", "report"):
+    for which in ("trace", "report", "check", "diff"):
         code, out, _ = run("schema", which)
         assert code == 0
         jsonschema.Draft202012Validator.check_schema(json.loads(out))

@@ -314,7 +314,8 @@ def test_color_forces_the_rich_view_when_piped(how: tuple[str, ...]) -> None:
 
 def test_help_and_schemas_cite_the_repositorys_files() -> None:
     for args in (("--help",), ("replay", "--help"), ("diff", "--help"), ("check", "--help"),
-                 ("schema", "trace"), ("schema", "report"), ("schema", "check")):
+                 ("schema", "trace"), ("schema", "report"), ("schema", "check"),
+                 ("schema", "diff")):
         out = kpool(*args).stdout
         for cited in ("TRACE_FORMAT.md", "ENGINE.md", "DESIGN.md", "STYLE.md"):
             assert cited not in out, (args, cited)

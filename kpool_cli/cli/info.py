@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..contracts.report_format import report_schema
+from ..contracts.report_format import check_schema, diff_schema, report_schema
 from ..report.json_text import dumps
 from ..trace.schema import trace_schema
 from ..versions import VERSIONS
@@ -52,19 +52,21 @@ def explain_cmd(code: str | None, list_codes: bool, color: bool | None) -> None:
         click.echo(explain_text(found), nl=False)
 
 
+_SCHEMAS = {"trace": trace_schema, "report": report_schema, "check": check_schema,
+            "diff": diff_schema}
+
+
 @click.command("schema")
-@click.argument("which", type=click.Choice(["trace", "report", "check"]))
+@click.argument("which", type=click.Choice(list(_SCHEMAS)))
 def schema_cmd(which: str) -> None:
-    """Print the JSON Schema of a trace, a report or check's JSON.
+    """Print the JSON Schema of a trace, a report, check or diff JSON.
 
     \b
     trace   a trace, as its YAML parses
     report  a report of `kpool replay --format json`
-    check   the output of `kpool check --output-format json`"""
-    from ..contracts.report_format import check_schema
-
-    doc = {"trace": trace_schema, "report": report_schema, "check": check_schema}[which]()
-    click.echo(dumps(doc, indent=True))
+    check   the output of `kpool check --output-format json`
+    diff    the output of `kpool diff --format json`"""
+    click.echo(dumps(_SCHEMAS[which](), indent=True))
 
 
 @click.command("engines")

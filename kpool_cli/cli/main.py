@@ -57,7 +57,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gen": ("gen", "gen_cmd", "Write a generated trace (format v1)."),
     "replay": ("replay", "replay_cmd",
                "Replay TRACES through an engine version, ubatch by ubatch."),
-    "schema": ("info", "schema_cmd", "Print the JSON Schema of a trace, a report or check's JSON."),
+    "schema": ("info", "schema_cmd",
+               "Print the JSON Schema of a trace, a report, check or diff JSON."),
     "validate": ("check", "validate_cmd", "Load the traces in PATHS without replaying them."),
 }
 

@@ -36,6 +36,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from kpool_cli.contracts import exits
 from kpool_cli.trace.format import CACHE, FINDING_CODE_PATTERN, OP_STATUSES
 from kpool_cli.trace.schema import DIALECT, json_array, json_int, json_object, json_ref
 
@@ -404,7 +405,8 @@ CHECK_SUMMARY = Record("check summary", "totals over the command", (
     _f("passed", _NAT, "results that passed"),
     _f("failed", _NAT, "results that failed"),
     _f("invalid", _NAT, "results of invalid traces"),
-    _f("exit_code", {"enum": [0, 1, 2]}, "the command's exit status"),
+    _f("exit_code", {"enum": [exits.PASS, exits.FINDINGS, exits.BAD_INPUT]},
+       "the command's exit status"),
 ))
 
 CHECK_SHOWN = Record("shown by", "a finding code on a trace checked under more than one "
@@ -438,4 +440,218 @@ def check_schema() -> dict[str, Any]:
         "$schema": DIALECT,
         "title": f"kpool check, format v{CHECK_VERSION}",
         **CHECK.schema(),
+    })
+
+
+# --- kpool diff --format json (one document per command: every trace, base vs head) ---
+
+DIFF_VERSION = 1
+# what the comparison means, worst first (`diff.compare.DiffResult.verdict`)
+DIFF_VERDICTS = ("regression", "changed", "no differences")
+# the fields of a ubatch or an event that a comparison tells apart, in the order
+# `differs` lists them (`diff.compare`); an event has stale and findings only
+DIFF_UBATCH_FIELDS = ("tokens", "stale", "n_pool_real", "n_new", "n_new_g", "pools",
+                      "scatter", "findings")
+DIFF_EVENT_FIELDS = ("stale", "findings")
+
+_CODE = {"type": "string", "pattern": FINDING_CODE_PATTERN}
+_CODES = json_array(_CODE)
+_STRS = json_array(_STR)
+_SEQ_K = json_array(json_array(_NAT, minItems=2, maxItems=2), description="[seq, k]")
+_OR_NULL = ({"type": "null"},)
+
+DIFF_FINDING = Record("diff finding", "a finding of one side, as the diff keys it", (
+    _f("code", _CODE, "KP001, KP002, ..."),
+    _f("rows", _INTS, "the global rows it names"),
+))
+
+DIFF_SCATTER = Record("diff scatter entry", "an entry of one side's scatter plan", (
+    _f("rep", _NAT, "the row it writes"),
+    _f("cells", _INTS, "the rows it pools"),
+    _f("pad", _BOOL, "a padding entry"),
+))
+
+DIFF_UBATCH_SIDE = Record("diff ubatch side", "what one side's ubatch did", (
+    _f("index", _NAT, "its index over that side's replay"),
+    _f("n_pool_real", _NAT, "pools of the layout"),
+    _f("n_new", _NAT, "pools marked new"),
+    _f("n_new_g", _NAT, "scatter entries, padding included"),
+    _f("stale_batch", _SEQ_MAP, "the stale positions the ubatch starts from"),
+    _f("pools", _SEQ_K, "the pools marked new, in layout order"),
+    _f("scatter", json_array(DIFF_SCATTER.schema()), "every entry of the scatter plan"),
+    _f("findings", json_array(DIFF_FINDING.schema()), "its findings"),
+    _f("cost", COST.schema(), "its cost counters, as its report has them"),
+))
+
+DIFF_OP_UBATCH = Record("diff op ubatch", "a ubatch of an op, on one side", (
+    _f("batch_ubatch", _NAT, "its index in its decode"),
+    *DIFF_UBATCH_SIDE.fields,
+))
+
+DIFF_EVENT_SIDE = Record("diff event side", "what one side's event did", (
+    _f("kind", _STR, "the op's name"),
+    _f("status", {"enum": list(OP_STATUSES)}, "what the op did"),
+    _f("stale", _SEQ_MAP, "the stale positions it set"),
+    _f("findings", json_array(DIFF_FINDING.schema()), "its findings"),
+    _f("message", _STR, "why it was rejected or aborted (shown, never compared)",
+       required=False),
+))
+
+DIFF_OP_SIDE = Record("diff op side", "what one side did at the op where the runs part", (
+    _f("status", {"enum": list(OP_STATUSES)}, "what the op did"),
+    _f("event", {"oneOf": [DIFF_EVENT_SIDE.schema(), *_OR_NULL]},
+       "the op as an event, or null for a decode that ran"),
+    _f("ubatches", json_array(DIFF_OP_UBATCH.schema()), "the ubatches it ran"),
+))
+
+DIFF_TOKEN = Record("diff token", "a token of the ubatch", (
+    _f("pos", json_int(), "its position"),
+    _f("seq", _INTS, "its sequences"),
+))
+
+_DIFFERENCE_COMMON = (
+    _f("findings_gained", _CODES, "codes head has more of, one per finding"),
+    _f("findings_lost", _CODES, "codes base has more of, one per finding"),
+)
+
+DIFF_UBATCH = Record("ubatch difference", "an aligned ubatch whose behaviour differs", (
+    _f("type", {"const": "ubatch"}, "ubatch"),
+    _f("op", _NAT, "the index of its decode in the trace's ops"),
+    _f("batch_ubatch", _NAT, "its index in its decode"),
+    _f("tokens", json_array(DIFF_TOKEN.schema()), "its tokens (base's)"),
+    _f("differs", json_array({"enum": list(DIFF_UBATCH_FIELDS)}),
+       "the fields that differ"),
+    _f("pools_only_base", _SEQ_K, "pools marked by base alone"),
+    _f("pools_only_head", _SEQ_K, "pools marked by head alone"),
+    *_DIFFERENCE_COMMON,
+    _f("base", DIFF_UBATCH_SIDE.schema(), "base's ubatch"),
+    _f("head", DIFF_UBATCH_SIDE.schema(), "head's ubatch"),
+))
+
+DIFF_EVENT = Record("event difference", "an aligned event whose behaviour differs", (
+    _f("type", {"const": "event"}, "event"),
+    _f("op", _NAT, "the op's index in the trace's ops"),
+    _f("kind", _STR, "the op's name"),
+    _f("differs", json_array({"enum": list(DIFF_EVENT_FIELDS)}), "the fields that differ"),
+    *_DIFFERENCE_COMMON,
+    _f("base", DIFF_EVENT_SIDE.schema(), "base's event"),
+    _f("head", DIFF_EVENT_SIDE.schema(), "head's event"),
+))
+
+DIFF_PARTED = Record("parting", "the op where the runs stop being comparable ubatch by"
+                     " ubatch: one side aborts, or rejects a decode the other applies", (
+    _f("op", _NAT, "the op's index in the trace's ops"),
+    _f("kind", _STR, "the op's name"),
+    _f("reason", _STR, "why the runs part there"),
+    _f("base", {"oneOf": [DIFF_OP_SIDE.schema(), *_OR_NULL]},
+       "what base did there; null: its run ended before"),
+    _f("head", {"oneOf": [DIFF_OP_SIDE.schema(), *_OR_NULL]},
+       "what head did there; null: its run ended before"),
+    _f("base_ubatches_after", _NAT, "ubatches base ran after the op"),
+    _f("head_ubatches_after", _NAT, "ubatches head ran after the op"),
+))
+
+DIFF_CHANGE = Record("finding change", "findings of a code one side has more of", (
+    _f("code", _CODE, "KP001, KP002, ..."),
+    _f("count", json_int(1), "how many more"),
+    _f("where", _STR, "their first places (`op 3.1`: op 3's ubatch 1; `op 3`: its event)"),
+    _f("aligned", _BOOL, "false: after the runs part, compared by counts"),
+    _f("rows", _INTS, "their rows, on the side that has them"),
+))
+
+DIFF_TOTALS = Record("diff totals", "one side's totals", (
+    _f("ubatches", _NAT, "ubatches replayed"),
+    _f("pools_repooled", _NAT, "pools marked new (the sum of n_new)"),
+    _f("cost", {"type": "object", "additionalProperties": _NAT},
+       "the cost counters, summed, by name"),
+    _f("findings", _COUNTS, "findings per code"),
+    _f("aborted", _BOOL, "a run ended in an engine abort (KP005)"),
+))
+
+_BASE_HEAD = json_object({"base": _NAT, "head": _NAT,
+                          "ratio": {"type": ["number", "null"],
+                                    "description": "head / base to 4 places; null when"
+                                                   " base is 0"}},
+                         ("base", "head", "ratio"), closed=False)
+
+DIFF_COMPARE = Record("diff compare", "base beside head, for the pools re-pooled and each"
+                      " cost counter", (
+    _f("pools_repooled", _BASE_HEAD, "pools marked new"),
+    *(_f(k, _BASE_HEAD, COST[k].doc) for k in COST_KEYS),
+))
+
+DIFF_BOTH = Record("diff both totals", "base's totals and head's, and the two compared", (
+    _f("base", DIFF_TOTALS.schema(), "base's"),
+    _f("head", DIFF_TOTALS.schema(), "head's"),
+    _f("compare", DIFF_COMPARE.schema(), DIFF_COMPARE.doc),
+))
+
+DIFF_ENGINE = Record("diff engine", "what one side replayed with", (
+    _f("engine", _STR, "the engine version"),
+    _f("backend", {"type": ["string", "null"]}, "the value backend; null: model-only"),
+))
+
+DIFF_TRACE_ID = Record("diff trace id", "the trace compared", (
+    *TRACE.fields,
+    _f("same_trace", _BOOL, "false only when reports of different traces were forced"
+       " together (--force)"),
+))
+
+DIFF_TRACE = Record("trace diff", "one trace, base vs head", (
+    _f("trace", DIFF_TRACE_ID.schema(), DIFF_TRACE_ID.doc),
+    _f("base", DIFF_ENGINE.schema(), "base's engine and backend"),
+    _f("head", DIFF_ENGINE.schema(), "head's engine and backend"),
+    _f("not_compared", _CODES, "codes only one side could find, left out of both"),
+    _f("by_design", json_array({"enum": list(DIFF_UBATCH_FIELDS)}),
+       "fields the two versions differ in on purpose, left out of `differs`"),
+    _f("changed", _BOOL, "some behaviour differs (cost counters aside)"),
+    _f("regression", _BOOL, "head has a finding base does not (ignored codes aside)"),
+    _f("aligned_ubatches", _NAT, "ubatches compared one to one"),
+    _f("cost_only_ubatches", _NAT, "aligned ubatches that differ in cost counters only"),
+    _f("differences", json_array({"oneOf": [DIFF_UBATCH.schema(), DIFF_EVENT.schema()]}),
+       "the aligned ubatches and events that differ, in op order"),
+    _f("parted", {"oneOf": [DIFF_PARTED.schema(), *_OR_NULL]},
+       "where the runs part; null: they never do"),
+    _f("findings_fixed", json_array(DIFF_CHANGE.schema()), "findings base has more of"),
+    _f("findings_introduced", json_array(DIFF_CHANGE.schema()),
+       "findings head has more of"),
+    _f("totals", DIFF_BOTH.schema(), DIFF_BOTH.doc),
+))
+
+DIFF_REGRESSION = Record("regression", "a finding change that fails the diff", (
+    _f("trace", _STR, "the trace's path"),
+    *DIFF_CHANGE.fields,
+))
+
+DIFF_SUMMARY = Record("diff summary", "totals over the command", (
+    _f("traces", _NAT, "traces compared"),
+    _f("changed", _NAT, "traces whose behaviour differs"),
+    _f("findings_fixed", _COUNTS, "findings base has more of, per code"),
+    _f("findings_introduced", _COUNTS, "findings head has more of, per code"),
+    _f("regressions", json_array(DIFF_REGRESSION.schema()), "what fails the diff"),
+    _f("totals", DIFF_BOTH.schema(), "over every trace"),
+    _f("not_compared", _CODES, "codes left out of the comparison of some trace"),
+    _f("verdict", {"enum": list(DIFF_VERDICTS)}, "the worst of them"),
+    _f("exit_code", {"enum": [exits.PASS, exits.FINDINGS]}, "the command's exit status"),
+))
+
+DIFF = Record("diff", "What `kpool diff` found. Fields may be added in later versions;"
+              " none is renamed.", (
+    _f("kpool_diff", {"const": DIFF_VERSION}, "the format version"),
+    _f("tool", TOOL.schema(), TOOL.doc),
+    _f("base", _STR, "base's engine (several, joined, when reports differ)"),
+    _f("head", _STR, "head's engine"),
+    _f("fail_on_change", _BOOL, "--fail-on-change: any behavioural difference fails"),
+    _f("ignore", _STRS, "--ignore: codes or prefixes whose gain is no regression"),
+    _f("traces", json_array(DIFF_TRACE.schema()), "one per trace, in order"),
+    _f("summary", DIFF_SUMMARY.schema(), DIFF_SUMMARY.doc),
+))
+
+
+def diff_schema() -> dict[str, Any]:
+    """The JSON output of `kpool diff --format json`. A fresh dict on every call."""
+    return copy.deepcopy({
+        "$schema": DIALECT,
+        "title": f"kpool diff, format v{DIFF_VERSION}",
+        **DIFF.schema(),
     })

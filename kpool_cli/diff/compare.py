@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from .. import wording as words
 from ..contracts import exits
 from ..contracts.records import ABORTED, APPLIED
+from ..contracts.report_format import DIFF_EVENT_FIELDS, DIFF_UBATCH_FIELDS, DIFF_VERDICTS
 from ..contracts.shape import Shape
 from ..verdict.codes import CODES, VALUE_CODES
 from .summary import (
@@ -281,18 +282,24 @@ def _expand(codes: Counter) -> tuple[str, ...]:
 
 def _ubatch_fields(b: UbatchSummary, h: UbatchSummary, by_design: tuple[str, ...]
                    ) -> tuple[str, ...]:
-    pairs = (("tokens", b.tokens, h.tokens), ("stale", b.stale_batch, h.stale_batch),
-             ("n_pool_real", b.n_pool_real, h.n_pool_real), ("n_new", b.n_new, h.n_new),
-             ("n_new_g", b.n_new_g, h.n_new_g), ("pools", b.marked, h.marked),
-             ("scatter", b.scatter, h.scatter), ("findings", b.findings, h.findings))
-    return tuple(name for name, x, y in pairs if x != y and name not in by_design)
+    def fields(u: UbatchSummary) -> tuple:  # in the order of DIFF_UBATCH_FIELDS
+        return (u.tokens, u.stale_batch, u.n_pool_real, u.n_new, u.n_new_g, u.marked,
+                u.scatter, u.findings)
+    return _differing(DIFF_UBATCH_FIELDS, fields(b), fields(h), by_design)
 
 
 def _event_fields(b: EventSummary, h: EventSummary, by_design: tuple[str, ...]
                   ) -> tuple[str, ...]:
     # (the kind and the status are the same: where they differ, the runs part there)
-    pairs = (("stale", b.stale, h.stale), ("findings", b.findings, h.findings))
-    return tuple(name for name, x, y in pairs if x != y and name not in by_design)
+    return _differing(DIFF_EVENT_FIELDS, (b.stale, b.findings), (h.stale, h.findings),
+                      by_design)
+
+
+def _differing(names: tuple[str, ...], b: tuple, h: tuple, by_design: tuple[str, ...]
+               ) -> tuple[str, ...]:
+    """The names of the fields whose values differ, those differing by design aside."""
+    return tuple(name for name, x, y in zip(names, b, h, strict=True)
+                 if x != y and name not in by_design)
 
 
 def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
@@ -488,10 +495,12 @@ class DiffResult:
 
     @property
     def verdict(self) -> str:
-        """regression | changed | no differences (cost counters aside)."""
+        """regression | changed | no differences (cost counters aside): one of
+        `DIFF_VERDICTS`, worst first."""
+        regression, changed, same = DIFF_VERDICTS
         if self.regressions:
-            return "regression"
-        return "changed" if self.changed else "no differences"
+            return regression
+        return changed if self.changed else same
 
     def totals(self, side: str) -> Totals:
         ts = [t.base if side == BASE else t.head for t in self.traces]

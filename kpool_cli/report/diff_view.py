@@ -41,7 +41,31 @@ from rich.text import Text
 
 from .. import __version__
 from .. import wording as words
-from ..contracts.report_format import COST_KEYS
+from ..contracts.report_format import (
+    COST_KEYS,
+    DIFF,
+    DIFF_BOTH,
+    DIFF_CHANGE,
+    DIFF_COMPARE,
+    DIFF_ENGINE,
+    DIFF_EVENT,
+    DIFF_EVENT_SIDE,
+    DIFF_FINDING,
+    DIFF_OP_SIDE,
+    DIFF_OP_UBATCH,
+    DIFF_PARTED,
+    DIFF_REGRESSION,
+    DIFF_SCATTER,
+    DIFF_SUMMARY,
+    DIFF_TOKEN,
+    DIFF_TOTALS,
+    DIFF_TRACE,
+    DIFF_TRACE_ID,
+    DIFF_UBATCH,
+    DIFF_UBATCH_SIDE,
+    DIFF_VERSION,
+    TOOL,
+)
 from ..diff.compare import (
     BASE,
     HEAD,
@@ -361,123 +385,123 @@ def engines(r: DiffResult) -> tuple[str, str]:
 
 
 def _finding_json(findings) -> list[dict]:
-    return [{"code": c, "rows": list(rows)} for c, rows in findings]
+    return [DIFF_FINDING.make(code=c, rows=list(rows)) for c, rows in findings]
 
 
-def _ubatch_side_json(u: UbatchSummary) -> dict:
-    return {
-        "index": u.index, "n_pool_real": u.n_pool_real, "n_new": u.n_new, "n_new_g": u.n_new_g,
-        "stale_batch": {str(s): p for s, p in u.stale_batch},
-        "pools": [list(p) for p in u.marked],
-        "scatter": [{"rep": rep, "cells": list(cells), "pad": pad}
-                    for rep, cells, pad in u.scatter],
-        "findings": _finding_json(u.findings), "cost": dict(u.cost),
-    }
+def _ubatch_side(u: UbatchSummary) -> dict:
+    """The fields of `DIFF_UBATCH_SIDE`, as keyword arguments of a record that holds
+    them (a ubatch side, or an op's ubatch)."""
+    return dict(
+        index=u.index, n_pool_real=u.n_pool_real, n_new=u.n_new, n_new_g=u.n_new_g,
+        stale_batch={str(s): p for s, p in u.stale_batch},
+        pools=[list(p) for p in u.marked],
+        scatter=[DIFF_SCATTER.make(rep=rep, cells=list(cells), pad=pad)
+                 for rep, cells, pad in u.scatter],
+        findings=_finding_json(u.findings), cost=dict(u.cost),
+    )
 
 
 def _event_side_json(e: EventSummary) -> dict:
-    out = {"kind": e.kind, "status": e.status, "stale": {str(s): p for s, p in e.stale},
-           "findings": _finding_json(e.findings)}
-    if e.message:
-        out["message"] = e.message
-    return out
+    return DIFF_EVENT_SIDE.make(kind=e.kind, status=e.status,
+                                stale={str(s): p for s, p in e.stale},
+                                findings=_finding_json(e.findings),
+                                **({"message": e.message} if e.message else {}))
 
 
 def _opside_json(s: OpSide | None) -> dict | None:
     if s is None:
         return None
-    return {"status": s.status,
-            "event": _event_side_json(s.event) if s.event else None,
-            "ubatches": [{"batch_ubatch": u.batch_ubatch, **_ubatch_side_json(u)}
-                         for u in s.ubatches]}
+    return DIFF_OP_SIDE.make(
+        status=s.status, event=_event_side_json(s.event) if s.event else None,
+        ubatches=[DIFF_OP_UBATCH.make(batch_ubatch=u.batch_ubatch, **_ubatch_side(u))
+                  for u in s.ubatches])
 
 
-def _change_json(c: FindingChange) -> dict:
-    return {"code": c.code, "count": c.count, "where": c.where, "aligned": c.aligned,
-            "rows": list(c.rows)}
+def _change_fields(c: FindingChange) -> dict:
+    """The fields of `DIFF_CHANGE` (a regression holds them too)."""
+    return dict(code=c.code, count=c.count, where=c.where, aligned=c.aligned,
+                rows=list(c.rows))
 
 
 def _totals_json(t: Totals) -> dict:
-    return {"ubatches": t.ubatches, "pools_repooled": t.pools_repooled,
-            "cost": dict(t.cost), "findings": dict(t.findings), "aborted": t.aborted}
+    return DIFF_TOTALS.make(ubatches=t.ubatches, pools_repooled=t.pools_repooled,
+                            cost=dict(t.cost), findings=dict(t.findings), aborted=t.aborted)
 
 
-def _compare_json(b: Totals, h: Totals) -> dict:
-    out = {"pools_repooled": {"base": b.pools_repooled, "head": h.pools_repooled,
-                              "ratio": ratio(b.pools_repooled, h.pools_repooled)}}
-    for k in COST_KEYS:
-        out[k] = {"base": b.counter(k), "head": h.counter(k),
-                  "ratio": ratio(b.counter(k), h.counter(k))}
-    return out
+def _both_json(b: Totals, h: Totals) -> dict:
+    def pair(x: int, y: int) -> dict:
+        return {"base": x, "head": y, "ratio": ratio(x, y)}
+    return DIFF_BOTH.make(
+        base=_totals_json(b), head=_totals_json(h),
+        compare=DIFF_COMPARE.make(
+            pools_repooled=pair(b.pools_repooled, h.pools_repooled),
+            **{k: pair(b.counter(k), h.counter(k)) for k in COST_KEYS}))
+
+
+def _difference_json(e: UbatchDiff | EventDiff) -> dict:
+    if isinstance(e, UbatchDiff):
+        return DIFF_UBATCH.make(
+            type="ubatch", op=e.op, batch_ubatch=e.batch_ubatch,
+            tokens=[DIFF_TOKEN.make(pos=p, seq=list(ss)) for p, ss in e.base.tokens],
+            differs=list(e.fields),
+            pools_only_base=[list(p) for p in e.only_base],
+            pools_only_head=[list(p) for p in e.only_head],
+            findings_gained=list(e.gained), findings_lost=list(e.lost),
+            base=DIFF_UBATCH_SIDE.make(**_ubatch_side(e.base)),
+            head=DIFF_UBATCH_SIDE.make(**_ubatch_side(e.head)))
+    return DIFF_EVENT.make(
+        type="event", op=e.op, kind=e.kind, differs=list(e.fields),
+        findings_gained=list(e.gained), findings_lost=list(e.lost),
+        base=_event_side_json(e.base), head=_event_side_json(e.head))
 
 
 def trace_json(t: TraceDiff, ignore: tuple[str, ...] = ()) -> dict:
-    entries = []
-    for e in t.entries:
-        if isinstance(e, UbatchDiff):
-            entries.append({
-                "type": "ubatch", "op": e.op, "batch_ubatch": e.batch_ubatch,
-                "tokens": [{"pos": p, "seq": list(ss)} for p, ss in e.base.tokens],
-                "differs": list(e.fields),
-                "pools_only_base": [list(p) for p in e.only_base],
-                "pools_only_head": [list(p) for p in e.only_head],
-                "findings_gained": list(e.gained), "findings_lost": list(e.lost),
-                "base": _ubatch_side_json(e.base), "head": _ubatch_side_json(e.head),
-            })
-        else:
-            entries.append({
-                "type": "event", "op": e.op, "kind": e.kind, "differs": list(e.fields),
-                "findings_gained": list(e.gained), "findings_lost": list(e.lost),
-                "base": _event_side_json(e.base), "head": _event_side_json(e.head),
-            })
     p = t.parting
-    return {
-        "trace": {"path": words.unicode_path(t.trace_path), "name": t.trace_name,
-                  "sha256": t.sha256,
-                  "same_trace": t.same_trace},
-        "base": {"engine": t.base_engine, "backend": t.base_backend},
-        "head": {"engine": t.head_engine, "backend": t.head_backend},
-        "not_compared": list(t.not_compared),
-        "by_design": list(t.by_design),
-        "changed": t.changed,
-        "regression": bool(regressions(t, ignore)),
-        "aligned_ubatches": t.aligned_ubatches,
-        "cost_only_ubatches": t.cost_only,
-        "differences": entries,
-        "parted": None if p is None else {
-            "op": p.op, "kind": p.kind, "reason": p.reason,
-            "base": _opside_json(p.base), "head": _opside_json(p.head),
-            "base_ubatches_after": p.base_after, "head_ubatches_after": p.head_after},
-        "findings_fixed": [_change_json(c) for c in t.fixed],
-        "findings_introduced": [_change_json(c) for c in t.introduced],
-        "totals": {"base": _totals_json(t.base), "head": _totals_json(t.head),
-                   "compare": _compare_json(t.base, t.head)},
-    }
+    return DIFF_TRACE.make(
+        trace=DIFF_TRACE_ID.make(path=words.unicode_path(t.trace_path), name=t.trace_name,
+                                 sha256=t.sha256, same_trace=t.same_trace),
+        base=DIFF_ENGINE.make(engine=t.base_engine, backend=t.base_backend),
+        head=DIFF_ENGINE.make(engine=t.head_engine, backend=t.head_backend),
+        not_compared=list(t.not_compared),
+        by_design=list(t.by_design),
+        changed=t.changed,
+        regression=bool(regressions(t, ignore)),
+        aligned_ubatches=t.aligned_ubatches,
+        cost_only_ubatches=t.cost_only,
+        differences=[_difference_json(e) for e in t.entries],
+        parted=None if p is None else DIFF_PARTED.make(
+            op=p.op, kind=p.kind, reason=p.reason,
+            base=_opside_json(p.base), head=_opside_json(p.head),
+            base_ubatches_after=p.base_after, head_ubatches_after=p.head_after),
+        findings_fixed=[DIFF_CHANGE.make(**_change_fields(c)) for c in t.fixed],
+        findings_introduced=[DIFF_CHANGE.make(**_change_fields(c)) for c in t.introduced],
+        totals=_both_json(t.base, t.head),
+    )
 
 
 def diff_json(r: DiffResult) -> dict:
+    """The diff as `contracts.report_format.DIFF` declares it."""
     base, head = engines(r)
-    b, h = r.totals(BASE), r.totals(HEAD)
-    return {
-        "kpool_diff": 1,
-        "tool": {"name": "kpool", "version": __version__},
-        "base": base, "head": head,
-        "fail_on_change": r.fail_on_change, "ignore": list(r.ignore),
-        "traces": [trace_json(t, r.ignore) for t in r.traces],
-        "summary": {
-            "traces": len(r.traces),
-            "changed": sum(t.changed for t in r.traces),
-            "findings_fixed": r.changes("fixed"),
-            "findings_introduced": r.changes("introduced"),
-            "regressions": [{"trace": words.unicode_path(t.trace_path), **_change_json(c)}
-                            for t, c in r.regressions],
-            "totals": {"base": _totals_json(b), "head": _totals_json(h),
-                       "compare": _compare_json(b, h)},
-            "not_compared": list(r.not_compared),
-            "verdict": r.verdict,
-            "exit_code": r.exit_code,
-        },
-    }
+    return DIFF.make(
+        kpool_diff=DIFF_VERSION,
+        tool=TOOL.make(name="kpool", version=__version__),
+        base=base, head=head,
+        fail_on_change=r.fail_on_change, ignore=list(r.ignore),
+        traces=[trace_json(t, r.ignore) for t in r.traces],
+        summary=DIFF_SUMMARY.make(
+            traces=len(r.traces),
+            changed=sum(t.changed for t in r.traces),
+            findings_fixed=r.changes("fixed"),
+            findings_introduced=r.changes("introduced"),
+            regressions=[DIFF_REGRESSION.make(trace=words.unicode_path(t.trace_path),
+                                              **_change_fields(c))
+                         for t, c in r.regressions],
+            totals=_both_json(r.totals(BASE), r.totals(HEAD)),
+            not_compared=list(r.not_compared),
+            verdict=r.verdict,
+            exit_code=r.exit_code,
+        ),
+    )
 
 
 def write_diff_json(out: TextIO, r: DiffResult) -> None:
