@@ -69,6 +69,7 @@ import numpy as np
 
 from ..arrays import SameArrays, same_referents, union, unique
 from ..cache.kv import Reach
+from ..contracts.report_format import VALUE_BACKENDS
 from ..engine.context import UbatchContext, groups_entries
 from ..engine.layout import Layout, LayoutChange, pools_past
 from ..engine.marking import entries_bound
@@ -103,7 +104,7 @@ from .writers import Writers
 __all__ = ["BACKENDS", "DEFAULT_BACKEND", "PlanError", "ValueBackend", "kernel_module",
            "make_backend"]
 
-BACKENDS = ("numba", "numpy", "none")
+BACKENDS = (*VALUE_BACKENDS, "none")  # "none": a model-only replay
 DEFAULT_BACKEND = "numba"
 
 

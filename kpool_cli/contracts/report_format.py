@@ -7,7 +7,10 @@ Owns: `Field`, `Record`, the records (`REPORT` and the records it holds: `TOOL`,
 `SCATTER_RUN`, `COST`, `FINDING`, `FINDING_TOKEN`, `EXPECTATION`, `PROBLEM`,
 `SUMMARY`), `COST_KEYS`, `REPORT_VERSION` and `report_schema`; and the output of
 `kpool check --output-format json` (`CHECK` and its records, `CHECK_VERSION`,
-`check_schema`).
+`check_schema`) and of `kpool diff --format json` (`DIFF` and its records,
+`DIFF_VERSION`, the comparison's words `DIFF_UBATCH_FIELDS`, `DIFF_EVENT_FIELDS` and
+`DIFF_VERDICTS`, `diff_schema`); the words a report's `summary.status` and `backend`
+take (`REPORT_STATUSES`, `STOPPED_STATUSES`, `VALUE_BACKENDS`).
 
 What derives from it:
 - `report_schema()`, `kpool schema report`: every record an object of its fields,
@@ -17,8 +20,11 @@ What derives from it:
   listing kernels' key texts (`_key_texts`, which holds a record's order to the
   one a kernel gathers values in) and each field's width, read in its schema
   (`_widths`: `type`, `maxItems`, `const`);
-- the diff's reader (`diff.reports`): the cost counters it requires (`COST_KEYS`)
-  and the config fields it reads, with their bounds and which may be absent.
+- the diff's reader (`diff.reports`): the cost counters it requires (`COST_KEYS`),
+  the config fields it reads, with their bounds and which may be absent, the value
+  backends it knows and the statuses it refuses;
+- the diff's writer (`report.diff_view`) and comparison (`diff.compare`): the keys
+  of its JSON, what `differs` names, the verdicts.
 
 Invariants:
 - names are the format's public contract: add, never rename; a field added after
@@ -52,6 +58,30 @@ __all__ = [
     "CONFIG",
     "COST",
     "COST_KEYS",
+    "DIFF",
+    "DIFF_BOTH",
+    "DIFF_CHANGE",
+    "DIFF_COMPARE",
+    "DIFF_ENGINE",
+    "DIFF_EVENT",
+    "DIFF_EVENT_FIELDS",
+    "DIFF_EVENT_SIDE",
+    "DIFF_FINDING",
+    "DIFF_OP_SIDE",
+    "DIFF_OP_UBATCH",
+    "DIFF_PARTED",
+    "DIFF_REGRESSION",
+    "DIFF_SCATTER",
+    "DIFF_SUMMARY",
+    "DIFF_TOKEN",
+    "DIFF_TOTALS",
+    "DIFF_TRACE",
+    "DIFF_TRACE_ID",
+    "DIFF_UBATCH",
+    "DIFF_UBATCH_FIELDS",
+    "DIFF_UBATCH_SIDE",
+    "DIFF_VERDICTS",
+    "DIFF_VERSION",
     "EVENT",
     "EXPECTATION",
     "FINDING",
@@ -60,22 +90,31 @@ __all__ = [
     "POOL_RUN",
     "PROBLEM",
     "REPORT",
+    "REPORT_STATUSES",
     "REPORT_VERSION",
     "SCATTER",
     "SCATTER_RUN",
+    "STOPPED_STATUSES",
     "SUMMARY",
     "TOKEN",
     "TOOL",
     "TRACE",
     "UBATCH",
+    "VALUE_BACKENDS",
     "Field",
     "Record",
     "check_schema",
+    "diff_schema",
     "report_schema",
 ]
 
 REPORT_VERSION = 1
-REPORT_STATUSES = ("pass", "fail", "aborted", "invalid", "interrupted")
+# summary.status of a report that is not a whole run: the trace turned out invalid, or
+# a signal ended the replay (`kpool diff` refuses such a report)
+STOPPED_STATUSES = ("invalid", "interrupted")
+REPORT_STATUSES = ("pass", "fail", "aborted", *STOPPED_STATUSES)
+# `backend` of a report that ran one (`backend.store.BACKENDS` adds "none": null here)
+VALUE_BACKENDS = ("numba", "numpy")
 SEVERITIES = ("error", "warning")
 
 
@@ -316,7 +355,7 @@ REPORT = Record("report", "What `kpool replay` found (docs/FORMATS.md). Fields m
     _f("trace", TRACE.schema(), TRACE.doc),
     _f("engine", _STR, "the engine version replayed"),
     _f("backend", {"type": ["string", "null"]},
-       "the value backend (numba, numpy), or null for a model-only replay"),
+       f"the value backend ({', '.join(VALUE_BACKENDS)}), or null for a model-only replay"),
     _f("config", CONFIG.schema(), CONFIG.doc),
     _f("ubatches", json_array(UBATCH.schema()), "every ubatch, in order"),
     _f("events", json_array(EVENT.schema()), "every non-decode op and every rejected"

@@ -112,7 +112,16 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, NoReturn
 
 from .. import __version__
-from ..contracts.report_format import CONFIG, COST, COST_KEYS, REPORT, REPORT_VERSION, report_schema
+from ..contracts.report_format import (
+    CONFIG,
+    COST,
+    COST_KEYS,
+    REPORT,
+    REPORT_VERSION,
+    STOPPED_STATUSES,
+    VALUE_BACKENDS,
+    report_schema,
+)
 from ..engine.marking import n_new_graph
 from ..inputs import (
     InputRefused,
@@ -141,8 +150,6 @@ SKEL_DEPTH = 16  # the nesting a value parsed at once may have
 MEMORY_PER_BYTE = 6  # a report may take this many times its size in memory ...
 MEMORY_FLOOR = 32 * 1024 * 1024  # ... plus this
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
-VALUE_BACKENDS = ("numba", "numpy")  # `backend` of a report: null (or "none") or these
-STOPPED = ("invalid", "interrupted")  # summary.status of a report that is not a whole run
 
 # what a summary's parts take in memory (CPython, 64-bit), for the budget
 _UBATCH_BYTES = 1024  # UbatchSummary, its tuples and its cost counters
@@ -1823,7 +1830,7 @@ def _stopped(problems: Any, summary: Any) -> None:
     """Refuse the report of a replay that stopped: an invalid trace, a signal (from
     `problems` and `summary`, checked or as they are)."""
     status = summary.get("status") if isinstance(summary, dict) else None
-    if not problems and status not in STOPPED:
+    if not problems and status not in STOPPED_STATUSES:
         return
     if status == "interrupted" and not problems:
         raise _Bad("the replay was interrupted (a signal ended it), so the report is not "
