@@ -285,6 +285,14 @@ def count(n: int) -> str:
     return f"{n:,}" if abs(n) >= GROUPED_FROM else str(n)
 
 
+def counted(n: int, noun: str, plural: str = "", number: Callable[[int], str] = count
+            ) -> str:
+    """`n` and its noun, singular for 1 and plural otherwise: `1 token`, `0 tokens`,
+    `12,345 tokens` (`count`; `number=str` writes it bare); `plural` when the noun
+    does not take an `s` (`entry`, `entries`)."""
+    return f"{number(n)} {noun if n == 1 else plural or noun + 's'}"
+
+
 def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:
     """How many findings of `code`: `KP001 x12`, `KP001 x12,345` (`count`; `str` for
     a format that writes numbers bare)."""

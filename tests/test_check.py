@@ -371,3 +371,20 @@ def test_a_count_reads_the_same_in_every_line_of_the_text_and_bare_in_junit(
                            "findings at or above --fail-on error, pinned KP008 x10,001")
     assert headline(r, str) == ("10000 of 22000 expectations not met, 10500 unpinned "
                                 "findings at or above --fail-on error, pinned KP008 x10001")
+
+
+def test_a_count_of_one_takes_the_singular_in_every_clause() -> None:
+    """`wording.counted`: one expectation, one unpinned finding, one finding below
+    --fail-on, one more unpinned finding left out of the list (it read `1 more unpinned
+    findings`), and two of each in the plural."""
+    from kpool_cli.check import CheckResult
+    from kpool_cli.report.check_text import details, headline
+
+    one = CheckResult("t.yaml", "rep-once", "fail", expect_passed=1, n_failing=1, n_below=1)
+    assert headline(one) == ("1 expectation held, 1 unpinned finding at or above "
+                             "--fail-on error, 1 finding below --fail-on")
+    assert details(one)[-1] == "  ... and 1 more unpinned finding at or above --fail-on"
+    two = CheckResult("t.yaml", "rep-once", "fail", expect_passed=2, n_failing=2, n_below=2)
+    assert headline(two) == ("2 expectations held, 2 unpinned findings at or above "
+                             "--fail-on error, 2 findings below --fail-on")
+    assert details(two)[-1] == "  ... and 2 more unpinned findings at or above --fail-on"

@@ -28,7 +28,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from ..trace.model import CacheConfig, Span, Token
-from ..wording import count
+from ..wording import count, counted
 from .aborts import KeepTailAssert
 
 Ends = dict[int, tuple[int, int, int]]  # seq id: (first pos, last pos, distinct positions)
@@ -157,8 +157,8 @@ def over_the_batch(n_tokens: int, cfg: CacheConfig) -> str | None:
                 f"tokens, more than n_batch ({bound}, cache.n_batch): llama_decode aborts")
     capped = "" if cfg.n_batch is None else f" (cache.n_batch {cfg.n_batch} is capped at them)"
     return (f"GGML_ASSERT(n_tokens_all <= cparams.n_batch): a batch of {count(n_tokens)} "
-            f"tokens, more than the context's {n_ctx} cells (kv_size {cfg.kv_size} x {n_stream} "
-            f"stream{'s' if n_stream != 1 else ''}), which bound n_batch{capped}: "
+            f"tokens, more than the context's {n_ctx} cells (kv_size {cfg.kv_size} x "
+            f"{counted(n_stream, 'stream', number=str)}), which bound n_batch{capped}: "
             "llama_decode aborts")
 
 

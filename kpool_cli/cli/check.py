@@ -15,7 +15,7 @@ from ..contracts.tally import FAIL_ON
 from ..trace.load import TraceError
 from ..verdict.expect import load_checked
 from ..versions import expand_all
-from ..wording import count, visible
+from ..wording import count, counted, visible
 from .io import codes, fail, open_output, refuse_outputs, terminal_lines, version_for
 from .options import (
     ENGINES,
@@ -182,6 +182,6 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
             with bar.hidden():  # the lines on the terminal are progress enough
                 click.echo(terminal_lines(lines, sys.stdout), nl=False)
             bar.tick()
-    click.echo(f"validated {count(len(files))} trace{'s' if len(files) != 1 else ''}: "
+    click.echo(f"validated {counted(len(files), 'trace')}: "
                f"{count(len(files) - bad)} valid, {count(bad)} invalid")
     sys.exit(exits.BAD_INPUT if bad else exits.PASS)

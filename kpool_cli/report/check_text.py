@@ -47,20 +47,20 @@ def headline(r: CheckResult, number: Callable[[int], str] = words.count) -> str:
     (`str` for JUnit, which writes numbers bare)."""
     if r.status == INVALID:
         n = len(r.problems)
-        return f"invalid trace ({number(n)} problem{'s' if n != 1 else ''})"
+        return f"invalid trace ({words.counted(n, 'problem', number=number)})"
     parts = []
     total = r.expect_passed + r.expect_failed
     if r.expect_failed:
         parts.append(f"{number(r.expect_failed)} of {number(total)} expectations not met")
     else:
-        parts.append(f"{number(total)} expectation{'s' if total != 1 else ''} held")
+        parts.append(f"{words.counted(total, 'expectation', number=number)} held")
     failing = r.n_failing
     if failing:
-        parts.append(f"{number(failing)} unpinned finding{'s' if failing != 1 else ''} at "
+        parts.append(f"{words.counted(failing, 'unpinned finding', number=number)} at "
                      f"or above --fail-on {r.fail_on}")
     below = r.n_below
     if below:
-        parts.append(f"{number(below)} finding{'s' if below != 1 else ''} below --fail-on")
+        parts.append(f"{words.counted(below, 'finding', number=number)} below --fail-on")
     if r.pinned:
         parts.append(f"pinned {_counts(r.pinned, number)}")
     if r.ignored:
@@ -143,9 +143,9 @@ def _detail_rows(r: CheckResult, indent: str,
         out.append((f"{indent}{_where(r.path, f.line)}:", "",
                     f"{flagged_title(f)}: {flagged_text(f)}", more))
     if r.n_failing > len(r.failing):
-        left = number(r.n_failing - len(r.failing))
-        out.append((indent, "", f"... and {left} more unpinned findings at or above "
-                    "--fail-on", more))
+        left = words.counted(r.n_failing - len(r.failing), "more unpinned finding",
+                             number=number)
+        out.append((indent, "", f"... and {left} at or above --fail-on", more))
     return out
 
 
@@ -204,8 +204,8 @@ def write_check_text(out: TextIO, results: Iterable[CheckResult]) -> list[CheckR
         out.write("".join(_fit(_shown_row(s), width) for s in shown))
     s = summary(seen)
     n = {k: words.count(v) for k, v in s.items()}
-    out.write(_fit((f"checked {n['runs']} run{'s' if s['runs'] != 1 else ''} of "
-                    f"{n['traces']} trace{'s' if s['traces'] != 1 else ''}:", "",
+    out.write(_fit((f"checked {words.counted(s['runs'], 'run')} of "
+                    f"{words.counted(s['traces'], 'trace')}:", "",
                     f"{n['passed']} passed, {n['failed']} failed, {n['invalid']} invalid",
                     "  "), width))
     return seen

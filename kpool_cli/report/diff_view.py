@@ -314,7 +314,7 @@ def trace_outcome(t: TraceDiff, ignore: tuple[str, ...] = (), where: bool = True
     n_ub = sum(isinstance(e, UbatchDiff) for e in t.entries)
     n_ev = len(t.entries) - n_ub
     what = [f"{words.count(n_ub)}/{words.count(t.aligned_ubatches)} ubatches"] if n_ub else []
-    what += [f"{words.count(n_ev)} event{'s' if n_ev > 1 else ''}"] if n_ev else []
+    what += [words.counted(n_ev, "event")] if n_ev else []
     if what:
         lines.append([(" and ".join(what) + " differ", "")])
     if not lines:

@@ -390,8 +390,7 @@ class RichView:
         ix, self._repeats = self._repeats, []
         codes = " ".join(dict.fromkeys(code for code, _, _ in self._last_sig or ()))
         self.print(Flow(hang=6).add("  ...", style="dim")
-                   .add(f"{words.count(len(ix))} more ubatch{'es' if len(ix) > 1 else ''}",
-                        style="bold")
+                   .add(words.counted(len(ix), "more ubatch", "more ubatches"), style="bold")
                    .add(f"({words.folded(ix, 4)})", style="dim")
                    .words(f"with the same {codes} on the same rows and sequences"))
 
@@ -424,8 +423,7 @@ class RichView:
                  else "yellow" if r.findings else "bright_black")
         title = Text.assemble((f"ubatch {r.index}", "bold"), " · ", f"op {r.op} decode",
                               " · ", f"ubatch {r.batch_ubatch} of its batch",
-                              " · ",
-                              f"{words.count(r.n_tokens)} token{'s' if r.n_tokens != 1 else ''}")
+                              " · ", words.counted(r.n_tokens, "token"))
         self.print(Rule(title, align="left", style=style))
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="bold", no_wrap=True)
@@ -439,14 +437,13 @@ class RichView:
         grid.add_row("stale", stale)
         n_pad = int(r.scatter_pad.sum())
         pools = Flow().words(f"{words.count(r.n_new)} marked of {words.count(r.n_pool_real)} · "
-                             f"{words.count(r.n_new_g)} scatter "
-                             f"entr{'ies' if r.n_new_g != 1 else 'y'}")
+                             + words.counted(r.n_new_g, "scatter entry", "scatter entries"))
         if n_pad:
             pools.add(f"({words.count(n_pad)} padding)", style="dim")
         if raced:
             n_raced = len(raced)
-            pools.tail(" ·").words(f"{words.count(n_raced)} row{'s' if n_raced > 1 else ''} "
-                                   "written by 2 or more entries", style="bold red")
+            pools.tail(" ·").words(f"{words.counted(n_raced, 'row')} written by 2 or more "
+                                   "entries", style="bold red")
         grid.add_row("pools", pools)
         self.print(grid)
         table = self._pool_table(r, raced, flagged)
