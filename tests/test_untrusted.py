@@ -482,7 +482,8 @@ def test_usage_errors_show_clicks_own_tabs_as_a_terminal_would_and_the_arguments
     argument cannot start a line of its own that reads as kpool's."""
     r = kpool("schema")
     assert r.returncode == 2 and "\\t" not in r.stderr and "\t" not in r.stderr, r.stderr
-    assert "Choose from:\n        trace,\n        report,\n        check\n" in r.stderr
+    assert ("Choose from:\n        trace,\n        report,\n        check,\n        diff\n"
+            in r.stderr)
     r = kpool("schema", "trace", "x\n\tError: fake")
     assert r.returncode == 2 and "\t" not in r.stderr, r.stderr
     assert "Got unexpected extra argument (x\\n\\tError: fake)" in r.stderr
