@@ -437,8 +437,11 @@ def load_version(spec: str) -> EngineVersion:
     file's `engines` are checked against `VERSIONS`): kpool imports the module, which
     runs the user's code, and calls nothing: `Name` must be an EngineVersion object
     (`replace(REP_ONCE, ...)`), anything else (a function, a class) is refused. What
-    the import does (raise, `sys.exit`) is a `VersionError`, never an exit status of
-    its own."""
+    the import does (raise any exception, a BaseException of its own too, `sys.exit`)
+    is a `VersionError`, worded even when the exception's own `str` or `repr` raises,
+    never an exit status of its own; only Ctrl-C (a KeyboardInterrupt, as kpool's
+    SIGTERM is) ends the run as a signal. The version's name and description are
+    Unicode text: a lone surrogate in them is written as its escape (`\\udcff`)."""
     if spec in VERSIONS or ("+" in spec and ":" not in spec):
         return registered(spec)
     known = ", ".join(VERSIONS)
@@ -452,8 +455,11 @@ def load_version(spec: str) -> EngineVersion:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")
     try:
         mod = importlib.import_module(mod_name)
+    except KeyboardInterrupt:  # Ctrl-C (and kpool's SIGTERM) while it imports: the run's end
+        raise
     except ModuleNotFoundError as e:
-        if e.name and mod_name.startswith(e.name) and mod_name[len(e.name):][:1] in ("", "."):
+        if (isinstance(e.name, str) and e.name and mod_name.startswith(e.name)
+                and mod_name[len(e.name):][:1] in ("", ".")):
             raise VersionError(
                 f"engine {spec!r}: no module named {e.name!r} on Python's import path. "
                 "Plug-in engines are imported like any Python module: from the installed "
@@ -461,8 +467,9 @@ def load_version(spec: str) -> EngineVersion:
                 "searched. Install the package, or run with PYTHONPATH=DIR where "
                 f"DIR/{mod_name.replace('.', '/')}.py (or a package of that name) lives"
             ) from None
-        raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: {e}") from None
-    except (Exception, SystemExit) as e:  # the user's module may fail in any way on import
+        raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
+                           f"{_said(e)}") from None
+    except BaseException as e:  # the user's module may fail in any way on import
         raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
                            f"{_described(e)}") from None
     # read the module's own namespace (a module-level __getattr__ would run), and look
@@ -486,6 +493,13 @@ def load_version(spec: str) -> EngineVersion:
         raise VersionError(f"engine {spec!r}: {attr}.{e}") from None
     if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
         obj = replace(obj, name=f"{obj.name}@{spec}")
+    # a lone surrogate (`name="a\udcff"`, or a module file's undecodable byte in the
+    # spec) is no text UTF-8, a JSON reader or kpool's own report reader takes: the
+    # plug-in's text is written with its escape (`\udcff`, as the views show it), once,
+    # here, so every report, diff and check output of the version reads back
+    name, description = _unicode(obj.name), _unicode(obj.description)
+    if (name, description) != (obj.name, obj.description):
+        obj = replace(obj, name=name, description=description)
     return obj
 
 
@@ -495,7 +509,23 @@ _FIELD_TYPES = {f.name: bool if f.type in ("bool", bool) else str
                 for f in fields(EngineVersion)}
 
 
+def _unicode(text: str) -> str:
+    """`text` with each lone surrogate written as Python's escape of it (`\\udcff`)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _said(e: BaseException) -> str:
+    """What a plug-in's exception says, as Unicode text: `str(e)`, or for `sys.exit`
+    its code; one whose `__str__` or `__repr__` raises says that instead."""
+    try:
+        return _unicode(f"it called sys.exit({e.code!r})" if isinstance(e, SystemExit)
+                        else str(e))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as inner:  # the plug-in's code: any way to fail
+        return f"(its message raised {_unicode(type(inner).__name__)})"
+
+
 def _described(e: BaseException) -> str:
-    if isinstance(e, SystemExit):
-        return f"it called sys.exit({e.code!r})"
-    return f"{type(e).__name__}: {e}"
+    said = _said(e)
+    return said if isinstance(e, SystemExit) else f"{_unicode(type(e).__name__)}: {said}"

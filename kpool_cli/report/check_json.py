@@ -3,7 +3,10 @@
 Owns: `check_document` (the results as the declared records, in order) and
 `write_check_json`. Keys come from the declaration (`Record.make`), so the output
 and `kpool schema check` cannot disagree. Text from the trace is written as it is:
-JSON escapes what it must, and a reader shows it as it sees fit.
+JSON escapes what it must, and a reader shows it as it sees fit. Text from the command
+line and the file system (paths, a problem's file and message, the engine asked for)
+is written as `wording.unicode_path` writes it, as a report's path is: the bytes of a
+name that is not UTF-8 as `\\xff`, never a lone surrogate a strict reader refuses.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from ..contracts.report_format import (
     PROBLEM,
     TOOL,
 )
+from ..wording import unicode_path
 from .json_text import dumps
 
 
 def result_record(r: CheckResult) -> dict[str, Any]:
     return CHECK_RESULT.make(
-        path=r.path, engine=r.engine, status=r.status,
+        path=unicode_path(r.path), engine=unicode_path(r.engine), status=r.status,
         unmet=[CHECK_UNMET.make(
             op=u.op, line=u.line, target=u.target, target_line=u.target_line,
             diffs=[CHECK_DIFF.make(what=w, expected=e, actual=a) for w, e, a in u.diffs],
@@ -38,8 +42,9 @@ def result_record(r: CheckResult) -> dict[str, Any]:
             code=f.code, name=f.name, severity=f.severity, op=f.op, line=f.line,
             ubatch=f.ubatch, message=f.message, fails=f.fails) for f in r.flagged],
         more_findings=r.more_flagged,
-        problems=[PROBLEM.make(file=p.file, line=p.line, column=p.column, field=p.field,
-                               message=p.message) for p in r.problems],
+        problems=[PROBLEM.make(file=unicode_path(p.file), line=p.line, column=p.column,
+                               field=p.field, message=unicode_path(p.message))
+                  for p in r.problems],
         expectations={"passed": r.expect_passed, "failed": r.expect_failed},
         ubatches=r.ubatches,
         counts={"all": r.findings, "pinned": r.pinned, "ignored": r.ignored},
@@ -52,9 +57,11 @@ def check_document(results: Iterable[CheckResult], fail_on: str) -> dict[str, An
                       tool=TOOL.make(name="kpool", version=__version__), fail_on=fail_on,
                       results=[result_record(r) for r in rs],
                       versions=[CHECK_SHOWN.make(
-                          path=s.path, code=s.code,
-                          by=[{"engine": e, "count": n, "first_op": op} for e, n, op in s.by],
-                          not_by=list(s.not_by)) for s in by_version(rs)],
+                          path=unicode_path(s.path), code=s.code,
+                          by=[{"engine": unicode_path(e), "count": n, "first_op": op}
+                              for e, n, op in s.by],
+                          not_by=[unicode_path(e) for e in s.not_by])
+                          for s in by_version(rs)],
                       summary=summary(rs))
 
 

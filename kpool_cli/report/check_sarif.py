@@ -23,7 +23,7 @@ from .. import __version__
 from ..check import CheckResult, exit_code
 from ..verdict.codes import CODES
 from ..verdict.explain import EXPLANATIONS, explain_text
-from ..wording import visible
+from ..wording import unicode_path, visible
 from .check_text import flagged_text, problem_text, unmet_text, unmet_title
 from .json_text import dumps
 
@@ -96,12 +96,12 @@ def sarif_log(results: Iterable[CheckResult]) -> dict[str, Any]:
                 field=p.field)
         for u in r.unmet:
             add(EXPECT_RULE, "error", f"{unmet_title(u)}{engine}: {unmet_text(u)}", r.path,
-                u.line, engine=r.engine, op=u.op, target_op=u.target,
+                u.line, engine=unicode_path(r.engine), op=u.op, target_op=u.target,
                 differences=[{"what": w, "expected": e, "actual": a} for w, e, a in u.diffs])
         for f in r.flagged:
             add(f.code, "error" if f.fails else "warning",
                 f"{f.code} {f.name}{engine}: {flagged_text(f)}", r.path, f.line,
-                engine=r.engine, op=f.op, ubatch=f.ubatch, severity=f.severity)
+                engine=unicode_path(r.engine), op=f.op, ubatch=f.ubatch, severity=f.severity)
     code = exit_code(rs)
     return {
         "$schema": SARIF_SCHEMA,
