@@ -29,9 +29,13 @@ Every policy names the ENGINE.md section whose rule it switches.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import os
+import re
 import sys
+import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -103,11 +107,10 @@ class EngineVersion:
                      if f.name not in ("name", "description"))
 
     def __post_init__(self) -> None:
-        if self.padding not in PADDING_POLICIES:
-            raise ValueError(f"padding must be one of {PADDING_POLICIES}, not {self.padding!r}")
-        if self.truncate_spares not in TRUNCATE_SPARES:
-            raise ValueError(f"truncate_spares must be one of {TRUNCATE_SPARES}, "
-                             f"not {self.truncate_spares!r}")
+        for name, known in (("padding", PADDING_POLICIES), ("truncate_spares", TRUNCATE_SPARES)):
+            value = getattr(self, name)
+            if value not in known:
+                raise ValueError(f"{name} must be one of {', '.join(known)}, not {value!r}")
 
 
 CACHE_SAFE = EngineVersion(
@@ -439,7 +442,8 @@ def load_version(spec: str) -> EngineVersion:
     (`replace(REP_ONCE, ...)`), anything else (a function, a class) is refused. What
     the import does (raise any exception, a BaseException of its own too, `sys.exit`)
     is a `VersionError`, worded even when the exception's own `str` or `repr` raises,
-    never an exit status of its own; only Ctrl-C (a KeyboardInterrupt, as kpool's
+    naming the file and line of the user's module where it raised, never an exit
+    status of its own; only Ctrl-C (a KeyboardInterrupt, as kpool's
     SIGTERM is) ends the run as a signal. The version's name and description are
     Unicode text: a lone surrogate in them is written as its escape (`\\udcff`)."""
     if spec in VERSIONS or ("+" in spec and ":" not in spec):
@@ -447,9 +451,13 @@ def load_version(spec: str) -> EngineVersion:
     known = ", ".join(VERSIONS)
     if not spec.strip():
         raise VersionError(f"empty engine name: give one of {known}, or package.module:Name")
+    if spec == ALL:
+        raise VersionError(f"engine {ALL!r} (every shipped version) is taken by kpool check "
+                           f"--engine and kpool fuzz --engine only; name one version here: "
+                           f"{known}, BASE+PATCH or package.module:Name")
     if ":" not in spec:
-        raise VersionError(f"unknown engine {spec!r}: known engines are {known}, "
-                           "or give package.module:Name")
+        raise VersionError(f"unknown engine {spec!r}: known engines are {known}, BASE+PATCH "
+                           "(kpool engines), or give package.module:Name")
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")
@@ -468,7 +476,7 @@ def load_version(spec: str) -> EngineVersion:
                 f"DIR/{mod_name.replace('.', '/')}.py (or a package of that name) lives"
             ) from None
         raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
-                           f"{_said(e)}") from None
+                           f"{_described(e)}") from None
     except BaseException as e:  # the user's module may fail in any way on import
         raise VersionError(f"engine {spec!r}: importing {mod_name!r} failed: "
                            f"{_described(e)}") from None
@@ -526,6 +534,46 @@ def _said(e: BaseException) -> str:
         return f"(its message raised {_unicode(type(inner).__name__)})"
 
 
+# what `replace(REP_ONCE, mark_once_per_repp=...)` raises: a policy misspelt
+_UNKNOWN_FIELD = re.compile(r"EngineVersion\.__init__\(\) got an unexpected keyword "
+                            r"argument '\w+'")
+
+
 def _described(e: BaseException) -> str:
+    """What a plug-in's import raised (`_said`), after the place in its code where it
+    raised (`mypkg/engine.py:5: `, `_raised_at`), and for a field EngineVersion does not
+    have (a misspelt policy), the fields it has."""
     said = _said(e)
-    return said if isinstance(e, SystemExit) else f"{_unicode(type(e).__name__)}: {said}"
+    if isinstance(e, SystemExit):
+        return f"{_raised_at(e)}{said}"
+    kind = _unicode(type(e).__name__)
+    if (isinstance(e, SyntaxError) and type(e.filename) is str and type(e.lineno) is int
+            and type(e.msg) is str):
+        # raised by the compiler, before the module ran: its own place
+        return f"{_shown(e.filename)}:{e.lineno}: {kind}: {_unicode(e.msg)}"
+    fields_are = ""
+    if isinstance(e, TypeError) and _UNKNOWN_FIELD.fullmatch(said):
+        fields_are = f"; its fields are {', '.join(f.name for f in fields(EngineVersion))}"
+    return f"{_raised_at(e)}{kind}: {said}{fields_are}"
+
+
+def _raised_at(e: BaseException) -> str:
+    """`FILE:LINE: `, the line of the innermost module whose import raised `e` (the
+    last frame of a module's own code in the traceback): the plug-in's line, or that
+    of a module of the user's it imports; "" when the traceback holds none."""
+    # the frames as they are: no source line is read (`extract_tb` would open files)
+    at = next(((frame.f_code.co_filename, line)
+               for frame, line in reversed(list(traceback.walk_tb(e.__traceback__)))
+               if frame.f_code.co_name == "<module>"
+               and not frame.f_code.co_filename.startswith("<")), None)
+    return f"{_shown(at[0])}:{at[1]}: " if at is not None else ""
+
+
+def _shown(path: str) -> str:
+    """A module's path as the user wrote it where it can be (relative to the current
+    directory when it lies below it), as Unicode text."""
+    with contextlib.suppress(ValueError, OSError):
+        rel = os.path.relpath(path)
+        if not rel.startswith(os.pardir):
+            path = rel
+    return _unicode(path)

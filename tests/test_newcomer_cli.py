@@ -5,7 +5,12 @@ random`; and the help: `kpool --help` cutting five commands' lines with `...` at
 columns, `kpool gen` speaking of commands where the README says scenarios,
 `replay --seq` helped as `sequence S` beside a metavar of `0-255`, a scenario's help
 opening in lower case, and `kpool explain --list KP001` answered as if neither had
-been given. Each test runs
+been given; `replay --max-memory` helped as shared by `--jobs` processes replay does
+not have; a plug-in that failed to import said what it raised but not where in the
+plug-in, nor, for a misspelt policy, which policies there are; `replay --engine all`
+called `all` unknown; and `kpool fuzz --base` put the base's name under `where (op,
+path)`.
+Each test runs
 `kpool` as a user would (or reads the help click prints) and asserts what they see.
 """
 
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 from test_untrusted import KPOOL, RACE, kpool, write
 
@@ -401,3 +407,94 @@ def test_a_scenarios_help_opens_with_a_sentence_as_every_commands_does() -> None
         opening = " ".join(line.strip() for line in lines[2:lines.index("", 2)])
         assert opening == scenario.doc[0].upper() + scenario.doc[1:] + ".", opening
         assert scenario.doc[0].islower()  # else this test shows nothing
+
+
+def test_an_options_help_speaks_of_jobs_only_in_a_command_that_has_them() -> None:
+    """`kpool replay --help` said --max-memory's default was "shared by the --jobs
+    processes": replay has no --jobs."""
+    said = []
+    for name in COMMANDS:
+        command = cli.commands[name]
+        for path, option in _options(command, f"kpool {name}"):
+            if "--jobs" in (option.help or ""):
+                said.append(path)
+                owner = command if not isinstance(command, click.Group) else \
+                    command.commands[path.split()[-1]]
+                assert any("--jobs" in p.opts for p in owner.params
+                           if isinstance(p, click.Option)), (path, option.opts, option.help)
+    assert "kpool check" in said and "kpool diff" in said  # their --max-memory
+    r = CliRunner().invoke(cli, ["replay", "--help"], terminal_width=80)
+    assert "half of the memory available]." in " ".join(r.stdout.split())
+
+
+PLUG_HEAD = "from dataclasses import replace\nfrom kpool_cli.versions import REP_ONCE\n\n"
+
+
+@pytest.mark.parametrize("files, said", [
+    ({"plug_typo.py": PLUG_HEAD + "V = replace(REP_ONCE, name='mine', mark_once_per_repp=False)\n"},
+     "plug_typo.py:4: TypeError: EngineVersion.__init__() got an unexpected keyword "
+     "argument 'mark_once_per_repp'; its fields are name, description, seq_cp_whole_only, "
+     "seq_cp_stales_src, restale_all_when_shared, repool_all_when_shared, mark_once_per_rep, "
+     "padding, truncate_stale_tail, truncate_spares, seq_rm_noop_keeps_clean, "
+     "seq_rm_noop_one_seq_only, recurrent_seq_rm_matches_any, seq_keep_every_stream"),
+    ({"plug_pad.py": PLUG_HEAD + "V = replace(REP_ONCE, padding='row_zero')\n"},
+     "plug_pad.py:4: ValueError: padding must be one of unused-rows, row-zero, "
+     "repeat-pool, not 'row_zero'"),
+    # the line of the user's module that raised, not that of the plug-in importing it
+    ({"plug_outer.py": "import plug_inner\n",
+      "plug_inner.py": "X = 1\nimport numpyy_not_here\n"},
+     "plug_inner.py:2: ModuleNotFoundError: No module named 'numpyy_not_here'"),
+    ({"plug_syn.py": "V = replace(\n"}, "plug_syn.py:1: SyntaxError: '(' was never closed"),
+    ({"plug_exit.py": "import sys\n\nsys.exit(3)\n"}, "plug_exit.py:3: it called sys.exit(3)"),
+], ids=["misspelt-policy", "policy-value", "import-in-a-module-it-imports", "syntax", "exit"])
+def test_a_plug_in_that_fails_to_import_is_told_where(tmp_path: Path, files: dict[str, str],
+                                                      said: str) -> None:
+    """A plug-in written from docs/versions.md with a misspelt policy said only
+    "importing 'plug' failed: TypeError: EngineVersion.__init__() got an unexpected
+    keyword argument ...": no file, no line, no word of the policies there are; a
+    policy's value that is not one of its choices listed them as a Python tuple."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    module = next(iter(files)).removesuffix(".py")
+    r = kpool("replay", str(RACE), "--engine", f"{module}:V", cwd=tmp_path,
+              env={"PYTHONPATH": f"{os.environ.get('PYTHONPATH', '')}:{tmp_path}"})
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == f"kpool: engine '{module}:V': importing '{module}' failed: {said}\n"
+
+
+def test_replay_says_engine_all_is_for_check_and_fuzz() -> None:
+    """`replay --engine all` called `all` an unknown engine, where check and fuzz take
+    it; and an unknown engine on the command line named no composition (BASE+PATCH),
+    which it takes."""
+    from kpool_cli.versions import VERSIONS, VersionError, load_version
+
+    known = ", ".join(VERSIONS)
+    with pytest.raises(VersionError) as e:
+        load_version("rep_once")
+    assert str(e.value) == (f"unknown engine 'rep_once': known engines are {known}, "
+                            "BASE+PATCH (kpool engines), or give package.module:Name")
+    r = kpool("replay", str(RACE), "--engine", "all")
+    assert r.returncode == 2 and r.stderr == (
+        f"kpool: engine 'all' (every shipped version) is taken by kpool check --engine and "
+        f"kpool fuzz --engine only; name one version here: {known}, BASE+PATCH or "
+        "package.module:Name\n")
+
+
+def test_the_fuzz_summary_says_a_difference_from_the_base_as_one() -> None:
+    """`kpool fuzz --engine plug:V --base rep-once` listed `diff  13  16  rep-once`
+    under `where (op, path)`: the base's name where an op and a path belong."""
+    from io import StringIO
+
+    from kpool_cli.gen.fuzz import DIVERGED, Progress
+    from kpool_cli.report.fuzz_text import render_summary
+    from kpool_cli.report.terminal import Manners, make_console
+
+    buf = StringIO()
+    t = Progress(runs=200, counts={(DIVERGED, f"{DIVERGED}/rep-once"): 13,
+                                   ("KP001", "KP001/decode/shared"): 2})
+    files = {(DIVERGED, f"{DIVERGED}/rep-once"): "fz/diff_rep-once.yaml",
+             ("KP001", "KP001/decode/shared"): "fz/KP001_decode_shared.yaml"}
+    render_summary(make_console(buf, Manners(False, False, 80)), t, files, "mine", 1.0)
+    rows = [line.split() for line in buf.getvalue().splitlines()]
+    assert ["KP001", "2", "-", "decode/shared", "KP001_decode_shared.yaml"] in rows
+    assert ["diff", "13", "-", "differs", "from", "rep-once", "diff_rep-once.yaml"] in rows

@@ -343,7 +343,7 @@ def test_the_default_budget_is_shared_by_the_processes_of_jobs(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 4)
 
     @click.command()
-    @options.max_memory_option
+    @options.max_memory_option(jobs=True)
     @click.option("--jobs", type=int, default=1)
     def show(max_memory, jobs):
         click.echo(options.shared_budget(max_memory, jobs, 100))

@@ -48,32 +48,35 @@ def _unicode_text(path: Path) -> object:
 # -- a plug-in that fails at import --------------------------------------------------------
 
 
-@pytest.mark.parametrize("body, says", [
-    ("class Stop(BaseException):\n    pass\nraise Stop('no')\n", "Stop: no"),
-    ("raise GeneratorExit('gone')\n", "GeneratorExit: gone"),
+@pytest.mark.parametrize("body, line, says", [
+    ("class Stop(BaseException):\n    pass\nraise Stop('no')\n", 3, "Stop: no"),
+    ("raise GeneratorExit('gone')\n", 1, "GeneratorExit: gone"),
 ])
-def test_a_plug_in_that_raises_a_base_exception_at_import_is_exit_2(tmp_path, body, says):
+def test_a_plug_in_that_raises_a_base_exception_at_import_is_exit_2(tmp_path, body, line,
+                                                                     says):
     """An exception that is not an Exception (a BaseException of the plug-in's own,
     GeneratorExit) went past every handler: a Python traceback and exit 1, which
-    means findings."""
+    means findings. It is told, after the plug-in's line that raised it."""
     (tmp_path / "pgbase.py").write_text(body)
     r = kpool("replay", str(RACE), "--backend", "none", "--engine", "pgbase:V",
               env=_on_path(tmp_path))
     assert r.returncode == 2, r.stderr
-    assert r.stderr == f"kpool: engine 'pgbase:V': importing 'pgbase' failed: {says}\n"
+    assert r.stderr == (f"kpool: engine 'pgbase:V': importing 'pgbase' failed: "
+                        f"{tmp_path / 'pgbase.py'}:{line}: {says}\n")
     assert r.stdout == ""
 
 
-@pytest.mark.parametrize("name, body, says", [
+@pytest.mark.parametrize("name, body, line, says", [
     ("pgstr", "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\n"
-     "raise E()\n", "E: (its message raised RuntimeError)"),
+     "raise E()\n", 4, "E: (its message raised RuntimeError)"),
     ("pgexit", "import sys\nclass C:\n    def __repr__(self):\n        raise TypeError\n"
-     "sys.exit(C())\n", "(its message raised TypeError)"),
-    ("pgnamed", "raise ModuleNotFoundError('odd', name=5)\n", "odd"),
-    ("pgsurr", "raise ValueError('a\\udcffb \\ud800')\n", "ValueError: a\\udcffb \\ud800"),
+     "sys.exit(C())\n", 5, "(its message raised TypeError)"),
+    ("pgnamed", "raise ModuleNotFoundError('odd', name=5)\n", 1, "ModuleNotFoundError: odd"),
+    ("pgsurr", "raise ValueError('a\\udcffb \\ud800')\n", 1,
+     "ValueError: a\\udcffb \\ud800"),
 ])
 def test_a_plug_in_whose_error_cannot_be_worded_as_it_is_is_still_named(
-        tmp_path, monkeypatch, name, body, says):
+        tmp_path, monkeypatch, name, body, line, says):
     """The loader worded the import's exception with `str`, `repr` and a string test of
     ModuleNotFoundError's `name`, each the plug-in's own: one that raises (or a `name`
     that is no string) was "kpool: internal error: RuntimeError" (TypeError). A lone
@@ -83,7 +86,8 @@ def test_a_plug_in_whose_error_cannot_be_worded_as_it_is_is_still_named(
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(VersionError) as e:
         load_version(f"{name}:V")
-    assert str(e.value) == f"engine '{name}:V': importing '{name}' failed: {says}"
+    assert str(e.value) == (f"engine '{name}:V': importing '{name}' failed: "
+                            f"{tmp_path / (name + '.py')}:{line}: {says}")
     str(e.value).encode("utf-8")
 
 

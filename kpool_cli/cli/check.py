@@ -51,7 +51,7 @@ from .options import (
 @click.option("--no-config", is_flag=True,
               help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
 @load_bounds
-@max_memory_option
+@max_memory_option(jobs=True)
 @core_option
 def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
               ignore: tuple[str, ...], fmt: str | None, output: str | None,

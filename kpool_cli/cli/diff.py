@@ -49,7 +49,7 @@ from .options import (
                    "values and KP003 (stale reads), at a cost.")
 @jobs_option(1, "Replay traces on N processes.")
 @load_bounds
-@max_memory_option
+@max_memory_option(jobs=True)
 @core_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,

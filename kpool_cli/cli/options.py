@@ -176,8 +176,14 @@ core_option = click.option(
          f"trace of {count(auto_compiled_from('numba'))} ubatches or more "
          f"({count(auto_compiled_from(None))} without the numba backend). The report is the "
          "same.")
-max_memory_option = click.option(
-    "--max-memory", metavar="SIZE", callback=_memory_budget,
-    help="Refuse, before replaying, a trace whose replay can need more memory than SIZE "
-         "(512M, 8G, or none) [default: half of the memory available, shared by the "
-         "--jobs processes].")
+
+
+def max_memory_option(jobs: bool) -> Any:
+    """--max-memory SIZE, the budget a replay is checked against before it starts;
+    `jobs`: the command has --jobs, whose processes share the default budget (its
+    help says so only then)."""
+    shared = ", shared by the --jobs processes" if jobs else ""
+    return click.option(
+        "--max-memory", metavar="SIZE", callback=_memory_budget,
+        help="Refuse, before replaying, a trace whose replay can need more memory than "
+             f"SIZE (512M, 8G, or none) [default: half of the memory available{shared}].")

@@ -77,7 +77,7 @@ from .options import (
 @click.option("--svg", "svg", metavar="FILE",
               help="Also save the rich view as SVG (atomically), e.g. for a bug report.")
 @load_bounds
-@max_memory_option
+@max_memory_option(jobs=False)
 @click.option("--backend", "backend", type=click.Choice(BACKENDS), default=DEFAULT_BACKEND,
               show_default=True,
               help="Value backend (key rows, pooling, KP001 values, KP003): numba, its numpy "

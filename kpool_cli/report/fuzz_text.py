@@ -2,9 +2,10 @@
 
 Owns: `FuzzBar` (runs, findings, shrinks, on stderr, only on a terminal) and
 `render_summary` (a table of codes, signatures, counts, first seeds and the shrunk
-files). Renderers read a campaign's `Progress`; they never count. A file name is
-never wrapped: when the table would not fit the width with every name whole, each
-finding takes two lines instead, its file on the second.
+files; under `--base`, a difference's row says `differs from BASE` where a finding's
+names its op and path). Renderers read a campaign's `Progress`; they never count. A
+file name is never wrapped: when the table would not fit the width with every name
+whole, each finding takes two lines instead, its file on the second.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
+from ..gen.fuzz import DIVERGED
 from ..gen.fuzz import Progress as Totals
 from ..versions import VERSIONS
 from ..wording import count, visible
@@ -82,7 +84,10 @@ def _findings(console: Console, t: Totals, files: dict[tuple[str, str], str]) ->
     rows: list[tuple[str, ...]] = []
     for (code, sig), n in sorted(t.counts.items()):
         first = t.first.get((code, sig))
-        where = sig.removeprefix(f"{code}/")  # the signature is code/op/path
+        # a finding's signature is code/op/path; a difference's (`--base`) diff/BASE
+        where = sig.removeprefix(f"{code}/")
+        if code == DIVERGED:
+            where = f"differs from {where}"
         rows.append((code, count(n), str(first.seed) if first else "-", visible(where),
                      visible(shown.get((code, sig), "-"))))
     table = _table(("code", "runs", "first seed", "where (op, path)", "shrunk trace"), rows)
