@@ -498,3 +498,13 @@ def test_the_fuzz_summary_says_a_difference_from_the_base_as_one() -> None:
     rows = [line.split() for line in buf.getvalue().splitlines()]
     assert ["KP001", "2", "-", "decode/shared", "KP001_decode_shared.yaml"] in rows
     assert ["diff", "13", "-", "differs", "from", "rep-once", "diff_rep-once.yaml"] in rows
+
+
+@pytest.mark.parametrize("command", ["check", "diff"])
+def test_the_exit_statuses_in_help_name_a_replay_process_that_died(command: str) -> None:
+    """README's exit status 2 of check and diff includes a replay process that died
+    under --jobs (`workers.WorkerDied`); the commands' own help left it out."""
+    r = CliRunner().invoke(cli, [command, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    two = r.output.split("Exit status:")[1].split("\n    2  ")[1].split("\n\n")[0]
+    assert " ".join(two.split()).endswith("or a replay process that died (--jobs)")

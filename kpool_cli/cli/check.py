@@ -74,7 +74,8 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
     Exit status:
       0  every trace passed under every engine
       1  an expect did not hold, or an unpinned finding at or above --fail-on
-      2  bad usage, a bad settings file, or an invalid trace
+      2  bad usage, a bad settings file, an invalid trace, or a replay process
+         that died (--jobs)
     """
     from ..check import exit_code as check_exit_code
     from ..check import plan, run_checks

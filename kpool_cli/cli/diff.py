@@ -82,7 +82,8 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
       1  a regression: head has a finding base does not (or, with
          --fail-on-change, any behavioural difference)
       2  bad usage, an invalid trace, an unknown engine, mixing reports with
-         traces, or reports of different traces without --force
+         traces, reports of different traces without --force, or a replay
+         process that died (--jobs)
     """
     from ..diff.compare import DiffResult, compare, ignore_selectors
     from ..diff.runs import DiffInputError, gather
