@@ -388,3 +388,27 @@ def test_a_count_of_one_takes_the_singular_in_every_clause() -> None:
     assert headline(two) == ("2 expectations held, 2 unpinned findings at or above "
                              "--fail-on error, 2 findings below --fail-on")
     assert details(two)[-1] == "  ... and 2 more unpinned findings at or above --fail-on"
+
+
+def test_an_invalid_traces_problem_is_placed_at_its_line_and_column(tmp_path: Path):
+    """A problem of an invalid trace carries its column (`bad.yaml:5:29`), which the
+    text shows; GitHub's annotation (`col=`) and SARIF's region (`startColumn`) left
+    it out. Counted by hand: line 5 is `  - seq_rm: {seq: 0, p0: 1, p9: 2}`, whose key
+    `p9` follows `  - seq_rm: {` (13 characters), `seq: 0, ` (8) and `p0: 1, ` (7):
+    column 29 (1-based)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kpool_trace: 1\ncache: {kv_size: 64, kpool: 4}\nops:\n"
+                   "  - decode: {seq: 0, pos: 0..4}\n  - seq_rm: {seq: 0, p0: 1, p9: 2}\n")
+    code, out, _ = run("check", str(bad), "--no-config", "--output-format", "github")
+    assert code == 2
+    m = ANNOTATION.fullmatch(out.splitlines()[0])
+    assert m and m[1] == "error", out
+    props = dict(p.split("=", 1) for p in m[2].split(","))
+    assert (props["line"], props["col"]) == ("5", "29")
+    code, out, _ = run("check", str(bad), "--no-config", "--output-format", "sarif")
+    assert code == 2
+    (result,) = json.loads(out)["runs"][0]["results"]
+    assert result["ruleId"] == "invalid-trace"
+    assert result["locations"][0]["physicalLocation"]["region"] == {"startLine": 5,
+                                                                    "startColumn": 29}
+    jsonschema.validate(json.loads(out), json.loads(SARIF_SCHEMA.read_text()))

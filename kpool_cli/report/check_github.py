@@ -5,7 +5,7 @@ Owns: `annotation_lines` and `write_check_github`. One line per annotation, in G
 documented form `::error file=F,line=L,title=T::MESSAGE` (`::warning` for an
 unpinned finding below `--fail-on`): an unmet `expect` at the expect's line, a
 failing finding at the line of the op that raised it, a problem of an invalid trace
-at its line. A passing run writes nothing.
+at its line and column. A passing run writes nothing.
 
 Escaping is GitHub's (the Actions toolkit's `escapeData` / `escapeProperty`): in the
 message `%`, CR and LF become `%25`, `%0D`, `%0A`; in a property also `:` and `,`
@@ -31,10 +31,14 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def command(level: str, file: str, line: int, title: str, message: str) -> str:
+def command(level: str, file: str, line: int, title: str, message: str, column: int = 0
+            ) -> str:
+    """One annotation; `line` and `column` (1-based) are left out when 0 (unknown)."""
     props = [f"file={escape_property(visible(file))}"]
     if line > 0:
         props.append(f"line={line}")
+        if column > 0:
+            props.append(f"col={column}")
     props.append(f"title={escape_property(title)}")
     return f"::{level} {','.join(props)}::{escape_data(message)}"
 
@@ -44,7 +48,7 @@ def annotation_lines(r: CheckResult) -> Iterator[str]:
     engine = f" under {visible(r.engine)}" if r.engine else ""
     for p in r.problems:
         yield command("error", p.file or r.path, p.line, "kpool: invalid trace",
-                      problem_text(p))
+                      problem_text(p), p.column)
     for u in r.unmet:
         yield command("error", r.path, u.line, f"kpool{engine}: {unmet_title(u)}",
                       unmet_text(u))

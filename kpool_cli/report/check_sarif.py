@@ -2,7 +2,7 @@
 `kpool`, one rule per finding code of the registry (its name, summary, why it
 matters and the whole `kpool explain` text), plus a rule for an unmet expectation
 and one for an invalid trace; one result per problem, located at the trace file and
-the line of the op behind it.
+the line of the op behind it (a problem of an invalid trace at its line and column).
 
 Owns: `sarif_log` and `write_check_sarif`. Levels: `error` for what fails the check
 (an unmet expect, an unpinned finding at or above `--fail-on`, an invalid trace),
@@ -71,10 +71,11 @@ def uri(path: str) -> str:
     return quote(os.fsencode(p.as_posix()), safe="/")
 
 
-def _location(path: str, line: int) -> dict[str, Any]:
+def _location(path: str, line: int, column: int = 0) -> dict[str, Any]:
+    """A result's place; `line` and `column` (1-based) are left out when 0 (unknown)."""
     phys: dict[str, Any] = {"artifactLocation": {"uri": uri(path)}}
     if line > 0:
-        phys["region"] = {"startLine": line}
+        phys["region"] = {"startLine": line, **({"startColumn": column} if column > 0 else {})}
     return {"physicalLocation": phys}
 
 
@@ -84,15 +85,16 @@ def sarif_log(results: Iterable[CheckResult]) -> dict[str, Any]:
     index = {r["id"]: i for i, r in enumerate(rules)}
     out: list[dict[str, Any]] = []
 
-    def add(rule: str, level: str, text: str, path: str, line: int, **props: Any) -> None:
+    def add(rule: str, level: str, text: str, path: str, line: int, column: int = 0,
+            **props: Any) -> None:
         out.append({"ruleId": rule, "ruleIndex": index[rule], "level": level,
-                    "message": {"text": text}, "locations": [_location(path, line)],
+                    "message": {"text": text}, "locations": [_location(path, line, column)],
                     "properties": props})
 
     for r in rs:
         engine = f" (under {visible(r.engine)})" if r.engine else ""
         for p in r.problems:
-            add(INVALID_RULE, "error", problem_text(p), p.file or r.path, p.line,
+            add(INVALID_RULE, "error", problem_text(p), p.file or r.path, p.line, p.column,
                 field=p.field)
         for u in r.unmet:
             add(EXPECT_RULE, "error", f"{unmet_title(u)}{engine}: {unmet_text(u)}", r.path,
