@@ -508,3 +508,50 @@ def test_the_exit_statuses_in_help_name_a_replay_process_that_died(command: str)
     assert r.exit_code == 0, r.output
     two = r.output.split("Exit status:")[1].split("\n    2  ")[1].split("\n\n")[0]
     assert " ".join(two.split()).endswith("or a replay process that died (--jobs)")
+
+
+@pytest.mark.parametrize("args", [
+    ["check", "--no-config", str(RACE)], ["validate", str(RACE)],
+    ["diff", str(RACE), "--backend", "none"], ["gen", "random", "--seed", "1"],
+    ["replay", str(RACE), "--backend", "none", "--format", "json"],
+])
+def test_every_command_with_a_progress_bar_takes_quiet(monkeypatch, args) -> None:
+    """`-q` was replay's alone: `kpool check -q` was "No such option". Each command that
+    draws a bar on stderr takes it now, and hands it to the bar."""
+    from kpool_cli.report import ticking
+
+    asked: list[bool] = []
+    real = ticking.progress_bar
+
+    def recording(*a, quiet: bool = False, **k):
+        asked.append(quiet)
+        return real(*a, quiet=quiet, **k)
+
+    monkeypatch.setattr(ticking, "progress_bar", recording)
+    monkeypatch.setattr(ticking, "ticker_for",
+                        lambda trace, *, quiet, **k: recording(0, "t", quiet=quiet, **k))
+    for quiet in ([], ["-q"]):
+        asked.clear()
+        r = CliRunner().invoke(cli, [*args, *quiet])
+        assert r.exit_code in (0, 1), r.output
+        assert asked and set(asked) == {bool(quiet)}, (args, quiet, asked)
+
+
+def test_fuzz_quiet_draws_no_bar(monkeypatch, tmp_path) -> None:
+    """`kpool fuzz -q` on a terminal: its bar gets no console (draws nothing)."""
+    from kpool_cli.report import fuzz_text
+
+    consoles: list[object] = []
+
+    class Recording(fuzz_text.FuzzBar):
+        def __init__(self, console, total):
+            consoles.append(console)
+            super().__init__(None, total)
+
+    monkeypatch.setattr(fuzz_text, "FuzzBar", Recording)
+    monkeypatch.setattr("kpool_cli.report.terminal.stream_is_terminal", lambda s: True)
+    for n, quiet in enumerate(([], ["-q"])):
+        r = CliRunner().invoke(fuzz_cmd, ["--engine", "rep-once", "--runs", "2", *quiet,
+                                          "-o", str(tmp_path / str(n))])
+        assert r.exit_code == 0, r.output
+    assert consoles[0] is not None and consoles[1] is None

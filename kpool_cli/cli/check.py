@@ -23,6 +23,7 @@ from .options import (
     jobs_option,
     load_bounds,
     max_memory_option,
+    quiet_option,
     shared_budget,
 )
 
@@ -50,13 +51,15 @@ from .options import (
               show_default=True, help="Value backend (none: model-only, KP003 unseen).")
 @click.option("--no-config", is_flag=True,
               help="Read no settings file ([tool.kpool] of pyproject.toml, kpool.toml).")
+@quiet_option
 @load_bounds
 @max_memory_option(jobs=True)
 @core_option
 def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | None,
               ignore: tuple[str, ...], fmt: str | None, output: str | None,
-              jobs: int | None, backend: str, no_config: bool, max_tokens: int,
-              max_nodes: int | None, max_memory: int | None, core: str) -> None:
+              jobs: int | None, backend: str, no_config: bool, quiet: bool,
+              max_tokens: int, max_nodes: int | None, max_memory: int | None,
+              core: str) -> None:
     """Check the traces in PATHS as a CI gate.
 
     PATHS are files, or folders searched recursively for *.yaml and *.yml. Each
@@ -115,7 +118,7 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
 
     # a bar over the traces as they load, then over the runs; the line a run writes to
     # the terminal (text, github) is its own progress
-    bar = progress_bar(len(files), "kpool check: loading", unit="traces",
+    bar = progress_bar(len(files), "kpool check: loading", unit="traces", quiet=quiet,
                        shares_terminal=output in (None, "-") and fmt in ("text", "github")
                        and stream_is_terminal(sys.stdout))
     units: list = []
@@ -146,8 +149,10 @@ def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
 
 @click.command("validate")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
+@quiet_option
 @load_bounds
-def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None) -> None:
+def validate_cmd(paths: tuple[str, ...], quiet: bool, max_tokens: int,
+                 max_nodes: int | None) -> None:
     """Load the traces in PATHS without replaying them.
 
     PATHS are files, or folders searched recursively for *.yaml and *.yml; every
@@ -168,7 +173,7 @@ def validate_cmd(paths: tuple[str, ...], max_tokens: int, max_nodes: int | None)
         fail(problems[0])
     refuse_outputs(tuple(files))  # stdout open on a trace (`1<>t.yaml`)
     bad = 0
-    bar = progress_bar(len(files), "kpool validate", unit="traces",
+    bar = progress_bar(len(files), "kpool validate", unit="traces", quiet=quiet,
                        shares_terminal=stream_is_terminal(sys.stdout))
     with bar:
         for path in files:

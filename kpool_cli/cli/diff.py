@@ -14,6 +14,7 @@ from .options import (
     jobs_option,
     load_bounds,
     max_memory_option,
+    quiet_option,
     shared_budget,
 )
 
@@ -48,12 +49,14 @@ from .options import (
                    "decisions, which need no values; numba or numpy also compute KP001 "
                    "values and KP003 (stale reads), at a cost.")
 @jobs_option(1, "Replay traces on N processes.")
+@quiet_option
 @load_bounds
 @max_memory_option(jobs=True)
 @core_option
 def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: str,
              output: str | None, fail_on_change: bool, ignore: tuple[str, ...], force: bool,
-             backend: str | None, jobs: int, max_tokens: int, max_nodes: int | None,
+             backend: str | None, jobs: int, quiet: bool, max_tokens: int,
+             max_nodes: int | None,
              max_memory: int | None, core: str, html_out: str | None) -> None:
     """Compare two engine versions on TRACES, or two JSON reports.
 
@@ -102,7 +105,7 @@ def diff_cmd(inputs: tuple[str, ...], base: str | None, head: str | None, fmt: s
     except ValueError as e:
         fail(str(e))
     try:
-        with progress_bar(0, "kpool diff") as bar:
+        with progress_bar(0, "kpool diff", quiet=quiet) as bar:
             pairs, warnings = gather(files, base=base, head=head, backend=backend, jobs=jobs,
                                      force=force, max_tokens=max_tokens,
                                      max_nodes=max_nodes, max_memory=max_memory,

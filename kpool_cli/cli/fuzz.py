@@ -15,7 +15,7 @@ from ..contracts.files import OutputError, check_output_folder
 from ..trace.format import SEED_MAX
 from ..versions import ALL, VERSIONS, VersionError, load_version
 from .io import fail
-from .options import Float, Int, jobs_option
+from .options import Float, Int, jobs_option, quiet_option
 
 
 @click.command("fuzz")
@@ -29,6 +29,7 @@ from .options import Float, Int, jobs_option
               help="Run r replays the trace `kpool gen random` writes for seed + r "
                    "(wrapped to 0 past the bound): any run is reproducible.")
 @jobs_option(1, "Fuzz on N processes.")
+@quiet_option
 @click.option("--time-budget", type=Float(0.1, 366 * 86400), default=None, metavar="SECONDS",
               help="Stop after this many seconds (the runs done are reported).")
 @click.option("-o", "--output", "out_dir", default="fuzz-out", show_default=True,
@@ -40,7 +41,8 @@ from .options import Float, Int, jobs_option
 @click.option("--base", "base", default=None, metavar="ENGINE",
               help="Look only for behaviour differences from ENGINE, as `kpool diff "
                    "--base ENGINE` shows them, shrinking the first one.")
-def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | None,
+def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, quiet: bool,
+             time_budget: float | None,
              out_dir: str, backend: str, dask_address: str | None, base: str | None) -> None:
     """Fuzz ENGINE with random traces, shrinking each new finding.
 
@@ -87,7 +89,7 @@ def fuzz_cmd(engine: str, runs: int, seed: int, jobs: int, time_budget: float | 
     tasks = tasks_for(engine, runs, seed, backend, base)
     err = sys.stderr
     console = (make_console(err, Manners.detect(err)) if stream_is_terminal(err) else None)
-    bar = FuzzBar(console, runs)
+    bar = FuzzBar(None if quiet else console, runs)
     start = time.monotonic()
     files: dict[tuple[str, str], str] = {}
     totals = Progress()

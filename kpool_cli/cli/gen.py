@@ -8,18 +8,19 @@ import click
 from ..gen.scenarios import SCENARIOS, Scenario
 from ..trace.format import SEED_MAX
 from .io import fail, open_output, refuse_outputs
-from .options import Int
+from .options import Int, quiet_option
 
 
 def _gen_command(scenario: Scenario) -> click.Command:
     """`kpool gen NAME`: its options are the scenario's sizes (gen/scenarios.py)."""
 
-    def run(seed: int, output: str | None, **sizes: int) -> None:
+    def run(seed: int, output: str | None, quiet: bool, **sizes: int) -> None:
         from ..report.text import write_trace
         from ..report.ticking import progress_bar
 
         refuse_outputs((), output=output)
-        bar = progress_bar(0, f"kpool gen {scenario.name}", unit="ops")  # its delay: from now
+        bar = progress_bar(0, f"kpool gen {scenario.name}", unit="ops",  # its delay: from now
+                           quiet=quiet)
         try:
             trace = scenario.generate(seed, **sizes)
         except ValueError as e:
@@ -37,8 +38,8 @@ def _gen_command(scenario: Scenario) -> click.Command:
                             default=size.default, show_default=True,
                             help=f"{size.doc}.")
                for size in scenario.sizes]
-    return click.Command(scenario.name, callback=run, params=params, help=scenario.help,
-                         short_help=scenario.doc)
+    return quiet_option(click.Command(scenario.name, callback=run, params=params,
+                                      help=scenario.help, short_help=scenario.doc))
 
 
 class _Scenarios(click.Group):

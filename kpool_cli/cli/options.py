@@ -168,6 +168,7 @@ def load_bounds(f: Any) -> Any:
     return max_tokens_option(max_nodes_option(f))
 
 
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
 core_option = click.option(
     "--core", type=click.Choice(CORE_CHOICES), default=DEFAULT_CORE, show_default=True,
     metavar="CORE",

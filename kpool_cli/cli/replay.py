@@ -34,6 +34,7 @@ from .options import (
     core_option,
     load_bounds,
     max_memory_option,
+    quiet_option,
     ubatch_ranges,
 )
 
@@ -67,7 +68,7 @@ from .options import (
 @click.option("--color/--no-color", "color", default=None,
               help="Colour the text view [default: on a terminal, unless NO_COLOR is set; "
                    "FORCE_COLOR forces it].")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar on stderr.")
+@quiet_option
 @click.option("--html", "html", metavar="FILE",
               help="Also write the whole replay as one page that needs nothing else "
                    "(it opens offline): a timeline of "
