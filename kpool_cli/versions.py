@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeGuard, TypeVar
 
 PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
 TRUNCATE_SPARES = ("no-shared-cell", "flagged-shared")
@@ -409,7 +409,9 @@ def plugin_files(spec: str | None) -> tuple[str, ...]:
     if own is None:
         try:  # a dotted name imports its parents, as its loading will
             found = importlib.util.find_spec(mod_name)
-        except (Exception, SystemExit):  # what the import says, `load_version` says
+        except KeyboardInterrupt:  # Ctrl-C while a parent imports: the run's end
+            raise
+        except BaseException:  # any way a parent fails: what it says, `load_version` says
             return ()
         if found is None or not found.has_location:
             return ()
@@ -441,10 +443,10 @@ def load_version(spec: str) -> EngineVersion:
     runs the user's code, and calls nothing: `Name` must be an EngineVersion object
     (`replace(REP_ONCE, ...)`), anything else (a function, a class) is refused. What
     the import does (raise any exception, a BaseException of its own too, `sys.exit`)
-    is a `VersionError`, worded even when the exception's own `str` or `repr` raises,
-    naming the file and line of the user's module where it raised, never an exit
-    status of its own; only Ctrl-C (a KeyboardInterrupt, as kpool's
-    SIGTERM is) ends the run as a signal. The version's name and description are
+    is a `VersionError`, worded even when the exception's own `str`, `repr`, class name
+    or attributes raise, naming the file and line of the user's module where it
+    raised, never an exit status of its own; only Ctrl-C (a KeyboardInterrupt, as
+    kpool's SIGTERM is) ends the run as a signal. The version's name and description are
     Unicode text: a lone surrogate in them is written as its escape (`\\udcff`)."""
     if spec in VERSIONS or ("+" in spec and ":" not in spec):
         return registered(spec)
@@ -466,8 +468,9 @@ def load_version(spec: str) -> EngineVersion:
     except KeyboardInterrupt:  # Ctrl-C (and kpool's SIGTERM) while it imports: the run's end
         raise
     except ModuleNotFoundError as e:
-        if (isinstance(e.name, str) and e.name and mod_name.startswith(e.name)
-                and mod_name[len(e.name):][:1] in ("", ".")):
+        # the importer's own (a subclass, or a `name` not a str, is the plug-in's doing)
+        if (type(e) is ModuleNotFoundError and type(e.name) is str and e.name
+                and mod_name.startswith(e.name) and mod_name[len(e.name):][:1] in ("", ".")):
             raise VersionError(
                 f"engine {spec!r}: no module named {e.name!r} on Python's import path. "
                 "Plug-in engines are imported like any Python module: from the installed "
@@ -486,14 +489,14 @@ def load_version(spec: str) -> EngineVersion:
     if obj is _MISSING:
         raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}")
     if type(obj) is not EngineVersion:
-        raise VersionError(f"engine {spec!r}: {attr} is a {type(obj).__name__}, not a "
+        raise VersionError(f"engine {spec!r}: {attr} is a {_kind(type(obj))}, not a "
                            "kpool_cli.versions.EngineVersion (kpool calls nothing "
                            "it imports: build the version in the module, e.g. Name = "
                            "replace(REP_ONCE, name=..., ...))")
     for f in fields(EngineVersion):  # plain values only: no object of the plug-in's
         v = object.__getattribute__(obj, f.name)
         if type(v) is not _FIELD_TYPES[f.name]:
-            raise VersionError(f"engine {spec!r}: {attr}.{f.name} is a {type(v).__name__}, "
+            raise VersionError(f"engine {spec!r}: {attr}.{f.name} is a {_kind(type(v))}, "
                                f"not a {_FIELD_TYPES[f.name].__name__}")
     try:  # the values' own checks, which `object.__setattr__` after building skips
         obj.__post_init__()
@@ -517,23 +520,42 @@ _FIELD_TYPES = {f.name: bool if f.type in ("bool", bool) else str
                 for f in fields(EngineVersion)}
 
 
+_Raised = TypeVar("_Raised", bound=BaseException)
+
+
 def _unicode(text: str) -> str:
-    """`text` with each lone surrogate written as Python's escape of it (`\\udcff`)."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """`text` with each lone surrogate written as Python's escape of it (`\\udcff`), as
+    a plain str (`str.encode`: a str subclass of the plug-in's cannot encode otherwise)."""
+    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
+
+
+def _is(e: BaseException, cls: type[_Raised]) -> TypeGuard[_Raised]:
+    """isinstance(e, cls), asked of e's type: isinstance would ask a `__class__`
+    property of the plug-in's."""
+    return issubclass(type(e), cls)
+
+
+def _kind(cls: type) -> str:
+    """A class's own name, as Unicode text: read from the type itself (`type.__name__`),
+    which a metaclass of the plug-in's cannot word otherwise, nor make raise."""
+    return _unicode(vars(type)["__name__"].__get__(cls))
 
 
 def _said(e: BaseException) -> str:
     """What a plug-in's exception says, as Unicode text: `str(e)`, or for `sys.exit`
     its code; one whose `__str__` or `__repr__` raises says that instead."""
     try:
-        return _unicode(f"it called sys.exit({e.code!r})" if isinstance(e, SystemExit)
+        return _unicode(f"it called sys.exit({e.code!r})" if _is(e, SystemExit)
                         else str(e))
     except KeyboardInterrupt:
         raise
     except BaseException as inner:  # the plug-in's code: any way to fail
-        return f"(its message raised {_unicode(type(inner).__name__)})"
+        return f"(its message raised {_kind(type(inner))})"
 
 
+# what the compiler raises for a module that does not compile (a plug-in's subclass of
+# them holds what its own code says)
+_COMPILER_ERRORS = (SyntaxError, IndentationError, TabError)
 # what `replace(REP_ONCE, mark_once_per_repp=...)` raises: a policy misspelt
 _UNKNOWN_FIELD = re.compile(r"EngineVersion\.__init__\(\) got an unexpected keyword "
                             r"argument '\w+'")
@@ -542,17 +564,19 @@ _UNKNOWN_FIELD = re.compile(r"EngineVersion\.__init__\(\) got an unexpected keyw
 def _described(e: BaseException) -> str:
     """What a plug-in's import raised (`_said`), after the place in its code where it
     raised (`mypkg/engine.py:5: `, `_raised_at`), and for a field EngineVersion does not
-    have (a misspelt policy), the fields it has."""
+    have (a misspelt policy), the fields it has. Nothing of the plug-in's runs here but
+    in `_said`: its class is asked of its type (`_is`, `_kind`), and attributes are read
+    of the compiler's classes only."""
     said = _said(e)
-    if isinstance(e, SystemExit):
+    if _is(e, SystemExit):
         return f"{_raised_at(e)}{said}"
-    kind = _unicode(type(e).__name__)
-    if (isinstance(e, SyntaxError) and type(e.filename) is str and type(e.lineno) is int
-            and type(e.msg) is str):
+    kind = _kind(type(e))
+    if (_is(e, SyntaxError) and type(e) in _COMPILER_ERRORS and type(e.filename) is str
+            and type(e.lineno) is int and type(e.msg) is str):
         # raised by the compiler, before the module ran: its own place
         return f"{_shown(e.filename)}:{e.lineno}: {kind}: {_unicode(e.msg)}"
     fields_are = ""
-    if isinstance(e, TypeError) and _UNKNOWN_FIELD.fullmatch(said):
+    if _is(e, TypeError) and _UNKNOWN_FIELD.fullmatch(said):
         fields_are = f"; its fields are {', '.join(f.name for f in fields(EngineVersion))}"
     return f"{_raised_at(e)}{kind}: {said}{fields_are}"
 
@@ -561,12 +585,16 @@ def _raised_at(e: BaseException) -> str:
     """`FILE:LINE: `, the line of the innermost module whose import raised `e` (the
     last frame of a module's own code in the traceback): the plug-in's line, or that
     of a module of the user's it imports; "" when the traceback holds none."""
-    # the frames as they are: no source line is read (`extract_tb` would open files)
-    at = next(((frame.f_code.co_filename, line)
-               for frame, line in reversed(list(traceback.walk_tb(e.__traceback__)))
-               if frame.f_code.co_name == "<module>"
-               and not frame.f_code.co_filename.startswith("<")), None)
-    return f"{_shown(at[0])}:{at[1]}: " if at is not None else ""
+    # the traceback Python holds (a `__traceback__` property of the plug-in's would run),
+    # its frames as they are: no source line is read (`extract_tb` would open files)
+    held = vars(BaseException)["__traceback__"].__get__(e)
+    for frame, line in reversed(list(traceback.walk_tb(held))):
+        name, path = frame.f_code.co_name, frame.f_code.co_filename
+        # a code object the plug-in built may hold a str subclass, or no line table
+        if (type(name) is str and name == "<module>" and type(path) is str
+                and not path.startswith("<") and line is not None):
+            return f"{_shown(path)}:{line}: "
+    return ""
 
 
 def _shown(path: str) -> str:

@@ -412,3 +412,17 @@ def test_an_invalid_traces_problem_is_placed_at_its_line_and_column(tmp_path: Pa
     assert result["locations"][0]["physicalLocation"]["region"] == {"startLine": 5,
                                                                     "startColumn": 29}
     jsonschema.validate(json.loads(out), json.loads(SARIF_SCHEMA.read_text()))
+
+
+def test_a_rep_conflict_on_two_rows_says_one_more_row() -> None:
+    """KP002's message read `(+1 more rows)` for two conflicting rows: its count takes
+    `wording.counted` as every other count and its noun does (bare, as the message's
+    other numbers)."""
+    from kpool_cli.verdict.rules.kp002_rep_conflict import finding
+
+    pools = ((0, 1), (1, 1))
+    two = finding({3: pools, 7: pools}).message
+    assert two.endswith("row 3 is the rep of pools 0:1 1:1 (+1 more row)"), two
+    three = finding({3: pools, 7: pools, 11: pools}).message
+    assert three.endswith("(+2 more rows)"), three
+    assert finding({3: pools}).message.endswith("pools 0:1 1:1"), finding({3: pools}).message

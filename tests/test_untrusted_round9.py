@@ -91,6 +91,87 @@ def test_a_plug_in_whose_error_cannot_be_worded_as_it_is_is_still_named(
     str(e.value).encode("utf-8")
 
 
+_RAISES = "        raise RuntimeError('kpool ran me')\n"
+_META = "class M(type):\n    @property\n    def __name__(cls):\n" + _RAISES
+
+
+@pytest.mark.parametrize("name, body, line, says", [
+    # a `__class__` property (what isinstance asks when the type is not the class)
+    ("pgcls", "class E(Exception):\n    @property\n    def __class__(self):\n" + _RAISES
+     + "raise E('m')\n", 5, "E: m"),
+    # a metaclass that words a class's __name__ its own way
+    ("pgmeta", _META + "class E(Exception, metaclass=M):\n    pass\nraise E('m')\n", 7,
+     "E: m"),
+    ("pgmetamsg", _META + "class Inner(Exception, metaclass=M):\n    pass\n"
+     "class E(Exception):\n    def __str__(self):\n        raise Inner\nraise E()\n", 10,
+     "E: (its message raised Inner)"),
+    # properties over the attributes the loader reads
+    ("pgtb", "class E(Exception):\n    @property\n    def __traceback__(self):\n" + _RAISES
+     + "raise E('m')\n", 5, "E: m"),
+    ("pgsynattr", "class S(SyntaxError):\n    @property\n    def filename(self):\n" + _RAISES
+     + "raise S('m')\n", 5, "S: m"),
+    ("pgmnfattr", "class E(ModuleNotFoundError):\n    @property\n    def name(self):\n"
+     + _RAISES + "raise E('m')\n", 5, "E: m"),
+    # a code object of the plug-in's own making: its file a str subclass that raises
+    # when read, or no line table (a frame at no line)
+    ("pgcode", "class S(str):\n    def startswith(self, *a):\n" + _RAISES
+     + "code = compile('raise ValueError(1)', 'f.py', 'exec')\n"
+     "exec(code.replace(co_filename=S('f.py')))\n", 5, "ValueError: 1"),
+    ("pgnoline", "code = compile('raise ValueError(1)', 'f.py', 'exec')\n"
+     "exec(code.replace(co_linetable=b''))\n", 2, "ValueError: 1"),
+])
+def test_a_plug_in_whose_exception_is_hostile_to_read_is_still_placed(
+        tmp_path, monkeypatch, name, body, line, says):
+    """The loader read the exception's class name, its `filename`, `name` and
+    `__traceback__`, and its frames' file names as Python attributes, each of which the
+    plug-in's code can answer: a property or a metaclass that raised was "kpool:
+    internal error: RuntimeError" (a str subclass's `startswith` too), and a frame of no
+    line was placed at `f.py:None`. The class's own name and the traceback Python holds
+    are read instead, and a frame without a plain file and line is skipped."""
+    (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _refusal(f"{name}:V") == (f"engine '{name}:V': importing '{name}' failed: "
+                                     f"{tmp_path / (name + '.py')}:{line}: {says}")
+
+
+def test_a_plug_in_object_whose_class_name_raises_is_refused_as_not_a_version(
+        tmp_path, monkeypatch):
+    """`V = X()`, X's metaclass raising for `__name__`: "internal error", where any other
+    object that is not an EngineVersion is refused by its class's name."""
+    (tmp_path / "pgobj.py").write_text(_META + "class X(metaclass=M):\n    pass\nV = X()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _refusal("pgobj:V").startswith("engine 'pgobj:V': V is a X, not a "
+                                          "kpool_cli.versions.EngineVersion")
+
+
+def _refusal(spec: str) -> str:
+    """What `load_version` says of `spec`; else the class of what escaped it, named
+    here, as the plug-in's hostile exception (its context) would break pytest's report."""
+    try:
+        load_version(spec)
+    except VersionError as e:
+        return str(e)
+    except Exception as e:
+        return f"escaped: {vars(type)['__name__'].__get__(type(e))}"
+    return "loaded"
+
+
+def test_a_plug_in_package_that_raises_a_base_exception_is_exit_2(tmp_path):
+    """`--engine pkg.mod:V`, pkg/__init__.py raising a BaseException of its own: the
+    outputs' check (`plugin_files`, which finds the module and so imports its package)
+    caught Exception and SystemExit only, as the loader did before this round: a
+    Python traceback and exit 1. It is the loader's error, at the package's line."""
+    (tmp_path / "pgpkg").mkdir()
+    (tmp_path / "pgpkg" / "__init__.py").write_text(
+        "class Stop(BaseException):\n    pass\nraise Stop('no')\n")
+    (tmp_path / "pgpkg" / "mod.py").write_text("")
+    r = kpool("replay", str(RACE), "--backend", "none", "--engine", "pgpkg.mod:V",
+              env=_on_path(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == ("kpool: engine 'pgpkg.mod:V': importing 'pgpkg.mod' failed: "
+                        f"{tmp_path / 'pgpkg' / '__init__.py'}:3: Stop: no\n")
+
+
 def test_ctrl_c_while_a_plug_in_imports_is_still_an_interrupt(tmp_path, monkeypatch):
     """The loader takes every exception of the import now, but not a KeyboardInterrupt:
     Ctrl-C (and kpool's SIGTERM, a KeyboardInterrupt) during a plug-in's import that

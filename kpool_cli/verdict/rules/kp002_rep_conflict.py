@@ -143,7 +143,8 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
         CODE,
         f"{len(rows)} rep row(s) hold pools with different members: row {first} is the rep "
         f"of pools {words.pools(conflicts[first])}"
-        + (f" (+{len(rows) - 1} more rows)" if len(rows) > 1 else ""),
+        + (f" (+{words.counted(len(rows) - 1, 'more row', number=str)})"
+           if len(rows) > 1 else ""),
         rows=RowIds(rows), seqs=seqs, pools=PoolIds(pools),
     )
 
