@@ -294,7 +294,7 @@ def test_an_unchecked_failed_expect_is_said_to_be_unchecked(tmp_path: Path) -> N
         """)
     r = kpool("replay", str(t))
     assert r.returncode == 0
-    assert "summary: 1 ubatch, 1 pools marked" in r.stdout  # one ubatch, not `1 ubatches`
+    assert "summary: 1 ubatch, 1 pool marked" in r.stdout  # not `1 ubatches`, `1 pools`
     assert "expect (op 1): FAILED (not checked):" in r.stdout
     assert r.stdout.rstrip().endswith("1 expectation failed (not checked: --check): PASS")
     r = kpool("replay", str(t), "--check")

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from ..wording import counted
 from .aborts import RecurrentAssert
 from .batch import SeqPositions
 from .cells import llama_pos
@@ -173,7 +174,7 @@ class RecurrentChild:
                     cell.pos = p0 - 1
                     return
                 why = ("a rollback is already pending (one per decode)" if pending else
-                       f"a rollback of {rollback} token{'s' * (rollback != 1)} needs "
+                       f"a rollback of {counted(rollback, 'token', number=str)} needs "
                        f"n_rs_seq >= {rollback} (n_rs_seq is {self.n_rs_seq})")
                 end = "inf" if p1 == INT_MAX else str(p1)
                 raise EditRefused(f"the recurrent state of seq {s} is at pos {cell.pos}: "

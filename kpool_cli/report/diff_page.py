@@ -158,7 +158,7 @@ def _trace_section(t: TraceDiff, base: RunSummary, head: RunSummary,
     out = [f"<section><h2>{_e(trace_label(t))}</h2>",
            f'<p class="meta">{_e(t.trace_path)}: '
            f"{_e('; '.join(''.join(x for x, _ in line) for line in trace_outcome(t, ignore)))}"
-           f"; {words.count(n_ub)} ubatches"
+           f"; {words.counted(n_ub, 'ubatch', 'ubatches')}"
            + (f", a point is the largest of {words.count(per)} (sums: at its last)"
               if per > 1 else "")
            + "</p>"]

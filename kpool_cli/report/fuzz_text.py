@@ -21,7 +21,7 @@ from rich.text import Text
 from ..gen.fuzz import DIVERGED
 from ..gen.fuzz import Progress as Totals
 from ..versions import VERSIONS
-from ..wording import count, visible
+from ..wording import count, counted, visible
 from .view import Flow
 
 
@@ -56,9 +56,8 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     and the traces it held before that this run did not write again, said last (a
     `kpool check` of the folder reads them too). `stopped`: how a signal ended the
     campaign (`interrupted`, `terminated`) and the runs it was to make, said first."""
-    runs = (f"{count(t.runs)} run{'s' * (t.runs != 1)}" if stopped is None
-            else f"{stopped[0]} after {count(t.runs)} of {count(stopped[1])} "
-                 f"run{'s' * (stopped[1] != 1)}")
+    runs = (counted(t.runs, "run") if stopped is None
+            else f"{stopped[0]} after {count(t.runs)} of {counted(stopped[1], 'run')}")
     console.print(Flow(hang=2).words(
         f"kpool fuzz: {runs} under {visible(engine)} in {seconds:.1f} s; "
         f"{count(t.rejected)} with a refused decode (KP006, not a finding)"))
@@ -69,7 +68,7 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     folder, n = earlier
     if n:
         console.print(Flow(hang=2).words(
-            f"{visible(folder)} also holds {count(n)} trace{'s' * (n > 1)} this run did not "
+            f"{visible(folder)} also holds {counted(n, 'trace')} this run did not "
             f"write (an earlier run's): kpool check {visible(folder)} reads them too"))
 
 

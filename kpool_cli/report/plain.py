@@ -87,9 +87,9 @@ def write_plain(out: TextIO, trace: Trace, engine: str, records: Iterable[Record
     found = ", ".join(words.code_count(c, n) for c, n in s["findings"].items()) or "no findings"
     n_ub = s["ubatches"]
     part = selection.shown_note(shown_ub, n_ub, cfg.n_seq_max, counted=selection.filters)
-    out.write(f"  summary: {words.count(n_ub)} ubatch{'es' * (n_ub != 1)}{part}, "
-              f"{words.count(s['pools_marked'])} "
-              f"pools marked ({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
+    out.write(f"  summary: {words.counted(n_ub, 'ubatch', 'ubatches')}{part}, "
+              f"{words.counted(s['pools_marked'], 'pool marked', 'pools marked')} "
+              f"({s['pools_per_token']} per token), {found}{_failed(s, tally)}: "
               f"{s['status'].upper()}\n")
 
 
@@ -99,5 +99,5 @@ def _failed(summary: dict, tally: Tally) -> str:
     failed = summary["expectations"]["failed"]
     if not failed:
         return ""
-    return (f", {words.count(failed)} expectation{'s' * (failed > 1)} failed"
+    return (f", {words.counted(failed, 'expectation')} failed"
             + ("" if tally.check else " (not checked: --check)"))

@@ -572,10 +572,11 @@ class RichView:
                                     counted=self.shown_ubatches != s["ubatches"])
         rows: list[tuple[str | Text, str | Text | Flow]] = [
             ("ubatches", f"{words.count(s['ubatches'])}{shown} · "
-                         f"{words.count(s['tokens'])} tokens"),
+                         + words.counted(s["tokens"], "token")),
             ("pools marked", f"{words.count(s['pools_marked'])} ({s['pools_per_token']} per "
-                             f"token) · {words.count(self.entries)} scatter entries "
-                             f"({words.count(self.padding)} padding)")]
+                             "token) · "
+                             + words.counted(self.entries, "scatter entry", "scatter entries")
+                             + f" ({words.count(self.padding)} padding)")]
         series = [(f"{what.split()[1]}/ubatch", one) for what, one in self.shape.series()]
         after: list[tuple[str | Text, str | Text | Flow]] = []
         if s["findings"]:

@@ -20,6 +20,7 @@ from ..contracts.records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, 
 from ..trace import model as m
 from ..trace.load import MAX_TOKENS, Problem, TraceError, load_trace
 from ..versions import VERSIONS, is_registered
+from ..wording import counted
 from .codes import CODES, VALUE_CODES
 
 
@@ -110,7 +111,8 @@ def _check(i: int, op: m.Expect, last: _Outcome | None, engine: str, has_values:
                 n_new, n_new_g, listed = last.ubatches[op.ubatch]
             except IndexError:
                 problems.append(f"the op has no ubatch {op.ubatch}")
-                diffs.append(("ubatch", str(op.ubatch), f"{last.n_ubatches} ubatches"))
+                diffs.append(("ubatch", str(op.ubatch),
+                              counted(last.n_ubatches, "ubatch", "ubatches", number=str)))
             else:
                 pools = listed.marked()
                 if op.n_new is not None and op.n_new != n_new:
