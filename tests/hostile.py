@@ -2722,24 +2722,37 @@ def resolve(case: Case, workdir: Path) -> list[str]:
             for a in case.argv]
 
 
-def run_argv(argv: list[str], env: dict[str, str] | None = None,
-             timeout: float | None = None) -> Outcome:
-    """`kpool ARGV` in this process: main() with sys.argv patched, streams captured."""
+def run_argv(argv: list[str], env: dict[str, str | None] | None = None,
+             timeout: float | None = None, *, cwd: Path | None = None,
+             base: dict[str, str | None] | None = None) -> Outcome:
+    """`kpool ARGV` in this process: main() with sys.argv patched, streams captured, in
+    the folder `cwd` (this process's own when None). The environment is this process's
+    with `base` applied (None: `_KPOOL_ENV`, the campaign's; `{}`: nothing, the
+    environment a child process would inherit), then `env` (a value None: unset).
+    What main() changes of the process is put back after it: the handlers of the
+    signals it takes (`signals.install`), the collector's thresholds, the folder."""
+    import gc
+
     from click.testing import CliRunner
 
     from kpool_cli.cli import main
+    from kpool_cli.signals import TERMINATING
 
     runner = CliRunner()
-    full_env = dict(_KPOOL_ENV)
+    full_env = dict(_KPOOL_ENV if base is None else base)
     full_env.update(env or {})
     old_argv = sys.argv
-    old_term = signal.getsignal(signal.SIGTERM)
+    old_handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, *TERMINATING)}
+    old_thresholds = gc.get_threshold()
+    old_cwd = os.getcwd() if cwd is not None else None
     old_alarm = None
     code: object = None
     exc = None
     t0 = time.perf_counter()
     with runner.isolation(env=full_env) as streams:
         sys.argv = ["kpool", *argv]
+        if cwd is not None:
+            os.chdir(cwd)
         if timeout:
             def on_alarm(signum, frame):
                 raise CaseTimeout
@@ -2760,7 +2773,12 @@ def run_argv(argv: list[str], env: dict[str, str] | None = None,
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, old_alarm)
             sys.argv = old_argv
-            signal.signal(signal.SIGTERM, old_term)
+            for signum, handler in old_handlers.items():
+                if handler is not None:  # None: a handler not set from Python
+                    signal.signal(signum, handler)
+            gc.set_threshold(*old_thresholds)
+            if old_cwd is not None:
+                os.chdir(old_cwd)
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()

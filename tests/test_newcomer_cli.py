@@ -11,7 +11,8 @@ plug-in, nor, for a misspelt policy, which policies there are; `replay --engine 
 called `all` unknown; and `kpool fuzz --base` put the base's name under `where (op,
 path)`.
 Each test runs
-`kpool` as a user would (or reads the help click prints) and asserts what they see.
+`kpool` as a user would (in this process, `kpool_here`, where the process does not
+matter; or reads the help click prints) and asserts what they see.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from test_untrusted import KPOOL, RACE, kpool, write
+from test_untrusted import KPOOL, RACE, kpool, kpool_here, write
 
 from kpool_cli.cli.fuzz import fuzz_cmd
 from kpool_cli.cli.gen import gen_cmd
@@ -48,12 +49,12 @@ from kpool_cli.trace.write import dump_trace
 def test_a_generated_trace_piped_into_replay_is_the_file_replayed(tmp_path: Path) -> None:
     """`kpool gen random | kpool replay -` replays what `gen` wrote: the report is the
     file's, named `<stdin>`, with the sha256 of the bytes piped in."""
-    gen = kpool("gen", "random", "--seed", "3")
+    gen = kpool_here("gen", "random", "--seed", "3")
     assert gen.returncode == 0, gen.stderr
     t = tmp_path / "g.yaml"
     t.write_text(gen.stdout)
     piped = kpool("replay", "-", "--format", "json", "--backend", "none", input=gen.stdout)
-    given = kpool("replay", str(t), "--format", "json", "--backend", "none")
+    given = kpool_here("replay", str(t), "--format", "json", "--backend", "none")
     assert piped.returncode == given.returncode == 0, piped.stderr
     a, b = json.loads(piped.stdout), json.loads(given.stdout)
     assert a["trace"]["path"] == "<stdin>"
@@ -125,7 +126,7 @@ def test_no_output_lands_on_stdin(tmp_path: Path) -> None:
     assert t.read_bytes() == before
     r = kpool("replay", str(RACE), "-o", "/dev/stdin", cwd=tmp_path, input="")
     assert r.returncode == 2 and "names standard input" in r.stderr
-    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "1", "-o", "-", cwd=tmp_path)
+    r = kpool_here("fuzz", "--engine", "cache-safe", "--runs", "1", "-o", "-", cwd=tmp_path)
     assert r.returncode == 2 and "-o -: standard output cannot take a folder" in r.stderr
     assert not (tmp_path / "-").exists()
 
@@ -147,7 +148,7 @@ def test_check_and_diff_take_a_trace_on_stdin_also_on_a_pool(tmp_path: Path) -> 
     assert "PASS    <stdin> under cache-safe" in r.stdout
     piped = kpool("diff", "-", "-j", "2", "--format", "json", input=RACE.read_text(),
                   cwd=tmp_path)
-    given = kpool("diff", str(RACE), "--format", "json", cwd=tmp_path)
+    given = kpool_here("diff", str(RACE), "--format", "json", cwd=tmp_path)
     assert piped.returncode == given.returncode == 0, piped.stderr
     a, b = json.loads(piped.stdout), json.loads(given.stdout)
     assert a["summary"] == b["summary"] and a["summary"]["findings_fixed"] == {"KP001": 2}
@@ -157,9 +158,9 @@ def test_check_and_diff_take_a_trace_on_stdin_also_on_a_pool(tmp_path: Path) -> 
 def test_diff_names_a_report_on_stdin_as_stdin(tmp_path: Path) -> None:
     """`kpool diff a.json -` said `a.json and - are not reports of the same trace`, and
     `kpool diff - t.yaml` `- is a report`, where every other message says `<stdin>`."""
-    a = kpool("replay", str(RACE), "--format", "json", "--backend", "none", cwd=tmp_path)
-    b = kpool("replay", str(Path(RACE).parent / "partial-copy.yaml"), "--format", "json",
-              "--backend", "none", cwd=tmp_path)
+    a = kpool_here("replay", str(RACE), "--format", "json", "--backend", "none", cwd=tmp_path)
+    b = kpool_here("replay", str(Path(RACE).parent / "partial-copy.yaml"), "--format", "json",
+                   "--backend", "none", cwd=tmp_path)
     (tmp_path / "a.json").write_text(a.stdout)
     r = kpool("diff", "a.json", "-", input=b.stdout, cwd=tmp_path)
     assert r.returncode == 2
@@ -268,7 +269,7 @@ def test_validate_says_the_rest_of_a_trace_of_another_version_was_not_checked(
         cache: {kv_size: 4, kpool: 9}
         ops: 3
         """)
-    r = kpool("validate", str(t), cwd=tmp_path)
+    r = kpool_here("validate", str(t), cwd=tmp_path)
     assert r.returncode == 2
     problems = [line for line in r.stdout.splitlines() if line.startswith("  ")]
     assert problems == [
@@ -295,13 +296,13 @@ def test_every_fuzz_run_is_a_trace_gen_random_writes(tmp_path: Path) -> None:
     tasks = tasks_for("cache-safe", 3, SEED_MAX)
     assert [t.seed for t in tasks] == [SEED_MAX, 0, 1]
     for task in tasks:
-        r = kpool("gen", "random", "--seed", str(task.seed), cwd=tmp_path)
+        r = kpool_here("gen", "random", "--seed", str(task.seed), cwd=tmp_path)
         assert r.returncode == 0, r.stderr
         unnamed = dataclasses.replace(load_trace_text(r.stdout), name="", description="")
         assert dump_trace(unnamed) == dump_trace(
             dataclasses.replace(random_trace(task.seed), name=""))
-    r = kpool("fuzz", "--engine", "cache-safe", "--seed", str(SEED_MAX), "--runs", "2",
-              "-o", str(tmp_path / "found"), cwd=tmp_path)
+    r = kpool_here("fuzz", "--engine", "cache-safe", "--seed", str(SEED_MAX), "--runs", "2",
+                   "-o", str(tmp_path / "found"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("kpool fuzz: 2 runs under cache-safe")
 
@@ -344,14 +345,14 @@ def test_gen_speaks_of_scenarios_as_the_readme_does() -> None:
     listed = lines[lines.index("Scenarios:") + 1:]
     assert [row.split()[0] for row in listed if not row.startswith("   ")] == list(SCENARIOS)
     assert "command" not in r.stdout.lower()
-    r = kpool("gen", "servre")
+    r = kpool_here("gen", "servre")
     assert r.returncode == 2
     assert r.stderr.endswith("Error: No such scenario 'servre'. The scenarios are:\n"
                              "  server, speculative, context-shift, save-restore, "
                              "mrope-image, random\n"), r.stderr
     assert max(len(line) for line in r.stderr.splitlines()) <= 80
     assert "Usage: kpool gen [OPTIONS] SCENARIO [OPTIONS]" in r.stderr
-    r = kpool("gen", "server", "--slots", "1")
+    r = kpool_here("gen", "server", "--slots", "1")
     assert r.returncode == 0 and r.stdout.startswith("kpool_trace: 1\n"), r.stderr
 
 
@@ -388,10 +389,10 @@ def test_an_options_help_names_only_placeholders_its_metavar_shows() -> None:
 def test_explain_says_when_a_code_and_list_are_both_given() -> None:
     """`kpool explain --list KP001` said "give a CODE ... or --list", as if neither
     had been given; it now says not both, and neither is still asked for."""
-    r = kpool("explain", "--list", "KP001")
+    r = kpool_here("explain", "--list", "KP001")
     assert r.returncode == 2
     assert r.stderr == "kpool: give a CODE (kpool explain KP001) or --list, not both\n"
-    r = kpool("explain")
+    r = kpool_here("explain")
     assert r.returncode == 2
     assert r.stderr == "kpool: give a CODE (kpool explain KP001) or --list\n"
 
@@ -473,7 +474,7 @@ def test_replay_says_engine_all_is_for_check_and_fuzz() -> None:
         load_version("rep_once")
     assert str(e.value) == (f"unknown engine 'rep_once': known engines are {known}, "
                             "BASE+PATCH (kpool engines), or give package.module:Name")
-    r = kpool("replay", str(RACE), "--engine", "all")
+    r = kpool_here("replay", str(RACE), "--engine", "all")
     assert r.returncode == 2 and r.stderr == (
         f"kpool: engine 'all' (every shipped version) is taken by kpool check --engine and "
         f"kpool fuzz --engine only; name one version here: {known}, BASE+PATCH or "

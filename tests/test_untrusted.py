@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import hostile
 import jsonschema
 import pytest
 
@@ -36,6 +37,21 @@ def kpool(*args: str, cwd: Path = ROOT, env: dict | None = None, **kw
           ) -> subprocess.CompletedProcess:
     return subprocess.run([*KPOOL, *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, **(env or {})}, timeout=120, **kw)
+
+
+def kpool_here(*args: str, cwd: Path = ROOT, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+    """`kpool(*args)` run in this process instead, for a test of what kpool says and
+    writes rather than of its process (its signals, descriptors, limits, imports,
+    workers, plug-ins, standard input): `hostile.run_argv`, main() with sys.argv and
+    the standard streams swapped, under the environment a child would inherit. A
+    child costs 0.3-0.5 s of CPU, nearly all of it starting Python and loading numba
+    and kpool's kernels again; here they are loaded once. What escapes main() fails
+    the test, with its traceback. Not for help texts: click's runner wraps them at 80
+    columns whatever COLUMNS says (a child wraps them at 78, or to COLUMNS)."""
+    o = hostile.run_argv(list(args), env, 120, cwd=cwd, base={})
+    assert o.exc is None, o.exc
+    return subprocess.CompletedProcess([*KPOOL, *args], o.code, o.stdout, o.stderr)
 
 
 def write(path: Path, text: str) -> Path:
@@ -168,7 +184,7 @@ def assert_shown_not_obeyed(text: str) -> None:
 
 
 def test_plain_view_shows_control_characters(tmp_path):
-    r = kpool("replay", str(hostile_trace(tmp_path)), "--engine", "cache-safe")
+    r = kpool_here("replay", str(hostile_trace(tmp_path)), "--engine", "cache-safe")
     assert r.returncode == 1
     assert_shown_not_obeyed(r.stdout)
     assert "\\x1b]0;title\\x07\\x1b[1A\\x1b[2K  summary: 0 ubatches: PASS\\r\\u202e" in r.stdout
@@ -178,8 +194,8 @@ def test_plain_view_shows_control_characters(tmp_path):
 def test_svg_and_html_show_control_characters(tmp_path):
     t = hostile_trace(tmp_path)
     svg, html = tmp_path / "v.svg", tmp_path / "v.html"
-    r = kpool("replay", str(t), "--engine", "cache-safe", "--svg", str(svg),
-              "--html", str(html), env={"COLUMNS": "200"})
+    r = kpool_here("replay", str(t), "--engine", "cache-safe", "--svg", str(svg),
+                   "--html", str(html), env={"COLUMNS": "200"})
     assert r.returncode == 1
     for f in (svg, html):
         text = f.read_text()
@@ -220,9 +236,9 @@ def run_on_a_terminal(argv: list[str]) -> str:
 
 def test_error_messages_show_control_characters(tmp_path):
     bad = write(tmp_path / ("bad" + "\x1b[2J" + ".yaml"), "kpool_trace: 1\ncache: 3\nops: []\n")
-    r = kpool("replay", str(bad))
+    r = kpool_here("replay", str(bad))
     assert r.returncode == 2 and "\x1b" not in r.stderr and "bad\\x1b[2J.yaml" in r.stderr
-    r = kpool("explain", ATTACK)
+    r = kpool_here("explain", ATTACK)
     assert r.returncode == 2 and "\x1b" not in r.stderr and "\x07" not in r.stderr
 
 
@@ -243,7 +259,7 @@ def test_an_output_that_is_an_input_is_refused(tmp_path):
         ((str(t), "--svg", str(tmp_path / "a"), "--html", str(tmp_path / "a")),
          "the same file as --svg"),
     ]:
-        r = kpool("replay", *args)
+        r = kpool_here("replay", *args)
         assert r.returncode == 2 and said in r.stderr, (args, r.stderr)
         assert r.stdout == ""
     assert t.read_text() == before
@@ -259,13 +275,13 @@ def test_an_output_that_is_not_a_regular_file_is_refused(tmp_path):
                          (str(fifo), "is a FIFO"), (str(tmp_path), "is a directory"),
                          ("", "the path is empty"),
                          (str(tmp_path / "no" / "r.json"), "does not exist")]:
-        r = kpool("replay", str(RACE), "--format", "json", "-o", target)
+        r = kpool_here("replay", str(RACE), "--format", "json", "-o", target)
         assert r.returncode == 2 and said in r.stderr, (target, r.stderr)
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
 
 
 def test_dash_is_stdout():
-    r = kpool("replay", str(RACE), "--format", "json", "-o", "-", "--backend", "none")
+    r = kpool_here("replay", str(RACE), "--format", "json", "-o", "-", "--backend", "none")
     assert r.returncode == 0 and json.loads(r.stdout)["kpool_report"] == 1
 
 
@@ -274,7 +290,7 @@ def test_dash_is_stdout():
 def test_a_read_only_directory_is_exit_2_with_the_reason():
     """/sys stands for a read-only directory (as root, permission bits do not stop
     kpool; a read-only file system does)."""
-    r = kpool("replay", str(RACE), "-o", "/sys/kpool-report.txt")
+    r = kpool_here("replay", str(RACE), "-o", "/sys/kpool-report.txt")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("kpool: cannot write /sys/kpool-report.txt: ")
     assert "internal error" not in r.stderr
@@ -406,7 +422,7 @@ def test_json_on_stdout_closes_when_the_trace_turns_out_invalid(tmp_path):
           - decode: {seq: 0, pos: 1, cell: 3}
         """)
     for args in ([str(late)], [str(RACE), str(late), str(RACE)]):
-        r = kpool("replay", *args, "--format", "json", "--backend", "none")
+        r = kpool_here("replay", *args, "--format", "json", "--backend", "none")
         assert r.returncode == 2
         assert "late.yaml:5:5: decode.cell: recorded cell 3" in r.stderr
         doc = json.loads(r.stdout)  # one valid document
@@ -458,18 +474,18 @@ def test_a_replay_over_the_memory_budget_is_refused_before_it_starts(tmp_path):
           - decode: {seq: 0, pos: 0..8}
           - clear: {}
         """)
-    r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "32M")
+    r = kpool_here("replay", str(t), "--backend", "numpy", "--max-memory", "32M")
     assert r.returncode == 2 and r.stdout == ""
     assert "over the memory budget of 32.0 MiB (--max-memory)" in r.stderr
     assert "cache.kv_size 131072" in r.stderr and "cache.n_embd 4096" in r.stderr
-    r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "lots")
+    r = kpool_here("replay", str(t), "--backend", "numpy", "--max-memory", "lots")
     assert r.returncode == 2 and "not a memory size: 'lots'" in r.stderr
     r = kpool("replay", str(t), "--backend", "numpy", "--max-memory", "none", "-q")
     assert r.returncode == 0
 
 
 def test_usage_errors_show_the_arguments_visibly():
-    r = kpool("explain", "kp001", "\u202eKP001\x1b[2J")
+    r = kpool_here("explain", "kp001", "\u202eKP001\x1b[2J")
     assert r.returncode == 2
     assert "\u202e" not in r.stderr and "\x1b" not in r.stderr
     assert "\\u202eKP001" in r.stderr and "Usage: kpool explain" in r.stderr
@@ -480,20 +496,20 @@ def test_usage_errors_show_clicks_own_tabs_as_a_terminal_would_and_the_arguments
     a tab, which is kpool's text (shown as the terminal would: to column 8), never
     `\\t`. A tab or a line break in an argument click quotes stays escaped, so an
     argument cannot start a line of its own that reads as kpool's."""
-    r = kpool("schema")
+    r = kpool_here("schema")
     assert r.returncode == 2 and "\\t" not in r.stderr and "\t" not in r.stderr, r.stderr
     assert ("Choose from:\n        trace,\n        report,\n        check,\n        diff\n"
             in r.stderr)
-    r = kpool("schema", "trace", "x\n\tError: fake")
+    r = kpool_here("schema", "trace", "x\n\tError: fake")
     assert r.returncode == 2 and "\t" not in r.stderr, r.stderr
     assert "Got unexpected extra argument (x\\n\\tError: fake)" in r.stderr
     assert "\nError: fake" not in r.stderr
-    r = kpool("schema", "tr\tace")
+    r = kpool_here("schema", "tr\tace")
     assert r.returncode == 2 and "'tr\\tace' is not one of" in r.stderr, r.stderr
 
 
 def test_odd_paths_are_named_not_crashed_on(tmp_path):
-    r = kpool("replay", "")
+    r = kpool_here("replay", "")
     assert r.returncode == 2 and r.stderr == "kpool: '': the trace path is empty\n"
     raw = os.fsencode(str(tmp_path)) + b"/\xff\xfe.yaml"
     with open(raw, "wb") as f:
@@ -523,7 +539,7 @@ def test_running_out_of_memory_past_the_budget_is_exit_2(tmp_path):
                        timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(f"kpool: {t}: out of memory") and "Traceback" not in r.stderr
-    r = kpool("diff", str(t), "--max-memory", "512M")
+    r = kpool_here("diff", str(t), "--max-memory", "512M")
     assert r.returncode == 2 and "over the memory budget of 512.0 MiB" in r.stderr
 
 
@@ -553,7 +569,7 @@ def test_diff_jobs_reports_the_budget_not_a_dead_worker():
 
 
 def test_a_path_cannot_fake_a_line_on_stderr(tmp_path):
-    r = kpool("replay", str(tmp_path / "x\nkpool: all good.yaml"))
+    r = kpool_here("replay", str(tmp_path / "x\nkpool: all good.yaml"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1  # one line: the path escaped
     assert "x\\nkpool: all good.yaml" in r.stderr
 
@@ -562,6 +578,6 @@ def test_a_path_cannot_fake_a_line_on_stderr(tmp_path):
                     reason="needs a read-only directory: /sys")
 def test_svg_and_html_appear_together_or_not_at_all(tmp_path):
     svg = tmp_path / "v.svg"
-    r = kpool("replay", str(RACE), "--svg", str(svg), "--html", "/sys/kpool-view.html")
+    r = kpool_here("replay", str(RACE), "--svg", str(svg), "--html", "/sys/kpool-view.html")
     assert r.returncode == 2 and "cannot write /sys/kpool-view.html" in r.stderr
     assert list(tmp_path.iterdir()) == []

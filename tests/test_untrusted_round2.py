@@ -2,8 +2,9 @@
 file runs no code, special files are refused unread, every OS error and signal ends
 honestly, and a newcomer's first commands do what they say (docs/robustness.md).
 
-Each test runs `kpool` in a subprocess, as a user would, and asserts what the user
-sees: the exit status, the message, the files left behind.
+Each test runs `kpool` in a subprocess, as a user would, or in this process
+(`kpool_here`) where the process does not matter, and asserts what the user sees:
+the exit status, the message, the files left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_untrusted import KPOOL, RACE, ROOT, kpool, long_trace, write
+from test_untrusted import KPOOL, RACE, ROOT, kpool, kpool_here, long_trace, write
 
 TRACES = ROOT / "traces"
 
@@ -36,7 +37,7 @@ def test_check_refuses_to_write_over_a_trace_found_in_its_folder(tmp_path: Path)
     d.mkdir()
     (d / "race.yaml").write_bytes(RACE.read_bytes())
     before = digest(d)
-    r = kpool("check", "--no-config", str(d), "-o", str(d / "race.yaml"))
+    r = kpool_here("check", "--no-config", str(d), "-o", str(d / "race.yaml"))
     assert r.returncode == 2 and "is the input" in r.stderr and "race.yaml" in r.stderr
     assert digest(d) == before
 
@@ -44,14 +45,14 @@ def test_check_refuses_to_write_over_a_trace_found_in_its_folder(tmp_path: Path)
 def test_check_refuses_to_write_over_its_settings_file(tmp_path: Path) -> None:
     (tmp_path / "kpool.toml").write_text('fail-on = "error"\n')
     (tmp_path / "t.yaml").write_bytes(RACE.read_bytes())
-    r = kpool("check", "t.yaml", "-o", "kpool.toml", cwd=tmp_path)
+    r = kpool_here("check", "t.yaml", "-o", "kpool.toml", cwd=tmp_path)
     assert r.returncode == 2 and "is the input" in r.stderr
     assert (tmp_path / "kpool.toml").read_text() == 'fail-on = "error"\n'
 
 
 def test_diff_refuses_to_write_over_a_trace_of_its_folder(tmp_path: Path) -> None:
     (tmp_path / "race.yaml").write_bytes(RACE.read_bytes())
-    r = kpool("diff", str(tmp_path), "-o", str(tmp_path / "race.yaml"))
+    r = kpool_here("diff", str(tmp_path), "-o", str(tmp_path / "race.yaml"))
     assert r.returncode == 2 and "is the input" in r.stderr
     assert (tmp_path / "race.yaml").read_bytes() == RACE.read_bytes()
 
@@ -63,7 +64,7 @@ def test_diff_refuses_to_write_over_a_trace_of_its_folder(tmp_path: Path) -> Non
 def test_a_settings_file_names_registered_versions_only(tmp_path: Path, engine: str) -> None:
     (tmp_path / "kpool.toml").write_text(f'engines = ["{engine}"]\n')
     (tmp_path / "t.yaml").write_bytes(RACE.read_bytes())
-    r = kpool("check", "t.yaml", cwd=tmp_path)
+    r = kpool_here("check", "t.yaml", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert f"kpool.toml:1: engines: unknown engine '{engine}'" in r.stderr
     assert "named on the command line" in r.stderr
@@ -93,7 +94,7 @@ def test_a_plugin_function_returning_a_version_is_not_called(tmp_path: Path) -> 
                                   ("check", str(RACE), "--engine", ""),
                                   ("fuzz", "--engine", "", "--runs", "1")])
 def test_an_empty_engine_name_is_an_error(args: tuple[str, ...]) -> None:
-    r = kpool(*args)
+    r = kpool_here(*args)
     assert r.returncode == 2 and "empty engine name" in r.stderr
 
 
@@ -138,7 +139,7 @@ def test_a_fifo_settings_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_says_so() -> None:
-    r = kpool("replay", "no-such.yaml")
+    r = kpool_here("replay", "no-such.yaml")
     assert r.returncode == 2
     assert r.stderr == "kpool: no-such.yaml: cannot read the trace: No such file or directory\n"
 
@@ -208,7 +209,7 @@ def test_line_breaks_in_trace_text_are_escaped_in_the_rich_view(tmp_path: Path) 
           - decode: {seq: 0, pos: 0..4}
           - state_write: {seq: 0, slot: "s\\nkpool: fake slot"}
         """)
-    r = kpool("replay", str(t), "--color", env={"COLUMNS": "200"})
+    r = kpool_here("replay", str(t), "--color", env={"COLUMNS": "200"})
     text = r.stdout
     for broken in ("\u2028", "\u2029", "\x85", "\r"):
         assert broken not in text
@@ -240,7 +241,7 @@ def test_line_breaks_in_trace_text_are_escaped_in_the_rich_view(tmp_path: Path) 
     (("fuzz", "--engine", "rep-once", "--runs", "1", "-o", ""), "-o: the path is empty"),
 ])
 def test_numbers_are_checked_in_kpools_words(args: tuple[str, ...], said: str) -> None:
-    r = kpool(*args)
+    r = kpool_here(*args)
     assert r.returncode == 2 and said in r.stderr
     assert "sys.set_int_max_str_digits" not in r.stderr and len(r.stderr) < 1000
 
@@ -261,7 +262,7 @@ def test_validate_checks_expectation_codes(tmp_path: Path) -> None:
           - decode: {seq: 0, pos: 0..4}
           - expect: {findings: [KP999]}
         """)
-    r = kpool("validate", str(t))
+    r = kpool_here("validate", str(t))
     assert r.returncode == 2
     assert "t.yaml:5:5: ops[1].expect.findings: unknown finding code 'KP999'" in r.stdout
 
@@ -270,7 +271,7 @@ def test_validate_checks_expectation_codes(tmp_path: Path) -> None:
 
 
 def test_diff_takes_a_folder_as_check_does() -> None:
-    r = kpool("diff", "traces/", "--base", "rep-once", "--head", "tail-truncate")
+    r = kpool_here("diff", "traces/", "--base", "rep-once", "--head", "tail-truncate")
     assert "shared-prefix-race.yaml" in r.stdout  # a trace of the folder, and of found/:
     # the port's one known regression (traces/found/tail-truncate-port-keeps-a-drift.yaml)
     assert r.returncode == 1, r.stderr
@@ -280,7 +281,7 @@ def test_diff_takes_a_folder_as_check_does() -> None:
 
 
 def test_the_plain_view_prints_values_as_a_trace_writes_them() -> None:
-    r = kpool("replay", str(RACE))
+    r = kpool_here("replay", str(RACE))
     assert "unified true, by_order false" in r.stdout and "True" not in r.stdout
 
 
@@ -292,12 +293,12 @@ def test_an_unchecked_failed_expect_is_said_to_be_unchecked(tmp_path: Path) -> N
           - decode: {seq: 0, pos: 0..4}
           - expect: {n_new: 5}
         """)
-    r = kpool("replay", str(t))
+    r = kpool_here("replay", str(t))
     assert r.returncode == 0
     assert "summary: 1 ubatch, 1 pool marked" in r.stdout  # not `1 ubatches`, `1 pools`
     assert "expect (op 1): FAILED (not checked):" in r.stdout
     assert r.stdout.rstrip().endswith("1 expectation failed (not checked: --check): PASS")
-    r = kpool("replay", str(t), "--check")
+    r = kpool_here("replay", str(t), "--check")
     # checked, the failed expectation is the cause the summary names (it said only
     # `no findings: FAIL`, a newcomer's walk of 7 December found)
     assert r.returncode == 1
@@ -307,7 +308,7 @@ def test_an_unchecked_failed_expect_is_said_to_be_unchecked(tmp_path: Path) -> N
 @pytest.mark.parametrize("how", [("--color",), ()])
 def test_color_forces_the_rich_view_when_piped(how: tuple[str, ...]) -> None:
     env = {} if how else {"FORCE_COLOR": "1"}
-    r = kpool("replay", str(RACE), *how, env=env)
+    r = kpool_here("replay", str(RACE), *how, env=env)
     assert "\x1b[" in r.stdout and "kpool replay" in re.sub("\x1b\\[[0-9;]*m", "", r.stdout)
     assert "╭─" in r.stdout
 
@@ -327,7 +328,7 @@ def test_the_engine_help_points_at_kpool_engines_which_names_every_version() -> 
     for args in (("replay", "--help"), ("diff", "--help"), ("check", "--help")):
         out = " ".join(kpool(*args, env={"COLUMNS": "200"}).stdout.split())
         assert "(see kpool engines)" in out and "BASE+PATCH" in out, args
-    listed = kpool("engines", env={"COLUMNS": "200"}).stdout
+    listed = kpool_here("engines", env={"COLUMNS": "200"}).stdout
     assert all(name in listed for name in [*VERSIONS, *BASES, *PATCHES])
     docs = (ROOT / "docs" / "configuration.md").read_text()
     assert "kpool engines" in docs

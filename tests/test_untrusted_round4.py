@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_untrusted import kpool
+from test_untrusted import kpool, kpool_here
 
 PLUGIN = """from dataclasses import replace
 from kpool_cli.versions import REP_ONCE
@@ -53,8 +53,8 @@ def test_fuzz_never_writes_through_a_link_in_its_folder(tmp_path):
 def test_fuzz_refuses_a_folder_it_cannot_fill_before_any_run(tmp_path, make, says):
     (tmp_path / "found").mkdir()
     make(tmp_path)
-    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "300", "-o",
-              str(tmp_path / "found"))
+    r = kpool_here("fuzz", "--engine", "cache-safe", "--runs", "300", "-o",
+                   str(tmp_path / "found"))
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert r.stdout == ""  # no campaign ran: no summary
     assert sorted(p.name for p in (tmp_path / "found").iterdir()) in (
@@ -63,8 +63,8 @@ def test_fuzz_refuses_a_folder_it_cannot_fill_before_any_run(tmp_path, make, say
 
 def test_fuzz_refuses_a_folder_under_a_file_before_any_run(tmp_path):
     (tmp_path / "afile").write_text("")
-    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "300", "-o",
-              str(tmp_path / "afile" / "sub"))
+    r = kpool_here("fuzz", "--engine", "cache-safe", "--runs", "300", "-o",
+                   str(tmp_path / "afile" / "sub"))
     assert r.returncode == 2 and "cannot write there" in r.stderr and r.stdout == ""
 
 
@@ -141,7 +141,7 @@ def test_standard_output_open_on_an_input_is_refused(tmp_path, command):
     t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
                  "  - decode: {seq: 0, pos: 0..4}\n")
     r, r2 = tmp_path / "r.json", tmp_path / "r2.json"
-    kpool("replay", str(t), "--backend", "none", "--format", "json", "-o", str(r))
+    kpool_here("replay", str(t), "--backend", "none", "--format", "json", "-o", str(r))
     r2.write_bytes(r.read_bytes())
     victim = t if "{t}" in command else r
     before = _digest(victim)
@@ -259,8 +259,8 @@ def test_svg_of_a_long_run_stops_its_views_at_a_budget_and_keeps_the_summary(tmp
     t = tmp_path / "long.yaml"
     t.write_text(long_trace(100))  # the views stop near ubatch 44: 100 is past it
     svg = tmp_path / "v.svg"
-    r = kpool("replay", str(t), "--engine", "cache-safe", "--backend", "none",
-              "--all-ubatches", "--svg", str(svg), "-q")
+    r = kpool_here("replay", str(t), "--engine", "cache-safe", "--backend", "none",
+                   "--all-ubatches", "--svg", str(svg), "-q")
     assert r.returncode == 1, r.stderr
     text = re.sub(r"<[^>]+>", "", svg.read_text()).replace("&#160;", " ")
     shown = re.findall(r"\bubatch (\d+) · op ", " ".join(text.split()))
@@ -271,8 +271,8 @@ def test_svg_of_a_long_run_stops_its_views_at_a_budget_and_keeps_the_summary(tmp
     assert "summary" in text and svg.stat().st_size < 8 << 20
     # the rich view as the output (a terminal, FORCE_COLOR): every view on stdout,
     # the note in the file alone
-    r = kpool("replay", str(t), "--engine", "cache-safe", "--backend", "none",
-              "--all-ubatches", "--svg", str(svg), "-q", env={"FORCE_COLOR": "1"})
+    r = kpool_here("replay", str(t), "--engine", "cache-safe", "--backend", "none",
+                   "--all-ubatches", "--svg", str(svg), "-q", env={"FORCE_COLOR": "1"})
     assert r.returncode == 1 and "views stop" not in r.stdout
     assert "ubatch 99 " in re.sub(r"\x1b\[[0-9;]*m", "", r.stdout)
     assert "views stop" in " ".join(re.sub(r"<[^>]+>", "", svg.read_text())
@@ -293,7 +293,7 @@ def test_two_outputs_on_standard_output_are_refused(tmp_path, args, second):
     t = tmp_path / "t.yaml"
     t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
                  "  - decode: {seq: 0, pos: 0..4}\n")
-    r = kpool(*[a.format(t=t) for a in args], cwd=tmp_path)
+    r = kpool_here(*[a.format(t=t) for a in args], cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == "", r.stderr
     assert f"{second} and --output both go to standard output" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.yaml"]
@@ -303,7 +303,8 @@ def test_a_page_on_standard_output_is_written_there_when_the_report_is_not(tmp_p
     t = tmp_path / "t.yaml"
     t.write_text("kpool_trace: 1\ncache: {kv_size: 16, kpool: 4}\nops:\n"
                  "  - decode: {seq: 0, pos: 0..4}\n")
-    r = kpool("replay", str(t), "--html", "-", "-o", str(tmp_path / "r.txt"), cwd=tmp_path)
+    r = kpool_here("replay", str(t), "--html", "-", "-o", str(tmp_path / "r.txt"),
+                   cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("<!DOCTYPE html>") and (tmp_path / "r.txt").exists()
     assert not (tmp_path / "-").exists()
@@ -382,9 +383,10 @@ def test_fuzz_writes_into_a_folder_named_through_a_link_and_leaves_none_it_made_
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
-    r = kpool("fuzz", "--engine", "cache-safe", "--runs", "20", "-o", str(tmp_path / "link"))
+    r = kpool_here("fuzz", "--engine", "cache-safe", "--runs", "20", "-o",
+                   str(tmp_path / "link"))
     assert r.returncode == 0, r.stderr
     assert list(real.glob("KP*.yaml"))
-    r = kpool("fuzz", "--engine", "rep-once", "--runs", "1", "--seed", "100", "-o",
-              str(tmp_path / "none"))
+    r = kpool_here("fuzz", "--engine", "rep-once", "--runs", "1", "--seed", "100", "-o",
+                   str(tmp_path / "none"))
     assert r.returncode == 0 and not (tmp_path / "none").exists(), r.stderr

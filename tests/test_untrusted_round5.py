@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import trace
-from test_untrusted import RACE_BODY, ROOT, kpool, write
+from test_untrusted import RACE_BODY, ROOT, kpool, kpool_here, write
 
 from kpool_cli.backend import budget
 from kpool_cli.backend.store import make_backend
@@ -104,8 +104,8 @@ def test_columns_or_lines_of_thousands_of_digits_are_not_read_by_rich(tmp_path, 
     """kpool kept its own width within bounds, but rich's Console parsed COLUMNS and
     LINES itself: past 4,300 digits Python refuses the int, an internal error. Every
     console is handed its height too now, so rich reads neither."""
-    r = kpool("replay", str(RACE), "--backend", "none", "--color",
-              env={variable: "9" * 5000}, cwd=tmp_path)
+    r = kpool_here("replay", str(RACE), "--backend", "none", "--color",
+                   env={variable: "9" * 5000}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "internal error" not in r.stderr and "summary" in r.stdout
 
@@ -129,8 +129,8 @@ def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
     command a description gives now runs (exit 0, not 2), from the top of today's
     bound (SEED_MAX) too."""
     out = tmp_path / "found"
-    r = kpool("fuzz", "--seed", str(SEED_MAX), "--runs", "3", "--engine", "cache-safe",
-              "-o", str(out), cwd=tmp_path)
+    r = kpool_here("fuzz", "--seed", str(SEED_MAX), "--runs", "3", "--engine", "cache-safe",
+                   "-o", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     commands = {m.group(1) for f in out.glob("*.yaml")
                 for m in re.finditer(r"Found by `kpool (fuzz [^`]*)`", f.read_text())}
@@ -138,7 +138,7 @@ def test_the_command_a_shrunk_trace_gives_is_accepted(tmp_path):
     for command in sorted(commands):
         args = shlex.split(command)
         assert 0 <= int(args[args.index("--seed") + 1]) <= SEED_MAX
-        r = kpool(*args, "-o", str(tmp_path / "again"), cwd=tmp_path)
+        r = kpool_here(*args, "-o", str(tmp_path / "again"), cwd=tmp_path)
         assert r.returncode == 0, (command, r.stderr)
 
 
@@ -201,7 +201,7 @@ def test_a_plan_never_has_more_entries_than_the_bound():
 def test_an_empty_ignore_item_is_refused(tmp_path, command, value):
     """`--ignore ''` (or `,`, a blank, a trailing comma) was taken in silence and
     ignored nothing: it is refused as an unknown code is, naming the option."""
-    r = kpool(command, str(RACE), "--ignore", value, "--backend", "none", cwd=tmp_path)
+    r = kpool_here(command, str(RACE), "--ignore", value, "--backend", "none", cwd=tmp_path)
     assert r.returncode == 2, r.stdout
     assert r.stderr.startswith(f"kpool: --ignore {value!r}: an empty item names no "
                                "finding code"), r.stderr
@@ -231,7 +231,7 @@ def test_a_long_dotted_key_is_named_a_dotted_key(tmp_path, name, head):
 
 def test_a_long_dotted_key_exits_2_with_the_line(tmp_path: Path):
     (tmp_path / "kpool.toml").write_text("a." * 300_000 + "a = 1\n")
-    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    r = kpool_here("check", str(RACE), "--backend", "none", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr == (f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: invalid TOML: a "
                         "dotted key of more than 64 parts (kpool's keys have at most four): "
@@ -263,9 +263,9 @@ def test_a_settings_file_of_another_user_is_passed_over_with_a_warning(tmp_path:
     sub.mkdir()
     write(sub / "r.yaml", "    kpool_trace: 1\n" + RACE_BODY)
     args = ("check", "r.yaml", "--engine", "cache-safe", "--backend", "none")
-    assert kpool(*args, cwd=sub).returncode == 0  # this user's file: its ignores hold
+    assert kpool_here(*args, cwd=sub).returncode == 0  # this user's file: its ignores hold
     os.chown(planted, 4242, 4242)
-    r = kpool(*args, cwd=sub)
+    r = kpool_here(*args, cwd=sub)
     assert r.returncode == 1 and "KP001" in r.stdout, r.stdout
     assert r.stderr == (f"kpool: warning: {planted} is not read: it belongs to another "
                         "user (uid 4242), and a settings file decides what a check "

@@ -1,7 +1,8 @@
 """The defects a sixth hostile-input campaign found on 7 December 2026
 (docs/robustness.md, "The sixth round"): a report that claims a `config.n_batch` its
 ubatches exceed was read by `kpool diff` as if the field bounded nothing. Each test
-runs what the campaign ran and asserts what a user sees.
+runs what the campaign ran (in this process: `kpool_here`) and asserts what a user
+sees.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from test_untrusted import kpool, write
+from test_untrusted import kpool_here, write
 
 # a 12-token prompt split into three ubatches of 4 (cache.n_ubatch 4), one op
 SPLIT = """\
@@ -24,8 +25,8 @@ SPLIT = """\
 def _report(tmp_path: Path, body: str, name: str = "r.json") -> tuple[Path, dict]:
     t = write(tmp_path / "t.yaml", body)
     out = tmp_path / name
-    r = kpool("replay", str(t), "--backend", "none", "--format", "json", "-o", str(out),
-              cwd=tmp_path)
+    r = kpool_here("replay", str(t), "--backend", "none", "--format", "json", "-o", str(out),
+                   cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     return out, json.loads(out.read_text())
 
@@ -45,7 +46,7 @@ def test_a_report_whose_op_holds_more_tokens_than_its_n_batch_is_refused(tmp_pat
     nothing; it is refused at the ubatch that passes the bound, by line and field."""
     good, report = _report(tmp_path, SPLIT)
     bad = _claiming(tmp_path, report, n_batch=8)
-    r = kpool("diff", good.name, bad.name, cwd=tmp_path)
+    r = kpool_here("diff", good.name, bad.name, cwd=tmp_path)
     assert r.returncode == 2, r.stdout
     assert re.fullmatch(
         r"kpool: claims\.json:\d+:\d+: report\.ubatches\[2\]\.tokens: the ubatches of op 0 "
@@ -60,8 +61,8 @@ def test_a_report_whose_op_holds_more_tokens_than_its_n_batch_is_refused(tmp_pat
     assert report["config"]["n_batch"] == 4
     assert [len(u["tokens"]) for u in report["ubatches"]] == [4, 4]
     for n_batch in (4, 5):
-        r = kpool("diff", a.name, _claiming(tmp_path, report, n_batch=n_batch).name,
-                  cwd=tmp_path)
+        r = kpool_here("diff", a.name, _claiming(tmp_path, report, n_batch=n_batch).name,
+                       cwd=tmp_path)
         assert r.returncode == 0, r.stderr
 
 
@@ -71,14 +72,14 @@ def test_a_report_whose_ubatch_is_larger_than_its_n_batch_is_refused(tmp_path):
     bounded its ubatches by n_ubatch alone and took a 12-token one."""
     good, report = _report(tmp_path, SPLIT.replace("n_ubatch: 4", "n_ubatch: 512"))
     bad = _claiming(tmp_path, report, n_batch=1)
-    r = kpool("diff", good.name, bad.name, cwd=tmp_path)
+    r = kpool_here("diff", good.name, bad.name, cwd=tmp_path)
     assert r.returncode == 2, r.stdout
     assert re.fullmatch(
         r"kpool: claims\.json:\d+:\d+: report\.ubatches\[0\]\.tokens: more than the 1 "
         r"tokens a ubatch holds \(config\.n_ubatch 512, capped at config\.n_batch 1\)\n",
         r.stderr), r.stderr
     bad = _claiming(tmp_path, report, n_batch=11)
-    r = kpool("diff", good.name, bad.name, cwd=tmp_path)
+    r = kpool_here("diff", good.name, bad.name, cwd=tmp_path)
     assert r.returncode == 2, r.stdout
     assert re.fullmatch(
         r"kpool: claims\.json:\d+:\d+: report\.ubatches\[0\]\.tokens: more than the 11 "
@@ -99,7 +100,7 @@ def test_a_ubatch_past_the_cache_is_refused_naming_the_cap_of_n_batch(tmp_path):
     tokens.append(dict(tokens[-1], pos=8))
     bad = tmp_path / "claims.json"
     bad.write_text(json.dumps(edited, indent=1))
-    r = kpool("diff", good.name, bad.name, cwd=tmp_path)
+    r = kpool_here("diff", good.name, bad.name, cwd=tmp_path)
     assert r.returncode == 2, r.stdout
     assert re.fullmatch(
         r"kpool: claims\.json:\d+:\d+: report\.ubatches\[0\]\.tokens: more than the 8 "

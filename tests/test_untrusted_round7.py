@@ -18,7 +18,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from test_untrusted import KPOOL, ROOT, kpool, long_trace, write
+from test_untrusted import KPOOL, ROOT, kpool_here, long_trace, write
 
 from kpool_cli.contracts import files
 from kpool_cli.settings import Glob, load_settings
@@ -63,7 +63,7 @@ def test_a_settings_int_of_thousands_of_digits_is_named_by_its_size(tmp_path, va
     than 4,300 digits: `jobs = 0xfff...` (5,000 digits) was an internal error, and
     4,000 decimal digits were quoted whole. The problem quotes at most 39 digits."""
     (tmp_path / "kpool.toml").write_text(f"jobs = {value}\n")
-    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    r = kpool_here("check", str(RACE), "--backend", "none", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == (f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: jobs: {shown} is "
                         "out of range (must be 1 <= value <= 256)\n")
@@ -109,7 +109,7 @@ def _too_long(signum: int, frame: object) -> None:
 def test_explain_reads_ascii_digits_only(code):
     """`str.isdigit` takes `²` (int() refuses it: an internal error) and `١` or a
     mathematical `1` (int() reads them: KP001). A code's number is ASCII digits."""
-    r = kpool("explain", code)
+    r = kpool_here("explain", code)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith(f"kpool: unknown finding code {code!r}: known codes are "
                                "KP001, "), r.stderr
@@ -118,10 +118,10 @@ def test_explain_reads_ascii_digits_only(code):
 def test_explain_reads_a_number_past_its_leading_zeros():
     """5,001 digits were an internal error (int() refuses more than 4,300); leading
     zeros are read past, as in `kp0001`."""
-    r = kpool("explain", "kp" + "0" * 5000 + "1")
+    r = kpool_here("explain", "kp" + "0" * 5000 + "1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("KP001 scatter-race (error)\n")
-    r = kpool("explain", "kp" + "0" * 5000)
+    r = kpool_here("explain", "kp" + "0" * 5000)
     assert r.returncode == 2 and "internal error" not in r.stderr
     assert r.stderr.startswith("kpool: unknown finding code 'kp0000")
 
@@ -139,7 +139,7 @@ def test_a_page_in_a_read_only_folder_is_refused_before_the_replay(tmp_path, com
     root) it was refused once the work was done, the view already printed. The folder
     is tried (a file made and removed) before any work: nothing on stdout."""
     t = write(tmp_path / "t.yaml", long_trace(50))
-    r = kpool(command, str(t), option, "/sys/kpool-page", "--backend", "none")
+    r = kpool_here(command, str(t), option, "/sys/kpool-page", "--backend", "none")
     assert r.returncode == 2
     assert r.stdout == ""
     assert r.stderr.startswith("kpool: cannot write /sys/kpool-page: "), r.stderr
@@ -159,7 +159,7 @@ def test_a_quote_inside_a_multi_line_string_end_hides_nothing(tmp_path, quote, a
     1 MiB of them minutes), and nesting deeper than tomllib's recursion lost its line."""
     (tmp_path / "kpool.toml").write_text(
         f"x = {{ s = {quote * 3}x{quote * 4}" + after + "\n")
-    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    r = kpool_here("check", str(RACE), "--backend", "none", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith(f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: invalid "
                                "TOML: "), r.stderr
@@ -170,7 +170,7 @@ def test_a_multi_line_string_ending_in_quotes_is_still_read(tmp_path, quotes):
     """The quotes just inside a multi-line string's end are the string's: a file of
     them is read (its key checked), not refused."""
     (tmp_path / "kpool.toml").write_text(f'x = """a{quotes}"""\n')
-    r = kpool("check", str(RACE), "--backend", "none", cwd=tmp_path)
+    r = kpool_here("check", str(RACE), "--backend", "none", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.startswith(f"kpool: {(tmp_path / 'kpool.toml').resolve()}:1: x: "
                                "unknown key 'x'"), r.stderr
@@ -213,7 +213,7 @@ def test_a_soft_hyphen_in_a_trace_name_shows_as_its_escape(tmp_path):
     trace.write_text(RACE.read_text().replace("name: shared-prefix-race",
                                               'name: "shared-prefix-ra\\u00adce\\U000e0041"'),
                      encoding="utf-8")
-    r = kpool("replay", str(trace), "--engine", "rep-once", "--backend", "none")
+    r = kpool_here("replay", str(trace), "--engine", "rep-once", "--backend", "none")
     assert r.returncode == 0, r.stderr
     assert "shared-prefix-ra\\xadce\\U000e0041" in r.stdout
     assert "\u00ad" not in r.stdout and "\U000e0041" not in r.stdout
