@@ -53,10 +53,10 @@ from typing import Any
 from .check import OUTPUT_FORMATS
 from .contracts.tally import FAIL_ON
 from .inputs import InputRefused, InputTooLarge, line_at, nesting_past, read_input
-from .trace.yaml_safe import clip, quote, suggest
+from .trace.yaml_safe import clip, quote
 from .verdict.codes import CODES
 from .versions import ALL, VERSIONS, VersionError, is_registered, registered
-from .wording import visible
+from .wording import suggest, visible
 from .workers import MAX_JOBS
 
 # the files looked for, in the order they win within one folder

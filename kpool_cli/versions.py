@@ -41,6 +41,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, TypeGuard, TypeVar
 
+from .wording import suggest
+
 PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
 TRUNCATE_SPARES = ("no-shared-cell", "flagged-shared")
 
@@ -458,8 +460,9 @@ def load_version(spec: str) -> EngineVersion:
                            f"--engine and kpool fuzz --engine only; name one version here: "
                            f"{known}, BASE+PATCH or package.module:Name")
     if ":" not in spec:
-        raise VersionError(f"unknown engine {spec!r}: known engines are {known}, BASE+PATCH "
-                           "(kpool engines), or give package.module:Name")
+        raise VersionError(f"unknown engine {spec!r}{suggest(spec, VERSIONS)}: known engines "
+                           f"are {known}, BASE+PATCH (kpool engines), or give "
+                           "package.module:Name")
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")

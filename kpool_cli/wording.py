@@ -22,7 +22,11 @@ Owns:
 - `count(n)`: a count as the text views show it: grouped by thousands from
   GROUPED_FROM on (`12,345`), bare below (`1247`); a number that names a place in a
   trace (a position, a cell, a row, an index, an op, a seed) is never grouped;
-  `code_count(code, n)`: how many findings of a code: `KP001 x12`;
+  `code_count(code, n)`: how many findings of a code: `KP001 x12`; `counted(n,
+  noun)`: a count and its noun, singular for 1: `1 token`, `3 tokens`;
+- `suggest(word, known)`: the known name closest to one that is none, `(did you
+  mean 'rep-once'?)`, for every refusal of an unknown name (a key, an op, a code, an
+  engine);
 - `units(text)`: where a wrapped line may break, so that no view splits a stale
   position, a token, a count or a label from its value across lines; `fit` and
   `fit_line`: a line broken there to a width (`kpool check`'s lines, and the
@@ -60,10 +64,15 @@ paint a fake verdict; it shows as the literal text `\\x1b[2J\\x1b[31mPASS`.
 '0:0..3 1:0 1:2'
 >>> count(1247), count(12345), count(1048576)
 ('1247', '12,345', '1,048,576')
+>>> counted(1, "token"), counted(12345, "token"), counted(2, "entry", "entries")
+('1 token', '12,345 tokens', '2 entries')
+>>> suggest("rep_once", ["cache-safe", "rep-once"])
+" (did you mean 'rep-once'?)"
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -291,6 +300,15 @@ def counted(n: int, noun: str, plural: str = "", number: Callable[[int], str] = 
     `12,345 tokens` (`count`; `number=str` writes it bare); `plural` when the noun
     does not take an `s` (`entry`, `entries`)."""
     return f"{number(n)} {noun if n == 1 else plural or noun + 's'}"
+
+
+def suggest(word: str, known: Iterable[str]) -> str:
+    """` (did you mean 'rep-once'?)`: the known name closest to a word that is none
+    (difflib's), or "" when none is close or the word is too long to compare."""
+    if len(word) > 100:
+        return ""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:

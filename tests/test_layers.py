@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "kpool_cli"
 
 LAYERS: list[set[str]] = [
-    {"__init__", "arrays", "versions", "wording", "inputs", "signals", "cluster"},
+    {"__init__", "arrays", "wording", "inputs", "signals", "cluster"},
+    {"versions"},
     {"trace", "jit", "workers"},
     {"cache", "contracts"},
     {"engine"},

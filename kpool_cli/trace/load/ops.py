@@ -45,9 +45,9 @@ from kpool_cli.trace.yaml_safe import (
     describe,
     limits,
     quote,
-    suggest,
 )
 
+from ...wording import suggest
 from .decode import plain_token_of
 from .fields import FieldReader, static_bounds
 

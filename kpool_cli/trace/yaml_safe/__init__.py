@@ -6,7 +6,7 @@ One module per part, each with its invariants:
   `MAX_DEPTH`, `MAX_OPS`, `MAX_ITEMS`, `MAX_TOKENS`, `MAX_INT_DIGITS`,
   `MAX_PROBLEMS`), `node_limit`, `check_max_tokens` and `check_max_nodes`;
 - `problems`: `Problem` and `TraceError`, located problems, and how a problem quotes
-  (`clip`, `quote`, `suggest`, `join`);
+  (`clip`, `quote`, `join`; a close name: `wording.suggest`);
 - `text`: `read_trace_file` and `encode_trace_text` (text and hash, bounded);
 - `nodes`: the light nodes `Scalar`/`Seq`/`Map` (and `TokenMap`, `OpMap`) and the tags they
   carry;
@@ -51,7 +51,7 @@ from .limits import (
     check_max_tokens,
 )
 from .nodes import BOOL, BOOLS, INT, MAP, STR, Map, Node, OpMap, Scalar, Seq, TokenMap, describe
-from .problems import Problem, TraceError, clip, quote, suggest
+from .problems import Problem, TraceError, clip, quote
 from .reader import NodeReader, Parse, Stop
 from .text import encode_trace_text, read_trace_file
 
@@ -102,5 +102,4 @@ __all__ = [
     "plain_int",
     "quote",
     "read_trace_file",
-    "suggest",
 ]

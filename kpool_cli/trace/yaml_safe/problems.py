@@ -16,8 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kpool_cli.wording import visible
@@ -73,13 +72,6 @@ def clip(text: str, n: int = 40) -> str:
 
 def quote(text: str) -> str:
     return repr(clip(text))
-
-
-def suggest(word: str, known: Iterable[str]) -> str:
-    if len(word) > 100:
-        return ""
-    close = difflib.get_close_matches(word, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def join(field: str, key: str) -> str:

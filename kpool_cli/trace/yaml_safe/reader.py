@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ...wording import suggest
 from . import limits
 from .decimal import DECIMAL, NUMBER_LIKE, not_decimal
 from .nodes import (
@@ -46,7 +47,7 @@ from .nodes import (
     describe,
     short_tag,
 )
-from .problems import Problem, clip, join, quote, suggest
+from .problems import Problem, clip, join, quote
 
 
 class Stop(Exception):
