@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, TypeGuard, TypeVar
 
-from .wording import suggest
+from .wording import suggest, unicode_text
 
 PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
 TRUNCATE_SPARES = ("no-shared-cell", "flagged-shared")
@@ -511,7 +511,7 @@ def load_version(spec: str) -> EngineVersion:
     # spec) is no text UTF-8, a JSON reader or kpool's own report reader takes: the
     # plug-in's text is written with its escape (`\udcff`, as the views show it), once,
     # here, so every report, diff and check output of the version reads back
-    name, description = _unicode(obj.name), _unicode(obj.description)
+    name, description = unicode_text(obj.name), unicode_text(obj.description)
     if (name, description) != (obj.name, obj.description):
         obj = replace(obj, name=name, description=description)
     return obj
@@ -526,12 +526,6 @@ _FIELD_TYPES = {f.name: bool if f.type in ("bool", bool) else str
 _Raised = TypeVar("_Raised", bound=BaseException)
 
 
-def _unicode(text: str) -> str:
-    """`text` with each lone surrogate written as Python's escape of it (`\\udcff`), as
-    a plain str (`str.encode`: a str subclass of the plug-in's cannot encode otherwise)."""
-    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
-
-
 def _is(e: BaseException, cls: type[_Raised]) -> TypeGuard[_Raised]:
     """isinstance(e, cls), asked of e's type: isinstance would ask a `__class__`
     property of the plug-in's."""
@@ -541,14 +535,14 @@ def _is(e: BaseException, cls: type[_Raised]) -> TypeGuard[_Raised]:
 def _kind(cls: type) -> str:
     """A class's own name, as Unicode text: read from the type itself (`type.__name__`),
     which a metaclass of the plug-in's cannot word otherwise, nor make raise."""
-    return _unicode(vars(type)["__name__"].__get__(cls))
+    return unicode_text(vars(type)["__name__"].__get__(cls))
 
 
 def _said(e: BaseException) -> str:
     """What a plug-in's exception says, as Unicode text: `str(e)`, or for `sys.exit`
     its code; one whose `__str__` or `__repr__` raises says that instead."""
     try:
-        return _unicode(f"it called sys.exit({e.code!r})" if _is(e, SystemExit)
+        return unicode_text(f"it called sys.exit({e.code!r})" if _is(e, SystemExit)
                         else str(e))
     except KeyboardInterrupt:
         raise
@@ -577,7 +571,7 @@ def _described(e: BaseException) -> str:
     if (_is(e, SyntaxError) and type(e) in _COMPILER_ERRORS and type(e.filename) is str
             and type(e.lineno) is int and type(e.msg) is str):
         # raised by the compiler, before the module ran: its own place
-        return f"{_shown(e.filename)}:{e.lineno}: {kind}: {_unicode(e.msg)}"
+        return f"{_shown(e.filename)}:{e.lineno}: {kind}: {unicode_text(e.msg)}"
     fields_are = ""
     if _is(e, TypeError) and _UNKNOWN_FIELD.fullmatch(said):
         fields_are = f"; its fields are {', '.join(f.name for f in fields(EngineVersion))}"
@@ -607,4 +601,4 @@ def _shown(path: str) -> str:
         rel = os.path.relpath(path)
         if not rel.startswith(os.pardir):
             path = rel
-    return _unicode(path)
+    return unicode_text(path)

@@ -6,6 +6,9 @@ Owns:
   names, descriptions, notes, slot names, paths, engine text from a plug-in, and
   anything read back from a report, escaped and, past SHOWN_MOST characters, cut in
   the middle;
+- `unicode_path(path)`, `unicode_text(text)`: a path (its undecodable bytes as
+  `\\xff`) or other text kpool did not write (a lone surrogate as `\\udcff`) as
+  Unicode text a JSON reader takes;
 - `span(first, end)`: a range, half-open `A..B` as traces write positions (`4..8` is
   4, 5, 6, 7), a one-element range as its number (`7`), an open one as `A..`;
 - `folded(values)`: a list of ints (positions, rows, cells, ubatch indexes) in the
@@ -124,6 +127,13 @@ def unicode_path(path: str) -> str:
     """A path as Unicode text a JSON reader takes: the bytes of a file name that is not
     UTF-8 (which Python holds as lone surrogates, `os.fsdecode`) written `\\xff`."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def unicode_text(text: str) -> str:
+    """Text kpool did not write (a plug-in's name, its message) as Unicode text a JSON
+    reader takes: each lone surrogate written as its escape (`\\udcff`), as a plain str
+    (`str.encode`: a str subclass cannot encode otherwise)."""
+    return str.encode(text, "utf-8", "backslashreplace").decode("utf-8")
 
 
 def visible(text: str, *, keep_newlines: bool = False) -> str:
