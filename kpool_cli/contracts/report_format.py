@@ -71,7 +71,6 @@ __all__ = [
     "DIFF_OP_UBATCH",
     "DIFF_PARTED",
     "DIFF_REGRESSION",
-    "DIFF_SCATTER",
     "DIFF_SUMMARY",
     "DIFF_TOKEN",
     "DIFF_TOTALS",
@@ -499,25 +498,16 @@ _STRS = json_array(_STR)
 _SEQ_K = json_array(json_array(_NAT, minItems=2, maxItems=2), description="[seq, k]")
 _OR_NULL = ({"type": "null"},)
 
+# the diff writes a side as its report holds it: the report's own fields where they
+# are the same (a ubatch's counts, a scatter entry, a token, a finding's code and rows)
 DIFF_FINDING = Record("diff finding", "a finding of one side, as the diff keys it", (
-    _f("code", _CODE, "KP001, KP002, ..."),
-    _f("rows", _INTS, "the global rows it names"),
-))
-
-DIFF_SCATTER = Record("diff scatter entry", "an entry of one side's scatter plan", (
-    _f("rep", _NAT, "the row it writes"),
-    _f("cells", _INTS, "the rows it pools"),
-    _f("pad", _BOOL, "a padding entry"),
+    FINDING["code"], FINDING["rows"],
 ))
 
 DIFF_UBATCH_SIDE = Record("diff ubatch side", "what one side's ubatch did", (
-    _f("index", _NAT, "its index over that side's replay"),
-    _f("n_pool_real", _NAT, "pools of the layout"),
-    _f("n_new", _NAT, "pools marked new"),
-    _f("n_new_g", _NAT, "scatter entries, padding included"),
-    _f("stale_batch", _SEQ_MAP, "the stale positions the ubatch starts from"),
+    *(UBATCH[n] for n in ("index", "n_pool_real", "n_new", "n_new_g", "stale_batch")),
     _f("pools", _SEQ_K, "the pools marked new, in layout order"),
-    _f("scatter", json_array(DIFF_SCATTER.schema()), "every entry of the scatter plan"),
+    _f("scatter", json_array(SCATTER.schema()), "every entry of the scatter plan"),
     _f("findings", json_array(DIFF_FINDING.schema()), "its findings"),
     # a report may hold a later kpool's counters too (`diff.reports` reads them)
     _f("cost", {**COST.schema(), "additionalProperties": _NAT},
@@ -545,10 +535,7 @@ DIFF_OP_SIDE = Record("diff op side", "what one side did at the op where the run
     _f("ubatches", json_array(DIFF_OP_UBATCH.schema()), "the ubatches it ran"),
 ))
 
-DIFF_TOKEN = Record("diff token", "a token of the ubatch", (
-    _f("pos", json_int(), "its position"),
-    _f("seq", _INTS, "its sequences"),
-))
+DIFF_TOKEN = Record("diff token", "a token of the ubatch", (TOKEN["pos"], TOKEN["seq"]))
 
 _DIFFERENCE_COMMON = (
     _f("findings_gained", _CODES, "codes head has more of, one per finding"),

@@ -55,7 +55,6 @@ from ..contracts.report_format import (
     DIFF_OP_UBATCH,
     DIFF_PARTED,
     DIFF_REGRESSION,
-    DIFF_SCATTER,
     DIFF_SUMMARY,
     DIFF_TOKEN,
     DIFF_TOTALS,
@@ -64,6 +63,7 @@ from ..contracts.report_format import (
     DIFF_UBATCH,
     DIFF_UBATCH_SIDE,
     DIFF_VERSION,
+    SCATTER,
     TOOL,
 )
 from ..diff.compare import (
@@ -395,7 +395,7 @@ def _ubatch_side(u: UbatchSummary) -> dict:
         index=u.index, n_pool_real=u.n_pool_real, n_new=u.n_new, n_new_g=u.n_new_g,
         stale_batch={str(s): p for s, p in u.stale_batch},
         pools=[list(p) for p in u.marked],
-        scatter=[DIFF_SCATTER.make(rep=rep, cells=list(cells), pad=pad)
+        scatter=[SCATTER.make(rep=rep, cells=list(cells), pad=pad)
                  for rep, cells, pad in u.scatter],
         findings=_finding_json(u.findings), cost=dict(u.cost),
     )
