@@ -60,7 +60,7 @@ from .replay import DEFAULT_CORE, replay
 from .trace import model as m
 from .trace.load import MAX_TOKENS, TraceError
 from .verdict.expect import load_checked
-from .versions import VersionError, load_version
+from .versions import EngineVersion, VersionError, load_version
 from .workers import in_order
 
 DEFAULT_ENGINES = ("rep-once", "cache-safe")
@@ -121,7 +121,10 @@ class Flagged:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """One trace under one engine (`engine` empty when the trace did not load)."""
+    """One trace under one engine. `engine` is the version's name, as every report,
+    diff and fuzz summary names it (`EngineVersion.name`: a plug-in given as
+    `pkg.mod:Name` is named by its `name`); the spec given where no version loaded
+    from it (the problem says why); empty when the trace did not load."""
 
     path: str
     engine: str
@@ -237,20 +240,24 @@ def _line(trace: m.Trace, op: int) -> int:
 def check_one(job: CheckJob) -> CheckResult:
     """Replay the job's trace under its engine and judge it (the rules above)."""
     name = input_name(job.path)  # `-`: <stdin>
-    try:
-        trace = load_checked(job.path, max_tokens=job.max_tokens, max_nodes=job.max_nodes)
-    except TraceError as e:
-        return _invalid(job.path, job.engine, e)
+    version: EngineVersion | None = None
     try:
         version = load_version(job.engine)
     except VersionError as e:
+        refused = str(e)
+    engine = job.engine if version is None else version.name  # CheckResult's `engine`
+    try:
+        trace = load_checked(job.path, max_tokens=job.max_tokens, max_nodes=job.max_nodes)
+    except TraceError as e:
+        return _invalid(job.path, engine, e)
+    if version is None:
         line = next((op.loc.line for _, op in _expects(trace) if op.engine == job.engine), 0)
-        return CheckResult(name, job.engine, INVALID, problems=(
-            Problem(name, line, 0, "engine", str(e)),))
+        return CheckResult(name, engine, INVALID, problems=(
+            Problem(name, line, 0, "engine", refused),))
     try:
         check_replay_memory(trace, job.backend, job.max_memory)
     except ReplayTooLarge as e:
-        return CheckResult(name, job.engine, INVALID, problems=(
+        return CheckResult(name, engine, INVALID, problems=(
             Problem(name, 0, 0, "<trace>", str(e)),))
     pinned = pinned_codes(trace, version.name) if job.pin else frozenset()
     every: Counter[str] = Counter()
@@ -296,11 +303,11 @@ def check_one(job: CheckJob) -> CheckResult:
                                        _line(trace, rec.op), ubatch, f.message, fails,
                                        job.pin))
     except TraceError as e:
-        return dataclasses.replace(_invalid(job.path, job.engine, e), ubatches=tally.ubatches)
+        return dataclasses.replace(_invalid(job.path, engine, e), ubatches=tally.ubatches)
     flagged.sort(key=lambda f: not f.fails)  # stable: failing first, in replay order
     status = INVALID if tally.problems else FAIL if tally.failed else PASS
     return CheckResult(
-        name, job.engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
+        name, engine, status, tuple(unmet), tuple(flagged[:MAX_LISTED]),
         max(0, len(flagged) - MAX_LISTED), (), tally.expect_passed, tally.expect_failed,
         tally.ubatches, dict(sorted(every.items())), dict(sorted(kept_pinned.items())),
         dict(sorted(kept_ignored.items())), job.fail_on, first=dict(sorted(first.items())),

@@ -56,7 +56,7 @@ from .inputs import InputRefused, InputTooLarge, line_at, nesting_past, read_inp
 from .trace.yaml_safe import clip, quote
 from .verdict.codes import CODES
 from .versions import ALL, VERSIONS, VersionError, is_registered, registered
-from .wording import suggest, visible
+from .wording import suggest, unknown_key, visible
 from .workers import MAX_JOBS
 
 # the files looked for, in the order they win within one folder
@@ -90,11 +90,11 @@ class Settings:
 
     source: Path | None                     # the file read; None: none found or --no-config
     engines: tuple[str, ...] | None         # registered names
-    fail_on: str | None                     # one of report.tally.FAIL_ON
+    fail_on: str | None                     # one of contracts.tally.FAIL_ON
     ignore: tuple[str, ...]                 # codes ignored in every trace
     # (glob relative to the settings file's folder, codes ignored in matching traces)
     per_path_ignore: tuple[tuple[str, tuple[str, ...]], ...]
-    output_format: str | None               # one of report.check_formats.FORMATS
+    output_format: str | None               # one of check.OUTPUT_FORMATS
     jobs: int | None                        # 1 <= jobs <= MAX_JOBS
     # the settings files the search passed over, and their owners: another user's
     not_trusted: tuple[tuple[Path, int], ...] = ()
@@ -494,7 +494,10 @@ class _Checker:
 
     def strings(self, key: tuple[str, ...], value: object, what: str) -> list[str]:
         if not isinstance(value, list):
-            raise self.fail(key, f"expected a list of {what}, got {_kind(value)}")
+            # one name written bare (`engines = "rep-once"`): the list it belongs in
+            hint = (f": write a list, even of one: [{quote(value)}]" if isinstance(value, str)
+                    else "")
+            raise self.fail(key, f"expected a list of {what}, got {_kind(value)}{hint}")
         if len(value) > MAX_ENTRIES:
             raise self.fail(key, f"more than {MAX_ENTRIES} items")
         for i, item in enumerate(value):
@@ -593,8 +596,7 @@ def _settings(path: Path, text: str, data: dict[str, Any], prefix: tuple[str, ..
         raise check.fail((), f"expected a table, got {_kind(table)}")
     for key in table:
         if key not in KEYS:
-            raise check.fail((key,), f"unknown key {quote(key)}{suggest(key, KEYS)}; "
-                                     f"known keys: {', '.join(KEYS)}")
+            raise check.fail((key,), unknown_key(quote(key), key, KEYS))
     t: Mapping[str, Any] = table
     return Settings(
         source=path,

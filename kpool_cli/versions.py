@@ -437,6 +437,20 @@ def _archive_of(path: str) -> str | None:
     return None
 
 
+def _module_of_file(path: str, attr: str) -> str:
+    """What to write for a plug-in named by its file (`mypkg/engine.py:Name`): its
+    module's dotted name, and the PYTHONPATH it is found on."""
+    p = Path(path)
+    p = p.with_suffix("") if p.suffix == ".py" else p
+    parts = [part for part in p.parts if part != "."]
+    if p.is_absolute() or ".." in parts or not parts:
+        return (f"name the module, not its file: --engine {p.name}:{attr}, with "
+                f"PYTHONPATH={p.parent}")
+    return (f"name the module, not its file: --engine {'.'.join(parts)}:{attr}, with "
+            f"PYTHONPATH=. in the folder that holds {parts[0]}"
+            f"{'/' if len(parts) > 1 else '.py'}")
+
+
 def load_version(spec: str) -> EngineVersion:
     """A registered name, or `package.module:Name` naming an EngineVersion.
 
@@ -466,6 +480,8 @@ def load_version(spec: str) -> EngineVersion:
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")
+    if "/" in mod_name:  # no module's name holds a `/`: a file was given
+        raise VersionError(f"engine {spec!r}: {_module_of_file(mod_name, attr)}")
     try:
         mod = importlib.import_module(mod_name)
     except KeyboardInterrupt:  # Ctrl-C (and kpool's SIGTERM) while it imports: the run's end
@@ -474,6 +490,9 @@ def load_version(spec: str) -> EngineVersion:
         # the importer's own (a subclass, or a `name` not a str, is the plug-in's doing)
         if (type(e) is ModuleNotFoundError and type(e.name) is str and e.name
                 and mod_name.startswith(e.name) and mod_name[len(e.name):][:1] in ("", ".")):
+            if mod_name.endswith(".py"):
+                raise VersionError(f"engine {spec!r}: {_module_of_file(mod_name, attr)}"
+                                   ) from None
             raise VersionError(
                 f"engine {spec!r}: no module named {e.name!r} on Python's import path. "
                 "Plug-in engines are imported like any Python module: from the installed "
@@ -488,9 +507,13 @@ def load_version(spec: str) -> EngineVersion:
                            f"{_described(e)}") from None
     # read the module's own namespace (a module-level __getattr__ would run), and look
     # at the type itself (isinstance would ask a __class__ property)
-    obj = vars(mod).get(attr, _MISSING)
+    names = vars(mod)
+    obj = names.get(attr, _MISSING)
     if obj is _MISSING:
-        raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}")
+        held = [n for n, v in names.items() if type(n) is str and type(v) is EngineVersion]
+        raise VersionError(f"engine {spec!r}: module {mod_name!r} has no attribute {attr!r}"
+                           f"{suggest(attr, held)}; its EngineVersion objects: "
+                           f"{', '.join(held[:8]) + (', ...' if len(held) > 8 else '') or 'none'}")
     if type(obj) is not EngineVersion:
         raise VersionError(f"engine {spec!r}: {attr} is a {_kind(type(obj))}, not a "
                            "kpool_cli.versions.EngineVersion (kpool calls nothing "

@@ -17,6 +17,7 @@ Owns:
 - `tokens(pairs)`: tokens by sequence set: `seq 0 pos 12; seq 0,1 pos 13..16`;
 - `stale(positions)`: the stale position of each sequence (ENGINE.md §4: the first
   position whose pools may have regrouped): `seq 0 from pos 12, seq 1 from pos 0`;
+- `seqs(ids)`: sequences by id, singular for one: `seq 1`, `seqs 0, 1`;
 - `pools(pairs)`: pools as `seq:k`, three or more consecutive pools of one sequence
   as a run `seq:k0..k1` (half-open): `0:0..3 1:0`;
 - `place(op, batch_ubatch)`: a place in a replay: `op 3.0` (op 3, its ubatch 0), or
@@ -29,7 +30,8 @@ Owns:
   noun)`: a count and its noun, singular for 1: `1 token`, `3 tokens`;
 - `suggest(word, known)`: the known name closest to one that is none, `(did you
   mean 'rep-once'?)`, for every refusal of an unknown name (a key, an op, a code, an
-  engine);
+  engine); `unknown_key(shown, key, known)`: the refusal of an unknown key of a
+  mapping (a trace's, a settings file's), with the keys there are;
 - `units(text)`: where a wrapped line may break, so that no view splits a stale
   position, a token, a count or a label from its value across lines; `fit` and
   `fit_line`: a line broken there to a width (`kpool check`'s lines, and the
@@ -246,6 +248,16 @@ def stale(positions: Mapping[int, int] | Iterable[tuple[int, int]]) -> str:
     return ", ".join(stale_one(s, p) for s, p in sorted(items)) or NONE
 
 
+def seqs(ids: Iterable[int]) -> str:
+    """Sequences by seq id, in the order given: `seq 1` for one, `seqs 0, 1` for more.
+
+    >>> seqs([1]), seqs([0, 1])
+    ('seq 1', 'seqs 0, 1')
+    """
+    named = [str(int(s)) for s in ids]
+    return ("seq " if len(named) == 1 else "seqs ") + ", ".join(named)
+
+
 def pools(pairs: Iterable[tuple[int, int]], limit: int | None = None) -> str:
     """(seq, k) pools in the order given, as `seq:k`; RUN_MIN or more consecutive
     pools of one sequence as the run `seq:k0..k1` (half-open); at most `limit` parts,
@@ -319,6 +331,12 @@ def suggest(word: str, known: Iterable[str]) -> str:
         return ""
     close = difflib.get_close_matches(word, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_key(shown: str, key: str, known: Sequence[str]) -> str:
+    """`unknown key 'form' (did you mean 'from'?); known keys: seq, from`: `shown` is
+    the key as the caller quotes it (clipped), `known` in the order a reader meets them."""
+    return f"unknown key {shown}{suggest(key, known)}; known keys: {', '.join(known)}"
 
 
 def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:

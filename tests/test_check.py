@@ -345,6 +345,68 @@ def test_replay_writes_its_findings_for_ci_with_nothing_pinned():
     assert code == 0 and 'failures="0"' in out
 
 
+def test_junit_names_its_suite_and_failure_type_for_the_command_that_ran(broken: Path):
+    """`kpool replay --format junit` wrote a suite named `kpool check` and failures
+    of type `kpool.check.fail`: it is named for the command that ran. The race under
+    cache-safe fails the replay (KP001, nothing pinned) and the broken trace fails
+    the check (its expect)."""
+    def suite_and_types(out: str) -> tuple[list[str], list[str]]:
+        root = ET.fromstring(out.encode())
+        return ([s.get("name", "") for s in root.iter("testsuite")],
+                [f.get("type", "") for f in root.iter("failure")])
+
+    code, out, _ = run("replay", str(RACE), "--engine", "cache-safe", "--format", "junit")
+    assert code == 1
+    assert suite_and_types(out) == (["kpool replay"], ["kpool.replay.fail"])
+    code, out, _ = run("check", str(broken), "--no-config", "--output-format", "junit")
+    assert code == 1
+    assert suite_and_types(out) == (["kpool check"], ["kpool.check.fail"])
+
+
+PLUG_IN = ("from dataclasses import replace\n"
+           "from kpool_cli.versions import CACHE_SAFE\n"
+           "Mine = replace(CACHE_SAFE, name='my-cache-safe')\n")
+
+
+def test_check_names_a_plug_in_by_its_name_as_replay_does(tmp_path: Path, monkeypatch):
+    """`kpool check --engine MODULE:Name` named the version by its spec in every
+    format (`under kpool_h82_named:Mine`) where replay, diff and fuzz say its name:
+    one name everywhere now. The plug-in is cache-safe renamed; the race trace's
+    expects all name a shipped engine, so under it nothing is pinned: KP001 twice
+    (the decodes of ops 3 and 6), exit 1. A composition given with spaces is named
+    as its version is too (`rep-once+noop-seq-rm`)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "kpool_h82_named.py").write_text(PLUG_IN)
+    spec = "kpool_h82_named:Mine"
+    outs = {}
+    for fmt in ("text", "json", "github", "sarif"):
+        code, outs[fmt], err = run("check", str(RACE), "--no-config", "--engine", spec,
+                                   "--engine", "cache-safe", "--output-format", fmt)
+        assert code == 1, err
+        assert spec not in outs[fmt], fmt
+    assert f"FAIL    {RACE} under my-cache-safe: " in outs["text"]
+    assert (f"  {RACE}: KP001 scatter-race: my-cache-safe (x2, first at op 3), cache-safe "
+            "(x2, first at op 3)") in outs["text"]
+    doc = json.loads(outs["json"])
+    assert [r["engine"] for r in doc["results"]] == ["my-cache-safe", "cache-safe"]
+    assert [b["engine"] for v in doc["versions"] for b in v["by"]] == [
+        "my-cache-safe", "cache-safe"]
+    assert outs["github"].count("title=kpool under my-cache-safe%3A KP001") == 2
+    results = json.loads(outs["sarif"])["runs"][0]["results"]
+    assert [r["properties"]["engine"] for r in results] == ["my-cache-safe"] * 2
+    assert all("(under my-cache-safe)" in r["message"]["text"] for r in results)
+    code, out, _ = run("replay", str(RACE), "--engine", spec, "--format", "json")
+    assert code == 1 and json.loads(out)["engine"] == "my-cache-safe"
+    code, out, _ = run("check", str(RACE), "--no-config", "--engine", " rep-once + noop-seq-rm")
+    assert code == 0 and f"PASS    {RACE} under rep-once+noop-seq-rm: " in out
+    for args in (("check", "--no-config", "--output-format", "junit"),
+                 ("replay", "--format", "junit")):
+        code, out, _ = run(args[0], str(RACE), "--engine", spec, *args[1:])
+        assert code == 1
+        cases = ET.fromstring(out.encode()).iter("testcase")
+        assert [c.get("name") for c in cases] == ["my-cache-safe"], args
+
+
 def test_a_count_reads_the_same_in_every_line_of_the_text_and_bare_in_junit(
         tmp_path: Path):
     """10,001 refused seq_rm (KP008: a rollback of 6 tokens with n_rs_seq 0), pinned

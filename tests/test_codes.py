@@ -308,7 +308,7 @@ def test_a_race_found_again_with_the_same_writers_is_the_same_finding():
     check = Check()
     a = _race_context([7, 3, 7, 9, 3, 7], [12, 3, -1, 21, 4, 13])
     (found_a,) = check.at_ubatch(a)
-    assert found_a.message == ("2 row(s) written by more than one scatter entry (seqs 0, 1 "
+    assert found_a.message == ("2 rows written by more than one scatter entry (seqs 0, 1 "
                                "and padding): 3 7")
     assert list(found_a.pools) == [(1, 2), (0, 3), (0, 4), (1, 3)]
     (valued_a,) = check.with_values(a, facts, [found_a])
@@ -384,10 +384,47 @@ def test_a_race_judged_again_on_the_very_same_arrays_follows_its_values():
     assert len(looked) == 1
     assert check.with_values(a, equal, [found])[0] is first and len(looked) == 1
     (differ,) = check.with_values(a, unequal, [found])
-    assert differ.message.endswith("values differ on 1 row(s) (row 7: 1:2, padding, 1:3): "
-                                   "seqs 1 may lose their value")
+    assert differ.message.endswith("values differ on 1 row (row 7: 1:2, padding, 1:3): "
+                                   "seq 1 may lose its value")
     assert differ.evidence["values"][7]["equal"] is False
     assert check.with_values(a, equal, [found])[0].message == first.message
+
+
+def test_a_count_in_a_finding_message_takes_its_noun_and_verb_by_the_count():
+    """The messages said `1 row(s)`, `1 rep row(s) hold`, `2 token(s) read 1 bad
+    pool(s)` and `seqs 0` for one sequence: each count now takes `wording.counted`
+    (bare, as the messages' other numbers), its verb agrees, and one sequence is
+    `seq 0` (`wording.seqs`). KP001 by hand: rows 3 and 7 each written by two
+    entries; row 0 by pool 0:0 and a padding entry. KP002: rows 3 (and 7) each the
+    rep of pools 0:1 and 1:1. KP003: the example of `kpool explain KP003` with its
+    last decode two tokens long (seq 1, pos 4..6): both tokens see pool 1:0
+    (positions 0..3), whose row 5 holds pool 0:0's value: 2 tokens, 1 bad pool."""
+    from kpool_cli.verdict.rules.kp001_scatter_race import race
+    from kpool_cli.verdict.rules.kp002_rep_conflict import finding
+
+    one = race(np.array([3]), np.array([2]), np.array([[0, 0], [1, 0]]))
+    assert one.message == "1 row written by more than one scatter entry (seqs 0, 1): 3"
+    two = race(np.array([3, 7]), np.array([2, 2]),
+               np.array([[0, 0], [1, 0], [0, 1], [-1, -1]]))
+    assert two.message == ("2 rows written by more than one scatter entry (seqs 0, 1 and "
+                           "padding): 3 7")
+    pad = race(np.array([0]), np.array([2]), np.array([[0, 0], [-1, -1]]))
+    assert pad.message == ("1 row written by more than one scatter entry (seq 0 and "
+                           "padding): 0")
+    pools = ((0, 1), (1, 1))
+    assert finding({3: pools}).message == ("1 rep row holds pools with different members: "
+                                          "row 3 is the rep of pools 0:1 1:1")
+    assert finding({3: pools, 7: pools}).message.startswith(
+        "2 rep rows hold pools with different members: row 3 ")
+    text = RULE_OF["KP003"].EXPLANATION.example.replace(
+        "{seq: 1, pos: 4}", "{seq: 1, pos: 4..6}")
+    assert text != RULE_OF["KP003"].EXPLANATION.example
+    trace = load_trace_text(text)
+    (stale,) = [f for r in replay(trace, VERSIONS["rep-once"], make_backend("numpy", trace))
+                if not isinstance(r, ExpectResult) for f in r.findings if f.code == "KP003"]
+    assert stale.message == ("token (pos 4, seq 1) reads pool 1:0 at row 5, which holds pool "
+                             "0:0's value (written at ubatch 3) instead of the pooling of "
+                             "its members (2 tokens read 1 bad pool)")
 
 
 def _write_expected(codes: list[str]) -> None:
@@ -414,6 +451,7 @@ of tests/test_codes.py, showing that a code is one module and its fixture)."""
 
 from __future__ import annotations
 
+from ... import wording as words
 from ...contracts.finding import Code, Finding
 from ...engine.context import UbatchContext
 from ..rule import LAYOUT, Check as RuleCheck, Explanation, doc
@@ -444,7 +482,8 @@ class Check(RuleCheck):
         n = 0 if ctx.plan is None else int((ctx.plan.entry_pool >= 0).sum())
         if n <= ctx.token_pos.size:
             return []
-        return [Finding(CODE, f"{n} pools re-pooled for {ctx.token_pos.size} token(s)")]
+        tokens = words.counted(ctx.token_pos.size, "token", number=str)
+        return [Finding(CODE, f"{n} pools re-pooled for {tokens}")]
 '''
 
 
@@ -473,7 +512,7 @@ def test_a_new_code_is_one_module(tmp_path: Path) -> None:
     doc_ = json.loads(r.stdout)
     found = [f for u in doc_["ubatches"] for f in u["findings"] if f["code"] == "KP009"]
     # the seq_rm of pos 0 stales seq 0 from 0: the 1-token decode re-pools all 4 pools
-    assert [f["message"] for f in found] == ["4 pools re-pooled for 1 token(s)"]
+    assert [f["message"] for f in found] == ["4 pools re-pooled for 1 token"]
     assert doc_["summary"]["findings"] == {"KP009": 1}
     r = kpool("explain", "KP009")
     assert r.returncode == 0 and "many-pools" in r.stdout

@@ -103,7 +103,7 @@ def test_s7_padding_repeats_the_first_pool_a_duplicate_write_of_equal_values():
     assert gl.scatter_rep.tolist() == [3, 7, 3]
     assert gl.scatter_rows[2].tolist() == [0, 1, 2, 3]
     (f,) = gl.findings
-    assert f.code == "KP001" and f.rows == (3,) and "seqs 0 and padding" in f.message
+    assert f.code == "KP001" and f.rows == (3,) and "(seq 0 and padding)" in f.message
     from kpool_cli.backend.store import make_backend
     from kpool_cli.contracts.records import UbatchRecord
     from kpool_cli.replay import replay

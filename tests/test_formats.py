@@ -149,7 +149,8 @@ def test_the_loader_knows_the_declared_keys_and_no_other(op: tf.Section) -> None
     args = {f.name: sample(f) for f in op.fields if f.required}
     args = {k: list(v) if isinstance(v, tuple) else v for k, v in args.items()}
     (p,) = problems(HEAD + BEFORE + f"  - {op.name}: {json.dumps({**args, 'zz': 1})}\n")
-    assert (p.field, p.message) == (f"ops[2].{op.name}.zz", "unknown key 'zz'")
+    assert (p.field, p.message) == (f"ops[2].{op.name}.zz",
+                                    f"unknown key 'zz'; known keys: {', '.join(op.names)}")
     for name in op.required:
         text = json.dumps({k: v for k, v in args.items() if k != name})
         (p,) = problems(HEAD + BEFORE + f"  - {op.name}: {text}\n")

@@ -127,6 +127,20 @@ def test_sizes_say_what_they_do() -> None:
                for op in images)
 
 
+def test_a_description_counts_its_sizes_in_the_singular_for_one() -> None:
+    """The descriptions said `1 slot(s)`, `1 token(s) per step`, `1 time(s)` and
+    `1 image(s)`: each size takes `wording.counted`, as a count does elsewhere."""
+    assert server(0, slots=1).description.startswith("llama-server with 1 slot on one ")
+    assert server(0, slots=2).description.startswith("llama-server with 2 slots on one ")
+    one = SCENARIOS["context-shift"].generate(4, ctx=48, keep=6, shifts=1, chunk=1)
+    assert "generates up to 1 token per step and shifts 1 time (" in one.description
+    two = SCENARIOS["context-shift"].generate(4, ctx=48, keep=6, shifts=2, chunk=2)
+    assert "generates up to 2 tokens per step and shifts 2 times (" in two.description
+    for n, images in ((1, "1 image of"), (2, "2 images of")):
+        t = SCENARIOS["mrope-image"].generate(5, images=n, patches=4)
+        assert t.description.startswith(f"An M-RoPE model pools by order: {images} at most")
+
+
 def test_cli_writes_the_trace_and_its_description_regenerates_it(tmp_path: Path) -> None:
     out = tmp_path / "s.yaml"
     code, stdout, _ = run("gen", "server", "--seed", "9", "--slots", "3", "-o", str(out))

@@ -546,7 +546,7 @@ def test_problems_are_collected_sorted_and_capped() -> None:
     lines = str(err).splitlines()
     assert lines[0] == (
         "t.yaml:4:21: ops[0].seq_keep.seq: seq id 9 is out of range:"
-        " cache.n_seq_max is 2, so seq ids are 0..1"
+        " cache.n_seq_max is 2, so seq ids are 0 to 1"
     )
     assert lines[-1] == f"(stopped after {MAX_PROBLEMS} problems)"
 

@@ -229,12 +229,14 @@ def test_check_json_of_a_file_name_that_is_not_utf8_is_unicode_text(tmp_path):
 def test_check_output_of_a_plug_in_module_named_not_utf8_is_unicode_text(tmp_path, fmt):
     """A plug-in imported from a file whose name is not UTF-8 (`pg\\xff.py`, named on
     the command line as its bytes): check's JSON (`engine`, `versions[].by` and
-    `not_by`) and SARIF (`properties.engine`) wrote the spec as a lone surrogate."""
+    `not_by`) and SARIF (`properties.engine`) wrote the spec as a lone surrogate. They
+    name the version by its name now, as a report does (docs/versions.md), and a
+    lone surrogate there is written as its escape too (`mine\\udcff`)."""
     plug = tmp_path / "plug"
     plug.mkdir()
     (plug / os.fsdecode(b"pg\xff.py")).write_text(
         "from dataclasses import replace\nfrom kpool_cli.versions import CACHE_SAFE\n"
-        "V = replace(CACHE_SAFE, name='mine')\n")
+        "V = replace(CACHE_SAFE, name='mine\\udcff')\n")
     (tmp_path / "race.yaml").write_text("kpool_trace: 1\n" + textwrap.dedent(RACE_BODY))
     spec = os.fsdecode(b"pg\xff:V")
     r = kpool("check", "race.yaml", "--engine", spec, "--engine", "rep-once",
@@ -244,8 +246,8 @@ def test_check_output_of_a_plug_in_module_named_not_utf8_is_unicode_text(tmp_pat
     doc = _unicode_text(tmp_path / f"c.{fmt}")
     assert isinstance(doc, dict)
     if fmt == "json":
-        assert [x["engine"] for x in doc["results"]] == ["pg\\xff:V", "rep-once"]
-        assert doc["versions"][0]["by"][0]["engine"] == "pg\\xff:V"
+        assert [x["engine"] for x in doc["results"]] == ["mine\\udcff", "rep-once"]
+        assert doc["versions"][0]["by"][0]["engine"] == "mine\\udcff"
     else:
         assert {x["properties"]["engine"] for x in doc["runs"][0]["results"]} == {
-            "pg\\xff:V"}
+            "mine\\udcff"}

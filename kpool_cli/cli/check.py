@@ -136,13 +136,16 @@ def check_cmd(paths: tuple[str, ...], engines: tuple[str, ...], fail_on: str | N
 
 
 def write_check(out: TextIO, fmt: str, results, fail_on: str) -> list:
-    """`results` written in `fmt` (report/check_formats.py); exit 2 for a format whose
+    """`results` written in `fmt` (report/check_formats.py) as the output of the command
+    that runs (check, or replay's CI formats: its click name); exit 2 for a format whose
     extra is not installed."""
     from ..report.check_formats import write_check as write
     from ..report.check_junit import MissingExtra
 
+    command = click.get_current_context().command.name
+    assert command is not None  # every command of cli/ is named (cli/main.py)
     try:
-        return write(out, fmt, results, fail_on)
+        return write(out, fmt, results, fail_on, command)
     except MissingExtra as e:
         fail(str(e))
 

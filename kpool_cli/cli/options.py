@@ -11,12 +11,14 @@ a process pool (the pool is also capped by the machine's cores: workers.in_order
 `load_bounds` (`--max-tokens`, `--max-nodes`: the loader's bounds, every command that
 loads a trace takes both) and `max_memory_option`, the bounds on a trace's work;
 `core_option` (`--core`); `ubatch_ranges` (`--ubatch`); `ENGINES`, how help names the
-engine versions.
+engine versions; `TraceFile`, `kpool replay`'s trace argument (a folder refused with
+the commands that take one).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any
 
@@ -38,6 +40,22 @@ _MAX_CHARS = 40  # of an argument quoted back
 def _quoted(value: str) -> str:
     shown = value if len(value) <= _MAX_CHARS else value[:_MAX_CHARS] + "..."
     return repr(shown)
+
+
+class TraceFile(click.Path):
+    """A trace file of `kpool replay` (`-`: stdin). A folder is refused in words
+    that say which commands take one, and how to give its traces."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value != "-" and os.path.isdir(value):
+            # whole (a path is at most PATH_MAX, else no folder): its name is its end
+            self.fail(f"{value!r} is a folder: kpool replay takes trace files (its *.yaml); "
+                      "kpool check and kpool validate take a folder", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class Int(click.ParamType):

@@ -31,6 +31,7 @@ from .io import (
 from .options import (
     ENGINES,
     Int,
+    TraceFile,
     core_option,
     load_bounds,
     max_memory_option,
@@ -40,7 +41,7 @@ from .options import (
 
 
 @click.command("replay")
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, required=True, type=TraceFile())
 @click.option("--engine", "engine", metavar="NAME",
               help=f"{ENGINES} Default: rep-once, unless the trace's `engine:` "
                    "names one.")

@@ -420,7 +420,8 @@ _COUNTS = {"type": "object", "propertyNames": {"pattern": FINDING_CODE_PATTERN},
 
 CHECK_RESULT = Record("check result", "one trace under one engine", (
     _f("path", _STR, "the trace file"),
-    _f("engine", _STR, "the engine version; empty when the trace did not load"),
+    _f("engine", _STR, "the engine version's name, as a report's `engine` (the spec "
+       "given when no version loaded from it); empty when the trace did not load"),
     _f("status", {"enum": list(CHECK_STATUSES)}, "pass, fail (an expect did not hold, or"
        " an unpinned finding at or above --fail-on) or invalid (the trace cannot be"
        " checked: problems says why)"),

@@ -66,6 +66,7 @@ from kpool_cli.trace.model import (
 )
 from kpool_cli.trace.write import Written, head_written, op_written
 from kpool_cli.trace.yaml_safe import limits as yaml_safe
+from kpool_cli.wording import counted
 
 __all__ = ["LOADER_BOUNDS", "SCENARIOS", "Estimate", "LoaderBound", "Scenario", "Size",
            "check_sizes", "context_shift", "mrope_image", "save_restore", "server",
@@ -419,9 +420,10 @@ def _finished(slot: int, request: int) -> Note:
 def _server_what(v: dict[str, int], cache: CacheConfig) -> str:
     share = ("decoded once with every slot's seq id" if v["coupled"] else
              "decoded by slot 0 and copied to the others by a whole seq_cp")
-    return (f"llama-server with {v['slots']} slot(s) on one unified cache of {cache.kv_size} "
-            f"cells: a {v['system']}-token system prompt {share}; each request decodes its "
-            "prompt and its steps in batches shared by the slots; a finished slot is cleared "
+    return (f"llama-server with {counted(v['slots'], 'slot', number=str)} on one unified "
+            f"cache of {cache.kv_size} cells: a {v['system']}-token system prompt {share}; "
+            "each request decodes its prompt and its steps in batches shared by the slots; "
+            "a finished slot is cleared "
             f"and serves the next request ({v['requests']} in all). Shared cells: cache-safe "
             "re-pools every pool and may race (KP001), rep-once marks each rep once.")
 
@@ -561,10 +563,10 @@ def _shift(n_past: int, ctx: int, keep: int, discard: int) -> list[Op]:
 
 def _context_shift_what(v: dict[str, int]) -> str:
     return (f"llama-server's context shift on a {v['ctx']}-cell context, n_keep {v['keep']}: "
-            f"the slot generates up to {v['chunk']} token(s) per step and shifts "
-            f"{v['shifts']} time(s) (seq_rm of half the positions after n_keep, seq_add of "
-            "the rest down). The shifted pools regroup from the first moved position; "
-            "nothing is shared.")
+            f"the slot generates up to {counted(v['chunk'], 'token', number=str)} per step "
+            f"and shifts {counted(v['shifts'], 'time', number=str)} (seq_rm of half the "
+            "positions after n_keep, seq_add of the rest down). The shifted pools regroup "
+            "from the first moved position; nothing is shared.")
 
 
 _TAIL = 4  # decodes after the last shift asked for, at most (context_shift's tail)
@@ -725,10 +727,10 @@ def mrope_image(seed: int, **sizes: int) -> Trace:
 
 
 def _mrope_image_what(v: dict[str, int]) -> str:
-    return (f"An M-RoPE model pools by order: {v['images']} image(s) of at most "
-            f"{v['patches']} tokens, each grid's tokens at one pos with ext [x, y], between "
-            "text runs. A token's pool is its rank among the sequence's cells, not its "
-            "pos; nothing is shared.")
+    return (f"An M-RoPE model pools by order: {counted(v['images'], 'image', number=str)} "
+            f"of at most {v['patches']} tokens, each grid's tokens at one pos with ext "
+            "[x, y], between text runs. A token's pool is its rank among the sequence's "
+            "cells, not its pos; nothing is shared.")
 
 
 def _mrope_image_estimate(seed: int, v: dict[str, int]) -> Estimate:

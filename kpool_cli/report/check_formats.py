@@ -16,9 +16,10 @@ from ..check import CheckResult
 
 
 def write_check(out: TextIO, fmt: str, results: Iterable[CheckResult],
-                fail_on: str) -> list[CheckResult]:
-    """Write `results` to `out` in `fmt`. Raises `check_junit.MissingExtra` when the
-    format needs a package that is not installed."""
+                fail_on: str, command: str) -> list[CheckResult]:
+    """Write `results` to `out` in `fmt`, as the output of `kpool COMMAND` (`command`:
+    `check`, or `replay` for its CI formats; JUnit names its suite so). Raises
+    `check_junit.MissingExtra` when the format needs a package that is not installed."""
     from .check_github import write_check_github
     from .check_json import write_check_json
     from .check_junit import write_check_junit
@@ -28,7 +29,7 @@ def write_check(out: TextIO, fmt: str, results: Iterable[CheckResult],
     if fmt == "json":
         return write_check_json(out, results, fail_on)
     if fmt == "junit":
-        return write_check_junit(out, results)
+        return write_check_junit(out, results, command)
     if fmt == "github":
         return write_check_github(out, results)
     if fmt == "sarif":

@@ -1,6 +1,8 @@
-"""The JUnit XML output of `kpool check`: one test suite, one test case per trace and
-engine (classname the trace file, name the engine); a failure carries the difference
-(the text output's detail lines), an invalid trace is an error.
+"""The JUnit XML output of `kpool check` (and of `kpool replay --format junit`): one
+test suite named for the command that ran (`kpool check`, `kpool replay`), one test
+case per trace and engine (classname the trace file, name the engine); a failure
+carries the difference (the text output's detail lines) and the type
+`kpool.COMMAND.fail`, an invalid trace is an error of type `kpool.COMMAND.invalid`.
 
 Owns: `write_check_junit`. The XML is written by `junitparser` (the optional extra
 `ci`: `pip install 'kpool[ci]'`), a kept library that knows the schema CI servers
@@ -17,26 +19,27 @@ from ..check import FAIL, INVALID, CheckResult
 from ..wording import visible
 from .check_text import details, headline
 
-SUITE = "kpool check"
-
 
 class MissingExtra(Exception):
     """An output format needs a package that is not installed (exit 2)."""
 
 
-def write_check_junit(out: TextIO, results: Iterable[CheckResult]) -> list[CheckResult]:
+def write_check_junit(out: TextIO, results: Iterable[CheckResult], command: str
+                      ) -> list[CheckResult]:
+    """`results` as one test suite of `kpool COMMAND` (`command`: the command that ran
+    them, `check` or `replay`)."""
     try:
         from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
     except ImportError:
         raise MissingExtra("--output-format junit needs junitparser: "
                            "pip install 'kpool[ci]'") from None
     rs = list(results)
-    suite = TestSuite(SUITE)
+    suite = TestSuite(f"kpool {command}")
     for r in rs:
         case = TestCase(visible(r.engine) or "load", classname=visible(r.path))
         if r.status in (FAIL, INVALID):
             kind = Failure if r.status == FAIL else Error
-            verdict = kind(headline(r, str), "kpool.check." + r.status)  # numbers bare
+            verdict = kind(headline(r, str), f"kpool.{command}.{r.status}")  # numbers bare
             verdict.text = "\n".join(details(r, indent="", number=str))
             case.result = [verdict]
         suite.add_testcase(case)

@@ -30,6 +30,7 @@ from ..contracts.records import ExpectResult, OpEvent, UbatchRecord
 from ..replay import planned_ubatches
 from ..trace import model as m
 from ..wording import count, span
+from ..wording import seqs as words_seqs
 
 Record = OpEvent | UbatchRecord | ExpectResult
 
@@ -96,7 +97,7 @@ class Selection:
         if self.ubatches:
             parts.append(_ubatches(self.ubatches))
         if self.seqs:
-            parts.append("seq " + ", ".join(map(str, sorted(self.seqs))))
+            parts.append(words_seqs(sorted(self.seqs)))
         if self.only_findings:
             parts.append("only ubatches and ops with findings")
         if not parts:
@@ -124,8 +125,7 @@ class Selection:
             parts.append(f"{named} {'are' if named.startswith('ubatches') else 'is'} past {last}")
         seqs = sorted(s for s in self.seqs if s >= n_seq_max)
         if seqs:
-            parts.append(f"seq {seqs[0]} is" if len(seqs) == 1
-                         else f"seqs {', '.join(map(str, seqs))} are")
+            parts.append(f"{words_seqs(seqs)} {'is' if len(seqs) == 1 else 'are'}")
             parts[-1] += f" past the last, {n_seq_max - 1} (n_seq_max {n_seq_max})"
         return "; ".join(parts)
 

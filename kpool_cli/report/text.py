@@ -299,6 +299,10 @@ def offline_svg_format() -> str:
 
     fmt = re.sub(r"[ \t]*@font-face \{\{.*?\}\}\n?", "", CONSOLE_SVG_FORMAT, flags=re.S)
     fmt = re.sub(r"font-family: Fira Code, monospace;", f"font-family: {MONOSPACE};", fmt)
+    # its own size, as well as its viewBox: a browser opens a long replay at that size
+    # and scrolls, where a viewBox alone shrinks the whole run to fit the window
+    fmt = fmt.replace('<svg class="rich-terminal" viewBox=',
+                      '<svg class="rich-terminal" width="{width}" height="{height}" viewBox=', 1)
     return re.sub(r"(<!-- Generated with Rich) https?://[^ ]* -->", r"\1 -->", fmt)
 
 

@@ -13,7 +13,7 @@ pages of one command) and the page's pictures:
 - the cell map over time: rows of cells (runs of rows) by bins of ubatches, each
   square the state of its rows at the end of its bin (empty, one sequence in its
   colour, shared), with the rows a token was written to and the rows a finding names
-  outlined;
+  outlined, under a key of its colours;
 - the view: for each ubatch, what `kpool replay` prints in a terminal.
 
 Invariants: the page embeds everything it shows (inline CSS and SVG, no script, no
@@ -244,6 +244,7 @@ class TracePage:
         out.write(self._timeline())
         out.write("<h2>cells over time</h2>")
         out.write(f'<p class="meta">{self._cell_words()}</p>')
+        out.write(self._cell_key())
         out.write(self._cell_map())
         out.write("<h2>the view, ubatch by ubatch</h2>")
         if self.stopped_at is not None:
@@ -268,6 +269,21 @@ class TracePage:
         return (f"{rows}; {self._bin_words()}; colour: the sequence holding it, red "
                 "shared, grey empty; outlined: written by a token (blue) or named by a "
                 "finding (red)")
+
+    def _cell_key(self) -> str:
+        """The cell map's colours: each sequence's (they repeat past
+        len(SEQ_COLOURS) sequences), shared and empty."""
+        n = self.trace.cache.n_seq_max
+        own = min(n, len(SEQ_COLOURS))
+        keys = [(SEQ_COLOURS[s], f"seq {s}") for s in range(own)]
+        keys += [(SHARED_COLOUR, "shared"), (EMPTY_COLOUR, "empty")]
+        spans = [f'<span><span style="display:inline-block;width:10px;height:10px;'
+                 f'background:{c};border:1px solid #999;margin-right:4px"></span>{label}'
+                 "</span>" for c, label in keys]
+        if n > own:
+            spans.insert(own, f"<span>seq {own} and up: these colours again, from seq 0's"
+                         "</span>")
+        return f'<p class="key">{"".join(spans)}</p>'
 
     def _anchor(self, ubatch: int) -> str:
         """The view a mark at `ubatch` links to: its own, else the last one kept before it

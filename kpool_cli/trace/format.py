@@ -15,7 +15,9 @@ What derives from it:
   descriptions;
 - `trace.write.dump_trace`: key order, and which arguments it leaves out (those equal
   to their default, unless the field is `always_written`);
-- `trace.model.CacheConfig`: its defaults and `as_dict`.
+- `trace.model.CacheConfig`: its defaults and `as_dict`;
+- the loader's messages: an op written as its name alone is told its
+  `Section.skeleton` (`- seq_keep: {seq: ...}`).
 
 Invariants:
 - a field is either required or has a default (`NO_DEFAULT` only on required fields);
@@ -190,6 +192,14 @@ class Section:
     @property
     def defaults(self) -> dict[str, object]:
         return {f.name: f.default for f in self.fields if not f.required}
+
+    @property
+    def skeleton(self) -> str:
+        """The section's value with its required keys, as a trace writes it: `{}`
+        (an empty body), `"..."` (a text), `{seq: ..., slot: ...}`."""
+        if self.body != "mapping":
+            return "{}" if self.body == "empty" else '"..."'
+        return "{" + ", ".join(f"{n}: ..." for n in self.required) + "}"
 
 
 def _req(name: str, type_: Type, doc: str, **kw: int | None) -> Field:

@@ -56,6 +56,7 @@ class CacheWalk(FieldReader):
         self.lim = CacheLimits(
             n_seq_max=vals["n_seq_max"], kv_size=kv, unified=vals["unified"],
             by_order=vals["by_order"], n_ubatch=n_ubatch, n_ubatch_capped=n_ubatch != given,
+            n_seq_max_set="n_seq_max" in m,
         )
         if len(self.problems) != before or kv is None or kpool is None:
             return None

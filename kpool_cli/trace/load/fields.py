@@ -34,6 +34,7 @@ class CacheLimits:
     by_order: bool | None = None
     n_ubatch: int | None = None  # the context's: capped at cache.n_batch
     n_ubatch_capped: bool = False  # cache.n_batch capped it
+    n_seq_max_set: bool = True  # the cache block sets n_seq_max (else its default, 1)
 
 
 def static_bounds(t: Type) -> tuple[int, int]:
@@ -82,9 +83,17 @@ class FieldReader(NodeReader, ABC):
         hi = self.seq_hi()
         if (allow_all and v == -1) or 0 <= v <= hi:
             return v
+        # the ids in words, not as a range: a range `A..B` is half-open everywhere else
+        ids = "the only seq id is 0" if hi == 0 else f"seq ids are 0 to {hi}"
         msg = f"seq id {v} is out of range: "
-        msg += (f"cache.n_seq_max is {n}, so seq ids are 0..{hi}" if n is not None
-                else f"seq ids are 0..{hi}")
+        if n is None:
+            msg += ids
+        elif self.lim.n_seq_max_set:
+            msg += f"cache.n_seq_max is {n}, so {ids}"
+        else:  # the default bites a trace of several slots that leaves it out
+            msg += f"cache.n_seq_max is not set, so it is {n} (its default) and {ids}"
+            if 0 < v <= static_bounds(SEQ)[1]:
+                msg += f"; set cache.n_seq_max (llama-server's --parallel) to {v + 1} or more"
         if allow_all:
             msg += ", or -1 for every sequence"
         elif v == -1:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from kpool_cli.trace.format import BOUND, OP_STATUSES, OPS, POOL, SLOT, Section
+from kpool_cli.trace.format import BOUND, DECODE_FORMS, OP_STATUSES, OPS, POOL, SLOT, Section
 from kpool_cli.trace.model import OP_TYPES, Decode, Loc, Note, Op, StateRead, StateWrite
 from kpool_cli.trace.yaml_safe import (
     INT,
@@ -105,11 +105,13 @@ class OpsWalk(FieldReader):
         if not self.visit(item, f):
             return None, None
         if not isinstance(item, Map):
-            self.problem(
-                item, f,
-                f"an op is a mapping with one key, the op name (`- seq_rm: {{seq: 0}}`),"
-                f" got {describe(item)}",
-            )
+            msg = (f"an op is a mapping with one key, the op name (`- seq_rm: {{seq: 0}}`),"
+                   f" got {describe(item)}")
+            if isinstance(item, Scalar) and item.tag == STR and item.value in OPS:
+                # `- clear`: the op's name alone, its value left out
+                form = DECODE_FORMS[0] if item.value == "decode" else OPS[item.value]
+                msg += f": write `- {item.value}: {form.skeleton}`"
+            self.problem(item, f, msg)
             return None, None
         if not item.value:
             self.problem(item, f, "empty op: expected one key, the op name")

@@ -730,6 +730,13 @@ def _line_col(text: str, index: int) -> tuple[int, int]:
     return line_at(text, index), index - text.rfind("\n", 0, index)
 
 
+def _char_at(text: str, line: int, col: int) -> str:
+    """The character of the file at 1-based `line` and `col` (`\n` alone ends a
+    line), or "" past its end."""
+    lines = text.split("\n", line)
+    return lines[line - 1][col - 1:col] if line <= len(lines) and col >= 1 else ""
+
+
 def _yaml_problem(file: str, text: str, e: yaml.YAMLError,
                   at: Callable[[int, int], tuple[int, int]] = _as_is) -> Problem:
     if isinstance(e, yaml.MarkedYAMLError):
@@ -739,7 +746,10 @@ def _yaml_problem(file: str, text: str, e: yaml.YAMLError,
             where = f" at line {at(e.context_mark.line, 0)[0]}" if e.context_mark else ""
             msg = f"{msg} ({e.context}{where})"
         line, col = at(mark.line, mark.column) if mark else (0, 0)
-        return Problem(file, line, col, "<yaml>", f"invalid YAML: {clip(msg, 300)}")
+        msg = f"invalid YAML: {clip(msg, 300)}"
+        if line and _char_at(text, line, col) == "\t":  # a tab: libyaml's words don't say
+            msg += " (a tab: YAML indents with spaces)"
+        return Problem(file, line, col, "<yaml>", msg)
     if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
         index = e.position
         if yaml.__with_libyaml__:  # libyaml's reader counts the UTF-8 bytes before it

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...wording import suggest
+from ...wording import unknown_key
 from . import limits
 from .decimal import DECIMAL, NUMBER_LIKE, not_decimal
 from .nodes import (
@@ -219,10 +219,7 @@ class NodeReader:
                 continue
             name = k.value
             if name not in known:
-                self.problem(
-                    k, join(field, clip(name)),
-                    f"unknown key {quote(name)}{suggest(name, known)}",
-                )
+                self.problem(k, join(field, clip(name)), unknown_key(quote(name), name, known))
             elif name in out:
                 first = key_at[name]
                 self.problem(

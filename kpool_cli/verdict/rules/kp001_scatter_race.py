@@ -152,7 +152,7 @@ def race(rows: np.ndarray, counts: np.ndarray, writers: np.ndarray) -> Finding:
     pools = PoolIds.of(seq, k)
     seqs = tuple(np.flatnonzero(np.bincount(seq)).tolist())  # ascending seq ids
     n_pad = int(real.size - np.count_nonzero(real))
-    who = f"seqs {', '.join(map(str, seqs))}" if seqs else "padding entries"
+    who = words.seqs(seqs) if seqs else "padding entries"
     if n_pad and seqs:
         who += " and padding"
     per_row = dict(zip(rows[:EVIDENCE_ROWS].tolist(), counts[:EVIDENCE_ROWS].tolist(),
@@ -161,7 +161,8 @@ def race(rows: np.ndarray, counts: np.ndarray, writers: np.ndarray) -> Finding:
             if n_rows > EVIDENCE_ROWS else {})
     return Finding(
         CODE,
-        f"{n_rows} row(s) written by more than one scatter entry ({who}): "
+        f"{words.counted(n_rows, 'row', number=str)} written by more than one scatter "
+        f"entry ({who}): "
         f"{words.folded(rows, limit=8)}",
         rows=RowIds(rows), seqs=seqs, pools=pools,
         evidence={"entries_per_row": per_row, **more},
@@ -205,10 +206,14 @@ def with_values(found: Finding, ctx: UbatchContext, equal: np.ndarray) -> Findin
         verdict = "values equal: every racing entry writes the same value"
     else:
         losers = sorted({w[0] for ws in ctx.group_writers(unequal) for w in ws} - {-1})
-        who = (f"seqs {', '.join(map(str, losers))} may lose their value"
-               if losers else "padding entries may lose their value")
+        if not losers:
+            who = "padding entries may lose their value"
+        else:
+            who = (f"{words.seqs(losers)} may lose "
+                   f"{'its' if len(losers) == 1 else 'their'} value")
         first = int(rows[unequal[0]])
-        verdict = (f"values differ on {unequal.size} row(s) (row {first}: "
+        verdict = (f"values differ on {words.counted(unequal.size, 'row', number=str)} "
+                   f"(row {first}: "
                    f"{', '.join(words.writer(w) for w in evidence[first]['writers'])}): {who}")
     return Finding(found.rule, f"{found.message}; {verdict}", rows=found.rows, seqs=found.seqs,
                    tokens=found.tokens, pools=found.pools,

@@ -141,8 +141,9 @@ def finding(conflicts: dict[int, tuple[tuple[int, int], ...]]) -> Finding:
     first = rows[0]
     return Finding(
         CODE,
-        f"{len(rows)} rep row(s) hold pools with different members: row {first} is the rep "
-        f"of pools {words.pools(conflicts[first])}"
+        f"{words.counted(len(rows), 'rep row', number=str)} "
+        f"{'holds' if len(rows) == 1 else 'hold'} pools with different members: row "
+        f"{first} is the rep of pools {words.pools(conflicts[first])}"
         + (f" (+{words.counted(len(rows) - 1, 'more row', number=str)})"
            if len(rows) > 1 else ""),
         rows=RowIds(rows), seqs=seqs, pools=PoolIds(pools),

@@ -71,7 +71,7 @@ def check(ctx: UbatchContext) -> list[Finding]:
     seq, k = ctx.layout.locate(readers)
     return [Finding(
         CODE,
-        f"padding writes {hit.size} row(s) that real pools read: "
+        f"padding writes {words.counted(hit.size, 'row', number=str)} that real pools read: "
         f"{words.folded(hit, limit=8)}",
         rows=RowIds(hit), seqs=tuple(sorted(set(seq.tolist()))),
         pools=PoolIds.of(seq, k),
