@@ -91,6 +91,26 @@ def test_the_diff_page_opens_offline_with_its_marks_where_the_report_says(
     assert got == want
 
 
+def test_where_the_sides_are_equal_heads_line_runs_inside_bases(tmp_path: Path) -> None:
+    """traces/mtp3-speculative.yaml, rep-once vs tail-truncate: pools marked are equal
+    at every ubatch (2 1 1 1 1 1 1 on both sides, the summary's line). Head's line is
+    drawn after base's and thinner, so base's still shows around it: a line of one
+    width would hide base where they meet, and the page would look like head alone."""
+    page = tmp_path / "d.html"
+    r = kpool("diff", "traces/mtp3-speculative.yaml", "--base", "rep-once", "--head",
+              "tail-truncate", "--html", str(page))
+    assert r.returncode == 0, r.stderr
+    lines = {label: re.findall(r'<polyline fill="none" stroke="(#\w+)" stroke-width="([\d.]+)"'
+                               r'[^>]*points="([^"]*)"', svg)
+             for label, svg in re.findall(r'<svg role="img" aria-label="([^"]*)"(.*?)</svg>',
+                                          page.read_text())}
+    assert len(lines) == 6
+    (base, head) = lines["pools marked per ubatch, ubatch 0 to 6"]
+    assert base[2] == head[2]  # the same points: equal
+    assert (base[0], head[0]) == ("#1f77b4", "#d95f02")  # base first: beneath
+    assert float(base[1]) > 2 * float(head[1])
+
+
 def test_the_race_is_marked_fixed_at_ubatches_1_and_2(tmp_path: Path) -> None:
     """traces/shared-prefix-race.yaml, cache-safe vs rep-once: the KP001 of the two
     ubatches after the seq_cp (ubatches 1 and 2, ops 3 and 6) is fixed."""

@@ -2,7 +2,8 @@
 
 Owns: `write_diff_page`. Per trace, the two versions' host work per ubatch and summed
 (cells scanned, pools marked, rows gathered) as inline SVG curves, base and head on
-one scale, with the ubatches and events where their decisions part and the op where
+one scale (head's line thin over base's wide one, so both show where they are equal),
+with the ubatches and events where their decisions part and the op where
 the runs part marked (every per-ubatch panel), and the findings head fixed (below the
 axis) and introduced (above it) where they occur (the first panel): at their ubatch,
 or between two ubatches at the event (an edit, an abort) that raised them; after the
@@ -35,6 +36,9 @@ CURVES = (("cells scanned", "cells_scanned"), ("pools marked", "n_new"),
           ("rows gathered", "rows_gathered"))
 W, H, PAD = 760, 120, 44  # a panel's plot area and its left margin (px)
 BASE_COLOUR, HEAD_COLOUR = "#1f77b4", "#d95f02"
+# base's line is drawn wide and head's thin over it: where the two sides are equal,
+# head's runs inside base's, and both show (a line of one width would hide base)
+BASE_WIDTH, HEAD_WIDTH = 4, 1.5
 FIXED_COLOUR, INTRODUCED_COLOUR, PART_COLOUR = "#2ca02c", "#d62728", "#7f7f7f"
 
 STYLE = """
@@ -67,14 +71,15 @@ def _folded(values: Sequence[int], per: int) -> tuple[list[int], list[int]]:
     return peaks, sums
 
 
-def _path(values: Sequence[int], top: int, n: int, colour: str, dash: str = "") -> str:
+def _path(values: Sequence[int], top: int, n: int, colour: str, width: float,
+          dash: str = "") -> str:
     if not values:
         return ""
     step = W / max(n - 1, 1)
     pts = " ".join(f"{PAD + i * step:.1f},{H - (v / top * (H - 8) if top else 0):.1f}"
                    for i, v in enumerate(values))
     extra = f' stroke-dasharray="{dash}"' if dash else ""
-    return (f'<polyline fill="none" stroke="{colour}" stroke-width="1.5"{extra} '
+    return (f'<polyline fill="none" stroke="{colour}" stroke-width="{width}"{extra} '
             f'points="{pts}"/>')
 
 
@@ -142,8 +147,8 @@ def _panel(title: str, base: list[int], head: list[int], n: int, marks: str,
     return (f'<svg role="img" aria-label="{_e(label)}" width="{PAD + W + 8}" height="{H + 18}" '
             f'viewBox="0 0 {PAD + W + 8} {H + 18}" xmlns="http://www.w3.org/2000/svg">'
             f'<rect x="{PAD}" y="0" width="{W}" height="{H}" fill="#fafafa" stroke="#ddd"/>'
-            f'{marks}{_path(base, top, n, BASE_COLOUR, dash)}'
-            f'{_path(head, top, n, HEAD_COLOUR, dash)}'
+            f'{marks}{_path(base, top, n, BASE_COLOUR, BASE_WIDTH, dash)}'
+            f'{_path(head, top, n, HEAD_COLOUR, HEAD_WIDTH, dash)}'
             f'<text x="{PAD - 4}" y="10" text-anchor="end">{words.count(top)}</text>'
             f'<text x="{PAD - 4}" y="{H}" text-anchor="end">0</text>'
             f'<text x="{PAD}" y="{H + 14}">{_e(label)}</text></svg>')
@@ -194,6 +199,7 @@ def write_diff_page(out: TextIO, r: DiffResult,
     out.write(f'<p class="meta">{_e(verdict_text(r)[0])}</p>')
     out.write(f'<p class="key"><span style="color:{BASE_COLOUR}">━ base {_e(base)}</span>'
               f'<span style="color:{HEAD_COLOUR}">━ head {_e(head)}</span>'
+              "<span>(where equal, head is drawn inside base)</span>"
               "<span>╌ summed over the run</span>"
               f'<span style="color:{PART_COLOUR}">│ decisions part</span>'
               f'<span style="color:{PART_COLOUR}">┆ the runs part</span>'
