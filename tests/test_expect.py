@@ -3,11 +3,13 @@ skipped), as a consumer of the records."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import run, trace
 from test_engine_rules import PAD_ABORT
 
 from kpool_cli.contracts.records import ExpectResult
 from kpool_cli.replay import replay
+from kpool_cli.trace.load import TraceError, load_trace_text
 from kpool_cli.versions import VERSIONS
 
 
@@ -47,3 +49,18 @@ ops:
   - expect: {n_new: 1, pools: [[0, 0]]}
   - expect: {n_new: 2}
 """) == [(3, True, "op 1: as expected"), (4, False, "op 1: n_new is 1, expected 2")]
+
+
+def test_an_unregistered_expect_engine_is_placed_at_its_value_with_a_suggestion():
+    """The loader reads an expect's `engine` as it reads the trace's own (walk.py
+    `engine`): the problem is at the value (line 6, column 22: after `  - expect:
+    {engine: `), not at the op, and a near name is suggested."""
+    text = ("kpool_trace: 1\nname: e\ncache: {kv_size: 16, kpool: 4}\nops:\n"
+            "  - decode: {seq: 0, pos: 0..4}\n"
+            "  - expect: {engine: rep_once, findings: []}\n")
+    with pytest.raises(TraceError) as info:
+        load_trace_text(text, "t.yaml")
+    (p,) = info.value.problems
+    assert (p.line, p.column, p.field) == (6, 22, "ops[1].expect.engine")
+    assert p.message.startswith("'rep_once' is not a registered engine version (did you "
+                                "mean 'rep-once'?) (known: cache-safe, rep-once, ")

@@ -33,7 +33,7 @@ BEFORE = "  - decode: {seq: 0, pos: 0..4}\n  - state_write: {seq: 0, slot: a}\n"
 # the cache above has n_seq_max 4 and kv_size 64, the slot `a` is written by BEFORE).
 SAMPLE: dict[str, Any] = {
     "seq": 2, "seq_or_all": -1, "bound": 3, "slot": "a", "findings": ("KP001", "KP004"),
-    "pools": ((1, 2), (0, 0)), "status": "rejected", "str": "rep-once",
+    "pools": ((1, 2), (0, 0)), "status": "rejected", "engine": "rep-once",
 }
 
 

@@ -300,7 +300,7 @@ OPS: dict[str, Section] = {s.name: s for s in (
     Section("clear", "empty the cache", body="empty"),
     Section("note", "free text shown in the report", body="text"),
     Section("expect", "assertions on the previous op (not the first op, notes do not count)", (
-        _opt("engine", NONEMPTY_STR, "checked only under this engine version", None),
+        _opt("engine", ENGINE, "checked only under this engine version", None),
         _opt("findings", FINDINGS, "the exact set of codes the op raised", None),
         _opt("n_new", int_type(0, COUNT_MAX), "pools marked new in the ubatch", None),
         _opt("n_new_g", int_type(0, COUNT_MAX), "scatter entries of the ubatch", None),

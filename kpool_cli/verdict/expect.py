@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from ..contracts.records import ABORTED, APPLIED, ExpectResult, OpEvent, Pools, Record, UbatchRecord
 from ..trace import model as m
 from ..trace.load import MAX_TOKENS, Problem, TraceError, load_trace
-from ..versions import VERSIONS, is_registered
 from ..wording import counted
 from .codes import CODES, VALUE_CODES
 
@@ -141,15 +140,6 @@ def load_checked(path: str, max_tokens: int = MAX_TOKENS, max_nodes: int | None 
                 "(kpool explain --list)")
         for i, op in enumerate(trace.ops) if isinstance(op, m.Expect) and op.findings
         for code in op.findings if code not in CODES
-    ] + [
-        # a trace is data: it names registered versions only, never a plug-in to import
-        Problem(op.loc.file, op.loc.line, op.loc.column, f"ops[{i}].expect.engine",
-                f"{op.engine!r} is not a registered engine version (known: "
-                f"{', '.join(VERSIONS)}, or BASE+PATCH); a plug-in is named on the "
-                "command line")
-        for i, op in enumerate(trace.ops)
-        if isinstance(op, m.Expect) and op.engine is not None
-        and not is_registered(op.engine)
     ]
     if problems:
         raise TraceError(problems)

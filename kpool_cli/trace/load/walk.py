@@ -25,6 +25,7 @@ from kpool_cli.trace.format import BOUND, FORMAT_VERSION, TOP, Field
 from kpool_cli.trace.model import Trace
 from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
 from kpool_cli.versions import VERSIONS, is_registered
+from kpool_cli.wording import suggest
 
 from .cache import CacheWalk
 from .decode import DecodeWalk
@@ -59,17 +60,18 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
         assert None not in vals.values()
         return Trace(cache=cache, ops=ops, engine=engine, path=self.file, sha256=sha256, **vals)
 
-    def engine(self, node: Node) -> str | None:
-        """The trace's default engine: a registered version only. A trace is data and
-        runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone."""
-        name = self.str_(node, "engine", nonempty=True)
+    def engine(self, node: Node, path: str) -> str | None:
+        """An engine version a trace names (its default `engine`, an expect's
+        `engine`): a registered version only. A trace is data and runs no code, so a
+        plug-in (`module:Name`) is taken from `--engine` alone."""
+        name = self.str_(node, path, nonempty=True)
         if name is None or is_registered(name):
             return name
         known = ", ".join(VERSIONS) + ", or BASE+PATCH"
         how = ("a plug-in version (module:Name) is given with --engine only, never by a "
                "trace" if ":" in name else "a plug-in version is given with --engine")
-        self.problem(node, "engine", f"{quote(name)} is not a registered engine version "
-                     f"(known: {known}); {how}")
+        self.problem(node, path, f"{quote(name)} is not a registered engine version"
+                     f"{suggest(name, VERSIONS)} (known: {known}); {how}")
         return None
 
     def version(self, node: Node) -> None:
@@ -103,7 +105,7 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
 # depend on the cache are in the readers of seq ids and cells.
 _READ: dict[str, Callable[[_Walker, Field, Node, str], Any]] = {
     "int": lambda w, f, n, p: w.int_(n, p, f.lo, f.hi, f.hint),
-    "engine": lambda w, f, n, p: w.engine(n),
+    "engine": lambda w, f, n, p: w.engine(n, p),
     "bool": lambda w, f, n, p: w.bool_(n, p),
     "str": lambda w, f, n, p: w.str_(n, p, nonempty=f.type.nonempty),
     "seq": lambda w, f, n, p: w.seq_id(n, p),
