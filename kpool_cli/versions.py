@@ -7,7 +7,8 @@ Owns: `EngineVersion` (a frozen record of policies); the bases `CACHE_SAFE`
 applies to them, each with the `Origin` it was read from and the base policies its
 anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
 (the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
-composition) and `load_version` (those, or a plug-in); `plugin_files`, the files a
+composition; `unregistered`, why a name is neither) and `load_version` (those, or a
+plug-in); `plugin_files`, the files a
 plug-in is imported from (inputs no output may overwrite); `instead`, what to run on
 a base a patch cannot apply to (its port there, `Patch.port_of`, or the patch a port
 ports). docs/versions.md.
@@ -15,7 +16,8 @@ ports). docs/versions.md.
 Invariants: a composed version's name is its spec (`cache-safe+tail-truncate`); a
 patch applies only to a base whose policies its anchors need (`Patch.needs`), and
 two patches never set the same policy; a refusal of a patch on a base names what
-`instead` finds, so `rep-once+tail-truncate` points at the shipped `tail-truncate`.
+`instead` finds, so `rep-once+tail-truncate` points at the shipped `tail-truncate`;
+a plug-in named as a registered version it is not is named `name@spec`.
 
 A third version is a few lines:
 
@@ -385,6 +387,18 @@ def is_registered(name: str) -> bool:
     return True
 
 
+def unregistered(name: str) -> str | None:
+    """None when `name` is registered (`is_registered`), else why not, in
+    `registered`'s words: for a composition, `compose`'s (an unknown part, a patch that
+    cannot apply to its base and what to run instead, two patches changing one
+    policy)."""
+    try:
+        registered(name)
+    except VersionError as e:
+        return str(e)
+    return None
+
+
 def registered(name: str) -> EngineVersion:
     """A shipped version or a composition of registered bases and patches (what a trace,
     a settings file and `--engine` may name without importing code)."""
@@ -528,7 +542,10 @@ def load_version(spec: str) -> EngineVersion:
         obj.__post_init__()
     except ValueError as e:
         raise VersionError(f"engine {spec!r}: {attr}.{e}") from None
-    if obj.name in VERSIONS and VERSIONS[obj.name] != obj:
+    # a plug-in named as a registered version (a shipped one, or a composition such as
+    # rep-once+noop-seq-rm) but other than it is shown `name@spec`: a report, a diff's
+    # fields left out by design (`by_design`) and check's results read the name
+    if is_registered(obj.name) and registered(obj.name) != obj:
         obj = replace(obj, name=f"{obj.name}@{spec}")
     # a lone surrogate (`name="a\udcff"`, or a module file's undecodable byte in the
     # spec) is no text UTF-8, a JSON reader or kpool's own report reader takes: the

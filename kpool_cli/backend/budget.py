@@ -45,7 +45,9 @@ RUNTIME_BYTES = {"none": 64 << 20, "numpy": 64 << 20, "numba": 256 << 20}
 # the engine's share (home: engine/layout.py and compiled/arena.py, engine/scatter.py,
 # replay.py)
 ENTRY_BYTES = 4 * 8  # a scatter entry's rep, pool, visible, race order (int64 each)
-POOL_INFO_BYTES = 256  # a listed pool's columns in a record, and its JSON while written
+# a listed pool's columns in a record, and its JSON while written (by the listing
+# kernels, or without them a piece at a time: report/json_report.py `_pieces_text`)
+POOL_INFO_BYTES = 256
 TOKEN_BYTES = 512  # a decode token's Python objects in the replay (seqs, split, records)
 CELL_MAP_ROW_BYTES = 8  # a record's cell map (rich view): codes, masks, per global row
 
@@ -184,8 +186,10 @@ def check_replay_memory(trace: Trace, backend: str, max_bytes: int | None, *,
         message = (f"{where}: replaying it can need up to {format_bytes(b.total)}, over the "
                    f"memory budget of {format_bytes(max_bytes)} (--max-memory): "
                    + "; ".join(phrases)
-                   + f". Lower {_either(lower)}, decode fewer tokens, use a smaller "
-                     "--backend (none needs no value rows), or raise --max-memory.")
+                   + f". Lower {_either(lower)}, decode fewer tokens, "
+                   + ("" if backend == "none" else
+                      "use a smaller --backend (none needs no value rows), ")
+                   + "or raise --max-memory.")
         raise ReplayTooLarge(message, b, max_bytes, fields)
     return b
 

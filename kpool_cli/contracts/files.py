@@ -4,7 +4,9 @@ Owns:
 - `check_outputs(inputs, outputs)`: refuses, before any work, an output path that
   would destroy something: one of the inputs (the same file, through any link, or
   standard output itself open on one: `1<>trace.yaml`),
-  the same path twice, or anything that is not a regular file (a directory, a
+  the same path twice (or two names that differ only by case or Unicode
+  normalisation: one file where the file system folds them), or anything that is not
+  a regular file (a directory, a
   device such as /dev/sda or /dev/full, a FIFO, a socket, a symlink to one), a path
   that ends in `/`, and the empty path; and one that could not be written: in a
   missing folder, or one where a probe file cannot be made (read-only, not kpool's),
@@ -43,6 +45,7 @@ import re
 import stat
 import sys
 import tempfile
+import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
@@ -120,10 +123,15 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
         if path.endswith(("/", os.sep)) and not os.path.isdir(path):  # a new one
             raise OutputError(f"{opt} {path}: names a directory (it ends in /): give the "
                               "path of a file")
-        real = os.path.realpath(path)
+        # the file a name stands for on every file system: one that folds case or
+        # Unicode normalisation (macOS, Windows, a casefolded folder) makes R.json and
+        # r.json one file, which the second output would replace
+        real = unicodedata.normalize("NFC", os.path.realpath(path)).casefold()
         if real in seen:
             raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
-                              "each output needs its own path")
+                              "each output needs its own path (names that differ only "
+                              "by case or Unicode normalisation are one file where the "
+                              "file system folds them)")
         seen[real] = f"{opt} {path}"
         fd = own_descriptor(path)
         if fd == 0:

@@ -155,15 +155,19 @@ def pools_json(p: Pools, kpool: int, spans: np.ndarray | None = None) -> list[di
     spans = pool_spans(p) if spans is None else spans
     if not spans.size:  # no run formed
         return _pools_alone(p)
-    # each run's fields, read a column at a time (W2's changed plans list 128 runs)
+    return _with_singles(_pool_runs(p, spans), spans, n, lambda idx: _pools_alone(p, idx))
+
+
+def _pool_runs(p: Pools, spans: np.ndarray) -> list[dict]:
+    """The runs `spans` of the listing `p`, one object each, each run's fields read a
+    column at a time (W2's changed plans list 128 runs)."""
     first = spans[:, 0]
     seq_, k_, first_, cells_, new_ = POOL_RUN.names  # a run each: no make() each
-    runs = [{seq_: s, k_: [k0, k1 + 1], first_: p0, cells_: cells, new_: new}
+    return [{seq_: s, k_: [k0, k1 + 1], first_: p0, cells_: cells, new_: new}
             for s, k0, k1, p0, cells, new in zip(
                 p.seq[first].tolist(), p.k[first].tolist(), p.k[spans[:, 1] - 1].tolist(),
                 p.first_pos[first].tolist(), run_cells(p.cells, first),
                 p.new[first].tolist(), strict=True)]
-    return _with_singles(runs, spans, n, lambda idx: _pools_alone(p, idx))
 
 
 def _with_singles(runs: list[dict], spans: np.ndarray, n: int,
@@ -194,20 +198,67 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     n = int(rep.size)
 
     def singles(at: np.ndarray | slice | None = None) -> list[dict]:
-        rep_, cells_, pad_ = SCATTER.names  # an entry each: no make() each
-        reps, members, pads = (rep, rows, pad) if at is None else (rep[at], rows[at], pad[at])
-        return [{rep_: w, cells_: c, pad_: d} for w, c, d in zip(
-            reps.tolist(), members.tolist(), pads.tolist(), strict=True)]
+        return _entries_alone(r, at)
 
     if n < 2 or not kpool:  # no run can form: every entry alone
         return singles()
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
     if not found.size:  # no run formed (a decode step's few entries)
         return singles()
+    return _with_singles(_entry_runs(rows, found), found, n, singles)
+
+
+def _entries_alone(r: UbatchRecord, at: np.ndarray | slice | None = None) -> list[dict]:
+    """The scatter entries `at` of the record (None: every one), one object each."""
+    rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
+    rep_, cells_, pad_ = SCATTER.names  # an entry each: no make() each
+    reps, members, pads = (rep, rows, pad) if at is None else (rep[at], rows[at], pad[at])
+    return [{rep_: w, cells_: c, pad_: d} for w, c, d in zip(
+        reps.tolist(), members.tolist(), pads.tolist(), strict=True)]
+
+
+def _entry_runs(rows: np.ndarray, spans: np.ndarray) -> list[dict]:
+    """The runs `spans` of the scatter entries of `rows`, one object each."""
     n_, cells_, pad_ = SCATTER_RUN.names  # a run each: no make() each
-    runs = [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
-        (found[:, 1] - found[:, 0]).tolist(), run_cells(rows, found[:, 0]), strict=True)]
-    return _with_singles(runs, found, n, singles)
+    return [{n_: m, cells_: cells, pad_: False} for m, cells in zip(
+        (spans[:, 1] - spans[:, 0]).tolist(), run_cells(rows, spans[:, 0]), strict=True)]
+
+
+def _pieces_text(n: int, spans: np.ndarray, runs: Callable[[np.ndarray], list[dict]],
+                 singles: Callable[[slice], list[dict]]) -> orjson.Fragment:
+    """The text orjson writes of a listing of `n` items whose runs are `spans`
+    (`_with_singles`'s list: the items no run holds before, between and after the
+    runs), made `PIECE` objects at a time and encoded piece by piece: `runs(spans')`
+    the objects of some of the runs, `singles(at)` those of the items at `at`. So a
+    long listing written without the listing kernel holds its text and one piece, not
+    an object per item: its memory is the budget's (backend/budget.py
+    `POOL_INFO_BYTES` a listed pool), whatever the listing's length."""
+    texts: list[bytes] = []
+    piece: list[dict] = []
+    gap_start = np.concatenate(([0], spans[:, 1])).tolist()  # the items after each run
+    gap_stop = np.concatenate((spans[:, 0], [n])).tolist()
+    made: list[dict] = []
+    for g, (lo, hi) in enumerate(zip(gap_start, gap_stop, strict=True)):
+        for a in range(lo, hi, PIECE):
+            piece += singles(slice(a, min(hi, a + PIECE)))
+            if len(piece) >= PIECE:
+                texts.append(orjson.dumps(piece, option=ORJSON)[1:-1])
+                piece = []
+        if g < len(spans):
+            if g % PIECE == 0:  # the next PIECE runs' objects, a column at a time
+                made = runs(spans[g:g + PIECE])
+            piece.append(made[g % PIECE])
+            if len(piece) >= PIECE:
+                texts.append(orjson.dumps(piece, option=ORJSON)[1:-1])
+                piece = []
+    if piece:
+        texts.append(orjson.dumps(piece, option=ORJSON)[1:-1])
+    return orjson.Fragment(b"[" + b",".join(texts) + b"]")
+
+
+# a listing of more than this many items is written in pieces of this many objects
+# when no listing kernel writes it (`_pieces_text`)
+PIECE = 4096
 
 
 # A plan that stands (engine/scatter.py) lists the last one's pools and entries, in
@@ -316,18 +367,19 @@ class EncodedTexts:
         a list of more than `_KERNEL_LISTED` items is written by a listing kernel
         from the record's columns (`tokens_text`, `pools_text`, `scatter_text`; a
         listing's last text again while a plan stands and hands on its arrays and
-        spans, as `_listed_json` keeps its lists). Any shorter listing is `listing`
-        of its list (its text past `_FEW_LISTED` items); shorter tokens, their
-        list."""
+        spans, as `_listed_json` keeps its lists); before, a listing of more than
+        `PIECE` pools or entries is written by the same functions a piece at a time
+        (`_pieces_text`: never an object per item at once, nor kept). Any shorter
+        listing is `listing` of its list (its text past `_FEW_LISTED` items); shorter
+        tokens, their list."""
         kernels = _listing_kernels()
-        if kernels is None:
-            return (tokens_json(r), self.listing(_listed_json(r, kpool)),
-                    self.listing(_entries_json(r, kpool)))
-        tokens = (tokens_text(kernels, r) if r.token_pos.size > _KERNEL_LISTED
-                  else tokens_json(r))
+        # without the kernels, a listing longer than a piece is written in pieces
+        few = _KERNEL_LISTED if kernels is not None else PIECE
+        tokens = (tokens_text(kernels, r) if kernels is not None
+                  and r.token_pos.size > _KERNEL_LISTED else tokens_json(r))
         p, spans = r.pools, r.pool_spans
         pools: object
-        if len(p) <= _KERNEL_LISTED:
+        if len(p) <= few:
             pools = self.listing(_listed_json(r, kpool))
         elif not kpool or spans is None:
             pools = pools_text(kernels, p, kpool, spans)
@@ -335,7 +387,7 @@ class EncodedTexts:
             pools = _POOLS_TEXT(p.seq, p.k, p.first_pos, p.last_pos, p.cells, p.rep, p.new,
                                 spans, p=p, kpool=kpool, spans=spans, kernels=kernels)
         entries: object
-        if r.scatter_rep.size <= _KERNEL_LISTED:
+        if r.scatter_rep.size <= few:
             entries = self.listing(_entries_json(r, kpool))
         elif not kpool or r.scatter_spans is None:
             entries = scatter_text(kernels, r, kpool)
@@ -482,14 +534,18 @@ def _ints(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
-def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | None
+def pools_text(kernels: ModuleType | None, p: Pools, kpool: int, spans: np.ndarray | None
                ) -> orjson.Fragment:
-    """`pools_json(p, kpool, spans)`'s text, written by the listing kernel."""
+    """`pools_json(p, kpool, spans)`'s text, written by the listing kernel (`kernels`
+    None: in pieces, `_pieces_text`)."""
     n, members = p.cells.shape
     if n < 2 or not kpool:
         spans = NO_SPANS
     elif spans is None:
         spans = pool_spans(p)
+    if kernels is None:
+        return _pieces_text(n, spans, lambda some: _pool_runs(p, some),
+                            lambda at: _pools_alone(p, at))
     single, run, most = _listing_fields(kernels, POOL, POOL_RUN, _POOL_KEYS, members)
     out = _listing_out(n, spans, most)
     end = kernels.pools_listing(
@@ -499,14 +555,18 @@ def pools_text(kernels: ModuleType, p: Pools, kpool: int, spans: np.ndarray | No
     return _text(out, end, "pools")
 
 
-def scatter_text(kernels: ModuleType, r: UbatchRecord, kpool: int) -> orjson.Fragment:
-    """`scatter_json(r, kpool)`'s text, written by the listing kernel."""
+def scatter_text(kernels: ModuleType | None, r: UbatchRecord, kpool: int) -> orjson.Fragment:
+    """`scatter_json(r, kpool)`'s text, written by the listing kernel (`kernels` None:
+    in pieces, `_pieces_text`)."""
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n, members = rows.shape
     if n < 2 or not kpool:
         spans = NO_SPANS
     else:
         spans = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
+    if kernels is None:
+        return _pieces_text(n, spans, lambda some: _entry_runs(rows, some),
+                            lambda at: _entries_alone(r, at))
     single, run, most = _listing_fields(kernels, SCATTER, SCATTER_RUN, _SCATTER_KEYS,
                                         members)
     out = _listing_out(n, spans, most)
