@@ -160,7 +160,8 @@ def test_runs_part_where_rep_once_aborts_the_partial_copy():
                                                                    "KP002": "op 5.0"}
     assert t["differences"] == []  # ops 0 and 1 are the same in both
     _, out, _ = run(PARTIAL)
-    assert "the runs part at op 2 (seq_cp)" in out
+    assert ("the runs part at op 2 (seq_cp): base applied, head aborted (KP005); after it "
+            "base ran 1 more ubatch, head 0") in out
 
 
 def test_every_finding_change_and_the_parting_say_where_they_sit_on_the_ubatch_axis():

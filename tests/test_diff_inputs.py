@@ -700,3 +700,14 @@ def test_every_field_replaced_by_anything_is_refused_or_compared(race_base, race
                 write(io.StringIO(), r)
             write_diff_rich(make_console(io.StringIO(), Manners(True, False, 100)), r)
     assert seen > 100 and len(shown) > 10
+
+
+def test_files_holding_different_numbers_of_reports_say_each_count_in_words(tmp_path,
+                                                                            race_base):
+    """One report against two (a file of one trace's report, a file of two): refused,
+    "1 report" singular, the other count bare."""
+    one = save(tmp_path, "a.json", race_base)
+    two = save(tmp_path, "b.json", [race_base, race_base])
+    message = refused(one, two)
+    assert f"{one} holds 1 report, {two} holds 2: they are not reports of the same " \
+           "traces" in message

@@ -318,8 +318,8 @@ def _part_reason(b: OpSide | None, h: OpSide | None) -> str | None:
     if (b.event is None) != (h.event is None) or b.kind != h.kind:
         return "the op ran differently (an event on one side only)"
     if [u.batch_ubatch for u in b.ubatches] != [u.batch_ubatch for u in h.ubatches]:
-        return (f"the decode splits into {len(b.ubatches)} ubatch(es) in base, "
-                f"{len(h.ubatches)} in head")
+        split = words.counted(len(b.ubatches), "ubatch", "ubatches", str)
+        return f"the decode splits into {split} in base, {len(h.ubatches)} in head"
     return None
 
 

@@ -31,7 +31,7 @@ from ..replay import DEFAULT_CORE, replay
 from ..trace.load import MAX_TOKENS
 from ..verdict.expect import load_checked
 from ..versions import load_version
-from ..wording import visible
+from ..wording import counted, visible
 from ..workers import WorkerDied, in_order
 from .compare import left_out
 from .reports import ReportError, input_kind, read_reports
@@ -137,7 +137,8 @@ def pair_reports(a: list[RunSummary], b: list[RunSummary], a_path: str, b_path: 
     traces (sha256), unless `force`. Raises ReportError."""
     a_file, b_file = visible(input_name(a_path)), visible(input_name(b_path))
     if len(a) != len(b):
-        raise ReportError(f"{a_file} holds {len(a)} report(s), {b_file} holds {len(b)}: "
+        raise ReportError(f"{a_file} holds {counted(len(a), 'report', number=str)}, "
+                          f"{b_file} holds {len(b)}: "
                           "they are not reports of the same traces")
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.sha256 != y.sha256 and not force:

@@ -240,7 +240,8 @@ def parting_note(t: TraceDiff) -> str:
     p = t.parting
     assert p is not None
     return (f"the runs part at op {p.op} ({visible(p.kind)}): {p.reason}; after it base ran "
-            f"{words.count(p.base_after)} more ubatch(es), head {words.count(p.head_after)}: "
+            f"{words.counted(p.base_after, 'more ubatch', 'more ubatches')}, head "
+            f"{words.count(p.head_after)}: "
             f"findings from op {p.op} on are compared by code counts")
 
 
