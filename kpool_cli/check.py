@@ -250,10 +250,9 @@ def check_one(job: CheckJob) -> CheckResult:
         trace = load_checked(job.path, max_tokens=job.max_tokens, max_nodes=job.max_nodes)
     except TraceError as e:
         return _invalid(job.path, engine, e)
-    if version is None:
-        line = next((op.loc.line for _, op in _expects(trace) if op.engine == job.engine), 0)
+    if version is None:  # a spec of the command line (an expect names registered ones)
         return CheckResult(name, engine, INVALID, problems=(
-            Problem(name, line, 0, "engine", refused),))
+            Problem(name, 0, 0, "engine", refused),))
     try:
         check_replay_memory(trace, job.backend, job.max_memory)
     except ReplayTooLarge as e:

@@ -453,16 +453,27 @@ def _archive_of(path: str) -> str | None:
 
 def _module_of_file(path: str, attr: str) -> str:
     """What to write for a plug-in named by its file (`mypkg/engine.py:Name`): its
-    module's dotted name, and the PYTHONPATH it is found on."""
+    module's dotted name (a package's `__init__.py` is the package), and the
+    PYTHONPATH it is found on; where a part of that name is no Python identifier
+    (`my-patch/`, `engine.txt`), no name imports it, and none is made up."""
     p = Path(path)
-    p = p.with_suffix("") if p.suffix == ".py" else p
+    module_file = p.suffix == ".py"
+    p = p.with_suffix("") if module_file else p
+    if p.name == "__init__":  # a package's own file: the package
+        p, module_file = p.parent, False
     parts = [part for part in p.parts if part != "."]
-    if p.is_absolute() or ".." in parts or not parts:
-        return (f"name the module, not its file: --engine {p.name}:{attr}, with "
-                f"PYTHONPATH={p.parent}")
-    return (f"name the module, not its file: --engine {'.'.join(parts)}:{attr}, with "
-            f"PYTHONPATH=. in the folder that holds {parts[0]}"
-            f"{'/' if len(parts) > 1 else '.py'}")
+    outside = p.is_absolute() or ".." in parts  # found on PYTHONPATH=its folder
+    named = [p.name] if outside else parts
+    how = "name the module, not its file:"
+    if not named or not all(part.isidentifier() for part in named):
+        return (f"{how} --engine package.module:{attr}, each part of the module's dotted "
+                "name a Python identifier, with the folder that holds its top package "
+                "on PYTHONPATH")
+    if outside:
+        return f"{how} --engine {p.name}:{attr}, with PYTHONPATH={p.parent}"
+    held = f"{parts[0]}.py" if len(parts) == 1 and module_file else f"{parts[0]}/"
+    return (f"{how} --engine {'.'.join(parts)}:{attr}, with PYTHONPATH=. in the folder "
+            f"that holds {held}")
 
 
 def load_version(spec: str) -> EngineVersion:

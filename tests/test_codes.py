@@ -427,6 +427,25 @@ def test_a_count_in_a_finding_message_takes_its_noun_and_verb_by_the_count():
                              "its members (2 tokens read 1 bad pool)")
 
 
+def test_one_token_reading_two_bad_pools_reads_them_in_the_singular():
+    """KP003's count of readers took `counted` but its verb stayed plural: "(1 token
+    read 2 bad pools)". By hand: seqs 0 and 1 each write pos 0..1 and 4..5 alone and
+    share pos 2..3 and 6..7, so under rep-once pools 0:k and 1:k have one rep row
+    (their shared last cell) and different members; seq 0's pooling is written there
+    last (ubatches 3 and 7). The last decode is one token (seq 1, pos 8) that sees
+    pools 1:0 and 1:1, both holding seq 0's value: 1 token, 2 bad pools."""
+    trace = load_trace_text(
+        "kpool_trace: 1\ncache: {kv_size: 32, kpool: 4, n_seq_max: 2}\nops:\n"
+        + "".join(f"  - decode: {{seq: {s}, pos: {p}}}\n" for s, p in (
+            (0, "0..2"), (1, "0..2"), ("[0, 1]", 2), ("[0, 1]", 3),
+            (0, "4..6"), (1, "4..6"), ("[0, 1]", 6), ("[0, 1]", 7), (1, 8))))
+    (*_, last) = [f for r in replay(trace, VERSIONS["rep-once"], make_backend("numpy", trace))
+                  if isinstance(r, UbatchRecord) for f in r.findings if f.code == "KP003"]
+    assert list(last.pools) == [(1, 0), (1, 1)] and last.tokens == ((8, 1),)
+    assert last.message.endswith("instead of the pooling of its members "
+                                 "(1 token reads 2 bad pools)")
+
+
 def _write_expected(codes: list[str]) -> None:
     """Write the named codes' expected findings (by hand, for a new code or a change
     of its findings; read each against its trace before committing it)."""

@@ -169,3 +169,11 @@ def test_sizes_that_do_not_fit_together_are_exit_2_with_a_message() -> None:
     code, stdout, stderr = run("gen", "context-shift", "--ctx", "16", "--keep", "8")
     assert code == 2 and stdout == ""
     assert stderr.startswith("kpool: --keep 8 does not fit --ctx 16") and "Traceback" not in stderr
+
+
+def test_a_seed_out_of_range_is_told_the_closed_range_in_words():
+    """Ranges `A..B` are half-open in every kpool text; the seeds' bound is closed
+    (SEED_MAX = 2**64 - 1 itself is a seed), so it is written "from 0 to"."""
+    with pytest.raises(ValueError, match=r"^--seed 18446744073709551616 is out of range: it "
+                                         r"must be from 0 to 18446744073709551615$"):
+        server(2**64)

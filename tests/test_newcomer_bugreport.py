@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import re
 import textwrap
+import tracemalloc
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from test_untrusted import RACE, ROOT, kpool_here, write
 
+from kpool_cli.cli.main import COMMANDS
 from kpool_cli.report.trace_page import EMPTY_COLOUR, SEQ_COLOURS, SHARED_COLOUR
 from kpool_cli.trace.load import TraceError, load_trace_text
 from kpool_cli.versions import VERSIONS, VersionError, load_version
@@ -115,6 +117,23 @@ def test_a_tab_in_the_indentation_says_yaml_indents_with_spaces():
     assert "tab" not in q
 
 
+def test_the_tab_of_a_long_file_is_found_without_a_string_a_line():
+    """The tab was looked for by splitting the text at every line before it: a 64 MB
+    file of short lines then a tab peaked at 1.6 GB (a string a line), ten times what
+    the same file costs without the look. The look holds no copy of the text now: a
+    million lines of `##` cost the text's size at the most, not 20 times it."""
+    text = "##\n" * 1_000_000 + "kpool_trace: 1\ncache:\n\tkv_size: 64\n"
+    tracemalloc.start()
+    try:
+        (p,) = _problems(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert p.startswith("bug.yaml:1000003:1: <yaml>: invalid YAML: ")
+    assert p.endswith("(a tab: YAML indents with spaces)")
+    assert peak < 2 * len(text), peak / len(text)
+
+
 # -- the plug-in ---------------------------------------------------------------------------
 
 
@@ -136,6 +155,34 @@ def test_a_plugin_named_by_its_file_is_told_its_module_name(spec: str, words: st
     msg = str(info.value)
     assert msg == f"engine {spec!r}: name the module, not its file: {words}"
     assert "py.py" not in msg
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    # a package's own file is the package, a folder that holds it
+    ("mypatch/__init__.py:Candidate",
+     "--engine mypatch:Candidate, with PYTHONPATH=. in the folder that holds mypatch/"),
+    ("mypatch/:Candidate",
+     "--engine mypatch:Candidate, with PYTHONPATH=. in the folder that holds mypatch/"),
+    # no dotted name imports these: none is made up (`my-patch.engine`, `engine.txt`,
+    # `:Candidate` for the root folder)
+    ("my-patch/engine.py:Candidate", None),
+    ("a.b/engine.py:Candidate", None),
+    ("mypatch/engine.txt:Candidate", None),
+    ("/:Candidate", None),
+])
+def test_a_plugin_file_whose_path_names_no_module_is_told_how_modules_are_named(
+        spec: str, words: str | None):
+    """`my-patch/engine.py:Candidate` was told `--engine my-patch.engine:Candidate`,
+    `/:X` `--engine :X`, and `mypatch/__init__.py` the module `mypatch.__init__` in
+    `mypatch/`; a module's dotted name is made of identifiers, and a package is named
+    by its folder."""
+    with pytest.raises(VersionError) as info:
+        load_version(spec)
+    general = ("--engine package.module:Candidate, each part of the module's dotted name "
+               "a Python identifier, with the folder that holds its top package on "
+               "PYTHONPATH")
+    assert str(info.value) == (f"engine {spec!r}: name the module, not its file: "
+                               f"{words or general}")
 
 
 def test_a_misspelt_version_in_a_plugin_is_suggested_from_those_it_holds(
@@ -203,11 +250,20 @@ def test_the_page_keys_the_colours_of_its_cell_map(tmp_path: Path, n_seq_max: in
 
 
 def test_a_folder_given_to_replay_names_the_commands_that_take_one(tmp_path: Path):
+    """The commands named are those that run on a folder of traces: `kpool diff
+    traces/` does (the README's second example), and was left out."""
     (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "race.yaml").write_text(RACE.read_text())
     r = kpool_here("replay", "traces", cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
+    said = r.stderr.replace("\n", " ")
     assert ("'traces' is a folder: kpool replay takes trace files (its *.yaml); "
-            "kpool check and kpool validate take a folder") in r.stderr.replace("\n", " ")
+            "kpool check, kpool diff and kpool validate take a folder") in said
+    take = [c for c in COMMANDS
+            if kpool_here(c, "traces", "--backend", "none", cwd=tmp_path).returncode in (0, 1)
+            or kpool_here(c, "traces", cwd=tmp_path).returncode in (0, 1)]
+    assert take == ["check", "diff", "validate"]
+    assert re.findall(r"kpool (\w+)", said.partition("; ")[2]) == take
 
 
 def test_a_settings_list_written_as_one_string_says_how_to_write_it(tmp_path: Path):

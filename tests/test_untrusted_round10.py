@@ -83,6 +83,35 @@ def test_a_trace_naming_a_composition_of_one_patch_twice_is_told_so(tmp_path):
     assert kpool_here("validate", str(t), cwd=tmp_path).returncode == 0
 
 
+def test_an_expect_naming_a_composition_with_spaces_holds_under_it(tmp_path):
+    """`expect: {engine: "cache-safe + noop-seq-rm"}` loads (a composition, its parts
+    stripped, as `--engine` takes it), and kpool check runs the trace under it, named
+    `cache-safe+noop-seq-rm`; but the expect kept its spelling, matched no run's name,
+    and was never judged: "0 expectations held", its KP001 unpinned, exit 1. The loader
+    reads an engine as the version's own name. By hand: seqs 0 and 1 share pos 0..8,
+    two pools each, so cache-safe re-pools both sequences' pools onto rows 3 and 7 in
+    both decodes (KP001 twice), which the no-op seq_rm patch does not change."""
+    t = tmp_path / "t.yaml"
+    t.write_text(textwrap.dedent("""\
+        kpool_trace: 1
+        engine: " cache-safe + noop-seq-rm "
+        cache: {kv_size: 64, kpool: 4, n_seq_max: 2}
+        ops:
+          - decode: {seq: [0, 1], pos: 0..8}
+          - decode: {tokens: [{pos: 8, seq: 0}, {pos: 8, seq: 1}]}
+          - expect: {engine: "cache-safe + noop-seq-rm", findings: [KP001]}
+        """))
+    loaded = load_trace_text(t.read_text())
+    assert loaded.engine == loaded.ops[-1].engine == "cache-safe+noop-seq-rm"
+    r = kpool_here("check", str(t), "--no-config", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout
+    assert (f"PASS    {t} under cache-safe+noop-seq-rm: 1 expectation held, pinned KP001 x2"
+            ) in r.stdout
+    r = kpool_here("replay", str(t), "--check", "--backend", "none", "--format", "json",
+                   cwd=tmp_path)
+    assert json.loads(r.stdout)["summary"]["expectations"] == {"passed": 1, "failed": 0}
+
+
 # -- a plug-in named as a composition ---------------------------------------------------------
 
 
@@ -149,6 +178,20 @@ def test_outputs_whose_names_differ_by_case_or_normalisation_are_refused(tmp_pat
     r = kpool_here("replay", str(RACE), "-o", "a.txt", "--html", "b.html", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.html"]
+
+
+def test_the_same_output_path_twice_is_not_told_of_case_folding(tmp_path):
+    """`-o v.txt --html v.txt` (and `./v.txt`, one file by a link of its folder) is
+    the same file on every file system: the note on names that differ by case or
+    normalisation was added to it too, where no two names differ."""
+    (tmp_path / "here").symlink_to(tmp_path)
+    for first, second in (("v.txt", "v.txt"), ("v.txt", "./v.txt"), ("v.txt", "here/v.txt")):
+        r = kpool_here("replay", str(RACE), "-o", first, "--html", second, cwd=tmp_path)
+        assert r.returncode == 2
+        said = r.stderr.replace("\n", " ")
+        assert (f"--html {second}: the same file as --output {first}: each output needs "
+                "its own path") in said, said
+        assert "case" not in said and "normalisation" not in said
 
 
 # -- a listing written without the kernels -------------------------------------------------------

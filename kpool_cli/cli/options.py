@@ -12,7 +12,7 @@ a process pool (the pool is also capped by the machine's cores: workers.in_order
 loads a trace takes both) and `max_memory_option`, the bounds on a trace's work;
 `core_option` (`--core`); `ubatch_ranges` (`--ubatch`); `ENGINES`, how help names the
 engine versions; `TraceFile`, `kpool replay`'s trace argument (a folder refused with
-the commands that take one).
+the commands that take one: those that read their paths by `inputs.trace_paths`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class TraceFile(click.Path):
         if isinstance(value, str) and value != "-" and os.path.isdir(value):
             # whole (a path is at most PATH_MAX, else no folder): its name is its end
             self.fail(f"{value!r} is a folder: kpool replay takes trace files (its *.yaml); "
-                      "kpool check and kpool validate take a folder", param, ctx)
+                      "kpool check, kpool diff and kpool validate take a folder", param, ctx)
         return super().convert(value, param, ctx)
 
 

@@ -116,7 +116,7 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
     if out is not None and stat.S_ISREG(out.st_mode) and (out.st_dev, out.st_ino) in inputs_by_id:
         raise OutputError(f"standard output is the input {inputs_by_id[(out.st_dev, out.st_ino)]}"
                           ": kpool never writes over its inputs (redirect it elsewhere)")
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, str]] = {}  # folded real path: (option and path, real)
     for opt, path in given:
         if path == "":
             raise OutputError(f"{opt}: the path is empty")
@@ -126,13 +126,16 @@ def check_outputs(inputs: Iterable[str], outputs: Iterable[tuple[str, str | None
         # the file a name stands for on every file system: one that folds case or
         # Unicode normalisation (macOS, Windows, a casefolded folder) makes R.json and
         # r.json one file, which the second output would replace
-        real = unicodedata.normalize("NFC", os.path.realpath(path)).casefold()
-        if real in seen:
-            raise OutputError(f"{opt} {path}: the same file as {seen[real]}: "
-                              "each output needs its own path (names that differ only "
-                              "by case or Unicode normalisation are one file where the "
-                              "file system folds them)")
-        seen[real] = f"{opt} {path}"
+        real = os.path.realpath(path)
+        folded = unicodedata.normalize("NFC", real).casefold()
+        if folded in seen:
+            first, first_real = seen[folded]
+            raise OutputError(f"{opt} {path}: the same file as {first}: each output needs "
+                              "its own path" + ("" if real == first_real else
+                                                " (names that differ only by case or "
+                                                "Unicode normalisation are one file where "
+                                                "the file system folds them)"))
+        seen[folded] = (f"{opt} {path}", real)
         fd = own_descriptor(path)
         if fd == 0:
             raise OutputError(f"{opt} {path}: names standard input: kpool writes nothing "

@@ -10,7 +10,7 @@ Invariants:
   a run gives the same outcome here, in a process pool or on a cluster, and any
   finding is reproducible from its seed;
 - every run's seed is one `kpool fuzz --seed` and `kpool gen random --seed` take
-  (0..`SEED_MAX`, the bound of a trace's `seed`, trace/format.py: `run_seed` wraps
+  (0 to `SEED_MAX`, the bound of a trace's `seed`, trace/format.py: `run_seed` wraps
   past it), so the command a shrunk trace's description gives is accepted, and run
   r's trace is the one `kpool gen random --seed` writes for its seed;
 - engine findings (KP codes the replay reports) and kpool defects (`INV_*`: an

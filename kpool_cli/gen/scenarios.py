@@ -208,7 +208,7 @@ def check_sizes(sizes: tuple[Size, ...], given: dict[str, int]) -> dict[str, int
 
 def _check_seed(seed: int) -> None:
     if not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"--seed {seed} is out of range: it must be in 0..{SEED_MAX}")
+        raise ValueError(f"--seed {seed} is out of range: it must be from 0 to {SEED_MAX}")
 
 
 def _seed(seed: int) -> random.Random:

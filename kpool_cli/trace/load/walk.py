@@ -13,7 +13,8 @@ Invariants:
 - The cache block is read before the ops, so the ops are checked against its
   values.
 - The trace's default engine, and an expect's, is a registered version only
-  (`engine_refused`, the one wording of why not), read at its value: a trace is data
+  (`engine_refused`, the one wording of why not), read at its value and kept as the
+  version's name (`a + b` is `a+b`, what a run under it is named): a trace is data
   and runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone.
 - A `Trace` is returned only when no problem was found.
 """
@@ -26,7 +27,7 @@ from typing import Any
 from kpool_cli.trace.format import BOUND, FORMAT_VERSION, TOP, Field
 from kpool_cli.trace.model import Trace
 from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
-from kpool_cli.versions import VERSIONS, unregistered
+from kpool_cli.versions import VERSIONS, registered, unregistered
 from kpool_cli.wording import suggest
 
 from .cache import CacheWalk
@@ -84,13 +85,15 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
 
     def engine(self, node: Node, path: str) -> str | None:
         """An engine version a trace names (its default `engine`, an expect's
-        `engine`): a registered version only (`engine_refused`)."""
+        `engine`): a registered version only (`engine_refused`), read as the version's
+        own name (`rep-once + noop-seq-rm` is `rep-once+noop-seq-rm`), the name the
+        runs under it carry, which an expect is matched against."""
         name = self.str_(node, path, nonempty=True)
         if name is None:
             return None
         why = engine_refused(name)
         if why is None:
-            return name
+            return registered(name).name
         self.problem(node, path, why)
         return None
 

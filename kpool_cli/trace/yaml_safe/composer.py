@@ -730,11 +730,28 @@ def _line_col(text: str, index: int) -> tuple[int, int]:
     return line_at(text, index), index - text.rfind("\n", 0, index)
 
 
+_BLOCK = 1 << 16  # `_char_at` counts the line breaks of this many characters at a time
+
+
 def _char_at(text: str, line: int, col: int) -> str:
     """The character of the file at 1-based `line` and `col` (`\n` alone ends a
-    line), or "" past its end."""
-    lines = text.split("\n", line)
-    return lines[line - 1][col - 1:col] if line <= len(lines) and col >= 1 else ""
+    line), or "" past its end. The line is found by counting breaks a block at a
+    time: nothing of the text is copied, so a 64 MB file of short lines costs no
+    string a line (a split would cost 60 bytes each, a gigabyte)."""
+    before, start = line - 1, 0  # the breaks before the line, where the search is
+    while before:
+        n = text.count("\n", start, start + _BLOCK)
+        if n < before:
+            if start + _BLOCK >= len(text):
+                return ""  # past the last line
+            before, start = before - n, start + _BLOCK
+            continue
+        for _ in range(before):  # the line starts in this block
+            start = text.index("\n", start) + 1
+        break
+    end = text.find("\n", start)
+    at = start + col - 1
+    return text[at] if col >= 1 and at < (len(text) if end < 0 else end) else ""
 
 
 def _yaml_problem(file: str, text: str, e: yaml.YAMLError,

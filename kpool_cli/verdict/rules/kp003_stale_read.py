@@ -102,7 +102,8 @@ def check(ctx: UbatchContext, values: ValueFacts) -> Finding | None:
     tokens = tuple((int(ctx.token_pos[i]), token_seqs[i][0]) for i in readers)
     more = ""
     if len(readers) > 1 or len(pools) > 1:
-        more = (f" ({words.counted(len(readers), 'token', number=str)} read "
+        more = (f" ({words.counted(len(readers), 'token', number=str)} "
+                f"{'reads' if len(readers) == 1 else 'read'} "
                 f"{words.counted(len(pools), 'bad pool', number=str)})")
     message = (f"token (pos {tokens[0][0]}, seq {s0}) reads pool {s0}:{k0} at row {row0}, "
                f"which holds {said} instead of the pooling of its members" + more)
