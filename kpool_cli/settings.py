@@ -55,7 +55,7 @@ from .contracts.tally import FAIL_ON
 from .inputs import InputRefused, InputTooLarge, line_at, nesting_past, read_input
 from .trace.yaml_safe import clip, quote
 from .verdict.codes import CODES
-from .versions import ALL, VERSIONS, VersionError, is_registered, registered
+from .versions import ALL, named_by_data
 from .wording import suggest, unknown_key, visible
 from .workers import MAX_JOBS
 
@@ -519,19 +519,9 @@ class _Checker:
             raise self.fail(("engines",), "empty: name at least one engine, or leave the "
                                           "key out")
         for item in items:
-            if item != ALL and "+" in item and ":" not in item:
-                try:
-                    registered(item)
-                except VersionError as e:
-                    raise self.fail(("engines",), str(e)) from None
-            elif item != ALL and not is_registered(item):
-                plugin = (" (a plug-in engine is named on the command line, --engine: a "
-                          "settings file is data, and names only registered versions)"
-                          if ":" in item else "")
-                raise self.fail(("engines",), f"unknown engine {quote(item)}"
-                                              f"{suggest(item, VERSIONS)}; known engines are "
-                                              f"{', '.join(VERSIONS)}, BASE+PATCH "
-                                              f"or all{plugin}")
+            why = None if item == ALL else named_by_data(item, "a settings file", ", or all")
+            if why is not None:
+                raise self.fail(("engines",), why)
             if items.count(item) > 1:
                 raise self.fail(("engines",), f"engine {quote(item)} named twice")
         return tuple(items)

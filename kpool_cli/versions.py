@@ -7,7 +7,8 @@ Owns: `EngineVersion` (a frozen record of policies); the bases `CACHE_SAFE`
 applies to them, each with the `Origin` it was read from and the base policies its
 anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
 (the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
-composition; `unregistered`, why a name is neither) and `load_version` (those, or a
+composition; `unknown_engine`, the one refusal of a name that is neither;
+`named_by_data`, why a trace or a settings file may not name one) and `load_version` (those, or a
 plug-in); `plugin_files`, the files a
 plug-in is imported from (inputs no output may overwrite); `instead`, what to run on
 a base a patch cannot apply to (its port there, `Patch.port_of`, or the patch a port
@@ -43,7 +44,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal, TypeGuard, TypeVar
 
-from .wording import suggest, unicode_text
+from .wording import quoted, suggest, unicode_text
 
 PADDING_POLICIES = ("unused-rows", "row-zero", "repeat-pool")
 TRUNCATE_SPARES = ("no-shared-cell", "flagged-shared")
@@ -387,27 +388,37 @@ def is_registered(name: str) -> bool:
     return True
 
 
-def unregistered(name: str) -> str | None:
-    """None when `name` is registered (`is_registered`), else why not, in
-    `registered`'s words: for a composition, `compose`'s (an unknown part, a patch that
-    cannot apply to its base and what to run instead, two patches changing one
-    policy)."""
+def unknown_engine(name: str, also: str = "") -> str:
+    """The one refusal of an engine name that is no registered version and no
+    composition: the name (clipped), a near one, the known ones, then `also` (what
+    else the place that named it takes, or why it takes no plug-in)."""
+    return (f"unknown engine {quoted(name, 80)}{suggest(name, VERSIONS)}: known engines are "
+            f"{', '.join(VERSIONS)}, BASE+PATCH (kpool engines){also}")
+
+
+def registered(name: str, also: str = "") -> EngineVersion:
+    """A shipped version or a composition of registered bases and patches (what a trace,
+    a settings file and `--engine` may name without importing code). Any other name is
+    refused by `unknown_engine` (with `also`), a composition that does not apply by
+    `compose`'s reason."""
+    if name in VERSIONS:
+        return VERSIONS[name]
+    if "+" in name and ":" not in name:
+        return compose(name)
+    raise VersionError(unknown_engine(name, also))
+
+
+def named_by_data(name: str, data: str, also: str = "") -> str | None:
+    """Why `data` (a trace, a settings file: files that import no code) may not name
+    the engine `name`, or None when it may: `registered`'s refusal, which for a
+    plug-in's `module:Name` says where one is given."""
+    note = (f"; {data} is data and names registered versions only: a plug-in "
+            "(module:Name) is given with --engine" if ":" in name else "")
     try:
-        registered(name)
+        registered(name, also + note)
     except VersionError as e:
         return str(e)
     return None
-
-
-def registered(name: str) -> EngineVersion:
-    """A shipped version or a composition of registered bases and patches (what a trace,
-    a settings file and `--engine` may name without importing code)."""
-    if name in VERSIONS:
-        return VERSIONS[name]
-    if "+" in name:
-        return compose(name)
-    raise VersionError(f"unknown engine {name!r}: known engines are {', '.join(VERSIONS)}, "
-                       "or BASE+PATCH (kpool engines)")
 
 
 def plugin_files(spec: str | None) -> tuple[str, ...]:
@@ -489,8 +500,6 @@ def load_version(spec: str) -> EngineVersion:
     raised, never an exit status of its own; only Ctrl-C (a KeyboardInterrupt, as
     kpool's SIGTERM is) ends the run as a signal. The version's name and description are
     Unicode text: a lone surrogate in them is written as its escape (`\\udcff`)."""
-    if spec in VERSIONS or ("+" in spec and ":" not in spec):
-        return registered(spec)
     known = ", ".join(VERSIONS)
     if not spec.strip():
         raise VersionError(f"empty engine name: give one of {known}, or package.module:Name")
@@ -499,9 +508,7 @@ def load_version(spec: str) -> EngineVersion:
                            f"--engine and kpool fuzz --engine only; name one version here: "
                            f"{known}, BASE+PATCH or package.module:Name")
     if ":" not in spec:
-        raise VersionError(f"unknown engine {spec!r}{suggest(spec, VERSIONS)}: known engines "
-                           f"are {known}, BASE+PATCH (kpool engines), or give "
-                           "package.module:Name")
+        return registered(spec, ", or give package.module:Name")
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")

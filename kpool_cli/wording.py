@@ -28,6 +28,8 @@ Owns:
   trace (a position, a cell, a row, an index, an op, a seed) is never grouped;
   `code_count(code, n)`: how many findings of a code: `KP001 x12`; `counted(n,
   noun)`: a count and its noun, singular for 1: `1 token`, `3 tokens`;
+- `clip(text, n)`, `quoted(text, n)`: a value a message echoes, cut to `n`
+  characters (and quoted);
 - `suggest(word, known)`: the known name closest to one that is none, `(did you
   mean 'rep-once'?)`, for every refusal of an unknown name (a key, an op, a code, an
   engine); `unknown_key(shown, key, known)`: the refusal of an unknown key of a
@@ -331,6 +333,16 @@ def suggest(word: str, known: Iterable[str]) -> str:
         return ""
     close = difflib.get_close_matches(word, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def clip(text: str, n: int = 40) -> str:
+    """`text`, cut to `n` characters: a message never echoes a whole value."""
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def quoted(text: str, n: int = 40) -> str:
+    """`text` clipped (`clip`) and quoted as Python writes a str: `'rep_once'`."""
+    return repr(clip(text, n))
 
 
 def unknown_key(shown: str, key: str, known: Sequence[str]) -> str:

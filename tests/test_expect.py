@@ -62,5 +62,5 @@ def test_an_unregistered_expect_engine_is_placed_at_its_value_with_a_suggestion(
         load_trace_text(text, "t.yaml")
     (p,) = info.value.problems
     assert (p.line, p.column, p.field) == (6, 22, "ops[1].expect.engine")
-    assert p.message.startswith("'rep_once' is not a registered engine version (did you "
-                                "mean 'rep-once'?) (known: cache-safe, rep-once, ")
+    assert p.message.startswith("unknown engine 'rep_once' (did you mean 'rep-once'?): known "
+                                "engines are cache-safe, rep-once, ")

@@ -335,7 +335,8 @@ BAD = [
     ("engines = ['rep_once']", "unknown engine 'rep_once' (did you mean 'rep-once'?)"),
     ("engines = ['pkg.mod']", "unknown engine 'pkg.mod'"),
     ("engines = ['pkg.mod:']", "unknown engine 'pkg.mod:'"),
-    ("engines = ['pkg.mod:V']", "a plug-in engine is named on the command line"),
+    ("engines = ['pkg.mod:V']", "a settings file is data and names registered versions only: "
+                                "a plug-in (module:Name) is given with --engine"),
     ("engines = ['rep-once', 'rep-once']", "named twice"),
     ("engines = ['rep-once', 3]", "item 1: expected a string, got an int"),
     ("fail-on = 'errors'", "unknown value 'errors' (did you mean 'error'?)"),

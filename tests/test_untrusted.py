@@ -88,7 +88,9 @@ def test_a_trace_names_only_registered_engines(tmp_path, engine):
               + textwrap.dedent(RACE_BODY))
     r = kpool("replay", str(t), cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == ""
-    assert f"t.yaml:2:9: engine: {engine!r} is not a registered engine version" in r.stderr
+    assert f"t.yaml:2:9: engine: unknown engine {engine!r}" in r.stderr
+    assert ("a trace is data and names registered versions only: a plug-in (module:Name) "
+            "is given with --engine" in r.stderr) == (":" in engine)
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "ran").exists()  # nothing was imported
 

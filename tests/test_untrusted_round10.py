@@ -64,7 +64,7 @@ def test_a_trace_naming_a_composition_that_does_not_apply_is_told_why(tmp_path, 
     r = kpool_here("validate", str(t), cwd=tmp_path)
     assert r.returncode == 2
     assert f"  {t}:{line}:{col}: {field}: {TAIL_ON_REP_ONCE}\n" in r.stdout, r.stdout
-    assert "is not a registered engine version" not in r.stdout
+    assert "unknown engine" not in r.stdout
 
 
 def test_a_trace_naming_a_composition_of_one_patch_twice_is_told_so(tmp_path):
@@ -307,3 +307,39 @@ def test_the_pieces_path_is_taken_only_past_a_piece(monkeypatch):
     EncodedTexts().listings(_record(json_report.PIECE + 1, np.random.default_rng(5)), 0)
     assert len(called) == 2  # the pools and the entries
 
+
+
+KNOWN = ("known engines are cache-safe, rep-once, tail-truncate, cache-safe+tail-truncate, "
+         "angt-f46848f, glm5next-048799f0, BASE+PATCH (kpool engines)")
+
+
+def test_an_unknown_engine_is_refused_in_one_wording_wherever_it_is_named(tmp_path):
+    """The command line, a settings file, a trace's `engine:` and an expect's each
+    refused an unknown name in words of their own (four wordings, two of them
+    re-deciding what a composition is): one refusal now (versions.unknown_engine),
+    each place adding only what else it takes."""
+    body = textwrap.dedent(RACE_BODY)
+    (tmp_path / "t.yaml").write_text("kpool_trace: 1\n" + body)
+    said = f"unknown engine 'rep_once' (did you mean 'rep-once'?): {KNOWN}"
+    r = kpool_here("replay", "t.yaml", "--engine", "rep_once", cwd=tmp_path)
+    assert r.stderr == f"kpool: {said}, or give package.module:Name\n"
+    (tmp_path / "kpool.toml").write_text('engines = ["rep_once"]\n')
+    r = kpool_here("check", "t.yaml", cwd=tmp_path)
+    assert r.stderr.endswith(f"kpool.toml:1: engines: {said}, or all\n"), r.stderr
+    (tmp_path / "kpool.toml").unlink()
+    (tmp_path / "e.yaml").write_text("kpool_trace: 1\nengine: rep_once\n" + body)
+    r = kpool_here("replay", "e.yaml", cwd=tmp_path)
+    assert r.stderr.endswith(f"e.yaml:2:9: engine: {said}\n"), r.stderr
+    assert r.returncode == 2
+
+
+def test_a_long_unknown_engine_name_is_clipped_where_a_trace_names_it(tmp_path):
+    """A megabyte of name is echoed as its first 77 characters and `...`, as a
+    problem quotes any other scalar (the review found 16 KB of it)."""
+    name = "x" * 2**20
+    (tmp_path / "t.yaml").write_text(f"kpool_trace: 1\nengine: {name}\n"
+                                     + textwrap.dedent(RACE_BODY))
+    r = kpool_here("validate", "t.yaml", cwd=tmp_path)
+    assert r.returncode == 2
+    assert f"engine: unknown engine '{'x' * 77}...': {KNOWN}\n" in r.stdout, r.stdout[:500]
+    assert len(r.stdout) < 1000

@@ -2,8 +2,7 @@
 the sections of the walk (`cache`, `ops`, `decode`, on `fields`).
 
 Owns: `_Walker` (a `Trace` from the root node, or problems), `_READ`, how the
-walk reads a field of each declared type (`trace.format`), and `engine_refused`,
-which engines a trace may name.
+walk reads a field of each declared type (`trace.format`).
 
 Invariants:
 - The version is read first: a trace of another version gets one problem, which
@@ -13,7 +12,7 @@ Invariants:
 - The cache block is read before the ops, so the ops are checked against its
   values.
 - The trace's default engine, and an expect's, is a registered version only
-  (`engine_refused`, the one wording of why not), read at its value and kept as the
+  (`versions.named_by_data`, the one wording of why not), read at its value and kept as the
   version's name (`a + b` is `a+b`, what a run under it is named): a trace is data
   and runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone.
 - A `Trace` is returned only when no problem was found.
@@ -26,34 +25,13 @@ from typing import Any
 
 from kpool_cli.trace.format import BOUND, FORMAT_VERSION, TOP, Field
 from kpool_cli.trace.model import Trace
-from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar, quote
-from kpool_cli.versions import VERSIONS, registered, unregistered
-from kpool_cli.wording import suggest
+from kpool_cli.trace.yaml_safe import STR, Map, Node, Parse, Scalar
+from kpool_cli.versions import named_by_data, registered
 
 from .cache import CacheWalk
 from .decode import DecodeWalk
 from .fields import static_bounds
 from .ops import OpsWalk
-
-
-def engine_refused(name: str) -> str | None:
-    """Why a trace may not name the engine `name` (its `engine:`, an expect's
-    `engine:`), or None when it may: a registered version only. A trace is data and
-    runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone; a
-    composition that does not apply is refused with `compose`'s reason (which patch
-    cannot apply to which base, and what to run instead), as `--engine` and a
-    settings file word it, not as a name kpool does not know; a near name is
-    suggested."""
-    why = unregistered(name)
-    if why is None:
-        return None
-    if "+" in name and ":" not in name:  # BASE+PATCH...: its parts, and what is wrong
-        return why
-    known = ", ".join(VERSIONS) + ", or BASE+PATCH"
-    how = ("a plug-in version (module:Name) is given with --engine only, never by a "
-           "trace" if ":" in name else "a plug-in version is given with --engine")
-    return (f"{quote(name)} is not a registered engine version{suggest(name, VERSIONS)} "
-            f"(known: {known}); {how}")
 
 
 class _Walker(CacheWalk, OpsWalk, DecodeWalk):
@@ -85,13 +63,13 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
 
     def engine(self, node: Node, path: str) -> str | None:
         """An engine version a trace names (its default `engine`, an expect's
-        `engine`): a registered version only (`engine_refused`), read as the version's
+        `engine`): a registered version only (`versions.named_by_data`), read as the version's
         own name (`rep-once + noop-seq-rm` is `rep-once+noop-seq-rm`), the name the
         runs under it carry, which an expect is matched against."""
         name = self.str_(node, path, nonempty=True)
         if name is None:
             return None
-        why = engine_refused(name)
+        why = named_by_data(name, "a trace")
         if why is None:
             return registered(name).name
         self.problem(node, path, why)

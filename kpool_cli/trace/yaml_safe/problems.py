@@ -1,8 +1,8 @@
 """Located problems: what is wrong with a trace, and where.
 
-Owns: `Problem`, `TraceError`, and how a problem words what it names: `clip` and
-`quote` (a scalar, cut), `suggest` (the closest known word) and `join` (a dotted
-field path).
+Owns: `Problem`, `TraceError`, and how a problem words what it names: `join` (a
+dotted field path); `clip` and `quote` (a scalar, cut) are `wording.clip` and
+`wording.quoted`, re-exported.
 
 Invariants:
 - Every problem carries the node's start (1-based line and column) and a dotted
@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kpool_cli.wording import visible
+from kpool_cli.wording import clip as clip
+from kpool_cli.wording import quoted, visible
+
+quote = quoted  # how a problem quotes a scalar: the wording's
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +66,6 @@ class TraceError(Exception):
         if self.truncated:
             lines.append(f"(stopped after {len(self.problems)} problems)")
         return "\n".join(lines)
-
-
-def clip(text: str, n: int = 40) -> str:
-    """`text`, cut to `n` characters: a problem never echoes a whole scalar."""
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def quote(text: str) -> str:
-    return repr(clip(text))
 
 
 def join(field: str, key: str) -> str:
