@@ -392,7 +392,7 @@ def unknown_engine(name: str, also: str = "") -> str:
     """The one refusal of an engine name that is no registered version and no
     composition: the name (clipped), a near one, the known ones, then `also` (what
     else the place that named it takes, or why it takes no plug-in)."""
-    return (f"unknown engine {quoted(name, 80)}{suggest(name, VERSIONS)}: known engines are "
+    return (f"unknown engine {quoted(name)}{suggest(name, VERSIONS)}: known engines are "
             f"{', '.join(VERSIONS)}, BASE+PATCH (kpool engines){also}")
 
 

@@ -334,12 +334,12 @@ def test_an_unknown_engine_is_refused_in_one_wording_wherever_it_is_named(tmp_pa
 
 
 def test_a_long_unknown_engine_name_is_clipped_where_a_trace_names_it(tmp_path):
-    """A megabyte of name is echoed as its first 77 characters and `...`, as a
+    """A megabyte of name is echoed as its first 37 characters and `...`, as a
     problem quotes any other scalar (the review found 16 KB of it)."""
     name = "x" * 2**20
     (tmp_path / "t.yaml").write_text(f"kpool_trace: 1\nengine: {name}\n"
                                      + textwrap.dedent(RACE_BODY))
     r = kpool_here("validate", "t.yaml", cwd=tmp_path)
     assert r.returncode == 2
-    assert f"engine: unknown engine '{'x' * 77}...': {KNOWN}\n" in r.stdout, r.stdout[:500]
+    assert f"engine: unknown engine '{'x' * 37}...': {KNOWN}\n" in r.stdout, r.stdout[:500]
     assert len(r.stdout) < 1000
