@@ -21,6 +21,7 @@ bounded by its own config, in time and in memory.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import random
 import time
@@ -41,6 +42,7 @@ from kpool_cli.contracts.report_format import report_schema
 from kpool_cli.diff import reports
 from kpool_cli.diff.reports import ReportError, from_report, read_reports
 from kpool_cli.diff.runs import Unit, run_unit
+from kpool_cli.report.json_text import dumps
 from kpool_cli.trace.model import Token
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -330,7 +332,7 @@ def _one_ubatch(doc: dict, i: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("edit, message", [
+BOUND_EDITS = [
     # config: the trace's bounds
     (("config.kv_size", 2**24 + 1), "report.config.kv_size: 16777217 is out of range (at most "
                                      "16777216, the trace's bound)"),
@@ -418,7 +420,10 @@ def _one_ubatch(doc: dict, i: int) -> dict:
     (("events.0.op", 2**16), "report.events[0].op: 65536 is out of range"),
     # not a whole run
     (("summary.status", "interrupted"), "report.summary.status: the replay was interrupted"),
-])
+]
+
+
+@pytest.mark.parametrize("edit, message", BOUND_EDITS)
 def test_each_bound_of_the_config_is_refused_where_it_is(race, edit, message):
     path, value = edit
     assert message in refusal(edited(race, path, value))
@@ -489,9 +494,10 @@ def test_a_ubatch_of_a_million_tokens_is_refused_before_they_are_read(tmp_path, 
     assert peak < 2.2 * size + 2**21, (peak, size)  # the file's bytes and text, no tree
 
 
-def test_runs_standing_for_millions_of_rows_are_refused_before_they_are_built(tmp_path, race):
-    """A few hundred bytes a ubatch stand for 2**21 pools and as many entries: the
-    budget (MEMORY_PER_BYTE times the file + MEMORY_FLOOR) is passed before any is."""
+def _millions_of_rows(race: dict) -> dict:
+    """The race's report with 50 ubatches whose runs stand for 2**21 pools and as many
+    scatter entries each, in a few hundred bytes (kv_size 2**20, kpool 1, two
+    sequences)."""
     doc = copy.deepcopy(race)
     doc["config"].update(kv_size=2**20, kpool=1)
     n = 2**20
@@ -500,7 +506,13 @@ def test_runs_standing_for_millions_of_rows_are_refused_before_they_are_built(tm
         pools=[{"seq": s, "k": [0, n], "first_pos": 0, "cells": [0, 1, 1], "new": True}
                for s in (0, 1)], scatter=[{"n": 2 * n, "cells": [0, 0, 0], "pad": False}])
         for i in range(50)]
-    path = save(tmp_path, "runs.json", doc)
+    return doc
+
+
+def test_runs_standing_for_millions_of_rows_are_refused_before_they_are_built(tmp_path, race):
+    """A few hundred bytes a ubatch stand for 2**21 pools and as many entries: the
+    budget (MEMORY_PER_BYTE times the file + MEMORY_FLOOR) is passed before any is."""
+    path = save(tmp_path, "runs.json", _millions_of_rows(race))
     out, peak, took = _peak(lambda: read_reports(path))
     assert isinstance(out, ReportError)
     assert "runs.json: report.ubatches[0]: the report would take more memory than kpool diff " \
@@ -588,6 +600,259 @@ def test_a_duplicate_key_deep_in_a_large_object_is_located(tmp_path, race, monke
         save(tmp_path, "b.json", text))
     text = json.dumps(race)[:-1] + ', "x": {"a": [1, {"b": 1, "b": 2}]}}'
     assert "b.json: report.x.a[1]: duplicate key \"b\"" in message(save(tmp_path, "b.json", text))
+
+
+# --- a report as kpool writes it: a ubatch a line, lines read at once -----------------------------
+
+
+def as_written(doc: dict) -> str:
+    """`doc` laid out as `kpool replay --format json` writes one report: a field a line,
+    and a ubatch, an event, an expectation a line (`json_report.write_report`)."""
+    out = "{\n"
+    for key, value in doc.items():
+        if key in ("ubatches", "events", "expectations"):
+            out += (f"  {dumps(key)}: [" + ",".join("\n    " + dumps(x) for x in value)
+                    + ("\n  " if value else "") + "],\n")
+        else:
+            out += f"  {dumps(key)}: {dumps(value)},\n"
+    return out.removesuffix(",\n") + "\n}\n"
+
+
+def _outcome(path: str, tmp_path: Path) -> object:
+    """What reading `path` gives: the summaries, or the message (its place checked)."""
+    try:
+        return read_reports(path)
+    except ReportError as e:
+        unplaced(str(e))
+        return str(e).replace(str(tmp_path) + "/", "")
+
+
+@pytest.fixture
+def lines_taken(monkeypatch) -> list[int]:
+    """[ubatches the fast path took, runs of lines it left to the precise path], as
+    reading goes; the precise path reads every array part by part (SMALL_BYTES tiny)."""
+    monkeypatch.setattr(reports, "SMALL_BYTES", 120)
+    taken = [0, 0]
+    real = reports._ubatch_columns
+
+    def counted(items, n, ctx):
+        try:
+            out = real(items, n, ctx)
+        except Exception:
+            taken[1] += 1
+            raise
+        taken[0] += len(out)
+        return out
+
+    monkeypatch.setattr(reports, "_ubatch_columns", counted)
+    return taken
+
+
+def _both_ways(path: str, tmp_path: Path) -> tuple[object, object]:
+    """(reading `path` with the fast path, without it: LINES_BYTES 0)."""
+    fast, lines = _outcome(path, tmp_path), reports.LINES_BYTES
+    reports.LINES_BYTES = 0
+    try:
+        return fast, _outcome(path, tmp_path)
+    finally:
+        reports.LINES_BYTES = lines
+
+
+def test_the_layout_here_is_kpools():
+    r = CliRunner().invoke(cli, ["replay", SERVER, "--engine", "cache-safe", "--backend",
+                                 "none", "--format", "json"])
+    assert r.exit_code in (0, 1) and as_written(json.loads(r.stdout)) == r.stdout
+
+
+def test_every_ubatch_kpool_writes_is_read_a_run_of_lines_at_once(tmp_path, lines_taken,
+                                                                 monkeypatch):
+    """Every shipped trace's report, under either engine, marked pools and every pool,
+    model-only and with values (findings, evidence, M-RoPE, non-unified): the fast path
+    takes every ubatch, none is left to the precise path (`_ubatch_post`, which words
+    problems, is not called), and the summaries are the live run's."""
+    precise: list[int] = []
+    real = reports._ubatch_post
+    monkeypatch.setattr(reports, "_ubatch_post",
+                        lambda ctx, u: precise.append(1) or real(ctx, u))
+    ubatches = 0
+    for i, trace in enumerate(TRACES):
+        for engine in ("rep-once", "cache-safe"):
+            more = ["--pools", "all"] if i % 3 == 1 else []
+            backend = "numpy" if i % 4 == 2 else "none"
+            path = tmp_path / "r.json"
+            r = CliRunner().invoke(cli, ["replay", trace, "--engine", engine, "--backend",
+                                         backend, "--format", "json", "-o", str(path), *more])
+            assert r.exit_code in (0, 1), r.stderr
+            got = read_reports(str(path))
+            assert got == [run_unit(Unit(trace, engine, backend))], (trace, engine)
+            ubatches += len(got[0].ubatches)
+    assert lines_taken == [ubatches, 0] and not precise and ubatches > 200
+
+
+_LINE_EDITS = [  # (what kpool never writes in a line, as it reads; the precise path words it)
+    ('"n_new":', '"n_new":0,"n_new":'),  # a key twice
+    (':0,', ':-0,'), (':1,', ':1.0,'), (':1,', ':1e0,'), (':0,', ':00,'),
+    (':1,', ':18446744073709551617,'), (':1,', ':true,'), (':1,', ':NaN,'),
+    (',', ', '), (',', ',\t'), (',', ',\n    '),  # whitespace (JSON, not kpool's)
+    ('"cost"', '"co\\u0073t"'), ('"seq"', '"se\\u0071"'),  # a key escaped
+    ('"message":"', '"message":"a,\n    b'),  # a newline in a string, where a line ends
+    ('"message":"', '"message":"a\n  ]'),  # ... where the array's last line would
+    ('"cells"', '"cells,\n    x"'),
+    ('"stale_batch":{}', '"stale_batch":{"0":1}'), ('"stale_batch":{}', '"stale_batch":{"00":1}'),
+    ('"findings":[]', '"findings":[{"code":"KP005","name":"x","severity":"error","message":'
+                      '"\\u00e9","rows":[0],"seqs":[0]}]'),
+    ('"findings":[]', '"findings":[{"code":"KP001","name":"x","severity":"error","message":'
+                      '"m","rows":[],"seqs":[],"evidence":' + "[" * 30 + "]" * 30 + "}]"),
+    ('"findings":[]', '"findings":[{"code":"KP001","name":"x","severity":"error","message":'
+                      '"\\ud800","rows":[],"seqs":[]}]'),
+    ('{"index"', '{"added_later":1,"index"'),
+]
+
+
+def test_lines_kpool_never_writes_are_read_as_the_precise_path_reads_them(
+        tmp_path, samples, lines_taken):
+    """Real reports written as kpool writes them, a field of a ubatch's line set to a
+    hostile value or to one of the config's bounds, or deleted: the fast path gives the
+    same summary, or the same error at the same place, as the precise path alone;
+    where it takes the edited line, what it takes is what the precise path reads."""
+    rng = random.Random(5)
+    n = taken = 0
+    for doc in samples:
+        cfg = doc["config"]
+        rows = cfg["kv_size"] * (1 if cfg["unified"] else cfg["n_seq_max"])
+        bounds = [rows - 1, rows, cfg["n_seq_max"] - 1, cfg["n_seq_max"], cfg["kpool"] + 1,
+                  cfg["kv_size"] // cfg["kpool"], 2**31 - 2**20, 2**16, 2**63 - 1]
+        lines = as_written(doc).split("\n")
+        at = [i for i, line in enumerate(lines) if line.startswith('    {"index"')]
+        for _ in range(40):
+            edited = list(lines)
+            i = rng.choice(at)
+            text = edited[i].strip().removesuffix(",")
+            ubatch = json.loads(text)
+            path = rng.choice([p for p in _paths(ubatch) if p])
+            node = _at(ubatch, path[:-1])
+            value = rng.choice([*HOSTILE, *bounds, "delete"])
+            if value == "delete":
+                del node[path[-1]]  # type: ignore[index,union-attr]
+            else:
+                node[path[-1]] = value  # type: ignore[index]
+            edited[i] = "    " + dumps(ubatch) + ("," if edited[i].endswith(",") else "")
+            path = save(tmp_path, "e.json", "\n".join(edited))
+            before = lines_taken[0]
+            fast, precise = _both_ways(path, tmp_path)
+            assert fast == precise, (lines[i], edited[i])
+            taken += lines_taken[0] > before and isinstance(fast, list)
+            n += 1
+    assert n > 600 and taken > 100, (n, taken)
+
+
+@pytest.mark.parametrize("old, new", _LINE_EDITS)
+def test_text_kpool_never_writes_in_a_line_is_read_by_the_precise_path(tmp_path, race,
+                                                                      lines_taken, old, new):
+    """A line's text as kpool never writes it (a key twice, numbers and keys written
+    otherwise, whitespace, a newline in a string where the fast path cuts lines, a
+    finding nested deep): read as the precise path alone reads it, at each ubatch."""
+    lines = as_written(race).split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith('    {"index"') and old in line:
+            edited = [*lines[:i], line.replace(old, new, 1), *lines[i + 1:]]
+            fast, precise = _both_ways(save(tmp_path, "e.json", "\n".join(edited)), tmp_path)
+            assert fast == precise, (old, new, i)
+            if new.startswith('"message":"a'):  # a newline in a string
+                assert "not JSON: Invalid control character" in str(fast)
+
+
+@pytest.mark.parametrize("edit, message", BOUND_EDITS)
+def test_each_bound_is_refused_where_it_is_in_kpools_lines(tmp_path, race, lines_taken, edit,
+                                                           message):
+    path, value = edit
+    fast, precise = _both_ways(save(tmp_path, "b.json", as_written(edited(race, path, value))),
+                               tmp_path)
+    assert fast == precise and message in str(fast)
+
+
+def test_runs_in_kpools_lines_are_refused_before_they_are_built(tmp_path, race, lines_taken):
+    """The budget is charged for a run of lines before any is built: runs standing for
+    2**21 pools and entries a ubatch are refused as the precise path refuses them."""
+    path = save(tmp_path, "runs.json", as_written(_millions_of_rows(race)))
+    out, peak, took = _peak(lambda: read_reports(path))
+    assert isinstance(out, ReportError)
+    assert "runs.json: report.ubatches[0]: the report would take more memory than kpool diff " \
+           "gives it (6 times its size + 32 MiB)" in unplaced(str(out))
+    assert lines_taken[1] >= 1 and peak < 2**22 and took < 2, (lines_taken, peak, took)
+
+
+def test_a_large_report_in_kpools_lines_reads_within_its_budget(tmp_path, race, lines_taken):
+    """3,000 ubatches as kpool writes them: taken by the fast path, its summaries the
+    precise path's, and reading takes at most MEMORY_PER_BYTE times the file's size."""
+    ubs = [dict(race["ubatches"][i % 3], index=i, op=i // 2, batch_ubatch=i % 2)
+           for i in range(3_000)]
+    path = save(tmp_path, "many.json", as_written(dict(race, ubatches=ubs)))
+    size = Path(path).stat().st_size
+    out, peak, _ = _peak(lambda: read_reports(path))
+    assert isinstance(out, list) and lines_taken == [3_000, 0]
+    assert peak < reports.MEMORY_PER_BYTE * size + 2**21, (peak, size)
+    assert _both_ways(path, tmp_path) == (out, out)
+
+
+def test_two_problems_past_lines_taken_are_worded_as_without_them(tmp_path, race,
+                                                                   monkeypatch):
+    """A wrong value in a ubatch and, in the next, text the parser refuses (NaN, a key
+    twice, no colon), past lines the fast path took: the precise path reads runs of
+    small ubatches at once (`_Text.items`), so it words the parser's problem where the
+    two are in one of its runs and the wrong value where a run ends between them.
+    Where those runs start must not depend on the lines taken before: the message is
+    the precise path's alone, wherever the pair falls (both kinds are met here)."""
+    monkeypatch.setattr(reports, "SMALL_BYTES", 2_000)  # runs of a few ubatches ...
+    monkeypatch.setattr(reports, "LINES_BYTES", 3_000)  # ... and of a few lines
+    ubs = [dict(race["ubatches"][i % 3], index=i, op=i // 2, batch_ubatch=i % 2)
+           for i in range(40)]
+    lines = as_written(dict(race, ubatches=ubs)).split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith('    {"index"')]
+    worded: set[str] = set()
+    for k, (x, y) in enumerate(itertools.pairwise(at)):
+        for refused in ('"op":NaN,"zz":', '"op":0,"op":', '"op" 0,"zz":'):
+            edited = list(lines)
+            edited[x] = edited[x].replace('"n_new":', '"n_new":-1,"zz":', 1)
+            edited[y] = edited[y].replace('"op":', refused, 1)
+            fast, precise = _both_ways(save(tmp_path, "two.json", "\n".join(edited)), tmp_path)
+            assert fast == precise, (k, refused)
+            worded.add("wrong value" if f"ubatches[{k}].n_new: -1 is out" in str(fast)
+                       else "refused text")
+    assert worded == {"wrong value", "refused text"}
+
+
+def test_lines_are_taken_past_a_line_the_precise_path_reads(tmp_path, race, lines_taken):
+    """A line the fast path leaves (a later version's counter) that the precise path
+    reads without a problem: the array is not read again, and the lines past it are
+    taken, with the precise path's summaries."""
+    ubs = [dict(race["ubatches"][i % 3], index=i, op=i // 2, batch_ubatch=i % 2)
+           for i in range(3_000)]
+    ubs[5] = dict(ubs[5], cost={"later": 1, **ubs[5]["cost"]})
+    path = save(tmp_path, "later.json", as_written(dict(race, ubatches=ubs)))
+    fast, precise = _both_ways(path, tmp_path)
+    assert isinstance(fast, list) and fast == precise
+    assert dict(fast[0].ubatches[5].cost)["later"] == 1
+    # the run of lines holding it left to the precise path, every later one taken
+    assert lines_taken[1] == 1 and 2_500 < lines_taken[0] < 3_000, lines_taken
+
+
+def test_a_report_on_one_line_is_not_copied_to_find_its_layout(tmp_path, race):
+    """A report on one line (not kpool's layout), its ubatches past 2 MB of an undeclared
+    field, its text 4 bytes a character (one emoji): reading it holds the text and
+    little else, no copy of the text before the ubatches (an indent looked for)."""
+    ubs = [dict(race["ubatches"][i % 3], index=i, op=i // 2, batch_ubatch=i % 2)
+           for i in range(300)]
+    doc = {"kpool_report": 1, "later": ["\U0001f600", *[0] * 1_000_000],
+           **{k: v for k, v in race.items() if k != "kpool_report"}, "ubatches": ubs}
+    path = save(tmp_path, "one-line.json", json.dumps(doc, separators=(",", ":"),
+                                                      ensure_ascii=False))
+    size = Path(path).stat().st_size
+    out, peak, _ = _peak(lambda: read_reports(path))
+    assert isinstance(out, list) and len(out[0].ubatches) == 300
+    # the file read and decoded: 6 times its size (its text is 4 bytes a character);
+    # a copy of the text before the ubatches (most of it) adds almost 4 times more
+    assert peak < 6.5 * size, (peak / size)
 
 
 # --- the bound on a ubatch's tokens is split_equal's ----------------------------------------

@@ -245,10 +245,17 @@ def _totals(run: RunSummary) -> Totals:
     cost: Counter = Counter()
     findings: Counter = Counter()
     shape = Shape()
+    # each distinct cost once (many ubatches cost the same: a report's reader shares
+    # their tuples), times the ubatches it is
+    costs = Counter(u.cost for u in run.ubatches)
+    for counters, times in costs.items():
+        for name, n in counters:
+            cost[name] += n * times
+    scanned = {c: dict(c).get("cells_scanned", 0) for c in costs}
     for u in run.ubatches:
-        cost.update(dict(u.cost))
-        findings.update(code for code, _ in u.findings)
-        shape.add_counts(u.n_new, dict(u.cost).get("cells_scanned", 0), u.index)
+        if u.findings:
+            findings.update(code for code, _ in u.findings)
+        shape.add_counts(u.n_new, scanned[u.cost], u.index)
     for e in run.events:
         findings.update(code for code, _ in e.findings)
     return Totals(len(run.ubatches), sum(u.n_new for u in run.ubatches),
@@ -421,9 +428,11 @@ def compare(base: RunSummary, head: RunSummary, by_design: tuple[str, ...] = ()
         for ub, uh in zip(b.ubatches, h.ubatches, strict=True):
             aligned += 1
             fields = _ubatch_fields(ub, uh, by_design)
-            i, f = _changes(Place(op, ub.batch_ubatch, ub.index), ub.findings, uh.findings)
-            introduced += i
-            fixed += f
+            if ub.findings != uh.findings:  # (else neither introduces nor fixes any)
+                i, f = _changes(Place(op, ub.batch_ubatch, ub.index), ub.findings,
+                                uh.findings)
+                introduced += i
+                fixed += f
             if not fields:
                 cost_only += ub.cost != uh.cost
                 continue

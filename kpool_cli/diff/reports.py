@@ -73,9 +73,28 @@ not JSON at all. `kpool diff` exits 2 with it.
   input (`inputs.STDIN`, named `<stdin>`), read under the same bound. A value is
   parsed by the C parser at once when it is small (`SMALL_BYTES`, 64 KiB: a ubatch,
   a token, a run of tokens), else read part by part (`_Text`), so no part of a
-  report is held as a parsed tree larger than that, and what no version declares
-  (junk, however nested) is checked and dropped as it is read. Reading keeps the
-  file's text (its size) and the summaries (the budget above), little else.
+  report is held as a parsed tree larger than that (LINES_BYTES of kpool's own
+  lines, below), and what no version declares (junk, however nested) is checked
+  and dropped as it is read. Reading keeps the file's text (its size) and the
+  summaries (the budget above), little else.
+- Kpool's own lines, at once (`_ubatch_lines`). Where `ubatches` is laid out as kpool
+  writes it, a ubatch a line as orjson writes it, runs of whole lines (at most
+  `LINES_BYTES`, 256 KiB) are parsed by orjson and checked over whole columns
+  (`_ubatch_columns`, numpy): every check above, the same summaries, in a quarter to
+  a third of the time (docs/performance.md). A run is taken only when orjson writes
+  what it parsed back to the very same text (no key twice, no number or string
+  written another way) and every check holds for it; else nothing of it is, and the
+  precise path reads those lines and words what is wrong as it always does. The
+  rules of the posts (`_ubatch_post`, `_token_post`, `_pool_post`, `_scatter_post`,
+  `_ubatch_order`) are written a second time there, over columns (the bounds alone
+  are read from the schema, `_int_bounds`): a rule changed in one is changed in the
+  other, and tests/test_diff_bounds.py ("a report as kpool writes it") holds the two
+  paths to each other on edited reports. The precise path
+  reads runs of small items at once (`_Text.items`) and, of two problems in one run,
+  words the one its parser meets: so where it meets a problem past lines taken (its
+  runs did not all start where they do without them), it reads the array again from
+  its start without them, and no message depends on which path met the problem.
+  The budget is charged for a run before any of it is built.
 - JSON: UTF-8 (a leading byte order mark is allowed), RFC 8259 JSON. `NaN`,
   `Infinity`, duplicate keys in any object, and lone surrogates in a string of the
   format are refused where they are; nesting past `MAX_DEPTH` (512) levels is
@@ -107,19 +126,31 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from itertools import chain
 from json.decoder import scanstring  # type: ignore[attr-defined]
-from typing import Any, NoReturn
+from operator import itemgetter
+from typing import Any, NoReturn, TypeVar
+
+import numpy as np
+import orjson
 
 from .. import __version__
 from ..contracts.report_format import (
     CONFIG,
     COST,
     COST_KEYS,
+    POOL,
+    POOL_RUN,
     REPORT,
     REPORT_VERSION,
+    SCATTER,
+    SCATTER_RUN,
     STOPPED_STATUSES,
+    TOKEN,
+    UBATCH,
     VALUE_BACKENDS,
+    Record,
     report_schema,
 )
 from ..engine.marking import n_new_graph
@@ -137,13 +168,22 @@ from ..trace.model import context_batch, context_cells
 from ..trace.yaml_safe import MAX_OPS
 from ..verdict.codes import CODES
 from ..wording import visible
-from .summary import ENGINE_ABORT, EventSummary, FindingKey, RunSummary, UbatchSummary
+from .summary import (
+    ENGINE_ABORT,
+    EventSummary,
+    FindingKey,
+    RunSummary,
+    ScatterEntry,
+    UbatchSummary,
+    ubatch_summaries,
+)
 
 MAX_REPORT_BYTES = 128 * 1024 * 1024  # a larger report is refused, and not read
 SNIFF_BYTES = 64 * 1024  # blank bytes looked through for the first non-blank one
 DEPTH_SHOWN = 100  # a report nests 6 levels; too deep a nesting is shown from here
 MAX_DEPTH = 512  # arrays and objects nested deeper are refused
 SMALL_BYTES = 64 * 1024  # a value this long or shorter is parsed at once
+LINES_BYTES = 4 * SMALL_BYTES  # the most text of whole ubatch lines parsed at once (0: none)
 RUN_ITEMS = 4096  # the most array items parsed at once (SMALL_BYTES of them at most)
 TINY_ITEM = 256  # a problem's place is walked to past runs of items this short (bytes)
 SKEL_DEPTH = 16  # the nesting a value parsed at once may have
@@ -666,6 +706,10 @@ _SUPPORTED = {"type", "properties", "required", "additionalProperties", "propert
               "pattern", "oneOf", "not", "$ref", "description", "title"}
 
 Post = Callable[["_Ctx", Any], Any]
+Counts = TypeVar("Counts", int, np.ndarray)
+# the items of an array at a place of the text, from an index on: (what is kept of
+# them, where the last ends), or ([], where to try again) where it does not take them
+Lines = Callable[["_Text", int, int, "_Ctx"], tuple[list[Any], int]]
 
 
 @dataclass(frozen=True)
@@ -690,13 +734,17 @@ class _Hook:
     the most items an array (keys an object) may hold, with why, checked as they are
     read; `item` checks an array item with its index; `extra` is the schema of
     undeclared keys; `says` words what is wrong with a value (None: as the check
-    words it)."""
+    words it); `lines` reads an array's items a run of lines at a time where the
+    text is as kpool writes it (`_ubatch_lines`), before `item` and the items' checks
+    are asked (`item` must take index 0 again: where the precise path meets a problem
+    past lines taken, it reads the array again from its start, `_Array.read`)."""
 
     post: Post | None = None
     limit: _Limit | None = None
     item: Callable[[_Ctx, int, Any], None] | None = None
     extra: dict[str, Any] | None = None
     says: Callable[[Any], str | None] | None = None  # what a wrong value is, in words
+    lines: Lines | None = None
 
 
 class _Node:
@@ -866,6 +914,9 @@ class _Array(_Node):
         self.min = s.get("minItems", 0)
         self.max = s.get("maxItems")
         self.post, self.limit, self.item = hook.post, hook.limit, hook.item
+        self.lines = hook.lines
+        assert self.lines is None or (self.limit is None and self.post is None), \
+            "lines of an array with a limit or a post: teach _Array.read"
         leaf = items if isinstance(items, _Leaf) else None
         # items all integers of a range, and kept as they are: checked at once
         self.ints = (leaf.lo, leaf.hi) if leaf is not None and leaf.int_only \
@@ -924,14 +975,45 @@ class _Array(_Node):
         if end >= 0:
             v, _ = doc.parse(pos)
             return self.check(v, ctx), end
-        most = self.limit.most(ctx) if self.limit is not None else INT_MAX
         out: list[Any] = []
         doc.opens.append(pos)
+        opens, left = len(doc.opens), 0 if ctx.budget is None else ctx.budget[0]
+        taken = [0]  # the items `lines` took
+        try:
+            i = self._items(doc, pos, depth, ctx, out, self.lines, taken)
+        except (_Bad, ReportError):
+            if not taken[0]:
+                raise
+            # the precise path reads runs of small items at once (`_Text.items`), and of
+            # two problems in a run words its parser's: the runs it read past the lines
+            # taken did not all start where they do without them, so the array is read
+            # again from its start, without them, for the problem met then
+            del out[:], doc.opens[opens:]
+            if ctx.budget is not None:
+                ctx.budget[0] = left
+            i = self._items(doc, pos, depth, ctx, out, None, taken)
+        doc.opens.pop()
+        return self.finish(tuple(out), ctx), i
+
+    def _items(self, doc: _Text, pos: int, depth: int, ctx: _Ctx, out: list[Any],
+               lines: Lines | None, taken: list[int]) -> int:
+        """The items of the array at `pos`, read part by part into `out`, runs of lines
+        at a time where `lines` takes them (`taken[0]`: how many it took): where the
+        array ends."""
+        most = self.limit.most(ctx) if self.limit is not None else INT_MAX
         i = doc.ws(pos + 1)
         more = not doc.text.startswith("]", i)
         if not more:
             i += 1
+        tried = i  # the lines are tried again from here on (each byte once, at most)
         while more:
+            if lines is not None and i >= tried:
+                got, tried = lines(doc, i, len(out), ctx)
+                if got:
+                    out.extend(got)
+                    taken[0] += len(got)
+                    more, i = doc.after(tried, "]")
+                    continue
             try:
                 run = doc.items(i, depth + 1)
             except _Bad as e:
@@ -955,8 +1037,7 @@ class _Array(_Node):
                     raise
                 out.append(y)
             more, i = doc.after(i, "]")
-        doc.opens.pop()
-        return self.finish(tuple(out), ctx), i
+        return i
 
 
 class _Object(_Node):
@@ -1285,6 +1366,7 @@ class _Ctx:
         self.writer = "?"
         self.budget = budget  # [bytes left] of the file, shared by its reports; None: none
         self.seqs: dict[tuple[int, ...], tuple[int, ...]] = {}  # token seq tuples, shared
+        self.costs: dict[tuple[int, ...], tuple[tuple[str, int], ...]] = {}  # equal, shared
         self.last: UbatchSummary | None = None  # the ubatch read last
         self.op_tokens = 0  # the tokens of its op's ubatches so far
         # the bounds of the smallest cache until `config` is read (`_Report` reads
@@ -1540,6 +1622,25 @@ def _cost_post(ctx: _Ctx, c: dict[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((sys.intern(k), v) for k, v in c.items()))
 
 
+def _ubatch_bytes(ctx: _Ctx, tokens: Counts, marked: Counts, entries: Counts, stale: Counts
+                  ) -> Counts:
+    """What a ubatch's summary takes (its findings apart), for the budget (of each ubatch
+    of columns of counts)."""
+    return (_UBATCH_BYTES + _TOKEN_BYTES * tokens + _POOL_BYTES * marked
+            + (_ENTRY_BYTES + _ROW_BYTES * ctx.kpool) * entries + _ROW_BYTES * stale)
+
+
+def _run_entries(n: int, c0: int, d: int, step: int, kpool: int) -> list[ScatterEntry]:
+    """The entries of a scatter run: entry i pools rows c0 + i step + j d (j < kpool)
+    into the last of them."""
+    plan = []
+    for i in range(n):
+        first = c0 + i * step
+        members = tuple(range(first, first + kpool * d, d)) if d else (first,) * kpool
+        plan.append((members[-1], members, False))
+    return plan
+
+
 def _ubatch_post(ctx: _Ctx, u: dict[str, Any]) -> UbatchSummary:
     """The ubatch's counts against what they count, then its summary, its runs
     expanded once the budget allows them."""
@@ -1571,18 +1672,15 @@ def _ubatch_post(ctx: _Ctx, u: dict[str, Any]) -> UbatchSummary:
     if entries != n_new_g and not (entries == 0 and aborted):
         raise _Bad(f"holds {entries} entries, but n_new_g is {n_new_g}", ".scatter")
     stale = u["stale_batch"]
-    ctx.charge(_UBATCH_BYTES + _TOKEN_BYTES * len(tokens) + _POOL_BYTES * marked
-               + (_ENTRY_BYTES + _ROW_BYTES * ctx.kpool) * entries + _ROW_BYTES * len(stale))
+    ctx.charge(_ubatch_bytes(ctx, len(tokens), marked, entries, len(stale)))
     kpool = ctx.kpool
-    plan = []
+    plan: list[ScatterEntry] = []
     for e in scatter:
         if e[0] == "entry":
             plan.append((e[1], e[2], e[3]))
         else:
             _, n, c0, d, step = e
-            for i in range(n):
-                members = tuple(c0 + i * step + j * d for j in range(kpool))
-                plan.append((members[-1], members, False))
+            plan += _run_entries(n, c0, d, step, kpool)
     return UbatchSummary(
         index=u["index"], op=u["op"], batch_ubatch=u["batch_ubatch"], tokens=tokens,
         stale_batch=stale, n_pool_real=n_pool_real, n_new=n_new, n_new_g=n_new_g,
@@ -1659,6 +1757,396 @@ def _problem_post(ctx: _Ctx, p: dict[str, Any]) -> dict[str, Any]:
     return {"message": p["message"]}  # what the refusal of a stopped replay says
 
 
+# --- ubatches as kpool writes them, a run of lines at a time ---------------------------------
+
+
+class _NotFast(Exception):
+    """Lines `_ubatch_lines` does not take (not kpool's text, or a check fails there):
+    the precise path reads them, and says what is wrong, if anything is."""
+
+
+def _ubatch_lines(doc: _Text, pos: int, n: int, ctx: _Ctx) -> tuple[list[UbatchSummary], int]:
+    """Ubatches n, n + 1, ... from `pos`, a run of lines at a time, where the text is
+    what kpool writes: one ubatch a line, as orjson writes it, each line indented as
+    the first (`report.json_report.write_report`). Whole lines, at most LINES_BYTES of
+    them, are parsed at once by orjson, and taken only when orjson writes what it
+    parsed back to the very same text (so no key twice, no number or string written
+    another way: what the precise path's parser reads there is the same) and every
+    check of the precise path holds for them (`_ubatch_columns`): (their summaries,
+    where the last ends). Else nothing is taken: ([], where lines are tried again),
+    and the precise path reads up to there."""
+    text = doc.text
+    line = text.rfind("\n", max(0, pos - _INDENT_MOST), pos)  # (not the whole text back)
+    indent = text[line + 1:pos] if line >= 0 else ""
+    if len(indent) < 2 or indent.strip(" "):
+        return [], len(text)  # not a ubatch a line: the precise path reads the array
+    sep = ",\n" + indent
+    stop = min(len(text), pos + LINES_BYTES)
+    end = text.find("\n" + indent[:-2] + "]", pos, stop)  # the array's last line
+    if end < 0:
+        end = text.rfind(sep, pos, stop)
+    if end <= pos:
+        return [], pos + 1  # a ubatch longer than LINES_BYTES: read part by part
+    piece = text[pos:end]
+    budget = 0 if ctx.budget is None else ctx.budget[0]
+    try:
+        # parsed as it stands (a newline in a string is not JSON), then compared with
+        # the lines joined (the separators' newlines and indents are whitespace then)
+        items = orjson.loads("[" + piece + "]")
+        if orjson.dumps(items) != ("[" + piece.replace(sep, ",") + "]").encode():
+            raise _NotFast
+        return _ubatch_columns(items, n, ctx), end
+    # orjson's errors are ValueError and TypeError; KeyError: a field missing; and what
+    # a check this path missed would raise: the precise path reads those lines
+    except (_NotFast, _Bad, KeyError, OverflowError, TypeError, ValueError, IndexError):
+        if ctx.budget is not None:
+            ctx.budget[0] = budget  # (what the findings charged)
+        return [], end
+
+
+def _taken(record: Record, *names: str) -> itemgetter:
+    """The fields `names` of `record`, which must be exactly those it requires: the
+    fast path takes a record holding these alone (any other field, the precise path)."""
+    assert set(names) == set(record.required), f"{record.name}: teach _ubatch_columns"
+    return itemgetter(*names)
+
+
+_UBATCH_FIELDS = _taken(UBATCH, *UBATCH.names)
+_TOKEN_FIELDS = _taken(TOKEN, "pos", "seq", "cell")
+_POOL_FIELDS = _taken(POOL, "seq", "k", "first_pos", "last_pos", "cells", "rep", "new")
+_POOL_RUN_FIELDS = _taken(POOL_RUN, "seq", "k", "first_pos", "cells", "new")
+_ENTRY_FIELDS = _taken(SCATTER, "rep", "cells", "pad")
+_ENTRY_RUN_FIELDS = _taken(SCATTER_RUN, "n", "cells", "pad")
+_COST_SORTED = tuple(sys.intern(k) for k in sorted(COST_KEYS))  # as `_cost_post` keeps them
+_COST_FIELDS = _taken(COST, *_COST_SORTED)
+_RUN_STEP_MOST = 2**28  # a run's steps past this are left to the precise path (int64)
+_INDENT_MOST = 64  # a ubatch line indented deeper is left to the precise path
+_ONLY_DICT, _ONLY_LIST, _ONLY_BOOL = {dict}, {list}, {bool}
+
+
+def _types(col: Any) -> set[type]:
+    return set(map(type, col))
+
+
+@functools.cache
+def _int_bounds(place: tuple[str, ...]) -> tuple[int, int]:
+    """The schema's bounds of the integers at `place` of a ubatch (its steps as
+    _HOOKS writes them: a name, "*" an item, "|i" a form of a `oneOf`)."""
+    node: _Node = _fields()["ubatches"]
+    for step in ("*", *place, ""):
+        while isinstance(node, _Says):
+            node = node.node
+        if isinstance(node, _Array) and step == "*":
+            node = node.items
+        elif isinstance(node, _OneOf) and step.startswith("|"):
+            node = node.forms[int(step[1:])]
+        elif isinstance(node, _Object) and step:
+            node = node.by_name[step]
+    assert isinstance(node, _Leaf) and node.types == ("integer",) and node.enum is None \
+        and node.const is _MISSING, f"{place}: teach _ubatch_columns"
+    return node.lo, node.hi
+
+
+def _ints(col: Any, place: tuple[str, ...], lo: int = INT_MIN, hi: int = INT_MAX
+          ) -> np.ndarray:
+    """Column `col` as int64: each item an integer within the schema's bounds at `place`
+    and within lo..hi (what the posts bound it by); else _NotFast."""
+    at_least, at_most = _int_bounds(place)
+    lo, hi = max(lo, at_least), min(hi, at_most)
+    if _types(col) - _ONLY_INT:
+        raise _NotFast
+    a = np.array(col, dtype=np.int64)  # OverflowError past 64 bits
+    if a.size and (a.min() < lo or a.max() > hi):
+        raise _NotFast
+    return a
+
+
+def _fixed(col: Any, width: int, place: tuple[str, ...], lo: int = INT_MIN,
+           hi: int = INT_MAX) -> np.ndarray:
+    """Column `col` of arrays of `width` integers each (`_ints`'s), as rows of int64."""
+    if _types(col) != _ONLY_LIST or set(map(len, col)) != {width}:
+        raise _NotFast
+    return _ints(list(chain.from_iterable(col)), (*place, "*"), lo, hi).reshape(-1, width)
+
+
+def _lengths(col: Any, most: int, least: int = 0) -> np.ndarray:
+    """The lengths of column `col`'s arrays, each from `least` to `most` items."""
+    if _types(col) != _ONLY_LIST:
+        raise _NotFast
+    n = np.array(list(map(len, col)), dtype=np.int64)
+    if n.min() < least or n.max() > most:
+        raise _NotFast
+    return n
+
+
+def _truths(col: Any) -> np.ndarray:
+    if _types(col) - _ONLY_BOOL:
+        raise _NotFast
+    return np.array(col, dtype=bool)
+
+
+def _per_ubatch(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The sums of `values` over each ubatch's items (`counts` of them, in order)."""
+    total = np.concatenate(([0], np.cumsum(values)))
+    ends = np.cumsum(counts)
+    return total[ends] - total[ends - counts]
+
+
+def _run_rows(steps: np.ndarray, n: np.ndarray, ctx: _Ctx) -> None:
+    """`_Ctx.run_rows` over runs: rows [c0, d, e] (`steps`), `n` entries (pools) each."""
+    c0, d, e = steps.T
+    if (c0 < 0).any() or (c0 >= ctx.n_rows).any():
+        raise _NotFast
+    if ((d < -_RUN_STEP_MOST) | (d > _RUN_STEP_MOST) | (e < -_RUN_STEP_MOST)
+            | (e > _RUN_STEP_MOST)).any():
+        raise _NotFast
+    last_entry, last_member = (n - 1) * e, (ctx.kpool - 1) * d
+    for row in (c0 + last_member, c0 + last_entry, c0 + last_entry + last_member):
+        if (row < 0).any() or (row >= ctx.n_rows).any():
+            raise _NotFast
+
+
+def _shallow(v: Any, levels: int) -> bool:
+    """Whether `v` nests at most `levels` arrays and objects deep."""
+    stack = [(v, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > levels:
+            return False
+        stack += [(y, depth + 1) for y in (x.values() if isinstance(x, dict) else x)
+                  if isinstance(y, dict | list)]
+    return True
+
+
+def _some(items: list[Any], at: np.ndarray) -> list[Any]:
+    """The items `at` (every one, as a rule)."""
+    return items if len(at) == len(items) else list(map(items.__getitem__, at.tolist()))
+
+
+def _pool_columns(pools: list[Any], ctx: _Ctx) -> tuple[np.ndarray, ...]:
+    """(seq, k0, k1, new) of each `pools` item, a pool or a run of pools k0..k1-1, as
+    the form's checks and `_pool_post` take them; _NotFast where any fails."""
+    seq, k0, k1 = (np.zeros(len(pools), dtype=np.int64) for _ in range(3))
+    new = np.zeros(len(pools), dtype=bool)
+    if not pools:
+        return seq, k0, k1, new
+    if _types(pools) != _ONLY_DICT:
+        raise _NotFast
+    sizes = np.array(list(map(len, pools)))
+    single, run = sizes == len(POOL.names), sizes == len(POOL_RUN.names)
+    if not (single | run).all():
+        raise _NotFast
+    at = np.flatnonzero(single)
+    if at.size:
+        taken = map(_POOL_FIELDS, _some(pools, at))
+        s, k, first, last, cells, rep, marked = zip(*taken, strict=True)
+        place = ("pools", "*", "|0")
+        seq[at] = _ints(s, (*place, "seq"), hi=ctx.n_seq_max - 1)
+        k0[at] = _ints(k, (*place, "k"), hi=ctx.pools_per_seq - 1)
+        k1[at] = k0[at] + 1
+        _ints(first, (*place, "first_pos"))
+        _ints(last, (*place, "last_pos"))
+        _fixed(cells, ctx.kpool, (*place, "cells"), 0, ctx.n_rows - 1)
+        _ints(rep, (*place, "rep"), 0, ctx.n_rows - 1)
+        new[at] = _truths(marked)
+    at = np.flatnonzero(run)
+    if at.size:
+        taken = map(_POOL_RUN_FIELDS, _some(pools, at))
+        s, k, first, cells, marked = zip(*taken, strict=True)
+        place = ("pools", "*", "|1")
+        seq[at] = _ints(s, (*place, "seq"), hi=ctx.n_seq_max - 1)
+        ks = _fixed(k, 2, (*place, "k"))
+        if not (ks[:, 0] < ks[:, 1]).all() or ks[:, 1].max() > ctx.pools_per_seq:
+            raise _NotFast
+        k0[at], k1[at] = ks[:, 0], ks[:, 1]
+        _ints(first, (*place, "first_pos"))
+        _run_rows(_fixed(cells, 3, (*place, "cells")), ks[:, 1] - ks[:, 0], ctx)
+        new[at] = _truths(marked)
+    return seq, k0, k1, new
+
+
+def _scatter_columns(scatter: list[Any], ctx: _Ctx
+                     ) -> tuple[np.ndarray, Callable[[], list[ScatterEntry]]]:
+    """(the entries each `scatter` item stands for, the plan they make, runs expanded,
+    built when called: once the budget allows it), as the form's checks and
+    `_scatter_post` take them; _NotFast where any fails."""
+    if not scatter:
+        return np.zeros(0, dtype=np.int64), list
+    if _types(scatter) != _ONLY_DICT or set(map(len, scatter)) != {len(SCATTER.names)}:
+        raise _NotFast
+    entry = np.array(["rep" in e for e in scatter])
+    counts = np.ones(len(scatter), dtype=np.int64)
+    at = np.flatnonzero(entry)
+    if at.size:
+        taken = map(_ENTRY_FIELDS, _some(scatter, at))
+        rep, cells, pad = zip(*taken, strict=True)
+        _ints(rep, ("scatter", "*", "|0", "rep"), 0, ctx.n_rows - 1)
+        _fixed(cells, ctx.kpool, ("scatter", "*", "|0", "cells"), 0, ctx.n_rows - 1)
+        _truths(pad)
+    at = np.flatnonzero(~entry)
+    if at.size:
+        taken = map(_ENTRY_RUN_FIELDS, _some(scatter, at))
+        n, cells, pad = zip(*taken, strict=True)
+        counts[at] = _ints(n, ("scatter", "*", "|1", "n"), hi=ctx.n_pool_max)
+        _run_rows(_fixed(cells, 3, ("scatter", "*", "|1", "cells")), counts[at], ctx)
+        if _types(pad) != _ONLY_BOOL or any(pad):  # the form's const: false
+            raise _NotFast
+    if entry.all():
+        return counts, lambda: list(zip(rep, map(tuple, cells), pad, strict=True))
+
+    def plan(kpool: int = ctx.kpool) -> list[ScatterEntry]:
+        out: list[ScatterEntry] = []
+        for e in scatter:
+            if "rep" in e:
+                out.append((e["rep"], tuple(e["cells"]), e["pad"]))
+            else:
+                c0, d, step = e["cells"]
+                out += _run_entries(e["n"], c0, d, step, kpool)
+        return out
+
+    return counts, plan
+
+
+def _ubatch_columns(items: list[Any], n: int, ctx: _Ctx) -> list[UbatchSummary]:
+    """Parsed ubatches n, n + 1, ... checked as the precise path checks each (the
+    schema's bounds, the posts' rules and `_ubatch_order`'s), over whole columns, and
+    summarized as it summarizes them; _NotFast (or _Bad, from a part its own node
+    checks: a stale map, findings) where any check fails, before anything is built
+    or charged past the budget."""
+    m = len(items)
+    if _types(items) != _ONLY_DICT or set(map(len, items)) != {len(UBATCH.names)}:
+        raise _NotFast
+    col = dict(zip(UBATCH.names, zip(*map(_UBATCH_FIELDS, items), strict=True), strict=True))
+    ubatches = _fields()["ubatches"]
+    assert isinstance(ubatches, _Array) and isinstance(ubatches.items, _Object)
+    ubatch = ubatches.items
+
+    # the order of the ubatches and their ops (`_ubatch_order`, `_op_post`)
+    index = _ints(col["index"], ("index",))
+    if not np.array_equal(index, np.arange(n, n + m)):
+        raise _NotFast
+    op = _ints(col["op"], ("op",), hi=MAX_OPS - 1)
+    batch_ubatch = _ints(col["batch_ubatch"], ("batch_ubatch",))
+    last = ctx.last if n else None
+    op_before = np.concatenate(([-1 if last is None else last.op], op[:-1]))
+    bu_before = np.concatenate(([-1 if last is None else last.batch_ubatch],
+                                batch_ubatch[:-1]))
+    same = op == op_before
+    if (op < op_before).any() or not np.array_equal(
+            batch_ubatch, np.where(same, bu_before + 1, 0)):
+        raise _NotFast
+    n_tokens = _lengths(col["tokens"], ctx.max_tokens, 1)
+    total = np.cumsum(n_tokens)
+    first = np.maximum.accumulate(np.where(same, 0, np.arange(m)))  # of the op, here
+    op_tokens = total - (total - n_tokens)[first]
+    if same[0]:
+        op_tokens[first == 0] += ctx.op_tokens
+    if op_tokens.max() > ctx.n_batch:
+        raise _NotFast
+
+    # tokens (`_token_post`)
+    tokens = list(chain.from_iterable(col["tokens"]))
+    sizes = set(map(len, tokens))
+    if _types(tokens) != _ONLY_DICT or not sizes <= {3, 4}:
+        raise _NotFast
+    pos, seqs, cells = zip(*map(_TOKEN_FIELDS, tokens), strict=True)
+    if 4 in sizes:  # M-RoPE's [x, y] (a fourth field of another name: KeyError)
+        if not ctx.by_order:
+            raise _NotFast
+        _fixed([t["ext"] for t in tokens if len(t) == 4], 2, ("tokens", "*", "ext"), 0,
+               POS_LIMIT - 1)
+    _ints(pos, ("tokens", "*", "pos"), 0, POS_LIMIT - 1)
+    rows = _ints(cells, ("tokens", "*", "cell"), 0, ctx.n_rows - 1)
+    n_ids = _lengths(seqs, ctx.n_seq_max, 1)
+    ids = _ints(list(chain.from_iterable(seqs)), ("tokens", "*", "seq", "*"), 0,
+                ctx.n_seq_max - 1)
+    if not ctx.unified and not np.array_equal(rows // ctx.kv_size, ids[np.cumsum(n_ids)
+                                                                         - n_ids]):
+        raise _NotFast
+    if n_ids.max() > 1 and any(len(set(s)) != len(s) for s in seqs):
+        raise _NotFast
+
+    # the counts against what they count (`_ubatch_post`)
+    n_pool_real = _ints(col["n_pool_real"], ("n_pool_real",), hi=ctx.n_pool_max)
+    n_new = _ints(col["n_new"], ("n_new",))
+    n_new_g = _ints(col["n_new_g"], ("n_new_g",))
+    if (n_new > n_pool_real).any():
+        raise _NotFast
+    n_pools = _lengths(col["pools"], ctx.n_pool_max)
+    seq, k0, k1, new = _pool_columns(list(chain.from_iterable(col["pools"])), ctx)
+    marked = _per_ubatch((k1 - k0) * new, n_pools)
+    if (_per_ubatch(k1 - k0, n_pools) > n_pool_real).any() or not np.array_equal(
+            marked, n_new):
+        raise _NotFast
+    graphed = np.flatnonzero(n_new_g > np.maximum(n_new, 1))  # past what any bound is
+    if graphed.size:
+        seq_of = np.repeat(np.repeat(np.arange(m), n_tokens), n_ids) * ctx.n_seq_max + ids
+        n_seqs = np.bincount(np.unique(seq_of) // ctx.n_seq_max, minlength=m)
+        for k in graphed.tolist():
+            most = n_new_graph(int(n_new[k]), int(n_tokens[k]), int(n_seqs[k]),
+                               int(n_pool_real[k]), ctx.kv_size, ctx.kpool, ctx.n_seq_max,
+                               repool_all=False)
+            if n_new_g[k] > most:
+                raise _NotFast
+    n_scatter = _lengths(col["scatter"], ctx.n_pool_max)
+    counts, plan = _scatter_columns(list(chain.from_iterable(col["scatter"])), ctx)
+    entries = _per_ubatch(counts, n_scatter)
+    stale_node, findings_node = ubatch.by_name["stale_batch"], ubatch.by_name["findings"]
+    if _types(col["stale_batch"]) != _ONLY_DICT or _types(col["findings"]) != _ONLY_LIST:
+        raise _NotFast
+    stale = [stale_node.check(s, ctx) if s else () for s in col["stale_batch"]]
+    findings: list[tuple[FindingKey, ...]] = [()] * m
+    if any(col["findings"]):
+        if not all(_shallow(f, SKEL_DEPTH) for f in col["findings"]):
+            raise _NotFast  # (read part by part, as deep as MAX_DEPTH)
+        findings = [findings_node.check(f, ctx) if f else () for f in col["findings"]]
+    for k in np.flatnonzero(entries != n_new_g).tolist():
+        if entries[k] or not any(code == ENGINE_ABORT for code, _ in findings[k]):
+            raise _NotFast
+
+    # the cost counters (`_cost_post`: sorted by name)
+    if _types(col["cost"]) != _ONLY_DICT or set(map(len, col["cost"])) != {len(COST_KEYS)}:
+        raise _NotFast
+    counters = list(map(_COST_FIELDS, col["cost"]))
+    assert len({_int_bounds(("cost", name)) for name in COST_KEYS}) == 1, "checked as one"
+    _ints(list(chain.from_iterable(counters)), ("cost", _COST_SORTED[0]))
+
+    # within the budget, then built
+    ctx.charge(sum(_ubatch_bytes(ctx, n_tokens, marked, entries,
+                                 np.array(list(map(len, stale)))).tolist()))
+    seq_ids = list(map(tuple, seqs))
+    tokens_kept = list(zip(pos, map(ctx.seqs.setdefault, seq_ids, seq_ids), strict=True))
+    new_at = np.flatnonzero(new)
+    pools_marked = [(s, k) for s, a, b in zip(seq[new_at].tolist(), k0[new_at].tolist(),
+                                              k1[new_at].tolist(), strict=True)
+                    for k in range(a, b)]
+    kept, known = ctx.costs, ctx.costs.get  # equal costs: one tuple
+    costs = [known(c) or kept.setdefault(c, tuple(zip(_COST_SORTED, c, strict=True)))
+             for c in counters]
+    out = ubatch_summaries(col["index"], col["op"], col["batch_ubatch"],
+                           _split(tokens_kept, n_tokens), stale, col["n_pool_real"],
+                           col["n_new"], col["n_new_g"], _split(pools_marked, marked),
+                           _split(plan(), entries), findings, costs)
+    ctx.last, ctx.op_tokens = out[-1], int(op_tokens[-1])
+    return out
+
+
+def _split(items: list[Any], counts: np.ndarray) -> list[tuple[Any, ...]]:
+    """`items` cut into tuples of `counts` items each, in order."""
+    if not items:
+        return [()] * len(counts)
+    if counts.min() == counts.max():  # as many each (one token a ubatch, one entry)
+        return list(zip(*[iter(items)] * int(counts[0]), strict=True))
+    ends = np.cumsum(counts).tolist()
+    return [tuple(items[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+# `_ubatch_columns` gives `ubatch_summaries` the columns in this order
+assert tuple(f.name for f in fields(UbatchSummary)) == (
+    "index", "op", "batch_ubatch", "tokens", "stale_batch", "n_pool_real", "n_new", "n_new_g",
+    "marked", "scatter", "findings", "cost"), "UbatchSummary's fields: teach _ubatch_columns"
+
+
 def _most(attr: str, what: str) -> _Limit:
     """A limit: at most the config's `attr` (a _Ctx bound), `what` saying why."""
     return _Limit(attr, lambda ctx, n: f"more than {n} {what}")
@@ -1685,7 +2173,7 @@ _HOOKS: dict[tuple[str, ...], _Hook] = {
     ("engine",): _Hook(_engine_post),
     ("backend",): _Hook(_backend_post),
     ("config",): _Hook(_cfg_post),
-    ("ubatches",): _Hook(item=_ubatch_order),
+    ("ubatches",): _Hook(item=_ubatch_order, lines=_ubatch_lines),
     _U: _Hook(_ubatch_post),
     (*_U, "op"): _Hook(_op_post),
     (*_U, "tokens"): _Hook(limit=_Limit("max_tokens", _tokens_say)),

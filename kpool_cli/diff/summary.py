@@ -1,8 +1,9 @@
 """One run of one trace under one engine, as plain data the diff can compare.
 
 Owns: `UbatchSummary`, `EventSummary`, `RunSummary`, `from_records` (a live replay's
-`OpEvent`/`UbatchRecord` stream) and `without_codes`. The other way to build a
-`RunSummary`, from a saved JSON report, is `kpool_cli.diff.reports.from_report`.
+`OpEvent`/`UbatchRecord` stream), `ubatch_summaries` (many at once, from columns) and
+`without_codes`. The other way to build a `RunSummary`, from a saved JSON report, is
+`kpool_cli.diff.reports.from_report`.
 
 Invariants: both constructors give equal summaries for the same run (the report is
 written from the same records, and `kpool_version` is the writer's), so a diff of
@@ -24,8 +25,11 @@ before it starts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from itertools import repeat
+from typing import Any
 
 from .. import __version__
 from ..contracts.finding import Finding
@@ -125,6 +129,23 @@ def ubatch_summary(r: UbatchRecord) -> UbatchSummary:
         findings=tuple(_finding_key(f) for f in r.findings),
         cost=tuple(sorted(r.cost.items())),
     )
+
+
+# each field's slot of a UbatchSummary, set by `ubatch_summaries` (no __post_init__ to run)
+_UBATCH_SLOTS = tuple(UbatchSummary.__dict__[f.name].__set__ for f in fields(UbatchSummary))
+assert not hasattr(UbatchSummary, "__post_init__"), "teach ubatch_summaries"
+
+
+def ubatch_summaries(*columns: Sequence[Any]) -> list[UbatchSummary]:
+    """The summaries of many ubatches from the columns of their fields (in the order
+    UbatchSummary declares them): what `UbatchSummary(*row)` makes of each row, built
+    a field at a time over every ubatch, each slot's setter mapped over its column
+    (half the time of the frozen dataclass's `__init__` a row: docs/performance.md,
+    "the report reader")."""
+    out = list(map(object.__new__, repeat(UbatchSummary, len(columns[0]))))
+    for put, column in zip(_UBATCH_SLOTS, columns, strict=True):
+        deque(map(put, out, column), maxlen=0)
+    return out
 
 
 def event_summary(e: OpEvent) -> EventSummary:
