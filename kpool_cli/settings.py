@@ -586,7 +586,7 @@ def _settings(path: Path, text: str, data: dict[str, Any], prefix: tuple[str, ..
         raise check.fail((), f"expected a table, got {_kind(table)}")
     for key in table:
         if key not in KEYS:
-            raise check.fail((key,), unknown_key(quote(key), key, KEYS))
+            raise check.fail((key,), unknown_key(key, KEYS))
     t: Mapping[str, Any] = table
     return Settings(
         source=path,

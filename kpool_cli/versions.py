@@ -8,11 +8,10 @@ applies to them, each with the `Origin` it was read from and the base policies i
 anchors need; `compose` (`BASE+PATCH[+PATCH...]`); `VERSIONS`, the shipped versions
 (the bases and the named `COMBINATIONS`); `registered` (a shipped name or a
 composition; `unknown_engine`, the one refusal of a name that is neither;
-`named_by_data`, why a trace or a settings file may not name one) and `load_version` (those, or a
-plug-in); `plugin_files`, the files a
-plug-in is imported from (inputs no output may overwrite); `instead`, what to run on
-a base a patch cannot apply to (its port there, `Patch.port_of`, or the patch a port
-ports). docs/versions.md.
+`named_by_data`, why a trace or a settings file may not name one) and `load_version`
+(those, or a plug-in); `plugin_files`, the files a plug-in is imported from (inputs
+no output may overwrite); `instead`, what to run on a base a patch cannot apply to
+(its port there, `Patch.port_of`, or the patch a port ports). docs/versions.md.
 
 Invariants: a composed version's name is its spec (`cache-safe+tail-truncate`); a
 patch applies only to a base whose policies its anchors need (`Patch.needs`), and

@@ -32,7 +32,7 @@ Owns:
   characters (and quoted);
 - `suggest(word, known)`: the known name closest to one that is none, `(did you
   mean 'rep-once'?)`, for every refusal of an unknown name (a key, an op, a code, an
-  engine); `unknown_key(shown, key, known)`: the refusal of an unknown key of a
+  engine); `unknown_key(key, known)`: the refusal of an unknown key of a
   mapping (a trace's, a settings file's), with the keys there are;
 - `units(text)`: where a wrapped line may break, so that no view splits a stale
   position, a token, a count or a label from its value across lines; `fit` and
@@ -345,10 +345,10 @@ def quoted(text: str, n: int = 40) -> str:
     return repr(clip(text, n))
 
 
-def unknown_key(shown: str, key: str, known: Sequence[str]) -> str:
-    """`unknown key 'form' (did you mean 'from'?); known keys: seq, from`: `shown` is
-    the key as the caller quotes it (clipped), `known` in the order a reader meets them."""
-    return f"unknown key {shown}{suggest(key, known)}; known keys: {', '.join(known)}"
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """`unknown key 'form' (did you mean 'from'?); known keys: seq, from`: the key
+    quoted (`quoted`), `known` in the order a reader meets them."""
+    return f"unknown key {quoted(key)}{suggest(key, known)}; known keys: {', '.join(known)}"
 
 
 def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:

@@ -12,9 +12,9 @@ Invariants:
 - The cache block is read before the ops, so the ops are checked against its
   values.
 - The trace's default engine, and an expect's, is a registered version only
-  (`versions.named_by_data`, the one wording of why not), read at its value and kept as the
-  version's name (`a + b` is `a+b`, what a run under it is named): a trace is data
-  and runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone.
+  (`versions.named_by_data`, the one wording of why not), read at its value and kept
+  as the version's name (`a + b` is `a+b`, what a run under it is named): a trace is
+  data and runs no code, so a plug-in (`module:Name`) is taken from `--engine` alone.
 - A `Trace` is returned only when no problem was found.
 """
 
@@ -63,9 +63,9 @@ class _Walker(CacheWalk, OpsWalk, DecodeWalk):
 
     def engine(self, node: Node, path: str) -> str | None:
         """An engine version a trace names (its default `engine`, an expect's
-        `engine`): a registered version only (`versions.named_by_data`), read as the version's
-        own name (`rep-once + noop-seq-rm` is `rep-once+noop-seq-rm`), the name the
-        runs under it carry, which an expect is matched against."""
+        `engine`): a registered version only (`versions.named_by_data`), read as the
+        version's own name (`rep-once + noop-seq-rm` is `rep-once+noop-seq-rm`), the
+        name the runs under it carry, which an expect is matched against."""
         name = self.str_(node, path, nonempty=True)
         if name is None:
             return None

@@ -219,7 +219,7 @@ class NodeReader:
                 continue
             name = k.value
             if name not in known:
-                self.problem(k, join(field, clip(name)), unknown_key(quote(name), name, known))
+                self.problem(k, join(field, clip(name)), unknown_key(name, known))
             elif name in out:
                 first = key_at[name]
                 self.problem(
