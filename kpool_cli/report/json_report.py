@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import chain, islice
 from types import ModuleType
 from typing import TextIO, TypeVar
@@ -197,9 +198,7 @@ def scatter_json(r: UbatchRecord, kpool: int) -> list[dict]:
     rows, rep, pad = r.scatter_rows, r.scatter_rep, r.scatter_pad
     n = int(rep.size)
 
-    def singles(at: np.ndarray | slice | None = None) -> list[dict]:
-        return _entries_alone(r, at)
-
+    singles = partial(_entries_alone, r)
     if n < 2 or not kpool:  # no run can form: every entry alone
         return singles()
     found = scatter_spans(rows, rep, pad) if r.scatter_spans is None else r.scatter_spans
