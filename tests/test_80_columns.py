@@ -516,6 +516,24 @@ def test_every_run_ran(ran) -> None:
         assert LONG["long/seq-keep.yaml"][1] in lines
 
 
+def test_bad_usage_wraps_between_words_on_a_terminal() -> None:
+    """click's own refusals (a folder given to replay, a --format it does not take)
+    were written as one long line, which the terminal broke inside words (`t` /
+    `race files`): they wrap between words now, as kpool's own messages do, the lines
+    after the first indented."""
+    runs = [Run("replay a folder", ("replay", "traces")),
+            Run("replay --format xml", ("replay", str(RACE.relative_to(ROOT)), "--format",
+                                        "xml"))]
+    _on_terminals(runs, lambda r: ROOT)
+    for r in runs:
+        assert r.rc == 2, r.out
+        assert not problems(r.out), (r.key, problems(r.out), shown(r.out))
+        error = [line for line in shown(r.out) if line.startswith("Error: ")]
+        assert len(error) == 1, shown(r.out)
+        after = shown(r.out)[shown(r.out).index(error[0]) + 1:]
+        assert after and all(line.startswith("    ") for line in after if line.strip())
+
+
 # -- the checks themselves -------------------------------------------------------------
 
 

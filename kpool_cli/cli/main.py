@@ -39,7 +39,7 @@ from ..contracts.files import OutputError
 from ..signals import Terminated
 from ..wording import visible
 from ..workers import WorkerDied
-from .io import OutOfMemory
+from .io import OutOfMemory, terminal_lines
 
 # Every command: its module in this package, its object there, and the first sentence of
 # its docstring, which `kpool --help` lists whole beside the command's name
@@ -168,7 +168,9 @@ def main() -> None:
     except click.ClickException as e:  # bad usage: click's message and usage line
         shown = io.StringIO()
         e.show(file=shown)  # it quotes the arguments: made visible like any input
-        _stderr_line(_usage_text(shown.getvalue().rstrip("\n"), sys.argv[1:]))
+        text = _usage_text(shown.getvalue().rstrip("\n"), sys.argv[1:])
+        # on a terminal, a long line wraps between words, as kpool's own messages do
+        _stderr_line(terminal_lines(text.split("\n"), sys.stderr).rstrip("\n"))
         code = e.exit_code
     except (Terminated, _TerminatedPast) as e:
         _stderr_line("kpool: terminated")
