@@ -248,7 +248,7 @@ def test_a_long_listing_without_the_kernels_holds_its_text_not_an_object_per_ite
     next ubatches. The budget counts `POOL_INFO_BYTES` a listed pool, "its JSON while
     written"; the listing's pieces now hold less, made and encoded as they come."""
     monkeypatch.setattr(json_report, "_listing_kernels", lambda: None)
-    n = 60_000
+    n = 20_000  # five pieces (PIECE 4096) of each listing
     r = _record(n, np.random.default_rng(kpool))
     texts = EncodedTexts()
     tracemalloc.start()
