@@ -507,7 +507,11 @@ def load_version(spec: str) -> EngineVersion:
                            f"--engine and kpool fuzz --engine only; name one version here: "
                            f"{known}, BASE+PATCH or package.module:Name")
     if ":" not in spec:
-        return registered(spec, ", or give package.module:Name")
+        # `pkg.mod.Name`, a Python path where kpool takes `pkg.mod:Name`: said as such
+        module, _, name = spec.rpartition(".")
+        near = (f" (did you mean {quoted(f'{module}:{name}')}?)"
+                if module and all(part.isidentifier() for part in spec.split(".")) else "")
+        return registered(spec, ", or give package.module:Name" + near)
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise VersionError(f"engine {spec!r}: give package.module:Name, both parts non-empty")

@@ -36,6 +36,8 @@ needs values, is not seen; `--backend numba` (or numpy) adds it at a higher cost
 from __future__ import annotations
 
 import dataclasses
+import os
+import stat
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -381,8 +383,12 @@ def fuzz_one(task: FuzzTask) -> FuzzOutcome:
                 small = shrink(t, lambda c: diverges(c, task.base or "", task.engine,
                                                      task.backend))
                 base, head = visible(task.base or ""), visible(task.engine)
+                # named by the versions' names, as every output names a version; the
+                # command to run again by their specs
+                names = "-".join(visible(load_version(e).name)
+                                 for e in (task.base or "", task.engine))
                 shrunk.append(Shrunk(DIVERGED, sig, dump_trace(dataclasses.replace(
-                    small, name=f"diverged-{base}-{head}",
+                    small, name=f"diverged-{names}",
                     description=f"Found by {found_by(task)} and shrunk from {len(t.ops)} "
                     f"ops to {len(small.ops)}: `kpool diff --base {base} --head {head}` "
                     "shows a behaviour difference.")), len(small.ops)))
@@ -426,7 +432,10 @@ class Progress:
 
     @property
     def shrinks(self) -> int:
-        return sum(len(o.shrunk) for o in self.first.values())
+        """The shrunk traces the campaign keeps: one per (code, signature) whose first
+        run shrank it (that run's other shrunk traces are of signatures seen before)."""
+        return sum(any(s.signature == sig for s in o.shrunk)
+                   for (_, sig), o in self.first.items())
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,11 +518,14 @@ def campaign(tasks: Sequence[FuzzTask],
 SHRUNK_FILES = "*.yaml"  # the names `save_new_shrunk` gives (contracts/files.py checks)
 
 
-def save_new_shrunk(p: Progress, out_dir: Path) -> dict[tuple[str, str], str]:
+def save_new_shrunk(p: Progress, out_dir: Path, replaced: list[str] | None = None
+                    ) -> dict[tuple[str, str], str]:
     """Write the shrunk trace of each signature `p` shows first into `out_dir` (made if
     missing), atomically, named by its signature; returns {(code, sig): path}. A link
     there is refused, not written through (`check_output_folder` said so before the
-    runs; this holds against one made since)."""
+    runs; this holds against one made since). A file of that name holding anything
+    else (an earlier campaign's trace: the name says no engine) is replaced, and its
+    name added to `replaced`, for the summary to say."""
     saved: dict[tuple[str, str], str] = {}
     for key in p.new:
         sh = next((s for s in p.first[key].shrunk if s.signature == key[1]), None)
@@ -524,8 +536,25 @@ def save_new_shrunk(p: Progress, out_dir: Path) -> dict[tuple[str, str], str]:
         if path.is_symlink():
             raise OutputError(f"-o {out_dir}: {path.name} in it is a symbolic link: kpool "
                               "writes its files there as regular files")
+        if replaced is not None and _holds_other(path, sh.yaml.encode()):
+            replaced.append(path.name)
         with written_whole(str(path)) as f:
             f.write(sh.yaml)
         saved[key] = str(path)
     return saved
+
+
+def _holds_other(path: Path, data: bytes) -> bool:
+    """Whether `path` exists and holds other than `data` (read only when it is a
+    regular file of that very size)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data):
+            return True
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) != data
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
 

@@ -11,6 +11,7 @@ whole, each finding takes two lines instead, its file on the second.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from rich import box
 from rich.console import Console
@@ -49,13 +50,17 @@ class FuzzBar:
 
 def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str],
                    engine: str, seconds: float, earlier: tuple[str, int] = ("", 0),
-                   stopped: tuple[str, int] | None = None) -> None:
+                   stopped: tuple[str, int] | None = None, next_seed: int | None = None,
+                   replaced: Sequence[str] = ()) -> None:
     """The campaign's table: one row per (code, signature), or two lines per finding
     when a row with its file name whole would not fit the width; under `--engine all`,
     a line per finding with the versions that show it. `earlier`: the output folder
     and the traces it held before that this run did not write again, said last (a
-    `kpool check` of the folder reads them too). `stopped`: how a signal ended the
-    campaign (`interrupted`, `terminated`) and the runs it was to make, said first."""
+    `kpool check` of the folder reads them too); `replaced`: the names of those it
+    held with other contents that this run wrote over. `stopped`: what ended the
+    campaign early (`interrupted`, `terminated`: a signal; `stopped by --time-budget`)
+    and the runs it was to make, said first; with `next_seed`, the seed of the first
+    run not made, so that the line after the table gives the options of the rest."""
     runs = (counted(t.runs, "run") if stopped is None
             else f"{stopped[0]} after {count(t.runs)} of {counted(stopped[1], 'run')}")
     console.print(Flow(hang=2).words(
@@ -66,10 +71,20 @@ def render_summary(console: Console, t: Totals, files: dict[tuple[str, str], str
     else:
         _findings(console, t, files)
     folder, n = earlier
+    if replaced:
+        console.print(Flow(hang=2).words(
+            f"replaced {counted(len(replaced), 'trace')} an earlier run had left in "
+            f"{visible(folder)} under the same names: {', '.join(map(visible, sorted(replaced)))} "
+            "(a trace's name says no engine: give each engine's campaign its own -o)"))
     if n:
         console.print(Flow(hang=2).words(
             f"{visible(folder)} also holds {counted(n, 'trace')} this run did not "
             f"write (an earlier run's): kpool check {visible(folder)} reads them too"))
+    if stopped is not None and next_seed is not None and t.runs < stopped[1]:
+        left = stopped[1] - t.runs
+        console.print(Flow(hang=2).words(
+            f"the other {counted(left, 'run')}: the same command with --seed {next_seed} "
+            f"--runs {left}"))
 
 
 def _findings(console: Console, t: Totals, files: dict[tuple[str, str], str]) -> None:
