@@ -365,7 +365,8 @@ def code_count(code: str, n: int, number: Callable[[int], str] = count) -> str:
 # name (`KP001 scatter-race`: a name is hyphenated, so `KP003 not` is no unit), an option
 # with its value (`--fail-on error`), a label with its first value (`seq 0`, `pos 5
 # x3`, `kv_size 32`), a repeated value, a number with the word it counts (`2
-# unpinned`); punctuation and a `·` separator stay with what they end
+# unpinned`), a time with its unit and the word before it (`in 5.8 s`); punctuation
+# and a `·` separator stay with what they end
 _UNIT = re.compile(r"""
     (?: seq\ \d+\ from\ pos\ \d+
       | pos\ \d+\ seq\ \d+(?:,\d+)*
@@ -376,6 +377,7 @@ _UNIT = re.compile(r"""
       | KP\d{3}\ x\d+
       | KP\d{3}\ [a-z][a-z0-9]*(?:-[a-z0-9]+)+
       | --[a-z][\w-]*\ [a-z0-9][\w.:-]*
+      | (?:[A-Za-z_][\w-]*\ )?\d+(?:\.\d+)?\ (?:s|ms|µs|min)(?=[\s,;:)]|$)
       | [A-Za-z_][\w-]*\ -?\d\S*?(?:\ x\d+)?(?=[\s,;:)]|$)
       | -?\d+\ x\d+
       | \d+\ [a-z][\w()'-]*

@@ -192,3 +192,16 @@ def test_a_plug_in_named_by_its_python_path_is_shown_the_colon(tmp_path: Path) -
         "'myfork.engine:Candidate'?)")
     for name in ("1.5", "rep-once.x", "rep_once"):
         assert refusal(name).endswith("or give package.module:Name"), name
+
+
+def test_seconds_stay_with_their_number_when_a_summary_wraps():
+    """At 80 columns the summary of a campaign stopped by --time-budget broke as
+    `... in 5.8` / `s; 0 with a refused decode`: a time keeps its unit and the word
+    before it (`wording.units`)."""
+    from kpool_cli.wording import fit_line
+
+    line = ("kpool fuzz: stopped by --time-budget after 1 of 400 runs under cache-safe in "
+            "5.8 s; 0 with a refused decode (KP006, not a finding)")
+    lines = fit_line(line, 80).splitlines()
+    assert len(lines) == 2 and all(len(x) <= 80 for x in lines)
+    assert lines[1].startswith("    in 5.8 s;"), lines
